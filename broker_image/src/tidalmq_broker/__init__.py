@@ -1,0 +1,5 @@
+"""The TidalMQ broker: Kafka wire protocol (protocol/, server/, apis/), stream storage on object
+storage (storage/), group coordination (groups/), the controller (controller/), the embedded local
+cluster (local/) and the `tidalmq` command line (cli.py)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The controller: single writer of cluster metadata (topics, assignment, epochs, moves)."""

@@ -1,0 +1,1 @@
+"""The embedded local cluster behind `tidalmq local up`."""

@@ -1,0 +1,1 @@
+"""Kafka wire codec: framing, request/response (de)serialisation via kio, record batch headers. No I/O."""

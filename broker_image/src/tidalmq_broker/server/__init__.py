@@ -1,0 +1,1 @@
+"""The asyncio Kafka listener, connection handling and request dispatch."""

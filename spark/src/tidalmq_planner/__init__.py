@@ -1,0 +1,1 @@
+"""The TidalMQ planner: Prometheus traffic history to balanced reassignment plans, on Spark."""
