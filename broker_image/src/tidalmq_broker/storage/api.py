@@ -1,0 +1,232 @@
+"""The storage engine's contract with the rest of the broker.
+
+Everything above `storage/` (the Kafka API handlers, the group coordinator, the controller's
+open/close commands) uses only the names defined here. The engine behind them keeps the
+invariants of `shared/notes/stream-storage.md`: an append is acknowledged only once the WAL object
+holding it is durable; the partition checkpoint (the "meta stream") is replaced with If-Match so
+two owners never both commit; recovery after an unclean stop replays the owner's WAL objects
+written after its last checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tidalmq_core.model import TopicPartition
+
+
+# --------------------------------------------------------------------------------------------
+# Errors. Each maps to exactly one Kafka error code in one place (apis/errors.py).
+# --------------------------------------------------------------------------------------------
+class StorageError(Exception):
+    """Base of every storage failure (KAFKA_STORAGE_ERROR unless a subclass says otherwise)."""
+
+
+class ObjectStoreUnavailable(StorageError):
+    """The object store failed or timed out; the request may be retried (KAFKA_STORAGE_ERROR)."""
+
+
+class PartitionFenced(StorageError):
+    """Another owner (a higher leader epoch) has taken this partition, or this broker's lease
+    lapsed: stop serving it (NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH)."""
+
+
+class PartitionClosing(StorageError):
+    """The partition is being closed for a move; clients should refresh metadata
+    (NOT_LEADER_OR_FOLLOWER)."""
+
+
+class OffsetOutOfRange(StorageError):
+    """Fetch offset below the log start or above the log end (OFFSET_OUT_OF_RANGE)."""
+
+
+class CorruptRecord(StorageError):
+    """Malformed batch or CRC mismatch (CORRUPT_MESSAGE)."""
+
+
+class UnsupportedMessageFormat(StorageError):
+    """Batch magic below 2 (UNSUPPORTED_FOR_MESSAGE_FORMAT)."""
+
+
+class RecordTooLarge(StorageError):
+    """A batch larger than the partition's max.message.bytes (MESSAGE_TOO_LARGE)."""
+
+
+class InvalidRecord(StorageError):
+    """A batch the broker refuses for its content, e.g. transactional (INVALID_RECORD)."""
+
+
+class OutOfOrderSequence(StorageError):
+    """Idempotent producer sequence gap (OUT_OF_ORDER_SEQUENCE_NUMBER)."""
+
+
+class InvalidProducerEpoch(StorageError):
+    """A producer epoch older than the one the partition knows (INVALID_PRODUCER_EPOCH)."""
+
+
+class UnknownProducerId(StorageError):
+    """A non-zero sequence from a producer the partition does not know (UNKNOWN_PRODUCER_ID)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Settings
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PartitionConfig:
+    """The topic configs the storage engine honours (Kafka names in comments)."""
+
+    retention_ms: int = 7 * 24 * 3600 * 1000  # retention.ms, -1 = unlimited
+    retention_bytes: int = -1  # retention.bytes, -1 = unlimited
+    max_message_bytes: int = 1024 * 1024 + 12  # max.message.bytes (one batch)
+    segment_bytes: int = 64 * 1024 * 1024  # segment.bytes: target size of compacted segments
+    message_timestamp_type: str = "CreateTime"  # message.timestamp.type
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """Engine settings (flags and TIDALMQ_STORAGE_* environment variables map onto these)."""
+
+    flush_interval_ms: float = 10.0  # W: oldest pending append waits at most this long
+    flush_bytes: int = 4 * 1024 * 1024  # B: flush as soon as this much is pending
+    max_inflight_flushes: int = 4  # WAL PUTs in flight at once (acks still complete in order)
+    checkpoint_interval_s: float = 5.0  # how often a dirty partition checkpoint is written
+    cache_bytes: int = 256 * 1024 * 1024  # tail cache (recent batches of all partitions)
+    read_ahead_bytes: int = 4 * 1024 * 1024  # ranged GET size for sequential cold reads
+    compaction_interval_s: float = 10.0
+    compaction_min_ranges: int = 32  # compact a partition once it has this many WAL ranges...
+    compaction_min_bytes: int = 8 * 1024 * 1024  # ...or this many bytes in WAL ranges
+    retention_check_interval_s: float = 30.0
+    garbage_grace_s: float = 60.0  # unreferenced WAL objects younger than this are kept
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int  # offset of the first record of the first batch
+    last_offset: int
+    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
+    log_start_offset: int
+    duplicate: bool = False  # an idempotent retry; offsets are the original ones
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    records: bytes  # whole v2 batches, base offsets already final; may be empty
+    high_watermark: int  # first offset not yet durable (consumers never see beyond it)
+    log_start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampLookup:
+    offset: int
+    timestamp: int
+
+
+@dataclass(slots=True)
+class PartitionStats:
+    """Numbers the metrics endpoint and the controller read (cheap, no I/O)."""
+
+    log_start_offset: int = 0
+    high_watermark: int = 0
+    size_bytes: int = 0
+    wal_ranges: int = 0
+    segments: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# Interfaces
+# --------------------------------------------------------------------------------------------
+class PartitionLog(Protocol):
+    """One open partition on this broker. Only the owner (current leader epoch) has one."""
+
+    @property
+    def tp(self) -> TopicPartition: ...
+
+    @property
+    def leader_epoch(self) -> int: ...
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def high_watermark(self) -> int:
+        """First offset not yet durable; Fetch and ListOffsets(latest) use this."""
+        ...
+
+    @property
+    def config(self) -> PartitionConfig: ...
+
+    async def append(self, records: bytes | memoryview, *, acks: int = -1) -> AppendResult:
+        """Validate (sizes, CRC, magic, producer sequence), assign offsets by patching base
+        offsets, enqueue into the next WAL flush. With acks != 0 returns only after the WAL
+        object holding the batches is durable (and the lease check passed at that moment).
+        A failed PUT fails the append and rolls the partition back so no offset is reused
+        with other data. Raises the StorageError subclasses above."""
+        ...
+
+    async def read(self, offset: int, max_bytes: int) -> ReadResult:
+        """Whole batches from `offset` (the batch containing it) up to about max_bytes, at
+        least one batch if any is available even when larger than max_bytes. Returns empty
+        records at the high watermark. Raises OffsetOutOfRange."""
+        ...
+
+    async def wait_for_data(self, offset: int, timeout_s: float) -> None:
+        """Return as soon as the high watermark is above `offset` or after timeout_s
+        (fetch long polling). Returns early too if the partition is closed."""
+        ...
+
+    async def offset_for_timestamp(self, timestamp_ms: int) -> TimestampLookup | None:
+        """The first offset whose batch max timestamp is >= timestamp_ms (ListOffsets)."""
+        ...
+
+    async def delete_records_before(self, offset: int) -> int:
+        """Advance the log start offset (DeleteRecords; used by the group coordinator after a
+        snapshot). Returns the new log start offset."""
+        ...
+
+    def stats(self) -> PartitionStats: ...
+
+
+class StreamEngine(Protocol):
+    """All partitions a broker owns, their shared WAL, cache, compaction and retention."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """Stop accepting appends, flush, close every partition cleanly (clean-shutdown flag)."""
+        ...
+
+    async def open_partition(
+        self, tp: TopicPartition, leader_epoch: int, config: PartitionConfig
+    ) -> PartitionLog:
+        """Take ownership: read the checkpoint, refuse (PartitionFenced) if it carries a higher
+        epoch, commit a checkpoint with `leader_epoch` and this broker as owner (If-Match; this
+        fences the previous owner), recover from the previous owner's WAL objects if its close
+        was not clean, then serve. Creates the partition when no checkpoint exists."""
+        ...
+
+    async def close_partition(self, tp: TopicPartition) -> None:
+        """Seed 000 steps 3-4: stop appending, wait for in-flight appends, force the flush,
+        write the checkpoint with the clean-shutdown flag, forget the partition."""
+        ...
+
+    async def delete_partition(self, tp: TopicPartition) -> None:
+        """Close if open, then delete the checkpoint and the partition's segments."""
+        ...
+
+    def get(self, tp: TopicPartition) -> PartitionLog | None: ...
+
+    def partitions(self) -> list[TopicPartition]: ...
+
+
+LeaseCheck = Callable[[], bool]
+"""Called at the moment of acknowledgement; False means this broker may no longer acknowledge
+(its controller lease lapsed). The engine then fails the appends with PartitionFenced."""
+
+OnFenced = Callable[[TopicPartition], Awaitable[None]]
+"""Called when the engine learns it lost a partition (a failed If-Match on its checkpoint)."""
