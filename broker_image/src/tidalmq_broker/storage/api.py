@@ -202,12 +202,18 @@ class StreamEngine(Protocol):
         ...
 
     async def open_partition(
-        self, tp: TopicPartition, leader_epoch: int, config: PartitionConfig
+        self, tp: TopicPartition, topic_id: str, leader_epoch: int, config: PartitionConfig
     ) -> PartitionLog:
         """Take ownership: read the checkpoint, refuse (PartitionFenced) if it carries a higher
         epoch, commit a checkpoint with `leader_epoch` and this broker as owner (If-Match; this
         fences the previous owner), recover from the previous owner's WAL objects if its close
-        was not clean, then serve. Creates the partition when no checkpoint exists."""
+        was not clean, then serve. Creates the partition when no checkpoint exists. `topic_id`
+        (a UUID string) is part of every object key, so a deleted and re-created topic of the
+        same name never sees the old data."""
+        ...
+
+    async def update_config(self, tp: TopicPartition, config: PartitionConfig) -> None:
+        """Apply changed topic configs (retention etc.) to an open partition."""
         ...
 
     async def close_partition(self, tp: TopicPartition) -> None:
@@ -215,7 +221,7 @@ class StreamEngine(Protocol):
         write the checkpoint with the clean-shutdown flag, forget the partition."""
         ...
 
-    async def delete_partition(self, tp: TopicPartition) -> None:
+    async def delete_partition(self, tp: TopicPartition, topic_id: str) -> None:
         """Close if open, then delete the checkpoint and the partition's segments."""
         ...
 
