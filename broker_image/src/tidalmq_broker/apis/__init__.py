@@ -1,1 +1,12 @@
-"""Kafka API handlers, one module per API family."""
+"""Kafka API handlers, one module per API family. Importing this package registers them all."""
+
+from tidalmq_broker.apis import (  # noqa: F401
+    api_versions,
+    configs,
+    fetch,
+    groups,
+    metadata,
+    produce,
+    producer_ids,
+    topics,
+)

@@ -1,0 +1,243 @@
+"""Fetch (with long polling), ListOffsets, OffsetForLeaderEpoch and DeleteRecords."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+from tidalmq_core.model import TopicPartition
+
+from tidalmq_broker.apis.errors import error_code
+from tidalmq_broker.apis.registry import api
+from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.storage.api import PartitionLog
+
+if TYPE_CHECKING:
+    from tidalmq_broker.broker import Broker
+    from tidalmq_broker.server.listener import Connection
+
+EARLIEST = -2
+LATEST = -1
+MAX_TIMESTAMP = -3
+
+
+def check_leader_epoch(plog: PartitionLog, requested: int) -> ErrorCode | None:
+    """KIP-320: a client that knows a newer epoch than ours talks to a stale leader; one that
+    knows an older epoch must refresh its metadata."""
+    if requested < 0 or requested == plog.leader_epoch:
+        return None
+    if requested > plog.leader_epoch:
+        return ErrorCode.unknown_leader_epoch
+    return ErrorCode.fenced_leader_epoch
+
+
+class _FetchPartition:
+    __slots__ = ("error", "hw", "index", "lso", "max_bytes", "offset", "plog", "records", "topic")
+
+    def __init__(self, topic: str, index: int, offset: int, max_bytes: int) -> None:
+        self.topic = topic
+        self.index = index
+        self.offset = offset
+        self.max_bytes = max_bytes
+        self.plog: PartitionLog | None = None
+        self.error: ErrorCode = ErrorCode.none
+        self.records: bytes = b""
+        self.hw = -1
+        self.lso = -1
+
+
+@api(1, "Fetch", 4, 12)
+async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> Any:
+    body = request.body
+    if body.replica_id >= 0:
+        return _fetch_error(body, ErrorCode.not_leader_or_follower)
+    parts: list[_FetchPartition] = []
+    for topic in body.topics:
+        for p in topic.partitions:
+            fp = _FetchPartition(topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+            try:
+                fp.plog = broker.partitions.get_log(TopicPartition(topic.topic, p.partition))
+                epoch_error = check_leader_epoch(fp.plog, getattr(p, "current_leader_epoch", -1))
+                if epoch_error is not None:
+                    fp.error, fp.plog = epoch_error, None
+            except Exception as exc:
+                fp.error = error_code(exc)
+            parts.append(fp)
+    max_bytes = body.max_bytes if request.api_version >= 3 else 0x7FFFFFFF
+    deadline = time.monotonic() + body.max_wait.total_seconds()
+    min_bytes = max(body.min_bytes, 1)
+    total = await _read_all(parts, max_bytes)
+    while total < min_bytes and not any(fp.error for fp in parts):
+        remaining = deadline - time.monotonic()
+        waitable = [fp for fp in parts if fp.plog is not None]
+        if remaining <= 0 or not waitable:
+            break
+        waits = [
+            asyncio.ensure_future(fp.plog.wait_for_data(fp.offset, remaining))  # type: ignore[union-attr]
+            for fp in waitable
+        ]
+        try:
+            await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        total = await _read_all(parts, max_bytes)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for fp in parts:
+        by_topic.setdefault(fp.topic, []).append(
+            {
+                "partition_index": fp.index,
+                "error_code": fp.error,
+                "high_watermark": fp.hw,
+                "last_stable_offset": fp.lso,
+                "log_start_offset": fp.plog.log_start_offset if fp.plog else -1,
+                "aborted_transactions": [] if fp.error == ErrorCode.none else None,
+                "records": fp.records,
+            }
+        )
+        if fp.records:
+            broker.metrics.fetched(fp.topic, fp.index, len(fp.records))
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "session_id": 0,
+        "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+    }
+
+
+async def _read_all(parts: list[_FetchPartition], max_bytes: int) -> int:
+    """Read every partition once more, within the response budget; returns total bytes."""
+    budget = max_bytes
+    total = 0
+    for fp in parts:
+        if fp.plog is None:
+            continue
+        if fp.records:
+            total += len(fp.records)
+            budget -= len(fp.records)
+            continue
+        limit = min(fp.max_bytes, budget) if total else fp.max_bytes
+        if limit <= 0:
+            fp.hw = fp.plog.high_watermark
+            fp.lso = fp.hw
+            continue
+        try:
+            result = await fp.plog.read(fp.offset, limit)
+        except Exception as exc:
+            fp.error, fp.plog = error_code(exc), None
+            fp.records = b""
+            continue
+        fp.records = result.records
+        fp.hw = result.high_watermark
+        fp.lso = result.high_watermark
+        total += len(fp.records)
+        budget -= len(fp.records)
+    return total
+
+
+def _fetch_error(body: Any, code: ErrorCode) -> dict[str, Any]:
+    return {
+        "throttle_time": 0,
+        "error_code": code,
+        "session_id": 0,
+        "responses": [
+            {
+                "topic": t.topic,
+                "partitions": [
+                    {"partition_index": p.partition, "error_code": code, "high_watermark": -1,
+                     "aborted_transactions": None, "records": None}
+                    for p in t.partitions
+                ],
+            }
+            for t in body.topics
+        ],
+    }  # fmt: skip
+
+
+@api(2, "ListOffsets", 1, 8)
+async def handle_list_offsets(broker: Broker, request: Request, conn: Connection) -> Any:
+    topics = []
+    for topic in request.body.topics:
+        partitions = []
+        for p in topic.partitions:
+            out: dict[str, Any] = {"partition_index": p.partition_index, "timestamp": -1,
+                                   "offset": -1, "leader_epoch": -1}  # fmt: skip
+            try:
+                plog = broker.partitions.get_log(TopicPartition(topic.name, p.partition_index))
+                epoch_error = check_leader_epoch(plog, getattr(p, "current_leader_epoch", -1))
+                if epoch_error is not None:
+                    out["error_code"] = epoch_error
+                    partitions.append(out)
+                    continue
+                out["leader_epoch"] = plog.leader_epoch
+                if p.timestamp == EARLIEST:
+                    out["offset"] = plog.log_start_offset
+                elif p.timestamp == LATEST:
+                    out["offset"] = plog.high_watermark
+                elif p.timestamp == MAX_TIMESTAMP:
+                    found = await plog.offset_for_timestamp(-1)
+                    if found is not None:
+                        out["offset"], out["timestamp"] = found.offset, found.timestamp
+                else:
+                    found = await plog.offset_for_timestamp(p.timestamp)
+                    if found is not None:
+                        out["offset"], out["timestamp"] = found.offset, found.timestamp
+                out["error_code"] = ErrorCode.none
+            except Exception as exc:
+                out["error_code"] = error_code(exc)
+            partitions.append(out)
+        topics.append({"name": topic.name, "partitions": partitions})
+    return {"throttle_time": 0, "topics": topics}
+
+
+@api(23, "OffsetForLeaderEpoch", 2, 4)
+async def handle_offset_for_leader_epoch(broker: Broker, request: Request, conn: Connection) -> Any:
+    """Offsets are never truncated in TidalMQ (one durable copy), so every epoch a client knows
+    ends no earlier than the high watermark: its position is always valid."""
+    topics = []
+    for topic in request.body.topics:
+        partitions = []
+        for p in topic.partitions:
+            out: dict[str, Any] = {"partition": p.partition, "leader_epoch": -1, "end_offset": -1}
+            try:
+                plog = broker.partitions.get_log(TopicPartition(topic.topic, p.partition))
+                epoch_error = check_leader_epoch(plog, p.current_leader_epoch)
+                if epoch_error is not None:
+                    out["error_code"] = epoch_error
+                elif p.leader_epoch > plog.leader_epoch:
+                    out["error_code"] = ErrorCode.none
+                else:
+                    out.update(
+                        error_code=ErrorCode.none,
+                        leader_epoch=p.leader_epoch,
+                        end_offset=plog.high_watermark,
+                    )
+            except Exception as exc:
+                out["error_code"] = error_code(exc)
+            partitions.append(out)
+        topics.append({"topic": topic.topic, "partitions": partitions})
+    return {"throttle_time": 0, "topics": topics}
+
+
+@api(21, "DeleteRecords", 0, 2)
+async def handle_delete_records(broker: Broker, request: Request, conn: Connection) -> Any:
+    topics = []
+    for topic in request.body.topics:
+        partitions = []
+        for p in topic.partitions:
+            out: dict[str, Any] = {"partition_index": p.partition_index, "low_watermark": -1}
+            try:
+                plog = broker.partitions.get_log(TopicPartition(topic.name, p.partition_index))
+                target = plog.high_watermark if p.offset == -1 else p.offset
+                if target > plog.high_watermark or target < 0:
+                    out["error_code"] = ErrorCode.offset_out_of_range
+                else:
+                    out["low_watermark"] = await plog.delete_records_before(target)
+                    out["error_code"] = ErrorCode.none
+            except Exception as exc:
+                out["error_code"] = error_code(exc)
+            partitions.append(out)
+        topics.append({"name": topic.name, "partitions": partitions})
+    return {"throttle_time": 0, "topics": topics}

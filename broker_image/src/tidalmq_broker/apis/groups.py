@@ -1,0 +1,296 @@
+"""Consumer group APIs: FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets, admin."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+from tidalmq_core.metadata import NO_LEADER, OFFSETS_TOPIC
+
+from tidalmq_broker.apis.registry import api
+from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError, GroupShard
+from tidalmq_broker.groups.group import GroupState
+from tidalmq_broker.protocol.codec import Request
+
+if TYPE_CHECKING:
+    from tidalmq_broker.broker import Broker
+    from tidalmq_broker.server.listener import Connection
+
+GROUP_KEY = 0
+
+
+def _find(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"key": key, "node_id": -1, "host": "", "port": -1,
+                           "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
+    if key_type != GROUP_KEY:
+        out["error_code"] = ErrorCode.coordinator_not_available
+        out["error_message"] = "transactions are not supported by TidalMQ yet"
+        return out
+    if not key:
+        out["error_code"] = ErrorCode.invalid_request
+        out["error_message"] = "group id is empty"
+        return out
+    meta = broker.metadata
+    topic = meta.topics.get(OFFSETS_TOPIC)
+    try:
+        partition = broker.groups.partition_for(key)
+    except CoordinatorError:
+        partition = -1
+    leader = topic.partitions[partition].leader if topic and partition >= 0 else NO_LEADER
+    node = meta.brokers.get(leader)
+    if node is None or node.state == "dead":
+        out["error_code"] = ErrorCode.coordinator_not_available
+        out["error_message"] = "the group's coordinator is moving; retry"
+        return out
+    out.update(node_id=node.broker_id, host=node.host, port=node.port)
+    return out
+
+
+@api(10, "FindCoordinator", 0, 4)
+async def handle_find_coordinator(broker: Broker, request: Request, conn: Connection) -> Any:
+    body = request.body
+    key_type = getattr(body, "key_type", GROUP_KEY)
+    if request.api_version >= 4:
+        return {
+            "throttle_time": 0,
+            "coordinators": [_find(broker, k, key_type) for k in body.coordinator_keys],
+        }
+    found = _find(broker, body.key, key_type)
+    return {"throttle_time": 0, **found}
+
+
+def _shard(broker: Broker, group_id: str) -> GroupShard:
+    return broker.groups.shard(group_id)
+
+
+@api(11, "JoinGroup", 0, 9)
+async def handle_join_group(broker: Broker, request: Request, conn: Connection) -> Any:
+    b = request.body
+    try:
+        shard = _shard(broker, b.group_id)
+    except CoordinatorError as exc:
+        return {"throttle_time": 0, "error_code": exc.code, "generation_id": -1,
+                "protocol_name": None, "leader": "", "member_id": b.member_id, "members": []}  # fmt: skip
+    session_ms = int(b.session_timeout.total_seconds() * 1000)
+    rebalance = getattr(b, "rebalance_timeout", None)
+    rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance is not None else session_ms
+    result = await shard.join(
+        group_id=b.group_id,
+        member_id=b.member_id,
+        group_instance_id=getattr(b, "group_instance_id", None),
+        client_id=conn.client_id or "",
+        client_host="/" + conn.peer.rsplit(":", 1)[0],
+        session_timeout_ms=session_ms,
+        rebalance_timeout_ms=rebalance_ms,
+        protocol_type=b.protocol_type,
+        protocols=[(p.name, p.metadata) for p in b.protocols],
+        require_known_member_id=request.api_version >= 4,
+    )
+    return {
+        "throttle_time": 0,
+        "error_code": result.error,
+        "generation_id": result.generation,
+        "protocol_type": result.protocol_type,
+        "protocol_name": result.protocol_name
+        if request.api_version >= 7
+        else (result.protocol_name or ""),
+        "leader": result.leader,
+        "skip_assignment": False,
+        "member_id": result.member_id,
+        "members": result.members,
+    }
+
+
+@api(14, "SyncGroup", 0, 5)
+async def handle_sync_group(broker: Broker, request: Request, conn: Connection) -> Any:
+    b = request.body
+    try:
+        shard = _shard(broker, b.group_id)
+    except CoordinatorError as exc:
+        return {"throttle_time": 0, "error_code": exc.code, "assignment": b""}
+    code, assignment, ptype, pname = await shard.sync(
+        group_id=b.group_id,
+        generation=b.generation_id,
+        member_id=b.member_id,
+        protocol_type=getattr(b, "protocol_type", None),
+        protocol_name=getattr(b, "protocol_name", None),
+        assignments={a.member_id: a.assignment for a in b.assignments},
+    )
+    return {"throttle_time": 0, "error_code": code, "protocol_type": ptype,
+            "protocol_name": pname, "assignment": assignment}  # fmt: skip
+
+
+@api(12, "Heartbeat", 0, 4)
+async def handle_heartbeat(broker: Broker, request: Request, conn: Connection) -> Any:
+    b = request.body
+    try:
+        code = _shard(broker, b.group_id).heartbeat(b.group_id, b.generation_id, b.member_id)
+    except CoordinatorError as exc:
+        code = exc.code
+    return {"throttle_time": 0, "error_code": code}
+
+
+@api(13, "LeaveGroup", 0, 5)
+async def handle_leave_group(broker: Broker, request: Request, conn: Connection) -> Any:
+    b = request.body
+    if request.api_version >= 3:
+        members = [(m.member_id, m.group_instance_id) for m in b.members]
+    else:
+        members = [(b.member_id, None)]
+    try:
+        codes = _shard(broker, b.group_id).leave(b.group_id, members)
+    except CoordinatorError as exc:
+        return {"throttle_time": 0, "error_code": exc.code, "members": []}
+    top = ErrorCode.none if request.api_version >= 3 else ErrorCode(codes[0])
+    return {
+        "throttle_time": 0,
+        "error_code": top,
+        "members": [
+            {"member_id": mid, "group_instance_id": iid, "error_code": code}
+            for (mid, iid), code in zip(members, codes, strict=True)
+        ],
+    }
+
+
+@api(8, "OffsetCommit", 2, 8)
+async def handle_offset_commit(broker: Broker, request: Request, conn: Connection) -> Any:
+    b = request.body
+    offsets: dict[tuple[str, int], CommittedOffset] = {}
+    unknown: set[tuple[str, int]] = set()
+    meta = broker.metadata
+    for t in b.topics:
+        topic = meta.topics.get(t.name)
+        for p in t.partitions:
+            key = (t.name, p.partition_index)
+            if topic is None or p.partition_index >= len(topic.partitions):
+                unknown.add(key)
+                continue
+            offsets[key] = CommittedOffset(
+                p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata
+            )
+    try:
+        codes = (
+            await _shard(broker, b.group_id).commit(
+                group_id=b.group_id,
+                generation=b.generation_id_or_member_epoch,
+                member_id=b.member_id,
+                offsets=offsets,
+            )
+            if offsets
+            else {}
+        )
+    except CoordinatorError as exc:
+        codes = dict.fromkeys(offsets, exc.code)
+    for key in unknown:
+        codes[key] = ErrorCode.unknown_topic_or_partition
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for t in b.topics:
+        for p in t.partitions:
+            by_topic.setdefault(t.name, []).append(
+                {
+                    "partition_index": p.partition_index,
+                    "error_code": codes[(t.name, p.partition_index)],
+                }
+            )
+    return {"throttle_time": 0,
+            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip
+
+
+def _fetch_group_offsets(broker: Broker, group_id: str, topics: Any) -> dict[str, Any]:
+    try:
+        shard = _shard(broker, group_id)
+    except CoordinatorError as exc:
+        return {"group_id": group_id, "topics": [], "error_code": exc.code}
+    wanted = None
+    if topics is not None:
+        wanted = [(t.name, p) for t in topics for p in t.partition_indexes]
+    found = shard.fetch_offsets(group_id, wanted)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition), c in found.items():
+        by_topic.setdefault(topic, []).append({
+            "partition_index": partition, "committed_offset": c.offset,
+            "committed_leader_epoch": c.leader_epoch, "metadata": c.metadata,
+            "error_code": ErrorCode.none,
+        })  # fmt: skip
+    return {"group_id": group_id, "error_code": ErrorCode.none,
+            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip
+
+
+@api(9, "OffsetFetch", 1, 8)
+async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection) -> Any:
+    b = request.body
+    if request.api_version >= 8:
+        return {"throttle_time": 0,
+                "groups": [_fetch_group_offsets(broker, g.group_id, g.topics) for g in b.groups]}  # fmt: skip
+    one = _fetch_group_offsets(broker, b.group_id, b.topics)
+    return {"throttle_time": 0, "topics": one["topics"], "error_code": one["error_code"]}
+
+
+@api(16, "ListGroups", 0, 4)
+async def handle_list_groups(broker: Broker, request: Request, conn: Connection) -> Any:
+    states = set(getattr(request.body, "states_filter", ()) or ())
+    groups = []
+    for shard in broker.groups.shards():
+        for group in shard.list_groups():
+            if states and group.state.value not in states:
+                continue
+            groups.append({"group_id": group.group_id,
+                           "protocol_type": group.protocol_type or "",
+                           "group_state": group.state.value})  # fmt: skip
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
+
+
+@api(15, "DescribeGroups", 0, 5)
+async def handle_describe_groups(broker: Broker, request: Request, conn: Connection) -> Any:
+    out = []
+    for group_id in request.body.groups:
+        entry: dict[str, Any] = {"group_id": group_id, "group_state": GroupState.DEAD.value,
+                                 "protocol_type": "", "protocol_data": "", "members": [],
+                                 "error_code": ErrorCode.none}  # fmt: skip
+        try:
+            group = _shard(broker, group_id).describe(group_id)
+        except CoordinatorError as exc:
+            entry["error_code"] = exc.code
+            out.append(entry)
+            continue
+        if group is not None:
+            stable = group.state is GroupState.STABLE
+            entry.update(
+                group_state=group.state.value,
+                protocol_type=group.protocol_type or "",
+                protocol_data=(group.protocol_name or "")
+                if stable or group.state is GroupState.COMPLETING_REBALANCE
+                else "",
+                members=group.described_members(),
+            )
+        elif request.api_version >= 6:
+            entry["error_code"] = ErrorCode.group_id_not_found
+        out.append(entry)
+    return {"throttle_time": 0, "groups": out}
+
+
+@api(42, "DeleteGroups", 0, 2)
+async def handle_delete_groups(broker: Broker, request: Request, conn: Connection) -> Any:
+    results = []
+    for group_id in request.body.groups_names:
+        try:
+            code = await _shard(broker, group_id).delete_group(group_id)
+        except CoordinatorError as exc:
+            code = exc.code
+        results.append({"group_id": group_id, "error_code": code})
+    return {"throttle_time": 0, "results": results}
+
+
+@api(47, "OffsetDelete", 0, 0)
+async def handle_offset_delete(broker: Broker, request: Request, conn: Connection) -> Any:
+    b = request.body
+    wanted = [(t.name, p.partition_index) for t in b.topics for p in t.partitions]
+    try:
+        top, per = await _shard(broker, b.group_id).delete_offsets(b.group_id, wanted)
+    except CoordinatorError as exc:
+        top, per = exc.code, {}
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition), code in per.items():
+        by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": code})
+    return {"error_code": top, "throttle_time": 0,
+            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip

@@ -1,0 +1,142 @@
+"""Metadata and DescribeCluster: answered from the controller's latest snapshot."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, TopicInfo
+from tidalmq_core.topics import InvalidTopic, validate_topic_name
+
+from tidalmq_broker.apis.registry import api
+from tidalmq_broker.controller.controller import NewTopic
+from tidalmq_broker.protocol.codec import Request
+
+if TYPE_CHECKING:
+    from tidalmq_broker.broker import Broker
+    from tidalmq_broker.server.listener import Connection
+
+_NULL_UUID = uuid.UUID(int=0)
+
+
+def brokers_body(meta: ClusterMetadata) -> list[dict[str, Any]]:
+    return [
+        {"node_id": b.broker_id, "broker_id": b.broker_id, "host": b.host, "port": b.port,
+         "rack": b.rack}
+        for b in sorted(meta.brokers.values(), key=lambda b: b.broker_id)
+        if b.state != "dead"
+    ]  # fmt: skip
+
+
+def topic_body(topic: TopicInfo) -> dict[str, Any]:
+    partitions = []
+    for index, part in enumerate(topic.partitions):
+        leader = part.leader
+        partitions.append(
+            {
+                "error_code": ErrorCode.none
+                if leader != NO_LEADER
+                else ErrorCode.leader_not_available,
+                "partition_index": index,
+                "leader_id": leader,
+                "leader_epoch": part.leader_epoch,
+                "replica_nodes": list(part.replicas),
+                "isr_nodes": [leader] if leader != NO_LEADER else [],
+                "offline_replicas": [],
+            }
+        )
+    return {
+        "error_code": ErrorCode.none,
+        "name": topic.name,
+        "topic_id": uuid.UUID(topic.topic_id),
+        "is_internal": topic.internal,
+        "partitions": partitions,
+    }
+
+
+@api(3, "Metadata", 0, 12)
+async def handle_metadata(broker: Broker, request: Request, conn: Connection) -> Any:
+    body = request.body
+    meta = broker.metadata
+    requested = body.topics
+    if requested is None or (request.api_version == 0 and not requested):
+        names = [t.name for t in meta.topics.values() if not t.internal]
+    else:
+        names = []
+        for t in requested:
+            if t.name is None:
+                topic = meta.topic_by_id(str(t.topic_id))
+                names.append(topic.name if topic else f"\0{t.topic_id}")
+            else:
+                names.append(t.name)
+    allow_create = request.api_version >= 4 and getattr(body, "allow_auto_topic_creation", True)
+    if request.api_version < 4:
+        allow_create = True
+    missing = [n for n in names if n not in meta.topics and not n.startswith("\0")]
+    if missing and allow_create and broker.settings.auto_create_topics:
+        valid = []
+        for name in missing:
+            try:
+                validate_topic_name(name)
+                valid.append(name)
+            except InvalidTopic:
+                pass
+        if valid:
+            await broker.controller.create_topics(
+                [NewTopic(n, broker.settings.default_partitions) for n in valid]
+            )
+            meta = broker.metadata
+    topics = []
+    for name in names:
+        topic = meta.topics.get(name)
+        if topic is not None:
+            topics.append(topic_body(topic))
+            continue
+        if name.startswith("\0"):
+            code, tname, tid = ErrorCode.unknown_topic_id, None, uuid.UUID(name[1:])
+        else:
+            try:
+                validate_topic_name(name)
+                code = ErrorCode.unknown_topic_or_partition
+                if name in missing and allow_create and broker.settings.auto_create_topics:
+                    code = ErrorCode.leader_not_available
+            except InvalidTopic:
+                code = ErrorCode.invalid_topic_exception
+            tname, tid = name, _NULL_UUID
+        topics.append(
+            {"error_code": code, "name": tname, "topic_id": tid, "is_internal": False,
+             "partitions": []}
+        )  # fmt: skip
+    return {
+        "throttle_time": 0,
+        "brokers": brokers_body(meta),
+        "cluster_id": meta.cluster_id,
+        "controller_id": broker.controller_id_for_clients(),
+        "topics": topics,
+        "cluster_authorized_operations": -2147483648,
+    }
+
+
+@api(60, "DescribeCluster", 0, 1)
+async def handle_describe_cluster(broker: Broker, request: Request, conn: Connection) -> Any:
+    meta = broker.metadata
+    endpoint_type = getattr(request.body, "endpoint_type", 1)
+    if endpoint_type != 1:
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.mismatched_endpoint_type,
+            "error_message": "this listener serves brokers only (endpoint type 1)",
+            "endpoint_type": endpoint_type,
+            "cluster_id": meta.cluster_id,
+            "brokers": [],
+        }
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "error_message": None,
+        "endpoint_type": 1,
+        "cluster_id": meta.cluster_id,
+        "controller_id": broker.controller_id_for_clients(),
+        "brokers": brokers_body(meta),
+    }

@@ -1,0 +1,109 @@
+"""Produce: append record batches (opaque bytes) to the partitions this broker leads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+from tidalmq_core.model import TopicPartition
+
+from tidalmq_broker.apis.errors import error_code, error_message
+from tidalmq_broker.apis.registry import api
+from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.storage.api import AppendResult
+
+if TYPE_CHECKING:
+    from tidalmq_broker.broker import Broker
+    from tidalmq_broker.server.listener import Connection
+
+log = logging.getLogger(__name__)
+
+
+@api(0, "Produce", 3, 11)
+async def handle_produce(broker: Broker, request: Request, conn: Connection) -> Any:
+    body = request.body
+    acks = body.acks
+    # Everything up to the creation of the append tasks runs without suspending, so requests
+    # pipelined on one connection enqueue their batches in arrival order.
+    entries: list[tuple[str, int, asyncio.Future[AppendResult] | ErrorCode, str | None, int]] = []
+    if acks not in (-1, 0, 1):
+        for topic in body.topic_data:
+            for part in topic.partition_data:
+                entries.append((topic.name, part.index, ErrorCode.invalid_required_acks, None, 0))
+    elif body.transactional_id is not None:
+        for topic in body.topic_data:
+            for part in topic.partition_data:
+                entries.append(
+                    (topic.name, part.index, ErrorCode.transactional_id_authorization_failed,
+                     "transactions are not supported by TidalMQ yet", 0)
+                )  # fmt: skip
+    else:
+        for topic in body.topic_data:
+            for part in topic.partition_data:
+                try:
+                    plog = broker.partitions.get_log(TopicPartition(topic.name, part.index))
+                except Exception as exc:
+                    entries.append((topic.name, part.index, error_code(exc), error_message(exc), 0))
+                    continue
+                if part.records is None or not part.records:
+                    entries.append(
+                        (topic.name, part.index, ErrorCode.corrupt_message, "no records", 0)
+                    )
+                    continue
+                task = asyncio.ensure_future(plog.append(part.records, acks=acks))
+                entries.append((topic.name, part.index, task, None, len(part.records)))
+    timeout_s = max(body.timeout.total_seconds(), 0.001) if acks != 0 else None
+    pending = [e[2] for e in entries if isinstance(e[2], asyncio.Future)]
+    if pending:
+        if acks == 0:
+            for fut in pending:
+                fut.add_done_callback(_log_failure)
+        else:
+            await asyncio.wait(pending, timeout=timeout_s)
+    if acks == 0:
+        return None
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for topic_name, index, outcome, message, size in entries:
+        resp: dict[str, Any] = {"index": index, "base_offset": -1, "log_start_offset": -1,
+                                "record_errors": [], "error_message": message}  # fmt: skip
+        if isinstance(outcome, asyncio.Future):
+            if not outcome.done():
+                outcome.add_done_callback(_log_failure)
+                resp["error_code"] = ErrorCode.request_timed_out
+                resp["error_message"] = "the append was not durable within the request timeout"
+            elif outcome.exception() is not None:
+                exc = outcome.exception()
+                assert exc is not None
+                resp["error_code"] = error_code(exc)
+                resp["error_message"] = error_message(exc)
+                broker.metrics.produce_errors(topic_name, resp["error_code"].name)
+            else:
+                result = outcome.result()
+                resp.update(
+                    error_code=ErrorCode.none,
+                    base_offset=result.base_offset,
+                    log_append_time=result.log_append_time_ms
+                    if result.log_append_time_ms >= 0
+                    else None,
+                    log_start_offset=result.log_start_offset,
+                )
+                if not result.duplicate:
+                    broker.metrics.produced(
+                        topic_name, index, size, result.last_offset - result.base_offset + 1
+                    )
+        else:
+            resp["error_code"] = outcome
+        by_topic.setdefault(topic_name, []).append(resp)
+    return {
+        "responses": [
+            {"name": name, "partition_responses": parts} for name, parts in by_topic.items()
+        ],
+        "throttle_time": 0,
+    }
+
+
+def _log_failure(fut: asyncio.Future[AppendResult]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("unacknowledged append failed: %s", fut.exception())

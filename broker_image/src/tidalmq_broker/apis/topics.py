@@ -1,0 +1,127 @@
+"""CreateTopics, DeleteTopics and CreatePartitions, all decided by the controller."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from tidalmq_broker.apis.errors import error_code, error_message
+from tidalmq_broker.apis.registry import api
+from tidalmq_broker.controller.controller import NewTopic
+from tidalmq_broker.protocol.codec import Request
+
+if TYPE_CHECKING:
+    from tidalmq_broker.broker import Broker
+    from tidalmq_broker.server.listener import Connection
+
+
+def _config_entries(configs: dict[str, str]) -> list[dict[str, Any]]:
+    return [
+        {"name": k, "value": v, "read_only": False, "config_source": 5, "is_sensitive": False}
+        for k, v in sorted(configs.items())
+    ]
+
+
+@api(19, "CreateTopics", 0, 7)
+async def handle_create_topics(broker: Broker, request: Request, conn: Connection) -> Any:
+    body = request.body
+    early: dict[str, tuple[ErrorCode, str]] = {}
+    wanted: list[NewTopic] = []
+    for t in body.topics:
+        if t.assignments:
+            early[t.name] = (
+                ErrorCode.invalid_request,
+                "manual replica assignment is not supported: placement is the controller's",
+            )
+            continue
+        if t.replication_factor not in (-1, 1):
+            early[t.name] = (
+                ErrorCode.invalid_replication_factor,
+                "TidalMQ keeps one durable copy in object storage: replication factor must be "
+                f"1 or -1 (default), got {t.replication_factor}",
+            )
+            continue
+        partitions = (
+            t.num_partitions if t.num_partitions != -1 else broker.settings.default_partitions
+        )
+        wanted.append(NewTopic(t.name, partitions, {c.name: c.value for c in t.configs}))
+    results = {}
+    if wanted:
+        for r in await broker.controller.create_topics(wanted, validate_only=body.validate_only):
+            results[r.name] = r
+    topics = []
+    for t in body.topics:
+        if t.name in early:
+            code, msg = early[t.name]
+            topics.append({"name": t.name, "topic_id": uuid.UUID(int=0), "error_code": code,
+                           "error_message": msg, "configs": None})  # fmt: skip
+            continue
+        r = results[t.name]
+        if r.error is not None:
+            topics.append({"name": t.name, "topic_id": uuid.UUID(int=0),
+                           "error_code": error_code(r.error), "error_message": error_message(r.error),
+                           "configs": None})  # fmt: skip
+        else:
+            topics.append({
+                "name": t.name, "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
+                "error_code": ErrorCode.none, "error_message": None,
+                "num_partitions": r.num_partitions, "replication_factor": 1,
+                "configs": _config_entries(r.configs),
+            })  # fmt: skip
+    return {"throttle_time": 0, "topics": topics}
+
+
+@api(20, "DeleteTopics", 0, 6)
+async def handle_delete_topics(broker: Broker, request: Request, conn: Connection) -> Any:
+    body = request.body
+    meta = broker.metadata
+    if request.api_version >= 6:
+        names: list[str | None] = []
+        for t in body.topics:
+            if t.name is not None:
+                names.append(t.name)
+            else:
+                found = meta.topic_by_id(str(t.topic_id))
+                names.append(found.name if found else None)
+        ids = [t.topic_id for t in body.topics]
+    else:
+        names = list(body.topic_names)
+        ids = [None] * len(names)
+    known = [n for n in names if n is not None]
+    results = {r.name: r for r in await broker.controller.delete_topics(known)} if known else {}
+    responses = []
+    for name, tid in zip(names, ids, strict=True):
+        if name is None:
+            responses.append({"name": None, "topic_id": tid, "error_code": ErrorCode.unknown_topic_id,
+                              "error_message": "unknown topic id"})  # fmt: skip
+            continue
+        r = results[name]
+        responses.append({
+            "name": name,
+            "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
+            "error_code": error_code(r.error) if r.error else ErrorCode.none,
+            "error_message": error_message(r.error) if r.error else None,
+        })  # fmt: skip
+    return {"throttle_time": 0, "responses": responses}
+
+
+@api(37, "CreatePartitions", 0, 3)
+async def handle_create_partitions(broker: Broker, request: Request, conn: Connection) -> Any:
+    body = request.body
+    results = []
+    for t in body.topics:
+        if t.assignments:
+            results.append({"name": t.name, "error_code": ErrorCode.invalid_request,
+                            "error_message": "manual replica assignment is not supported"})  # fmt: skip
+            continue
+        r = await broker.controller.create_partitions(
+            t.name, t.count, validate_only=body.validate_only
+        )
+        results.append({
+            "name": t.name,
+            "error_code": error_code(r.error) if r.error else ErrorCode.none,
+            "error_message": error_message(r.error) if r.error else None,
+        })  # fmt: skip
+    return {"throttle_time": 0, "results": results}

@@ -1,0 +1,800 @@
+"""The group coordinator: consumer groups and committed offsets, durable in `__consumer_offsets`.
+
+As in Kafka, group G is coordinated by the broker leading partition
+`abs(hash(G)) % partitions` of `__consumer_offsets`. When that partition opens on this broker
+its log is replayed into a GroupShard (groups, members, generations, assignments, offsets); when
+it closes (a move, a drain) the shard is dropped and waiting members are told NOT_COORDINATOR so
+they find the new coordinator, which replays the same log. Every state change that must survive a
+restart (a completed rebalance, an emptied group, an offset commit, a deletion) is appended and
+acknowledged by the storage engine before it is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from tidalmq_core.metadata import OFFSETS_TOPIC
+from tidalmq_core.model import TopicPartition
+
+from tidalmq_broker.groups.group import Group, GroupState, JoinResult, Member
+from tidalmq_broker.groups.records import (
+    GroupKey,
+    GroupValue,
+    Key,
+    MemberValue,
+    OffsetKey,
+    OffsetValue,
+    Value,
+    decode_key,
+    decode_value,
+    encode_key,
+    encode_value,
+    partition_for_group,
+)
+from tidalmq_broker.protocol.records import build_batch, iter_complete_headers, iter_records
+from tidalmq_broker.storage.api import PartitionLog, StorageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    min_session_timeout_ms: int = 6000  # group.min.session.timeout.ms
+    max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
+    initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
+    max_metadata_bytes: int = 4096  # offset.metadata.max.bytes
+    snapshot_after_records: int = 20_000  # rewrite live keys and trim the log after this many
+    tick_s: float = 0.1
+
+
+class CoordinatorError(Exception):
+    def __init__(self, code: ErrorCode, message: str = "") -> None:
+        super().__init__(message or code.name)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+
+
+class GroupShard:
+    """The groups of one `__consumer_offsets` partition led by this broker."""
+
+    def __init__(self, partition: int, plog: PartitionLog, settings: GroupSettings) -> None:
+        self.partition = partition
+        self._log = plog
+        self._settings = settings
+        self.groups: dict[str, Group] = {}
+        self.offsets: dict[str, dict[tuple[str, int], OffsetValue]] = {}
+        self.loaded = asyncio.Event()
+        self._closed = False
+        self._records_since_snapshot = 0
+        self._ticker: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def load(self) -> None:
+        """Replay the log from its start into groups and offsets."""
+        started = time.perf_counter()
+        live: dict[Key, Value] = {}
+        offset = self._log.log_start_offset
+        count = 0
+        while offset < self._log.high_watermark and not self._closed:
+            result = await self._log.read(offset, 4 * 1024 * 1024)
+            if not result.records:
+                break
+            data = result.records
+            for header in iter_complete_headers(data):
+                for rec_offset, raw_key, raw_value in iter_records(data, header):
+                    if rec_offset < offset or raw_key is None:
+                        continue
+                    key = decode_key(raw_key)
+                    value = decode_value(key, raw_value)
+                    if value is None:
+                        live.pop(key, None)
+                    else:
+                        live[key] = value
+                    count += 1
+                offset = header.last_offset + 1
+        now = asyncio.get_running_loop().time()
+        for key, value in live.items():
+            if isinstance(key, OffsetKey) and isinstance(value, OffsetValue):
+                self.offsets.setdefault(key.group, {})[(key.topic, key.partition)] = value
+            elif isinstance(key, GroupKey) and isinstance(value, GroupValue):
+                self.groups[key.group] = _group_from_value(key.group, value, now)
+        self._records_since_snapshot = count
+        self.loaded.set()
+        self._ticker = asyncio.create_task(self._tick(), name=f"groups tick {self.partition}")
+        log.info(
+            "%s-%d: loaded %d groups and %d offset groups from %d records in %.0f ms",
+            OFFSETS_TOPIC, self.partition, len(self.groups), len(self.offsets), count,
+            (time.perf_counter() - started) * 1000,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """The partition left this broker: fail everyone waiting with NOT_COORDINATOR."""
+        self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for group in self.groups.values():
+            for member in group.members.values():
+                _resolve_join(member, JoinResult(error=ErrorCode.not_coordinator))
+                _resolve_sync(member, ErrorCode.not_coordinator, b"")
+
+    # ------------------------------------------------------------------ join
+    async def join(
+        self,
+        *,
+        group_id: str,
+        member_id: str,
+        group_instance_id: str | None,
+        client_id: str,
+        client_host: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+        require_known_member_id: bool,
+    ) -> JoinResult:
+        s = self._settings
+        if not s.min_session_timeout_ms <= session_timeout_ms <= s.max_session_timeout_ms:
+            return JoinResult(error=ErrorCode.invalid_session_timeout, member_id=member_id)
+        if rebalance_timeout_ms < 0:
+            rebalance_timeout_ms = session_timeout_ms
+        group = self.groups.get(group_id)
+        if group is None:
+            if member_id:
+                return JoinResult(error=ErrorCode.unknown_member_id, member_id=member_id)
+            group = self.groups[group_id] = Group(group_id)
+        if not group.supports(protocol_type, protocols):
+            return JoinResult(error=ErrorCode.inconsistent_group_protocol, member_id=member_id)
+        now = self._now()
+        loop = asyncio.get_running_loop()
+
+        if not member_id:
+            new_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            if group_instance_id is not None:
+                old = group.member_by_instance(group_instance_id)
+                if old is not None:
+                    # a static member restarted: it takes over its old identity's slot
+                    group.members.pop(old.member_id)
+                    _resolve_join(old, JoinResult(error=ErrorCode.fenced_instance_id))
+                    _resolve_sync(old, ErrorCode.fenced_instance_id, b"")
+                    if group.leader == old.member_id:
+                        group.leader = new_id
+            elif require_known_member_id:
+                # KIP-394: hand out the id first, so a client that never comes back is not a
+                # member the whole group waits for
+                group.pending_members[new_id] = now + session_timeout_ms / 1000
+                return JoinResult(error=ErrorCode.member_id_required, member_id=new_id)
+            member_id = new_id
+        elif member_id not in group.members and member_id not in group.pending_members:
+            return JoinResult(error=ErrorCode.unknown_member_id, member_id=member_id)
+
+        member = group.members.get(member_id)
+        if member is None:
+            group.pending_members.pop(member_id, None)
+            member = Member(
+                member_id=member_id,
+                group_instance_id=group_instance_id,
+                client_id=client_id,
+                client_host=client_host,
+                session_timeout_ms=session_timeout_ms,
+                rebalance_timeout_ms=rebalance_timeout_ms,
+                protocol_type=protocol_type,
+                protocols=protocols,
+            )
+            group.members[member_id] = member
+            if group.protocol_type is None or len(group.members) == 1:
+                group.protocol_type = protocol_type
+            member.touch(now)
+            future = member.join_future = loop.create_future()
+            self._prepare_rebalance(group, f"{member_id} joined")
+        else:
+            member.touch(now)
+            member.session_timeout_ms = session_timeout_ms
+            member.rebalance_timeout_ms = rebalance_timeout_ms
+            changed = not member.same_protocols(protocols)
+            member.protocols = protocols
+            if member.join_future is not None:
+                _resolve_join(member, JoinResult(error=ErrorCode.rebalance_in_progress))
+            future = member.join_future = loop.create_future()
+            if group.state is GroupState.PREPARING_REBALANCE:
+                pass
+            elif (
+                group.state in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE)
+                and not changed
+                and member_id != group.leader
+            ):
+                # a follower re-sent its join: answer with the current generation
+                member.join_future = None
+                _resolve(future, self._join_result(group, member, include_members=False))
+            else:
+                self._prepare_rebalance(group, f"{member_id} rejoined")
+        self._maybe_complete_join(group)
+        return await future
+
+    def _prepare_rebalance(self, group: Group, reason: str) -> None:
+        now = self._now()
+        if group.state is GroupState.COMPLETING_REBALANCE:
+            for member in group.members.values():
+                _resolve_sync(member, ErrorCode.rebalance_in_progress, b"")
+                member.assignment = b""
+        if group.state is not GroupState.PREPARING_REBALANCE:
+            was_empty = group.state is GroupState.EMPTY
+            group.state = GroupState.PREPARING_REBALANCE
+            group.state_timestamp_ms = _now_ms()
+            group.rebalance_deadline = now + group.max_rebalance_timeout_s()
+            delay = self._settings.initial_rebalance_delay_ms / 1000 if was_empty else 0.0
+            group.initial_delay_deadline = now + delay
+            log.info("group %s: preparing rebalance (%s)", group.group_id, reason)
+        else:
+            group.rebalance_deadline = max(
+                group.rebalance_deadline, now + group.max_rebalance_timeout_s()
+            )
+
+    def _maybe_complete_join(self, group: Group, *, deadline_passed: bool = False) -> None:
+        if group.state is not GroupState.PREPARING_REBALANCE:
+            return
+        now = self._now()
+        if now < group.initial_delay_deadline and not deadline_passed:
+            return
+        if not (group.all_members_joined() or deadline_passed):
+            return
+        # members that did not rejoin in time are out
+        for member in [m for m in group.members.values() if m.join_future is None]:
+            log.info("group %s: removing %s (did not rejoin)", group.group_id, member.member_id)
+            group.members.pop(member.member_id)
+            _resolve_sync(member, ErrorCode.unknown_member_id, b"")
+        group.pending_members.clear()
+        group.generation += 1
+        group.state_timestamp_ms = _now_ms()
+        if not group.members:
+            group.state = GroupState.EMPTY
+            group.protocol_name = None
+            group.leader = None
+            self._spawn_persist(group)
+            return
+        group.protocol_name = group.select_protocol()
+        if group.leader not in group.members:
+            group.leader = next(iter(group.members))
+        group.state = GroupState.COMPLETING_REBALANCE
+        log.info(
+            "group %s: generation %d with %d members, protocol %s, leader %s",
+            group.group_id, group.generation, len(group.members), group.protocol_name,
+            group.leader,
+        )  # fmt: skip
+        for member in group.members.values():
+            member.touch(now)
+            member.is_new = False
+            result = self._join_result(
+                group, member, include_members=member.member_id == group.leader
+            )
+            future, member.join_future = member.join_future, None
+            if future is not None:
+                _resolve(future, result)
+
+    def _join_result(self, group: Group, member: Member, *, include_members: bool) -> JoinResult:
+        members = []
+        if include_members:
+            members = [
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.group_instance_id,
+                    "metadata": m.metadata_for(group.protocol_name),
+                }
+                for m in group.members.values()
+            ]
+        return JoinResult(
+            error=ErrorCode.none,
+            generation=group.generation,
+            protocol_type=group.protocol_type,
+            protocol_name=group.protocol_name,
+            leader=group.leader or "",
+            member_id=member.member_id,
+            members=members,
+        )
+
+    # ------------------------------------------------------------------ sync
+    async def sync(
+        self,
+        *,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        protocol_type: str | None,
+        protocol_name: str | None,
+        assignments: dict[str, bytes],
+    ) -> tuple[int, bytes, str | None, str | None]:
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return ErrorCode.unknown_member_id, b"", None, None
+        if generation != group.generation:
+            return ErrorCode.illegal_generation, b"", None, None
+        if (protocol_type is not None and protocol_type != group.protocol_type) or (
+            protocol_name is not None and protocol_name != group.protocol_name
+        ):
+            return ErrorCode.inconsistent_group_protocol, b"", None, None
+        member = group.members[member_id]
+        member.touch(self._now())
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return ErrorCode.rebalance_in_progress, b"", None, None
+        if group.state is GroupState.STABLE:
+            return ErrorCode.none, member.assignment, group.protocol_type, group.protocol_name
+        if group.state is not GroupState.COMPLETING_REBALANCE:
+            return ErrorCode.unknown_member_id, b"", None, None
+        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        _resolve_sync(member, ErrorCode.rebalance_in_progress, b"")
+        member.sync_future = future
+        if member_id == group.leader:
+            for mid, m in group.members.items():
+                m.assignment = assignments.get(mid, b"")
+            gen = group.generation
+            try:
+                await self._persist_group(group)
+            except (StorageError, CoordinatorError) as exc:
+                log.warning("group %s: storing generation %d failed: %s", group_id, gen, exc)
+                if group.generation == gen and group.state is GroupState.COMPLETING_REBALANCE:
+                    for m in group.members.values():
+                        m.assignment = b""
+                        _resolve_sync(m, ErrorCode.coordinator_not_available, b"")
+                    self._prepare_rebalance(group, "could not store the assignment")
+                return ErrorCode.coordinator_not_available, b"", None, None
+            if group.generation == gen and group.state is GroupState.COMPLETING_REBALANCE:
+                group.state = GroupState.STABLE
+                group.state_timestamp_ms = _now_ms()
+                for m in group.members.values():
+                    _resolve_sync(m, ErrorCode.none, m.assignment)
+        code, assignment = await future
+        return code, assignment, group.protocol_type, group.protocol_name
+
+    # ------------------------------------------------------------------ heartbeat / leave
+    def heartbeat(self, group_id: str, generation: int, member_id: str) -> int:
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        if generation != group.generation:
+            return ErrorCode.illegal_generation
+        group.members[member_id].touch(self._now())
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> list[int]:
+        """(member id, group instance id) pairs; a static member may leave by instance id."""
+        group = self.groups.get(group_id)
+        codes: list[int] = []
+        for member_id, instance_id in members:
+            if group is None:
+                codes.append(ErrorCode.unknown_member_id)
+                continue
+            member = group.members.get(member_id) if member_id else None
+            if member is None and instance_id is not None:
+                member = group.member_by_instance(instance_id)
+                if member is not None and member_id and member.member_id != member_id:
+                    codes.append(ErrorCode.fenced_instance_id)
+                    continue
+            if member is None:
+                if member_id in group.pending_members:
+                    group.pending_members.pop(member_id)
+                    codes.append(ErrorCode.none)
+                else:
+                    codes.append(ErrorCode.unknown_member_id)
+                continue
+            self._remove_member(group, member, "left the group")
+            codes.append(ErrorCode.none)
+        return codes
+
+    def _remove_member(self, group: Group, member: Member, reason: str) -> None:
+        group.members.pop(member.member_id, None)
+        _resolve_join(member, JoinResult(error=ErrorCode.unknown_member_id))
+        _resolve_sync(member, ErrorCode.unknown_member_id, b"")
+        log.info("group %s: member %s %s", group.group_id, member.member_id, reason)
+        if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._prepare_rebalance(group, f"{member.member_id} {reason}")
+        self._maybe_complete_join(group)
+
+    # ------------------------------------------------------------------ offsets
+    async def commit(
+        self,
+        *,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        offsets: dict[tuple[str, int], CommittedOffset],
+    ) -> dict[tuple[str, int], int]:
+        group = self.groups.get(group_id)
+        generic_commit = generation < 0 and not member_id
+        if group is None:
+            if not generic_commit:
+                return dict.fromkeys(offsets, ErrorCode.illegal_generation)
+            group = self.groups[group_id] = Group(group_id)
+        elif generic_commit:
+            if not group.is_empty():
+                return dict.fromkeys(offsets, ErrorCode.unknown_member_id)
+        else:
+            if group.state is GroupState.COMPLETING_REBALANCE:
+                return dict.fromkeys(offsets, ErrorCode.rebalance_in_progress)
+            if member_id not in group.members:
+                return dict.fromkeys(offsets, ErrorCode.unknown_member_id)
+            if generation != group.generation:
+                return dict.fromkeys(offsets, ErrorCode.illegal_generation)
+            group.members[member_id].touch(self._now())
+        results: dict[tuple[str, int], int] = {}
+        to_write: list[tuple[Key, Value | None]] = []
+        now_ms = _now_ms()
+        for (topic, partition), committed in offsets.items():
+            if (
+                committed.metadata is not None
+                and len(committed.metadata.encode()) > self._settings.max_metadata_bytes
+            ):
+                results[(topic, partition)] = ErrorCode.offset_metadata_too_large
+                continue
+            value = OffsetValue(
+                committed.offset, committed.leader_epoch, committed.metadata, now_ms
+            )
+            to_write.append((OffsetKey(group_id, topic, partition), value))
+            results[(topic, partition)] = ErrorCode.none
+        if to_write:
+            try:
+                await self._append(to_write)
+            except (StorageError, CoordinatorError) as exc:
+                log.warning("group %s: offset commit failed: %s", group_id, exc)
+                return dict.fromkeys(offsets, _storage_code(exc))
+            table = self.offsets.setdefault(group_id, {})
+            for key, value in to_write:
+                assert isinstance(key, OffsetKey) and isinstance(value, OffsetValue)
+                table[(key.topic, key.partition)] = value
+        return results
+
+    def fetch_offsets(
+        self, group_id: str, partitions: list[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], CommittedOffset]:
+        table = self.offsets.get(group_id, {})
+        if partitions is None:
+            partitions = sorted(table)
+        out: dict[tuple[str, int], CommittedOffset] = {}
+        for tp in partitions:
+            value = table.get(tp)
+            if value is None:
+                out[tp] = CommittedOffset(-1, -1, "")
+            else:
+                out[tp] = CommittedOffset(value.offset, value.leader_epoch, value.metadata)
+        return out
+
+    async def delete_offsets(
+        self, group_id: str, partitions: list[tuple[str, int]]
+    ) -> tuple[int, dict[tuple[str, int], int]]:
+        group = self.groups.get(group_id)
+        table = self.offsets.get(group_id)
+        if group is None and table is None:
+            return ErrorCode.group_id_not_found, {}
+        if group is not None and group.state not in (GroupState.EMPTY, GroupState.DEAD):
+            subscribed = _subscribed_topics(group)
+            if subscribed is None:
+                return ErrorCode.non_empty_group, {}
+            blocked = {
+                tp: ErrorCode.group_subscribed_to_topic for tp in partitions if tp[0] in subscribed
+            }
+        else:
+            blocked = {}
+        doomed = [tp for tp in partitions if tp not in blocked and table and tp in table]
+        if doomed:
+            try:
+                await self._append([(OffsetKey(group_id, t, p), None) for t, p in doomed])
+            except (StorageError, CoordinatorError) as exc:
+                return _storage_code(exc), {}
+            for tp in doomed:
+                table.pop(tp, None)  # type: ignore[union-attr]
+        return ErrorCode.none, {tp: blocked.get(tp, ErrorCode.none) for tp in partitions}
+
+    async def delete_group(self, group_id: str) -> int:
+        group = self.groups.get(group_id)
+        table = self.offsets.get(group_id)
+        if group is None and table is None:
+            return ErrorCode.group_id_not_found
+        if group is not None and not group.is_empty():
+            return ErrorCode.non_empty_group
+        records: list[tuple[Key, Value | None]] = [(GroupKey(group_id), None)]
+        records += [(OffsetKey(group_id, t, p), None) for (t, p) in (table or {})]
+        try:
+            await self._append(records)
+        except (StorageError, CoordinatorError) as exc:
+            return _storage_code(exc)
+        self.groups.pop(group_id, None)
+        self.offsets.pop(group_id, None)
+        return ErrorCode.none
+
+    # ------------------------------------------------------------------ describe
+    def list_groups(self) -> list[Group]:
+        groups = list(self.groups.values())
+        # groups that exist only through committed offsets (simple consumers, admin resets)
+        for group_id in self.offsets:
+            if group_id not in self.groups:
+                groups.append(Group(group_id))
+        return groups
+
+    def describe(self, group_id: str) -> Group | None:
+        group = self.groups.get(group_id)
+        if group is None and group_id in self.offsets:
+            return Group(group_id)
+        return group
+
+    # ------------------------------------------------------------------ persistence
+    async def _persist_group(self, group: Group) -> None:
+        value = GroupValue(
+            protocol_type=group.protocol_type,
+            generation=group.generation,
+            protocol_name=group.protocol_name,
+            leader=group.leader,
+            state_timestamp_ms=group.state_timestamp_ms,
+            members=tuple(
+                MemberValue(
+                    member_id=m.member_id,
+                    group_instance_id=m.group_instance_id,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    session_timeout_ms=m.session_timeout_ms,
+                    rebalance_timeout_ms=m.rebalance_timeout_ms,
+                    subscription=m.metadata_for(group.protocol_name),
+                    assignment=m.assignment,
+                )
+                for m in group.members.values()
+            ),
+        )
+        await self._append([(GroupKey(group.group_id), value)])
+
+    def _spawn_persist(self, group: Group) -> None:
+        async def persist() -> None:
+            try:
+                await self._persist_group(group)
+            except (StorageError, CoordinatorError) as exc:
+                log.warning("group %s: storing the empty group failed: %s", group.group_id, exc)
+
+        self._spawn(persist())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _append(self, records: list[tuple[Key, Value | None]]) -> None:
+        if self._closed:
+            raise CoordinatorError(ErrorCode.not_coordinator)
+        batch = build_batch(
+            [(encode_key(k), encode_value(v)) for k, v in records], timestamp_ms=_now_ms()
+        )
+        await self._log.append(batch, acks=-1)
+        self._records_since_snapshot += len(records)
+        if self._records_since_snapshot >= self._settings.snapshot_after_records:
+            self._records_since_snapshot = 0
+            self._spawn(self._snapshot())
+
+    async def _snapshot(self) -> None:
+        """Write every live key again, then trim the log before them: replay stays short."""
+        async with self._write_lock:
+            if self._closed:
+                return
+            live: list[tuple[Key, Value | None]] = []
+            for group_id, table in self.offsets.items():
+                for (topic, partition), value in table.items():
+                    live.append((OffsetKey(group_id, topic, partition), value))
+            for group in self.groups.values():
+                if group.state in (GroupState.STABLE, GroupState.EMPTY) and group.generation:
+                    live.append((GroupKey(group.group_id), _group_value(group)))
+            try:
+                start = self._log.high_watermark
+                for i in range(0, max(len(live), 1), 500):
+                    chunk = live[i : i + 500]
+                    if chunk:
+                        batch = build_batch(
+                            [(encode_key(k), encode_value(v)) for k, v in chunk],
+                            timestamp_ms=_now_ms(),
+                        )
+                        result = await self._log.append(batch, acks=-1)
+                        if i == 0:
+                            start = result.base_offset
+                await self._log.delete_records_before(start)
+                log.info(
+                    "%s-%d: snapshot of %d keys, log trimmed before %d",
+                    OFFSETS_TOPIC, self.partition, len(live), start,
+                )  # fmt: skip
+            except StorageError as exc:
+                log.warning("%s-%d: snapshot failed: %s", OFFSETS_TOPIC, self.partition, exc)
+
+    # ------------------------------------------------------------------ timers
+    async def _tick(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._settings.tick_s)
+            try:
+                self._expire(self._now())
+            except Exception:
+                log.exception("%s-%d: group timer failed", OFFSETS_TOPIC, self.partition)
+
+    def _expire(self, now: float) -> None:
+        for group in list(self.groups.values()):
+            for member_id, deadline in list(group.pending_members.items()):
+                if now >= deadline:
+                    group.pending_members.pop(member_id, None)
+                    self._maybe_complete_join(group)
+            for member in list(group.members.values()):
+                waiting = (
+                    member.join_future is not None and group.state is GroupState.PREPARING_REBALANCE
+                )
+                if not waiting and now >= member.heartbeat_deadline:
+                    self._remove_member(group, member, "session timed out")
+            if group.state is GroupState.PREPARING_REBALANCE:
+                if now >= group.rebalance_deadline:
+                    self._maybe_complete_join(group, deadline_passed=True)
+                else:
+                    self._maybe_complete_join(group)
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+
+class GroupCoordinator:
+    """Routes group requests to the shard of the `__consumer_offsets` partition they hash to."""
+
+    def __init__(self, settings: GroupSettings, offsets_partitions: Callable[[], int]) -> None:
+        self._settings = settings
+        self._offsets_partitions = offsets_partitions
+        self._shards: dict[int, GroupShard] = {}
+        self._loads: dict[int, asyncio.Task[None]] = {}
+
+    def partition_for(self, group_id: str) -> int:
+        n = self._offsets_partitions()
+        if n <= 0:
+            raise CoordinatorError(ErrorCode.coordinator_not_available)
+        return partition_for_group(group_id, n)
+
+    async def on_partition(self, tp: TopicPartition, plog: PartitionLog | None) -> None:
+        """PartitionManager hook: load a shard when its partition opens, drop it on close."""
+        if tp.topic != OFFSETS_TOPIC:
+            return
+        old = self._shards.pop(tp.partition, None)
+        if old is not None:
+            old.close()
+        load = self._loads.pop(tp.partition, None)
+        if load is not None:
+            load.cancel()
+        if plog is None:
+            return
+        shard = GroupShard(tp.partition, plog, self._settings)
+        self._shards[tp.partition] = shard
+
+        async def load_shard() -> None:
+            try:
+                await shard.load()
+            except Exception:
+                log.exception("%s: loading groups failed", tp)
+                if self._shards.get(tp.partition) is shard:
+                    self._shards.pop(tp.partition)
+
+        self._loads[tp.partition] = asyncio.create_task(load_shard())
+
+    def shard(self, group_id: str) -> GroupShard:
+        if not group_id:
+            raise CoordinatorError(ErrorCode.invalid_group_id, "group id is empty")
+        shard = self._shards.get(self.partition_for(group_id))
+        if shard is None:
+            raise CoordinatorError(ErrorCode.not_coordinator)
+        if not shard.loaded.is_set():
+            raise CoordinatorError(ErrorCode.coordinator_load_in_progress)
+        return shard
+
+    def shards(self) -> list[GroupShard]:
+        return [s for s in self._shards.values() if s.loaded.is_set()]
+
+    async def close(self) -> None:
+        for task in self._loads.values():
+            task.cancel()
+        for shard in self._shards.values():
+            shard.close()
+        self._shards.clear()
+
+
+# ---------------------------------------------------------------------- helpers
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _resolve(future: asyncio.Future[JoinResult], result: JoinResult) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _resolve_join(member: Member, result: JoinResult) -> None:
+    future, member.join_future = member.join_future, None
+    if future is not None and not future.done():
+        result.member_id = result.member_id or member.member_id
+        future.set_result(result)
+
+
+def _resolve_sync(member: Member, code: int, assignment: bytes) -> None:
+    future, member.sync_future = member.sync_future, None
+    if future is not None and not future.done():
+        future.set_result((code, assignment))
+
+
+def _storage_code(exc: Exception) -> int:
+    if isinstance(exc, CoordinatorError):
+        return exc.code
+    return ErrorCode.coordinator_not_available
+
+
+def _group_value(group: Group) -> GroupValue:
+    return GroupValue(
+        protocol_type=group.protocol_type,
+        generation=group.generation,
+        protocol_name=group.protocol_name,
+        leader=group.leader,
+        state_timestamp_ms=group.state_timestamp_ms,
+        members=tuple(
+            MemberValue(
+                m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                m.session_timeout_ms, m.rebalance_timeout_ms,
+                m.metadata_for(group.protocol_name), m.assignment,
+            )
+            for m in group.members.values()
+        ),
+    )  # fmt: skip
+
+
+def _group_from_value(group_id: str, value: GroupValue, now: float) -> Group:
+    group = Group(
+        group_id,
+        state=GroupState.STABLE if value.members else GroupState.EMPTY,
+        protocol_type=value.protocol_type,
+        protocol_name=value.protocol_name,
+        generation=value.generation,
+        leader=value.leader,
+        state_timestamp_ms=value.state_timestamp_ms,
+    )
+    for m in value.members:
+        member = Member(
+            member_id=m.member_id,
+            group_instance_id=m.group_instance_id,
+            client_id=m.client_id,
+            client_host=m.client_host,
+            session_timeout_ms=m.session_timeout_ms,
+            rebalance_timeout_ms=m.rebalance_timeout_ms,
+            protocol_type=value.protocol_type or "",
+            protocols=[(value.protocol_name or "", m.subscription)],
+            assignment=m.assignment,
+            is_new=False,
+        )
+        member.touch(now)  # members get a full session to find the new coordinator
+        group.members[m.member_id] = member
+    return group
+
+
+def _subscribed_topics(group: Group) -> set[str] | None:
+    """Topics a consumer group subscribes to, from its members' consumer-protocol metadata
+    (version int16, then an array of topic names). None when not a consumer group."""
+    if group.protocol_type != "consumer":
+        return None
+    topics: set[str] = set()
+    for member in group.members.values():
+        data = member.metadata_for(group.protocol_name)
+        with contextlib.suppress(IndexError, UnicodeDecodeError):
+            count = int.from_bytes(data[2:6], "big", signed=True)
+            pos = 6
+            for _ in range(max(count, 0)):
+                n = int.from_bytes(data[pos : pos + 2], "big")
+                topics.add(data[pos + 2 : pos + 2 + n].decode())
+                pos += 2 + n
+    return topics

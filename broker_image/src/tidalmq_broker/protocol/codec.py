@@ -1,0 +1,173 @@
+"""Request/response framing on top of kio's generated schemas (Kafka's own message JSON).
+
+A frame on the wire is `int32 size` followed by `size` bytes. A request starts with
+`int16 api_key, int16 api_version, int32 correlation_id`, then the rest of its header (v1: nullable
+client id; v2: plus tagged fields) and the body. Responses carry the response header the schema
+names (ApiVersions always uses header v0, so clients can parse it before they know our versions).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import DecodeError
+
+from tidalmq_broker.protocol.entities import build
+
+_PREFIX = struct.Struct(">hhi")
+_SIZE = struct.Struct(">i")
+
+API_VERSIONS_KEY = 18
+
+
+class MalformedRequest(ValueError):
+    """The frame cannot be decoded with the schema its header names."""
+
+
+class UnsupportedApi(ValueError):
+    """An API key this broker does not serve (the connection is closed, as Kafka does)."""
+
+
+class UnsupportedVersion(ValueError):
+    """A version outside the advertised range of a served API."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
+        super().__init__(f"api {api_key} version {api_version} is not supported")
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # the kio request dataclass of this api_key/version
+    size: int  # bytes of the frame, for metrics and quotas
+
+
+def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of a frame, without decoding the rest."""
+    if len(frame) < _PREFIX.size:
+        raise MalformedRequest(f"request of {len(frame)} bytes is shorter than its header")
+    return _PREFIX.unpack_from(frame, 0)
+
+
+def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Request:
+    """Decode one request frame (without its size prefix).
+
+    Raises UnsupportedApi, UnsupportedVersion or MalformedRequest.
+    """
+    api_key, api_version, correlation_id = peek_header(frame)
+    versions = supported.get(api_key)
+    if versions is None:
+        raise UnsupportedApi(f"api key {api_key} is not served by this broker")
+    if not versions[0] <= api_version <= versions[1]:
+        raise UnsupportedVersion(api_key, api_version, correlation_id)
+    schema = _request_schema(api_key, api_version)
+    header_reader, body_reader = _readers(schema)
+    try:
+        header, offset = header_reader(frame, 0)
+        body, used = body_reader(frame, offset)
+    except (DecodeError, ValueError, TypeError, IndexError, OverflowError, UnicodeError) as exc:
+        raise MalformedRequest(f"api {api_key} v{api_version}: {exc}") from exc
+    if offset + used != len(frame):
+        raise MalformedRequest(
+            f"api {api_key} v{api_version}: {len(frame) - offset - used} trailing bytes"
+        )
+    return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame))
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
+    """Serialise a response (a kio dataclass, or a dict built into one) with its size prefix."""
+    schema = response_schema(api_key, api_version)
+    if not isinstance(body, schema):
+        body = build(schema, body)
+    header_schema, header_writer, body_writer = _writers(schema)
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    header_writer(buf, build(header_schema, {"correlation_id": correlation_id}))
+    body_writer(buf, body)
+    out = buf.getbuffer()
+    _SIZE.pack_into(out, 0, len(out) - 4)
+    del out
+    return buf.getvalue()
+
+
+def encode_request(
+    api_key: int, api_version: int, correlation_id: int, body: Any, client_id: str = "tidalmq"
+) -> bytes:
+    """Serialise a request with its size prefix (the broker's own clients and tests use this)."""
+    schema = _request_schema(api_key, api_version)
+    if not isinstance(body, schema):
+        body = build(schema, body)
+    header_schema = schema.__header_schema__
+    header = build(
+        header_schema,
+        {
+            "request_api_key": api_key,
+            "request_api_version": api_version,
+            "correlation_id": correlation_id,
+            "client_id": client_id,
+        },
+    )
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    entity_writer(header_schema)(buf, header)
+    entity_writer(schema)(buf, body)
+    out = buf.getbuffer()
+    _SIZE.pack_into(out, 0, len(out) - 4)
+    del out
+    return buf.getvalue()
+
+
+def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, Any]:
+    """(correlation_id, body) of a response frame without its size prefix."""
+    schema = response_schema(api_key, api_version)
+    header, offset = entity_reader(schema.__header_schema__)(frame, 0)
+    body, _ = entity_reader(schema)(frame, offset)
+    return header.correlation_id, body
+
+
+def schema_versions(api_key: int) -> tuple[int, int] | None:
+    """The version range kio has schemas for, or None for an unknown key."""
+    found = [v for v in range(0, 32) if _has_schema(api_key, v)]
+    return (min(found), max(found)) if found else None
+
+
+def _has_schema(api_key: int, version: int) -> bool:
+    try:
+        _request_schema(api_key, version)
+        response_schema(api_key, version)
+    except (UnknownAPIKey, UnknownEntity):
+        return False
+    return True
+
+
+@cache
+def _request_schema(api_key: int, api_version: int) -> type:
+    return load_request_schema(api_key, api_version)
+
+
+@cache
+def response_schema(api_key: int, api_version: int) -> type:
+    return load_response_schema(api_key, api_version)
+
+
+@cache
+def _readers(schema: type) -> tuple[Any, Any]:
+    return entity_reader(schema.__header_schema__), entity_reader(schema)
+
+
+@cache
+def _writers(schema: type) -> tuple[type, Any, Any]:
+    header_schema = schema.__header_schema__
+    return header_schema, entity_writer(header_schema), entity_writer(schema)

@@ -1,0 +1,238 @@
+"""The Kafka listener: framing, per-connection pipelining and ordered responses.
+
+Kafka clients pipeline requests on one connection (up to max.in.flight) and expect responses in
+request order. Each request is handled in its own task, started in arrival order; a writer task
+sends the responses in the same order. Handlers that must observe arrival order (Produce appends)
+do their ordering-sensitive work before their first suspension point, which asyncio runs in the
+order the tasks were created.
+
+Bad input never takes the broker down: an oversize or negative frame size, an undecodable frame
+or an unknown API key closes that one connection (as Kafka does); an unsupported ApiVersions
+version is answered with UNSUPPORTED_VERSION and the versions we serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tidalmq_broker.protocol.codec import (
+    API_VERSIONS_KEY,
+    MalformedRequest,
+    Request,
+    UnsupportedApi,
+    UnsupportedVersion,
+    decode_request,
+    encode_response,
+)
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+
+Handler = Callable[[Request, "Connection"], Awaitable[Any]]
+"""Returns the response body (dict or kio entity), or None to send no response (acks=0)."""
+
+
+@dataclass(slots=True)
+class Connection:
+    peer: str
+    client_id: str | None = None
+    requests: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerLimits:
+    max_request_bytes: int = 100 * 1024 * 1024  # socket.request.max.bytes
+    max_inflight_per_connection: int = 32
+    idle_timeout_s: float = 600.0  # connections.max.idle.ms
+
+
+class RequestObserver:
+    """Hook for metrics: called once per handled request."""
+
+    def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
+        pass
+
+
+class KafkaListener:
+    def __init__(
+        self,
+        dispatch: Callable[[int], Handler | None],
+        supported_versions: Callable[[], dict[int, tuple[int, int]]],
+        api_versions_error_body: Callable[[], dict[str, Any]],
+        *,
+        limits: ListenerLimits | None = None,
+        observer: RequestObserver | None = None,
+    ) -> None:
+        self._dispatch = dispatch
+        self._supported_versions = supported_versions
+        self._api_versions_error_body = api_versions_error_body
+        self._limits = limits or ListenerLimits()
+        self._observer = observer or RequestObserver()
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._accepting = True
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(
+            self._on_connection, host, port, reuse_address=True, limit=1 << 20
+        )
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop accepting connections and requests, and wait for in-flight requests."""
+        self._accepting = False
+        if self._server is not None:
+            self._server.close()
+        if self._inflight:
+            await asyncio.wait(list(self._inflight), timeout=timeout_s)
+
+    async def close(self) -> None:
+        self._accepting = False
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    # ------------------------------------------------------------------ connection
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        conn = Connection(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
+        responses: asyncio.Queue[asyncio.Future[bytes | None] | None] = asyncio.Queue(
+            maxsize=self._limits.max_inflight_per_connection
+        )
+        sender = asyncio.create_task(self._send_loop(writer, responses, conn))
+        try:
+            await self._receive_loop(reader, conn, responses)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except TimeoutError:
+            log.debug("closing idle connection from %s", conn.peer)
+        except asyncio.CancelledError:
+            sender.cancel()
+            raise
+        finally:
+            with contextlib.suppress(asyncio.QueueFull):
+                responses.put_nowait(None)
+            if not sender.done():
+                # let queued responses go out, unless the peer is gone
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(sender), timeout=30)
+            sender.cancel()
+            with contextlib.suppress(Exception):
+                writer.close()
+            self._connections.discard(task)
+
+    async def _receive_loop(
+        self,
+        reader: asyncio.StreamReader,
+        conn: Connection,
+        responses: asyncio.Queue[asyncio.Future[bytes | None] | None],
+    ) -> None:
+        limits = self._limits
+        while self._accepting:
+            head = await asyncio.wait_for(reader.readexactly(4), limits.idle_timeout_s)
+            (size,) = _SIZE.unpack(head)
+            if size <= 0 or size > limits.max_request_bytes:
+                log.warning(
+                    "closing connection from %s: request size %d outside 1..%d",
+                    conn.peer, size, limits.max_request_bytes,
+                )  # fmt: skip
+                return
+            frame = await reader.readexactly(size)
+            try:
+                request = decode_request(frame, self._supported_versions())
+            except UnsupportedVersion as exc:
+                if exc.api_key == API_VERSIONS_KEY:
+                    # KIP-511: answer in v0 so the client learns what we support
+                    body = self._api_versions_error_body()
+                    fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+                    fut.set_result(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, body))
+                    await responses.put(fut)
+                    continue
+                log.warning("closing connection from %s: %s", conn.peer, exc)
+                return
+            except UnsupportedApi as exc:
+                log.warning("closing connection from %s: %s", conn.peer, exc)
+                return
+            except MalformedRequest as exc:
+                log.warning("closing connection from %s: malformed request: %s", conn.peer, exc)
+                return
+            conn.client_id = request.client_id
+            conn.requests += 1
+            handler = self._dispatch(request.api_key)
+            assert handler is not None  # decode_request checked the key
+            task = asyncio.create_task(self._handle(handler, request, conn))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            await responses.put(task)
+
+    async def _handle(self, handler: Handler, request: Request, conn: Connection) -> bytes | None:
+        started = time.perf_counter()
+        error = False
+        try:
+            body = await handler(request, conn)
+            if body is None:
+                return None
+            return encode_response(
+                request.api_key, request.api_version, request.correlation_id, body
+            )
+        except Exception:
+            error = True
+            log.exception(
+                "api %d v%d from %s (%s) failed; closing the connection",
+                request.api_key, request.api_version, conn.peer, conn.client_id,
+            )  # fmt: skip
+            raise
+        finally:
+            self._observer.observe(
+                request.api_key, time.perf_counter() - started, request.size, error
+            )
+
+    async def _send_loop(
+        self,
+        writer: asyncio.StreamWriter,
+        responses: asyncio.Queue[asyncio.Future[bytes | None] | None],
+        conn: Connection,
+    ) -> None:
+        while True:
+            fut = await responses.get()
+            if fut is None:
+                return
+            try:
+                data = await fut
+            except Exception:
+                # the handler failed unexpectedly (logged there): close, as Kafka would
+                writer.close()
+                return
+            if data is None:
+                continue
+            writer.write(data)
+            if writer.transport.get_write_buffer_size() > 1 << 20 or responses.empty():
+                await writer.drain()

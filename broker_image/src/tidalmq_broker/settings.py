@@ -1,0 +1,128 @@
+"""Broker settings: defaults, overridden by TIDALMQ_* environment variables, overridden by flags.
+
+Every field of BrokerSettings is a flag (`--flush-interval-ms`) and an environment variable
+(`TIDALMQ_FLUSH_INTERVAL_MS`); the flag wins. One table, so the CLI help, the container image and
+the Helm chart all name the same knobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "TIDALMQ_"
+
+
+@dataclass(slots=True)
+class BrokerSettings:
+    broker_id: int = field(default=0, metadata={"help": "this broker's id (node id)"})
+    host: str = field(default="127.0.0.1", metadata={"help": "Kafka listener bind address"})
+    port: int = field(default=9092, metadata={"help": "Kafka listener port (0: any free port)"})
+    advertised_host: str = field(default="", metadata={"help": "host clients connect to"})
+    advertised_port: int = field(default=0, metadata={"help": "port clients connect to"})
+    rack: str = field(default="", metadata={"help": "rack / zone reported to clients"})
+    http_host: str = field(default="127.0.0.1", metadata={"help": "health/metrics bind address"})
+    http_port: int = field(default=0, metadata={"help": "health, readiness, metrics port"})
+    storage_url: str = field(
+        default="file://./.tidalmq/objects",
+        metadata={"help": "object store: file:///dir or s3://bucket/prefix?endpoint_url=..."},
+    )
+    controller_url: str = field(
+        default="", metadata={"help": "external controller (empty: run one in this process)"}
+    )
+    flush_interval_ms: float = field(default=5.0, metadata={"help": "WAL flush window"})
+    flush_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "flush at this size"})
+    cache_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "tail cache size"})
+    checkpoint_interval_s: float = field(default=5.0, metadata={"help": "checkpoint interval"})
+    max_request_bytes: int = field(
+        default=100 * 1024 * 1024, metadata={"help": "largest request accepted"}
+    )
+    auto_create_topics: bool = field(
+        default=True, metadata={"help": "create unknown topics on Metadata requests"}
+    )
+    default_partitions: int = field(default=1, metadata={"help": "num.partitions"})
+    offsets_topic_partitions: int = field(
+        default=16, metadata={"help": "partitions of __consumer_offsets"}
+    )
+    group_initial_rebalance_delay_ms: int = field(
+        default=3000, metadata={"help": "group.initial.rebalance.delay.ms"}
+    )
+    group_min_session_timeout_ms: int = field(
+        default=6000, metadata={"help": "group.min.session.timeout.ms"}
+    )
+    shutdown_timeout_s: float = field(
+        default=25.0, metadata={"help": "how long SIGTERM waits for in-flight requests"}
+    )
+    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
+    log_format: str = field(default="text", metadata={"help": "text or json"})
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    def described(self) -> dict[str, str]:
+        """Broker configs as DescribeConfigs reports them (Kafka names where one exists)."""
+        return {
+            "broker.id": str(self.broker_id),
+            "node.id": str(self.broker_id),
+            "num.partitions": str(self.default_partitions),
+            "auto.create.topics.enable": str(self.auto_create_topics).lower(),
+            "offsets.topic.num.partitions": str(self.offsets_topic_partitions),
+            "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
+            "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
+            "socket.request.max.bytes": str(self.max_request_bytes),
+            "default.replication.factor": "1",
+            "tidalmq.flush.interval.ms": str(self.flush_interval_ms),
+        }
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _converter(kind: Any) -> Any:
+    return {int: int, float: float, bool: _parse_bool, str: str}.get(kind, str)
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type = BrokerSettings) -> None:
+    for f in dataclasses.fields(cls):
+        kind = {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)]
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=_converter(kind),
+            default=None,
+            help=f"{f.metadata.get('help', '')} (env {ENV_PREFIX}{f.name.upper()}, "
+            f"default {f.default!r})",
+        )
+
+
+def from_sources(
+    args: argparse.Namespace | None = None,
+    env: Mapping[str, str] | None = None,
+    cls: type = BrokerSettings,
+    **overrides: Any,
+) -> Any:
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        kind = {"int": int, "float": float, "bool": bool, "str": str}[str(f.type)]
+        name = ENV_PREFIX + f.name.upper()
+        if name in env:
+            try:
+                values[f.name] = _converter(kind)(env[name])
+            except ValueError as exc:
+                raise SystemExit(f"invalid {name}={env[name]!r}: {exc}") from exc
+        if args is not None and getattr(args, f.name, None) is not None:
+            values[f.name] = getattr(args, f.name)
+    values.update(overrides)
+    return cls(**values)

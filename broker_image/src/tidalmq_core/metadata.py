@@ -1,0 +1,155 @@
+"""Cluster metadata: brokers, topics, partition leadership and epochs, reassignments in flight.
+
+The controller is its single writer; brokers receive immutable snapshots of it. Everything here
+is plain data with a JSON form (the local store keeps it in object storage, the operator keeps it
+in custom resources), so any component can read it without I/O of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+NO_LEADER = -1
+OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+
+# Topic configs TidalMQ knows, with Kafka's defaults (as strings, as Kafka reports them).
+TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
+    "cleanup.policy": "delete",
+    "retention.ms": str(7 * 24 * 3600 * 1000),
+    "retention.bytes": "-1",
+    "max.message.bytes": str(1024 * 1024 + 12),
+    "segment.bytes": str(64 * 1024 * 1024),
+    "message.timestamp.type": "CreateTime",
+    "compression.type": "producer",
+    "min.insync.replicas": "1",
+}
+READ_ONLY_TOPIC_CONFIGS = frozenset({"min.insync.replicas"})
+
+
+def new_cluster_id() -> str:
+    """A Kafka-style cluster id: a random UUID in URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+@dataclass(slots=True)
+class BrokerInfo:
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None = None
+    control_url: str = ""  # where the controller sends open/close commands (HTTP)
+    incarnation: str = ""
+    state: str = "alive"  # alive | draining | dead
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BrokerInfo:
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """Leadership of one partition. `leader` is NO_LEADER while a move closes the source
+    (seed 000 step 1: the target is recorded, nobody is elected yet)."""
+
+    leader: int
+    leader_epoch: int
+    replicas: list[int]  # the assigned broker (one: data is in object storage)
+    # reassignment bookkeeping (seeds 001/003): original and target replica sets, when moving
+    original_replicas: list[int] | None = None
+    target_replicas: list[int] | None = None
+    move_started_ms: int | None = None
+
+    @property
+    def moving(self) -> bool:
+        return self.target_replicas is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PartitionState:
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class TopicInfo:
+    name: str
+    topic_id: str  # UUID string
+    partitions: list[PartitionState]
+    configs: dict[str, str] = field(default_factory=dict)  # overrides only
+    internal: bool = False
+
+    def config(self, name: str) -> str | None:
+        return self.configs.get(name, TOPIC_CONFIG_DEFAULTS.get(name))
+
+    def effective_configs(self) -> dict[str, str]:
+        return {**TOPIC_CONFIG_DEFAULTS, **self.configs}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "partitions": [p.to_json() for p in self.partitions],
+            "configs": dict(self.configs),
+            "internal": self.internal,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TopicInfo:
+        return cls(
+            name=data["name"],
+            topic_id=data["topic_id"],
+            partitions=[PartitionState.from_json(p) for p in data["partitions"]],
+            configs=dict(data.get("configs", {})),
+            internal=bool(data.get("internal", False)),
+        )
+
+
+@dataclass(slots=True)
+class ClusterMetadata:
+    cluster_id: str
+    controller_epoch: int = 0
+    version: int = 0  # bumped on every committed change; brokers ignore older snapshots
+    brokers: dict[int, BrokerInfo] = field(default_factory=dict)
+    topics: dict[str, TopicInfo] = field(default_factory=dict)
+    next_producer_id: int = 1000
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "controller_epoch": self.controller_epoch,
+            "version": self.version,
+            "brokers": {str(k): v.to_json() for k, v in sorted(self.brokers.items())},
+            "topics": {k: v.to_json() for k, v in sorted(self.topics.items())},
+            "next_producer_id": self.next_producer_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterMetadata:
+        return cls(
+            cluster_id=data["cluster_id"],
+            controller_epoch=int(data.get("controller_epoch", 0)),
+            version=int(data.get("version", 0)),
+            brokers={int(k): BrokerInfo.from_json(v) for k, v in data.get("brokers", {}).items()},
+            topics={k: TopicInfo.from_json(v) for k, v in data.get("topics", {}).items()},
+            next_producer_id=int(data.get("next_producer_id", 1000)),
+        )
+
+    def copy(self) -> ClusterMetadata:
+        return ClusterMetadata.from_json(self.to_json())
+
+    def live_brokers(self) -> list[int]:
+        return sorted(b for b, info in self.brokers.items() if info.state == "alive")
+
+    def topic_by_id(self, topic_id: str) -> TopicInfo | None:
+        for topic in self.topics.values():
+            if topic.topic_id == topic_id:
+                return topic
+        return None
