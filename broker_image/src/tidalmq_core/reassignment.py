@@ -1,0 +1,217 @@
+"""Partition reassignment: the plan format, its validation, and the state machine of one move.
+
+The plan is Kafka's reassignment JSON (seed 001):
+    {"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [2]}]}
+A TidalMQ partition has exactly one replica (its data is in object storage), so a replica list
+names the one broker that should lead it.
+
+The move of one partition follows seed 000, with Kafka's bookkeeping (seeds 001/003: ORS, the
+original replica set; TRS, the target; AR = TRS - ORS adding; RR = ORS - TRS removing):
+
+    PENDING   recorded, nothing asked yet
+    CLOSING   target recorded without electing (leader = none); the source stops appending,
+              waits for in-flight appends, force-uploads, writes a clean checkpoint, closes
+    ELECTING  the source reported it closed (or the election timeout fenced it)
+    OPENING   the target is elected with epoch + 1 and opens the meta stream
+    DONE      the target serves the partition
+    CANCELLED rolled back to the original broker (epoch + 1) before the target was elected
+    FAILED    could not complete (e.g. the topic was deleted)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, PartitionState
+from tidalmq_core.model import TopicPartition
+
+
+class Phase(enum.StrEnum):
+    PENDING = "Pending"
+    CLOSING = "Closing"
+    ELECTING = "Electing"
+    OPENING = "Opening"
+    DONE = "Done"
+    CANCELLED = "Cancelled"
+    FAILED = "Failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Phase.DONE, Phase.CANCELLED, Phase.FAILED)
+
+
+class InvalidPlan(ValueError):
+    """A reassignment plan that cannot be executed; the message says which entry and why."""
+
+
+class NoReassignmentInProgress(ValueError):
+    """Cancel of a partition that is not moving (NO_REASSIGNMENT_IN_PROGRESS)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanEntry:
+    tp: TopicPartition
+    target: int | None  # None: cancel the move in progress
+
+
+def parse_plan(text: str | bytes | Mapping[str, Any]) -> list[PlanEntry]:
+    """Parse Kafka's reassignment JSON. Structural problems raise InvalidPlan."""
+    try:
+        doc = json.loads(text) if isinstance(text, str | bytes) else dict(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidPlan(f"the plan is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("partitions"), list):
+        raise InvalidPlan('the plan must be an object with a "partitions" list')
+    if doc.get("version", 1) != 1:
+        raise InvalidPlan(f"unsupported plan version {doc.get('version')!r} (expected 1)")
+    entries: list[PlanEntry] = []
+    seen: set[TopicPartition] = set()
+    for i, item in enumerate(doc["partitions"]):
+        where = f"partitions[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidPlan(f"{where} is not an object")
+        topic, partition = item.get("topic"), item.get("partition")
+        if not isinstance(topic, str) or not topic:
+            raise InvalidPlan(f'{where} has no "topic"')
+        if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
+            raise InvalidPlan(f'{where} ({topic}) has no valid "partition"')
+        tp = TopicPartition(topic, partition)
+        if tp in seen:
+            raise InvalidPlan(f"{tp} appears more than once in the plan")
+        seen.add(tp)
+        replicas = item.get("replicas")
+        if replicas is None:
+            entries.append(PlanEntry(tp, None))
+            continue
+        if not isinstance(replicas, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in replicas
+        ):
+            raise InvalidPlan(f"{where} ({tp}): replicas must be a list of broker ids")
+        if len(replicas) != 1:
+            raise InvalidPlan(
+                f"{tp}: replicas {replicas} must name exactly one broker (TidalMQ keeps one "
+                "replica per partition; its data lives in object storage)"
+            )
+        log_dirs = item.get("log_dirs")
+        if log_dirs is not None and any(d != "any" for d in log_dirs):
+            raise InvalidPlan(f'{tp}: log_dirs other than "any" are meaningless here')
+        entries.append(PlanEntry(tp, replicas[0]))
+    return entries
+
+
+def validate_plan(entries: Iterable[PlanEntry], meta: ClusterMetadata) -> None:
+    """Check every entry against the cluster: known topic, partition and broker."""
+    live = set(meta.live_brokers())
+    problems: list[str] = []
+    for entry in entries:
+        topic = meta.topics.get(entry.tp.topic)
+        if topic is None:
+            problems.append(f"{entry.tp}: unknown topic {entry.tp.topic!r}")
+        elif entry.tp.partition >= len(topic.partitions):
+            problems.append(
+                f"{entry.tp}: unknown partition (topic has {len(topic.partitions)} partitions)"
+            )
+        if entry.target is not None and entry.target not in live:
+            known = ", ".join(str(b) for b in sorted(live)) or "none"
+            problems.append(f"{entry.tp}: unknown broker {entry.target} (live brokers: {known})")
+    if problems:
+        raise InvalidPlan("; ".join(problems))
+
+
+def format_plan(assignment: Mapping[TopicPartition, int]) -> str:
+    """Kafka's reassignment JSON for an assignment (what --generate prints)."""
+    return json.dumps(
+        {
+            "version": 1,
+            "partitions": [
+                {"topic": tp.topic, "partition": tp.partition, "replicas": [b], "log_dirs": ["any"]}
+                for tp, b in sorted(assignment.items())
+            ],
+        }
+    )
+
+
+# ------------------------------------------------------------------------------- transitions
+def begin_move(part: PartitionState, target: int, now_ms: int) -> bool:
+    """Step 1: record the target without electing. Returns False when there is nothing to do
+    (the partition already lives on the target). A new target for a moving partition replaces
+    the old one (KIP-236: the original replicas stay the original)."""
+    if part.moving:
+        if part.target_replicas == [target]:
+            return False
+        if part.original_replicas == [target]:
+            cancel_move(part)
+            return True
+        part.target_replicas = [target]
+        return True
+    if part.replicas == [target] and part.leader == target:
+        return False
+    part.original_replicas = list(part.replicas)
+    part.target_replicas = [target]
+    part.move_started_ms = now_ms
+    part.leader = NO_LEADER
+    return True
+
+
+def elect_target(part: PartitionState) -> int:
+    """Step 5: the source closed (or was fenced): the target leads with a higher epoch."""
+    if not part.moving or part.target_replicas is None:
+        raise NoReassignmentInProgress("partition is not moving")
+    target = part.target_replicas[0]
+    part.replicas = [target]
+    part.leader = target
+    part.leader_epoch += 1
+    part.original_replicas = None
+    part.target_replicas = None
+    part.move_started_ms = None
+    return target
+
+
+def cancel_move(part: PartitionState) -> int:
+    """Roll back a move whose target was not elected yet: the original broker leads again,
+    with a higher epoch (its own earlier incarnation of the partition is closed or fenced)."""
+    if not part.moving or part.original_replicas is None:
+        raise NoReassignmentInProgress("partition is not moving")
+    original = part.original_replicas[0]
+    part.replicas = [original]
+    part.leader = original
+    part.leader_epoch += 1
+    part.original_replicas = None
+    part.target_replicas = None
+    part.move_started_ms = None
+    return original
+
+
+def adding_removing(part: PartitionState) -> tuple[list[int], list[int], list[int]]:
+    """(RS, AR, RR) of a moving partition as ListPartitionReassignments reports them."""
+    ors = part.original_replicas or part.replicas
+    trs = part.target_replicas or part.replicas
+    rs = list(dict.fromkeys([*trs, *ors]))
+    return rs, [b for b in trs if b not in ors], [b for b in ors if b not in trs]
+
+
+def moving_partitions(meta: ClusterMetadata) -> dict[TopicPartition, PartitionState]:
+    return {
+        TopicPartition(name, i): part
+        for name, topic in meta.topics.items()
+        for i, part in enumerate(topic.partitions)
+        if part.moving
+    }
+
+
+def current_assignment(
+    meta: ClusterMetadata, topics: Sequence[str] | None = None
+) -> dict[TopicPartition, int | None]:
+    """Partition → broker (the target of a move in progress counts as its broker)."""
+    out: dict[TopicPartition, int | None] = {}
+    for name, topic in meta.topics.items():
+        if topics is not None and name not in topics:
+            continue
+        for i, part in enumerate(topic.partitions):
+            replicas = part.target_replicas or part.replicas
+            out[TopicPartition(name, i)] = replicas[0] if replicas else None
+    return out

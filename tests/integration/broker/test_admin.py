@@ -1,0 +1,139 @@
+"""Admin APIs through real AdminClients: topics, partitions, configs, groups, offsets."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+    OffsetSpec,
+)
+from kafka.admin import KafkaAdminClient
+
+from tests.integration.broker.clients import consume_all, create_topic, producer
+from tests.integration.broker.conftest import topic_name
+from tests.support.broker_process import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def test_topic_lifecycle(local_broker: BrokerProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": local_broker.bootstrap})
+    topic = topic_name()
+    admin.create_topics([NewTopic(topic, 3, 1, config={"retention.ms": "3600000"})])[topic].result(
+        30
+    )
+
+    # duplicate, bad name, bad replication factor, bad config: clear errors
+    dup = admin.create_topics([NewTopic(topic, 3, 1)])[topic]
+    with pytest.raises(KafkaException, match="already exists"):
+        dup.result(30)
+    with pytest.raises(KafkaException, match="characters"):
+        admin.create_topics([NewTopic("bad name!", 1, 1)])["bad name!"].result(30)
+    with pytest.raises(KafkaException, match="replication factor"):
+        admin.create_topics([NewTopic(topic + "x", 1, 3)])[topic + "x"].result(30)
+    with pytest.raises(KafkaException, match="unknown topic config"):
+        admin.create_topics([NewTopic(topic + "y", 1, 1, config={"foo": "1"})])[topic + "y"].result(
+            30
+        )
+
+    md = admin.list_topics(topic, timeout=10)
+    assert len(md.topics[topic].partitions) == 3
+    assert "__consumer_offsets" not in admin.list_topics(timeout=10).topics
+
+    # grow, and refuse to shrink
+    admin.create_partitions([NewPartitions(topic, 5)])[topic].result(30)
+    assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 5
+    with pytest.raises(KafkaException, match="only grow"):
+        admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
+
+    # configs: describe shows the override and the defaults, alter changes them
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([res])[res].result(30)
+    assert configs["retention.ms"].value == "3600000"
+    assert configs["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert configs["cleanup.policy"].value == "delete"
+    assert configs["cleanup.policy"].source == ConfigSource.DEFAULT_CONFIG.value
+    res.set_config("retention.ms", "7200000")
+    admin.alter_configs([res])[res].result(30)
+    assert admin.describe_configs([res])[res].result(30)["retention.ms"].value == "7200000"
+
+    # delete
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 10
+    while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert topic not in admin.list_topics(timeout=10).topics
+    with pytest.raises(KafkaException):
+        admin.delete_topics([topic])[topic].result(30)
+
+
+def test_recreated_topic_starts_empty(local_broker: BrokerProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": local_broker.bootstrap})
+    topic = topic_name()
+    create_topic(local_broker.bootstrap, topic, 1)
+    p = producer(local_broker.bootstrap)
+    for i in range(10):
+        p.produce(topic, value=b"old-%d" % i)
+    assert p.flush(20) == 0
+    admin.delete_topics([topic])[topic].result(30)
+    time.sleep(0.5)
+    create_topic(local_broker.bootstrap, topic, 1)
+    p.produce(topic, value=b"new")
+    assert p.flush(20) == 0
+    msgs = consume_all(local_broker.bootstrap, topic, 2, timeout_s=8)
+    assert [m.value() for m in msgs] == [b"new"]
+    assert msgs[0].offset() == 0
+
+
+def test_list_offsets_earliest_latest_and_by_timestamp(local_broker: BrokerProcess) -> None:
+    topic = topic_name()
+    create_topic(local_broker.bootstrap, topic, 1)
+    p = producer(local_broker.bootstrap, **{"linger.ms": 0})
+    base = int(time.time() * 1000) - 100_000
+    for i in range(20):
+        p.produce(topic, value=b"%d" % i, timestamp=base + i * 1000)
+        p.flush(10)
+    admin = AdminClient({"bootstrap.servers": local_broker.bootstrap})
+    tp = TopicPartition(topic, 0)
+
+    def lookup(spec: OffsetSpec) -> int:
+        return admin.list_offsets({tp: spec})[tp].result(30).offset
+
+    assert lookup(OffsetSpec.earliest()) == 0
+    assert lookup(OffsetSpec.latest()) == 20
+    assert lookup(OffsetSpec.for_timestamp(base + 5000)) == 5
+    assert lookup(OffsetSpec.for_timestamp(base + 5500)) == 6
+    assert lookup(OffsetSpec.for_timestamp(base + 10**9)) == -1
+    c = Consumer({"bootstrap.servers": local_broker.bootstrap, "group.id": "ts"})
+    found = c.offsets_for_times([TopicPartition(topic, 0, base + 12000)], timeout=10)
+    c.close()
+    assert found[0].offset == 12
+
+
+def test_groups_are_listed_described_and_deleted(local_broker: BrokerProcess) -> None:
+    topic = topic_name()
+    create_topic(local_broker.bootstrap, topic, 2)
+    p = producer(local_broker.bootstrap)
+    for i in range(10):
+        p.produce(topic, value=b"%d" % i)
+    assert p.flush(20) == 0
+    consume_all(local_broker.bootstrap, topic, 10, group="described")
+    admin = KafkaAdminClient(bootstrap_servers=local_broker.bootstrap)
+    try:
+        groups = {g[0] for g in admin.list_consumer_groups()}
+        assert "described" in groups
+        (desc,) = admin.describe_consumer_groups(["described"])
+        assert desc.state == "Empty"
+        offsets = admin.list_consumer_group_offsets("described")
+        assert sum(o.offset for o in offsets.values()) == 10
+        admin.delete_consumer_groups(["described"])
+        assert "described" not in {g[0] for g in admin.list_consumer_groups()}
+    finally:
+        admin.close()
