@@ -4,17 +4,25 @@ coordinator, and its link to the controller (in this process, or remote)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
 from typing import Any
 
+from aiohttp import web
 from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata
+from tidalmq_core.model import TopicPartition
 
 import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
-from tidalmq_broker.controller.controller import Controller
+from tidalmq_broker.controller.controller import Controller, ControllerSettings
+from tidalmq_broker.controller.rpc import (
+    ControllerClient,
+    HttpControllerClient,
+    LocalControllerClient,
+)
 from tidalmq_broker.controller.store import ObjectStoreMetadataStore
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.metrics import BrokerMetrics
@@ -46,13 +54,17 @@ class Broker:
         settings: BrokerSettings,
         *,
         store: ObjectStore | None = None,
-        controller: Any = None,
+        controller: ControllerClient | None = None,
     ) -> None:
         self.settings = settings
         self.broker_id = settings.broker_id
-        self.incarnation = f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:8]}"
+        self.incarnation = _new_incarnation()
         self._store = store
-        self.controller: Any = controller
+        self.controller: ControllerClient = controller  # type: ignore[assignment]
+        self.own_controller: Controller | None = None
+        self._lease_expiry = 0.0
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._reregistering = False
         self.metadata = ClusterMetadata(cluster_id="", version=-1)
         self.metrics = BrokerMetrics(self.broker_id, {k: s.name for k, s in REGISTRY.items()})
         self.groups = GroupCoordinator(
@@ -90,33 +102,33 @@ class Broker:
                 cache_bytes=s.cache_bytes,
                 checkpoint_interval_s=s.checkpoint_interval_s,
             ),
+            lease_check=self._lease_valid,
         )
         await self.engine.start()
         self.partitions = PartitionManager(self.engine, self.broker_id)
         self.partitions.add_hook(self.groups.on_partition)
+        self.partitions.add_report(self._report_partition)
         await self.listener.start(s.host, s.port)
         if s.port == 0:
             s.port = self.listener.port
+        self.http.app.router.add_post("/v1/metadata", self._receive_metadata)
         await self.http.start(s.http_host, s.http_port)
         if self.controller is None:
-            self.controller = Controller(
-                ObjectStoreMetadataStore(self._store),
-                offsets_topic_partitions=s.offsets_topic_partitions,
-            )
-            await self.controller.start()
-        host, port = s.advertised
-        info = BrokerInfo(
-            broker_id=self.broker_id,
-            host=host,
-            port=port,
-            rack=s.rack or None,
-            control_url=f"http://{s.http_host}:{self.http.port}",
-            incarnation=self.incarnation,
-        )
-        snapshot = await self.controller.register_broker(info, _LocalChannel(self))
-        self.apply_metadata(snapshot)
-        self._registered = True
+            if s.controller_url:
+                self.controller = HttpControllerClient(s.controller_url)
+            else:
+                self.own_controller = Controller(
+                    ObjectStoreMetadataStore(self._store),
+                    ControllerSettings(
+                        offsets_topic_partitions=s.offsets_topic_partitions, auto_rebalance=False
+                    ),
+                )
+                await self.own_controller.start()
+                self.controller = LocalControllerClient(self.own_controller)
+        await self._register()
+        self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
         self._gauges = asyncio.create_task(self._update_gauges())
+        host, port = s.advertised
         log.info(
             "broker %d serving Kafka on %s:%d (advertised %s:%d), http on %s:%d",
             self.broker_id, s.host, s.port, host, port, s.http_host, self.http.port,
@@ -127,9 +139,21 @@ class Broker:
         partition cleanly (clean-shutdown flag), then close connections."""
         if self._stopping:
             return
-        self._stopping = True
         started = time.perf_counter()
+        if self.own_controller is None and self._registered and self.settings.drain_on_stop:
+            # scale-in / SIGTERM: hand every partition to the other brokers first (each closes
+            # cleanly here and opens there), so clients see a move, not a failure
+            try:
+                drained = await self.controller.drain_broker(
+                    self.broker_id, timeout_s=self.settings.shutdown_timeout_s
+                )
+                log.info("broker %d drained: %s", self.broker_id, drained)
+            except Exception as exc:
+                log.warning("drain through the controller failed (%s); closing locally", exc)
+        self._stopping = True
         await self.listener.drain(self.settings.shutdown_timeout_s)
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
         if self._gauges is not None:
             self._gauges.cancel()
         if self.partitions is not None:
@@ -138,6 +162,13 @@ class Broker:
         if self.engine is not None:
             await self.engine.stop()
         await self.listener.close()
+        if self.own_controller is None and self._registered and self.settings.drain_on_stop:
+            with contextlib.suppress(Exception):
+                await self.controller.remove_broker(self.broker_id)
+        if self.own_controller is not None:
+            await self.own_controller.stop()
+        if isinstance(self.controller, HttpControllerClient):
+            await self.controller.close()
         await self.http.stop()
         log.info("broker %d stopped in %.2fs", self.broker_id, time.perf_counter() - started)
 
@@ -153,11 +184,81 @@ class Broker:
 
     # ------------------------------------------------------------------ metadata
     def apply_metadata(self, snapshot: ClusterMetadata) -> None:
-        if snapshot.version <= self.metadata.version:
+        """Adopt a snapshot unless it is older than ours (a deposed controller's push)."""
+        current = (self.metadata.controller_epoch, self.metadata.version)
+        if (snapshot.controller_epoch, snapshot.version) <= current:
             return
         self.metadata = snapshot
-        if self.partitions is not None:
+        if self.partitions is not None and not self._stopping:
             self.partitions.apply(snapshot)
+
+    async def _receive_metadata(self, request: web.Request) -> web.Response:
+        self.apply_metadata(ClusterMetadata.from_json(await request.json()))
+        return web.json_response({"applied": self.metadata.version})
+
+    # ------------------------------------------------------------------ controller link
+    def _lease_valid(self) -> bool:
+        return self.own_controller is not None or time.monotonic() < self._lease_expiry
+
+    async def _register(self) -> None:
+        s = self.settings
+        host, port = s.advertised
+        info = BrokerInfo(
+            broker_id=self.broker_id,
+            host=host,
+            port=port,
+            rack=s.rack or None,
+            control_url=f"http://{s.control_host or s.http_host}:{self.http.port}",
+            incarnation=self.incarnation,
+        )
+        snapshot = await self.controller.register_broker(info, _LocalChannel(self))
+        self.apply_metadata(snapshot)
+        self._registered = True
+        await self._heartbeat_once()  # the first lease
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            try:
+                await self._heartbeat_once()
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def _heartbeat_once(self) -> None:
+        """Renew the lease. It counts from when the heartbeat was sent, so it always expires
+        before the controller's view of it (granted when the heartbeat arrived)."""
+        sent = time.monotonic()
+        reply = await self.controller.heartbeat(
+            self.broker_id, self.incarnation, self.metadata.version,
+            self.partitions.open_partitions(),
+        )  # fmt: skip
+        if reply.fenced:
+            await self._on_fenced(reply.reason)
+            return
+        self._lease_expiry = sent + reply.lease_s
+        if reply.metadata_version > self.metadata.version:
+            self.apply_metadata(await self.controller.fetch_metadata())
+
+    async def _on_fenced(self, reason: str) -> None:
+        """The controller no longer vouches for us: stop acknowledging at once, give up every
+        partition, and join again as a new incarnation."""
+        log.warning(
+            "broker %d fenced by the controller (%s); re-registering", self.broker_id, reason
+        )
+        self._lease_expiry = 0.0
+        self.partitions.release_all()
+        await self.partitions.wait_settled(30)
+        self.incarnation = _new_incarnation()
+        try:
+            await self._register()
+        except Exception as exc:
+            log.warning("re-registration failed: %s", exc)
+
+    async def _report_partition(self, kind: str, tp: TopicPartition, epoch: int) -> None:
+        if kind == "closed":
+            await self.controller.partition_closed(self.broker_id, tp, epoch)
+        else:
+            await self.controller.partition_opened(self.broker_id, tp, epoch)
 
     def controller_id_for_clients(self) -> int:
         """Every broker forwards admin requests to the controller, so clients may use any."""
@@ -197,6 +298,10 @@ class Broker:
             self.metrics.partitions_led(len(self.partitions.leading()))
             self.metrics.connections(self.listener.connection_count)
             await asyncio.sleep(5)
+
+
+def _new_incarnation() -> str:
+    return f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:8]}"
 
 
 def _unsupported_version() -> Any:

@@ -59,7 +59,10 @@ def partition_config(topic: TopicInfo) -> PartitionConfig:
 
 
 PartitionHook = Callable[[TopicPartition, PartitionLog | None], Awaitable[None]]
-"""Called after a partition opened (with its log) or closed (with None)."""
+"""Called after a partition opened (with its log) or before it closes (with None)."""
+
+PartitionReport = Callable[[str, TopicPartition, int], Awaitable[None]]
+"""Called with ("opened" | "closed", partition, epoch) once the engine finished the step."""
 
 
 class PartitionManager:
@@ -71,12 +74,32 @@ class PartitionManager:
         self._workers: dict[TopicPartition, asyncio.Task[None]] = {}
         self._kick: dict[TopicPartition, asyncio.Event] = {}
         self._hooks: list[PartitionHook] = []
+        self._reports: list[PartitionReport] = []
         self._settled = asyncio.Condition()
         self._stopping = False
         self.open_seconds: list[float] = []  # recent open durations (for metrics/benchmarks)
 
     def add_hook(self, hook: PartitionHook) -> None:
         self._hooks.append(hook)
+
+    def add_report(self, report: PartitionReport) -> None:
+        self._reports.append(report)
+
+    def open_partitions(self) -> dict[TopicPartition, int]:
+        """What the engine has open right now, with epochs (reported in heartbeats)."""
+        out = {}
+        for tp in self._engine.partitions():
+            plog = self._engine.get(tp)
+            if plog is not None:
+                out[tp] = plog.leader_epoch
+        return out
+
+    async def _report(self, kind: str, tp: TopicPartition, epoch: int) -> None:
+        for report in self._reports:
+            try:
+                await report(kind, tp, epoch)
+            except Exception as exc:
+                log.debug("%s: reporting %s failed: %s", tp, kind, exc)
 
     # ------------------------------------------------------------------ reads
     def get_log(self, tp: TopicPartition) -> PartitionLog:
@@ -124,6 +147,13 @@ class PartitionManager:
         self._known_topics = {t.name: t.topic_id for t in meta.topics.values()}
         touched = set(wishes) | set(self._wishes) | set(self._engine.partitions())
         self._wishes = wishes
+        for tp in touched:
+            self._wake(tp)
+
+    def release_all(self) -> None:
+        """Give up every partition (this broker was fenced): close them, keep topic data."""
+        touched = set(self._wishes) | set(self._engine.partitions())
+        self._wishes = {}
         for tp in touched:
             self._wake(tp)
 
@@ -198,17 +228,21 @@ class PartitionManager:
             )  # fmt: skip
             for hook in self._hooks:
                 await hook(tp, plog)
+            await self._report("opened", tp, wish.epoch)
             return True, wish.topic_id
         if plog.config != wish.config:
             await self._engine.update_config(tp, wish.config)
         return True, wish.topic_id
 
     async def _close(self, tp: TopicPartition) -> None:
+        plog = self._engine.get(tp)
+        epoch = plog.leader_epoch if plog is not None else -1
         for hook in self._hooks:
             await hook(tp, None)
         started = time.perf_counter()
         await self._engine.close_partition(tp)
         log.info("%s: closed in %.0f ms", tp, (time.perf_counter() - started) * 1000)
+        await self._report("closed", tp, epoch)
 
     async def stop(self) -> None:
         self._stopping = True

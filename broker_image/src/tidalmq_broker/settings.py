@@ -34,6 +34,13 @@ class BrokerSettings:
     controller_url: str = field(
         default="", metadata={"help": "external controller (empty: run one in this process)"}
     )
+    control_host: str = field(
+        default="", metadata={"help": "address the controller uses to reach this broker"}
+    )
+    heartbeat_interval_s: float = field(default=1.0, metadata={"help": "controller heartbeat"})
+    drain_on_stop: bool = field(
+        default=True, metadata={"help": "on SIGTERM move partitions to other brokers first"}
+    )
     flush_interval_ms: float = field(default=5.0, metadata={"help": "WAL flush window"})
     flush_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "flush at this size"})
     cache_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "tail cache size"})

@@ -120,3 +120,25 @@ def broker_loads(
         if broker in out:
             out[broker] += load.get(partition, 0.0)
     return out
+
+
+def place_orphans(assignment: Mapping[P, int | None], brokers: Sequence[int]) -> dict[P, int]:
+    """Homes for the partitions whose broker is gone, on the least loaded live brokers, without
+    moving any other partition (failover: only the dead broker's partitions move)."""
+    live = sorted(set(brokers))
+    if not live:
+        raise ValueError("no live brokers")
+    live_set = set(live)
+    counts = Counter(b for b in assignment.values() if b in live_set)
+    topic_count: dict[int, Counter[Hashable]] = defaultdict(Counter)
+    for p, b in assignment.items():
+        if b in live_set:
+            topic_count[b][_topic_of(p)] += 1
+    out: dict[P, int] = {}
+    for p in sorted((p for p, b in assignment.items() if b not in live_set), key=repr):
+        topic = _topic_of(p)
+        target = min(live, key=lambda b: (counts[b], topic_count[b][topic], b))
+        counts[target] += 1
+        topic_count[target][topic] += 1
+        out[p] = target
+    return out

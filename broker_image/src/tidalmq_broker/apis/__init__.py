@@ -8,5 +8,6 @@ from tidalmq_broker.apis import (  # noqa: F401
     metadata,
     produce,
     producer_ids,
+    reassignments,
     topics,
 )

@@ -1,21 +1,34 @@
 """The controller: the single writer of cluster metadata.
 
-It owns topics, partition leadership and epochs, broker membership and producer-id allocation.
-Every change is committed to the MetadataStore first (fenced by the store's version token), then
-pushed as a full snapshot to every registered broker; brokers reconcile the partitions they own
-against the snapshot (level-based: a lost push is repaired by the next one).
+It owns topics, partition leadership and epochs, broker membership and leases, producer-id
+allocation and partition moves. Every change is committed to the MetadataStore first (fenced by
+the store's version token, so a deposed controller cannot overwrite its successor), then pushed
+as a full snapshot to every broker; brokers reconcile the partitions they lead against the
+snapshot, and their heartbeats report what they actually have open, so a lost push or a lost
+report is repaired by the next heartbeat (level-based, as the operator needs).
+
+Moves follow seed 000: record the target without electing (leader = none), the source closes
+cleanly and reports it, the target is elected with epoch + 1 and opens the meta stream. A source
+that does not close within the election timeout is fenced: the controller stops renewing its
+lease, waits until that lease has certainly expired (so it can no longer acknowledge a write),
+and elects the target, whose open bumps the epoch in object storage and recovers the source's
+unindexed WAL objects. A broker that stops heartbeating is declared dead after the session
+timeout (longer than the lease plus a clock margin) and its partitions are opened elsewhere the
+same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from tidalmq_core.balance import Plan, balance_counts, place_orphans
 from tidalmq_core.metadata import (
     INTERNAL_TOPICS,
     NO_LEADER,
@@ -26,7 +39,20 @@ from tidalmq_core.metadata import (
     TopicInfo,
     new_cluster_id,
 )
+from tidalmq_core.model import TopicPartition
 from tidalmq_core.placement import place_partitions
+from tidalmq_core.reassignment import (
+    InvalidPlan,
+    NoReassignmentInProgress,
+    Phase,
+    PlanEntry,
+    adding_removing,
+    begin_move,
+    cancel_move,
+    current_assignment,
+    elect_target,
+    validate_plan,
+)
 from tidalmq_core.topics import (
     InvalidPartitions,
     validate_configs,
@@ -34,6 +60,7 @@ from tidalmq_core.topics import (
     validate_topic_name,
 )
 
+from tidalmq_broker.controller.moves import MoveStatus, MoveTracker
 from tidalmq_broker.controller.store import MetadataStore, StaleMetadata
 
 log = logging.getLogger(__name__)
@@ -61,10 +88,34 @@ class ControllerFenced(ControllerError):
     """NOT_CONTROLLER: another controller committed a newer version of the metadata."""
 
 
+class UnknownBroker(ControllerError):
+    """BROKER_ID_NOT_REGISTERED"""
+
+
 class BrokerChannel(Protocol):
     """How the controller reaches one broker."""
 
     async def push_metadata(self, snapshot: ClusterMetadata) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    heartbeat_interval_s: float = 1.0
+    lease_s: float = 4.0  # a broker acknowledges writes only this long after a heartbeat it sent
+    session_timeout_s: float = 6.0  # silent this long: dead (must exceed lease + clock margin)
+    clock_margin_s: float = 0.5
+    election_timeout_s: float = 10.0  # a source that has not closed by then is fenced
+    auto_rebalance: bool = True  # fair share to joining brokers
+    offsets_topic_partitions: int = 16
+    tick_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.session_timeout_s <= self.lease_s + self.clock_margin_s:
+            raise ValueError(
+                f"session timeout {self.session_timeout_s}s must exceed the lease "
+                f"{self.lease_s}s plus the clock margin {self.clock_margin_s}s, or a broker "
+                "declared dead could still acknowledge writes"
+            )
 
 
 @dataclass(slots=True)
@@ -84,23 +135,66 @@ class TopicResult:
     configs: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class BrokerLiveness:
+    incarnation: str
+    last_heartbeat: float  # monotonic
+    last_grant: float  # monotonic time of the last lease granted
+    applied_version: int = -1
+    open_partitions: dict[TopicPartition, int] = field(default_factory=dict)
+    fenced_at: float | None = None
+
+
+@dataclass(slots=True)
+class HeartbeatReply:
+    lease_s: float
+    metadata_version: int
+    controller_epoch: int
+    fenced: bool = False
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lease_s": self.lease_s,
+            "metadata_version": self.metadata_version,
+            "controller_epoch": self.controller_epoch,
+            "fenced": self.fenced,
+            "reason": self.reason,
+        }
+
+
 class Controller:
     def __init__(
         self,
         store: MetadataStore,
+        settings: ControllerSettings | None = None,
         *,
-        offsets_topic_partitions: int = 16,
-        clock: Callable[[], float] = time.time,
+        offsets_topic_partitions: int | None = None,
     ) -> None:
         self._store = store
-        self._offsets_topic_partitions = offsets_topic_partitions
-        self._clock = clock
+        s = settings or ControllerSettings()
+        if offsets_topic_partitions is not None:
+            s = ControllerSettings(
+                **{**_settings_dict(s), "offsets_topic_partitions": offsets_topic_partitions}
+            )
+        self.settings = s
         self._meta: ClusterMetadata | None = None
         self._token: str | None = None
         self._lock = asyncio.Lock()
         self._channels: dict[int, BrokerChannel] = {}
+        self._liveness: dict[int, BrokerLiveness] = {}
         self._listeners: list[Callable[[ClusterMetadata], Awaitable[None]]] = []
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, end) of the reserved block
+        self.moves = MoveTracker()
+        self._move_versions: dict[TopicPartition, int] = {}  # version that recorded the move
+        self._closed_reports: set[TopicPartition] = set()
+        self._deferred: dict[TopicPartition, float] = {}  # re-elect not before (monotonic)
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._push_lock = asyncio.Lock()
+        self._started_at = 0.0
+        self._events: list[Callable[[str, str, dict[str, Any]], None]] = []
+        self._background: set[asyncio.Task[None]] = set()
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -115,12 +209,31 @@ class Controller:
             await self._commit_locked(
                 lambda m: setattr(m, "controller_epoch", m.controller_epoch + 1)
             )
-            log.info(
-                "controller active for cluster %s, controller epoch %d, metadata version %d",
-                meta.cluster_id,
-                self.metadata.controller_epoch,
-                self.metadata.version,
-            )
+            now = time.monotonic()
+            self._started_at = now
+            # Brokers known from before get one session to heartbeat to us; until then their
+            # leases are assumed valid (granted by our predecessor just before it stopped).
+            for broker_id, info in self.metadata.brokers.items():
+                if info.state != "dead":
+                    self._liveness[broker_id] = BrokerLiveness(info.incarnation, now, now)
+            for tp, part in _moving(self.metadata):
+                source = part.original_replicas[0] if part.original_replicas else None
+                status = self.moves.begin(tp, source, part.target_replicas[0])  # type: ignore[index]
+                status.reason = "resumed after controller restart"
+                self._move_versions[tp] = self.metadata.version
+        log.info(
+            "controller active for cluster %s: controller epoch %d, metadata version %d, "
+            "%d moves in flight",
+            self.metadata.cluster_id, self.metadata.controller_epoch, self.metadata.version,
+            len(self.moves.active()),
+        )  # fmt: skip
+        self._loop_task = asyncio.create_task(self._run(), name="controller loop")
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
 
     @property
     def metadata(self) -> ClusterMetadata:
@@ -132,38 +245,148 @@ class Controller:
         return self.metadata.copy()
 
     def add_listener(self, listener: Callable[[ClusterMetadata], Awaitable[None]]) -> None:
-        """Called with each committed snapshot (used by the operator to mirror status)."""
+        """Called with each committed snapshot (the operator mirrors status from it)."""
         self._listeners.append(listener)
+
+    def add_event_sink(self, sink: Callable[[str, str, dict[str, Any]], None]) -> None:
+        """Called as (reason, message, fields) for each notable step (Kubernetes Events)."""
+        self._events.append(sink)
 
     # ---------------------------------------------------------------- brokers
     async def register_broker(self, info: BrokerInfo, channel: BrokerChannel) -> ClusterMetadata:
-        """A broker (re)joins: record its endpoint and incarnation and hand it leadership of
-        the partitions assigned to it, with bumped epochs so its previous incarnation is
-        fenced. Partitions without a broker (none was alive) are placed now."""
+        """A broker (re)joins. A new incarnation of a known broker takes back its partitions
+        with bumped epochs (fencing its previous incarnation), but only once the previous
+        incarnation's lease has certainly expired."""
+        now = time.monotonic()
         self._channels[info.broker_id] = channel
+        previous = self._liveness.get(info.broker_id)
+        not_before = now
+        if previous is not None and previous.incarnation != info.incarnation:
+            not_before = previous.last_grant + self.settings.lease_s + self.settings.clock_margin_s
+        self._liveness[info.broker_id] = BrokerLiveness(info.incarnation, now, now)
+        joined = False
 
         def mutate(meta: ClusterMetadata) -> None:
+            nonlocal joined
+            old = meta.brokers.get(info.broker_id)
+            joined = old is None or old.state == "dead"
             info.state = "alive"
             meta.brokers[info.broker_id] = info
-            for topic in meta.topics.values():
+            for name, topic in meta.topics.items():
                 for index, part in enumerate(topic.partitions):
-                    if part.replicas == [info.broker_id] or not part.replicas:
-                        if not part.replicas:
-                            part.replicas = [info.broker_id]
+                    tp = TopicPartition(name, index)
+                    mine = part.replicas == [info.broker_id]
+                    if part.moving:
+                        continue
+                    if mine and (old is None or old.incarnation != info.incarnation):
+                        if not_before <= now:
+                            part.leader = info.broker_id
+                            part.leader_epoch += 1
+                        else:
+                            part.leader = NO_LEADER
+                            self._deferred[tp] = not_before
+                    elif not part.replicas:
+                        part.replicas = [info.broker_id]
                         part.leader = info.broker_id
                         part.leader_epoch += 1
-                        log.debug("%s-%d led by %d", topic.name, index, info.broker_id)
 
         async with self._lock:
             await self._commit_locked(mutate)
             if OFFSETS_TOPIC not in self.metadata.topics:
                 await self._create_topics_locked(
-                    [NewTopic(OFFSETS_TOPIC, self._offsets_topic_partitions, internal=True)],
+                    [
+                        NewTopic(
+                            OFFSETS_TOPIC, self.settings.offsets_topic_partitions, internal=True
+                        )
+                    ],
                     validate_only=False,
                 )
             snapshot = self.snapshot()
+        self._emit("BrokerRegistered", f"broker {info.broker_id} registered at {info.host}:{info.port}",
+                   {"broker": info.broker_id, "incarnation": info.incarnation})  # fmt: skip
         await self._push(snapshot)
+        if joined and self.settings.auto_rebalance and len(snapshot.live_brokers()) > 1:
+            task = asyncio.create_task(self._rebalance_quietly(f"broker {info.broker_id} joined"))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        self._wake.set()
         return snapshot
+
+    async def heartbeat(
+        self,
+        broker_id: int,
+        incarnation: str,
+        applied_version: int,
+        open_partitions: dict[TopicPartition, int],
+    ) -> HeartbeatReply:
+        now = time.monotonic()
+        live = self._liveness.get(broker_id)
+        info = self.metadata.brokers.get(broker_id)
+        if live is None or info is None or info.state == "dead" or live.incarnation != incarnation:
+            return HeartbeatReply(0.0, self.metadata.version, self.metadata.controller_epoch, True,
+                                  "not registered (or declared dead): register again")  # fmt: skip
+        live.last_heartbeat = now
+        live.applied_version = applied_version
+        live.open_partitions = open_partitions
+        if live.fenced_at is not None:
+            return HeartbeatReply(0.0, self.metadata.version, self.metadata.controller_epoch, True,
+                                  "fenced: a partition did not close in time")  # fmt: skip
+        live.last_grant = now
+        self._wake.set()
+        return HeartbeatReply(
+            self.settings.lease_s, self.metadata.version, self.metadata.controller_epoch
+        )
+
+    def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
+        """Fast path of seed 000 step 5: the source closed the partition cleanly."""
+        part = self._partition(tp)
+        if part is not None and part.moving and part.original_replicas == [broker_id]:
+            self._closed_reports.add(tp)
+            self._wake.set()
+
+    def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
+        live = self._liveness.get(broker_id)
+        if live is not None:
+            live.open_partitions[tp] = epoch
+        self._observe_opened(tp, broker_id, epoch)
+
+    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0) -> bool:
+        """Move every partition off a broker (scale-in, remove-broker, SIGTERM) and wait until
+        it leads none. The broker takes no new partitions meanwhile."""
+        async with self._lock:
+            info = self.metadata.brokers.get(broker_id)
+            if info is None:
+                raise UnknownBroker(f"broker {broker_id} is not registered")
+            await self._commit_locked(lambda m: setattr(m.brokers[broker_id], "state", "draining"))
+            snapshot = self.snapshot()
+        await self._push(snapshot)
+        self._emit("BrokerDraining", f"moving every partition off broker {broker_id}",
+                   {"broker": broker_id})  # fmt: skip
+        await self.rebalance(reason=f"draining broker {broker_id}")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._led_by(broker_id):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def remove_broker(self, broker_id: int) -> None:
+        """Forget a broker that has stopped (after a drain). Its partitions, if any remain, are
+        placed elsewhere."""
+        async with self._lock:
+            if broker_id not in self.metadata.brokers:
+                return
+
+            def mutate(meta: ClusterMetadata) -> None:
+                meta.brokers.pop(broker_id, None)
+
+            await self._commit_locked(mutate)
+            self._liveness.pop(broker_id, None)
+            self._channels.pop(broker_id, None)
+            await self._failover_locked([broker_id], reason=f"broker {broker_id} removed")
+            snapshot = self.snapshot()
+        self._emit("BrokerRemoved", f"broker {broker_id} removed", {"broker": broker_id})
+        await self._push(snapshot)
 
     # ---------------------------------------------------------------- topics
     async def create_topics(
@@ -192,7 +415,7 @@ class Controller:
                     raise TopicAlreadyExists(f"topic {new.name!r} already exists")
                 validate_partition_count(new.num_partitions)
                 configs = validate_configs(new.configs)
-                if not meta.live_brokers():
+                if not self._placeable_brokers(meta):
                     raise NoBrokers("no live broker to place the partitions on")
             except (ValueError, ControllerError) as exc:
                 results.append(TopicResult(new.name, error=exc))
@@ -205,7 +428,7 @@ class Controller:
         if accepted and not validate_only:
 
             def mutate(m: ClusterMetadata) -> None:
-                brokers = m.live_brokers()
+                brokers = self._placeable_brokers(m)
                 for new, configs, topic_id in accepted:
                     owners = place_partitions(brokers, new.num_partitions)
                     m.topics[new.name] = TopicInfo(
@@ -239,6 +462,10 @@ class Controller:
                     results.append(TopicResult(name, None, topic.topic_id))
             if doomed:
                 await self._commit_locked(lambda m: [m.topics.pop(n) for n in doomed])
+                for name in doomed:
+                    for tp in [tp for tp in self._move_versions if tp.topic == name]:
+                        self._move_versions.pop(tp, None)
+                        self.moves.mark(tp, Phase.FAILED, "topic deleted")
             snapshot = self.snapshot()
         await self._push(snapshot)
         return results
@@ -258,7 +485,7 @@ class Controller:
                         f"topic {name!r} has {current} partitions; the count can only grow "
                         f"(asked for {total})"
                     )
-                if not self.metadata.live_brokers():
+                if not self._placeable_brokers(self.metadata):
                     raise NoBrokers("no live broker to place the partitions on")
             except (ValueError, ControllerError) as exc:
                 return TopicResult(name, exc)
@@ -266,7 +493,7 @@ class Controller:
 
                 def mutate(m: ClusterMetadata) -> None:
                     owners = place_partitions(
-                        m.live_brokers(), total - current, first_partition=current
+                        self._placeable_brokers(m), total - current, first_partition=current
                     )
                     m.topics[name].partitions.extend(PartitionState(b, 0, [b]) for b in owners)
 
@@ -314,7 +541,360 @@ class Controller:
             self._producer_ids = (nxt + 1, end)
             return nxt
 
+    # ---------------------------------------------------------------- reassignment
+    async def alter_reassignments(
+        self, entries: list[PlanEntry]
+    ) -> dict[TopicPartition, Exception | None]:
+        """Start (target set) or cancel (target None) moves. Per-partition errors, as Kafka's
+        AlterPartitionReassignments reports them; a plan naming an unknown topic, partition or
+        broker changes nothing for that entry."""
+        results: dict[TopicPartition, Exception | None] = {}
+        async with self._lock:
+            meta = self.metadata
+            valid: list[PlanEntry] = []
+            for entry in entries:
+                try:
+                    validate_plan([entry], meta)
+                    if entry.target is not None:
+                        broker = meta.brokers[entry.target]
+                        if broker.state != "alive":
+                            raise InvalidPlan(
+                                f"{entry.tp}: broker {entry.target} is {broker.state}"
+                            )
+                    part = meta.topics[entry.tp.topic].partitions[entry.tp.partition]
+                    if entry.target is None and not part.moving:
+                        raise NoReassignmentInProgress(f"{entry.tp} is not being reassigned")
+                    results[entry.tp] = None
+                    valid.append(entry)
+                except (InvalidPlan, NoReassignmentInProgress) as exc:
+                    results[entry.tp] = exc
+            if valid:
+                await self._apply_moves_locked(valid, reason="requested")
+            snapshot = self.snapshot()
+        if valid:
+            await self._push(snapshot)
+            self._wake.set()
+        return results
+
+    def list_reassignments(
+        self, tps: Iterable[TopicPartition] | None = None
+    ) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]:
+        wanted = set(tps) if tps is not None else None
+        out = []
+        for tp, part in _moving(self.metadata):
+            if wanted is None or tp in wanted:
+                out.append((tp, *adding_removing(part)))
+        return out
+
+    async def rebalance(
+        self, *, reason: str = "rebalance", dry_run: bool = False, topics: list[str] | None = None
+    ) -> Plan:
+        """Minimal-move count balance over the live (not draining) brokers."""
+        async with self._lock:
+            meta = self.metadata
+            brokers = self._placeable_brokers(meta)
+            if not brokers:
+                raise NoBrokers("no live broker to balance onto")
+            plan = balance_counts(current_assignment(meta, topics), brokers)
+            if dry_run or not plan.moves:
+                return plan
+            entries = [PlanEntry(m.partition, m.target) for m in plan.moves]  # type: ignore[arg-type]
+            await self._apply_moves_locked(entries, reason=reason)
+            snapshot = self.snapshot()
+        log.info("%s: moving %d partitions", reason, len(plan.moves))
+        self._emit("Rebalancing", f"{reason}: moving {len(plan.moves)} partitions",
+                   {"moves": len(plan.moves)})  # fmt: skip
+        await self._push(snapshot)
+        self._wake.set()
+        return plan
+
+    async def _apply_moves_locked(self, entries: list[PlanEntry], *, reason: str) -> None:
+        now_ms = int(time.time() * 1000)
+        started: list[tuple[TopicPartition, int | None, int]] = []
+        cancelled: list[TopicPartition] = []
+
+        def mutate(meta: ClusterMetadata) -> None:
+            for entry in entries:
+                part = meta.topics[entry.tp.topic].partitions[entry.tp.partition]
+                if entry.target is None:
+                    cancel_move(part)
+                    cancelled.append(entry.tp)
+                    continue
+                source = (
+                    part.original_replicas[0]
+                    if part.moving and part.original_replicas
+                    else (part.replicas[0] if part.replicas else None)
+                )
+                if begin_move(part, entry.target, now_ms):
+                    if part.moving:
+                        started.append((entry.tp, source, entry.target))
+                    else:
+                        cancelled.append(entry.tp)  # re-targeted to where it came from
+
+        await self._commit_locked(mutate)
+        version = self.metadata.version
+        for tp, source, target in started:
+            existing = self.moves.get(tp)
+            if existing is not None:
+                existing.target = target
+            else:
+                self.moves.begin(tp, source, target).reason = reason
+            self._move_versions[tp] = version
+            self._closed_reports.discard(tp)
+        for tp in cancelled:
+            self._move_versions.pop(tp, None)
+            self._closed_reports.discard(tp)
+            status = self.moves.get(tp)
+            if status is not None:
+                part = self._partition(tp)
+                status.epoch = part.leader_epoch if part else None
+                self.moves.mark(
+                    tp, Phase.CANCELLED, "cancelled: rolled back to the original broker"
+                )
+                self._emit("ReassignmentCancelled", f"{tp} rolled back to broker {status.source}",
+                           {"partition": str(tp)})  # fmt: skip
+
+    # ---------------------------------------------------------------- the loop
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.settings.tick_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self._step()
+            except ControllerFenced:
+                log.error("controller fenced by a newer controller; stopping")
+                return
+            except Exception:
+                log.exception("controller step failed")
+                await asyncio.sleep(0.5)
+
+    async def _step(self) -> None:
+        now = time.monotonic()
+        changed = False
+        async with self._lock:
+            meta = self.metadata
+            # 1. failover: brokers silent past the session timeout
+            dead = [
+                b
+                for b, live in self._liveness.items()
+                if meta.brokers.get(b) is not None
+                and meta.brokers[b].state != "dead"
+                and now - live.last_heartbeat > self.settings.session_timeout_s
+            ]
+            if dead:
+                await self._failover_locked(dead, reason="session timed out")
+                changed = True
+            # 2. elections of moves whose source has closed (or is fenced/dead)
+            elect: list[TopicPartition] = []
+            fence: set[int] = set()
+            for tp, part in _moving(self.metadata):
+                ready, fence_source = self._source_released(tp, part, now)
+                if ready:
+                    elect.append(tp)
+                elif fence_source is not None:
+                    fence.add(fence_source)
+            for broker_id in fence:
+                live = self._liveness.get(broker_id)
+                if live is not None and live.fenced_at is None:
+                    live.fenced_at = now
+                    log.warning(
+                        "broker %d did not close a moving partition within %.1fs: fencing it",
+                        broker_id, self.settings.election_timeout_s,
+                    )  # fmt: skip
+                    self._emit("BrokerFenced", f"broker {broker_id} did not close in time",
+                               {"broker": broker_id})  # fmt: skip
+            # 3. deferred re-elections (a restarted broker taking its partitions back)
+            due = [tp for tp, t in self._deferred.items() if now >= t]
+            if elect or due:
+                await self._elect_locked(elect, due)
+                changed = True
+            snapshot = self.snapshot() if changed else None
+        if snapshot is not None:
+            await self._push(snapshot)
+        # 4. targets that report their partition open: the move is done
+        for status in self.moves.active():
+            if status.phase is Phase.OPENING and status.epoch is not None:
+                live = self._liveness.get(status.target)
+                if live is not None and live.open_partitions.get(status.tp) == status.epoch:
+                    self._observe_opened(status.tp, status.target, status.epoch)
+
+    def _source_released(
+        self, tp: TopicPartition, part: PartitionState, now: float
+    ) -> tuple[bool, int | None]:
+        """(may elect now, broker to fence) for a moving partition."""
+        source = part.original_replicas[0] if part.original_replicas else None
+        info = self.metadata.brokers.get(source) if source is not None else None
+        if source is None or info is None or info.state == "dead":
+            return True, None
+        live = self._liveness.get(source)
+        if live is None:
+            return True, None
+        if live.fenced_at is not None:
+            expired = live.last_grant + self.settings.lease_s + self.settings.clock_margin_s
+            return now >= expired, None
+        if tp in self._closed_reports:
+            return True, None
+        recorded = self._move_versions.get(tp, self.metadata.version)
+        if live.applied_version >= recorded and tp not in live.open_partitions:
+            return True, None
+        status = self.moves.get(tp)
+        started = status.started if status is not None else time.time()
+        if time.time() - started > self.settings.election_timeout_s:
+            return False, source
+        return False, None
+
+    async def _elect_locked(self, elect: list[TopicPartition], due: list[TopicPartition]) -> None:
+        elected: list[tuple[TopicPartition, int, int]] = []
+        live_brokers = set(self._placeable_brokers(self.metadata))
+
+        def mutate(meta: ClusterMetadata) -> None:
+            for tp in elect:
+                topic = meta.topics.get(tp.topic)
+                if topic is None or tp.partition >= len(topic.partitions):
+                    continue
+                part = topic.partitions[tp.partition]
+                if not part.moving:
+                    continue
+                target = part.target_replicas[0] if part.target_replicas else None
+                if target not in live_brokers:
+                    # the target went away: go back home if possible, else anywhere
+                    home = part.original_replicas[0] if part.original_replicas else None
+                    if home in live_brokers:
+                        cancel_move(part)
+                        continue
+                    if not live_brokers:
+                        continue
+                    part.target_replicas = [min(live_brokers)]
+                target = elect_target(part)
+                elected.append((tp, target, part.leader_epoch))
+            for tp in due:
+                topic = meta.topics.get(tp.topic)
+                if topic is None or tp.partition >= len(topic.partitions):
+                    continue
+                part = topic.partitions[tp.partition]
+                if part.leader == NO_LEADER and not part.moving and part.replicas:
+                    part.leader = part.replicas[0]
+                    part.leader_epoch += 1
+
+        await self._commit_locked(mutate)
+        for tp in due:
+            self._deferred.pop(tp, None)
+        for tp, target, epoch in elected:
+            self._closed_reports.discard(tp)
+            self._move_versions.pop(tp, None)
+            status = self.moves.get(tp)
+            if status is not None:
+                self.moves.mark(tp, Phase.ELECTING)
+                status.target = target
+                status.epoch = epoch
+                self.moves.mark(tp, Phase.OPENING)
+            self._emit("PartitionElected", f"{tp} elected on broker {target} at epoch {epoch}",
+                       {"partition": str(tp), "broker": target, "epoch": epoch})  # fmt: skip
+        # moves cancelled because their target vanished
+        for tp in elect:
+            part = self._partition(tp)
+            status = self.moves.get(tp)
+            if (
+                part is not None
+                and not part.moving
+                and status is not None
+                and status.phase is Phase.CLOSING
+            ):
+                self.moves.mark(tp, Phase.CANCELLED, "target broker went away")
+
+    async def _failover_locked(self, dead: list[int], *, reason: str) -> None:
+        """Declare brokers dead and open their partitions elsewhere (epoch + 1: the new owner
+        fences them in object storage and recovers their unindexed WAL objects)."""
+        dead_set = set(dead)
+        for b in dead:
+            log.warning("broker %d is dead (%s); moving its partitions", b, reason)
+            self._emit("BrokerDead", f"broker {b}: {reason}", {"broker": b})
+        moved: list[tuple[TopicPartition, int]] = []
+
+        def mutate(meta: ClusterMetadata) -> None:
+            for b in dead:
+                if b in meta.brokers:
+                    meta.brokers[b].state = "dead"
+            live = self._placeable_brokers(meta)
+            assignment: dict[TopicPartition, int | None] = {}
+            for name, topic in meta.topics.items():
+                for i, part in enumerate(topic.partitions):
+                    if part.moving:
+                        continue  # the election step handles moves (dead source: elect now)
+                    owner = part.replicas[0] if part.replicas else None
+                    assignment[TopicPartition(name, i)] = owner
+            orphans = {tp: b for tp, b in assignment.items() if b in dead_set or b is None}
+            if not orphans:
+                return
+            if not live:
+                for tp in orphans:
+                    part = meta.topics[tp.topic].partitions[tp.partition]
+                    part.leader = NO_LEADER
+                return
+            homes = place_orphans(assignment, live)
+            for tp, target in homes.items():
+                part = meta.topics[tp.topic].partitions[tp.partition]
+                part.replicas = [target]
+                part.leader = target
+                part.leader_epoch += 1
+                moved.append((tp, target))
+
+        await self._commit_locked(mutate)
+        for b in dead:
+            self._liveness.pop(b, None)
+        for tp, target in moved:
+            status = self.moves.begin(tp, None, target)
+            status.reason = reason
+            part = self._partition(tp)
+            status.epoch = part.leader_epoch if part else None
+            self.moves.mark(tp, Phase.OPENING)
+
+    def _observe_opened(self, tp: TopicPartition, broker_id: int, epoch: int) -> None:
+        status = self.moves.get(tp)
+        if status is None or status.phase is not Phase.OPENING:
+            return
+        if status.target == broker_id and status.epoch == epoch:
+            self.moves.mark(tp, Phase.DONE)
+            log.info(
+                "%s now served by broker %d (unavailable %.0f ms)",
+                tp, broker_id, (status.unavailable_s or 0) * 1000,
+            )  # fmt: skip
+
+    async def _rebalance_quietly(self, reason: str) -> None:
+        try:
+            await self.rebalance(reason=reason)
+        except Exception:
+            log.exception("automatic rebalance failed (%s)", reason)
+
     # ---------------------------------------------------------------- internals
+    def _placeable_brokers(self, meta: ClusterMetadata) -> list[int]:
+        return sorted(b for b, info in meta.brokers.items() if info.state == "alive")
+
+    def _partition(self, tp: TopicPartition) -> PartitionState | None:
+        topic = self.metadata.topics.get(tp.topic)
+        if topic is None or tp.partition >= len(topic.partitions):
+            return None
+        return topic.partitions[tp.partition]
+
+    def _led_by(self, broker_id: int) -> list[TopicPartition]:
+        out = []
+        for tp, part in _all_partitions(self.metadata):
+            if part.leader == broker_id or (part.moving and part.original_replicas == [broker_id]):
+                out.append(tp)
+        live = self._liveness.get(broker_id)
+        if live is not None:
+            out.extend(tp for tp in live.open_partitions if tp not in out)
+        return out
+
+    def move_statuses(self) -> tuple[list[MoveStatus], list[MoveStatus]]:
+        return self.moves.active(), self.moves.recent()
+
+    def broker_liveness(self) -> dict[int, BrokerLiveness]:
+        return dict(self._liveness)
+
     async def _commit_locked(self, mutate: Callable[[ClusterMetadata], object]) -> None:
         new = self.metadata.copy()
         mutate(new)
@@ -328,18 +908,39 @@ class Controller:
     async def _push(self, snapshot: ClusterMetadata) -> None:
         async def push_one(broker_id: int, channel: BrokerChannel) -> None:
             try:
-                await channel.push_metadata(snapshot)
-            except Exception:
-                log.warning(
-                    "metadata v%d push to broker %d failed",
-                    snapshot.version,
-                    broker_id,
-                    exc_info=True,
+                await asyncio.wait_for(channel.push_metadata(snapshot), 5)
+            except Exception as exc:
+                log.debug(
+                    "metadata v%d push to broker %d failed: %s", snapshot.version, broker_id, exc
                 )
 
         await asyncio.gather(*(push_one(b, c) for b, c in list(self._channels.items())))
         for listener in self._listeners:
-            await listener(snapshot)
+            try:
+                await listener(snapshot)
+            except Exception:
+                log.exception("metadata listener failed")
+
+    def _emit(self, reason: str, message: str, fields: dict[str, Any]) -> None:
+        for sink in self._events:
+            try:
+                sink(reason, message, fields)
+            except Exception:
+                log.exception("event sink failed")
+
+
+def _all_partitions(meta: ClusterMetadata) -> Iterable[tuple[TopicPartition, PartitionState]]:
+    for name, topic in meta.topics.items():
+        for i, part in enumerate(topic.partitions):
+            yield TopicPartition(name, i), part
+
+
+def _moving(meta: ClusterMetadata) -> list[tuple[TopicPartition, PartitionState]]:
+    return [(tp, p) for tp, p in _all_partitions(meta) if p.moving]
+
+
+def _settings_dict(s: ControllerSettings) -> dict[str, Any]:
+    return {f: getattr(s, f) for f in ControllerSettings.__dataclass_fields__}
 
 
 def leader_of(meta: ClusterMetadata, topic: str, partition: int) -> int:

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 class HealthServer:
     def __init__(self, ready: Callable[[], tuple[bool, str]]) -> None:
         self._ready = ready
-        self.app = web.Application()
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/livez", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)

@@ -1,0 +1,84 @@
+"""AlterPartitionReassignments and ListPartitionReassignments, forwarded to the controller, so
+`kafka-reassign-partitions` and Kafka AdminClients drive TidalMQ moves unchanged."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+from tidalmq_core.model import TopicPartition
+from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
+
+from tidalmq_broker.apis.errors import error_code, error_message
+from tidalmq_broker.apis.registry import api
+from tidalmq_broker.protocol.codec import Request
+
+if TYPE_CHECKING:
+    from tidalmq_broker.broker import Broker
+    from tidalmq_broker.server.listener import Connection
+
+
+def _code(exc: Exception) -> ErrorCode:
+    if isinstance(exc, NoReassignmentInProgress):
+        return ErrorCode.no_reassignment_in_progress
+    if isinstance(exc, InvalidPlan):
+        message = str(exc)
+        if "unknown topic" in message or "unknown partition" in message:
+            return ErrorCode.unknown_topic_or_partition
+        return ErrorCode.invalid_replica_assignment
+    return error_code(exc)
+
+
+@api(45, "AlterPartitionReassignments", 0, 0)
+async def handle_alter_reassignments(broker: Broker, request: Request, conn: Connection) -> Any:
+    body = request.body
+    entries: list[PlanEntry] = []
+    early: dict[TopicPartition, tuple[ErrorCode, str]] = {}
+    for t in body.topics:
+        for p in t.partitions:
+            tp = TopicPartition(t.name, p.partition_index)
+            if p.replicas is None:
+                entries.append(PlanEntry(tp, None))
+            elif len(p.replicas) != 1:
+                early[tp] = (
+                    ErrorCode.invalid_replica_assignment,
+                    f"replicas {list(p.replicas)} must name exactly one broker: TidalMQ keeps "
+                    "one replica per partition, its data lives in object storage",
+                )
+            else:
+                entries.append(PlanEntry(tp, int(p.replicas[0])))
+    results = await broker.controller.alter_reassignments(entries) if entries else {}
+    responses = []
+    for t in body.topics:
+        parts = []
+        for p in t.partitions:
+            tp = TopicPartition(t.name, p.partition_index)
+            if tp in early:
+                code, message = early[tp]
+            else:
+                err = results.get(tp)
+                code, message = (
+                    (ErrorCode.none, None) if err is None else (_code(err), error_message(err))
+                )
+            parts.append({"partition_index": p.partition_index, "error_code": code,
+                          "error_message": message})  # fmt: skip
+        responses.append({"name": t.name, "partitions": parts})
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
+            "responses": responses}  # fmt: skip
+
+
+@api(46, "ListPartitionReassignments", 0, 0)
+async def handle_list_reassignments(broker: Broker, request: Request, conn: Connection) -> Any:
+    body = request.body
+    wanted = None
+    if body.topics is not None:
+        wanted = [TopicPartition(t.name, i) for t in body.topics for i in t.partition_indexes]
+    rows = await broker.controller.list_reassignments(wanted)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for tp, replicas, adding, removing in rows:
+        by_topic.setdefault(tp.topic, []).append({
+            "partition_index": tp.partition, "replicas": replicas,
+            "adding_replicas": adding, "removing_replicas": removing,
+        })  # fmt: skip
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
+            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip

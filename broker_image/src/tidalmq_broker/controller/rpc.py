@@ -1,0 +1,446 @@
+"""The controller RPC (seed 004: the controller decides and pushes, brokers report).
+
+Brokers call the controller: register, heartbeat (with what they have open), report closed and
+opened partitions, and forward admin requests (topics, configs, producer ids, reassignments).
+The controller calls brokers: push a full metadata snapshot. Both directions are JSON over HTTP
+(aiohttp); in a single process the same client interface calls the Controller directly, so the
+broker code does not know which it has.
+
+Exceptions cross the wire by name and are rebuilt from an explicit registry.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
+from tidalmq_core.model import TopicPartition
+from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
+from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic
+
+from tidalmq_broker.controller import controller as ctl
+
+log = logging.getLogger(__name__)
+
+_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (
+        ctl.ControllerError, ctl.TopicAlreadyExists, ctl.UnknownTopic, ctl.NoBrokers,
+        ctl.ControllerFenced, ctl.UnknownBroker, InvalidTopic, InvalidPartitions, InvalidConfig,
+        InvalidPlan, NoReassignmentInProgress,
+    )
+}  # fmt: skip
+
+
+class ControllerUnavailable(ctl.ControllerError):
+    """The controller could not be reached (the broker retries)."""
+
+
+def encode_error(exc: Exception | None) -> dict[str, str] | None:
+    if exc is None:
+        return None
+    name = type(exc).__name__ if type(exc).__name__ in _ERRORS else "ControllerError"
+    return {"type": name, "message": str(exc)}
+
+
+def decode_error(doc: dict[str, str] | None) -> Exception | None:
+    if doc is None:
+        return None
+    return _ERRORS.get(doc["type"], ctl.ControllerError)(doc["message"])
+
+
+def _tp(doc: dict[str, Any]) -> TopicPartition:
+    return TopicPartition(doc["topic"], int(doc["partition"]))
+
+
+def _tp_doc(tp: TopicPartition) -> dict[str, Any]:
+    return {"topic": tp.topic, "partition": tp.partition}
+
+
+def _result_doc(r: ctl.TopicResult) -> dict[str, Any]:
+    return {"name": r.name, "error": encode_error(r.error), "topic_id": r.topic_id,
+            "num_partitions": r.num_partitions, "configs": r.configs}  # fmt: skip
+
+
+def _result(doc: dict[str, Any]) -> ctl.TopicResult:
+    return ctl.TopicResult(doc["name"], decode_error(doc["error"]), doc["topic_id"],
+                           doc["num_partitions"], doc["configs"])  # fmt: skip
+
+
+class ControllerClient(Protocol):
+    async def register_broker(self, info: BrokerInfo, channel: Any) -> ClusterMetadata: ...
+    async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
+                        open_partitions: dict[TopicPartition, int]) -> ctl.HeartbeatReply: ...  # fmt: skip
+    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None: ...
+    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None: ...
+    async def fetch_metadata(self) -> ClusterMetadata: ...
+    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False) -> list[ctl.TopicResult]: ...  # fmt: skip
+    async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]: ...
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult: ...  # fmt: skip
+    async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
+                                  incremental: bool, validate_only: bool) -> ctl.TopicResult: ...  # fmt: skip
+    async def allocate_producer_id(self) -> int: ...
+    async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]: ...  # fmt: skip
+    async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]: ...  # fmt: skip
+    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0) -> bool: ...
+    async def remove_broker(self, broker_id: int) -> None: ...
+
+
+class LocalControllerClient:
+    """The client interface over a Controller in the same process."""
+
+    def __init__(self, controller: ctl.Controller) -> None:
+        self.controller = controller
+
+    async def register_broker(self, info: BrokerInfo, channel: Any) -> ClusterMetadata:
+        return await self.controller.register_broker(info, channel)
+
+    async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
+                        open_partitions: dict[TopicPartition, int]) -> ctl.HeartbeatReply:  # fmt: skip
+        return await self.controller.heartbeat(
+            broker_id, incarnation, applied_version, open_partitions
+        )
+
+    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
+        self.controller.partition_closed(broker_id, tp, epoch)
+
+    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
+        self.controller.partition_opened(broker_id, tp, epoch)
+
+    async def fetch_metadata(self) -> ClusterMetadata:
+        return self.controller.snapshot()
+
+    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False) -> list[ctl.TopicResult]:  # fmt: skip
+        return await self.controller.create_topics(topics, validate_only=validate_only)
+
+    async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
+        return await self.controller.delete_topics(names)
+
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult:  # fmt: skip
+        return await self.controller.create_partitions(name, total, validate_only=validate_only)
+
+    async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
+                                  incremental: bool, validate_only: bool) -> ctl.TopicResult:  # fmt: skip
+        return await self.controller.alter_topic_configs(
+            name, changes, incremental=incremental, validate_only=validate_only
+        )
+
+    async def allocate_producer_id(self) -> int:
+        return await self.controller.allocate_producer_id()
+
+    async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]:  # fmt: skip
+        return await self.controller.alter_reassignments(entries)
+
+    async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]:  # fmt: skip
+        return self.controller.list_reassignments(tps)
+
+    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0) -> bool:
+        return await self.controller.drain_broker(broker_id, timeout_s=timeout_s)
+
+    async def remove_broker(self, broker_id: int) -> None:
+        await self.controller.remove_broker(broker_id)
+
+
+class HttpControllerClient:
+    """The client interface over HTTP, for brokers in other processes or pods."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+        self._base = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _call(self, path: str, body: dict[str, Any] | None = None, *, timeout_s: float | None = None) -> Any:  # fmt: skip
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
+        try:
+            async with self._session.post(
+                self._base + path, json=body or {}, timeout=timeout
+            ) as resp:
+                doc = await resp.json()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ControllerUnavailable(f"controller at {self._base} unreachable: {exc}") from exc
+        if "fault" in doc:
+            raise decode_error(doc["fault"]) or ctl.ControllerError("controller error")
+        return doc
+
+    async def register_broker(self, info: BrokerInfo, channel: Any) -> ClusterMetadata:
+        doc = await self._call("/v1/brokers/register", info.to_json())
+        return ClusterMetadata.from_json(doc["metadata"])
+
+    async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
+                        open_partitions: dict[TopicPartition, int]) -> ctl.HeartbeatReply:  # fmt: skip
+        doc = await self._call("/v1/brokers/heartbeat", {
+            "broker_id": broker_id, "incarnation": incarnation, "applied_version": applied_version,
+            "open": [[tp.topic, tp.partition, e] for tp, e in open_partitions.items()],
+        }, timeout_s=2.0)  # fmt: skip
+        return ctl.HeartbeatReply(**doc["reply"])
+
+    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
+        await self._call(
+            "/v1/partitions/closed", {"broker_id": broker_id, **_tp_doc(tp), "epoch": epoch}
+        )
+
+    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
+        await self._call(
+            "/v1/partitions/opened", {"broker_id": broker_id, **_tp_doc(tp), "epoch": epoch}
+        )
+
+    async def fetch_metadata(self) -> ClusterMetadata:
+        return ClusterMetadata.from_json((await self._call("/v1/metadata"))["metadata"])
+
+    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False) -> list[ctl.TopicResult]:  # fmt: skip
+        doc = await self._call("/v1/topics/create", {
+            "validate_only": validate_only,
+            "topics": [{"name": t.name, "num_partitions": t.num_partitions, "configs": t.configs}
+                       for t in topics],
+        })  # fmt: skip
+        return [_result(r) for r in doc["results"]]
+
+    async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
+        doc = await self._call("/v1/topics/delete", {"names": names})
+        return [_result(r) for r in doc["results"]]
+
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult:  # fmt: skip
+        doc = await self._call("/v1/topics/partitions", {"name": name, "total": total, "validate_only": validate_only})  # fmt: skip
+        return _result(doc["result"])
+
+    async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
+                                  incremental: bool, validate_only: bool) -> ctl.TopicResult:  # fmt: skip
+        doc = await self._call("/v1/topics/configs", {
+            "name": name, "changes": changes, "incremental": incremental,
+            "validate_only": validate_only,
+        })  # fmt: skip
+        return _result(doc["result"])
+
+    async def allocate_producer_id(self) -> int:
+        return int((await self._call("/v1/producer-ids"))["producer_id"])
+
+    async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]:  # fmt: skip
+        doc = await self._call("/v1/reassignments/alter", {
+            "entries": [{**_tp_doc(e.tp), "target": e.target} for e in entries]
+        })  # fmt: skip
+        return {_tp(r): decode_error(r["error"]) for r in doc["results"]}
+
+    async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]:  # fmt: skip
+        doc = await self._call("/v1/reassignments/list", {
+            "partitions": None if tps is None else [_tp_doc(tp) for tp in tps]
+        })  # fmt: skip
+        return [(_tp(r), r["replicas"], r["adding"], r["removing"]) for r in doc["reassignments"]]
+
+    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0) -> bool:
+        doc = await self._call("/v1/brokers/drain", {"broker_id": broker_id, "timeout_s": timeout_s},
+                               timeout_s=timeout_s + 5)  # fmt: skip
+        return bool(doc["drained"])
+
+    async def remove_broker(self, broker_id: int) -> None:
+        await self._call("/v1/brokers/remove", {"broker_id": broker_id})
+
+
+class HttpBrokerChannel:
+    """The controller's channel to a broker in another process: POST the snapshot."""
+
+    def __init__(self, control_url: str, session: aiohttp.ClientSession) -> None:
+        self._url = control_url.rstrip("/") + "/v1/metadata"
+        self._session = session
+
+    async def push_metadata(self, snapshot: ClusterMetadata) -> None:
+        async with self._session.post(self._url, json=snapshot.to_json()) as resp:
+            resp.raise_for_status()
+
+
+class ControllerServer:
+    """The controller's HTTP endpoints (plus status pages for the CLI and local cluster)."""
+
+    def __init__(self, controller: ctl.Controller) -> None:
+        self.controller = controller
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        r = self.app.router
+        r.add_post("/v1/brokers/register", self._register)
+        r.add_post("/v1/brokers/heartbeat", self._heartbeat)
+        r.add_post("/v1/brokers/drain", self._drain)
+        r.add_post("/v1/brokers/remove", self._remove)
+        r.add_post("/v1/partitions/closed", self._closed)
+        r.add_post("/v1/partitions/opened", self._opened)
+        r.add_post("/v1/metadata", self._metadata)
+        r.add_get("/v1/metadata", self._metadata)
+        r.add_post("/v1/topics/create", self._create_topics)
+        r.add_post("/v1/topics/delete", self._delete_topics)
+        r.add_post("/v1/topics/partitions", self._create_partitions)
+        r.add_post("/v1/topics/configs", self._alter_configs)
+        r.add_post("/v1/producer-ids", self._producer_id)
+        r.add_post("/v1/reassignments/alter", self._alter_reassignments)
+        r.add_post("/v1/reassignments/list", self._list_reassignments)
+        r.add_get("/v1/moves", self._moves)
+        r.add_post("/v1/rebalance", self._rebalance)
+        r.add_get("/healthz", self._healthz)
+
+    async def start(self, host: str, port: int) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    @staticmethod
+    async def _body(request: web.Request) -> dict[str, Any]:
+        if request.method == "GET" or not request.can_read_body:
+            return {}
+        return await request.json()
+
+    @staticmethod
+    def _ok(doc: dict[str, Any]) -> web.Response:
+        return web.json_response(doc)
+
+    @staticmethod
+    def _fault(exc: Exception) -> web.Response:
+        return web.json_response({"fault": encode_error(exc)})
+
+    async def _register(self, request: web.Request) -> web.Response:
+        info = BrokerInfo.from_json(await self._body(request))
+        assert self._session is not None
+        channel = HttpBrokerChannel(info.control_url, self._session)
+        try:
+            snapshot = await self.controller.register_broker(info, channel)
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"metadata": snapshot.to_json()})
+
+    async def _heartbeat(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        open_partitions = {TopicPartition(t, int(p)): int(e) for t, p, e in b["open"]}
+        reply = await self.controller.heartbeat(
+            int(b["broker_id"]), b["incarnation"], int(b["applied_version"]), open_partitions
+        )
+        return self._ok({"reply": reply.to_json()})
+
+    async def _drain(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        try:
+            drained = await self.controller.drain_broker(
+                int(b["broker_id"]), timeout_s=float(b.get("timeout_s", 60))
+            )
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"drained": drained})
+
+    async def _remove(self, request: web.Request) -> web.Response:
+        await self.controller.remove_broker(int((await self._body(request))["broker_id"]))
+        return self._ok({})
+
+    async def _closed(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        self.controller.partition_closed(int(b["broker_id"]), _tp(b), int(b["epoch"]))
+        return self._ok({})
+
+    async def _opened(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        self.controller.partition_opened(int(b["broker_id"]), _tp(b), int(b["epoch"]))
+        return self._ok({})
+
+    async def _metadata(self, request: web.Request) -> web.Response:
+        return self._ok({"metadata": self.controller.snapshot().to_json()})
+
+    async def _create_topics(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        topics = [ctl.NewTopic(t["name"], int(t["num_partitions"]), dict(t.get("configs") or {}))
+                  for t in b["topics"]]  # fmt: skip
+        try:
+            results = await self.controller.create_topics(
+                topics, validate_only=bool(b.get("validate_only"))
+            )
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"results": [_result_doc(r) for r in results]})
+
+    async def _delete_topics(self, request: web.Request) -> web.Response:
+        try:
+            results = await self.controller.delete_topics((await self._body(request))["names"])
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"results": [_result_doc(r) for r in results]})
+
+    async def _create_partitions(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        try:
+            r = await self.controller.create_partitions(
+                b["name"], int(b["total"]), validate_only=bool(b.get("validate_only"))
+            )
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"result": _result_doc(r)})
+
+    async def _alter_configs(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        try:
+            r = await self.controller.alter_topic_configs(
+                b["name"], b["changes"], incremental=bool(b["incremental"]),
+                validate_only=bool(b["validate_only"]),
+            )  # fmt: skip
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"result": _result_doc(r)})
+
+    async def _producer_id(self, request: web.Request) -> web.Response:
+        try:
+            return self._ok({"producer_id": await self.controller.allocate_producer_id()})
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+
+    async def _alter_reassignments(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        entries = [PlanEntry(_tp(e), e["target"]) for e in b["entries"]]
+        try:
+            results = await self.controller.alter_reassignments(entries)
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok(
+            {
+                "results": [
+                    {**_tp_doc(tp), "error": encode_error(err)} for tp, err in results.items()
+                ]
+            }
+        )
+
+    async def _list_reassignments(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        tps = None if b.get("partitions") is None else [_tp(d) for d in b["partitions"]]
+        rows = self.controller.list_reassignments(tps)
+        return self._ok({"reassignments": [
+            {**_tp_doc(tp), "replicas": rs, "adding": ar, "removing": rr} for tp, rs, ar, rr in rows
+        ]})  # fmt: skip
+
+    async def _moves(self, request: web.Request) -> web.Response:
+        active, recent = self.controller.move_statuses()
+        return self._ok({"active": [m.to_json() for m in active],
+                         "recent": [m.to_json() for m in recent]})  # fmt: skip
+
+    async def _rebalance(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        try:
+            plan = await self.controller.rebalance(reason=b.get("reason", "requested"),
+                                                   dry_run=bool(b.get("dry_run")))  # fmt: skip
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"moves": [{**_tp_doc(m.partition), "source": m.source, "target": m.target}  # type: ignore[arg-type]
+                                   for m in plan.moves]})  # fmt: skip
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return self._ok({"status": "ok", "version": self.controller.metadata.version})
