@@ -99,6 +99,10 @@ class StorageConfig:
     compaction_min_bytes: int = 8 * 1024 * 1024  # ...or this many bytes in WAL ranges
     retention_check_interval_s: float = 30.0
     garbage_grace_s: float = 60.0  # unreferenced WAL objects younger than this are kept
+    # Added by the storage engine (defaults keep every older caller working):
+    compaction_idle_s: float = 60.0  # ...or once its oldest WAL range is this old
+    index_granule_bytes: int = 256 * 1024  # index entry size inside compacted segments
+    garbage_sweep_interval_s: float = 300.0  # full sweep (lists every checkpoint) this often
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""Compaction planning: which WAL ranges of a partition go into which new segment.
+
+A partition is compacted once it has `compaction_min_ranges` WAL ranges or
+`compaction_min_bytes` in them, or its oldest WAL range has waited `idle_s` (so an idle
+partition's last few ranges still leave the WAL and the WAL objects can be deleted). Each run of
+consecutive WAL ranges is cut into segments of at most `segment_bytes`, and inside a segment the
+index is coarsened into granules of about `granule_bytes` (fewer index entries in the checkpoint;
+a read that lands inside a granule skips at most one granule's bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidalmq_broker.storage.index import IndexEntry
+
+DEFAULT_GRANULE_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPolicy:
+    min_ranges: int
+    min_bytes: int
+    idle_s: float
+    segment_bytes: int
+    granule_bytes: int = DEFAULT_GRANULE_BYTES
+
+
+def should_compact(
+    entries: list[IndexEntry], oldest_wal_age_s: float, policy: CompactionPolicy
+) -> bool:
+    wal = [e for e in entries if e.in_wal]
+    if not wal:
+        return False
+    return (
+        len(wal) >= policy.min_ranges
+        or sum(e.size for e in wal) >= policy.min_bytes
+        or oldest_wal_age_s >= policy.idle_s
+    )
+
+
+def plan_segments(entries: list[IndexEntry], segment_bytes: int) -> list[list[IndexEntry]]:
+    """Groups of consecutive WAL entries, each group one new segment."""
+    plans: list[list[IndexEntry]] = []
+    current: list[IndexEntry] = []
+    size = 0
+    for e in entries:
+        if not e.in_wal:
+            if current:
+                plans.append(current)
+            current, size = [], 0
+            continue
+        if current and size + e.size > segment_bytes:
+            plans.append(current)
+            current, size = [], 0
+        current.append(e)
+        size += e.size
+    if current:
+        plans.append(current)
+    return plans
+
+
+def segment_entries(key: str, sources: list[IndexEntry], granule_bytes: int) -> list[IndexEntry]:
+    """The index entries of a segment made of `sources` laid out back to back."""
+    out: list[IndexEntry] = []
+    position = 0
+    start = position
+    first: IndexEntry | None = None
+    last: IndexEntry | None = None
+    max_ts = -1
+    for e in sources:
+        if first is not None and position - start + e.size > granule_bytes:
+            out.append(
+                IndexEntry(
+                    first.base_offset, last.last_offset, key, start, position - start, max_ts
+                )
+            )  # type: ignore[union-attr]
+            first, start, max_ts = None, position, -1
+        if first is None:
+            first = e
+        last = e
+        max_ts = max(max_ts, e.max_timestamp)
+        position += e.size
+    if first is not None:
+        out.append(
+            IndexEntry(first.base_offset, last.last_offset, key, start, position - start, max_ts)
+        )  # type: ignore[union-attr]
+    return out
+
+
+def read_plan(sources: list[IndexEntry]) -> list[tuple[str, int, int]]:
+    """Ranged GETs (key, start, end) that fetch `sources`, merging byte-adjacent ranges."""
+    out: list[tuple[str, int, int]] = []
+    for e in sources:
+        if out and out[-1][0] == e.key and out[-1][2] == e.position:
+            out[-1] = (e.key, out[-1][1], e.end_position)
+        else:
+            out.append((e.key, e.position, e.end_position))
+    return out

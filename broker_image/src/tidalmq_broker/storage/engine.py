@@ -1,0 +1,497 @@
+"""The stream engine: the partitions one broker owns, their shared WAL, cache and upkeep.
+
+Construction (what the broker does with its settings):
+
+    store = open_object_store("file:///var/lib/tidalmq/objects")   # or s3://bucket/prefix?...
+    engine = ObjectStreamEngine(store, broker_id=1, config=StorageConfig(...),
+                                lease_check=lease.valid, on_fenced=controller.partition_lost,
+                                owns_store=True)
+    await engine.start()
+    log = await engine.open_partition(tp, topic_id, leader_epoch, PartitionConfig(...))
+    ...
+    await engine.stop()
+
+or `build_engine(url, broker_id, ...)` from `tidalmq_broker.storage`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from tidalmq_core.model import TopicPartition
+
+from tidalmq_broker.storage import keys, metrics
+from tidalmq_broker.storage.api import (
+    LeaseCheck,
+    ObjectStoreUnavailable,
+    OnFenced,
+    PartitionClosing,
+    PartitionConfig,
+    PartitionFenced,
+    StorageConfig,
+    StorageError,
+)
+from tidalmq_broker.storage.cache import TailCache
+from tidalmq_broker.storage.checkpoint import Checkpoint, CheckpointStore
+from tidalmq_broker.storage.compaction import (
+    CompactionPolicy,
+    plan_segments,
+    segment_entries,
+    should_compact,
+)
+from tidalmq_broker.storage.garbage import OwnWalTracker, segment_garbage, wal_garbage
+from tidalmq_broker.storage.objectstore.base import ObjectStore
+from tidalmq_broker.storage.objectstore.metered import MeteredObjectStore
+from tidalmq_broker.storage.partition import Partition, State
+from tidalmq_broker.storage.producer_state import ProducerStateTable
+from tidalmq_broker.storage.recovery import recover_tail
+from tidalmq_broker.storage.retention import retention_log_start
+from tidalmq_broker.storage.wal_writer import Flush, PendingAppend, WalWriter
+
+log = logging.getLogger(__name__)
+
+_PARALLEL_UPKEEP = 8
+
+
+class ObjectStreamEngine:
+    """Implements api.StreamEngine on an ObjectStore."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        broker_id: int | str,
+        config: StorageConfig | None = None,
+        *,
+        lease_check: LeaseCheck | None = None,
+        on_fenced: OnFenced | None = None,
+        incarnation: str | None = None,
+        owns_store: bool = False,
+    ) -> None:
+        self.config = config or StorageConfig()
+        self.broker_label = str(broker_id)
+        self.incarnation = incarnation or keys.new_incarnation()
+        self.raw_store = store
+        self.store: ObjectStore = MeteredObjectStore(store, self.broker_label)
+        self.checkpoints = CheckpointStore(self.store)
+        self.cache = TailCache(self.config.cache_bytes)
+        self.writer = WalWriter(
+            self.store, self.broker_label, self.incarnation, self.config, self._flush_completed
+        )
+        self.tracker = OwnWalTracker()
+        self._lease_check = lease_check
+        self._on_fenced = on_fenced
+        self._owns_store = owns_store
+        self._partitions: dict[TopicPartition, Partition] = {}
+        self._open_locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._started = False
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return f"ObjectStreamEngine(broker={self.broker_label}, incarnation={self.incarnation}, {self.raw_store!r})"
+
+    # ---------------------------------------------------------------- helpers
+    def checkpoint_key(self, tp: TopicPartition, topic_id: str) -> str:
+        return keys.checkpoint_key(tp, topic_id)
+
+    def lease_ok(self) -> bool:
+        if self._lease_check is None:
+            return True
+        try:
+            return bool(self._lease_check())
+        except Exception:
+            log.exception("lease check raised; treating the lease as lapsed")
+            return False
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("storage task %s stopped: %r", task.get_name(), exc, exc_info=exc)
+
+    def _update_gauges(self) -> None:
+        metrics.OPEN_PARTITIONS.labels(self.broker_label).set(len(self._partitions))
+        metrics.CACHE_BYTES.labels(self.broker_label).set(self.cache.bytes)
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        cfg = self.config
+        self._loops = [
+            self._loop("checkpoints", cfg.checkpoint_interval_s, self.checkpoint_all),
+            self._loop("compaction", cfg.compaction_interval_s, self.compact_all),
+            self._loop("retention", cfg.retention_check_interval_s, self.apply_retention_all),
+            self._loop("garbage-sweep", cfg.garbage_sweep_interval_s, self.collect_garbage),
+        ]
+        log.info("storage engine started: broker %s incarnation %s on %r",
+                 self.broker_label, self.incarnation, self.raw_store)  # fmt: skip
+
+    def _loop(
+        self, name: str, interval_s: float, fn: Callable[[], Awaitable[object]]
+    ) -> asyncio.Task[None]:
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                try:
+                    await fn()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("storage %s pass failed; next pass in %.1fs", name, interval_s)
+                self._update_gauges()
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"storage-{name}")
+        task.add_done_callback(self._task_done)
+        return task
+
+    async def stop(self) -> None:
+        """Stop accepting appends, flush, close every partition cleanly."""
+        if self._stopped:
+            return
+        self._stopped = True
+        results = await asyncio.gather(
+            *(self.close_partition(tp) for tp in list(self._partitions)), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                log.warning("closing a partition on stop failed: %r", result)
+        await self._cancel_everything(PartitionClosing("the storage engine stopped"))
+        if self._owns_store:
+            await self.raw_store.close()
+        log.info("storage engine of broker %s stopped", self.broker_label)
+
+    async def abandon(self) -> None:
+        """Simulate a crash (kill -9): stop every task at once, write nothing more. The next
+        owner of each partition finds an unclean checkpoint and replays this broker's WAL."""
+        self._stopped = True
+        for p in self._partitions.values():
+            p.abandon()
+        self._partitions.clear()
+        await self._cancel_everything(PartitionClosing("the storage engine was abandoned"))
+
+    async def _cancel_everything(self, error: BaseException) -> None:
+        left = self.writer.abandon(error)
+        by_partition: dict[int, tuple[Partition, list[PendingAppend]]] = {}
+        for a in left:
+            by_partition.setdefault(id(a.partition), (a.partition, []))[1].append(a)
+        for p, appends in by_partition.values():
+            p.fail_appends(appends, error)
+        tasks = [*self._loops, *self._tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loops = []
+        self._update_gauges()
+
+    # ---------------------------------------------------------------- WAL completion
+    def _flush_completed(self, flush: Flush) -> None:
+        if flush.error is None:
+            self.tracker.written(flush.seq, flush.key, {p.tracker_key for p, _, _ in flush.groups})
+            for p, entry, views in flush.groups:
+                p.flush_completed(entry, flush.key, views, None)
+            return
+        groups: dict[int, tuple[Partition, list[tuple[PendingAppend, memoryview]]]] = {}
+        for a in flush.appends:
+            groups.setdefault(id(a.partition), (a.partition, []))[1].append((a, memoryview(b"")))
+        for p, views in groups.values():
+            p.flush_completed(None, flush.key, views, flush.error)
+
+    # ---------------------------------------------------------------- partitions
+    def get(self, tp: TopicPartition) -> Partition | None:
+        return self._partitions.get(tp)
+
+    def partitions(self) -> list[TopicPartition]:
+        return sorted(self._partitions)
+
+    async def open_partition(
+        self, tp: TopicPartition, topic_id: str, leader_epoch: int, config: PartitionConfig
+    ) -> Partition:
+        if self._stopped:
+            raise PartitionClosing("the storage engine is stopped")
+        lock = self._open_locks.setdefault(tp, asyncio.Lock())
+        async with lock:
+            existing = self._partitions.get(tp)
+            if existing is not None:
+                if existing.topic_id == topic_id and existing.leader_epoch == leader_epoch:
+                    existing.config = config
+                    return existing
+                if existing.topic_id == topic_id and leader_epoch < existing.leader_epoch:
+                    raise PartitionFenced(
+                        f"{tp}: epoch {leader_epoch} is older than the open epoch {existing.leader_epoch}"
+                    )
+                await self._close_locked(tp)
+            partition = await self._open(tp, topic_id, leader_epoch, config)
+            self._partitions[tp] = partition
+            self._update_gauges()
+            return partition
+
+    async def _open(
+        self, tp: TopicPartition, topic_id: str, epoch: int, config: PartitionConfig
+    ) -> Partition:
+        key = keys.checkpoint_key(tp, topic_id)
+        loaded = await self.checkpoints.load(key)
+        if loaded is None:
+            fresh = self._new_checkpoint(tp, topic_id, epoch)
+            try:
+                etag = await self.checkpoints.commit(key, fresh, None)
+                metrics.RECOVERIES.labels(self.broker_label, "new").inc()
+                log.info("%s: created (epoch %d)", tp, epoch)
+                return Partition(self, tp, topic_id, epoch, config, fresh, etag)
+            except PartitionFenced:
+                loaded = await self.checkpoints.load(key)  # created by someone else meanwhile
+                if loaded is None:
+                    raise
+        cp, etag = loaded
+        if cp.leader_epoch > epoch:
+            raise PartitionFenced(
+                f"{tp}: checkpoint carries epoch {cp.leader_epoch}, newer than {epoch} "
+                f"(owner broker {cp.owner_broker})"
+            )
+        producers = ProducerStateTable.from_json(cp.producers)  # type: ignore[arg-type]
+        index = list(cp.index)
+        next_offset = cp.next_offset
+        if cp.clean_shutdown:
+            kind = "clean"
+        else:
+            kind = "unclean"
+            started = time.monotonic()
+            tail = await recover_tail(self.store, cp)
+            now_ms = int(time.time() * 1000)
+            for batch in tail.producers:
+                producers.apply_tuple(batch, now_ms)
+            index.extend(tail.entries)
+            next_offset = tail.next_offset
+            log.info(
+                "%s: recovered offsets %d-%d from %d WAL objects of broker %s/%s in %.3fs "
+                "(%d entries skipped)",
+                tp, cp.next_offset, next_offset - 1, tail.objects_scanned, cp.owner_broker,
+                cp.owner_incarnation, time.monotonic() - started, tail.skipped,
+            )  # fmt: skip
+        mine = Checkpoint(
+            topic=tp.topic,
+            topic_id=topic_id,
+            partition=tp.partition,
+            leader_epoch=epoch,
+            owner_broker=self.broker_label,
+            owner_incarnation=self.incarnation,
+            wal_position=self.writer.completed_seq,
+            log_start_offset=cp.log_start_offset,
+            next_offset=next_offset,
+            clean_shutdown=False,
+            index=index,
+            producers=producers.to_json(),
+        )
+        etag = await self.checkpoints.commit(key, mine, etag)
+        metrics.RECOVERIES.labels(self.broker_label, kind).inc()
+        log.info("%s: opened (%s, epoch %d -> %d, offsets %d-%d)",
+                 tp, kind, cp.leader_epoch, epoch, cp.log_start_offset, next_offset)  # fmt: skip
+        return Partition(self, tp, topic_id, epoch, config, mine, etag)
+
+    def _new_checkpoint(self, tp: TopicPartition, topic_id: str, epoch: int) -> Checkpoint:
+        return Checkpoint(
+            topic=tp.topic,
+            topic_id=topic_id,
+            partition=tp.partition,
+            leader_epoch=epoch,
+            owner_broker=self.broker_label,
+            owner_incarnation=self.incarnation,
+            wal_position=self.writer.completed_seq,
+        )
+
+    async def update_config(self, tp: TopicPartition, config: PartitionConfig) -> None:
+        p = self._partitions.get(tp)
+        if p is None:
+            raise PartitionClosing(f"{tp} is not open on this broker")
+        p.config = config
+
+    async def close_partition(self, tp: TopicPartition) -> None:
+        lock = self._open_locks.setdefault(tp, asyncio.Lock())
+        async with lock:
+            await self._close_locked(tp)
+
+    async def _close_locked(self, tp: TopicPartition) -> None:
+        p = self._partitions.get(tp)
+        if p is None:
+            return
+        try:
+            await p.close()
+        finally:
+            if self._partitions.get(tp) is p:
+                del self._partitions[tp]
+            self.tracker.released(p.tracker_key)
+            self._update_gauges()
+
+    async def delete_partition(self, tp: TopicPartition, topic_id: str) -> None:
+        lock = self._open_locks.setdefault(tp, asyncio.Lock())
+        async with lock:
+            p = self._partitions.pop(tp, None)
+            if p is not None:
+                p.fence()  # fails whatever is pending; nothing of it matters any more
+                self.tracker.released(p.tracker_key)
+            key = keys.checkpoint_key(tp, topic_id)
+            await self.store.delete([key])
+            objects = await self.store.list(keys.partition_prefix(tp, topic_id))
+            if objects:
+                await self.delete_objects([o.key for o in objects], "segment", "delete")
+            self._update_gauges()
+        log.info("%s (topic id %s): deleted", tp, topic_id)
+
+    def partition_fenced(self, p: Partition) -> None:
+        """A checkpoint commit lost: another owner has the partition now."""
+        if p.state is State.FENCED:
+            return
+        log.warning("%s: fenced by another owner; no longer serving it", p.tp)
+        p.fence()
+        if self._partitions.get(p.tp) is p:
+            del self._partitions[p.tp]
+        self.tracker.released(p.tracker_key)
+        self._update_gauges()
+        if self._on_fenced is not None:
+            self.spawn(self._on_fenced(p.tp), f"on-fenced {p.tp}")
+
+    def checkpoint_committed(self, p: Partition, cp: Checkpoint) -> None:
+        free = self.tracker.committed(
+            p.tracker_key, cp.wal_position, {e.key for e in cp.index if e.in_wal}
+        )
+        if free:
+            self.spawn(self.delete_objects(free, "wal", "refcount"), "delete unreferenced WAL")
+
+    async def delete_objects(self, object_keys: list[str], kind: str, path: str) -> None:
+        await self.store.delete(object_keys)
+        metrics.GARBAGE_DELETED.labels(self.broker_label, kind, path).inc(len(object_keys))
+
+    # ---------------------------------------------------------------- upkeep passes
+    async def _each_partition(self, fn: Callable[[Partition], Awaitable[object]]) -> None:
+        semaphore = asyncio.Semaphore(_PARALLEL_UPKEEP)
+
+        async def one(p: Partition) -> None:
+            async with semaphore:
+                if p.state is not State.OPEN:
+                    return
+                try:
+                    await fn(p)
+                except PartitionFenced:
+                    pass  # already handed back
+                except StorageError as exc:
+                    log.warning("%s: %s failed: %s", p.tp, getattr(fn, "__name__", fn), exc)
+
+        await asyncio.gather(*(one(p) for p in list(self._partitions.values())))
+
+    async def checkpoint_all(self) -> None:
+        await self._each_partition(lambda p: p.commit_checkpoint())
+
+    async def compact_all(self) -> None:
+        await self._each_partition(self.compact_partition)
+
+    async def apply_retention_all(self) -> None:
+        await self._each_partition(self.apply_retention)
+
+    async def compact_partition(self, p: Partition, *, force: bool = False) -> int:
+        """Copy WAL ranges into segments; returns the number of segments written."""
+        cfg = self.config
+        policy = CompactionPolicy(
+            cfg.compaction_min_ranges,
+            cfg.compaction_min_bytes,
+            0.0 if force else cfg.compaction_idle_s,
+            p.config.segment_bytes,
+            cfg.index_granule_bytes,
+        )
+        entries = p.index.entries
+        if not should_compact(entries, p.wal_age_s(), policy):
+            return 0
+        written = 0
+        for sources in plan_segments(entries, policy.segment_bytes):
+            parts = [await p.read_entry(e) for e in sources]
+            blob = b"".join(parts)
+            key = keys.segment_key(p.tp, p.topic_id, sources[0].base_offset)
+            await self.store.put(key, blob, if_none_match=True)
+            new = segment_entries(key, sources, policy.granule_bytes)
+            try:
+                swapped = await p.swap_index(sources, new)
+            except BaseException:
+                await self._delete_quietly([key])
+                metrics.COMPACTIONS.labels(self.broker_label, "failed").inc()
+                raise
+            if not swapped:
+                await self._delete_quietly([key])
+                metrics.COMPACTIONS.labels(self.broker_label, "raced").inc()
+                continue
+            written += 1
+            metrics.COMPACTIONS.labels(self.broker_label, "ok").inc()
+            metrics.COMPACTED_BYTES.labels(self.broker_label).inc(len(blob))
+        return written
+
+    async def _delete_quietly(self, object_keys: list[str]) -> None:
+        try:
+            await self.store.delete(object_keys)
+        except ObjectStoreUnavailable as exc:
+            log.warning("could not delete %s (the sweep will): %s", object_keys, exc)
+
+    async def apply_retention(self, p: Partition) -> int:
+        """Drop expired segments; returns how many segment objects were deleted."""
+        cfg = p.config
+        new_start = retention_log_start(
+            p.index.entries,
+            now_ms=int(time.time() * 1000),
+            retention_ms=cfg.retention_ms,
+            retention_bytes=cfg.retention_bytes,
+        )
+        if new_start is None or new_start <= p.log_start_offset:
+            return 0
+        gone = await p.advance_log_start(min(new_start, p.high_watermark))
+        if gone:
+            await self.delete_objects(gone, "segment", "retention")
+            metrics.RETENTION_SEGMENTS.labels(self.broker_label).inc(len(gone))
+        return len(gone)
+
+    async def collect_garbage(self) -> int:
+        """The sweep: delete WAL objects and segments no checkpoint needs (see garbage.py)."""
+        now = time.time()
+        wal_objects = await self.store.list(keys.WAL_ROOT)
+        partition_objects = await self.store.list(keys.PARTITIONS_ROOT)
+        semaphore = asyncio.Semaphore(16)
+
+        async def load(key: str) -> tuple[str, Checkpoint | None]:
+            async with semaphore:
+                loaded = await self.checkpoints.load(key)
+                return key, None if loaded is None else loaded[0]
+
+        cp_keys = [
+            o.key for o in partition_objects
+            if (pk := keys.parse_partition_key(o.key)) is not None and pk.kind == "checkpoint"
+        ]  # fmt: skip
+        checkpoints = {k: cp for k, cp in await asyncio.gather(*(load(k) for k in cp_keys)) if cp}
+        wal = wal_garbage(
+            wal_objects,
+            checkpoints.values(),
+            now_s=now,
+            grace_s=self.config.garbage_grace_s,
+            keep=self.tracker.keys(),
+        )
+        segments = segment_garbage(
+            partition_objects, checkpoints, now_s=now, grace_s=self.config.garbage_grace_s
+        )
+        if wal:
+            await self.delete_objects(wal, "wal", "sweep")
+        if segments:
+            await self.delete_objects(segments, "segment", "sweep")
+        if wal or segments:
+            log.info(
+                "garbage sweep deleted %d WAL objects and %d segments", len(wal), len(segments)
+            )
+        return len(wal) + len(segments)

@@ -1,0 +1,206 @@
+"""An object store on any S3-compatible endpoint, through boto3.
+
+boto3 is synchronous, so every call runs in a thread pool of this store. botocore's "standard"
+retry mode retries transient failures (5xx, throttling, connection errors) with exponential
+backoff and jitter; what still fails afterwards becomes ObjectStoreUnavailable. Conditional PUTs
+use IfNoneMatch="*" and IfMatch=<etag>; the answers 412 PreconditionFailed and 409
+ConditionalRequestConflict both mean "lost the race", and so does 404 to an If-Match PUT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from tidalmq_broker.storage.objectstore.base import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreUnavailable,
+    PreconditionFailed,
+    validate_key,
+)
+
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+
+
+class S3ObjectStore(ObjectStore):
+    kind = "s3"
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        max_threads: int = 16,
+        max_attempts: int = 5,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+        client: Any = None,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        config = botocore.config.Config(
+            retries={"mode": "standard", "max_attempts": max_attempts},
+            max_pool_connections=max_threads,
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self._client = client or boto3.session.Session().client(
+            "s3", endpoint_url=endpoint_url, region_name=region, config=config
+        )
+        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="s3")
+
+    def __repr__(self) -> str:
+        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        return f"S3ObjectStore(s3://{self.bucket}/{self.prefix}{where})"
+
+    def _full(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _strip(self, full_key: str) -> str:
+        return full_key[len(self.prefix) + 1 :] if self.prefix else full_key
+
+    async def _call(self, what: str, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        except botocore.exceptions.ClientError as exc:
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            if code in _PRECONDITION or status in ("412", "409"):
+                raise PreconditionFailed(f"{what}: {code or status}") from exc
+            if code in _NOT_FOUND or status == "404":
+                raise ObjectNotFound(what) from exc
+            raise ObjectStoreUnavailable(f"{what} on {self!r}: {code} {status}") from exc
+        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            raise ObjectStoreUnavailable(f"{what} on {self!r}: {exc}") from exc
+
+    async def put(
+        self,
+        key: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str:
+        params: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self._full(key),
+            "Body": data if isinstance(data, bytes) else bytes(data),
+        }
+        if if_none_match:
+            params["IfNoneMatch"] = "*"
+        if if_match is not None:
+            params["IfMatch"] = if_match
+        try:
+            response = await self._call(f"PUT {key}", self._client.put_object, **params)
+        except ObjectNotFound as exc:  # If-Match on a key that no longer exists
+            raise PreconditionFailed(f"PUT {key}: object is gone") from exc
+        return str(response["ETag"])
+
+    async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
+        if start is not None or end is not None:
+            first = start or 0
+            if end is not None and end <= first:
+                return b""
+            params["Range"] = f"bytes={first}-{'' if end is None else end - 1}"
+
+        def call() -> bytes:
+            response = self._client.get_object(**params)
+            return response["Body"].read()
+
+        return await self._call(f"GET {key}", call)
+
+    async def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        def call() -> tuple[bytes, str]:
+            response = self._client.get_object(Bucket=self.bucket, Key=self._full(key))
+            return response["Body"].read(), str(response["ETag"])
+
+        return await self._call(f"GET {key}", call)
+
+    async def head(self, key: str) -> ObjectInfo:
+        response = await self._call(
+            f"HEAD {key}", self._client.head_object, Bucket=self.bucket, Key=self._full(key)
+        )
+        return ObjectInfo(
+            key,
+            int(response["ContentLength"]),
+            str(response["ETag"]),
+            response["LastModified"].timestamp(),
+        )
+
+    async def list(self, prefix: str, start_after: str | None = None) -> list[ObjectInfo]:
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+
+        def call() -> list[ObjectInfo]:
+            out: list[ObjectInfo] = []
+            params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+            if start_after is not None:
+                params["StartAfter"] = (
+                    f"{self.prefix}/{start_after}" if self.prefix else start_after
+                )
+            while True:
+                response = self._client.list_objects_v2(**params)
+                for item in response.get("Contents", []):
+                    out.append(
+                        ObjectInfo(
+                            self._strip(item["Key"]),
+                            int(item["Size"]),
+                            str(item.get("ETag", "")),
+                            item["LastModified"].timestamp(),
+                        )
+                    )
+                if not response.get("IsTruncated"):
+                    return out
+                params["ContinuationToken"] = response["NextContinuationToken"]
+                params.pop("StartAfter", None)
+
+        return await self._call(f"LIST {prefix}", call)
+
+    async def delete(self, keys: list[str]) -> None:
+        full = [self._full(k) for k in keys]
+        for i in range(0, len(full), 1000):
+            chunk = full[i : i + 1000]
+
+            def call(chunk: list[str] = chunk) -> list[dict[str, Any]]:
+                response = self._client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
+                )
+                return [e for e in response.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+
+            errors = await self._call(f"DELETE {len(chunk)} keys", call)
+            if errors:
+                raise ObjectStoreUnavailable(f"DELETE on {self!r} failed for {errors[:3]}")
+
+    async def create_bucket(self) -> None:
+        """Create the bucket if it does not exist (tests and the local cluster use this)."""
+        try:
+            await self._call(
+                f"CREATE BUCKET {self.bucket}", self._client.create_bucket, Bucket=self.bucket
+            )
+        except ObjectStoreUnavailable as exc:
+            cause = exc.__cause__
+            if isinstance(cause, botocore.exceptions.ClientError) and cause.response.get(
+                "Error", {}
+            ).get("Code") in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                return
+            raise
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False)

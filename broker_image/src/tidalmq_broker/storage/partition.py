@@ -1,0 +1,690 @@
+"""One open partition: validation and offset assignment, acknowledgements, reads, checkpoints.
+
+State that matters for correctness:
+
+* `_next_offset` - the next offset to assign (appends in the WAL buffer or in flight are below).
+* `_hwm` - the high watermark: every offset below is in a durable WAL object or segment, is
+  indexed, and has been acknowledged in order. Reads never go beyond it.
+* `_producers` - idempotent-producer state including appends not yet durable (so a retry of an
+  in-flight batch is recognised); `_durable_producers` only up to the high watermark, which is
+  what checkpoints persist and what a rollback returns to.
+
+If a WAL flush fails, every append of this partition in it and after it fails, the partition
+stops taking appends, waits for its in-flight flushes, rolls `_next_offset` and the producer
+state back to the high watermark and commits a checkpoint whose WAL position lies beyond every
+object that may hold the failed batches. Only then does it take appends again, so no offset is
+ever acknowledged twice with different data, not even after a crash and a replay of the WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import struct
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import crc32c
+from tidalmq_core.model import TopicPartition
+
+from tidalmq_broker.protocol import records
+from tidalmq_broker.storage import metrics
+from tidalmq_broker.storage.api import (
+    AppendResult,
+    CorruptRecord,
+    InvalidRecord,
+    ObjectStoreUnavailable,
+    OffsetOutOfRange,
+    PartitionClosing,
+    PartitionConfig,
+    PartitionFenced,
+    PartitionStats,
+    ReadResult,
+    RecordTooLarge,
+    StorageError,
+    TimestampLookup,
+    UnsupportedMessageFormat,
+)
+from tidalmq_broker.storage.checkpoint import Checkpoint
+from tidalmq_broker.storage.index import IndexEntry, OffsetIndex
+from tidalmq_broker.storage.objectstore.base import ObjectNotFound
+from tidalmq_broker.storage.producer_state import BatchMeta, ProducerEntry, ProducerStateTable
+from tidalmq_broker.storage.wal import ProducerBatch, WalEntry
+from tidalmq_broker.storage.wal_writer import PendingAppend
+
+if TYPE_CHECKING:
+    from tidalmq_broker.storage.engine import ObjectStreamEngine
+
+log = logging.getLogger(__name__)
+
+_ATTRS_AND_MAX_TS = 21
+_MAX_TS_POS = 35
+_CRC_POS = 17
+
+
+class State(enum.Enum):
+    OPEN = "open"
+    RECOVERING = "recovering"  # a flush failed; rolling back before taking appends again
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FENCED = "fenced"
+
+
+class Partition:
+    """Implements api.PartitionLog."""
+
+    def __init__(
+        self,
+        engine: ObjectStreamEngine,
+        tp: TopicPartition,
+        topic_id: str,
+        leader_epoch: int,
+        config: PartitionConfig,
+        checkpoint: Checkpoint,
+        etag: str,
+    ) -> None:
+        self._engine = engine
+        self._tp = tp
+        self.topic_id = topic_id
+        self._epoch = leader_epoch
+        self._config = config
+        self._key = engine.checkpoint_key(tp, topic_id)
+        self.tracker_key = self._key
+        self._etag = etag
+        self._index = OffsetIndex(checkpoint.index)
+        self._log_start = checkpoint.log_start_offset
+        self._hwm = checkpoint.next_offset
+        self._next_offset = checkpoint.next_offset
+        self._durable_producers = ProducerStateTable.from_json(checkpoint.producers)  # type: ignore[arg-type]
+        self._producers = self._durable_producers.copy()
+        self._cache = engine.cache.partition()
+        self._state = State.OPEN
+        self._failure: BaseException | None = None
+        self._inflight = 0  # appends enqueued and not yet completed
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._data_event = asyncio.Event()
+        self._cp_lock = asyncio.Lock()
+        self._version = 0  # bumped on every change a checkpoint must carry
+        self._committed_version = 0
+        self._committed_position = checkpoint.wal_position
+        self._wal_since: float | None = time.monotonic() if self._index.wal_ranges() else None
+        self._readahead: tuple[str, int, bytes] | None = None
+        self._recovery_task: asyncio.Task[None] | None = None
+
+    # ---------------------------------------------------------------- PartitionLog properties
+    @property
+    def tp(self) -> TopicPartition:
+        return self._tp
+
+    @property
+    def leader_epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start
+
+    @property
+    def high_watermark(self) -> int:
+        return self._hwm
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._next_offset
+
+    @property
+    def config(self) -> PartitionConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: PartitionConfig) -> None:
+        self._config = config
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def index(self) -> OffsetIndex:
+        return self._index
+
+    def stats(self) -> PartitionStats:
+        return PartitionStats(
+            log_start_offset=self._log_start,
+            high_watermark=self._hwm,
+            size_bytes=self._index.size_bytes,
+            wal_ranges=self._index.wal_ranges(),
+            segments=len(self._index.keys()) - len(self._index.wal_keys()),
+            extra={
+                "cache_bytes": float(self._cache.bytes),
+                "inflight_appends": float(self._inflight),
+            },
+        )
+
+    # ---------------------------------------------------------------- append
+    def _check_writable(self) -> None:
+        if self._state is State.OPEN:
+            return
+        if self._state is State.RECOVERING:
+            raise ObjectStoreUnavailable(
+                f"{self._tp} is recovering from a failed WAL flush: {self._failure}"
+            )
+        if self._state is State.CLOSING:
+            raise PartitionClosing(f"{self._tp} is closing")
+        if self._state is State.FENCED:
+            raise PartitionFenced(f"{self._tp} was taken over by another owner")
+        raise PartitionClosing(f"{self._tp} is closed")
+
+    async def append(self, records_: bytes | memoryview, *, acks: int = -1) -> AppendResult:
+        self._check_writable()
+        if len(records_) == 0:
+            raise CorruptRecord("empty record set")
+        buf = bytearray(records_)
+        try:
+            headers = list(records.iter_headers(buf, verify_crc=True))
+        except records.UnsupportedMagic as exc:
+            raise UnsupportedMessageFormat(str(exc)) from exc
+        except records.InvalidRecordBatch as exc:
+            raise CorruptRecord(str(exc)) from exc
+        max_bytes = self._config.max_message_bytes
+        for h in headers:
+            if h.size > max_bytes:
+                raise RecordTooLarge(
+                    f"batch of {h.size} bytes exceeds max.message.bytes {max_bytes}"
+                )
+            if h.is_transactional or h.is_control:
+                raise InvalidRecord("transactional and control batches are not supported")
+            if h.record_count != h.last_offset_delta + 1:
+                raise CorruptRecord(
+                    f"batch declares {h.record_count} records but last offset delta {h.last_offset_delta}"
+                )
+
+        # idempotent producers: check (and tentatively apply) every batch, undo on failure
+        offset = self._next_offset
+        undo: dict[int, ProducerEntry | None] = {}
+        producers: list[ProducerBatch] = []
+        duplicate: BatchMeta | None = None
+        try:
+            for h in headers:
+                if h.has_producer_id and h.base_sequence != records.NO_SEQUENCE:
+                    pid = h.producer_id
+                    found = self._producers.check(
+                        pid, h.producer_epoch, h.base_sequence, h.last_sequence
+                    )
+                    if found is not None:
+                        duplicate = found
+                        break
+                    if pid not in undo:
+                        entry = self._producers.producers.get(pid)
+                        undo[pid] = (
+                            None
+                            if entry is None
+                            else ProducerEntry(
+                                entry.epoch, entry.batches.copy(), entry.last_seen_ms
+                            )
+                        )
+                    last = offset + h.last_offset_delta
+                    self._producers.apply(
+                        pid,
+                        h.producer_epoch,
+                        BatchMeta(h.base_sequence, h.last_sequence, offset, last),
+                    )
+                    producers.append(
+                        (pid, h.producer_epoch, h.base_sequence, h.last_sequence, offset, last)
+                    )
+                offset += h.last_offset_delta + 1
+        except StorageError:
+            self._undo_producers(undo)
+            raise
+        if duplicate is not None:
+            self._undo_producers(undo)
+            await self._wait_durable(duplicate.last_offset)
+            return AppendResult(
+                duplicate.base_offset, duplicate.last_offset, -1, self._log_start, True
+            )
+
+        # assign offsets by patching the headers in place
+        base = self._next_offset
+        offset = base
+        max_ts = -1
+        log_append_time = self._config.message_timestamp_type == "LogAppendTime"
+        now_ms = int(time.time() * 1000)
+        for h in headers:
+            records.patch_base_offset(buf, h, offset)
+            records.patch_leader_epoch(buf, h, self._epoch)
+            if log_append_time:
+                _set_log_append_time(buf, h, now_ms)
+                max_ts = now_ms
+            elif h.max_timestamp > max_ts:
+                max_ts = h.max_timestamp
+            offset += h.last_offset_delta + 1
+        self._next_offset = offset
+        future = asyncio.get_running_loop().create_future() if acks != 0 else None
+        pending = PendingAppend(self, buf, base, offset - 1, max_ts, producers, future)
+        self._inflight += 1
+        self._drained.clear()
+        self._engine.writer.enqueue(pending)
+        metrics.APPEND_BYTES.labels(self._engine.broker_label).inc(len(buf))
+        result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
+        if future is not None:
+            await future
+        return result
+
+    def _undo_producers(self, undo: dict[int, ProducerEntry | None]) -> None:
+        for pid, entry in undo.items():
+            if entry is None:
+                self._producers.producers.pop(pid, None)
+            else:
+                self._producers.producers[pid] = entry
+
+    async def _wait_durable(self, last_offset: int) -> None:
+        """A retried batch whose original is still in flight: answer once the original is
+        durable, fail if it failed."""
+        while self._hwm <= last_offset:
+            if self._next_offset <= last_offset or self._state is State.RECOVERING:
+                raise ObjectStoreUnavailable(
+                    f"the original of a retried batch on {self._tp} failed"
+                )
+            self._check_writable()
+            await self._data_event.wait()
+
+    # ---------------------------------------------------------------- flush completion
+    def flush_completed(
+        self,
+        entry: WalEntry | None,
+        key: str,
+        views: list[tuple[PendingAppend, memoryview]],
+        error: BaseException | None,
+    ) -> None:
+        """Called by the engine, in WAL order, for this partition's share of one flush."""
+        self._inflight -= len(views)
+        ok = (
+            error is None
+            and entry is not None
+            and self._state in (State.OPEN, State.CLOSING)
+            and entry.base_offset == self._hwm
+        )
+        if ok:
+            assert entry is not None
+            self._index.append(
+                IndexEntry(
+                    entry.base_offset,
+                    entry.last_offset,
+                    key,
+                    entry.position,
+                    entry.size,
+                    entry.max_timestamp,
+                )
+            )
+            if self._wal_since is None:
+                self._wal_since = time.monotonic()
+            now_ms = int(time.time() * 1000)
+            for batch in entry.producers:
+                self._durable_producers.apply_tuple(batch, now_ms)
+            for append, view in views:
+                self._cache.add(append.base_offset, append.last_offset, view)
+            self._hwm = entry.last_offset + 1
+            self._version += 1
+            self._notify()
+            lease_ok = self._engine.lease_ok()
+            for append, _ in views:
+                fut = append.future
+                if fut is None or fut.done():
+                    continue
+                if lease_ok:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(
+                        PartitionFenced(f"lease of this broker lapsed; {self._tp} not acknowledged")
+                    )
+        else:
+            failure = error or self._failure or PartitionClosing(f"{self._tp} stopped")
+            if self._state is State.OPEN:
+                self._begin_rollback(failure)
+            for append, _ in views:
+                _fail(append, failure)
+        if self._inflight == 0:
+            self._drained.set()
+            if self._state is State.RECOVERING and self._recovery_task is None:
+                self._recovery_task = self._engine.spawn(self._roll_back(), f"rollback {self._tp}")
+
+    def fail_appends(self, appends: list[PendingAppend], error: BaseException) -> None:
+        self._inflight -= len(appends)
+        for append in appends:
+            _fail(append, error)
+        if self._inflight == 0:
+            self._drained.set()
+
+    def _begin_rollback(self, error: BaseException) -> None:
+        log.warning(
+            "%s: WAL flush failed, rolling back to offset %d: %s", self._tp, self._hwm, error
+        )
+        metrics.APPEND_FAILURES.labels(self._engine.broker_label, "flush_failed").inc()
+        self._state = State.RECOVERING
+        self._failure = error
+        removed = self._engine.writer.remove_pending(self)
+        self.fail_appends(removed, error)
+        self._notify()
+
+    async def _roll_back(self) -> None:
+        try:
+            self._next_offset = self._hwm
+            self._producers = self._durable_producers.copy()
+            delay = 0.1
+            while self._state is State.RECOVERING:
+                try:
+                    await self.commit_checkpoint(force=True)
+                    break
+                except ObjectStoreUnavailable as exc:
+                    log.warning("%s: rollback checkpoint failed, retrying: %s", self._tp, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+            if self._state is State.RECOVERING:
+                log.info("%s: rolled back to offset %d, taking appends again", self._tp, self._hwm)
+                self._state = State.OPEN
+                self._failure = None
+        except PartitionFenced:
+            pass  # commit_checkpoint already handed the partition back
+        finally:
+            self._recovery_task = None
+            self._notify()
+
+    def _notify(self) -> None:
+        self._data_event.set()
+        self._data_event = asyncio.Event()
+
+    # ---------------------------------------------------------------- reads
+    async def read(self, offset: int, max_bytes: int) -> ReadResult:
+        if self._state in (State.CLOSED, State.FENCED):
+            self._check_writable()
+        hwm, lso = self._hwm, self._log_start
+        if offset < lso or offset > self._next_offset:
+            raise OffsetOutOfRange(
+                f"{self._tp}: offset {offset} is outside [{lso}, {self._next_offset}]"
+            )
+        if offset >= hwm:
+            return ReadResult(b"", hwm, lso)
+        max_bytes = max(max_bytes, 1)
+        views = self._cache.lookup(offset, max_bytes)
+        if views is not None:
+            first = _slice_batches(views[0], offset, max_bytes)
+            data = bytes(first) if len(views) == 1 else b"".join([first, *views[1:]])
+            metrics.CACHE_HIT_BYTES.labels(self._engine.broker_label).inc(len(data))
+            return ReadResult(data, hwm, lso)
+        data = await self._read_cold(offset, max_bytes)
+        return ReadResult(data, hwm, self._log_start)
+
+    async def _read_cold(self, offset: int, max_bytes: int) -> bytes:
+        for _attempt in range(3):
+            i = self._index.find(offset)
+            if i is None:
+                if offset < self._log_start:
+                    raise OffsetOutOfRange(f"{self._tp}: offset {offset} was deleted")
+                raise StorageError(f"{self._tp}: offset {offset} is not indexed")
+            entries = self._index.entries[i : i + 64]
+            first = entries[0]
+            # the byte-contiguous run of entries in the same object, up to what we want to read
+            want = max(max_bytes, self._engine.config.read_ahead_bytes)
+            end = first.end_position
+            for e in entries[1:]:
+                if e.key != first.key or e.position != end or end - first.position >= want:
+                    break
+                end = e.end_position
+            need_end = first.position
+            for e in entries:
+                if e.key != first.key or e.position != need_end:
+                    break
+                need_end = e.end_position
+                if need_end - first.position >= max_bytes:
+                    break
+            ra = self._readahead
+            if (
+                ra is not None
+                and ra[0] == first.key
+                and ra[1] <= first.position
+                and need_end <= ra[1] + len(ra[2])
+            ):
+                blob_start, blob = ra[1], ra[2]
+                metrics.CACHE_HIT_BYTES.labels(self._engine.broker_label).inc(
+                    need_end - first.position
+                )
+            else:
+                try:
+                    blob = await self._engine.store.get(
+                        first.key, first.position, max(end, need_end)
+                    )
+                except ObjectNotFound:
+                    continue  # retention or compaction replaced the object meanwhile; look again
+                blob_start = first.position
+                metrics.CACHE_MISS_BYTES.labels(self._engine.broker_label).inc(len(blob))
+                self._readahead = (first.key, blob_start, blob)
+            view = memoryview(blob)[first.position - blob_start : need_end - blob_start]
+            return bytes(_slice_batches(view, offset, max_bytes))
+        raise ObjectStoreUnavailable(
+            f"{self._tp}: objects holding offset {offset} keep disappearing"
+        )
+
+    async def read_entry(self, entry: IndexEntry) -> memoryview:
+        """The bytes of one index entry, from the cache when possible (compaction, timestamps)."""
+        cached = self._cache.exact(entry.base_offset, entry.last_offset)
+        if cached is not None:
+            return memoryview(b"".join(cached)) if len(cached) > 1 else cached[0]
+        data = await self._engine.store.get(entry.key, entry.position, entry.end_position)
+        metrics.CACHE_MISS_BYTES.labels(self._engine.broker_label).inc(len(data))
+        return memoryview(data)
+
+    async def wait_for_data(self, offset: int, timeout_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._hwm <= offset and self._state in (State.OPEN, State.RECOVERING):
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._data_event.wait(), remaining)
+            except TimeoutError:
+                return
+
+    async def offset_for_timestamp(self, timestamp_ms: int) -> TimestampLookup | None:
+        i = self._index.find_timestamp(timestamp_ms)
+        while i is not None and i < len(self._index):
+            entry = self._index[i]
+            data = await self.read_entry(entry)
+            for h in records.iter_headers(data):
+                if h.max_timestamp >= timestamp_ms and h.last_offset >= self._log_start:
+                    return TimestampLookup(max(h.base_offset, self._log_start), h.max_timestamp)
+            i += 1
+        return None
+
+    # ---------------------------------------------------------------- checkpoints
+    @property
+    def dirty(self) -> bool:
+        return self._version != self._committed_version
+
+    def snapshot(self, *, clean: bool = False) -> Checkpoint:
+        return Checkpoint(
+            topic=self._tp.topic,
+            topic_id=self.topic_id,
+            partition=self._tp.partition,
+            leader_epoch=self._epoch,
+            owner_broker=self._engine.broker_label,
+            owner_incarnation=self._engine.incarnation,
+            wal_position=self._engine.writer.completed_seq,
+            log_start_offset=self._log_start,
+            next_offset=self._hwm,
+            clean_shutdown=clean,
+            index=self._index.entries,
+            producers=self._durable_producers.to_json(),
+        )
+
+    async def commit_checkpoint(self, *, clean: bool = False, force: bool = False) -> None:
+        async with self._cp_lock:
+            await self._commit_locked(clean=clean, force=force)
+
+    async def _commit_locked(self, *, clean: bool = False, force: bool = False) -> None:
+        if not (force or clean or self.dirty):
+            return
+        if self._state is State.FENCED:
+            raise PartitionFenced(f"{self._tp} was taken over by another owner")
+        version = self._version
+        self._durable_producers.expire(int(time.time() * 1000))
+        cp = self.snapshot(clean=clean)
+        try:
+            self._etag = await self._engine.checkpoints.commit(self._key, cp, self._etag)
+        except PartitionFenced:
+            metrics.CHECKPOINTS.labels(self._engine.broker_label, "fenced").inc()
+            self._engine.partition_fenced(self)
+            raise
+        except ObjectStoreUnavailable:
+            metrics.CHECKPOINTS.labels(self._engine.broker_label, "failed").inc()
+            raise
+        metrics.CHECKPOINTS.labels(self._engine.broker_label, "ok").inc()
+        self._committed_version = version
+        self._committed_position = cp.wal_position
+        self._engine.checkpoint_committed(self, cp)
+
+    # ---------------------------------------------------------------- compaction and retention
+    def wal_age_s(self) -> float:
+        return 0.0 if self._wal_since is None else time.monotonic() - self._wal_since
+
+    async def swap_index(self, old: list[IndexEntry], new: list[IndexEntry]) -> bool:
+        """Replace compacted WAL ranges by segment ranges and commit; False if the index moved
+        on meanwhile (the caller deletes its segment)."""
+        async with self._cp_lock:
+            if not self._index.replace(old, new):
+                return False
+            self._version += 1
+            try:
+                await self._commit_locked(force=True)
+            except ObjectStoreUnavailable:
+                self._index.replace(new, old)
+                raise
+            if not self._index.wal_ranges():
+                self._wal_since = None
+            return True
+
+    async def advance_log_start(self, offset: int) -> list[str]:
+        """Move the log start forward, commit, and return object keys no longer referenced."""
+        async with self._cp_lock:
+            if offset <= self._log_start:
+                return []
+            before = self._index.keys()
+            self._log_start = offset
+            dropped = self._index.drop_before(offset)
+            self._cache.drop_before(offset)
+            self._version += 1
+            await self._commit_locked(force=True)
+            still = self._index.keys()
+            gone = {e.key for e in dropped} - still
+            return sorted(k for k in gone & before if not k.startswith("wal/"))
+
+    async def delete_records_before(self, offset: int) -> int:
+        if offset > self._hwm:
+            raise OffsetOutOfRange(
+                f"{self._tp}: cannot delete before {offset}, high watermark is {self._hwm}"
+            )
+        keys = await self.advance_log_start(offset)
+        if keys:
+            await self._engine.delete_objects(keys, "segment", "retention")
+        return self._log_start
+
+    # ---------------------------------------------------------------- close
+    async def close(self) -> None:
+        """Seed 000 steps 3-4: stop appending, drain, force the flush, clean checkpoint."""
+        if self._state in (State.CLOSED, State.FENCED):
+            return
+        if self._state is State.OPEN:
+            self._state = State.CLOSING
+        self._notify()
+        self._engine.writer.flush_now()
+        await self._drained.wait()
+        while self._recovery_task is not None:
+            await asyncio.shield(self._recovery_task)
+        if self._state is State.FENCED:
+            return
+        self._state = State.CLOSING
+        try:
+            for attempt in range(3):
+                try:
+                    await self.commit_checkpoint(clean=True)
+                    break
+                except ObjectStoreUnavailable as exc:
+                    if attempt == 2:
+                        log.warning(
+                            "%s: clean checkpoint failed (%s); the next owner recovers from the WAL",
+                            self._tp, exc,
+                        )  # fmt: skip
+                    else:
+                        await asyncio.sleep(0.2 * (attempt + 1))
+        except PartitionFenced:
+            return
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._state is not State.FENCED:
+            self._state = State.CLOSED
+        self._cache.clear()
+        self._readahead = None
+        self._notify()
+
+    def fence(self) -> None:
+        """Another owner took over: fail everything pending and stop."""
+        self._state = State.FENCED
+        removed = self._engine.writer.remove_pending(self)
+        self.fail_appends(removed, PartitionFenced(f"{self._tp} was taken over by another owner"))
+        self._cache.clear()
+        self._readahead = None
+        self._notify()
+
+    def abandon(self) -> None:
+        self._state = State.CLOSED
+        self._cache.clear()
+        self._notify()
+
+
+def _fail(append: PendingAppend, error: BaseException) -> None:
+    fut = append.future
+    if fut is not None and not fut.done():
+        fut.set_exception(error)
+
+
+def _set_log_append_time(buf: bytearray, h: records.BatchHeader, now_ms: int) -> None:
+    pos = h.position
+    attributes = (
+        struct.unpack_from(">h", buf, pos + _ATTRS_AND_MAX_TS)[0] | records.TIMESTAMP_TYPE_MASK
+    )
+    struct.pack_into(">h", buf, pos + _ATTRS_AND_MAX_TS, attributes)
+    struct.pack_into(">q", buf, pos + _MAX_TS_POS, now_ms)
+    crc = crc32c.crc32c(memoryview(buf)[pos + _ATTRS_AND_MAX_TS : pos + h.size])
+    struct.pack_into(">I", buf, pos + _CRC_POS, crc)
+
+
+def _iter_batches(view: memoryview) -> Iterator[records.BatchHeader]:
+    return records.iter_headers(view)
+
+
+def _slice_batches(view: memoryview, offset: int, max_bytes: int) -> memoryview:
+    """The whole batches of `view` from the one holding `offset`, within max_bytes (at least
+    one batch). Fast path: the view already starts at `offset` and fits."""
+    if len(view) <= max_bytes:
+        h = records.read_header(view, 0)
+        if h.last_offset >= offset:
+            return view
+    start = None
+    end = 0
+    for h in _iter_batches(view):
+        if start is None:
+            if h.last_offset < offset:
+                continue
+            start = h.position
+            end = h.position + h.size
+            continue
+        if h.position + h.size - start > max_bytes:
+            break
+        end = h.position + h.size
+    if start is None:
+        return view[:0]
+    return view[start:end]

@@ -1,0 +1,259 @@
+"""Gathers the appends of all partitions into WAL objects and completes them in order.
+
+One flush is one object. A flush starts when the oldest pending append is `flush_interval_ms`
+old or `flush_bytes` are pending, as long as fewer than `max_inflight_flushes` PUTs are running
+(otherwise the pending appends wait for a slot and go out together). PUTs may finish in any
+order, but flushes are *completed* strictly in sequence order, so acknowledgements and high
+watermarks only ever advance over a prefix of durable objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tidalmq_broker.storage import metrics
+from tidalmq_broker.storage.api import ObjectStoreUnavailable, StorageConfig
+from tidalmq_broker.storage.keys import wal_key
+from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
+from tidalmq_broker.storage.wal import ProducerBatch, WalEntry, WalGroup, encode_wal_object
+
+if TYPE_CHECKING:
+    from tidalmq_broker.storage.partition import Partition
+
+log = logging.getLogger(__name__)
+
+_PUT_ATTEMPTS = 3
+_PUT_BACKOFF_S = (0.05, 0.25)
+
+
+@dataclass(slots=True, eq=False)
+class PendingAppend:
+    partition: Partition
+    data: bytearray
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    producers: list[ProducerBatch]
+    future: asyncio.Future[None] | None
+
+
+@dataclass(slots=True, eq=False)
+class Flush:
+    seq: int
+    key: str
+    appends: list[PendingAppend]
+    started: float
+    size: int = 0
+    done: bool = False
+    error: BaseException | None = None
+    blob: bytes = b""
+    entries: list[WalEntry] = field(default_factory=list)
+    # per partition: (its WalEntry, [(append, zero-copy view of its bytes)])
+    groups: list[tuple[Partition, WalEntry | None, list[tuple[PendingAppend, memoryview]]]] = field(
+        default_factory=list
+    )
+
+
+class WalWriter:
+    def __init__(
+        self,
+        store: ObjectStore,
+        broker: str,
+        incarnation: str,
+        config: StorageConfig,
+        on_complete: Callable[[Flush], None],
+    ) -> None:
+        self._store = store
+        self._broker = broker
+        self._incarnation = incarnation
+        self._config = config
+        self._on_complete = on_complete
+        self._pending: list[PendingAppend] = []
+        self._pending_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._inflight: deque[Flush] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._next_seq = 0
+        self.completed_seq = -1  # every flush up to here has been completed (ok or failed)
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---------------------------------------------------------------- appends
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def enqueue(self, append: PendingAppend) -> None:
+        if self._closed:
+            raise ObjectStoreUnavailable("the WAL writer is stopped")
+        self._pending.append(append)
+        self._pending_bytes += len(append.data)
+        self._idle.clear()
+        if self._pending_bytes >= self._config.flush_bytes:
+            self._start_flushes()
+        elif self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._config.flush_interval_ms / 1000, self._on_timer)
+
+    def remove_pending(self, partition: Partition) -> list[PendingAppend]:
+        """Take a partition's not-yet-flushed appends out (it is rolling back)."""
+        removed = [a for a in self._pending if a.partition is partition]
+        if removed:
+            self._pending = [a for a in self._pending if a.partition is not partition]
+            self._pending_bytes -= sum(len(a.data) for a in removed)
+            self._check_idle()
+        return removed
+
+    def flush_now(self) -> None:
+        """Start flushing whatever is pending without waiting for the timer (close, stop)."""
+        self._start_flushes()
+
+    async def wait_idle(self) -> None:
+        """Until nothing is pending or in flight."""
+        self._start_flushes()
+        await self._idle.wait()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._start_flushes()
+
+    def _check_idle(self) -> None:
+        if not self._pending and not self._inflight:
+            self._idle.set()
+
+    def _start_flushes(self) -> None:
+        while self._pending and len(self._inflight) < self._config.max_inflight_flushes:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            appends, self._pending, self._pending_bytes = self._pending, [], 0
+            seq = self._next_seq
+            self._next_seq += 1
+            flush = Flush(
+                seq, wal_key(self._broker, self._incarnation, seq), appends, time.perf_counter()
+            )
+            self._inflight.append(flush)
+            task = asyncio.get_running_loop().create_task(
+                self._write(flush), name=f"wal-flush-{seq}"
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._pending and self._timer is None and not self._inflight:
+            self._timer = asyncio.get_running_loop().call_later(
+                self._config.flush_interval_ms / 1000, self._on_timer
+            )
+
+    # ---------------------------------------------------------------- one flush
+    def _encode(self, flush: Flush) -> None:
+        by_partition: dict[int, list[PendingAppend]] = {}
+        for a in flush.appends:
+            by_partition.setdefault(id(a.partition), []).append(a)
+        groups: list[WalGroup] = []
+        for appends in by_partition.values():
+            p = appends[0].partition
+            producers: list[ProducerBatch] = []
+            for a in appends:
+                producers.extend(a.producers)
+            groups.append(
+                WalGroup(
+                    p.tp.topic, p.topic_id, p.tp.partition, p.leader_epoch,
+                    appends[0].base_offset, appends[-1].last_offset,
+                    max(a.max_timestamp for a in appends), [a.data for a in appends], producers,
+                )
+            )  # fmt: skip
+        blob, entries, positions = encode_wal_object(groups)
+        view = memoryview(blob)
+        flush.blob, flush.entries, flush.size = blob, entries, len(blob)
+        i = 0
+        for appends, entry in zip(by_partition.values(), entries, strict=True):
+            views = []
+            for a in appends:
+                views.append((a, view[positions[i] : positions[i] + len(a.data)]))
+                i += 1
+            flush.groups.append((appends[0].partition, entry, views))
+
+    async def _write(self, flush: Flush) -> None:
+        try:
+            self._encode(flush)
+            for a in flush.appends:
+                a.data = bytearray()  # the blob holds the bytes now; free the copies
+            await self._put_with_retries(flush)
+            metrics.WAL_FLUSHES.labels(self._broker, "ok").inc()
+            metrics.WAL_FLUSH_BYTES.labels(self._broker).observe(flush.size)
+            metrics.WAL_FLUSH_SECONDS.labels(self._broker).observe(
+                time.perf_counter() - flush.started
+            )
+        except asyncio.CancelledError:
+            flush.error = ObjectStoreUnavailable(f"WAL flush {flush.key} was cancelled")
+            raise
+        except Exception as exc:
+            log.warning("WAL flush %s of %d bytes failed: %s", flush.key, flush.size, exc)
+            metrics.WAL_FLUSHES.labels(self._broker, "failed").inc()
+            flush.error = (
+                exc
+                if isinstance(exc, ObjectStoreUnavailable)
+                else ObjectStoreUnavailable(f"WAL flush {flush.key} failed: {exc}")
+            )
+            if flush.error is not exc:
+                flush.error.__cause__ = exc
+        finally:
+            flush.done = True
+            if not self._closed:
+                self._complete_in_order()
+
+    async def _put_with_retries(self, flush: Flush) -> None:
+        for attempt in range(_PUT_ATTEMPTS):
+            try:
+                await self._store.put(flush.key, flush.blob, if_none_match=True)
+                return
+            except PreconditionFailed:
+                # Only this incarnation writes under its prefix: an earlier attempt that timed
+                # out on our side landed. Make sure it is the same object.
+                try:
+                    info = await self._store.head(flush.key)
+                except ObjectNotFound:
+                    info = None
+                if info is not None and info.size == flush.size:
+                    return
+                raise
+            except ObjectStoreUnavailable:
+                if attempt == _PUT_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(_PUT_BACKOFF_S[min(attempt, len(_PUT_BACKOFF_S) - 1)])
+
+    def _complete_in_order(self) -> None:
+        while self._inflight and self._inflight[0].done:
+            flush = self._inflight.popleft()
+            self.completed_seq = flush.seq
+            try:
+                self._on_complete(flush)
+            except Exception:
+                log.exception("completing WAL flush %s failed", flush.key)
+            flush.blob = b""  # the cache keeps views of what it needs
+        self._start_flushes()
+        self._check_idle()
+
+    # ---------------------------------------------------------------- shutdown
+    def abandon(self, error: BaseException) -> list[PendingAppend]:
+        """Stop at once: cancel PUTs, return every append not completed (the caller fails
+        them). Used by stop() after draining and by crash simulation."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in self._tasks:
+            task.cancel()
+        left = list(self._pending)
+        for flush in self._inflight:
+            left.extend(flush.appends)
+        self._pending, self._pending_bytes = [], 0
+        self._inflight.clear()
+        self._idle.set()
+        return left
