@@ -120,7 +120,9 @@ class Broker:
                 self.own_controller = Controller(
                     ObjectStoreMetadataStore(self._store),
                     ControllerSettings(
-                        offsets_topic_partitions=s.offsets_topic_partitions, auto_rebalance=False
+                        offsets_topic_partitions=s.offsets_topic_partitions,
+                        auto_rebalance=False,
+                        embedded=True,
                     ),
                 )
                 await self.own_controller.start()

@@ -70,7 +70,7 @@ class PartitionManager:
         self._engine = engine
         self._broker_id = broker_id
         self._wishes: dict[TopicPartition, Wish] = {}
-        self._known_topics: dict[str, str] = {}  # name -> topic id of the last snapshot
+        self._known_topics: dict[str, int] = {}  # name -> partition count, last snapshot
         self._workers: dict[TopicPartition, asyncio.Task[None]] = {}
         self._kick: dict[TopicPartition, asyncio.Event] = {}
         self._hooks: list[PartitionHook] = []
@@ -106,7 +106,7 @@ class PartitionManager:
         plog = self._engine.get(tp)
         wish = self._wishes.get(tp)
         if wish is None:
-            if tp.topic in self._known_topics:
+            if 0 <= tp.partition < self._known_topics.get(tp.topic, 0):
                 raise NotLeader(f"{tp} is led by another broker")
             raise UnknownPartition(f"{tp} does not exist")
         if plog is None or plog.leader_epoch != wish.epoch:
@@ -144,7 +144,7 @@ class PartitionManager:
                     wishes[TopicPartition(topic.name, index)] = Wish(
                         topic.topic_id, part.leader_epoch, config
                     )
-        self._known_topics = {t.name: t.topic_id for t in meta.topics.values()}
+        self._known_topics = {t.name: len(t.partitions) for t in meta.topics.values()}
         touched = set(wishes) | set(self._wishes) | set(self._engine.partitions())
         self._wishes = wishes
         for tp in touched:

@@ -49,7 +49,11 @@ class BrokerSettings:
         default=100 * 1024 * 1024, metadata={"help": "largest request accepted"}
     )
     auto_create_topics: bool = field(
-        default=True, metadata={"help": "create unknown topics on Metadata requests"}
+        default=False,
+        metadata={
+            "help": "create unknown topics on Metadata requests (Kafka's "
+            "auto.create.topics.enable; off: topics are created explicitly or as resources)"
+        },
     )
     default_partitions: int = field(default=1, metadata={"help": "num.partitions"})
     offsets_topic_partitions: int = field(

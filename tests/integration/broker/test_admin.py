@@ -127,13 +127,14 @@ def test_groups_are_listed_described_and_deleted(local_broker: BrokerProcess) ->
     consume_all(local_broker.bootstrap, topic, 10, group="described")
     admin = KafkaAdminClient(bootstrap_servers=local_broker.bootstrap)
     try:
-        groups = {g[0] for g in admin.list_consumer_groups()}
-        assert "described" in groups
-        (desc,) = admin.describe_consumer_groups(["described"])
-        assert desc.state == "Empty"
-        offsets = admin.list_consumer_group_offsets("described")
+        groups = {g["group_id"]: g for g in admin.list_groups()}
+        assert groups["described"]["group_state"] == "Empty"
+        assert groups["described"]["protocol_type"] == "consumer"
+        desc = admin.describe_groups(["described"])["described"]
+        assert desc["group_state"] == "Empty" and desc["error"] is None
+        offsets = admin.list_group_offsets({"described": None})["described"]
         assert sum(o.offset for o in offsets.values()) == 10
-        admin.delete_consumer_groups(["described"])
-        assert "described" not in {g[0] for g in admin.list_consumer_groups()}
+        assert admin.delete_groups(["described"]) == {"described": "OK"}
+        assert "described" not in {g["group_id"] for g in admin.list_groups()}
     finally:
         admin.close()

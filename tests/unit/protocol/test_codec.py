@@ -51,10 +51,9 @@ def test_garbage_is_malformed(frame: bytes) -> None:
         decode_request(frame, SUPPORTED)
 
 
-def test_trailing_bytes_are_malformed() -> None:
+def test_trailing_bytes_are_ignored_like_kafka_does() -> None:
     frame = encode_request(18, 0, 5, {})[4:] + b"junk"
-    with pytest.raises(MalformedRequest, match="trailing"):
-        decode_request(frame, SUPPORTED)
+    assert decode_request(frame, SUPPORTED).correlation_id == 5
 
 
 def test_response_built_from_dicts_for_old_and_new_versions() -> None:

@@ -106,6 +106,9 @@ class ControllerSettings:
     clock_margin_s: float = 0.5
     election_timeout_s: float = 10.0  # a source that has not closed by then is fenced
     auto_rebalance: bool = True  # fair share to joining brokers
+    # the controller shares its process with its only broker: a broker's new incarnation means
+    # the old one is gone with the old process, so its partitions need not wait for a lease
+    embedded: bool = False
     offsets_topic_partitions: int = 16
     tick_s: float = 0.05
 
@@ -261,7 +264,11 @@ class Controller:
         self._channels[info.broker_id] = channel
         previous = self._liveness.get(info.broker_id)
         not_before = now
-        if previous is not None and previous.incarnation != info.incarnation:
+        if (
+            previous is not None
+            and previous.incarnation != info.incarnation
+            and not self.settings.embedded
+        ):
             not_before = previous.last_grant + self.settings.lease_s + self.settings.clock_margin_s
         self._liveness[info.broker_id] = BrokerLiveness(info.incarnation, now, now)
         joined = False

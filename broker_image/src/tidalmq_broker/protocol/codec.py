@@ -79,10 +79,10 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
         body, used = body_reader(frame, offset)
     except (DecodeError, ValueError, TypeError, IndexError, OverflowError, UnicodeError) as exc:
         raise MalformedRequest(f"api {api_key} v{api_version}: {exc}") from exc
-    if offset + used != len(frame):
-        raise MalformedRequest(
-            f"api {api_key} v{api_version}: {len(frame) - offset - used} trailing bytes"
-        )
+    if offset + used > len(frame):
+        raise MalformedRequest(f"api {api_key} v{api_version}: frame shorter than its fields")
+    # Bytes after the last field are ignored, as Apache Kafka's parser does: some clients
+    # (librdkafka's Metadata v12 when listing all topics) send a few.
     return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame))
 
 

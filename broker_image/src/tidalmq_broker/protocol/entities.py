@@ -40,6 +40,7 @@ class _FieldPlan:
     target: Any  # nested entity class for ENTITY/ENTITY_TUPLE
     has_default: bool
     default: Any
+    null_value: Any = None  # what None becomes in a field that is not nullable
 
 
 def build(cls: type, data: Mapping[str, Any] | Any) -> Any:
@@ -61,7 +62,9 @@ def build(cls: type, data: Mapping[str, Any] | Any) -> Any:
 
 def _convert(plan: _FieldPlan, value: Any) -> Any:
     if value is None:
-        return None
+        # Versions that predate a field's nullability (e.g. JoinGroup's protocol name before
+        # v7) encode "no value" as empty.
+        return plan.null_value
     kind = plan.kind
     if kind == _Kind.PLAIN:
         return value
@@ -91,14 +94,32 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
     hints = typing.get_type_hints(cls)
     plans = []
     for f in dataclasses.fields(cls):
-        kind, target = _classify(hints[f.name])
+        hint = hints[f.name]
+        kind, target = _classify(hint)
+        null_value = None if _nullable(hint) else _empty_of(hint)
         if f.default is not _MISSING:
-            plans.append(_FieldPlan(f.name, kind, target, True, f.default))
+            plans.append(_FieldPlan(f.name, kind, target, True, f.default, null_value))
         elif f.default_factory is not _MISSING:
-            plans.append(_FieldPlan(f.name, kind, target, True, None))
+            plans.append(_FieldPlan(f.name, kind, target, True, None, null_value))
         else:
-            plans.append(_FieldPlan(f.name, kind, target, False, None))
+            plans.append(_FieldPlan(f.name, kind, target, False, None, null_value))
     return tuple(plans)
+
+
+def _nullable(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _empty_of(tp: Any) -> Any:
+    if typing.get_origin(tp) is tuple:
+        return ()
+    if isinstance(tp, type):
+        if issubclass(tp, str):
+            return ""
+        if issubclass(tp, bytes):
+            return b""
+    return None
 
 
 def _classify(tp: Any) -> tuple[int, Any]:

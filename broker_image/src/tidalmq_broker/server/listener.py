@@ -182,7 +182,10 @@ class KafkaListener:
                 log.warning("closing connection from %s: %s", conn.peer, exc)
                 return
             except MalformedRequest as exc:
-                log.warning("closing connection from %s: malformed request: %s", conn.peer, exc)
+                log.warning(
+                    "closing connection from %s: malformed request: %s (first bytes %s)",
+                    conn.peer, exc, frame[:96].hex(),
+                )  # fmt: skip
                 return
             conn.client_id = request.client_id
             conn.requests += 1
