@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 
 def builtin_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    return [_register_broker, _register_local]
+    from tidalmq_broker import reassign_cli
+
+    return [_register_broker, _register_local, reassign_cli.register]
 
 
 def _register_broker(sub: argparse._SubParsersAction) -> None:
@@ -53,24 +55,45 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
         "up",
         help="start a local cluster in the foreground (Ctrl-C stops it cleanly)",
         description="Start the controller, the brokers and a local object store; print the "
-        "bootstrap address and stay in the foreground until Ctrl-C.",
+        "bootstrap address and a live table of brokers; stay in the foreground until Ctrl-C.",
     )
-    up.add_argument("--port", type=int, default=9092, help="Kafka port of the first broker")
+    up.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    up.add_argument("--port", type=int, default=9092, help="Kafka port of broker 0 (N: +N)")
+    up.add_argument("--controller-port", type=int, default=9690, help="controller HTTP port")
     up.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
-    up.add_argument(
-        "--data-dir", default=".tidalmq/local", help="where the local object store keeps data"
-    )
-    up.add_argument(
-        "--storage-url", default="", help="use this object store instead (s3://bucket?...)"
-    )
+    up.add_argument("--storage-url", default="", help="object store (default: DATA_DIR/objects)")
     up.add_argument("--fresh", action="store_true", help="delete existing data first")
+    _data_dir(up)
     up.set_defaults(handler=_run_local_up)
+    for name, help_text in [
+        ("add-broker", "start one more broker; partitions rebalance onto it"),
+        ("remove-broker", "drain a broker (its partitions move), then stop it"),
+        ("kill-broker", "SIGKILL a broker, as a crash; the controller fails it over"),
+        ("status", "print the brokers and their partition counts"),
+    ]:
+        cmd = local_sub.add_parser(name, help=help_text, description=help_text)
+        if name in ("remove-broker", "kill-broker"):
+            cmd.add_argument("broker_id", type=int, metavar="N")
+        _data_dir(cmd)
+        cmd.set_defaults(handler=_run_local_command)
+
+
+def _data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir", default=".tidalmq/local", help="local cluster state and data directory"
+    )
 
 
 def _run_local_up(args: argparse.Namespace) -> int:
     from tidalmq_broker.local.cluster import run_local_cluster
 
     return run_local_cluster(args)
+
+
+def _run_local_command(args: argparse.Namespace) -> int:
+    from tidalmq_broker.local.cluster import local_command
+
+    return local_command(args)
 
 
 async def wait_for_signal() -> None:
