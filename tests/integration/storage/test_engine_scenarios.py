@@ -161,7 +161,7 @@ async def test_unclean_stop_recovers_every_acknowledged_append_and_producer_stat
     log2 = await engine2.open_partition(TP, TOPIC_ID, 2, CFG)
     assert log2.high_watermark == last.last_offset + 1 == 60
     got = await read_all(log2)
-    assert [(b, l) for b, l, _ in got] == [(r.base_offset, r.last_offset) for r in acked]
+    assert [(b, last) for b, last, _ in got] == [(r.base_offset, r.last_offset) for r in acked]
     # the producer retries its last batch: recognised, original offsets, nothing written
     retry = await log2.append(batch(2, producer_id=pid, producer_epoch=epoch, base_sequence=58))
     assert retry.duplicate and (retry.base_offset, retry.last_offset) == (58, 59)
@@ -337,7 +337,7 @@ async def test_cold_reads_use_ranged_gets_with_read_ahead(cluster: Cluster) -> N
     offset = 0
     while offset < log.high_watermark:
         result = await log.read(offset, 2000)  # a small fetch size: about one batch per read
-        for base, last, tail in batches_of(result.records):
+        for _base, last, tail in batches_of(result.records):
             got.append(tail)
             offset = last + 1
     assert [t[4:] for t in got] == [payload(b)[4:] for b in sent]

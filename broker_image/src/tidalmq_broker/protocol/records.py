@@ -217,7 +217,9 @@ def build_batch(
     return struct.pack(">qiibI", base_offset, batch_length, -1, MAGIC_V2, crc) + after_crc
 
 
-def iter_records(batch: bytes | memoryview, header: BatchHeader) -> Iterator[tuple[int, bytes | None, bytes | None]]:
+def iter_records(
+    batch: bytes | memoryview, header: BatchHeader
+) -> Iterator[tuple[int, bytes | None, bytes | None]]:
     """Decode (offset, key, value) of an uncompressed batch (internal records only)."""
     if header.compression:
         raise InvalidRecordBatch("internal batches are never compressed")
