@@ -59,7 +59,7 @@ async def test_flushes_after_the_interval_not_before(tmp_path: Path) -> None:
 
 
 async def test_flushes_at_once_when_enough_bytes_are_pending(tmp_path: Path) -> None:
-    writer, store, done = await make(tmp_path, flush_interval_ms=10_000, flush_bytes=1000)
+    writer, store, _done = await make(tmp_path, flush_interval_ms=10_000, flush_bytes=1000)
     p = FakePartition(0)
     a = append(p, 600, 0)
     writer.enqueue(a)
