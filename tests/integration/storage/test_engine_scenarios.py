@@ -361,3 +361,99 @@ async def test_offset_for_timestamp_and_long_poll(cluster: Cluster) -> None:
     assert not waiter.done()
     await log.append(batch(1))
     await asyncio.wait_for(waiter, 5)
+
+
+async def test_bad_batches_get_the_right_errors(cluster: Cluster) -> None:
+    from tidalmq_broker.storage.api import (
+        CorruptRecord,
+        InvalidProducerEpoch,
+        InvalidRecord,
+        OutOfOrderSequence,
+        RecordTooLarge,
+        UnknownProducerId,
+        UnsupportedMessageFormat,
+    )
+
+    engine = await cluster.engine(1)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, PartitionConfig(max_message_bytes=2000))
+    good = bytearray(batch(1))
+    corrupt = bytearray(good)
+    corrupt[-1] ^= 0xFF
+    with pytest.raises(CorruptRecord):
+        await log.append(bytes(corrupt))
+    with pytest.raises(CorruptRecord):
+        await log.append(bytes(good[:-3]))
+    old_magic = bytearray(good)
+    old_magic[16] = 1
+    with pytest.raises(UnsupportedMessageFormat):
+        await log.append(bytes(old_magic))
+    with pytest.raises(RecordTooLarge):
+        await log.append(batch(1, value_size=3000))
+    from tidalmq_broker.protocol.records import TRANSACTIONAL_FLAG, build_batch
+
+    txn = build_batch([(b"k", b"v")], producer_id=1, producer_epoch=0, base_sequence=0,
+                      attributes=TRANSACTIONAL_FLAG)  # fmt: skip
+    with pytest.raises(InvalidRecord):
+        await log.append(txn)
+    with pytest.raises(UnknownProducerId):
+        await log.append(batch(1, producer_id=9, producer_epoch=0, base_sequence=5))
+    await log.append(batch(2, producer_id=9, producer_epoch=1, base_sequence=0))
+    with pytest.raises(OutOfOrderSequence):
+        await log.append(batch(1, producer_id=9, producer_epoch=1, base_sequence=3))
+    with pytest.raises(InvalidProducerEpoch):
+        await log.append(batch(1, producer_id=9, producer_epoch=0, base_sequence=2))
+    assert log.high_watermark == 2  # nothing of the refused batches was written
+    assert (
+        await log.append(batch(1, producer_id=9, producer_epoch=1, base_sequence=2))
+    ).base_offset == 2
+
+
+async def test_log_append_time_topics_stamp_batches(cluster: Cluster) -> None:
+    from tidalmq_broker.protocol.records import TIMESTAMP_TYPE_MASK, iter_headers
+
+    engine = await cluster.engine(1)
+    log = await engine.open_partition(
+        TP, TOPIC_ID, 1, PartitionConfig(message_timestamp_type="LogAppendTime")
+    )
+    before = int(time.time() * 1000)
+    result = await log.append(batch(2, timestamp_ms=5))
+    assert result.log_append_time_ms >= before
+    (h,) = list(iter_headers((await log.read(0, 10_000)).records, verify_crc=True))
+    assert h.attributes & TIMESTAMP_TYPE_MASK and h.max_timestamp == result.log_append_time_ms
+
+
+async def test_stop_flushes_in_flight_appends_and_fails_late_ones(cluster: Cluster) -> None:
+    engine = await cluster.engine(1, flush_interval_ms=300)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, CFG)
+    await log.append(batch(1))  # the next flush may start only 300 ms after this one
+    pending = [asyncio.create_task(log.append(batch(1))) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    await engine.stop()  # drains: flushes what is pending, then closes cleanly
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    assert [r.base_offset for r in results] == [1, 2, 3, 4, 5]  # type: ignore[union-attr]
+    from tidalmq_broker.storage.api import PartitionClosing
+
+    with pytest.raises(PartitionClosing):
+        await log.append(batch(1))
+    engine2 = await cluster.engine(2)
+    log2 = await engine2.open_partition(TP, TOPIC_ID, 2, CFG)
+    assert log2.high_watermark == 6
+
+
+async def test_metrics_are_exported_per_broker(cluster: Cluster) -> None:
+    from prometheus_client import REGISTRY
+
+    engine = await cluster.engine(71)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, CFG)
+    await log.append(batch(1))
+    await log.read(0, 1000)
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, {"broker": "71", **labels}) or 0.0
+
+    assert value("tidalmq_storage_wal_flushes_total", outcome="ok") >= 1
+    assert value("tidalmq_storage_object_requests_total", op="put", outcome="ok") >= 2
+    assert value("tidalmq_storage_cache_hit_bytes_total") > 0
+    assert value("tidalmq_storage_partition_opens_total", kind="new") >= 1
+    assert value("tidalmq_storage_open_partitions") == 1
+    assert value("tidalmq_storage_wal_flush_seconds_count") >= 1

@@ -113,6 +113,7 @@ class Partition:
         self._wal_since: float | None = time.monotonic() if self._index.wal_ranges() else None
         self._readahead: tuple[str, int, bytes] | None = None
         self._recovery_task: asyncio.Task[None] | None = None
+        self._closing = False
 
     # ---------------------------------------------------------------- PartitionLog properties
     @property
@@ -383,8 +384,8 @@ class Partition:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
             if self._state is State.RECOVERING:
-                log.info("%s: rolled back to offset %d, taking appends again", self._tp, self._hwm)
-                self._state = State.OPEN
+                log.info("%s: rolled back to offset %d", self._tp, self._hwm)
+                self._state = State.CLOSING if self._closing else State.OPEN
                 self._failure = None
         except PartitionFenced:
             pass  # commit_checkpoint already handed the partition back
@@ -595,6 +596,7 @@ class Partition:
         """Seed 000 steps 3-4: stop appending, drain, force the flush, clean checkpoint."""
         if self._state in (State.CLOSED, State.FENCED):
             return
+        self._closing = True
         if self._state is State.OPEN:
             self._state = State.CLOSING
         self._notify()
@@ -633,14 +635,16 @@ class Partition:
     def fence(self) -> None:
         """Another owner took over: fail everything pending and stop."""
         self._state = State.FENCED
+        self._failure = PartitionFenced(f"{self._tp} was taken over by another owner")
         removed = self._engine.writer.remove_pending(self)
-        self.fail_appends(removed, PartitionFenced(f"{self._tp} was taken over by another owner"))
+        self.fail_appends(removed, self._failure)
         self._cache.clear()
         self._readahead = None
         self._notify()
 
     def abandon(self) -> None:
         self._state = State.CLOSED
+        self._failure = PartitionClosing(f"{self._tp} was abandoned")
         self._cache.clear()
         self._notify()
 
