@@ -25,12 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.storage_helpers import CountingStore  # noqa: E402
-from tidalmq_broker.protocol.records import build_batch  # noqa: E402
-from tidalmq_broker.storage.api import PartitionConfig, StorageConfig  # noqa: E402
-from tidalmq_broker.storage.engine import ObjectStreamEngine  # noqa: E402
-from tidalmq_broker.storage.objectstore import LocalDirObjectStore, ObjectStore  # noqa: E402
-from tidalmq_core.model import TopicPartition  # noqa: E402
+from tidalmq_broker.protocol.records import build_batch
+from tidalmq_broker.storage.api import PartitionConfig, StorageConfig
+from tidalmq_broker.storage.engine import ObjectStreamEngine
+from tidalmq_broker.storage.objectstore import LocalDirObjectStore
+from tidalmq_core.model import TopicPartition
+
+from tests.support.storage_helpers import CountingStore
 
 
 @dataclasses.dataclass
@@ -49,7 +50,9 @@ class Figures:
 async def run(backend: str, make_store, args: argparse.Namespace) -> Figures:  # type: ignore[no-untyped-def]
     figures = Figures(backend)
     record = os.urandom(args.record_size)
-    batch = build_batch([(None, record)] * args.records_per_batch, timestamp_ms=int(time.time() * 1000))
+    batch = build_batch(
+        [(None, record)] * args.records_per_batch, timestamp_ms=int(time.time() * 1000)
+    )
     total_bytes = args.mb * 1024 * 1024
     n_batches = max(1, total_bytes // len(batch))
     config = StorageConfig(
@@ -78,7 +81,9 @@ async def run(backend: str, make_store, args: argparse.Namespace) -> Figures:  #
 
     puts_before = store.wal_puts()
     started = time.perf_counter()
-    await asyncio.gather(*(producer(log) for log in logs for _ in range(args.inflight_per_partition)))
+    await asyncio.gather(
+        *(producer(log) for log in logs for _ in range(args.inflight_per_partition))
+    )
     elapsed = time.perf_counter() - started
     written = len(latencies) * len(batch)
     figures.produce_mb_s = written / elapsed / 1e6
@@ -127,7 +132,9 @@ async def run(backend: str, make_store, args: argparse.Namespace) -> Figures:  #
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--backend", choices=["localdir", "s3", "both"], default="both")
     parser.add_argument("--mb", type=int, default=512, help="megabytes to produce per backend")
     parser.add_argument("--partitions", type=int, default=16)
@@ -138,7 +145,12 @@ def main() -> None:
     parser.add_argument("--flush-bytes", type=int, default=4 << 20)
     parser.add_argument("--max-inflight", type=int, default=4)
     parser.add_argument("--fetch-bytes", type=int, default=1 << 20)
-    parser.add_argument("--s3", choices=["minio", "moto"], default=None, help="S3 server (default: as the tests choose)")
+    parser.add_argument(
+        "--s3",
+        choices=["minio", "moto"],
+        default=None,
+        help="S3 server (default: as the tests choose)",
+    )
     args = parser.parse_args()
 
     results: list[Figures] = []
@@ -154,7 +166,9 @@ def main() -> None:
         server = start_s3_server(args.s3)
         try:
             prefix = server.unique_prefix("bench")
-            results.append(asyncio.run(run(f"s3 ({server.kind})", lambda: server.make_store(prefix), args)))
+            results.append(
+                asyncio.run(run(f"s3 ({server.kind})", lambda: server.make_store(prefix), args))
+            )
         finally:
             server.stop()
 
