@@ -75,6 +75,7 @@ class ObjectStreamEngine:
         self.broker_label = str(broker_id)
         self.incarnation = incarnation or keys.new_incarnation()
         self.raw_store = store
+        self.m = metrics.BrokerMetrics(self.broker_label)
         self.store: ObjectStore = MeteredObjectStore(store, self.broker_label)
         self.checkpoints = CheckpointStore(self.store)
         self.cache = TailCache(self.config.cache_bytes)

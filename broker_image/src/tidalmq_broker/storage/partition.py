@@ -268,7 +268,7 @@ class Partition:
         self._inflight += 1
         self._drained.clear()
         self._engine.writer.enqueue(pending)
-        metrics.APPEND_BYTES.labels(self._engine.broker_label).inc(len(buf))
+        self._engine.m.append_bytes.inc(len(buf))
         result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
         if future is not None:
             await future
@@ -413,7 +413,7 @@ class Partition:
         if views is not None:
             first = _slice_batches(views[0], offset, max_bytes)
             data = bytes(first) if len(views) == 1 else b"".join([first, *views[1:]])
-            metrics.CACHE_HIT_BYTES.labels(self._engine.broker_label).inc(len(data))
+            self._engine.m.cache_hit_bytes.inc(len(data))
             return ReadResult(data, hwm, lso)
         data = await self._read_cold(offset, max_bytes)
         return ReadResult(data, hwm, self._log_start)
@@ -425,7 +425,7 @@ class Partition:
                 if offset < self._log_start:
                     raise OffsetOutOfRange(f"{self._tp}: offset {offset} was deleted")
                 raise StorageError(f"{self._tp}: offset {offset} is not indexed")
-            entries = self._index.entries[i : i + 64]
+            entries = self._index.slice(i, i + 64)
             first = entries[0]
             # the byte-contiguous run of entries in the same object, up to what we want to read
             want = max(max_bytes, self._engine.config.read_ahead_bytes)
@@ -449,9 +449,7 @@ class Partition:
                 and need_end <= ra[1] + len(ra[2])
             ):
                 blob_start, blob = ra[1], ra[2]
-                metrics.CACHE_HIT_BYTES.labels(self._engine.broker_label).inc(
-                    need_end - first.position
-                )
+                self._engine.m.cache_hit_bytes.inc(need_end - first.position)
             else:
                 try:
                     blob = await self._engine.store.get(
@@ -460,7 +458,7 @@ class Partition:
                 except ObjectNotFound:
                     continue  # retention or compaction replaced the object meanwhile; look again
                 blob_start = first.position
-                metrics.CACHE_MISS_BYTES.labels(self._engine.broker_label).inc(len(blob))
+                self._engine.m.cache_miss_bytes.inc(len(blob))
                 self._readahead = (first.key, blob_start, blob)
             view = memoryview(blob)[first.position - blob_start : need_end - blob_start]
             return bytes(_slice_batches(view, offset, max_bytes))
@@ -474,7 +472,7 @@ class Partition:
         if cached is not None:
             return memoryview(b"".join(cached)) if len(cached) > 1 else cached[0]
         data = await self._engine.store.get(entry.key, entry.position, entry.end_position)
-        metrics.CACHE_MISS_BYTES.labels(self._engine.broker_label).inc(len(data))
+        self._engine.m.cache_miss_bytes.inc(len(data))
         return memoryview(data)
 
     async def wait_for_data(self, offset: int, timeout_s: float) -> None:
