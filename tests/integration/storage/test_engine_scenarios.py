@@ -508,3 +508,15 @@ async def test_producer_state_survives_a_clean_move(cluster: Cluster) -> None:
     assert (
         await log2.append(batch(1, producer_id=77, producer_epoch=0, base_sequence=5))
     ).base_offset == 5
+
+
+async def test_trickle_traffic_does_not_pile_up_tiny_segments(cluster: Cluster) -> None:
+    engine = await cluster.engine(1)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, CFG)
+    for _ in range(6):
+        await log.append(batch(1))
+        await engine.compact_partition(log, force=True)
+    await asyncio.sleep(0.1)
+    assert log.stats().segments == 1
+    assert await count_objects(cluster, "partitions/") == 2  # checkpoint + one segment
+    assert [b for b, _, _ in await read_all(log)] == list(range(6))

@@ -34,9 +34,20 @@ def test_should_compact_by_count_bytes_or_age() -> None:
 
 
 def test_plan_cuts_runs_into_segments_of_bounded_size() -> None:
-    entries = [seg(0, 9, "a", 0, 100, 0), *[wal(10 + i, 10 + i, i) for i in range(5)]]
+    entries = [seg(0, 9, "a", 0, 130, 0), *[wal(10 + i, 10 + i, i) for i in range(5)]]
     plans = plan_segments(entries, 250)
     assert [[e.base_offset for e in p] for p in plans] == [[10, 11], [12, 13], [14]]
+
+
+def test_plan_rewrites_a_small_last_segment_with_the_wal_run_after_it() -> None:
+    entries = [
+        seg(0, 4, "big", 0, 200, 0),
+        seg(5, 6, "small", 0, 50, 0),
+        seg(7, 9, "small", 50, 50, 0),
+        *[wal(10 + i, 10 + i, i) for i in range(3)],
+    ]
+    plans = plan_segments(entries, 250)
+    assert [[e.base_offset for e in p] for p in plans] == [[5, 7, 10], [11, 12]]
 
 
 def test_segment_entries_are_granules_laid_back_to_back() -> None:
@@ -76,3 +87,9 @@ def test_retention_by_bytes_keeps_at_least_the_limit() -> None:
     entries = [seg(i * 10, i * 10 + 9, f"s{i}", 0, 100, ts=10**12) for i in range(5)]
     assert retention_log_start(entries, now_ms=0, retention_ms=-1, retention_bytes=250) == 20
     assert retention_log_start(entries, now_ms=0, retention_ms=-1, retention_bytes=500) is None
+
+
+def test_plan_does_not_merge_a_segment_whose_data_retention_will_soon_want() -> None:
+    entries = [seg(0, 4, "small", 0, 50, ts=1000), wal(5, 5, 1, ts=9000)]
+    assert len(plan_segments(entries, 250, now_ms=9000, merge_max_age_ms=10_000)[0]) == 2
+    assert len(plan_segments(entries, 250, now_ms=9000, merge_max_age_ms=5_000)[0]) == 1

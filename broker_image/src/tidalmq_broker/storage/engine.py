@@ -416,7 +416,14 @@ class ObjectStreamEngine:
         if not should_compact(entries, p.wal_age_s(), policy):
             return 0
         written = 0
-        for sources in plan_segments(entries, policy.segment_bytes):
+        retention_ms = p.config.retention_ms
+        plans = plan_segments(
+            entries,
+            policy.segment_bytes,
+            now_ms=int(time.time() * 1000),
+            merge_max_age_ms=retention_ms // 2 if retention_ms >= 0 else -1,
+        )
+        for sources in plans:
             parts = [await p.read_entry(e) for e in sources]
             blob = b"".join(parts)
             key = keys.segment_key(p.tp, p.topic_id, sources[0].base_offset)
@@ -433,6 +440,9 @@ class ObjectStreamEngine:
                 metrics.COMPACTIONS.labels(self.broker_label, "raced").inc()
                 continue
             written += 1
+            replaced = {e.key for e in sources if not e.in_wal} - p.index.keys()
+            if replaced:  # a small segment merged into the new one
+                await self.delete_objects(sorted(replaced), "segment", "compaction")
             metrics.COMPACTIONS.labels(self.broker_label, "ok").inc()
             metrics.COMPACTED_BYTES.labels(self.broker_label).inc(len(blob))
         return written
