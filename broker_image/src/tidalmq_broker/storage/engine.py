@@ -44,6 +44,7 @@ from tidalmq_broker.storage.compaction import (
     should_compact,
 )
 from tidalmq_broker.storage.garbage import OwnWalTracker, segment_garbage, wal_garbage
+from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.objectstore.metered import MeteredObjectStore
 from tidalmq_broker.storage.partition import Partition, State
@@ -423,8 +424,14 @@ class ObjectStreamEngine:
             now_ms=int(time.time() * 1000),
             merge_max_age_ms=retention_ms // 2 if retention_ms >= 0 else -1,
         )
+        reads = asyncio.Semaphore(8)
+
+        async def read(entry: IndexEntry) -> memoryview:
+            async with reads:
+                return await p.read_entry(entry)
+
         for sources in plans:
-            parts = [await p.read_entry(e) for e in sources]
+            parts = await asyncio.gather(*(read(e) for e in sources))
             blob = b"".join(parts)
             key = keys.segment_key(p.tp, p.topic_id, sources[0].base_offset)
             await self.store.put(key, blob, if_none_match=True)

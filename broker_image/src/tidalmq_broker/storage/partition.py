@@ -375,15 +375,21 @@ class Partition:
             self._next_offset = self._hwm
             self._producers = self._durable_producers.copy()
             delay = 0.1
+            committed = False
             while self._state is State.RECOVERING:
                 try:
                     await self.commit_checkpoint(force=True)
+                    committed = True
                     break
                 except ObjectStoreUnavailable as exc:
+                    if self._closing:
+                        # close() tries once more and otherwise leaves it to the next owner's
+                        # recovery: nothing after the high watermark was acknowledged
+                        break
                     log.warning("%s: rollback checkpoint failed, retrying: %s", self._tp, exc)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
-            if self._state is State.RECOVERING:
+            if committed and self._state is State.RECOVERING:
                 log.info("%s: rolled back to offset %d", self._tp, self._hwm)
                 self._state = State.CLOSING if self._closing else State.OPEN
                 self._failure = None
