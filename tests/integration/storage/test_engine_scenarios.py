@@ -289,6 +289,9 @@ async def test_delete_records_and_delete_partition(cluster: Cluster) -> None:
     with pytest.raises(OffsetOutOfRange):
         await log.read(3, 1000)
     assert batches_of((await log.read(4, 1000)).records)[0][0] == 4
+    with pytest.raises(OffsetOutOfRange):
+        await log.delete_records_before(11)
+    assert await log.delete_records_before(4) == 4  # not backwards, no error
     await engine.delete_partition(TP, TOPIC_ID)
     assert engine.get(TP) is None
     assert await count_objects(cluster, "partitions/") == 0

@@ -586,7 +586,9 @@ class Partition:
             return sorted(k for k in gone & before if not k.startswith("wal/"))
 
     async def delete_records_before(self, offset: int) -> int:
-        if offset > self._hwm:
+        if offset == -1:  # DeleteRecords' "up to the high watermark"
+            offset = self._hwm
+        if offset < 0 or offset > self._hwm:
             raise OffsetOutOfRange(
                 f"{self._tp}: cannot delete before {offset}, high watermark is {self._hwm}"
             )
