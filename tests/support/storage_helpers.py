@@ -37,7 +37,9 @@ class CountingStore(ObjectStore):
         self.ops["get"] += 1
         if start is not None or end is not None:
             self.ops["ranged_get"] += 1
-        return await self.inner.get(key, start, end)
+        data = await self.inner.get(key, start, end)
+        self.ops["bytes_read"] += len(data)
+        return data
 
     async def get_with_etag(self, key: str) -> tuple[bytes, str]:
         self.ops["get"] += 1

@@ -328,7 +328,9 @@ async def test_garbage_collection_keeps_an_idle_store_bounded(cluster: Cluster) 
 
 
 async def test_cold_reads_use_ranged_gets_with_read_ahead(cluster: Cluster) -> None:
-    engine = await cluster.engine(1, cache_bytes=0, read_ahead_bytes=64 * 1024)
+    engine = await cluster.engine(
+        1, cache_bytes=0, read_ahead_bytes=64 * 1024, index_granule_bytes=16 * 1024
+    )
     log = await engine.open_partition(TP, TOPIC_ID, 1, CFG)
     sent = [batch(1, value_size=1000, tag=b"cold%d" % i) for i in range(100)]
     for b in sent:
@@ -346,6 +348,11 @@ async def test_cold_reads_use_ranged_gets_with_read_ahead(cluster: Cluster) -> N
     assert [t[4:] for t in got] == [payload(b)[4:] for b in sent]
     # 100 KB read through ~64 KiB read-ahead windows: a handful of ranged GETs, not 100
     assert 1 <= store.ops["ranged_get"] <= 4, store.ops
+    # a random read fetches only the index granule (here 16 KiB) holding what it needs
+    store.reset()
+    result = await log.read(3, 2000)
+    assert batches_of(result.records)[0][0] == 3
+    assert store.ops["ranged_get"] == 1 and store.ops["bytes_read"] <= 16 * 1024, store.ops
 
 
 async def test_offset_for_timestamp_and_long_poll(cluster: Cluster) -> None:

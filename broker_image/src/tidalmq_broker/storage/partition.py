@@ -112,6 +112,7 @@ class Partition:
         self._committed_position = checkpoint.wal_position
         self._wal_since: float | None = time.monotonic() if self._index.wal_ranges() else None
         self._readahead: tuple[str, int, bytes] | None = None
+        self._cold_next = -1  # where the last cold read ended (sequential readers get read-ahead)
         self._recovery_task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -434,7 +435,10 @@ class Partition:
             entries = self._index.slice(i, i + 64)
             first = entries[0]
             # the byte-contiguous run of entries in the same object, up to what we want to read
-            want = max(max_bytes, self._engine.config.read_ahead_bytes)
+            # a reader continuing where its last cold read ended gets read-ahead; a random
+            # read fetches only what it needs
+            sequential = offset == self._cold_next
+            want = max(max_bytes, self._engine.config.read_ahead_bytes) if sequential else max_bytes
             end = first.end_position
             for e in entries[1:]:
                 if e.key != first.key or e.position != end or end - first.position >= want:
@@ -467,7 +471,12 @@ class Partition:
                 self._engine.m.cache_miss_bytes.inc(len(blob))
                 self._readahead = (first.key, blob_start, blob)
             view = memoryview(blob)[first.position - blob_start : need_end - blob_start]
-            return bytes(_slice_batches(view, offset, max_bytes))
+            out = _slice_batches(view, offset, max_bytes)
+            last = None
+            for last in records.iter_headers(out):  # noqa: B007 - only the last one matters
+                pass
+            self._cold_next = last.last_offset + 1 if last is not None else -1
+            return bytes(out)
         raise ObjectStoreUnavailable(
             f"{self._tp}: objects holding offset {offset} keep disappearing"
         )
