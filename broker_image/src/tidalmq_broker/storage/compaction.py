@@ -39,17 +39,43 @@ def should_compact(
     )
 
 
-def plan_segments(entries: list[IndexEntry], segment_bytes: int) -> list[list[IndexEntry]]:
-    """Groups of consecutive WAL entries, each group one new segment."""
+def plan_segments(
+    entries: list[IndexEntry],
+    segment_bytes: int,
+    *,
+    now_ms: int = 0,
+    merge_max_age_ms: int = -1,
+) -> list[list[IndexEntry]]:
+    """Groups of consecutive entries, each group one new segment: every WAL entry, cut at
+    `segment_bytes`. A segment smaller than half of `segment_bytes` directly before a WAL run
+    is rewritten together with it, so a partition with little traffic does not collect one tiny
+    segment per compaction (its object count and checkpoint stay bounded) - unless its oldest
+    batch is older than `merge_max_age_ms` (>= 0), so merging never keeps data from retention
+    for long (the engine passes half of retention.ms)."""
     plans: list[list[IndexEntry]] = []
     current: list[IndexEntry] = []
     size = 0
+    segment: list[IndexEntry] = []  # the segment run just before, if any
+    segment_size = 0
     for e in entries:
         if not e.in_wal:
             if current:
                 plans.append(current)
-            current, size = [], 0
+                current, size = [], 0
+            if segment and segment[-1].key != e.key:
+                segment, segment_size = [], 0
+            segment.append(e)
+            segment_size += e.size
             continue
+        if (
+            not current
+            and segment
+            and segment_size < segment_bytes // 2
+            and segment_size + e.size <= segment_bytes
+            and (merge_max_age_ms < 0 or segment[0].max_timestamp >= now_ms - merge_max_age_ms)
+        ):
+            current, size = list(segment), segment_size
+        segment, segment_size = [], 0
         if current and size + e.size > segment_bytes:
             plans.append(current)
             current, size = [], 0

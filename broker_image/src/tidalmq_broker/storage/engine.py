@@ -44,6 +44,7 @@ from tidalmq_broker.storage.compaction import (
     should_compact,
 )
 from tidalmq_broker.storage.garbage import OwnWalTracker, segment_garbage, wal_garbage
+from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.objectstore.metered import MeteredObjectStore
 from tidalmq_broker.storage.partition import Partition, State
@@ -75,6 +76,7 @@ class ObjectStreamEngine:
         self.broker_label = str(broker_id)
         self.incarnation = incarnation or keys.new_incarnation()
         self.raw_store = store
+        self.m = metrics.BrokerMetrics(self.broker_label)
         self.store: ObjectStore = MeteredObjectStore(store, self.broker_label)
         self.checkpoints = CheckpointStore(self.store)
         self.cache = TailCache(self.config.cache_bytes)
@@ -415,8 +417,21 @@ class ObjectStreamEngine:
         if not should_compact(entries, p.wal_age_s(), policy):
             return 0
         written = 0
-        for sources in plan_segments(entries, policy.segment_bytes):
-            parts = [await p.read_entry(e) for e in sources]
+        retention_ms = p.config.retention_ms
+        plans = plan_segments(
+            entries,
+            policy.segment_bytes,
+            now_ms=int(time.time() * 1000),
+            merge_max_age_ms=retention_ms // 2 if retention_ms >= 0 else -1,
+        )
+        reads = asyncio.Semaphore(8)
+
+        async def read(entry: IndexEntry) -> memoryview:
+            async with reads:
+                return await p.read_entry(entry)
+
+        for sources in plans:
+            parts = await asyncio.gather(*(read(e) for e in sources))
             blob = b"".join(parts)
             key = keys.segment_key(p.tp, p.topic_id, sources[0].base_offset)
             await self.store.put(key, blob, if_none_match=True)
@@ -432,6 +447,9 @@ class ObjectStreamEngine:
                 metrics.COMPACTIONS.labels(self.broker_label, "raced").inc()
                 continue
             written += 1
+            replaced = {e.key for e in sources if not e.in_wal} - p.index.keys()
+            if replaced:  # a small segment merged into the new one
+                await self.delete_objects(sorted(replaced), "segment", "compaction")
             metrics.COMPACTIONS.labels(self.broker_label, "ok").inc()
             metrics.COMPACTED_BYTES.labels(self.broker_label).inc(len(blob))
         return written

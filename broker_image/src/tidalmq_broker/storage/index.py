@@ -68,6 +68,9 @@ class OffsetIndex:
     def entries(self) -> list[IndexEntry]:
         return list(self._entries)
 
+    def slice(self, start: int, stop: int) -> list[IndexEntry]:
+        return self._entries[start:stop]
+
     @property
     def size_bytes(self) -> int:
         return self._bytes

@@ -88,3 +88,12 @@ RECOVERIES = Counter(
     "Partition opens by kind (new, clean, unclean)",
     ["broker", "kind"],
 )
+
+
+class BrokerMetrics:
+    """The label children the hot paths use, resolved once per engine (labels() is slow)."""
+
+    def __init__(self, broker: str) -> None:
+        self.append_bytes = APPEND_BYTES.labels(broker)
+        self.cache_hit_bytes = CACHE_HIT_BYTES.labels(broker)
+        self.cache_miss_bytes = CACHE_MISS_BYTES.labels(broker)

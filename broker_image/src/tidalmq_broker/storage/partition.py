@@ -112,7 +112,9 @@ class Partition:
         self._committed_position = checkpoint.wal_position
         self._wal_since: float | None = time.monotonic() if self._index.wal_ranges() else None
         self._readahead: tuple[str, int, bytes] | None = None
+        self._cold_next = -1  # where the last cold read ended (sequential readers get read-ahead)
         self._recovery_task: asyncio.Task[None] | None = None
+        self._closing = False
 
     # ---------------------------------------------------------------- PartitionLog properties
     @property
@@ -267,7 +269,7 @@ class Partition:
         self._inflight += 1
         self._drained.clear()
         self._engine.writer.enqueue(pending)
-        metrics.APPEND_BYTES.labels(self._engine.broker_label).inc(len(buf))
+        self._engine.m.append_bytes.inc(len(buf))
         result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
         if future is not None:
             await future
@@ -374,17 +376,23 @@ class Partition:
             self._next_offset = self._hwm
             self._producers = self._durable_producers.copy()
             delay = 0.1
+            committed = False
             while self._state is State.RECOVERING:
                 try:
                     await self.commit_checkpoint(force=True)
+                    committed = True
                     break
                 except ObjectStoreUnavailable as exc:
+                    if self._closing:
+                        # close() tries once more and otherwise leaves it to the next owner's
+                        # recovery: nothing after the high watermark was acknowledged
+                        break
                     log.warning("%s: rollback checkpoint failed, retrying: %s", self._tp, exc)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
-            if self._state is State.RECOVERING:
-                log.info("%s: rolled back to offset %d, taking appends again", self._tp, self._hwm)
-                self._state = State.OPEN
+            if committed and self._state is State.RECOVERING:
+                log.info("%s: rolled back to offset %d", self._tp, self._hwm)
+                self._state = State.CLOSING if self._closing else State.OPEN
                 self._failure = None
         except PartitionFenced:
             pass  # commit_checkpoint already handed the partition back
@@ -412,7 +420,7 @@ class Partition:
         if views is not None:
             first = _slice_batches(views[0], offset, max_bytes)
             data = bytes(first) if len(views) == 1 else b"".join([first, *views[1:]])
-            metrics.CACHE_HIT_BYTES.labels(self._engine.broker_label).inc(len(data))
+            self._engine.m.cache_hit_bytes.inc(len(data))
             return ReadResult(data, hwm, lso)
         data = await self._read_cold(offset, max_bytes)
         return ReadResult(data, hwm, self._log_start)
@@ -424,10 +432,13 @@ class Partition:
                 if offset < self._log_start:
                     raise OffsetOutOfRange(f"{self._tp}: offset {offset} was deleted")
                 raise StorageError(f"{self._tp}: offset {offset} is not indexed")
-            entries = self._index.entries[i : i + 64]
+            entries = self._index.slice(i, i + 64)
             first = entries[0]
             # the byte-contiguous run of entries in the same object, up to what we want to read
-            want = max(max_bytes, self._engine.config.read_ahead_bytes)
+            # a reader continuing where its last cold read ended gets read-ahead; a random
+            # read fetches only what it needs
+            sequential = offset == self._cold_next
+            want = max(max_bytes, self._engine.config.read_ahead_bytes) if sequential else max_bytes
             end = first.end_position
             for e in entries[1:]:
                 if e.key != first.key or e.position != end or end - first.position >= want:
@@ -448,9 +459,7 @@ class Partition:
                 and need_end <= ra[1] + len(ra[2])
             ):
                 blob_start, blob = ra[1], ra[2]
-                metrics.CACHE_HIT_BYTES.labels(self._engine.broker_label).inc(
-                    need_end - first.position
-                )
+                self._engine.m.cache_hit_bytes.inc(need_end - first.position)
             else:
                 try:
                     blob = await self._engine.store.get(
@@ -459,10 +468,15 @@ class Partition:
                 except ObjectNotFound:
                     continue  # retention or compaction replaced the object meanwhile; look again
                 blob_start = first.position
-                metrics.CACHE_MISS_BYTES.labels(self._engine.broker_label).inc(len(blob))
+                self._engine.m.cache_miss_bytes.inc(len(blob))
                 self._readahead = (first.key, blob_start, blob)
             view = memoryview(blob)[first.position - blob_start : need_end - blob_start]
-            return bytes(_slice_batches(view, offset, max_bytes))
+            out = _slice_batches(view, offset, max_bytes)
+            last = None
+            for last in records.iter_headers(out):  # noqa: B007 - only the last one matters
+                pass
+            self._cold_next = last.last_offset + 1 if last is not None else -1
+            return bytes(out)
         raise ObjectStoreUnavailable(
             f"{self._tp}: objects holding offset {offset} keep disappearing"
         )
@@ -473,7 +487,7 @@ class Partition:
         if cached is not None:
             return memoryview(b"".join(cached)) if len(cached) > 1 else cached[0]
         data = await self._engine.store.get(entry.key, entry.position, entry.end_position)
-        metrics.CACHE_MISS_BYTES.labels(self._engine.broker_label).inc(len(data))
+        self._engine.m.cache_miss_bytes.inc(len(data))
         return memoryview(data)
 
     async def wait_for_data(self, offset: int, timeout_s: float) -> None:
@@ -581,7 +595,9 @@ class Partition:
             return sorted(k for k in gone & before if not k.startswith("wal/"))
 
     async def delete_records_before(self, offset: int) -> int:
-        if offset > self._hwm:
+        if offset == -1:  # DeleteRecords' "up to the high watermark"
+            offset = self._hwm
+        if offset < 0 or offset > self._hwm:
             raise OffsetOutOfRange(
                 f"{self._tp}: cannot delete before {offset}, high watermark is {self._hwm}"
             )
@@ -595,6 +611,7 @@ class Partition:
         """Seed 000 steps 3-4: stop appending, drain, force the flush, clean checkpoint."""
         if self._state in (State.CLOSED, State.FENCED):
             return
+        self._closing = True
         if self._state is State.OPEN:
             self._state = State.CLOSING
         self._notify()
@@ -633,14 +650,16 @@ class Partition:
     def fence(self) -> None:
         """Another owner took over: fail everything pending and stop."""
         self._state = State.FENCED
+        self._failure = PartitionFenced(f"{self._tp} was taken over by another owner")
         removed = self._engine.writer.remove_pending(self)
-        self.fail_appends(removed, PartitionFenced(f"{self._tp} was taken over by another owner"))
+        self.fail_appends(removed, self._failure)
         self._cache.clear()
         self._readahead = None
         self._notify()
 
     def abandon(self) -> None:
         self._state = State.CLOSED
+        self._failure = PartitionClosing(f"{self._tp} was abandoned")
         self._cache.clear()
         self._notify()
 

@@ -16,6 +16,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tidalmq_broker.storage.api import StorageError
+
 MAGIC = b"TMQW"
 VERSION = 1
 _HEADER = struct.Struct(">4sHI")
@@ -26,8 +28,8 @@ ProducerBatch = tuple[int, int, int, int, int, int]
 """(producer id, producer epoch, first sequence, last sequence, base offset, last offset)"""
 
 
-class CorruptWalObject(ValueError):
-    pass
+class CorruptWalObject(StorageError):
+    """Not a WAL object of a format this broker reads."""
 
 
 @dataclass(slots=True)

@@ -1,8 +1,10 @@
 """Gathers the appends of all partitions into WAL objects and completes them in order.
 
-One flush is one object. A flush starts when the oldest pending append is `flush_interval_ms`
-old or `flush_bytes` are pending, as long as fewer than `max_inflight_flushes` PUTs are running
-(otherwise the pending appends wait for a slot and go out together). PUTs may finish in any
+One flush is one object. A flush starts once `flush_interval_ms` (W) have passed since the
+previous flush started (so an append waits at most W, and an idle writer flushes a lone append
+on the next loop turn) or as soon as `flush_bytes` are pending, as long as fewer than
+`max_inflight_flushes` PUTs are running (otherwise the pending appends wait for a slot and go out
+together). Flush starts by time are thus at most 1000/W per second. PUTs may finish in any
 order, but flushes are *completed* strictly in sequence order, so acknowledgements and high
 watermarks only ever advance over a prefix of durable objects.
 """
@@ -76,12 +78,13 @@ class WalWriter:
         self._on_complete = on_complete
         self._pending: list[PendingAppend] = []
         self._pending_bytes = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._inflight: deque[Flush] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_seq = 0
         self.completed_seq = -1  # every flush up to here has been completed (ok or failed)
         self._closed = False
+        self._last_flush_started = float("-inf")
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -99,8 +102,15 @@ class WalWriter:
         if self._pending_bytes >= self._config.flush_bytes:
             self._start_flushes()
         elif self._timer is None:
+            # Wait until W after the previous flush started (at most W for this append): an
+            # idle writer flushes on the next loop turn, a busy one every W, so PUTs stay
+            # under 1000/W per second (plus size-triggered flushes) whatever the load.
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self._config.flush_interval_ms / 1000, self._on_timer)
+            delay = self._last_flush_started + self._config.flush_interval_ms / 1000 - loop.time()
+            if delay <= 0:
+                self._timer = loop.call_soon(self._on_timer)  # type: ignore[assignment]
+            else:
+                self._timer = loop.call_later(delay, self._on_timer)
 
     def remove_pending(self, partition: Partition) -> list[PendingAppend]:
         """Take a partition's not-yet-flushed appends out (it is rolling back)."""
@@ -134,6 +144,7 @@ class WalWriter:
                 self._timer.cancel()
                 self._timer = None
             appends, self._pending, self._pending_bytes = self._pending, [], 0
+            self._last_flush_started = asyncio.get_running_loop().time()
             seq = self._next_seq
             self._next_seq += 1
             flush = Flush(

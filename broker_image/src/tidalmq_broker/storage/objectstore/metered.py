@@ -28,13 +28,22 @@ class MeteredObjectStore(ObjectStore):
         self.inner = inner
         self.kind = inner.kind
         self._broker = broker
+        self._children: dict[tuple[str, str], tuple[object, object]] = {}
 
     def __repr__(self) -> str:
         return f"Metered({self.inner!r})"
 
     def _record(self, op: str, started: float, exc: BaseException | None) -> None:
-        metrics.OBJECT_REQUESTS.labels(self._broker, op, _outcome(exc)).inc()
-        metrics.OBJECT_LATENCY.labels(self._broker, op).observe(time.perf_counter() - started)
+        outcome = _outcome(exc)
+        children = self._children.get((op, outcome))
+        if children is None:
+            children = (
+                metrics.OBJECT_REQUESTS.labels(self._broker, op, outcome),
+                metrics.OBJECT_LATENCY.labels(self._broker, op),
+            )
+            self._children[(op, outcome)] = children
+        children[0].inc()  # type: ignore[attr-defined]
+        children[1].observe(time.perf_counter() - started)  # type: ignore[attr-defined]
 
     async def put(self, key, data, *, if_none_match=False, if_match=None):  # type: ignore[no-untyped-def]
         started = time.perf_counter()

@@ -44,6 +44,8 @@ class S3ObjectStore(ObjectStore):
         max_attempts: int = 5,
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
         client: Any = None,
     ) -> None:
         self.bucket = bucket
@@ -57,9 +59,9 @@ class S3ObjectStore(ObjectStore):
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        self._client = client or boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url, region_name=region, config=config
-        )
+        self._client = client or boto3.session.Session(
+            aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key
+        ).client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="s3")
 
     def __repr__(self) -> str:

@@ -1,0 +1,246 @@
+"""A real S3-compatible server for tests, started once per session.
+
+Which server (decided once, deterministically, never silently skipped):
+
+* `TIDALMQ_TEST_S3=minio` or `=moto` chooses explicitly;
+* otherwise MinIO when a Go toolchain is on PATH (or MinIO is already built), else moto's
+  server mode.
+
+MinIO is built from its Go module at a pinned version into
+`${TIDALMQ_CACHE_DIR:-<repo>/.cache}/bin/minio-<version>` (module and build caches under the same
+directory, build serialised by a file lock, done once per machine). If the chosen server cannot
+be built or started, the session fails with the reason.
+
+Tests use the `s3_server` fixture: `.make_store(prefix)`, `.url(prefix)` (an s3:// URL for
+`open_object_store` / a broker's settings) and `.env()` (AWS_* variables for subprocesses).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+import pytest
+
+MINIO_MODULE = "github.com/minio/minio"
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"  # last published commit (Feb 2026)
+ACCESS_KEY = "tidalmq-test"
+SECRET_KEY = "tidalmq-test-secret"
+REGION = "us-east-1"
+BUCKET = "tidalmq-test"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TIDALMQ_CACHE_DIR") or _REPO / ".cache")
+
+
+class S3ServerError(RuntimeError):
+    pass
+
+
+def minio_binary() -> Path:
+    return cache_dir() / "bin" / f"minio-{MINIO_VERSION}"
+
+
+def build_minio(log: Path | None = None) -> Path:
+    """Build MinIO from its Go module once per cache directory; returns the binary."""
+    target = minio_binary()
+    if target.exists():
+        return target
+    go = shutil.which("go")
+    if go is None:
+        raise S3ServerError("no Go toolchain on PATH to build MinIO (set TIDALMQ_TEST_S3=moto)")
+    cache = cache_dir()
+    (cache / "bin").mkdir(parents=True, exist_ok=True)
+    with open(cache / "bin" / ".minio-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        gobin = Path(tempfile.mkdtemp(prefix="minio-build-", dir=cache / "bin"))
+        env = {
+            **os.environ,
+            "GOBIN": str(gobin),
+            "GOMODCACHE": str(cache / "gomod"),
+            "GOCACHE": str(cache / "gocache"),
+            "GOTOOLCHAIN": "local",
+            "CGO_ENABLED": "0",
+            "GOFLAGS": "-mod=mod",
+        }
+        log = log or cache / "bin" / "minio-build.log"
+        started = time.monotonic()
+        with open(log, "w") as out:
+            result = subprocess.run(
+                [go, "install", f"{MINIO_MODULE}@{MINIO_VERSION}"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=gobin,
+                timeout=1800,
+                check=False,
+            )
+        if result.returncode != 0 or not (gobin / "minio").exists():
+            tail = log.read_text()[-2000:]
+            raise S3ServerError(f"building MinIO failed (exit {result.returncode}):\n{tail}")
+        os.replace(gobin / "minio", target)
+        shutil.rmtree(gobin, ignore_errors=True)
+        print(f"built MinIO {MINIO_VERSION} in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    return target
+
+
+def choose_backend() -> str:
+    wanted = os.environ.get("TIDALMQ_TEST_S3", "").strip().lower()
+    if wanted in ("minio", "moto"):
+        return wanted
+    if wanted:
+        raise S3ServerError(f"TIDALMQ_TEST_S3={wanted!r}: use minio or moto")
+    return "minio" if (minio_binary().exists() or shutil.which("go")) else "moto"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class S3Server:
+    kind: str
+    endpoint_url: str
+    bucket: str = BUCKET
+    process: subprocess.Popen[bytes] | None = None
+    workdir: Path | None = None
+    _prefix_counter: list[int] = field(default_factory=lambda: [0])
+
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
+        }
+
+    def url(self, prefix: str = "") -> str:
+        return f"s3://{self.bucket}/{prefix}?endpoint_url={self.endpoint_url}&region={REGION}"
+
+    def unique_prefix(self, name: str = "t") -> str:
+        self._prefix_counter[0] += 1
+        return f"{name}-{os.getpid()}-{self._prefix_counter[0]}-{os.urandom(3).hex()}"
+
+    def client(self):  # type: ignore[no-untyped-def]
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
+
+    def make_store(self, prefix: str | None = None):  # type: ignore[no-untyped-def]
+        from tidalmq_broker.storage.objectstore.s3 import S3ObjectStore
+
+        return S3ObjectStore(
+            self.bucket,
+            prefix if prefix is not None else self.unique_prefix(),
+            endpoint_url=self.endpoint_url,
+            region=REGION,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _wait_ready(server: S3Server, health_url: str, log: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        assert server.process is not None
+        if server.process.poll() is not None:
+            raise S3ServerError(
+                f"{server.kind} exited with {server.process.returncode}:\n{log.read_text()[-2000:]}"
+            )
+        try:
+            with urllib.request.urlopen(health_url, timeout=2) as response:
+                if response.status < 500:
+                    return
+        except Exception as exc:  # not listening yet
+            last = exc
+        time.sleep(0.2)
+    raise S3ServerError(f"{server.kind} did not become ready in {timeout_s}s: {last}")
+
+
+def start_s3_server(kind: str | None = None) -> S3Server:
+    kind = kind or choose_backend()
+    workdir = Path(tempfile.mkdtemp(prefix=f"tidalmq-{kind}-"))
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = workdir / "server.log"
+    env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY}
+    if kind == "minio":
+        binary = build_minio()
+        cmd = [
+            str(binary), "server", str(workdir / "data"),
+            "--address", f"127.0.0.1:{port}",
+            "--console-address", f"127.0.0.1:{_free_port()}",
+            "--quiet",
+        ]  # fmt: skip
+        env["MINIO_BROWSER"] = "off"
+        health = f"{endpoint}/minio/health/live"
+    elif kind == "moto":
+        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        health = f"{endpoint}/moto-api/"
+    else:
+        raise S3ServerError(f"unknown S3 server kind {kind!r}")
+    with open(log, "wb") as out:
+        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+    server = S3Server(kind, endpoint, process=process, workdir=workdir)
+    try:
+        _wait_ready(server, health, log)
+        server.client().create_bucket(Bucket=server.bucket)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3-compatible server on a free loopback port, bucket created."""
+    try:
+        server = start_s3_server()
+    except S3ServerError as exc:
+        pytest.fail(f"cannot start an S3-compatible server: {exc}", pytrace=False)
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    try:
+        return f"tidalmq S3 test server: {choose_backend()}"
+    except S3ServerError as exc:
+        return f"tidalmq S3 test server: misconfigured ({exc})"

@@ -1,0 +1,96 @@
+"""When the WAL writer flushes: by age of the oldest append, by size, within the in-flight cap,
+and completions strictly in sequence order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from tidalmq_broker.storage.api import StorageConfig
+from tidalmq_broker.storage.objectstore import LocalDirObjectStore
+from tidalmq_broker.storage.wal_writer import Flush, PendingAppend, WalWriter
+
+from tests.support.storage_helpers import FaultyStore
+
+
+class FakePartition:
+    """Only what the writer reads of a partition when it encodes a flush."""
+
+    def __init__(self, n: int) -> None:
+        from tidalmq_core.model import TopicPartition
+
+        self.tp = TopicPartition("t", n)
+        self.topic_id = "id"
+        self.leader_epoch = 0
+
+
+def append(p: FakePartition, size: int, offset: int) -> PendingAppend:
+    fut = asyncio.get_running_loop().create_future()
+    return PendingAppend(p, bytearray(size), offset, offset, 0, [], fut)  # type: ignore[arg-type]
+
+
+async def make(tmp_path: Path, **cfg: float) -> tuple[WalWriter, FaultyStore, list[Flush]]:
+    store = FaultyStore(LocalDirObjectStore(tmp_path))
+    done: list[Flush] = []
+    config = StorageConfig(**cfg)  # type: ignore[arg-type]
+
+    def complete(flush: Flush) -> None:
+        done.append(flush)
+        for a in flush.appends:
+            if a.future and not a.future.done():
+                a.future.set_result(None)
+
+    return WalWriter(store, "1", "inc", config, complete), store, done
+
+
+async def test_flush_starts_are_at_least_the_interval_apart(tmp_path: Path) -> None:
+    writer, store, done = await make(tmp_path, flush_interval_ms=200, flush_bytes=1 << 20)
+    p = FakePartition(0)
+    first = append(p, 10, 0)
+    writer.enqueue(first)  # an idle writer flushes on the next loop turn
+    await asyncio.wait_for(first.future, 5)
+    assert store.wal_puts() == 1
+    started = time.monotonic()
+    a, b = append(p, 10, 1), append(p, 10, 2)
+    writer.enqueue(a)
+    writer.enqueue(b)
+    await asyncio.sleep(0.05)
+    assert store.wal_puts() == 1  # within W of the previous flush: wait and gather
+    await asyncio.wait_for(b.future, 5)
+    assert time.monotonic() - started >= 0.1
+    assert store.wal_puts() == 2 and len(done[1].appends) == 2
+
+
+async def test_flushes_at_once_when_enough_bytes_are_pending(tmp_path: Path) -> None:
+    writer, store, _done = await make(tmp_path, flush_interval_ms=10_000, flush_bytes=1000)
+    p = FakePartition(0)
+    warmup = append(p, 10, 0)
+    writer.enqueue(warmup)
+    await asyncio.wait_for(warmup.future, 5)
+    a = append(p, 600, 1)
+    writer.enqueue(a)
+    await asyncio.sleep(0.05)
+    assert store.wal_puts() == 1
+    b = append(p, 600, 2)
+    writer.enqueue(b)
+    await asyncio.wait_for(b.future, 5)
+    assert store.wal_puts() == 2
+
+
+async def test_inflight_cap_and_completion_order(tmp_path: Path) -> None:
+    writer, store, done = await make(
+        tmp_path, flush_interval_ms=1, flush_bytes=100, max_inflight_flushes=2
+    )
+    store.gate = asyncio.Event()
+    p = FakePartition(0)
+    appends = [append(p, 150, i) for i in range(5)]
+    for a in appends:
+        writer.enqueue(a)
+    await asyncio.sleep(0.05)
+    assert len(writer._inflight) == 2  # the rest waits for a slot, gathered into one flush
+    store.gate.set()
+    await asyncio.wait_for(asyncio.gather(*(a.future for a in appends)), 5)
+    assert [f.seq for f in done] == sorted(f.seq for f in done)
+    assert len(done) == 3 and [len(f.appends) for f in done] == [1, 1, 3]
+    assert writer.completed_seq == 2

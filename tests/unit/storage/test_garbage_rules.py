@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from tidalmq_broker.storage.checkpoint import Checkpoint
+from tidalmq_broker.storage.garbage import OwnWalTracker, segment_garbage, wal_garbage
+from tidalmq_broker.storage.index import IndexEntry
+from tidalmq_broker.storage.objectstore.base import ObjectInfo
+
+
+def obj(key: str, age: float = 100.0) -> ObjectInfo:
+    return ObjectInfo(key, 10, "e", 1000.0 - age)
+
+
+def cp(
+    owner: tuple[str, str], position: int, refs: list[str] = (), partition: int = 0
+) -> Checkpoint:  # type: ignore[assignment]
+    return Checkpoint(
+        "t", "id", partition, 1, owner[0], owner[1], position,
+        index=[IndexEntry(i, i, k, 0, 1, 0) for i, k in enumerate(refs)],
+    )  # fmt: skip
+
+
+def test_wal_object_rules() -> None:
+    objects = [obj(f"wal/1/a/{s:012d}") for s in range(5)] + [obj("wal/2/b/000000000000")]
+    checkpoints = [
+        cp(("1", "a"), 2, refs=["wal/1/a/000000000001"]),  # needs seq 3, 4 for recovery; refs 1
+        cp(("1", "a"), 3, partition=1),  # a second partition of the same owner: min position 2
+    ]
+    deletable = wal_garbage(objects, checkpoints, now_s=1000, grace_s=10)
+    # 0 and 2: unreferenced and at or below every position of their incarnation;
+    # 1 referenced; 3, 4 may be needed to recover; wal/2/b: no checkpoint mentions it any more
+    assert deletable == ["wal/1/a/000000000000", "wal/1/a/000000000002", "wal/2/b/000000000000"]
+
+
+def test_grace_and_keep_protect_objects() -> None:
+    objects = [obj("wal/1/a/000000000000", age=5), obj("wal/1/a/000000000001")]
+    assert wal_garbage(objects, [], now_s=1000, grace_s=10) == ["wal/1/a/000000000001"]
+    assert wal_garbage(objects, [], now_s=1000, grace_s=10, keep={"wal/1/a/000000000001"}) == []
+
+
+def test_segment_rules() -> None:
+    prefix = "partitions/t/id/0/"
+    objects = [obj(prefix + "checkpoint"), obj(prefix + "segments/1-a"), obj(prefix + "segments/2-b"),
+               obj(prefix + "segments/3-c", age=1)]  # fmt: skip
+    checkpoints = {prefix + "checkpoint": cp(("1", "a"), 0, refs=[prefix + "segments/1-a"])}
+    assert segment_garbage(objects, checkpoints, now_s=1000, grace_s=10) == [
+        prefix + "segments/2-b"
+    ]
+
+
+def test_own_tracker_frees_objects_when_every_partition_moved_past_them() -> None:
+    t = OwnWalTracker()
+    t.written(0, "wal/1/a/000000000000", {"p0", "p1"})
+    t.written(1, "wal/1/a/000000000001", {"p0"})
+    assert t.committed("p0", 1, {"wal/1/a/000000000001"}) == []  # p1 still needs seq 0
+    assert t.committed("p1", 0, set()) == ["wal/1/a/000000000000"]
+    assert t.committed("p0", 0, set()) == []  # position below seq 1: still needed
+    assert t.committed("p0", 5, set()) == ["wal/1/a/000000000001"]
+    assert len(t) == 0
+
+
+def test_own_tracker_hands_released_partitions_to_the_sweep() -> None:
+    t = OwnWalTracker()
+    t.written(0, "wal/1/a/000000000000", {"p0", "p1"})
+    t.released("p0")
+    assert len(t) == 0
+    assert t.committed("p1", 9, set()) == []

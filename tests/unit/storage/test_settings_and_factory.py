@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tidalmq_broker.storage.keys import parse_partition_key, parse_wal_key, segment_key, wal_key
+from tidalmq_broker.storage.objectstore import LocalDirObjectStore, S3ObjectStore, open_object_store
+from tidalmq_broker.storage.settings import storage_config_from_env
+from tidalmq_core.model import TopicPartition
+
+
+def test_config_from_environment() -> None:
+    cfg = storage_config_from_env(
+        {"TIDALMQ_STORAGE_FLUSH_INTERVAL_MS": "25", "TIDALMQ_STORAGE_CACHE_BYTES": "1024"}
+    )
+    assert cfg.flush_interval_ms == 25.0 and cfg.cache_bytes == 1024
+    with pytest.raises(ValueError, match="FLUSH_BYTES"):
+        storage_config_from_env({"TIDALMQ_STORAGE_FLUSH_BYTES": "lots"})
+
+
+def test_factory_urls(tmp_path: Path) -> None:
+    local = open_object_store(f"file://{tmp_path}/objects")
+    assert isinstance(local, LocalDirObjectStore) and local.root == tmp_path / "objects"
+    s3 = open_object_store(
+        "s3://bucket/some/prefix?endpoint_url=http://127.0.0.1:9&region=eu-west-1"
+    )
+    assert isinstance(s3, S3ObjectStore)
+    assert (s3.bucket, s3.prefix, s3.endpoint_url) == (
+        "bucket",
+        "some/prefix",
+        "http://127.0.0.1:9",
+    )
+    for bad in ("ftp://x", "file://host/x", "s3:///nobucket", "s3://b/p?colour=red"):
+        with pytest.raises(ValueError):
+            open_object_store(bad)
+
+
+def test_key_layout_parses_back() -> None:
+    key = wal_key("3", "0001700000000000-abcdef", 42)
+    parsed = parse_wal_key(key)
+    assert parsed is not None and (parsed.broker, parsed.seq) == ("3", 42)
+    assert wal_key("3", "i", 9) < wal_key("3", "i", 10)  # listing order is write order
+    seg = segment_key(TopicPartition("t.x", 2), "tid", 5)
+    pk = parse_partition_key(seg)
+    assert pk is not None and (pk.topic, pk.topic_id, pk.partition, pk.kind) == (
+        "t.x",
+        "tid",
+        2,
+        "segment",
+    )
+    assert parse_partition_key("partitions/t/tid/2/checkpoint").kind == "checkpoint"  # type: ignore[union-attr]
+    assert parse_wal_key("wal/x") is None and parse_partition_key("other/t") is None
