@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,18 +12,24 @@ import pytest
 from tests.support.broker_process import BrokerProcess
 
 
+@dataclass(frozen=True)
+class Storage:
+    url: str
+    env: dict[str, str]
+
+
 @pytest.fixture(params=["localdir", "s3"])
-def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     """Every broker scenario runs on the local-directory store and on the real S3 server."""
     if request.param == "localdir":
-        return f"file://{tmp_path / 'objects'}"
+        return Storage(f"file://{tmp_path / 'objects'}", {})
     s3 = request.getfixturevalue("s3_server")
-    return s3.url(prefix=f"it-{uuid.uuid4().hex[:8]}")
+    return Storage(s3.url(prefix=f"it-{uuid.uuid4().hex[:8]}"), s3.env())
 
 
 @pytest.fixture
-def broker(storage_url: str, tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(storage_url, tmp_path / "logs")
+def broker(storage: Storage, tmp_path: Path) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(storage.url, tmp_path / "logs", env=storage.env)
     proc.start()
     try:
         yield proc
