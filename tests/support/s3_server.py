@@ -239,6 +239,23 @@ def s3_server() -> Iterator[S3Server]:
             server.stop()
 
 
+S3_FIXTURES: set[str] = {"s3_server"}
+"""Fixture names whose tests need the server; conftests add theirs (e.g. a backend fixture that
+asks for `s3_server` dynamically), so MinIO is built before the first such test starts and the
+build never counts against a test's timeout."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not any(S3_FIXTURES & set(getattr(item, "fixturenames", ())) for item in session.items):
+        return
+    try:
+        if choose_backend() == "minio" and not minio_binary().exists():
+            print(f"\nbuilding MinIO {MINIO_VERSION} into {cache_dir()} (once)...", file=sys.stderr)
+            build_minio()
+    except S3ServerError:
+        pass  # the s3_server fixture reports it, failing the tests that need it
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     try:
         return f"tidalmq S3 test server: {choose_backend()}"

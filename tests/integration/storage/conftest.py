@@ -11,7 +11,10 @@ from tidalmq_broker.storage.api import StorageConfig
 from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore import LocalDirObjectStore, ObjectStore
 
+from tests.support.s3_server import S3_FIXTURES
 from tests.support.storage_helpers import FaultyStore
+
+S3_FIXTURES.add("backend")  # `backend` asks for the S3 server when its parameter is "s3"
 
 TEST_CONFIG = StorageConfig(
     flush_interval_ms=5,

@@ -17,7 +17,7 @@ from tidalmq_core.model import TopicPartition
 from tests.integration.storage.conftest import Cluster
 from tests.support.storage_helpers import batch, batches_of, payload, read_all
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
 
 TP = TopicPartition("orders", 0)
 TOPIC_ID = "6a1f0c3e-0000-4000-8000-000000000001"

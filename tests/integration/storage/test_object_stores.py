@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from tidalmq_broker.storage.objectstore import ObjectNotFound, ObjectStore, PreconditionFailed
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60, func_only=True)]
 
 
 async def test_put_get_ranges_head_list_delete(backend: Callable[[], ObjectStore]) -> None:
