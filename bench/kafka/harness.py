@@ -1208,7 +1208,11 @@ class KafkaCluster:
                 stdin=subprocess.DEVNULL,
                 cwd=node.dir,
                 start_new_session=True,
-                preexec_fn=None if self.detach else _die_with_parent,
+                # PR_SET_PDEATHSIG fires when the forking *thread* exits, so only from the main
+                # thread (fixtures, scripts); elsewhere rely on stop() and atexit.
+                preexec_fn=_die_with_parent
+                if not self.detach and threading.current_thread() is threading.main_thread()
+                else None,
             )
         node.pid = node.process.pid
 

@@ -82,6 +82,12 @@ def test_context_manager_adds_a_broker_and_cleans_up() -> None:
         )
         console_produce(cluster.bootstrap, "on-new", ["served by broker 2"])
         assert console_consume(cluster.bootstrap, "on-new", 1) == ["served by broker 2"]
+        # A stopped broker restarts on its old port with its data.
+        cluster.stop_node(2)
+        assert not cluster.nodes[2].running()
+        cluster.start_node(2)
+        assert cluster.nodes[2].running()
+        assert console_consume(cluster.nodes[2].address, "on-new", 1) == ["served by broker 2"]
         pids = [n.pid for n in cluster.nodes.values()]
     assert pids and not any(pid is not None and _alive(pid) for pid in pids)
     assert not cluster_dir.exists()
