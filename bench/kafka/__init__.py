@@ -1,0 +1,1 @@
+"""Apache Kafka assembled from Maven Central, as TidalMQ's yardstick (see harness.py)."""
