@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 EARLIEST = -2
 LATEST = -1
-MAX_TIMESTAMP = -3
 
 
 def check_leader_epoch(plog: PartitionLog, requested: int) -> ErrorCode | None:
@@ -156,7 +155,7 @@ def _fetch_error(body: Any, code: ErrorCode) -> dict[str, Any]:
     }  # fmt: skip
 
 
-@api(2, "ListOffsets", 1, 8)
+@api(2, "ListOffsets", 1, 6)
 async def handle_list_offsets(broker: Broker, request: Request, conn: Connection) -> Any:
     topics = []
     for topic in request.body.topics:
@@ -176,10 +175,6 @@ async def handle_list_offsets(broker: Broker, request: Request, conn: Connection
                     out["offset"] = plog.log_start_offset
                 elif p.timestamp == LATEST:
                     out["offset"] = plog.high_watermark
-                elif p.timestamp == MAX_TIMESTAMP:
-                    found = await plog.offset_for_timestamp(-1)
-                    if found is not None:
-                        out["offset"], out["timestamp"] = found.offset, found.timestamp
                 else:
                     found = await plog.offset_for_timestamp(p.timestamp)
                     if found is not None:
