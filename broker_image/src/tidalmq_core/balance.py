@@ -74,25 +74,32 @@ def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -
     topic_count: dict[int, Counter[Hashable]] = {
         b: Counter(_topic_of(p) for p in holding[b]) for b in live
     }
+    # a topic's fair share per broker: moves prefer partitions of topics a broker holds more
+    # of than its share, and land where the topic is least represented, so every topic
+    # spreads over the fleet while the total number of moves stays at the lower bound
+    topic_total = Counter(_topic_of(p) for p in assignment)
+    share = {t: n / len(live) for t, n in topic_total.items()}
     surplus: list[tuple[P, int | None]] = [(p, assignment[p]) for p in sorted(orphans, key=repr)]
     for b in live:
         excess = counts[b] - targets[b]
         if excess <= 0:
             continue
-        # shed the partitions of the topics most concentrated on this broker first
-        chosen: list[P] = []
         pool = sorted(holding[b], key=repr)
         tc = topic_count[b]
         for _ in range(excess):
-            best = max(pool, key=lambda p: (tc[_topic_of(p)], repr(p)))
+            best = max(
+                pool,
+                key=lambda p: (tc[_topic_of(p)] - share[_topic_of(p)], tc[_topic_of(p)], repr(p)),
+            )
             pool.remove(best)
             tc[_topic_of(best)] -= 1
-            chosen.append(best)
-        surplus.extend((p, b) for p in chosen)
+            surplus.append((best, b))
         counts[b] -= excess
 
     new = {p: b for p, b in assignment.items()}
     moves: list[Move] = []
+    # place the partitions of the most over-represented topics first
+    surplus.sort(key=lambda item: (-topic_total[_topic_of(item[0])], repr(item[0])))
     for partition, source in surplus:
         topic = _topic_of(partition)
         candidates = [b for b in live if counts[b] < targets[b]]

@@ -81,3 +81,13 @@ def test_random_assignments(seed: int) -> None:
         for i in range(rng.randint(0, 200))
     }
     check(assignment, brokers_after)
+
+
+def test_new_broker_gets_a_share_of_every_topic() -> None:
+    assignment = {TopicPartition("offsets", i): i % 3 for i in range(16)}
+    assignment |= {TopicPartition("orders", i): i % 3 for i in range(12)}
+    plan = balance_counts(assignment, [0, 1, 2, 3])
+    assert len(plan.moves) == 7  # the lower bound
+    for topic, share in (("offsets", 4), ("orders", 3)):
+        per = Counter(b for tp, b in plan.assignment.items() if tp.topic == topic)
+        assert per == {0: share, 1: share, 2: share, 3: share}, (topic, per)

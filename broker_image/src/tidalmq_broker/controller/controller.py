@@ -197,7 +197,8 @@ class Controller:
         self._push_lock = asyncio.Lock()
         self._started_at = 0.0
         self._events: list[Callable[[str, str, dict[str, Any]], None]] = []
-        self._background: set[asyncio.Task[None]] = set()
+        self._pending_push: dict[int, ClusterMetadata] = {}
+        self._pushers: dict[int, asyncio.Task[None]] = {}
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -233,6 +234,8 @@ class Controller:
         self._loop_task = asyncio.create_task(self._run(), name="controller loop")
 
     async def stop(self) -> None:
+        for pusher in self._pushers.values():
+            pusher.cancel()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -313,9 +316,10 @@ class Controller:
                    {"broker": info.broker_id, "incarnation": info.incarnation})  # fmt: skip
         await self._push(snapshot)
         if joined and self.settings.auto_rebalance and len(snapshot.live_brokers()) > 1:
-            task = asyncio.create_task(self._rebalance_quietly(f"broker {info.broker_id} joined"))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            # record the fair-share moves before answering, so whoever waits for the broker
+            # to join sees its partitions already on their way
+            await self._rebalance_quietly(f"broker {info.broker_id} joined")
+            snapshot = self.snapshot()
         self._wake.set()
         return snapshot
 
@@ -913,20 +917,34 @@ class Controller:
         self._meta, self._token = new, token
 
     async def _push(self, snapshot: ClusterMetadata) -> None:
-        async def push_one(broker_id: int, channel: BrokerChannel) -> None:
+        """Send the snapshot to every broker without waiting for slow ones: one pusher per
+        broker always sends the newest snapshot (older ones are skipped), and heartbeats
+        repair anything a push missed."""
+        for broker_id in list(self._channels):
+            self._pending_push[broker_id] = snapshot
+            pusher = self._pushers.get(broker_id)
+            if pusher is None or pusher.done():
+                self._pushers[broker_id] = asyncio.create_task(
+                    self._pusher(broker_id), name=f"push to broker {broker_id}"
+                )
+        for listener in self._listeners:
+            try:
+                await listener(snapshot)
+            except Exception:
+                log.exception("metadata listener failed")
+
+    async def _pusher(self, broker_id: int) -> None:
+        while True:
+            snapshot = self._pending_push.pop(broker_id, None)
+            channel = self._channels.get(broker_id)
+            if snapshot is None or channel is None:
+                return
             try:
                 await asyncio.wait_for(channel.push_metadata(snapshot), 5)
             except Exception as exc:
                 log.debug(
                     "metadata v%d push to broker %d failed: %s", snapshot.version, broker_id, exc
                 )
-
-        await asyncio.gather(*(push_one(b, c) for b, c in list(self._channels.items())))
-        for listener in self._listeners:
-            try:
-                await listener(snapshot)
-            except Exception:
-                log.exception("metadata listener failed")
 
     def _emit(self, reason: str, message: str, fields: dict[str, Any]) -> None:
         for sink in self._events:

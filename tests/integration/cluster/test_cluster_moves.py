@@ -1,0 +1,247 @@
+"""A three-broker cluster on the real S3 server, an idempotent producer writing all the time, and
+the cluster changing under it: every acknowledged record is read back exactly once, in order per
+partition."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.support.local_cluster import LocalClusterProcess
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 12
+
+
+@pytest.fixture
+def cluster(s3_server: Any, tmp_path: Path) -> Iterator[LocalClusterProcess]:
+    c = LocalClusterProcess(
+        tmp_path / "cluster", brokers=3,
+        storage_url=s3_server.url(prefix=f"cluster-{uuid.uuid4().hex[:8]}"),
+        env=s3_server.env(),
+    )  # fmt: skip
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+class ContinuousProducer:
+    """An idempotent producer writing keyed records until stopped; remembers what was acked."""
+
+    def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 1500) -> None:
+        self.topic = topic
+        self.rate = rate_per_s
+        self.producer = Producer({
+            "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+            "linger.ms": 5, "message.timeout.ms": 120000, "retry.backoff.ms": 20,
+            "topic.metadata.refresh.interval.ms": 1000,
+        })  # fmt: skip
+        self.acked: dict[int, list[tuple[int, int]]] = defaultdict(
+            list
+        )  # partition -> (offset, seq)
+        self.errors: list[str] = []
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(str(err))
+        else:
+            self.acked[msg.partition()].append((msg.offset(), int(msg.value())))
+
+    def _run(self) -> None:
+        interval = 1.0 / self.rate
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.producer.produce(
+                    self.topic, key=b"k%d" % (self.sent % 97), value=b"%d" % self.sent,
+                    on_delivery=self._on_delivery,
+                )  # fmt: skip
+                self.sent += 1
+            except BufferError:
+                self.producer.poll(0.05)
+                continue
+            self.producer.poll(0)
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+
+    def start(self) -> ContinuousProducer:
+        self._thread.start()
+        return self
+
+    def acked_count(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        remaining = self.producer.flush(150)
+        assert remaining == 0, f"{remaining} records never delivered"
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+
+
+def verify_exactly_once_in_order(bootstrap: str, topic: str, producer: ContinuousProducer) -> None:
+    assert not producer.errors, producer.errors[:5]
+    expected = producer.acked_count()
+    assert expected == producer.sent, "every produced record was acknowledged"
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}",
+        "auto.offset.reset": "earliest", "enable.auto.commit": False,
+    })  # fmt: skip
+    consumer.subscribe([topic])
+    got: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    count = 0
+    deadline = time.monotonic() + 120
+    idle_since = time.monotonic()
+    while time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            if count >= expected and time.monotonic() - idle_since > 3:
+                break
+            continue
+        if msg.error():
+            raise KafkaException(msg.error())
+        idle_since = time.monotonic()
+        got[msg.partition()].append((msg.offset(), int(msg.value())))
+        count += 1
+    consumer.close()
+    values = [v for part in got.values() for _, v in part]
+    assert len(values) == len(set(values)), "no record is read twice"
+    assert count == expected, f"read {count} records, {expected} were acknowledged"
+    for partition, acked in producer.acked.items():
+        read = dict(got[partition])
+        for offset, value in acked:
+            assert read.get(offset) == value, f"partition {partition} offset {offset}"
+        # in order: the producer's sequence numbers increase along the offsets
+        seqs = [v for _, v in sorted(got[partition])]
+        assert seqs == sorted(seqs), f"partition {partition} out of order"
+
+
+def brokers_of(cluster: LocalClusterProcess, topic: str) -> dict[int, int]:
+    counts: dict[int, int] = defaultdict(int)
+    for leader in cluster.leaders(topic):
+        counts[leader] += 1
+    return dict(counts)
+
+
+def test_move_every_partition_once(cluster: LocalClusterProcess) -> None:
+    topic = f"moves-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster.bootstrap, topic)
+    producer = ContinuousProducer(cluster.bootstrap, topic).start()
+    time.sleep(2)
+    leaders = cluster.leaders(topic)
+    brokers = sorted({b["broker"] for b in cluster.status()["brokers"]})
+    targets = {
+        (topic, p): brokers[(brokers.index(b) + 1) % len(brokers)] for p, b in enumerate(leaders)
+    }
+    result = cluster.reassign(targets)
+    assert all(r["error"] is None for r in result["results"]), result
+    cluster.wait_settled(60)
+    assert cluster.leaders(topic) == [targets[(topic, p)] for p in range(PARTITIONS)]
+    time.sleep(2)
+    producer.stop()
+    verify_exactly_once_in_order(cluster.bootstrap, topic, producer)
+    done = [m for m in cluster.moves()["recent"] if m["topic"] == topic]
+    assert len(done) == PARTITIONS and all(m["phase"] == "Done" for m in done)
+
+
+def test_add_a_broker(cluster: LocalClusterProcess) -> None:
+    topic = f"add-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster.bootstrap, topic)
+    producer = ContinuousProducer(cluster.bootstrap, topic).start()
+    time.sleep(2)
+    new = cluster.add_broker()
+    cluster.wait_settled(60)
+    status = {b["broker"]: b["partitions"] for b in cluster.status()["brokers"]}
+    counts = sorted(status.values())
+    assert status[new] > 0 and counts[-1] - counts[0] <= 1, status
+    time.sleep(2)
+    producer.stop()
+    verify_exactly_once_in_order(cluster.bootstrap, topic, producer)
+
+
+def test_drain_and_remove_a_broker(cluster: LocalClusterProcess) -> None:
+    topic = f"drain-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster.bootstrap, topic)
+    producer = ContinuousProducer(cluster.bootstrap, topic).start()
+    time.sleep(2)
+    cluster.remove_broker(1)
+    cluster.wait_settled(60)
+    assert 1 not in cluster.leaders(topic)
+    assert {b["broker"] for b in cluster.status()["brokers"]} == {0, 2}
+    time.sleep(2)
+    producer.stop()
+    verify_exactly_once_in_order(cluster.bootstrap, topic, producer)
+
+
+def test_kill_9_a_broker(cluster: LocalClusterProcess) -> None:
+    topic = f"kill-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster.bootstrap, topic)
+    producer = ContinuousProducer(cluster.bootstrap, topic).start()
+    time.sleep(3)
+    victim = 2
+    cluster.kill_broker(victim)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and victim in cluster.leaders(topic):
+        time.sleep(0.2)
+    assert victim not in cluster.leaders(topic), "the dead broker's partitions moved"
+    cluster.wait_settled(60)
+    time.sleep(3)
+    producer.stop()
+    verify_exactly_once_in_order(cluster.bootstrap, topic, producer)
+
+
+def test_cancel_a_move_half_way(cluster: LocalClusterProcess) -> None:
+    """A move whose source never closes (its process is stopped with SIGSTOP) stays in Closing;
+    cancelling it rolls the partition back to the original broker with a higher epoch."""
+    topic = f"cancel-{uuid.uuid4().hex[:6]}"
+    create_topic(cluster.bootstrap, topic)
+    producer = ContinuousProducer(cluster.bootstrap, topic).start()
+    time.sleep(2)
+    meta = cluster.metadata()
+    part0 = meta["topics"][topic]["partitions"][0]
+    source, epoch = part0["leader"], part0["leader_epoch"]
+    target = next(b["broker"] for b in cluster.status()["brokers"] if b["broker"] != source)
+    pid = next(b["pid"] for b in cluster.status()["brokers"] if b["broker"] == source)
+    import os
+    import signal as sig
+
+    os.kill(pid, sig.SIGSTOP)  # the source cannot close: the move is stuck half way
+    try:
+        cluster.reassign({(topic, 0): target})
+        time.sleep(0.5)
+        moving = [m for m in cluster.moves()["active"] if m["topic"] == topic]
+        assert moving and moving[0]["phase"] == "Closing"
+        cluster.reassign({(topic, 0): None})  # cancel
+    finally:
+        os.kill(pid, sig.SIGCONT)
+    cluster.wait_settled(60)
+    after = cluster.metadata()["topics"][topic]["partitions"][0]
+    assert after["leader"] == source and after["leader_epoch"] > epoch
+    cancelled = [
+        m for m in cluster.moves()["recent"] if m["topic"] == topic and m["partition"] == 0
+    ]
+    assert cancelled and cancelled[-1]["phase"] == "Cancelled"
+    time.sleep(2)
+    producer.stop()
+    verify_exactly_once_in_order(cluster.bootstrap, topic, producer)

@@ -1,0 +1,127 @@
+"""`tidalmq local up` as a real child process: a controller and broker processes, driven over
+the controller's HTTP port as `tidalmq local add-broker | remove-broker | kill-broker` do."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+class LocalClusterProcess:
+    def __init__(
+        self, data_dir: Path, *, brokers: int = 3, storage_url: str = "",
+        env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        self.data_dir = data_dir
+        self.brokers = brokers
+        self.storage_url = storage_url
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.bootstrap = ""
+        self.controller_url = ""
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "local-up.log"
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "tidalmq_broker.cli", "local", "up",
+            "--brokers", str(self.brokers), "--port", "0", "--controller-port", "0",
+            "--data-dir", str(self.data_dir),
+        ]  # fmt: skip
+        if self.storage_url:
+            cmd += ["--storage-url", self.storage_url]
+        env = {**os.environ, "TIDALMQ_GROUP_INITIAL_REBALANCE_DELAY_MS": "200",
+               "TIDALMQ_LOG_LEVEL": "INFO", **self.env}  # fmt: skip
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"local cluster exited:\n{self.tail()}")
+            text = self.log_path.read_text(errors="replace")
+            boot = re.search(r"^bootstrap: (\S+)$", text, re.M)
+            ctl = re.search(r"^controller: (\S+)", text, re.M)
+            if boot and ctl:
+                self.bootstrap, self.controller_url = boot.group(1), ctl.group(1)
+                self.wait_settled(timeout_s=max(5.0, deadline - time.monotonic()))
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"local cluster did not start:\n{self.tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        # no broker may outlive the test
+        subprocess.run(["pkill", "-9", "-f", f"--controller-url {self.controller_url}"],
+                       check=False)  # fmt: skip
+
+    # ------------------------------------------------------------------ control
+    def _get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.controller_url + path, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def _post(self, path: str, body: dict[str, Any], timeout_s: float = 180) -> Any:
+        req = urllib.request.Request(
+            self.controller_url + path, data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"}, method="POST",
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+
+    def status(self) -> dict[str, Any]:
+        return self._get("/v1/local/status")
+
+    def metadata(self) -> dict[str, Any]:
+        return self._get("/v1/metadata")["metadata"]
+
+    def moves(self) -> dict[str, Any]:
+        return self._get("/v1/moves")
+
+    def add_broker(self) -> int:
+        return int(self._post("/v1/local/add-broker", {})["broker"])
+
+    def remove_broker(self, broker_id: int) -> None:
+        self._post("/v1/local/remove-broker", {"broker_id": broker_id})
+
+    def kill_broker(self, broker_id: int) -> None:
+        self._post("/v1/local/kill-broker", {"broker_id": broker_id})
+
+    def reassign(self, targets: dict[tuple[str, int], int | None]) -> dict[str, Any]:
+        return self._post("/v1/reassignments/alter", {"entries": [
+            {"topic": t, "partition": p, "target": b} for (t, p), b in targets.items()
+        ]})  # fmt: skip
+
+    def leaders(self, topic: str) -> list[int]:
+        return [p["leader"] for p in self.metadata()["topics"][topic]["partitions"]]
+
+    def wait_settled(self, timeout_s: float = 60.0) -> None:
+        """Until no move is in flight, every partition has a leader, and every live broker
+        serves (the status table is stable)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            st = self.status()
+            if st["moves_in_flight"] == 0 and st["leaderless"] == 0:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"cluster not settled: {self.status()}")
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"

@@ -1,0 +1,233 @@
+"""The controller's decisions with fast clocks: moves, cancel, election timeout and fencing,
+failover, and a deposed controller. Brokers are played by the test through the controller's own
+RPC surface (register, heartbeat, report closed/opened); metadata lives in a real local-directory
+object store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from tidalmq_broker.controller.controller import (
+    Controller,
+    ControllerFenced,
+    ControllerSettings,
+    NewTopic,
+)
+from tidalmq_broker.controller.store import ObjectStoreMetadataStore
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_core.metadata import NO_LEADER, BrokerInfo, ClusterMetadata
+from tidalmq_core.model import TopicPartition
+from tidalmq_core.reassignment import Phase, PlanEntry
+
+FAST = ControllerSettings(
+    heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,
+    election_timeout_s=0.4, auto_rebalance=False, offsets_topic_partitions=2, tick_s=0.01,
+)  # fmt: skip
+
+
+class FakeBroker:
+    """Plays one broker against the controller: records pushes, heartbeats what it has open."""
+
+    def __init__(self, controller: Controller, broker_id: int, incarnation: str = "a") -> None:
+        self.controller = controller
+        self.broker_id = broker_id
+        self.incarnation = incarnation
+        self.snapshots: list[ClusterMetadata] = []
+        self.open: dict[TopicPartition, int] = {}
+        self.fenced = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def push_metadata(self, snapshot: ClusterMetadata) -> None:
+        self.snapshots.append(snapshot)
+
+    async def register(self) -> None:
+        info = BrokerInfo(self.broker_id, "127.0.0.1", 9000 + self.broker_id,
+                          incarnation=self.incarnation)  # fmt: skip
+        self.snapshots.append(await self.controller.register_broker(info, self))
+        self._task = asyncio.create_task(self._beat())
+
+    async def _beat(self) -> None:
+        while True:
+            version = self.snapshots[-1].version if self.snapshots else -1
+            reply = await self.controller.heartbeat(
+                self.broker_id, self.incarnation, version, dict(self.open)
+            )
+            self.fenced = self.fenced or reply.fenced
+            await asyncio.sleep(FAST.heartbeat_interval_s)
+
+    def silence(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+@pytest.fixture
+async def controller(tmp_path: Path) -> Controller:
+    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), FAST)
+    await c.start()
+    yield c  # type: ignore[misc]
+    await c.stop()
+
+
+async def wait_for(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+def part(c: Controller, topic: str, index: int):  # type: ignore[no-untyped-def]
+    return c.metadata.topics[topic].partitions[index]
+
+
+async def cluster_of(c: Controller, n: int) -> list[FakeBroker]:
+    brokers = [FakeBroker(c, i) for i in range(n)]
+    for b in brokers:
+        await b.register()
+    return brokers
+
+
+async def test_new_topics_are_placed_round_robin(controller: Controller) -> None:
+    await cluster_of(controller, 3)
+    (result,) = await controller.create_topics([NewTopic("t", 7)])
+    assert result.error is None
+    assert [p.leader for p in controller.metadata.topics["t"].partitions] == [0, 1, 2, 0, 1, 2, 0]
+
+
+async def test_move_records_target_then_elects_after_the_source_closes(
+    controller: Controller,
+) -> None:
+    a, b = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0
+    epoch = part(controller, "t", 0).leader_epoch
+    errors = await controller.alter_reassignments([PlanEntry(tp, 1)])
+    assert errors == {tp: None}
+    p = part(controller, "t", 0)
+    assert p.leader == NO_LEADER and p.target_replicas == [1] and p.leader_epoch == epoch
+    assert controller.moves.get(tp).phase is Phase.CLOSING  # type: ignore[union-attr]
+    await asyncio.sleep(0.1)
+    assert part(controller, "t", 0).leader == NO_LEADER, "no election before the source closed"
+    del a.open[tp]
+    controller.partition_closed(0, tp, epoch)
+    await wait_for(lambda: part(controller, "t", 0).leader == 1)
+    assert part(controller, "t", 0).leader_epoch == epoch + 1
+    b.open[tp] = epoch + 1
+    await wait_for(lambda: controller.moves.get(tp) is None)
+    assert controller.moves.recent()[-1].phase is Phase.DONE
+
+
+async def test_heartbeat_without_the_partition_counts_as_closed(controller: Controller) -> None:
+    """A lost "closed" report is repaired by the next heartbeat (level-based)."""
+    a, _ = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0
+    await controller.alter_reassignments([PlanEntry(tp, 1)])
+    a.snapshots.append(controller.snapshot())  # the broker applied the move...
+    del a.open[tp]  # ...and closed the partition, but its report was lost
+    await wait_for(lambda: part(controller, "t", 0).leader == 1)
+
+
+async def test_cancel_rolls_back_with_a_higher_epoch(controller: Controller) -> None:
+    a, _ = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0
+    epoch = part(controller, "t", 0).leader_epoch
+    await controller.alter_reassignments([PlanEntry(tp, 1)])
+    assert controller.list_reassignments() == [(tp, [1, 0], [1], [0])]
+    errors = await controller.alter_reassignments([PlanEntry(tp, None)])
+    assert errors == {tp: None}
+    p = part(controller, "t", 0)
+    assert (p.leader, p.leader_epoch, p.moving) == (0, epoch + 1, False)
+    assert controller.moves.recent()[-1].phase is Phase.CANCELLED
+    again = await controller.alter_reassignments([PlanEntry(tp, None)])
+    assert "not being reassigned" in str(again[tp])
+
+
+async def test_election_timeout_fences_the_source_and_waits_for_its_lease(
+    controller: Controller,
+) -> None:
+    a, _ = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0  # the source never closes
+    started = time.monotonic()
+    await controller.alter_reassignments([PlanEntry(tp, 1)])
+    await wait_for(lambda: a.fenced, timeout_s=5)
+    fenced_at = time.monotonic()
+    assert fenced_at - started >= FAST.election_timeout_s * 0.9
+    await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=5)
+    elected_at = time.monotonic()
+    # elected no sooner than the source's last lease (granted before the fence) expired
+    assert elected_at - fenced_at >= FAST.lease_s - 0.1
+    assert part(controller, "t", 0).leader_epoch == 1
+
+
+async def test_dead_broker_partitions_open_elsewhere_with_higher_epochs(
+    controller: Controller,
+) -> None:
+    a, b, c = await cluster_of(controller, 3)
+    await controller.create_topics([NewTopic("t", 6)])
+    before = {
+        i: (p.leader, p.leader_epoch)
+        for i, p in enumerate(controller.metadata.topics["t"].partitions)
+    }
+    c.silence()
+    silenced = time.monotonic()
+    await wait_for(lambda: controller.metadata.brokers[2].state == "dead", timeout_s=5)
+    assert time.monotonic() - silenced >= FAST.session_timeout_s - FAST.heartbeat_interval_s
+    after = controller.metadata.topics["t"].partitions
+    for i, (leader, epoch) in before.items():
+        if leader == 2:
+            assert after[i].leader in (0, 1) and after[i].leader_epoch == epoch + 1
+        else:
+            assert (after[i].leader, after[i].leader_epoch) == (leader, epoch)
+    reply = await controller.heartbeat(2, "a", 99, {})
+    assert reply.fenced, "a dead broker must register again"
+
+
+async def test_restarted_broker_waits_for_its_old_lease(controller: Controller) -> None:
+    (a,) = await cluster_of(controller, 1)
+    await controller.create_topics([NewTopic("t", 1)])
+    epoch = part(controller, "t", 0).leader_epoch
+    a.silence()
+    restarted = FakeBroker(controller, 0, incarnation="b")
+    t0 = time.monotonic()
+    await restarted.register()
+    assert part(controller, "t", 0).leader == NO_LEADER, "old incarnation may still hold a lease"
+    await wait_for(lambda: part(controller, "t", 0).leader == 0, timeout_s=5)
+    assert time.monotonic() - t0 >= FAST.lease_s - 0.1
+    assert part(controller, "t", 0).leader_epoch == epoch + 1
+
+
+async def test_a_deposed_controller_cannot_write(tmp_path: Path) -> None:
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    old = Controller(store, FAST)
+    await old.start()
+    new = Controller(store, FAST)
+    await new.start()
+    assert new.metadata.controller_epoch == old.metadata.controller_epoch + 1
+    with pytest.raises(ControllerFenced):
+        await old.allocate_producer_id()
+    assert await new.allocate_producer_id() >= 1000
+    await old.stop()
+    await new.stop()
+
+
+async def test_producer_ids_are_unique_across_controller_restarts(tmp_path: Path) -> None:
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, FAST)
+    await first.start()
+    ids = {await first.allocate_producer_id() for _ in range(5)}
+    await first.stop()
+    second = Controller(store, FAST)
+    await second.start()
+    more = {await second.allocate_producer_id() for _ in range(5)}
+    await second.stop()
+    assert len(ids | more) == 10
