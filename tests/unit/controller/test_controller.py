@@ -172,7 +172,7 @@ async def test_election_timeout_fences_the_source_and_waits_for_its_lease(
 async def test_dead_broker_partitions_open_elsewhere_with_higher_epochs(
     controller: Controller,
 ) -> None:
-    a, b, c = await cluster_of(controller, 3)
+    *_, c = await cluster_of(controller, 3)
     await controller.create_topics([NewTopic("t", 6)])
     before = {
         i: (p.leader, p.leader_epoch)
