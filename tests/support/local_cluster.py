@@ -66,9 +66,9 @@ class LocalClusterProcess:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        # no broker may outlive the test
-        subprocess.run(["pkill", "-9", "-f", f"--controller-url {self.controller_url}"],
-                       check=False)  # fmt: skip
+        if self.controller_url:  # no broker may outlive the test
+            subprocess.run(["pkill", "-9", "-f", f"controller-url {self.controller_url}"],
+                           check=False)  # fmt: skip
 
     # ------------------------------------------------------------------ control
     def _get(self, path: str) -> Any:
