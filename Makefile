@@ -7,7 +7,7 @@ setup:
 	./.ci/setup
 
 run: setup
-	.venv/bin/tidalmq local up
+	.venv/bin/tidalmq local up --brokers 3
 
 lint: setup
 	.venv/bin/ruff check .
