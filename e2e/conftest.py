@@ -110,7 +110,6 @@ def local_cluster(config: pytest.Config) -> Iterator[Cluster]:
             kubectl_bin=str(Path(settings["K8S_BIN"]) / "kubectl"),
             helm_bin=str(Path(settings["HELM_BIN"]) / "helm"),
             images={"broker": settings["BROKER_IMAGE"], "spark": settings["SPARK_IMAGE"]},
-            hpa_sync_seconds=5,
         )
     finally:
         if not config.getoption("--e2e-keep"):
@@ -165,7 +164,6 @@ def kind_cluster(config: pytest.Config) -> Iterator[Cluster]:
             kubectl_bin=kubectl_bin,
             helm_bin=str(Path(settings["HELM_BIN"]) / "helm"),
             images={"broker": settings["BROKER_IMAGE"], "spark": settings["SPARK_IMAGE"]},
-            hpa_sync_seconds=5,
         )
         # kind has no metrics-server; its kubelets serve self-signed certificates.
         manifest = (CLUSTER_SCRIPTS / "manifests" / "metrics-server.yaml").read_text()

@@ -94,8 +94,6 @@ class Cluster:
     kubectl_bin: str
     helm_bin: str
     images: dict[str, str]
-    # Flags of this cluster that change what a test may expect (e.g. HPA sync period).
-    hpa_sync_seconds: int = 15
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -112,7 +112,13 @@ build_coredns() {
 }
 
 build_metrics_server() {
-  go_install metrics-server "$METRICS_SERVER_VERSION" \
+  is_built metrics-server "$METRICS_SERVER_VERSION" && return 0
+  local module=sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION sum
+  sum=$(cd "$CACHE_DIR" && GONOSUMDB=sigs.k8s.io/metrics-server go mod download -json "$module" \
+    | sed -n 's/.*"Sum": "\(.*\)".*/\1/p')
+  [[ $sum == "$METRICS_SERVER_MODULE_SUM" ]] \
+    || { log "$module has hash '$sum', expected $METRICS_SERVER_MODULE_SUM"; exit 1; }
+  GONOSUMDB=sigs.k8s.io/metrics-server go_install metrics-server "$METRICS_SERVER_VERSION" \
     "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION" \
     "-X sigs.k8s.io/metrics-server/pkg/version.gitVersion=$METRICS_SERVER_VERSION"
 }

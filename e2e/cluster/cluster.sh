@@ -121,9 +121,11 @@ setup_network() {
   save_sysctls
   sysctl -q -w net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 \
     net.bridge.bridge-nf-call-ip6tables=1
-  # The node address: on a dummy interface so pods reach the apiserver through the Service VIP.
+  # The node address, on an interface of its own (a veth pair: this kernel has no dummy
+  # interfaces) so pods reach the apiserver through the Service VIP.
   if ! ip link show "$NODE_IFACE" >/dev/null 2>&1; then
-    ip link add "$NODE_IFACE" type dummy
+    ip link add "$NODE_IFACE" type veth peer name "$NODE_IFACE-p"
+    ip link set "$NODE_IFACE-p" up
     ip addr add "$NODE_IP/32" dev "$NODE_IFACE"
     ip link set "$NODE_IFACE" up
   fi
@@ -263,6 +265,9 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshot
   sandbox_image = "$PAUSE_IMAGE"
   enable_unprivileged_ports = true
   enable_unprivileged_icmp = true
+  # Lowering oom_score_adj needs CAP_SYS_RESOURCE, which processes here lack: clamp pods' scores
+  # (the kubelet asks -998 for sandboxes) to containerd's own instead of failing every sandbox.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

@@ -6,6 +6,7 @@
 #   images.sh build-kind        for kind on a laptop: the broker and Spark images FROM public
 #                               Debian (TIDALMQ_E2E_PUBLIC_BASE=1) and metrics-server, with the
 #                               Docker of TIDALMQ_E2E_DOCKER_HOST
+#   images.sh base              only the debootstrap base image
 #   images.sh import            copy every image whose ID changed into containerd (k8s.io)
 #   images.sh list              print the image references, one a line
 #   images.sh docker-stop       stop the dockerd this script started
@@ -178,6 +179,7 @@ main() {
   case "${1:-}" in
     build) cmd_build ;;
     build-kind) cmd_build_kind ;;
+    base) "$E2E_DIR/cluster/build-tools.sh" runc-nocap; mkdir -p "$IMAGES_DIR"; start_dockerd; build_base ;;
     import) cmd_import ;;
     list) all_images ;;
     docker-stop) stop_dockerd ;;

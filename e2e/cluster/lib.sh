@@ -24,7 +24,7 @@ KIND_BIN=$CACHE_DIR/bin/kind-$KIND_VERSION
 
 # Network plan: chosen to avoid Docker's 172.17.0.0/16 and the host's resolver.
 NODE_NAME=tidalmq-e2e
-NODE_IP=10.213.0.1            # on a dummy interface, reachable from pods and the host
+NODE_IP=10.213.0.1            # on its own interface, reachable from pods and the host
 NODE_IFACE=tidalmq-node
 BRIDGE_IFACE=tidalmq-br0
 CNI_NETWORK=tidalmq-e2e
