@@ -3,6 +3,7 @@ Service discovery through cluster DNS, and resource metrics."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from e2e.kube import Cluster, wait_until
@@ -21,7 +22,7 @@ spec:
     - name: main
       image: {image}
       imagePullPolicy: IfNotPresent
-      command: {command!r}
+      command: {json.dumps(command)}
       resources:
         requests: {{cpu: 10m, memory: 32Mi}}
 """

@@ -7,6 +7,8 @@ so client and cluster always share one Spark version and no JVM is needed on the
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from e2e.kube import E2E_DIR, Cluster, wait_until
@@ -95,7 +97,7 @@ spec:
         - name: submit
           image: {image}
           imagePullPolicy: IfNotPresent
-          command: {submit!r}
+          command: {json.dumps(submit)}
           resources:
             requests: {{cpu: 100m, memory: 256Mi}}
           volumeMounts: [{{name: job, mountPath: /job}}]
