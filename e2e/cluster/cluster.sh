@@ -410,6 +410,22 @@ healthy() {
   kubectl_admin get --raw /readyz >/dev/null 2>&1 && node_ready
 }
 
+# Builds the binaries and the images. The project images (downloads, apt, pip: mostly waiting on
+# the network) are built while the Go builds keep both cores busy; on a warm cache both are no-ops.
+build_everything() {
+  local images_log=$CACHE_DIR/logs/images-project.log images_pid
+  mkdir -p "$CACHE_DIR/logs"
+  "$E2E_DIR/cluster/build-tools.sh" runc-nocap
+  "$E2E_DIR/cluster/images.sh" project >"$images_log" 2>&1 &
+  images_pid=$!
+  if ! "$E2E_DIR/cluster/build-tools.sh" pause etcd kubernetes coredns metrics-server helm; then
+    wait "$images_pid" || true
+    die "building the binaries failed"
+  fi
+  wait "$images_pid" || { tail -40 "$images_log" >&2; die "building the images failed, see $images_log"; }
+  "$E2E_DIR/cluster/images.sh" build
+}
+
 cmd_up() {
   local start=$SECONDS
   [[ $EUID -eq 0 ]] || die "must run as root (starts containerd, kubelet, iptables)"
@@ -423,8 +439,7 @@ cmd_up() {
     cmd_down
   fi
   "$E2E_DIR/cluster/host-packages.sh"
-  "$E2E_DIR/cluster/build-tools.sh"
-  "$E2E_DIR/cluster/images.sh" build
+  build_everything
   mkdir -p "$STATE_DIR" "$RUN_DIR"
   make_pki
   setup_network

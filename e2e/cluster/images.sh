@@ -7,6 +7,8 @@
 #                               Debian (TIDALMQ_E2E_PUBLIC_BASE=1) and metrics-server, with the
 #                               Docker of TIDALMQ_E2E_DOCKER_HOST
 #   images.sh base              only the debootstrap base image
+#   images.sh project           the base, broker and Spark images (no Kubernetes binaries
+#                               needed, so it can run while build-tools.sh compiles)
 #   images.sh import            copy every image whose ID changed into containerd (k8s.io)
 #   images.sh list              print the image references, one a line
 #   images.sh docker-stop       stop the dockerd this script started
@@ -152,6 +154,13 @@ cmd_build() {
   log "images built"
 }
 
+cmd_base() {
+  "$E2E_DIR/cluster/build-tools.sh" runc-nocap
+  mkdir -p "$IMAGES_DIR"
+  start_dockerd
+  build_base
+}
+
 cmd_build_kind() {
   "$E2E_DIR/cluster/build-tools.sh" metrics-server
   mkdir -p "$IMAGES_DIR"
@@ -179,11 +188,12 @@ main() {
   case "${1:-}" in
     build) cmd_build ;;
     build-kind) cmd_build_kind ;;
-    base) "$E2E_DIR/cluster/build-tools.sh" runc-nocap; mkdir -p "$IMAGES_DIR"; start_dockerd; build_base ;;
+    base) cmd_base ;;
+    project) cmd_base && build_project_images ;;
     import) cmd_import ;;
     list) all_images ;;
     docker-stop) stop_dockerd ;;
-    *) echo "usage: $0 build|build-kind|import|list|docker-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 build|build-kind|base|project|import|list|docker-stop" >&2; exit 2 ;;
   esac
 }
 
