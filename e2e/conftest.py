@@ -132,18 +132,28 @@ def kind_cluster(config: pytest.Config) -> Iterator[Cluster]:
         pytest.fail(f"--e2e-cluster=kind needs a working Docker (DOCKER_HOST={docker_host})")
     build_env = {"TIDALMQ_E2E_DOCKER_HOST": docker_host, "TIDALMQ_E2E_PUBLIC_BASE": "1"}
     logs = Path(settings["CACHE_DIR"]) / "logs"
-    stream(
-        config,
-        [str(CLUSTER_SCRIPTS / "build-tools.sh"), "kind", "kubernetes", "helm"],
-        logs / "build-tools.log",
-    )
+    # Tools from the options or PATH; the pinned versions are built (needs Go) only when missing.
+    tools = {
+        "kind": config.getoption("--kind-bin") or shutil.which("kind"),
+        "kubectl": config.getoption("--kind-kubectl-bin") or shutil.which("kubectl"),
+        "helm": shutil.which("helm"),
+    }
+    built = {
+        "kind": Path(settings["KIND_BIN"]) / "kind",
+        "kubectl": Path(settings["K8S_BIN"]) / "kubectl",
+        "helm": Path(settings["HELM_BIN"]) / "helm",
+    }
+    missing = [name for name, path in tools.items() if not path]
+    if missing:
+        targets = ["kubernetes" if name == "kubectl" else name for name in missing]
+        stream(
+            config, [str(CLUSTER_SCRIPTS / "build-tools.sh"), *targets], logs / "build-tools.log"
+        )
+        tools.update({name: str(built[name]) for name in missing})
     stream(
         config, [str(CLUSTER_SCRIPTS / "images.sh"), "build-kind"], logs / "images.log", build_env
     )
-    kind_bin = config.getoption("--kind-bin") or str(Path(settings["KIND_BIN"]) / "kind")
-    kubectl_bin = config.getoption("--kind-kubectl-bin") or str(
-        Path(settings["K8S_BIN"]) / "kubectl"
-    )
+    kind_bin, kubectl_bin = str(tools["kind"]), str(tools["kubectl"])
     kind = KindCluster(
         config.getoption("--cluster-name"),
         image=config.getoption("--kind-image"),
@@ -162,7 +172,7 @@ def kind_cluster(config: pytest.Config) -> Iterator[Cluster]:
             kind="kind",
             kubeconfig=kind.kubeconfig_path.resolve(),
             kubectl_bin=kubectl_bin,
-            helm_bin=str(Path(settings["HELM_BIN"]) / "helm"),
+            helm_bin=str(tools["helm"]),
             images={"broker": settings["BROKER_IMAGE"], "spark": settings["SPARK_IMAGE"]},
         )
         # kind has no metrics-server; its kubelets serve self-signed certificates.
@@ -175,7 +185,7 @@ def kind_cluster(config: pytest.Config) -> Iterator[Cluster]:
         cluster.wait_ready("kube-system", "deployment/metrics-server")
         yield cluster
     finally:
-        if not config.getoption("--e2e-keep"):
+        if not (config.getoption("--e2e-keep") or config.getoption("--keep-cluster")):
             kind.delete()
 
 

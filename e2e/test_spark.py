@@ -153,4 +153,4 @@ def test_spark_submit_runs_pyspark_job_on_kubernetes(cluster: Cluster, namespace
         lambda: cluster.kubectl("-n", namespace, "logs", "job/spark-submit"),
         timeout=30,
     )
-    assert "phase: Succeeded" in submit_log or "Succeeded" in submit_log, submit_log[-3000:]
+    assert "Succeeded" in submit_log, submit_log[-3000:]

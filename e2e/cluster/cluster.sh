@@ -112,7 +112,9 @@ restore_sysctls() {
   [[ -f $SYSCTL_SAVE ]] || return 0
   local line
   while IFS= read -r line; do
-    [[ -n ${line#*=} ]] && sysctl -q -w "$line" >/dev/null 2>&1 || true
+    if [[ -n ${line#*=} ]]; then
+      sysctl -q -w "$line" >/dev/null 2>&1 || log "could not restore $line"
+    fi
   done <"$SYSCTL_SAVE"
   rm -f "$SYSCTL_SAVE"
 }
