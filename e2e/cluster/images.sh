@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Builds the end-to-end images with Docker and loads them into the cluster's containerd.
+#
+#   images.sh build             start the e2e dockerd if needed, build every image (Docker's
+#                               layer cache makes an unchanged rebuild cost seconds)
+#   images.sh build-kind        for kind on a laptop: the broker and Spark images FROM public
+#                               Debian (TIDALMQ_E2E_PUBLIC_BASE=1) and metrics-server, with the
+#                               Docker of TIDALMQ_E2E_DOCKER_HOST
+#   images.sh base              only the debootstrap base image
+#   images.sh project           the base, broker and Spark images (no Kubernetes binaries
+#                               needed, so it can run while build-tools.sh compiles)
+#   images.sh import            copy every image whose ID changed into containerd (k8s.io)
+#   images.sh list              print the image references, one a line
+#   images.sh docker-stop       stop the dockerd this script started
+#
+# Images (explicit tags, never pulled): the debootstrap base, pause, CoreDNS, metrics-server,
+# the TidalMQ broker/operator image (broker_image/Dockerfile) and the Spark image
+# (spark/Dockerfile), both built FROM the debootstrap base.
+#
+# TIDALMQ_E2E_DOCKER_HOST=unix:///var/run/docker.sock builds with an existing Docker daemon
+# instead (e.g. for kind on a laptop); the default starts Debian's dockerd on its own socket.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+IMAGES_DIR=$CACHE_DIR/images
+DOCKER_HOST_URL=${TIDALMQ_E2E_DOCKER_HOST:-unix://$DOCKER_SOCK}
+if [[ -n ${TIDALMQ_E2E_DOCKER_HOST:-} ]]; then
+  docker_cli() { DOCKER_BUILDKIT=0 docker --host "$DOCKER_HOST_URL" "$@"; }
+else
+  docker_cli() { DOCKER_BUILDKIT=0 /usr/bin/docker --host "$DOCKER_HOST_URL" "$@"; }
+fi
+# The project images' base: the debootstrap-built one, or public Debian for kind on a laptop.
+if [[ -n ${TIDALMQ_E2E_PUBLIC_BASE:-} ]]; then
+  PROJECT_BASE_IMAGE=debian:$DEBIAN_SUITE-slim
+else
+  PROJECT_BASE_IMAGE=$BASE_IMAGE
+fi
+
+all_images() {
+  printf '%s\n' "$BASE_IMAGE" "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$METRICS_SERVER_IMAGE" \
+    "$BROKER_IMAGE" "$SPARK_IMAGE"
+}
+
+start_dockerd() {
+  [[ -n ${TIDALMQ_E2E_DOCKER_HOST:-} ]] && return 0
+  if docker_cli version >/dev/null 2>&1; then
+    return 0
+  fi
+  local wrapper
+  wrapper=$(ls -d "$CACHE_DIR"/bin/runc-nocap-*/runc-nocap | head -1)
+  mkdir -p "$CACHE_DIR/docker" "$RUN_DIR/docker-exec"
+  log "starting dockerd on $DOCKER_SOCK"
+  # No bridge and no iptables rules: builds use the host network, and Docker's FORWARD policy
+  # would otherwise drop the cluster's pod traffic.
+  start_daemon dockerd dockerd \
+    --host "unix://$DOCKER_SOCK" \
+    --data-root "$CACHE_DIR/docker" \
+    --exec-root "$RUN_DIR/docker-exec" \
+    --pidfile "$RUN_DIR/docker-exec/dockerd.pid" \
+    --bridge none --iptables=false --ip-forward=false --ip-masq=false \
+    --storage-driver overlay2 \
+    --add-runtime "runc-nocap=$wrapper" --default-runtime runc-nocap
+  wait_for dockerd 60 docker_cli version
+}
+
+stop_dockerd() {
+  stop_daemon dockerd 30
+}
+
+# has_image REF: the Docker daemon has this tag
+has_image() { docker_cli image inspect "$1" >/dev/null 2>&1; }
+
+build_base() {
+  has_image "$BASE_IMAGE" && return 0
+  local tarball=$IMAGES_DIR/debian-$DEBIAN_SUITE-minbase.tar
+  if [[ ! -f $tarball ]]; then
+    local root=$IMAGES_DIR/rootfs-$DEBIAN_SUITE
+    rm -rf "$root"
+    mkdir -p "$root"
+    log "debootstrap $DEBIAN_SUITE (minbase)"
+    debootstrap --variant=minbase "$DEBIAN_SUITE" "$root" http://deb.debian.org/debian >"$IMAGES_DIR/debootstrap.log" 2>&1 \
+      || die "debootstrap failed, see $IMAGES_DIR/debootstrap.log"
+    cat >"$root/etc/apt/sources.list" <<EOF
+deb http://deb.debian.org/debian $DEBIAN_SUITE main
+deb http://deb.debian.org/debian $DEBIAN_SUITE-updates main
+deb http://deb.debian.org/debian-security $DEBIAN_SUITE-security main
+EOF
+    # Like Debian's own images: no recommends, no docs, no caches.
+    printf 'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n' >"$root/etc/apt/apt.conf.d/90tidalmq"
+    rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb
+    tar -C "$root" --numeric-owner -cf "$tarball.tmp" .
+    mv "$tarball.tmp" "$tarball"
+    rm -rf "$root"
+  fi
+  log "importing the base image $BASE_IMAGE"
+  docker_cli import --change 'CMD ["/bin/bash"]' --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    "$tarball" "$BASE_IMAGE" >/dev/null
+}
+
+# build_static NAME REF BINARY: a FROM-scratch image around one static binary
+build_static() {
+  local name=$1 ref=$2 binary=$3 ctx=$IMAGES_DIR/ctx-$1
+  rm -rf "$ctx"
+  mkdir -p "$ctx"
+  cp "$E2E_DIR/images/$name/Dockerfile" "$binary" "$ctx/"
+  docker_cli build -q -t "$ref" "$ctx" >/dev/null
+}
+
+# project_context DIR: the files the project's Dockerfiles copy, plus the host's CA bundle
+project_context() {
+  local ctx=$1 ca=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+  rm -rf "$ctx"
+  mkdir -p "$ctx"
+  (cd "$REPO_DIR" && tar --exclude=__pycache__ -cf - pyproject.toml README.md broker_image operator/src spark) \
+    | tar -C "$ctx" -xf -
+  [[ -f $ca ]] && cp "$ca" "$ctx/.build-ca.pem"
+  return 0
+}
+
+# pyspark's PyPI release is a 400 MB sdist: build its wheel once on the host and keep it.
+pyspark_wheel() {
+  local dir=$CACHE_DIR/wheels
+  if ! ls "$dir"/pyspark-"$PYSPARK_VERSION"-*.whl >/dev/null 2>&1; then
+    log "building the pyspark $PYSPARK_VERSION wheel"
+    local py=$REPO_DIR/.venv/bin/python
+    [[ -x $py ]] || py=python3
+    "$py" -m pip wheel -q --no-deps -w "$dir" "pyspark==$PYSPARK_VERSION"
+  fi
+  ls "$dir"/pyspark-"$PYSPARK_VERSION"-*.whl | head -1
+}
+
+build_project_images() {
+  local ctx=$IMAGES_DIR/ctx-project
+  project_context "$ctx"
+  log "building $BROKER_IMAGE"
+  docker_cli build --network host -q -f "$ctx/broker_image/Dockerfile" \
+    --build-arg "BASE_IMAGE=$PROJECT_BASE_IMAGE" -t "$BROKER_IMAGE" "$ctx" >/dev/null
+  cp "$(pyspark_wheel)" "$ctx/"
+  log "building $SPARK_IMAGE"
+  docker_cli build --network host -q -f "$ctx/spark/Dockerfile" \
+    --build-arg "BASE_IMAGE=$PROJECT_BASE_IMAGE" --build-arg "PYSPARK_VERSION=$PYSPARK_VERSION" \
+    -t "$SPARK_IMAGE" "$ctx" >/dev/null
+}
+
+cmd_build() {
+  "$E2E_DIR/cluster/build-tools.sh" pause runc-nocap coredns metrics-server
+  mkdir -p "$IMAGES_DIR"
+  start_dockerd
+  build_base
+  build_static pause "$PAUSE_IMAGE" "$CACHE_DIR/bin/pause-$PAUSE_VERSION/pause"
+  build_static coredns "$COREDNS_IMAGE" "$CACHE_DIR/bin/coredns-$COREDNS_VERSION/coredns"
+  build_static metrics-server "$METRICS_SERVER_IMAGE" "$CACHE_DIR/bin/metrics-server-$METRICS_SERVER_VERSION/metrics-server"
+  build_project_images
+  log "images built"
+}
+
+cmd_base() {
+  "$E2E_DIR/cluster/build-tools.sh" runc-nocap
+  mkdir -p "$IMAGES_DIR"
+  start_dockerd
+  build_base
+}
+
+cmd_build_kind() {
+  "$E2E_DIR/cluster/build-tools.sh" metrics-server
+  mkdir -p "$IMAGES_DIR"
+  build_static metrics-server "$METRICS_SERVER_IMAGE" "$CACHE_DIR/bin/metrics-server-$METRICS_SERVER_VERSION/metrics-server"
+  build_project_images
+}
+
+# Imports each image into containerd unless containerd already has that exact image ID.
+cmd_import() {
+  local ref id stamp dir=$IMAGES_DIR/imported
+  mkdir -p "$dir"
+  while read -r ref; do
+    id=$(docker_cli image inspect -f '{{.Id}}' "$ref")
+    stamp=$dir/$(echo "$ref" | tr '/:' '__')
+    if [[ -f $stamp && $(cat "$stamp") == "$id" ]] && ctr_k8s images ls -q "name==$ref" | grep -q .; then
+      continue
+    fi
+    log "importing $ref into containerd"
+    docker_cli save "$ref" | ctr_k8s images import - >/dev/null
+    echo "$id" >"$stamp"
+  done < <(all_images)
+}
+
+main() {
+  case "${1:-}" in
+    build) cmd_build ;;
+    build-kind) cmd_build_kind ;;
+    base) cmd_base ;;
+    project) cmd_base && build_project_images ;;
+    import) cmd_import ;;
+    list) all_images ;;
+    docker-stop) stop_dockerd ;;
+    *) echo "usage: $0 build|build-kind|base|project|import|list|docker-stop" >&2; exit 2 ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,104 @@
+# Shared settings of the end-to-end cluster scripts (sourced, not run).
+# shellcheck disable=SC2034  # the settings are used by the scripts that source this file
+# shellcheck shell=bash
+
+E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO_DIR=$(cd "$E2E_DIR/.." && pwd)
+# shellcheck source=../versions.env
+source "$E2E_DIR/versions.env"
+
+CACHE_DIR=${TIDALMQ_CACHE_DIR:-$REPO_DIR/.cache}
+# Cluster data (certificates, etcd, kubelet, logs): removed by `down`.
+STATE_DIR=${TIDALMQ_E2E_STATE_DIR:-/var/lib/tidalmq-e2e}
+# Sockets and PID files.
+RUN_DIR=${TIDALMQ_E2E_RUN_DIR:-/run/tidalmq-e2e}
+# containerd's image store survives `down` (images are rebuilt only when their input changes).
+CONTAINERD_ROOT=$CACHE_DIR/containerd
+CONTAINERD_SOCK=$RUN_DIR/containerd/containerd.sock
+DOCKER_SOCK=$RUN_DIR/docker.sock
+KUBECONFIG_FILE=$STATE_DIR/admin.kubeconfig
+
+K8S_BIN=$CACHE_DIR/bin/kubernetes-$KUBERNETES_VERSION
+ETCD_BIN=$CACHE_DIR/bin/etcd-$ETCD_VERSION
+HELM_BIN=$CACHE_DIR/bin/helm-$HELM_VERSION
+KIND_BIN=$CACHE_DIR/bin/kind-$KIND_VERSION
+
+# Network plan: chosen to avoid Docker's 172.17.0.0/16 and the host's resolver.
+NODE_NAME=tidalmq-e2e
+NODE_IP=10.213.0.1            # on its own interface, reachable from pods and the host
+NODE_IFACE=tidalmq-node
+BRIDGE_IFACE=tidalmq-br0
+CNI_NETWORK=tidalmq-e2e
+POD_CIDR=10.244.0.0/16
+SERVICE_CIDR=10.96.0.0/16
+KUBERNETES_SERVICE_IP=10.96.0.1
+DNS_SERVICE_IP=10.96.0.10
+# Loopback/node ports, away from the defaults (etcd 2379, apiserver 6443) and the brokers' 9092+.
+ETCD_CLIENT_PORT=12379
+ETCD_PEER_PORT=12380
+ETCD_METRICS_PORT=12381
+APISERVER_PORT=16443
+
+# Image names: always explicit tags, never pulled.
+IMAGE_REGISTRY=tidalmq.local
+PAUSE_IMAGE=$IMAGE_REGISTRY/pause:$PAUSE_VERSION
+COREDNS_IMAGE=$IMAGE_REGISTRY/coredns:$COREDNS_VERSION
+METRICS_SERVER_IMAGE=$IMAGE_REGISTRY/metrics-server:$METRICS_SERVER_VERSION
+BASE_IMAGE=$IMAGE_REGISTRY/debian:$DEBIAN_SUITE
+BROKER_IMAGE=$IMAGE_REGISTRY/tidalmq:e2e
+SPARK_IMAGE=$IMAGE_REGISTRY/spark:e2e
+
+export PATH=$K8S_BIN:$ETCD_BIN:$HELM_BIN:$PATH
+
+log() { printf '[%s %s] %s\n' "$(basename "$0" .sh)" "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+ctr_k8s() { ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
+docker_e2e() { /usr/bin/docker --host "unix://$DOCKER_SOCK" "$@"; }
+
+# pid_alive NAME: the process recorded in $RUN_DIR/NAME.pid is running
+pid_alive() {
+  local file=$RUN_DIR/$1.pid
+  [[ -f $file ]] && kill -0 "$(cat "$file")" 2>/dev/null
+}
+
+# start_daemon NAME CMD...: runs CMD in the background, logs to $STATE_DIR/logs/NAME.log
+start_daemon() {
+  local name=$1
+  shift
+  if pid_alive "$name"; then
+    return 0
+  fi
+  mkdir -p "$STATE_DIR/logs" "$RUN_DIR"
+  setsid "$@" >>"$STATE_DIR/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN_DIR/$name.pid"
+}
+
+# stop_daemon NAME [TIMEOUT]: SIGTERM the recorded PID, SIGKILL after TIMEOUT seconds
+stop_daemon() {
+  local name=$1 timeout=${2:-20} file=$RUN_DIR/$1.pid pid i
+  [[ -f $file ]] || return 0
+  pid=$(cat "$file")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < timeout * 10; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$file"
+}
+
+# wait_for DESCRIPTION TIMEOUT CMD...: retries CMD every second until it succeeds
+wait_for() {
+  local what=$1 timeout=$2 i
+  shift 2
+  for ((i = 0; i < timeout; i++)); do
+    if "$@" >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 1
+  done
+  die "timed out after ${timeout}s waiting for $what"
+}

@@ -1,0 +1,3 @@
+module tidalmq.local/e2e/pause
+
+go 1.22

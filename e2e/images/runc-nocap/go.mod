@@ -1,0 +1,3 @@
+module tidalmq.local/e2e/runc-nocap
+
+go 1.22

@@ -1,0 +1,157 @@
+"""Small helpers over kubectl and helm for the end-to-end tests.
+
+The tests drive the cluster with the same command-line tools a person would use, so a failure
+reads like a terminal session: every call raises `CommandError` with the command, exit code and
+output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+E2E_DIR = Path(__file__).resolve().parent
+REPO_DIR = E2E_DIR.parent
+
+T = TypeVar("T")
+
+
+class CommandError(RuntimeError):
+    """A kubectl/helm/script call that exited non-zero."""
+
+    def __init__(self, args: Sequence[str], returncode: int, output: str) -> None:
+        super().__init__(f"`{shlex.join(args)}` exited {returncode}:\n{output[-4000:]}")
+        self.returncode = returncode
+        self.output = output
+
+
+def run(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    timeout: float = 120,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Runs a command; raises CommandError (with its output) when it fails and check is set."""
+    proc = subprocess.run(
+        list(args),
+        env={**os.environ, **(env or {})},
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise CommandError(args, proc.returncode, proc.stdout + proc.stderr)
+    return proc
+
+
+def read_versions() -> dict[str, str]:
+    """The pinned versions of e2e/versions.env (KEY=VALUE lines, # comments)."""
+    versions: dict[str, str] = {}
+    for line in (E2E_DIR / "versions.env").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "=" in line:
+            key, value = line.split("=", 1)
+            versions[key.strip()] = value.strip()
+    return versions
+
+
+def wait_until(
+    what: str, probe: Callable[[], T | None], *, timeout: float, interval: float = 2.0
+) -> T:
+    """Calls probe until it returns something truthy; fails with the last error after timeout."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = probe()
+            if value:
+                return value
+            last = value
+        except (CommandError, subprocess.TimeoutExpired, KeyError, ValueError) as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last}")
+        time.sleep(interval)
+
+
+@dataclass
+class Cluster:
+    """A running cluster the tests use: its kubeconfig, tools and the project's image names."""
+
+    kind: str
+    kubeconfig: Path
+    kubectl_bin: str
+    helm_bin: str
+    images: dict[str, str]
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"KUBECONFIG": str(self.kubeconfig), **self.extra_env}
+
+    def kubectl(
+        self, *args: str, input: str | None = None, timeout: float = 120, check: bool = True
+    ) -> str:
+        proc = run(
+            [self.kubectl_bin, *args], env=self.env, input=input, timeout=timeout, check=check
+        )
+        return proc.stdout
+
+    def kubectl_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json"))
+
+    def apply(self, manifest: str, namespace: str | None = None) -> str:
+        ns = ["-n", namespace] if namespace else []
+        return self.kubectl(*ns, "apply", "-f", "-", input=manifest)
+
+    def helm(self, *args: str, timeout: float = 300) -> str:
+        return run([self.helm_bin, *args], env=self.env, timeout=timeout).stdout
+
+    def wait_pod_phase(
+        self, namespace: str, name: str, phases: Sequence[str], timeout: float = 180
+    ) -> str:
+        def probe() -> str | None:
+            phase = self.kubectl(
+                "-n", namespace, "get", "pod", name, "-o", "jsonpath={.status.phase}"
+            )
+            if phase == "Failed" and "Failed" not in phases:
+                raise AssertionError(f"pod {namespace}/{name} failed:\n{self.describe(namespace)}")
+            return phase if phase in phases else None
+
+        return wait_until(f"pod {namespace}/{name} in {list(phases)}", probe, timeout=timeout)
+
+    def wait_ready(self, namespace: str, kind_name: str, timeout: float = 180) -> None:
+        """Waits for a Deployment/StatefulSet rollout or a Pod's Ready condition."""
+        if kind_name.startswith(("pod/", "pods/")):
+            self.kubectl(
+                "-n", namespace, "wait", "--for=condition=Ready", kind_name,
+                f"--timeout={int(timeout)}s", timeout=timeout + 10,
+            )  # fmt: skip
+        else:
+            self.kubectl(
+                "-n", namespace, "rollout", "status", kind_name, f"--timeout={int(timeout)}s",
+                timeout=timeout + 10,
+            )  # fmt: skip
+
+    def describe(self, namespace: str) -> str:
+        """What a person would look at when a test fails: objects, pods and recent events."""
+        parts = []
+        for args in (
+            ("get", "all", "-o", "wide"),
+            ("describe", "pods"),
+            ("get", "events", "--sort-by=.lastTimestamp"),
+        ):
+            proc = run([self.kubectl_bin, "-n", namespace, *args], env=self.env, check=False)
+            parts.append(f"$ kubectl -n {namespace} {' '.join(args)}\n{proc.stdout}{proc.stderr}")
+        return "\n".join(parts)[-12000:]
