@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -34,6 +35,7 @@ from tidalmq_broker.storage.api import StorageConfig
 from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
+from tidalmq_broker.storage.topic_data import delete_topic_data
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,7 @@ class Broker:
                         auto_rebalance=False,
                         embedded=True,
                     ),
+                    topic_data_deleter=functools.partial(delete_topic_data, self._store),
                 )
                 await self.own_controller.start()
                 self.controller = LocalControllerClient(self.own_controller)

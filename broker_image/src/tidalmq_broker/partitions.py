@@ -203,17 +203,12 @@ class PartitionManager:
         wish = self._wishes.get(tp)
         plog = self._engine.get(tp)
         if wish is None:
-            if plog is None:
-                return True, None
-            await self._close(tp)
-            if tp.topic not in self._known_topics and opened_id is not None:
-                log.info("%s: topic deleted, deleting its data", tp)
-                await self._engine.delete_partition(tp, opened_id)
+            if plog is not None:
+                await self._close(tp)  # the controller deletes a deleted topic's data
             return True, None
         if plog is not None and opened_id not in (None, wish.topic_id):
             # same name, new topic: the old one was deleted and re-created
             await self._close(tp)
-            await self._engine.delete_partition(tp, opened_id)
             plog = None
         if plog is None or plog.leader_epoch < wish.epoch:
             if plog is not None:

@@ -120,6 +120,8 @@ class ClusterMetadata:
     brokers: dict[int, BrokerInfo] = field(default_factory=dict)
     topics: dict[str, TopicInfo] = field(default_factory=dict)
     next_producer_id: int = 1000
+    # deleted topics whose data is still in object storage: (name, topic id)
+    pending_deletions: list[tuple[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +131,7 @@ class ClusterMetadata:
             "brokers": {str(k): v.to_json() for k, v in sorted(self.brokers.items())},
             "topics": {k: v.to_json() for k, v in sorted(self.topics.items())},
             "next_producer_id": self.next_producer_id,
+            "pending_deletions": [list(d) for d in self.pending_deletions],
         }
 
     @classmethod
@@ -140,6 +143,7 @@ class ClusterMetadata:
             brokers={int(k): BrokerInfo.from_json(v) for k, v in data.get("brokers", {}).items()},
             topics={k: TopicInfo.from_json(v) for k, v in data.get("topics", {}).items()},
             next_producer_id=int(data.get("next_producer_id", 1000)),
+            pending_deletions=[(n, i) for n, i in data.get("pending_deletions", [])],
         )
 
     def copy(self) -> ClusterMetadata:

@@ -138,3 +138,28 @@ def test_groups_are_listed_described_and_deleted(local_broker: BrokerProcess) ->
         assert "described" not in {g["group_id"] for g in admin.list_groups()}
     finally:
         admin.close()
+
+
+def test_deleting_a_topic_deletes_its_data(local_broker: BrokerProcess) -> None:
+    from pathlib import Path
+
+    objects = Path(local_broker.storage_url.removeprefix("file://"))
+    topic = topic_name()
+    create_topic(local_broker.bootstrap, topic, 3)
+    p = producer(local_broker.bootstrap)
+    for i in range(300):
+        p.produce(topic, value=b"x" * 100, partition=i % 3)
+    assert p.flush(20) == 0
+    time.sleep(6)  # a checkpoint interval: the partitions have checkpoints now
+    prefix = objects / "partitions" / topic
+    assert prefix.exists() and any(prefix.rglob("checkpoint"))
+    admin = AdminClient({"bootstrap.servers": local_broker.bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+
+    def stored() -> list[Path]:
+        return [f for f in prefix.rglob("*") if f.is_file()] if prefix.exists() else []
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and stored():
+        time.sleep(0.2)
+    assert not stored(), "the topic's checkpoints and segments are deleted"

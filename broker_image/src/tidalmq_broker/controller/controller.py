@@ -173,8 +173,10 @@ class Controller:
         settings: ControllerSettings | None = None,
         *,
         offsets_topic_partitions: int | None = None,
+        topic_data_deleter: Callable[[str, str], Awaitable[int]] | None = None,
     ) -> None:
         self._store = store
+        self._delete_topic_data = topic_data_deleter
         s = settings or ControllerSettings()
         if offsets_topic_partitions is not None:
             s = ControllerSettings(
@@ -198,6 +200,7 @@ class Controller:
         self._started_at = 0.0
         self._events: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._pending_push: dict[int, ClusterMetadata] = {}
+        self._cleaning: asyncio.Task[None] | None = None
         self._pushers: dict[int, asyncio.Task[None]] = {}
 
     # ---------------------------------------------------------------- lifecycle
@@ -472,7 +475,13 @@ class Controller:
                     doomed.append(name)
                     results.append(TopicResult(name, None, topic.topic_id))
             if doomed:
-                await self._commit_locked(lambda m: [m.topics.pop(n) for n in doomed])
+
+                def mutate(m: ClusterMetadata) -> None:
+                    for n in doomed:
+                        topic = m.topics.pop(n)
+                        m.pending_deletions.append((topic.name, topic.topic_id))
+
+                await self._commit_locked(mutate)
                 for name in doomed:
                     for tp in [tp for tp in self._move_versions if tp.topic == name]:
                         self._move_versions.pop(tp, None)
@@ -725,7 +734,10 @@ class Controller:
             snapshot = self.snapshot() if changed else None
         if snapshot is not None:
             await self._push(snapshot)
-        # 4. targets that report their partition open: the move is done
+        # 4. data of deleted topics, once no broker has their partitions open
+        if self.metadata.pending_deletions and (self._cleaning is None or self._cleaning.done()):
+            self._cleaning = asyncio.create_task(self._clean_deleted_topics(), name="topic cleanup")
+        # 5. targets that report their partition open: the move is done
         for status in self.moves.active():
             if status.phase is Phase.OPENING and status.epoch is not None:
                 live = self._liveness.get(status.target)
@@ -862,6 +874,36 @@ class Controller:
             part = self._partition(tp)
             status.epoch = part.leader_epoch if part else None
             self.moves.mark(tp, Phase.OPENING)
+
+    async def _clean_deleted_topics(self) -> None:
+        """Delete the stored data of deleted topics once every live broker has reported (in a
+        heartbeat that reflects the deletion) that none of their partitions is open."""
+        pending = list(self.metadata.pending_deletions)
+        version = self.metadata.version
+        for name, topic_id in pending:
+            current = self.metadata.topics.get(name)
+            still_open = any(
+                tp.topic == name and (current is None or live.applied_version < version)
+                for live in self._liveness.values()
+                for tp in live.open_partitions
+            )
+            behind = any(live.applied_version < version for live in self._liveness.values())
+            if still_open or behind:
+                continue
+            if self._delete_topic_data is not None:
+                try:
+                    count = await self._delete_topic_data(name, topic_id)
+                    log.info("deleted the data of topic %s (%s): %d objects", name, topic_id, count)
+                except Exception as exc:
+                    log.warning("deleting the data of topic %s failed, will retry: %s", name, exc)
+                    continue
+            async with self._lock:
+                await self._commit_locked(
+                    lambda m, entry=(name, topic_id): (
+                        m.pending_deletions.remove(entry) if entry in m.pending_deletions else None
+                    )
+                )
+            self._emit("TopicDataDeleted", f"data of topic {name} deleted", {"topic": name})
 
     def _observe_opened(self, tp: TopicPartition, broker_id: int, epoch: int) -> None:
         status = self.moves.get(tp)

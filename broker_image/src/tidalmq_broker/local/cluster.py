@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from tidalmq_broker.controller.rpc import ControllerServer
 from tidalmq_broker.controller.store import ObjectStoreMetadataStore
 from tidalmq_broker.logs import setup_logging
 from tidalmq_broker.storage.objectstore.factory import open_object_store
+from tidalmq_broker.storage.topic_data import delete_topic_data
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,7 @@ class LocalCluster:
             ControllerSettings(
                 heartbeat_interval_s=float(os.environ.get("TIDALMQ_HEARTBEAT_INTERVAL_S", "1.0")),
             ),
+            topic_data_deleter=functools.partial(delete_topic_data, self._store),
         )
         await self.controller.start()
         self.server = ControllerServer(self.controller)
