@@ -114,6 +114,7 @@ class Broker:
         if s.port == 0:
             s.port = self.listener.port
         self.http.app.router.add_post("/v1/metadata", self._receive_metadata)
+        self.http.app.router.add_post("/v1/drain", self._http_drain)
         await self.http.start(s.http_host, s.http_port)
         if self.controller is None:
             if s.controller_url:
@@ -196,6 +197,23 @@ class Broker:
         self.metadata = snapshot
         if self.partitions is not None and not self._stopping:
             self.partitions.apply(snapshot)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Hand every partition to the other brokers (preStop, scale-in); True when done."""
+        if self.own_controller is not None:
+            return False  # a standalone broker has nowhere to move its partitions
+        return await self.controller.drain_broker(self.broker_id, timeout_s=timeout_s)
+
+    async def _http_drain(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else {}
+        timeout_s = float(body.get("timeout_s", self.settings.shutdown_timeout_s))
+        try:
+            drained = await self.drain(timeout_s)
+        except Exception as exc:
+            return web.json_response({"drained": False, "error": str(exc)}, status=503)
+        return web.json_response(
+            {"drained": drained, "leading": len(self.partitions.open_partitions())}
+        )
 
     async def _receive_metadata(self, request: web.Request) -> web.Response:
         self.apply_metadata(ClusterMetadata.from_json(await request.json()))

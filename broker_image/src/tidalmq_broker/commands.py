@@ -12,7 +12,41 @@ from collections.abc import Callable
 def builtin_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     from tidalmq_broker import reassign_cli
 
-    return [_register_broker, _register_local, reassign_cli.register]
+    return [_register_broker, _register_drain, _register_local, reassign_cli.register]
+
+
+def _register_drain(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "drain",
+        help="ask a running broker to move its partitions to the others (preStop hook)",
+        description="Ask a broker (through its HTTP port) to hand every partition to the other "
+        "brokers, and wait until it leads none. Exits 0 when drained.",
+    )
+    p.add_argument("--http-url", default="http://127.0.0.1:9644", help="the broker's HTTP port")
+    p.add_argument("--timeout", type=float, default=50.0, help="seconds to wait")
+    p.set_defaults(handler=_run_drain)
+
+
+def _run_drain(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        args.http_url.rstrip("/") + "/v1/drain",
+        data=json.dumps({"timeout_s": args.timeout}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout + 10) as resp:
+            result = json.loads(resp.read())
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"drain failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0 if result.get("drained") else 1
 
 
 def _register_broker(sub: argparse._SubParsersAction) -> None:

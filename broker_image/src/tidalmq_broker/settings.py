@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,10 @@ ENV_PREFIX = "TIDALMQ_"
 @dataclass(slots=True)
 class BrokerSettings:
     broker_id: int = field(default=0, metadata={"help": "this broker's id (node id)"})
+    broker_id_from_hostname: bool = field(
+        default=False,
+        metadata={"help": "take the id from the hostname's trailing -N (a StatefulSet ordinal)"},
+    )
     host: str = field(default="127.0.0.1", metadata={"help": "Kafka listener bind address"})
     port: int = field(default=9092, metadata={"help": "Kafka listener port (0: any free port)"})
     advertised_host: str = field(default="", metadata={"help": "host clients connect to"})
@@ -136,4 +142,15 @@ def from_sources(
         if args is not None and getattr(args, f.name, None) is not None:
             values[f.name] = getattr(args, f.name)
     values.update(overrides)
-    return cls(**values)
+    settings = cls(**values)
+    if getattr(settings, "broker_id_from_hostname", False):
+        settings.broker_id = broker_id_from_hostname(socket.gethostname())
+    return settings
+
+
+def broker_id_from_hostname(hostname: str) -> int:
+    """`tidalmq-broker-3` -> 3: a StatefulSet pod's ordinal is a stable broker id."""
+    match = re.search(r"-(\d+)$", hostname.split(".")[0])
+    if match is None:
+        raise SystemExit(f"cannot take a broker id from hostname {hostname!r} (expected NAME-N)")
+    return int(match.group(1))

@@ -1,0 +1,123 @@
+"""The few Kubernetes API calls the operator makes outside Kopf's handler plumbing: the
+ClusterState document (compare-and-swap on resourceVersion), status patches of our resources,
+Events, and pod listings. The official client is synchronous, so each call runs in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import uuid
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from tidalmq_operator.settings import GROUP, VERSION
+
+log = logging.getLogger(__name__)
+
+
+class Conflict(Exception):
+    """The object changed since it was read (HTTP 409)."""
+
+
+class NotFound(Exception):
+    """HTTP 404"""
+
+
+def load_config() -> None:
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config()
+
+
+class Kube:
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.custom = client.CustomObjectsApi()
+        self.core = client.CoreV1Api()
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(exc.reason) from exc
+            if exc.status == 404:
+                raise NotFound(exc.reason) from exc
+            raise
+
+    # ------------------------------------------------------------------ our resources
+    async def get(self, plural: str, name: str) -> dict[str, Any]:
+        return await self._call(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name
+        )
+
+    async def list(self, plural: str) -> list[dict[str, Any]]:
+        result = await self._call(
+            self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, plural
+        )
+        return list(result.get("items", []))
+
+    async def create(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call(
+            self.custom.create_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            plural,
+            body,
+        )
+
+    async def replace(self, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call(
+            self.custom.replace_namespaced_custom_object,
+            GROUP, VERSION, self.namespace, plural, name, body,
+        )  # fmt: skip
+
+    async def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        return await self._call(
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP, VERSION, self.namespace, plural, name, {"status": status},
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ core
+    async def pods(self, selector: str) -> list[Any]:
+        result = await self._call(
+            self.core.list_namespaced_pod, self.namespace, label_selector=selector
+        )
+        return list(result.items)
+
+    async def event(
+        self, involved: dict[str, Any], reason: str, message: str, *, warning: bool = False
+    ) -> None:
+        """Record a Kubernetes Event on one of our resources (best effort)."""
+        meta = involved.get("metadata", {})
+        now = datetime.datetime.now(datetime.UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                name=f"{meta.get('name', 'tidalmq')}.{uuid.uuid4().hex[:10]}",
+                namespace=self.namespace,
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version=involved.get("apiVersion", f"{GROUP}/{VERSION}"),
+                kind=involved.get("kind"),
+                name=meta.get("name"),
+                namespace=self.namespace,
+                uid=meta.get("uid"),
+            ),
+            reason=reason,
+            message=message[:1000],
+            type="Warning" if warning else "Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=client.V1EventSource(component="tidalmq-operator"),
+        )
+        try:
+            await self._call(self.core.create_namespaced_event, self.namespace, body)
+        except Exception as exc:  # events are best effort
+            log.debug("event %s on %s not recorded: %s", reason, meta.get("name"), exc)

@@ -1,0 +1,88 @@
+"""`tidalmq operator run`: Kopf with peering, the controller's daemon, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from typing import Any
+
+import kopf
+from tidalmq_broker.logs import setup_logging
+from tidalmq_broker.server.http import HealthServer
+
+from tidalmq_operator import handlers  # noqa: F401  (registers the handlers)
+from tidalmq_operator.kube import Conflict, Kube, load_config
+from tidalmq_operator.runtime import OperatorRuntime
+from tidalmq_operator.settings import GROUP, VERSION, OperatorSettings
+
+log = logging.getLogger(__name__)
+
+
+async def _ensure_objects(kube: Kube, settings: OperatorSettings) -> None:
+    """The ClusterState the controller daemon runs on, and the peering object."""
+    try:
+        await kube.create("clusterstates", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterState",
+            "metadata": {"name": settings.cluster_state_name}, "spec": {"clusterId": ""},
+        })  # fmt: skip
+    except Conflict:
+        pass
+    try:
+        await asyncio.to_thread(
+            kube.custom.create_namespaced_custom_object, "kopf.dev", "v1", kube.namespace,
+            "kopfpeerings",
+            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+             "metadata": {"name": settings.peering_name}},
+        )  # fmt: skip
+    except Exception as exc:  # exists already (409) or created by the chart
+        log.debug("peering object: %s", exc)
+
+
+async def run_operator(settings: OperatorSettings) -> None:
+    load_config()
+    kube = Kube(settings.namespace)
+    runtime = OperatorRuntime(settings, kube)
+    await _ensure_objects(kube, settings)
+
+    def readiness() -> tuple[bool, str]:
+        if runtime.active.is_set():
+            return True, "active controller"
+        return False, "standby (another replica holds the controller role)"
+
+    http = HealthServer(readiness)
+    await http.start(settings.http_host, settings.http_port)
+
+    @kopf.on.startup()
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.name = runtime.settings.peering_name
+        settings.peering.mandatory = True
+        settings.peering.priority = int.from_bytes(os.urandom(2), "big")
+        settings.posting.level = logging.INFO
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration"
+        )
+        settings.watching.server_timeout = 60
+        settings.networking.request_timeout = 30
+
+    try:
+        await kopf.operator(
+            namespaces=[settings.namespace],
+            memo=kopf.Memo(runtime=runtime),
+            identity=kopf.Identity(socket.gethostname()) if hasattr(kopf, "Identity") else None,
+        )
+    finally:
+        await http.stop()
+
+
+def main(settings: OperatorSettings | None = None) -> int:
+    settings = settings or OperatorSettings.from_env()
+    setup_logging(
+        os.environ.get("TIDALMQ_LOG_LEVEL", "INFO"), os.environ.get("TIDALMQ_LOG_FORMAT", "text")
+    )
+    logging.getLogger("kopf.objects").setLevel(logging.INFO)
+    asyncio.run(run_operator(settings))
+    return 0

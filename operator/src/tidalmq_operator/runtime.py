@@ -1,0 +1,290 @@
+"""The operator's running state: the controller (while this replica is the active peer), and the
+status of every resource, derived from the controller's metadata and move tracker.
+
+Status is level-based: each publish recomputes what each resource's status should be from the
+latest snapshot and patches only what changed, so a missed update is repaired by the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidalmq_broker.controller.controller import Controller, ControllerSettings
+from tidalmq_broker.controller.moves import MoveStatus
+from tidalmq_broker.controller.rpc import ControllerServer
+from tidalmq_broker.storage.objectstore.factory import open_object_store
+from tidalmq_broker.storage.topic_data import delete_topic_data
+from tidalmq_core.metadata import NO_LEADER, ClusterMetadata
+from tidalmq_core.model import TopicPartition
+from tidalmq_core.reassignment import Phase, PlanEntry
+
+from tidalmq_operator.kube import Kube, NotFound
+from tidalmq_operator.settings import OperatorSettings
+from tidalmq_operator.store import ClusterStateStore
+
+log = logging.getLogger(__name__)
+
+
+def now_iso(ts: float | None = None) -> str:
+    moment = datetime.datetime.fromtimestamp(ts if ts is not None else time.time(), datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    kind: str, status: bool, reason: str, message: str, generation: int | None
+) -> dict[str, Any]:
+    return {"type": kind, "status": "True" if status else "False", "reason": reason,
+            "message": message, "lastTransitionTime": now_iso(), "observedGeneration": generation}  # fmt: skip
+
+
+def merge_conditions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep lastTransitionTime when a condition's status did not change."""
+    previous = {c.get("type"): c for c in old or []}
+    out = []
+    for c in new:
+        before = previous.get(c["type"])
+        if before is not None and before.get("status") == c["status"]:
+            c = {
+                **c,
+                "lastTransitionTime": before.get("lastTransitionTime", c["lastTransitionTime"]),
+            }
+        out.append(c)
+    return out
+
+
+@dataclass(slots=True)
+class TopicWish:
+    resource: str  # the Topic resource's name
+    kafka_name: str
+    partitions: int
+    generation: int | None
+    error: tuple[str, str] | None = None  # (reason, message) of a spec the controller refused
+
+
+@dataclass(slots=True)
+class ReassignmentRun:
+    resource: str
+    entries: list[PlanEntry]
+    submitted: float
+    generation: int | None
+    uid: str | None = None
+    phases: dict[TopicPartition, str] = field(default_factory=dict)
+    finished: bool = False
+
+
+class OperatorRuntime:
+    def __init__(self, settings: OperatorSettings, kube: Kube) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.controller: Controller | None = None
+        self.server: ControllerServer | None = None
+        self.topics: dict[str, TopicWish] = {}  # by resource name
+        self.reassignments: dict[str, ReassignmentRun] = {}  # by resource name
+        self._last_status: dict[tuple[str, str], Any] = {}
+        self._publish_lock = asyncio.Lock()
+        self.active = asyncio.Event()
+
+    # ------------------------------------------------------------------ controller role
+    async def run_controller(self, stopped: Any) -> None:
+        """Run the controller until `stopped` (Kopf stops daemons when this replica is paused
+        by peering). Starting bumps the controller epoch in the ClusterState, so a previous
+        controller elsewhere is fenced on its next write."""
+        s = self.settings
+        store = open_object_store(s.storage_url) if s.storage_url else None
+        controller = Controller(
+            ClusterStateStore(self.kube, s.cluster_state_name),
+            ControllerSettings(
+                heartbeat_interval_s=s.heartbeat_interval_s, lease_s=s.lease_s,
+                session_timeout_s=s.session_timeout_s, election_timeout_s=s.election_timeout_s,
+                offsets_topic_partitions=s.offsets_topic_partitions,
+            ),
+            topic_data_deleter=functools.partial(delete_topic_data, store) if store else None,
+        )  # fmt: skip
+        await controller.start()
+        controller.add_event_sink(self._on_controller_event)
+        server = ControllerServer(controller)
+        await server.start(s.controller_host, s.controller_port)
+        self.controller, self.server = controller, server
+        self.active.set()
+        log.info("controller active; brokers reach it on port %d", server.port)
+        try:
+            while not stopped:
+                await self.publish()
+                await asyncio.sleep(s.status_interval_s)
+        finally:
+            self.active.clear()
+            self.controller = None
+            await server.stop()
+            await controller.stop()
+            log.info("controller stopped on this replica")
+
+    def require_controller(self) -> Controller:
+        if self.controller is None:
+            raise ControllerInactive("the controller is not active on this replica yet")
+        return self.controller
+
+    # ------------------------------------------------------------------ publishing
+    def _on_controller_event(self, reason: str, message: str, fields: dict[str, Any]) -> None:
+        warning = reason in ("BrokerDead", "BrokerFenced")
+        involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "ClusterState",
+                    "metadata": {"name": self.settings.cluster_state_name}}  # fmt: skip
+        task = asyncio.create_task(self.kube.event(involved, reason, message, warning=warning))
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    async def publish(self) -> None:
+        controller = self.controller
+        if controller is None:
+            return
+        async with self._publish_lock:
+            meta = controller.metadata
+            for wish in list(self.topics.values()):
+                await self._patch("topics", wish.resource, self._topic_status(meta, wish))
+            active, recent = controller.move_statuses()
+            for run in list(self.reassignments.values()):
+                if run.finished:
+                    continue
+                status = await self._reassignment_status(run, active, recent, meta)
+                await self._patch("partitionreassignments", run.resource, status)
+
+    async def _patch(self, plural: str, name: str, status: dict[str, Any]) -> None:
+        key = (plural, name)
+        comparable = {k: v for k, v in status.items() if k != "conditions"}
+        comparable["conditions"] = [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"}
+            for c in status.get("conditions", [])
+        ]
+        if self._last_status.get(key) == comparable:
+            return
+        try:
+            current = await self.kube.get(plural, name)
+        except NotFound:
+            return
+        status["conditions"] = merge_conditions(
+            (current.get("status") or {}).get("conditions", []), status.get("conditions", [])
+        )
+        await self.kube.patch_status(plural, name, status)
+        self._last_status[key] = comparable
+
+    def _topic_status(self, meta: ClusterMetadata, wish: TopicWish) -> dict[str, Any]:
+        topic = meta.topics.get(wish.kafka_name)
+        status: dict[str, Any] = {"observedGeneration": wish.generation}
+        conditions = []
+        if wish.error is not None:
+            reason, message = wish.error
+            conditions.append(condition("Error", True, reason, message, wish.generation))
+        if topic is None:
+            conditions.append(condition("Ready", False, wish.error[0] if wish.error else "Creating",
+                                        "the topic does not exist yet", wish.generation))  # fmt: skip
+            status["conditions"] = conditions
+            return status
+        parts = [
+            {"partition": i, "broker": p.leader if p.leader != NO_LEADER else None,
+             "epoch": p.leader_epoch, "moving": p.moving}
+            for i, p in enumerate(topic.partitions)
+        ]  # fmt: skip
+        status.update(topicId=topic.topic_id, partitionCount=len(parts), partitions=parts)
+        leaderless = sum(1 for p in topic.partitions if p.leader == NO_LEADER)
+        moving = sum(1 for p in topic.partitions if p.moving)
+        if wish.error is None:
+            conditions.append(condition("Error", False, "None", "", wish.generation))
+        if leaderless or moving:
+            conditions.append(condition("Reconciling", True, "PartitionsMoving",
+                                        f"{moving} moving, {leaderless} without a leader", wish.generation))  # fmt: skip
+        else:
+            conditions.append(condition("Reconciling", False, "Settled", "", wish.generation))
+        ready = wish.error is None and not leaderless and len(parts) == wish.partitions
+        reason = "Serving" if ready else (wish.error[0] if wish.error else "PartitionsMoving")
+        message = (f"{len(parts)} partitions served" if ready
+                   else (wish.error[1] if wish.error else f"{leaderless} partitions without a leader"))  # fmt: skip
+        conditions.append(condition("Ready", ready, reason, message, wish.generation))
+        status["conditions"] = conditions
+        return status
+
+    async def _reassignment_status(
+        self, run: ReassignmentRun, active: list[MoveStatus], recent: list[MoveStatus],
+        meta: ClusterMetadata,
+    ) -> dict[str, Any]:  # fmt: skip
+        by_tp_active = {m.tp: m for m in active}
+        by_tp_recent: dict[TopicPartition, MoveStatus] = {}
+        for m in recent:
+            if m.started >= run.submitted - 0.5:
+                by_tp_recent[m.tp] = m
+        rows = []
+        done = 0
+        failed = 0
+        cancelled = 0
+        for entry in run.entries:
+            m = by_tp_active.get(entry.tp) or by_tp_recent.get(entry.tp)
+            row: dict[str, Any] = {"topic": entry.tp.topic, "partition": entry.tp.partition,
+                                   "target": entry.target}  # fmt: skip
+            phase = run.phases.get(entry.tp, Phase.PENDING.value)
+            if m is None and phase not in (
+                Phase.DONE.value,
+                Phase.CANCELLED.value,
+                Phase.FAILED.value,
+            ):
+                # no observed move (e.g. it finished before an operator restart): the metadata
+                # tells whether the partition now lives on its target
+                topic = meta.topics.get(entry.tp.topic)
+                part = (
+                    topic.partitions[entry.tp.partition]
+                    if topic and entry.tp.partition < len(topic.partitions)
+                    else None
+                )
+                if part is not None and not part.moving and part.leader == entry.target:
+                    phase = Phase.DONE.value
+            if m is not None:
+                phase = m.phase.value
+                row.update(
+                    source=m.source, startTime=now_iso(m.started),
+                    endTime=now_iso(m.finished) if m.finished else None,
+                    unavailableMs=round(m.unavailable_s * 1000) if m.unavailable_s is not None else None,
+                    message=m.reason or None,
+                )  # fmt: skip
+            row["phase"] = phase
+            if run.phases.get(entry.tp) != phase:
+                run.phases[entry.tp] = phase
+                await self._event_for_run(run, entry.tp, phase, m)
+            done += phase == Phase.DONE.value
+            failed += phase == Phase.FAILED.value
+            cancelled += phase == Phase.CANCELLED.value
+            rows.append({k: v for k, v in row.items() if v is not None})
+        total = len(run.entries)
+        finished = done + failed + cancelled == total
+        if not finished:
+            overall = "Running"
+        elif failed:
+            overall = "Failed"
+        elif cancelled:
+            overall = "Cancelled"
+        else:
+            overall = "Completed"
+        status: dict[str, Any] = {
+            "phase": overall, "progress": f"{done}/{total}", "partitions": rows,
+            "observedGeneration": run.generation, "startTime": now_iso(run.submitted),
+            "conditions": [condition("Complete", finished, overall, f"{done} of {total} moved", run.generation)],
+        }  # fmt: skip
+        if finished:
+            status["completionTime"] = now_iso()
+            run.finished = True
+        return status
+
+    async def _event_for_run(self, run: ReassignmentRun, tp: TopicPartition, phase: str,
+                             m: MoveStatus | None) -> None:  # fmt: skip
+        involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
+                    "metadata": {"name": run.resource, "uid": run.uid}}  # fmt: skip
+        extra = ""
+        if m is not None and phase == Phase.DONE.value and m.unavailable_s is not None:
+            extra = f" (unavailable {m.unavailable_s * 1000:.0f} ms)"
+        await self.kube.event(involved, f"Partition{phase}", f"{tp} -> broker {m.target if m else '?'}: {phase}{extra}",
+                              warning=phase == Phase.FAILED.value)  # fmt: skip
+
+
+class ControllerInactive(Exception):
+    """This replica is not the active controller (yet); handlers retry."""

@@ -1,0 +1,61 @@
+"""Operator settings from TIDALMQ_* environment variables (the Helm chart sets them)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+GROUP = "tidalmq.io"
+VERSION = "v1alpha1"
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    namespace: str = "default"
+    cluster_state_name: str = "tidalmq"  # the ClusterState resource holding the metadata
+    broker_statefulset: str = "tidalmq-broker"
+    broker_selector: str = "app.kubernetes.io/component=broker"
+    storage_url: str = ""
+    controller_host: str = "0.0.0.0"
+    controller_port: int = 9690
+    http_host: str = "0.0.0.0"
+    http_port: int = 9691
+    peering_name: str = "tidalmq"
+    heartbeat_interval_s: float = 1.0
+    lease_s: float = 4.0
+    session_timeout_s: float = 6.0
+    election_timeout_s: float = 10.0
+    offsets_topic_partitions: int = 16
+    status_interval_s: float = 0.5
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
+        env = dict(os.environ if env is None else env)
+
+        def get(name: str, default: str) -> str:
+            return env.get(f"TIDALMQ_{name}", default)
+
+        return cls(
+            namespace=get("OPERATOR_NAMESPACE", "default"),
+            cluster_state_name=get("CLUSTER_STATE_NAME", "tidalmq"),
+            broker_statefulset=get("BROKER_STATEFULSET", "tidalmq-broker"),
+            broker_selector=get("BROKER_SELECTOR", "app.kubernetes.io/component=broker"),
+            storage_url=get("STORAGE_URL", ""),
+            controller_port=int(get("CONTROLLER_PORT", "9690")),
+            http_port=int(get("OPERATOR_HTTP_PORT", "9691")),
+            peering_name=get("PEERING_NAME", "tidalmq"),
+            heartbeat_interval_s=float(get("HEARTBEAT_INTERVAL_S", "1.0")),
+            lease_s=float(get("LEASE_S", "4.0")),
+            session_timeout_s=float(get("SESSION_TIMEOUT_S", "6.0")),
+            election_timeout_s=float(get("ELECTION_TIMEOUT_S", "10.0")),
+            offsets_topic_partitions=int(get("OFFSETS_TOPIC_PARTITIONS", "16")),
+        )
+
+    def selector_dict(self) -> dict[str, str]:
+        out = {}
+        for part in self.broker_selector.split(","):
+            if "=" in part:
+                k, v = part.split("=", 1)
+                out[k.strip()] = v.strip()
+        return out
