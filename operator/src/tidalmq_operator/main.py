@@ -11,6 +11,7 @@ from typing import Any
 import kopf
 from tidalmq_broker.logs import setup_logging
 from tidalmq_broker.server.http import HealthServer
+from tidalmq_core.metadata import new_cluster_id
 
 from tidalmq_operator import handlers  # noqa: F401  (registers the handlers)
 from tidalmq_operator.kube import Conflict, Kube, load_config
@@ -25,7 +26,8 @@ async def _ensure_objects(kube: Kube, settings: OperatorSettings) -> None:
     try:
         await kube.create("clusterstates", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterState",
-            "metadata": {"name": settings.cluster_state_name}, "spec": {"clusterId": ""},
+            "metadata": {"name": settings.cluster_state_name},
+            "spec": {"clusterId": new_cluster_id()},
         })  # fmt: skip
     except Conflict:
         pass
@@ -59,6 +61,7 @@ async def run_operator(settings: OperatorSettings) -> None:
         settings.peering.name = runtime.settings.peering_name
         settings.peering.mandatory = True
         settings.peering.priority = int.from_bytes(os.urandom(2), "big")
+        settings.peering.lifetime = runtime.settings.peering_lifetime_s
         settings.posting.level = logging.INFO
         settings.persistence.finalizer = f"{GROUP}/finalizer"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)

@@ -21,6 +21,7 @@ class OperatorSettings:
     http_host: str = "0.0.0.0"
     http_port: int = 9691
     peering_name: str = "tidalmq"
+    peering_lifetime_s: int = 60  # a peer silent this long is considered gone
     heartbeat_interval_s: float = 1.0
     lease_s: float = 4.0
     session_timeout_s: float = 6.0
@@ -45,6 +46,7 @@ class OperatorSettings:
             controller_port=int(get("CONTROLLER_PORT", "9690")),
             http_port=int(get("OPERATOR_HTTP_PORT", "9691")),
             peering_name=get("PEERING_NAME", "tidalmq"),
+            peering_lifetime_s=int(get("PEERING_LIFETIME_S", "60")),
             heartbeat_interval_s=float(get("HEARTBEAT_INTERVAL_S", "1.0")),
             lease_s=float(get("LEASE_S", "4.0")),
             session_timeout_s=float(get("SESSION_TIMEOUT_S", "6.0")),
