@@ -126,6 +126,23 @@ def test_chart_pods_start_from_the_local_image(cluster: Cluster, installed: str)
 
     wait_until("the chart's pods to start their containers", started, timeout=300, interval=3)
     for name, pod in pods().items():
+        # A container that stopped must not have stopped because of the chart's security
+        # context (read-only root filesystem, uid 10001).
+        for status in pod["status"].get("containerStatuses", []):
+            if "terminated" in status["state"] or status.get("lastState", {}).get("terminated"):
+                previous = "--previous" if status.get("lastState", {}).get("terminated") else ""
+                args = [
+                    "-n",
+                    ns,
+                    "logs",
+                    name,
+                    "-c",
+                    status["name"],
+                    *([previous] if previous else []),
+                ]
+                logs = kubectl_result(cluster, *args).stdout
+                for sign in ("Read-only file system", "Permission denied"):
+                    assert sign not in logs, f"{name}/{status['name']}: {sign}:\n{logs[-2000:]}"
         assert pod["spec"]["securityContext"]["runAsNonRoot"] is True, name
         assert pod["spec"]["containers"][0]["image"] == cluster.images["broker"], name
         if name in wanted:
