@@ -256,7 +256,8 @@ def test_operator_deployment_and_environment_contract(default: list[dict[str, An
         "controller": 9690, "metrics": 9691,
     }  # fmt: skip
     assert operator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert operator["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # every replica is Ready; the controller Service selects the active one by its label
+    assert operator["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 
 
 def test_operator_selector_matches_the_broker_pods(default: list[dict[str, Any]]) -> None:
@@ -278,6 +279,9 @@ def test_operator_service_and_peering(default: list[dict[str, Any]]) -> None:
         "metrics": 9691,
     }
     pod_labels = find(default, "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
+    # the Service reaches only the replica that labelled itself the active controller
+    assert svc["spec"]["selector"].pop("tidalmq.io/controller") == "active"
+    assert "tidalmq.io/controller" not in pod_labels
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     peering = find(default, "KopfPeering")
     assert peering["apiVersion"] == "kopf.dev/v1"
