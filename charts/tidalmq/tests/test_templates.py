@@ -490,3 +490,11 @@ def test_helm_test_pod_checks_the_bootstrap_service(default: list[dict[str, Any]
     script = container(pod, "api-versions")["args"][0]
     assert f'"{FULL}-bootstrap.{NAMESPACE}.svc", 9092' in script
     compile(script, "helm-test", "exec")  # valid Python
+
+
+def test_brokers_can_advertise_pod_ips() -> None:
+    docs = render({"broker": {"advertise": "podIP"}})
+    env = env_of(container(find(docs, "StatefulSet", STS), "broker"))
+    assert env["TIDALMQ_ADVERTISED_HOST"] == "$(POD_IP)"
+    default_env = env_of(container(find(render(), "StatefulSet", STS), "broker"))
+    assert default_env["TIDALMQ_ADVERTISED_HOST"].startswith("$(POD_NAME).")
