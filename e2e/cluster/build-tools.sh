@@ -164,4 +164,5 @@ main() {
   log "done in $((SECONDS - start)) s (cache: $CACHE_DIR)"
 }
 
-main "$@"
+# One line, so bash has read all of the file before running it (editing it meanwhile is safe).
+main "$@"; exit

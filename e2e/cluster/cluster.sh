@@ -406,6 +406,8 @@ install_addons() {
 
 healthy() {
   local name
+  # A cluster started from another cache (another clone) runs other binaries and images.
+  [[ $(cat "$STATE_DIR/cache-dir" 2>/dev/null) == "$CACHE_DIR" ]] || return 1
   for name in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy; do
     pid_alive "$name" || return 1
   done
@@ -432,7 +434,11 @@ cmd_up() {
   local start=$SECONDS
   [[ $EUID -eq 0 ]] || die "must run as root (starts containerd, kubelet, iptables)"
   if healthy; then
-    log "cluster already up"
+    # Reused (TIDALMQ_E2E_KEEP): bring the images up to date with the work tree.
+    log "cluster already up; refreshing the images"
+    build_everything
+    "$E2E_DIR/cluster/images.sh" import
+    "$E2E_DIR/cluster/images.sh" docker-stop
     echo "$KUBECONFIG_FILE"
     return 0
   fi
@@ -443,6 +449,7 @@ cmd_up() {
   "$E2E_DIR/cluster/host-packages.sh"
   build_everything
   mkdir -p "$STATE_DIR" "$RUN_DIR"
+  echo "$CACHE_DIR" >"$STATE_DIR/cache-dir"
   make_pki
   setup_network
   start_etcd
@@ -516,6 +523,18 @@ clean_netns() {
   done
 }
 
+# Paths the kubelet and libcni use whatever their configuration: remove only what points into
+# this cluster's state, and their directories only when that leaves them empty.
+clean_host_dirs() {
+  local link
+  for link in /var/log/containers/*.log; do
+    [[ -L $link && $(readlink "$link") == "$STATE_DIR"/* ]] && rm -f "$link"
+  done
+  rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+  rmdir /var/log/containers /var/lib/kubelet/device-plugins /var/lib/kubelet \
+    /var/lib/cni/results /var/lib/cni 2>/dev/null || true
+}
+
 remove_cgroups() {
   local dir
   for dir in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
@@ -525,6 +544,13 @@ remove_cgroups() {
 }
 
 cmd_down() {
+  local owner
+  owner=$(cat "$STATE_DIR/cache-dir" 2>/dev/null || true)
+  if [[ -n $owner && $owner != "$CACHE_DIR" && -d $owner ]]; then
+    log "the running cluster was started from the cache $owner: stopping it with that one"
+    TIDALMQ_CACHE_DIR=$owner "$0" down
+    return
+  fi
   log "stopping the cluster"
   stop_daemon kube-controller-manager
   stop_daemon kube-scheduler
@@ -543,6 +569,7 @@ cmd_down() {
   unmount_state
   clean_network
   remove_cgroups
+  clean_host_dirs
   rm -rf "$STATE_DIR" "$RUN_DIR"
   log "cluster down"
 }
@@ -567,10 +594,15 @@ cmd_status() {
   return 1
 }
 
-case "${1:-}" in
-  up) cmd_up ;;
-  down) cmd_down ;;
-  status) cmd_status ;;
-  kubeconfig) echo "$KUBECONFIG_FILE" ;;
-  *) echo "usage: $0 up|down|status|kubeconfig" >&2; exit 2 ;;
-esac
+main() {
+  case "${1:-}" in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    kubeconfig) echo "$KUBECONFIG_FILE" ;;
+    *) echo "usage: $0 up|down|status|kubeconfig" >&2; exit 2 ;;
+  esac
+}
+
+# One line, so bash has read all of the file before running it (editing it meanwhile is safe).
+main "$@"; exit

@@ -189,7 +189,8 @@ main() {
     build) cmd_build ;;
     build-kind) cmd_build_kind ;;
     base) cmd_base ;;
-    project) cmd_base && build_project_images ;;
+    # (not an && list: set -e does not apply inside one)
+    project) cmd_base; build_project_images; log "project images built" ;;
     import) cmd_import ;;
     list) all_images ;;
     docker-stop) stop_dockerd ;;
@@ -197,4 +198,5 @@ main() {
   esac
 }
 
-main "$@"
+# One line, so bash has read all of the file before running it (editing it meanwhile is safe).
+main "$@"; exit
