@@ -131,7 +131,7 @@ class Broker:
                 )
                 await self.own_controller.start()
                 self.controller = LocalControllerClient(self.own_controller)
-        await self._register()
+        await self._register_until_done()
         self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
         self._gauges = asyncio.create_task(self._update_gauges())
         host, port = s.advertised
@@ -151,8 +151,9 @@ class Broker:
             # cleanly here and opens there), so clients see a move, not a failure
             try:
                 drained = await self.controller.drain_broker(
-                    self.broker_id, timeout_s=self.settings.shutdown_timeout_s
-                )
+                    self.broker_id, timeout_s=self.settings.shutdown_timeout_s,
+                    incarnation=self.incarnation,
+                )  # fmt: skip
                 log.info("broker %d drained: %s", self.broker_id, drained)
             except Exception as exc:
                 log.warning("drain through the controller failed (%s); closing locally", exc)
@@ -170,7 +171,7 @@ class Broker:
         await self.listener.close()
         if self.own_controller is None and self._registered and self.settings.drain_on_stop:
             with contextlib.suppress(Exception):
-                await self.controller.remove_broker(self.broker_id)
+                await self.controller.remove_broker(self.broker_id, incarnation=self.incarnation)
         if self.own_controller is not None:
             await self.own_controller.stop()
         if isinstance(self.controller, HttpControllerClient):
@@ -202,7 +203,9 @@ class Broker:
         """Hand every partition to the other brokers (preStop, scale-in); True when done."""
         if self.own_controller is not None:
             return False  # a standalone broker has nowhere to move its partitions
-        return await self.controller.drain_broker(self.broker_id, timeout_s=timeout_s)
+        return await self.controller.drain_broker(
+            self.broker_id, timeout_s=timeout_s, incarnation=self.incarnation
+        )
 
     async def _http_drain(self, request: web.Request) -> web.Response:
         body = await request.json() if request.can_read_body else {}
@@ -239,6 +242,21 @@ class Broker:
         self._registered = True
         await self._heartbeat_once()  # the first lease
 
+    async def _register_until_done(self) -> None:
+        """Join the cluster, retrying while the controller is unreachable (it may be starting,
+        or moving to another operator replica); the broker is not ready meanwhile."""
+        delay = 0.2
+        while True:
+            try:
+                await self._register()
+                return
+            except Exception as exc:
+                log.warning(
+                    "registration with the controller failed (%s); retrying in %.1fs", exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
@@ -272,10 +290,7 @@ class Broker:
         self.partitions.release_all()
         await self.partitions.wait_settled(30)
         self.incarnation = _new_incarnation()
-        try:
-            await self._register()
-        except Exception as exc:
-            log.warning("re-registration failed: %s", exc)
+        await self._register_until_done()
 
     async def _report_partition(self, kind: str, tp: TopicPartition, epoch: int) -> None:
         if kind == "closed":

@@ -231,3 +231,31 @@ async def test_producer_ids_are_unique_across_controller_restarts(tmp_path: Path
     more = {await second.allocate_producer_id() for _ in range(5)}
     await second.stop()
     assert len(ids | more) == 10
+
+
+async def test_an_old_incarnation_cannot_drain_or_remove_its_replacement(
+    controller: Controller,
+) -> None:
+    """A pod deleted with grace period 0 may still run its preStop drain after its replacement
+    (same broker id, new incarnation) registered."""
+    a, _ = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 4)])
+    a.silence()
+    replacement = FakeBroker(controller, 0, incarnation="b")
+    await replacement.register()
+    assert await controller.drain_broker(0, timeout_s=0.5, incarnation="a")
+    assert controller.metadata.brokers[0].state == "alive"
+    await controller.remove_broker(0, incarnation="a")
+    assert 0 in controller.metadata.brokers
+    await controller.remove_broker(0, incarnation="b")
+    assert 0 not in controller.metadata.brokers
+
+
+async def test_removing_a_live_broker_waits_for_its_lease(controller: Controller) -> None:
+    await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 2)])
+    t0 = time.monotonic()
+    await controller.remove_broker(1)  # not the broker itself: it may still hold a lease
+    assert part(controller, "t", 1).leader == NO_LEADER
+    await wait_for(lambda: part(controller, "t", 1).leader == 0, timeout_s=5)
+    assert time.monotonic() - t0 >= FAST.lease_s - 0.1

@@ -364,13 +364,24 @@ class Controller:
             live.open_partitions[tp] = epoch
         self._observe_opened(tp, broker_id, epoch)
 
-    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0) -> bool:
+    def _is_current(self, broker_id: int, incarnation: str | None) -> bool:
+        """A request from an older incarnation of a broker (a pod deleted with grace period 0
+        whose replacement already registered) must not touch the new one."""
+        info = self.metadata.brokers.get(broker_id)
+        return info is not None and (incarnation is None or info.incarnation == incarnation)
+
+    async def drain_broker(
+        self, broker_id: int, *, timeout_s: float = 60.0, incarnation: str | None = None
+    ) -> bool:
         """Move every partition off a broker (scale-in, remove-broker, SIGTERM) and wait until
         it leads none. The broker takes no new partitions meanwhile."""
         async with self._lock:
             info = self.metadata.brokers.get(broker_id)
             if info is None:
                 raise UnknownBroker(f"broker {broker_id} is not registered")
+            if not self._is_current(broker_id, incarnation):
+                log.info("ignoring a drain from an old incarnation of broker %d", broker_id)
+                return True
             await self._commit_locked(lambda m: setattr(m.brokers[broker_id], "state", "draining"))
             snapshot = self.snapshot()
         await self._push(snapshot)
@@ -384,12 +395,20 @@ class Controller:
             await asyncio.sleep(0.05)
         return False
 
-    async def remove_broker(self, broker_id: int) -> None:
-        """Forget a broker that has stopped (after a drain). Its partitions, if any remain, are
-        placed elsewhere."""
+    async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
+        """Forget a broker that has stopped (after a drain). Partitions it still has are placed
+        elsewhere: at once when the broker itself says it stopped (its incarnation given), else
+        once its lease has certainly expired."""
         async with self._lock:
             if broker_id not in self.metadata.brokers:
                 return
+            if not self._is_current(broker_id, incarnation):
+                log.info("ignoring a removal from an old incarnation of broker %d", broker_id)
+                return
+            live = self._liveness.get(broker_id)
+            not_before = time.monotonic()
+            if incarnation is None and live is not None:
+                not_before = live.last_grant + self.settings.lease_s + self.settings.clock_margin_s
 
             def mutate(meta: ClusterMetadata) -> None:
                 meta.brokers.pop(broker_id, None)
@@ -397,7 +416,10 @@ class Controller:
             await self._commit_locked(mutate)
             self._liveness.pop(broker_id, None)
             self._channels.pop(broker_id, None)
-            await self._failover_locked([broker_id], reason=f"broker {broker_id} removed")
+            await self._failover_locked(
+                [broker_id], reason=f"broker {broker_id} removed", not_before=not_before,
+                announce=False,
+            )  # fmt: skip
             snapshot = self.snapshot()
         self._emit("BrokerRemoved", f"broker {broker_id} removed", {"broker": broker_id})
         await self._push(snapshot)
@@ -828,13 +850,18 @@ class Controller:
             ):
                 self.moves.mark(tp, Phase.CANCELLED, "target broker went away")
 
-    async def _failover_locked(self, dead: list[int], *, reason: str) -> None:
+    async def _failover_locked(
+        self, dead: list[int], *, reason: str, not_before: float = 0.0, announce: bool = True
+    ) -> None:
         """Declare brokers dead and open their partitions elsewhere (epoch + 1: the new owner
-        fences them in object storage and recovers their unindexed WAL objects)."""
+        fences them in object storage and recovers their unindexed WAL objects). With
+        `not_before` in the future the new owners are recorded now and elected then."""
         dead_set = set(dead)
+        defer = not_before > time.monotonic()
         for b in dead:
-            log.warning("broker %d is dead (%s); moving its partitions", b, reason)
-            self._emit("BrokerDead", f"broker {b}: {reason}", {"broker": b})
+            if announce:
+                log.warning("broker %d is dead (%s); moving its partitions", b, reason)
+                self._emit("BrokerDead", f"broker {b}: {reason}", {"broker": b})
         moved: list[tuple[TopicPartition, int]] = []
 
         def mutate(meta: ClusterMetadata) -> None:
@@ -861,8 +888,12 @@ class Controller:
             for tp, target in homes.items():
                 part = meta.topics[tp.topic].partitions[tp.partition]
                 part.replicas = [target]
-                part.leader = target
-                part.leader_epoch += 1
+                if defer:
+                    part.leader = NO_LEADER  # elected once the old owner's lease has expired
+                    self._deferred[tp] = not_before
+                else:
+                    part.leader = target
+                    part.leader_epoch += 1
                 moved.append((tp, target))
 
         await self._commit_locked(mutate)

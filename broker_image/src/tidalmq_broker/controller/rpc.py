@@ -85,8 +85,9 @@ class ControllerClient(Protocol):
     async def allocate_producer_id(self) -> int: ...
     async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]: ...  # fmt: skip
     async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]: ...  # fmt: skip
-    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0) -> bool: ...
-    async def remove_broker(self, broker_id: int) -> None: ...
+    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0,
+                           incarnation: str | None = None) -> bool: ...  # fmt: skip
+    async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None: ...
 
 
 class LocalControllerClient:
@@ -137,11 +138,14 @@ class LocalControllerClient:
     async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]:  # fmt: skip
         return self.controller.list_reassignments(tps)
 
-    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0) -> bool:
-        return await self.controller.drain_broker(broker_id, timeout_s=timeout_s)
+    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0,
+                           incarnation: str | None = None) -> bool:  # fmt: skip
+        return await self.controller.drain_broker(
+            broker_id, timeout_s=timeout_s, incarnation=incarnation
+        )
 
-    async def remove_broker(self, broker_id: int) -> None:
-        await self.controller.remove_broker(broker_id)
+    async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
+        await self.controller.remove_broker(broker_id, incarnation=incarnation)
 
 
 class HttpControllerClient:
@@ -235,13 +239,15 @@ class HttpControllerClient:
         })  # fmt: skip
         return [(_tp(r), r["replicas"], r["adding"], r["removing"]) for r in doc["reassignments"]]
 
-    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0) -> bool:
-        doc = await self._call("/v1/brokers/drain", {"broker_id": broker_id, "timeout_s": timeout_s},
-                               timeout_s=timeout_s + 5)  # fmt: skip
+    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0,
+                           incarnation: str | None = None) -> bool:  # fmt: skip
+        doc = await self._call("/v1/brokers/drain", {
+            "broker_id": broker_id, "timeout_s": timeout_s, "incarnation": incarnation,
+        }, timeout_s=timeout_s + 5)  # fmt: skip
         return bool(doc["drained"])
 
-    async def remove_broker(self, broker_id: int) -> None:
-        await self._call("/v1/brokers/remove", {"broker_id": broker_id})
+    async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
+        await self._call("/v1/brokers/remove", {"broker_id": broker_id, "incarnation": incarnation})
 
 
 class HttpBrokerChannel:
@@ -342,7 +348,8 @@ class ControllerServer:
         return self._ok({"drained": drained})
 
     async def _remove(self, request: web.Request) -> web.Response:
-        await self.controller.remove_broker(int((await self._body(request))["broker_id"]))
+        b = await self._body(request)
+        await self.controller.remove_broker(int(b["broker_id"]), incarnation=b.get("incarnation"))
         return self._ok({})
 
     async def _closed(self, request: web.Request) -> web.Response:
