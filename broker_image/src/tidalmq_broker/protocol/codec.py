@@ -19,6 +19,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
 
 from tidalmq_broker.protocol.entities import build
+from tidalmq_broker.protocol.fastpath import EncodedBody
 
 _PREFIX = struct.Struct(">hhi")
 _SIZE = struct.Struct(">i")
@@ -86,8 +87,28 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
     return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame))
 
 
+_HEADER_V0 = struct.Struct(">ii")  # size, correlation id
+_HEADER_V1 = struct.Struct(">iib")  # size, correlation id, no tagged fields
+
+
+def encode_response_parts(
+    api_key: int, api_version: int, correlation_id: int, body: Any
+) -> bytes | list[bytes | memoryview]:
+    """Like encode_response, but a body already in wire format (fastpath.EncodedBody) comes
+    back as a list of buffers to write in order, its record sets not copied."""
+    if not isinstance(body, EncodedBody):
+        return encode_response(api_key, api_version, correlation_id, body)
+    if body.flexible:
+        head = _HEADER_V1.pack(body.size + 5, correlation_id, 0)
+    else:
+        head = _HEADER_V0.pack(body.size + 4, correlation_id)
+    return [head, *body.parts]
+
+
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
     """Serialise a response (a kio dataclass, or a dict built into one) with its size prefix."""
+    if isinstance(body, EncodedBody):
+        return b"".join(encode_response_parts(api_key, api_version, correlation_id, body))
     schema = response_schema(api_key, api_version)
     if not isinstance(body, schema):
         body = build(schema, body)

@@ -30,6 +30,7 @@ from tidalmq_broker.protocol.codec import (
     UnsupportedVersion,
     decode_request,
     encode_response,
+    encode_response_parts,
 )
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,11 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 
 Handler = Callable[[Request, "Connection"], Awaitable[Any]]
-"""Returns the response body (dict or kio entity), or None to send no response (acks=0)."""
+"""Returns the response body (dict, kio entity or fastpath.EncodedBody), or None to send no
+response (acks=0)."""
+
+_Response = bytes | list[bytes | memoryview] | None
+"""An encoded response frame (one buffer, or several to write in order), or None for none."""
 
 
 @dataclass(slots=True)
@@ -124,7 +129,7 @@ class KafkaListener:
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         conn = Connection(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
-        responses: asyncio.Queue[asyncio.Future[bytes | None] | None] = asyncio.Queue(
+        responses: asyncio.Queue[asyncio.Future[_Response] | None] = asyncio.Queue(
             maxsize=self._limits.max_inflight_per_connection
         )
         sender = asyncio.create_task(self._send_loop(writer, responses, conn))
@@ -153,7 +158,7 @@ class KafkaListener:
         self,
         reader: asyncio.StreamReader,
         conn: Connection,
-        responses: asyncio.Queue[asyncio.Future[bytes | None] | None],
+        responses: asyncio.Queue[asyncio.Future[_Response] | None],
     ) -> None:
         limits = self._limits
         while self._accepting:
@@ -172,7 +177,7 @@ class KafkaListener:
                 if exc.api_key == API_VERSIONS_KEY:
                     # KIP-511: answer in v0 so the client learns what we support
                     body = self._api_versions_error_body()
-                    fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+                    fut: asyncio.Future[_Response] = asyncio.get_running_loop().create_future()
                     fut.set_result(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, body))
                     await responses.put(fut)
                     continue
@@ -196,14 +201,14 @@ class KafkaListener:
             task.add_done_callback(self._inflight.discard)
             await responses.put(task)
 
-    async def _handle(self, handler: Handler, request: Request, conn: Connection) -> bytes | None:
+    async def _handle(self, handler: Handler, request: Request, conn: Connection) -> _Response:
         started = time.perf_counter()
         error = False
         try:
             body = await handler(request, conn)
             if body is None:
                 return None
-            return encode_response(
+            return encode_response_parts(
                 request.api_key, request.api_version, request.correlation_id, body
             )
         except Exception:
@@ -221,7 +226,7 @@ class KafkaListener:
     async def _send_loop(
         self,
         writer: asyncio.StreamWriter,
-        responses: asyncio.Queue[asyncio.Future[bytes | None] | None],
+        responses: asyncio.Queue[asyncio.Future[_Response] | None],
         conn: Connection,
     ) -> None:
         while True:
@@ -236,6 +241,12 @@ class KafkaListener:
                 return
             if data is None:
                 continue
-            writer.write(data)
+            if isinstance(data, list):
+                # one write per buffer: the transport sends what the socket takes at once and
+                # copies only the rest, instead of joining megabytes of records first
+                for part in data:
+                    writer.write(part)
+            else:
+                writer.write(data)
             if writer.transport.get_write_buffer_size() > 1 << 20 or responses.empty():
                 await writer.drain()
