@@ -68,6 +68,17 @@ class BrokerSettings:
     shutdown_timeout_s: float = field(
         default=25.0, metadata={"help": "how long SIGTERM waits for in-flight requests"}
     )
+    event_loop: str = field(
+        default="auto",
+        metadata={"help": "asyncio, uvloop, or auto (uvloop when it is installed)"},
+    )
+    gc_tuning: bool = field(
+        default=True,
+        metadata={
+            "help": "collect garbage less often (young generation every 50000 allocations, "
+            "not 700) and freeze the objects of start-up, so collections stay short"
+        },
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
     log_format: str = field(default="text", metadata={"help": "text or json"})
 
