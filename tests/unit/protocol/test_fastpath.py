@@ -1,16 +1,21 @@
 """The hand-written Produce and Fetch response encoders write exactly what kio writes for the same
-response, in every version the broker serves, and kio's decoder reads them back."""
+response, in every version the broker serves, and kio's decoder reads them back; the hand-written
+Produce request decoder reads what kio's encoder writes, leaving record sets in the frame."""
 
 from __future__ import annotations
 
 import pytest
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.protocol.codec import (
+    MalformedRequest,
+    decode_request,
     decode_response,
+    encode_request,
     encode_response,
     encode_response_parts,
 )
 from tidalmq_broker.protocol.fastpath import (
+    decode_produce_request,
     encode_fetch_response,
     encode_produce_response,
 )
@@ -130,3 +135,62 @@ def test_versions_outside_the_fast_path_are_refused() -> None:
         encode_produce_response(2, [])
     with pytest.raises(ValueError):
         encode_fetch_response(13, [])
+
+
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+def test_produce_request_parses_like_kio(version: int) -> None:
+    batch = build_batch([(b"k", b"v" * 100)])
+    body = {
+        "transactional_id": "tx-é" if version >= 3 else None,
+        "acks": -1,
+        "timeout": 1500,
+        "topic_data": [
+            {"name": "a", "partition_data": [{"index": 0, "records": batch}]},
+            {
+                "name": "bé",
+                "partition_data": [{"index": 3, "records": None}, {"index": 9, "records": b""}],
+            },
+        ],
+    }
+    frame = bytearray(encode_request(0, version, 17, body, client_id="cli")[4:])
+    client_id, fast = decode_produce_request(memoryview(frame), version)
+    reference = decode_request(bytes(frame), {0: (3, 11)})
+    assert client_id == reference.client_id == "cli"
+    ref = reference.body
+    assert (fast.transactional_id, fast.acks, fast.timeout) == (
+        ref.transactional_id,
+        ref.acks,
+        ref.timeout,
+    )
+    for topic, ref_topic in zip(fast.topic_data, ref.topic_data, strict=True):
+        assert topic.name == ref_topic.name
+        for part, ref_part in zip(topic.partition_data, ref_topic.partition_data, strict=True):
+            assert part.index == ref_part.index
+            if ref_part.records is None:
+                assert part.records is None
+            else:
+                assert part.records is not None and bytes(part.records) == bytes(ref_part.records)
+    records = fast.topic_data[0].partition_data[0].records
+    assert records is not None and not records.readonly, "a view of the frame, not a copy"
+    records[0:8] = b"\x00" * 7 + b"\x05"
+    assert frame.find(b"\x00" * 7 + b"\x05") >= 0
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 11])
+def test_truncated_produce_requests_are_malformed(version: int) -> None:
+    frame = encode_request(
+        0,
+        version,
+        1,
+        {
+            "transactional_id": None,
+            "acks": 1,
+            "timeout": 100,
+            "topic_data": [
+                {"name": "t", "partition_data": [{"index": 0, "records": build_batch([])}]}
+            ],
+        },
+    )[4:]
+    for cut in range(8, len(frame) - 1):
+        with pytest.raises(MalformedRequest):
+            decode_request(frame[:cut], {0: (3, 11)})

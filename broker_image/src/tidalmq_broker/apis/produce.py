@@ -53,7 +53,9 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                         (topic.name, part.index, ErrorCode.corrupt_message, "no records", 0)
                     )
                     continue
-                task = asyncio.ensure_future(plog.append(part.records, acks=acks))
+                # the records are a view of this request's own frame buffer (when large
+                # enough to have one): the log patches offsets in place instead of copying
+                task = asyncio.ensure_future(plog.append(part.records, acks=acks, owned=True))
                 entries.append((topic.name, part.index, task, None, len(part.records)))
     timeout_s = max(body.timeout.total_seconds(), 0.001) if acks != 0 else None
     pending = [e[2] for e in entries if isinstance(e[2], asyncio.Future)]

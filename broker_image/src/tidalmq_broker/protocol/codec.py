@@ -19,11 +19,12 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
 
 from tidalmq_broker.protocol.entities import build
-from tidalmq_broker.protocol.fastpath import EncodedBody
+from tidalmq_broker.protocol.fastpath import EncodedBody, MalformedProduce, decode_produce_request
 
 _PREFIX = struct.Struct(">hhi")
 _SIZE = struct.Struct(">i")
 
+PRODUCE_KEY = 0
 API_VERSIONS_KEY = 18
 
 
@@ -62,9 +63,10 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
     return _PREFIX.unpack_from(frame, 0)
 
 
-def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Request:
+def decode_request(frame: bytes | memoryview, supported: dict[int, tuple[int, int]]) -> Request:
     """Decode one request frame (without its size prefix).
 
+    A Produce request's record sets are views of `frame` (see fastpath.decode_produce_request).
     Raises UnsupportedApi, UnsupportedVersion or MalformedRequest.
     """
     api_key, api_version, correlation_id = peek_header(frame)
@@ -73,6 +75,15 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
         raise UnsupportedApi(f"api key {api_key} is not served by this broker")
     if not versions[0] <= api_version <= versions[1]:
         raise UnsupportedVersion(api_key, api_version, correlation_id)
+    if api_key == PRODUCE_KEY:
+        # the data path: parsed by hand, record sets left in the frame (protocol.fastpath)
+        try:
+            client_id, produce = decode_produce_request(frame, api_version)
+        except MalformedProduce as exc:
+            raise MalformedRequest(f"api {api_key} v{api_version}: {exc}") from exc
+        return Request(api_key, api_version, correlation_id, client_id, produce, len(frame))
+    if isinstance(frame, memoryview) and not frame.readonly:
+        frame = frame.toreadonly()  # kio's decoder refuses writable buffers
     schema = _request_schema(api_key, api_version)
     header_reader, body_reader = _readers(schema)
     try:

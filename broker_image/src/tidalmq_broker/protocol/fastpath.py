@@ -13,6 +13,7 @@ as they are. tests/unit/protocol/test_fastpath.py checks every version against k
 
 from __future__ import annotations
 
+import datetime
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,3 +155,131 @@ def encode_fetch_response(
         out += _NO_TAGS
     parts.append(bytes(out))
     return EncodedBody(parts, flexible)
+
+
+# ------------------------------------------------------------------------------ produce requests
+class MalformedProduce(ValueError):
+    """The produce request does not parse (codec turns this into MalformedRequest)."""
+
+
+@dataclass(slots=True)
+class ProducePartitionData:
+    index: int
+    records: memoryview | None
+
+
+@dataclass(slots=True)
+class ProduceTopicData:
+    name: str
+    partition_data: list[ProducePartitionData]
+
+
+@dataclass(slots=True)
+class ProduceRequestData:
+    """What the Produce handler reads of a request (the attribute names kio's classes use)."""
+
+    transactional_id: str | None
+    acks: int
+    timeout: datetime.timedelta
+    topic_data: list[ProduceTopicData]
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: memoryview, pos: int) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def take(self, n: int) -> memoryview:
+        end = self.pos + n
+        if n < 0 or end > len(self.buf):
+            raise MalformedProduce(f"field of {n} bytes at {self.pos} runs past the frame")
+        out = self.buf[self.pos : end]
+        self.pos = end
+        return out
+
+    def int16(self) -> int:
+        (value,) = _I16.unpack_from(self.buf, self.pos)
+        self.pos += 2
+        return int(value)
+
+    def int32(self) -> int:
+        (value,) = _I32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(value)
+
+    def uvarint(self) -> int:
+        shift = result = 0
+        while True:
+            if self.pos >= len(self.buf):
+                raise MalformedProduce("varint runs past the frame")
+            byte = self.buf[self.pos]
+            self.pos += 1
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return result
+            shift += 7
+            if shift > 28:
+                raise MalformedProduce("varint longer than 5 bytes")
+
+    def string(self, flexible: bool, nullable: bool) -> str | None:
+        n = self.uvarint() - 1 if flexible else self.int16()
+        if n < 0:
+            if not nullable:
+                raise MalformedProduce("null where a string is required")
+            return None
+        return bytes(self.take(n)).decode()
+
+    def array_length(self, flexible: bool) -> int:
+        n = self.uvarint() - 1 if flexible else self.int32()
+        if n < 0:
+            raise MalformedProduce("null where an array is required")
+        return n
+
+    def skip_tags(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()  # tag
+            self.take(self.uvarint())
+
+
+def decode_produce_request(
+    frame: bytes | memoryview, api_version: int
+) -> tuple[str | None, ProduceRequestData]:
+    """(client id, body) of a ProduceRequest v3-v11 frame (without its size prefix).
+
+    Record sets are slices of `frame`, not copies: when the frame is a writable buffer of the
+    connection's own, the partition log can patch offsets in place.
+    """
+    if not 3 <= api_version <= 11:
+        raise MalformedProduce(f"ProduceRequest v{api_version} is not supported by the fast path")
+    flexible = api_version >= PRODUCE_FLEXIBLE_FROM
+    try:
+        r = _Reader(memoryview(frame), 8)  # after api key, version, correlation id
+        client_id = r.string(flexible=False, nullable=True)  # header v1/v2: never compact
+        if flexible:
+            r.skip_tags()
+        transactional_id = r.string(flexible, nullable=True)
+        acks = r.int16()
+        timeout_ms = r.int32()
+        topics = []
+        for _ in range(r.array_length(flexible)):
+            name = r.string(flexible, nullable=False)
+            partitions = []
+            for _ in range(r.array_length(flexible)):
+                index = r.int32()
+                n = r.uvarint() - 1 if flexible else r.int32()
+                records = None if n < 0 else r.take(n)
+                if flexible:
+                    r.skip_tags()
+                partitions.append(ProducePartitionData(index, records))
+            if flexible:
+                r.skip_tags()
+            topics.append(ProduceTopicData(name, partitions))  # type: ignore[arg-type]
+        if flexible:
+            r.skip_tags()
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise MalformedProduce(str(exc)) from exc
+    return client_id, ProduceRequestData(
+        transactional_id, acks, datetime.timedelta(milliseconds=timeout_ms), topics
+    )
