@@ -106,3 +106,13 @@ async def test_end_of_stream_after_queued_frames() -> None:
     proto.connection_lost(None)
     with pytest.raises(ConnectionError):
         await proto.drain()
+
+
+async def test_buffered_frames_are_taken_without_waiting() -> None:
+    proto = FrameProtocol(max_frame_bytes=1000)
+    proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+    assert proto.frame_nowait() is None
+    feed(proto, frame(b"a") + frame(b"b") + b"\x00", random.Random(4))
+    assert proto.frame_nowait() == b"a"
+    assert await proto.next_frame() == b"b"
+    assert proto.frame_nowait() is None

@@ -157,6 +157,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.transport.pause_reading()
 
     # ---------------------------------------------------------------- for the listener
+    def frame_nowait(self) -> bytes | memoryview | None:
+        """The next complete frame if one is buffered (no waiting, no timer), else None."""
+        if not self._frames:
+            return None
+        return self._pop()
+
     async def next_frame(self) -> bytes | memoryview:
         """The next complete frame (without its size). Raises FrameSizeError for a frame of an
         impossible size and ConnectionError once the peer is gone."""
@@ -168,6 +174,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 await self._waiter
             finally:
                 self._waiter = None
+        return self._pop()
+
+    def _pop(self) -> bytes | memoryview:
         frame = self._frames.popleft()
         if isinstance(frame, FrameSizeError):
             raise frame

@@ -181,7 +181,11 @@ class KafkaListener:
             while conn.inflight_bytes >= max_bytes:
                 conn._room.clear()
                 await conn._room.wait()
-            frame = await asyncio.wait_for(proto.next_frame(), limits.idle_timeout_s)
+            # pipelined requests are usually buffered already: take them without the task and
+            # timer that wait_for costs
+            frame = proto.frame_nowait()
+            if frame is None:
+                frame = await asyncio.wait_for(proto.next_frame(), limits.idle_timeout_s)
             size = len(frame)
             try:
                 request = decode_request(frame, self._supported_versions())
