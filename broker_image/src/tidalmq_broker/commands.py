@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import gc
 import signal
 from collections.abc import Callable
 
@@ -62,6 +64,34 @@ def _register_broker(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run_broker)
 
 
+_GC_THRESHOLDS = (50_000, 20, 100)
+_M_MMAP_THRESHOLD = -3  # mallopt parameters of glibc's malloc.h
+_M_ARENA_MAX = -8
+
+
+def tune_runtime() -> None:
+    """Process-wide settings for a broker moving megabytes of records per second.
+
+    Garbage collector: the request path allocates many short-lived objects (futures, tasks,
+    tuples) and almost no cycles; at the default threshold (700) young collections ran every
+    few requests and promoted objects into costly older-generation passes over a large live
+    heap (offset indexes, cached chunks).
+
+    glibc malloc: its mmap threshold grows to the size of the largest block freed (up to 32
+    MiB), after which request frames, record copies and WAL objects of a few MiB come from the
+    heap arenas (one per thread that allocated, up to 8 per core) and their freed space stays
+    resident: RSS grew to 1.5-3x the live data. A fixed threshold hands such blocks back to the
+    kernel when freed, and two arenas bound what the store's threads keep.
+    """
+    gc.set_threshold(*_GC_THRESHOLDS)
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 256 * 1024)
+        libc.mallopt(_M_ARENA_MAX, 2)
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator has its own policy
+
+
 def _run_broker(args: argparse.Namespace) -> int:
     from tidalmq_broker.broker import Broker
     from tidalmq_broker.logs import setup_logging
@@ -69,17 +99,38 @@ def _run_broker(args: argparse.Namespace) -> int:
 
     settings = from_sources(args)
     setup_logging(settings.log_level, settings.log_format)
+    if settings.runtime_tuning:
+        tune_runtime()
 
     async def main() -> None:
         broker = Broker(settings)
         await broker.start()
+        if settings.runtime_tuning:
+            gc.freeze()  # everything alive after start-up is never scanned again
         host, port = settings.advertised
         print(f"TidalMQ broker {settings.broker_id} serving on {host}:{port}", flush=True)
         await wait_for_signal()
         await broker.stop()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+        runner.run(main())
     return 0
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop the broker runs on: uvloop (libuv; cheaper socket I/O, timers and callbacks,
+    which is most of the broker's per-request work) when installed, else asyncio's own."""
+    if choice not in ("auto", "asyncio", "uvloop"):
+        raise SystemExit(f"unknown event loop {choice!r}: use auto, asyncio or uvloop")
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit("--event-loop uvloop: uvloop is not installed") from None
+        return None
+    return uvloop.new_event_loop
 
 
 def _register_local(sub: argparse._SubParsersAction) -> None:

@@ -3,6 +3,8 @@ _seconds, _bytes). Storage metrics live in storage/metrics.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from tidalmq_broker.server.listener import RequestObserver
@@ -40,25 +42,48 @@ PARTITION_OPEN_SECONDS = Histogram(
 
 
 class BrokerMetrics(RequestObserver):
+    """Resolves each label set once (labels() takes a lock and hashes the values, several times
+    per request otherwise)."""
+
     def __init__(self, broker_id: int, api_names: dict[int, str]) -> None:
         self._broker = str(broker_id)
         self._api_names = api_names
+        self._per_api: dict[int, tuple[Any, Any, Any, Any]] = {}
+        self._in: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._out: dict[tuple[str, int], Any] = {}
 
     def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
-        name = self._api_names.get(api_key, str(api_key))
-        REQUESTS.labels(self._broker, name).inc()
-        REQUEST_SECONDS.labels(self._broker, name).observe(seconds)
-        REQUEST_BYTES.labels(self._broker, name).inc(request_bytes)
+        children = self._per_api.get(api_key)
+        if children is None:
+            name = self._api_names.get(api_key, str(api_key))
+            children = (
+                REQUESTS.labels(self._broker, name),
+                REQUEST_SECONDS.labels(self._broker, name),
+                REQUEST_BYTES.labels(self._broker, name),
+                REQUEST_ERRORS.labels(self._broker, name),
+            )
+            self._per_api[api_key] = children
+        requests, latency, size, errors = children
+        requests.inc()
+        latency.observe(seconds)
+        size.inc(request_bytes)
         if error:
-            REQUEST_ERRORS.labels(self._broker, name).inc()
+            errors.inc()
 
     def produced(self, topic: str, partition: int, size: int, records: int) -> None:
-        p = str(partition)
-        BYTES_IN.labels(topic, p).inc(size)
-        RECORDS_IN.labels(topic, p).inc(records)
+        children = self._in.get((topic, partition))
+        if children is None:
+            p = str(partition)
+            children = (BYTES_IN.labels(topic, p), RECORDS_IN.labels(topic, p))
+            self._in[(topic, partition)] = children
+        children[0].inc(size)
+        children[1].inc(records)
 
     def fetched(self, topic: str, partition: int, size: int) -> None:
-        BYTES_OUT.labels(topic, str(partition)).inc(size)
+        child = self._out.get((topic, partition))
+        if child is None:
+            child = self._out[(topic, partition)] = BYTES_OUT.labels(topic, str(partition))
+        child.inc(size)
 
     def produce_errors(self, topic: str, error: str) -> None:
         PRODUCE_ERRORS.labels(topic, error).inc()

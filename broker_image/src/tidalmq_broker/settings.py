@@ -74,6 +74,17 @@ class BrokerSettings:
     shutdown_timeout_s: float = field(
         default=25.0, metadata={"help": "how long SIGTERM waits for in-flight requests"}
     )
+    event_loop: str = field(
+        default="auto",
+        metadata={"help": "asyncio, uvloop, or auto (uvloop when it is installed)"},
+    )
+    runtime_tuning: bool = field(
+        default=True,
+        metadata={
+            "help": "collect garbage less often and freeze start-up objects; on glibc, serve "
+            "blocks of 256 KiB and more by mmap and keep 2 malloc arenas (RSS follows live data)"
+        },
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
     log_format: str = field(default="text", metadata={"help": "text or json"})
 

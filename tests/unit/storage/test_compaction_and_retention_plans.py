@@ -93,3 +93,13 @@ def test_plan_does_not_merge_a_segment_whose_data_retention_will_soon_want() -> 
     entries = [seg(0, 4, "small", 0, 50, ts=1000), wal(5, 5, 1, ts=9000)]
     assert len(plan_segments(entries, 250, now_ms=9000, merge_max_age_ms=10_000)[0]) == 2
     assert len(plan_segments(entries, 250, now_ms=9000, merge_max_age_ms=5_000)[0]) == 1
+
+
+def test_plan_does_not_rewrite_a_last_segment_larger_than_the_new_run() -> None:
+    small = [seg(0, 4, "s", 0, 100, 0), *[wal(5 + i, 5 + i, i, size=40) for i in range(2)]]
+    assert [[e.base_offset for e in p] for p in plan_segments(small, 250)] == [[5, 6]]
+    even = [seg(0, 4, "s", 0, 80, 0), *[wal(5 + i, 5 + i, i, size=40) for i in range(2)]]
+    assert [[e.base_offset for e in p] for p in plan_segments(even, 250)] == [[0, 5, 6]]
+    # below an eighth of segment_bytes a segment is always merged (idle partitions stay few)
+    tiny = [seg(0, 4, "s", 0, 30, 0), wal(5, 5, 1, size=10)]
+    assert [[e.base_offset for e in p] for p in plan_segments(tiny, 250)] == [[0, 5]]

@@ -12,6 +12,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_broker.apis.errors import error_code
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.protocol.fastpath import EncodedBody, FetchPartition, encode_fetch_response
 from tidalmq_broker.storage.api import PartitionLog
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class _FetchPartition:
 async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
     if body.replica_id >= 0:
-        return _fetch_error(body, ErrorCode.not_leader_or_follower)
+        return _fetch_error(body, ErrorCode.not_leader_or_follower, request.api_version)
     parts: list[_FetchPartition] = []
     for topic in body.topics:
         for p in topic.partitions:
@@ -83,27 +84,19 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
             for w in waits:
                 w.cancel()
         total = await _read_all(parts, max_bytes)
-    by_topic: dict[str, list[dict[str, Any]]] = {}
+    # written straight to wire format (protocol.fastpath), the record sets not copied again
+    by_topic: dict[str, list[FetchPartition]] = {}
     for fp in parts:
         by_topic.setdefault(fp.topic, []).append(
-            {
-                "partition_index": fp.index,
-                "error_code": fp.error,
-                "high_watermark": fp.hw,
-                "last_stable_offset": fp.lso,
-                "log_start_offset": fp.plog.log_start_offset if fp.plog else -1,
-                "aborted_transactions": [] if fp.error == ErrorCode.none else None,
-                "records": fp.records,
-            }
-        )
+            (
+                fp.index, fp.error.value, fp.hw, fp.lso,
+                fp.plog.log_start_offset if fp.plog else -1,
+                fp.error == ErrorCode.none, fp.records,
+            )
+        )  # fmt: skip
         if fp.records:
             broker.metrics.fetched(fp.topic, fp.index, len(fp.records))
-    return {
-        "throttle_time": 0,
-        "error_code": ErrorCode.none,
-        "session_id": 0,
-        "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
-    }
+    return encode_fetch_response(request.api_version, list(by_topic.items()))
 
 
 async def _read_all(parts: list[_FetchPartition], max_bytes: int) -> int:
@@ -136,23 +129,12 @@ async def _read_all(parts: list[_FetchPartition], max_bytes: int) -> int:
     return total
 
 
-def _fetch_error(body: Any, code: ErrorCode) -> dict[str, Any]:
-    return {
-        "throttle_time": 0,
-        "error_code": code,
-        "session_id": 0,
-        "responses": [
-            {
-                "topic": t.topic,
-                "partitions": [
-                    {"partition_index": p.partition, "error_code": code, "high_watermark": -1,
-                     "aborted_transactions": None, "records": None}
-                    for p in t.partitions
-                ],
-            }
-            for t in body.topics
-        ],
-    }  # fmt: skip
+def _fetch_error(body: Any, code: ErrorCode, version: int) -> EncodedBody:
+    topics: list[tuple[str, list[FetchPartition]]] = [
+        (t.topic, [(p.partition, code.value, -1, -1, -1, False, None) for p in t.partitions])
+        for t in body.topics
+    ]
+    return encode_fetch_response(version, topics, error_code=code.value)
 
 
 @api(2, "ListOffsets", 1, 6)

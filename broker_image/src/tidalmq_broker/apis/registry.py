@@ -25,6 +25,7 @@ class ApiSpec:
 
 
 REGISTRY: dict[int, ApiSpec] = {}
+_SUPPORTED: dict[int, tuple[int, int]] = {}  # derived from REGISTRY; read on every request
 
 
 def api(key: int, name: str, min_version: int, max_version: int) -> Callable[[Handler], Handler]:
@@ -40,10 +41,13 @@ def api(key: int, name: str, min_version: int, max_version: int) -> Callable[[Ha
         if key in REGISTRY:
             raise RuntimeError(f"api {name} ({key}) registered twice")
         REGISTRY[key] = ApiSpec(key, name, low, high, handler)
+        _SUPPORTED[key] = (low, high)
         return handler
 
     return register
 
 
 def supported_versions() -> dict[int, tuple[int, int]]:
-    return {key: (spec.min_version, spec.max_version) for key, spec in REGISTRY.items()}
+    """api key -> (min, max) version served. The listener asks on every request, so this is
+    one shared dict kept up to date by `api`: callers must not modify it."""
+    return _SUPPORTED

@@ -19,10 +19,12 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
 
 from tidalmq_broker.protocol.entities import build
+from tidalmq_broker.protocol.fastpath import EncodedBody, MalformedProduce, decode_produce_request
 
 _PREFIX = struct.Struct(">hhi")
 _SIZE = struct.Struct(">i")
 
+PRODUCE_KEY = 0
 API_VERSIONS_KEY = 18
 
 
@@ -61,9 +63,10 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
     return _PREFIX.unpack_from(frame, 0)
 
 
-def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Request:
+def decode_request(frame: bytes | memoryview, supported: dict[int, tuple[int, int]]) -> Request:
     """Decode one request frame (without its size prefix).
 
+    A Produce request's record sets are views of `frame` (see fastpath.decode_produce_request).
     Raises UnsupportedApi, UnsupportedVersion or MalformedRequest.
     """
     api_key, api_version, correlation_id = peek_header(frame)
@@ -72,6 +75,15 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
         raise UnsupportedApi(f"api key {api_key} is not served by this broker")
     if not versions[0] <= api_version <= versions[1]:
         raise UnsupportedVersion(api_key, api_version, correlation_id)
+    if api_key == PRODUCE_KEY:
+        # the data path: parsed by hand, record sets left in the frame (protocol.fastpath)
+        try:
+            client_id, produce = decode_produce_request(frame, api_version)
+        except MalformedProduce as exc:
+            raise MalformedRequest(f"api {api_key} v{api_version}: {exc}") from exc
+        return Request(api_key, api_version, correlation_id, client_id, produce, len(frame))
+    if isinstance(frame, memoryview) and not frame.readonly:
+        frame = frame.toreadonly()  # kio's decoder refuses writable buffers
     schema = _request_schema(api_key, api_version)
     header_reader, body_reader = _readers(schema)
     try:
@@ -86,8 +98,28 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
     return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame))
 
 
+_HEADER_V0 = struct.Struct(">ii")  # size, correlation id
+_HEADER_V1 = struct.Struct(">iib")  # size, correlation id, no tagged fields
+
+
+def encode_response_parts(
+    api_key: int, api_version: int, correlation_id: int, body: Any
+) -> bytes | list[bytes | memoryview]:
+    """Like encode_response, but a body already in wire format (fastpath.EncodedBody) comes
+    back as a list of buffers to write in order, its record sets not copied."""
+    if not isinstance(body, EncodedBody):
+        return encode_response(api_key, api_version, correlation_id, body)
+    if body.flexible:
+        head = _HEADER_V1.pack(body.size + 5, correlation_id, 0)
+    else:
+        head = _HEADER_V0.pack(body.size + 4, correlation_id)
+    return [head, *body.parts]
+
+
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
     """Serialise a response (a kio dataclass, or a dict built into one) with its size prefix."""
+    if isinstance(body, EncodedBody):
+        return b"".join(encode_response_parts(api_key, api_version, correlation_id, body))
     schema = response_schema(api_key, api_version)
     if not isinstance(body, schema):
         body = build(schema, body)

@@ -162,11 +162,11 @@ def iter_complete_headers(buf: bytes | bytearray | memoryview) -> Iterator[Batch
         position += header.size
 
 
-def patch_base_offset(buf: bytearray, header: BatchHeader, base_offset: int) -> None:
+def patch_base_offset(buf: bytearray | memoryview, header: BatchHeader, base_offset: int) -> None:
     _BASE_OFFSET.pack_into(buf, header.position, base_offset)
 
 
-def patch_leader_epoch(buf: bytearray, header: BatchHeader, epoch: int) -> None:
+def patch_leader_epoch(buf: bytearray | memoryview, header: BatchHeader, epoch: int) -> None:
     _LEADER_EPOCH.pack_into(buf, header.position + 12, epoch)
 
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tidalmq_broker.protocol.codec import (
@@ -30,14 +29,19 @@ from tidalmq_broker.protocol.codec import (
     UnsupportedVersion,
     decode_request,
     encode_response,
+    encode_response_parts,
 )
+from tidalmq_broker.server.framing import FrameProtocol, FrameSizeError
 
 log = logging.getLogger(__name__)
 
-_SIZE = struct.Struct(">i")
 
 Handler = Callable[[Request, "Connection"], Awaitable[Any]]
-"""Returns the response body (dict or kio entity), or None to send no response (acks=0)."""
+"""Returns the response body (dict, kio entity or fastpath.EncodedBody), or None to send no
+response (acks=0)."""
+
+_Response = bytes | list[bytes | memoryview] | None
+"""An encoded response frame (one buffer, or several to write in order), or None for none."""
 
 
 @dataclass(slots=True)
@@ -45,12 +49,19 @@ class Connection:
     peer: str
     client_id: str | None = None
     requests: int = 0
+    inflight_bytes: int = 0  # request bytes read and not yet answered
+    _room: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True, slots=True)
 class ListenerLimits:
     max_request_bytes: int = 100 * 1024 * 1024  # socket.request.max.bytes
     max_inflight_per_connection: int = 32
+    # Requests pipelined on one connection are read only while those in flight add up to less
+    # than this (one larger request is still read when nothing else is in flight): a produce
+    # request stays in memory until its WAL object is durable, so with 32 in flight of 1 MiB
+    # each, two producers alone held ~130 MB in the broker.
+    max_inflight_bytes_per_connection: int = 16 * 1024 * 1024
     idle_timeout_s: float = 600.0  # connections.max.idle.ms
 
 
@@ -91,9 +102,20 @@ class KafkaListener:
         return len(self._connections)
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(
-            self._on_connection, host, port, reuse_address=True, limit=1 << 20
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._new_protocol, host, port, reuse_address=True)
+
+    def _new_protocol(self) -> FrameProtocol:
+        return FrameProtocol(
+            self._limits.max_request_bytes,
+            max_queued_bytes=self._limits.max_inflight_bytes_per_connection // 2,
+            on_connected=self._connected,
         )
+
+    def _connected(self, proto: FrameProtocol) -> None:
+        task = asyncio.get_running_loop().create_task(self._on_connection(proto))
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
 
     async def drain(self, timeout_s: float) -> None:
         """Stop accepting connections and requests, and wait for in-flight requests."""
@@ -116,22 +138,21 @@ class KafkaListener:
                 await self._server.wait_closed()
 
     # ------------------------------------------------------------------ connection
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        peer = writer.get_extra_info("peername")
-        conn = Connection(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
-        responses: asyncio.Queue[asyncio.Future[bytes | None] | None] = asyncio.Queue(
+    async def _on_connection(self, proto: FrameProtocol) -> None:
+        conn = Connection(peer=proto.peer())
+        responses: asyncio.Queue[asyncio.Future[_Response] | None] = asyncio.Queue(
             maxsize=self._limits.max_inflight_per_connection
         )
-        sender = asyncio.create_task(self._send_loop(writer, responses, conn))
+        sender = asyncio.create_task(self._send_loop(proto, responses, conn))
         try:
-            await self._receive_loop(reader, conn, responses)
-        except (ConnectionError, asyncio.IncompleteReadError):
+            await self._receive_loop(proto, conn, responses)
+        except ConnectionError:
             pass
+        except FrameSizeError as exc:
+            log.warning(
+                "closing connection from %s: request size %d outside 1..%d",
+                conn.peer, exc.size, self._limits.max_request_bytes,
+            )  # fmt: skip
         except TimeoutError:
             log.debug("closing idle connection from %s", conn.peer)
         except asyncio.CancelledError:
@@ -146,33 +167,33 @@ class KafkaListener:
                     await asyncio.wait_for(asyncio.shield(sender), timeout=30)
             sender.cancel()
             with contextlib.suppress(Exception):
-                writer.close()
-            self._connections.discard(task)
+                proto.close()
 
     async def _receive_loop(
         self,
-        reader: asyncio.StreamReader,
+        proto: FrameProtocol,
         conn: Connection,
-        responses: asyncio.Queue[asyncio.Future[bytes | None] | None],
+        responses: asyncio.Queue[asyncio.Future[_Response] | None],
     ) -> None:
         limits = self._limits
+        max_bytes = limits.max_inflight_bytes_per_connection
         while self._accepting:
-            head = await asyncio.wait_for(reader.readexactly(4), limits.idle_timeout_s)
-            (size,) = _SIZE.unpack(head)
-            if size <= 0 or size > limits.max_request_bytes:
-                log.warning(
-                    "closing connection from %s: request size %d outside 1..%d",
-                    conn.peer, size, limits.max_request_bytes,
-                )  # fmt: skip
-                return
-            frame = await reader.readexactly(size)
+            while conn.inflight_bytes >= max_bytes:
+                conn._room.clear()
+                await conn._room.wait()
+            # pipelined requests are usually buffered already: take them without the task and
+            # timer that wait_for costs
+            frame = proto.frame_nowait()
+            if frame is None:
+                frame = await asyncio.wait_for(proto.next_frame(), limits.idle_timeout_s)
+            size = len(frame)
             try:
                 request = decode_request(frame, self._supported_versions())
             except UnsupportedVersion as exc:
                 if exc.api_key == API_VERSIONS_KEY:
                     # KIP-511: answer in v0 so the client learns what we support
                     body = self._api_versions_error_body()
-                    fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+                    fut: asyncio.Future[_Response] = asyncio.get_running_loop().create_future()
                     fut.set_result(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, body))
                     await responses.put(fut)
                     continue
@@ -194,16 +215,18 @@ class KafkaListener:
             task = asyncio.create_task(self._handle(handler, request, conn))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
+            conn.inflight_bytes += size
+            task.add_done_callback(lambda _t, n=size: _answered(conn, n))
             await responses.put(task)
 
-    async def _handle(self, handler: Handler, request: Request, conn: Connection) -> bytes | None:
+    async def _handle(self, handler: Handler, request: Request, conn: Connection) -> _Response:
         started = time.perf_counter()
         error = False
         try:
             body = await handler(request, conn)
             if body is None:
                 return None
-            return encode_response(
+            return encode_response_parts(
                 request.api_key, request.api_version, request.correlation_id, body
             )
         except Exception:
@@ -220,8 +243,8 @@ class KafkaListener:
 
     async def _send_loop(
         self,
-        writer: asyncio.StreamWriter,
-        responses: asyncio.Queue[asyncio.Future[bytes | None] | None],
+        proto: FrameProtocol,
+        responses: asyncio.Queue[asyncio.Future[_Response] | None],
         conn: Connection,
     ) -> None:
         while True:
@@ -232,10 +255,21 @@ class KafkaListener:
                 data = await fut
             except Exception:
                 # the handler failed unexpectedly (logged there): close, as Kafka would
-                writer.close()
+                proto.close()
                 return
             if data is None:
                 continue
-            writer.write(data)
-            if writer.transport.get_write_buffer_size() > 1 << 20 or responses.empty():
-                await writer.drain()
+            if isinstance(data, list):
+                # one write per buffer: the transport sends what the socket takes at once and
+                # copies only the rest, instead of joining megabytes of records first
+                for part in data:
+                    proto.write(part)
+            else:
+                proto.write(data)
+            if proto.write_buffer_size() > 1 << 20 or responses.empty():
+                await proto.drain()
+
+
+def _answered(conn: Connection, size: int) -> None:
+    conn.inflight_bytes -= size
+    conn._room.set()

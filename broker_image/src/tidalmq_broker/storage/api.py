@@ -165,12 +165,16 @@ class PartitionLog(Protocol):
     @property
     def config(self) -> PartitionConfig: ...
 
-    async def append(self, records: bytes | memoryview, *, acks: int = -1) -> AppendResult:
+    async def append(
+        self, records: bytes | memoryview, *, acks: int = -1, owned: bool = False
+    ) -> AppendResult:
         """Validate (sizes, CRC, magic, producer sequence), assign offsets by patching base
         offsets, enqueue into the next WAL flush. With acks != 0 returns only after the WAL
         object holding the batches is durable (and the lease check passed at that moment).
         A failed PUT fails the append and rolls the partition back so no offset is reused
-        with other data. Raises the StorageError subclasses above."""
+        with other data. Raises the StorageError subclasses above. `owned`: `records` is a
+        writable view the caller gives up (a request's own buffer); it is patched in place
+        instead of copied."""
         ...
 
     async def read(self, offset: int, max_bytes: int) -> ReadResult:

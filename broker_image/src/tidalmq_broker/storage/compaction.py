@@ -51,13 +51,19 @@ def plan_segments(
     is rewritten together with it, so a partition with little traffic does not collect one tiny
     segment per compaction (its object count and checkpoint stay bounded) - unless its oldest
     batch is older than `merge_max_age_ms` (>= 0), so merging never keeps data from retention
-    for long (the engine passes half of retention.ms)."""
+    for long (the engine passes half of retention.ms), or it is larger than both an eighth of
+    `segment_bytes` and the WAL run itself: a busy partition would otherwise rewrite its
+    growing last segment on every pass (8 MB passes towards a 32 MB segment copy 80 MB and
+    read most of it back from the store), while an idle one still ends with few segments."""
     plans: list[list[IndexEntry]] = []
     current: list[IndexEntry] = []
     size = 0
     segment: list[IndexEntry] = []  # the segment run just before, if any
     segment_size = 0
-    for e in entries:
+    run_after: list[int] = [0] * (len(entries) + 1)  # bytes of the WAL run starting at i
+    for i in range(len(entries) - 1, -1, -1):
+        run_after[i] = entries[i].size + run_after[i + 1] if entries[i].in_wal else 0
+    for i, e in enumerate(entries):
         if not e.in_wal:
             if current:
                 plans.append(current)
@@ -72,6 +78,7 @@ def plan_segments(
             and segment
             and segment_size < segment_bytes // 2
             and segment_size + e.size <= segment_bytes
+            and segment_size <= max(run_after[i], segment_bytes // 8)
             and (merge_max_age_ms < 0 or segment[0].max_timestamp >= now_ms - merge_max_age_ms)
         ):
             current, size = list(segment), segment_size

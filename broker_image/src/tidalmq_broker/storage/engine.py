@@ -56,6 +56,11 @@ from tidalmq_broker.storage.wal_writer import Flush, PendingAppend, WalWriter
 log = logging.getLogger(__name__)
 
 _PARALLEL_UPKEEP = 8
+# Compaction holds a whole segment (up to segment.bytes, 64 MiB by default) in memory while it
+# uploads it, plus the source ranges the cache no longer has: one partition at a time keeps
+# that to one segment's worth instead of eight, and leaves the store's threads to the WAL.
+_PARALLEL_COMPACTIONS = 1
+_COPY_SLICE_BYTES = 4 * 1024 * 1024  # yield to the event loop after copying this much
 
 
 class ObjectStreamEngine:
@@ -378,8 +383,10 @@ class ObjectStreamEngine:
         metrics.GARBAGE_DELETED.labels(self.broker_label, kind, path).inc(len(object_keys))
 
     # ---------------------------------------------------------------- upkeep passes
-    async def _each_partition(self, fn: Callable[[Partition], Awaitable[object]]) -> None:
-        semaphore = asyncio.Semaphore(_PARALLEL_UPKEEP)
+    async def _each_partition(
+        self, fn: Callable[[Partition], Awaitable[object]], parallel: int = _PARALLEL_UPKEEP
+    ) -> None:
+        semaphore = asyncio.Semaphore(parallel)
 
         async def one(p: Partition) -> None:
             async with semaphore:
@@ -398,7 +405,7 @@ class ObjectStreamEngine:
         await self._each_partition(lambda p: p.commit_checkpoint())
 
     async def compact_all(self) -> None:
-        await self._each_partition(self.compact_partition)
+        await self._each_partition(self.compact_partition, _PARALLEL_COMPACTIONS)
 
     async def apply_retention_all(self) -> None:
         await self._each_partition(self.apply_retention)
@@ -432,7 +439,8 @@ class ObjectStreamEngine:
 
         for sources in plans:
             parts = await asyncio.gather(*(read(e) for e in sources))
-            blob = b"".join(parts)
+            blob = await _concatenate(parts)
+            del parts
             key = keys.segment_key(p.tp, p.topic_id, sources[0].base_offset)
             await self.store.put(key, blob, if_none_match=True)
             new = segment_entries(key, sources, policy.granule_bytes)
@@ -513,3 +521,18 @@ class ObjectStreamEngine:
                 "garbage sweep deleted %d WAL objects and %d segments", len(wal), len(segments)
             )
         return len(wal) + len(segments)
+
+
+async def _concatenate(parts: list[memoryview]) -> bytearray:
+    """b"".join(parts) in slices, yielding to the event loop in between: a 64 MiB segment
+    copied (and its pages first touched) in one go would hold up every produce and fetch of
+    the broker for tens of milliseconds."""
+    out = bytearray()
+    since_yield = 0
+    for part in parts:
+        out += part
+        since_yield += len(part)
+        if since_yield >= _COPY_SLICE_BYTES:
+            since_yield = 0
+            await asyncio.sleep(0)
+    return out

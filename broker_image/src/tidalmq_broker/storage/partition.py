@@ -180,11 +180,17 @@ class Partition:
             raise PartitionFenced(f"{self._tp} was taken over by another owner")
         raise PartitionClosing(f"{self._tp} is closed")
 
-    async def append(self, records_: bytes | memoryview, *, acks: int = -1) -> AppendResult:
+    async def append(
+        self, records_: bytes | memoryview, *, acks: int = -1, owned: bool = False
+    ) -> AppendResult:
         self._check_writable()
         if len(records_) == 0:
             raise CorruptRecord("empty record set")
-        buf = bytearray(records_)
+        buf: bytearray | memoryview
+        if owned and isinstance(records_, memoryview) and not records_.readonly:
+            buf = records_  # the caller's own buffer: offsets are patched in place, no copy
+        else:
+            buf = bytearray(records_)
         try:
             headers = list(records.iter_headers(buf, verify_crc=True))
         except records.UnsupportedMagic as exc:
@@ -670,7 +676,7 @@ def _fail(append: PendingAppend, error: BaseException) -> None:
         fut.set_exception(error)
 
 
-def _set_log_append_time(buf: bytearray, h: records.BatchHeader, now_ms: int) -> None:
+def _set_log_append_time(buf: bytearray | memoryview, h: records.BatchHeader, now_ms: int) -> None:
     pos = h.position
     attributes = (
         struct.unpack_from(">h", buf, pos + _ATTRS_AND_MAX_TS)[0] | records.TIMESTAMP_TYPE_MASK

@@ -37,7 +37,7 @@ _PUT_BACKOFF_S = (0.05, 0.25)
 @dataclass(slots=True, eq=False)
 class PendingAppend:
     partition: Partition
-    data: bytearray
+    data: bytearray | memoryview  # the batches with final offsets (a view: the request's own)
     base_offset: int
     last_offset: int
     max_timestamp: int

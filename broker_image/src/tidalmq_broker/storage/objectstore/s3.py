@@ -102,7 +102,9 @@ class S3ObjectStore(ObjectStore):
         params: dict[str, Any] = {
             "Bucket": self.bucket,
             "Key": self._full(key),
-            "Body": data if isinstance(data, bytes) else bytes(data),
+            # botocore takes bytes and bytearray as they are (a compacted segment is a
+            # bytearray of up to segment.bytes: no copy on the event loop); not memoryview
+            "Body": data if isinstance(data, bytes | bytearray) else bytes(data),
         }
         if if_none_match:
             params["IfNoneMatch"] = "*"

@@ -1,0 +1,285 @@
+"""Hand-written encoders for the two responses on the data path: Produce and Fetch.
+
+Every other response is described as dicts and built into kio's dataclasses (codec.encode_response),
+which costs tens of microseconds per partition and copies record bytes twice (into a BytesIO and
+out of it). Produce and Fetch run thousands of times a second with megabytes of records, so their
+bodies are written here straight from the handlers' tuples, following Kafka's message schemas
+(ProduceResponse.json v3-v11, FetchResponse.json v4-v12): fixed-width big-endian integers,
+int16/varint-prefixed strings, and arrays; "flexible" versions (Produce v9+, Fetch v12+) use
+compact (unsigned varint, length + 1) strings and arrays and an empty tagged-field section after
+every struct. Record sets are not copied: the body is a list of buffers that the listener writes
+as they are. tests/unit/protocol/test_fastpath.py checks every version against kio's decoder.
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_PRODUCE_PARTITION = struct.Struct(">ihqq")  # index, error, base offset, log append time
+_I64 = struct.Struct(">q")
+_FETCH_PARTITION_V4 = struct.Struct(">ihqq")  # index, error, high watermark, last stable
+_FETCH_HEAD_V7 = struct.Struct(">ihi")  # throttle, error, session id
+
+PRODUCE_FLEXIBLE_FROM = 9
+FETCH_FLEXIBLE_FROM = 12
+_NO_TAGS = b"\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBody:
+    """A response body already in wire format (without size prefix and response header)."""
+
+    parts: list[bytes | memoryview]
+    flexible: bool  # selects response header v1 (with tagged fields) over v0
+
+    @property
+    def size(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+
+ProducePartition = tuple[int, int, int, int, int, str | None]
+"""(partition index, error code, base offset, log append time ms or -1, log start offset,
+error message or None)"""
+
+FetchPartition = tuple[int, int, int, int, int, bool, bytes | memoryview | None]
+"""(partition index, error code, high watermark, last stable offset, log start offset,
+aborted transactions known (empty array) or not (null), records or None)"""
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _string(text: str, flexible: bool) -> bytes:
+    raw = text.encode()
+    if flexible:
+        return _uvarint(len(raw) + 1) + raw
+    return _I16.pack(len(raw)) + raw
+
+
+def _nullable_string(text: str | None, flexible: bool) -> bytes:
+    if text is None:
+        return b"\x00" if flexible else b"\xff\xff"
+    return _string(text, flexible)
+
+
+def _array_length(n: int, flexible: bool) -> bytes:
+    return _uvarint(n + 1) if flexible else _I32.pack(n)
+
+
+def encode_produce_response(
+    version: int,
+    topics: Sequence[tuple[str, Sequence[ProducePartition]]],
+    throttle_time_ms: int = 0,
+) -> EncodedBody:
+    """ProduceResponse v3-v11 (the versions served)."""
+    if not 3 <= version <= 11:
+        raise ValueError(f"ProduceResponse v{version} is not supported by the fast path")
+    flexible = version >= PRODUCE_FLEXIBLE_FROM
+    out = bytearray(_array_length(len(topics), flexible))
+    for name, partitions in topics:
+        out += _string(name, flexible)
+        out += _array_length(len(partitions), flexible)
+        for index, error, base, append_time, log_start, message in partitions:
+            out += _PRODUCE_PARTITION.pack(index, error, base, append_time)
+            if version >= 5:
+                out += _I64.pack(log_start)
+            if version >= 8:
+                out += _array_length(0, flexible)  # record_errors
+                out += _nullable_string(message, flexible)
+            if flexible:
+                out += _NO_TAGS
+        if flexible:
+            out += _NO_TAGS
+    out += _I32.pack(throttle_time_ms)
+    if flexible:
+        out += _NO_TAGS
+    return EncodedBody([bytes(out)], flexible)
+
+
+def encode_fetch_response(
+    version: int,
+    topics: Sequence[tuple[str, Sequence[FetchPartition]]],
+    *,
+    error_code: int = 0,
+    session_id: int = 0,
+    throttle_time_ms: int = 0,
+) -> EncodedBody:
+    """FetchResponse v4-v12 (the versions served); record sets stay separate buffers."""
+    if not 4 <= version <= 12:
+        raise ValueError(f"FetchResponse v{version} is not supported by the fast path")
+    flexible = version >= FETCH_FLEXIBLE_FROM
+    parts: list[bytes | memoryview] = []
+    out = bytearray()
+    if version >= 7:
+        out += _FETCH_HEAD_V7.pack(throttle_time_ms, error_code, session_id)
+    else:
+        out += _I32.pack(throttle_time_ms)
+    out += _array_length(len(topics), flexible)
+    for name, partitions in topics:
+        out += _string(name, flexible)
+        out += _array_length(len(partitions), flexible)
+        for index, error, hw, lso, log_start, aborted_known, records in partitions:
+            out += _FETCH_PARTITION_V4.pack(index, error, hw, lso)
+            if version >= 5:
+                out += _I64.pack(log_start)
+            if aborted_known:
+                out += _array_length(0, flexible)
+            else:
+                out += b"\x00" if flexible else b"\xff\xff\xff\xff"
+            if version >= 11:
+                out += b"\xff\xff\xff\xff"  # preferred_read_replica: -1
+            if records is None:
+                out += b"\x00" if flexible else b"\xff\xff\xff\xff"
+            else:
+                out += _uvarint(len(records) + 1) if flexible else _I32.pack(len(records))
+                if len(records):
+                    parts.append(bytes(out))
+                    parts.append(records)
+                    out = bytearray()
+            if flexible:
+                out += _NO_TAGS
+        if flexible:
+            out += _NO_TAGS
+    if flexible:
+        out += _NO_TAGS
+    parts.append(bytes(out))
+    return EncodedBody(parts, flexible)
+
+
+# ------------------------------------------------------------------------------ produce requests
+class MalformedProduce(ValueError):
+    """The produce request does not parse (codec turns this into MalformedRequest)."""
+
+
+@dataclass(slots=True)
+class ProducePartitionData:
+    index: int
+    records: memoryview | None
+
+
+@dataclass(slots=True)
+class ProduceTopicData:
+    name: str
+    partition_data: list[ProducePartitionData]
+
+
+@dataclass(slots=True)
+class ProduceRequestData:
+    """What the Produce handler reads of a request (the attribute names kio's classes use)."""
+
+    transactional_id: str | None
+    acks: int
+    timeout: datetime.timedelta
+    topic_data: list[ProduceTopicData]
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: memoryview, pos: int) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def take(self, n: int) -> memoryview:
+        end = self.pos + n
+        if n < 0 or end > len(self.buf):
+            raise MalformedProduce(f"field of {n} bytes at {self.pos} runs past the frame")
+        out = self.buf[self.pos : end]
+        self.pos = end
+        return out
+
+    def int16(self) -> int:
+        (value,) = _I16.unpack_from(self.buf, self.pos)
+        self.pos += 2
+        return int(value)
+
+    def int32(self) -> int:
+        (value,) = _I32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(value)
+
+    def uvarint(self) -> int:
+        shift = result = 0
+        while True:
+            if self.pos >= len(self.buf):
+                raise MalformedProduce("varint runs past the frame")
+            byte = self.buf[self.pos]
+            self.pos += 1
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return result
+            shift += 7
+            if shift > 28:
+                raise MalformedProduce("varint longer than 5 bytes")
+
+    def string(self, flexible: bool, nullable: bool) -> str | None:
+        n = self.uvarint() - 1 if flexible else self.int16()
+        if n < 0:
+            if not nullable:
+                raise MalformedProduce("null where a string is required")
+            return None
+        return bytes(self.take(n)).decode()
+
+    def array_length(self, flexible: bool) -> int:
+        n = self.uvarint() - 1 if flexible else self.int32()
+        if n < 0:
+            raise MalformedProduce("null where an array is required")
+        return n
+
+    def skip_tags(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()  # tag
+            self.take(self.uvarint())
+
+
+def decode_produce_request(
+    frame: bytes | memoryview, api_version: int
+) -> tuple[str | None, ProduceRequestData]:
+    """(client id, body) of a ProduceRequest v3-v11 frame (without its size prefix).
+
+    Record sets are slices of `frame`, not copies: when the frame is a writable buffer of the
+    connection's own, the partition log can patch offsets in place.
+    """
+    if not 3 <= api_version <= 11:
+        raise MalformedProduce(f"ProduceRequest v{api_version} is not supported by the fast path")
+    flexible = api_version >= PRODUCE_FLEXIBLE_FROM
+    try:
+        r = _Reader(memoryview(frame), 8)  # after api key, version, correlation id
+        client_id = r.string(flexible=False, nullable=True)  # header v1/v2: never compact
+        if flexible:
+            r.skip_tags()
+        transactional_id = r.string(flexible, nullable=True)
+        acks = r.int16()
+        timeout_ms = r.int32()
+        topics = []
+        for _ in range(r.array_length(flexible)):
+            name = r.string(flexible, nullable=False)
+            partitions = []
+            for _ in range(r.array_length(flexible)):
+                index = r.int32()
+                n = r.uvarint() - 1 if flexible else r.int32()
+                records = None if n < 0 else r.take(n)
+                if flexible:
+                    r.skip_tags()
+                partitions.append(ProducePartitionData(index, records))
+            if flexible:
+                r.skip_tags()
+            topics.append(ProduceTopicData(name, partitions))  # type: ignore[arg-type]
+        if flexible:
+            r.skip_tags()
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise MalformedProduce(str(exc)) from exc
+    return client_id, ProduceRequestData(
+        transactional_id, acks, datetime.timedelta(milliseconds=timeout_ms), topics
+    )

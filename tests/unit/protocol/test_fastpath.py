@@ -1,0 +1,196 @@
+"""The hand-written Produce and Fetch response encoders write exactly what kio writes for the same
+response, in every version the broker serves, and kio's decoder reads them back; the hand-written
+Produce request decoder reads what kio's encoder writes, leaving record sets in the frame."""
+
+from __future__ import annotations
+
+import pytest
+from kio.schema.errors import ErrorCode
+from tidalmq_broker.protocol.codec import (
+    MalformedRequest,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    encode_response_parts,
+)
+from tidalmq_broker.protocol.fastpath import (
+    decode_produce_request,
+    encode_fetch_response,
+    encode_produce_response,
+)
+from tidalmq_broker.protocol.records import build_batch
+
+PRODUCE_VERSIONS = range(3, 12)
+FETCH_VERSIONS = range(4, 13)
+
+
+def _join(parts: bytes | list[bytes | memoryview]) -> bytes:
+    return parts if isinstance(parts, bytes) else b"".join(parts)
+
+
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+def test_produce_response_matches_kio(version: int) -> None:
+    partitions = [
+        (0, 0, 1234, -1, 0, None),
+        (7, ErrorCode.not_leader_or_follower.value, -1, -1, -1, "led élsewhere"),
+        (2, 0, 1 << 40, 1795306022811, 17, None),
+    ]
+    fast = encode_produce_response(version, [("topic-a", partitions[:2]), ("b", partitions[2:])])
+    frame = _join(encode_response_parts(0, version, 99, fast))
+
+    def as_dict(p: tuple[int, int, int, int, int, str | None]) -> dict[str, object]:
+        index, error, base, append_time, log_start, message = p
+        return {
+            "index": index,
+            "error_code": ErrorCode(error),
+            "base_offset": base,
+            "log_append_time": append_time if append_time >= 0 else None,
+            "log_start_offset": log_start,
+            "record_errors": [],
+            "error_message": message,
+        }
+
+    reference = encode_response(
+        0,
+        version,
+        99,
+        {
+            "responses": [
+                {"name": "topic-a", "partition_responses": [as_dict(p) for p in partitions[:2]]},
+                {"name": "b", "partition_responses": [as_dict(partitions[2])]},
+            ],
+            "throttle_time": 0,
+        },
+    )
+    assert frame == reference
+    correlation_id, body = decode_response(0, version, frame[4:])
+    assert correlation_id == 99
+    second = body.responses[0].partition_responses[1]
+    assert second.error_code == ErrorCode.not_leader_or_follower
+    if version >= 8:
+        assert second.error_message == "led élsewhere"
+    assert body.responses[1].partition_responses[0].base_offset == 1 << 40
+
+
+@pytest.mark.parametrize("version", FETCH_VERSIONS)
+def test_fetch_response_matches_kio(version: int) -> None:
+    batch = build_batch([(b"k", b"v" * 300), (None, b"w")], base_offset=40)
+    partitions = [
+        (0, 0, 42, 42, 3, True, memoryview(batch)),
+        (1, 0, 10, 10, 0, True, b""),
+        (5, ErrorCode.offset_out_of_range.value, -1, -1, -1, False, b""),
+        (6, ErrorCode.not_leader_or_follower.value, -1, -1, -1, False, None),
+    ]
+    fast = encode_fetch_response(version, [("events", partitions)], session_id=0)
+    parts = encode_response_parts(1, version, 5, fast)
+    assert isinstance(parts, list)
+    assert any(p is partitions[0][6] for p in parts), "records are written without a copy"
+    frame = _join(parts)
+
+    def as_dict(p: tuple) -> dict[str, object]:  # type: ignore[type-arg]
+        index, error, hw, lso, log_start, aborted_known, records = p
+        return {
+            "partition_index": index,
+            "error_code": ErrorCode(error),
+            "high_watermark": hw,
+            "last_stable_offset": lso,
+            "log_start_offset": log_start,
+            "aborted_transactions": [] if aborted_known else None,
+            "records": None if records is None else bytes(records),
+        }
+
+    reference = encode_response(
+        1,
+        version,
+        5,
+        {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "session_id": 0,
+            "responses": [{"topic": "events", "partitions": [as_dict(p) for p in partitions]}],
+        },
+    )
+    assert frame == reference
+    _, body = decode_response(1, version, frame[4:])
+    first = body.responses[0].partitions[0]
+    assert bytes(first.records) == batch and first.high_watermark == 42
+
+
+@pytest.mark.parametrize("version", [4, 7, 12])
+def test_fetch_error_response(version: int) -> None:
+    code = ErrorCode.not_leader_or_follower
+    fast = encode_fetch_response(
+        version, [("t", [(3, code.value, -1, -1, -1, False, None)])], error_code=code.value
+    )
+    _, body = decode_response(1, version, _join(encode_response_parts(1, version, 1, fast))[4:])
+    part = body.responses[0].partitions[0]
+    assert part.error_code == code and part.records is None
+    if version >= 7:
+        assert body.error_code == code
+
+
+def test_versions_outside_the_fast_path_are_refused() -> None:
+    with pytest.raises(ValueError):
+        encode_produce_response(2, [])
+    with pytest.raises(ValueError):
+        encode_fetch_response(13, [])
+
+
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+def test_produce_request_parses_like_kio(version: int) -> None:
+    batch = build_batch([(b"k", b"v" * 100)])
+    body = {
+        "transactional_id": "tx-é" if version >= 3 else None,
+        "acks": -1,
+        "timeout": 1500,
+        "topic_data": [
+            {"name": "a", "partition_data": [{"index": 0, "records": batch}]},
+            {
+                "name": "bé",
+                "partition_data": [{"index": 3, "records": None}, {"index": 9, "records": b""}],
+            },
+        ],
+    }
+    frame = bytearray(encode_request(0, version, 17, body, client_id="cli")[4:])
+    client_id, fast = decode_produce_request(memoryview(frame), version)
+    reference = decode_request(bytes(frame), {0: (3, 11)})
+    assert client_id == reference.client_id == "cli"
+    ref = reference.body
+    assert (fast.transactional_id, fast.acks, fast.timeout) == (
+        ref.transactional_id,
+        ref.acks,
+        ref.timeout,
+    )
+    for topic, ref_topic in zip(fast.topic_data, ref.topic_data, strict=True):
+        assert topic.name == ref_topic.name
+        for part, ref_part in zip(topic.partition_data, ref_topic.partition_data, strict=True):
+            assert part.index == ref_part.index
+            if ref_part.records is None:
+                assert part.records is None
+            else:
+                assert part.records is not None and bytes(part.records) == bytes(ref_part.records)
+    records = fast.topic_data[0].partition_data[0].records
+    assert records is not None and not records.readonly, "a view of the frame, not a copy"
+    records[0:8] = b"\x00" * 7 + b"\x05"
+    assert frame.find(b"\x00" * 7 + b"\x05") >= 0
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 11])
+def test_truncated_produce_requests_are_malformed(version: int) -> None:
+    frame = encode_request(
+        0,
+        version,
+        1,
+        {
+            "transactional_id": None,
+            "acks": 1,
+            "timeout": 100,
+            "topic_data": [
+                {"name": "t", "partition_data": [{"index": 0, "records": build_batch([])}]}
+            ],
+        },
+    )[4:]
+    for cut in range(8, len(frame) - 1):
+        with pytest.raises(MalformedRequest):
+            decode_request(frame[:cut], {0: (3, 11)})
