@@ -49,7 +49,15 @@ async def handle_create_topics(broker: Broker, request: Request, conn: Connectio
         wanted.append(NewTopic(t.name, partitions, {c.name: c.value for c in t.configs}))
     results = {}
     if wanted:
-        for r in await broker.controller.create_topics(wanted, validate_only=body.validate_only):
+        # like Kafka, answer within the request's timeout; unlike Kafka, also wait (within it)
+        # until the partitions serve, so a producer right after CreateTopics just works
+        wait_s = (
+            min(max(body.timeout.total_seconds(), 0.0), 10.0) if request.api_version >= 1 else 0.0
+        )
+        created = await broker.controller.create_topics(
+            wanted, validate_only=body.validate_only, wait_s=wait_s
+        )
+        for r in created:
             results[r.name] = r
     topics = []
     for t in body.topics:

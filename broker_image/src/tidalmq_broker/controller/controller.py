@@ -426,14 +426,39 @@ class Controller:
 
     # ---------------------------------------------------------------- topics
     async def create_topics(
-        self, topics: Iterable[NewTopic], *, validate_only: bool = False
+        self, topics: Iterable[NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
     ) -> list[TopicResult]:
+        """Create topics. With wait_s > 0, return once every new partition is open on its
+        broker (or after wait_s): a client that produces right after creating gets no
+        LEADER_NOT_AVAILABLE."""
         async with self._lock:
             results = await self._create_topics_locked(list(topics), validate_only=validate_only)
             snapshot = self.snapshot()
         if not validate_only:
             await self._push(snapshot)
+            created = [r.name for r in results if r.error is None]
+            await self._wait_open(created, wait_s)
         return results
+
+    async def _wait_open(self, topics: list[str], wait_s: float, first_partition: int = 0) -> bool:
+        """Until the leaders of these topics' partitions report them open at their epoch."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            pending = 0
+            for name in topics:
+                topic = self.metadata.topics.get(name)
+                if topic is None:
+                    continue
+                for i, part in enumerate(topic.partitions[first_partition:], first_partition):
+                    live = self._liveness.get(part.leader)
+                    opened = live.open_partitions.get(TopicPartition(name, i)) if live else None
+                    if opened != part.leader_epoch:
+                        pending += 1
+            if not pending:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
 
     async def _create_topics_locked(
         self, topics: list[NewTopic], *, validate_only: bool

@@ -77,7 +77,8 @@ class ControllerClient(Protocol):
     async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None: ...
     async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None: ...
     async def fetch_metadata(self) -> ClusterMetadata: ...
-    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False) -> list[ctl.TopicResult]: ...  # fmt: skip
+    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False,
+                            wait_s: float = 0.0) -> list[ctl.TopicResult]: ...  # fmt: skip
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]: ...
     async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult: ...  # fmt: skip
     async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
@@ -114,8 +115,11 @@ class LocalControllerClient:
     async def fetch_metadata(self) -> ClusterMetadata:
         return self.controller.snapshot()
 
-    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False) -> list[ctl.TopicResult]:  # fmt: skip
-        return await self.controller.create_topics(topics, validate_only=validate_only)
+    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False,
+                            wait_s: float = 0.0) -> list[ctl.TopicResult]:  # fmt: skip
+        return await self.controller.create_topics(
+            topics, validate_only=validate_only, wait_s=wait_s
+        )
 
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
         return await self.controller.delete_topics(names)
@@ -200,9 +204,10 @@ class HttpControllerClient:
     async def fetch_metadata(self) -> ClusterMetadata:
         return ClusterMetadata.from_json((await self._call("/v1/metadata"))["metadata"])
 
-    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False) -> list[ctl.TopicResult]:  # fmt: skip
+    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False,
+                            wait_s: float = 0.0) -> list[ctl.TopicResult]:  # fmt: skip
         doc = await self._call("/v1/topics/create", {
-            "validate_only": validate_only,
+            "validate_only": validate_only, "wait_s": wait_s,
             "topics": [{"name": t.name, "num_partitions": t.num_partitions, "configs": t.configs}
                        for t in topics],
         })  # fmt: skip
