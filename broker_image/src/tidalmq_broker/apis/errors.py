@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from kio.schema.errors import ErrorCode
-from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic
+from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
 from tidalmq_broker.controller.controller import (
     ControllerError,
@@ -54,6 +54,7 @@ _CODES: list[tuple[type[BaseException], ErrorCode]] = [
     (InvalidTopic, ErrorCode.invalid_topic_exception),
     (InvalidPartitions, ErrorCode.invalid_partitions),
     (InvalidConfig, ErrorCode.invalid_config),
+    (StaticConfig, ErrorCode.invalid_request),
     (ControllerError, ErrorCode.invalid_request),
     (TimeoutError, ErrorCode.request_timed_out),
 ]

@@ -55,6 +55,8 @@ from tidalmq_core.reassignment import (
 )
 from tidalmq_core.topics import (
     InvalidPartitions,
+    validate_broker_config_scope,
+    validate_broker_configs,
     validate_configs,
     validate_partition_count,
     validate_topic_name,
@@ -543,6 +545,35 @@ class Controller:
         if not validate_only:
             await self._push(snapshot)
         return TopicResult(name, None, topic.topic_id, len(topic.partitions))
+
+    async def alter_broker_configs(
+        self, scope: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
+    ) -> Exception | None:
+        """Set (value) or delete (None) dynamic broker configs of one broker (its id as a
+        string) or of the cluster default (""). Non-incremental replaces the scope's configs."""
+        async with self._lock:
+            try:
+                validate_broker_config_scope(scope)
+                merged: dict[str, str | None] = (
+                    dict(self.metadata.broker_configs.get(scope, {})) if incremental else {}
+                )
+                merged.update(changes)
+                configs = validate_broker_configs(merged)
+            except ValueError as exc:
+                return exc
+            if validate_only:
+                return None
+
+            def mutate(m: ClusterMetadata) -> None:
+                if configs:
+                    m.broker_configs[scope] = configs
+                else:
+                    m.broker_configs.pop(scope, None)
+
+            await self._commit_locked(mutate)
+            snapshot = self.snapshot()
+        await self._push(snapshot)
+        return None
 
     # ---------------------------------------------------------------- producer ids
     async def allocate_producer_id(self) -> int:

@@ -19,7 +19,7 @@ from aiohttp import web
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
-from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic
+from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
 from tidalmq_broker.controller import controller as ctl
 
@@ -30,7 +30,7 @@ _ERRORS: dict[str, type[Exception]] = {
     for cls in (
         ctl.ControllerError, ctl.TopicAlreadyExists, ctl.UnknownTopic, ctl.NoBrokers,
         ctl.ControllerFenced, ctl.UnknownBroker, InvalidTopic, InvalidPartitions, InvalidConfig,
-        InvalidPlan, NoReassignmentInProgress,
+        StaticConfig, InvalidPlan, NoReassignmentInProgress,
     )
 }  # fmt: skip
 
@@ -82,6 +82,8 @@ class ControllerClient(Protocol):
     async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult: ...  # fmt: skip
     async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
                                   incremental: bool, validate_only: bool) -> ctl.TopicResult: ...  # fmt: skip
+    async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
+                                   incremental: bool, validate_only: bool) -> Exception | None: ...  # fmt: skip
     async def allocate_producer_id(self) -> int: ...
     async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]: ...  # fmt: skip
     async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]: ...  # fmt: skip
@@ -126,6 +128,12 @@ class LocalControllerClient:
                                   incremental: bool, validate_only: bool) -> ctl.TopicResult:  # fmt: skip
         return await self.controller.alter_topic_configs(
             name, changes, incremental=incremental, validate_only=validate_only
+        )
+
+    async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
+                                   incremental: bool, validate_only: bool) -> Exception | None:  # fmt: skip
+        return await self.controller.alter_broker_configs(
+            scope, changes, incremental=incremental, validate_only=validate_only
         )
 
     async def allocate_producer_id(self) -> int:
@@ -220,6 +228,14 @@ class HttpControllerClient:
         })  # fmt: skip
         return _result(doc["result"])
 
+    async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
+                                   incremental: bool, validate_only: bool) -> Exception | None:  # fmt: skip
+        doc = await self._call("/v1/brokers/configs", {
+            "scope": scope, "changes": changes, "incremental": incremental,
+            "validate_only": validate_only,
+        })  # fmt: skip
+        return decode_error(doc["error"])
+
     async def allocate_producer_id(self) -> int:
         return int((await self._call("/v1/producer-ids"))["producer_id"])
 
@@ -278,6 +294,7 @@ class ControllerServer:
         r.add_post("/v1/topics/delete", self._delete_topics)
         r.add_post("/v1/topics/partitions", self._create_partitions)
         r.add_post("/v1/topics/configs", self._alter_configs)
+        r.add_post("/v1/brokers/configs", self._alter_broker_configs)
         r.add_post("/v1/producer-ids", self._producer_id)
         r.add_post("/v1/reassignments/alter", self._alter_reassignments)
         r.add_post("/v1/reassignments/list", self._list_reassignments)
@@ -397,6 +414,17 @@ class ControllerServer:
         except ctl.ControllerError as exc:
             return self._fault(exc)
         return self._ok({"result": _result_doc(r)})
+
+    async def _alter_broker_configs(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        try:
+            error = await self.controller.alter_broker_configs(
+                str(b["scope"]), b["changes"], incremental=bool(b["incremental"]),
+                validate_only=bool(b["validate_only"]),
+            )  # fmt: skip
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"error": encode_error(error)})
 
     async def _producer_id(self, request: web.Request) -> web.Response:
         try:
