@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 from tidalmq_core.metadata import NO_LEADER, OFFSETS_TOPIC
 
+from tidalmq_broker.apis.producer_ids import TRANSACTIONS_UNSUPPORTED
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError, GroupShard
 from tidalmq_broker.groups.group import GroupState
@@ -17,14 +18,21 @@ if TYPE_CHECKING:
     from tidalmq_broker.server.listener import Connection
 
 GROUP_KEY = 0
+TRANSACTION_KEY = 1
 
 
 def _find(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
     out: dict[str, Any] = {"key": key, "node_id": -1, "host": "", "port": -1,
                            "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
     if key_type != GROUP_KEY:
-        out["error_code"] = ErrorCode.coordinator_not_available
-        out["error_message"] = "transactions are not supported by TidalMQ yet"
+        # not retriable, so a transactional producer fails at once with this message instead
+        # of retrying until max.block.ms
+        out["error_code"] = ErrorCode.unsupported_version
+        out["error_message"] = (
+            TRANSACTIONS_UNSUPPORTED
+            if key_type == TRANSACTION_KEY
+            else f"TidalMQ has no coordinators of key type {key_type} (only consumer groups)"
+        )
         return out
     if not key:
         out["error_code"] = ErrorCode.invalid_request
