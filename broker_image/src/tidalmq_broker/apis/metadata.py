@@ -140,3 +140,63 @@ async def handle_describe_cluster(broker: Broker, request: Request, conn: Connec
         "controller_id": broker.controller_id_for_clients(),
         "brokers": brokers_body(meta),
     }
+
+
+# The most partitions one DescribeTopicPartitions response carries (Kafka's
+# max.request.partition.size.limit default); clients page with the cursor.
+MAX_RESPONSE_PARTITIONS = 2000
+
+
+@api(75, "DescribeTopicPartitions", 0, 0)
+async def handle_describe_topic_partitions(
+    broker: Broker, request: Request, conn: Connection
+) -> Any:
+    """Kafka 4's topic description (AdminClient.describeTopics): the named topics, or every
+    topic when none is named, sorted by name, at most `response_partition_limit` partitions per
+    response and a cursor to the next one."""
+    body = request.body
+    meta = broker.metadata
+    if body.topics:
+        names = sorted({t.name for t in body.topics})
+    else:
+        names = sorted(t.name for t in meta.topics.values() if not t.internal)
+    cursor = body.cursor
+    if cursor is not None and cursor.topic_name not in names:
+        return {
+            "throttle_time": 0,
+            "topics": [_unknown_topic(n, ErrorCode.invalid_request) for n in names],
+            "next_cursor": None,
+        }
+    if cursor is not None:
+        names = names[names.index(cursor.topic_name) :]
+    budget = min(max(body.response_partition_limit, 1), MAX_RESPONSE_PARTITIONS)
+    topics: list[dict[str, Any]] = []
+    next_cursor = None
+    for name in names:
+        topic = meta.topics.get(name)
+        if topic is None:
+            topics.append(_unknown_topic(name, ErrorCode.unknown_topic_or_partition))
+            continue
+        if budget == 0:
+            next_cursor = {"topic_name": name, "partition_index": 0}
+            break
+        described = topic_body(topic)
+        start = cursor.partition_index if cursor is not None and cursor.topic_name == name else 0
+        partitions = described["partitions"][start:]
+        if len(partitions) > budget:
+            next_cursor = {"topic_name": name, "partition_index": start + budget}
+            partitions = partitions[:budget]
+        budget -= len(partitions)
+        for p in partitions:
+            p["eligible_leader_replicas"] = []  # no ELR: one replica, always in sync
+            p["last_known_elr"] = []
+        described["partitions"] = partitions
+        topics.append(described)
+        if next_cursor is not None:
+            break
+    return {"throttle_time": 0, "topics": topics, "next_cursor": next_cursor}
+
+
+def _unknown_topic(name: str, code: ErrorCode) -> dict[str, Any]:
+    return {"error_code": code, "name": name, "topic_id": _NULL_UUID, "is_internal": False,
+            "partitions": []}  # fmt: skip
