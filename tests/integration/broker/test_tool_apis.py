@@ -243,3 +243,38 @@ def test_transactions_are_refused_not_retried(admin: AdminClient) -> None:
     idempotent = admin.call(22, 4, {"transactional_id": None, "transaction_timeout": 60000,
                                     "producer_id": -1, "producer_epoch": -1})  # fmt: skip
     assert idempotent.error_code == ErrorCode.none and idempotent.producer_id >= 0
+
+
+# ---------------------------------------------------------------- groups
+def test_list_groups_types_and_describe_missing_group(
+    broker: BrokerProcess, admin: AdminClient
+) -> None:
+    topic, group = unique("groups"), unique("g")
+    create_topic(broker.bootstrap, topic, 1)
+    commit = admin.call(8, 8, {"group_id": group, "generation_id_or_member_epoch": -1,
+                               "member_id": "", "group_instance_id": None, "topics": [
+                                   {"name": topic, "partitions": [
+                                       {"partition_index": 0, "committed_offset": 0,
+                                        "committed_leader_epoch": -1,
+                                        "committed_metadata": ""}]}]})  # fmt: skip
+    assert commit.topics[0].partitions[0].error_code == ErrorCode.none
+
+    def listed(**filters: list[str]) -> dict[str, Any]:
+        resp = admin.call(16, 5, {"states_filter": [], "types_filter": [], **filters})
+        return {g.group_id: g for g in resp.groups}
+
+    assert listed()[group].group_type == "classic"
+    assert listed()[group].group_state == "Empty"
+    assert group in listed(types_filter=["Classic"])  # case-insensitive, as in Kafka
+    assert listed(types_filter=["consumer"]) == {}
+    assert group in listed(states_filter=["empty"])
+    assert group not in listed(states_filter=["Stable"])
+
+    resp = admin.call(15, 6, {"groups": [group, "no-such-group"],
+                              "include_authorized_operations": False})  # fmt: skip
+    found, missing = resp.groups
+    assert found.error_code == ErrorCode.none and found.group_state == "Empty"
+    assert missing.error_code == ErrorCode.group_id_not_found
+    assert missing.error_message == "Group no-such-group not found."
+    old = admin.call(15, 5, {"groups": ["no-such-group"], "include_authorized_operations": False})
+    assert old.groups[0].error_code == ErrorCode.none and old.groups[0].group_state == "Dead"

@@ -116,6 +116,13 @@ def test_consumer_groups_describe_list_reset_delete(tidalmq: BrokerProcess) -> N
     assert group in _groups(b, "--list").split()
     listed = parse_table(_groups(b, "--list", "--state"), "GROUP")
     assert {"GROUP": group, "STATE": "Empty"} in listed, listed
+    assert group not in _groups(b, "--list", "--state", "Stable").split()
+    # kafka-groups: every TidalMQ group is a classic consumer group
+    typed = parse_table(tool("kafka-groups", "--list", bootstrap=b), "GROUP")
+    assert {"GROUP": group, "TYPE": "Classic", "PROTOCOL": "consumer"} in typed, typed
+    classic = tool("kafka-groups", "--list", "--group-type", "classic", bootstrap=b)
+    assert group in classic.split()
+    assert group not in tool("kafka-groups", "--list", "--group-type", "consumer", bootstrap=b)
 
     def offsets() -> dict[int, dict[str, str]]:
         rows = parse_table(_groups(b, "--describe", "--group", group), "GROUP")
@@ -175,4 +182,4 @@ def test_consumer_groups_describe_list_reset_delete(tidalmq: BrokerProcess) -> N
     assert f"Deletion of requested consumer groups ('{group}') was successful." in out
     assert group not in _groups(b, "--list").split()
     missing = run_tool("kafka-consumer-groups", "--describe", "--group", group, bootstrap=b)
-    assert f"Consumer group '{group}' does not exist." in missing.stdout + missing.stderr
+    assert f"GroupIdNotFoundException: Group {group} not found." in missing.stdout + missing.stderr

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tidalmq_broker.server.listener import Connection
 
 GROUP_KEY = 0
+CLASSIC_GROUP_TYPE = "classic"
 TRANSACTION_KEY = 1
 
 
@@ -234,21 +235,26 @@ async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection
     return {"throttle_time": 0, "topics": one["topics"], "error_code": one["error_code"]}
 
 
-@api(16, "ListGroups", 0, 4)
+@api(16, "ListGroups", 0, 5)
 async def handle_list_groups(broker: Broker, request: Request, conn: Connection) -> Any:
-    states = set(getattr(request.body, "states_filter", ()) or ())
+    """Every group is a classic one (JoinGroup/SyncGroup); filters match case-insensitively,
+    as in Kafka, so `kafka-groups --list --group-type classic` and the like work."""
+    states = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
+    types = {t.lower() for t in getattr(request.body, "types_filter", ()) or ()}
     groups = []
-    for shard in broker.groups.shards():
-        for group in shard.list_groups():
-            if states and group.state.value not in states:
-                continue
-            groups.append({"group_id": group.group_id,
-                           "protocol_type": group.protocol_type or "",
-                           "group_state": group.state.value})  # fmt: skip
+    if not types or CLASSIC_GROUP_TYPE in types:
+        for shard in broker.groups.shards():
+            for group in shard.list_groups():
+                if states and group.state.value.lower() not in states:
+                    continue
+                groups.append({"group_id": group.group_id,
+                               "protocol_type": group.protocol_type or "",
+                               "group_state": group.state.value,
+                               "group_type": CLASSIC_GROUP_TYPE})  # fmt: skip
     return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
 
 
-@api(15, "DescribeGroups", 0, 5)
+@api(15, "DescribeGroups", 0, 6)
 async def handle_describe_groups(broker: Broker, request: Request, conn: Connection) -> Any:
     out = []
     for group_id in request.body.groups:
@@ -271,8 +277,9 @@ async def handle_describe_groups(broker: Broker, request: Request, conn: Connect
                 else "",
                 members=group.described_members(),
             )
-        elif request.api_version >= 6:
+        elif request.api_version >= 6:  # KIP-1043: a group that does not exist is an error
             entry["error_code"] = ErrorCode.group_id_not_found
+            entry["error_message"] = f"Group {group_id} not found."
         out.append(entry)
     return {"throttle_time": 0, "groups": out}
 
