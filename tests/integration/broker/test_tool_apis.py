@@ -278,3 +278,33 @@ def test_list_groups_types_and_describe_missing_group(
     assert missing.error_message == "Group no-such-group not found."
     old = admin.call(15, 5, {"groups": ["no-such-group"], "include_authorized_operations": False})
     assert old.groups[0].error_code == ErrorCode.none and old.groups[0].group_state == "Dead"
+
+
+# ---------------------------------------------------------------- newest versions Kafka 4 uses
+def test_metadata_v13_describe_cluster_v2_and_reassignments_v1(
+    broker: BrokerProcess, admin: AdminClient
+) -> None:
+    topic = unique("v13")
+    create_topic(broker.bootstrap, topic, 1)
+    meta = admin.call(3, 13, {"topics": [{"topic_id": None, "name": topic}],
+                              "allow_auto_topic_creation": False,
+                              "include_topic_authorized_operations": False})  # fmt: skip
+    assert meta.error_code == ErrorCode.none
+    assert [(t.name, t.error_code) for t in meta.topics] == [(topic, ErrorCode.none)]
+
+    cluster = admin.call(60, 2, {"include_cluster_authorized_operations": False,
+                                 "endpoint_type": 1, "include_fenced_brokers": True})  # fmt: skip
+    assert cluster.error_code == ErrorCode.none
+    assert [(b.broker_id, b.is_fenced) for b in cluster.brokers] == [(0, False)]
+
+    def reassign(replicas: list[int], allow_rf_change: bool) -> ErrorCode:
+        resp = admin.call(45, 1, {"timeout": 30000,
+                                  "allow_replication_factor_change": allow_rf_change,
+                                  "topics": [{"name": topic, "partitions": [
+                                      {"partition_index": 0, "replicas": replicas}]}]})  # fmt: skip
+        return resp.responses[0].partitions[0].error_code
+
+    # one replica per partition: two is a bad assignment, or a forbidden RF change under v1
+    assert reassign([0, 1], True) == ErrorCode.invalid_replica_assignment
+    assert reassign([0, 1], False) == ErrorCode.invalid_replication_factor
+    assert reassign([0], False) == ErrorCode.none  # already there: nothing to move

@@ -23,7 +23,7 @@ _NULL_UUID = uuid.UUID(int=0)
 def brokers_body(meta: ClusterMetadata) -> list[dict[str, Any]]:
     return [
         {"node_id": b.broker_id, "broker_id": b.broker_id, "host": b.host, "port": b.port,
-         "rack": b.rack}
+         "rack": b.rack, "is_fenced": False}
         for b in sorted(meta.brokers.values(), key=lambda b: b.broker_id)
         if b.state != "dead"
     ]  # fmt: skip
@@ -55,7 +55,7 @@ def topic_body(topic: TopicInfo) -> dict[str, Any]:
     }
 
 
-@api(3, "Metadata", 0, 12)
+@api(3, "Metadata", 0, 13)
 async def handle_metadata(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
     meta = broker.metadata
@@ -115,10 +115,11 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
         "controller_id": broker.controller_id_for_clients(),
         "topics": topics,
         "cluster_authorized_operations": -2147483648,
+        "error_code": ErrorCode.none,  # v13: a top-level error (e.g. REBOOTSTRAP_REQUIRED)
     }
 
 
-@api(60, "DescribeCluster", 0, 1)
+@api(60, "DescribeCluster", 0, 2)
 async def handle_describe_cluster(broker: Broker, request: Request, conn: Connection) -> Any:
     meta = broker.metadata
     endpoint_type = getattr(request.body, "endpoint_type", 1)
