@@ -105,6 +105,34 @@ def test_generate_execute_throttled_verify_and_roll_back(
     assert after == before
 
 
+def test_topics_placed_by_replica_assignment(tidalmq_cluster: LocalClusterProcess) -> None:
+    """kafka-topics --replica-assignment: one broker per partition is honoured (at create and
+    when growing); more than one replica is refused with Kafka's error."""
+    b = tidalmq_cluster.bootstrap
+    topic = name("placed")
+    tool("kafka-topics", "--create", "--topic", topic, "--replica-assignment", "2,2,0",
+         bootstrap=b)  # fmt: skip
+    header, parts = describe_topic(b, topic)
+    assert header["PartitionCount"] == "3"
+    assert [(p["Leader"], p["Replicas"]) for p in parts] == [("2", "2"), ("2", "2"), ("0", "0")]
+    tool("kafka-topics", "--alter", "--topic", topic, "--partitions", "5",
+         "--replica-assignment", "2,2,0,1,1", bootstrap=b)  # fmt: skip
+    assert [p["Leader"] for p in describe_topic(b, topic)[1]] == ["2", "2", "0", "1", "1"]
+
+    two = run_tool("kafka-topics", "--create", "--topic", name("rf2"),
+                   "--replica-assignment", "0:1,1:2", bootstrap=b)  # fmt: skip
+    assert two.returncode != 0
+    assert "InvalidReplicaAssignmentException: replicas [0, 1] must name exactly one broker" in (
+        two.stdout + two.stderr
+    ), two.stdout + two.stderr
+    dead = run_tool("kafka-topics", "--create", "--topic", name("dead"),
+                    "--replica-assignment", "0,7", bootstrap=b)  # fmt: skip
+    assert dead.returncode != 0
+    assert "broker(s) [7] in the replica assignment are not live brokers" in (
+        dead.stdout + dead.stderr
+    ), dead.stdout + dead.stderr
+
+
 def test_bad_plans_fail_with_kafka_errors(
     tidalmq_cluster: LocalClusterProcess, tmp_path: Path
 ) -> None:

@@ -90,6 +90,10 @@ class ControllerFenced(ControllerError):
     """NOT_CONTROLLER: another controller committed a newer version of the metadata."""
 
 
+class InvalidReplicaAssignment(ControllerError):
+    """INVALID_REPLICA_ASSIGNMENT: an explicit placement names a broker that cannot take it."""
+
+
 class UnknownBroker(ControllerError):
     """BROKER_ID_NOT_REGISTERED"""
 
@@ -129,6 +133,9 @@ class NewTopic:
     num_partitions: int
     configs: dict[str, str | None] = field(default_factory=dict)
     internal: bool = False
+    # the broker of each partition when the client places them (kafka-topics
+    # --replica-assignment); None: the controller places them (partition i on broker i mod n)
+    assignment: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -433,6 +440,8 @@ class Controller:
                 configs = validate_configs(new.configs)
                 if not self._placeable_brokers(meta):
                     raise NoBrokers("no live broker to place the partitions on")
+                if new.assignment is not None:
+                    self._check_assignment(meta, new.assignment, new.num_partitions)
             except (ValueError, ControllerError) as exc:
                 results.append(TopicResult(new.name, error=exc))
                 continue
@@ -446,7 +455,11 @@ class Controller:
             def mutate(m: ClusterMetadata) -> None:
                 brokers = self._placeable_brokers(m)
                 for new, configs, topic_id in accepted:
-                    owners = place_partitions(brokers, new.num_partitions)
+                    owners = (
+                        list(new.assignment)
+                        if new.assignment is not None
+                        else place_partitions(brokers, new.num_partitions)
+                    )
                     m.topics[new.name] = TopicInfo(
                         name=new.name,
                         topic_id=topic_id,
@@ -493,8 +506,14 @@ class Controller:
         return results
 
     async def create_partitions(
-        self, name: str, total: int, *, validate_only: bool = False
+        self,
+        name: str,
+        total: int,
+        *,
+        validate_only: bool = False,
+        assignment: list[int] | None = None,
     ) -> TopicResult:
+        """Grow a topic to `total` partitions; `assignment` names the broker of each new one."""
         async with self._lock:
             topic = self.metadata.topics.get(name)
             if topic is None:
@@ -509,13 +528,19 @@ class Controller:
                     )
                 if not self._placeable_brokers(self.metadata):
                     raise NoBrokers("no live broker to place the partitions on")
+                if assignment is not None:
+                    self._check_assignment(self.metadata, assignment, total - current)
             except (ValueError, ControllerError) as exc:
                 return TopicResult(name, exc)
             if not validate_only:
 
                 def mutate(m: ClusterMetadata) -> None:
-                    owners = place_partitions(
-                        self._placeable_brokers(m), total - current, first_partition=current
+                    owners = (
+                        list(assignment)
+                        if assignment is not None
+                        else place_partitions(
+                            self._placeable_brokers(m), total - current, first_partition=current
+                        )
                     )
                     m.topics[name].partitions.extend(PartitionState(b, 0, [b]) for b in owners)
 
@@ -954,6 +979,19 @@ class Controller:
             log.exception("automatic rebalance failed (%s)", reason)
 
     # ---------------------------------------------------------------- internals
+    def _check_assignment(self, meta: ClusterMetadata, owners: list[int], count: int) -> None:
+        if len(owners) != count:
+            raise InvalidReplicaAssignment(
+                f"the assignment places {len(owners)} partitions, expected {count}"
+            )
+        live = set(self._placeable_brokers(meta))
+        unknown = sorted(set(owners) - live)
+        if unknown:
+            raise InvalidReplicaAssignment(
+                f"broker(s) {unknown} in the replica assignment are not live brokers "
+                f"(live: {sorted(live)})"
+            )
+
     def _placeable_brokers(self, meta: ClusterMetadata) -> list[int]:
         return sorted(b for b, info in meta.brokers.items() if info.state == "alive")
 

@@ -29,7 +29,7 @@ _ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
     for cls in (
         ctl.ControllerError, ctl.TopicAlreadyExists, ctl.UnknownTopic, ctl.NoBrokers,
-        ctl.ControllerFenced, ctl.UnknownBroker, InvalidTopic, InvalidPartitions, InvalidConfig,
+        ctl.ControllerFenced, ctl.UnknownBroker, ctl.InvalidReplicaAssignment, InvalidTopic, InvalidPartitions, InvalidConfig,
         StaticConfig, InvalidPlan, NoReassignmentInProgress,
     )
 }  # fmt: skip
@@ -79,7 +79,8 @@ class ControllerClient(Protocol):
     async def fetch_metadata(self) -> ClusterMetadata: ...
     async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False) -> list[ctl.TopicResult]: ...  # fmt: skip
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]: ...
-    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult: ...  # fmt: skip
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False,
+                                assignment: list[int] | None = None) -> ctl.TopicResult: ...  # fmt: skip
     async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
                                   incremental: bool, validate_only: bool) -> ctl.TopicResult: ...  # fmt: skip
     async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
@@ -121,8 +122,11 @@ class LocalControllerClient:
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
         return await self.controller.delete_topics(names)
 
-    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult:  # fmt: skip
-        return await self.controller.create_partitions(name, total, validate_only=validate_only)
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False,
+                                assignment: list[int] | None = None) -> ctl.TopicResult:  # fmt: skip
+        return await self.controller.create_partitions(
+            name, total, validate_only=validate_only, assignment=assignment
+        )
 
     async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
                                   incremental: bool, validate_only: bool) -> ctl.TopicResult:  # fmt: skip
@@ -207,8 +211,8 @@ class HttpControllerClient:
     async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False) -> list[ctl.TopicResult]:  # fmt: skip
         doc = await self._call("/v1/topics/create", {
             "validate_only": validate_only,
-            "topics": [{"name": t.name, "num_partitions": t.num_partitions, "configs": t.configs}
-                       for t in topics],
+            "topics": [{"name": t.name, "num_partitions": t.num_partitions, "configs": t.configs,
+                        "assignment": t.assignment} for t in topics],
         })  # fmt: skip
         return [_result(r) for r in doc["results"]]
 
@@ -216,8 +220,9 @@ class HttpControllerClient:
         doc = await self._call("/v1/topics/delete", {"names": names})
         return [_result(r) for r in doc["results"]]
 
-    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult:  # fmt: skip
-        doc = await self._call("/v1/topics/partitions", {"name": name, "total": total, "validate_only": validate_only})  # fmt: skip
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False,
+                                assignment: list[int] | None = None) -> ctl.TopicResult:  # fmt: skip
+        doc = await self._call("/v1/topics/partitions", {"name": name, "total": total, "validate_only": validate_only, "assignment": assignment})  # fmt: skip
         return _result(doc["result"])
 
     async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
@@ -377,7 +382,8 @@ class ControllerServer:
 
     async def _create_topics(self, request: web.Request) -> web.Response:
         b = await self._body(request)
-        topics = [ctl.NewTopic(t["name"], int(t["num_partitions"]), dict(t.get("configs") or {}))
+        topics = [ctl.NewTopic(t["name"], int(t["num_partitions"]), dict(t.get("configs") or {}),
+                               assignment=t.get("assignment"))
                   for t in b["topics"]]  # fmt: skip
         try:
             results = await self.controller.create_topics(
@@ -398,8 +404,9 @@ class ControllerServer:
         b = await self._body(request)
         try:
             r = await self.controller.create_partitions(
-                b["name"], int(b["total"]), validate_only=bool(b.get("validate_only"))
-            )
+                b["name"], int(b["total"]), validate_only=bool(b.get("validate_only")),
+                assignment=b.get("assignment"),
+            )  # fmt: skip
         except ctl.ControllerError as exc:
             return self._fault(exc)
         return self._ok({"result": _result_doc(r)})
