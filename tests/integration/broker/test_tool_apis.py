@@ -308,3 +308,22 @@ def test_metadata_v13_describe_cluster_v2_and_reassignments_v1(
     assert reassign([0, 1], True) == ErrorCode.invalid_replica_assignment
     assert reassign([0, 1], False) == ErrorCode.invalid_replication_factor
     assert reassign([0], False) == ErrorCode.none  # already there: nothing to move
+
+
+def test_elect_leaders_is_never_needed(broker: BrokerProcess, admin: AdminClient) -> None:
+    topic = unique("elect")
+    create_topic(broker.bootstrap, topic, 2)
+
+    def elect(kind: int, partitions: list[dict[str, Any]] | None) -> dict[tuple[str, int], Any]:
+        resp = admin.call(43, 2, {"election_type": kind, "topic_partitions": partitions,
+                                  "timeout": 30000})  # fmt: skip
+        assert resp.error_code == ErrorCode.none
+        return {(t.topic, p.partition_id): p for t in resp.replica_election_results
+                for p in t.partition_result}  # fmt: skip
+
+    one = elect(0, [{"topic": topic, "partitions": [1, 5]}])
+    assert one[(topic, 1)].error_code == ErrorCode.election_not_needed
+    assert one[(topic, 5)].error_code == ErrorCode.unknown_topic_or_partition
+    every = elect(1, None)
+    assert every[(topic, 0)].error_code == ErrorCode.election_not_needed
+    assert not any(t == "__consumer_offsets" for t, _ in every)

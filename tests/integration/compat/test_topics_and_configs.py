@@ -188,7 +188,7 @@ def test_broker_api_versions_lists_what_the_broker_serves(tidalmq: BrokerProcess
     expected = {k: (s.min_version, s.max_version) for k, s in REGISTRY.items()}
     assert served == expected, (served, expected)
     # what Kafka 4's tools need beyond produce/consume
-    for key in (32, 34, 35, 44, 45, 46, 60, 61, 75):
+    for key in (32, 34, 35, 43, 44, 45, 46, 60, 61, 75):
         assert key in served, key
     assert {24, 25, 26, 28} <= unsupported  # transactions: refused, see test_perf_and_java
 
@@ -223,3 +223,19 @@ def test_get_offsets_and_log_dirs(tidalmq: BrokerProcess) -> None:
         size = sizes[f"{topic}-{partition}"]
         assert size > 10 * count if count else size == 0, sizes
     assert all(not p["isFuture"] and p["offsetLag"] == 0 for p in log_dir["partitions"])
+
+
+def test_leader_election_finds_the_preferred_leader_in_place(tidalmq: BrokerProcess) -> None:
+    b = tidalmq.bootstrap
+    topic = name("elect")
+    create_topic(b, topic, 2)
+    out = tool("kafka-leader-election", "--election-type", "preferred", "--topic", topic,
+               "--partition", "1", bootstrap=b)  # fmt: skip
+    assert out.strip() == f"Valid replica already elected for partitions {topic}-1", out
+    every = tool("kafka-leader-election", "--election-type", "unclean",
+                 "--all-topic-partitions", bootstrap=b)  # fmt: skip
+    assert f"{topic}-0" in every and f"{topic}-1" in every, every
+    missing = run_tool("kafka-leader-election", "--election-type", "preferred",
+                       "--topic", name("nope"), "--partition", "0", bootstrap=b)  # fmt: skip
+    assert missing.returncode != 0
+    assert "UnknownTopicOrPartitionException" in failure(missing), failure(missing)
