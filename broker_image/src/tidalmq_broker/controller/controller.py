@@ -734,7 +734,10 @@ class Controller:
     async def _run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), self.settings.tick_s)
+                # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives
+                # as the event is set, and stop() would then wait for this loop forever
+                async with asyncio.timeout(self.settings.tick_s):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
