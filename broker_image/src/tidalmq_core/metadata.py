@@ -26,8 +26,23 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "message.timestamp.type": "CreateTime",
     "compression.type": "producer",
     "min.insync.replicas": "1",
+    # Set and cleared by kafka-reassign-partitions --throttle. TidalMQ copies no data when a
+    # partition moves, so they are recorded (and reported) but limit nothing.
+    "leader.replication.throttled.replicas": "",
+    "follower.replication.throttled.replicas": "",
 }
 READ_ONLY_TOPIC_CONFIGS = frozenset({"min.insync.replicas"})
+
+# Broker configs that can be changed at runtime (Kafka's dynamic broker configs TidalMQ accepts),
+# with Kafka's defaults. Keyed in ClusterMetadata.broker_configs by broker id, "" for the
+# cluster-wide default. The replication throttles are what kafka-reassign-partitions --throttle
+# sets; a TidalMQ move copies no data, so they are recorded and reported but limit nothing.
+DYNAMIC_BROKER_CONFIG_DEFAULTS: dict[str, str] = {
+    "leader.replication.throttled.rate": str(2**63 - 1),
+    "follower.replication.throttled.rate": str(2**63 - 1),
+    "replica.alter.log.dirs.io.max.bytes.per.second": str(2**63 - 1),
+}
+CLUSTER_DEFAULT = ""  # the broker-config scope of `kafka-configs --entity-default`
 
 
 def new_cluster_id() -> str:
@@ -122,6 +137,8 @@ class ClusterMetadata:
     next_producer_id: int = 1000
     # deleted topics whose data is still in object storage: (name, topic id)
     pending_deletions: list[tuple[str, str]] = field(default_factory=list)
+    # dynamic broker config overrides: broker id (as a string) or CLUSTER_DEFAULT -> name -> value
+    broker_configs: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +149,7 @@ class ClusterMetadata:
             "topics": {k: v.to_json() for k, v in sorted(self.topics.items())},
             "next_producer_id": self.next_producer_id,
             "pending_deletions": [list(d) for d in self.pending_deletions],
+            "broker_configs": {k: dict(v) for k, v in sorted(self.broker_configs.items())},
         }
 
     @classmethod
@@ -144,6 +162,7 @@ class ClusterMetadata:
             topics={k: TopicInfo.from_json(v) for k, v in data.get("topics", {}).items()},
             next_producer_id=int(data.get("next_producer_id", 1000)),
             pending_deletions=[(n, i) for n, i in data.get("pending_deletions", [])],
+            broker_configs={str(k): dict(v) for k, v in data.get("broker_configs", {}).items()},
         )
 
     def copy(self) -> ClusterMetadata:
@@ -151,6 +170,14 @@ class ClusterMetadata:
 
     def live_brokers(self) -> list[int]:
         return sorted(b for b, info in self.brokers.items() if info.state == "alive")
+
+    def dynamic_broker_config(self, broker_id: int, name: str) -> tuple[str, str] | None:
+        """(scope, value) of a dynamic broker config set for this broker or cluster-wide."""
+        for scope in (str(broker_id), CLUSTER_DEFAULT):
+            value = self.broker_configs.get(scope, {}).get(name)
+            if value is not None:
+                return scope, value
+        return None
 
     def topic_by_id(self, topic_id: str) -> TopicInfo | None:
         for topic in self.topics.values():

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import re
 
-from tidalmq_core.metadata import READ_ONLY_TOPIC_CONFIGS, TOPIC_CONFIG_DEFAULTS
+from tidalmq_core.metadata import (
+    CLUSTER_DEFAULT,
+    DYNAMIC_BROKER_CONFIG_DEFAULTS,
+    READ_ONLY_TOPIC_CONFIGS,
+    TOPIC_CONFIG_DEFAULTS,
+)
 
 MAX_TOPIC_NAME_LENGTH = 249
 MAX_PARTITIONS = 10_000
@@ -21,6 +26,10 @@ class InvalidPartitions(ValueError):
 
 class InvalidConfig(ValueError):
     """INVALID_CONFIG"""
+
+
+class StaticConfig(ValueError):
+    """INVALID_REQUEST: a broker config that only a restart changes (Kafka's wording)."""
 
 
 def validate_topic_name(name: str) -> None:
@@ -52,6 +61,11 @@ _INT_CONFIGS = {
     "segment.bytes": 14,
     "min.insync.replicas": 1,
 }
+# "*" or a comma-separated list of partition:broker pairs (Kafka's ThrottledReplicaListValidator)
+_THROTTLED_REPLICAS = re.compile(r"^(\*|\d+:\d+(\s*,\s*\d+:\d+)*)?$")
+_REPLICA_LIST_CONFIGS = frozenset(
+    {"leader.replication.throttled.replicas", "follower.replication.throttled.replicas"}
+)
 _ENUM_CONFIGS = {
     "cleanup.policy": {"delete"},
     "message.timestamp.type": {"CreateTime", "LogAppendTime"},
@@ -82,5 +96,44 @@ def validate_configs(configs: dict[str, str | None]) -> dict[str, str]:
         if name in _ENUM_CONFIGS and value not in _ENUM_CONFIGS[name]:
             allowed = ", ".join(sorted(_ENUM_CONFIGS[name]))
             raise InvalidConfig(f"{name} must be one of {allowed}; got {value!r}")
+        if name in _REPLICA_LIST_CONFIGS and not _THROTTLED_REPLICAS.match(value.strip()):
+            raise InvalidConfig(
+                f"{name} must be '*' or a list of partition:broker pairs, got {value!r}"
+            )
+        out[name] = value
+    return out
+
+
+def validate_broker_config_scope(scope: str) -> None:
+    """A broker-config resource names one broker (its id) or the cluster default ("")."""
+    if scope != CLUSTER_DEFAULT and not (scope.isdigit() and int(scope) >= 0):
+        raise InvalidConfig(f"broker config resource {scope!r} is neither a broker id nor ''")
+
+
+def validate_broker_configs(
+    configs: dict[str, str | None], static: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """Check dynamic broker config changes; returns the overrides to store (None dropped).
+
+    `static` names the broker's other configs, which exist but only change with a restart."""
+    out: dict[str, str] = {}
+    fixed = sorted(n for n in configs if n not in DYNAMIC_BROKER_CONFIG_DEFAULTS and n in static)
+    if fixed:
+        raise StaticConfig(f"Cannot update these configs dynamically: [{', '.join(fixed)}]")
+    for name, value in configs.items():
+        if name not in DYNAMIC_BROKER_CONFIG_DEFAULTS:
+            known = ", ".join(sorted(DYNAMIC_BROKER_CONFIG_DEFAULTS))
+            raise InvalidConfig(
+                f"unknown dynamic broker config {name!r}; TidalMQ changes only these at "
+                f"runtime: {known}"
+            )
+        if value is None:
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            raise InvalidConfig(f"{name} must be an integer, got {value!r}") from None
+        if number < 0:
+            raise InvalidConfig(f"{name} must be at least 0, got {number}")
         out[name] = value
     return out

@@ -5,6 +5,8 @@ from tidalmq_broker.apis import (  # noqa: F401
     configs,
     fetch,
     groups,
+    leaders,
+    log_dirs,
     metadata,
     produce,
     producer_ids,

@@ -1,11 +1,24 @@
-"""DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for topics (and broker reads)."""
+"""DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for topics and brokers.
+
+Topic configs live in the topic's metadata. A broker's configs are its static settings (flags and
+environment; a restart changes them) plus the dynamic broker configs of the cluster metadata: per
+broker or cluster-wide (`kafka-configs --entity-default`), which is what
+`kafka-reassign-partitions --throttle` sets and `--verify` clears.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from tidalmq_core.metadata import READ_ONLY_TOPIC_CONFIGS, TOPIC_CONFIG_DEFAULTS
+from tidalmq_core.metadata import (
+    CLUSTER_DEFAULT,
+    DYNAMIC_BROKER_CONFIG_DEFAULTS,
+    READ_ONLY_TOPIC_CONFIGS,
+    TOPIC_CONFIG_DEFAULTS,
+    TopicInfo,
+)
+from tidalmq_core.topics import StaticConfig, validate_broker_configs
 
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
@@ -19,18 +32,103 @@ TOPIC = 2
 BROKER = 4
 # config sources (DescribeConfigs v1+)
 DYNAMIC_TOPIC_CONFIG = 1
+DYNAMIC_BROKER_CONFIG = 2
+DYNAMIC_DEFAULT_BROKER_CONFIG = 3
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 # config types (DescribeConfigs v3+)
-_TYPES = {"cleanup.policy": 7, "message.timestamp.type": 2, "compression.type": 2}
-_LONG = 5
-_INT = 3
+_BOOLEAN, _STRING, _INT, _LONG, _DOUBLE, _LIST = 1, 2, 3, 5, 6, 7
+_TYPES = {
+    "cleanup.policy": _LIST,
+    "message.timestamp.type": _STRING,
+    "compression.type": _STRING,
+    "max.message.bytes": _INT,
+    "segment.bytes": _INT,
+    "min.insync.replicas": _INT,
+    "leader.replication.throttled.replicas": _LIST,
+    "follower.replication.throttled.replicas": _LIST,
+    "broker.id": _INT,
+    "node.id": _INT,
+    "num.partitions": _INT,
+    "auto.create.topics.enable": _BOOLEAN,
+    "offsets.topic.num.partitions": _INT,
+    "group.initial.rebalance.delay.ms": _INT,
+    "group.min.session.timeout.ms": _INT,
+    "socket.request.max.bytes": _INT,
+    "default.replication.factor": _INT,
+    "tidalmq.flush.interval.ms": _DOUBLE,
+}
+_LIST_TOPIC_CONFIGS = frozenset(n for n, t in _TYPES.items() if t == _LIST)
+# incremental operations (IncrementalAlterConfigs)
+_SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3
 
 
 def _config_type(name: str) -> int:
-    if name in _TYPES:
-        return _TYPES[name]
-    return _INT if name in ("max.message.bytes", "segment.bytes", "min.insync.replicas") else _LONG
+    return _TYPES.get(name, _LONG)
+
+
+def _entry(
+    name: str,
+    value: str,
+    source: int,
+    synonyms: list[tuple[str, int]],
+    *,
+    read_only: bool,
+    include_synonyms: bool,
+) -> dict[str, Any]:
+    return {
+        "name": name, "value": value, "read_only": read_only,
+        "is_default": source == DEFAULT_CONFIG, "config_source": source, "is_sensitive": False,
+        "synonyms": [{"name": name, "value": v, "source": s} for v, s in synonyms]
+        if include_synonyms else [],
+        "config_type": _config_type(name), "documentation": None,
+    }  # fmt: skip
+
+
+def _topic_configs(topic: TopicInfo, include_synonyms: bool) -> list[dict[str, Any]]:
+    out = []
+    for name, value in sorted(topic.effective_configs().items()):
+        overridden = name in topic.configs
+        source = DYNAMIC_TOPIC_CONFIG if overridden else DEFAULT_CONFIG
+        synonyms = [(value, source)] if overridden else []
+        synonyms.append((TOPIC_CONFIG_DEFAULTS[name], DEFAULT_CONFIG))
+        out.append(_entry(name, value, source, synonyms,
+                          read_only=name in READ_ONLY_TOPIC_CONFIGS,
+                          include_synonyms=include_synonyms))  # fmt: skip
+    return out
+
+
+def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[dict[str, Any]]:
+    """The configs of this broker (scope = its id) or the cluster-wide dynamic defaults."""
+    meta = broker.metadata
+    cluster = meta.broker_configs.get(CLUSTER_DEFAULT, {})
+    if scope == CLUSTER_DEFAULT:
+        return [
+            _entry(name, value, DYNAMIC_DEFAULT_BROKER_CONFIG,
+                   [(value, DYNAMIC_DEFAULT_BROKER_CONFIG)], read_only=False,
+                   include_synonyms=include_synonyms)
+            for name, value in sorted(cluster.items())
+        ]  # fmt: skip
+    own = meta.broker_configs.get(scope, {})
+    out = []
+    configs = {**broker.settings.described(), **DYNAMIC_BROKER_CONFIG_DEFAULTS}
+    for name in sorted(configs):
+        if name not in DYNAMIC_BROKER_CONFIG_DEFAULTS:
+            value = configs[name]
+            out.append(_entry(name, value, STATIC_BROKER_CONFIG,
+                              [(value, STATIC_BROKER_CONFIG)], read_only=True,
+                              include_synonyms=include_synonyms))  # fmt: skip
+            continue
+        synonyms: list[tuple[str, int]] = []
+        if name in own:
+            synonyms.append((own[name], DYNAMIC_BROKER_CONFIG))
+        if name in cluster:
+            synonyms.append((cluster[name], DYNAMIC_DEFAULT_BROKER_CONFIG))
+        synonyms.append((DYNAMIC_BROKER_CONFIG_DEFAULTS[name], DEFAULT_CONFIG))
+        value, source = synonyms[0]
+        out.append(_entry(name, value, source, synonyms, read_only=False,
+                          include_synonyms=include_synonyms))  # fmt: skip
+    return out
 
 
 @api(32, "DescribeConfigs", 0, 4)
@@ -43,44 +141,58 @@ async def handle_describe_configs(broker: Broker, request: Request, conn: Connec
         out: dict[str, Any] = {"resource_type": res.resource_type,
                                "resource_name": res.resource_name, "configs": [],
                                "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
+        configs: list[dict[str, Any]] = []
         if res.resource_type == TOPIC:
             topic = broker.metadata.topics.get(res.resource_name)
             if topic is None:
                 out["error_code"] = ErrorCode.unknown_topic_or_partition
                 out["error_message"] = f"topic {res.resource_name!r} does not exist"
             else:
-                for name, value in sorted(topic.effective_configs().items()):
-                    if keys is not None and name not in keys:
-                        continue
-                    overridden = name in topic.configs
-                    source = DYNAMIC_TOPIC_CONFIG if overridden else DEFAULT_CONFIG
-                    synonyms = []
-                    if include_synonyms:
-                        if overridden:
-                            synonyms.append({"name": name, "value": value, "source": source})
-                        synonyms.append({"name": name, "value": TOPIC_CONFIG_DEFAULTS[name],
-                                         "source": DEFAULT_CONFIG})  # fmt: skip
-                    out["configs"].append({
-                        "name": name, "value": value,
-                        "read_only": name in READ_ONLY_TOPIC_CONFIGS,
-                        "is_default": not overridden, "config_source": source,
-                        "is_sensitive": False, "synonyms": synonyms,
-                        "config_type": _config_type(name), "documentation": None,
-                    })  # fmt: skip
+                configs = _topic_configs(topic, include_synonyms)
         elif res.resource_type == BROKER:
-            for name, value in sorted(broker.settings.described().items()):
-                if keys is not None and name not in keys:
-                    continue
-                out["configs"].append({
-                    "name": name, "value": value, "read_only": True, "is_default": False,
-                    "config_source": STATIC_BROKER_CONFIG, "is_sensitive": False,
-                    "synonyms": [], "config_type": 2, "documentation": None,
-                })  # fmt: skip
+            scope = res.resource_name
+            if scope not in (CLUSTER_DEFAULT, str(broker.broker_id)):
+                # as Kafka: a broker describes itself or the cluster default, so clients send
+                # each broker's request to that broker
+                out["error_code"] = ErrorCode.invalid_request
+                out["error_message"] = (
+                    f"Unexpected broker id, expected {broker.broker_id} or empty string, but "
+                    f"received {scope}"
+                )
+            else:
+                configs = _broker_configs(broker, scope, include_synonyms)
         else:
             out["error_code"] = ErrorCode.invalid_request
             out["error_message"] = f"resource type {res.resource_type} is not supported"
+        out["configs"] = [c for c in configs if keys is None or c["name"] in keys]
         results.append(out)
     return {"throttle_time": 0, "results": results}
+
+
+def _list_items(value: str | None) -> list[str]:
+    return [item.strip() for item in (value or "").split(",") if item.strip()]
+
+
+def _changes(res: Any, current: dict[str, str]) -> tuple[dict[str, str | None], str | None]:
+    """The requested changes as name -> value (None deletes), or an error message."""
+    changes: dict[str, str | None] = {}
+    for c in res.configs:
+        op = getattr(c, "config_operation", _SET)
+        if op == _SET:
+            changes[c.name] = c.value
+        elif op == _DELETE:
+            changes[c.name] = None
+        elif op in (_APPEND, _SUBTRACT) and c.name in _LIST_TOPIC_CONFIGS:
+            items = _list_items(current.get(c.name))
+            given = _list_items(c.value)
+            if op == _APPEND:
+                items += [i for i in given if i not in items]
+            else:
+                items = [i for i in items if i not in given]
+            changes[c.name] = ",".join(items)
+        else:
+            return {}, f"operation {op} applies to list configs only, not to {c.name}"
+    return changes, None
 
 
 async def _alter(
@@ -91,31 +203,44 @@ async def _alter(
         out: dict[str, Any] = {"resource_type": res.resource_type,
                                "resource_name": res.resource_name,
                                "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
-        if res.resource_type != TOPIC:
+        error: Exception | None = None
+        if res.resource_type == TOPIC:
+            topic = broker.metadata.topics.get(res.resource_name)
+            changes, bad = _changes(res, topic.configs if topic else {})
+            if bad is None:
+                r = await broker.controller.alter_topic_configs(
+                    res.resource_name, changes, incremental=incremental,
+                    validate_only=validate_only,
+                )  # fmt: skip
+                error = r.error
+        elif res.resource_type == BROKER:
+            changes, bad = _changes(res, {})
+            if bad is None:
+                try:
+                    # names of this broker's static settings get Kafka's "cannot update
+                    # dynamically"; the controller checks the dynamic ones
+                    validate_broker_configs(changes, frozenset(broker.settings.described()))
+                except StaticConfig as exc:
+                    error = exc
+                except ValueError:
+                    pass
+                if error is None:
+                    error = await broker.controller.alter_broker_configs(
+                        res.resource_name, changes, incremental=incremental,
+                        validate_only=validate_only,
+                    )  # fmt: skip
+        else:
+            bad = f"resource type {res.resource_type} cannot be altered: only topics and brokers"
             out["error_code"] = ErrorCode.invalid_request
-            out["error_message"] = "only topic configs can be altered"
+            out["error_message"] = bad
             responses.append(out)
             continue
-        changes: dict[str, str | None] = {}
-        bad = None
-        for c in res.configs:
-            op = getattr(c, "config_operation", 0)
-            if op == 0:  # SET
-                changes[c.name] = c.value
-            elif op == 1:  # DELETE
-                changes[c.name] = None
-            else:  # APPEND/SUBTRACT only apply to list configs, none of ours is one
-                bad = f"operation {op} is not supported for {c.name}"
-        if bad:
+        if bad is not None:
             out["error_code"] = ErrorCode.invalid_config
             out["error_message"] = bad
-        else:
-            r = await broker.controller.alter_topic_configs(
-                res.resource_name, changes, incremental=incremental, validate_only=validate_only
-            )
-            if r.error is not None:
-                out["error_code"] = error_code(r.error)
-                out["error_message"] = error_message(r.error)
+        elif error is not None:
+            out["error_code"] = error_code(error)
+            out["error_message"] = error_message(error)
         responses.append(out)
     return responses
 

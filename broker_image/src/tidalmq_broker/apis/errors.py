@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 
 from kio.schema.errors import ErrorCode
-from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic
+from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
 from tidalmq_broker.controller.controller import (
     ControllerError,
     ControllerFenced,
+    InvalidReplicaAssignment,
     NoBrokers,
     TopicAlreadyExists,
     UnknownTopic,
@@ -50,10 +51,12 @@ _CODES: list[tuple[type[BaseException], ErrorCode]] = [
     (TopicAlreadyExists, ErrorCode.topic_already_exists),
     (UnknownTopic, ErrorCode.unknown_topic_or_partition),
     (NoBrokers, ErrorCode.invalid_replication_factor),
+    (InvalidReplicaAssignment, ErrorCode.invalid_replica_assignment),
     (ControllerFenced, ErrorCode.not_controller),
     (InvalidTopic, ErrorCode.invalid_topic_exception),
     (InvalidPartitions, ErrorCode.invalid_partitions),
     (InvalidConfig, ErrorCode.invalid_config),
+    (StaticConfig, ErrorCode.invalid_request),
     (ControllerError, ErrorCode.invalid_request),
     (TimeoutError, ErrorCode.request_timed_out),
 ]

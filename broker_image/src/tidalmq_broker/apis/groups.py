@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 from tidalmq_core.metadata import NO_LEADER, OFFSETS_TOPIC
 
+from tidalmq_broker.apis.producer_ids import TRANSACTIONS_UNSUPPORTED
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError, GroupShard
 from tidalmq_broker.groups.group import GroupState
@@ -17,14 +18,22 @@ if TYPE_CHECKING:
     from tidalmq_broker.server.listener import Connection
 
 GROUP_KEY = 0
+CLASSIC_GROUP_TYPE = "classic"
+TRANSACTION_KEY = 1
 
 
 def _find(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
     out: dict[str, Any] = {"key": key, "node_id": -1, "host": "", "port": -1,
                            "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
     if key_type != GROUP_KEY:
-        out["error_code"] = ErrorCode.coordinator_not_available
-        out["error_message"] = "transactions are not supported by TidalMQ yet"
+        # not retriable, so a transactional producer fails at once with this message instead
+        # of retrying until max.block.ms
+        out["error_code"] = ErrorCode.unsupported_version
+        out["error_message"] = (
+            TRANSACTIONS_UNSUPPORTED
+            if key_type == TRANSACTION_KEY
+            else f"TidalMQ has no coordinators of key type {key_type} (only consumer groups)"
+        )
         return out
     if not key:
         out["error_code"] = ErrorCode.invalid_request
@@ -226,21 +235,26 @@ async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection
     return {"throttle_time": 0, "topics": one["topics"], "error_code": one["error_code"]}
 
 
-@api(16, "ListGroups", 0, 4)
+@api(16, "ListGroups", 0, 5)
 async def handle_list_groups(broker: Broker, request: Request, conn: Connection) -> Any:
-    states = set(getattr(request.body, "states_filter", ()) or ())
+    """Every group is a classic one (JoinGroup/SyncGroup); filters match case-insensitively,
+    as in Kafka, so `kafka-groups --list --group-type classic` and the like work."""
+    states = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
+    types = {t.lower() for t in getattr(request.body, "types_filter", ()) or ()}
     groups = []
-    for shard in broker.groups.shards():
-        for group in shard.list_groups():
-            if states and group.state.value not in states:
-                continue
-            groups.append({"group_id": group.group_id,
-                           "protocol_type": group.protocol_type or "",
-                           "group_state": group.state.value})  # fmt: skip
+    if not types or CLASSIC_GROUP_TYPE in types:
+        for shard in broker.groups.shards():
+            for group in shard.list_groups():
+                if states and group.state.value.lower() not in states:
+                    continue
+                groups.append({"group_id": group.group_id,
+                               "protocol_type": group.protocol_type or "",
+                               "group_state": group.state.value,
+                               "group_type": CLASSIC_GROUP_TYPE})  # fmt: skip
     return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
 
 
-@api(15, "DescribeGroups", 0, 5)
+@api(15, "DescribeGroups", 0, 6)
 async def handle_describe_groups(broker: Broker, request: Request, conn: Connection) -> Any:
     out = []
     for group_id in request.body.groups:
@@ -263,8 +277,9 @@ async def handle_describe_groups(broker: Broker, request: Request, conn: Connect
                 else "",
                 members=group.described_members(),
             )
-        elif request.api_version >= 6:
+        elif request.api_version >= 6:  # KIP-1043: a group that does not exist is an error
             entry["error_code"] = ErrorCode.group_id_not_found
+            entry["error_message"] = f"Group {group_id} not found."
         out.append(entry)
     return {"throttle_time": 0, "groups": out}
 

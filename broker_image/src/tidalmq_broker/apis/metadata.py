@@ -23,7 +23,7 @@ _NULL_UUID = uuid.UUID(int=0)
 def brokers_body(meta: ClusterMetadata) -> list[dict[str, Any]]:
     return [
         {"node_id": b.broker_id, "broker_id": b.broker_id, "host": b.host, "port": b.port,
-         "rack": b.rack}
+         "rack": b.rack, "is_fenced": False}
         for b in sorted(meta.brokers.values(), key=lambda b: b.broker_id)
         if b.state != "dead"
     ]  # fmt: skip
@@ -55,7 +55,7 @@ def topic_body(topic: TopicInfo) -> dict[str, Any]:
     }
 
 
-@api(3, "Metadata", 0, 12)
+@api(3, "Metadata", 0, 13)
 async def handle_metadata(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
     meta = broker.metadata
@@ -115,10 +115,11 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
         "controller_id": broker.controller_id_for_clients(),
         "topics": topics,
         "cluster_authorized_operations": -2147483648,
+        "error_code": ErrorCode.none,  # v13: a top-level error (e.g. REBOOTSTRAP_REQUIRED)
     }
 
 
-@api(60, "DescribeCluster", 0, 1)
+@api(60, "DescribeCluster", 0, 2)
 async def handle_describe_cluster(broker: Broker, request: Request, conn: Connection) -> Any:
     meta = broker.metadata
     endpoint_type = getattr(request.body, "endpoint_type", 1)
@@ -140,3 +141,63 @@ async def handle_describe_cluster(broker: Broker, request: Request, conn: Connec
         "controller_id": broker.controller_id_for_clients(),
         "brokers": brokers_body(meta),
     }
+
+
+# The most partitions one DescribeTopicPartitions response carries (Kafka's
+# max.request.partition.size.limit default); clients page with the cursor.
+MAX_RESPONSE_PARTITIONS = 2000
+
+
+@api(75, "DescribeTopicPartitions", 0, 0)
+async def handle_describe_topic_partitions(
+    broker: Broker, request: Request, conn: Connection
+) -> Any:
+    """Kafka 4's topic description (AdminClient.describeTopics): the named topics, or every
+    topic when none is named, sorted by name, at most `response_partition_limit` partitions per
+    response and a cursor to the next one."""
+    body = request.body
+    meta = broker.metadata
+    if body.topics:
+        names = sorted({t.name for t in body.topics})
+    else:
+        names = sorted(t.name for t in meta.topics.values() if not t.internal)
+    cursor = body.cursor
+    if cursor is not None and cursor.topic_name not in names:
+        return {
+            "throttle_time": 0,
+            "topics": [_unknown_topic(n, ErrorCode.invalid_request) for n in names],
+            "next_cursor": None,
+        }
+    if cursor is not None:
+        names = names[names.index(cursor.topic_name) :]
+    budget = min(max(body.response_partition_limit, 1), MAX_RESPONSE_PARTITIONS)
+    topics: list[dict[str, Any]] = []
+    next_cursor = None
+    for name in names:
+        topic = meta.topics.get(name)
+        if topic is None:
+            topics.append(_unknown_topic(name, ErrorCode.unknown_topic_or_partition))
+            continue
+        if budget == 0:
+            next_cursor = {"topic_name": name, "partition_index": 0}
+            break
+        described = topic_body(topic)
+        start = cursor.partition_index if cursor is not None and cursor.topic_name == name else 0
+        partitions = described["partitions"][start:]
+        if len(partitions) > budget:
+            next_cursor = {"topic_name": name, "partition_index": start + budget}
+            partitions = partitions[:budget]
+        budget -= len(partitions)
+        for p in partitions:
+            p["eligible_leader_replicas"] = []  # no ELR: one replica, always in sync
+            p["last_known_elr"] = []
+        described["partitions"] = partitions
+        topics.append(described)
+        if next_cursor is not None:
+            break
+    return {"throttle_time": 0, "topics": topics, "next_cursor": next_cursor}
+
+
+def _unknown_topic(name: str, code: ErrorCode) -> dict[str, Any]:
+    return {"error_code": code, "name": name, "topic_id": _NULL_UUID, "is_internal": False,
+            "partitions": []}  # fmt: skip

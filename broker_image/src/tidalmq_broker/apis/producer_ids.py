@@ -1,12 +1,19 @@
-"""InitProducerId: idempotent producers get a cluster-unique id (transactions: not yet)."""
+"""Idempotent producers: InitProducerId hands out cluster-unique ids, DescribeProducers shows the
+producer state each partition keeps.
+
+Transactions are not supported: a transactional producer is refused with UNSUPPORTED_VERSION and
+a message saying so (here and in FindCoordinator for transaction coordinators), so clients fail at
+once with a clear error instead of retrying until their timeout.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.model import TopicPartition
 
-from tidalmq_broker.apis.errors import error_code
+from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
 
@@ -14,12 +21,17 @@ if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
     from tidalmq_broker.server.listener import Connection
 
+TRANSACTIONS_UNSUPPORTED = (
+    "TidalMQ does not support transactions: remove transactional.id (an idempotent producer, "
+    "enable.idempotence=true, is supported)"
+)
+
 
 @api(22, "InitProducerId", 0, 4)
 async def handle_init_producer_id(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
     if body.transactional_id is not None:
-        return {"throttle_time": 0, "error_code": ErrorCode.transactional_id_authorization_failed,
+        return {"throttle_time": 0, "error_code": ErrorCode.unsupported_version,
                 "producer_id": -1, "producer_epoch": -1}  # fmt: skip
     current_id = getattr(body, "producer_id", -1)
     current_epoch = getattr(body, "producer_epoch", -1)
@@ -35,3 +47,29 @@ async def handle_init_producer_id(broker: Broker, request: Request, conn: Connec
                 "producer_epoch": -1}  # fmt: skip
     return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": producer_id,
             "producer_epoch": 0}  # fmt: skip
+
+
+@api(61, "DescribeProducers", 0, 0)
+async def handle_describe_producers(broker: Broker, request: Request, conn: Connection) -> Any:
+    """The active idempotent producers of each partition this broker leads (Kafka clients send
+    the request for a partition to its leader)."""
+    topics = []
+    for topic in request.body.topics:
+        partitions = []
+        for index in topic.partition_indexes:
+            out: dict[str, Any] = {"partition_index": index, "error_code": ErrorCode.none,
+                                   "error_message": None, "active_producers": []}  # fmt: skip
+            try:
+                plog = broker.partitions.get_log(TopicPartition(topic.name, index))
+            except Exception as exc:
+                out["error_code"], out["error_message"] = error_code(exc), error_message(exc)
+            else:
+                out["active_producers"] = [
+                    {"producer_id": p.producer_id, "producer_epoch": p.epoch,
+                     "last_sequence": p.last_sequence, "last_timestamp": p.last_timestamp_ms,
+                     "coordinator_epoch": -1, "current_txn_start_offset": -1}
+                    for p in plog.active_producers()
+                ]  # fmt: skip
+            partitions.append(out)
+        topics.append({"name": topic.name, "partitions": partitions})
+    return {"throttle_time": 0, "topics": topics}

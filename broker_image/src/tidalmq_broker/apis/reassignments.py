@@ -29,9 +29,11 @@ def _code(exc: Exception) -> ErrorCode:
     return error_code(exc)
 
 
-@api(45, "AlterPartitionReassignments", 0, 0)
+@api(45, "AlterPartitionReassignments", 0, 1)
 async def handle_alter_reassignments(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
+    # v1 (KIP-860): a client may forbid changing the replication factor; it is always 1 here
+    rf_fixed = not getattr(body, "allow_replication_factor_change", True)
     entries: list[PlanEntry] = []
     early: dict[TopicPartition, tuple[ErrorCode, str]] = {}
     for t in body.topics:
@@ -41,7 +43,9 @@ async def handle_alter_reassignments(broker: Broker, request: Request, conn: Con
                 entries.append(PlanEntry(tp, None))
             elif len(p.replicas) != 1:
                 early[tp] = (
-                    ErrorCode.invalid_replica_assignment,
+                    ErrorCode.invalid_replication_factor
+                    if rf_fixed
+                    else ErrorCode.invalid_replica_assignment,
                     f"replicas {list(p.replicas)} must name exactly one broker: TidalMQ keeps "
                     "one replica per partition, its data lives in object storage",
                 )

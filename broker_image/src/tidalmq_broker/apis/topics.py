@@ -31,10 +31,12 @@ async def handle_create_topics(broker: Broker, request: Request, conn: Connectio
     wanted: list[NewTopic] = []
     for t in body.topics:
         if t.assignments:
-            early[t.name] = (
-                ErrorCode.invalid_request,
-                "manual replica assignment is not supported: placement is the controller's",
-            )
+            owners, problem = _placement(t)
+            if problem is not None:
+                early[t.name] = problem
+            else:
+                configs = {c.name: c.value for c in t.configs}
+                wanted.append(NewTopic(t.name, len(owners), configs, assignment=owners))
             continue
         if t.replication_factor not in (-1, 1):
             early[t.name] = (
@@ -81,6 +83,32 @@ async def handle_create_topics(broker: Broker, request: Request, conn: Connectio
     return {"throttle_time": 0, "topics": topics}
 
 
+def _single_replicas(lists: list[list[int]]) -> str | None:
+    for replicas in lists:
+        if len(replicas) != 1:
+            return (
+                f"replicas {replicas} must name exactly one broker: TidalMQ keeps one replica "
+                "per partition, its data lives in object storage"
+            )
+    return None
+
+
+def _placement(t: Any) -> tuple[list[int], tuple[ErrorCode, str] | None]:
+    """The broker of each partition from CreateTopics' replica assignment, or the error."""
+    if t.num_partitions != -1 or t.replication_factor != -1:
+        return [], (ErrorCode.invalid_request, "Both numPartitions or replicationFactor and "
+                    "replicasAssignments were set. Both cannot be used at the same time.")  # fmt: skip
+    by_index = {a.partition_index: list(a.broker_ids) for a in t.assignments}
+    if sorted(by_index) != list(range(len(t.assignments))):
+        return [], (ErrorCode.invalid_replica_assignment,
+                    "partitions in the replica assignment must be numbered 0..n-1")  # fmt: skip
+    lists = [by_index[i] for i in range(len(by_index))]
+    problem = _single_replicas(lists)
+    if problem is not None:
+        return [], (ErrorCode.invalid_replica_assignment, problem)
+    return [r[0] for r in lists], None
+
+
 @api(20, "DeleteTopics", 0, 6)
 async def handle_delete_topics(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
@@ -120,12 +148,17 @@ async def handle_create_partitions(broker: Broker, request: Request, conn: Conne
     body = request.body
     results = []
     for t in body.topics:
+        owners = None
         if t.assignments:
-            results.append({"name": t.name, "error_code": ErrorCode.invalid_request,
-                            "error_message": "manual replica assignment is not supported"})  # fmt: skip
-            continue
+            lists = [list(a.broker_ids) for a in t.assignments]
+            problem = _single_replicas(lists)
+            if problem is not None:
+                results.append({"name": t.name, "error_code": ErrorCode.invalid_replica_assignment,
+                                "error_message": problem})  # fmt: skip
+                continue
+            owners = [r[0] for r in lists]
         r = await broker.controller.create_partitions(
-            t.name, t.count, validate_only=body.validate_only
+            t.name, t.count, validate_only=body.validate_only, assignment=owners
         )
         results.append({
             "name": t.name,

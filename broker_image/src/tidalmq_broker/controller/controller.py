@@ -55,6 +55,8 @@ from tidalmq_core.reassignment import (
 )
 from tidalmq_core.topics import (
     InvalidPartitions,
+    validate_broker_config_scope,
+    validate_broker_configs,
     validate_configs,
     validate_partition_count,
     validate_topic_name,
@@ -86,6 +88,10 @@ class NoBrokers(ControllerError):
 
 class ControllerFenced(ControllerError):
     """NOT_CONTROLLER: another controller committed a newer version of the metadata."""
+
+
+class InvalidReplicaAssignment(ControllerError):
+    """INVALID_REPLICA_ASSIGNMENT: an explicit placement names a broker that cannot take it."""
 
 
 class UnknownBroker(ControllerError):
@@ -127,6 +133,9 @@ class NewTopic:
     num_partitions: int
     configs: dict[str, str | None] = field(default_factory=dict)
     internal: bool = False
+    # the broker of each partition when the client places them (kafka-topics
+    # --replica-assignment); None: the controller places them (partition i on broker i mod n)
+    assignment: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -478,6 +487,8 @@ class Controller:
                 configs = validate_configs(new.configs)
                 if not self._placeable_brokers(meta):
                     raise NoBrokers("no live broker to place the partitions on")
+                if new.assignment is not None:
+                    self._check_assignment(meta, new.assignment, new.num_partitions)
             except (ValueError, ControllerError) as exc:
                 results.append(TopicResult(new.name, error=exc))
                 continue
@@ -491,7 +502,11 @@ class Controller:
             def mutate(m: ClusterMetadata) -> None:
                 brokers = self._placeable_brokers(m)
                 for new, configs, topic_id in accepted:
-                    owners = place_partitions(brokers, new.num_partitions)
+                    owners = (
+                        list(new.assignment)
+                        if new.assignment is not None
+                        else place_partitions(brokers, new.num_partitions)
+                    )
                     m.topics[new.name] = TopicInfo(
                         name=new.name,
                         topic_id=topic_id,
@@ -538,8 +553,14 @@ class Controller:
         return results
 
     async def create_partitions(
-        self, name: str, total: int, *, validate_only: bool = False
+        self,
+        name: str,
+        total: int,
+        *,
+        validate_only: bool = False,
+        assignment: list[int] | None = None,
     ) -> TopicResult:
+        """Grow a topic to `total` partitions; `assignment` names the broker of each new one."""
         async with self._lock:
             topic = self.metadata.topics.get(name)
             if topic is None:
@@ -554,13 +575,19 @@ class Controller:
                     )
                 if not self._placeable_brokers(self.metadata):
                     raise NoBrokers("no live broker to place the partitions on")
+                if assignment is not None:
+                    self._check_assignment(self.metadata, assignment, total - current)
             except (ValueError, ControllerError) as exc:
                 return TopicResult(name, exc)
             if not validate_only:
 
                 def mutate(m: ClusterMetadata) -> None:
-                    owners = place_partitions(
-                        self._placeable_brokers(m), total - current, first_partition=current
+                    owners = (
+                        list(assignment)
+                        if assignment is not None
+                        else place_partitions(
+                            self._placeable_brokers(m), total - current, first_partition=current
+                        )
                     )
                     m.topics[name].partitions.extend(PartitionState(b, 0, [b]) for b in owners)
 
@@ -590,6 +617,35 @@ class Controller:
         if not validate_only:
             await self._push(snapshot)
         return TopicResult(name, None, topic.topic_id, len(topic.partitions))
+
+    async def alter_broker_configs(
+        self, scope: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
+    ) -> Exception | None:
+        """Set (value) or delete (None) dynamic broker configs of one broker (its id as a
+        string) or of the cluster default (""). Non-incremental replaces the scope's configs."""
+        async with self._lock:
+            try:
+                validate_broker_config_scope(scope)
+                merged: dict[str, str | None] = (
+                    dict(self.metadata.broker_configs.get(scope, {})) if incremental else {}
+                )
+                merged.update(changes)
+                configs = validate_broker_configs(merged)
+            except ValueError as exc:
+                return exc
+            if validate_only:
+                return None
+
+            def mutate(m: ClusterMetadata) -> None:
+                if configs:
+                    m.broker_configs[scope] = configs
+                else:
+                    m.broker_configs.pop(scope, None)
+
+            await self._commit_locked(mutate)
+            snapshot = self.snapshot()
+        await self._push(snapshot)
+        return None
 
     # ---------------------------------------------------------------- producer ids
     async def allocate_producer_id(self) -> int:
@@ -725,7 +781,10 @@ class Controller:
     async def _run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), self.settings.tick_s)
+                # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives
+                # as the event is set, and stop() would then wait for this loop forever
+                async with asyncio.timeout(self.settings.tick_s):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
@@ -979,6 +1038,19 @@ class Controller:
             log.exception("automatic rebalance failed (%s)", reason)
 
     # ---------------------------------------------------------------- internals
+    def _check_assignment(self, meta: ClusterMetadata, owners: list[int], count: int) -> None:
+        if len(owners) != count:
+            raise InvalidReplicaAssignment(
+                f"the assignment places {len(owners)} partitions, expected {count}"
+            )
+        live = set(self._placeable_brokers(meta))
+        unknown = sorted(set(owners) - live)
+        if unknown:
+            raise InvalidReplicaAssignment(
+                f"broker(s) {unknown} in the replica assignment are not live brokers "
+                f"(live: {sorted(live)})"
+            )
+
     def _placeable_brokers(self, meta: ClusterMetadata) -> list[int]:
         return sorted(b for b, info in meta.brokers.items() if info.state == "alive")
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
-from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic
+from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
 from tidalmq_broker.controller import controller as ctl
 
@@ -29,8 +29,8 @@ _ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
     for cls in (
         ctl.ControllerError, ctl.TopicAlreadyExists, ctl.UnknownTopic, ctl.NoBrokers,
-        ctl.ControllerFenced, ctl.UnknownBroker, InvalidTopic, InvalidPartitions, InvalidConfig,
-        InvalidPlan, NoReassignmentInProgress,
+        ctl.ControllerFenced, ctl.UnknownBroker, ctl.InvalidReplicaAssignment, InvalidTopic, InvalidPartitions, InvalidConfig,
+        StaticConfig, InvalidPlan, NoReassignmentInProgress,
     )
 }  # fmt: skip
 
@@ -80,9 +80,12 @@ class ControllerClient(Protocol):
     async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False,
                             wait_s: float = 0.0) -> list[ctl.TopicResult]: ...  # fmt: skip
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]: ...
-    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult: ...  # fmt: skip
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False,
+                                assignment: list[int] | None = None) -> ctl.TopicResult: ...  # fmt: skip
     async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
                                   incremental: bool, validate_only: bool) -> ctl.TopicResult: ...  # fmt: skip
+    async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
+                                   incremental: bool, validate_only: bool) -> Exception | None: ...  # fmt: skip
     async def allocate_producer_id(self) -> int: ...
     async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]: ...  # fmt: skip
     async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]: ...  # fmt: skip
@@ -124,13 +127,22 @@ class LocalControllerClient:
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
         return await self.controller.delete_topics(names)
 
-    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult:  # fmt: skip
-        return await self.controller.create_partitions(name, total, validate_only=validate_only)
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False,
+                                assignment: list[int] | None = None) -> ctl.TopicResult:  # fmt: skip
+        return await self.controller.create_partitions(
+            name, total, validate_only=validate_only, assignment=assignment
+        )
 
     async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
                                   incremental: bool, validate_only: bool) -> ctl.TopicResult:  # fmt: skip
         return await self.controller.alter_topic_configs(
             name, changes, incremental=incremental, validate_only=validate_only
+        )
+
+    async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
+                                   incremental: bool, validate_only: bool) -> Exception | None:  # fmt: skip
+        return await self.controller.alter_broker_configs(
+            scope, changes, incremental=incremental, validate_only=validate_only
         )
 
     async def allocate_producer_id(self) -> int:
@@ -208,17 +220,18 @@ class HttpControllerClient:
                             wait_s: float = 0.0) -> list[ctl.TopicResult]:  # fmt: skip
         doc = await self._call("/v1/topics/create", {
             "validate_only": validate_only, "wait_s": wait_s,
-            "topics": [{"name": t.name, "num_partitions": t.num_partitions, "configs": t.configs}
-                       for t in topics],
-        })  # fmt: skip
+            "topics": [{"name": t.name, "num_partitions": t.num_partitions, "configs": t.configs,
+                        "assignment": t.assignment} for t in topics],
+        }, timeout_s=wait_s + 10.0 if wait_s > 0 else None)  # fmt: skip
         return [_result(r) for r in doc["results"]]
 
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
         doc = await self._call("/v1/topics/delete", {"names": names})
         return [_result(r) for r in doc["results"]]
 
-    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> ctl.TopicResult:  # fmt: skip
-        doc = await self._call("/v1/topics/partitions", {"name": name, "total": total, "validate_only": validate_only})  # fmt: skip
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False,
+                                assignment: list[int] | None = None) -> ctl.TopicResult:  # fmt: skip
+        doc = await self._call("/v1/topics/partitions", {"name": name, "total": total, "validate_only": validate_only, "assignment": assignment})  # fmt: skip
         return _result(doc["result"])
 
     async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
@@ -228,6 +241,14 @@ class HttpControllerClient:
             "validate_only": validate_only,
         })  # fmt: skip
         return _result(doc["result"])
+
+    async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
+                                   incremental: bool, validate_only: bool) -> Exception | None:  # fmt: skip
+        doc = await self._call("/v1/brokers/configs", {
+            "scope": scope, "changes": changes, "incremental": incremental,
+            "validate_only": validate_only,
+        })  # fmt: skip
+        return decode_error(doc["error"])
 
     async def allocate_producer_id(self) -> int:
         return int((await self._call("/v1/producer-ids"))["producer_id"])
@@ -289,6 +310,7 @@ class ControllerServer:
         r.add_post("/v1/topics/delete", self._delete_topics)
         r.add_post("/v1/topics/partitions", self._create_partitions)
         r.add_post("/v1/topics/configs", self._alter_configs)
+        r.add_post("/v1/brokers/configs", self._alter_broker_configs)
         r.add_post("/v1/producer-ids", self._producer_id)
         r.add_post("/v1/reassignments/alter", self._alter_reassignments)
         r.add_post("/v1/reassignments/list", self._list_reassignments)
@@ -372,11 +394,14 @@ class ControllerServer:
 
     async def _create_topics(self, request: web.Request) -> web.Response:
         b = await self._body(request)
-        topics = [ctl.NewTopic(t["name"], int(t["num_partitions"]), dict(t.get("configs") or {}))
+        topics = [ctl.NewTopic(t["name"], int(t["num_partitions"]), dict(t.get("configs") or {}),
+                               assignment=t.get("assignment"))
                   for t in b["topics"]]  # fmt: skip
         try:
             results = await self.controller.create_topics(
-                topics, validate_only=bool(b.get("validate_only"))
+                topics,
+                validate_only=bool(b.get("validate_only")),
+                wait_s=min(max(float(b.get("wait_s") or 0.0), 0.0), 30.0),
             )
         except ctl.ControllerError as exc:
             return self._fault(exc)
@@ -393,8 +418,9 @@ class ControllerServer:
         b = await self._body(request)
         try:
             r = await self.controller.create_partitions(
-                b["name"], int(b["total"]), validate_only=bool(b.get("validate_only"))
-            )
+                b["name"], int(b["total"]), validate_only=bool(b.get("validate_only")),
+                assignment=b.get("assignment"),
+            )  # fmt: skip
         except ctl.ControllerError as exc:
             return self._fault(exc)
         return self._ok({"result": _result_doc(r)})
@@ -409,6 +435,17 @@ class ControllerServer:
         except ctl.ControllerError as exc:
             return self._fault(exc)
         return self._ok({"result": _result_doc(r)})
+
+    async def _alter_broker_configs(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        try:
+            error = await self.controller.alter_broker_configs(
+                str(b["scope"]), b["changes"], incremental=bool(b["incremental"]),
+                validate_only=bool(b["validate_only"]),
+            )  # fmt: skip
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"error": encode_error(error)})
 
     async def _producer_id(self, request: web.Request) -> web.Response:
         try:

@@ -91,9 +91,7 @@ class LocalCluster:
     async def start(self, brokers: int) -> None:
         self.controller = Controller(
             ObjectStoreMetadataStore(self._store),
-            ControllerSettings(
-                heartbeat_interval_s=float(os.environ.get("TIDALMQ_HEARTBEAT_INTERVAL_S", "1.0")),
-            ),
+            _controller_settings(),
             topic_data_deleter=functools.partial(delete_topic_data, self._store),
         )
         await self.controller.start()
@@ -361,3 +359,15 @@ def local_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"cannot reach the local cluster at {base}: {exc}", file=sys.stderr)
         return 2
+
+
+def _controller_settings() -> ControllerSettings:
+    """Controller timing from TIDALMQ_HEARTBEAT_INTERVAL_S, TIDALMQ_SESSION_TIMEOUT_S and
+    TIDALMQ_ELECTION_TIMEOUT_S (tests hold a move half way by stopping its source broker)."""
+    d = ControllerSettings()
+    env = os.environ
+    return ControllerSettings(
+        heartbeat_interval_s=float(env.get("TIDALMQ_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s)),
+        session_timeout_s=float(env.get("TIDALMQ_SESSION_TIMEOUT_S", d.session_timeout_s)),
+        election_timeout_s=float(env.get("TIDALMQ_ELECTION_TIMEOUT_S", d.election_timeout_s)),
+    )

@@ -130,6 +130,16 @@ class TimestampLookup:
     timestamp: int
 
 
+@dataclass(frozen=True, slots=True)
+class ActiveProducer:
+    """An idempotent producer a partition remembers (DescribeProducers)."""
+
+    producer_id: int
+    epoch: int
+    last_sequence: int  # of its last durable batch; -1 if none is remembered
+    last_timestamp_ms: int  # when that batch became durable; -1 if unknown
+
+
 @dataclass(slots=True)
 class PartitionStats:
     """Numbers the metrics endpoint and the controller read (cheap, no I/O)."""
@@ -198,6 +208,11 @@ class PartitionLog(Protocol):
         ...
 
     def stats(self) -> PartitionStats: ...
+
+    def active_producers(self) -> list[ActiveProducer]:
+        """The idempotent producers whose state the partition keeps, as of the high
+        watermark (what a checkpoint persists and a new owner recovers)."""
+        ...
 
 
 class StreamEngine(Protocol):

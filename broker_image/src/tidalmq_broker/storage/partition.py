@@ -32,6 +32,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_broker.protocol import records
 from tidalmq_broker.storage import metrics
 from tidalmq_broker.storage.api import (
+    ActiveProducer,
     AppendResult,
     CorruptRecord,
     InvalidRecord,
@@ -165,6 +166,9 @@ class Partition:
                 "inflight_appends": float(self._inflight),
             },
         )
+
+    def active_producers(self) -> list[ActiveProducer]:
+        return [ActiveProducer(*row) for row in self._durable_producers.describe()]
 
     # ---------------------------------------------------------------- append
     def _check_writable(self) -> None:

@@ -118,6 +118,13 @@ class ProducerStateTable:
             del self.producers[pid]
         return len(stale)
 
+    def describe(self) -> list[tuple[int, int, int, int]]:
+        """(producer id, epoch, last sequence or -1, last seen ms or -1) per producer."""
+        return [
+            (pid, e.epoch, e.batches[-1].last_seq if e.batches else -1, e.last_seen_ms or -1)
+            for pid, e in sorted(self.producers.items())
+        ]
+
     def copy(self) -> ProducerStateTable:
         clone = ProducerStateTable()
         clone.producers = copy.deepcopy(self.producers)
