@@ -12,6 +12,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tidalmq_core.static_mapping import StaticTopicState
+
 NO_LEADER = -1
 OFFSETS_TOPIC = "__consumer_offsets"
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
@@ -85,6 +87,15 @@ class TopicInfo:
     partitions: list[PartitionState]
     configs: dict[str, str] = field(default_factory=dict)  # overrides only
     internal: bool = False
+    # "normal"; "static": the Kafka view of a static topic (its partitions are logic queues,
+    # each led by the broker of its leader physical queue; no storage of its own); "physical":
+    # the hidden topic holding a static topic's physical queues (never moved by the controller)
+    kind: str = "normal"
+
+    @property
+    def pinned(self) -> bool:
+        """Partitions the controller never moves, balances or fails over (static topics)."""
+        return self.kind != "normal"
 
     def config(self, name: str) -> str | None:
         return self.configs.get(name, TOPIC_CONFIG_DEFAULTS.get(name))
@@ -99,6 +110,7 @@ class TopicInfo:
             "partitions": [p.to_json() for p in self.partitions],
             "configs": dict(self.configs),
             "internal": self.internal,
+            "kind": self.kind,
         }
 
     @classmethod
@@ -109,6 +121,7 @@ class TopicInfo:
             partitions=[PartitionState.from_json(p) for p in data["partitions"]],
             configs=dict(data.get("configs", {})),
             internal=bool(data.get("internal", False)),
+            kind=str(data.get("kind", "normal")),
         )
 
 
@@ -122,6 +135,8 @@ class ClusterMetadata:
     next_producer_id: int = 1000
     # deleted topics whose data is still in object storage: (name, topic id)
     pending_deletions: list[tuple[str, str]] = field(default_factory=list)
+    # static topics (seed 002) by Kafka name: their queue mapping copies
+    static_topics: dict[str, StaticTopicState] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +147,7 @@ class ClusterMetadata:
             "topics": {k: v.to_json() for k, v in sorted(self.topics.items())},
             "next_producer_id": self.next_producer_id,
             "pending_deletions": [list(d) for d in self.pending_deletions],
+            "static_topics": {k: v.to_json() for k, v in sorted(self.static_topics.items())},
         }
 
     @classmethod
@@ -144,6 +160,9 @@ class ClusterMetadata:
             topics={k: TopicInfo.from_json(v) for k, v in data.get("topics", {}).items()},
             next_producer_id=int(data.get("next_producer_id", 1000)),
             pending_deletions=[(n, i) for n, i in data.get("pending_deletions", [])],
+            static_topics={
+                k: StaticTopicState.from_json(v) for k, v in data.get("static_topics", {}).items()
+            },
         )
 
     def copy(self) -> ClusterMetadata:
