@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
+from tidalmq_core.static_mapping import is_physical_topic
 
 import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
@@ -128,6 +129,7 @@ class Broker:
                         embedded=True,
                     ),
                     topic_data_deleter=functools.partial(delete_topic_data, self._store),
+                    object_store=self._store,
                 )
                 await self.own_controller.start()
                 self.controller = LocalControllerClient(self.own_controller)
@@ -253,7 +255,7 @@ class Broker:
         sent = time.monotonic()
         reply = await self.controller.heartbeat(
             self.broker_id, self.incarnation, self.metadata.version,
-            self.partitions.open_partitions(),
+            self.partitions.open_partitions(), self.partitions.high_watermarks(is_physical_topic),
         )  # fmt: skip
         if reply.fenced:
             await self._on_fenced(reply.reason)

@@ -94,6 +94,15 @@ class PartitionManager:
                 out[tp] = plog.leader_epoch
         return out
 
+    def high_watermarks(self, wanted: Callable[[str], bool]) -> dict[TopicPartition, int]:
+        """High watermarks of the open partitions of the topics `wanted` accepts."""
+        out = {}
+        for tp in self._engine.partitions():
+            plog = self._engine.get(tp)
+            if plog is not None and wanted(tp.topic):
+                out[tp] = plog.high_watermark
+        return out
+
     async def _report(self, kind: str, tp: TopicPartition, epoch: int) -> None:
         for report in self._reports:
             try:

@@ -754,7 +754,7 @@ def complete(
     *,
     ends: Mapping[int, tuple[int, int]],
     targets: Mapping[int, int],
-    allocate: Callable[[], int],
+    allocate: Callable[[int, int], int],
     now_ms: int,
     target_epoch: int,
     copy_brokers: Iterable[int] = (),
@@ -765,7 +765,7 @@ def complete(
 
     - block_old for every item that is closed but not recorded as sealed yet;
     - a sealed last item gets a successor on `targets[q]` (default: the same broker) at exactly
-      its logic end (strict order);
+      its logic end (strict order), on the physical queue `allocate(q, broker)` returns;
     - an undecided last item gets its logic offset fixed (availability order);
 
     then `finish` rewrites every copy at `target_epoch`. This is both the end of a normal
@@ -784,8 +784,9 @@ def complete(
         missing = ", ".join(f"queue {q} gen {i.gen} (physical {i.queue})" for q, i in work["seal"])
         raise MappingError(f"not sealed yet: {missing}")
     for q, last in work["reopen"]:
-        switch_strict(state, q, targets.get(q, last.broker), allocate(), now_ms=now_ms,
-                      target_epoch=target_epoch)  # fmt: skip
+        target = targets.get(q, last.broker)
+        new_queue = allocate(q, target)
+        switch_strict(state, q, target, new_queue, now_ms=now_ms, target_epoch=target_epoch)
     for q, _ in work["fix"]:
         fix_new(state, q, now_ms=now_ms, target_epoch=target_epoch)
     return finish(state, copy_brokers=copy_brokers, target_epoch=target_epoch)

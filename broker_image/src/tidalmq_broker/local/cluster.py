@@ -95,6 +95,7 @@ class LocalCluster:
                 heartbeat_interval_s=float(os.environ.get("TIDALMQ_HEARTBEAT_INTERVAL_S", "1.0")),
             ),
             topic_data_deleter=functools.partial(delete_topic_data, self._store),
+            object_store=self._store,
         )
         await self.controller.start()
         self.server = ControllerServer(self.controller)
