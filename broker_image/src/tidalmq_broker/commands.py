@@ -40,7 +40,7 @@ def _run_drain(args: argparse.Namespace) -> int:
         method="POST",
     )
     try:
-        with urllib.request.urlopen(req, timeout=args.timeout + 10) as resp:
+        with urllib.request.urlopen(req, timeout=args.timeout + 5) as resp:
             result = json.loads(resp.read())
     except (urllib.error.URLError, OSError) as exc:
         print(f"drain failed: {exc}", file=sys.stderr)

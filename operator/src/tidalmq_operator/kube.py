@@ -85,6 +85,13 @@ class Kube:
         )  # fmt: skip
 
     # ------------------------------------------------------------------ core
+    async def label_pod(self, name: str, key: str, value: str | None) -> None:
+        """Set (or with None remove) one label of a pod."""
+        await self._call(
+            self.core.patch_namespaced_pod, name, self.namespace,
+            {"metadata": {"labels": {key: value}}},
+        )  # fmt: skip
+
     async def pods(self, selector: str) -> list[Any]:
         result = await self._call(
             self.core.list_namespaced_pod, self.namespace, label_selector=selector

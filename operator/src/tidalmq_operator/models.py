@@ -74,7 +74,7 @@ class ReassignmentSpec(_Spec):
 class RemapRequest(_Spec):
     queue: int = Field(ge=0)
     broker: int = Field(ge=0)
-    mode: Literal["strict", "available"] = "strict"
+    mode: Literal["strict", "available"] = "available"  # the seed's default: availability
 
 
 class StaticTopicSpec(_Spec):

@@ -113,6 +113,7 @@ class OperatorRuntime:
         await server.start(s.controller_host, s.controller_port)
         self.controller, self.server = controller, server
         self.active.set()
+        await self._label_self(True)
         log.info("controller active; brokers reach it on port %d", server.port)
         try:
             while not stopped:
@@ -120,10 +121,22 @@ class OperatorRuntime:
                 await asyncio.sleep(s.status_interval_s)
         finally:
             self.active.clear()
+            await self._label_self(False)
             self.controller = None
             await server.stop()
             await controller.stop()
             log.info("controller stopped on this replica")
+
+    async def _label_self(self, active: bool) -> None:
+        """The controller Service selects the pod labelled tidalmq.io/controller=active."""
+        if not self.settings.pod_name:
+            return
+        try:
+            await self.kube.label_pod(
+                self.settings.pod_name, "tidalmq.io/controller", "active" if active else None
+            )
+        except Exception as exc:
+            log.warning("could not label pod %s: %s", self.settings.pod_name, exc)
 
     def require_controller(self) -> Controller:
         if self.controller is None:

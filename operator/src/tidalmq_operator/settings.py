@@ -22,6 +22,7 @@ class OperatorSettings:
     http_port: int = 9691
     peering_name: str = "tidalmq"
     peering_lifetime_s: int = 60  # a peer silent this long is considered gone
+    pod_name: str = ""  # this replica's pod (it labels itself while it is the active controller)
     heartbeat_interval_s: float = 1.0
     lease_s: float = 4.0
     session_timeout_s: float = 6.0
@@ -47,6 +48,7 @@ class OperatorSettings:
             http_port=int(get("OPERATOR_HTTP_PORT", "9691")),
             peering_name=get("PEERING_NAME", "tidalmq"),
             peering_lifetime_s=int(get("PEERING_LIFETIME_S", "60")),
+            pod_name=get("POD_NAME", ""),
             heartbeat_interval_s=float(get("HEARTBEAT_INTERVAL_S", "1.0")),
             lease_s=float(get("LEASE_S", "4.0")),
             session_timeout_s=float(get("SESSION_TIMEOUT_S", "6.0")),

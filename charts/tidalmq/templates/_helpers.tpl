@@ -1,0 +1,174 @@
+{{/*
+Names, labels and the values several templates share. Every object is named FULLNAME-<part>.
+*/}}
+
+{{- define "tidalmq.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tidalmq.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tidalmq.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object; call with (dict "ctx" $ "component" "broker"). */}}
+{{- define "tidalmq.labels" -}}
+helm.sh/chart: {{ include "tidalmq.chart" .ctx }}
+{{ include "tidalmq.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: tidalmq
+{{- end }}
+
+{{/* The labels that select a component's pods (never change them: selectors are immutable). */}}
+{{- define "tidalmq.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tidalmq.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The broker pods' label selector as a string, for the operator (TIDALMQ_BROKER_SELECTOR). */}}
+{{- define "tidalmq.brokerSelector" -}}
+{{- printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s,app.kubernetes.io/component=broker" (include "tidalmq.name" .) .Release.Name }}
+{{- end }}
+
+{{- define "tidalmq.brokerStatefulSet" -}}
+{{- printf "%s-broker" (include "tidalmq.fullname" .) }}
+{{- end }}
+
+{{/* Headless Service: one DNS name per broker pod (the advertised host names). */}}
+{{- define "tidalmq.brokerHeadlessService" -}}
+{{- printf "%s-brokers" (include "tidalmq.fullname" .) }}
+{{- end }}
+
+{{/* ClusterIP Service clients bootstrap from. */}}
+{{- define "tidalmq.bootstrapService" -}}
+{{- printf "%s-bootstrap" (include "tidalmq.fullname" .) }}
+{{- end }}
+
+{{- define "tidalmq.operatorName" -}}
+{{- printf "%s-operator" (include "tidalmq.fullname" .) }}
+{{- end }}
+
+{{- define "tidalmq.operatorServiceAccount" -}}
+{{- default (include "tidalmq.operatorName" .) .Values.serviceAccount.name }}
+{{- end }}
+
+{{- define "tidalmq.peeringName" -}}
+{{- default (include "tidalmq.fullname" .) .Values.operator.peeringName }}
+{{- end }}
+
+{{- define "tidalmq.controllerUrl" -}}
+{{- printf "http://%s.%s.svc:%v" (include "tidalmq.operatorName" .) .Release.Namespace .Values.operator.ports.controller }}
+{{- end }}
+
+{{- define "tidalmq.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "tidalmq.sparkImage" -}}
+{{- printf "%s:%s" .Values.spark.image.repository (default .Chart.AppVersion .Values.spark.image.tag) }}
+{{- end }}
+
+{{- define "tidalmq.sparkServiceAccount" -}}
+{{- printf "%s-spark" (include "tidalmq.fullname" .) }}
+{{- end }}
+
+{{- define "tidalmq.objectStoreName" -}}
+{{- printf "%s-object-store" (include "tidalmq.fullname" .) }}
+{{- end }}
+
+{{/* S3 endpoint: the configured one, else the in-cluster server's Service when enabled. */}}
+{{- define "tidalmq.objectStoreEndpoint" -}}
+{{- if .Values.objectStore.endpoint }}
+{{- .Values.objectStore.endpoint }}
+{{- else if .Values.inClusterObjectStore.enabled }}
+{{- printf "http://%s.%s.svc:%v" (include "tidalmq.objectStoreName" .) .Release.Namespace .Values.inClusterObjectStore.port }}
+{{- end }}
+{{- end }}
+
+{{/* s3://BUCKET/PREFIX?endpoint_url=ENDPOINT&region=REGION (the TIDALMQ_STORAGE_URL). */}}
+{{- define "tidalmq.storageUrl" -}}
+{{- $os := .Values.objectStore }}
+{{- $url := printf "s3://%s" $os.bucket }}
+{{- with trimAll "/" $os.prefix }}
+{{- $url = printf "%s/%s" $url . }}
+{{- end }}
+{{- $query := list }}
+{{- with include "tidalmq.objectStoreEndpoint" . }}
+{{- $query = append $query (printf "endpoint_url=%s" .) }}
+{{- end }}
+{{- with $os.region }}
+{{- $query = append $query (printf "region=%s" .) }}
+{{- end }}
+{{- if $query }}
+{{- $url = printf "%s?%s" $url (join "&" $query) }}
+{{- end }}
+{{- $url }}
+{{- end }}
+
+{{/*
+Secret with the object-store credentials (keys access-key and secret-key), or "" when none are
+passed: the existing Secret, else the chart's own (credentials in values, or the in-cluster
+server's generated ones).
+*/}}
+{{- define "tidalmq.credentialsSecret" -}}
+{{- if .Values.objectStore.existingSecret }}
+{{- .Values.objectStore.existingSecret }}
+{{- else if or .Values.inClusterObjectStore.enabled .Values.objectStore.accessKey }}
+{{- include "tidalmq.objectStoreName" . }}
+{{- end }}
+{{- end }}
+
+{{/* Environment shared by brokers and the operator: the object store. */}}
+{{- define "tidalmq.storageEnv" -}}
+- name: TIDALMQ_STORAGE_URL
+  value: {{ include "tidalmq.storageUrl" . | quote }}
+{{- with .Values.objectStore.region }}
+- name: AWS_REGION
+  value: {{ . | quote }}
+{{- end }}
+{{- with include "tidalmq.credentialsSecret" . }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: access-key
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: secret-key
+{{- end }}
+{{- end }}
+
+{{/* Checks across values that the JSON schema cannot express. */}}
+{{- define "tidalmq.validate" -}}
+{{- if ge (int .Values.broker.drainTimeoutSeconds) (int .Values.broker.terminationGracePeriodSeconds) }}
+{{- fail "broker.drainTimeoutSeconds must be below broker.terminationGracePeriodSeconds (the broker needs time to stop after draining)" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
+{{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
+{{- end }}
+{{- if and .Values.objectStore.accessKey (not .Values.objectStore.secretKey) }}
+{{- fail "objectStore.accessKey is set but objectStore.secretKey is empty" }}
+{{- end }}
+{{- if and .Values.objectStore.secretKey (not .Values.objectStore.accessKey) }}
+{{- fail "objectStore.secretKey is set but objectStore.accessKey is empty" }}
+{{- end }}
+{{- if and .Values.objectStore.existingSecret .Values.objectStore.accessKey }}
+{{- fail "set either objectStore.existingSecret or objectStore.accessKey/secretKey, not both" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,281 @@
+"""The CRDs and the chart against a real kube-apiserver (no nodes: nothing runs, everything is
+admitted or refused by the real API): schema and CEL validation with their messages, defaults,
+status subresources, printer columns, and `helm install`/`upgrade`/`uninstall` of the chart."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.helm import CHART, REPO, run_helm
+from tests.support.kube_apiserver import ApiServer, binaries
+
+pytestmark = pytest.mark.integration
+
+
+class Api:
+    """kubectl and helm on the test API server."""
+
+    def __init__(self, server: ApiServer) -> None:
+        self.server = server
+        self.kubectl_bin = str(binaries()[1].parent / "kubectl")
+        self.env = {"KUBECONFIG": str(server.kubeconfig)}
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [self.kubectl_bin, "--kubeconfig", str(self.server.kubeconfig), *args],
+            capture_output=True, text=True, input=input, timeout=120, check=False,
+        )  # fmt: skip
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {proc.stdout}{proc.stderr}")
+        return proc
+
+    def apply(
+        self, ns: str, obj: dict[str, Any], check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return self.kubectl("-n", ns, "apply", "-f", "-", input=yaml.safe_dump(obj), check=check)
+
+    def get(self, ns: str, *what: str) -> Any:
+        scope = ["-n", ns] if ns else []
+        return json.loads(self.kubectl(*scope, "get", *what, "-o", "json").stdout)
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run_helm(*args, env=self.env, check=check)
+
+
+@pytest.fixture(scope="module")
+def api(kube_apiserver: ApiServer) -> Api:
+    api = Api(kube_apiserver)
+    api.kubectl("apply", "-f", str(REPO / "crds"))
+    api.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    return api
+
+
+@pytest.fixture
+def ns(api: Api) -> Iterator[str]:
+    name = f"chart-{secrets.token_hex(3)}"
+    api.kubectl("create", "namespace", name)
+    yield name
+    api.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def cr(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "tidalmq.io/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def test_crds_are_established_and_structural(api: Api) -> None:
+    crds = api.get("", "crd")["items"]
+    ours = {c["metadata"]["name"]: c for c in crds}
+    for name in ("topics.tidalmq.io", "partitionreassignments.tidalmq.io",
+                 "statictopics.tidalmq.io", "clusterstates.tidalmq.io", "kopfpeerings.kopf.dev"):  # fmt: skip
+        conditions = {c["type"]: c["status"] for c in ours[name]["status"]["conditions"]}
+        assert conditions.get("Established") == "True", (name, conditions)
+        assert conditions.get("NonStructuralSchema") is None, (name, conditions)
+    assert ours["topics.tidalmq.io"]["status"]["acceptedNames"]["shortNames"] == ["tmt"]
+
+
+GOOD = [
+    cr("Topic", "orders", {"partitions": 24, "configs": {"retention.ms": 604800000, "compression.type": "zstd"}}),
+    cr("Topic", "named", {"topicName": "orders.v2", "partitions": 3, "configs": {"retention.bytes": "-1"}}),
+    cr("PartitionReassignment", "move", {"version": 1, "partitions": [
+        {"topic": "orders", "partition": 0, "replicas": [1], "log_dirs": ["any"]},
+        {"topic": "orders", "partition": 1, "replicas": [2]}]}),
+    cr("PartitionReassignment", "plan", {"generate": {"maxMoves": 6, "topics": ["orders"]}, "autoApprove": True}),
+    cr("StaticTopic", "ledger", {"totalQueues": 8, "brokers": [0, 1, 2], "remap": [{"queue": 3, "broker": 1}]}),
+    cr("ClusterState", "state", {"clusterId": "abc", "document": {"version": 1, "topics": {}}}),
+]  # fmt: skip
+
+# (resource, a fragment of the API server's answer)
+BAD = [
+    (cr("Topic", "zero", {"partitions": 0}), "spec.partitions in body should be greater than or equal to 1"),
+    (cr("Topic", "space", {"partitions": 1, "topicName": "a b"}), "spec.topicName in body should match"),
+    (cr("Topic", "dot", {"partitions": 1, "topicName": ".."}), "topicName cannot be '.' or '..'"),
+    (cr("Topic", "unknown", {"partitions": 1, "configs": {"foo": "1"}}), 'unknown field "spec.configs.foo"'),
+    (cr("Topic", "compact", {"partitions": 1, "configs": {"cleanup.policy": "compact"}}), 'supported values: "delete"'),
+    (cr("Topic", "retention", {"partitions": 1, "configs": {"retention.ms": "1 week"}}), "spec.configs.retention.ms in body should match"),
+    (cr("PartitionReassignment", "both", {"partitions": [{"topic": "a", "partition": 0, "replicas": [1]}], "generate": {}}),
+     "set exactly one of spec.partitions"),
+    (cr("PartitionReassignment", "neither", {"approved": True}), "set exactly one of spec.partitions"),
+    (cr("PartitionReassignment", "two", {"partitions": [{"topic": "a", "partition": 0, "replicas": [1, 2]}]}),
+     "must have at most 1 items"),
+    (cr("PartitionReassignment", "auto", {"partitions": [{"topic": "a", "partition": 0, "replicas": [1]}], "autoApprove": True}),
+     "spec.autoApprove applies to planner-generated plans"),
+    (cr("StaticTopic", "queue", {"totalQueues": 4, "remap": [{"queue": 4, "broker": 0}]}),
+     "every spec.remap[].queue must be below spec.totalQueues"),
+    (cr("StaticTopic", "broker", {"totalQueues": 4, "brokers": [0], "remap": [{"queue": 1, "broker": 2}]}),
+     "must be one of spec.brokers"),
+    (cr("StaticTopic", "big", {"totalQueues": 2000}), "should be less than or equal to 1024"),
+]  # fmt: skip
+
+
+def test_good_resources_are_accepted(api: Api, ns: str) -> None:
+    for obj in GOOD:
+        api.apply(ns, obj)
+    plan = api.get(ns, "partitionreassignment", "plan")
+    assert plan["spec"]["generate"]["window"] == "7d" and plan["spec"]["generate"]["step"] == "1m"
+    assert plan["spec"]["approved"] is False and plan["spec"]["cancel"] is False
+    ledger = api.get(ns, "statictopic", "ledger")
+    assert ledger["spec"]["remap"] == [{"queue": 3, "broker": 1, "mode": "available"}]
+    table = api.kubectl("-n", ns, "get", "tmt").stdout.splitlines()
+    assert table[0].split() == ["NAME", "PARTITIONS", "READY", "REASON", "AGE"]
+    assert table[1].split()[:2] == ["named", "3"]
+    wide = api.kubectl("-n", ns, "get", "tpr", "-o", "wide").stdout.splitlines()[0].split()
+    assert wide == ["NAME", "PHASE", "PROGRESS", "APPROVED", "CANCEL", "AGE"]
+    assert api.kubectl("-n", ns, "get", "tst").stdout.split()[:5] == [
+        "NAME",
+        "QUEUES",
+        "EPOCH",
+        "READY",
+        "AGE",
+    ]
+
+
+@pytest.mark.parametrize(
+    "index", range(len(BAD)), ids=[f"{o['kind']}-{o['metadata']['name']}" for o, _ in BAD]
+)
+def test_bad_resources_are_refused_with_a_clear_message(api: Api, ns: str, index: int) -> None:
+    obj, fragment = BAD[index]
+    proc = api.apply(ns, obj, check=False)
+    assert proc.returncode != 0, f"{obj} was accepted"
+    assert fragment in proc.stderr, proc.stderr
+
+
+def test_updates_checked_against_the_old_object(api: Api, ns: str) -> None:
+    for obj in GOOD:
+        api.apply(ns, obj)
+
+    def patch(kind: str, name: str, patch: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return api.kubectl(
+            "-n", ns, "patch", kind, name, "--type", "merge", "-p", json.dumps(patch), check=False
+        )
+
+    refused = [
+        (("topic", "named", {"spec": {"topicName": "other"}}), "spec.topicName is immutable"),
+        (("topic", "orders", {"spec": {"topicName": "orders"}}), "spec.topicName is immutable"),
+        (("partitionreassignment", "move", {"spec": {"partitions": [{"topic": "x", "partition": 0, "replicas": [0]}]}}),
+         "spec.partitions is immutable"),
+        (("partitionreassignment", "plan", {"spec": {"generate": {"maxMoves": 7}}}), "spec.generate is immutable"),
+        (("statictopic", "ledger", {"spec": {"totalQueues": 4}}), "spec.totalQueues cannot decrease"),
+        (("clusterstate", "state", {"spec": {"clusterId": "other"}}), "spec.clusterId is immutable"),
+    ]  # fmt: skip
+    for (kind, name, body), fragment in refused:
+        proc = patch(kind, name, body)
+        assert proc.returncode != 0 and fragment in proc.stderr, (kind, name, proc.stderr)
+    # shrinking a Topic is admitted: the operator refuses it with a condition
+    assert patch("topic", "orders", {"spec": {"partitions": 12}}).returncode == 0
+    # growing a static topic is fine; cancel is one-way
+    assert patch("statictopic", "ledger", {"spec": {"totalQueues": 16}}).returncode == 0
+    assert patch("partitionreassignment", "move", {"spec": {"cancel": True}}).returncode == 0
+    proc = patch("partitionreassignment", "move", {"spec": {"cancel": False}})
+    assert proc.returncode != 0 and "spec.cancel cannot be undone" in proc.stderr
+    # the document is written whole (compare-and-swap replaces keep any shape)
+    assert (
+        patch(
+            "clusterstate", "state", {"spec": {"document": {"any": {"shape": [1, 2]}}}}
+        ).returncode
+        == 0
+    )
+
+
+def test_status_is_a_subresource(api: Api, ns: str) -> None:
+    api.apply(ns, cr("Topic", "orders", {"partitions": 2}))
+    status = {"observedGeneration": 1, "topicId": "abc", "partitionCount": 2,
+              "partitions": [{"partition": 0, "broker": 1, "epoch": 3, "moving": False},
+                             {"partition": 1, "broker": None, "epoch": 0, "moving": True}],
+              "conditions": [{"type": "Ready", "status": "False", "reason": "PartitionsMoving",
+                              "message": "1 partitions without a leader", "observedGeneration": None,
+                              "lastTransitionTime": "2026-01-01T00:00:00Z"}]}  # fmt: skip
+    # through the main endpoint status is ignored ...
+    api.kubectl(
+        "-n",
+        ns,
+        "patch",
+        "topic",
+        "orders",
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+    assert "status" not in api.get(ns, "topic", "orders")
+    # ... through /status it is stored (nulls pruned, as the operator's publisher sends them)
+    api.kubectl("-n", ns, "patch", "topic", "orders", "--subresource", "status", "--type", "merge",
+                "-p", json.dumps({"status": status}))  # fmt: skip
+    stored = api.get(ns, "topic", "orders")["status"]
+    assert stored["partitions"][1] == {"partition": 1, "epoch": 0, "moving": True}
+    assert "observedGeneration" not in stored["conditions"][0]
+    row = api.kubectl("-n", ns, "get", "topic", "orders").stdout.splitlines()[1].split()
+    assert row[1:4] == ["2", "False", "PartitionsMoving"]
+    bad = {"status": {"conditions": [{"type": "Ready", "status": "Maybe"}]}}
+    proc = api.kubectl("-n", ns, "patch", "topic", "orders", "--subresource", "status", "--type", "merge",
+                       "-p", json.dumps(bad), check=False)  # fmt: skip
+    assert proc.returncode != 0 and "Unsupported value" in proc.stderr
+
+
+def test_kopf_peering_status_is_kept_whole(api: Api, ns: str) -> None:
+    api.apply(ns, {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "p"}})
+    peer = {"status": {"op-1": {"priority": 7, "lifetime": 60, "lastseen": "2026-01-01T00:00:00"}}}
+    api.kubectl("-n", ns, "patch", "kopfpeering", "p", "--type", "merge", "-p", json.dumps(peer))
+    assert api.get(ns, "kopfpeering", "p")["status"] == peer["status"]
+
+
+def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
+    release = "tmq"
+    installed = api.helm(
+        "install", release, str(CHART), "--namespace", ns,
+        "--set", "inClusterObjectStore.enabled=true", "--set", "image.tag=0.1.0-test",
+    ).stdout  # fmt: skip
+    notes = installed.split("NOTES:", 1)[1]
+    assert f"bootstrap.servers=tmq-tidalmq-bootstrap.{ns}.svc.cluster.local:9092" in notes
+    assert f"kubectl -n {ns} port-forward pod/tmq-tidalmq-broker-0 9092:9092" in notes
+    assert f"kubectl -n {ns} get partitionreassignments -w" in notes
+
+    names = set(api.kubectl("-n", ns, "get", "deployment,statefulset,service,hpa,pdb,role,rolebinding,"
+                            "serviceaccount,secret,kopfpeering", "-l", f"app.kubernetes.io/instance={release}",
+                            "-o", "name").stdout.split())  # fmt: skip
+    for name in (
+        "deployment.apps/tmq-tidalmq-operator", "deployment.apps/tmq-tidalmq-object-store",
+        "statefulset.apps/tmq-tidalmq-broker", "service/tmq-tidalmq-brokers",
+        "service/tmq-tidalmq-bootstrap", "service/tmq-tidalmq-operator",
+        "horizontalpodautoscaler.autoscaling/tmq-tidalmq-broker",
+        "poddisruptionbudget.policy/tmq-tidalmq-broker", "role.rbac.authorization.k8s.io/tmq-tidalmq-operator",
+        "serviceaccount/tmq-tidalmq-operator", "serviceaccount/tmq-tidalmq-spark",
+        "secret/tmq-tidalmq-object-store", "kopfpeering.kopf.dev/tmq-tidalmq",
+    ):  # fmt: skip
+        assert name in names, (name, sorted(names))
+    cluster_role = f"{ns}-tmq-tidalmq-operator"
+    api.kubectl("get", "clusterrole", cluster_role)
+
+    # An upgrade keeps the generated credentials and the HPA's broker count.
+    secret = api.get(ns, "secret", "tmq-tidalmq-object-store")["data"]
+    api.kubectl("-n", ns, "scale", "statefulset", "tmq-tidalmq-broker", "--replicas", "5")
+    api.helm("upgrade", release, str(CHART), "--namespace", ns, "--reuse-values",
+             "--set", "broker.logLevel=DEBUG")  # fmt: skip
+    assert api.get(ns, "secret", "tmq-tidalmq-object-store")["data"] == secret
+    assert api.get(ns, "statefulset", "tmq-tidalmq-broker")["spec"]["replicas"] == 5
+
+    # A bad value never reaches the cluster.
+    proc = api.helm("upgrade", release, str(CHART), "--namespace", ns, "--reuse-values",
+                    "--set", "image.tag=latest", check=False)  # fmt: skip
+    assert proc.returncode != 0 and "tag" in proc.stderr
+
+    api.helm("uninstall", release, "--namespace", ns)
+    left = api.kubectl("-n", ns, "get", "deployment,statefulset,service,secret,kopfpeering", "-l",
+                       f"app.kubernetes.io/instance={release}", "-o", "name").stdout  # fmt: skip
+    assert not left.strip(), left
+    assert api.kubectl("get", "clusterrole", cluster_role, check=False).returncode != 0
+    # Helm never deletes CRDs (nor, with them, every Topic in the cluster).
+    api.kubectl("get", "crd", "topics.tidalmq.io")
