@@ -724,8 +724,11 @@ class Controller:
     # ---------------------------------------------------------------- the loop
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
+            # arrives as the event is set, and stop() then waits for this loop forever
             try:
-                await asyncio.wait_for(self._wake.wait(), self.settings.tick_s)
+                async with asyncio.timeout(self.settings.tick_s):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
