@@ -32,6 +32,7 @@ from tidalmq_broker.partitions import PartitionManager
 from tidalmq_broker.server.http import HealthServer
 from tidalmq_broker.server.listener import KafkaListener, ListenerLimits
 from tidalmq_broker.settings import BrokerSettings
+from tidalmq_broker.static_topics.service import StaticTopicService
 from tidalmq_broker.storage.api import StorageConfig
 from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore.base import ObjectStore
@@ -109,6 +110,11 @@ class Broker:
         )
         await self.engine.start()
         self.partitions = PartitionManager(self.engine, self.broker_id)
+        static = StaticTopicService(
+            self.broker_id, lambda: self.metadata, self.partitions, self.engine.store
+        )
+        self.partitions.logic_queues = static  # Produce/Fetch/ListOffsets on logic queues
+        self.groups.offset_keys = static  # committed offsets with Double-Read-Check
         self.partitions.add_hook(self.groups.on_partition)
         self.partitions.add_report(self._report_partition)
         await self.listener.start(s.host, s.port)

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tidalmq_core.metadata import ClusterMetadata, TopicInfo
 from tidalmq_core.model import TopicPartition
@@ -58,6 +59,14 @@ def partition_config(topic: TopicInfo) -> PartitionConfig:
     )
 
 
+class LogicQueues(Protocol):
+    """Static topics (seed 002): the logs of the logic queues this broker leads."""
+
+    def get_log(self, tp: TopicPartition) -> PartitionLog | None:
+        """None when `tp.topic` is not a static topic."""
+        ...
+
+
 PartitionHook = Callable[[TopicPartition, PartitionLog | None], Awaitable[None]]
 """Called after a partition opened (with its log) or before it closes (with None)."""
 
@@ -78,6 +87,7 @@ class PartitionManager:
         self._settled = asyncio.Condition()
         self._stopping = False
         self.open_seconds: list[float] = []  # recent open durations (for metrics/benchmarks)
+        self.logic_queues: LogicQueues | None = None
 
     def add_hook(self, hook: PartitionHook) -> None:
         self._hooks.append(hook)
@@ -112,6 +122,10 @@ class PartitionManager:
 
     # ------------------------------------------------------------------ reads
     def get_log(self, tp: TopicPartition) -> PartitionLog:
+        if self.logic_queues is not None:
+            logic = self.logic_queues.get_log(tp)
+            if logic is not None:
+                return logic
         plog = self._engine.get(tp)
         wish = self._wishes.get(tp)
         if wish is None:
@@ -147,6 +161,8 @@ class PartitionManager:
             return
         wishes: dict[TopicPartition, Wish] = {}
         for topic in meta.topics.values():
+            if topic.kind == "static":
+                continue  # logic queues have no storage of their own: their physical queues do
             config = partition_config(topic)
             for index, part in enumerate(topic.partitions):
                 if part.leader == self._broker_id:

@@ -32,7 +32,7 @@ from typing import Any
 PHYSICAL_PREFIX = "__sq."
 UNDECIDED = -1  # the logic offset of an item switched in with the availability order
 MODES = ("strict", "available")
-DEFAULT_JUMP = 10_000  # availability switch: logic offsets may jump by at most this step
+DEFAULT_JUMP = 1000  # availability switch: logic offsets may jump by at most this step
 
 
 def physical_topic_name(name: str) -> str:

@@ -31,6 +31,7 @@ FAST = ControllerSettings(
     election_timeout_s=0.4, auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01,
 )  # fmt: skip
 PHYS = "__sq.orders"
+FAKES: list[FakeBroker] = []  # this test's brokers, silenced before the controller stops
 
 
 class FakeBroker:
@@ -47,6 +48,7 @@ class FakeBroker:
         self.stuck = False  # never closes anything (a hung broker)
         self._beat: asyncio.Task[None] | None = None
         self._work: set[asyncio.Task[None]] = set()
+        FAKES.append(self)
 
     async def push_metadata(self, snapshot: ClusterMetadata) -> None:
         self.version = max(self.version, snapshot.version)
@@ -111,13 +113,12 @@ async def env(tmp_path: Path) -> AsyncIterator[tuple[Controller, LocalDirObjectS
     c.static.cleanup_interval_s = 3600
     await c.start()
     yield c, store
-    try:
-        await asyncio.wait_for(c.stop(), 10)
-    except TimeoutError:
-        for task in asyncio.all_tasks():
-            print("TASK", task.get_name())
-            task.print_stack(limit=8)
-        raise
+    for fake in FAKES:
+        fake.die()
+        for task in fake._work:
+            task.cancel()
+    FAKES.clear()
+    await c.stop()
 
 
 async def brokers(c: Controller, store: LocalDirObjectStore, n: int) -> list[FakeBroker]:

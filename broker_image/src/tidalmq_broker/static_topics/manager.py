@@ -497,7 +497,8 @@ class StaticTopicManager:
                 if remaining <= 0:
                     return
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._opened.wait(), remaining)
+                    async with asyncio.timeout(remaining):  # not wait_for: see Controller._run
+                        await self._opened.wait()
 
     def partition_opened(self, broker_id: int, tp: TopicPartition) -> None:
         waiting = self._awaiting_open.get(tp)
@@ -552,7 +553,8 @@ class StaticTopicManager:
             elif now > deadline:
                 c.fence_broker(broker, f"did not close physical queue {tp} in time")  # type: ignore[arg-type]
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), 0.05)
+                async with asyncio.timeout(0.05):
+                    await event.wait()
         delay = 0.1
         for attempt in range(8):
             try:
