@@ -63,7 +63,7 @@ class LogicQueues(Protocol):
     """Static topics (seed 002): the logs of the logic queues this broker leads."""
 
     def get_log(self, tp: TopicPartition) -> PartitionLog | None:
-        """None when `tp.topic` is not a static topic."""
+        """None when `tp.topic` is not a static topic (raises for its hidden physical topic)."""
         ...
 
 
@@ -126,6 +126,10 @@ class PartitionManager:
             logic = self.logic_queues.get_log(tp)
             if logic is not None:
                 return logic
+        return self.local_log(tp)
+
+    def local_log(self, tp: TopicPartition) -> PartitionLog:
+        """The log of a partition this broker leads, static topics' physical queues included."""
         plog = self._engine.get(tp)
         wish = self._wishes.get(tp)
         if wish is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -20,7 +22,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTP
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from kafka import KafkaConsumer
 
 from tests.support.local_cluster import LocalClusterProcess
 
@@ -255,3 +258,94 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
         for prev, item in itertools.pairwise(items):
             end = prev["logicOffset"] + prev["endOffset"] - prev["startOffset"]
             assert 0 <= item["logicOffset"] - end <= final["jump"], (q, prev, item)
+
+
+def cli(cluster: LocalClusterProcess, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "tidalmq_broker.cli", "static-topic", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterProcess) -> None:
+    name = f"cli-{uuid.uuid4().hex[:6]}"
+    ctl = ["--controller-url", cluster.controller_url]
+    out = cli(cluster, "create", name, "--queues", "4", *ctl)
+    assert f"static topic {name}: 4 logic queues" in out
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True})
+    acked: dict[int, tuple[int, int, int]] = {}  # value -> (partition, offset, timestamp)
+
+    def produce(values: range) -> None:
+        for v in values:
+            producer.produce(name, key=b"k%d" % (v % 7), value=b"%d" % v, on_delivery=lambda e, m:
+                             acked.__setitem__(int(m.value()), (m.partition(), m.offset(),
+                                                                m.timestamp()[1])))  # fmt: skip
+            producer.poll(0)
+        assert producer.flush(60) == 0
+
+    produce(range(0, 200))
+    time.sleep(0.05)
+    boundary = int(time.time() * 1000)
+    out = cli(cluster, "remap", name, "--move", "0:1:strict", "--move", "1:2:available", *ctl)
+    assert "queue 0: broker 0 -> 1 (strict)" in out and "queue 1: broker 1 -> 2 (available)" in out
+    produce(range(200, 400))
+
+    # describe through the Kafka protocol alone: the mapping travels as read-only topic configs
+    described = cli(cluster, "describe", name, "--bootstrap-server", cluster.bootstrap)
+    assert "epoch 1, consistent" in described
+    rows = {int(line.split()[0]): line.split() for line in described.splitlines()[2:6]}
+    assert rows[0][1:5] == ["1", "1", "1", "2"] and rows[1][1:5] == ["2", "2", "1", "2"]
+    as_json = json.loads(cli(cluster, "describe", name, "--json", *ctl))
+    assert len(as_json["mapping"]["0"]) == 2 and as_json["consistent"]
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    resource = ConfigResource("topic", name)
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert configs["static.total.queues"].value == "4" and configs["static.epoch"].value == "1"
+
+    # the fixed partition count cannot change, the name cannot be reused, the physical queues
+    # cannot be written directly
+    with pytest.raises(KafkaException, match="INVALID_PARTITIONS"):
+        admin.create_partitions([NewPartitions(name, 8)])[name].result(30)
+    with pytest.raises(KafkaException, match="TOPIC_ALREADY_EXISTS"):
+        admin.create_topics([NewTopic(name, 4, 1)])[name].result(30)
+    direct = Producer({"bootstrap.servers": cluster.bootstrap, "message.timeout.ms": 10000})
+    errors: list[str] = []
+    active = as_json["queues"][2]["physicalQueue"]  # a physical queue some broker writes
+    direct.produce(f"__sq.{name}", value=b"x", partition=active,
+                   on_delivery=lambda e, m: errors.append(str(e)))  # fmt: skip
+    direct.flush(20)
+    assert errors and "TOPIC_EXCEPTION" in errors[0], errors  # INVALID_TOPIC_EXCEPTION
+
+    # another client library reads across the remap boundary in increasing logic offsets
+    consumer = KafkaConsumer(
+        name, bootstrap_servers=cluster.bootstrap.split(","), auto_offset_reset="earliest",
+        enable_auto_commit=False, consumer_timeout_ms=8000, group_id=None,
+    )  # fmt: skip
+    seen = [(m.partition, m.offset, int(m.value)) for m in consumer]
+    consumer.close()
+    assert sorted(v for _, _, v in seen) == list(range(400))
+    for partition, offset, value in seen:
+        assert acked[value][:2] == (partition, offset)
+    for q in range(4):
+        offsets = [o for p, o, _ in seen if p == q]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+
+    # ListOffsets: earliest is the oldest item's start, latest the leader's end, by time the
+    # items are searched by their time range first
+    probe = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "probe"})
+    for q in (0, 1):
+        low, high = probe.get_watermark_offsets(KafkaTP(name, q), timeout=30)
+        last = max(o for p, o, _ in seen if p == q)
+        assert low == 0 and high == last + 1
+        (found,) = probe.offsets_for_times([KafkaTP(name, q, boundary)], timeout=30)
+        after = [acked[v][1] for v in range(200, 400) if acked[v][0] == q]
+        assert found.offset == min(after), (q, found.offset, min(after))
+    probe.close()
+
+    # deleting the static topic deletes its physical queues too
+    admin.delete_topics([name])[name].result(30)
+    wait_until(lambda: name not in cluster.metadata()["topics"]
+               and f"__sq.{name}" not in cluster.metadata()["topics"], what="deletion")  # fmt: skip
+    assert name not in cluster.metadata().get("static_topics", {})

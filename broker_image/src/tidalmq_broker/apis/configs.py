@@ -10,6 +10,7 @@ from tidalmq_core.metadata import READ_ONLY_TOPIC_CONFIGS, TOPIC_CONFIG_DEFAULTS
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.static_topics.describe import static_topic_configs
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
@@ -67,6 +68,7 @@ async def handle_describe_configs(broker: Broker, request: Request, conn: Connec
                         "is_sensitive": False, "synonyms": synonyms,
                         "config_type": _config_type(name), "documentation": None,
                     })  # fmt: skip
+                out["configs"] += static_topic_configs(broker.metadata, topic, keys)
         elif res.resource_type == BROKER:
             for name, value in sorted(broker.settings.described().items()):
                 if keys is not None and name not in keys:

@@ -75,6 +75,7 @@ from tidalmq_core.topics import (
     validate_topic_name,
 )
 
+from tidalmq_broker.static_topics.describe import describe
 from tidalmq_broker.storage.api import ObjectStoreUnavailable
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.sealed import SealResult, compact_sealed, seal_partition
@@ -317,7 +318,8 @@ class StaticTopicManager:
                     m.static_topics[name].brokers = new
 
                 await self._c.update(mutate)
-        if configs is not None:
+        topic = self._c.metadata.topics.get(name)
+        if configs is not None and topic is not None and validate_configs(configs) != topic.configs:
             result = await self._c.alter_topic_configs(
                 name, dict(configs), incremental=False, validate_only=False
             )
@@ -825,44 +827,15 @@ class StaticTopicManager:
     # ------------------------------------------------------------------ describe
     def describe(self, name: str) -> dict[str, Any]:
         meta = self._c.metadata
-        st = self._state(meta, name)
-        view = st.view()
-        topic = meta.topics.get(name)
-        queues = []
-        for q in range(st.total_queues):
-            items = view.items(q)
-            last = items[-1] if items else None
-            part = topic.partitions[q] if topic is not None and q < len(topic.partitions) else None
-            queues.append({
-                "queue": q,
-                "broker": last.broker if last else -1,
-                "leader": part.leader if part else NO_LEADER,
-                "gen": last.gen if last else 0,
-                "items": len(items),
-                "logicOffset": last.logic_offset if last else -1,
-                "physicalQueue": last.queue if last else -1,
-            })  # fmt: skip
+        self._state(meta, name)
         running = self._tasks.get(name)
         return {
-            "name": name,
-            "totalQueues": st.total_queues,
-            "epoch": view.epoch,
-            "brokers": st.brokers,
-            "consistent": view.consistent,
-            "problems": view.problems,
-            "ignored": view.ignored,
+            **describe(meta, name),
             "busy": running is not None and not running.done(),
             "lastError": self.last_error.get(name),
-            "queues": queues,
-            "mapping": {str(q): [i.to_json() for i in items] for q, items in view.queues.items()},
-            "copies": {
-                str(b): {"bname": c.bname, "epoch": c.epoch, "hostedQueues": sorted(c.hosted)}
-                for b, c in sorted(st.copies.items())
-            },
             "pins": {
                 str(q): {"broker": b, "mode": m} for q, (b, m) in self._pins.get(name, {}).items()
             },
-            "jump": st.jump,
         }
 
     def names(self) -> list[str]:

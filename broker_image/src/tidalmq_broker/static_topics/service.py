@@ -36,6 +36,7 @@ from tidalmq_core.static_mapping import (
     physical_topic_name,
     time_candidates,
 )
+from tidalmq_core.topics import InvalidTopic
 
 from tidalmq_broker.groups.coordinator import OffsetKeys
 from tidalmq_broker.partitions import LeaderNotAvailable, NotLeader, UnknownPartition
@@ -111,6 +112,10 @@ class StaticTopicService(OffsetKeys):
         (None if it is not a static topic at all; NotLeader etc. otherwise)."""
         meta = self._metadata()
         topic = meta.topics.get(tp.topic)
+        if topic is not None and topic.kind == "physical":
+            raise InvalidTopic(
+                f"{tp.topic} holds the physical queues of a static topic: use the static topic"
+            )
         if topic is None or topic.kind != "static":
             return None
         if tp.topic not in meta.static_topics or not 0 <= tp.partition < len(topic.partitions):
@@ -125,7 +130,7 @@ class StaticTopicService(OffsetKeys):
             raise LeaderNotAvailable(f"logic queue {tp} has no physical queue")
         leader = items[-1]
         phys = meta.topics[physical_topic_name(tp.topic)]
-        plog = self._partitions.get_log(TopicPartition(phys.name, leader.queue))
+        plog = self._partitions.local_log(TopicPartition(phys.name, leader.queue))
         return LogicQueueLog(self, tp, part.leader_epoch, items, plog, phys.topic_id)
 
     def reader(self, topic: str, item: MappingItem, topic_id: str) -> ClosedPartitionReader:
