@@ -289,6 +289,11 @@ class MappingView:
     def leader(self, queue: int) -> MappingItem | None:
         return leader(self.items(queue))
 
+    def writable(self) -> set[int]:
+        """Physical queues that are some logic queue's unsealed item (the ones a broker should
+        have open; every other physical queue is sealed and read from object storage)."""
+        return {items[-1].queue for items in self.queues.values() if items and not items[-1].sealed}
+
     def physical_queues(self) -> dict[int, tuple[int, MappingItem]]:
         """physical queue id -> (logic queue, item)."""
         out = {}

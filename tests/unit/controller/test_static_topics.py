@@ -303,3 +303,41 @@ async def test_a_hung_broker_is_fenced_and_its_queue_sealed_after_its_lease(env)
     assert time.monotonic() - started >= FAST.election_timeout_s
     assert c.broker_liveness()[0].fenced_at is not None
     assert view(c).items(0)[-1].broker == 1 and rec.opened_ms is not None
+
+
+class RacingStore(LocalDirObjectStore):
+    """Commits a broker's checkpoint just before the first conditional replace of `key`, as a
+    broker still opening the physical queue would."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.race_key: str | None = None
+        self.raced = 0
+
+    async def put(self, key, data, *, if_none_match=False, if_match=None):  # type: ignore[no-untyped-def]
+        if key == self.race_key and if_match is not None and not self.raced:
+            self.raced += 1
+            current, etag = await self.get_with_etag(key)
+            await super().put(key, current + b" ", if_match=etag)  # someone else's commit
+        return await super().put(key, data, if_none_match=if_none_match, if_match=if_match)
+
+
+async def test_a_checkpoint_that_changes_while_it_is_sealed_is_sealed_again(tmp_path: Path) -> None:
+    store = RacingStore(tmp_path / "objects")
+    c = Controller(ObjectStoreMetadataStore(store), FAST, object_store=store)
+    await c.start()
+    try:
+        bs = await brokers(c, store, 2)
+        await c.static.create("orders", 2)
+        await wait_for(lambda: TopicPartition(PHYS, 0) in bs[0].open)
+        bs[0].ends[0] = 9
+        topic_id = c.metadata.topics[PHYS].topic_id
+        store.race_key = keys.checkpoint_key(TopicPartition(PHYS, 0), topic_id)
+        (rec,) = await c.static.remap("orders", {0: (1, "strict")})
+        assert store.raced == 1 and rec.opened_ms is not None
+        assert [i.logic_offset for i in view(c).items(0)] == [0, 9]
+    finally:
+        for fake in FAKES:
+            fake.die()
+        FAKES.clear()
+        await c.stop()

@@ -76,7 +76,7 @@ from tidalmq_core.topics import (
 )
 
 from tidalmq_broker.static_topics.describe import describe
-from tidalmq_broker.storage.api import ObjectStoreUnavailable
+from tidalmq_broker.storage.api import ObjectStoreUnavailable, PartitionFenced
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.sealed import SealResult, compact_sealed, seal_partition
 from tidalmq_broker.storage.topic_data import delete_partition_data
@@ -525,54 +525,70 @@ class StaticTopicManager:
         return dict(zip(queues, results, strict=True))
 
     async def _seal(self, name: str, pid: int, version: int) -> SealResult:
-        """Wait until nobody can write physical queue `pid` any more, then seal it."""
-        store = self._require_store()
-        c = self._c
+        """Wait until nobody can write physical queue `pid` any more, then seal it. If its
+        checkpoint changes under the seal (its broker was still opening or closing it), wait
+        for that broker again and seal once more."""
         phys_name = physical_topic_name(name)
         tp = TopicPartition(phys_name, pid)
-        phys = c.metadata.topics[phys_name]
-        part = phys.partitions[pid]
+        for attempt in range(20):
+            why = await self._until_unwritable(tp, version)
+            try:
+                result = await self._seal_once(tp)
+            except PartitionFenced as exc:
+                log.info("%s changed while sealing it (%s); waiting for its broker again", tp, exc)
+                self._closed.pop(tp, None)
+                await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
+                continue
+            log.info("%s sealed at offset %d (%s%s)", tp, result.end_offset, why,
+                     ", WAL tail replayed" if result.recovered else "")  # fmt: skip
+            return result
+        raise StaticTopicError(f"{tp} kept changing while being sealed")
+
+    async def _until_unwritable(self, tp: TopicPartition, version: int) -> str:
+        """Until the physical queue's broker can no longer acknowledge a write to it: it closed
+        it (or never had it open at `version`), it is gone, or it was fenced and its lease ran
+        out (a broker that does not close it within the election timeout is fenced)."""
+        c = self._c
+        part = c.metadata.topics[tp.topic].partitions[tp.partition]
         broker = part.replicas[0] if part.replicas else None
         event = self._closed.setdefault(tp, asyncio.Event())
         deadline = time.monotonic() + c.settings.election_timeout_s
-        why = ""
         while True:
             info = c.metadata.brokers.get(broker) if broker is not None else None
             live = c.broker_liveness().get(broker) if broker is not None else None
             now = time.monotonic()
             if info is None or info.state == "dead" or live is None:
-                why = "its broker is gone"
-                break  # declared dead after the session timeout: its lease ran out long ago
+                return "its broker is gone"  # declared dead after the session timeout
             if live.fenced_at is not None:
                 if now >= live.last_grant + c.settings.lease_s + c.settings.clock_margin_s:
-                    why = "its broker was fenced and its lease ran out"
-                    break
+                    return "its broker was fenced and its lease ran out"
             elif event.is_set() or (
                 live.applied_version >= version and tp not in live.open_partitions
             ):
-                why = "closed by its broker"
-                break
+                return "closed by its broker"
             elif now > deadline:
                 c.fence_broker(broker, f"did not close physical queue {tp} in time")  # type: ignore[arg-type]
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.05):
                     await event.wait()
+
+    async def _seal_once(self, tp: TopicPartition) -> SealResult:
+        store = self._require_store()
+        topic = self._c.metadata.topics[tp.topic]
+        part = topic.partitions[tp.partition]
         delay = 0.1
         for attempt in range(8):
             try:
-                result = await seal_partition(
-                    store, tp, phys.topic_id, min_epoch=part.leader_epoch + 1
+                return await seal_partition(
+                    store, tp, topic.topic_id, min_epoch=part.leader_epoch + 1
                 )
-                break
             except ObjectStoreUnavailable as exc:
                 if attempt == 7:
                     raise
                 log.warning("sealing %s failed, retrying: %s", tp, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        log.info("%s sealed at offset %d (%s%s)", tp, result.end_offset, why,
-                 ", WAL tail replayed" if result.recovered else "")  # fmt: skip
-        return result
+        raise AssertionError("unreachable")
 
     async def _compact(self, name: str, pid: int) -> None:
         store = self._store
