@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 from tidalmq_broker.controller.controller import Controller, ControllerSettings, NewTopic
 from tidalmq_broker.controller.store import ObjectStoreMetadataStore
 from tidalmq_broker.static_topics.manager import StaticTopicError
@@ -187,6 +188,9 @@ async def test_strict_remap_continues_at_the_exact_end(env) -> None:  # type: ig
         keys.checkpoint_key(TopicPartition(PHYS, 0), c.metadata.topics[PHYS].topic_id)
     )
     assert loaded is not None and is_sealed(loaded[0]) and loaded[0].next_offset == 120
+    labels = {"topic": "orders", "mode": "strict", "outcome": "ok"}
+    assert (REGISTRY.get_sample_value("tidalmq_static_remaps_total", labels) or 0) >= 1
+    assert REGISTRY.get_sample_value("tidalmq_static_topic_epoch", {"topic": "orders"}) in (0, 1)
 
 
 async def test_available_remap_is_writable_first_and_jumps_a_bounded_step(env) -> None:  # type: ignore[no-untyped-def]

@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import Counter, Gauge, Histogram
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.placement import place_partitions
@@ -85,6 +86,28 @@ if TYPE_CHECKING:
     from tidalmq_broker.controller.controller import Controller
 
 log = logging.getLogger(__name__)
+
+REMAPS = Counter(
+    "tidalmq_static_remaps_total", "Logic queues remapped, by order and outcome",
+    ["topic", "mode", "outcome"],
+)  # fmt: skip
+REMAP_SECONDS = Histogram(
+    "tidalmq_static_remap_seconds",
+    "Remap request until the new physical queue is served (the logic queue's unavailability)",
+    ["mode"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)  # fmt: skip
+SEALS = Counter(
+    "tidalmq_static_seals_total", "Physical queues sealed, by how", ["how"]
+)  # closed by its broker / recovered from the WAL of a dead or fenced broker
+JUMP = Counter(
+    "tidalmq_static_logic_offsets_skipped_total",
+    "Logic offsets skipped by availability-order remaps (the bounded jump)", ["topic"],
+)  # fmt: skip
+EPOCH = Gauge("tidalmq_static_topic_epoch", "Epoch of a static topic's mapping", ["topic"])
+INCONSISTENT = Gauge(
+    "tidalmq_static_topic_inconsistent",
+    "1 while a static topic's mapping copies disagree (updates refused until repair)", ["topic"],
+)  # fmt: skip
 
 
 def _now_ms() -> int:
@@ -470,9 +493,11 @@ class StaticTopicManager:
         await self._c.update(c3)
         for q, hole in holes.items():
             op.records[q].jump = hole
+            JUMP.labels(name).inc(hole)
         self._expect_open(op, only_mode="strict")
         for rec in op.records.values():
             self.history.append(rec)
+            REMAPS.labels(name, rec.mode, "ok").inc()
             self._c.emit("StaticQueueRemapped",
                          f"{name} queue {rec.queue}: broker {rec.source} -> {rec.target} ({rec.mode})",
                          {"topic": name, "queue": rec.queue, "target": rec.target})  # fmt: skip
@@ -509,6 +534,7 @@ class StaticTopicManager:
         del self._awaiting_open[tp]
         rec = waiting[1]
         rec.opened_ms = (time.time() - rec.started) * 1000
+        REMAP_SECONDS.labels(rec.mode).observe(rec.opened_ms / 1000)
 
         async def notify() -> None:
             async with self._opened:
@@ -541,6 +567,7 @@ class StaticTopicManager:
                 continue
             log.info("%s sealed at offset %d (%s%s)", tp, result.end_offset, why,
                      ", WAL tail replayed" if result.recovered else "")  # fmt: skip
+            SEALS.labels("recovered" if result.recovered else "closed").inc()
             return result
         raise StaticTopicError(f"{tp} kept changing while being sealed")
 
@@ -671,12 +698,14 @@ class StaticTopicManager:
         meta = self._c.metadata
         now = time.monotonic()
         for name, st in meta.static_topics.items():
+            view = st.view()
+            EPOCH.labels(name).set(view.epoch)
+            INCONSISTENT.labels(name).set(0 if view.consistent else 1)
             running = self._tasks.get(name)
             if running is not None and not running.done():
                 continue
             if self._lock(name).locked():
                 continue
-            view = st.view()
             if not view.consistent or view.ignored:
                 if self.auto_repair and now >= self._repair_after.get(name, 0.0):
                     self._repair_after[name] = now + 5.0
@@ -706,6 +735,7 @@ class StaticTopicManager:
                     raise
                 except Exception as exc:
                     self.last_error[name] = f"{what}: {exc}"
+                    REMAPS.labels(name, what, "failed").inc()
                     log.warning("static topic %s: %s failed: %s", name, what, exc)
 
         self._tasks[name] = asyncio.create_task(run(), name=f"static {name} {what}")
