@@ -155,7 +155,7 @@ async def test_producer_state_double_read_check(cluster: Cluster) -> None:
         await previous.load()
         entry = previous.producers().producers[77]
         new = await engine.open_partition(NEW, TOPIC_ID, 0, CFG)
-        assert not new.knows_producer(77)
+        assert new.producer_entry(77) is None
         # the old queue's offsets 0-9 become -10..-1 here (logic offsets continue at 10)
         shift = -10
         translated = ProducerEntry(entry.epoch, last_seen_ms=entry.last_seen_ms)

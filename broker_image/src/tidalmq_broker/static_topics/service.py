@@ -63,6 +63,7 @@ Key = tuple[str, int]
 _READERS = 256
 _UNSEALED_REFRESH_S = 0.2  # re-read the checkpoint of a physical queue still being sealed
 _PRODUCER_LOOKBACK = 3  # how many older physical queues the producer-state check reads
+_SEQUENCE_SPACE = 1 << 31
 
 
 def shift_base_offsets(data: bytes, delta: int) -> bytes:
@@ -265,25 +266,29 @@ class LogicQueueLog:
     async def _adopt_producers(self, data: bytes | memoryview) -> None:
         """Double-Read-Check of idempotent-producer state: a producer this physical queue does
         not know, sending a sequence other than 0, continues from the newest older physical
-        queue that knows it."""
+        queue that knows it. Until it has appended here, its batches must continue exactly
+        where that state ends: a batch that overtook one refused a moment ago (pipelined
+        requests while the older queue was still closing) is refused retriably too, instead of
+        failing the producer with OUT_OF_ORDER_SEQUENCE_NUMBER."""
+        entry_of = getattr(self._plog, "producer_entry", None)
         adopt = getattr(self._plog, "adopt_producer", None)
-        knows = getattr(self._plog, "knows_producer", None)
-        if adopt is None or knows is None or len(self._items) < 2:
+        if entry_of is None or adopt is None or len(self._items) < 2:
             return
         try:
             headers = list(records.iter_headers(data))
         except records.InvalidRecordBatch:
             return  # the append reports it
+        idempotent = [
+            h for h in headers if h.has_producer_id and h.base_sequence != records.NO_SEQUENCE
+        ]
         wanted = {
-            h.producer_id
-            for h in headers
-            if h.has_producer_id and h.base_sequence not in (0, records.NO_SEQUENCE)
-            and not knows(h.producer_id)
+            h.producer_id for h in idempotent
+            if h.base_sequence != 0 and entry_of(h.producer_id) is None
         }  # fmt: skip
-        if not wanted:
-            return
         leader = self._leader
         for item in list(reversed(self._items[:-1]))[:_PRODUCER_LOOKBACK]:
+            if not wanted:
+                break
             if not item.sealed or not item.decided:
                 raise PartitionClosing(
                     f"logic queue {self._tp}: the previous physical queue is still closing; "
@@ -300,8 +305,21 @@ class LogicQueueLog:
                     moved.batches.append(BatchMeta(b.first_seq, b.last_seq, first, last))
                 adopt(pid, moved)
                 wanted.discard(pid)
-            if not wanted:
-                return
+        for h in idempotent:
+            entry = entry_of(h.producer_id)
+            if entry is None or h.producer_epoch != entry.epoch or not entry.batches:
+                continue
+            if any(b.last_offset >= leader.start_offset for b in entry.batches):
+                continue  # it appended here already: the ordinary checks apply
+            if any(b.first_seq == h.base_sequence and b.last_seq == h.last_sequence
+                   for b in entry.batches):  # fmt: skip
+                continue  # a retry of a batch the older queue has: answered as a duplicate
+            expected = (entry.batches[-1].last_seq + 1) % _SEQUENCE_SPACE
+            if h.base_sequence != expected:
+                raise PartitionClosing(
+                    f"logic queue {self._tp}: producer {h.producer_id} sent sequence "
+                    f"{h.base_sequence} before {expected}; retry in order"
+                )
 
     # ------------------------------------------------------------------ read
     async def read(self, offset: int, max_bytes: int) -> ReadResult:

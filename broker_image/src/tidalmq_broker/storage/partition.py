@@ -275,8 +275,9 @@ class Partition:
             await future
         return result
 
-    def knows_producer(self, producer_id: int) -> bool:
-        return producer_id in self._producers.producers
+    def producer_entry(self, producer_id: int) -> ProducerEntry | None:
+        """What this partition knows of an idempotent producer (including appends in flight)."""
+        return self._producers.producers.get(producer_id)
 
     def adopt_producer(self, producer_id: int, entry: ProducerEntry) -> bool:
         """Double-Read-Check of idempotent-producer state (static topics, seed 002): a producer
