@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 from kafka import KafkaConsumer
@@ -203,6 +203,16 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
         for tp in reader.consumer.committed([KafkaTP(name, q) for q in range(QUEUES)], timeout=30)
     }
     assert again == committed
+    # the admin view of the group (OffsetFetch of every partition) shows the logic queues
+    listed = (
+        AdminClient({"bootstrap.servers": cluster.bootstrap})
+        .list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
+        .result(30)
+    )
+    assert {
+        tp.partition: tp.offset for tp in listed.topic_partitions if tp.topic == name
+    } == committed
+    assert not any(tp.topic.startswith("__sq.") for tp in listed.topic_partitions)
     reader.poll_for(3)
     first: dict[int, int] = {}
     for partition, offset, _, _ in reader.got:

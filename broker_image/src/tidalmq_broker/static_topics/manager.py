@@ -154,7 +154,6 @@ class _Op:
     moves: dict[int, tuple[int, str]]
     reason: str
     records: dict[int, RemapRecord] = field(default_factory=dict)
-    started_mono: float = field(default_factory=time.monotonic)
 
 
 class StaticTopicManager:
@@ -165,7 +164,7 @@ class StaticTopicManager:
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closed: dict[TopicPartition, asyncio.Event] = {}
-        self._awaiting_open: dict[TopicPartition, tuple[int, RemapRecord, float]] = {}
+        self._awaiting_open: dict[TopicPartition, RemapRecord] = {}
         self._opened = asyncio.Condition()
         self._pins: dict[str, dict[int, tuple[int, str]]] = {}
         self._placed_on: dict[str, tuple[int, ...]] = {}
@@ -180,10 +179,6 @@ class StaticTopicManager:
         self.last_error: dict[str, str] = {}
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def available(self) -> bool:
-        return self._store is not None
-
     def _require_store(self) -> ObjectStore:
         if self._store is None:
             raise StaticTopicError(
@@ -436,11 +431,11 @@ class StaticTopicManager:
                     known = hwms.get(TopicPartition(phys_name, old.queue), old.start_offset)
                     switch_new(st, q, b, pid, known_end=known, now_ms=now,
                                target_epoch=target_epoch)  # fmt: skip
-                    op.records[q].new_physical = pid
+                    self._expect_open(op.records[q], phys_name, pid)
             self.sync_view(m, name)
 
         version = await self._c.update(c1)
-        self._expect_open(op, only_mode="available")
+        self._switched(op, "available")
         log.info("static topic %s: remapping %s (%s)", name,
                  {q: f"{olds[q].broker}->{b} {mode}" for q, (b, mode) in moves.items()},  # type: ignore[union-attr]
                  op.reason)  # fmt: skip
@@ -476,7 +471,7 @@ class StaticTopicManager:
 
             def allocate(q: int, broker: int) -> int:
                 pid = self._new_physical(phys, broker)
-                op.records[q].new_physical = pid
+                self._expect_open(op.records[q], phys_name, pid)
                 return pid
 
             before = st.view()
@@ -494,7 +489,7 @@ class StaticTopicManager:
         for q, hole in holes.items():
             op.records[q].jump = hole
             JUMP.labels(name).inc(hole)
-        self._expect_open(op, only_mode="strict")
+        self._switched(op, "strict")
         for rec in op.records.values():
             self.history.append(rec)
             REMAPS.labels(name, rec.mode, "ok").inc()
@@ -506,33 +501,39 @@ class StaticTopicManager:
             self._spawn(self._compact(name, old.queue), f"compact sealed {phys_name}-{old.queue}")
         self.last_error.pop(name, None)
 
-    def _expect_open(self, op: _Op, *, only_mode: str) -> None:
-        now = time.monotonic()
-        phys_name = physical_topic_name(op.name)
+    def _expect_open(self, rec: RemapRecord, phys_name: str, pid: int) -> None:
+        """Register before the commit, so an early report of the open is not missed."""
+        rec.new_physical = pid
+        self._awaiting_open[TopicPartition(phys_name, pid)] = rec
+
+    @staticmethod
+    def _switched(op: _Op, mode: str) -> None:
         for rec in op.records.values():
-            if rec.mode != only_mode or rec.new_physical < 0:
-                continue
-            rec.switched_ms = (time.time() - rec.started) * 1000
-            tp = TopicPartition(phys_name, rec.new_physical)
-            self._awaiting_open[tp] = (rec.target, rec, now)
+            if rec.mode == mode:
+                rec.switched_ms = (time.time() - rec.started) * 1000
 
     async def _wait_opened(self, records: list[RemapRecord], timeout_s: float) -> None:
+        """Until every new physical queue is served (its broker's report, or its heartbeat if
+        the report was lost), or `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        async with self._opened:
-            while any(r.opened_ms is None and r.error is None for r in records):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
+        while any(r.opened_ms is None and r.error is None for r in records):
+            if time.monotonic() > deadline:
+                return
+            for r in records:
+                live = self._c.broker_liveness().get(r.target)
+                tp = TopicPartition(physical_topic_name(r.topic), r.new_physical)
+                if r.opened_ms is None and live is not None and tp in live.open_partitions:
+                    self.partition_opened(r.target, tp)
+            async with self._opened:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):  # not wait_for: see Controller._run
+                    async with asyncio.timeout(0.1):  # not wait_for: see Controller._run
                         await self._opened.wait()
 
     def partition_opened(self, broker_id: int, tp: TopicPartition) -> None:
-        waiting = self._awaiting_open.get(tp)
-        if waiting is None or waiting[0] != broker_id:
+        rec = self._awaiting_open.get(tp)
+        if rec is None or rec.target != broker_id:
             return
         del self._awaiting_open[tp]
-        rec = waiting[1]
         rec.opened_ms = (time.time() - rec.started) * 1000
         REMAP_SECONDS.labels(rec.mode).observe(rec.opened_ms / 1000)
 
