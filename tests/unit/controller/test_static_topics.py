@@ -345,3 +345,30 @@ async def test_a_checkpoint_that_changes_while_it_is_sealed_is_sealed_again(tmp_
             fake.die()
         FAKES.clear()
         await c.stop()
+
+
+async def test_cleanup_drops_expired_and_empty_items_and_their_data(env) -> None:  # type: ignore[no-untyped-def]
+    c, store = env
+    bs = await brokers(c, store, 3)
+    await c.static.create("orders", 1)
+    bs[0].ends[0] = 5  # gen 0 on broker 0 holds 5 records
+    await c.static.remap("orders", {0: (1, "strict")})
+    await c.static.remap("orders", {0: (2, "strict")})  # gen 1 on broker 1 stays empty
+    assert [i.gen for i in view(c).items(0)] == [0, 1, 2]
+    epoch = view(c).epoch
+    result = await c.alter_topic_configs("orders", {"retention.ms": "500"}, incremental=True,
+                                         validate_only=False)  # fmt: skip
+    assert result.error is None
+    assert c.metadata.topics[PHYS].configs["retention.ms"] == "500"  # physical queues follow
+    await asyncio.sleep(0.6)
+    c.static.empty_item_grace_ms = 0
+    c.static.cleanup_interval_s = 0.05
+    await wait_for(lambda: len(view(c).items(0)) == 1 and settled(c))
+    items = view(c).items(0)
+    assert items[0].gen == 2 and items[0].logic_offset == 5
+    assert sorted(c.metadata.static_topics["orders"].retired) == [0, 1]
+    assert view(c).epoch == epoch + 1 and view(c).consistent
+    topic_id = c.metadata.topics[PHYS].topic_id
+    for pid in (0, 1):
+        prefix = keys.partition_prefix(TopicPartition(PHYS, pid), topic_id)
+        assert await store.list(prefix) == []
