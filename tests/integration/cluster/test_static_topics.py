@@ -204,11 +204,9 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
     }
     assert again == committed
     # the admin view of the group (OffsetFetch of every partition) shows the logic queues
-    listed = (
-        AdminClient({"bootstrap.servers": cluster.bootstrap})
-        .list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
-        .result(30)
-    )
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})  # alive until the answer
+    future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
+    listed = future.result(30)
     assert {
         tp.partition: tp.offset for tp in listed.topic_partitions if tp.topic == name
     } == committed
