@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
+from tidalmq_core.static_mapping import is_physical_topic
 
 import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
@@ -31,6 +32,7 @@ from tidalmq_broker.partitions import PartitionManager
 from tidalmq_broker.server.http import HealthServer
 from tidalmq_broker.server.listener import KafkaListener, ListenerLimits
 from tidalmq_broker.settings import BrokerSettings
+from tidalmq_broker.static_topics.service import StaticTopicService
 from tidalmq_broker.storage.api import StorageConfig
 from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore.base import ObjectStore
@@ -108,6 +110,11 @@ class Broker:
         )
         await self.engine.start()
         self.partitions = PartitionManager(self.engine, self.broker_id)
+        static = StaticTopicService(
+            self.broker_id, lambda: self.metadata, self.partitions, self.engine.store
+        )
+        self.partitions.logic_queues = static  # Produce/Fetch/ListOffsets on logic queues
+        self.groups.offset_keys = static  # committed offsets with Double-Read-Check
         self.partitions.add_hook(self.groups.on_partition)
         self.partitions.add_report(self._report_partition)
         await self.listener.start(s.host, s.port)
@@ -128,6 +135,7 @@ class Broker:
                         embedded=True,
                     ),
                     topic_data_deleter=functools.partial(delete_topic_data, self._store),
+                    object_store=self._store,
                 )
                 await self.own_controller.start()
                 self.controller = LocalControllerClient(self.own_controller)
@@ -271,7 +279,7 @@ class Broker:
         sent = time.monotonic()
         reply = await self.controller.heartbeat(
             self.broker_id, self.incarnation, self.metadata.version,
-            self.partitions.open_partitions(),
+            self.partitions.open_partitions(), self.partitions.high_watermarks(is_physical_topic),
         )  # fmt: skip
         if reply.fenced:
             await self._on_fenced(reply.reason)

@@ -13,8 +13,12 @@ from collections.abc import Callable
 
 def builtin_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     from tidalmq_broker import reassign_cli
+    from tidalmq_broker.static_topics import cli as static_topic_cli
 
-    return [_register_broker, _register_drain, _register_local, reassign_cli.register]
+    return [
+        _register_broker, _register_drain, _register_local, reassign_cli.register,
+        static_topic_cli.register,
+    ]  # fmt: skip
 
 
 def _register_drain(sub: argparse._SubParsersAction) -> None:

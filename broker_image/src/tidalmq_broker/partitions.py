@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tidalmq_core.metadata import ClusterMetadata, TopicInfo
 from tidalmq_core.model import TopicPartition
@@ -58,6 +59,14 @@ def partition_config(topic: TopicInfo) -> PartitionConfig:
     )
 
 
+class LogicQueues(Protocol):
+    """Static topics (seed 002): the logs of the logic queues this broker leads."""
+
+    def get_log(self, tp: TopicPartition) -> PartitionLog | None:
+        """None when `tp.topic` is not a static topic (raises for its hidden physical topic)."""
+        ...
+
+
 PartitionHook = Callable[[TopicPartition, PartitionLog | None], Awaitable[None]]
 """Called after a partition opened (with its log) or before it closes (with None)."""
 
@@ -78,6 +87,7 @@ class PartitionManager:
         self._settled = asyncio.Condition()
         self._stopping = False
         self.open_seconds: list[float] = []  # recent open durations (for metrics/benchmarks)
+        self.logic_queues: LogicQueues | None = None
 
     def add_hook(self, hook: PartitionHook) -> None:
         self._hooks.append(hook)
@@ -94,6 +104,15 @@ class PartitionManager:
                 out[tp] = plog.leader_epoch
         return out
 
+    def high_watermarks(self, wanted: Callable[[str], bool]) -> dict[TopicPartition, int]:
+        """High watermarks of the open partitions of the topics `wanted` accepts."""
+        out = {}
+        for tp in self._engine.partitions():
+            plog = self._engine.get(tp)
+            if plog is not None and wanted(tp.topic):
+                out[tp] = plog.high_watermark
+        return out
+
     async def _report(self, kind: str, tp: TopicPartition, epoch: int) -> None:
         for report in self._reports:
             try:
@@ -103,6 +122,14 @@ class PartitionManager:
 
     # ------------------------------------------------------------------ reads
     def get_log(self, tp: TopicPartition) -> PartitionLog:
+        if self.logic_queues is not None:
+            logic = self.logic_queues.get_log(tp)
+            if logic is not None:
+                return logic
+        return self.local_log(tp)
+
+    def local_log(self, tp: TopicPartition) -> PartitionLog:
+        """The log of a partition this broker leads, static topics' physical queues included."""
         plog = self._engine.get(tp)
         wish = self._wishes.get(tp)
         if wish is None:
@@ -138,6 +165,8 @@ class PartitionManager:
             return
         wishes: dict[TopicPartition, Wish] = {}
         for topic in meta.topics.values():
+            if topic.kind == "static":
+                continue  # logic queues have no storage of their own: their physical queues do
             config = partition_config(topic)
             for index, part in enumerate(topic.partitions):
                 if part.leader == self._broker_id:

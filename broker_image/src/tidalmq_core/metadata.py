@@ -12,6 +12,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tidalmq_core.static_mapping import StaticTopicState
+
 NO_LEADER = -1
 OFFSETS_TOPIC = "__consumer_offsets"
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
@@ -100,6 +102,15 @@ class TopicInfo:
     partitions: list[PartitionState]
     configs: dict[str, str] = field(default_factory=dict)  # overrides only
     internal: bool = False
+    # "normal"; "static": the Kafka view of a static topic (its partitions are logic queues,
+    # each led by the broker of its leader physical queue; no storage of its own); "physical":
+    # the hidden topic holding a static topic's physical queues (never moved by the controller)
+    kind: str = "normal"
+
+    @property
+    def pinned(self) -> bool:
+        """Partitions the controller never moves, balances or fails over (static topics)."""
+        return self.kind != "normal"
 
     def config(self, name: str) -> str | None:
         return self.configs.get(name, TOPIC_CONFIG_DEFAULTS.get(name))
@@ -114,6 +125,7 @@ class TopicInfo:
             "partitions": [p.to_json() for p in self.partitions],
             "configs": dict(self.configs),
             "internal": self.internal,
+            "kind": self.kind,
         }
 
     @classmethod
@@ -124,6 +136,7 @@ class TopicInfo:
             partitions=[PartitionState.from_json(p) for p in data["partitions"]],
             configs=dict(data.get("configs", {})),
             internal=bool(data.get("internal", False)),
+            kind=str(data.get("kind", "normal")),
         )
 
 
@@ -139,6 +152,8 @@ class ClusterMetadata:
     pending_deletions: list[tuple[str, str]] = field(default_factory=list)
     # dynamic broker config overrides: broker id (as a string) or CLUSTER_DEFAULT -> name -> value
     broker_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # static topics (seed 002) by Kafka name: their queue mapping copies
+    static_topics: dict[str, StaticTopicState] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,6 +165,7 @@ class ClusterMetadata:
             "next_producer_id": self.next_producer_id,
             "pending_deletions": [list(d) for d in self.pending_deletions],
             "broker_configs": {k: dict(v) for k, v in sorted(self.broker_configs.items())},
+            "static_topics": {k: v.to_json() for k, v in sorted(self.static_topics.items())},
         }
 
     @classmethod
@@ -163,6 +179,9 @@ class ClusterMetadata:
             next_producer_id=int(data.get("next_producer_id", 1000)),
             pending_deletions=[(n, i) for n, i in data.get("pending_deletions", [])],
             broker_configs={str(k): dict(v) for k, v in data.get("broker_configs", {}).items()},
+            static_topics={
+                k: StaticTopicState.from_json(v) for k, v in data.get("static_topics", {}).items()
+            },
         )
 
     def copy(self) -> ClusterMetadata:

@@ -19,6 +19,7 @@ from tidalmq_broker.controller.controller import NewTopic, TopicResult
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, PlanEntry, validate_plan
 
+from tidalmq_operator import static_topics  # noqa: F401  (registers the StaticTopic handlers)
 from tidalmq_operator.models import (
     ReassignmentSpec,
     SpecError,

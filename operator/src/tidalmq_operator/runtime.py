@@ -105,6 +105,7 @@ class OperatorRuntime:
                 offsets_topic_partitions=s.offsets_topic_partitions,
             ),
             topic_data_deleter=functools.partial(delete_topic_data, store) if store else None,
+            object_store=store,
         )  # fmt: skip
         await controller.start()
         controller.add_event_sink(self._on_controller_event)

@@ -23,6 +23,7 @@ from tidalmq_core.topics import StaticConfig, validate_broker_configs
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.static_topics.describe import static_topic_configs
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
@@ -149,6 +150,7 @@ async def handle_describe_configs(broker: Broker, request: Request, conn: Connec
                 out["error_message"] = f"topic {res.resource_name!r} does not exist"
             else:
                 configs = _topic_configs(topic, include_synonyms)
+                configs += static_topic_configs(broker.metadata, topic, keys)
         elif res.resource_type == BROKER:
             scope = res.resource_name
             if scope not in (CLUSTER_DEFAULT, str(broker.broker_id)):

@@ -53,6 +53,7 @@ from tidalmq_core.reassignment import (
     elect_target,
     validate_plan,
 )
+from tidalmq_core.static_mapping import is_physical_topic, physical_topic_name
 from tidalmq_core.topics import (
     InvalidPartitions,
     validate_broker_config_scope,
@@ -64,6 +65,7 @@ from tidalmq_core.topics import (
 
 from tidalmq_broker.controller.moves import MoveStatus, MoveTracker
 from tidalmq_broker.controller.store import MetadataStore, StaleMetadata
+from tidalmq_broker.storage.objectstore.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +157,8 @@ class BrokerLiveness:
     applied_version: int = -1
     open_partitions: dict[TopicPartition, int] = field(default_factory=dict)
     fenced_at: float | None = None
+    # high watermarks of the static topics' physical queues it has open (heartbeats)
+    high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -183,7 +187,10 @@ class Controller:
         *,
         offsets_topic_partitions: int | None = None,
         topic_data_deleter: Callable[[str, str], Awaitable[int]] | None = None,
+        object_store: ObjectStore | None = None,
     ) -> None:
+        from tidalmq_broker.static_topics.manager import StaticTopicManager
+
         self._store = store
         self._delete_topic_data = topic_data_deleter
         s = settings or ControllerSettings()
@@ -211,6 +218,8 @@ class Controller:
         self._pending_push: dict[int, ClusterMetadata] = {}
         self._cleaning: asyncio.Task[None] | None = None
         self._pushers: dict[int, asyncio.Task[None]] = {}
+        # static topics (seed 002): their logic queues move by remapping, not by moves
+        self.static = StaticTopicManager(self, object_store)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -246,6 +255,7 @@ class Controller:
         self._loop_task = asyncio.create_task(self._run(), name="controller loop")
 
     async def stop(self) -> None:
+        await self.static.stop()
         for pusher in self._pushers.values():
             pusher.cancel()
         if self._loop_task is not None:
@@ -295,11 +305,13 @@ class Controller:
             info.state = "alive"
             meta.brokers[info.broker_id] = info
             for name, topic in meta.topics.items():
+                if topic.kind == "static":
+                    continue  # the Kafka view of a static topic: derived by self.static
                 for index, part in enumerate(topic.partitions):
                     tp = TopicPartition(name, index)
                     mine = part.replicas == [info.broker_id]
-                    if part.moving:
-                        continue
+                    if part.moving or (topic.pinned and part.leader == NO_LEADER):
+                        continue  # a sealed physical queue is never opened again
                     if mine and (old is None or old.incarnation != info.incarnation):
                         if not_before <= now:
                             part.leader = info.broker_id
@@ -327,6 +339,7 @@ class Controller:
         self._emit("BrokerRegistered", f"broker {info.broker_id} registered at {info.host}:{info.port}",
                    {"broker": info.broker_id, "incarnation": info.incarnation})  # fmt: skip
         await self._push(snapshot)
+        self._wake.set()  # static topics spread their logic queues onto the new broker
         if joined and self.settings.auto_rebalance and len(snapshot.live_brokers()) > 1:
             # record the fair-share moves before answering, so whoever waits for the broker
             # to join sees its partitions already on their way
@@ -341,6 +354,7 @@ class Controller:
         incarnation: str,
         applied_version: int,
         open_partitions: dict[TopicPartition, int],
+        high_watermarks: dict[TopicPartition, int] | None = None,
     ) -> HeartbeatReply:
         now = time.monotonic()
         live = self._liveness.get(broker_id)
@@ -351,6 +365,8 @@ class Controller:
         live.last_heartbeat = now
         live.applied_version = applied_version
         live.open_partitions = open_partitions
+        if high_watermarks is not None:
+            live.high_watermarks = high_watermarks
         if live.fenced_at is not None:
             return HeartbeatReply(0.0, self.metadata.version, self.metadata.controller_epoch, True,
                                   "fenced: a partition did not close in time")  # fmt: skip
@@ -366,12 +382,16 @@ class Controller:
         if part is not None and part.moving and part.original_replicas == [broker_id]:
             self._closed_reports.add(tp)
             self._wake.set()
+        if is_physical_topic(tp.topic):
+            self.static.partition_closed(broker_id, tp)
 
     def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
         live = self._liveness.get(broker_id)
         if live is not None:
             live.open_partitions[tp] = epoch
         self._observe_opened(tp, broker_id, epoch)
+        if is_physical_topic(tp.topic):
+            self.static.partition_opened(broker_id, tp)
 
     def _is_current(self, broker_id: int, incarnation: str | None) -> bool:
         """A request from an older incarnation of a broker (a pod deleted with grace period 0
@@ -397,6 +417,7 @@ class Controller:
         self._emit("BrokerDraining", f"moving every partition off broker {broker_id}",
                    {"broker": broker_id})  # fmt: skip
         await self.rebalance(reason=f"draining broker {broker_id}")
+        self._wake.set()  # static topics remap the broker's logic queues (next tick)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self._led_by(broker_id):
@@ -479,7 +500,9 @@ class Controller:
         for new in topics:
             try:
                 validate_topic_name(new.name)
-                if new.name in INTERNAL_TOPICS and not new.internal:
+                if (
+                    new.name in INTERNAL_TOPICS or is_physical_topic(new.name)
+                ) and not new.internal:
                     raise TopicAlreadyExists(f"topic {new.name!r} is internal")
                 if new.name in meta.topics or new.name in seen:
                     raise TopicAlreadyExists(f"topic {new.name!r} already exists")
@@ -541,10 +564,14 @@ class Controller:
                 def mutate(m: ClusterMetadata) -> None:
                     for n in doomed:
                         topic = m.topics.pop(n)
+                        if topic.kind == "static":  # its data is in its physical topic
+                            m.static_topics.pop(n, None)
+                            topic = m.topics.pop(physical_topic_name(n), topic)
                         m.pending_deletions.append((topic.name, topic.topic_id))
 
                 await self._commit_locked(mutate)
                 for name in doomed:
+                    self.static.forget(name)
                     for tp in [tp for tp in self._move_versions if tp.topic == name]:
                         self._move_versions.pop(tp, None)
                         self.moves.mark(tp, Phase.FAILED, "topic deleted")
@@ -567,6 +594,10 @@ class Controller:
                 return TopicResult(name, UnknownTopic(f"topic {name!r} does not exist"))
             current = len(topic.partitions)
             try:
+                if topic.pinned:
+                    raise InvalidPartitions(
+                        f"{name!r} is a static topic: its {current} logic queues are fixed"
+                    )
                 validate_partition_count(total)
                 if total <= current:
                     raise InvalidPartitions(
@@ -612,7 +643,13 @@ class Controller:
             except ValueError as exc:
                 return TopicResult(name, exc)
             if not validate_only:
-                await self._commit_locked(lambda m: setattr(m.topics[name], "configs", configs))
+
+                def mutate(m: ClusterMetadata) -> None:
+                    m.topics[name].configs = configs
+                    if m.topics[name].kind == "static":  # its physical queues follow
+                        m.topics[physical_topic_name(name)].configs = dict(configs)
+
+                await self._commit_locked(mutate)
             snapshot = self.snapshot()
         if not validate_only:
             await self._push(snapshot)
@@ -678,6 +715,11 @@ class Controller:
             for entry in entries:
                 try:
                     validate_plan([entry], meta)
+                    if meta.topics[entry.tp.topic].pinned:
+                        raise InvalidPlan(
+                            f"{entry.tp}: a static topic's queues move by remapping "
+                            "(`tidalmq static-topic remap`), not by reassignment"
+                        )
                     if entry.target is not None:
                         broker = meta.brokers[entry.target]
                         if broker.state != "alive":
@@ -718,7 +760,12 @@ class Controller:
             brokers = self._placeable_brokers(meta)
             if not brokers:
                 raise NoBrokers("no live broker to balance onto")
-            plan = balance_counts(current_assignment(meta, topics), brokers)
+            movable = {
+                tp: b
+                for tp, b in current_assignment(meta, topics).items()
+                if not meta.topics[tp.topic].pinned
+            }
+            plan = balance_counts(movable, brokers)
             if dry_run or not plan.moves:
                 return plan
             entries = [PlanEntry(m.partition, m.target) for m in plan.moves]  # type: ignore[arg-type]
@@ -780,9 +827,9 @@ class Controller:
     # ---------------------------------------------------------------- the loop
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that
+            # arrives as the event is set, and stop() then waits for this loop forever
             try:
-                # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives
-                # as the event is set, and stop() would then wait for this loop forever
                 async with asyncio.timeout(self.settings.tick_s):
                     await self._wake.wait()
             except TimeoutError:
@@ -840,10 +887,12 @@ class Controller:
             snapshot = self.snapshot() if changed else None
         if snapshot is not None:
             await self._push(snapshot)
-        # 4. data of deleted topics, once no broker has their partitions open
+        # 4. static topics: remaps, repairs, cleanup (each runs as its own task)
+        self.static.tick()
+        # 5. data of deleted topics, once no broker has their partitions open
         if self.metadata.pending_deletions and (self._cleaning is None or self._cleaning.done()):
             self._cleaning = asyncio.create_task(self._clean_deleted_topics(), name="topic cleanup")
-        # 5. targets that report their partition open: the move is done
+        # 6. targets that report their partition open: the move is done
         for status in self.moves.active():
             if status.phase is Phase.OPENING and status.epoch is not None:
                 live = self._liveness.get(status.target)
@@ -955,6 +1004,8 @@ class Controller:
             live = self._placeable_brokers(meta)
             assignment: dict[TopicPartition, int | None] = {}
             for name, topic in meta.topics.items():
+                if topic.pinned:
+                    continue  # static topics: self.static remaps their logic queues
                 for i, part in enumerate(topic.partitions):
                     if part.moving:
                         continue  # the election step handles moves (dead source: elect now)
@@ -1075,6 +1126,40 @@ class Controller:
 
     def broker_liveness(self) -> dict[int, BrokerLiveness]:
         return dict(self._liveness)
+
+    # ---------------------------------------------------------------- for static topics
+    async def update(self, mutate: Callable[[ClusterMetadata], object]) -> int:
+        """Commit one change (applied to a copy; nothing is committed if `mutate` raises),
+        push it, and return the new metadata version."""
+        async with self._lock:
+            await self._commit_locked(mutate)
+            snapshot = self.snapshot()
+        await self._push(snapshot)
+        return snapshot.version
+
+    def fence_broker(self, broker_id: int, reason: str) -> None:
+        """Stop renewing a broker's lease (it gives up its partitions and re-registers)."""
+        live = self._liveness.get(broker_id)
+        if live is not None and live.fenced_at is None:
+            live.fenced_at = time.monotonic()
+            log.warning("fencing broker %d: %s", broker_id, reason)
+            self._emit("BrokerFenced", f"broker {broker_id}: {reason}", {"broker": broker_id})
+
+    def known_high_watermarks(self) -> dict[TopicPartition, int]:
+        """Physical queues' high watermarks as the brokers last reported them."""
+        out: dict[TopicPartition, int] = {}
+        for live in self._liveness.values():
+            out.update(live.high_watermarks)
+        return out
+
+    def deferred(self, tp: TopicPartition) -> bool:
+        return tp in self._deferred
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def emit(self, reason: str, message: str, fields: dict[str, Any]) -> None:
+        self._emit(reason, message, fields)
 
     async def _commit_locked(self, mutate: Callable[[ClusterMetadata], object]) -> None:
         new = self.metadata.copy()

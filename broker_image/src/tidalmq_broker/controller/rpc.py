@@ -22,6 +22,7 @@ from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, Pla
 from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
 from tidalmq_broker.controller import controller as ctl
+from tidalmq_broker.static_topics.http import add_static_topic_routes
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ def _result(doc: dict[str, Any]) -> ctl.TopicResult:
 class ControllerClient(Protocol):
     async def register_broker(self, info: BrokerInfo, channel: Any) -> ClusterMetadata: ...
     async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
-                        open_partitions: dict[TopicPartition, int]) -> ctl.HeartbeatReply: ...  # fmt: skip
+                        open_partitions: dict[TopicPartition, int],
+                        high_watermarks: dict[TopicPartition, int] | None = None) -> ctl.HeartbeatReply: ...  # fmt: skip
     async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None: ...
     async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None: ...
     async def fetch_metadata(self) -> ClusterMetadata: ...
@@ -104,9 +106,10 @@ class LocalControllerClient:
         return await self.controller.register_broker(info, channel)
 
     async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
-                        open_partitions: dict[TopicPartition, int]) -> ctl.HeartbeatReply:  # fmt: skip
+                        open_partitions: dict[TopicPartition, int],
+                        high_watermarks: dict[TopicPartition, int] | None = None) -> ctl.HeartbeatReply:  # fmt: skip
         return await self.controller.heartbeat(
-            broker_id, incarnation, applied_version, open_partitions
+            broker_id, incarnation, applied_version, open_partitions, high_watermarks
         )
 
     async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
@@ -196,10 +199,12 @@ class HttpControllerClient:
         return ClusterMetadata.from_json(doc["metadata"])
 
     async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
-                        open_partitions: dict[TopicPartition, int]) -> ctl.HeartbeatReply:  # fmt: skip
+                        open_partitions: dict[TopicPartition, int],
+                        high_watermarks: dict[TopicPartition, int] | None = None) -> ctl.HeartbeatReply:  # fmt: skip
         doc = await self._call("/v1/brokers/heartbeat", {
             "broker_id": broker_id, "incarnation": incarnation, "applied_version": applied_version,
             "open": [[tp.topic, tp.partition, e] for tp, e in open_partitions.items()],
+            "hwm": [[tp.topic, tp.partition, h] for tp, h in (high_watermarks or {}).items()],
         }, timeout_s=2.0)  # fmt: skip
         return ctl.HeartbeatReply(**doc["reply"])
 
@@ -317,6 +322,7 @@ class ControllerServer:
         r.add_get("/v1/moves", self._moves)
         r.add_post("/v1/rebalance", self._rebalance)
         r.add_get("/healthz", self._healthz)
+        add_static_topic_routes(r, controller)
 
     async def start(self, host: str, port: int) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
@@ -359,9 +365,11 @@ class ControllerServer:
     async def _heartbeat(self, request: web.Request) -> web.Response:
         b = await self._body(request)
         open_partitions = {TopicPartition(t, int(p)): int(e) for t, p, e in b["open"]}
+        hwms = {TopicPartition(t, int(p)): int(h) for t, p, h in b.get("hwm", [])}
         reply = await self.controller.heartbeat(
-            int(b["broker_id"]), b["incarnation"], int(b["applied_version"]), open_partitions
-        )
+            int(b["broker_id"]), b["incarnation"], int(b["applied_version"]), open_partitions,
+            hwms,
+        )  # fmt: skip
         return self._ok({"reply": reply.to_json()})
 
     async def _drain(self, request: web.Request) -> web.Response:

@@ -61,6 +61,22 @@ class CoordinatorError(Exception):
         self.code = code
 
 
+class OffsetKeys:
+    """Where committed offsets are stored. The identity, except for static topics (seed 002),
+    whose offsets go under the physical queue leading the logic queue at commit time and are
+    read with Double-Read-Check (see tidalmq_broker.static_topics.service)."""
+
+    def commit_key(self, topic: str, partition: int) -> tuple[str, int]:
+        return topic, partition
+
+    def read_keys(self, topic: str, partition: int) -> list[tuple[str, int]]:
+        return [(topic, partition)]
+
+    def logical(self, topic: str, partition: int) -> tuple[tuple[str, int], int] | None:
+        """(the partition clients know, rank among keys of that partition), None if stale."""
+        return (topic, partition), 0
+
+
 @dataclass(frozen=True, slots=True)
 class CommittedOffset:
     offset: int
@@ -71,8 +87,15 @@ class CommittedOffset:
 class GroupShard:
     """The groups of one `__consumer_offsets` partition led by this broker."""
 
-    def __init__(self, partition: int, plog: PartitionLog, settings: GroupSettings) -> None:
+    def __init__(
+        self,
+        partition: int,
+        plog: PartitionLog,
+        settings: GroupSettings,
+        keys: OffsetKeys | None = None,
+    ) -> None:
         self.partition = partition
+        self._keys = keys or OffsetKeys()
         self._log = plog
         self._settings = settings
         self.groups: dict[str, Group] = {}
@@ -445,7 +468,8 @@ class GroupShard:
             value = OffsetValue(
                 committed.offset, committed.leader_epoch, committed.metadata, now_ms
             )
-            to_write.append((OffsetKey(group_id, topic, partition), value))
+            stored = self._keys.commit_key(topic, partition)
+            to_write.append((OffsetKey(group_id, *stored), value))
             results[(topic, partition)] = ErrorCode.none
         if to_write:
             try:
@@ -463,11 +487,21 @@ class GroupShard:
         self, group_id: str, partitions: list[tuple[str, int]] | None
     ) -> dict[tuple[str, int], CommittedOffset]:
         table = self.offsets.get(group_id, {})
-        if partitions is None:
-            partitions = sorted(table)
         out: dict[tuple[str, int], CommittedOffset] = {}
+        if partitions is None:  # every partition the group has an offset for
+            ranked: dict[tuple[str, int], tuple[int, OffsetValue]] = {}
+            for key, value in table.items():
+                found = self._keys.logical(*key)
+                if found is not None and found[1] >= ranked.get(found[0], (-2, value))[0]:
+                    ranked[found[0]] = (found[1], value)
+            return {
+                tp: CommittedOffset(v.offset, v.leader_epoch, v.metadata)
+                for tp, (_, v) in sorted(ranked.items())
+            }
         for tp in partitions:
-            value = table.get(tp)
+            value = next(
+                (table[k] for k in self._keys.read_keys(*tp) if k in table), None
+            )  # Double-Read-Check for static topics: the newest key that has one
             if value is None:
                 out[tp] = CommittedOffset(-1, -1, "")
             else:
@@ -490,14 +524,20 @@ class GroupShard:
             }
         else:
             blocked = {}
-        doomed = [tp for tp in partitions if tp not in blocked and table and tp in table]
+        doomed = [
+            key
+            for tp in partitions
+            if tp not in blocked and table
+            for key in self._keys.read_keys(*tp)
+            if key in table
+        ]
         if doomed:
             try:
                 await self._append([(OffsetKey(group_id, t, p), None) for t, p in doomed])
             except (StorageError, CoordinatorError) as exc:
                 return _storage_code(exc), {}
-            for tp in doomed:
-                table.pop(tp, None)  # type: ignore[union-attr]
+            for key in doomed:
+                table.pop(key, None)  # type: ignore[union-attr]
         return ErrorCode.none, {tp: blocked.get(tp, ErrorCode.none) for tp in partitions}
 
     async def delete_group(self, group_id: str) -> int:
@@ -654,6 +694,7 @@ class GroupCoordinator:
         self._offsets_partitions = offsets_partitions
         self._shards: dict[int, GroupShard] = {}
         self._loads: dict[int, asyncio.Task[None]] = {}
+        self.offset_keys = OffsetKeys()
 
     def partition_for(self, group_id: str) -> int:
         n = self._offsets_partitions()
@@ -673,7 +714,7 @@ class GroupCoordinator:
             load.cancel()
         if plog is None:
             return
-        shard = GroupShard(tp.partition, plog, self._settings)
+        shard = GroupShard(tp.partition, plog, self._settings, self.offset_keys)
         self._shards[tp.partition] = shard
 
         async def load_shard() -> None:

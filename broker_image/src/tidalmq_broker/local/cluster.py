@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 from tidalmq_core.metadata import ClusterMetadata
+from tidalmq_core.static_mapping import PHYSICAL_PREFIX
 
 from tidalmq_broker.commands import wait_for_signal
 from tidalmq_broker.controller.controller import Controller, ControllerSettings
@@ -93,6 +94,7 @@ class LocalCluster:
             ObjectStoreMetadataStore(self._store),
             _controller_settings(),
             topic_data_deleter=functools.partial(delete_topic_data, self._store),
+            object_store=self._store,
         )
         await self.controller.start()
         self.server = ControllerServer(self.controller)
@@ -198,8 +200,17 @@ class LocalCluster:
         meta = self.controller.metadata if self.controller else ClusterMetadata("")
         led: dict[int, int] = {}
         for topic in meta.topics.values():
-            for part in topic.partitions:
-                led[part.leader] = led.get(part.leader, 0) + 1
+            # a static topic's Kafka view has no storage of its own, and its sealed physical
+            # queues have no leader on purpose: count its writable physical queues only
+            if topic.kind == "static":
+                continue
+            wanted = None
+            if topic.kind == "physical":
+                state = meta.static_topics.get(topic.name[len(PHYSICAL_PREFIX) :])
+                wanted = state.view().writable() if state is not None else set()
+            for i, part in enumerate(topic.partitions):
+                if wanted is None or i in wanted:
+                    led[part.leader] = led.get(part.leader, 0) + 1
         active, recent = self.controller.move_statuses() if self.controller else ([], [])
         rows = []
         for broker_id in sorted(set(meta.brokers) | set(self.brokers)):

@@ -285,6 +285,27 @@ class Partition:
             await future
         return result
 
+    def producer_entry(self, producer_id: int) -> ProducerEntry | None:
+        """What this partition knows of an idempotent producer (including appends in flight)."""
+        return self._producers.producers.get(producer_id)
+
+    def adopt_producer(self, producer_id: int, entry: ProducerEntry) -> bool:
+        """Double-Read-Check of idempotent-producer state (static topics, seed 002): a producer
+        unknown here continues from the state the previous physical queue of its logic queue
+        kept (`entry`, its batches translated into this partition's offsets: a retry of a batch
+        written there is then answered as a duplicate instead of written twice). Nothing is
+        copied at the remap; this runs on the producer's first batch here. False if this
+        partition knows the producer already."""
+        if producer_id in self._producers.producers:
+            return False
+        adopted = ProducerEntry(entry.epoch, entry.batches.copy(), entry.last_seen_ms)
+        self._producers.producers[producer_id] = adopted
+        self._durable_producers.producers[producer_id] = ProducerEntry(
+            entry.epoch, entry.batches.copy(), entry.last_seen_ms
+        )
+        self._version += 1
+        return True
+
     def _undo_producers(self, undo: dict[int, ProducerEntry | None]) -> None:
         for pid, entry in undo.items():
             if entry is None:

@@ -7,6 +7,8 @@ the engines' garbage collection.
 
 from __future__ import annotations
 
+from tidalmq_core.model import TopicPartition
+
 from tidalmq_broker.storage import keys
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 
@@ -22,3 +24,12 @@ async def delete_topic_data(store: ObjectStore, topic: str, topic_id: str) -> in
         batch = [o.key for o in objects[:1000]]
         await store.delete(batch)
         deleted += len(batch)
+
+
+async def delete_partition_data(store: ObjectStore, tp: TopicPartition, topic_id: str) -> int:
+    """Delete one partition's checkpoint and segments (a static topic's expired physical
+    queue); its WAL ranges go with the garbage collection as for a deleted topic."""
+    objects = await store.list(keys.partition_prefix(tp, topic_id))
+    if objects:
+        await store.delete([o.key for o in objects])
+    return len(objects)

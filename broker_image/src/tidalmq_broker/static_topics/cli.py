@@ -1,0 +1,232 @@
+"""`tidalmq static-topic`: describe, list, create, remap and repair static topics (seed 002).
+
+`describe` works through the Kafka protocol (`--bootstrap-server`, any broker: the mapping is in
+every broker's metadata, exposed as read-only `static.*` topic configs) or through the controller
+(`--controller-url`, or the local cluster's state file). The other commands change the mapping,
+so they go to the controller's HTTP API. On Kubernetes, create and remap with `kubectl apply` of
+a StaticTopic instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tidalmq_broker.static_topics.describe import MAPPING_KEY
+
+TOPIC_RESOURCE = 2
+
+
+class CliError(Exception):
+    pass
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "static-topic", help="static topics: fixed logic queues over remappable physical queues",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    cmds = p.add_subparsers(dest="static_command", metavar="ACTION", required=True)
+
+    d = cmds.add_parser("describe", help="logic queues, their broker, gen and items; the mapping")
+    d.add_argument("name")
+    d.add_argument("--json", action="store_true", help="print the whole description as JSON")
+    _where(d, kafka=True)
+    d.set_defaults(handler=_describe)
+
+    ls = cmds.add_parser("list", help="names of the static topics")
+    _where(ls)
+    ls.set_defaults(handler=_list)
+
+    c = cmds.add_parser("create", help="create a static topic")
+    c.add_argument("name")
+    c.add_argument("--queues", type=int, required=True, help="number of logic queues (fixed)")
+    c.add_argument("--brokers", help="comma-separated broker ids that may host it (default all)")
+    c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--jump", type=int, help="availability remaps: largest logic-offset jump")
+    _where(c)
+    c.set_defaults(handler=_create)
+
+    r = cmds.add_parser("remap", help="move logic queues to other brokers (no data moves)")
+    r.add_argument("name")
+    r.add_argument("--move", action="append", required=True, metavar="QUEUE:BROKER[:MODE]",
+                   help="mode strict (block old, then switch) or available (switch new first)")  # fmt: skip
+    _where(r)
+    r.set_defaults(handler=_remap)
+
+    rp = cmds.add_parser("repair", help="finish an interrupted remap (copies at different epochs)")
+    rp.add_argument("name")
+    _where(rp)
+    rp.set_defaults(handler=_repair)
+
+
+def _where(p: argparse.ArgumentParser, *, kafka: bool = False) -> None:
+    if kafka:
+        p.add_argument("--bootstrap-server", help="HOST:PORT of any broker (Kafka protocol)")
+    p.add_argument("--controller-url", default=os.environ.get("TIDALMQ_CONTROLLER_URL"),
+                   help="the controller's HTTP API (default: $TIDALMQ_CONTROLLER_URL or the local "
+                        "cluster's)")  # fmt: skip
+    p.add_argument("--data-dir", default=".tidalmq/local", help="local cluster state directory")
+
+
+# ------------------------------------------------------------------------------ transports
+def _controller(args: argparse.Namespace) -> str:
+    if args.controller_url:
+        return str(args.controller_url).rstrip("/")
+    state = Path(args.data_dir) / "cluster.json"
+    try:
+        return str(json.loads(state.read_text())["controller_url"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise CliError(
+            "no controller: pass --controller-url (or --bootstrap-server for describe), or "
+            f"start a local cluster (no {state})"
+        ) from exc
+
+
+def _post(args: argparse.Namespace, path: str, body: dict[str, Any]) -> Any:
+    base = _controller(args)
+    req = urllib.request.Request(
+        base + path, data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            doc = json.loads(resp.read())
+    except (OSError, urllib.error.URLError) as exc:
+        raise CliError(f"cannot reach the controller at {base}: {exc}") from exc
+    if "fault" in doc:
+        raise CliError(doc["fault"]["message"])
+    return doc.get("result", doc)
+
+
+def _describe_over_kafka(bootstrap: str, name: str) -> dict[str, Any]:
+    from tidalmq_broker.admin_client import AdminClient, AdminError
+
+    try:
+        with AdminClient(bootstrap) as admin:
+            resp = admin.call(32, 4, {
+                "resources": [{"resource_type": TOPIC_RESOURCE, "resource_name": name,
+                               "configuration_keys": [MAPPING_KEY]}],
+                "include_synonyms": False, "include_documentation": False,
+            })  # fmt: skip
+    except AdminError as exc:
+        raise CliError(str(exc)) from exc
+    (result,) = resp.results
+    if result.error_code != 0:
+        raise CliError(f"topic {name}: {result.error_message or result.error_code.name}")
+    for entry in result.configs:
+        if entry.name == MAPPING_KEY:
+            return json.loads(entry.value)
+    raise CliError(f"{name} is not a static topic")
+
+
+# ------------------------------------------------------------------------------- commands
+def _run(fn: Any, args: argparse.Namespace) -> int:
+    try:
+        return int(fn(args) or 0)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def format_description(d: dict[str, Any]) -> str:
+    state = "consistent" if d["consistent"] else "INCONSISTENT"
+    brokers = "all brokers" if d.get("brokers") is None else f"brokers {d['brokers']}"
+    lines = [
+        f"static topic {d['name']}: {d['totalQueues']} logic queues on {brokers}, "
+        f"epoch {d['epoch']}, {state}",
+        f"{'QUEUE':>5} {'BROKER':>6} {'LEADER':>6} {'GEN':>4} {'ITEMS':>5} {'LOGIC-OFFSET':>12} "
+        f"{'PHYSICAL':>8}",
+    ]
+    for q in d["queues"]:
+        leader = "-" if q["leader"] < 0 else str(q["leader"])
+        lines.append(
+            f"{q['queue']:>5} {q['broker']:>6} {leader:>6} {q['gen']:>4} {q['items']:>5} "
+            f"{q['logicOffset']:>12} {q['physicalQueue']:>8}"
+        )
+    copies = ", ".join(f"{b}@{c['epoch']}" for b, c in d.get("copies", {}).items())
+    lines.append(f"copies (broker@epoch): {copies}")
+    for problem in d.get("problems", []) + d.get("ignored", []):
+        lines.append(f"problem: {problem}")
+    if d.get("lastError"):
+        lines.append(f"last error: {d['lastError']}")
+    return "\n".join(lines)
+
+
+def _describe(args: argparse.Namespace) -> int:
+    def run(args: argparse.Namespace) -> None:
+        if args.bootstrap_server:
+            d = _describe_over_kafka(args.bootstrap_server, args.name)
+        else:
+            d = _post(args, "/v1/static-topics/describe", {"name": args.name})
+        print(json.dumps(d, indent=2) if args.json else format_description(d))
+
+    return _run(run, args)
+
+
+def _list(args: argparse.Namespace) -> int:
+    def run(args: argparse.Namespace) -> None:
+        base = _controller(args)
+        try:
+            with urllib.request.urlopen(base + "/v1/static-topics", timeout=30) as resp:
+                names = json.loads(resp.read())["names"]
+        except OSError as exc:
+            raise CliError(f"cannot reach the controller at {base}: {exc}") from exc
+        print("\n".join(names))
+
+    return _run(run, args)
+
+
+def _create(args: argparse.Namespace) -> int:
+    def run(args: argparse.Namespace) -> None:
+        configs = {}
+        for item in args.config:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise CliError(f"--config {item!r}: expected KEY=VALUE")
+            configs[key] = value
+        brokers = [int(b) for b in args.brokers.split(",")] if args.brokers else None
+        d = _post(args, "/v1/static-topics/create", {
+            "name": args.name, "total_queues": args.queues, "brokers": brokers,
+            "configs": configs, "jump": args.jump,
+        })  # fmt: skip
+        print(format_description(d))
+
+    return _run(run, args)
+
+
+def _remap(args: argparse.Namespace) -> int:
+    def run(args: argparse.Namespace) -> None:
+        moves = []
+        for item in args.move:
+            parts = item.split(":")
+            if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2]):
+                raise CliError(f"--move {item!r}: expected QUEUE:BROKER[:strict|available]")
+            move: dict[str, Any] = {"queue": int(parts[0]), "broker": int(parts[1])}
+            if len(parts) == 3:
+                move["mode"] = parts[2]
+            moves.append(move)
+        records = _post(args, "/v1/static-topics/remap", {"name": args.name, "moves": moves})
+        for r in records:
+            opened = f"{r['opened_ms']:.0f} ms" if r["opened_ms"] is not None else "not yet"
+            jump = f", logic offsets jumped by {r['jump']}" if r["jump"] else ""
+            print(f"queue {r['queue']}: broker {r['source']} -> {r['target']} ({r['mode']}), "
+                  f"physical queue {r['old_physical']} -> {r['new_physical']}, served after "
+                  f"{opened}{jump}")  # fmt: skip
+        if not records:
+            print("nothing to do: every queue is already there")
+
+    return _run(run, args)
+
+
+def _repair(args: argparse.Namespace) -> int:
+    def run(args: argparse.Namespace) -> None:
+        print(format_description(_post(args, "/v1/static-topics/repair", {"name": args.name})))
+
+    return _run(run, args)

@@ -1,0 +1,122 @@
+"""A logic queue over two physical queues on real storage (local directory and S3): reads across
+the boundary in logic offsets, and idempotent producers continuing on the new physical queue
+(Double-Read-Check of their state: duplicates recognised, a batch that overtook a refused one
+refused retriably instead of failing the producer)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from tidalmq_broker.partitions import PartitionManager
+from tidalmq_broker.static_topics.service import StaticTopicService
+from tidalmq_broker.storage.api import OutOfOrderSequence, PartitionClosing, PartitionConfig
+from tidalmq_broker.storage.sealed import seal_partition
+from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, PartitionState, TopicInfo
+from tidalmq_core.model import TopicPartition
+from tidalmq_core.static_mapping import MappingItem, StaticTopicState, distribute
+
+from tests.integration.storage.conftest import Cluster
+from tests.support.storage_helpers import batch, batches_of, payload
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
+
+NAME = "ledger"
+PHYS = f"__sq.{NAME}"
+PID = 77
+
+
+def metadata(old_end: int, *, sealed: bool = True) -> ClusterMetadata:
+    """Logic queue 0 of static topic `ledger`: physical queue 0 (broker 0, gen 0, offsets
+    0..old_end-1), then physical queue 1 on broker 1 from logic offset old_end."""
+    old = MappingItem(0, 0, 0, 0, 0, old_end if sealed else -1, time_of_end=1)
+    new = MappingItem(1, 1, 1, old_end if sealed else -1, 0, tentative_offset=old_end + 100)
+    state = StaticTopicState(NAME, 1, None)
+    state.copies = distribute({0: [old, new]}, 1, 1, (0, 1))
+    meta = ClusterMetadata("c", version=5, static_topics={NAME: state})
+    meta.topics[NAME] = TopicInfo(NAME, str(uuid.uuid4()), [PartitionState(1, 3, [1])],
+                                  kind="static")  # fmt: skip
+    meta.topics[PHYS] = TopicInfo(
+        PHYS, "6a1f0c3e-0000-4000-8000-0000000000bb",
+        [PartitionState(NO_LEADER, 1, [0]), PartitionState(1, 0, [1])], internal=True,
+        kind="physical",
+    )  # fmt: skip
+    return meta
+
+
+async def setup(cluster: Cluster, *, sealed: bool = True) -> tuple[StaticTopicService, list[bytes]]:
+    old_broker = await cluster.engine(0)
+    old_tp = TopicPartition(PHYS, 0)
+    topic_id = "6a1f0c3e-0000-4000-8000-0000000000bb"
+    log = await old_broker.open_partition(old_tp, topic_id, 0, PartitionConfig())
+    sent = []
+    for seq in range(0, 10, 2):  # an idempotent producer wrote sequences 0-9 there
+        b = batch(2, tag=b"old%d" % seq, producer_id=PID, producer_epoch=0, base_sequence=seq)
+        sent.append(b)
+        await log.append(b)
+    await old_broker.close_partition(old_tp)
+    if sealed:
+        await seal_partition(cluster.inspector(), old_tp, topic_id)
+    new_broker = await cluster.engine(1)
+    meta = metadata(10, sealed=sealed)
+    partitions = PartitionManager(new_broker, 1)
+    partitions.apply(meta)
+    assert await partitions.wait_settled(10)
+    service = StaticTopicService(1, lambda: meta, partitions, new_broker.store)
+    partitions.logic_queues = service
+    return service, sent
+
+
+async def test_reads_cross_the_boundary_in_logic_offsets(cluster: Cluster) -> None:
+    service, sent = await setup(cluster)
+    log = service._partitions.get_log(TopicPartition(NAME, 0))
+    result = await log.append(batch(3, tag=b"new"))
+    assert (result.base_offset, result.last_offset) == (10, 12)
+    assert log.log_start_offset == 0 and log.high_watermark == 13
+    got = []
+    offset = 0
+    while offset < log.high_watermark:
+        read = await log.read(offset, 1 << 20)
+        for base, last, tail in batches_of(read.records):
+            got.append((base, last, tail))
+            offset = last + 1
+    assert [(b, last) for b, last, _ in got] == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 12)]
+    assert [t[4:] for _, _, t in got[:5]] == [payload(b)[4:] for b in sent]  # bytes untouched
+    found = await log.offset_for_timestamp(0)
+    assert found is not None and found.offset == 0
+    # the hidden physical topic is not for clients
+    with pytest.raises(ValueError, match="physical queues"):
+        service._partitions.get_log(TopicPartition(PHYS, 1))
+
+
+async def test_idempotent_producers_continue_on_the_new_physical_queue(cluster: Cluster) -> None:
+    service, _ = await setup(cluster)
+    log = service._partitions.get_log(TopicPartition(NAME, 0))
+
+    def idem(seq: int) -> bytes:
+        return batch(2, tag=b"s%d" % seq, producer_id=PID, producer_epoch=0, base_sequence=seq)
+
+    # a retry of a batch the old physical queue has is a duplicate, with its logic offsets
+    dup = await log.append(idem(8))
+    assert dup.duplicate and (dup.base_offset, dup.last_offset) == (8, 9)
+    # a batch that overtook the next one is refused retriably (NOT_LEADER_OR_FOLLOWER)...
+    with pytest.raises(PartitionClosing, match="retry in order"):
+        await log.append(idem(12))
+    # ... the next one is accepted, then the overtaken one
+    assert (await log.append(idem(10))).base_offset == 10
+    assert (await log.append(idem(12))).base_offset == 12
+    # once the producer appended here, a real gap is the usual fatal error
+    with pytest.raises(OutOfOrderSequence):
+        await log.append(idem(20))
+
+
+async def test_while_the_old_queue_is_closing_its_producers_wait(cluster: Cluster) -> None:
+    service, _ = await setup(cluster, sealed=False)
+    log = service._partitions.get_log(TopicPartition(NAME, 0))
+    with pytest.raises(PartitionClosing, match="still closing"):
+        await log.append(batch(2, producer_id=PID, producer_epoch=0, base_sequence=10))
+    # a new producer (sequence 0) does not need the old state: answered at the tentative offset
+    fresh = await log.append(batch(2, producer_id=78, producer_epoch=0, base_sequence=0))
+    assert fresh.base_offset == 110
+    # reads of the undecided new item wait for its logic offset to be fixed
+    assert (await log.read(10, 1 << 20)).records == b""
