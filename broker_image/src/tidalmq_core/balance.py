@@ -16,9 +16,9 @@ so topics stay spread over the fleet.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 P = TypeVar("P", bound=Hashable)
 
@@ -45,6 +45,28 @@ def _topic_of(partition: Hashable) -> Hashable:
     return partition
 
 
+def _split_live(
+    assignment: Mapping[P, int | None], live: Sequence[int]
+) -> tuple[dict[int, list[P]], list[P]]:
+    """The partitions each live broker holds, and those without a live broker (orphans)."""
+    live_set = set(live)
+    holding: dict[int, list[P]] = defaultdict(list)
+    orphans: list[P] = []
+    for partition, broker in assignment.items():
+        if broker is not None and broker in live_set:
+            holding[broker].append(partition)
+        else:
+            orphans.append(partition)
+    return holding, orphans
+
+
+def _topic_counts(
+    holding: Mapping[int, Sequence[Hashable]], live: Sequence[int]
+) -> dict[int, Counter[Hashable]]:
+    """Per live broker, how many partitions of each topic it holds."""
+    return {b: Counter(_topic_of(p) for p in holding.get(b, ())) for b in live}
+
+
 def count_targets(current: Mapping[int, int], brokers: Sequence[int], total: int) -> dict[int, int]:
     """How many partitions each live broker should hold: floor or ceil of the average, the
     ceilings going to the brokers that hold the most already (fewest moves)."""
@@ -60,20 +82,11 @@ def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -
     live = sorted(set(brokers))
     if not live:
         raise ValueError("no live brokers to balance onto")
-    live_set = set(live)
-    holding: dict[int, list[P]] = defaultdict(list)
-    orphans: list[P] = []
-    for partition, broker in assignment.items():
-        if broker is not None and broker in live_set:
-            holding[broker].append(partition)
-        else:
-            orphans.append(partition)
+    holding, orphans = _split_live(assignment, live)
     counts = {b: len(holding[b]) for b in live}
     targets = count_targets(counts, live, len(assignment))
 
-    topic_count: dict[int, Counter[Hashable]] = {
-        b: Counter(_topic_of(p) for p in holding[b]) for b in live
-    }
+    topic_count = _topic_counts(holding, live)
     # a topic's fair share per broker: moves prefer partitions of topics a broker holds more
     # of than its share, and land where the topic is least represented, so every topic
     # spreads over the fleet while the total number of moves stays at the lower bound
@@ -135,17 +148,424 @@ def place_orphans(assignment: Mapping[P, int | None], brokers: Sequence[int]) ->
     live = sorted(set(brokers))
     if not live:
         raise ValueError("no live brokers")
-    live_set = set(live)
-    counts = Counter(b for b in assignment.values() if b in live_set)
-    topic_count: dict[int, Counter[Hashable]] = defaultdict(Counter)
-    for p, b in assignment.items():
-        if b in live_set:
-            topic_count[b][_topic_of(p)] += 1
+    holding, orphans = _split_live(assignment, live)
+    counts = {b: len(holding[b]) for b in live}
+    topic_count = _topic_counts(holding, live)
     out: dict[P, int] = {}
-    for p in sorted((p for p, b in assignment.items() if b not in live_set), key=repr):
+    for p in sorted(orphans, key=repr):
         topic = _topic_of(p)
         target = min(live, key=lambda b: (counts[b], topic_count[b][topic], b))
         counts[target] += 1
         topic_count[target][topic] += 1
         out[p] = target
     return out
+
+
+# ------------------------------------------------------------------------------- load balance
+_EPS = 1e-9  # in units of the mean broker load
+
+
+@dataclass(slots=True)
+class LoadPlan(Plan):
+    """What `balance_load` proposes and what it achieves.
+
+    Broker loads are absolute, one value per load dimension in the caller's order. `cap` and
+    `floor` are per dimension, as multiples of the mean broker load: the band the plan aims for
+    (`cap` is above the threshold where one partition alone carries more than that).
+    """
+
+    brokers: list[int] = field(default_factory=list)
+    before: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    after: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    lower_bound: int = 0
+    cap: tuple[float, ...] = ()
+    floor: tuple[float, ...] = ()
+    balanced: bool = True  # every broker ends within [floor, cap] x mean in every dimension
+    within_threshold: bool = True  # every broker ends at most cap x mean (the floor may be unmet)
+    stopped: str = "balanced"  # balanced | budget (move budget spent) | stuck (no move helps)
+
+    def imbalance_before(self) -> tuple[float, ...]:
+        return imbalances(self.before)
+
+    def imbalance_after(self) -> tuple[float, ...]:
+        return imbalances(self.after)
+
+
+def imbalances(loads: Mapping[int, Sequence[float]]) -> tuple[float, ...]:
+    """max / mean per dimension of broker load vectors (1.0 for an idle dimension)."""
+    if not loads:
+        return ()
+    dims = len(next(iter(loads.values())))
+    return tuple(imbalance({b: v[d] for b, v in loads.items()}) for d in range(dims))
+
+
+def balance_load(
+    assignment: Mapping[P, int | None],
+    load: Mapping[P, Sequence[float]],
+    brokers: Sequence[int],
+    *,
+    threshold: float | Sequence[float] = 1.10,
+    floor: float | Sequence[float] | None = None,
+    max_moves: int | None = None,
+) -> LoadPlan:
+    """Balance per-partition load vectors (e.g. bytes in, bytes out) over `brokers`, moving as
+    few partitions as possible.
+
+    Goal: in every dimension d, every broker's load lies within [floor_d, cap_d] x the mean
+    broker load, where cap_d is `threshold` (raised to the largest single partition's load when
+    one partition alone exceeds it: no plan can do better) and floor_d defaults to
+    2 - threshold (so a broker that just joined takes its share). Partitions whose broker is
+    not in `brokers` (or None) are always placed; they count against `max_moves`, which bounds
+    all moves. Partitions absent from `load` weigh nothing.
+
+    Method: greedy on the total violation V (how far brokers lie outside the band, summed in
+    units of the mean). Each step takes the broker furthest outside the band and makes the
+    single move into or out of it that lowers V most (or, when no single move helps, the best
+    swap with another broker); ties go to the move that brings both brokers closer to the mean,
+    then from the broker with more partitions to the one with fewer (partition count is the
+    tie-break), then to the broker holding fewer partitions of the topic. A partition moves at
+    most once and every move lowers V, so the loop ends.
+
+    `lower_bound` is a bound no plan reaching the band can beat: a broker above its cap must
+    shed at least as many partitions as it takes of its own largest ones to get below it, a
+    broker under its floor must receive at least as many as it takes of the largest partitions
+    elsewhere, and each move has one source and one target.
+    """
+    live = sorted(set(brokers))
+    if not live:
+        raise ValueError("no live brokers to balance onto")
+    holding, orphans = _split_live(assignment, live)
+    dims = _dimensions(load)
+    caps_in = _per_dim(threshold, dims, "threshold")
+    if any(c < 1.0 for c in caps_in):
+        raise ValueError(f"threshold must be at least 1.0 (got {threshold})")
+    floors_in = _per_dim(floor, dims, "floor") if floor is not None else [2.0 - c for c in caps_in]
+    state = _LoadState(assignment, load, live, holding, orphans, dims, caps_in, floors_in)
+    before = state.absolute()
+
+    # 1. partitions without a live broker: largest first, where they add the least violation
+    for i in sorted((state.index[p] for p in orphans), key=lambda i: (-sum(state.u[i]), i)):
+        state.move(i, min(live, key=lambda b, i=i: state.placement_cost(i, b)))
+
+    # 2. greedy moves towards the band
+    budget = (max_moves - len(state.moves)) if max_moves is not None else len(assignment) + 1
+    stopped = "balanced"
+    while True:
+        outside = sorted(
+            (b for b in live if state.viol(state.level[b]) > _EPS),
+            key=lambda b: (-state.viol(state.level[b]), b),
+        )
+        if not outside:
+            break
+        if budget <= 0:
+            stopped = "budget"
+            break
+        # the broker furthest outside the band first (trying every broker at each step costs
+        # several times more and, on skewed fleets, found no shorter plans)
+        best = state.best_move(outside[:1])
+        if best is not None:
+            state.move(*best)
+            budget -= 1
+            continue
+        swap = None
+        if budget >= 2:
+            for b in outside:
+                swap = state.best_swap(b)
+                if swap is not None:
+                    break
+        if swap is None:
+            stopped = "stuck"
+            break
+        (i, bi), (j, bj) = swap
+        state.move(i, bj)
+        state.move(j, bi)
+        budget -= 2
+
+    balanced = all(state.viol(state.level[b]) <= _EPS for b in live)
+    within = all(x <= h + _EPS for b in live for x, h in zip(state.level[b], state.hi, strict=True))
+    return LoadPlan(
+        assignment={p: _placed(state.owner[state.index[p]]) for p in assignment},  # type: ignore[misc]
+        moves=[
+            Move(state.parts[i], assignment[state.parts[i]] if src < 0 else src, dst)
+            for i, src, dst in state.moves
+        ],
+        brokers=live,
+        before=before,
+        after=state.absolute(),
+        lower_bound=state.lower_bound,
+        cap=state.cap_all,
+        floor=state.floor_all,
+        balanced=balanced,
+        within_threshold=within,
+        stopped="balanced" if balanced else stopped,
+    )
+
+
+def _placed(broker: int) -> int:
+    if broker < 0:  # pragma: no cover - every orphan is placed before the result is built
+        raise AssertionError("a partition was left without a broker")
+    return broker
+
+
+class _LoadState:
+    """The working state of `balance_load`: partitions by index, normalised load vectors (the
+    mean broker load is 1.0 in every dimension that carries load), per-broker levels."""
+
+    def __init__(
+        self,
+        assignment: Mapping[Any, int | None],
+        load: Mapping[Any, Sequence[float]],
+        live: list[int],
+        holding: Mapping[int, list[Any]],
+        orphans: list[Any],
+        dims: int,
+        caps_in: list[float],
+        floors_in: list[float],
+    ) -> None:
+        self.live = live
+        self.dims = dims
+        self.parts: list[Any] = sorted(assignment, key=repr)
+        self.index = {p: i for i, p in enumerate(self.parts)}
+        zero = (0.0,) * dims
+        raw = [tuple(float(x) for x in load.get(p, zero)) for p in self.parts]
+        n = len(live)
+        self.means = [sum(v[d] for v in raw) / n for d in range(dims)]
+        self.active = [d for d in range(dims) if self.means[d] > 0]
+        self.u: list[tuple[float, ...]] = [
+            tuple(v[d] / self.means[d] for d in self.active) for v in raw
+        ]
+        biggest = [max((u[k] for u in self.u), default=0.0) for k in range(len(self.active))]
+        self.hi = [max(caps_in[d], biggest[k]) for k, d in enumerate(self.active)]
+        self.lo = [max(0.0, min(floors_in[d], 1.0)) for d in self.active]
+        self.cap_all = tuple(caps_in)
+        self.floor_all = tuple(max(0.0, min(f, 1.0)) for f in floors_in)
+        for k, d in enumerate(self.active):
+            self.cap_all = (*self.cap_all[:d], self.hi[k], *self.cap_all[d + 1 :])
+        topics: dict[Hashable, int] = {}
+        self.topic = [topics.setdefault(_topic_of(p), len(topics)) for p in self.parts]
+        self.owner = [-1] * len(self.parts)
+        self.on: dict[int, set[int]] = {b: set() for b in live}
+        self.level: dict[int, list[float]] = {b: [0.0] * len(self.active) for b in live}
+        self.topic_count: dict[int, Counter[int]] = {b: Counter() for b in live}
+        for b in live:
+            for p in holding.get(b, ()):
+                self._add(self.index[p], b)
+        self.moved = bytearray(len(self.parts))
+        self.moves: list[tuple[int, int, int]] = []
+        self.lower_bound = self._lower_bound([self.index[p] for p in orphans])
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _add(self, i: int, b: int) -> None:
+        lv = self.level[b]
+        for k, x in enumerate(self.u[i]):
+            lv[k] += x
+        self.owner[i] = b
+        self.on[b].add(i)
+        self.topic_count[b][self.topic[i]] += 1
+
+    def _remove(self, i: int, b: int) -> None:
+        lv = self.level[b]
+        for k, x in enumerate(self.u[i]):
+            lv[k] -= x
+        self.on[b].discard(i)
+        self.topic_count[b][self.topic[i]] -= 1
+
+    def move(self, i: int, target: int) -> None:
+        source = self.owner[i]
+        if source >= 0:
+            self._remove(i, source)
+        self._add(i, target)
+        self.moved[i] = 1
+        self.moves.append((i, source, target))
+
+    def absolute(self) -> dict[int, tuple[float, ...]]:
+        out = {}
+        for b in self.live:
+            v = [0.0] * self.dims
+            for k, d in enumerate(self.active):
+                v[d] = self.level[b][k] * self.means[d]
+            out[b] = tuple(v)
+        return out
+
+    # ------------------------------------------------------------------ scoring
+    def viol(self, lv: Sequence[float]) -> float:
+        v = 0.0
+        for x, h, low in zip(lv, self.hi, self.lo, strict=True):
+            if x > h:
+                v += x - h
+            elif x < low:
+                v += low - x
+        return v
+
+    def _viol_shift(self, lv: Sequence[float], u: Sequence[float], sign: float) -> float:
+        v = 0.0
+        for x, y, h, low in zip(lv, u, self.hi, self.lo, strict=True):
+            z = x + sign * y
+            if z > h:
+                v += z - h
+            elif z < low:
+                v += low - z
+        return v
+
+    @staticmethod
+    def _sq_shift(lv: Sequence[float], u: Sequence[float], sign: float) -> float:
+        return sum((x + sign * y - 1.0) ** 2 for x, y in zip(lv, u, strict=True))
+
+    def placement_cost(self, i: int, b: int) -> tuple[float, float, int, int, int]:
+        lv, u = self.level[b], self.u[i]
+        return (
+            self._viol_shift(lv, u, 1.0) - self.viol(lv),
+            self._sq_shift(lv, u, 1.0) - self._sq_shift(lv, u, 0.0),
+            len(self.on[b]),
+            self.topic_count[b][self.topic[i]],
+            b,
+        )
+
+    def _tie_key(self, i: int, s: int, r: int) -> tuple[float, int, int, int, int]:
+        ls, lr, u = self.level[s], self.level[r], self.u[i]
+        closer = (
+            self._sq_shift(ls, u, 0.0)
+            + self._sq_shift(lr, u, 0.0)
+            - self._sq_shift(ls, u, -1.0)
+            - self._sq_shift(lr, u, 1.0)
+        )
+        t = self.topic[i]
+        return (
+            closer,
+            len(self.on[s]) - len(self.on[r]),
+            self.topic_count[s][t] - self.topic_count[r][t],
+            -i,
+            -r,
+        )
+
+    def best_move(self, outside: Sequence[int]) -> tuple[int, int] | None:
+        """The single move out of a broker above its cap or into a broker below its floor that
+        lowers the total violation most: (partition index, target)."""
+        best_gain = _EPS
+        best: tuple[int, int, int] | None = None
+        best_key: tuple[float, int, int, int, int] | None = None
+        base = {x: self.viol(lv) for x, lv in self.level.items()}
+
+        def consider(i: int, s: int, r: int, gain: float) -> None:
+            nonlocal best_gain, best, best_key
+            key = self._tie_key(i, s, r)
+            if best is None or gain > best_gain + _EPS or key > best_key:  # type: ignore[operator]
+                best_gain, best, best_key = max(gain, best_gain), (i, s, r), key
+
+        u, moved, shift, level = self.u, self.moved, self._viol_shift, self.level
+        over = [b for b in outside if any(x > h + _EPS for x, h in zip(level[b], self.hi, strict=True))]  # fmt: skip
+        under = [b for b in outside if any(x < lo - _EPS for x, lo in zip(level[b], self.lo, strict=True))]  # fmt: skip
+        for s in over:
+            # what s sheds does not depend on the receiver
+            ls = level[s]
+            for i in self.on[s]:
+                if moved[i] or not any(u[i]):
+                    continue
+                out = base[s] - shift(ls, u[i], -1.0)
+                for r, lr in level.items():
+                    if r != s:
+                        gain = out + base[r] - shift(lr, u[i], 1.0)
+                        if gain >= best_gain - _EPS:
+                            consider(i, s, r, gain)
+        if under:
+            for s, ls in level.items():
+                for i in self.on[s]:
+                    if moved[i] or not any(u[i]):
+                        continue
+                    out = base[s] - shift(ls, u[i], -1.0)
+                    for r in under:
+                        if r != s:
+                            gain = out + base[r] - shift(level[r], u[i], 1.0)
+                            if gain >= best_gain - _EPS:
+                                consider(i, s, r, gain)
+        if best is None:
+            return None
+        return best[0], best[2]
+
+    def best_swap(self, b: int, width: int = 24) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """The exchange of a partition of `b` with one of another broker that lowers the total
+        violation most, for when no single move helps (every candidate is too big for any
+        receiver). Only the `width` largest and smallest partitions of each broker are tried."""
+
+        def ends(x: int) -> list[int]:
+            ps = sorted((i for i in self.on[x] if not self.moved[i]), key=lambda i: sum(self.u[i]))
+            return ps[:width] + ps[-width:] if len(ps) > 2 * width else ps
+
+        mine = ends(b)
+        best: tuple[float, tuple[int, int], tuple[int, int]] | None = None
+        vb = self.viol(self.level[b])
+        for r, lr in self.level.items():
+            if r == b:
+                continue
+            vr = self.viol(lr)
+            for j in ends(r):
+                for i in mine:
+                    diff = [x - y for x, y in zip(self.u[i], self.u[j], strict=True)]
+                    gain = (
+                        vb
+                        + vr
+                        - self._viol_shift(self.level[b], diff, -1.0)
+                        - self._viol_shift(lr, diff, 1.0)
+                    )
+                    if gain > _EPS and (best is None or gain > best[0]):
+                        best = (gain, (i, b), (j, r))
+        if best is None:
+            return None
+        return best[1], best[2]
+
+    # ------------------------------------------------------------------ lower bound
+    def _lower_bound(self, orphans: list[int]) -> int:
+        shed = 0
+        for b in self.live:
+            need = 0
+            for k, h in enumerate(self.hi):
+                excess = self.level[b][k] - h
+                if excess > _EPS:
+                    sizes = sorted((self.u[i][k] for i in self.on[b]), reverse=True)
+                    need = max(need, _fewest_covering(sizes, excess))
+            shed += need
+        receive = 0
+        ranked = [
+            sorted(((self.u[i][k], self.owner[i]) for i in range(len(self.parts))), reverse=True)
+            for k in range(len(self.lo))
+        ]
+        for b in self.live:
+            need = 0
+            for k, low in enumerate(self.lo):
+                deficit = low - self.level[b][k]
+                if deficit > _EPS:
+                    sizes = (x for x, owner in ranked[k] if owner != b)
+                    need = max(need, _fewest_covering(sizes, deficit))
+            receive += need
+        return max(len(orphans) + shed, receive)
+
+
+def _dimensions(load: Mapping[Any, Sequence[float]]) -> int:
+    dims = {len(v) for v in load.values()}
+    if len(dims) > 1:
+        raise ValueError(f"load vectors differ in length: {sorted(dims)}")
+    for p, v in load.items():
+        for x in v:
+            if not (0.0 <= x < float("inf")):
+                raise ValueError(f"load of {p} must be finite and non-negative: {tuple(v)}")
+    return dims.pop() if dims else 1
+
+
+def _per_dim(value: float | Sequence[float], dims: int, name: str) -> list[float]:
+    if isinstance(value, int | float):
+        return [float(value)] * dims
+    values = [float(x) for x in value]
+    if len(values) != dims:
+        raise ValueError(f"{name} has {len(values)} values for {dims} load dimensions")
+    return values
+
+
+def _fewest_covering(sizes: Iterable[float], amount: float) -> int:
+    """How many of `sizes` (largest first) it takes to add up to `amount`; 0 when they cannot
+    (the goal is out of reach, and a lower bound must not count it)."""
+    total = 0.0
+    for k, x in enumerate(sizes, 1):
+        total += x
+        if total >= amount - _EPS:
+            return k
+    return 0
