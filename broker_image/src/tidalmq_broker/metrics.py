@@ -3,6 +3,9 @@ _seconds, _bytes). Storage metrics live in storage/metrics.py."""
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from tidalmq_broker.server.listener import RequestObserver
@@ -17,14 +20,25 @@ REQUEST_SECONDS = Histogram(
     "tidalmq_request_seconds", "Kafka request latency", ["broker", "api"], buckets=_LATENCY_BUCKETS
 )
 REQUEST_BYTES = Counter("tidalmq_request_bytes_total", "Request bytes received", ["broker", "api"])
+# Per partition and broker: a partition's series live on the broker that leads it, from the
+# open to the close (so a leadership change starts a new series instead of mixing two brokers).
 BYTES_IN = Counter(
-    "tidalmq_partition_bytes_in_total", "Record batch bytes appended", ["topic", "partition"]
+    "tidalmq_partition_bytes_in_total",
+    "Record batch bytes appended",
+    ["broker", "topic", "partition"],
 )
 RECORDS_IN = Counter(
-    "tidalmq_partition_records_in_total", "Records appended", ["topic", "partition"]
+    "tidalmq_partition_records_in_total", "Records appended", ["broker", "topic", "partition"]
 )
 BYTES_OUT = Counter(
-    "tidalmq_partition_bytes_out_total", "Record batch bytes fetched", ["topic", "partition"]
+    "tidalmq_partition_bytes_out_total",
+    "Record batch bytes fetched",
+    ["broker", "topic", "partition"],
+)
+LEADER_EPOCH = Gauge(
+    "tidalmq_partition_leader_epoch",
+    "Leader epoch of each partition this broker has open (present only while it leads it)",
+    ["broker", "topic", "partition"],
 )
 PRODUCE_ERRORS = Counter(
     "tidalmq_produce_errors_total", "Produce partition errors", ["topic", "error"]
@@ -43,6 +57,8 @@ class BrokerMetrics(RequestObserver):
     def __init__(self, broker_id: int, api_names: dict[int, str]) -> None:
         self._broker = str(broker_id)
         self._api_names = api_names
+        # label children per partition, resolved once (labels() is slow on the hot path)
+        self._partitions: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
 
     def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
         name = self._api_names.get(api_key, str(api_key))
@@ -52,13 +68,38 @@ class BrokerMetrics(RequestObserver):
         if error:
             REQUEST_ERRORS.labels(self._broker, name).inc()
 
+    def _partition(self, topic: str, partition: int) -> tuple[Any, Any, Any]:
+        children = self._partitions.get((topic, partition))
+        if children is None:
+            labels = (self._broker, topic, str(partition))
+            children = (
+                BYTES_IN.labels(*labels),
+                RECORDS_IN.labels(*labels),
+                BYTES_OUT.labels(*labels),
+            )
+            self._partitions[(topic, partition)] = children
+        return children
+
     def produced(self, topic: str, partition: int, size: int, records: int) -> None:
-        p = str(partition)
-        BYTES_IN.labels(topic, p).inc(size)
-        RECORDS_IN.labels(topic, p).inc(records)
+        children = self._partition(topic, partition)
+        children[0].inc(size)
+        children[1].inc(records)
 
     def fetched(self, topic: str, partition: int, size: int) -> None:
-        BYTES_OUT.labels(topic, str(partition)).inc(size)
+        self._partition(topic, partition)[2].inc(size)
+
+    def partition_led(self, topic: str, partition: int, epoch: int) -> None:
+        """The partition opened here: its series appear (at zero traffic too)."""
+        self._partition(topic, partition)
+        LEADER_EPOCH.labels(self._broker, topic, str(partition)).set(epoch)
+
+    def partition_released(self, topic: str, partition: int) -> None:
+        """The partition closed here: its series go (Prometheus marks them stale)."""
+        self._partitions.pop((topic, partition), None)
+        labels = (self._broker, topic, str(partition))
+        for metric in (BYTES_IN, RECORDS_IN, BYTES_OUT, LEADER_EPOCH):
+            with contextlib.suppress(KeyError):
+                metric.remove(*labels)
 
     def produce_errors(self, topic: str, error: str) -> None:
         PRODUCE_ERRORS.labels(topic, error).inc()
