@@ -16,7 +16,7 @@ so topics stay spread over the fleet.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -207,6 +207,7 @@ def balance_load(
     threshold: float | Sequence[float] = 1.10,
     floor: float | Sequence[float] | None = None,
     max_moves: int | None = None,
+    movable: Collection[P] | None = None,
 ) -> LoadPlan:
     """Balance per-partition load vectors (e.g. bytes in, bytes out) over `brokers`, moving as
     few partitions as possible.
@@ -216,7 +217,8 @@ def balance_load(
     one partition alone exceeds it: no plan can do better) and floor_d defaults to
     2 - threshold (so a broker that just joined takes its share). Partitions whose broker is
     not in `brokers` (or None) are always placed; they count against `max_moves`, which bounds
-    all moves. Partitions absent from `load` weigh nothing.
+    all moves. Partitions absent from `load` weigh nothing. With `movable`, only those
+    partitions move (the others count, where they are); orphans are placed regardless.
 
     Method: greedy on the total violation V (how far brokers lie outside the band, summed in
     units of the mean). Each step takes the broker furthest outside the band and makes the
@@ -240,7 +242,7 @@ def balance_load(
     if any(c < 1.0 for c in caps_in):
         raise ValueError(f"threshold must be at least 1.0 (got {threshold})")
     floors_in = _per_dim(floor, dims, "floor") if floor is not None else [2.0 - c for c in caps_in]
-    state = _LoadState(assignment, load, live, holding, orphans, dims, caps_in, floors_in)
+    state = _LoadState(assignment, load, live, holding, orphans, dims, caps_in, floors_in, movable)
     before = state.absolute()
 
     # 1. partitions without a live broker: largest first, where they add the least violation
@@ -321,6 +323,7 @@ class _LoadState:
         dims: int,
         caps_in: list[float],
         floors_in: list[float],
+        movable: Collection[Any] | None,
     ) -> None:
         self.live = live
         self.dims = dims
@@ -350,7 +353,12 @@ class _LoadState:
         for b in live:
             for p in holding.get(b, ()):
                 self._add(self.index[p], b)
+        # a partition moves at most once: moved (or pinned, when not movable) partitions stay
         self.moved = bytearray(len(self.parts))
+        if movable is not None:
+            allowed = set(movable)
+            for i, p in enumerate(self.parts):
+                self.moved[i] = p not in allowed
         self.moves: list[tuple[int, int, int]] = []
         self.lower_bound = self._lower_bound([self.index[p] for p in orphans])
 
@@ -521,12 +529,21 @@ class _LoadState:
             for k, h in enumerate(self.hi):
                 excess = self.level[b][k] - h
                 if excess > _EPS:
-                    sizes = sorted((self.u[i][k] for i in self.on[b]), reverse=True)
+                    sizes = sorted(
+                        (self.u[i][k] for i in self.on[b] if not self.moved[i]), reverse=True
+                    )
                     need = max(need, _fewest_covering(sizes, excess))
             shed += need
         receive = 0
         ranked = [
-            sorted(((self.u[i][k], self.owner[i]) for i in range(len(self.parts))), reverse=True)
+            sorted(
+                (
+                    (self.u[i][k], self.owner[i])
+                    for i in range(len(self.parts))
+                    if not self.moved[i]
+                ),
+                reverse=True,
+            )
             for k in range(len(self.lo))
         ]
         for b in self.live:

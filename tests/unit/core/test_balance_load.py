@@ -271,3 +271,15 @@ def test_large_skewed_fleet_within_the_benchmark_bar() -> None:
     assert plan.balanced
     assert max(imbalances(plan.after)) <= 1.1 + 1e-9
     assert len(plan.moves) <= 1.2 * plan.lower_bound
+
+
+def test_only_movable_partitions_move() -> None:
+    assignment = {TP("a", i): 0 for i in range(6)} | {TP("b", i): 0 for i in range(6)}
+    load = {tp: (10.0,) for tp in assignment}
+    plan = balance_load(
+        assignment, load, [0, 1], movable=[tp for tp in assignment if tp.topic == "b"]
+    )
+    assert plan.balanced and len(plan.moves) == 6 == plan.lower_bound
+    assert all(m.partition.topic == "b" for m in plan.moves)
+    pinned = balance_load(assignment, load, [0, 1], movable=[TP("b", 0)])
+    assert [m.partition for m in pinned.moves] == [TP("b", 0)] and pinned.stopped == "stuck"
