@@ -163,6 +163,7 @@ def place_orphans(assignment: Mapping[P, int | None], brokers: Sequence[int]) ->
 
 # ------------------------------------------------------------------------------- load balance
 _EPS = 1e-9  # in units of the mean broker load
+_WORSE = float("inf")
 
 
 @dataclass(slots=True)
@@ -220,13 +221,16 @@ def balance_load(
     all moves. Partitions absent from `load` weigh nothing. With `movable`, only those
     partitions move (the others count, where they are); orphans are placed regardless.
 
-    Method: greedy on the total violation V (how far brokers lie outside the band, summed in
-    units of the mean). Each step takes the broker furthest outside the band and makes the
-    single move into or out of it that lowers V most (or, when no single move helps, the best
-    swap with another broker); ties go to the move that brings both brokers closer to the mean,
+    Method: greedy on the total violation V (per broker and dimension, the squared distance
+    outside the band, in units of the mean). Each step takes the broker furthest outside the
+    band and makes the single move into or out of it that lowers V most (or, when no single
+    move helps, the best swap with another broker). A move may not make any broker worse in
+    any dimension (no trading one broker's excess for another's), so V falls at every step.
+    Ties go to the move that adds no partition to the plan (a partition that already moved
+    may move again or go back), then to the one that brings both brokers closer to the mean,
     then from the broker with more partitions to the one with fewer (partition count is the
-    tie-break), then to the broker holding fewer partitions of the topic. A partition moves at
-    most once and every move lowers V, so the loop ends.
+    tie-break), then to the broker holding fewer partitions of the topic. Finally, moves that
+    the end result does not need are undone.
 
     `lower_bound` is a bound no plan reaching the band can beat: a broker above its cap must
     shed at least as many partitions as it takes of its own largest ones to get below it, a
@@ -250,46 +254,45 @@ def balance_load(
         state.move(i, min(live, key=lambda b, i=i: state.placement_cost(i, b)))
 
     # 2. greedy moves towards the band
-    budget = (max_moves - len(state.moves)) if max_moves is not None else len(assignment) + 1
+    budget = max_moves if max_moves is not None else len(assignment) + 1
     stopped = "balanced"
-    while True:
+    for _ in range(4 * len(assignment) + 100):  # every step lowers V; this only bounds time
         outside = sorted(
             (b for b in live if state.viol(state.level[b]) > _EPS),
             key=lambda b: (-state.viol(state.level[b]), b),
         )
         if not outside:
             break
-        if budget <= 0:
-            stopped = "budget"
-            break
+        spare = budget - state.moved_count
         # the broker furthest outside the band first (trying every broker at each step costs
         # several times more and, on skewed fleets, found no shorter plans)
-        best = state.best_move(outside[:1])
+        best = state.best_move(outside[:1], spare)
         if best is not None:
             state.move(*best)
-            budget -= 1
             continue
         swap = None
-        if budget >= 2:
-            for b in outside:
-                swap = state.best_swap(b)
-                if swap is not None:
-                    break
+        for b in outside:
+            swap = state.best_swap(b, spare)
+            if swap is not None:
+                break
         if swap is None:
-            stopped = "stuck"
+            stopped = "budget" if spare <= 0 else "stuck"
             break
         (i, bi), (j, bj) = swap
         state.move(i, bj)
         state.move(j, bi)
-        budget -= 2
+
+    # 3. moves the end result does not need: send partitions back where that costs nothing
+    state.prune()
 
     balanced = all(state.viol(state.level[b]) <= _EPS for b in live)
     within = all(x <= h + _EPS for b in live for x, h in zip(state.level[b], state.hi, strict=True))
     return LoadPlan(
         assignment={p: _placed(state.owner[state.index[p]]) for p in assignment},  # type: ignore[misc]
         moves=[
-            Move(state.parts[i], assignment[state.parts[i]] if src < 0 else src, dst)
-            for i, src, dst in state.moves
+            Move(state.parts[i], assignment[state.parts[i]], state.owner[i])
+            for i in state.first_moved
+            if state.owner[i] != state.original[i]
         ],
         brokers=live,
         before=before,
@@ -353,13 +356,16 @@ class _LoadState:
         for b in live:
             for p in holding.get(b, ()):
                 self._add(self.index[p], b)
-        # a partition moves at most once: moved (or pinned, when not movable) partitions stay
-        self.moved = bytearray(len(self.parts))
+        # partitions that may not move (not movable); orphans are placed regardless
+        self.pinned = bytearray(len(self.parts))
         if movable is not None:
             allowed = set(movable)
             for i, p in enumerate(self.parts):
-                self.moved[i] = p not in allowed
-        self.moves: list[tuple[int, int, int]] = []
+                self.pinned[i] = p not in allowed
+        self.original = list(self.owner)  # -1: an orphan
+        self.first_moved: list[int] = []  # partitions in the order they first moved
+        self._listed: set[int] = set()
+        self.moved_count = 0  # partitions away from their original broker
         self.lower_bound = self._lower_bound([self.index[p] for p in orphans])
 
     # ------------------------------------------------------------------ bookkeeping
@@ -383,8 +389,10 @@ class _LoadState:
         if source >= 0:
             self._remove(i, source)
         self._add(i, target)
-        self.moved[i] = 1
-        self.moves.append((i, source, target))
+        if i not in self._listed:
+            self._listed.add(i)
+            self.first_moved.append(i)
+        self.moved_count += (target != self.original[i]) - (source != self.original[i])
 
     def absolute(self) -> dict[int, tuple[float, ...]]:
         out = {}
@@ -397,22 +405,34 @@ class _LoadState:
 
     # ------------------------------------------------------------------ scoring
     def viol(self, lv: Sequence[float]) -> float:
+        """How far a broker lies outside the band: the sum over dimensions of the squared
+        distance (squares make a broker short of two resources fill the scarcer one first)."""
         v = 0.0
         for x, h, low in zip(lv, self.hi, self.lo, strict=True):
             if x > h:
-                v += x - h
+                v += (x - h) ** 2
             elif x < low:
-                v += low - x
+                v += (low - x) ** 2
         return v
 
-    def _viol_shift(self, lv: Sequence[float], u: Sequence[float], sign: float) -> float:
+    def _viol_shift(
+        self, lv: Sequence[float], u: Sequence[float], sign: float, strict: bool = True
+    ) -> float:
+        """The violation of broker level `lv` after adding sign x `u`; infinite when that makes
+        any one dimension worse (a move may not trade one broker's or one dimension's
+        violation for another's: the broker that just joined must not become a dump for a hot
+        broker's partitions, and partitions move only once)."""
         v = 0.0
         for x, y, h, low in zip(lv, u, self.hi, self.lo, strict=True):
             z = x + sign * y
             if z > h:
-                v += z - h
+                if strict and z > x + _EPS and z > h + _EPS:
+                    return _WORSE
+                v += (z - h) ** 2
             elif z < low:
-                v += low - z
+                if strict and z < x - _EPS and z < low - _EPS:
+                    return _WORSE
+                v += (low - z) ** 2
         return v
 
     @staticmethod
@@ -422,7 +442,7 @@ class _LoadState:
     def placement_cost(self, i: int, b: int) -> tuple[float, float, int, int, int]:
         lv, u = self.level[b], self.u[i]
         return (
-            self._viol_shift(lv, u, 1.0) - self.viol(lv),
+            self._viol_shift(lv, u, 1.0, strict=False) - self.viol(lv),
             self._sq_shift(lv, u, 1.0) - self._sq_shift(lv, u, 0.0),
             len(self.on[b]),
             self.topic_count[b][self.topic[i]],
@@ -446,28 +466,38 @@ class _LoadState:
             -r,
         )
 
-    def best_move(self, outside: Sequence[int]) -> tuple[int, int] | None:
+    def cost(self, i: int, target: int) -> int:
+        """How many more partitions end away from their original broker after this move."""
+        o = self.original[i]
+        return (target != o) - (self.owner[i] != o)
+
+    def best_move(self, outside: Sequence[int], spare: int) -> tuple[int, int] | None:
         """The single move out of a broker above its cap or into a broker below its floor that
-        lowers the total violation most: (partition index, target)."""
+        lowers the total violation most, within `spare` more moved partitions: (partition
+        index, target). A partition that already moved may move again (its plan entry changes)
+        or go back (the entry goes)."""
         best_gain = _EPS
         best: tuple[int, int, int] | None = None
-        best_key: tuple[float, int, int, int, int] | None = None
+        best_key: tuple[Any, ...] | None = None
         base = {x: self.viol(lv) for x, lv in self.level.items()}
 
         def consider(i: int, s: int, r: int, gain: float) -> None:
             nonlocal best_gain, best, best_key
-            key = self._tie_key(i, s, r)
+            c = self.cost(i, r)
+            if c > spare:
+                return
+            key = (-c, *self._tie_key(i, s, r))
             if best is None or gain > best_gain + _EPS or key > best_key:  # type: ignore[operator]
                 best_gain, best, best_key = max(gain, best_gain), (i, s, r), key
 
-        u, moved, shift, level = self.u, self.moved, self._viol_shift, self.level
+        u, pinned, shift, level = self.u, self.pinned, self._viol_shift, self.level
         over = [b for b in outside if any(x > h + _EPS for x, h in zip(level[b], self.hi, strict=True))]  # fmt: skip
         under = [b for b in outside if any(x < lo - _EPS for x, lo in zip(level[b], self.lo, strict=True))]  # fmt: skip
         for s in over:
             # what s sheds does not depend on the receiver
             ls = level[s]
             for i in self.on[s]:
-                if moved[i] or not any(u[i]):
+                if pinned[i] or not any(u[i]):
                     continue
                 out = base[s] - shift(ls, u[i], -1.0)
                 for r, lr in level.items():
@@ -478,7 +508,7 @@ class _LoadState:
         if under:
             for s, ls in level.items():
                 for i in self.on[s]:
-                    if moved[i] or not any(u[i]):
+                    if pinned[i] or not any(u[i]):
                         continue
                     out = base[s] - shift(ls, u[i], -1.0)
                     for r in under:
@@ -490,24 +520,30 @@ class _LoadState:
             return None
         return best[0], best[2]
 
-    def best_swap(self, b: int, width: int = 24) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    def best_swap(
+        self, b: int, spare: int, width: int = 24
+    ) -> tuple[tuple[int, int], tuple[int, int]] | None:
         """The exchange of a partition of `b` with one of another broker that lowers the total
         violation most, for when no single move helps (every candidate is too big for any
         receiver). Only the `width` largest and smallest partitions of each broker are tried."""
 
         def ends(x: int) -> list[int]:
-            ps = sorted((i for i in self.on[x] if not self.moved[i]), key=lambda i: sum(self.u[i]))
+            ps = sorted((i for i in self.on[x] if not self.pinned[i]), key=lambda i: sum(self.u[i]))
             return ps[:width] + ps[-width:] if len(ps) > 2 * width else ps
 
         mine = ends(b)
-        best: tuple[float, tuple[int, int], tuple[int, int]] | None = None
+        best: tuple[float, int, tuple[int, int], tuple[int, int]] | None = None
         vb = self.viol(self.level[b])
         for r, lr in self.level.items():
             if r == b:
                 continue
             vr = self.viol(lr)
             for j in ends(r):
+                cj = self.cost(j, b)
                 for i in mine:
+                    c = self.cost(i, r) + cj
+                    if c > spare:
+                        continue
                     diff = [x - y for x, y in zip(self.u[i], self.u[j], strict=True)]
                     gain = (
                         vb
@@ -515,11 +551,25 @@ class _LoadState:
                         - self._viol_shift(self.level[b], diff, -1.0)
                         - self._viol_shift(lr, diff, 1.0)
                     )
-                    if gain > _EPS and (best is None or gain > best[0]):
-                        best = (gain, (i, b), (j, r))
+                    if gain > _EPS and (best is None or (gain, -c) > (best[0], -best[1])):
+                        best = (gain, c, (i, b), (j, r))
         if best is None:
             return None
-        return best[1], best[2]
+        return best[2], best[3]
+
+    def prune(self) -> None:
+        """Undo moves, latest first, where sending the partition back to its original broker
+        makes no broker and no dimension any worse (greedy steps that later steps made
+        unnecessary)."""
+        for i in reversed(self.first_moved):
+            s, o = self.owner[i], self.original[i]
+            if o < 0 or s == o:
+                continue
+            ls, lo = self.level[s], self.level[o]
+            after_s = self._viol_shift(ls, self.u[i], -1.0)
+            after_o = self._viol_shift(lo, self.u[i], 1.0)
+            if after_s + after_o <= self.viol(ls) + self.viol(lo) + _EPS:
+                self.move(i, o)
 
     # ------------------------------------------------------------------ lower bound
     def _lower_bound(self, orphans: list[int]) -> int:
@@ -530,7 +580,7 @@ class _LoadState:
                 excess = self.level[b][k] - h
                 if excess > _EPS:
                     sizes = sorted(
-                        (self.u[i][k] for i in self.on[b] if not self.moved[i]), reverse=True
+                        (self.u[i][k] for i in self.on[b] if not self.pinned[i]), reverse=True
                     )
                     need = max(need, _fewest_covering(sizes, excess))
             shed += need
@@ -540,7 +590,7 @@ class _LoadState:
                 (
                     (self.u[i][k], self.owner[i])
                     for i in range(len(self.parts))
-                    if not self.moved[i]
+                    if not self.pinned[i]
                 ),
                 reverse=True,
             )
