@@ -6,7 +6,8 @@
 The history is synthetic (tidalmq_planner.synthetic: lognormal topic heat, hot keys, a daily
 cycle per topic with spread peak hours, quieter weekends, noise, bursts, scrape gaps; bytes out
 = bytes in x 0-3 consumer groups), with Kafka's default placement over 19 brokers and a 20th
-that just joined; it is generated once into .cache/planner-bench/ (Parquet, ~760 MB).
+that just joined; it is generated once into ${TIDALMQ_CACHE_DIR:-.cache}/planner-bench/
+(Parquet, ~760 MB; point TIDALMQ_CACHE_DIR at a roomier disk, e.g. /dev/shm, if need be).
 
 What is timed is `tidalmq plan --history FILE` end to end, as a user runs it: a new process,
 Spark in local mode (JVM start included), reading the file, profiles in the Python workers,
@@ -55,7 +56,8 @@ def main() -> int:
 
     spec = Spec(partitions=args.partitions, brokers=args.brokers, days=args.days, step_s=args.step)
     t0 = time.perf_counter()
-    history = cached(spec, ROOT / ".cache" / "planner-bench")
+    cache = Path(os.environ.get("TIDALMQ_CACHE_DIR") or ROOT / ".cache") / "planner-bench"
+    history = cached(spec, cache)
     gen_s = time.perf_counter() - t0
     size_mb = history.stat().st_size / 1e6
     print(f"history: {history} ({size_mb:.0f} MB, {spec.points} points x {spec.partitions} "

@@ -1,14 +1,11 @@
-"""The operator's planner launch: the spark-submit command line, result reading, and the run
-loop against a stand-in Kubernetes API (the real run is the e2e test's: this checks the
-contract the handler relies on)."""
+"""The operator's planner launch: the spark-submit command line and reading the result (the run
+loop is tested against a real kube-apiserver in tests/integration/planner)."""
 
 from __future__ import annotations
 
 import base64
 import gzip
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +15,6 @@ from tidalmq_operator.planning import (
     PlannerJob,
     read_result,
     run_name,
-    run_planner,
     submit_command,
 )
 
@@ -109,84 +105,3 @@ def test_read_result_plain_and_compressed() -> None:
     assert plan == PLAN
     with pytest.raises(PlannerFailed, match=r"no plan\.json"):
         read_result({"data": {"summary.json": "{}"}})
-
-
-class FakeApiError(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status = status
-
-
-class FakeCore:
-    """CoreV1Api's four calls run_planner makes, over dicts."""
-
-    def __init__(self, phases: list[str], configmap: dict[str, Any] | None) -> None:
-        self.phases = phases
-        self.configmap = configmap
-        self.deleted: list[tuple[str, str]] = []
-
-    def read_namespaced_pod(self, name: str, namespace: str) -> dict[str, Any]:
-        if not self.phases:
-            raise FakeApiError(404)
-        phase = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
-        status: dict[str, Any] = {"phase": phase}
-        if phase == "Failed":
-            status["container_statuses"] = [{"name": "spark-kubernetes-driver", "state": {
-                "terminated": {"reason": "Error", "exit_code": 1, "message": "boom"}}}]  # fmt: skip
-        return {"status": status}
-
-    def read_namespaced_config_map(self, name: str, namespace: str) -> dict[str, Any]:
-        if self.configmap is None:
-            raise FakeApiError(404)
-        return self.configmap
-
-    def delete_namespaced_pod(self, name: str, namespace: str) -> None:
-        self.deleted.append(("pod", name))
-
-    def delete_namespaced_config_map(self, name: str, namespace: str) -> None:
-        self.deleted.append(("configmap", name))
-
-
-def fake_submit(tmp_path: Path, code: int = 0) -> list[str]:
-    script = tmp_path / "spark-submit"
-    script.write_text(f"import sys\nprint('submitted', sys.argv[1:3])\nsys.exit({code})\n")
-    return [sys.executable, str(script), "--master", "k8s://x"]
-
-
-async def test_run_planner_collects_the_plan_and_cleans_up(tmp_path: Path) -> None:
-    core = FakeCore(["Pending", "Running", "Succeeded"], {"data": {
-        "plan.json": PLAN, "summary.json": '{"moves": 1}', "report.txt": "t"}})  # fmt: skip
-    seen: list[str] = []
-    outcome = await run_planner(job(), core, command=fake_submit(tmp_path), poll_s=0.01,
-                                progress=lambda phase, msg: seen.append(phase))  # fmt: skip
-    assert [(e.tp.topic, e.tp.partition, e.target) for e in outcome.entries] == [("t", 0, 2)]
-    assert outcome.summary == {"moves": 1}
-    assert seen == ["Submitting", "Pending", "Running", "Succeeded", "Planned"]
-    assert ("pod", "tpr-rebalance-1a2b3c4d-driver") in core.deleted[-2:]
-    assert ("configmap", "tpr-rebalance-1a2b3c4d-plan") in core.deleted[-2:]
-
-
-async def test_run_planner_reports_a_failed_driver(tmp_path: Path) -> None:
-    core = FakeCore(["Running", "Failed"], None)
-    with pytest.raises(PlannerFailed, match=r"Error \(exit code 1\): boom"):
-        await run_planner(job(), core, command=fake_submit(tmp_path), poll_s=0.01)
-
-
-async def test_run_planner_reports_spark_submit_errors(tmp_path: Path) -> None:
-    with pytest.raises(PlannerFailed, match="spark-submit exited with 3"):
-        await run_planner(job(), FakeCore([], None), command=fake_submit(tmp_path, 3))
-    with pytest.raises(PlannerFailed, match="cannot run"):
-        await run_planner(job(), FakeCore([], None), command=[str(tmp_path / "missing")])
-
-
-async def test_run_planner_times_out(tmp_path: Path) -> None:
-    core = FakeCore(["Running"], None)
-    with pytest.raises(PlannerFailed, match="did not finish"):
-        await run_planner(job(), core, command=fake_submit(tmp_path), poll_s=0.01, timeout_s=0.2)
-    assert ("pod", "tpr-rebalance-1a2b3c4d-driver") in core.deleted
-
-
-async def test_run_planner_without_result(tmp_path: Path) -> None:
-    with pytest.raises(PlannerFailed, match="left no ConfigMap"):
-        await run_planner(job(), FakeCore(["Succeeded"], None), command=fake_submit(tmp_path),
-                          poll_s=0.01)  # fmt: skip
