@@ -13,8 +13,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from tidalmq_core.reassignment import parse_plan
+from tidalmq_operator.planning import read_result
 from tidalmq_planner.job import run, spark_session
 from tidalmq_planner.options import PlanRequest
+from tidalmq_planner.publish import configmap_body
 from tidalmq_planner.synthetic import Spec, generate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -71,6 +73,12 @@ def test_offline_plan_from_a_history_file(spark: Any, history: Path, tmp_path: P
     written = json.loads((tmp_path / "report" / "report.json").read_text())
     assert written["moves"] == report.moves
     assert (tmp_path / "report" / "load.png").read_bytes()[:4] == b"\x89PNG"
+
+    # what the driver hands the operator on Kubernetes reads back the same
+    plan_json, summary, table = read_result(configmap_body("offline-plan", result))
+    assert parse_plan(plan_json) == entries
+    assert summary["moves"] == report.moves and summary["lowerBound"] == plan.lower_bound
+    assert "imbalance" in table
 
     budget = run(PlanRequest(history=str(history), brokers=list(range(SPEC.brokers)),
                              max_moves=5), spark=spark)  # fmt: skip
