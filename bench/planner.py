@@ -119,10 +119,8 @@ def main() -> int:
         f"Python {platform.python_version()}), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"
         f"History: {spec.partitions} partitions x {spec.brokers} brokers x {spec.days:g} days at "
         f"{spec.step_s} s ({spec.points} points per metric), synthetic "
-        "(`tidalmq_planner.synthetic`), {size_mb:.0f} MB of Parquet; broker {spec.brokers - 1} just "
-        "joined (holds nothing), the others hold Kafka's default placement.\n\n".format(
-            size_mb=size_mb
-        )
+        f"(`tidalmq_planner.synthetic`), {size_mb:.0f} MB of Parquet; broker {spec.brokers - 1} "
+        "just joined (holds nothing), the others hold Kafka's default placement.\n\n"
         + "| figure | value | target |\n|---|---|---|\n"
         f"| plan time, whole `tidalmq plan` process (Spark local[{os.cpu_count()}]) | {wall:.1f} s | <= 120 s |\n"
         + "".join(f"| stage: {k} | {v:.1f} s | |\n" for k, v in timings.items())

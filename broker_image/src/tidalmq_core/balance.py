@@ -573,38 +573,40 @@ class _LoadState:
 
     # ------------------------------------------------------------------ lower bound
     def _lower_bound(self, orphans: list[int]) -> int:
-        shed = 0
+        movable = [i for i in range(len(self.parts)) if not self.pinned[i]]
+        shed = receive = 0
         for b in self.live:
-            need = 0
-            for k, h in enumerate(self.hi):
-                excess = self.level[b][k] - h
-                if excess > _EPS:
-                    sizes = sorted(
-                        (self.u[i][k] for i in self.on[b] if not self.pinned[i]), reverse=True
-                    )
-                    need = max(need, _fewest_covering(sizes, excess))
-            shed += need
-        receive = 0
-        ranked = [
-            sorted(
-                (
-                    (self.u[i][k], self.owner[i])
-                    for i in range(len(self.parts))
-                    if not self.pinned[i]
-                ),
+            lv = self.level[b]
+            excess = {k: lv[k] - h for k, h in enumerate(self.hi) if lv[k] - h > _EPS}
+            if excess:
+                shed += self._fewest([i for i in movable if self.owner[i] == b], excess)
+            deficit = {k: low - lv[k] for k, low in enumerate(self.lo) if low - lv[k] > _EPS}
+            if deficit:
+                receive += self._fewest([i for i in movable if self.owner[i] != b], deficit)
+        return max(len(orphans) + shed, receive)
+
+    def _fewest(self, candidates: list[int], need: Mapping[int, float]) -> int:
+        """A lower bound on how many of `candidates` it takes to reach `need[k]` of load in
+        every dimension k at once. Any such set also reaches any nonnegative combination of
+        the needs; a few combinations (each dimension alone, all equally, each one doubled) are
+        each bounded by their largest candidates, and the largest of those bounds holds. 0 when
+        some combination is out of reach (no plan meets the goal there)."""
+        dims = list(need)
+        weights = [{k: 1.0} for k in dims]
+        if len(dims) > 1:
+            weights.append(dict.fromkeys(dims, 1.0))
+            weights += [{k: 2.0 if k == j else 1.0 for k in dims} for j in dims]
+        best = 0
+        for lam in weights:
+            sizes = sorted(
+                (sum(w * self.u[i][k] / need[k] for k, w in lam.items()) for i in candidates),
                 reverse=True,
             )
-            for k in range(len(self.lo))
-        ]
-        for b in self.live:
-            need = 0
-            for k, low in enumerate(self.lo):
-                deficit = low - self.level[b][k]
-                if deficit > _EPS:
-                    sizes = (x for x, owner in ranked[k] if owner != b)
-                    need = max(need, _fewest_covering(sizes, deficit))
-            receive += need
-        return max(len(orphans) + shed, receive)
+            k = _fewest_covering(sizes, sum(lam.values()))
+            if k == 0:
+                return 0
+            best = max(best, k)
+        return best
 
 
 def _dimensions(load: Mapping[Any, Sequence[float]]) -> int:

@@ -34,7 +34,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_planner import assignment as sources
 from tidalmq_planner.history import SPARK_SCHEMA, Grid, format_duration, parse_duration
 from tidalmq_planner.options import STATISTICS, PlanRequest, options, request_from_args
-from tidalmq_planner.profile import PROFILE_SPARK_SCHEMA, profile_batches
+from tidalmq_planner.profiles import PROFILE_SPARK_SCHEMA, profile_batches
 from tidalmq_planner.report import (
     BrokerProjection,
     Report,
