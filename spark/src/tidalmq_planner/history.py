@@ -11,9 +11,12 @@ table as Parquet, so an offline run reads exactly what a Prometheus run would ha
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 
 METRICS = ("bytes_in", "bytes_out")
@@ -90,3 +93,48 @@ class Grid:
 
     def time(self, index: int) -> int:
         return self.start + index * self.step
+
+
+def row_groups(path: str | Path) -> list[tuple[str, int]]:
+    """(file, row group) of every row group of a history file or directory of Parquet files:
+    the units of work of an offline run (each Spark task reads its own with pyarrow)."""
+    import pyarrow.parquet as pq
+
+    root = Path(path)
+    files = (
+        sorted(p for p in root.rglob("*.parquet") if not p.name.startswith((".", "_")))
+        if root.is_dir()
+        else [root]
+    )
+    if not files:
+        raise FileNotFoundError(f"no Parquet files in {path}")
+    return [(str(f), i) for f in files for i in range(pq.ParquetFile(f).num_row_groups)]
+
+
+def read_row_group(file: str, index: int) -> pd.DataFrame:
+    """One row group as history rows, the rate lists as zero-copy numpy views when every row
+    has the same number of points (the usual case)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(file).read_row_group(index)
+    frame = pd.DataFrame(
+        {
+            "topic": table.column("topic").to_pylist(),
+            "partition": table.column("partition").to_numpy(),
+            "broker": pd.array(table.column("broker").to_pylist(), dtype="Int32"),
+            "start": table.column("start").to_numpy(),
+            "step": table.column("step").to_numpy(),
+        }
+    )
+    for metric in METRICS:
+        col = table.column(metric).combine_chunks()
+        offsets = col.offsets.to_numpy()
+        values = col.values.to_numpy(zero_copy_only=False)
+        lengths = np.diff(offsets)
+        if len(lengths) and (lengths == lengths[0]).all() and offsets[0] == 0:
+            rows = list(values[: offsets[-1]].reshape(len(lengths), int(lengths[0])))
+        else:
+            rows = [values[a:b] for a, b in itertools.pairwise(offsets)]
+        frame[metric] = rows
+    return frame

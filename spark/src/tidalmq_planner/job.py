@@ -32,9 +32,15 @@ from tidalmq_core.balance import LoadPlan, balance_load
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_planner import assignment as sources
-from tidalmq_planner.history import SPARK_SCHEMA, Grid, format_duration, parse_duration
+from tidalmq_planner.history import (
+    SPARK_SCHEMA,
+    Grid,
+    format_duration,
+    parse_duration,
+    row_groups,
+)
 from tidalmq_planner.options import STATISTICS, PlanRequest, options, request_from_args
-from tidalmq_planner.profiles import PROFILE_SPARK_SCHEMA, profile_batches
+from tidalmq_planner.profiles import PROFILE_SPARK_SCHEMA, profile_batches, profile_row_groups
 from tidalmq_planner.report import (
     BrokerProjection,
     Report,
@@ -107,9 +113,7 @@ def spark_session(master: str | None, driver_memory: str = "2g") -> Any:
 def history_frame(
     spark: Any, req: PlanRequest, grid: Grid | None, view: sources.ClusterView
 ) -> Any:
-    """Stage 2: a DataFrame of history rows (SPARK_SCHEMA)."""
-    if req.history:
-        return spark.read.parquet(req.history)
+    """Stage 2: a DataFrame of history rows (SPARK_SCHEMA), fetched from Prometheus."""
     from tidalmq_planner import prometheus
 
     assert req.prometheus and grid is not None
@@ -133,9 +137,20 @@ def history_frame(
     return history
 
 
-def load_profiles(spark: Any, history: Any) -> pd.DataFrame:
-    """Stage 3: one profile row per partition, collected on the driver."""
-    profiles = history.mapInPandas(profile_batches, PROFILE_SPARK_SCHEMA)
+def load_profiles(
+    spark: Any, req: PlanRequest, grid: Grid | None, view: sources.ClusterView
+) -> pd.DataFrame:
+    """Stages 2 and 3: one profile row per partition, collected on the driver. A history file
+    is read by the tasks themselves, one Parquet row group each (its large arrays never pass
+    through the JVM)."""
+    if req.history:
+        groups = row_groups(req.history)
+        tasks = spark.createDataFrame(pd.DataFrame(groups, columns=["file", "row_group"]))
+        tasks = tasks.repartition(min(len(groups), 4 * spark.sparkContext.defaultParallelism))
+        profiles = tasks.mapInPandas(profile_row_groups, PROFILE_SPARK_SCHEMA)
+    else:
+        history = history_frame(spark, req, grid, view)
+        profiles = history.mapInPandas(profile_batches, PROFILE_SPARK_SCHEMA)
     return profiles.toPandas()
 
 
@@ -269,7 +284,7 @@ def run(req: PlanRequest, spark: Any | None = None) -> PlanResult:
     timings["spark_start"] = time.perf_counter() - t
     try:
         t = time.perf_counter()
-        profiles = load_profiles(spark, history_frame(spark, req, grid, view))
+        profiles = load_profiles(spark, req, grid, view)
         timings["profiles"] = time.perf_counter() - t
     finally:
         if own:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
-from tidalmq_planner.history import METRICS
+from tidalmq_planner.history import METRICS, read_row_group
 
 STATS = ("mean", "p95", "peak")
 HOURS = 24
@@ -26,12 +26,12 @@ PROFILE_SPARK_SCHEMA = ", ".join(
 
 
 def _matrix(values: pd.Series) -> np.ndarray:
-    """Stack a column of equal-length arrays into a float64 matrix (NaN-padded if ragged)."""
-    arrays = [np.asarray(v, dtype=np.float64) for v in values]
+    """Stack a column of equal-length arrays into a float32 matrix (NaN-padded if ragged)."""
+    arrays = [np.asarray(v, dtype=np.float32) for v in values]
     width = max((a.size for a in arrays), default=0)
     if all(a.size == width for a in arrays):
-        return np.stack(arrays) if arrays else np.zeros((0, 0))
-    out = np.full((len(arrays), width), np.nan)
+        return np.stack(arrays) if arrays else np.zeros((0, 0), np.float32)
+    out = np.full((len(arrays), width), np.nan, dtype=np.float32)
     for i, a in enumerate(arrays):
         out[i, : a.size] = a
     return out
@@ -44,26 +44,29 @@ def hour_of_day(start: int, step: int, points: int) -> np.ndarray:
 def summarize(values: np.ndarray, hours: np.ndarray) -> dict[str, np.ndarray]:
     """Mean, p95, peak and hourly means of each row of `values` (rows: partitions, columns:
     points; NaN = no sample). `hours` gives the hour of day of each column."""
-    rows = values.shape[0]
+    rows, width = values.shape
     present = ~np.isnan(values)
     counts = present.sum(axis=1)
-    filled = np.where(present, values, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(counts > 0, filled.sum(axis=1) / np.maximum(counts, 1), 0.0)
-        peak = np.where(
-            counts > 0, np.where(present, values, -np.inf).max(axis=1, initial=-np.inf), 0.0
-        )
-        # the 95th percentile without nanpercentile's per-row Python loop: sort (NaN last) and
-        # take the nearest-rank element among each row's present values
+    has = counts > 0
+    filled = np.where(present, values, np.float32(0))
+    mean = np.where(has, filled.sum(axis=1, dtype=np.float64) / np.maximum(counts, 1), 0.0)
+    with np.errstate(invalid="ignore"):
+        peak = np.where(has, np.fmax.reduce(values, axis=1) if width else 0.0, 0.0)
+    # the 95th percentile without nanpercentile's per-row Python loop: sort (NaN last) and
+    # take the nearest-rank element among each row's present values
+    if width:
         ordered = np.sort(values, axis=1)
-        rank = np.clip(np.ceil(0.95 * counts).astype(np.int64) - 1, 0, max(values.shape[1] - 1, 0))
-        p95 = np.where(counts > 0, ordered[np.arange(rows), rank] if values.shape[1] else 0.0, 0.0)
-        onehot = np.zeros((values.shape[1], HOURS))
-        onehot[np.arange(values.shape[1]), hours] = 1.0
-        hour_sum = filled @ onehot
-        hour_count = present.astype(np.float64) @ onehot
-        hourly = np.where(hour_count > 0, hour_sum / np.maximum(hour_count, 1), 0.0)
-    return {"mean": mean, "p95": p95, "peak": peak, "hourly": hourly, "samples": counts}
+        rank = np.clip(np.ceil(0.95 * counts).astype(np.int64) - 1, 0, width - 1)
+        p95 = np.where(has, ordered[np.arange(rows), rank].astype(np.float64), 0.0)
+    else:
+        p95 = np.zeros(rows)
+    onehot = np.zeros((width, HOURS), dtype=np.float32)
+    onehot[np.arange(width), hours] = 1.0
+    hour_sum = (filled @ onehot).astype(np.float64)
+    hour_count = present.astype(np.float32) @ onehot
+    hourly = np.where(hour_count > 0, hour_sum / np.maximum(hour_count, 1), 0.0)
+    return {"mean": mean, "p95": p95, "peak": peak.astype(np.float64), "hourly": hourly,
+            "samples": counts}  # fmt: skip
 
 
 def profile_frame(batch: pd.DataFrame) -> pd.DataFrame:
@@ -107,3 +110,12 @@ def profile_batches(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """The mapInPandas function of the profile stage."""
     for batch in batches:
         yield profile_frame(batch)
+
+
+def profile_row_groups(tasks: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """The mapInPandas function of an offline run: (file, row_group) rows in, profiles out; the
+    worker reads the row group itself (pyarrow), so the history's large arrays never pass
+    through the JVM."""
+    for batch in tasks:
+        for file, index in zip(batch["file"], batch["row_group"], strict=True):
+            yield profile_frame(read_row_group(str(file), int(index)))

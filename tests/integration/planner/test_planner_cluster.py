@@ -15,12 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from tidalmq_core.reassignment import parse_plan
 from tidalmq_planner import assignment as sources
 from tidalmq_planner import prometheus as prom
+from tidalmq_planner.history import read_row_group, row_groups
 
 from tests.support.local_cluster import LocalClusterProcess
 from tests.support.prometheus_server import PrometheusServer
@@ -169,6 +172,7 @@ def test_plan_from_prometheus_history_balances_bytes_in(
                        "--prometheus", prometheus.url, "--window", f"{LOAD_S}s", "--step", "5s",
                        "--rate-window", RATE_WINDOW, "--threshold", str(THRESHOLD),
                        "--out", str(plan_file), "--report-dir", str(report_dir),
+                       "--save-history", str(tmp_path / "history"),
                        "--master", "local[2]", "--driver-memory", "1g", "--json"], 600)  # fmt: skip
         assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-6000:]
         summary = json.loads(planned.stdout)
@@ -184,6 +188,16 @@ def test_plan_from_prometheus_history_balances_bytes_in(
         for name in ("load.png", "report.json", "report.txt", "rollback.json",
                      "partitionreassignment.yaml"):  # fmt: skip
             assert (report_dir / name).stat().st_size > 0, name
+
+        # the history it fetched, saved for offline runs: 12 points per partition (60 s at 5 s)
+        saved = pd.concat(read_row_group(f, i) for f, i in row_groups(tmp_path / "history"))
+        ours = saved[saved["topic"] == TOPIC]
+        assert sorted(ours["partition"]) == list(range(PARTITIONS))
+        assert {len(v) for v in ours["bytes_in"]} == {LOAD_S // 5}
+        assert dict(zip(ours["partition"], ours["broker"], strict=True)) == dict(enumerate(leaders))
+        hot_rate = np.nanmean(np.stack(ours[ours["partition"].isin(hot)]["bytes_in"]))
+        cold_rate = np.nanmean(np.stack(ours[~ours["partition"].isin(hot)]["bytes_in"]))
+        assert 3 < hot_rate / cold_rate < 5, (hot_rate, cold_rate)  # 4x as produced
 
         # execute it as an operator would
         executed = run([sys.executable, "-m", "tidalmq_broker.cli", "reassign",

@@ -18,7 +18,7 @@ from tidalmq_core.reassignment import parse_plan
 from tidalmq_planner import assignment as sources
 from tidalmq_planner import prometheus as prom
 from tidalmq_planner.history import Grid, format_duration, parse_duration
-from tidalmq_planner.profile import hour_of_day, profile_frame, summarize
+from tidalmq_planner.profiles import hour_of_day, profile_frame, summarize
 from tidalmq_planner.report import reassignment_resource, rollback_plan, to_yaml
 
 
@@ -172,3 +172,17 @@ def test_reassignment_resource_yaml_round_trips() -> None:
     entries = parse_plan({"version": 1, "partitions": doc["spec"]["partitions"]})
     assert len(entries) == 1
     assert rollback_plan(plan) == {m.partition: 0 for m in plan.moves}
+
+
+def test_job_runs_as_a_script_like_spark_submit_runs_it() -> None:
+    """spark-submit runs job.py as a file (its directory first on sys.path): no module of the
+    package may shadow one the job needs."""
+    import subprocess
+    import sys
+
+    import tidalmq_planner.job as job
+
+    done = subprocess.run([sys.executable, job.__file__, "--help"], capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--prometheus" in done.stdout and "--configmap" in done.stdout
