@@ -302,8 +302,10 @@ class Broker:
 
     async def _report_partition(self, kind: str, tp: TopicPartition, epoch: int) -> None:
         if kind == "closed":
+            self.metrics.partition_released(tp.topic, tp.partition)
             await self.controller.partition_closed(self.broker_id, tp, epoch)
         else:
+            self.metrics.partition_led(tp.topic, tp.partition, epoch)
             await self.controller.partition_opened(self.broker_id, tp, epoch)
 
     def controller_id_for_clients(self) -> int:

@@ -3,6 +3,7 @@ _seconds, _bytes). Storage metrics live in storage/metrics.py."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -19,14 +20,25 @@ REQUEST_SECONDS = Histogram(
     "tidalmq_request_seconds", "Kafka request latency", ["broker", "api"], buckets=_LATENCY_BUCKETS
 )
 REQUEST_BYTES = Counter("tidalmq_request_bytes_total", "Request bytes received", ["broker", "api"])
+# Per partition and broker: a partition's series live on the broker that leads it, from the
+# open to the close (so a leadership change starts a new series instead of mixing two brokers).
 BYTES_IN = Counter(
-    "tidalmq_partition_bytes_in_total", "Record batch bytes appended", ["topic", "partition"]
+    "tidalmq_partition_bytes_in_total",
+    "Record batch bytes appended",
+    ["broker", "topic", "partition"],
 )
 RECORDS_IN = Counter(
-    "tidalmq_partition_records_in_total", "Records appended", ["topic", "partition"]
+    "tidalmq_partition_records_in_total", "Records appended", ["broker", "topic", "partition"]
 )
 BYTES_OUT = Counter(
-    "tidalmq_partition_bytes_out_total", "Record batch bytes fetched", ["topic", "partition"]
+    "tidalmq_partition_bytes_out_total",
+    "Record batch bytes fetched",
+    ["broker", "topic", "partition"],
+)
+LEADER_EPOCH = Gauge(
+    "tidalmq_partition_leader_epoch",
+    "Leader epoch of each partition this broker has open (present only while it leads it)",
+    ["broker", "topic", "partition"],
 )
 PRODUCE_ERRORS = Counter(
     "tidalmq_produce_errors_total", "Produce partition errors", ["topic", "error"]
@@ -49,8 +61,8 @@ class BrokerMetrics(RequestObserver):
         self._broker = str(broker_id)
         self._api_names = api_names
         self._per_api: dict[int, tuple[Any, Any, Any, Any]] = {}
-        self._in: dict[tuple[str, int], tuple[Any, Any]] = {}
-        self._out: dict[tuple[str, int], Any] = {}
+        # label children per partition, resolved once (labels() is slow on the hot path)
+        self._partitions: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
 
     def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
         children = self._per_api.get(api_key)
@@ -70,20 +82,38 @@ class BrokerMetrics(RequestObserver):
         if error:
             errors.inc()
 
-    def produced(self, topic: str, partition: int, size: int, records: int) -> None:
-        children = self._in.get((topic, partition))
+    def _partition(self, topic: str, partition: int) -> tuple[Any, Any, Any]:
+        children = self._partitions.get((topic, partition))
         if children is None:
-            p = str(partition)
-            children = (BYTES_IN.labels(topic, p), RECORDS_IN.labels(topic, p))
-            self._in[(topic, partition)] = children
+            labels = (self._broker, topic, str(partition))
+            children = (
+                BYTES_IN.labels(*labels),
+                RECORDS_IN.labels(*labels),
+                BYTES_OUT.labels(*labels),
+            )
+            self._partitions[(topic, partition)] = children
+        return children
+
+    def produced(self, topic: str, partition: int, size: int, records: int) -> None:
+        children = self._partition(topic, partition)
         children[0].inc(size)
         children[1].inc(records)
 
     def fetched(self, topic: str, partition: int, size: int) -> None:
-        child = self._out.get((topic, partition))
-        if child is None:
-            child = self._out[(topic, partition)] = BYTES_OUT.labels(topic, str(partition))
-        child.inc(size)
+        self._partition(topic, partition)[2].inc(size)
+
+    def partition_led(self, topic: str, partition: int, epoch: int) -> None:
+        """The partition opened here: its series appear (at zero traffic too)."""
+        self._partition(topic, partition)
+        LEADER_EPOCH.labels(self._broker, topic, str(partition)).set(epoch)
+
+    def partition_released(self, topic: str, partition: int) -> None:
+        """The partition closed here: its series go (Prometheus marks them stale)."""
+        self._partitions.pop((topic, partition), None)
+        labels = (self._broker, topic, str(partition))
+        for metric in (BYTES_IN, RECORDS_IN, BYTES_OUT, LEADER_EPOCH):
+            with contextlib.suppress(KeyError):
+                metric.remove(*labels)
 
     def produce_errors(self, topic: str, error: str) -> None:
         PRODUCE_ERRORS.labels(topic, error).inc()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
@@ -323,6 +324,7 @@ class ControllerServer:
         r.add_post("/v1/rebalance", self._rebalance)
         r.add_get("/healthz", self._healthz)
         add_static_topic_routes(r, controller)
+        r.add_get("/metrics", self._metrics)  # reassignment counts and durations (moves.py)
 
     async def start(self, host: str, port: int) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
@@ -501,3 +503,6 @@ class ControllerServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return self._ok({"status": "ok", "version": self.controller.metadata.version})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -223,6 +223,7 @@ class LocalCluster:
                 "address": f"{info.host}:{info.port}" if info else "-",
                 "partitions": led.get(broker_id, 0),
                 "pid": proc.proc.pid if proc else None,
+                "http_port": proc.http_port if proc else None,  # /metrics, /healthz
             })  # fmt: skip
         return {
             "bootstrap": self.bootstrap,

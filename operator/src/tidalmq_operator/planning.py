@@ -1,0 +1,337 @@
+"""Launching the planner on Spark-on-Kubernetes and collecting its plan.
+
+The contract, for the PartitionReassignment handler (a resource with `spec.generate`):
+
+    job = PlannerJob.from_settings(
+        name=run_name(resource_name, uid),          # unique per run, DNS-1123, <= 50 chars
+        namespace=settings.namespace,
+        image=os.environ["TIDALMQ_SPARK_IMAGE"],   # the chart sets these three
+        service_account=os.environ["TIDALMQ_SPARK_SERVICE_ACCOUNT"],
+        prometheus_url=os.environ["TIDALMQ_PROMETHEUS_URL"],
+        bootstrap_servers=os.environ.get("TIDALMQ_BOOTSTRAP_SERVERS"),
+        generate=spec.generate,                     # window, step, maxMoves, threshold, topics
+        resource_name=resource_name,
+    )
+    outcome = await run_planner(job, kube.core, progress=callback)   # raises PlannerFailed
+
+`run_planner`:
+  1. deletes a leftover result ConfigMap `<name>-plan` and driver pod `<name>-driver` (a retried
+     run starts clean; both names are derived from `name` only);
+  2. runs `spark-submit --master k8s://... --deploy-mode cluster` (`submit_command`) as an async
+     subprocess, with `spark.kubernetes.submission.waitAppCompletion=false`: it returns once the
+     driver pod exists; a non-zero exit fails the run with spark-submit's output;
+  3. polls the driver pod `<name>-driver` until it Succeeded or Failed (or `timeout_s` passes:
+     the driver is deleted and the run fails), calling `progress(phase, message)` on changes;
+  4. reads the ConfigMap `<name>-plan` that the driver wrote with its ServiceAccount
+     (tidalmq_planner.publish): `plan.json` (Kafka reassignment JSON of the moves; or
+     binaryData `plan.json.gz` when larger than a ConfigMap holds), `summary.json`, `report.txt`;
+  5. deletes the driver pod and the ConfigMap (unless `keep=True`; executor pods are owned by
+     the driver pod and go with it) and returns a PlannerOutcome: the plan entries (ready for
+     `status.plan` and, once approved, the controller), the summary and the report table.
+
+A run that fails raises PlannerFailed with a message for the resource's conditions (the driver
+pod's termination reason and exit code; the operator's Role has no pods/log, so logs are not
+read). Requirements: `spark-submit` (Java 17 and pyspark, as in the Spark image) on the
+operator's PATH, or `spark_submit` pointing at it; the Role of the chart (pods, services,
+configmaps: create/get/list/watch/delete) for the operator and for the Spark ServiceAccount.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tidalmq_core.reassignment import PlanEntry, parse_plan
+
+log = logging.getLogger(__name__)
+
+JOB_FILE = "local:///opt/tidalmq/lib/python3.11/site-packages/tidalmq_planner/job.py"
+API_SERVER = "https://kubernetes.default.svc:443"
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+RUN_LABEL = "tidalmq.io/planner-run"
+
+Progress = Callable[[str, str], Awaitable[None] | None]
+
+
+class PlannerFailed(RuntimeError):
+    """The planner run did not produce a plan; the message says why (for status conditions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerJob:
+    name: str  # the run: Spark app name, driver pod `<name>-driver`, ConfigMap `<name>-plan`
+    namespace: str
+    image: str
+    service_account: str
+    prometheus_url: str
+    bootstrap_servers: str | None = None
+    resource_name: str = ""  # the PartitionReassignment the plan is for (annotations only)
+    window: str = "7d"
+    step: str = "1m"
+    threshold: float = 1.10
+    max_moves: int | None = None
+    topics: tuple[str, ...] = ()
+    api_server: str = API_SERVER
+    spark_submit: str = "spark-submit"
+    job_file: str = JOB_FILE
+    executors: int = 2
+    executor_cores: int = 1
+    executor_memory: str = "1g"
+    driver_memory: str = "1g"
+    driver_cpu_request: str = "250m"
+    executor_cpu_request: str = "250m"
+    pull_policy: str = "IfNotPresent"
+    extra_conf: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, *, generate: Any | None = None, **kwargs: Any) -> PlannerJob:
+        """Fill window/step/threshold/max_moves/topics from a GenerateSpec (models.py)."""
+        if generate is not None:
+            kwargs.setdefault("window", generate.window)
+            kwargs.setdefault("step", generate.step)
+            kwargs.setdefault("threshold", generate.threshold)
+            kwargs.setdefault("max_moves", generate.max_moves)
+            kwargs.setdefault("topics", tuple(generate.topics or ()))
+        return cls(**kwargs)
+
+    @property
+    def driver_pod(self) -> str:
+        return f"{self.name}-driver"
+
+    @property
+    def configmap(self) -> str:
+        return f"{self.name}-plan"
+
+
+@dataclass(slots=True)
+class PlannerOutcome:
+    entries: list[PlanEntry]
+    plan_json: str
+    summary: dict[str, Any]
+    report: str
+    driver_pod: str
+    seconds: float
+
+
+def run_name(resource_name: str, uid: str = "", when: float | None = None) -> str:
+    """A name for one run of the planner for a resource: DNS-1123, unique per resource and start
+    time, short enough for `-driver`/`-plan` suffixes and Spark's executor pod names."""
+    base = re.sub(r"[^a-z0-9-]+", "-", resource_name.lower()).strip("-")[:30] or "plan"
+    stamp = f"{uid}:{when if when is not None else time.time():.3f}"
+    return f"tpr-{base}-{hashlib.sha256(stamp.encode()).hexdigest()[:8]}"
+
+
+def planner_args(job: PlannerJob) -> list[str]:
+    """The arguments of the planner job inside the driver (tidalmq_planner.job.main)."""
+    args = [
+        "--prometheus", job.prometheus_url,
+        "--window", job.window,
+        "--step", job.step,
+        "--threshold", repr(float(job.threshold)),
+        "--configmap", job.configmap,
+        "--namespace", job.namespace,
+    ]  # fmt: skip
+    if job.resource_name:
+        args += ["--name", job.resource_name]
+    if job.bootstrap_servers:
+        args += ["--bootstrap-server", job.bootstrap_servers]
+    if job.max_moves is not None:
+        args += ["--max-moves", str(job.max_moves)]
+    if job.topics:
+        args += ["--topics", ",".join(job.topics)]
+    return args
+
+
+def submit_command(job: PlannerJob, *, in_cluster: bool | None = None) -> list[str]:
+    """The spark-submit command line of a run (cluster mode; returns once the driver exists).
+
+    In a pod (`in_cluster`, default: the ServiceAccount token exists), the submission
+    authenticates with the pod's ServiceAccount token and CA."""
+    if in_cluster is None:
+        in_cluster = (SA_DIR / "token").exists()
+    labels = {
+        "app.kubernetes.io/part-of": "tidalmq",
+        "app.kubernetes.io/component": "planner",
+        RUN_LABEL: job.name,
+    }
+    conf: dict[str, str] = {
+        "spark.kubernetes.namespace": job.namespace,
+        "spark.kubernetes.container.image": job.image,
+        "spark.kubernetes.container.image.pullPolicy": job.pull_policy,
+        "spark.kubernetes.authenticate.driver.serviceAccountName": job.service_account,
+        "spark.kubernetes.driver.pod.name": job.driver_pod,
+        "spark.kubernetes.executor.podNamePrefix": job.name,
+        "spark.kubernetes.submission.waitAppCompletion": "false",
+        "spark.executor.instances": str(job.executors),
+        "spark.executor.cores": str(job.executor_cores),
+        "spark.executor.memory": job.executor_memory,
+        "spark.driver.memory": job.driver_memory,
+        "spark.kubernetes.driver.request.cores": job.driver_cpu_request,
+        "spark.kubernetes.executor.request.cores": job.executor_cpu_request,
+        "spark.kubernetes.executor.deleteOnTermination": "true",
+        "spark.ui.enabled": "false",
+        # the Python of the image runs the job on the driver and the executors
+        "spark.pyspark.python": "/opt/tidalmq/bin/python3",
+        "spark.pyspark.driver.python": "/opt/tidalmq/bin/python3",
+    }
+    for key, value in labels.items():
+        conf[f"spark.kubernetes.driver.label.{key}"] = value
+        conf[f"spark.kubernetes.executor.label.{key}"] = value
+    if in_cluster:
+        conf["spark.kubernetes.authenticate.submission.caCertFile"] = str(SA_DIR / "ca.crt")
+        conf["spark.kubernetes.authenticate.submission.oauthTokenFile"] = str(SA_DIR / "token")
+    conf.update(job.extra_conf)
+    cmd = [
+        job.spark_submit,
+        "--master", f"k8s://{job.api_server}",
+        "--deploy-mode", "cluster",
+        "--name", job.name,
+    ]  # fmt: skip
+    for key in sorted(conf):
+        cmd += ["--conf", f"{key}={conf[key]}"]
+    return [*cmd, job.job_file, *planner_args(job)]
+
+
+# ------------------------------------------------------------------------------- running
+async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def _status_code(exc: BaseException) -> int | None:
+    return getattr(exc, "status", None)
+
+
+async def _delete_quietly(fn: Any, name: str, namespace: str) -> None:
+    try:
+        await _call(fn, name, namespace)
+    except Exception as exc:
+        if _status_code(exc) != 404:
+            log.warning("deleting %s/%s: %s", namespace, name, exc)
+
+
+async def _notify(progress: Progress | None, phase: str, message: str) -> None:
+    if progress is None:
+        return
+    result = progress(phase, message)
+    if asyncio.iscoroutine(result):
+        await result
+
+
+def read_result(configmap: Any) -> tuple[str, dict[str, Any], str]:
+    """(plan JSON, summary, report table) from the result ConfigMap (a V1ConfigMap or dict)."""
+    data = _field(configmap, "data") or {}
+    binary = _field(configmap, "binary_data") or _field(configmap, "binaryData") or {}
+    if "plan.json" in data:
+        plan = data["plan.json"]
+    elif "plan.json.gz" in binary:
+        plan = gzip.decompress(base64.b64decode(binary["plan.json.gz"])).decode()
+    else:
+        raise PlannerFailed("the planner's ConfigMap holds no plan.json")
+    try:
+        summary = json.loads(data.get("summary.json", "{}"))
+    except json.JSONDecodeError as exc:
+        raise PlannerFailed(f"the planner's summary is not JSON: {exc}") from exc
+    return plan, summary, data.get("report.txt", "")
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _pod_failure(pod: Any) -> str:
+    status = _field(pod, "status")
+    reasons = []
+    for cs in (_field(status, "container_statuses") or []) if status is not None else []:
+        term = _field(_field(cs, "state"), "terminated")
+        if term is not None:
+            reasons.append(
+                f"{_field(cs, 'name')}: {_field(term, 'reason')} (exit code {_field(term, 'exit_code')})"
+                + (f": {_field(term, 'message')}" if _field(term, "message") else "")
+            )
+    message = _field(status, "message") if status is not None else None
+    return "; ".join(reasons) or message or "no termination details"
+
+
+async def run_planner(
+    job: PlannerJob,
+    core: Any,
+    *,
+    progress: Progress | None = None,
+    timeout_s: float = 1800.0,
+    poll_s: float = 5.0,
+    keep: bool = False,
+    command: Sequence[str] | None = None,
+) -> PlannerOutcome:
+    """Run the planner for `job` with the CoreV1Api `core`; see the module docstring."""
+    started = time.monotonic()
+    ns = job.namespace
+    await _delete_quietly(core.delete_namespaced_config_map, job.configmap, ns)
+    await _delete_quietly(core.delete_namespaced_pod, job.driver_pod, ns)
+
+    cmd = list(command or submit_command(job))
+    await _notify(progress, "Submitting", f"spark-submit of {job.name}")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+    except OSError as exc:
+        raise PlannerFailed(f"cannot run {cmd[0]}: {exc}") from exc
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=min(timeout_s, 300))
+    except TimeoutError as exc:
+        proc.kill()
+        raise PlannerFailed("spark-submit did not return within 300 s") from exc
+    if proc.returncode != 0:
+        tail = output.decode(errors="replace")[-2000:]
+        raise PlannerFailed(f"spark-submit exited with {proc.returncode}: {tail}")
+
+    phase = ""
+    try:
+        while True:
+            try:
+                pod = await _call(core.read_namespaced_pod, job.driver_pod, ns)
+            except Exception as exc:
+                if _status_code(exc) != 404:
+                    raise
+                pod = None
+            current = (_field(_field(pod, "status"), "phase") or "Pending") if pod else "Pending"
+            if current != phase:
+                phase = current
+                await _notify(progress, phase, f"driver pod {job.driver_pod} is {phase}")
+            if phase == "Succeeded":
+                break
+            if phase == "Failed":
+                raise PlannerFailed(f"the planner's driver pod failed: {_pod_failure(pod)}")
+            if time.monotonic() - started > timeout_s:
+                raise PlannerFailed(f"the planner did not finish within {timeout_s:.0f} s")
+            await asyncio.sleep(poll_s)
+
+        try:
+            cm = await _call(core.read_namespaced_config_map, job.configmap, ns)
+        except Exception as exc:
+            raise PlannerFailed(
+                f"the driver finished but left no ConfigMap {job.configmap}: {exc}"
+            ) from exc
+        plan_json, summary, report = read_result(cm)
+        try:
+            entries = parse_plan(plan_json)
+        except ValueError as exc:
+            raise PlannerFailed(f"the planner's plan is invalid: {exc}") from exc
+        await _notify(progress, "Planned", f"{len(entries)} moves proposed")
+        return PlannerOutcome(
+            entries, plan_json, summary, report, job.driver_pod, time.monotonic() - started
+        )
+    finally:
+        if not keep:
+            await _delete_quietly(core.delete_namespaced_pod, job.driver_pod, ns)
+            await _delete_quietly(core.delete_namespaced_config_map, job.configmap, ns)

@@ -1,0 +1,63 @@
+"""Where the current assignment (partition -> broker) and the live brokers come from.
+
+In order of authority: a Kafka bootstrap server (Metadata: every partition's leader and every
+registered broker), a Kafka-format JSON file (the assignment as `kafka-reassign-partitions
+--generate` prints it as "current"), the history file's broker column, Prometheus (the broker
+exporting the highest leader epoch of each partition).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidalmq_core.metadata import ClusterMetadata
+from tidalmq_core.reassignment import parse_plan
+
+Assignment = dict[tuple[str, int], int]
+
+
+@dataclass(slots=True)
+class ClusterView:
+    assignment: Assignment
+    brokers: list[int] = field(default_factory=list)
+    source: str = ""
+
+
+def from_bootstrap(bootstrap: str, timeout_s: float = 30.0) -> ClusterView:
+    """Leaders and brokers from a Kafka Metadata request (confluent-kafka)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000)}
+    )
+    meta = admin.list_topics(timeout=timeout_s)
+    assignment: Assignment = {}
+    for name, topic in meta.topics.items():
+        if topic.error is not None:
+            raise RuntimeError(f"metadata of topic {name!r}: {topic.error}")
+        for index, part in topic.partitions.items():
+            if part.leader is not None and part.leader >= 0:
+                assignment[(name, int(index))] = int(part.leader)
+    return ClusterView(assignment, sorted(int(b) for b in meta.brokers), f"bootstrap {bootstrap}")
+
+
+def from_file(path: str | Path) -> ClusterView:
+    entries = parse_plan(Path(path).read_text())
+    assignment = {(e.tp.topic, e.tp.partition): e.target for e in entries if e.target is not None}
+    return ClusterView(assignment, sorted(set(assignment.values())), f"file {path}")  # type: ignore[arg-type]
+
+
+def from_controller(url: str, timeout_s: float = 30.0) -> ClusterView:
+    """The controller's GET /v1/metadata (the local cluster and the operator serve it)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url.rstrip("/") + "/v1/metadata", timeout=timeout_s) as resp:
+        meta = ClusterMetadata.from_json(json.loads(resp.read())["metadata"])
+    assignment: Assignment = {}
+    for topic in meta.topics.values():
+        for index, part in enumerate(topic.partitions):
+            if part.leader >= 0:
+                assignment[(topic.name, index)] = part.leader
+    return ClusterView(assignment, meta.live_brokers(), f"controller {url}")

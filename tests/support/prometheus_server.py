@@ -1,0 +1,188 @@
+"""A real Prometheus for tests: Debian's `prometheus` package, installed with apt-get when
+missing (the tests run as root; if it cannot be installed the test fails with the reason, it is
+never skipped).
+
+    server = PrometheusServer(workdir, scrape_interval_s=2)
+    server.start({"tidalmq-broker": ["127.0.0.1:8081", ...], "tidalmq-controller": [...]})
+    server.set_targets({...})        # file-based discovery: picked up within seconds
+    server.query("sum by (broker) (rate(tidalmq_partition_bytes_in_total[20s]))")
+    server.stop()
+
+Targets are given per job; every target also gets an `instance` label as usual.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+DEBIAN_PACKAGE = "prometheus"
+
+
+class PrometheusError(RuntimeError):
+    pass
+
+
+def prometheus_binary() -> str:
+    """The prometheus executable, installed from Debian's package if missing."""
+    found = shutil.which("prometheus") or (
+        "/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None
+    )
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise PrometheusError(
+            "prometheus is not installed and this is not root: apt-get install prometheus"
+        )
+    lock = Path("/tmp/tidalmq-apt-prometheus.lock")
+    with lock.open("w") as fh:  # one installer at a time across test processes
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        if shutil.which("prometheus"):
+            return shutil.which("prometheus")  # type: ignore[return-value]
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for cmd in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", DEBIAN_PACKAGE],
+        ):
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise PrometheusError(
+                    f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+                )
+    found = shutil.which("prometheus")
+    if not found:
+        raise PrometheusError("apt-get installed prometheus but it is not on PATH")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PrometheusServer:
+    def __init__(self, workdir: Path, *, scrape_interval_s: float = 2.0) -> None:
+        self.workdir = workdir
+        self.scrape_interval_s = scrape_interval_s
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "prometheus.log"
+
+    def _targets_file(self, job: str) -> Path:
+        return self.workdir / f"targets-{job}.json"
+
+    def set_targets(self, jobs: dict[str, list[str]]) -> None:
+        for job, targets in jobs.items():
+            path = self._targets_file(job)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps([{"targets": targets, "labels": {}}]))
+            tmp.replace(path)  # atomic: discovery never reads half a file
+
+    def start(self, jobs: dict[str, list[str]], timeout_s: float = 60.0) -> None:
+        binary = prometheus_binary()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.set_targets(jobs)
+        interval = f"{int(self.scrape_interval_s * 1000)}ms"
+        scrape_configs = "".join(
+            f"""
+  - job_name: {json.dumps(job)}
+    scrape_interval: {interval}
+    scrape_timeout: {interval}
+    file_sd_configs:
+      - files: [{json.dumps(str(self._targets_file(job)))}]
+        refresh_interval: 5s
+"""
+            for job in jobs
+        )
+        config = self.workdir / "prometheus.yml"
+        config.write_text(
+            f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+            f"scrape_configs:{scrape_configs}"
+        )
+        self.port = _free_port()
+        cmd = [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--storage.tsdb.retention.time=1d",
+            "--log.level=warn",
+        ]
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise PrometheusError(f"prometheus exited:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise PrometheusError(f"prometheus not ready after {timeout_s}s:\n{self.tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # ------------------------------------------------------------------ queries
+    def _api(self, path: str, params: dict[str, str]) -> Any:
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            doc = json.loads(resp.read())
+        if doc.get("status") != "success":
+            raise PrometheusError(f"{path} {params}: {doc}")
+        return doc["data"]
+
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        return self._api("query", params)["result"]
+
+    def targets_up(self) -> dict[str, bool]:
+        data = self._api("targets", {"state": "active"})
+        return {t["scrapeUrl"]: t["health"] == "up" for t in data["activeTargets"]}
+
+    def wait_for(
+        self, promql: str, predicate: Any, timeout_s: float = 60.0
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        result: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            result = self.query(promql)
+            if predicate(result):
+                return result
+            time.sleep(1.0)
+        raise PrometheusError(f"timed out waiting on {promql!r}; last result: {result}")
