@@ -105,10 +105,10 @@ def _figures(m: dict[str, Any]) -> str:
         parts.append(f"{k}={fmt(v) if isinstance(v, float) else v}")
     if isinstance(m.get("page_cache"), dict):
         pc = m["page_cache"]
-        parts.append(
-            f"page cache: {pc['resident_before_mib']} of {pc['data_mib']} MiB resident, "
-            f"{pc['resident_after_evict_mib']} MiB after eviction step"
-        )
+        text = f"page cache: {pc['resident_before_mib']} of {pc['data_mib']} MiB resident"
+        if pc.get("evicted", True):
+            text += f", {pc['resident_after_evict_mib']} MiB after eviction"
+        parts.append(text)
     return ", ".join(parts)
 
 
@@ -125,7 +125,8 @@ def chart(key: str, sec: dict[str, Any], charts_dir: Path) -> Path | None:
         groups.setdefault(c["chart"], []).append(c)
     if not groups:
         return None
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.2), squeeze=False)
+    width_in = max(7.5, 5.2 * len(groups))
+    fig, axes = plt.subplots(1, len(groups), figsize=(width_in, 4.6), squeeze=False)
     for ax, (title, rows) in zip(axes[0], groups.items(), strict=True):
         xs = range(len(rows))
         width = 0.38
@@ -153,7 +154,7 @@ def chart(key: str, sec: dict[str, Any], charts_dir: Path) -> Path | None:
     axes[0][0].legend(fontsize=8)
     env = sec.get("env", {})
     fig.suptitle(
-        f"{TITLES.get(sec['section'], key)} — {sec['mode']} run {sec['started']}, "
+        f"{TITLES.get(sec['section'], key)}\n{sec['mode']} run {sec['started']}, "
         f"{env.get('cores', '?')} cores, load {_load(sec.get('load_before'))}",
         fontsize=9,
     )

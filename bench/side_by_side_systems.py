@@ -81,7 +81,7 @@ def _resident_bytes(path: Path) -> int:
             try:
                 if _libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
                     return 0
-                return sum(1 for b in vec if b & 1) * _PAGE
+                return min(size, sum(1 for b in vec if b & 1) * _PAGE)
             finally:
                 del addr  # release the exported buffer before the mmap closes
     except (OSError, ValueError, BufferError):
@@ -166,7 +166,7 @@ class KafkaSystem(System):
             evict_from_page_cache(self.data_paths())
         after = resident_bytes(self.data_paths())
         self.cluster.start_node(node_id)
-        return _residency(before, after)
+        return _residency(before, after, evict)
 
     def add_broker(self) -> int:
         node = self.cluster.add_broker()
@@ -235,7 +235,7 @@ class TidalSingle(System):
             evict_from_page_cache(self.data_paths())
         after = resident_bytes(self.data_paths())
         self.broker.start(timeout_s=120)
-        return _residency(before, after)
+        return _residency(before, after, evict)
 
     def stop(self) -> None:
         try:
@@ -278,8 +278,9 @@ class TidalCluster(System):
         self.cluster.stop()
 
 
-def _residency(before: tuple[int, int], after: tuple[int, int]) -> dict[str, Any]:
+def _residency(before: tuple[int, int], after: tuple[int, int], evicted: bool) -> dict[str, Any]:
     return {
+        "evicted": evicted,
         "data_mib": round(before[1] / MIB, 1),
         "resident_before_mib": round(before[0] / MIB, 1),
         "resident_after_evict_mib": round(after[0] / MIB, 1),
