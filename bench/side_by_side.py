@@ -470,9 +470,9 @@ def section_consume(p: Params, workdir: Path, storage: str) -> Recorder:
                 f"{pc['resident_after_evict_mib']} MiB after."
             )
     rec.note(
-        "Throughput is over the fetch (first record to last), excluding the consumer group join "
-        "(kafka-consumer-perf-test's fetch.MB.sec; the confluent-kafka driver measures the same "
-        "way). Tail: a topic produced just before (TidalMQ serves it from its 256 MiB tail cache, "
+        "Throughput is over the fetch, from the partitions' assignment to the last record, without "
+        "joining the group (kafka-consumer-perf-test's fetch.MB.sec; the confluent-kafka driver "
+        "measures the same way). Tail: a topic produced just before (TidalMQ serves it from its 256 MiB tail cache, "
         "Kafka from the page cache). Cold: the broker restarted and its data files (Kafka's log "
         "segments, TidalMQ's object store) evicted from the page cache with "
         "posix_fadvise(DONTNEED), so both read from disk; with TidalMQ on local-directory storage "
@@ -777,7 +777,10 @@ def section_rebalance(p: Params, workdir: Path, storage: str) -> Recorder:
         f"{n // (p.rebalance_brokers + 1)}). TidalMQ: `add-broker` of the local cluster (a "
         f"process start and registration); the controller then moved "
         f"{t.get('moved_to_new', '?')} partitions of the topic onto it. Done: the first metadata "
-        "(polled every 50 ms) in which the new broker leads its final share."
+        "(polled every 50 ms) in which the new broker leads its final share. 'After it joined' "
+        "starts for Kafka when the broker logged 'Kafka Server started', for TidalMQ when "
+        "add-broker returned (the broker registered; the controller may already be moving "
+        "partitions by then), so 'from the broker's start' is the like-for-like figure."
     )
     return rec
 
