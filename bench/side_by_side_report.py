@@ -77,7 +77,12 @@ def advantage_text(c: dict[str, Any]) -> str:
         return "n/a"
     if c["kind"] == "throughput":
         return f"{a:.2f}x Kafka's"
-    word_good, word_bad = ("faster", "slower") if c["kind"] == "time" else ("lower", "higher")
+    if "unavailab" in c["metric"]:
+        word_good, word_bad = "shorter", "longer"
+    elif c["kind"] == "time":
+        word_good, word_bad = "faster", "slower"
+    else:
+        word_good, word_bad = "lower", "higher"
     if a >= 1:
         return f"{a:.1f}x {word_good}" if a < 100 else f"{a:.0f}x {word_good}"
     return f"{1 / a:.1f}x {word_bad}"
@@ -117,6 +122,7 @@ def chart(key: str, sec: dict[str, Any], charts_dir: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for c in sec["comparisons"]:
@@ -137,6 +143,9 @@ def chart(key: str, sec: dict[str, Any], charts_dir: Path) -> Path | None:
         positive = [v for v in kv + tv if v > 0]
         if rows[0]["kind"] == "time" and positive and max(positive) / min(positive) > 30:
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xticks(list(xs))
         ax.set_xticklabels([r["short"] for r in rows], rotation=20, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)

@@ -13,6 +13,7 @@ import ctypes
 import json
 import mmap
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -175,10 +176,7 @@ class KafkaSystem(System):
 
     def stop(self) -> None:
         self.cluster.stop()
-        with contextlib.suppress(OSError):
-            import shutil
-
-            shutil.rmtree(self.cluster.dir)
+        shutil.rmtree(self.cluster.dir, ignore_errors=True)
 
 
 class ObjectStorage:
