@@ -3,6 +3,7 @@ with the same clients (Kafka's own perf tools and kafka-reassign-partitions, con
 
     .venv/bin/python bench/side_by_side.py --quick                   # validation: small sizes
     .venv/bin/python bench/side_by_side.py                           # the full run
+    .venv/bin/python bench/side_by_side.py --resume                  # ... after an interruption
     .venv/bin/python bench/side_by_side.py --only move,rebalance     # some sections only
     .venv/bin/python bench/side_by_side.py --storage minio --only produce,consume
     .venv/bin/python bench/side_by_side.py --render                  # page + charts from the JSON
@@ -23,7 +24,8 @@ rebalance  a broker added to a cluster holding a 300-partition topic: Kafka gene
            itself. Time until the metadata shows the new broker leading its share.
 
 Each section's figures are kept in bench/RESULTS-side-by-side.json as soon as it finishes, so a
-run can be resumed or repeated one section at a time (--only); bench/RESULTS-side-by-side.md and
+run can be resumed (the same command with --resume skips the sections already done) or repeated
+one section at a time (--only); bench/RESULTS-side-by-side.md and
 bench/charts/side-by-side-*.png are written from that file after every section.
 """
 
@@ -91,7 +93,8 @@ RECORD = 1024
 
 @dataclasses.dataclass(frozen=True)
 class Params:
-    produce_records: int  # per produce run (1 KiB each)
+    produce_records: int  # per kafka-producer-perf-test run (1 KiB each)
+    ck_records: int  # per confluent-kafka run (librdkafka is much faster: it needs more to time)
     latency_rate: int  # records/s of the fixed-rate latency run
     latency_seconds: int
     partitions: int  # of the produce and consume topics
@@ -107,6 +110,7 @@ class Params:
 
 FULL = Params(
     produce_records=1_000_000,
+    ck_records=1_000_000,
     latency_rate=2000,
     latency_seconds=30,
     partitions=4,
@@ -121,6 +125,7 @@ FULL = Params(
 )
 QUICK = Params(
     produce_records=50_000,
+    ck_records=200_000,
     latency_rate=1000,
     latency_seconds=10,
     partitions=4,
@@ -291,7 +296,7 @@ def section_produce(p: Params, workdir: Path, storage: str) -> Recorder:
     rec = Recorder("produce")
     perf_run = f"kafka-producer-perf-test, {p.produce_records} records flat out"
     rate_run = f"kafka-producer-perf-test at {p.latency_rate} records/s for {p.latency_seconds} s"
-    ck_run = f"confluent-kafka, {p.produce_records} records flat out"
+    ck_run = f"confluent-kafka, {p.ck_records} records flat out"
     for kind, label in KINDS:
         with single_broker(kind, workdir, storage) as system:
             b = system.bootstrap
@@ -326,7 +331,7 @@ def section_produce(p: Params, workdir: Path, storage: str) -> Recorder:
             def ck(b: str = b) -> dict[str, Any]:
                 topic = name("ck")
                 create_topic(b, topic, p.partitions)
-                out = ck_produce(b, topic, count=p.produce_records, record_size=RECORD)
+                out = ck_produce(b, topic, count=p.ck_records, record_size=RECORD)
                 delete_topic(b, topic)
                 return out
 
@@ -979,8 +984,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--throttle-mib-s", type=int, help="Kafka's replication throttle")
     ap.add_argument("--cold-mib", type=int, help="size of the cold read")
     ap.add_argument("--tail-mib", type=int, help="size of the tail read")
-    ap.add_argument("--produce-records", type=int, help="records per produce run")
+    ap.add_argument("--produce-records", type=int, help="records per kafka-producer-perf-test run")
     ap.add_argument("--rebalance-brokers", type=int, help="brokers before one is added")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the sections the JSON already holds from a run of the same kind "
+        "(quick or full, same storage): rerun the same command after an interruption",
+    )
     ap.add_argument("--workdir", help="where the clusters live (default: a temporary directory)")
     ap.add_argument(
         "--render", action="store_true", help="only write the page and charts from the JSON"
@@ -1023,6 +1034,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for section in sections:
             key = section if args.storage == "local" else f"{section}@{args.storage}"
+            mode = "quick" if args.quick else "full"
+            if args.resume and load_results()["sections"].get(key, {}).get("mode") == mode:
+                log(f"{section}: already in {RESULTS_JSON.name} from a {mode} run; skipped")
+                continue
             started = time.time()
             load_before = loadavg()
             try:

@@ -189,6 +189,7 @@ def render(data: dict[str, Any], out: Path, charts_dir: Path) -> None:
         "```sh",
         "./.ci/setup && export TIDALMQ_CACHE_DIR=/work/cache    # or any cache directory",
         ".venv/bin/python bench/side_by_side.py                 # full run, all sections",
+        ".venv/bin/python bench/side_by_side.py --resume        # the same, after an interruption",
         ".venv/bin/python bench/side_by_side.py --quick         # small sizes, for validation",
         ".venv/bin/python bench/side_by_side.py --only move     # one section (others kept)",
         ".venv/bin/python bench/side_by_side.py --storage minio --only produce,consume",
