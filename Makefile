@@ -33,4 +33,12 @@ integration: setup
 e2e: setup
 	.venv/bin/pytest e2e
 
-test: lint unit chart integration e2e
+# The whole suite. A background prebuild (.ci/prebuild) builds what integration and e2e need (Go
+# tools, MinIO, Kafka jars, the e2e cluster's packages and images) while lint, unit and chart run;
+# the tests wait for a build in progress through the build scripts' locks. Its timing is printed
+# at the end, pass or fail (or interrupted: the report also stops a prebuild still running).
+test:
+	@.ci/prebuild start
+	@trap '.ci/prebuild report; exit 130' INT TERM; status=0; \
+	  $(MAKE) --no-print-directory lint unit chart integration e2e || status=$$?; \
+	  .ci/prebuild report; exit $$status

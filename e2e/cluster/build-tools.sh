@@ -1,28 +1,45 @@
 #!/usr/bin/env bash
-# Builds the end-to-end cluster's binaries from the Go module proxy at the versions pinned in
-# e2e/versions.env: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy,
-# kubectl (one wrapper module, one `go build`), etcd 3.5, CoreDNS, metrics-server, helm, kind and
-# the project's pause program and Docker runtime wrapper.
+# Builds the binaries the tests need from the Go module proxy, at the versions pinned in
+# e2e/versions.env (MinIO: tests/support/s3_server.py):
+#
+#   kubernetes      kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy,
+#                   kubectl (one `go build`)
+#   etcd            etcd 3.5 (the server only)
+#   helm            helm 3
+#   metrics-server  metrics-server
+#   coredns         CoreDNS with only the plugins the cluster's Corefile uses
+#   minio           the MinIO server of the integration tests
+#   kind, pause, runc-nocap  kind (for a laptop), the project's pause program and Docker runtime
+#                   wrapper
+#
+# kubernetes, etcd, helm and metrics-server come from ONE wrapper module (src/k8s-tools-*) whose
+# go.mod pins every module of Kubernetes' own module graph at the version Kubernetes requires.
+# The Kubernetes binaries are so built from exactly the dependencies Kubernetes was released with
+# (as before), the other three are built against them (Kubernetes' graph holds etcd's server
+# module at ETCD_VERSION; helm and metrics-server are on the same Kubernetes minor), and the
+# packages they share (client-go, apiserver, apimachinery, grpc, otel, ...: nearly all of
+# metrics-server, most of helm and etcd) compile once into the shared GOCACHE, whichever tool is
+# built first. Each tool is still its own `go build`, so a test that needs only helm gets it
+# without waiting for Kubernetes.
 #
 # Everything lands under ${TIDALMQ_CACHE_DIR:-<repo>/.cache}: go/mod (GOMODCACHE), go/build
-# (GOCACHE), src/ (wrapper modules) and bin/<tool>-<version>/ (results, each with a .done stamp),
-# so a second run only checks the stamps and costs seconds.
+# (GOCACHE), src/ (wrapper modules) and bin/<tool>-<version>/ (results, each with a .done stamp
+# written last; MinIO: the file bin/minio-<version>), so a second run only checks the stamps.
 #
-# Usage: e2e/cluster/build-tools.sh [tool...]   (default: all; prints the bin directory of each)
+# Concurrent runs are safe: each tool builds under its lock ($CACHE_DIR/locks/tool-<name>.lock),
+# so the background prebuild (.ci/prebuild), a test fixture and cluster.sh wait for each other
+# and never build a tool twice.
+#
+# Usage: e2e/cluster/build-tools.sh [tool...]   (default: the cluster's tools and kind)
+# shellcheck disable=SC2317  # the build_* functions are called indirectly, by tool name
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 
-E2E_DIR=$(cd "$(dirname "$0")/.." && pwd)
-REPO_DIR=$(cd "$E2E_DIR/.." && pwd)
-# shellcheck source=../versions.env
-source "$E2E_DIR/versions.env"
-
-CACHE_DIR=${TIDALMQ_CACHE_DIR:-$REPO_DIR/.cache}
 export GOMODCACHE=$CACHE_DIR/go/mod
 export GOCACHE=$CACHE_DIR/go/build
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GOWORK=off
+# -buildvcs=false: the project's own programs build the same from a clone, a worktree or a tarball.
+export GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 GOWORK=off
 export GOPATH=$CACHE_DIR/go/path
-
-log() { printf '[build-tools %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # bin_dir NAME VERSION -> the cache directory holding that tool's binaries
 bin_dir() { echo "$CACHE_DIR/bin/$1-$2"; }
@@ -35,63 +52,199 @@ mark_built() { date -u +%FT%TZ >"$(bin_dir "$1" "$2")/.done"; }
 # module_time MODULE@VERSION -> the module's commit time, used as a reproducible build date
 module_time() { go list -m -json "$1" | sed -n 's/.*"Time": "\(.*\)".*/\1/p'; }
 
-build_kubernetes() {
-  local name=kubernetes version=$KUBERNETES_VERSION
-  is_built $name "$version" && return 0
-  local src=$CACHE_DIR/src/k8s-wrapper-$version out
-  out=$(bin_dir $name "$version")
-  mkdir -p "$src" "$out"
-  log "kubernetes $version: resolving the staging modules"
+# ---------------------------------------------------------------- the Kubernetes tools module
+
+K8S_TOOLS_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+# The module's directory is named after everything that goes into its go.mod, so a version bump
+# resolves a new one (and never reuses a stale go.sum).
+K8S_TOOLS_SRC=$CACHE_DIR/src/k8s-tools-$(printf '%s\n' 2 "$KUBERNETES_VERSION" \
+  "$KUBERNETES_STAGING_VERSION" "$ETCD_VERSION" "$HELM_VERSION" "$METRICS_SERVER_VERSION" \
+  | sha256sum | cut -c1-12)
+
+# k8s_tools_module: writes and resolves the wrapper module once (under its own lock).
+k8s_tools_module() {
+  [[ -f $K8S_TOOLS_SRC/.ready ]] && return 0
+  with_lock src-k8s-tools resolve_k8s_tools_module
+}
+
+resolve_k8s_tools_module() {
+  [[ -f $K8S_TOOLS_SRC/.ready ]] && return 0
+  local tmp=$K8S_TOOLS_SRC.tmp gomod replaces pins cmd sum
+  rm -rf "$tmp"
+  mkdir -p "$tmp/graph"
+  log "k8s-tools module: resolving Kubernetes $KUBERNETES_VERSION's module graph"
   # k8s.io/kubernetes replaces its staging modules with ./staging/src/...; a wrapper module must
   # replace each with the published module of the same patch instead.
-  local gomod
-  gomod=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  gomod=$(cd "$tmp/graph" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" \
+    | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  replaces=$(grep -E '=> \./staging/src/' "$gomod" \
+    | awk -v v="$KUBERNETES_STAGING_VERSION" '{ print "replace " $1 " => " $1 " " v }')
+  printf 'module tidalmq.local/e2e/kubernetes-graph\n\ngo 1.24\n\nrequire k8s.io/kubernetes %s\n\n%s\n' \
+    "$KUBERNETES_VERSION" "$replaces" >"$tmp/graph/go.mod"
+  # Every module of that graph at the version Kubernetes selects (the staging ones are replaced).
+  pins=$(cd "$tmp/graph" && go list -m -f '{{if not (or .Main .Replace)}}{{.Path}} {{.Version}}{{end}}' all)
+  grep -qx "go.etcd.io/etcd/server/v3 $ETCD_VERSION" <<<"$pins" \
+    || die "ETCD_VERSION=$ETCD_VERSION is not the etcd of Kubernetes $KUBERNETES_VERSION's module graph ($(grep '^go.etcd.io/etcd/server/v3 ' <<<"$pins" || echo none)); set it to that one"
+  # The module proxy's checksum database has no entry for metrics-server v0.8.0: check the
+  # module against the hash recorded in versions.env instead.
+  sum=$(cd "$tmp/graph" && GONOSUMDB=sigs.k8s.io/metrics-server go mod download -json \
+    "sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION" | sed -n 's/.*"Sum": "\(.*\)".*/\1/p')
+  [[ $sum == "$METRICS_SERVER_MODULE_SUM" ]] \
+    || die "sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION has hash '$sum', expected $METRICS_SERVER_MODULE_SUM"
   {
-    echo "module tidalmq.local/e2e/kubernetes-tools"
+    printf 'module tidalmq.local/e2e/k8s-tools\n\ngo 1.24\n\n'
+    echo "require ("
+    echo "	k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo "	go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+    echo "	helm.sh/helm/v3 $HELM_VERSION"
+    echo "	sigs.k8s.io/metrics-server $METRICS_SERVER_VERSION"
+    echo ")"
     echo
-    echo "go 1.24"
+    for cmd in "${K8S_TOOLS_CMDS[@]}"; do
+      echo "tool k8s.io/kubernetes/cmd/$cmd"
+    done
+    echo "tool go.etcd.io/etcd/server/v3"
+    echo "tool helm.sh/helm/v3/cmd/helm"
+    echo "tool sigs.k8s.io/metrics-server/cmd/metrics-server"
     echo
-    echo "require k8s.io/kubernetes $version"
-    echo
-    grep -E '=> \./staging/src/' "$gomod" | awk -v v="$KUBERNETES_STAGING_VERSION" \
-      '{ print "replace " $1 " => " $1 " " v }'
-  } >"$src/go.mod"
-  local date major minor ldflags="-s -w" pkg
-  date=$(cd "$src" && module_time "k8s.io/kubernetes@$version")
+    echo "$replaces"
+    awk '$1 != "helm.sh/helm/v3" && $1 != "sigs.k8s.io/metrics-server" \
+      { print "replace " $1 " => " $1 " " $2 }' <<<"$pins"
+  } >"$tmp/go.mod"
+  rm -rf "$tmp/graph"
+  log "k8s-tools module: downloading the modules of kubernetes, etcd, helm and metrics-server"
+  (cd "$tmp" && GONOSUMDB=sigs.k8s.io/metrics-server go mod tidy)
+  rm -rf "$K8S_TOOLS_SRC"
+  mv "$tmp" "$K8S_TOOLS_SRC"
+  touch "$K8S_TOOLS_SRC/.ready"
+}
+
+# k8s_tools_build OUT LDFLAGS PACKAGE...: one `go build` in the Kubernetes tools module (its
+# go.mod is complete: -mod=readonly, so builds of different tools can run side by side)
+k8s_tools_build() {
+  local out=$1 ldflags=$2
+  shift 2
+  k8s_tools_module
+  (cd "$K8S_TOOLS_SRC" && go build -mod=readonly -trimpath -ldflags "-s -w $ldflags" -o "$out" "$@")
+}
+
+build_kubernetes() {
+  local name=kubernetes version=$KUBERNETES_VERSION
+  is_built "$name" "$version" && return 0
+  local out date major minor ldflags="" pkg cmd pkgs=()
+  out=$(bin_dir "$name" "$version")
+  mkdir -p "$out"
+  k8s_tools_module
+  date=$(cd "$K8S_TOOLS_SRC" && module_time "k8s.io/kubernetes@$version")
   major=${version#v}; major=${major%%.*}
   minor=${version#v*.}; minor=${minor%%.*}
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
   done
-  log "kubernetes $version: go build (cold: tens of minutes on 2 cores)"
-  (cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$out/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kubelet \
-    k8s.io/kubernetes/cmd/kube-proxy \
-    k8s.io/kubernetes/cmd/kubectl)
-  mark_built $name "$version"
+  for cmd in "${K8S_TOOLS_CMDS[@]}"; do
+    pkgs+=("k8s.io/kubernetes/cmd/$cmd")
+  done
+  log "kubernetes $version: go build (cold: the longest build, 10-20 min on 2 cores)"
+  k8s_tools_build "$out/" "$ldflags" "${pkgs[@]}"
+  mark_built "$name" "$version"
 }
 
 build_etcd() {
-  local name=etcd version=$ETCD_VERSION
-  is_built $name "$version" && return 0
-  local src=$CACHE_DIR/src/etcd-wrapper-$version out
-  out=$(bin_dir $name "$version")
-  mkdir -p "$src" "$out"
-  # etcd's server module replaces its sibling modules with relative paths, so `go install` refuses
-  # it; a wrapper module requiring it resolves the siblings at their published versions.
-  printf 'module tidalmq.local/e2e/etcd-tools\n\ngo 1.23\n' >"$src/go.mod"
+  local name=etcd version=$ETCD_VERSION out
+  is_built "$name" "$version" && return 0
+  out=$(bin_dir "$name" "$version")
+  mkdir -p "$out"
   log "etcd $version: go build"
-  (cd "$src" && go get "go.etcd.io/etcd/server/v3@$version" "go.etcd.io/etcd/etcdutl/v3@$version" \
-    && go build -trimpath -o "$out/" \
-      -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$version" \
-      go.etcd.io/etcd/server/v3 go.etcd.io/etcd/etcdutl/v3)
-  mv "$out/v3" "$out/etcd" 2>/dev/null || true
-  [[ -x "$out/etcd" ]] || mv "$out/server" "$out/etcd"
-  mark_built $name "$version"
+  k8s_tools_build "$out/etcd" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$version" \
+    go.etcd.io/etcd/server/v3
+  mark_built "$name" "$version"
+}
+
+build_helm() {
+  local name=helm version=$HELM_VERSION out
+  is_built "$name" "$version" && return 0
+  out=$(bin_dir "$name" "$version")
+  mkdir -p "$out"
+  log "helm $version: go build"
+  k8s_tools_build "$out/helm" \
+    "-X helm.sh/helm/v3/internal/version.version=$version -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+    helm.sh/helm/v3/cmd/helm
+  mark_built "$name" "$version"
+}
+
+build_metrics_server() {
+  local name=metrics-server version=$METRICS_SERVER_VERSION out
+  is_built "$name" "$version" && return 0
+  out=$(bin_dir "$name" "$version")
+  mkdir -p "$out"
+  log "metrics-server $version: go build"
+  k8s_tools_build "$out/metrics-server" \
+    "-X sigs.k8s.io/metrics-server/pkg/version.gitVersion=$version" \
+    sigs.k8s.io/metrics-server/cmd/metrics-server
+  mark_built "$name" "$version"
+}
+
+# ---------------------------------------------------------------- CoreDNS, MinIO and the rest
+
+# The plugins the cluster's Corefile uses: the first word of each line one level inside a server
+# block of manifests/coredns.yaml's Corefile.
+corefile_plugins() {
+  awk '/Corefile: \|/ { inside = 1; next }
+    inside && /^[^ ]/ { exit }
+    inside {
+      line = $0; sub(/#.*/, "", line)
+      if (split(line, word, " ") && depth == 1 && word[1] != "}") print word[1]
+      depth += gsub(/\{/, "{", line) - gsub(/\}/, "}", line)
+    }' "$E2E_DIR/cluster/manifests/coredns.yaml" | sort -u
+}
+
+# CoreDNS' own main imports all of its ~60 plugins (cloud DNS SDKs, tracing, etcd, ...); a small
+# main of ours imports only those the Corefile uses. The plugins CoreDNS lists but this binary
+# lacks are simply not registered (the Corefile may not use them); the directive order is still
+# CoreDNS' own. CoreDNS v1.12 is on Kubernetes 0.34 and etcd 3.6, so it keeps a module of its own.
+build_coredns() {
+  local name=coredns version=$COREDNS_VERSION out src plugins plugin
+  plugins=$(corefile_plugins | tr '\n' ' ')
+  out=$(bin_dir "$name" "$version")
+  # The stamp records the plugins: a Corefile that uses another one rebuilds it.
+  [[ -f $out/.done && $(sed -n 's/^plugins: //p' "$out/.done") == "$plugins" ]] && return 0
+  src=$CACHE_DIR/src/coredns-$version-$(sha256sum <<<"$plugins" | cut -c1-8)
+  mkdir -p "$out" "$src"
+  {
+    echo "// CoreDNS with the plugins of e2e/cluster/manifests/coredns.yaml only (build-tools.sh)."
+    echo "package main"
+    echo
+    echo "import ("
+    echo "	\"github.com/coredns/coredns/coremain\""
+    for plugin in $plugins; do
+      echo "	_ \"github.com/coredns/coredns/plugin/$plugin\""
+    done
+    echo ")"
+    echo
+    echo "func main() { coremain.Run() }"
+  } >"$src/main.go"
+  printf 'module tidalmq.local/e2e/coredns\n\ngo 1.24\n\nrequire github.com/coredns/coredns %s\n' \
+    "$version" >"$src/go.mod"
+  log "coredns $version: go build (plugins: $plugins)"
+  (cd "$src" && go mod tidy && go build -mod=readonly -trimpath \
+    -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$version" -o "$out/coredns" .)
+  printf 'built: %s\nplugins: %s\n' "$(date -u +%FT%TZ)" "$plugins" >"$out/.done"
+}
+
+# MinIO: the file bin/minio-<version> (where tests/support/s3_server.py looks), moved into place
+# whole, so it exists only once complete.
+build_minio() {
+  local target=$CACHE_DIR/bin/minio-$MINIO_VERSION tmp
+  [[ -n $MINIO_VERSION ]] || die "MINIO_VERSION not found in tests/support/s3_server.py"
+  [[ -x $target ]] && return 0
+  mkdir -p "$CACHE_DIR/bin"
+  rm -rf "$CACHE_DIR/bin"/.minio-build.*
+  tmp=$(mktemp -d "$CACHE_DIR/bin/.minio-build.XXXXXX")
+  log "minio $MINIO_VERSION: go install github.com/minio/minio@$MINIO_VERSION"
+  (cd "$tmp" && GOBIN=$tmp go install -trimpath -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION")
+  mv "$tmp/minio" "$target"
+  rm -rf "$tmp"
 }
 
 # go_install NAME VERSION PACKAGE@VERSION [LDFLAGS]: for modules without replace directives
@@ -102,30 +255,8 @@ go_install() {
   out=$(bin_dir "$name" "$version")
   mkdir -p "$out"
   log "$name $version: go install $target"
-  GOBIN=$out go install -trimpath -ldflags "-s -w $ldflags" "$target"
+  (cd "$out" && GOBIN=$out go install -trimpath -ldflags "-s -w $ldflags" "$target")
   mark_built "$name" "$version"
-}
-
-build_coredns() {
-  go_install coredns "$COREDNS_VERSION" "github.com/coredns/coredns@$COREDNS_VERSION" \
-    "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION"
-}
-
-build_metrics_server() {
-  is_built metrics-server "$METRICS_SERVER_VERSION" && return 0
-  local module=sigs.k8s.io/metrics-server@$METRICS_SERVER_VERSION sum
-  sum=$(cd "$CACHE_DIR" && GONOSUMDB=sigs.k8s.io/metrics-server go mod download -json "$module" \
-    | sed -n 's/.*"Sum": "\(.*\)".*/\1/p')
-  [[ $sum == "$METRICS_SERVER_MODULE_SUM" ]] \
-    || { log "$module has hash '$sum', expected $METRICS_SERVER_MODULE_SUM"; exit 1; }
-  GONOSUMDB=sigs.k8s.io/metrics-server go_install metrics-server "$METRICS_SERVER_VERSION" \
-    "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION" \
-    "-X sigs.k8s.io/metrics-server/pkg/version.gitVersion=$METRICS_SERVER_VERSION"
-}
-
-build_helm() {
-  go_install helm "$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
-    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 }
 
 build_kind() {
@@ -134,32 +265,40 @@ build_kind() {
 
 build_pause() {
   local name=pause version=$PAUSE_VERSION
-  is_built $name "$version" && return 0
+  is_built "$name" "$version" && return 0
   local out
-  out=$(bin_dir $name "$version")
+  out=$(bin_dir "$name" "$version")
   mkdir -p "$out"
   log "pause $version: go build"
   (cd "$E2E_DIR/images/pause" && go build -trimpath -ldflags "-s -w" -o "$out/pause" .)
-  mark_built $name "$version"
+  mark_built "$name" "$version"
 }
 
 # The Docker runtime wrapper (see e2e/images/runc-nocap); its version is its source's hash.
 build_runc_nocap() {
   local name=runc-nocap version out
   version=$(cat "$E2E_DIR/images/runc-nocap/"*.go | sha256sum | cut -c1-12)
-  is_built $name "$version" && return 0
-  out=$(bin_dir $name "$version")
+  is_built "$name" "$version" && return 0
+  out=$(bin_dir "$name" "$version")
   mkdir -p "$out"
   log "runc-nocap $version: go build"
   (cd "$E2E_DIR/images/runc-nocap" && go build -trimpath -ldflags "-s -w" -o "$out/runc-nocap" .)
-  mark_built $name "$version"
+  mark_built "$name" "$version"
+}
+
+# build TOOL: builds one tool under its lock, logging how long it took when it did build
+build() {
+  local tool=$1 start=$SECONDS
+  declare -F "build_${tool//-/_}" >/dev/null || die "unknown tool '$tool'"
+  with_lock "tool-$tool" "build_${tool//-/_}"
+  ((SECONDS - start < 2)) || log "$tool: ready after $((SECONDS - start)) s"
 }
 
 main() {
   local tools=("$@") tool start=$SECONDS
   ((${#tools[@]})) || tools=(pause runc-nocap etcd kubernetes coredns metrics-server helm kind)
   for tool in "${tools[@]}"; do
-    "build_${tool//-/_}"
+    build "$tool"
   done
   log "done in $((SECONDS - start)) s (cache: $CACHE_DIR)"
 }

@@ -393,6 +393,7 @@ node_ready() {
     -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
 }
 
+# shellcheck disable=SC2317  # called through wait_for
 metrics_available() { kubectl_admin top nodes; }
 
 install_addons() {
@@ -565,6 +566,7 @@ cmd_down() {
   stop_daemon kube-apiserver
   stop_daemon etcd
   "$E2E_DIR/cluster/images.sh" docker-stop
+  stop_daemon dockerd 30  # one an older images.sh started on the cluster's own run directory
   clean_netns
   unmount_state
   clean_network
@@ -576,14 +578,18 @@ cmd_down() {
 
 cmd_status() {
   local name ok=0
-  for name in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy dockerd; do
+  for name in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy; do
     if pid_alive "$name"; then
-      printf '%-24s running (pid %s)\n' "$name" "$(cat "$RUN_DIR/$name.pid")"
+      printf '%-24s running (pid %s)\n' "$name" "$(cat "$PID_DIR/$name.pid")"
     else
       printf '%-24s stopped\n' "$name"
-      [[ $name == dockerd ]] || ok=1
+      ok=1
     fi
   done
+  # The image builds' dockerd (images.sh) is the cache's, not part of the cluster.
+  if PID_DIR=$DOCKER_RUN_DIR pid_alive dockerd; then
+    printf '%-24s running (pid %s, builds images)\n' dockerd "$(cat "$DOCKER_RUN_DIR/dockerd.pid")"
+  fi
   if ((ok == 0)) && healthy; then
     kubectl_admin get nodes -o wide
     kubectl_admin get pods -A

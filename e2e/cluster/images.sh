@@ -18,9 +18,19 @@
 # (spark/Dockerfile), both built FROM the debootstrap base.
 #
 # TIDALMQ_E2E_DOCKER_HOST=unix:///var/run/docker.sock builds with an existing Docker daemon
-# instead (e.g. for kind on a laptop); the default starts Debian's dockerd on its own socket.
+# instead (e.g. for kind on a laptop); the default starts Debian's dockerd on a socket of this
+# cache directory's own (lib.sh: DOCKER_RUN_DIR), with its data in the cache.
+#
+# Every command but `list` runs under the cache's `images` lock, so the background prebuild
+# (.ci/prebuild), cluster.sh and minio-image.sh never build at the same time or stop the dockerd
+# another one builds with.
+# shellcheck disable=SC2317  # the cmd_* functions run through with_lock
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
+
+# dockerd's PID file and log (lib.sh's start_daemon/stop_daemon)
+PID_DIR=$DOCKER_RUN_DIR
+LOG_DIR=$CACHE_DIR/logs
 
 IMAGES_DIR=$CACHE_DIR/images
 DOCKER_HOST_URL=${TIDALMQ_E2E_DOCKER_HOST:-unix://$DOCKER_SOCK}
@@ -47,16 +57,17 @@ start_dockerd() {
     return 0
   fi
   local wrapper
+  # shellcheck disable=SC2012  # names of our own making
   wrapper=$(ls -d "$CACHE_DIR"/bin/runc-nocap-*/runc-nocap | head -1)
-  mkdir -p "$CACHE_DIR/docker" "$RUN_DIR/docker-exec"
+  mkdir -p "$CACHE_DIR/docker" "$DOCKER_RUN_DIR/exec"
   log "starting dockerd on $DOCKER_SOCK"
   # No bridge and no iptables rules: builds use the host network, and Docker's FORWARD policy
   # would otherwise drop the cluster's pod traffic.
   start_daemon dockerd dockerd \
     --host "unix://$DOCKER_SOCK" \
     --data-root "$CACHE_DIR/docker" \
-    --exec-root "$RUN_DIR/docker-exec" \
-    --pidfile "$RUN_DIR/docker-exec/dockerd.pid" \
+    --exec-root "$DOCKER_RUN_DIR/exec" \
+    --pidfile "$DOCKER_RUN_DIR/exec/dockerd.pid" \
     --bridge none --iptables=false --ip-forward=false --ip-masq=false \
     --storage-driver overlay2 \
     --add-runtime "runc-nocap=$wrapper" --default-runtime runc-nocap
@@ -126,6 +137,7 @@ pyspark_wheel() {
     [[ -x $py ]] || py=python3
     "$py" -m pip wheel -q --no-deps -w "$dir" "pyspark==$PYSPARK_VERSION"
   fi
+  # shellcheck disable=SC2012  # names of our own making
   ls "$dir"/pyspark-"$PYSPARK_VERSION"-*.whl | head -1
 }
 
@@ -161,6 +173,12 @@ cmd_base() {
   build_base
 }
 
+cmd_project() {
+  cmd_base
+  build_project_images
+  log "project images built"
+}
+
 cmd_build_kind() {
   "$E2E_DIR/cluster/build-tools.sh" metrics-server
   mkdir -p "$IMAGES_DIR"
@@ -186,14 +204,13 @@ cmd_import() {
 
 main() {
   case "${1:-}" in
-    build) cmd_build ;;
-    build-kind) cmd_build_kind ;;
-    base) cmd_base ;;
-    # (not an && list: set -e does not apply inside one)
-    project) cmd_base; build_project_images; log "project images built" ;;
-    import) cmd_import ;;
+    build) with_lock images cmd_build ;;
+    build-kind) with_lock images cmd_build_kind ;;
+    base) with_lock images cmd_base ;;
+    project) with_lock images cmd_project ;;
+    import) with_lock images cmd_import ;;
     list) all_images ;;
-    docker-stop) stop_dockerd ;;
+    docker-stop) with_lock images stop_dockerd ;;
     *) echo "usage: $0 build|build-kind|base|project|import|list|docker-stop" >&2; exit 2 ;;
   esac
 }

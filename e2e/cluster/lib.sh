@@ -15,13 +15,19 @@ RUN_DIR=${TIDALMQ_E2E_RUN_DIR:-/run/tidalmq-e2e}
 # containerd's image store survives `down` (images are rebuilt only when their input changes).
 CONTAINERD_ROOT=$CACHE_DIR/containerd
 CONTAINERD_SOCK=$RUN_DIR/containerd/containerd.sock
-DOCKER_SOCK=$RUN_DIR/docker.sock
+# The dockerd that builds the images belongs to the cache, not to the cluster: its socket and
+# state are per cache directory, so a background build (.ci/prebuild) never meets a running
+# cluster's files, or another clone's dockerd.
+DOCKER_RUN_DIR=/run/tidalmq-docker-$(printf %s "$CACHE_DIR" | sha256sum | cut -c1-8)
+DOCKER_SOCK=$DOCKER_RUN_DIR/docker.sock
 KUBECONFIG_FILE=$STATE_DIR/admin.kubeconfig
 
 K8S_BIN=$CACHE_DIR/bin/kubernetes-$KUBERNETES_VERSION
 ETCD_BIN=$CACHE_DIR/bin/etcd-$ETCD_VERSION
 HELM_BIN=$CACHE_DIR/bin/helm-$HELM_VERSION
 KIND_BIN=$CACHE_DIR/bin/kind-$KIND_VERSION
+# The MinIO version tests/support/s3_server.py pins (one place): v0.0.0-<date>-<commit>.
+MINIO_VERSION=$(sed -n 's/^MINIO_VERSION = "\(.*\)".*/\1/p' "$REPO_DIR/tests/support/s3_server.py")
 
 # Network plan: chosen to avoid Docker's 172.17.0.0/16 and the host's resolver.
 NODE_NAME=tidalmq-e2e
@@ -56,27 +62,39 @@ die() { log "ERROR: $*"; exit 1; }
 ctr_k8s() { ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
 docker_e2e() { /usr/bin/docker --host "unix://$DOCKER_SOCK" "$@"; }
 
-# pid_alive NAME: the process recorded in $RUN_DIR/NAME.pid is running
+# Where daemons keep their PID files and logs: the cluster's by default; images.sh points them at
+# its dockerd's own directories.
+PID_DIR=$RUN_DIR
+LOG_DIR=$STATE_DIR/logs
+
+# pid_alive NAME: the process recorded in $PID_DIR/NAME.pid is running
 pid_alive() {
-  local file=$RUN_DIR/$1.pid
+  local file=$PID_DIR/$1.pid
   [[ -f $file ]] && kill -0 "$(cat "$file")" 2>/dev/null
 }
 
-# start_daemon NAME CMD...: runs CMD in the background, logs to $STATE_DIR/logs/NAME.log
+# start_daemon NAME CMD...: runs CMD in the background, logs to $LOG_DIR/NAME.log. The daemon
+# inherits no open file but its standard ones, so it never holds a lock of with_lock.
 start_daemon() {
   local name=$1
   shift
   if pid_alive "$name"; then
     return 0
   fi
-  mkdir -p "$STATE_DIR/logs" "$RUN_DIR"
-  setsid "$@" >>"$STATE_DIR/logs/$name.log" 2>&1 </dev/null &
-  echo $! >"$RUN_DIR/$name.pid"
+  mkdir -p "$LOG_DIR" "$PID_DIR"
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      ((fd > 2)) && eval "exec $fd>&-" 2>/dev/null
+    done
+    exec setsid "$@" >>"$LOG_DIR/$name.log" 2>&1 </dev/null
+  ) &
+  echo $! >"$PID_DIR/$name.pid"
 }
 
 # stop_daemon NAME [TIMEOUT]: SIGTERM the recorded PID, SIGKILL after TIMEOUT seconds
 stop_daemon() {
-  local name=$1 timeout=${2:-20} file=$RUN_DIR/$1.pid pid i
+  local name=$1 timeout=${2:-20} file=$PID_DIR/$1.pid pid i
   [[ -f $file ]] || return 0
   pid=$(cat "$file")
   if kill -0 "$pid" 2>/dev/null; then
@@ -101,4 +119,26 @@ wait_for() {
     sleep 1
   done
   die "timed out after ${timeout}s waiting for $what"
+}
+
+# with_lock NAME CMD...: runs CMD holding the cache's lock NAME ($CACHE_DIR/locks/NAME.lock), so
+# concurrent runs (the background prebuild, a test fixture, cluster.sh) wait for each other
+# instead of building the same thing twice. Re-entrant: a nested script run under CMD sees the
+# lock in TIDALMQ_LOCKS_HELD and does not wait for itself. If CMD fails, the script exits
+# (set -e) and the lock goes with the process.
+with_lock() {
+  local name=$1 fd
+  shift
+  if [[ " ${TIDALMQ_LOCKS_HELD:-} " == *" $name "* ]]; then
+    "$@"
+    return
+  fi
+  mkdir -p "$CACHE_DIR/locks"
+  exec {fd}>>"$CACHE_DIR/locks/$name.lock"
+  if ! flock -n "$fd"; then
+    log "waiting for $name (another process holds $CACHE_DIR/locks/$name.lock)"
+    flock "$fd"
+  fi
+  TIDALMQ_LOCKS_HELD="${TIDALMQ_LOCKS_HELD:-} $name" "$@"
+  exec {fd}>&-
 }

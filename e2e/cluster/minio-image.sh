@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the MinIO image the chart's in-cluster object store uses on the e2e cluster, and loads it
 # into the cluster's containerd (a companion of images.sh, which it calls for the Docker daemon
-# and the base image; images.sh itself is unchanged).
+# and the base image).
 #
 #   minio-image.sh build     build MinIO (Go module, cached) and the image; print its reference
 #   minio-image.sh import    also copy it into the cluster's containerd (k8s.io namespace)
@@ -11,26 +11,18 @@
 #   --set inClusterObjectStore.enabled=true \
 #   --set inClusterObjectStore.image.repository=tidalmq.local/minio \
 #   --set inClusterObjectStore.image.tag=<the tag printed by `minio-image.sh ref`>
+# shellcheck disable=SC2317  # the cmd_* functions run through with_lock
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-# The version tests/support/s3_server.py pins (one place): v0.0.0-<date>-<commit>.
-MINIO_VERSION=$(sed -n 's/^MINIO_VERSION = "\(.*\)".*/\1/p' "$REPO_DIR/tests/support/s3_server.py")
+# MINIO_VERSION: lib.sh (the version tests/support/s3_server.py pins)
 [[ -n $MINIO_VERSION ]] || die "MINIO_VERSION not found in tests/support/s3_server.py"
 MINIO_IMAGE=$IMAGE_REGISTRY/minio:$MINIO_VERSION
 DOCKER_HOST_URL=${TIDALMQ_E2E_DOCKER_HOST:-unix://$DOCKER_SOCK}
 docker_cli() { DOCKER_BUILDKIT=0 docker --host "$DOCKER_HOST_URL" "$@"; }
 
-minio_binary() {
-  local py=$REPO_DIR/.venv/bin/python
-  [[ -x $py ]] || py=python3
-  (cd "$REPO_DIR" && TIDALMQ_CACHE_DIR=$CACHE_DIR "$py" -c \
-    'from tests.support.s3_server import build_minio; print(build_minio())')
-}
-
 cmd_build() {
-  local binary ctx=$CACHE_DIR/images/ctx-minio base=$BASE_IMAGE
-  binary=$(minio_binary | tail -1)
+  local binary=$CACHE_DIR/bin/minio-$MINIO_VERSION ctx=$CACHE_DIR/images/ctx-minio base=$BASE_IMAGE
   [[ -x $binary ]] || die "no MinIO binary at '$binary'"
   if [[ -n ${TIDALMQ_E2E_PUBLIC_BASE:-} ]]; then
     base=debian:$DEBIAN_SUITE-slim
@@ -54,9 +46,11 @@ cmd_import() {
   echo "$MINIO_IMAGE"
 }
 
+# MinIO first (under its own lock), then the image under the images lock of images.sh, so the
+# e2e dockerd is not stopped while this builds with it.
 case "${1:-}" in
-  build) cmd_build ;;
-  import) cmd_import ;;
+  build) "$E2E_DIR/cluster/build-tools.sh" minio >&2; with_lock images cmd_build ;;
+  import) "$E2E_DIR/cluster/build-tools.sh" minio >&2; with_lock images cmd_import ;;
   ref) echo "$MINIO_IMAGE" ;;
   *) echo "usage: $0 build|import|ref" >&2; exit 2 ;;
 esac

@@ -2,14 +2,15 @@
 
 The binaries are the ones the end-to-end cluster uses, built from the Go module proxy by
 `e2e/cluster/build-tools.sh etcd kubernetes` into `${TIDALMQ_CACHE_DIR:-<repo>/.cache}` (built on
-first use, under a lock). Authentication is a static token; authorization is AlwaysAllow: these
-tests exercise the operator's logic against the real API (CRD validation, status subresources,
-resourceVersion conflicts, finalizers, watches), while RBAC is checked by the end-to-end tests.
+first use; the script's locks make a session wait for a build already running, e.g. the
+background prebuild of `make test`). Authentication is a static token; authorization is
+AlwaysAllow: these tests exercise the operator's logic against the real API (CRD validation,
+status subresources, resourceVersion conflicts, finalizers, watches), while RBAC is checked by
+the end-to-end tests.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import socket
@@ -45,20 +46,17 @@ def binaries() -> tuple[Path, Path]:
     v = _versions()
     etcd = cache_dir() / "bin" / f"etcd-{v['ETCD_VERSION']}" / "etcd"
     apiserver = cache_dir() / "bin" / f"kubernetes-{v['KUBERNETES_VERSION']}" / "kube-apiserver"
-    if not (etcd.exists() and apiserver.exists()):
-        lock_path = cache_dir() / "bin" / ".apiserver-build.lock"
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock_path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (etcd.exists() and apiserver.exists()):
-                log = cache_dir() / "bin" / "apiserver-build.log"
-                with log.open("ab") as out:
-                    result = subprocess.run(
-                        ["bash", str(REPO / "e2e/cluster/build-tools.sh"), "etcd", "kubernetes"],
-                        stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TIDALMQ_CACHE_DIR": str(cache_dir())},
-                    )  # fmt: skip
-                if result.returncode != 0:
-                    raise RuntimeError(f"building etcd/kube-apiserver failed; see {log}")
+    # The .done stamps, not the binaries: a build in progress may have written some already.
+    if not ((etcd.parent / ".done").exists() and (apiserver.parent / ".done").exists()):
+        log = cache_dir() / "logs" / "apiserver-build.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            result = subprocess.run(
+                ["bash", str(REPO / "e2e/cluster/build-tools.sh"), "etcd", "kubernetes"],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TIDALMQ_CACHE_DIR": str(cache_dir())},
+            )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"building etcd/kube-apiserver failed; see {log}")
     return etcd, apiserver
 
 

@@ -7,9 +7,11 @@ Which server (decided once, deterministically, never silently skipped):
   server mode.
 
 MinIO is built from its Go module at a pinned version into
-`${TIDALMQ_CACHE_DIR:-<repo>/.cache}/bin/minio-<version>` (module and build caches under the same
-directory, build serialised by a file lock, done once per machine). If the chosen server cannot
-be built or started, the session fails with the reason.
+`${TIDALMQ_CACHE_DIR:-<repo>/.cache}/bin/minio-<version>` by `e2e/cluster/build-tools.sh minio`
+(module and build caches under the same directory, shared with the other Go tools; the build
+holds a file lock, so a session waits for a build already running, e.g. the background prebuild
+of `make test`, instead of starting another). If the chosen server cannot be built or started,
+the session fails with the reason.
 
 Tests use the `s3_server` fixture: `.make_store(prefix)`, `.url(prefix)` (an s3:// URL for
 `open_object_store` / a broker's settings) and `.env()` (AWS_* variables for subprocesses).
@@ -18,7 +20,6 @@ Tests use the `s3_server` fixture: `.make_store(prefix)`, `.url(prefix)` (an s3:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import socket
@@ -34,7 +35,6 @@ from pathlib import Path
 import boto3
 import pytest
 
-MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"  # last published commit (Feb 2026)
 ACCESS_KEY = "tidalmq-test"
 SECRET_KEY = "tidalmq-test-secret"
@@ -56,47 +56,30 @@ def minio_binary() -> Path:
 
 
 def build_minio(log: Path | None = None) -> Path:
-    """Build MinIO from its Go module once per cache directory; returns the binary."""
+    """Build MinIO from its Go module once per cache directory (or wait for the build that is
+    running); returns the binary."""
     target = minio_binary()
     if target.exists():
         return target
-    go = shutil.which("go")
-    if go is None:
+    if shutil.which("go") is None:
         raise S3ServerError("no Go toolchain on PATH to build MinIO (set TIDALMQ_TEST_S3=moto)")
     cache = cache_dir()
-    (cache / "bin").mkdir(parents=True, exist_ok=True)
-    with open(cache / "bin" / ".minio-build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():
-            return target
-        gobin = Path(tempfile.mkdtemp(prefix="minio-build-", dir=cache / "bin"))
-        env = {
-            **os.environ,
-            "GOBIN": str(gobin),
-            "GOMODCACHE": str(cache / "gomod"),
-            "GOCACHE": str(cache / "gocache"),
-            "GOTOOLCHAIN": "local",
-            "CGO_ENABLED": "0",
-            "GOFLAGS": "-mod=mod",
-        }
-        log = log or cache / "bin" / "minio-build.log"
-        started = time.monotonic()
-        with open(log, "w") as out:
-            result = subprocess.run(
-                [go, "install", f"{MINIO_MODULE}@{MINIO_VERSION}"],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=gobin,
-                timeout=1800,
-                check=False,
-            )
-        if result.returncode != 0 or not (gobin / "minio").exists():
-            tail = log.read_text()[-2000:]
-            raise S3ServerError(f"building MinIO failed (exit {result.returncode}):\n{tail}")
-        os.replace(gobin / "minio", target)
-        shutil.rmtree(gobin, ignore_errors=True)
-        print(f"built MinIO {MINIO_VERSION} in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    log = log or cache / "logs" / "minio-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(log, "ab") as out:
+        result = subprocess.run(
+            ["bash", str(_REPO / "e2e" / "cluster" / "build-tools.sh"), "minio"],
+            env={**os.environ, "TIDALMQ_CACHE_DIR": str(cache)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=3600,
+            check=False,
+        )
+    if result.returncode != 0 or not target.exists():
+        tail = log.read_text()[-2000:]
+        raise S3ServerError(f"building MinIO failed (exit {result.returncode}):\n{tail}")
+    print(f"MinIO {MINIO_VERSION} ready after {time.monotonic() - started:.0f}s", file=sys.stderr)
     return target
 
 
