@@ -249,3 +249,14 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
             cluster.kubectl("delete", "namespace", name, "--wait=false")
         except CommandError as exc:  # the session teardown removes it with the cluster anyway
             sys.stderr.write(f"could not delete namespace {name}: {exc}\n")
+
+
+# The first end-to-end test's setup may build the cluster from cold (Go builds, images): the
+# suite-wide 2400 s limit of pyproject.toml would cut it off, so end-to-end tests get 70 minutes.
+E2E_TIMEOUT_S = 4200
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is None and item.nodeid.startswith("e2e/"):
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))

@@ -51,8 +51,17 @@ def prometheus_binary() -> str:
             return shutil.which("prometheus")  # type: ignore[return-value]
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         for cmd in (
-            ["apt-get", "update", "-qq"],
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", DEBIAN_PACKAGE],
+            ["apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-qq"],
+            [
+                "apt-get",
+                "-o",
+                "DPkg::Lock::Timeout=600",
+                "install",
+                "-y",
+                "-qq",
+                "--no-install-recommends",
+                DEBIAN_PACKAGE,
+            ],
         ):
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
