@@ -214,6 +214,36 @@ def pod_ready_time(pod: dict[str, Any]) -> float | None:
     return None
 
 
+def cancel_outcome(cluster: Cluster, ns: str, source: dict[int, int]) -> dict[str, int] | None:
+    """Once the reassignment `cancelled` has settled: how many of its partitions moved and how
+    many rolled back, after checking each against where the Topic says the partition lives."""
+    st = cluster.kubectl_json("-n", ns, "get", "tpr", "cancelled").get("status") or {}
+    if st.get("phase") not in ("Cancelled", "Completed"):
+        return None
+    topic = topic_status(cluster, ns, "events")
+    if not ready(topic):
+        return None
+    now = {p["partition"]: p.get("broker") for p in topic["partitions"]}
+    outcome = {"moved": 0, "rolled_back": 0}
+    # a disagreement raises ValueError: wait_until retries (the Topic's status may lag a beat)
+    # and reports the last one if it never resolves
+    for row in st["partitions"]:
+        p = row["partition"]
+        if row["phase"] == "Done":
+            if now[p] != row["target"]:
+                raise ValueError(f"partition {p} Done but led by {now[p]}: {row}")
+            outcome["moved"] += 1
+        elif row["phase"] == "Cancelled":
+            if now[p] != source[p]:
+                raise ValueError(f"partition {p} Cancelled but led by {now[p]}: {row}")
+            outcome["rolled_back"] += 1
+        else:
+            raise ValueError(f"partition {p} ended {row['phase']}: {row}")
+    if (st["phase"] == "Cancelled") != (outcome["rolled_back"] > 0):
+        raise ValueError(f"overall phase {st['phase']} with {outcome}")
+    return outcome
+
+
 def test_fleet_changes_under_a_producer(cluster: Cluster, release: dict[str, Any]) -> None:
     ns = release["ns"]
     cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic",
@@ -253,6 +283,21 @@ def test_fleet_changes_under_a_producer(cluster: Cluster, release: dict[str, Any
                                   "metadata": {"name": "six"}, "spec": {"partitions": moves}}), ns)  # fmt: skip
         wait_until("six moved", lambda: (cluster.kubectl_json("-n", ns, "get", "tpr", "six").get("status") or {})
                    .get("phase") == "Completed", timeout=180)  # fmt: skip
+        # ... and another cancelled half way: `cancel: true` right after it is created. Each
+        # partition ends either moved (Done, on its target) or rolled back (Cancelled, on its
+        # source); the status must say which, and the Topic must agree.
+        status = topic_status(cluster, ns, "events")
+        source = {p["partition"]: p["broker"] for p in status["partitions"]}
+        back = [{"topic": "events", "partition": p, "replicas": [1 - b]}
+                for p, b in sorted(source.items())[12:]]  # fmt: skip
+        cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
+                                  "metadata": {"name": "cancelled"}, "spec": {"partitions": back}}), ns)  # fmt: skip
+        cluster.kubectl("-n", ns, "patch", "tpr", "cancelled", "--type=merge",
+                        "-p", '{"spec": {"cancel": true}}')  # fmt: skip
+        figures["cancel_half_way"] = wait_until(
+            "the cancelled reassignment settles, its status agreeing with the Topic",
+            lambda: cancel_outcome(cluster, ns, source), timeout=180,
+        )  # fmt: skip
         # (e) the operator pod deleted during a reassignment: it resumes
         status = topic_status(cluster, ns, "events")
         more = [{"topic": "events", "partition": p["partition"], "replicas": [1 - p["broker"]]}
