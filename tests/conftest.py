@@ -1,7 +1,24 @@
 """Shared fixtures. Real servers (S3, brokers) are started once per session behind a lock."""
 
+from __future__ import annotations
+
+import pytest
+
 pytest_plugins: list[str] = [
     "tests.support.s3_server",
     "tests.support.apache_kafka",
     "tests.support.kube_apiserver",
 ]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a test on the real kube-apiserver run last: on a cold machine its build (the
+    longest Go build, started in the background by .ci/prebuild) then overlaps the other
+    integration tests instead of holding the session up at the first such test. The order is
+    otherwise kept, and whole modules move together (their module-scoped fixtures stay shared)."""
+    late = {
+        item.module.__name__
+        for item in items
+        if item.module is not None and "kube_apiserver" in getattr(item, "fixturenames", ())
+    }
+    items.sort(key=lambda item: item.module is not None and item.module.__name__ in late)
