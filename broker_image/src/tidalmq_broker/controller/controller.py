@@ -1102,6 +1102,12 @@ class Controller:
                 f"(live: {sorted(live)})"
             )
 
+    def has_heartbeated(self, broker_id: int) -> bool:
+        """The broker's registration was answered and it heartbeats since: the moves of its
+        join rebalance (recorded before that answer) are visible to whoever waits for it."""
+        live = self._liveness.get(broker_id)
+        return live is not None and live.applied_version >= 0
+
     def _placeable_brokers(self, meta: ClusterMetadata) -> list[int]:
         return sorted(b for b, info in meta.brokers.items() if info.state == "alive")
 

@@ -168,7 +168,15 @@ class LocalCluster:
             if not b.alive():
                 raise RuntimeError(f"broker {broker_id} exited; see {log_path}")
             info = self.controller.metadata.brokers.get(broker_id) if self.controller else None
-            if info is not None and info.state == "alive" and info.port == port:
+            # alive in the metadata is not enough: the join rebalance is recorded just after
+            # that commit, before the broker's registration is answered and it heartbeats
+            if (
+                info is not None
+                and info.state == "alive"
+                and info.port == port
+                and self.controller is not None
+                and self.controller.has_heartbeated(broker_id)
+            ):
                 break
             await asyncio.sleep(0.05)
         self._write_state()
