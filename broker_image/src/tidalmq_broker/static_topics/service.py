@@ -249,12 +249,14 @@ class LogicQueueLog:
         return PartitionStats(self.log_start_offset, self.high_watermark)
 
     # ------------------------------------------------------------------ append
-    async def append(self, records_: bytes | memoryview, *, acks: int = -1) -> AppendResult:
+    async def append(
+        self, records_: bytes | memoryview, *, acks: int = -1, owned: bool = False
+    ) -> AppendResult:
         leader = self._leader
         if leader.sealed:
             raise PartitionClosing(f"logic queue {self._tp}: its physical queue is sealed")
         await self._adopt_producers(records_)
-        result = await self._plog.append(records_, acks=acks)
+        result = await self._plog.append(records_, acks=acks, owned=owned)
         return AppendResult(
             leader.to_logic(result.base_offset),
             leader.to_logic(result.last_offset),
