@@ -415,7 +415,7 @@ async def _planner_task(rt: OperatorRuntime, name: str, uid: str | None,
     s = rt.settings
 
     async def progress(phase: str, message: str) -> None:
-        if phase == "Planned":  # reported with the plan below
+        if phase in ("Planned", "Failed"):  # reported below, with the plan or PlannerFailed
             return
         await rt.kube.event(ref, f"Planner{phase}", message)
         try:
