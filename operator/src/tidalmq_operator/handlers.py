@@ -10,6 +10,7 @@ and leaves status to the runtime's publisher (which derives it from the controll
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -20,18 +21,39 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, PlanEntry, validate_plan
 
 from tidalmq_operator import static_topics  # noqa: F401  (registers the StaticTopic handlers)
+from tidalmq_operator.generated import (
+    TERMINAL,
+    Step,
+    moves_to_submit,
+    next_step,
+    plan_entries,
+    plan_status,
+    plan_summary,
+    with_condition,
+)
+from tidalmq_operator.kube import NotFound
 from tidalmq_operator.models import (
+    GenerateSpec,
     ReassignmentSpec,
     SpecError,
     TopicSpec,
     parse,
 )
-from tidalmq_operator.runtime import ControllerInactive, OperatorRuntime, ReassignmentRun, TopicWish
+from tidalmq_operator.planning import PlannerFailed, PlannerJob, cleanup, run_name, run_planner
+from tidalmq_operator.runtime import (
+    ControllerInactive,
+    OperatorRuntime,
+    ReassignmentRun,
+    TopicWish,
+    condition,
+    now_iso,
+)
 from tidalmq_operator.settings import GROUP, VERSION
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 2.0
+PLURAL = "partitionreassignments"
 
 
 def runtime_of(memo: Any) -> OperatorRuntime:
@@ -139,7 +161,7 @@ async def start_reassignment(spec: Any, name: str, meta: Any, status: Any, memo:
                              patch: Any, **_: Any) -> None:  # fmt: skip
     rt = runtime_of(memo)
     phase = (status or {}).get("phase")
-    if phase in ("Completed", "Cancelled", "Failed"):
+    if phase in TERMINAL:
         return
     try:
         plan = parse(ReassignmentSpec, spec)
@@ -148,9 +170,11 @@ async def start_reassignment(spec: Any, name: str, meta: Any, status: Any, memo:
         patch.status["conditions"] = [_failed(str(exc), meta)]
         raise kopf.PermanentError(str(exc)) from exc
     if plan.generate is not None and plan.partitions is None:
-        patch.status["phase"] = "Failed"
-        patch.status["conditions"] = [_failed("generated plans need the planner (not available in this version)", meta)]  # fmt: skip
-        raise kopf.PermanentError("spec.generate is not supported by this operator version")
+        try:
+            await reconcile_generated(rt, name)
+        except ControllerInactive as exc:
+            raise kopf.TemporaryError(str(exc), delay=RETRY_S) from exc
+        return
     try:
         controller = rt.require_controller()
     except ControllerInactive as exc:
@@ -168,20 +192,13 @@ async def start_reassignment(spec: Any, name: str, meta: Any, status: Any, memo:
         started = (status or {}).get("startTime")
         submitted = _parse_time(started) or submitted
     else:
-        errors = await controller.alter_reassignments(entries)
-        bad = {str(tp): str(err) for tp, err in errors.items() if err is not None}
-        if bad:
+        try:
+            await submit_moves(controller, entries)
+        except InvalidPlan as exc:
             patch.status["phase"] = "Failed"
-            patch.status["conditions"] = [
-                _failed("; ".join(f"{k}: {v}" for k, v in bad.items()), meta)
-            ]
-            raise kopf.PermanentError(f"refused: {bad}")
-    run = ReassignmentRun(name, entries, submitted, meta.get("generation"), uid=meta.get("uid"))
-    for row in (status or {}).get("partitions", []):  # what an earlier operator already saw
-        run.phases[TopicPartition(row["topic"], int(row["partition"]))] = row.get(
-            "phase", "Pending"
-        )
-    rt.reassignments[name] = run
+            patch.status["conditions"] = [_failed(str(exc), meta)]
+            raise kopf.PermanentError(f"refused: {exc}") from exc
+    rt.reassignments[name] = _run_of(name, meta, entries, submitted, status)
     patch.status["phase"] = "Running"
     patch.status["progress"] = f"0/{len(entries)}"
     kopf.info({"apiVersion": f"{GROUP}/{VERSION}", "kind": "PartitionReassignment",
@@ -194,21 +211,277 @@ async def cancel_reassignment(new: Any, name: str, spec: Any, memo: Any, **_: An
     if not new:
         return
     rt = runtime_of(memo)
+    plan = parse(ReassignmentSpec, spec)
+    planned = plan.entries()
+    if plan.generate is not None and plan.partitions is None:
+        try:
+            current = await rt.kube.get(PLURAL, name)
+        except NotFound:
+            return
+        if (current.get("status") or {}).get("phase") != "Running":
+            # before any move (planning or awaiting approval): stop the planner, end Cancelled
+            await reconcile_generated(rt, name)
+            return
+        planned = plan_entries((current.get("status") or {}).get("plan"))
     try:
         controller = rt.require_controller()
     except ControllerInactive as exc:
         raise kopf.TemporaryError(str(exc), delay=RETRY_S) from exc
-    plan = parse(ReassignmentSpec, spec)
     moving = {tp for tp, *_ in controller.list_reassignments()}
-    entries = [PlanEntry(e.tp, None) for e in plan.entries() if e.tp in moving]
+    entries = [PlanEntry(e.tp, None) for e in planned if e.tp in moving]
     if entries:
         await controller.alter_reassignments(entries)
     log.info("PartitionReassignment %s: cancelled %d moves in flight", name, len(entries))
 
 
 @kopf.on.delete(GROUP, VERSION, "partitionreassignments", optional=True)
-async def forget_reassignment(name: str, memo: Any, **_: Any) -> None:
-    runtime_of(memo).reassignments.pop(name, None)
+async def forget_reassignment(name: str, meta: Any, spec: Any, memo: Any, **_: Any) -> None:
+    rt = runtime_of(memo)
+    rt.reassignments.pop(name, None)
+    if spec.get("generate") is not None:
+        await stop_planner(rt, name, meta.get("uid"))
+
+
+@kopf.on.field(GROUP, VERSION, PLURAL, field="spec.approved")
+@kopf.on.field(GROUP, VERSION, PLURAL, field="spec.autoApprove")
+async def approve_reassignment(new: Any, name: str, spec: Any, memo: Any, **_: Any) -> None:
+    """An approval (or autoApprove) of a generated plan: its moves start once it is planned."""
+    if not new or spec.get("generate") is None:
+        return
+    try:
+        await reconcile_generated(runtime_of(memo), name)
+    except ControllerInactive as exc:
+        raise kopf.TemporaryError(str(exc), delay=RETRY_S) from exc
+
+
+# ---------------------------------------------------------------------------- shared by both
+async def submit_moves(controller: Any, entries: list[PlanEntry]) -> None:
+    """Check a plan against the current metadata and start its moves (those not already done
+    or under way: a resubmission starts nothing twice); InvalidPlan lists every refusal."""
+    validate_plan(entries, controller.metadata)
+    todo = moves_to_submit(entries, controller.metadata)
+    errors = await controller.alter_reassignments(todo) if todo else {}
+    bad = {str(tp): str(err) for tp, err in errors.items() if err is not None}
+    if bad:
+        raise InvalidPlan("; ".join(f"{k}: {v}" for k, v in bad.items()))
+
+
+def _run_of(name: str, meta: Any, entries: list[PlanEntry], submitted: float, status: Any,
+            conditions: list[dict[str, Any]] | None = None) -> ReassignmentRun:  # fmt: skip
+    """The progress tracking of submitted moves (the runtime's publisher writes status)."""
+    run = ReassignmentRun(name, entries, submitted, meta.get("generation"), uid=meta.get("uid"),
+                          conditions=list(conditions or []))  # fmt: skip
+    for row in (status or {}).get("partitions", []):  # what an earlier operator already saw
+        run.phases[TopicPartition(row["topic"], int(row["partition"]))] = row.get(
+            "phase", "Pending"
+        )
+    return run
+
+
+# ---------------------------------------------------------------------------- generated plans
+def _ref(name: str, uid: str | None) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PartitionReassignment",
+            "metadata": {"name": name, "uid": uid}}  # fmt: skip
+
+
+def planner_job(rt: OperatorRuntime, name: str, uid: str | None,
+                generate: GenerateSpec | None) -> PlannerJob:  # fmt: skip
+    """The planner run of a resource. Its name depends on the resource only (uid, no clock), so
+    a restarted operator finds (attaches to) the driver pod of its earlier launch."""
+    s = rt.settings
+    return PlannerJob.from_settings(
+        name=run_name(name, uid or "", when=0.0), namespace=s.namespace, image=s.spark_image,
+        service_account=s.spark_service_account, prometheus_url=s.prometheus_url,
+        bootstrap_servers=s.bootstrap_servers or None, generate=generate, resource_name=name,
+        spark_submit=s.spark_submit,
+    )  # fmt: skip
+
+
+def _planner_unconfigured(rt: OperatorRuntime) -> str | None:
+    s = rt.settings
+    missing = [env for env, value in (("TIDALMQ_SPARK_IMAGE", s.spark_image),
+                                      ("TIDALMQ_SPARK_SERVICE_ACCOUNT", s.spark_service_account),
+                                      ("TIDALMQ_PROMETHEUS_URL", s.prometheus_url)) if not value]  # fmt: skip
+    if not missing:
+        return None
+    return (f"the planner is not configured ({', '.join(missing)} unset; the chart sets them with "
+            "spark.enabled and operator.prometheusUrl)")  # fmt: skip
+
+
+async def stop_planner(rt: OperatorRuntime, name: str, uid: str | None) -> None:
+    """Stop the planner run of a resource: its task here and its driver pod (and result)."""
+    task = rt.planners.pop(name, None)
+    if task is not None and not task.done() and task is not asyncio.current_task():
+        task.cancel()
+        await asyncio.wait([task], timeout=30)
+    await cleanup(planner_job(rt, name, uid, None), rt.kube.core)
+
+
+async def _set_status(rt: OperatorRuntime, name: str, current: dict[str, Any],
+                      *new_conditions: dict[str, Any], **fields: Any) -> None:  # fmt: skip
+    conditions = (current.get("status") or {}).get("conditions")
+    for c in new_conditions:
+        conditions = with_condition(conditions, c)
+    body = dict(fields)
+    if new_conditions:
+        body["conditions"] = conditions
+    await rt.kube.patch_status(PLURAL, name, body)
+
+
+async def reconcile_generated(rt: OperatorRuntime, name: str) -> None:
+    """Take the next step of a generated PartitionReassignment (generated.next_step), decided
+    from its current state; raises ControllerInactive when its moves need the controller."""
+    async with rt.resource_lock(name):
+        try:
+            body = await rt.kube.get(PLURAL, name)
+        except NotFound:
+            return
+        meta = body.get("metadata") or {}
+        uid, gen = meta.get("uid"), meta.get("generation")
+        spec = parse(ReassignmentSpec, body.get("spec") or {})
+        status = body.get("status") or {}
+        task = rt.planners.get(name)
+        step = next_step(spec, status, planner_running=task is not None and not task.done(),
+                         tracked=name in rt.reassignments)  # fmt: skip
+        log.info("PartitionReassignment %s (generated): %s", name, step.value)
+        ref = _ref(name, uid)
+        plan = status.get("plan") or {}
+        if step is Step.CANCEL:
+            await stop_planner(rt, name, uid)
+            message = "cancelled before any move: nothing was moved"
+            await _set_status(rt, name, body, condition("Complete", True, "Cancelled", message, gen),
+                              phase="Cancelled", completionTime=now_iso(), observedGeneration=gen)  # fmt: skip
+            await rt.kube.event(ref, "Cancelled", message)
+        elif step is Step.PLAN:
+            problem = _planner_unconfigured(rt)
+            if problem is not None:
+                await _set_status(rt, name, body, condition("Planned", False, "PlannerFailed", problem, gen),
+                                  _failed(problem, meta), phase="Failed", observedGeneration=gen)  # fmt: skip
+                await rt.kube.event(ref, "PlannerFailed", problem, warning=True)
+                return
+            g = spec.generate or GenerateSpec()
+            message = (f"planning from {g.window} of traffic history (step {g.step}, "
+                       f"threshold {g.threshold}{f', at most {g.max_moves} moves' if g.max_moves is not None else ''})")  # fmt: skip
+            await _set_status(rt, name, body, condition("Planned", False, "Planning", message, gen),
+                              condition("Complete", False, "Planning", "no plan yet", gen),
+                              phase="Planning", observedGeneration=gen)  # fmt: skip
+            await rt.kube.event(ref, "Planning", message)
+            rt.planners[name] = asyncio.create_task(
+                _planner_task(rt, name, uid, spec.generate, gen), name=f"planner-{name}"
+            )
+        elif step is Step.AWAIT_APPROVAL:
+            if status.get("phase") != "AwaitingApproval":
+                await _set_status(rt, name, body, phase="AwaitingApproval")
+        elif step is Step.COMPLETE_EMPTY:
+            message = f"already balanced: {plan_summary(plan)}; nothing to move"
+            await _set_status(rt, name, body, condition("Complete", True, "AlreadyBalanced", message, gen),
+                              phase="Completed", progress="0/0", completionTime=now_iso(),
+                              observedGeneration=gen)  # fmt: skip
+            await rt.kube.event(ref, "AlreadyBalanced", message)
+        elif step is Step.EXECUTE:
+            controller = rt.require_controller()
+            entries = plan_entries(plan)
+            try:
+                await submit_moves(controller, entries)
+            except InvalidPlan as exc:
+                message = f"the plan does not fit the cluster now: {exc}"
+                await _set_status(rt, name, body, _failed(message, meta), phase="Failed",
+                                  completionTime=now_iso(), observedGeneration=gen)  # fmt: skip
+                await rt.kube.event(ref, "Refused", message, warning=True)
+                return
+            submitted = time.time()
+            planned = [c for c in status.get("conditions", []) if c.get("type") == "Planned"]
+            rt.reassignments[name] = _run_of(name, meta, entries, submitted, status, planned)
+            how = "spec.autoApprove" if spec.auto_approve and not spec.approved else "approved"
+            await _set_status(rt, name, body,
+                              condition("Complete", False, "Running", f"0 of {len(entries)} moved", gen),
+                              phase="Running", progress=f"0/{len(entries)}",
+                              startTime=now_iso(submitted), observedGeneration=gen)  # fmt: skip
+            await rt.kube.event(ref, "Started", f"moving {len(entries)} partitions ({how})")
+        elif step is Step.WATCH:
+            entries = plan_entries(plan)
+            submitted = _parse_time(status.get("startTime")) or time.time()
+            planned = [c for c in status.get("conditions", []) if c.get("type") == "Planned"]
+            rt.reassignments[name] = _run_of(name, meta, entries, submitted, status, planned)
+
+
+async def _planner_task(rt: OperatorRuntime, name: str, uid: str | None,
+                        generate: GenerateSpec | None, gen: int | None) -> None:  # fmt: skip
+    """One planner run in the background: progress in status and Events, then the plan in
+    status.plan (or Failed). Cancelled by spec.cancel or deletion (stop_planner cleans up) or
+    by the operator's shutdown (the driver keeps running; a restarted operator attaches)."""
+    job = planner_job(rt, name, uid, generate)
+    ref = _ref(name, uid)
+    s = rt.settings
+
+    async def progress(phase: str, message: str) -> None:
+        if phase in ("Planned", "Failed"):  # reported below, with the plan or PlannerFailed
+            return
+        await rt.kube.event(ref, f"Planner{phase}", message)
+        try:
+            current = await rt.kube.get(PLURAL, name)
+        except NotFound:
+            return
+        await _set_status(rt, name, current, condition("Planned", False, phase, message, gen))
+
+    try:
+        outcome = await run_planner(job, rt.kube.core, progress=progress, keep=True, attach=True,
+                                    timeout_s=s.planner_timeout_s, poll_s=s.planner_poll_s)  # fmt: skip
+    except PlannerFailed as exc:
+        async with rt.resource_lock(name):
+            if rt.planners.get(name) is asyncio.current_task():
+                del rt.planners[name]
+            await cleanup(job, rt.kube.core)
+            try:
+                current = await rt.kube.get(PLURAL, name)
+            except NotFound:
+                return
+            message = f"the planner failed: {exc}"
+            await _set_status(rt, name, current,
+                              condition("Planned", False, "PlannerFailed", str(exc), gen),
+                              condition("Complete", False, "Failed", message, gen),
+                              phase="Failed", completionTime=now_iso())  # fmt: skip
+            await rt.kube.event(ref, "PlannerFailed", message, warning=True)
+        return
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the API server, most likely: try again (attaching) shortly
+        log.exception("PartitionReassignment %s: planner run interrupted", name)
+        await rt.kube.event(ref, "PlannerRetry", f"planner run interrupted: {exc}", warning=True)
+        if rt.planners.get(name) is asyncio.current_task():
+            del rt.planners[name]
+        await asyncio.sleep(10 * RETRY_S)
+        await _reconcile_soon(rt, name)
+        return
+    async with rt.resource_lock(name):
+        if rt.planners.get(name) is asyncio.current_task():
+            del rt.planners[name]
+        try:
+            current = await rt.kube.get(PLURAL, name)
+        except NotFound:
+            await cleanup(job, rt.kube.core)
+            return
+        plan = plan_status(outcome.entries, outcome.summary, outcome.report)
+        summary = plan_summary(plan)
+        moves = len(plan["partitions"])
+        await _set_status(rt, name, current,
+                          condition("Planned", True, "Planned", f"{summary} ({outcome.seconds:.0f} s)", gen),
+                          condition("Complete", False, "AwaitingApproval",
+                                    "waiting for spec.approved: true" if moves else "nothing to move", gen),
+                          plan=plan, phase="AwaitingApproval", progress=f"0/{moves}")  # fmt: skip
+        await rt.kube.event(ref, "Planned", summary)
+        await cleanup(job, rt.kube.core)  # only now: a restart before the plan is stored attaches
+    await _reconcile_soon(rt, name)
+
+
+async def _reconcile_soon(rt: OperatorRuntime, name: str) -> None:
+    """After the planner: approved or autoApprove plans start (once the controller runs)."""
+    while True:
+        try:
+            await reconcile_generated(rt, name)
+            return
+        except ControllerInactive:
+            await asyncio.sleep(RETRY_S)
 
 
 # ---------------------------------------------------------------------------- broker pods

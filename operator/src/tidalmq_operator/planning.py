@@ -29,6 +29,12 @@ The contract, for the PartitionReassignment handler (a resource with `spec.gener
      the driver pod and go with it) and returns a PlannerOutcome: the plan entries (ready for
      `status.plan` and, once approved, the controller), the summary and the report table.
 
+With `attach=True`, a driver pod `<name>-driver` that exists already (an earlier launch of the
+same run, e.g. before an operator restart) is watched instead of submitting again: a run name
+derived from the resource only (`run_name(name, uid, when=0)`) makes a restarted operator resume
+its planner instead of running it twice. `cleanup(job, core)` deletes the driver pod and the
+result ConfigMap (after `keep=True`, once the plan is stored; or to stop a run).
+
 A run that fails raises PlannerFailed with a message for the resource's conditions (the driver
 pod's termination reason and exit code; the operator's Role has no pods/log, so logs are not
 read). Requirements: `spark-submit` (Java 17 and pyspark, as in the Spark image) on the
@@ -262,22 +268,28 @@ def _pod_failure(pod: Any) -> str:
     return "; ".join(reasons) or message or "no termination details"
 
 
-async def run_planner(
-    job: PlannerJob,
-    core: Any,
-    *,
-    progress: Progress | None = None,
-    timeout_s: float = 1800.0,
-    poll_s: float = 5.0,
-    keep: bool = False,
-    command: Sequence[str] | None = None,
-) -> PlannerOutcome:
-    """Run the planner for `job` with the CoreV1Api `core`; see the module docstring."""
-    started = time.monotonic()
-    ns = job.namespace
-    await _delete_quietly(core.delete_namespaced_config_map, job.configmap, ns)
-    await _delete_quietly(core.delete_namespaced_pod, job.driver_pod, ns)
+async def _exists(fn: Any, name: str, namespace: str) -> bool:
+    try:
+        await _call(fn, name, namespace)
+        return True
+    except Exception as exc:
+        if _status_code(exc) != 404:
+            raise
+        return False
 
+
+async def cleanup(job: PlannerJob, core: Any) -> None:
+    """Delete the run's driver pod (its executors go with it) and result ConfigMap."""
+    await _delete_quietly(core.delete_namespaced_pod, job.driver_pod, job.namespace)
+    await _delete_quietly(core.delete_namespaced_config_map, job.configmap, job.namespace)
+
+
+async def _submit(
+    job: PlannerJob, core: Any, progress: Progress | None, timeout_s: float,
+    command: Sequence[str] | None,
+) -> None:  # fmt: skip
+    """Start clean (no leftovers of an earlier run of this name) and spark-submit the driver."""
+    await cleanup(job, core)
     cmd = list(command or submit_command(job))
     await _notify(progress, "Submitting", f"spark-submit of {job.name}")
     try:
@@ -291,9 +303,34 @@ async def run_planner(
     except TimeoutError as exc:
         proc.kill()
         raise PlannerFailed("spark-submit did not return within 300 s") from exc
+    except asyncio.CancelledError:
+        proc.kill()
+        raise
     if proc.returncode != 0:
         tail = output.decode(errors="replace")[-2000:]
         raise PlannerFailed(f"spark-submit exited with {proc.returncode}: {tail}")
+
+
+async def run_planner(
+    job: PlannerJob,
+    core: Any,
+    *,
+    progress: Progress | None = None,
+    timeout_s: float = 1800.0,
+    poll_s: float = 5.0,
+    keep: bool = False,
+    command: Sequence[str] | None = None,
+    attach: bool = False,
+) -> PlannerOutcome:
+    """Run the planner for `job` with the CoreV1Api `core`; see the module docstring."""
+    started = time.monotonic()
+    ns = job.namespace
+    if attach and await _exists(core.read_namespaced_pod, job.driver_pod, ns):
+        await _notify(
+            progress, "Attached", f"watching driver pod {job.driver_pod} of an earlier launch"
+        )
+    else:
+        await _submit(job, core, progress, timeout_s, command)
 
     phase = ""
     try:
@@ -333,5 +370,4 @@ async def run_planner(
         )
     finally:
         if not keep:
-            await _delete_quietly(core.delete_namespaced_pod, job.driver_pod, ns)
-            await _delete_quietly(core.delete_namespaced_config_map, job.configmap, ns)
+            await cleanup(job, core)

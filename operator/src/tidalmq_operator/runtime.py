@@ -76,6 +76,7 @@ class ReassignmentRun:
     uid: str | None = None
     phases: dict[TopicPartition, str] = field(default_factory=dict)
     finished: bool = False
+    conditions: list[dict[str, Any]] = field(default_factory=list)  # kept in status (Planned)
 
 
 class OperatorRuntime:
@@ -86,6 +87,9 @@ class OperatorRuntime:
         self.server: ControllerServer | None = None
         self.topics: dict[str, TopicWish] = {}  # by resource name
         self.reassignments: dict[str, ReassignmentRun] = {}  # by resource name
+        # planner runs of generated PartitionReassignments (handlers.py), by resource name
+        self.planners: dict[str, asyncio.Task[None]] = {}
+        self._resource_locks: dict[str, asyncio.Lock] = {}
         self._last_status: dict[tuple[str, str], Any] = {}
         self._publish_lock = asyncio.Lock()
         self.active = asyncio.Event()
@@ -137,6 +141,11 @@ class OperatorRuntime:
             )
         except Exception as exc:
             log.warning("could not label pod %s: %s", self.settings.pod_name, exc)
+
+    def resource_lock(self, name: str) -> asyncio.Lock:
+        """Serializes the decisions about one PartitionReassignment (handlers and its planner
+        task), so a plan is never submitted twice."""
+        return self._resource_locks.setdefault(name, asyncio.Lock())
 
     def require_controller(self) -> Controller:
         if self.controller is None:
@@ -282,7 +291,7 @@ class OperatorRuntime:
         status: dict[str, Any] = {
             "phase": overall, "progress": f"{done}/{total}", "partitions": rows,
             "observedGeneration": run.generation, "startTime": now_iso(run.submitted),
-            "conditions": [condition("Complete", finished, overall, f"{done} of {total} moved", run.generation)],
+            "conditions": [*run.conditions, condition("Complete", finished, overall, f"{done} of {total} moved", run.generation)],
         }  # fmt: skip
         if finished:
             status["completionTime"] = now_iso()

@@ -29,6 +29,14 @@ class OperatorSettings:
     election_timeout_s: float = 10.0
     offsets_topic_partitions: int = 16
     status_interval_s: float = 0.5
+    # the planner (PartitionReassignment spec.generate) on Spark-on-Kubernetes; the chart sets these
+    spark_image: str = ""
+    spark_service_account: str = ""
+    prometheus_url: str = ""
+    bootstrap_servers: str = ""
+    spark_submit: str = "spark-submit"
+    planner_timeout_s: float = 1800.0
+    planner_poll_s: float = 5.0
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -54,6 +62,13 @@ class OperatorSettings:
             session_timeout_s=float(get("SESSION_TIMEOUT_S", "6.0")),
             election_timeout_s=float(get("ELECTION_TIMEOUT_S", "10.0")),
             offsets_topic_partitions=int(get("OFFSETS_TOPIC_PARTITIONS", "16")),
+            spark_image=get("SPARK_IMAGE", ""),
+            spark_service_account=get("SPARK_SERVICE_ACCOUNT", ""),
+            prometheus_url=get("PROMETHEUS_URL", ""),
+            bootstrap_servers=get("BOOTSTRAP_SERVERS", ""),
+            spark_submit=get("SPARK_SUBMIT", "spark-submit"),
+            planner_timeout_s=float(get("PLANNER_TIMEOUT_S", "1800")),
+            planner_poll_s=float(get("PLANNER_POLL_S", "5")),
         )
 
     def selector_dict(self) -> dict[str, str]:
