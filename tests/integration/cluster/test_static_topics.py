@@ -165,8 +165,15 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
     group = f"g-{uuid.uuid4().hex[:6]}"
     created = call(cluster, "/v1/static-topics/create", {"name": name, "total_queues": QUEUES})
     assert created["totalQueues"] == QUEUES and created["consistent"]
-    meta = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(name, timeout=30)
-    assert len(meta.topics[name].partitions) == QUEUES
+    # the controller pushes the new metadata to the brokers asynchronously: wait for it
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    deadline = time.monotonic() + 30
+    while True:
+        meta = admin.list_topics(name, timeout=30)
+        if meta.topics[name].error is None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(meta.topics[name].partitions) == QUEUES, meta.topics[name]
     assert not any(t.startswith("__sq.") for t in meta.topics)  # the physical queues are hidden
 
     producer = KeyedProducer(cluster.bootstrap, name).start()
