@@ -80,12 +80,28 @@ def consume_all(
     return out
 
 
-def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+def watermarks(
+    bootstrap: str, topic: str, partitions: int, *, retry_s: float = 0.0
+) -> dict[int, tuple[int, int]]:
+    """(low, high) watermark per partition. With retry_s, a partition a (re)starting broker is
+    still opening is asked again until retry_s has passed."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "offsets-probe"})
+    deadline = time.monotonic() + retry_s
+    out: dict[int, tuple[int, int]] = {}
     try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        }
+        for p in range(partitions):
+            while True:
+                try:
+                    out[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                    break
+                except KafkaException:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        return out
     finally:
         consumer.close()
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    return {p: high for p, (_, high) in watermarks(bootstrap, topic, partitions).items()}

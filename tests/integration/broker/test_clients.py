@@ -9,11 +9,17 @@ from collections import defaultdict
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaConsumer, KafkaProducer
 
-from tests.integration.broker.clients import AckedLog, consume_all, create_topic, producer
+from tests.integration.broker.clients import (
+    AckedLog,
+    consume_all,
+    create_topic,
+    producer,
+    watermarks,
+)
 from tests.integration.broker.conftest import topic_name
 from tests.support.broker_process import BrokerProcess
 
@@ -265,29 +271,6 @@ def test_record_larger_than_topic_limit_is_refused(local_broker: BrokerProcess) 
     assert acked.count() == 1
 
 
-def stored_records(bootstrap: str, topic: str, partitions: int) -> int:
-    """How many records the topic holds (high minus low watermark, summed over partitions)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"w-{time.time_ns()}"})
-    try:
-        total = 0
-        deadline = time.monotonic() + 120
-        for partition in range(partitions):
-            while True:  # the restarted broker may still be opening the partition
-                try:
-                    low, high = c.get_watermark_offsets(
-                        TopicPartition(topic, partition), timeout=30
-                    )
-                    break
-                except KafkaException:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
-            total += high - low
-        return total
-    finally:
-        c.close()
-
-
 def test_kill_9_during_produce_loses_nothing_acknowledged(broker: BrokerProcess) -> None:
     topic = topic_name()
     create_topic(broker.bootstrap, topic, 6)
@@ -321,7 +304,9 @@ def test_kill_9_during_produce_loses_nothing_acknowledged(broker: BrokerProcess)
     # read everything the topic holds, not just as many records as were acknowledged: records
     # made durable whose acknowledgement the kill cut off are stored too, and stopping at the
     # acknowledged count would leave the tail of some partition unread
-    total = stored_records(broker.bootstrap, topic, 6)
+    total = sum(
+        high - low for low, high in watermarks(broker.bootstrap, topic, 6, retry_s=120).values()
+    )
     assert total >= len(acked_values), (total, len(acked_values))
     msgs = consume_all(broker.bootstrap, topic, total, timeout_s=240)
     stored = {m.value() for m in msgs}
