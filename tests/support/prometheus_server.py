@@ -13,7 +13,6 @@ Targets are given per job; every target also gets an `instance` label as usual.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 DEBIAN_PACKAGE = "prometheus"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class PrometheusError(RuntimeError):
@@ -44,30 +44,15 @@ def prometheus_binary() -> str:
         raise PrometheusError(
             "prometheus is not installed and this is not root: apt-get install prometheus"
         )
-    lock = Path("/tmp/tidalmq-apt-prometheus.lock")
-    with lock.open("w") as fh:  # one installer at a time across test processes
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        if shutil.which("prometheus"):
-            return shutil.which("prometheus")  # type: ignore[return-value]
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for cmd in (
-            ["apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-qq"],
-            [
-                "apt-get",
-                "-o",
-                "DPkg::Lock::Timeout=600",
-                "install",
-                "-y",
-                "-qq",
-                "--no-install-recommends",
-                DEBIAN_PACKAGE,
-            ],
-        ):
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-            if done.returncode != 0:
-                raise PrometheusError(
-                    f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-                )
+    # the project's one installer: a machine-wide lock, and an interrupted install finished first
+    done = subprocess.run(
+        [str(REPO_ROOT / ".ci" / "apt-install"), DEBIAN_PACKAGE],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise PrometheusError(
+            f"apt-get install {DEBIAN_PACKAGE} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     found = shutil.which("prometheus")
     if not found:
         raise PrometheusError("apt-get installed prometheus but it is not on PATH")
