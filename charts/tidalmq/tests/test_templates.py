@@ -251,6 +251,7 @@ def test_operator_deployment_and_environment_contract(default: list[dict[str, An
     assert env["TIDALMQ_BOOTSTRAP_SERVERS"] == f"{FULL}-bootstrap.{NAMESPACE}.svc:9092"
     assert env["TIDALMQ_SPARK_SERVICE_ACCOUNT"] == f"{FULL}-spark"
     assert env["TIDALMQ_SPARK_IMAGE"] == "tidalmq-spark:0.1.0"
+    assert env["TIDALMQ_SPARK_SUBMIT"] == "pod"  # the operator image has no Java
     assert "TIDALMQ_PROMETHEUS_URL" not in env
     assert {p["name"]: p["containerPort"] for p in operator["ports"]} == {
         "controller": 9690, "metrics": 9691,

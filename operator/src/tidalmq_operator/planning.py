@@ -17,9 +17,12 @@ The contract, for the PartitionReassignment handler (a resource with `spec.gener
 `run_planner`:
   1. deletes a leftover result ConfigMap `<name>-plan` and driver pod `<name>-driver` (a retried
      run starts clean; both names are derived from `name` only);
-  2. runs `spark-submit --master k8s://... --deploy-mode cluster` (`submit_command`) as an async
-     subprocess, with `spark.kubernetes.submission.waitAppCompletion=false`: it returns once the
-     driver pod exists; a non-zero exit fails the run with spark-submit's output;
+  2. runs `spark-submit --master k8s://... --deploy-mode cluster` (`submit_command`), with
+     `spark.kubernetes.submission.waitAppCompletion=false`: it returns once the driver pod
+     exists; a non-zero exit fails the run with spark-submit's output. With `spark_submit="pod"`
+     (what the chart sets) it runs in a pod `<name>-submit` of the Spark image
+     (`submitter_pod`), otherwise as a subprocess of the operator (`spark_submit` is then the
+     executable, e.g. on a developer's machine);
   3. polls the driver pod `<name>-driver` until it Succeeded or Failed (or `timeout_s` passes:
      the driver is deleted and the run fails), calling `progress(phase, message)` on changes;
   4. reads the ConfigMap `<name>-plan` that the driver wrote with its ServiceAccount
@@ -37,9 +40,9 @@ result ConfigMap (after `keep=True`, once the plan is stored; or to stop a run).
 
 A run that fails raises PlannerFailed with a message for the resource's conditions (the driver
 pod's termination reason and exit code; the operator's Role has no pods/log, so logs are not
-read). Requirements: `spark-submit` (Java 17 and pyspark, as in the Spark image) on the
-operator's PATH, or `spark_submit` pointing at it; the Role of the chart (pods, services,
-configmaps: create/get/list/watch/delete) for the operator and for the Spark ServiceAccount.
+read). Requirements: the Spark image (`spark_submit="pod"`) or a local `spark-submit` (Java 17
+and pyspark); the Role of the chart (pods, services, configmaps: create/get/list/watch/delete)
+for the operator and for the Spark ServiceAccount.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ JOB_FILE = "local:///opt/tidalmq/lib/python3.11/site-packages/tidalmq_planner/jo
 API_SERVER = "https://kubernetes.default.svc:443"
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RUN_LABEL = "tidalmq.io/planner-run"
+SUBMIT_IN_POD = "pod"  # PlannerJob.spark_submit: run spark-submit in a pod of the Spark image
+SUBMIT_TIMEOUT_S = 300
 
 Progress = Callable[[str, str], Awaitable[None] | None]
 
@@ -117,6 +122,10 @@ class PlannerJob:
     @property
     def configmap(self) -> str:
         return f"{self.name}-plan"
+
+    @property
+    def submit_pod(self) -> str:
+        return f"{self.name}-submit"
 
 
 @dataclass(slots=True)
@@ -208,6 +217,46 @@ def submit_command(job: PlannerJob, *, in_cluster: bool | None = None) -> list[s
     return [*cmd, job.job_file, *planner_args(job)]
 
 
+def submitter_pod(job: PlannerJob) -> dict[str, Any]:
+    """The pod that runs spark-submit from the Spark image (`spark_submit = "pod"`): the
+    operator's own image then needs neither Java nor pyspark, and the submission client always
+    has the Spark version of the driver and executors. It authenticates with the Spark
+    ServiceAccount (which may create the driver pod); the tail of its output becomes the
+    container's termination message, which the operator reads on failure (it has no pods/log)."""
+    cmd = submit_command(job, in_cluster=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": job.submit_pod,
+            "labels": {
+                "app.kubernetes.io/part-of": "tidalmq",
+                "app.kubernetes.io/component": "planner-submit",
+                RUN_LABEL: job.name,
+            },
+        },
+        "spec": {
+            "serviceAccountName": job.service_account,
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": SUBMIT_TIMEOUT_S,
+            "containers": [
+                {
+                    "name": "spark-submit",
+                    "image": job.image,
+                    "imagePullPolicy": job.pull_policy,
+                    # the Spark image's entrypoint runs `spark-submit ARGS...` as given
+                    "args": ["spark-submit", *cmd[1:]],
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "384Mi"},
+                        "limits": {"memory": "768Mi"},
+                    },
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                }
+            ],
+        },
+    }
+
+
 # ------------------------------------------------------------------------------- running
 async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(fn, *args, **kwargs)
@@ -279,7 +328,9 @@ async def _exists(fn: Any, name: str, namespace: str) -> bool:
 
 
 async def cleanup(job: PlannerJob, core: Any) -> None:
-    """Delete the run's driver pod (its executors go with it) and result ConfigMap."""
+    """Delete the run's submitter and driver pods (executors go with the driver) and result
+    ConfigMap."""
+    await _delete_quietly(core.delete_namespaced_pod, job.submit_pod, job.namespace)
     await _delete_quietly(core.delete_namespaced_pod, job.driver_pod, job.namespace)
     await _delete_quietly(core.delete_namespaced_config_map, job.configmap, job.namespace)
 
@@ -290,6 +341,9 @@ async def _submit(
 ) -> None:  # fmt: skip
     """Start clean (no leftovers of an earlier run of this name) and spark-submit the driver."""
     await cleanup(job, core)
+    if command is None and job.spark_submit == SUBMIT_IN_POD:
+        await _submit_in_pod(job, core, progress, min(timeout_s, SUBMIT_TIMEOUT_S))
+        return
     cmd = list(command or submit_command(job))
     await _notify(progress, "Submitting", f"spark-submit of {job.name}")
     try:
@@ -309,6 +363,47 @@ async def _submit(
     if proc.returncode != 0:
         tail = output.decode(errors="replace")[-2000:]
         raise PlannerFailed(f"spark-submit exited with {proc.returncode}: {tail}")
+
+
+async def _submit_in_pod(
+    job: PlannerJob, core: Any, progress: Progress | None, timeout_s: float
+) -> None:
+    """Run spark-submit in the pod `submitter_pod(job)` and wait until it exits."""
+    await _notify(progress, "Submitting", f"spark-submit of {job.name} in pod {job.submit_pod}")
+    try:
+        await _call(core.create_namespaced_pod, job.namespace, submitter_pod(job))
+    except Exception as exc:
+        raise PlannerFailed(f"cannot create the spark-submit pod {job.submit_pod}: {exc}") from exc
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            pod = await _call(core.read_namespaced_pod, job.submit_pod, job.namespace)
+            phase = _field(_field(pod, "status"), "phase") or "Pending"
+            if phase == "Succeeded":
+                return
+            if phase == "Failed":
+                raise PlannerFailed(f"spark-submit failed: {_pod_failure(pod)}"[:3000])
+            if time.monotonic() > deadline:
+                raise PlannerFailed(
+                    f"spark-submit did not finish within {timeout_s:.0f} s (pod {job.submit_pod} "
+                    f"is {phase}: {_pod_waiting(pod)})"
+                )
+            await asyncio.sleep(1.0)
+    finally:
+        await _delete_quietly(core.delete_namespaced_pod, job.submit_pod, job.namespace)
+
+
+def _pod_waiting(pod: Any) -> str:
+    """Why a pod's containers are not running yet (image missing, scheduling), if known."""
+    status = _field(pod, "status")
+    for cs in (_field(status, "container_statuses") or []) if status is not None else []:
+        waiting = _field(_field(cs, "state"), "waiting")
+        if waiting is not None:
+            return f"{_field(waiting, 'reason')}: {_field(waiting, 'message') or ''}".strip()
+    for cond in (_field(status, "conditions") or []) if status is not None else []:
+        if _field(cond, "status") == "False" and _field(cond, "message"):
+            return str(_field(cond, "message"))
+    return "no details"
 
 
 async def run_planner(

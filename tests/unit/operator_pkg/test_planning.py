@@ -16,6 +16,7 @@ from tidalmq_operator.planning import (
     read_result,
     run_name,
     submit_command,
+    submitter_pod,
 )
 
 PLAN = json.dumps({"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [2]}]})
@@ -61,6 +62,26 @@ def test_submit_command_runs_the_job_in_cluster_mode() -> None:
     assert args[args.index("--bootstrap-server") + 1] == "tidalmq-kafka.tidalmq.svc:9092"
     assert args[args.index("--name") + 1] == "rebalance"
     assert "--max-moves" not in args and "--topics" not in args
+
+
+def test_submitter_pod_runs_spark_submit_from_the_spark_image() -> None:
+    pod = submitter_pod(job(spark_submit="pod"))
+    assert pod["metadata"]["name"] == "tpr-rebalance-1a2b3c4d-submit"
+    assert pod["metadata"]["labels"]["tidalmq.io/planner-run"] == "tpr-rebalance-1a2b3c4d"
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == "tidalmq-spark" and spec["restartPolicy"] == "Never"
+    (c,) = spec["containers"]
+    assert c["image"] == "reg/tidalmq-spark:0.1.0"
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"  # its output on failure
+    args = c["args"]
+    assert args[0] == "spark-submit" and args[1:3] == [
+        "--master",
+        "k8s://https://kubernetes.default.svc:443",
+    ]
+    # inside the pod it authenticates with its ServiceAccount, like any in-cluster submission
+    conf = confs(args)
+    assert conf["spark.kubernetes.authenticate.submission.oauthTokenFile"].endswith("/token")
+    assert args[args.index("--prometheus") + 1] == "http://prometheus:9090"
 
 
 def test_generate_spec_becomes_the_job_arguments() -> None:
