@@ -26,70 +26,31 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 
-from e2e.kube import REPO_DIR, Cluster, run, wait_until
+from e2e.kube import Cluster, wait_until
+from e2e.tidalmq_release import (
+    CHART,
+    RELEASE,
+    STS,
+    addon_image,
+    bootstrap,
+    broker_pods,
+    installed_release,
+    ready,
+    topic_status,
+)
 
-CHART = REPO_DIR / "charts" / "tidalmq"
-RELEASE = "tmq"
-FULL = f"{RELEASE}-tidalmq"
-STS = f"{FULL}-broker"
 PARTITIONS = 24
-
-
-def minio_image() -> str:
-    out = run(["bash", str(REPO_DIR / "e2e/cluster/minio-image.sh"), "import"], timeout=3600).stdout
-    return out.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
 def minio(cluster: Cluster) -> str:
-    return minio_image()
+    return addon_image("minio")
 
 
 @pytest.fixture
 def release(cluster: Cluster, namespace: str, minio: str) -> Iterator[dict[str, Any]]:
-    repository, tag = cluster.images["broker"].rsplit(":", 1)
-    m_repo, m_tag = minio.rsplit(":", 1)
-    cluster.helm(
-        "install", RELEASE, str(CHART), "--namespace", namespace, "--wait", "--timeout", "6m",
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-        "--set", "inClusterObjectStore.enabled=true",
-        "--set", f"inClusterObjectStore.image.repository={m_repo}",
-        "--set", f"inClusterObjectStore.image.tag={m_tag}",
-        "--set", "broker.replicas=2", "--set", "broker.advertise=podIP",
-        "--set", "broker.resources.requests.cpu=100m",
-        "--set", "broker.resources.requests.memory=256Mi",
-        "--set", "autoscaling.enabled=false",
-        "--set", "broker.drainTimeoutSeconds=30",
-        "--set", "operator.resources.requests.cpu=50m",
-        timeout=420,
-    )  # fmt: skip
-    try:
-        yield {"ns": namespace}
-    finally:
-        if hasattr(cluster, "describe"):
-            print(cluster.describe(namespace)[-4000:])
-        cluster.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m")
-
-
-def broker_pods(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
-    pods = cluster.kubectl_json("-n", ns, "get", "pods", "-l", "app.kubernetes.io/component=broker")
-    return sorted(pods["items"], key=lambda p: p["metadata"]["name"])
-
-
-def bootstrap(cluster: Cluster, ns: str) -> str:
-    ips = [p["status"].get("podIP") for p in broker_pods(cluster, ns) if p["status"].get("podIP")]
-    assert ips, "no broker pod has an IP"
-    return ",".join(f"{ip}:9092" for ip in ips)
-
-
-def topic_status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
-    return cluster.kubectl_json("-n", ns, "get", "topic", name).get("status") or {}
-
-
-def ready(obj_status: dict[str, Any]) -> bool:
-    return any(
-        c["type"] == "Ready" and c["status"] == "True" for c in obj_status.get("conditions", [])
-    )
+    with installed_release(cluster, namespace, minio) as installed:
+        yield installed
 
 
 class RateProducer:

@@ -22,7 +22,7 @@
 # cache directory's own (lib.sh: DOCKER_RUN_DIR), with its data in the cache.
 #
 # Every command but `list` runs under the cache's `images` lock, so the background prebuild
-# (.ci/prebuild), cluster.sh and minio-image.sh never build at the same time or stop the dockerd
+# (.ci/prebuild), cluster.sh and addon-image.sh never build at the same time or stop the dockerd
 # another one builds with.
 # shellcheck disable=SC2317  # the cmd_* functions run through with_lock
 set -euo pipefail

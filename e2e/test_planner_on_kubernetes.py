@@ -1,0 +1,287 @@
+"""The planner end to end on Kubernetes: brokers under a skewed load, a Prometheus in the cluster
+scraping them through the chart's pod annotations, and a PartitionReassignment asking for a
+generated plan. The operator launches the planner on Spark-on-Kubernetes (spark-submit in a pod
+of the Spark image, then a driver and executor pods), puts the plan in the resource and, with
+autoApprove, executes it; afterwards Prometheus shows the brokers' bytes-in within the threshold.
+
+Printed figures: the planning time (request to plan), the execution time, the imbalance
+(busiest broker's bytes-in / mean) the planner projected and the one measured afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from e2e.kube import Cluster, wait_until
+from e2e.tidalmq_release import addon_image, bootstrap, installed_release, ready, topic_status
+
+TOPIC = "skewed"
+PARTITIONS = 8
+THRESHOLD = 1.1
+HOT_RATE = 120  # records/s of 1 KiB to each hot partition (the partitions of broker 0)
+COLD_RATE = 10  # ... and to each cold one
+SCRAPE = "5s"
+RATE_WINDOW_S = 30  # for the imbalance measured afterwards
+
+
+@pytest.fixture(scope="module")
+def minio(cluster: Cluster) -> str:
+    return addon_image("minio")
+
+
+@pytest.fixture(scope="module")
+def prometheus_image(cluster: Cluster) -> str:
+    return addon_image("prometheus")
+
+
+def prometheus_manifests(image: str, ns: str) -> str:
+    """Prometheus scraping the pods of `ns` that carry prometheus.io/scrape (the chart's broker and
+    operator pods), with the usual relabelling of the annotations' port and path."""
+    config = {
+        "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
+        "scrape_configs": [{
+            "job_name": "pods",
+            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [ns]}}],
+            "relabel_configs": [
+                {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+                 "action": "keep", "regex": "true"},
+                {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"],
+                 "action": "replace", "target_label": "__metrics_path__", "regex": "(.+)"},
+                {"source_labels": ["__address__",
+                                   "__meta_kubernetes_pod_annotation_prometheus_io_port"],
+                 "action": "replace", "regex": r"([^:]+)(?::\d+)?;(\d+)",
+                 "replacement": "$1:$2", "target_label": "__address__"},
+                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            ],
+        }],
+    }  # fmt: skip
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "prometheus"},
+         "rules": [{"apiGroups": [""], "resources": ["pods", "services", "endpoints"],
+                    "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "prometheus"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prometheus"},
+         "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}]},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "prometheus"},
+         "data": {"prometheus.yml": json.dumps(config, indent=1)}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "prometheus"},
+         "spec": {
+             "replicas": 1,
+             "selector": {"matchLabels": {"app": "prometheus"}},
+             "template": {
+                 "metadata": {"labels": {"app": "prometheus"}},
+                 "spec": {
+                     "serviceAccountName": "prometheus",
+                     "containers": [{
+                         "name": "prometheus", "image": image, "imagePullPolicy": "IfNotPresent",
+                         "args": ["--config.file=/etc/prometheus-e2e/prometheus.yml",
+                                  "--storage.tsdb.path=/prometheus",
+                                  "--web.listen-address=:9090"],
+                         "ports": [{"containerPort": 9090}],
+                         "readinessProbe": {"httpGet": {"path": "/-/ready", "port": 9090}},
+                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+                         "volumeMounts": [{"name": "config", "mountPath": "/etc/prometheus-e2e"},
+                                          {"name": "data", "mountPath": "/prometheus"}],
+                     }],
+                     "volumes": [{"name": "config", "configMap": {"name": "prometheus"}},
+                                 {"name": "data", "emptyDir": {}}],
+                 },
+             },
+         }},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "prometheus"},
+         "spec": {"selector": {"app": "prometheus"},
+                  "ports": [{"port": 9090, "targetPort": 9090}]}},
+    ]  # fmt: skip
+    return "\n---\n".join(json.dumps(o) for o in objects)
+
+
+class PartitionLoad:
+    """Records of 1 KiB at a fixed rate per partition (produced to explicit partitions)."""
+
+    def __init__(self, servers: str, rates: dict[int, int]) -> None:
+        self.producer = Producer({"bootstrap.servers": servers, "acks": "1", "linger.ms": 20,
+                                  "topic.metadata.refresh.interval.ms": 2000})  # fmt: skip
+        self.rates = rates
+        self.errors: list[str] = []
+        self.acked = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _done(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.errors.append(str(err))
+
+    def _run(self) -> None:
+        value = b"x" * 1024
+        tick, next_at = 0.1, time.monotonic()
+        while not self._stop.is_set():
+            for partition, rate in self.rates.items():
+                for _ in range(max(1, round(rate * tick))):
+                    try:
+                        self.producer.produce(TOPIC, value, partition=partition,
+                                              on_delivery=self._done)  # fmt: skip
+                    except BufferError:
+                        self.producer.poll(0.05)
+            self.producer.poll(0)
+            next_at += tick
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def start(self) -> PartitionLoad:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.producer.flush(60)
+
+
+def prometheus_query(url: str, query: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(
+        f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=10
+    ) as resp:
+        body = json.load(resp)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def broker_rates(url: str) -> dict[int, float]:
+    rows = prometheus_query(
+        url,
+        f'sum by (broker) (rate(tidalmq_partition_bytes_in_total{{topic="{TOPIC}"}}'
+        f"[{RATE_WINDOW_S}s]))",
+    )
+    return {int(r["metric"]["broker"]): float(r["value"][1]) for r in rows}
+
+
+def imbalance(rates: dict[int, float], brokers: list[int]) -> float:
+    values = [rates.get(b, 0.0) for b in brokers]
+    return max(values) / (sum(values) / len(values))
+
+
+def tpr(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    return cluster.kubectl_json("-n", ns, "get", "partitionreassignment", name)
+
+
+@pytest.fixture
+def planner_release(
+    cluster: Cluster, namespace: str, minio: str, prometheus_image: str
+) -> Iterator[dict[str, Any]]:
+    cluster.apply(prometheus_manifests(prometheus_image, namespace), namespace)
+    s_repo, s_tag = cluster.images["spark"].rsplit(":", 1)
+    with installed_release(
+        cluster, namespace, minio,
+        "--set", "spark.enabled=true",
+        "--set", f"spark.image.repository={s_repo}", "--set", f"spark.image.tag={s_tag}",
+        "--set", f"operator.prometheusUrl=http://prometheus.{namespace}.svc:9090",
+    ) as installed:  # fmt: skip
+        cluster.kubectl("-n", namespace, "rollout", "status", "deployment/prometheus",
+                        "--timeout=180s")  # fmt: skip
+        pod = cluster.kubectl_json("-n", namespace, "get", "pods", "-l", "app=prometheus")
+        installed["prometheus"] = f"http://{pod['items'][0]['status']['podIP']}:9090"
+        yield installed
+
+
+@pytest.mark.timeout(1800)
+def test_generated_plan_runs_on_spark_and_balances_the_brokers(
+    cluster: Cluster, planner_release: dict[str, Any]
+) -> None:
+    ns, prom = planner_release["ns"], planner_release["prometheus"]
+    cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic",
+                              "metadata": {"name": TOPIC}, "spec": {"partitions": PARTITIONS}}), ns)  # fmt: skip
+    wait_until("Topic Ready", lambda: ready(topic_status(cluster, ns, TOPIC)), timeout=180)
+    leaders = {p["partition"]: p["broker"] for p in topic_status(cluster, ns, TOPIC)["partitions"]}
+    brokers = sorted(set(leaders.values()))
+    assert len(brokers) == 2, leaders
+    # the partitions of the first broker are hot: it carries most of the bytes
+    hot = {p for p, b in leaders.items() if b == brokers[0]}
+    load = PartitionLoad(
+        bootstrap(cluster, ns), {p: HOT_RATE if p in hot else COLD_RATE for p in leaders}
+    ).start()
+    figures: dict[str, Any] = {}
+    try:
+        # Prometheus scrapes both brokers (found through the chart's annotations) ...
+        def both_scraped() -> bool | None:
+            try:
+                return len(broker_rates(prom)) == 2 or None
+            except OSError:  # not serving yet
+                return None
+
+        wait_until("Prometheus has the topic's bytes-in from both brokers", both_scraped,
+                   timeout=240, interval=5)  # fmt: skip
+        time.sleep(120)  # ... and holds a couple of minutes of skewed history
+        figures["imbalance_measured_before"] = round(imbalance(broker_rates(prom), brokers), 3)
+        assert figures["imbalance_measured_before"] > 1.5, figures
+
+        requested = time.monotonic()
+        cluster.apply(json.dumps({
+            "apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
+            "metadata": {"name": "balance"},
+            "spec": {"generate": {"window": "3m", "step": "15s", "threshold": THRESHOLD,
+                                  "topics": [TOPIC]},
+                     "autoApprove": True},
+        }), ns)  # fmt: skip
+        phases: list[str] = []
+
+        def planned() -> dict[str, Any] | None:
+            obj = tpr(cluster, ns, "balance")
+            status = obj.get("status") or {}
+            if status.get("phase") and (not phases or phases[-1] != status["phase"]):
+                phases.append(status["phase"])
+            assert status.get("phase") != "Failed", json.dumps(status, indent=1)[-4000:]
+            return status if status.get("plan") else None
+
+        status = wait_until("the planner's plan", planned, timeout=900, interval=3)
+        figures["planning_s"] = round(time.monotonic() - requested, 1)
+        done = wait_until(
+            "the plan executed",
+            lambda: ((s := planned() or {}).get("phase") == "Completed" and s) or None,
+            timeout=300, interval=2,
+        )  # fmt: skip
+        figures["request_to_done_s"] = round(time.monotonic() - requested, 1)
+        figures["phases"] = phases
+
+        plan = status["plan"]
+        report = plan["report"]
+        moves = {(m["topic"], m["partition"]): m["replicas"][0] for m in plan["partitions"]}
+        figures.update(moves=len(moves), projected_before=report.get("imbalanceBefore"),
+                       projected_after=report.get("imbalanceAfter"))  # fmt: skip
+        assert moves and all(t == TOPIC for t, _ in moves), plan
+        assert report["imbalanceBefore"] > THRESHOLD >= report["imbalanceAfter"], report
+        assert "Planning" in phases and done["phase"] == "Completed", phases
+        # the Topic agrees with the plan
+        now = {p["partition"]: p["broker"] for p in topic_status(cluster, ns, TOPIC)["partitions"]}
+        for (_, partition), target in moves.items():
+            assert now[partition] == target, (partition, target, now)
+
+        # it ran on Spark-on-Kubernetes: the Events tell the driver pod's way to Succeeded
+        events = cluster.kubectl_json(
+            "-n", ns, "get", "events", "--field-selector",
+            "involvedObject.kind=PartitionReassignment,involvedObject.name=balance",
+        )["items"]  # fmt: skip
+        messages = " | ".join(e.get("message", "") for e in events)
+        assert "-submit" in messages and "-driver is Succeeded" in messages, messages
+
+        # fresh traffic: once the rate window holds only post-move samples
+        time.sleep(RATE_WINDOW_S + 15)
+        figures["imbalance_measured_after"] = round(imbalance(broker_rates(prom), brokers), 3)
+    finally:
+        load.stop()
+    print(f"\nplanner on Spark-on-Kubernetes: {json.dumps(figures)}")
+    assert not load.errors, load.errors[:5]
+    # measured with real traffic: allow for the noise of a 30 s rate on a shared machine
+    assert figures["imbalance_measured_after"] <= THRESHOLD + 0.1, figures
