@@ -1,5 +1,5 @@
 """The planner end to end on Kubernetes: brokers under a skewed load, a Prometheus in the cluster
-scraping them through the chart's pod annotations, and a PartitionReassignment asking for a
+scraping them (found through the chart's headless Service), and a PartitionReassignment asking for a
 generated plan. The operator launches the planner on Spark-on-Kubernetes (spark-submit in a pod
 of the Spark image, then a driver and executor pods), puts the plan in the resource and, with
 autoApprove, executes it; afterwards Prometheus shows the brokers' bytes-in within the threshold.
@@ -22,7 +22,14 @@ import pytest
 from confluent_kafka import Producer
 
 from e2e.kube import Cluster, wait_until
-from e2e.tidalmq_release import addon_image, bootstrap, installed_release, ready, topic_status
+from e2e.tidalmq_release import (
+    FULL,
+    addon_image,
+    bootstrap,
+    installed_release,
+    ready,
+    topic_status,
+)
 
 TOPIC = "skewed"
 PARTITIONS = 8
@@ -30,7 +37,10 @@ THRESHOLD = 1.1
 HOT_RATE = 120  # records/s of 1 KiB to each hot partition (the partitions of broker 0)
 COLD_RATE = 10  # ... and to each cold one
 SCRAPE = "5s"
-RATE_WINDOW_S = 30  # for the imbalance measured afterwards
+RATE_WINDOW_S = 30
+BROKER_HTTP_PORT = (
+    9644  # the chart's broker.ports.http (metrics)  # for the imbalance measured afterwards
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,36 +54,19 @@ def prometheus_image(cluster: Cluster) -> str:
 
 
 def prometheus_manifests(image: str, ns: str) -> str:
-    """Prometheus scraping the pods of `ns` that carry prometheus.io/scrape (the chart's broker and
-    operator pods), with the usual relabelling of the annotations' port and path."""
+    """Prometheus scraping the broker pods. Debian's Prometheus is built without Kubernetes
+    service discovery, so it finds them through DNS: the chart's headless Service of the brokers
+    (publishNotReadyAddresses) resolves to every broker pod, on the brokers' metrics port."""
     config = {
         "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
         "scrape_configs": [{
-            "job_name": "pods",
-            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [ns]}}],
-            "relabel_configs": [
-                {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
-                 "action": "keep", "regex": "true"},
-                {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"],
-                 "action": "replace", "target_label": "__metrics_path__", "regex": "(.+)"},
-                {"source_labels": ["__address__",
-                                   "__meta_kubernetes_pod_annotation_prometheus_io_port"],
-                 "action": "replace", "regex": r"([^:]+)(?::\d+)?;(\d+)",
-                 "replacement": "$1:$2", "target_label": "__address__"},
-                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            ],
+            "job_name": "tidalmq-brokers",
+            "dns_sd_configs": [{"names": [f"{FULL}-brokers.{ns}.svc.cluster.local"],
+                                "type": "A", "port": BROKER_HTTP_PORT,
+                                "refresh_interval": SCRAPE}],
         }],
     }  # fmt: skip
     objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus"}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "prometheus"},
-         "rules": [{"apiGroups": [""], "resources": ["pods", "services", "endpoints"],
-                    "verbs": ["get", "list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "prometheus"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prometheus"},
-         "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}]},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "prometheus"},
          "data": {"prometheus.yml": json.dumps(config, indent=1)}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "prometheus"},
@@ -83,7 +76,6 @@ def prometheus_manifests(image: str, ns: str) -> str:
              "template": {
                  "metadata": {"labels": {"app": "prometheus"}},
                  "spec": {
-                     "serviceAccountName": "prometheus",
                      "containers": [{
                          "name": "prometheus", "image": image, "imagePullPolicy": "IfNotPresent",
                          "args": ["--config.file=/etc/prometheus-e2e/prometheus.yml",
@@ -190,7 +182,7 @@ def planner_release(
         "--set", f"operator.prometheusUrl=http://prometheus.{namespace}.svc:9090",
     ) as installed:  # fmt: skip
         cluster.kubectl("-n", namespace, "rollout", "status", "deployment/prometheus",
-                        "--timeout=180s")  # fmt: skip
+                        "--timeout=180s", timeout=200)  # fmt: skip
         pod = cluster.kubectl_json("-n", namespace, "get", "pods", "-l", "app=prometheus")
         installed["prometheus"] = f"http://{pod['items'][0]['status']['podIP']}:9090"
         yield installed

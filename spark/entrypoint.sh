@@ -5,6 +5,9 @@
 #                    inside the pod, bound to the pod IP (SPARK_DRIVER_BIND_ADDRESS)
 #   executor         an executor pod: runs the Kubernetes executor backend, connecting back to
 #                    SPARK_DRIVER_URL as executor SPARK_EXECUTOR_ID
+#   submit ARGS...   spark-submit ARGS (the operator's planner submission pod); when it fails,
+#                    the lines that say why go to the pod's termination message, which the
+#                    operator puts in the resource's status (a JVM stack trace's tail would not)
 # Anything else is run as a command (e.g. `spark-submit ...`, `python3 job.py`, `bash`).
 set -euo pipefail
 
@@ -56,11 +59,26 @@ run_executor() {
     --podName "${SPARK_EXECUTOR_POD_NAME:-$(hostname)}"
 }
 
+run_submit() {
+  local log rc
+  log=$(mktemp)
+  set +e
+  "$SPARK_HOME/bin/spark-submit" "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if ((rc)) && [[ -w /dev/termination-log ]]; then
+    grep -E 'Exception|Error|ERROR|Forbidden|Failure|refused|denied' "$log" \
+      | grep -vE '^[[:space:]]+at ' | head -n 12 | cut -c1-300 >/dev/termination-log || true
+  fi
+  exit "$rc"
+}
+
 main() {
   local role="${1:-}"
   case "$role" in
     driver) shift; run_driver "$@" ;;
     executor) shift; run_executor ;;
+    submit) shift; run_submit "$@" ;;
     "") exec bash ;;
     *) exec "$@" ;;
   esac

@@ -48,7 +48,8 @@ cmd_build() {
     cp "$binary" "$ctx/minio"
   fi
   log "building $IMAGE"
-  docker_cli build -q --build-arg "BASE_IMAGE=$base" -t "$IMAGE" "$ctx" >/dev/null
+  # host network: the e2e dockerd has no bridge (images.sh), and Prometheus comes from apt
+  docker_cli build --network host -q --build-arg "BASE_IMAGE=$base" -t "$IMAGE" "$ctx" >/dev/null
   rm -rf "$ctx"
   echo "$IMAGE"
 }

@@ -380,6 +380,9 @@ def test_spark_rbac_follows_spark_enabled(default: list[dict[str, Any]]) -> None
             assert allowed(rules, "", resource, verb), (resource, verb)
     spark_rules = rules_of(default, "Role", f"{FULL}-spark")
     assert allowed(spark_rules, "", "pods", "create") and allowed(spark_rules, "", "pods", "delete")
+    # spark-submit server-side applies the driver's ConfigMap and Service (a PATCH)
+    assert allowed(spark_rules, "", "configmaps", "patch")
+    assert allowed(spark_rules, "", "services", "patch")
     find(default, "ServiceAccount", f"{FULL}-spark")
 
     docs = render({"spark": {"enabled": False}})

@@ -244,8 +244,9 @@ def submitter_pod(job: PlannerJob) -> dict[str, Any]:
                     "name": "spark-submit",
                     "image": job.image,
                     "imagePullPolicy": job.pull_policy,
-                    # the Spark image's entrypoint runs `spark-submit ARGS...` as given
-                    "args": ["spark-submit", *cmd[1:]],
+                    # the Spark image's entrypoint: `submit ARGS...` runs spark-submit ARGS and,
+                    # if it fails, writes why to the termination message
+                    "args": ["submit", *cmd[1:]],
                     "resources": {
                         "requests": {"cpu": "100m", "memory": "384Mi"},
                         "limits": {"memory": "768Mi"},

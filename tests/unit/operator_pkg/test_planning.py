@@ -74,7 +74,7 @@ def test_submitter_pod_runs_spark_submit_from_the_spark_image() -> None:
     assert c["image"] == "reg/tidalmq-spark:0.1.0"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"  # its output on failure
     args = c["args"]
-    assert args[0] == "spark-submit" and args[1:3] == [
+    assert args[0] == "submit" and args[1:3] == [
         "--master",
         "k8s://https://kubernetes.default.svc:443",
     ]
