@@ -71,10 +71,20 @@ def plan_status(
         if e.target is not None
     ]
     figures: dict[str, Any] = {"movesCount": len(partitions)}
-    for key in ("imbalanceBefore", "imbalanceAfter"):
+    by_dimension: dict[str, dict[str, float]] = {}
+    for key, when in (("imbalanceBefore", "before"), ("imbalanceAfter", "after")):
         value = summary.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if _is_number(value):
             figures[key] = float(value)
+        elif isinstance(value, Mapping):
+            # the planner reports one figure per balanced dimension (bytes_in, bytes_out): the
+            # headline is the worst of them
+            dims = {str(d): float(v) for d, v in value.items() if _is_number(v)}
+            if dims:
+                figures[key] = max(dims.values())
+                by_dimension[when] = dims
+    if by_dimension:
+        figures["imbalanceByDimension"] = by_dimension
     for key in REPORT_FIELDS:
         if key in summary:
             figures[key] = summary[key]
@@ -83,6 +93,10 @@ def plan_status(
             report if len(report) <= CHART_LIMIT else report[:CHART_LIMIT] + "\n... (truncated)"
         )
     return {"partitions": partitions, "report": figures}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def plan_entries(plan: Mapping[str, Any] | None) -> list[PlanEntry]:

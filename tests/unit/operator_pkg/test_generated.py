@@ -104,6 +104,19 @@ def test_plan_status_matches_the_crd_shape() -> None:
     assert plan_entries(None) == [] and plan_entries({"partitions": None}) == []
 
 
+def test_plan_status_takes_the_planners_own_summary() -> None:
+    """The planner's summary.json (tidalmq_planner.job.PlanResult.summary) gives the imbalance per
+    balanced dimension: the headline is the worst one, the rest is kept per dimension."""
+    summary = {"moves": 1, "imbalanceBefore": {"bytes_in": 1.9, "bytes_out": 1.0},
+               "imbalanceAfter": {"bytes_in": 1.02, "bytes_out": 1.05}, "withinThreshold": True}  # fmt: skip
+    report = plan_status([PlanEntry(TopicPartition("t", 0), 1)], summary, "")["report"]
+    assert report["imbalanceBefore"] == 1.9 and report["imbalanceAfter"] == 1.05
+    assert report["imbalanceByDimension"] == {
+        "before": {"bytes_in": 1.9, "bytes_out": 1.0},
+        "after": {"bytes_in": 1.02, "bytes_out": 1.05},
+    }
+
+
 def _meta(parts: list[PartitionState]) -> ClusterMetadata:
     meta = ClusterMetadata(cluster_id="c")
     meta.topics["t"] = TopicInfo("t", "00000000-0000-0000-0000-000000000001", parts)
