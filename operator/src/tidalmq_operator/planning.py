@@ -371,11 +371,20 @@ async def _submit_in_pod(
 ) -> None:
     """Run spark-submit in the pod `submitter_pod(job)` and wait until it exits."""
     await _notify(progress, "Submitting", f"spark-submit of {job.name} in pod {job.submit_pod}")
-    try:
-        await _call(core.create_namespaced_pod, job.namespace, submitter_pod(job))
-    except Exception as exc:
-        raise PlannerFailed(f"cannot create the spark-submit pod {job.submit_pod}: {exc}") from exc
     deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await _call(core.create_namespaced_pod, job.namespace, submitter_pod(job))
+            break
+        except Exception as exc:
+            # 409: the submit pod of an earlier launch (an operator restarted while it ran) is
+            # still being deleted by `cleanup`; wait for it to go
+            if _status_code(exc) == 409 and time.monotonic() < deadline:
+                await asyncio.sleep(1.0)
+                continue
+            raise PlannerFailed(
+                f"cannot create the spark-submit pod {job.submit_pod}: {exc}"
+            ) from exc
     try:
         while True:
             pod = await _call(core.read_namespaced_pod, job.submit_pod, job.namespace)

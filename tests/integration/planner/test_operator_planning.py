@@ -7,6 +7,7 @@ the Spark image is the end-to-end test's."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import uuid
@@ -177,3 +178,58 @@ async def test_a_driver_that_never_finishes_times_out(core: Any, tmp_path: Path)
     with pytest.raises(PlannerFailed, match="did not finish within"):
         await run_planner(job, core, command=submit(tmp_path, job), poll_s=0.2, timeout_s=3)
     assert not exists(core.read_namespaced_pod, job.driver_pod, job.namespace)
+
+
+async def play_submit_pod(core: Any, job: PlannerJob, *, fail: bool = False) -> dict[str, Any]:
+    """Be the kubelet of the submit pod: when it exists, create the driver pod as spark-submit
+    would (or fail with spark-submit's reason in the termination message); returns its spec."""
+    ns = job.namespace
+    for _ in range(300):
+        try:
+            pod = await asyncio.to_thread(core.read_namespaced_pod, job.submit_pod, ns)
+            break
+        except ApiException as exc:
+            assert exc.status == 404
+            await asyncio.sleep(0.1)
+    if fail:
+        status = {"phase": "Failed", "containerStatuses": [{
+            "name": "spark-submit", "ready": False, "restartCount": 0, "image": "x",
+            "imageID": "", "state": {"terminated": {
+                "exitCode": 1, "reason": "Error",
+                "message": "KubernetesClientException: configmaps is forbidden"}}}]}  # fmt: skip
+    else:
+        await asyncio.to_thread(core.create_namespaced_pod, ns, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": job.driver_pod},
+            "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": job.image}]},
+        })  # fmt: skip
+        status = {"phase": "Succeeded"}
+    await asyncio.to_thread(core.patch_namespaced_pod_status, job.submit_pod, ns,
+                            {"status": status})  # fmt: skip
+    return pod.to_dict()
+
+
+@pytest.mark.timeout(120)
+async def test_spark_submit_in_a_pod_of_the_spark_image(core: Any) -> None:
+    """spark_submit="pod" (what the chart sets): the submission runs in `<run>-submit` from the
+    Spark image as the Spark ServiceAccount; the pod goes once it is done."""
+    job = dataclasses.replace(job_for(core), spark_submit="pod")
+    submitting = asyncio.create_task(play_submit_pod(core, job))
+    driver = asyncio.create_task(play_driver(core, job))
+    outcome = await run_planner(job, core, poll_s=0.2)
+    pod = await submitting
+    await driver
+    assert len(outcome.entries) == 2
+    spec = pod["spec"]
+    assert spec["service_account_name"] == "tidalmq-spark"
+    (container,) = spec["containers"]
+    assert container["image"] == "tidalmq-spark:dev" and container["args"][0] == "submit"
+    assert not exists(core.read_namespaced_pod, job.submit_pod, job.namespace)
+    assert not exists(core.read_namespaced_pod, job.driver_pod, job.namespace)
+
+    # a failed submission: its reason (the pod's termination message) fails the run
+    job = dataclasses.replace(job_for(core), spark_submit="pod")
+    submitting = asyncio.create_task(play_submit_pod(core, job, fail=True))
+    with pytest.raises(PlannerFailed, match=r"spark-submit failed: .*configmaps is forbidden"):
+        await run_planner(job, core, poll_s=0.2)
+    await submitting
+    assert not exists(core.read_namespaced_pod, job.submit_pod, job.namespace)
