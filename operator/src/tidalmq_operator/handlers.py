@@ -206,6 +206,34 @@ async def start_reassignment(spec: Any, name: str, meta: Any, status: Any, memo:
               reason="Started", message=f"moving {len(entries)} partitions")  # fmt: skip
 
 
+def _running(status: Any, **_: Any) -> bool:
+    return (status or {}).get("phase") == "Running"
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=2.0, initial_delay=2.0, when=_running)
+async def adopt_running_reassignment(spec: Any, name: str, meta: Any, status: Any, memo: Any,
+                                     **_: Any) -> None:  # fmt: skip
+    """Level-based tracking: a Running reassignment that this replica does not track is taken
+    over from its spec (or generated plan) and status. It happens when an operator stopped right
+    after a create handler had submitted the moves and Kopf had recorded that handler as done:
+    the next operator then runs only the remaining handlers, and nothing would ever publish the
+    moves' progress. The moves themselves are in the controller's metadata already (a Running
+    phase is written only after they were submitted), so nothing is submitted again."""
+    rt = runtime_of(memo)
+    if name in rt.reassignments or rt.controller is None:
+        return
+    plan = parse(ReassignmentSpec, spec)
+    if plan.generate is not None and plan.partitions is None:
+        await reconcile_generated(rt, name)  # its WATCH step
+        return
+    submitted = (_parse_time((status or {}).get("startTime"))
+                 or _parse_time(meta.get("creationTimestamp")) or time.time())  # fmt: skip
+    if name not in rt.reassignments:
+        rt.reassignments[name] = _run_of(name, meta, plan.entries(), submitted, status)
+        log.info("PartitionReassignment %s: tracking its moves (taken over from an earlier operator)",
+                 name)  # fmt: skip
+
+
 @kopf.on.field(GROUP, VERSION, "partitionreassignments", field="spec.cancel")
 async def cancel_reassignment(new: Any, name: str, spec: Any, memo: Any, **_: Any) -> None:
     if not new:
