@@ -35,6 +35,14 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
 }
 READ_ONLY_TOPIC_CONFIGS = frozenset({"min.insync.replicas"})
 
+# Configs fixed for the offsets topic, whatever its metadata says (older clusters created it with
+# no configs, so this is applied when configs are read, not when the topic is created). Its log is
+# kept short by the group coordinator's snapshots (our compaction); time or size retention would
+# delete the offsets and metadata of any group idle for longer.
+FIXED_TOPIC_CONFIGS: dict[str, dict[str, str]] = {
+    OFFSETS_TOPIC: {"cleanup.policy": "compact", "retention.ms": "-1", "retention.bytes": "-1"},
+}
+
 # Broker configs that can be changed at runtime (Kafka's dynamic broker configs TidalMQ accepts),
 # with Kafka's defaults. Keyed in ClusterMetadata.broker_configs by broker id, "" for the
 # cluster-wide default. The replication throttles are what kafka-reassign-partitions --throttle
@@ -112,11 +120,16 @@ class TopicInfo:
         """Partitions the controller never moves, balances or fails over (static topics)."""
         return self.kind != "normal"
 
+    @property
+    def fixed_configs(self) -> dict[str, str]:
+        """Configs no override changes (FIXED_TOPIC_CONFIGS)."""
+        return FIXED_TOPIC_CONFIGS.get(self.name, {})
+
     def config(self, name: str) -> str | None:
-        return self.configs.get(name, TOPIC_CONFIG_DEFAULTS.get(name))
+        return self.effective_configs().get(name)
 
     def effective_configs(self) -> dict[str, str]:
-        return {**TOPIC_CONFIG_DEFAULTS, **self.configs}
+        return {**TOPIC_CONFIG_DEFAULTS, **self.configs, **self.fixed_configs}
 
     def to_json(self) -> dict[str, Any]:
         return {

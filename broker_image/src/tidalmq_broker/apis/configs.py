@@ -88,15 +88,30 @@ def _entry(
 
 def _topic_configs(topic: TopicInfo, include_synonyms: bool) -> list[dict[str, Any]]:
     out = []
+    fixed = topic.fixed_configs  # reported like Kafka reports the offsets topic's own configs
     for name, value in sorted(topic.effective_configs().items()):
-        overridden = name in topic.configs
+        overridden = name in topic.configs or name in fixed
         source = DYNAMIC_TOPIC_CONFIG if overridden else DEFAULT_CONFIG
         synonyms = [(value, source)] if overridden else []
         synonyms.append((TOPIC_CONFIG_DEFAULTS[name], DEFAULT_CONFIG))
         out.append(_entry(name, value, source, synonyms,
-                          read_only=name in READ_ONLY_TOPIC_CONFIGS,
+                          read_only=name in READ_ONLY_TOPIC_CONFIGS or name in fixed,
                           include_synonyms=include_synonyms))  # fmt: skip
     return out
+
+
+def _fixed_config_change(topic: TopicInfo | None, changes: dict[str, str | None]) -> str | None:
+    """Why `changes` cannot apply to `topic` (they change a config fixed for it), or None."""
+    if topic is None:
+        return None
+    for name, value in changes.items():
+        fixed = topic.fixed_configs.get(name)
+        if fixed is not None and value is not None and value != fixed:
+            return (
+                f"{name} of {topic.name} is fixed at {fixed}: the group coordinator keeps "
+                "its log short with snapshots, and retention would delete committed offsets"
+            )
+    return None
 
 
 def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[dict[str, Any]]:
@@ -209,6 +224,7 @@ async def _alter(
         if res.resource_type == TOPIC:
             topic = broker.metadata.topics.get(res.resource_name)
             changes, bad = _changes(res, topic.configs if topic else {})
+            bad = bad or _fixed_config_change(topic, changes)
             if bad is None:
                 r = await broker.controller.alter_topic_configs(
                     res.resource_name, changes, incremental=incremental,
