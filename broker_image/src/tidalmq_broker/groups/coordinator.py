@@ -104,7 +104,16 @@ class GroupShard:
         self._closed = False
         self._records_since_snapshot = 0
         self._ticker: asyncio.Task[None] | None = None
-        self._write_lock = asyncio.Lock()
+        # What the log holds: every live key with its last durable value. Updated by _append as
+        # soon as the log acknowledges (before the caller applies the change to groups and
+        # offsets), so a snapshot writes exactly what replay would rebuild, nothing less.
+        self._durable: dict[Key, Value] = {}
+        self._appends_open = asyncio.Event()  # cleared while a snapshot writes and trims
+        self._appends_open.set()
+        self._appends_in_flight = 0
+        self._appends_drained = asyncio.Event()
+        self._appends_drained.set()
+        self._snapshot_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -137,6 +146,7 @@ class GroupShard:
                 self.offsets.setdefault(key.group, {})[(key.topic, key.partition)] = value
             elif isinstance(key, GroupKey) and isinstance(value, GroupValue):
                 self.groups[key.group] = _group_from_value(key.group, value, now)
+        self._durable = live
         self._records_since_snapshot = count
         self.loaded.set()
         self._ticker = asyncio.create_task(self._tick(), name=f"groups tick {self.partition}")
@@ -574,27 +584,7 @@ class GroupShard:
 
     # ------------------------------------------------------------------ persistence
     async def _persist_group(self, group: Group) -> None:
-        value = GroupValue(
-            protocol_type=group.protocol_type,
-            generation=group.generation,
-            protocol_name=group.protocol_name,
-            leader=group.leader,
-            state_timestamp_ms=group.state_timestamp_ms,
-            members=tuple(
-                MemberValue(
-                    member_id=m.member_id,
-                    group_instance_id=m.group_instance_id,
-                    client_id=m.client_id,
-                    client_host=m.client_host,
-                    session_timeout_ms=m.session_timeout_ms,
-                    rebalance_timeout_ms=m.rebalance_timeout_ms,
-                    subscription=m.metadata_for(group.protocol_name),
-                    assignment=m.assignment,
-                )
-                for m in group.members.values()
-            ),
-        )
-        await self._append([(GroupKey(group.group_id), value)])
+        await self._append([(GroupKey(group.group_id), _group_value(group))])
 
     def _spawn_persist(self, group: Group) -> None:
         async def persist() -> None:
@@ -611,48 +601,69 @@ class GroupShard:
         task.add_done_callback(self._background.discard)
 
     async def _append(self, records: list[tuple[Key, Value | None]]) -> None:
+        """Append `records` durably and record them in the durable state. Waits while a
+        snapshot is being written (it must not trim a record it did not include)."""
+        while not self._appends_open.is_set():
+            await self._appends_open.wait()
         if self._closed:
             raise CoordinatorError(ErrorCode.not_coordinator)
         batch = build_batch(
             [(encode_key(k), encode_value(v)) for k, v in records], timestamp_ms=_now_ms()
         )
-        await self._log.append(batch, acks=-1)
+        self._appends_in_flight += 1
+        self._appends_drained.clear()
+        try:
+            await self._log.append(batch, acks=-1)
+            for key, value in records:
+                if value is None:
+                    self._durable.pop(key, None)
+                else:
+                    self._durable[key] = value
+        finally:
+            self._appends_in_flight -= 1
+            if not self._appends_in_flight:
+                self._appends_drained.set()
         self._records_since_snapshot += len(records)
         if self._records_since_snapshot >= self._settings.snapshot_after_records:
             self._records_since_snapshot = 0
             self._spawn(self._snapshot())
 
     async def _snapshot(self) -> None:
-        """Write every live key again, then trim the log before them: replay stays short."""
-        async with self._write_lock:
+        """Write the durable state again, then trim the log before it: replay stays short.
+
+        New appends wait meanwhile and appends in flight finish first, so every record below
+        the trim point is either in the durable state written here or superseded by it. Groups
+        mid-rebalance keep their last stored generation: it is the durable state that is
+        written, not the groups in memory."""
+        async with self._snapshot_lock:
             if self._closed:
                 return
-            live: list[tuple[Key, Value | None]] = []
-            for group_id, table in self.offsets.items():
-                for (topic, partition), value in table.items():
-                    live.append((OffsetKey(group_id, topic, partition), value))
-            for group in self.groups.values():
-                if group.state in (GroupState.STABLE, GroupState.EMPTY) and group.generation:
-                    live.append((GroupKey(group.group_id), _group_value(group)))
+            self._appends_open.clear()
             try:
-                start = self._log.high_watermark
-                for i in range(0, max(len(live), 1), 500):
-                    chunk = live[i : i + 500]
-                    if chunk:
-                        batch = build_batch(
-                            [(encode_key(k), encode_value(v)) for k, v in chunk],
-                            timestamp_ms=_now_ms(),
-                        )
-                        result = await self._log.append(batch, acks=-1)
-                        if i == 0:
-                            start = result.base_offset
-                await self._log.delete_records_before(start)
-                log.info(
-                    "%s-%d: snapshot of %d keys, log trimmed before %d",
-                    OFFSETS_TOPIC, self.partition, len(live), start,
-                )  # fmt: skip
-            except StorageError as exc:
-                log.warning("%s-%d: snapshot failed: %s", OFFSETS_TOPIC, self.partition, exc)
+                await self._appends_drained.wait()
+                if not self._closed:
+                    await self._write_snapshot(list(self._durable.items()))
+            finally:
+                self._appends_open.set()
+
+    async def _write_snapshot(self, live: list[tuple[Key, Value]]) -> None:
+        try:
+            start = self._log.high_watermark
+            for i in range(0, len(live), 500):
+                batch = build_batch(
+                    [(encode_key(k), encode_value(v)) for k, v in live[i : i + 500]],
+                    timestamp_ms=_now_ms(),
+                )
+                result = await self._log.append(batch, acks=-1)
+                if i == 0:
+                    start = result.base_offset
+            await self._log.delete_records_before(start)
+            log.info(
+                "%s-%d: snapshot of %d keys, log trimmed before %d",
+                OFFSETS_TOPIC, self.partition, len(live), start,
+            )  # fmt: skip
+        except StorageError as exc:
+            log.warning("%s-%d: snapshot failed: %s", OFFSETS_TOPIC, self.partition, exc)
 
     # ------------------------------------------------------------------ timers
     async def _tick(self) -> None:
