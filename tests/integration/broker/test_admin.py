@@ -95,11 +95,15 @@ def test_recreated_topic_starts_empty(local_broker: BrokerProcess) -> None:
 def test_list_offsets_earliest_latest_and_by_timestamp(local_broker: BrokerProcess) -> None:
     topic = topic_name()
     create_topic(local_broker.bootstrap, topic, 1)
-    p = producer(local_broker.bootstrap, **{"linger.ms": 0})
+    # batches of 5 records (offsets 0-4, 5-9, ...), the later ones compressed: a timestamp
+    # inside a batch must find its record, not the batch's first offset
     base = int(time.time() * 1000) - 100_000
-    for i in range(20):
-        p.produce(topic, value=b"%d" % i, timestamp=base + i * 1000)
-        p.flush(10)
+    for first in range(0, 20, 5):
+        codec = "none" if first < 10 else "zstd"
+        p = producer(local_broker.bootstrap, **{"linger.ms": 10_000, "compression.type": codec})
+        for i in range(first, first + 5):
+            p.produce(topic, value=b"%d" % i, timestamp=base + i * 1000)
+        assert p.flush(30) == 0
     admin = AdminClient({"bootstrap.servers": local_broker.bootstrap})
     tp = TopicPartition(topic, 0)
 
@@ -110,6 +114,10 @@ def test_list_offsets_earliest_latest_and_by_timestamp(local_broker: BrokerProce
     assert lookup(OffsetSpec.latest()) == 20
     assert lookup(OffsetSpec.for_timestamp(base + 5000)) == 5
     assert lookup(OffsetSpec.for_timestamp(base + 5500)) == 6
+    assert lookup(OffsetSpec.for_timestamp(base + 8000)) == 8
+    assert lookup(OffsetSpec.for_timestamp(base + 16_500)) == 17  # compressed
+    found = admin.list_offsets({tp: OffsetSpec.for_timestamp(base + 2500)})[tp].result(30)
+    assert (found.offset, found.timestamp) == (3, base + 3000)  # that record's timestamp
     assert lookup(OffsetSpec.for_timestamp(base + 10**9)) == -1
     c = Consumer({"bootstrap.servers": local_broker.bootstrap, "group.id": "ts"})
     found = c.offsets_for_times([TopicPartition(topic, 0, base + 12000)], timeout=10)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import crc32c
 
+from tidalmq_broker.protocol.compression import CorruptCompressedData, decompress
+
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength
 MAGIC_V2 = 2
@@ -44,8 +46,6 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
-
-COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 
 
 class InvalidRecordBatch(ValueError):
@@ -241,6 +241,38 @@ def iter_records(
                 pos += n
         yield header.base_offset + offset_delta, fields[0], fields[1]
         pos = end
+
+
+def iter_record_timestamps(
+    batch: bytes | bytearray | memoryview, header: BatchHeader
+) -> Iterator[tuple[int, int]]:
+    """(offset, timestamp) of each record of a client's batch, compressed or not. Reads only
+    each record's length, timestamp delta and offset delta (of a decompressed copy if the
+    batch is compressed). Raises InvalidRecordBatch if the records are malformed."""
+    if header.attributes & TIMESTAMP_TYPE_MASK:  # LogAppendTime: the broker's time for all
+        for delta in range(header.record_count):
+            yield header.base_offset + delta, header.max_timestamp
+        return
+    records = memoryview(batch)[header.position + HEADER_SIZE : header.position + header.size]
+    try:
+        body = (
+            memoryview(decompress(header.compression, records)) if header.compression else records
+        )
+    except CorruptCompressedData as exc:
+        raise InvalidRecordBatch(str(exc)) from exc
+    pos = 0
+    try:
+        for _ in range(header.record_count):
+            length, pos = _read_varint(body, pos)
+            end = pos + length
+            timestamp_delta, after = _read_varint(body, pos + 1)  # after the record attributes
+            offset_delta, _ = _read_varint(body, after)
+            yield header.base_offset + offset_delta, header.base_timestamp + timestamp_delta
+            pos = end
+    except IndexError:
+        raise InvalidRecordBatch(
+            f"records of the batch at offset {header.base_offset} are truncated"
+        ) from None
 
 
 def _varint(value: int) -> bytes:

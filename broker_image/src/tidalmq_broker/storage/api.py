@@ -199,7 +199,8 @@ class PartitionLog(Protocol):
         ...
 
     async def offset_for_timestamp(self, timestamp_ms: int) -> TimestampLookup | None:
-        """The first offset whose batch max timestamp is >= timestamp_ms (ListOffsets)."""
+        """The first record (from the log start) whose timestamp is >= timestamp_ms, with that
+        record's timestamp, as Kafka answers ListOffsets by timestamp; None if there is none."""
         ...
 
     async def delete_records_before(self, offset: int) -> int:

@@ -1,0 +1,63 @@
+"""Decompression of record batch bodies, for the few places that must look inside a batch a
+client compressed (ListOffsets by timestamp). The broker never re-encodes: what it stores and
+serves stays the producer's bytes."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import lz4.frame
+import snappy
+import zstandard
+
+NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
+COMPRESSION_NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
+
+# The Java client frames snappy as xerial's SnappyOutputStream does: this magic, two int32
+# versions, then blocks of (int32 length, raw snappy). librdkafka sends raw snappy.
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = len(_XERIAL_MAGIC) + 8
+
+
+class CorruptCompressedData(ValueError):
+    """The data does not decompress with the codec its batch names (or the codec is unknown)."""
+
+
+def decompress(codec: int, data: bytes | memoryview) -> bytes:
+    """The records section of a batch whose attributes name `codec`, uncompressed."""
+    try:
+        return _decompress(codec, data)
+    except CorruptCompressedData:
+        raise
+    except Exception as exc:  # each library has its own errors (OSError, ZstdError, ...)
+        name = COMPRESSION_NAMES[codec]
+        raise CorruptCompressedData(f"{name} data does not decompress: {exc}") from exc
+
+
+def _decompress(codec: int, data: bytes | memoryview) -> bytes:
+    if codec == NONE:
+        return bytes(data)
+    if codec == GZIP:
+        return gzip.decompress(data)
+    if codec == SNAPPY:
+        return _snappy(bytes(data))
+    if codec == LZ4:
+        return lz4.frame.decompress(data)
+    if codec == ZSTD:
+        # frames from streaming producers carry no content size: decompress as a stream
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    raise CorruptCompressedData(f"compression type {codec} is not one of Kafka's")
+
+
+def _snappy(data: bytes) -> bytes:
+    if not data.startswith(_XERIAL_MAGIC):
+        return snappy.decompress(data)
+    out = bytearray()
+    pos = _XERIAL_HEADER
+    while pos < len(data):
+        (length,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        out += snappy.decompress(data[pos : pos + length])
+        pos += length
+    return bytes(out)

@@ -1,0 +1,49 @@
+"""ListOffsets by timestamp answers per record, as Kafka does: the first record whose timestamp
+is at least the target, not the first offset of the batch that holds it. A real partition on a
+local-directory store, batches encoded (and compressed) by kafka-python's producer code."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from tidalmq_broker.storage.api import PartitionConfig, PartitionLog, StorageConfig
+from tidalmq_broker.storage.engine import ObjectStreamEngine
+from tidalmq_broker.storage.objectstore import LocalDirObjectStore
+from tidalmq_core.model import TopicPartition
+
+from tests.support.client_batches import client_batch
+
+T0 = 1_700_000_000_000
+CONFIG = StorageConfig(flush_interval_ms=2, checkpoint_interval_s=3600)
+
+
+@pytest.fixture
+async def plog(tmp_path: Path) -> AsyncIterator[PartitionLog]:
+    engine = ObjectStreamEngine(LocalDirObjectStore(tmp_path / "objects"), 0, CONFIG)
+    await engine.start()
+    try:
+        yield await engine.open_partition(TopicPartition("t", 0), "id", 1, PartitionConfig())
+    finally:
+        await engine.stop()
+
+
+async def _lookup(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int] | None:
+    found = await plog.offset_for_timestamp(timestamp_ms)
+    return None if found is None else (found.offset, found.timestamp)
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4], ids=["none", "gzip", "snappy", "lz4", "zstd"])
+async def test_the_first_record_at_or_after_the_target(plog: PartitionLog, codec: int) -> None:
+    await plog.append(client_batch([T0 + 10 * i for i in range(5)], compression=codec))  # 0-4
+    await plog.append(client_batch([T0 + 100 + i for i in range(3)], compression=codec))  # 5-7
+    assert await _lookup(plog, T0) == (0, T0)
+    assert await _lookup(plog, T0 + 25) == (3, T0 + 30)  # inside the first batch
+    assert await _lookup(plog, T0 + 40) == (4, T0 + 40)
+    assert await _lookup(plog, T0 + 41) == (5, T0 + 100)  # the next batch
+    assert await _lookup(plog, T0 + 102) == (7, T0 + 102)
+    assert await _lookup(plog, T0 + 103) is None
+    # records below the log start are never answered
+    await plog.delete_records_before(2)
+    assert await _lookup(plog, T0) == (2, T0 + 20)
