@@ -33,7 +33,6 @@ from tidalmq_broker.server.http import HealthServer
 from tidalmq_broker.server.listener import KafkaListener, ListenerLimits
 from tidalmq_broker.settings import BrokerSettings
 from tidalmq_broker.static_topics.service import StaticTopicService
-from tidalmq_broker.storage.api import StorageConfig
 from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
@@ -100,12 +99,7 @@ class Broker:
         self.engine = ObjectStreamEngine(
             self._store,
             self.broker_id,
-            StorageConfig(
-                flush_interval_ms=s.flush_interval_ms,
-                flush_bytes=s.flush_bytes,
-                cache_bytes=s.cache_bytes,
-                checkpoint_interval_s=s.checkpoint_interval_s,
-            ),
+            s.storage_config(),
             lease_check=self._lease_valid,
         )
         await self.engine.start()

@@ -16,7 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidalmq_broker.storage.api import StorageConfig
+
 ENV_PREFIX = "TIDALMQ_"
+_STORAGE = StorageConfig()  # the storage engine's defaults
 
 
 @dataclass(slots=True)
@@ -47,10 +50,53 @@ class BrokerSettings:
     drain_on_stop: bool = field(
         default=True, metadata={"help": "on SIGTERM move partitions to other brokers first"}
     )
+    # the storage engine's settings: every field of StorageConfig, by the same name
     flush_interval_ms: float = field(default=5.0, metadata={"help": "WAL flush window"})
-    flush_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "flush at this size"})
-    cache_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "tail cache size"})
-    checkpoint_interval_s: float = field(default=5.0, metadata={"help": "checkpoint interval"})
+    flush_bytes: int = field(default=_STORAGE.flush_bytes, metadata={"help": "flush at this size"})
+    max_inflight_flushes: int = field(
+        default=_STORAGE.max_inflight_flushes, metadata={"help": "WAL PUTs in flight at once"}
+    )
+    cache_bytes: int = field(default=_STORAGE.cache_bytes, metadata={"help": "tail cache size"})
+    checkpoint_interval_s: float = field(
+        default=_STORAGE.checkpoint_interval_s,
+        metadata={"help": "how often a changed partition's checkpoint is written"},
+    )
+    read_ahead_bytes: int = field(
+        default=_STORAGE.read_ahead_bytes,
+        metadata={"help": "ranged GET size of sequential reads of older data"},
+    )
+    compaction_interval_s: float = field(
+        default=_STORAGE.compaction_interval_s,
+        metadata={"help": "how often partitions are checked for compaction"},
+    )
+    compaction_min_ranges: int = field(
+        default=_STORAGE.compaction_min_ranges,
+        metadata={"help": "compact a partition once it has this many WAL ranges"},
+    )
+    compaction_min_bytes: int = field(
+        default=_STORAGE.compaction_min_bytes,
+        metadata={"help": "... or this many bytes in WAL ranges"},
+    )
+    compaction_idle_s: float = field(
+        default=_STORAGE.compaction_idle_s,
+        metadata={"help": "... or once its oldest WAL range is this old"},
+    )
+    index_granule_bytes: int = field(
+        default=_STORAGE.index_granule_bytes,
+        metadata={"help": "index entry size inside compacted segments"},
+    )
+    retention_check_interval_s: float = field(
+        default=_STORAGE.retention_check_interval_s,
+        metadata={"help": "how often retention.ms/retention.bytes are applied"},
+    )
+    garbage_grace_s: float = field(
+        default=_STORAGE.garbage_grace_s,
+        metadata={"help": "unreferenced WAL objects younger than this are kept"},
+    )
+    garbage_sweep_interval_s: float = field(
+        default=_STORAGE.garbage_sweep_interval_s,
+        metadata={"help": "how often a full sweep deletes objects no checkpoint needs"},
+    )
     max_request_bytes: int = field(
         default=100 * 1024 * 1024, metadata={"help": "largest request accepted"}
     )
@@ -91,6 +137,12 @@ class BrokerSettings:
     @property
     def advertised(self) -> tuple[str, int]:
         return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    def storage_config(self) -> StorageConfig:
+        """The storage engine's settings: the fields of StorageConfig, by name."""
+        return StorageConfig(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(StorageConfig)}
+        )
 
     def described(self) -> dict[str, str]:
         """Broker configs as DescribeConfigs reports them (Kafka names where one exists)."""

@@ -1,21 +1,35 @@
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
+from tidalmq_broker.settings import add_arguments, from_sources
+from tidalmq_broker.storage.api import StorageConfig
 from tidalmq_broker.storage.keys import parse_partition_key, parse_wal_key, segment_key, wal_key
 from tidalmq_broker.storage.objectstore import LocalDirObjectStore, S3ObjectStore, open_object_store
-from tidalmq_broker.storage.settings import storage_config_from_env
 from tidalmq_core.model import TopicPartition
 
 
-def test_config_from_environment() -> None:
-    cfg = storage_config_from_env(
-        {"TIDALMQ_STORAGE_FLUSH_INTERVAL_MS": "25", "TIDALMQ_STORAGE_CACHE_BYTES": "1024"}
-    )
-    assert cfg.flush_interval_ms == 25.0 and cfg.cache_bytes == 1024
-    with pytest.raises(ValueError, match="FLUSH_BYTES"):
-        storage_config_from_env({"TIDALMQ_STORAGE_FLUSH_BYTES": "lots"})
+def test_every_storage_setting_is_a_broker_flag_and_environment_variable() -> None:
+    """The broker builds its StorageConfig from its settings: each field, by its own name."""
+    fields = dataclasses.fields(StorageConfig)
+    env = {f"TIDALMQ_{f.name.upper()}": str(7 + i) for i, f in enumerate(fields)}
+    cfg = from_sources(None, env).storage_config()
+    assert {f.name: getattr(cfg, f.name) for f in fields} == {
+        f.name: 7 + i for i, f in enumerate(fields)
+    }
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--read-ahead-bytes", "1024", "--compaction-idle-s", "0.5"])
+    cfg = from_sources(args, {"TIDALMQ_READ_AHEAD_BYTES": "99"}).storage_config()
+    assert (cfg.read_ahead_bytes, cfg.compaction_idle_s) == (1024, 0.5)  # the flag wins
+    # what is not set keeps the engine's default (the broker's own flush window aside)
+    default = from_sources(None, {}).storage_config()
+    assert default.garbage_grace_s == StorageConfig().garbage_grace_s
+    with pytest.raises(SystemExit, match="TIDALMQ_FLUSH_BYTES"):
+        from_sources(None, {"TIDALMQ_FLUSH_BYTES": "lots"})
 
 
 def test_factory_urls(tmp_path: Path) -> None:

@@ -86,7 +86,9 @@ class PartitionConfig:
 
 @dataclass(frozen=True, slots=True)
 class StorageConfig:
-    """Engine settings (flags and TIDALMQ_STORAGE_* environment variables map onto these)."""
+    """Engine settings. Each field is a broker setting of the same name, so a flag
+    (`--read-ahead-bytes`) and an environment variable (`TIDALMQ_READ_AHEAD_BYTES`);
+    BrokerSettings.storage_config() builds this from them."""
 
     flush_interval_ms: float = 10.0  # W: oldest pending append waits at most this long
     flush_bytes: int = 4 * 1024 * 1024  # B: flush as soon as this much is pending

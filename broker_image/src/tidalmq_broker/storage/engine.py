@@ -11,7 +11,7 @@ Construction (what the broker does with its settings):
     ...
     await engine.stop()
 
-or `build_engine(url, broker_id, ...)` from `tidalmq_broker.storage`.
+The broker's StorageConfig comes from its settings (BrokerSettings.storage_config()).
 """
 
 from __future__ import annotations
