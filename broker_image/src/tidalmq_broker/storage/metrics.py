@@ -50,6 +50,12 @@ APPEND_FAILURES = Counter(
     "Appends that failed, by reason",
     ["broker", "reason"],
 )
+DUPLICATE_BATCHES = Counter(
+    "tidalmq_produce_duplicate_batches_total",
+    "Idempotent producers' retries of batches already appended: answered with the original "
+    "offsets, not written again",
+    ["broker"],
+)
 CACHE_HIT_BYTES = Counter(
     "tidalmq_storage_cache_hit_bytes_total", "Bytes read from the tail cache", ["broker"]
 )
@@ -95,5 +101,6 @@ class BrokerMetrics:
 
     def __init__(self, broker: str) -> None:
         self.append_bytes = APPEND_BYTES.labels(broker)
+        self.duplicate_batches = DUPLICATE_BATCHES.labels(broker)
         self.cache_hit_bytes = CACHE_HIT_BYTES.labels(broker)
         self.cache_miss_bytes = CACHE_MISS_BYTES.labels(broker)

@@ -253,6 +253,7 @@ class Partition:
             raise
         if duplicate is not None:
             self._undo_producers(undo)
+            self._engine.m.duplicate_batches.inc()
             await self._wait_durable(duplicate.last_offset)
             return AppendResult(
                 duplicate.base_offset, duplicate.last_offset, -1, self._log_start, True
