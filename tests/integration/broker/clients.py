@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 from collections import defaultdict
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from tidalmq_broker.protocol.codec import decode_response, encode_request
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, **configs: str) -> None:
@@ -108,46 +105,3 @@ def watermarks(
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
     return {p: high for p, (_, high) in watermarks(bootstrap, topic, partitions).items()}
-
-
-class RawClient:
-    """One Kafka connection speaking requests built with the broker's own codec."""
-
-    def __init__(self, bootstrap: str) -> None:
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.correlation = 0
-
-    def send_raw(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def recv_frame(self) -> bytes:
-        head = self._recv_exact(4)
-        (size,) = struct.unpack(">i", head)
-        return self._recv_exact(size)
-
-    def _recv_exact(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed by broker")
-            buf += chunk
-        return buf
-
-    def call(self, api_key: int, version: int, body: dict) -> object:
-        self.correlation += 1
-        self.send_raw(encode_request(api_key, version, self.correlation, body))
-        corr, resp = decode_response(api_key, version, self.recv_frame())
-        assert corr == self.correlation
-        return resp
-
-    def is_closed_by_broker(self) -> bool:
-        try:
-            self.sock.settimeout(10)
-            return self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-
-    def close(self) -> None:
-        self.sock.close()

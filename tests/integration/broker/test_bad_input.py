@@ -2,18 +2,60 @@
 
 from __future__ import annotations
 
+import socket
 import struct
 
 import pytest
 from kio.schema.errors import ErrorCode
-from tidalmq_broker.protocol.codec import decode_response
+from tidalmq_broker.protocol.codec import decode_response, encode_request
 from tidalmq_broker.protocol.records import build_batch
 
-from tests.integration.broker.clients import RawClient, consume_all, create_topic, producer
+from tests.integration.broker.clients import consume_all, create_topic, producer
 from tests.integration.broker.conftest import topic_name
 from tests.support.broker_process import BrokerProcess
 
 pytestmark = pytest.mark.integration
+
+
+class RawClient:
+    def __init__(self, bootstrap: str) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.correlation = 0
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv_frame(self) -> bytes:
+        head = self._recv_exact(4)
+        (size,) = struct.unpack(">i", head)
+        return self._recv_exact(size)
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed by broker")
+            buf += chunk
+        return buf
+
+    def call(self, api_key: int, version: int, body: dict) -> object:
+        self.correlation += 1
+        self.send_raw(encode_request(api_key, version, self.correlation, body))
+        corr, resp = decode_response(api_key, version, self.recv_frame())
+        assert corr == self.correlation
+        return resp
+
+    def is_closed_by_broker(self) -> bool:
+        try:
+            self.sock.settimeout(10)
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def assert_still_serving(broker: BrokerProcess) -> None:

@@ -13,11 +13,11 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaConsumer, KafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
+from tidalmq_broker.admin_client import AdminClient as ProtocolClient
 from tidalmq_broker.protocol.records import build_batch
 
 from tests.integration.broker.clients import (
     AckedLog,
-    RawClient,
     consume_all,
     create_topic,
     producer,
@@ -178,7 +178,7 @@ def test_idempotent_retry_of_a_durable_batch_is_dropped(local_broker: BrokerProc
     the original offsets and write nothing (the requests here are what librdkafka sends)."""
     topic = topic_name()
     create_topic(local_broker.bootstrap, topic, 1)
-    c = RawClient(local_broker.bootstrap)
+    c = ProtocolClient(local_broker.bootstrap)  # requests built with the broker's own codec
     init = c.call(22, 1, {"transactional_id": None, "transaction_timeout": 60_000})
     assert init.error_code == 0  # type: ignore[attr-defined]
     pid, epoch = init.producer_id, init.producer_epoch  # type: ignore[attr-defined]
