@@ -69,7 +69,13 @@ _REPLICA_LIST_CONFIGS = frozenset(
 _ENUM_CONFIGS = {
     "cleanup.policy": {"delete"},
     "message.timestamp.type": {"CreateTime", "LogAppendTime"},
-    "compression.type": {"producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"},
+    # Kafka recompresses batches to a topic's codec; TidalMQ never re-encodes a batch, so it
+    # takes only "producer" rather than accept a codec and silently not apply it
+    "compression.type": {"producer"},
+}
+_ENUM_REASONS = {
+    "compression.type": "TidalMQ stores batches as the producer compressed them and never "
+    "recompresses; set compression.type on the producer instead",
 }
 
 
@@ -95,7 +101,8 @@ def validate_configs(configs: dict[str, str | None]) -> dict[str, str]:
                 raise InvalidConfig(f"{name} must be at least {_INT_CONFIGS[name]}, got {number}")
         if name in _ENUM_CONFIGS and value not in _ENUM_CONFIGS[name]:
             allowed = ", ".join(sorted(_ENUM_CONFIGS[name]))
-            raise InvalidConfig(f"{name} must be one of {allowed}; got {value!r}")
+            reason = f": {_ENUM_REASONS[name]}" if name in _ENUM_REASONS else ""
+            raise InvalidConfig(f"{name} must be one of {allowed}; got {value!r}{reason}")
         if name in _REPLICA_LIST_CONFIGS and not _THROTTLED_REPLICAS.match(value.strip()):
             raise InvalidConfig(
                 f"{name} must be '*' or a list of partition:broker pairs, got {value!r}"

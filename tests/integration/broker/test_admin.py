@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     ConfigResource,
@@ -63,6 +63,14 @@ def test_topic_lifecycle(local_broker: BrokerProcess) -> None:
     res.set_config("retention.ms", "7200000")
     admin.alter_configs([res])[res].result(30)
     assert admin.describe_configs([res])[res].result(30)["retention.ms"].value == "7200000"
+    # a topic codec would be accepted and never applied (batches are not re-encoded): refused
+    bad = ConfigResource(ConfigResource.Type.TOPIC, topic, set_config={"compression.type": "lz4"})
+    with pytest.raises(KafkaException, match="never recompresses") as refused:
+        admin.alter_configs([bad])[bad].result(30)
+    assert refused.value.args[0].code() == KafkaError.INVALID_CONFIG
+    zstd = NewTopic(topic + "z", 1, 1, config={"compression.type": "zstd"})
+    with pytest.raises(KafkaException, match="never recompresses"):
+        admin.create_topics([zstd])[topic + "z"].result(30)
 
     # delete
     admin.delete_topics([topic])[topic].result(30)

@@ -55,3 +55,11 @@ def test_configs() -> None:
     ):
         with pytest.raises(InvalidConfig):
             validate_configs(bad)
+
+
+def test_compression_type_is_only_what_the_producer_sent() -> None:
+    """Batches are never re-encoded, so a topic codec would be accepted and not applied."""
+    assert validate_configs({"compression.type": "producer"}) == {"compression.type": "producer"}
+    for codec in ("uncompressed", "gzip", "snappy", "lz4", "zstd"):
+        with pytest.raises(InvalidConfig, match="never recompresses"):
+            validate_configs({"compression.type": codec})
