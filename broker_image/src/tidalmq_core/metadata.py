@@ -121,6 +121,13 @@ class TopicInfo:
         return self.kind != "normal"
 
     @property
+    def listed(self) -> bool:
+        """Shown when a client asks for every topic. Kafka's own internal topics are (flagged
+        is_internal, which clients use to leave them out of pattern subscriptions); our
+        hidden ones (the physical queues of static topics) are not."""
+        return not self.internal or self.name in INTERNAL_TOPICS
+
+    @property
     def fixed_configs(self) -> dict[str, str]:
         """Configs no override changes (FIXED_TOPIC_CONFIGS)."""
         return FIXED_TOPIC_CONFIGS.get(self.name, {})

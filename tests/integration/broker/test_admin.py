@@ -15,6 +15,7 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 from kafka.admin import KafkaAdminClient
+from tidalmq_broker.admin_client import AdminClient as ProtocolClient
 
 from tests.integration.broker.clients import consume_all, create_topic, producer
 from tests.integration.broker.conftest import topic_name
@@ -45,7 +46,13 @@ def test_topic_lifecycle(local_broker: BrokerProcess) -> None:
 
     md = admin.list_topics(topic, timeout=10)
     assert len(md.topics[topic].partitions) == 3
-    assert "__consumer_offsets" not in admin.list_topics(timeout=10).topics
+    # as in Kafka, every-topic Metadata lists the offsets topic, flagged internal
+    assert "__consumer_offsets" in admin.list_topics(timeout=10).topics
+    with ProtocolClient(local_broker.bootstrap) as client:
+        every = client.call(3, 12, {"topics": None, "allow_auto_topic_creation": False,
+                                    "include_topic_authorized_operations": False})  # fmt: skip
+    internal = {t.name: t.is_internal for t in every.topics}
+    assert internal["__consumer_offsets"] is True and internal[topic] is False
 
     # grow, and refuse to shrink
     admin.create_partitions([NewPartitions(topic, 5)])[topic].result(30)

@@ -61,7 +61,7 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
     meta = broker.metadata
     requested = body.topics
     if requested is None or (request.api_version == 0 and not requested):
-        names = [t.name for t in meta.topics.values() if not t.internal]
+        names = [t.name for t in meta.topics.values() if t.listed]
     else:
         names = []
         for t in requested:
@@ -160,7 +160,7 @@ async def handle_describe_topic_partitions(
     if body.topics:
         names = sorted({t.name for t in body.topics})
     else:
-        names = sorted(t.name for t in meta.topics.values() if not t.internal)
+        names = sorted(t.name for t in meta.topics.values() if t.listed)
     cursor = body.cursor
     if cursor is not None and cursor.topic_name not in names:
         return {
