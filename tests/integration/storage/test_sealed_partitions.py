@@ -18,6 +18,7 @@ from tidalmq_broker.storage.sealed import (
 from tidalmq_core.model import TopicPartition
 
 from tests.integration.storage.conftest import Cluster
+from tests.support.client_batches import client_batch
 from tests.support.storage_helpers import batch, batches_of, payload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
@@ -117,6 +118,21 @@ async def test_compacting_a_sealed_partition_keeps_its_data(cluster: Cluster) ->
         found = await reader.offset_for_timestamp(1020)
         assert found is not None and found.offset == 60 and found.timestamp == 1020
         assert await reader.offset_for_timestamp(5000) is None
+    finally:
+        await store.close()
+
+
+async def test_a_sealed_partition_finds_timestamps_per_record(cluster: Cluster) -> None:
+    engine = await cluster.engine(1)
+    log = await engine.open_partition(OLD, TOPIC_ID, 1, CFG)
+    await log.append(client_batch([1000 + 10 * i for i in range(5)], compression=4))  # zstd
+    await engine.close_partition(OLD)
+    store = cluster.inspector()
+    try:
+        await seal_partition(store, OLD, TOPIC_ID)
+        reader = ClosedPartitionReader(store, OLD, TOPIC_ID)
+        found = await reader.offset_for_timestamp(1015)
+        assert found is not None and (found.offset, found.timestamp) == (2, 1020)
     finally:
         await store.close()
 

@@ -52,6 +52,7 @@ from tidalmq_broker.storage.checkpoint import Checkpoint
 from tidalmq_broker.storage.index import IndexEntry, OffsetIndex
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound
 from tidalmq_broker.storage.producer_state import BatchMeta, ProducerEntry, ProducerStateTable
+from tidalmq_broker.storage.timestamps import first_record_at
 from tidalmq_broker.storage.wal import ProducerBatch, WalEntry
 from tidalmq_broker.storage.wal_writer import PendingAppend
 
@@ -534,32 +535,13 @@ class Partition:
                 return
 
     async def offset_for_timestamp(self, timestamp_ms: int) -> TimestampLookup | None:
-        """Kafka's answer: the first record (from the log start) whose timestamp is at least
-        `timestamp_ms`, and that record's timestamp. Only the one batch that straddles the
-        target is looked into (decompressed if it must be)."""
         i = self._index.find_timestamp(timestamp_ms)
         while i is not None and i < len(self._index):
-            entry = self._index[i]
-            data = await self.read_entry(entry)
-            for h in records.iter_headers(data):
-                if h.max_timestamp >= timestamp_ms and h.last_offset >= self._log_start:
-                    found = self._first_record_at(data, h, timestamp_ms)
-                    if found is not None:
-                        return found
+            data = await self.read_entry(self._index[i])
+            found = first_record_at(data, timestamp_ms, self._log_start, self._tp)
+            if found is not None:
+                return found
             i += 1
-        return None
-
-    def _first_record_at(
-        self, data: memoryview, h: records.BatchHeader, timestamp_ms: int
-    ) -> TimestampLookup | None:
-        try:
-            for offset, timestamp in records.iter_record_timestamps(data, h):
-                if offset >= self._log_start and timestamp >= timestamp_ms:
-                    return TimestampLookup(offset, timestamp)
-        except records.InvalidRecordBatch as exc:
-            log.warning("%s: cannot read the records of the batch at %d: %s", self._tp,
-                        h.base_offset, exc)  # fmt: skip
-            return TimestampLookup(max(h.base_offset, self._log_start), h.max_timestamp)
         return None
 
     # ---------------------------------------------------------------- checkpoints

@@ -42,6 +42,7 @@ from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore
 from tidalmq_broker.storage.partition import _slice_batches
 from tidalmq_broker.storage.producer_state import ProducerStateTable
 from tidalmq_broker.storage.recovery import recover_tail
+from tidalmq_broker.storage.timestamps import first_record_at
 
 log = logging.getLogger(__name__)
 
@@ -302,10 +303,10 @@ class ClosedPartitionReader:
         while i is not None and i < len(self._index):
             entry = self._index[i]
             blobs = await self._fetch([entry])
-            for h in records.iter_headers(blobs[entry.base_offset]):
-                if h.max_timestamp >= timestamp_ms and h.last_offset >= self.log_start_offset:
-                    return TimestampLookup(
-                        max(h.base_offset, self.log_start_offset), h.max_timestamp
-                    )
+            found = first_record_at(
+                blobs[entry.base_offset], timestamp_ms, self.log_start_offset, self.tp
+            )
+            if found is not None:
+                return found
             i += 1
         return None
