@@ -259,3 +259,26 @@ async def test_removing_a_live_broker_waits_for_its_lease(controller: Controller
     assert part(controller, "t", 1).leader == NO_LEADER
     await wait_for(lambda: part(controller, "t", 1).leader == 0, timeout_s=5)
     assert time.monotonic() - t0 >= FAST.lease_s - 0.1
+
+
+async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(
+    controller: Controller,
+) -> None:
+    """A "closed" report of an earlier close (delayed in flight) must not elect the target
+    while the source has the partition open again at a newer epoch."""
+    a, _ = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0
+    await controller.alter_reassignments([PlanEntry(tp, 1)])
+    await controller.alter_reassignments([PlanEntry(tp, None)])  # cancel: back on 0, epoch 1
+    assert part(controller, "t", 0).leader_epoch == 1
+    a.open[tp] = 1  # the source serves it again
+    await controller.alter_reassignments([PlanEntry(tp, 1)])  # a second move
+    controller.partition_closed(0, tp, 0)  # the first move's close, reported late
+    await asyncio.sleep(FAST.election_timeout_s / 2)
+    assert part(controller, "t", 0).leader == NO_LEADER, "elected while the source serves it"
+    controller.partition_closed(0, tp, 1)  # the real close of the second move
+    del a.open[tp]
+    await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=FAST.election_timeout_s)
+    assert not a.fenced

@@ -377,11 +377,22 @@ class Controller:
         )
 
     def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
-        """Fast path of seed 000 step 5: the source closed the partition cleanly."""
+        """Fast path of seed 000 step 5: the source closed the partition cleanly. Only a close
+        at the epoch the move started from counts: a moving partition keeps its epoch until the
+        election, and every election or cancel bumps it, so a report of an older epoch is a
+        late one from an earlier close (the source may have it open again since)."""
         part = self._partition(tp)
-        if part is not None and part.moving and part.original_replicas == [broker_id]:
+        if (
+            part is not None
+            and part.moving
+            and part.original_replicas == [broker_id]
+            and epoch == part.leader_epoch
+        ):
             self._closed_reports.add(tp)
             self._wake.set()
+        elif part is not None and part.moving and epoch < part.leader_epoch:
+            log.info("ignoring a late closed report of %s at epoch %d (now %d) from broker %d",
+                     tp, epoch, part.leader_epoch, broker_id)  # fmt: skip
         if is_physical_topic(tp.topic):
             self.static.partition_closed(broker_id, tp)
 
