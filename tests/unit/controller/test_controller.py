@@ -79,6 +79,16 @@ async def wait_for(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[n
         await asyncio.sleep(0.01)
 
 
+def fences(c: Controller) -> list[str]:
+    """The controller's BrokerFenced events from now on: a move that finishes on its fast path
+    (the source closed) must not have gone through the election timeout's fence instead."""
+    seen: list[str] = []
+    c.add_event_sink(
+        lambda reason, message, _: seen.append(message) if reason == "BrokerFenced" else None
+    )
+    return seen
+
+
 def part(c: Controller, topic: str, index: int):  # type: ignore[no-untyped-def]
     return c.metadata.topics[topic].partitions[index]
 
@@ -101,6 +111,7 @@ async def test_move_records_target_then_elects_after_the_source_closes(
     controller: Controller,
 ) -> None:
     a, b = await cluster_of(controller, 2)
+    fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 1)])
     tp = TopicPartition("t", 0)
     a.open[tp] = 0
@@ -119,11 +130,13 @@ async def test_move_records_target_then_elects_after_the_source_closes(
     b.open[tp] = epoch + 1
     await wait_for(lambda: controller.moves.get(tp) is None)
     assert controller.moves.recent()[-1].phase is Phase.DONE
+    assert not fenced and not a.fenced, "elected through the timeout, not the source's report"
 
 
 async def test_heartbeat_without_the_partition_counts_as_closed(controller: Controller) -> None:
     """A lost "closed" report is repaired by the next heartbeat (level-based)."""
     a, _ = await cluster_of(controller, 2)
+    fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 1)])
     tp = TopicPartition("t", 0)
     a.open[tp] = 0
@@ -131,6 +144,7 @@ async def test_heartbeat_without_the_partition_counts_as_closed(controller: Cont
     a.snapshots.append(controller.snapshot())  # the broker applied the move...
     del a.open[tp]  # ...and closed the partition, but its report was lost
     await wait_for(lambda: part(controller, "t", 0).leader == 1)
+    assert not fenced and not a.fenced, "elected through the timeout, not the heartbeat"
 
 
 async def test_cancel_rolls_back_with_a_higher_epoch(controller: Controller) -> None:
