@@ -296,3 +296,36 @@ async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(
     del a.open[tp]
     await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=FAST.election_timeout_s)
     assert not a.fenced
+
+
+async def test_a_deposed_controller_stops_granting_leases(tmp_path: Path) -> None:
+    """A deposed controller that has nothing to write learns of its successor only from the
+    store; until then it must not keep renewing leases, or a broker it vouches for could
+    acknowledge writes after the successor moved its partitions away."""
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    old = Controller(store, FAST)
+    await old.start()
+    await old.register_broker(BrokerInfo(0, "127.0.0.1", 9000, incarnation="a"), FakeBroker(old, 0))
+    assert (await old.heartbeat(0, "a", -1, {})).lease_s > 0
+    new = Controller(store, FAST)
+    await new.start()
+    replaced = time.monotonic()
+    last_grant = None
+    try:
+        while time.monotonic() - replaced < 5:
+            try:
+                reply = await old.heartbeat(0, "a", -1, {})
+            except ControllerFenced:
+                break
+            if reply.lease_s > 0:
+                last_grant = time.monotonic()
+            await asyncio.sleep(FAST.heartbeat_interval_s / 5)
+        else:
+            pytest.fail("the deposed controller kept answering heartbeats")
+        assert last_grant is None or last_grant - replaced <= FAST.role_window_s
+    finally:
+        await old.stop()
+        await new.stop()
+    stopped = Controller(store, FAST)
+    with pytest.raises(ControllerFenced):  # neither before start nor after stop
+        await stopped.heartbeat(0, "a", -1, {})

@@ -120,6 +120,14 @@ class ControllerSettings:
     offsets_topic_partitions: int = 16
     tick_s: float = 0.05
 
+    @property
+    def role_window_s(self) -> float:
+        """A lease is granted only while the controller confirmed its role in the metadata store
+        (a read showing its own controller epoch, or a commit) within this window. A deposed
+        controller that has not noticed yet therefore grants nothing later than this after its
+        successor's first commit, which bounds every lease it handed out (see `start`)."""
+        return 3 * self.heartbeat_interval_s
+
     def __post_init__(self) -> None:
         if self.session_timeout_s <= self.lease_s + self.clock_margin_s:
             raise ValueError(
@@ -214,6 +222,11 @@ class Controller:
         self._loop_task: asyncio.Task[None] | None = None
         self._push_lock = asyncio.Lock()
         self._started_at = 0.0
+        self._active = False  # False before start, after stop, and once deposed
+        self._replaced = False
+        self._role_confirmed_at = float("-inf")  # monotonic start of the last confirmation
+        self._role_check: asyncio.Task[None] | None = None
+        self._role_checked_at = float("-inf")
         self._events: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._pending_push: dict[int, ClusterMetadata] = {}
         self._cleaning: asyncio.Task[None] | None = None
@@ -236,11 +249,17 @@ class Controller:
             )
             now = time.monotonic()
             self._started_at = now
-            # Brokers known from before get one session to heartbeat to us; until then their
-            # leases are assumed valid (granted by our predecessor just before it stopped).
+            self._active = True
+            # Our predecessor granted its last lease before it noticed this commit, so at most
+            # one role window from now (it may not have stopped: a deposed controller only
+            # learns it from the store). Brokers known from before are treated as granted
+            # then and get one session from then to heartbeat to us.
+            inherited = now + self.settings.role_window_s
             for broker_id, info in self.metadata.brokers.items():
                 if info.state != "dead":
-                    self._liveness[broker_id] = BrokerLiveness(info.incarnation, now, now)
+                    self._liveness[broker_id] = BrokerLiveness(
+                        info.incarnation, inherited, inherited
+                    )
             for tp, part in _moving(self.metadata):
                 source = part.original_replicas[0] if part.original_replicas else None
                 status = self.moves.begin(tp, source, part.target_replicas[0])  # type: ignore[index]
@@ -255,6 +274,9 @@ class Controller:
         self._loop_task = asyncio.create_task(self._run(), name="controller loop")
 
     async def stop(self) -> None:
+        self._active = False  # no lease is granted from now on
+        if self._role_check is not None:
+            self._role_check.cancel()
         await self.static.stop()
         for pusher in self._pushers.values():
             pusher.cancel()
@@ -295,7 +317,10 @@ class Controller:
             and not self.settings.embedded
         ):
             not_before = previous.last_grant + self.settings.lease_s + self.settings.clock_margin_s
-        self._liveness[info.broker_id] = BrokerLiveness(info.incarnation, now, now)
+        granted = now
+        if previous is not None and previous.incarnation == info.incarnation:
+            granted = max(now, previous.last_grant)  # its lease may run longer (inherited)
+        self._liveness[info.broker_id] = BrokerLiveness(info.incarnation, now, granted)
         joined = False
 
         def mutate(meta: ClusterMetadata) -> None:
@@ -356,6 +381,8 @@ class Controller:
         open_partitions: dict[TopicPartition, int],
         high_watermarks: dict[TopicPartition, int] | None = None,
     ) -> HeartbeatReply:
+        if not self._active:
+            raise ControllerFenced("not the active controller (stopped, or replaced by another)")
         now = time.monotonic()
         live = self._liveness.get(broker_id)
         info = self.metadata.brokers.get(broker_id)
@@ -370,6 +397,12 @@ class Controller:
         if live.fenced_at is not None:
             return HeartbeatReply(0.0, self.metadata.version, self.metadata.controller_epoch, True,
                                   "fenced: a partition did not close in time")  # fmt: skip
+        if now - self._role_confirmed_at > self.settings.role_window_s:
+            # the store has not confirmed recently that we are still the controller: a
+            # successor may be running, so vouch for nothing (the broker keeps its partitions
+            # and stops acknowledging when its lease runs out)
+            return HeartbeatReply(0.0, self.metadata.version, self.metadata.controller_epoch,
+                                  False, "controller role not confirmed recently: no lease")  # fmt: skip
         live.last_grant = now
         self._wake.set()
         return HeartbeatReply(
@@ -846,9 +879,19 @@ class Controller:
             except TimeoutError:
                 pass
             self._wake.clear()
+            if not self._active:
+                if self._replaced:
+                    log.error("controller replaced by a newer controller; stopping")
+                return
+            self._schedule_role_check()
             try:
                 await self._step()
-            except ControllerFenced:
+            except ControllerFenced as exc:
+                await self._check_role()  # a conflict that was not a successor: carry on
+                if self._active:
+                    log.warning("metadata commit refused (%s); retrying", exc)
+                    await asyncio.sleep(0.5)
+                    continue
                 log.error("controller fenced by a newer controller; stopping")
                 return
             except Exception:
@@ -909,6 +952,41 @@ class Controller:
                 live = self._liveness.get(status.target)
                 if live is not None and live.open_partitions.get(status.tp) == status.epoch:
                     self._observe_opened(status.tp, status.target, status.epoch)
+
+    def _schedule_role_check(self) -> None:
+        """Re-read the store every heartbeat interval to confirm we are still the controller
+        (a deposed controller learns it only from the store, and must stop granting leases
+        even when it has nothing to write)."""
+        now = time.monotonic()
+        if now - self._role_checked_at < self.settings.heartbeat_interval_s:
+            return
+        if self._role_check is not None and not self._role_check.done():
+            return
+        self._role_checked_at = now
+        self._role_check = asyncio.create_task(self._check_role(), name="controller role check")
+
+    async def _check_role(self) -> None:
+        started = time.monotonic()
+        try:
+            meta, _ = await self._store.load()
+        except Exception as exc:
+            log.warning("could not confirm the controller role in the metadata store: %s", exc)
+            return
+        mine = self.metadata.controller_epoch
+        if meta is not None and meta.controller_epoch == mine:
+            self._role_confirmed_at = max(self._role_confirmed_at, started)
+        elif meta is not None and meta.controller_epoch > mine:
+            self._deposed(f"the store holds controller epoch {meta.controller_epoch}")
+        else:
+            log.warning("the metadata store does not hold our controller epoch %d", mine)
+
+    def _deposed(self, why: str) -> None:
+        if self._active:
+            log.error("another controller took over (%s): granting no more leases", why)
+            self._emit("ControllerDeposed", f"another controller took over: {why}", {})
+        self._active = False
+        self._replaced = True
+        self._wake.set()
 
     def _source_released(
         self, tp: TopicPartition, part: PartitionState, now: float
@@ -1182,11 +1260,15 @@ class Controller:
         new = self.metadata.copy()
         mutate(new)
         new.version += 1
+        started = time.monotonic()
         try:
             token = await self._store.save(new, self._token)
         except StaleMetadata as exc:
+            self._role_checked_at = float("-inf")  # look at the store now: are we deposed?
+            self._wake.set()
             raise ControllerFenced(str(exc)) from exc
         self._meta, self._token = new, token
+        self._role_confirmed_at = max(self._role_confirmed_at, started)
 
     async def _push(self, snapshot: ClusterMetadata) -> None:
         """Send the snapshot to every broker without waiting for slow ones: one pusher per
