@@ -52,10 +52,13 @@ class FakeBroker:
     async def _beat(self) -> None:
         while True:
             version = self.snapshots[-1].version if self.snapshots else -1
-            reply = await self.controller.heartbeat(
-                self.broker_id, self.incarnation, version, dict(self.open)
-            )
-            self.fenced = self.fenced or reply.fenced
+            try:
+                reply = await self.controller.heartbeat(
+                    self.broker_id, self.incarnation, version, dict(self.open)
+                )
+                self.fenced = self.fenced or reply.fenced
+            except ControllerFenced:
+                pass  # a stopped controller: the test points us at its successor
             await asyncio.sleep(FAST.heartbeat_interval_s)
 
     def silence(self) -> None:
@@ -329,3 +332,53 @@ async def test_a_deposed_controller_stops_granting_leases(tmp_path: Path) -> Non
     stopped = Controller(store, FAST)
     with pytest.raises(ControllerFenced):  # neither before start nor after stop
         await stopped.heartbeat(0, "a", -1, {})
+
+
+async def test_a_restarted_controller_still_elects_partitions_waiting_for_a_lease(
+    tmp_path: Path,
+) -> None:
+    """A partition waiting for an old owner's lease to run out (a restarted broker's) has no
+    leader; a controller restarted inside that window must still elect it, once the leases
+    its predecessor may have granted have run out."""
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, FAST)
+    await first.start()
+    (a,) = await cluster_of(first, 1)
+    await first.create_topics([NewTopic("t", 1)])
+    epoch = part(first, "t", 0).leader_epoch
+    a.silence()
+    restarted = FakeBroker(first, 0, incarnation="b")
+    await restarted.register()
+    assert part(first, "t", 0).leader == NO_LEADER
+    await first.stop()
+    second = Controller(store, FAST)
+    await second.start()
+    started = time.monotonic()
+    restarted.controller = second  # the broker heartbeats to the new controller
+    try:
+        await wait_for(lambda: part(second, "t", 0).leader == 0, timeout_s=5)
+        assert time.monotonic() - started >= FAST.lease_s, "elected before old leases ran out"
+        assert part(second, "t", 0).leader_epoch == epoch + 1
+    finally:
+        restarted.silence()
+        await second.stop()
+
+
+async def test_partitions_left_without_any_live_broker_go_to_the_next_one(
+    controller: Controller,
+) -> None:
+    """Every broker died: their partitions have no leader and nowhere to go. The first broker
+    that comes back takes them all, its own and the others'."""
+    a, b = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 2)])
+    epochs = [p.leader_epoch for p in controller.metadata.topics["t"].partitions]
+    a.silence()
+    b.silence()
+    await wait_for(lambda: all(i.state == "dead" for i in controller.metadata.brokers.values()))
+    assert [p.leader for p in controller.metadata.topics["t"].partitions] == [NO_LEADER] * 2
+    back = FakeBroker(controller, 0, incarnation="b")
+    await back.register()
+    await wait_for(lambda: [p.leader for p in controller.metadata.topics["t"].partitions] == [0, 0])
+    assert [p.leader_epoch for p in controller.metadata.topics["t"].partitions] == [
+        e + 1 for e in epochs
+    ]

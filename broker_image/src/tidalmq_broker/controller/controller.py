@@ -218,6 +218,9 @@ class Controller:
         self._move_versions: dict[TopicPartition, int] = {}  # version that recorded the move
         self._closed_reports: set[TopicPartition] = set()
         self._deferred: dict[TopicPartition, float] = {}  # re-elect not before (monotonic)
+        # No partition without a leader is elected before this (monotonic): after a restart we
+        # do not know which earlier owner may still hold a lease from our predecessor
+        self._restart_guard = 0.0
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._push_lock = asyncio.Lock()
@@ -255,6 +258,7 @@ class Controller:
             # learns it from the store). Brokers known from before are treated as granted
             # then and get one session from then to heartbeat to us.
             inherited = now + self.settings.role_window_s
+            self._restart_guard = inherited + self.settings.lease_s + self.settings.clock_margin_s
             for broker_id, info in self.metadata.brokers.items():
                 if info.state != "dead":
                     self._liveness[broker_id] = BrokerLiveness(
@@ -933,8 +937,8 @@ class Controller:
                     )  # fmt: skip
                     self._emit("BrokerFenced", f"broker {broker_id} did not close in time",
                                {"broker": broker_id})  # fmt: skip
-            # 3. deferred re-elections (a restarted broker taking its partitions back)
-            due = [tp for tp, t in self._deferred.items() if now >= t]
+            # 3. partitions without a leader, once no earlier owner can hold a lease on them
+            due = self._due_elections(now)
             if elect or due:
                 await self._elect_locked(elect, due)
                 changed = True
@@ -1013,6 +1017,32 @@ class Controller:
             return False, source
         return False, None
 
+    def _not_before(self, tp: TopicPartition) -> float:
+        """When a partition may get a new leader without waiting for anyone: once every earlier
+        owner's lease has certainly run out (a deferral we recorded, and after a restart the
+        leases our predecessor may have granted)."""
+        return max(self._deferred.get(tp, 0.0), self._restart_guard)
+
+    def _due_elections(self, now: float) -> list[TopicPartition]:
+        """Partitions without a leader that are not moving, to elect now. Level-based: the
+        deferrals we recorded, and every other such partition (left over by a predecessor, or
+        by a failover that found no live broker) once the restart guard has passed. Static
+        topics' physical queues only by deferral: a sealed one has no leader on purpose."""
+        if now < self._restart_guard:
+            return []
+        due = [tp for tp, t in self._deferred.items() if now >= t]
+        if not self._placeable_brokers(self.metadata):
+            return due
+        for name, topic in self.metadata.topics.items():
+            if topic.pinned:
+                continue
+            for i, part in enumerate(topic.partitions):
+                if part.leader == NO_LEADER and not part.moving:
+                    tp = TopicPartition(name, i)
+                    if tp not in self._deferred:
+                        due.append(tp)
+        return due
+
     async def _elect_locked(self, elect: list[TopicPartition], due: list[TopicPartition]) -> None:
         elected: list[tuple[TopicPartition, int, int]] = []
         live_brokers = set(self._placeable_brokers(self.metadata))
@@ -1037,13 +1067,20 @@ class Controller:
                     part.target_replicas = [min(live_brokers)]
                 target = elect_target(part)
                 elected.append((tp, target, part.leader_epoch))
+            homes = self._homes_for(meta, due, live_brokers)
             for tp in due:
                 topic = meta.topics.get(tp.topic)
                 if topic is None or tp.partition >= len(topic.partitions):
                     continue
                 part = topic.partitions[tp.partition]
-                if part.leader == NO_LEADER and not part.moving and part.replicas:
-                    part.leader = part.replicas[0]
+                if part.leader != NO_LEADER or part.moving:
+                    continue
+                owner = part.replicas[0] if part.replicas else None
+                if not topic.pinned and owner not in live_brokers:
+                    owner = homes.get(tp)  # its broker is gone or draining: place it anew
+                if owner is not None:
+                    part.replicas = [owner]
+                    part.leader = owner
                     part.leader_epoch += 1
 
         await self._commit_locked(mutate)
@@ -1071,6 +1108,22 @@ class Controller:
                 and status.phase is Phase.CLOSING
             ):
                 self.moves.mark(tp, Phase.CANCELLED, "target broker went away")
+
+    @staticmethod
+    def _homes_for(
+        meta: ClusterMetadata, due: list[TopicPartition], live: set[int]
+    ) -> dict[TopicPartition, int]:
+        """Live brokers for the due partitions whose broker is not live (fewest moves)."""
+        assignment: dict[TopicPartition, int | None] = {
+            tp: b for tp, b in current_assignment(meta).items() if not meta.topics[tp.topic].pinned
+        }
+        orphans = [tp for tp in due if tp in assignment and assignment[tp] not in live]
+        if not orphans or not live:
+            return {}
+        for tp in orphans:
+            assignment[tp] = None
+        homes = place_orphans(assignment, sorted(live))
+        return {tp: homes[tp] for tp in orphans}
 
     async def _failover_locked(
         self, dead: list[int], *, reason: str, not_before: float = 0.0, announce: bool = True
@@ -1248,7 +1301,8 @@ class Controller:
         return out
 
     def deferred(self, tp: TopicPartition) -> bool:
-        return tp in self._deferred
+        """The controller itself elects this partition later (an earlier owner's lease)."""
+        return tp in self._deferred or time.monotonic() < self._restart_guard
 
     def wake(self) -> None:
         self._wake.set()
