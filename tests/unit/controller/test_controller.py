@@ -371,14 +371,15 @@ async def test_partitions_left_without_any_live_broker_go_to_the_next_one(
     that comes back takes them all, its own and the others'."""
     a, b = await cluster_of(controller, 2)
     await controller.create_topics([NewTopic("t", 2)])
-    epochs = [p.leader_epoch for p in controller.metadata.topics["t"].partitions]
     a.silence()
     b.silence()
     await wait_for(lambda: all(i.state == "dead" for i in controller.metadata.brokers.values()))
     assert [p.leader for p in controller.metadata.topics["t"].partitions] == [NO_LEADER] * 2
+    epochs = [p.leader_epoch for p in controller.metadata.topics["t"].partitions]
     back = FakeBroker(controller, 0, incarnation="b")
     await back.register()
     await wait_for(lambda: [p.leader for p in controller.metadata.topics["t"].partitions] == [0, 0])
     assert [p.leader_epoch for p in controller.metadata.topics["t"].partitions] == [
         e + 1 for e in epochs
     ]
+
