@@ -383,3 +383,37 @@ async def test_partitions_left_without_any_live_broker_go_to_the_next_one(
         e + 1 for e in epochs
     ]
 
+
+async def test_a_move_waits_for_the_lease_its_partition_was_waiting_for(
+    controller: Controller,
+) -> None:
+    """A partition whose broker restarted waits (no leader) for the old incarnation's lease.
+    Moving it meanwhile must not skip that wait: the new incarnation not having it open says
+    nothing about the old one."""
+    a, _ = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0
+    a.silence()
+    old_grant = controller.broker_liveness()[0].last_grant
+    restarted = FakeBroker(controller, 0, incarnation="b")
+    await restarted.register()
+    assert part(controller, "t", 0).leader == NO_LEADER
+    await controller.alter_reassignments([PlanEntry(tp, 1)])
+    await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=5)
+    assert time.monotonic() >= old_grant + FAST.lease_s + FAST.clock_margin_s
+
+
+async def test_moves_off_a_removed_broker_wait_for_its_lease(controller: Controller) -> None:
+    """remove_broker without the broker's word (it may still hold a lease) defers its moves
+    too, not only the partitions it leads."""
+    _, b = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 2)])
+    tp = TopicPartition("t", 1)
+    b.open[tp] = 0  # broker 1 never closes it
+    await controller.alter_reassignments([PlanEntry(tp, 0)])
+    b.silence()
+    last_grant = controller.broker_liveness()[1].last_grant
+    await controller.remove_broker(1)
+    await wait_for(lambda: part(controller, "t", 1).leader == 0, timeout_s=5)
+    assert time.monotonic() >= last_grant + FAST.lease_s + FAST.clock_margin_s

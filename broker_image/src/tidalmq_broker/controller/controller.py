@@ -492,6 +492,10 @@ class Controller:
                 meta.brokers.pop(broker_id, None)
 
             await self._commit_locked(mutate)
+            if not_before > time.monotonic():  # its moves too: it may still acknowledge
+                for tp, part in _moving(self.metadata):
+                    if part.original_replicas == [broker_id]:
+                        self._deferred[tp] = max(self._deferred.get(tp, 0.0), not_before)
             self._liveness.pop(broker_id, None)
             self._channels.pop(broker_id, None)
             await self._failover_locked(
@@ -996,6 +1000,12 @@ class Controller:
         self, tp: TopicPartition, part: PartitionState, now: float
     ) -> tuple[bool, int | None]:
         """(may elect now, broker to fence) for a moving partition."""
+        if tp in self._closed_reports:
+            return True, None  # the source closed it at the move's epoch: it acknowledges no more
+        if now < self._not_before(tp):
+            # an earlier owner may still hold a lease on it (the source not having it open
+            # says nothing about an older incarnation, or a removed broker)
+            return False, None
         source = part.original_replicas[0] if part.original_replicas else None
         info = self.metadata.brokers.get(source) if source is not None else None
         if source is None or info is None or info.state == "dead":
@@ -1006,8 +1016,6 @@ class Controller:
         if live.fenced_at is not None:
             expired = live.last_grant + self.settings.lease_s + self.settings.clock_margin_s
             return now >= expired, None
-        if tp in self._closed_reports:
-            return True, None
         recorded = self._move_versions.get(tp, self.metadata.version)
         if live.applied_version >= recorded and tp not in live.open_partitions:
             return True, None
