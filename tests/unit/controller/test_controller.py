@@ -6,6 +6,7 @@ object store."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -417,3 +418,38 @@ async def test_moves_off_a_removed_broker_wait_for_its_lease(controller: Control
     await controller.remove_broker(1)
     await wait_for(lambda: part(controller, "t", 1).leader == 0, timeout_s=5)
     assert time.monotonic() >= last_grant + FAST.lease_s + FAST.clock_margin_s
+
+
+async def test_a_restarted_controller_keeps_counting_the_election_timeout(
+    tmp_path: Path,
+) -> None:
+    """The election timeout of a move in flight counts from when the move started (recorded in
+    the metadata), not from a controller restart: a controller restarting every few seconds
+    must not keep a stuck source from being fenced."""
+    settings = dataclasses.replace(FAST, election_timeout_s=1.0)
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, settings)
+    await first.start()
+    a, b = await cluster_of(first, 2)
+    await first.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0  # the source never closes
+    await first.alter_reassignments([PlanEntry(tp, 1)])
+    moved = time.monotonic()
+    await asyncio.sleep(0.7)
+    await first.stop()
+    second = Controller(store, settings)
+    fenced: list[float] = []
+    second.add_event_sink(
+        lambda reason, *_: fenced.append(time.monotonic()) if reason == "BrokerFenced" else None
+    )
+    await second.start()
+    a.controller = b.controller = second
+    try:
+        await wait_for(lambda: bool(fenced), timeout_s=5)
+        assert fenced[0] - moved < settings.election_timeout_s + 0.5, "the timeout started over"
+        await wait_for(lambda: part(second, "t", 0).leader == 1, timeout_s=5)
+    finally:
+        a.silence()
+        b.silence()
+        await second.stop()

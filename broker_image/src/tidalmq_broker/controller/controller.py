@@ -268,6 +268,8 @@ class Controller:
                 source = part.original_replicas[0] if part.original_replicas else None
                 status = self.moves.begin(tp, source, part.target_replicas[0])  # type: ignore[index]
                 status.reason = "resumed after controller restart"
+                if part.move_started_ms is not None:  # the election timeout does not start over
+                    status.started = part.move_started_ms / 1000
                 self._move_versions[tp] = self.metadata.version
         log.info(
             "controller active for cluster %s: controller epoch %d, metadata version %d, "
@@ -1020,7 +1022,10 @@ class Controller:
         if live.applied_version >= recorded and tp not in live.open_partitions:
             return True, None
         status = self.moves.get(tp)
-        started = status.started if status is not None else time.time()
+        if part.move_started_ms is not None:  # durable: a restarted controller keeps counting
+            started = part.move_started_ms / 1000
+        else:
+            started = status.started if status is not None else time.time()
         if time.time() - started > self.settings.election_timeout_s:
             return False, source
         return False, None
