@@ -453,3 +453,36 @@ async def test_a_restarted_controller_keeps_counting_the_election_timeout(
         a.silence()
         b.silence()
         await second.stop()
+
+
+async def test_a_target_that_never_opens_hands_the_partition_back(tmp_path: Path) -> None:
+    """An elected target that heartbeats but never opens the partition must not leave it
+    unavailable forever: after the open timeout it moves back to the source (the usual flow,
+    so the stuck target is not fenced: it shows it does not have the partition open)."""
+    settings = dataclasses.replace(FAST, open_timeout_s=0.5)
+    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), settings)
+    await c.start()
+    try:
+        a, b = await cluster_of(c, 2)
+        fenced = fences(c)
+        await c.create_topics([NewTopic("t", 1)])
+        tp = TopicPartition("t", 0)
+        a.open[tp] = 0
+        await c.alter_reassignments([PlanEntry(tp, 1)])
+        del a.open[tp]
+        c.partition_closed(0, tp, 0)
+        await wait_for(lambda: part(c, "t", 0).leader == 1)
+        elected = time.monotonic()
+        await wait_for(lambda: part(c, "t", 0).leader == 0, timeout_s=5)  # b never opened it
+        assert time.monotonic() - elected >= settings.open_timeout_s
+        assert part(c, "t", 0).leader_epoch == 2
+        a.open[tp] = 2
+        await wait_for(lambda: c.moves.get(tp) is None)
+        last = c.moves.recent()[-1]
+        assert (last.phase, last.source, last.target) == (Phase.DONE, 1, 0)
+        assert "did not open" in last.reason
+        assert not fenced and not b.fenced
+    finally:
+        for fake in (a, b):
+            fake.silence()
+        await c.stop()

@@ -113,6 +113,10 @@ class ControllerSettings:
     session_timeout_s: float = 6.0  # silent this long: dead (must exceed lease + clock margin)
     clock_margin_s: float = 0.5
     election_timeout_s: float = 10.0  # a source that has not closed by then is fenced
+    # an elected broker that has not opened its partition by then hands it on (back to the
+    # move's source if it is live, else to the least loaded live broker); generous, because
+    # opening after a broker died replays that broker's WAL objects
+    open_timeout_s: float = 30.0
     auto_rebalance: bool = True  # fair share to joining brokers
     # the controller shares its process with its only broker: a broker's new incarnation means
     # the old one is gone with the old process, so its partitions need not wait for a lease
@@ -948,20 +952,85 @@ class Controller:
             if elect or due:
                 await self._elect_locked(elect, due)
                 changed = True
+            # 4. elected brokers that did not open their partition in time
+            stuck = self._stuck_openings()
+            if stuck:
+                await self._hand_on_locked(stuck)
+                changed = True
             snapshot = self.snapshot() if changed else None
         if snapshot is not None:
             await self._push(snapshot)
-        # 4. static topics: remaps, repairs, cleanup (each runs as its own task)
+        # 5. static topics: remaps, repairs, cleanup (each runs as its own task)
         self.static.tick()
-        # 5. data of deleted topics, once no broker has their partitions open
+        # 6. data of deleted topics, once no broker has their partitions open
         if self.metadata.pending_deletions and (self._cleaning is None or self._cleaning.done()):
             self._cleaning = asyncio.create_task(self._clean_deleted_topics(), name="topic cleanup")
-        # 6. targets that report their partition open: the move is done
+        # 7. targets that report their partition open: the move is done
         for status in self.moves.active():
             if status.phase is Phase.OPENING and status.epoch is not None:
                 live = self._liveness.get(status.target)
                 if live is not None and live.open_partitions.get(status.tp) == status.epoch:
                     self._observe_opened(status.tp, status.target, status.epoch)
+
+    def _stuck_openings(self) -> list[tuple[MoveStatus, int]]:
+        """(move, broker to hand the partition to) for targets elected more than the open
+        timeout ago that still do not report the partition open at their epoch."""
+        out: list[tuple[MoveStatus, int]] = []
+        now = time.time()
+        for status in self.moves.active():
+            if status.phase is not Phase.OPENING or status.elected is None:
+                continue
+            if now - status.elected <= self.settings.open_timeout_s:
+                continue
+            topic = self.metadata.topics.get(status.topic)
+            part = self._partition(status.tp)
+            if topic is None or topic.pinned or part is None or part.moving:
+                continue
+            if part.leader != status.target or part.leader_epoch != status.epoch:
+                continue
+            live = self._liveness.get(status.target)
+            if live is not None and live.open_partitions.get(status.tp) == status.epoch:
+                continue  # opened: the done check below records it
+            candidates = set(self._placeable_brokers(self.metadata)) - {status.target}
+            if not candidates:
+                continue
+            if status.source in candidates:
+                out.append((status, status.source))  # type: ignore[arg-type]
+                continue
+            counts: dict[int | None, int] = {}
+            for b in current_assignment(self.metadata).values():
+                counts[b] = counts.get(b, 0) + 1
+            out.append((status, min(candidates, key=lambda b: (counts.get(b, 0), b))))
+        return out
+
+    async def _hand_on_locked(self, stuck: list[tuple[MoveStatus, int]]) -> None:
+        """Move each partition off the broker that did not open it, with the usual flow: that
+        broker stops wanting it, its heartbeat shows it does not have it open (or it closes it,
+        or the election timeout fences it), then the new broker is elected with epoch + 1.
+        Electing another broker at once would not be safe: the stuck one may finish opening
+        and acknowledge writes on its valid lease."""
+        entries = [PlanEntry(status.tp, new) for status, new in stuck]
+        for status, new in stuck:
+            log.warning(
+                "%s: broker %d did not open it within %.0fs (epoch %s); handing it to broker %d",
+                status.tp, status.target, self.settings.open_timeout_s, status.epoch, new,
+            )  # fmt: skip
+            self._emit("PartitionNotOpened",
+                       f"{status.tp}: broker {status.target} did not open it in time; "
+                       f"moving it to broker {new}",
+                       {"partition": str(status.tp), "broker": status.target})  # fmt: skip
+        old_targets = {status.tp: status.target for status, _ in stuck}
+        await self._apply_moves_locked(entries, reason="open timed out")
+        for tp, old_target in old_targets.items():
+            status = self.moves.get(tp)
+            part = self._partition(tp)
+            if status is not None and part is not None and part.moving:
+                status.source = old_target
+                self.moves.mark(
+                    tp, Phase.CLOSING,
+                    f"broker {old_target} did not open it within "
+                    f"{self.settings.open_timeout_s:.0f}s; moving it to broker {status.target}",
+                )  # fmt: skip
 
     def _schedule_role_check(self) -> None:
         """Re-read the store every heartbeat interval to confirm we are still the controller
