@@ -8,13 +8,29 @@ snapshot, and their heartbeats report what they actually have open, so a lost pu
 report is repaired by the next heartbeat (level-based, as the operator needs).
 
 Moves follow seed 000: record the target without electing (leader = none), the source closes
-cleanly and reports it, the target is elected with epoch + 1 and opens the meta stream. A source
-that does not close within the election timeout is fenced: the controller stops renewing its
-lease, waits until that lease has certainly expired (so it can no longer acknowledge a write),
-and elects the target, whose open bumps the epoch in object storage and recovers the source's
-unindexed WAL objects. A broker that stops heartbeating is declared dead after the session
-timeout (longer than the lease plus a clock margin) and its partitions are opened elsewhere the
-same way.
+cleanly and reports it (at the move's epoch), the target is elected with epoch + 1 and opens the
+meta stream. A source that does not close within the election timeout (counted from the move's
+start in the metadata) is fenced: the controller stops renewing its lease, waits until that
+lease has certainly expired (so it can no longer acknowledge a write), and elects the target,
+whose open bumps the epoch in object storage and recovers the source's unindexed WAL objects. A
+target that does not open within the open timeout hands the partition on the same way. A broker
+that stops heartbeating is declared dead after the session timeout (longer than the lease plus a
+clock margin) and its partitions are opened elsewhere.
+
+Why the election timeout fences the whole source broker, not one partition: bumping the
+partition's epoch in object storage fences checkpoint writes only. A stale owner still appends to
+its own WAL objects and acknowledges producers while its lease is valid, and those records would
+be lost (see the stream-storage note). A broker's lease covers all its partitions (the storage
+engine checks one lease at acknowledgement), so the only way to stop it acknowledging one
+partition against its will is to let the whole lease run out. A per-partition fence needs
+per-(partition, epoch) grants in the heartbeat answer and a per-partition check in the engine
+before each acknowledgement.
+
+Leases and controller changes: a lease is granted only while the store confirmed within the
+role window that we are still the controller, so a deposed controller stops vouching for brokers
+within that window even if it has nothing to write. Partitions without a leader are elected
+level-based (not only from in-memory deferrals): a restarted controller elects them once the
+leases its predecessor may have granted have run out (the restart guard).
 """
 
 from __future__ import annotations
