@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -32,17 +33,28 @@ FAST = ControllerSettings(
 class FakeBroker:
     """Plays one broker against the controller: records pushes, heartbeats what it has open."""
 
-    def __init__(self, controller: Controller, broker_id: int, incarnation: str = "a") -> None:
+    def __init__(
+        self, controller: Controller, broker_id: int, incarnation: str = "a", *,
+        reconcile: bool = False,
+    ) -> None:  # fmt: skip
         self.controller = controller
         self.broker_id = broker_id
         self.incarnation = incarnation
         self.snapshots: list[ClusterMetadata] = []
         self.open: dict[TopicPartition, int] = {}
         self.fenced = False
+        self.reconcile = reconcile  # open exactly what each snapshot says it leads
         self._task: asyncio.Task[None] | None = None
 
     async def push_metadata(self, snapshot: ClusterMetadata) -> None:
         self.snapshots.append(snapshot)
+        if self.reconcile:
+            self.open = {
+                TopicPartition(name, i): p.leader_epoch
+                for name, topic in snapshot.topics.items()
+                for i, p in enumerate(topic.partitions)
+                if p.leader == self.broker_id
+            }
 
     async def register(self) -> None:
         info = BrokerInfo(self.broker_id, "127.0.0.1", 9000 + self.broker_id,
@@ -97,8 +109,8 @@ def part(c: Controller, topic: str, index: int):  # type: ignore[no-untyped-def]
     return c.metadata.topics[topic].partitions[index]
 
 
-async def cluster_of(c: Controller, n: int) -> list[FakeBroker]:
-    brokers = [FakeBroker(c, i) for i in range(n)]
+async def cluster_of(c: Controller, n: int, *, reconcile: bool = False) -> list[FakeBroker]:
+    brokers = [FakeBroker(c, i, reconcile=reconcile) for i in range(n)]
     for b in brokers:
         await b.register()
     return brokers
@@ -486,3 +498,61 @@ async def test_a_target_that_never_opens_hands_the_partition_back(tmp_path: Path
         for fake in (a, b):
             fake.silence()
         await c.stop()
+
+
+def leaders(c: Controller) -> dict[TopicPartition, int]:
+    return {
+        TopicPartition(name, i): p.leader
+        for name, topic in c.metadata.topics.items()
+        for i, p in enumerate(topic.partitions)
+    }
+
+
+def settled(c: Controller) -> bool:
+    return not c.moves.active() and NO_LEADER not in leaders(c).values()
+
+
+async def test_a_joining_broker_gets_a_fair_share_with_minimal_moves(tmp_path: Path) -> None:
+    settings = dataclasses.replace(FAST, auto_rebalance=True)
+    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), settings)
+    await c.start()
+    brokers = await cluster_of(c, 2, reconcile=True)
+    try:
+        fenced = fences(c)
+        await c.create_topics([NewTopic("t", 7)])
+        await wait_for(lambda: settled(c))
+        before = leaders(c)  # 9 partitions (2 of __consumer_offsets) on brokers 0 and 1
+        joining = FakeBroker(c, 2, reconcile=True)
+        brokers.append(joining)
+        await joining.register()
+        # recorded before the registration is answered: whoever waits for the join sees them
+        assert {tp for tp, *_ in c.list_reassignments()}, "no move recorded for the new broker"
+        await wait_for(lambda: settled(c))
+        after = leaders(c)
+        counts = sorted(Counter(after.values()).items())
+        assert counts == [(0, 3), (1, 3), (2, 3)], counts
+        moved = {tp for tp in before if before[tp] != after[tp]}
+        assert len(moved) == 3 and all(after[tp] == 2 for tp in moved), "only the fair share"
+        assert not fenced
+    finally:
+        for b in brokers:
+            b.silence()
+        await c.stop()
+
+
+async def test_drain_moves_every_partition_off_a_broker(controller: Controller) -> None:
+    brokers = await cluster_of(controller, 3, reconcile=True)
+    fenced = fences(controller)
+    await controller.create_topics([NewTopic("t", 6)])
+    await wait_for(lambda: settled(controller))
+    assert 1 in leaders(controller).values()
+    assert await controller.drain_broker(1, timeout_s=5)
+    await wait_for(lambda: settled(controller))
+    assert 1 not in leaders(controller).values()
+    assert not brokers[1].open, "the drained broker closed everything"
+    assert controller.metadata.brokers[1].state == "draining"
+    assert not fenced
+    await controller.create_topics([NewTopic("u", 4)])  # a draining broker takes nothing new
+    assert 1 not in [p.leader for p in controller.metadata.topics["u"].partitions]
+    done = controller.moves.recent()
+    assert done and all(m.phase is Phase.DONE and m.source == 1 for m in done)
