@@ -1342,6 +1342,17 @@ class Controller:
                 f"(live: {sorted(live)})"
             )
 
+    def expect_brokers(self, broker_ids: Iterable[int], within_s: float) -> None:
+        """Known brokers that are starting again right now (the local cluster starts its own
+        processes after the controller): not declared dead, and so not failed over and then
+        rebalanced, before `within_s` from now. Only the dead declaration waits: the leases
+        of their earlier incarnations count as before."""
+        until = time.monotonic() + within_s - self.settings.session_timeout_s
+        for broker_id in broker_ids:
+            live = self._liveness.get(broker_id)
+            if live is not None:
+                live.last_heartbeat = max(live.last_heartbeat, until)
+
     def has_heartbeated(self, broker_id: int) -> bool:
         """The broker's registration was answered and it heartbeats since: the moves of its
         join rebalance (recorded before that answer) are visible to whoever waits for it."""
