@@ -145,8 +145,10 @@ class ControllerSettings:
         """A lease is granted only while the controller confirmed its role in the metadata store
         (a read showing its own controller epoch, or a commit) within this window. A deposed
         controller that has not noticed yet therefore grants nothing later than this after its
-        successor's first commit, which bounds every lease it handed out (see `start`)."""
-        return 3 * self.heartbeat_interval_s
+        successor's first commit, which bounds every lease it handed out (see `start`). Several
+        heartbeats long (the store is re-read every heartbeat interval), and no shorter than a
+        lease, so a slow store read does not interrupt the brokers' leases."""
+        return max(3 * self.heartbeat_interval_s, self.lease_s)
 
     def __post_init__(self) -> None:
         if self.session_timeout_s <= self.lease_s + self.clock_margin_s:
@@ -425,10 +427,11 @@ class Controller:
                                   "fenced: a partition did not close in time")  # fmt: skip
         if now - self._role_confirmed_at > self.settings.role_window_s:
             # the store has not confirmed recently that we are still the controller: a
-            # successor may be running, so vouch for nothing (the broker keeps its partitions
-            # and stops acknowledging when its lease runs out)
-            return HeartbeatReply(0.0, self.metadata.version, self.metadata.controller_epoch,
-                                  False, "controller role not confirmed recently: no lease")  # fmt: skip
+            # successor may be running, so renew nothing. The answer is what is left of the
+            # last grant (counted from the broker's send time it ends no later than that)
+            left = max(0.0, live.last_grant + self.settings.lease_s - now)
+            return HeartbeatReply(left, self.metadata.version, self.metadata.controller_epoch,
+                                  False, "controller role not confirmed recently: lease not renewed")  # fmt: skip
         live.last_grant = now
         self._wake.set()
         return HeartbeatReply(
