@@ -555,3 +555,25 @@ async def test_drain_moves_every_partition_off_a_broker(controller: Controller) 
     assert 1 not in [p.leader for p in controller.metadata.topics["u"].partitions]
     done = controller.moves.recent()
     assert done and all(m.phase is Phase.DONE and m.source == 1 for m in done)
+
+
+async def test_a_restarted_controller_keeps_its_predecessors_grants_in_view(
+    tmp_path: Path,
+) -> None:
+    """What a restarted controller knows of a broker's lease never goes back in time: the
+    predecessor may have renewed it up to a role window after our start, and a heartbeat to
+    us must not make the lease look shorter (a fence would then expire too early)."""
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, FAST)
+    await first.start()
+    (a,) = await cluster_of(first, 1)
+    await first.stop()
+    second = Controller(store, FAST)
+    await second.start()
+    started = time.monotonic()
+    try:
+        await second.heartbeat(0, "a", -1, {})
+        assert second.broker_liveness()[0].last_grant >= started + FAST.role_window_s - 0.05
+    finally:
+        a.silence()
+        await second.stop()

@@ -432,7 +432,7 @@ class Controller:
             left = max(0.0, live.last_grant + self.settings.lease_s - now)
             return HeartbeatReply(left, self.metadata.version, self.metadata.controller_epoch,
                                   False, "controller role not confirmed recently: lease not renewed")  # fmt: skip
-        live.last_grant = now
+        live.last_grant = max(live.last_grant, now)  # an inherited grant may run longer
         self._wake.set()
         return HeartbeatReply(
             self.settings.lease_s, self.metadata.version, self.metadata.controller_epoch
