@@ -577,3 +577,27 @@ async def test_a_restarted_controller_keeps_its_predecessors_grants_in_view(
     finally:
         a.silence()
         await second.stop()
+
+
+async def test_expected_brokers_get_time_to_come_back_after_a_restart(tmp_path: Path) -> None:
+    """`local up` restarts the controller, then starts the brokers of the last run: however
+    slow they are, they are not declared dead (and their partitions moved) within the time
+    the cluster gives them; after it, a broker that never came back is."""
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, FAST)
+    await first.start()
+    (a,) = await cluster_of(first, 1)
+    a.silence()
+    await first.stop()
+    second = Controller(store, FAST)
+    await second.start()
+    started = time.monotonic()
+    second.expect_brokers([0], within_s=2.0)
+    try:
+        default_deadline = FAST.role_window_s + FAST.session_timeout_s
+        await asyncio.sleep(default_deadline + 0.3)
+        assert second.metadata.brokers[0].state == "alive", "declared dead while expected"
+        await wait_for(lambda: second.metadata.brokers[0].state == "dead", timeout_s=5)
+        assert time.monotonic() - started >= 2.0
+    finally:
+        await second.stop()
