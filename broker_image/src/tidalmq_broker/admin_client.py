@@ -115,7 +115,7 @@ class AdminClient:
         return sorted(b.node_id for b in self.metadata([]).brokers)
 
     def alter_reassignments(
-        self, targets: dict[TopicPartition, int | None]
+        self, targets: dict[TopicPartition, int | None], *, timeout_ms: int = 60000
     ) -> dict[TopicPartition, tuple[int, str | None]]:
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for tp, target in targets.items():
@@ -123,7 +123,7 @@ class AdminClient:
                 {"partition_index": tp.partition, "replicas": None if target is None else [target]}
             )
         resp = self.call(45, 0, {
-            "timeout": 60000,
+            "timeout": timeout_ms,
             "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
         })  # fmt: skip
         if resp.error_code != 0:

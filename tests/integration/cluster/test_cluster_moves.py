@@ -251,3 +251,58 @@ def test_cancel_a_move_half_way(cluster: LocalClusterProcess) -> None:
     time.sleep(2)
     producer.stop()
     verify_exactly_once_in_order(cluster.bootstrap, topic, producer)
+
+
+def _post_error(cluster: LocalClusterProcess, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    """(HTTP status, error message) of a local-cluster command that must fail."""
+    import json
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError) as info:
+        cluster._post(path, body)
+    return info.value.code, json.loads(info.value.read())["error"]
+
+
+def test_local_cluster_restart_and_remove_broker(tmp_path: Path) -> None:
+    """`local up` stopped with Ctrl-C and started again finds the assignment as it was (its
+    brokers stop without draining into each other); remove-broker reports a broker that does
+    not stop in time, and refuses to remove the last broker."""
+    import os
+    import signal as sig
+
+    cluster = LocalClusterProcess(tmp_path / "cluster", brokers=3)  # local-directory store
+    cluster.start()
+    try:
+        topic = f"restart-{uuid.uuid4().hex[:6]}"
+        create_topic(cluster.bootstrap, topic)
+        cluster.wait_settled(60)
+        before = cluster.leaders(topic)
+        assert sorted(set(before)) == [0, 1, 2]
+        cluster.stop()
+        cluster.log_path.rename(cluster.log_path.with_suffix(".first"))  # parse the new run's
+        cluster.start()
+        cluster.wait_settled(60)
+        states = {b["broker"]: b["state"] for b in cluster.status()["brokers"]}
+        assert states == {0: "alive", 1: "alive", 2: "alive"}, states
+        assert cluster.leaders(topic) == before, "the restart moved partitions"
+        assert cluster.moves()["recent"] == [], "the restart moved partitions"
+
+        # a broker that does not exit after SIGTERM: a clear error, not a server error
+        pid = next(b["pid"] for b in cluster.status()["brokers"] if b["broker"] == 2)
+        os.kill(pid, sig.SIGSTOP)
+        try:
+            status, error = _post_error(cluster, "/v1/local/remove-broker",
+                                        {"broker_id": 2, "drain_timeout_s": 1, "stop_timeout_s": 1})  # fmt: skip
+        finally:
+            os.kill(pid, sig.SIGCONT)  # it handles the SIGTERM now, and exits
+        assert status == 504 and "did not exit within 1s of SIGTERM" in error, error
+        cluster.wait_settled(60)  # declared dead after the session timeout: failed over
+
+        cluster.remove_broker(1)
+        cluster.wait_settled(60)
+        assert set(cluster.leaders(topic)) == {0}
+        status, error = _post_error(cluster, "/v1/local/remove-broker", {"broker_id": 0})
+        assert status == 409 and "last broker" in error, error
+        assert set(cluster.leaders(topic)) == {0}
+    finally:
+        cluster.stop()

@@ -6,7 +6,9 @@ object store."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -31,17 +33,28 @@ FAST = ControllerSettings(
 class FakeBroker:
     """Plays one broker against the controller: records pushes, heartbeats what it has open."""
 
-    def __init__(self, controller: Controller, broker_id: int, incarnation: str = "a") -> None:
+    def __init__(
+        self, controller: Controller, broker_id: int, incarnation: str = "a", *,
+        reconcile: bool = False,
+    ) -> None:  # fmt: skip
         self.controller = controller
         self.broker_id = broker_id
         self.incarnation = incarnation
         self.snapshots: list[ClusterMetadata] = []
         self.open: dict[TopicPartition, int] = {}
         self.fenced = False
+        self.reconcile = reconcile  # open exactly what each snapshot says it leads
         self._task: asyncio.Task[None] | None = None
 
     async def push_metadata(self, snapshot: ClusterMetadata) -> None:
         self.snapshots.append(snapshot)
+        if self.reconcile:
+            self.open = {
+                TopicPartition(name, i): p.leader_epoch
+                for name, topic in snapshot.topics.items()
+                for i, p in enumerate(topic.partitions)
+                if p.leader == self.broker_id
+            }
 
     async def register(self) -> None:
         info = BrokerInfo(self.broker_id, "127.0.0.1", 9000 + self.broker_id,
@@ -52,10 +65,13 @@ class FakeBroker:
     async def _beat(self) -> None:
         while True:
             version = self.snapshots[-1].version if self.snapshots else -1
-            reply = await self.controller.heartbeat(
-                self.broker_id, self.incarnation, version, dict(self.open)
-            )
-            self.fenced = self.fenced or reply.fenced
+            try:
+                reply = await self.controller.heartbeat(
+                    self.broker_id, self.incarnation, version, dict(self.open)
+                )
+                self.fenced = self.fenced or reply.fenced
+            except ControllerFenced:
+                pass  # a stopped controller: the test points us at its successor
             await asyncio.sleep(FAST.heartbeat_interval_s)
 
     def silence(self) -> None:
@@ -79,12 +95,22 @@ async def wait_for(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[n
         await asyncio.sleep(0.01)
 
 
+def fences(c: Controller) -> list[str]:
+    """The controller's BrokerFenced events from now on: a move that finishes on its fast path
+    (the source closed) must not have gone through the election timeout's fence instead."""
+    seen: list[str] = []
+    c.add_event_sink(
+        lambda reason, message, _: seen.append(message) if reason == "BrokerFenced" else None
+    )
+    return seen
+
+
 def part(c: Controller, topic: str, index: int):  # type: ignore[no-untyped-def]
     return c.metadata.topics[topic].partitions[index]
 
 
-async def cluster_of(c: Controller, n: int) -> list[FakeBroker]:
-    brokers = [FakeBroker(c, i) for i in range(n)]
+async def cluster_of(c: Controller, n: int, *, reconcile: bool = False) -> list[FakeBroker]:
+    brokers = [FakeBroker(c, i, reconcile=reconcile) for i in range(n)]
     for b in brokers:
         await b.register()
     return brokers
@@ -101,6 +127,7 @@ async def test_move_records_target_then_elects_after_the_source_closes(
     controller: Controller,
 ) -> None:
     a, b = await cluster_of(controller, 2)
+    fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 1)])
     tp = TopicPartition("t", 0)
     a.open[tp] = 0
@@ -119,11 +146,13 @@ async def test_move_records_target_then_elects_after_the_source_closes(
     b.open[tp] = epoch + 1
     await wait_for(lambda: controller.moves.get(tp) is None)
     assert controller.moves.recent()[-1].phase is Phase.DONE
+    assert not fenced and not a.fenced, "elected through the timeout, not the source's report"
 
 
 async def test_heartbeat_without_the_partition_counts_as_closed(controller: Controller) -> None:
     """A lost "closed" report is repaired by the next heartbeat (level-based)."""
     a, _ = await cluster_of(controller, 2)
+    fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 1)])
     tp = TopicPartition("t", 0)
     a.open[tp] = 0
@@ -131,6 +160,7 @@ async def test_heartbeat_without_the_partition_counts_as_closed(controller: Cont
     a.snapshots.append(controller.snapshot())  # the broker applied the move...
     del a.open[tp]  # ...and closed the partition, but its report was lost
     await wait_for(lambda: part(controller, "t", 0).leader == 1)
+    assert not fenced and not a.fenced, "elected through the timeout, not the heartbeat"
 
 
 async def test_cancel_rolls_back_with_a_higher_epoch(controller: Controller) -> None:
@@ -259,3 +289,315 @@ async def test_removing_a_live_broker_waits_for_its_lease(controller: Controller
     assert part(controller, "t", 1).leader == NO_LEADER
     await wait_for(lambda: part(controller, "t", 1).leader == 0, timeout_s=5)
     assert time.monotonic() - t0 >= FAST.lease_s - 0.1
+
+
+async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(
+    controller: Controller,
+) -> None:
+    """A "closed" report of an earlier close (delayed in flight) must not elect the target
+    while the source has the partition open again at a newer epoch."""
+    a, _ = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0
+    await controller.alter_reassignments([PlanEntry(tp, 1)])
+    await controller.alter_reassignments([PlanEntry(tp, None)])  # cancel: back on 0, epoch 1
+    assert part(controller, "t", 0).leader_epoch == 1
+    a.open[tp] = 1  # the source serves it again
+    await controller.alter_reassignments([PlanEntry(tp, 1)])  # a second move
+    controller.partition_closed(0, tp, 0)  # the first move's close, reported late
+    await asyncio.sleep(FAST.election_timeout_s / 2)
+    assert part(controller, "t", 0).leader == NO_LEADER, "elected while the source serves it"
+    controller.partition_closed(0, tp, 1)  # the real close of the second move
+    del a.open[tp]
+    await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=FAST.election_timeout_s)
+    assert not a.fenced
+
+
+async def test_a_deposed_controller_stops_granting_leases(tmp_path: Path) -> None:
+    """A deposed controller that has nothing to write learns of its successor only from the
+    store; until then it must not keep renewing leases, or a broker it vouches for could
+    acknowledge writes after the successor moved its partitions away."""
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    old = Controller(store, FAST)
+    await old.start()
+    await old.register_broker(BrokerInfo(0, "127.0.0.1", 9000, incarnation="a"), FakeBroker(old, 0))
+    assert (await old.heartbeat(0, "a", -1, {})).lease_s > 0
+    new = Controller(store, FAST)
+    await new.start()
+    replaced = time.monotonic()
+    try:
+        while time.monotonic() - replaced < 5:
+            try:
+                reply = await old.heartbeat(0, "a", -1, {})
+            except ControllerFenced:
+                break
+            # never a lease beyond what the old controller granted before it was replaced
+            assert time.monotonic() + reply.lease_s <= replaced + FAST.role_window_s + FAST.lease_s
+            await asyncio.sleep(FAST.heartbeat_interval_s / 5)
+        else:
+            pytest.fail("the deposed controller kept answering heartbeats")
+        assert old.broker_liveness()[0].last_grant - replaced <= FAST.role_window_s
+    finally:
+        await old.stop()
+        await new.stop()
+    stopped = Controller(store, FAST)
+    with pytest.raises(ControllerFenced):  # neither before start nor after stop
+        await stopped.heartbeat(0, "a", -1, {})
+
+
+async def test_a_restarted_controller_still_elects_partitions_waiting_for_a_lease(
+    tmp_path: Path,
+) -> None:
+    """A partition waiting for an old owner's lease to run out (a restarted broker's) has no
+    leader; a controller restarted inside that window must still elect it, once the leases
+    its predecessor may have granted have run out."""
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, FAST)
+    await first.start()
+    (a,) = await cluster_of(first, 1)
+    await first.create_topics([NewTopic("t", 1)])
+    epoch = part(first, "t", 0).leader_epoch
+    a.silence()
+    restarted = FakeBroker(first, 0, incarnation="b")
+    await restarted.register()
+    assert part(first, "t", 0).leader == NO_LEADER
+    await first.stop()
+    second = Controller(store, FAST)
+    await second.start()
+    started = time.monotonic()
+    restarted.controller = second  # the broker heartbeats to the new controller
+    try:
+        await wait_for(lambda: part(second, "t", 0).leader == 0, timeout_s=5)
+        assert time.monotonic() - started >= FAST.lease_s, "elected before old leases ran out"
+        assert part(second, "t", 0).leader_epoch == epoch + 1
+    finally:
+        restarted.silence()
+        await second.stop()
+
+
+async def test_partitions_left_without_any_live_broker_go_to_the_next_one(
+    controller: Controller,
+) -> None:
+    """Every broker died: their partitions have no leader and nowhere to go. The first broker
+    that comes back takes them all, its own and the others'."""
+    a, b = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 2)])
+    a.silence()
+    b.silence()
+    await wait_for(lambda: all(i.state == "dead" for i in controller.metadata.brokers.values()))
+    assert [p.leader for p in controller.metadata.topics["t"].partitions] == [NO_LEADER] * 2
+    epochs = [p.leader_epoch for p in controller.metadata.topics["t"].partitions]
+    back = FakeBroker(controller, 0, incarnation="b")
+    await back.register()
+    await wait_for(lambda: [p.leader for p in controller.metadata.topics["t"].partitions] == [0, 0])
+    assert [p.leader_epoch for p in controller.metadata.topics["t"].partitions] == [
+        e + 1 for e in epochs
+    ]
+
+
+async def test_a_move_waits_for_the_lease_its_partition_was_waiting_for(
+    controller: Controller,
+) -> None:
+    """A partition whose broker restarted waits (no leader) for the old incarnation's lease.
+    Moving it meanwhile must not skip that wait: the new incarnation not having it open says
+    nothing about the old one."""
+    a, _ = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0
+    a.silence()
+    old_grant = controller.broker_liveness()[0].last_grant
+    restarted = FakeBroker(controller, 0, incarnation="b")
+    await restarted.register()
+    assert part(controller, "t", 0).leader == NO_LEADER
+    await controller.alter_reassignments([PlanEntry(tp, 1)])
+    await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=5)
+    assert time.monotonic() >= old_grant + FAST.lease_s + FAST.clock_margin_s
+
+
+async def test_moves_off_a_removed_broker_wait_for_its_lease(controller: Controller) -> None:
+    """remove_broker without the broker's word (it may still hold a lease) defers its moves
+    too, not only the partitions it leads."""
+    _, b = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 2)])
+    tp = TopicPartition("t", 1)
+    b.open[tp] = 0  # broker 1 never closes it
+    await controller.alter_reassignments([PlanEntry(tp, 0)])
+    b.silence()
+    last_grant = controller.broker_liveness()[1].last_grant
+    await controller.remove_broker(1)
+    await wait_for(lambda: part(controller, "t", 1).leader == 0, timeout_s=5)
+    assert time.monotonic() >= last_grant + FAST.lease_s + FAST.clock_margin_s
+
+
+async def test_a_restarted_controller_keeps_counting_the_election_timeout(
+    tmp_path: Path,
+) -> None:
+    """The election timeout of a move in flight counts from when the move started (recorded in
+    the metadata), not from a controller restart: a controller restarting every few seconds
+    must not keep a stuck source from being fenced."""
+    settings = dataclasses.replace(FAST, election_timeout_s=1.0)
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, settings)
+    await first.start()
+    a, b = await cluster_of(first, 2)
+    await first.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    a.open[tp] = 0  # the source never closes
+    await first.alter_reassignments([PlanEntry(tp, 1)])
+    moved = time.monotonic()
+    await asyncio.sleep(0.7)
+    await first.stop()
+    second = Controller(store, settings)
+    fenced: list[float] = []
+    second.add_event_sink(
+        lambda reason, *_: fenced.append(time.monotonic()) if reason == "BrokerFenced" else None
+    )
+    await second.start()
+    a.controller = b.controller = second
+    try:
+        await wait_for(lambda: bool(fenced), timeout_s=5)
+        assert fenced[0] - moved < settings.election_timeout_s + 0.5, "the timeout started over"
+        await wait_for(lambda: part(second, "t", 0).leader == 1, timeout_s=5)
+    finally:
+        a.silence()
+        b.silence()
+        await second.stop()
+
+
+async def test_a_target_that_never_opens_hands_the_partition_back(tmp_path: Path) -> None:
+    """An elected target that heartbeats but never opens the partition must not leave it
+    unavailable forever: after the open timeout it moves back to the source (the usual flow,
+    so the stuck target is not fenced: it shows it does not have the partition open)."""
+    settings = dataclasses.replace(FAST, open_timeout_s=0.5)
+    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), settings)
+    await c.start()
+    try:
+        a, b = await cluster_of(c, 2)
+        fenced = fences(c)
+        await c.create_topics([NewTopic("t", 1)])
+        tp = TopicPartition("t", 0)
+        a.open[tp] = 0
+        await c.alter_reassignments([PlanEntry(tp, 1)])
+        del a.open[tp]
+        c.partition_closed(0, tp, 0)
+        await wait_for(lambda: part(c, "t", 0).leader == 1)
+        elected = time.monotonic()
+        await wait_for(lambda: part(c, "t", 0).leader == 0, timeout_s=5)  # b never opened it
+        assert time.monotonic() - elected >= settings.open_timeout_s
+        assert part(c, "t", 0).leader_epoch == 2
+        a.open[tp] = 2
+        await wait_for(lambda: c.moves.get(tp) is None)
+        last = c.moves.recent()[-1]
+        assert (last.phase, last.source, last.target) == (Phase.DONE, 1, 0)
+        assert "did not open" in last.reason
+        assert not fenced and not b.fenced
+    finally:
+        for fake in (a, b):
+            fake.silence()
+        await c.stop()
+
+
+def leaders(c: Controller) -> dict[TopicPartition, int]:
+    return {
+        TopicPartition(name, i): p.leader
+        for name, topic in c.metadata.topics.items()
+        for i, p in enumerate(topic.partitions)
+    }
+
+
+def settled(c: Controller) -> bool:
+    return not c.moves.active() and NO_LEADER not in leaders(c).values()
+
+
+async def test_a_joining_broker_gets_a_fair_share_with_minimal_moves(tmp_path: Path) -> None:
+    settings = dataclasses.replace(FAST, auto_rebalance=True)
+    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), settings)
+    await c.start()
+    brokers = await cluster_of(c, 2, reconcile=True)
+    try:
+        fenced = fences(c)
+        await c.create_topics([NewTopic("t", 7)])
+        await wait_for(lambda: settled(c))
+        before = leaders(c)  # 9 partitions (2 of __consumer_offsets) on brokers 0 and 1
+        joining = FakeBroker(c, 2, reconcile=True)
+        brokers.append(joining)
+        await joining.register()
+        # recorded before the registration is answered: whoever waits for the join sees them
+        assert {tp for tp, *_ in c.list_reassignments()}, "no move recorded for the new broker"
+        await wait_for(lambda: settled(c))
+        after = leaders(c)
+        counts = sorted(Counter(after.values()).items())
+        assert counts == [(0, 3), (1, 3), (2, 3)], counts
+        moved = {tp for tp in before if before[tp] != after[tp]}
+        assert len(moved) == 3 and all(after[tp] == 2 for tp in moved), "only the fair share"
+        assert not fenced
+    finally:
+        for b in brokers:
+            b.silence()
+        await c.stop()
+
+
+async def test_drain_moves_every_partition_off_a_broker(controller: Controller) -> None:
+    brokers = await cluster_of(controller, 3, reconcile=True)
+    fenced = fences(controller)
+    await controller.create_topics([NewTopic("t", 6)])
+    await wait_for(lambda: settled(controller))
+    assert 1 in leaders(controller).values()
+    assert await controller.drain_broker(1, timeout_s=5)
+    await wait_for(lambda: settled(controller))
+    assert 1 not in leaders(controller).values()
+    assert not brokers[1].open, "the drained broker closed everything"
+    assert controller.metadata.brokers[1].state == "draining"
+    assert not fenced
+    await controller.create_topics([NewTopic("u", 4)])  # a draining broker takes nothing new
+    assert 1 not in [p.leader for p in controller.metadata.topics["u"].partitions]
+    done = controller.moves.recent()
+    assert done and all(m.phase is Phase.DONE and m.source == 1 for m in done)
+
+
+async def test_a_restarted_controller_keeps_its_predecessors_grants_in_view(
+    tmp_path: Path,
+) -> None:
+    """What a restarted controller knows of a broker's lease never goes back in time: the
+    predecessor may have renewed it up to a role window after our start, and a heartbeat to
+    us must not make the lease look shorter (a fence would then expire too early)."""
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, FAST)
+    await first.start()
+    (a,) = await cluster_of(first, 1)
+    await first.stop()
+    second = Controller(store, FAST)
+    await second.start()
+    started = time.monotonic()
+    try:
+        await second.heartbeat(0, "a", -1, {})
+        assert second.broker_liveness()[0].last_grant >= started + FAST.role_window_s - 0.05
+    finally:
+        a.silence()
+        await second.stop()
+
+
+async def test_expected_brokers_get_time_to_come_back_after_a_restart(tmp_path: Path) -> None:
+    """`local up` restarts the controller, then starts the brokers of the last run: however
+    slow they are, they are not declared dead (and their partitions moved) within the time
+    the cluster gives them; after it, a broker that never came back is."""
+    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, FAST)
+    await first.start()
+    (a,) = await cluster_of(first, 1)
+    a.silence()
+    await first.stop()
+    second = Controller(store, FAST)
+    await second.start()
+    started = time.monotonic()
+    second.expect_brokers([0], within_s=2.0)
+    try:
+        default_deadline = FAST.role_window_s + FAST.session_timeout_s
+        await asyncio.sleep(default_deadline + 0.3)
+        assert second.metadata.brokers[0].state == "alive", "declared dead while expected"
+        await wait_for(lambda: second.metadata.brokers[0].state == "dead", timeout_s=5)
+        assert time.monotonic() - started >= 2.0
+    finally:
+        await second.stop()

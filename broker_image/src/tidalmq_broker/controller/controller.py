@@ -8,13 +8,29 @@ snapshot, and their heartbeats report what they actually have open, so a lost pu
 report is repaired by the next heartbeat (level-based, as the operator needs).
 
 Moves follow seed 000: record the target without electing (leader = none), the source closes
-cleanly and reports it, the target is elected with epoch + 1 and opens the meta stream. A source
-that does not close within the election timeout is fenced: the controller stops renewing its
-lease, waits until that lease has certainly expired (so it can no longer acknowledge a write),
-and elects the target, whose open bumps the epoch in object storage and recovers the source's
-unindexed WAL objects. A broker that stops heartbeating is declared dead after the session
-timeout (longer than the lease plus a clock margin) and its partitions are opened elsewhere the
-same way.
+cleanly and reports it (at the move's epoch), the target is elected with epoch + 1 and opens the
+meta stream. A source that does not close within the election timeout (counted from the move's
+start in the metadata) is fenced: the controller stops renewing its lease, waits until that
+lease has certainly expired (so it can no longer acknowledge a write), and elects the target,
+whose open bumps the epoch in object storage and recovers the source's unindexed WAL objects. A
+target that does not open within the open timeout hands the partition on the same way. A broker
+that stops heartbeating is declared dead after the session timeout (longer than the lease plus a
+clock margin) and its partitions are opened elsewhere.
+
+Why the election timeout fences the whole source broker, not one partition: bumping the
+partition's epoch in object storage fences checkpoint writes only. A stale owner still appends to
+its own WAL objects and acknowledges producers while its lease is valid, and those records would
+be lost (see the stream-storage note). A broker's lease covers all its partitions (the storage
+engine checks one lease at acknowledgement), so the only way to stop it acknowledging one
+partition against its will is to let the whole lease run out. A per-partition fence needs
+per-(partition, epoch) grants in the heartbeat answer and a per-partition check in the engine
+before each acknowledgement.
+
+Leases and controller changes: a lease is granted only while the store confirmed within the
+role window that we are still the controller, so a deposed controller stops vouching for brokers
+within that window even if it has nothing to write. Partitions without a leader are elected
+level-based (not only from in-memory deferrals): a restarted controller elects them once the
+leases its predecessor may have granted have run out (the restart guard).
 """
 
 from __future__ import annotations
@@ -113,12 +129,26 @@ class ControllerSettings:
     session_timeout_s: float = 6.0  # silent this long: dead (must exceed lease + clock margin)
     clock_margin_s: float = 0.5
     election_timeout_s: float = 10.0  # a source that has not closed by then is fenced
+    # an elected broker that has not opened its partition by then hands it on (back to the
+    # move's source if it is live, else to the least loaded live broker); generous, because
+    # opening after a broker died replays that broker's WAL objects
+    open_timeout_s: float = 30.0
     auto_rebalance: bool = True  # fair share to joining brokers
     # the controller shares its process with its only broker: a broker's new incarnation means
     # the old one is gone with the old process, so its partitions need not wait for a lease
     embedded: bool = False
     offsets_topic_partitions: int = 16
     tick_s: float = 0.05
+
+    @property
+    def role_window_s(self) -> float:
+        """A lease is granted only while the controller confirmed its role in the metadata store
+        (a read showing its own controller epoch, or a commit) within this window. A deposed
+        controller that has not noticed yet therefore grants nothing later than this after its
+        successor's first commit, which bounds every lease it handed out (see `start`). Several
+        heartbeats long (the store is re-read every heartbeat interval), and no shorter than a
+        lease, so a slow store read does not interrupt the brokers' leases."""
+        return max(3 * self.heartbeat_interval_s, self.lease_s)
 
     def __post_init__(self) -> None:
         if self.session_timeout_s <= self.lease_s + self.clock_margin_s:
@@ -210,10 +240,18 @@ class Controller:
         self._move_versions: dict[TopicPartition, int] = {}  # version that recorded the move
         self._closed_reports: set[TopicPartition] = set()
         self._deferred: dict[TopicPartition, float] = {}  # re-elect not before (monotonic)
+        # No partition without a leader is elected before this (monotonic): after a restart we
+        # do not know which earlier owner may still hold a lease from our predecessor
+        self._restart_guard = 0.0
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._push_lock = asyncio.Lock()
         self._started_at = 0.0
+        self._active = False  # False before start, after stop, and once deposed
+        self._replaced = False
+        self._role_confirmed_at = float("-inf")  # monotonic start of the last confirmation
+        self._role_check: asyncio.Task[None] | None = None
+        self._role_checked_at = float("-inf")
         self._events: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._pending_push: dict[int, ClusterMetadata] = {}
         self._cleaning: asyncio.Task[None] | None = None
@@ -236,15 +274,24 @@ class Controller:
             )
             now = time.monotonic()
             self._started_at = now
-            # Brokers known from before get one session to heartbeat to us; until then their
-            # leases are assumed valid (granted by our predecessor just before it stopped).
+            self._active = True
+            # Our predecessor granted its last lease before it noticed this commit, so at most
+            # one role window from now (it may not have stopped: a deposed controller only
+            # learns it from the store). Brokers known from before are treated as granted
+            # then and get one session from then to heartbeat to us.
+            inherited = now + self.settings.role_window_s
+            self._restart_guard = inherited + self.settings.lease_s + self.settings.clock_margin_s
             for broker_id, info in self.metadata.brokers.items():
                 if info.state != "dead":
-                    self._liveness[broker_id] = BrokerLiveness(info.incarnation, now, now)
+                    self._liveness[broker_id] = BrokerLiveness(
+                        info.incarnation, inherited, inherited
+                    )
             for tp, part in _moving(self.metadata):
                 source = part.original_replicas[0] if part.original_replicas else None
                 status = self.moves.begin(tp, source, part.target_replicas[0])  # type: ignore[index]
                 status.reason = "resumed after controller restart"
+                if part.move_started_ms is not None:  # the election timeout does not start over
+                    status.started = part.move_started_ms / 1000
                 self._move_versions[tp] = self.metadata.version
         log.info(
             "controller active for cluster %s: controller epoch %d, metadata version %d, "
@@ -255,6 +302,9 @@ class Controller:
         self._loop_task = asyncio.create_task(self._run(), name="controller loop")
 
     async def stop(self) -> None:
+        self._active = False  # no lease is granted from now on
+        if self._role_check is not None:
+            self._role_check.cancel()
         await self.static.stop()
         for pusher in self._pushers.values():
             pusher.cancel()
@@ -295,7 +345,10 @@ class Controller:
             and not self.settings.embedded
         ):
             not_before = previous.last_grant + self.settings.lease_s + self.settings.clock_margin_s
-        self._liveness[info.broker_id] = BrokerLiveness(info.incarnation, now, now)
+        granted = now
+        if previous is not None and previous.incarnation == info.incarnation:
+            granted = max(now, previous.last_grant)  # its lease may run longer (inherited)
+        self._liveness[info.broker_id] = BrokerLiveness(info.incarnation, now, granted)
         joined = False
 
         def mutate(meta: ClusterMetadata) -> None:
@@ -356,6 +409,8 @@ class Controller:
         open_partitions: dict[TopicPartition, int],
         high_watermarks: dict[TopicPartition, int] | None = None,
     ) -> HeartbeatReply:
+        if not self._active:
+            raise ControllerFenced("not the active controller (stopped, or replaced by another)")
         now = time.monotonic()
         live = self._liveness.get(broker_id)
         info = self.metadata.brokers.get(broker_id)
@@ -370,18 +425,36 @@ class Controller:
         if live.fenced_at is not None:
             return HeartbeatReply(0.0, self.metadata.version, self.metadata.controller_epoch, True,
                                   "fenced: a partition did not close in time")  # fmt: skip
-        live.last_grant = now
+        if now - self._role_confirmed_at > self.settings.role_window_s:
+            # the store has not confirmed recently that we are still the controller: a
+            # successor may be running, so renew nothing. The answer is what is left of the
+            # last grant (counted from the broker's send time it ends no later than that)
+            left = max(0.0, live.last_grant + self.settings.lease_s - now)
+            return HeartbeatReply(left, self.metadata.version, self.metadata.controller_epoch,
+                                  False, "controller role not confirmed recently: lease not renewed")  # fmt: skip
+        live.last_grant = max(live.last_grant, now)  # an inherited grant may run longer
         self._wake.set()
         return HeartbeatReply(
             self.settings.lease_s, self.metadata.version, self.metadata.controller_epoch
         )
 
     def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
-        """Fast path of seed 000 step 5: the source closed the partition cleanly."""
+        """Fast path of seed 000 step 5: the source closed the partition cleanly. Only a close
+        at the epoch the move started from counts: a moving partition keeps its epoch until the
+        election, and every election or cancel bumps it, so a report of an older epoch is a
+        late one from an earlier close (the source may have it open again since)."""
         part = self._partition(tp)
-        if part is not None and part.moving and part.original_replicas == [broker_id]:
+        if (
+            part is not None
+            and part.moving
+            and part.original_replicas == [broker_id]
+            and epoch == part.leader_epoch
+        ):
             self._closed_reports.add(tp)
             self._wake.set()
+        elif part is not None and part.moving and epoch < part.leader_epoch:
+            log.info("ignoring a late closed report of %s at epoch %d (now %d) from broker %d",
+                     tp, epoch, part.leader_epoch, broker_id)  # fmt: skip
         if is_physical_topic(tp.topic):
             self.static.partition_closed(broker_id, tp)
 
@@ -444,6 +517,10 @@ class Controller:
                 meta.brokers.pop(broker_id, None)
 
             await self._commit_locked(mutate)
+            if not_before > time.monotonic():  # its moves too: it may still acknowledge
+                for tp, part in _moving(self.metadata):
+                    if part.original_replicas == [broker_id]:
+                        self._deferred[tp] = max(self._deferred.get(tp, 0.0), not_before)
             self._liveness.pop(broker_id, None)
             self._channels.pop(broker_id, None)
             await self._failover_locked(
@@ -835,9 +912,19 @@ class Controller:
             except TimeoutError:
                 pass
             self._wake.clear()
+            if not self._active:
+                if self._replaced:
+                    log.error("controller replaced by a newer controller; stopping")
+                return
+            self._schedule_role_check()
             try:
                 await self._step()
-            except ControllerFenced:
+            except ControllerFenced as exc:
+                await self._check_role()  # a conflict that was not a successor: carry on
+                if self._active:
+                    log.warning("metadata commit refused (%s); retrying", exc)
+                    await asyncio.sleep(0.5)
+                    continue
                 log.error("controller fenced by a newer controller; stopping")
                 return
             except Exception:
@@ -879,30 +966,136 @@ class Controller:
                     )  # fmt: skip
                     self._emit("BrokerFenced", f"broker {broker_id} did not close in time",
                                {"broker": broker_id})  # fmt: skip
-            # 3. deferred re-elections (a restarted broker taking its partitions back)
-            due = [tp for tp, t in self._deferred.items() if now >= t]
+            # 3. partitions without a leader, once no earlier owner can hold a lease on them
+            due = self._due_elections(now)
             if elect or due:
                 await self._elect_locked(elect, due)
+                changed = True
+            # 4. elected brokers that did not open their partition in time
+            stuck = self._stuck_openings()
+            if stuck:
+                await self._hand_on_locked(stuck)
                 changed = True
             snapshot = self.snapshot() if changed else None
         if snapshot is not None:
             await self._push(snapshot)
-        # 4. static topics: remaps, repairs, cleanup (each runs as its own task)
+        # 5. static topics: remaps, repairs, cleanup (each runs as its own task)
         self.static.tick()
-        # 5. data of deleted topics, once no broker has their partitions open
+        # 6. data of deleted topics, once no broker has their partitions open
         if self.metadata.pending_deletions and (self._cleaning is None or self._cleaning.done()):
             self._cleaning = asyncio.create_task(self._clean_deleted_topics(), name="topic cleanup")
-        # 6. targets that report their partition open: the move is done
+        # 7. targets that report their partition open: the move is done
         for status in self.moves.active():
             if status.phase is Phase.OPENING and status.epoch is not None:
                 live = self._liveness.get(status.target)
                 if live is not None and live.open_partitions.get(status.tp) == status.epoch:
                     self._observe_opened(status.tp, status.target, status.epoch)
 
+    def _stuck_openings(self) -> list[tuple[MoveStatus, int]]:
+        """(move, broker to hand the partition to) for targets elected more than the open
+        timeout ago that still do not report the partition open at their epoch."""
+        out: list[tuple[MoveStatus, int]] = []
+        now = time.time()
+        for status in self.moves.active():
+            if status.phase is not Phase.OPENING or status.elected is None:
+                continue
+            if now - status.elected <= self.settings.open_timeout_s:
+                continue
+            topic = self.metadata.topics.get(status.topic)
+            part = self._partition(status.tp)
+            if topic is None or topic.pinned or part is None or part.moving:
+                continue
+            if part.leader != status.target or part.leader_epoch != status.epoch:
+                continue
+            live = self._liveness.get(status.target)
+            if live is not None and live.open_partitions.get(status.tp) == status.epoch:
+                continue  # opened: the done check below records it
+            candidates = set(self._placeable_brokers(self.metadata)) - {status.target}
+            if not candidates:
+                continue
+            if status.source in candidates:
+                out.append((status, status.source))  # type: ignore[arg-type]
+                continue
+            counts: dict[int | None, int] = {}
+            for b in current_assignment(self.metadata).values():
+                counts[b] = counts.get(b, 0) + 1
+            out.append((status, min(candidates, key=lambda b: (counts.get(b, 0), b))))
+        return out
+
+    async def _hand_on_locked(self, stuck: list[tuple[MoveStatus, int]]) -> None:
+        """Move each partition off the broker that did not open it, with the usual flow: that
+        broker stops wanting it, its heartbeat shows it does not have it open (or it closes it,
+        or the election timeout fences it), then the new broker is elected with epoch + 1.
+        Electing another broker at once would not be safe: the stuck one may finish opening
+        and acknowledge writes on its valid lease."""
+        entries = [PlanEntry(status.tp, new) for status, new in stuck]
+        for status, new in stuck:
+            log.warning(
+                "%s: broker %d did not open it within %.0fs (epoch %s); handing it to broker %d",
+                status.tp, status.target, self.settings.open_timeout_s, status.epoch, new,
+            )  # fmt: skip
+            self._emit("PartitionNotOpened",
+                       f"{status.tp}: broker {status.target} did not open it in time; "
+                       f"moving it to broker {new}",
+                       {"partition": str(status.tp), "broker": status.target})  # fmt: skip
+        old_targets = {status.tp: status.target for status, _ in stuck}
+        await self._apply_moves_locked(entries, reason="open timed out")
+        for tp, old_target in old_targets.items():
+            status = self.moves.get(tp)
+            part = self._partition(tp)
+            if status is not None and part is not None and part.moving:
+                status.source = old_target
+                self.moves.mark(
+                    tp, Phase.CLOSING,
+                    f"broker {old_target} did not open it within "
+                    f"{self.settings.open_timeout_s:.0f}s; moving it to broker {status.target}",
+                )  # fmt: skip
+
+    def _schedule_role_check(self) -> None:
+        """Re-read the store every heartbeat interval to confirm we are still the controller
+        (a deposed controller learns it only from the store, and must stop granting leases
+        even when it has nothing to write)."""
+        now = time.monotonic()
+        if now - self._role_checked_at < self.settings.heartbeat_interval_s:
+            return
+        if self._role_check is not None and not self._role_check.done():
+            return
+        self._role_checked_at = now
+        self._role_check = asyncio.create_task(self._check_role(), name="controller role check")
+
+    async def _check_role(self) -> None:
+        started = time.monotonic()
+        try:
+            meta, _ = await self._store.load()
+        except Exception as exc:
+            log.warning("could not confirm the controller role in the metadata store: %s", exc)
+            return
+        mine = self.metadata.controller_epoch
+        if meta is not None and meta.controller_epoch == mine:
+            self._role_confirmed_at = max(self._role_confirmed_at, started)
+        elif meta is not None and meta.controller_epoch > mine:
+            self._deposed(f"the store holds controller epoch {meta.controller_epoch}")
+        else:
+            log.warning("the metadata store does not hold our controller epoch %d", mine)
+
+    def _deposed(self, why: str) -> None:
+        if self._active:
+            log.error("another controller took over (%s): granting no more leases", why)
+            self._emit("ControllerDeposed", f"another controller took over: {why}", {})
+        self._active = False
+        self._replaced = True
+        self._wake.set()
+
     def _source_released(
         self, tp: TopicPartition, part: PartitionState, now: float
     ) -> tuple[bool, int | None]:
         """(may elect now, broker to fence) for a moving partition."""
+        if tp in self._closed_reports:
+            return True, None  # the source closed it at the move's epoch: it acknowledges no more
+        if now < self._not_before(tp):
+            # an earlier owner may still hold a lease on it (the source not having it open
+            # says nothing about an older incarnation, or a removed broker)
+            return False, None
         source = part.original_replicas[0] if part.original_replicas else None
         info = self.metadata.brokers.get(source) if source is not None else None
         if source is None or info is None or info.state == "dead":
@@ -913,16 +1106,43 @@ class Controller:
         if live.fenced_at is not None:
             expired = live.last_grant + self.settings.lease_s + self.settings.clock_margin_s
             return now >= expired, None
-        if tp in self._closed_reports:
-            return True, None
         recorded = self._move_versions.get(tp, self.metadata.version)
         if live.applied_version >= recorded and tp not in live.open_partitions:
             return True, None
         status = self.moves.get(tp)
-        started = status.started if status is not None else time.time()
+        if part.move_started_ms is not None:  # durable: a restarted controller keeps counting
+            started = part.move_started_ms / 1000
+        else:
+            started = status.started if status is not None else time.time()
         if time.time() - started > self.settings.election_timeout_s:
             return False, source
         return False, None
+
+    def _not_before(self, tp: TopicPartition) -> float:
+        """When a partition may get a new leader without waiting for anyone: once every earlier
+        owner's lease has certainly run out (a deferral we recorded, and after a restart the
+        leases our predecessor may have granted)."""
+        return max(self._deferred.get(tp, 0.0), self._restart_guard)
+
+    def _due_elections(self, now: float) -> list[TopicPartition]:
+        """Partitions without a leader that are not moving, to elect now. Level-based: the
+        deferrals we recorded, and every other such partition (left over by a predecessor, or
+        by a failover that found no live broker) once the restart guard has passed. Static
+        topics' physical queues only by deferral: a sealed one has no leader on purpose."""
+        if now < self._restart_guard:
+            return []
+        due = [tp for tp, t in self._deferred.items() if now >= t]
+        if not self._placeable_brokers(self.metadata):
+            return due
+        for name, topic in self.metadata.topics.items():
+            if topic.pinned:
+                continue
+            for i, part in enumerate(topic.partitions):
+                if part.leader == NO_LEADER and not part.moving:
+                    tp = TopicPartition(name, i)
+                    if tp not in self._deferred:
+                        due.append(tp)
+        return due
 
     async def _elect_locked(self, elect: list[TopicPartition], due: list[TopicPartition]) -> None:
         elected: list[tuple[TopicPartition, int, int]] = []
@@ -948,13 +1168,20 @@ class Controller:
                     part.target_replicas = [min(live_brokers)]
                 target = elect_target(part)
                 elected.append((tp, target, part.leader_epoch))
+            homes = self._homes_for(meta, due, live_brokers)
             for tp in due:
                 topic = meta.topics.get(tp.topic)
                 if topic is None or tp.partition >= len(topic.partitions):
                     continue
                 part = topic.partitions[tp.partition]
-                if part.leader == NO_LEADER and not part.moving and part.replicas:
-                    part.leader = part.replicas[0]
+                if part.leader != NO_LEADER or part.moving:
+                    continue
+                owner = part.replicas[0] if part.replicas else None
+                if not topic.pinned and owner not in live_brokers:
+                    owner = homes.get(tp)  # its broker is gone or draining: place it anew
+                if owner is not None:
+                    part.replicas = [owner]
+                    part.leader = owner
                     part.leader_epoch += 1
 
         await self._commit_locked(mutate)
@@ -982,6 +1209,22 @@ class Controller:
                 and status.phase is Phase.CLOSING
             ):
                 self.moves.mark(tp, Phase.CANCELLED, "target broker went away")
+
+    @staticmethod
+    def _homes_for(
+        meta: ClusterMetadata, due: list[TopicPartition], live: set[int]
+    ) -> dict[TopicPartition, int]:
+        """Live brokers for the due partitions whose broker is not live (fewest moves)."""
+        assignment: dict[TopicPartition, int | None] = {
+            tp: b for tp, b in current_assignment(meta).items() if not meta.topics[tp.topic].pinned
+        }
+        orphans = [tp for tp in due if tp in assignment and assignment[tp] not in live]
+        if not orphans or not live:
+            return {}
+        for tp in orphans:
+            assignment[tp] = None
+        homes = place_orphans(assignment, sorted(live))
+        return {tp: homes[tp] for tp in orphans}
 
     async def _failover_locked(
         self, dead: list[int], *, reason: str, not_before: float = 0.0, announce: bool = True
@@ -1102,6 +1345,17 @@ class Controller:
                 f"(live: {sorted(live)})"
             )
 
+    def expect_brokers(self, broker_ids: Iterable[int], within_s: float) -> None:
+        """Known brokers that are starting again right now (the local cluster starts its own
+        processes after the controller): not declared dead, and so not failed over and then
+        rebalanced, before `within_s` from now. Only the dead declaration waits: the leases
+        of their earlier incarnations count as before."""
+        until = time.monotonic() + within_s - self.settings.session_timeout_s
+        for broker_id in broker_ids:
+            live = self._liveness.get(broker_id)
+            if live is not None:
+                live.last_heartbeat = max(live.last_heartbeat, until)
+
     def has_heartbeated(self, broker_id: int) -> bool:
         """The broker's registration was answered and it heartbeats since: the moves of its
         join rebalance (recorded before that answer) are visible to whoever waits for it."""
@@ -1159,7 +1413,8 @@ class Controller:
         return out
 
     def deferred(self, tp: TopicPartition) -> bool:
-        return tp in self._deferred
+        """The controller itself elects this partition later (an earlier owner's lease)."""
+        return tp in self._deferred or time.monotonic() < self._restart_guard
 
     def wake(self) -> None:
         self._wake.set()
@@ -1171,11 +1426,15 @@ class Controller:
         new = self.metadata.copy()
         mutate(new)
         new.version += 1
+        started = time.monotonic()
         try:
             token = await self._store.save(new, self._token)
         except StaleMetadata as exc:
+            self._role_checked_at = float("-inf")  # look at the store now: are we deposed?
+            self._wake.set()
             raise ControllerFenced(str(exc)) from exc
         self._meta, self._token = new, token
+        self._role_confirmed_at = max(self._role_confirmed_at, started)
 
     async def _push(self, snapshot: ClusterMetadata) -> None:
         """Send the snapshot to every broker without waiting for slow ones: one pusher per

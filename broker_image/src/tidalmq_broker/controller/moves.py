@@ -1,9 +1,10 @@
 """Progress of partition moves as the controller observes them (phases and timings).
 
-The durable part of a move (original and target replicas) is in the cluster metadata; this is
-the observed part: when each step happened, for status fields, Events, the CLI progress bar and
-metrics. A controller that restarts rebuilds the phases from the metadata and broker heartbeats
-(timings of moves in flight then start at the restart).
+The durable part of a move (original and target replicas, and when it started) is in the
+cluster metadata; this is the observed part: when each step happened, for status fields, Events,
+the CLI progress bar and metrics. A controller that restarts rebuilds the phases from the
+metadata and broker heartbeats (a move in flight keeps its start time, so its election timeout
+does not start over; the times of its earlier steps are lost).
 """
 
 from __future__ import annotations

@@ -368,10 +368,13 @@ class ControllerServer:
         b = await self._body(request)
         open_partitions = {TopicPartition(t, int(p)): int(e) for t, p, e in b["open"]}
         hwms = {TopicPartition(t, int(p)): int(h) for t, p, h in b.get("hwm", [])}
-        reply = await self.controller.heartbeat(
-            int(b["broker_id"]), b["incarnation"], int(b["applied_version"]), open_partitions,
-            hwms,
-        )  # fmt: skip
+        try:
+            reply = await self.controller.heartbeat(
+                int(b["broker_id"]), b["incarnation"], int(b["applied_version"]), open_partitions,
+                hwms,
+            )  # fmt: skip
+        except ctl.ControllerError as exc:  # not the active controller: no lease from here
+            return self._fault(exc)
         return self._ok({"reply": reply.to_json()})
 
     async def _drain(self, request: web.Request) -> web.Response:

@@ -5,6 +5,10 @@ This process runs the controller (metadata in the object store) and supervises b
 pod while the others and the controller carry on. `tidalmq local add-broker | remove-broker N |
 kill-broker N | status` talk to it over the controller's HTTP port, found in
 `<data-dir>/cluster.json`.
+
+The brokers run without drain-on-stop: this process decides. `remove-broker` drains the broker
+through the controller, then stops it; Ctrl-C stops every broker as it is (each closes its
+partitions cleanly), so the next `local up` finds the assignment as it was.
 """
 
 from __future__ import annotations
@@ -38,6 +42,17 @@ from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.topic_data import delete_topic_data
 
 log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 30.0  # a broker that leads nothing stops in well under a second
+START_TIMEOUT_S = 60.0  # a broker process registers with the controller within this
+
+
+class RemoveRefused(Exception):
+    """remove-broker would leave the cluster without a broker."""
+
+
+class RemoveTimedOut(Exception):
+    """The broker did not exit after SIGTERM in time (it is still running)."""
 
 
 @dataclass(slots=True)
@@ -111,11 +126,15 @@ class LocalCluster:
             else known
             + [i for i in range(brokers * 2 + len(known)) if i not in known][: brokers - len(known)]
         )
+        # the brokers of the last run come back now: however slow they are to start, do not
+        # declare them dead meanwhile (that would move their partitions and then rebalance)
+        self.controller.expect_brokers(ids, within_s=START_TIMEOUT_S)
         await asyncio.gather(*(self.add_broker(i) for i in ids))
         self._write_state()
 
     async def stop(self) -> None:
-        """Ctrl-C: every broker closes its partitions cleanly (no drain: all are stopping)."""
+        """Ctrl-C: every broker closes its partitions cleanly and keeps them (they run without
+        drain-on-stop), so the next `local up` finds the assignment as it was."""
         for b in self.brokers.values():
             if b.alive():
                 b.proc.send_signal(signal.SIGTERM)
@@ -156,6 +175,7 @@ class LocalCluster:
             "--broker-id", str(broker_id), "--host", self.host, "--port", str(port),
             "--http-port", str(http_port), "--storage-url", self.storage_url,
             "--controller-url", self.controller_url,
+            "--drain-on-stop", "false",  # remove_broker drains; Ctrl-C keeps the assignment
         ]  # fmt: skip
         env = {**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env}
         with log_path.open("ab") as out:
@@ -163,7 +183,7 @@ class LocalCluster:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: ASYNC220
         b = BrokerProc(broker_id, port, http_port, proc, log_path)
         self.brokers[broker_id] = b
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if not b.alive():
                 raise RuntimeError(f"broker {broker_id} exited; see {log_path}")
@@ -182,16 +202,48 @@ class LocalCluster:
         self._write_state()
         return b
 
-    async def remove_broker(self, broker_id: int) -> None:
-        """Drain (partitions move to the others), then stop the process."""
+    async def remove_broker(
+        self, broker_id: int, *, drain_timeout_s: float = 120.0,
+        stop_timeout_s: float = STOP_TIMEOUT_S,
+    ) -> None:  # fmt: skip
+        """Drain (partitions move to the others), stop the process, forget the broker."""
         b = self.brokers.get(broker_id)
         if b is None or not b.alive():
             raise KeyError(f"broker {broker_id} is not running")
+        assert self.controller is not None
+        meta = self.controller.metadata
+        others = [
+            o for o in self.brokers.values()
+            if o.broker_id != broker_id and o.alive()
+            and getattr(meta.brokers.get(o.broker_id), "state", None) == "alive"
+        ]  # fmt: skip
+        if not others:
+            raise RemoveRefused(
+                f"broker {broker_id} is the last broker: its partitions would have nowhere to "
+                "go (add a broker first, or stop the cluster with Ctrl-C)"
+            )
         b.state = "draining"
-        b.proc.send_signal(signal.SIGTERM)  # the broker drains itself through the controller
-        await asyncio.to_thread(b.proc.wait, 120)
+        drained = await self.controller.drain_broker(broker_id, timeout_s=drain_timeout_s)
+        if not drained:
+            log.warning("broker %d still leads partitions after %.0fs of draining; stopping it "
+                        "anyway (they move once it is gone)", broker_id, drain_timeout_s)  # fmt: skip
+        b.state = "stopping"
+        b.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(b.proc.wait, stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RemoveTimedOut(
+                f"broker {broker_id} (pid {b.proc.pid}) did not exit within {stop_timeout_s:g}s "
+                f"of SIGTERM{'' if drained else ' (and had not finished draining)'}; it is "
+                f"still registered. See {b.log_path}; `tidalmq local kill-broker {broker_id}` "
+                "stops it for good"
+            ) from None
         b.state = "stopped"
         self.brokers.pop(broker_id, None)
+        # the process is gone, so whatever it still led can move at once (no lease to wait for)
+        info = self.controller.metadata.brokers.get(broker_id)
+        if info is not None:
+            await self.controller.remove_broker(broker_id, incarnation=info.incarnation)
         self._write_state()
 
     def kill_broker(self, broker_id: int) -> None:
@@ -260,11 +312,17 @@ class LocalCluster:
         return web.json_response({"broker": b.broker_id, "port": b.port})
 
     async def _http_remove(self, request: web.Request) -> web.Response:
-        broker_id = int((await request.json())["broker_id"])
+        body = await request.json()
+        broker_id = int(body["broker_id"])
+        timeouts = {k: float(body[k]) for k in ("drain_timeout_s", "stop_timeout_s") if k in body}
         try:
-            await self.remove_broker(broker_id)
+            await self.remove_broker(broker_id, **timeouts)
         except KeyError as exc:
             return web.json_response({"error": str(exc.args[0])}, status=404)
+        except RemoveRefused as exc:
+            return web.json_response({"error": str(exc)}, status=409)
+        except RemoveTimedOut as exc:
+            return web.json_response({"error": str(exc)}, status=504)
         return web.json_response({"removed": broker_id})
 
     async def _http_kill(self, request: web.Request) -> web.Response:
