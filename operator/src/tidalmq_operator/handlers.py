@@ -299,10 +299,10 @@ def _run_of(name: str, meta: Any, entries: list[PlanEntry], submitted: float, st
     """The progress tracking of submitted moves (the runtime's publisher writes status)."""
     run = ReassignmentRun(name, entries, submitted, meta.get("generation"), uid=meta.get("uid"),
                           conditions=list(conditions or []))  # fmt: skip
-    for row in (status or {}).get("partitions", []):  # what an earlier operator already saw
-        run.phases[TopicPartition(row["topic"], int(row["partition"]))] = row.get(
-            "phase", "Pending"
-        )
+    for row in (status or {}).get("partitions", []):  # what an earlier operator already reported
+        tp = TopicPartition(row["topic"], int(row["partition"]))
+        run.rows[tp] = dict(row)
+        run.emitted[tp] = row.get("phase", "Pending")
     return run
 
 

@@ -99,11 +99,19 @@ class Kube:
         return list(result.items)
 
     async def event(
-        self, involved: dict[str, Any], reason: str, message: str, *, warning: bool = False
+        self,
+        involved: dict[str, Any],
+        reason: str,
+        message: str,
+        *,
+        warning: bool = False,
+        at: float | None = None,
     ) -> None:
-        """Record a Kubernetes Event on one of our resources (best effort)."""
+        """Record a Kubernetes Event on one of our resources (best effort); `at`: when what it
+        reports happened (default now)."""
         meta = involved.get("metadata", {})
-        now = datetime.datetime.now(datetime.UTC)
+        now = (datetime.datetime.fromtimestamp(at, datetime.UTC) if at is not None
+               else datetime.datetime.now(datetime.UTC))  # fmt: skip
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(
                 name=f"{meta.get('name', 'tidalmq')}.{uuid.uuid4().hex[:10]}",
