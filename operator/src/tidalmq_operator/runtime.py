@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,7 +161,9 @@ class OperatorRuntime:
         warning = reason in ("BrokerDead", "BrokerFenced")
         involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "ClusterState",
                     "metadata": {"name": self.settings.cluster_state_name}}  # fmt: skip
-        task = asyncio.create_task(self.kube.event(involved, reason, message, warning=warning))
+        task = asyncio.create_task(
+            self.kube.event(involved, reason, message, warning=warning, at=time.time())
+        )
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     async def publish(self) -> None:
