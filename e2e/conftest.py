@@ -18,6 +18,8 @@ The local and kind clusters are torn down at the end of the session unless ``--e
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import re
 import secrets
@@ -26,10 +28,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from e2e.kube import E2E_DIR, Cluster, CommandError, run, wait_until
+from e2e.kube import E2E_DIR, REPO_DIR, Cluster, CommandError, RecordFigure, run, wait_until
 
 CLUSTER_SCRIPTS = E2E_DIR / "cluster"
 
@@ -260,3 +263,60 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("timeout") is None and item.nodeid.startswith("e2e/"):
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
+
+
+# ---------------------------------------------------------------------------- measured figures
+# pytest captures what a passing test prints, so CI logs never showed the figures the tests
+# measure. A test records them through the `figures` fixture instead: they are shown in the
+# terminal summary (whatever the outcome) and written to <build cache>/logs/e2e-figures.json.
+FIGURES = pytest.StashKey[dict[str, dict[str, dict[str, Any]]]]()
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> RecordFigure:
+    """`figures(name, value, note="")`: record a figure this test measured (also as a JUnit
+    property); `note` says what it includes or how it compares with its target."""
+    store = request.config.stash.setdefault(FIGURES, {})
+    test = request.node.nodeid
+
+    def record(name: str, value: Any, note: str = "") -> None:
+        store.setdefault(test, {})[name] = {"value": value, "note": note}
+        request.node.user_properties.append((name, value))
+
+    return record
+
+
+def figures_file() -> Path:
+    """<build cache>/logs/e2e-figures.json (the cache as e2e/cluster/lib.sh finds it)."""
+    try:
+        cache = Path(script_settings("CACHE_DIR")["CACHE_DIR"])
+    except (CommandError, KeyError, OSError):
+        cache = Path(os.environ.get("TIDALMQ_CACHE_DIR") or REPO_DIR / ".cache")
+    return cache / "logs" / "e2e-figures.json"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    recorded = config.stash.get(FIGURES, {})
+    if not recorded:
+        return
+    terminalreporter.section("TidalMQ end-to-end figures")
+    for test, named in recorded.items():
+        terminalreporter.write_line(test)
+        for name, figure in named.items():
+            note = f"  ({figure['note']})" if figure["note"] else ""
+            terminalreporter.write_line(f"    {name} = {_shown(figure['value'])}{note}")
+    path = figures_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+               "exitstatus": int(exitstatus), "figures": recorded}  # fmt: skip
+        path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        terminalreporter.write_line(f"(written to {path})")
+    except OSError as exc:
+        terminalreporter.write_line(f"(could not write {path}: {exc})")

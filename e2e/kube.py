@@ -15,12 +15,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 E2E_DIR = Path(__file__).resolve().parent
 REPO_DIR = E2E_DIR.parent
 
 T = TypeVar("T")
+
+
+class RecordFigure(Protocol):
+    """The `figures` fixture (conftest.py): records a figure a test measured."""
+
+    def __call__(self, name: str, value: Any, note: str = "") -> None: ...
 
 
 class CommandError(RuntimeError):

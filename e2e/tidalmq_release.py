@@ -1,18 +1,36 @@
 """TidalMQ installed with its Helm chart on the end-to-end cluster: the release the end-to-end
-tests of the broker fleet and of the planner share, and what they read from it."""
+tests of the broker fleet and of the planner share, what they read from it, and its removal.
+
+Removal goes through the operator: every custom resource it handles carries its finalizer
+(`tidalmq.io/finalizer`), and a Topic's finalizer deletes the topic's data in object storage.
+Uninstalling the release first would leave them with a finalizer nobody removes, and the test's
+namespace stuck in Terminating on a kept cluster; so `remove_custom_resources` runs before every
+`helm uninstall` of the chart, in every end-to-end module.
+"""
 
 from __future__ import annotations
 
+import base64
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from e2e.kube import REPO_DIR, Cluster, run
+import boto3
+
+from e2e.kube import REPO_DIR, Cluster, run, wait_until
 
 CHART = REPO_DIR / "charts" / "tidalmq"
 RELEASE = "tmq"
 FULL = f"{RELEASE}-tidalmq"
 STS = f"{FULL}-broker"
+BUCKET = "tidalmq"  # objectStore.bucket of the releases installed here
+# What the operator handles, each with its finalizer: the data holders first, the ClusterState
+# (the controller's metadata, whose daemon runs the controller) last.
+CUSTOM_RESOURCES = ("topics.tidalmq.io", "statictopics.tidalmq.io",
+                    "partitionreassignments.tidalmq.io")  # fmt: skip
+CLUSTER_STATE = "clusterstates.tidalmq.io"
+FINALIZER = "tidalmq.io/finalizer"
 
 
 def addon_image(addon: str) -> str:
@@ -34,7 +52,7 @@ def installed_release(
     cluster.helm(
         "install", RELEASE, str(CHART), "--namespace", namespace, "--wait", "--timeout", "6m",
         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-        "--set", "inClusterObjectStore.enabled=true",
+        "--set", "inClusterObjectStore.enabled=true", "--set", f"objectStore.bucket={BUCKET}",
         "--set", f"inClusterObjectStore.image.repository={m_repo}",
         "--set", f"inClusterObjectStore.image.tag={m_tag}",
         "--set", "broker.replicas=2", "--set", "broker.advertise=podIP",
@@ -51,7 +69,81 @@ def installed_release(
     finally:
         if hasattr(cluster, "describe"):
             print(cluster.describe(namespace)[-4000:])
-        cluster.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m")
+        uninstall(cluster, namespace)
+
+
+def uninstall(cluster: Cluster, namespace: str, *, through_operator: bool = True) -> None:
+    """Remove the custom resources (see remove_custom_resources), then the release. A failure
+    of the first is raised after the uninstall, unless the test already failed (then it is
+    printed: the test's own failure is the one to report)."""
+    problem: AssertionError | None = None
+    try:
+        remove_custom_resources(cluster, namespace, through_operator=through_operator)
+    except AssertionError as exc:
+        problem = exc
+    cluster.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m")
+    if problem is not None:
+        if sys.exc_info()[0] is None:
+            raise problem
+        sys.stderr.write(f"\n{problem}\n")
+
+
+def remove_custom_resources(
+    cluster: Cluster, ns: str, *, through_operator: bool = True, timeout: float = 300
+) -> None:
+    """Delete the namespace's TidalMQ resources while the operator still runs, and wait until
+    its finalizer let each go (for a Topic: once the controller deleted the topic's data in
+    object storage). With `through_operator=False` (a release whose operator cannot work, e.g.
+    an unreachable object store) the finalizers are dropped by hand instead. Resources the
+    operator did not release in time have their finalizer dropped too, so the namespace can
+    go, and an AssertionError says which."""
+    stuck: list[str] = []
+    for kinds in (CUSTOM_RESOURCES, (CLUSTER_STATE,)):
+        kind_list = ",".join(kinds)
+        cluster.kubectl("-n", ns, "delete", kind_list, "--all", "--wait=false", timeout=60)
+        if through_operator:
+            try:
+                wait_until(f"the operator to release every {kind_list}",
+                           lambda kind_list=kind_list: not _names(cluster, ns, kind_list),
+                           timeout=timeout, interval=1.0)  # fmt: skip
+                continue
+            except AssertionError:
+                stuck += _names(cluster, ns, kind_list)
+        for name in _names(cluster, ns, kind_list):
+            cluster.kubectl("-n", ns, "patch", name, "--type=merge",
+                            "-p", '{"metadata": {"finalizers": null}}', check=False)  # fmt: skip
+    if stuck:
+        raise AssertionError(
+            f"the operator did not release {stuck} within {timeout:.0f} s (their {FINALIZER} "
+            "was dropped by hand so that the namespace can go)"
+        )
+
+
+def _names(cluster: Cluster, ns: str, kinds: str) -> list[str]:
+    return cluster.kubectl("-n", ns, "get", kinds, "-o", "name").split()
+
+
+def object_store(cluster: Cluster, ns: str) -> Any:
+    """An S3 client of the release's in-cluster object store (the chart's trial MinIO), with
+    the credentials the chart generated."""
+    secret = cluster.kubectl_json("-n", ns, "get", "secret", f"{FULL}-object-store")["data"]
+    pods = cluster.kubectl_json("-n", ns, "get", "pods", "-l",
+                                "app.kubernetes.io/component=object-store")["items"]  # fmt: skip
+    ip = next(p["status"]["podIP"] for p in pods if p["status"].get("podIP"))
+    return boto3.client(
+        "s3", endpoint_url=f"http://{ip}:9000", region_name="us-east-1",
+        aws_access_key_id=base64.b64decode(secret["access-key"]).decode(),
+        aws_secret_access_key=base64.b64decode(secret["secret-key"]).decode(),
+    )  # fmt: skip
+
+
+def stored_objects(cluster: Cluster, ns: str, prefix: str) -> list[str]:
+    """Keys under `prefix` in the release's bucket."""
+    s3 = object_store(cluster, ns)
+    keys: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+    return keys
 
 
 def broker_pods(cluster: Cluster, ns: str) -> list[dict[str, Any]]:

@@ -169,6 +169,14 @@ async def start_reassignment(spec: Any, name: str, meta: Any, status: Any, memo:
         patch.status["phase"] = "Failed"
         patch.status["conditions"] = [_failed(str(exc), meta)]
         raise kopf.PermanentError(str(exc)) from exc
+    if plan.cancel:
+        # created cancelled, or cancelled before this handler got to submit it: nothing is
+        # submitted (and moves already submitted before an operator restart are rolled back)
+        try:
+            await cancel_reassignment_of(rt, name)
+        except ControllerInactive as exc:
+            raise kopf.TemporaryError(str(exc), delay=RETRY_S) from exc
+        return
     if plan.generate is not None and plan.partitions is None:
         try:
             await reconcile_generated(rt, name)
@@ -186,24 +194,26 @@ async def start_reassignment(spec: Any, name: str, meta: Any, status: Any, memo:
         patch.status["phase"] = "Failed"
         patch.status["conditions"] = [_failed(str(exc), meta)]
         raise kopf.PermanentError(str(exc)) from exc
-    submitted = time.time()
-    if phase == "Running":
-        # an operator restart: the moves are in the metadata already (or done); just watch
-        started = (status or {}).get("startTime")
-        submitted = _parse_time(started) or submitted
-    else:
+    async with rt.resource_lock(name):
+        if phase == "Running":
+            # an operator restart: the moves are in the metadata already (or done); just watch
+            body = {"metadata": dict(meta), "spec": dict(spec), "status": dict(status or {})}
+            _track(rt, name, body)
+            return
+        submitted = time.time()
         try:
             await submit_moves(controller, entries)
         except InvalidPlan as exc:
             patch.status["phase"] = "Failed"
             patch.status["conditions"] = [_failed(str(exc), meta)]
             raise kopf.PermanentError(f"refused: {exc}") from exc
-    rt.reassignments[name] = _run_of(name, meta, entries, submitted, status)
-    patch.status["phase"] = "Running"
-    patch.status["progress"] = f"0/{len(entries)}"
-    kopf.info({"apiVersion": f"{GROUP}/{VERSION}", "kind": "PartitionReassignment",
-               "metadata": {"name": name, "namespace": meta.get("namespace"), "uid": meta.get("uid")}},
-              reason="Started", message=f"moving {len(entries)} partitions")  # fmt: skip
+        # Running is written here, before the publisher tracks the run, so that it never
+        # overwrites a status the publisher already wrote (Kopf patches after the handler)
+        await rt.kube.patch_status(PLURAL, name, {"phase": "Running", "progress": f"0/{len(entries)}",
+                                                  "startTime": now_iso(submitted),
+                                                  "observedGeneration": meta.get("generation")})  # fmt: skip
+        rt.reassignments[name] = _run_of(name, meta, entries, submitted, status)
+    await rt.kube.event(_ref(name, meta.get("uid")), "Started", f"moving {len(entries)} partitions")
 
 
 def _running(status: Any, **_: Any) -> bool:
@@ -226,40 +236,107 @@ async def adopt_running_reassignment(spec: Any, name: str, meta: Any, status: An
     if plan.generate is not None and plan.partitions is None:
         await reconcile_generated(rt, name)  # its WATCH step
         return
-    submitted = (_parse_time((status or {}).get("startTime"))
-                 or _parse_time(meta.get("creationTimestamp")) or time.time())  # fmt: skip
-    if name not in rt.reassignments:
-        rt.reassignments[name] = _run_of(name, meta, plan.entries(), submitted, status)
-        log.info("PartitionReassignment %s: tracking its moves (taken over from an earlier operator)",
-                 name)  # fmt: skip
+    async with rt.resource_lock(name):
+        body = {"metadata": dict(meta), "spec": dict(spec), "status": dict(status or {})}
+        if name not in rt.reassignments:
+            _track(rt, name, body)
+            log.info("PartitionReassignment %s: tracking its moves (taken over from an earlier "
+                     "operator)", name)  # fmt: skip
 
 
 @kopf.on.field(GROUP, VERSION, "partitionreassignments", field="spec.cancel")
-async def cancel_reassignment(new: Any, name: str, spec: Any, memo: Any, **_: Any) -> None:
+async def cancel_reassignment(new: Any, name: str, memo: Any, **_: Any) -> None:
     if not new:
         return
-    rt = runtime_of(memo)
-    plan = parse(ReassignmentSpec, spec)
-    planned = plan.entries()
-    if plan.generate is not None and plan.partitions is None:
-        try:
-            current = await rt.kube.get(PLURAL, name)
-        except NotFound:
-            return
-        if (current.get("status") or {}).get("phase") != "Running":
-            # before any move (planning or awaiting approval): stop the planner, end Cancelled
-            await reconcile_generated(rt, name)
-            return
-        planned = plan_entries((current.get("status") or {}).get("plan"))
     try:
-        controller = rt.require_controller()
+        await cancel_reassignment_of(runtime_of(memo), name)
     except ControllerInactive as exc:
         raise kopf.TemporaryError(str(exc), delay=RETRY_S) from exc
-    moving = {tp for tp, *_ in controller.list_reassignments()}
-    entries = [PlanEntry(e.tp, None) for e in planned if e.tp in moving]
-    if entries:
-        await controller.alter_reassignments(entries)
-    log.info("PartitionReassignment %s: cancelled %d moves in flight", name, len(entries))
+
+
+async def cancel_reassignment_of(rt: OperatorRuntime, name: str) -> None:
+    """`spec.cancel: true`, decided from the resource as it is now (level-based: the create or
+    resume handler and the spec.cancel handler both come here, in any order, any number of
+    times). Before its moves were submitted, nothing is moved: the resource ends Cancelled at
+    once. While Running, the moves of this plan still in flight roll back to their source
+    brokers (moves already done stay done), and the publisher reports each partition's outcome,
+    ending Cancelled (or Completed, truthfully, if every move had finished first)."""
+    try:
+        body = await rt.kube.get(PLURAL, name)
+    except NotFound:
+        return
+    status = body.get("status") or {}
+    phase = status.get("phase")
+    if phase in TERMINAL:
+        return
+    spec = parse(ReassignmentSpec, body.get("spec") or {})
+    if spec.generate is not None and spec.partitions is None and phase != "Running":
+        await reconcile_generated(rt, name)  # before any move: stop the planner, end Cancelled
+        return
+    async with rt.resource_lock(name):
+        body = await rt.kube.get(PLURAL, name)  # again, under the lock: the phase may have moved
+        status = body.get("status") or {}
+        if status.get("phase") in TERMINAL:
+            return
+        meta = body.get("metadata") or {}
+        if status.get("phase") != "Running":
+            await _cancel_unsubmitted(rt, name, body, spec)
+            return
+        controller = rt.require_controller()
+        run = _track(rt, name, body)
+        run.cancel_requested = True
+        ours = [e for e in run.entries if _moving_to(controller, e)]
+        if ours:
+            await controller.alter_reassignments([PlanEntry(e.tp, None) for e in ours])
+        log.info("PartitionReassignment %s: cancelled %d moves in flight", name, len(ours))
+        await rt.kube.event(_ref(name, meta.get("uid")), "Cancelling",
+                            f"rolling back {len(ours)} moves in flight; moves already done stay")  # fmt: skip
+
+
+def _moving_to(controller: Any, entry: PlanEntry) -> bool:
+    """The partition is moving to this entry's target (this plan's move, not someone else's)."""
+    topic = controller.metadata.topics.get(entry.tp.topic)
+    if topic is None or entry.tp.partition >= len(topic.partitions):
+        return False
+    part = topic.partitions[entry.tp.partition]
+    return part.moving and (part.target_replicas or [None])[0] == entry.target
+
+
+async def _cancel_unsubmitted(rt: OperatorRuntime, name: str, body: dict[str, Any],
+                              spec: ReassignmentSpec) -> None:  # fmt: skip
+    meta = body.get("metadata") or {}
+    gen = meta.get("generation")
+    try:
+        entries = spec.entries()
+    except SpecError:
+        entries = []
+    message = "cancelled before any move was submitted: nothing was moved"
+    rows = [{"topic": e.tp.topic, "partition": e.tp.partition, "target": e.target,
+             "phase": "Cancelled", "message": "never submitted"} for e in entries]  # fmt: skip
+    await _set_status(rt, name, body, condition("Complete", True, "Cancelled", message, gen),
+                      phase="Cancelled", progress=f"0/{len(entries)}", partitions=rows,
+                      completionTime=now_iso(), observedGeneration=gen)  # fmt: skip
+    await rt.kube.event(_ref(name, meta.get("uid")), "Cancelled", message)
+    log.info("PartitionReassignment %s: %s", name, message)
+
+
+def _track(rt: OperatorRuntime, name: str, body: dict[str, Any]) -> ReassignmentRun:
+    """The tracking of a Running reassignment's moves (created from its spec or generated plan
+    and its status if this replica does not track it yet). Call with the resource lock held."""
+    run = rt.reassignments.get(name)
+    if run is not None:
+        return run
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    spec = parse(ReassignmentSpec, body.get("spec") or {})
+    generated = spec.generate is not None and spec.partitions is None
+    entries = plan_entries(status.get("plan")) if generated else spec.entries()
+    submitted = (_parse_time(status.get("startTime"))
+                 or _parse_time(meta.get("creationTimestamp")) or time.time())  # fmt: skip
+    planned = [c for c in status.get("conditions", []) if c.get("type") == "Planned"]
+    run = _run_of(name, meta, entries, submitted, status, planned if generated else None)
+    run.cancel_requested = spec.cancel
+    rt.reassignments[name] = run
+    return run
 
 
 @kopf.on.delete(GROUP, VERSION, "partitionreassignments", optional=True)
@@ -299,10 +376,10 @@ def _run_of(name: str, meta: Any, entries: list[PlanEntry], submitted: float, st
     """The progress tracking of submitted moves (the runtime's publisher writes status)."""
     run = ReassignmentRun(name, entries, submitted, meta.get("generation"), uid=meta.get("uid"),
                           conditions=list(conditions or []))  # fmt: skip
-    for row in (status or {}).get("partitions", []):  # what an earlier operator already saw
-        run.phases[TopicPartition(row["topic"], int(row["partition"]))] = row.get(
-            "phase", "Pending"
-        )
+    for row in (status or {}).get("partitions", []):  # what an earlier operator already reported
+        tp = TopicPartition(row["topic"], int(row["partition"]))
+        run.rows[tp] = dict(row)
+        run.emitted[tp] = row.get("phase", "Pending")
     return run
 
 
@@ -427,10 +504,7 @@ async def reconcile_generated(rt: OperatorRuntime, name: str) -> None:
                               startTime=now_iso(submitted), observedGeneration=gen)  # fmt: skip
             await rt.kube.event(ref, "Started", f"moving {len(entries)} partitions ({how})")
         elif step is Step.WATCH:
-            entries = plan_entries(plan)
-            submitted = _parse_time(status.get("startTime")) or time.time()
-            planned = [c for c in status.get("conditions", []) if c.get("type") == "Planned"]
-            rt.reassignments[name] = _run_of(name, meta, entries, submitted, status, planned)
+            _track(rt, name, body)
 
 
 async def _planner_task(rt: OperatorRuntime, name: str, uid: str | None,

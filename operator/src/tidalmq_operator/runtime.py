@@ -8,7 +8,6 @@ latest snapshot and patches only what changed, so a missed update is repaired by
 from __future__ import annotations
 
 import asyncio
-import datetime
 import functools
 import logging
 import time
@@ -25,15 +24,16 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
 
 from tidalmq_operator.kube import Kube, NotFound
+from tidalmq_operator.progress import (
+    now_iso,
+    reassignment_row,
+    steps_to_emit,
+    summary,
+)
 from tidalmq_operator.settings import OperatorSettings
 from tidalmq_operator.store import ClusterStateStore
 
 log = logging.getLogger(__name__)
-
-
-def now_iso(ts: float | None = None) -> str:
-    moment = datetime.datetime.fromtimestamp(ts if ts is not None else time.time(), datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(
@@ -74,9 +74,13 @@ class ReassignmentRun:
     submitted: float
     generation: int | None
     uid: str | None = None
-    phases: dict[TopicPartition, str] = field(default_factory=dict)
+    # each partition's status row as last published (or as an earlier operator left it)
+    rows: dict[TopicPartition, dict[str, Any]] = field(default_factory=dict)
+    # each partition's last step announced by an Event
+    emitted: dict[TopicPartition, str] = field(default_factory=dict)
     finished: bool = False
     conditions: list[dict[str, Any]] = field(default_factory=list)  # kept in status (Planned)
+    cancel_requested: bool = False  # spec.cancel: moves no longer in flight count as rolled back
 
 
 class OperatorRuntime:
@@ -157,7 +161,9 @@ class OperatorRuntime:
         warning = reason in ("BrokerDead", "BrokerFenced")
         involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "ClusterState",
                     "metadata": {"name": self.settings.cluster_state_name}}  # fmt: skip
-        task = asyncio.create_task(self.kube.event(involved, reason, message, warning=warning))
+        task = asyncio.create_task(
+            self.kube.event(involved, reason, message, warning=warning, at=time.time())
+        )
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     async def publish(self) -> None:
@@ -233,80 +239,44 @@ class OperatorRuntime:
         self, run: ReassignmentRun, active: list[MoveStatus], recent: list[MoveStatus],
         meta: ClusterMetadata,
     ) -> dict[str, Any]:  # fmt: skip
+        """The status of one tracked reassignment (rows and Events: progress.py's rules)."""
         by_tp_active = {m.tp: m for m in active}
         by_tp_recent: dict[TopicPartition, MoveStatus] = {}
         for m in recent:
             if m.started >= run.submitted - 0.5:
                 by_tp_recent[m.tp] = m
         rows = []
-        done = 0
-        failed = 0
-        cancelled = 0
         for entry in run.entries:
             m = by_tp_active.get(entry.tp) or by_tp_recent.get(entry.tp)
-            row: dict[str, Any] = {"topic": entry.tp.topic, "partition": entry.tp.partition,
-                                   "target": entry.target}  # fmt: skip
-            phase = run.phases.get(entry.tp, Phase.PENDING.value)
-            if m is None and phase not in (
-                Phase.DONE.value,
-                Phase.CANCELLED.value,
-                Phase.FAILED.value,
-            ):
-                # no observed move (e.g. it finished before an operator restart): the metadata
-                # tells whether the partition now lives on its target
-                topic = meta.topics.get(entry.tp.topic)
-                part = (
-                    topic.partitions[entry.tp.partition]
-                    if topic and entry.tp.partition < len(topic.partitions)
-                    else None
-                )
-                if part is not None and not part.moving and part.leader == entry.target:
-                    phase = Phase.DONE.value
-            if m is not None:
-                phase = m.phase.value
-                row.update(
-                    source=m.source, startTime=now_iso(m.started),
-                    endTime=now_iso(m.finished) if m.finished else None,
-                    unavailableMs=round(m.unavailable_s * 1000) if m.unavailable_s is not None else None,
-                    message=m.reason or None,
-                )  # fmt: skip
-            row["phase"] = phase
-            if run.phases.get(entry.tp) != phase:
-                run.phases[entry.tp] = phase
-                await self._event_for_run(run, entry.tp, phase, m)
-            done += phase == Phase.DONE.value
-            failed += phase == Phase.FAILED.value
-            cancelled += phase == Phase.CANCELLED.value
-            rows.append({k: v for k, v in row.items() if v is not None})
-        total = len(run.entries)
-        finished = done + failed + cancelled == total
-        if not finished:
-            overall = "Running"
-        elif failed:
-            overall = "Failed"
-        elif cancelled:
-            overall = "Cancelled"
-        else:
-            overall = "Completed"
+            topic = meta.topics.get(entry.tp.topic)
+            part = (topic.partitions[entry.tp.partition]
+                    if topic is not None and entry.tp.partition < len(topic.partitions) else None)  # fmt: skip
+            row = reassignment_row(entry, m, run.rows.get(entry.tp), part,
+                                   cancel_requested=run.cancel_requested)  # fmt: skip
+            run.rows[entry.tp] = row
+            for step in steps_to_emit(m, row["phase"], run.emitted.get(entry.tp), str(entry.tp)):
+                await self._event(run, f"Partition{step.phase}", step.message, at=step.at,
+                                  warning=step.phase == Phase.FAILED.value)  # fmt: skip
+                run.emitted[entry.tp] = step.phase
+            rows.append(row)
+        overall, finished, account = summary(rows)
+        done = sum(1 for r in rows if r["phase"] == Phase.DONE.value)
         status: dict[str, Any] = {
-            "phase": overall, "progress": f"{done}/{total}", "partitions": rows,
+            "phase": overall, "progress": f"{done}/{len(rows)}", "partitions": rows,
             "observedGeneration": run.generation, "startTime": now_iso(run.submitted),
-            "conditions": [*run.conditions, condition("Complete", finished, overall, f"{done} of {total} moved", run.generation)],
+            "conditions": [*run.conditions, condition("Complete", finished, overall, account, run.generation)],
         }  # fmt: skip
         if finished:
             status["completionTime"] = now_iso()
             run.finished = True
+            await self._event(run, overall, account, warning=overall == "Failed")
         return status
 
-    async def _event_for_run(self, run: ReassignmentRun, tp: TopicPartition, phase: str,
-                             m: MoveStatus | None) -> None:  # fmt: skip
+    async def _event(self, run: ReassignmentRun, reason: str, message: str, *,
+                     at: float | None = None, warning: bool = False) -> None:  # fmt: skip
         involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
                     "metadata": {"name": run.resource, "uid": run.uid}}  # fmt: skip
-        extra = ""
-        if m is not None and phase == Phase.DONE.value and m.unavailable_s is not None:
-            extra = f" (unavailable {m.unavailable_s * 1000:.0f} ms)"
-        await self.kube.event(involved, f"Partition{phase}", f"{tp} -> broker {m.target if m else '?'}: {phase}{extra}",
-                              warning=phase == Phase.FAILED.value)  # fmt: skip
+        await self.kube.event(involved, reason, message, at=at, warning=warning)
 
 
 class ControllerInactive(Exception):

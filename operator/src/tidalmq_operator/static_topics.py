@@ -3,9 +3,11 @@
 - create / resume / spec update: create the static topic through the controller, or apply the
   changed spec: `brokers` (logic queues leave brokers outside the set and spread over it),
   `remap` (each entry pins a logic queue to a broker, switched in its `mode`), `configs`.
-  `totalQueues` never changes: a different value is refused with the condition
-  Error/TotalQueuesImmutable and the topic keeps its queues (the CRD already refuses a smaller
-  value at admission).
+  `totalQueues` never changes: a different value (larger or smaller) is admitted by the CRD
+  and refused here with the condition Error/TotalQueuesImmutable; the topic keeps its queues,
+  and setting the value back clears the error. The CRD deliberately has no transition rule for
+  it (as for a Topic's shrinking partitions): a CEL rule would reject the update at admission,
+  so the clear condition on the resource would never be produced.
 - a timer publishes status from the controller's metadata: the topic-wide epoch, each logic
   queue's broker, gen, item count and leader item's logic offset, the whole mapping, and the
   conditions Ready, Reconciling (a remap or repair in progress, or copies that disagree) and Error.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,10 +32,11 @@ REPO = Path(__file__).resolve().parents[3]
 
 class OperatorProcess:
     def __init__(self, api: ApiServer, namespace: str, storage_url: str, workdir: Path,
-                 name: str = "operator") -> None:  # fmt: skip
+                 name: str = "operator", env: dict[str, str] | None = None) -> None:  # fmt: skip
         self.api = api
         self.namespace = namespace
         self.storage_url = storage_url
+        self.env = env or {}
         self.controller_port = free_port()
         self.http_port = free_port()
         self.log = workdir / f"{name}-{namespace}.log"
@@ -59,7 +61,7 @@ class OperatorProcess:
             "TIDALMQ_OPERATOR_NAMESPACE": self.namespace, "TIDALMQ_STORAGE_URL": self.storage_url,
             "TIDALMQ_CONTROLLER_PORT": str(self.controller_port),
             "TIDALMQ_OPERATOR_HTTP_PORT": str(self.http_port), "TIDALMQ_OFFSETS_TOPIC_PARTITIONS": "4",
-            "TIDALMQ_PEERING_LIFETIME_S": "20",
+            "TIDALMQ_PEERING_LIFETIME_S": "20", **self.env,
         }  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -105,12 +107,15 @@ def api_with_crds(kube_apiserver: ApiServer) -> ApiServer:
 
 
 @pytest.fixture
-def deployment(api_with_crds: ApiServer, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A namespace with the operator and three brokers on a local-directory object store."""
+def deployment(
+    api_with_crds: ApiServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Any]]:
+    """A namespace with the operator and three brokers on a local-directory object store
+    (indirect parametrization: more TIDALMQ_* settings for the operator)."""
     ns = f"t-{uuid.uuid4().hex[:8]}"
     api_with_crds.kubectl("create", "namespace", ns)
     storage = f"file://{tmp_path / 'objects'}"
-    op = OperatorProcess(api_with_crds, ns, storage, tmp_path)
+    op = OperatorProcess(api_with_crds, ns, storage, tmp_path, env=getattr(request, "param", None))
     op.start()
     brokers = [
         BrokerProcess(storage, tmp_path / "logs", broker_id=i,
@@ -123,6 +128,8 @@ def deployment(api_with_crds: ApiServer, tmp_path: Path) -> Iterator[dict[str, A
         yield {"ns": ns, "operator": op, "brokers": brokers, "api": api_with_crds, "tmp": tmp_path}
     finally:
         for b in brokers:
+            if b.alive():
+                os.kill(b.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
             b.kill()
         op.stop()
         api_with_crds.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -150,6 +157,25 @@ def wait_for(predicate, timeout_s: float = 60, what: str = "condition") -> Any: 
             return last
         time.sleep(0.3)
     raise TimeoutError(f"{what} not reached (last: {last})")
+
+
+def events_of(d: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    out = d["api"].kubectl("-n", d["ns"], "get", "events", "--field-selector",
+                           f"involvedObject.name={name}", "-o", "json").stdout  # fmt: skip
+    return list(json.loads(out)["items"])
+
+
+def step_events(events: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """The Partition* Events of one partition (messages start with `topic-partition:`), in the
+    order of the steps they report (their timestamps are the steps' own)."""
+    ours = [
+        e for e in events if e["reason"].startswith("Partition") and e["message"].startswith(prefix)
+    ]
+    order = ["PartitionClosing", "PartitionElecting", "PartitionOpening"]
+    # eventTime: to the microsecond (an election stamps Electing and Opening in one call, so
+    # equal times are ordered by step)
+    return sorted(ours, key=lambda e: (e["eventTime"], order.index(e["reason"])
+                                       if e["reason"] in order else len(order)))  # fmt: skip
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -237,10 +263,15 @@ def test_reassignment_moves_partitions_and_reports_them(deployment: dict[str, An
         p["partition"]: p["broker"] for p in get(d, "topic", "moving")["status"]["partitions"]
     }
     assert brokers == {t["partition"]: t["replicas"][0] for t in targets}
-    events = d["api"].kubectl("-n", d["ns"], "get", "events", "--field-selector",
-                              "involvedObject.name=spread", "-o", "json").stdout  # fmt: skip
-    reasons = {e["reason"] for e in json.loads(events)["items"]}
-    assert "PartitionDone" in reasons
+    # an Event for every step of every move, each once (even Electing, which lasts no time),
+    # stamped in step order, and one for the outcome
+    events = events_of(d, "spread")
+    for t in targets:
+        steps = step_events(events, f"moving-{t['partition']}:")
+        assert [e["reason"] for e in steps] == [
+            "PartitionClosing", "PartitionElecting", "PartitionOpening", "PartitionDone"
+        ], steps  # fmt: skip
+    assert [e["message"] for e in events if e["reason"] == "Completed"] == ["6 of 6 moved"]
 
 
 def test_bad_reassignment_fails_with_a_clear_condition(deployment: dict[str, Any]) -> None:
@@ -309,3 +340,175 @@ def test_two_operator_replicas_never_both_act(deployment: dict[str, Any]) -> Non
                  what="a higher controller epoch")  # fmt: skip
     finally:
         second.stop()
+
+
+def reassignment(name: str, moves: dict[int, int], topic_name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
+            "metadata": {"name": name},
+            "spec": {"partitions": [{"topic": topic_name, "partition": p, "replicas": [b]}
+                                    for p, b in sorted(moves.items())], **spec}}  # fmt: skip
+
+
+def placement(d: dict[str, Any], topic_name: str) -> dict[int, tuple[int, int]]:
+    """partition -> (broker, leader epoch), as the Topic's status reports them."""
+    parts = get(d, "topic", topic_name)["status"]["partitions"]
+    return {p["partition"]: (p["broker"], p["epoch"]) for p in parts}
+
+
+def phase_of(d: dict[str, Any], name: str) -> str | None:
+    return (get(d, "partitionreassignment", name).get("status") or {}).get("phase")
+
+
+def ready_topic(d: dict[str, Any], name: str, partitions: int) -> dict[int, tuple[int, int]]:
+    apply(d, topic(name, partitions))
+    wait_for(lambda: (condition(get(d, "topic", name), "Ready") or {}).get("status") == "True",
+             what=f"Topic {name} Ready")  # fmt: skip
+    return placement(d, name)
+
+
+def test_a_reassignment_cancelled_before_it_starts_moves_nothing(
+    deployment: dict[str, Any],
+) -> None:
+    """spec.cancel is honoured before submission: created with `cancel: true`, or cancelled
+    while no operator could submit it. Nothing moves: every partition keeps its broker and its
+    leader epoch (a move rolled back would have bumped it), no move Event is recorded."""
+    d = deployment
+    before = ready_topic(d, "still", 6)
+    away = {p: (b + 1) % 3 for p, (b, _) in before.items()}
+    # (a) created cancelled, the operator running
+    apply(d, reassignment("born-cancelled", away, "still", cancel=True))
+    # (b) created, then cancelled, while the operator is down: it finds both at once
+    d["operator"].stop()
+    apply(d, reassignment("cancelled-early", away, "still"))
+    d["api"].kubectl("-n", d["ns"], "patch", "partitionreassignment", "cancelled-early",
+                     "--type=merge", "-p", '{"spec": {"cancel": true}}')  # fmt: skip
+    d["operator"].start()
+    for name in ("born-cancelled", "cancelled-early"):
+        wait_for(lambda name=name: phase_of(d, name) == "Cancelled", what=f"{name} Cancelled")
+        pr = get(d, "partitionreassignment", name)
+        c = condition(pr, "Complete")
+        assert c is not None and c["status"] == "True" and c["reason"] == "Cancelled", c
+        assert "nothing was moved" in c["message"]
+        assert pr["status"]["progress"] == "0/6"
+        assert [r["phase"] for r in pr["status"]["partitions"]] == ["Cancelled"] * 6
+        reasons = [e["reason"] for e in events_of(d, name)]
+        assert "Cancelled" in reasons
+        assert not [r for r in reasons if r == "Started" or r.startswith("Partition")], reasons
+    time.sleep(3)  # a move submitted by mistake would have shown by now
+    assert placement(d, "still") == before
+
+
+# The controller's failure detection is slowed down (a silent broker is dead after 60 s, a
+# source that does not close is fenced after 60 s) so that a SIGSTOPped source keeps its moves
+# in Closing - half way - for as long as the test needs.
+SLOW_FAILOVER = {"TIDALMQ_SESSION_TIMEOUT_S": "60", "TIDALMQ_ELECTION_TIMEOUT_S": "60"}
+
+
+def half_way(d: dict[str, Any], topic_name: str) -> tuple[int, dict[int, int], dict[int, int]]:
+    """A Topic of 6 partitions on 3 brokers whose broker `stuck` (the leader of partition 0) is
+    stopped with SIGSTOP; returns (stuck, source of each partition, target of each partition):
+    the stuck broker's partitions go to a live broker (their moves stay in Closing, their source
+    cannot close), the others swap between the two live brokers (their moves finish)."""
+    before = ready_topic(d, topic_name, 6)
+    source = {p: b for p, (b, _) in before.items()}
+    stuck = source[0]
+    a, b = sorted({0, 1, 2} - {stuck})
+    target = {p: (a if s == stuck else (b if s == a else a)) for p, s in source.items()}
+    broker = next(x for x in d["brokers"] if x.broker_id == stuck)
+    os.kill(broker.proc.pid, signal.SIGSTOP)
+    return stuck, source, target
+
+
+def rows_of(d: dict[str, Any], name: str) -> dict[int, dict[str, Any]]:
+    st = get(d, "partitionreassignment", name).get("status") or {}
+    return {r["partition"]: r for r in st.get("partitions", [])}
+
+
+@pytest.mark.parametrize("deployment", [SLOW_FAILOVER], indirect=True)
+def test_cancel_half_way_rolls_back_the_moves_in_flight(deployment: dict[str, Any]) -> None:
+    """spec.cancel on a Running hand-written reassignment: the moves still in flight (their
+    source is stopped, so they stay in Closing) roll back to their source brokers; the moves
+    already Done stay Done; the resource ends Cancelled with a condition and Events."""
+    d = deployment
+    stuck, source, target = half_way(d, "halfway")
+    stuck_parts = {p for p, s in source.items() if s == stuck}
+    broker = next(x for x in d["brokers"] if x.broker_id == stuck)
+    try:
+        apply(d, reassignment("half", target, "halfway"))
+
+        def half_done() -> bool:
+            rows = rows_of(d, "half")
+            return len(rows) == 6 and all(
+                rows[p]["phase"] == ("Closing" if p in stuck_parts else "Done") for p in rows
+            )
+
+        wait_for(half_done, what="the live brokers' moves Done, the stopped one's in Closing")
+        d["api"].kubectl("-n", d["ns"], "patch", "partitionreassignment", "half", "--type=merge",
+                         "-p", '{"spec": {"cancel": true}}')  # fmt: skip
+        wait_for(lambda: phase_of(d, "half") == "Cancelled", what="Cancelled")
+    finally:
+        os.kill(broker.proc.pid, signal.SIGCONT)
+    pr = get(d, "partitionreassignment", "half")
+    rows = rows_of(d, "half")
+    for p in range(6):
+        expected = "Cancelled" if p in stuck_parts else "Done"
+        assert rows[p]["phase"] == expected, rows[p]
+        assert rows[p]["source"] == source[p] and rows[p]["startTime"] and rows[p]["endTime"]
+    assert pr["status"]["progress"] == f"{6 - len(stuck_parts)}/6"
+    c = condition(pr, "Complete")
+    assert c is not None and c["status"] == "True" and c["reason"] == "Cancelled", c
+    assert c["message"] == f"{6 - len(stuck_parts)} of 6 moved, {len(stuck_parts)} rolled back"
+    # the Topic agrees: rolled back to the source, or on the target
+
+    def agrees() -> bool:
+        now = placement(d, "halfway")
+        return all(now[p][0] == (source[p] if p in stuck_parts else target[p]) for p in range(6))
+
+    wait_for(agrees, what="the Topic's brokers agree with the reassignment's status")
+    wait_for(lambda: (condition(get(d, "topic", "halfway"), "Ready") or {}).get("status") == "True",
+             what="the rolled-back partitions served again")  # fmt: skip
+    events = events_of(d, "half")
+    reasons = [e["reason"] for e in events]
+    assert "Cancelling" in reasons and reasons.count("Cancelled") == 1, reasons
+    for p in stuck_parts:
+        steps = [e["reason"] for e in step_events(events, f"halfway-{p}:")]
+        assert steps == ["PartitionClosing", "PartitionCancelled"], steps
+
+
+@pytest.mark.parametrize("deployment", [SLOW_FAILOVER], indirect=True)
+def test_an_operator_restart_keeps_the_figures_of_finished_moves(
+    deployment: dict[str, Any],
+) -> None:
+    """Moves that finished before an operator restart keep their status rows (source, times,
+    unavailability: the new controller no longer tracks them); a move in flight across the
+    restart keeps its start; no step is announced twice."""
+    d = deployment
+    stuck, source, target = half_way(d, "restarted")
+    stuck_parts = {p for p, s in source.items() if s == stuck}
+    broker = next(x for x in d["brokers"] if x.broker_id == stuck)
+    try:
+        apply(d, reassignment("across", target, "restarted"))
+
+        def half_done() -> dict[int, dict[str, Any]] | None:
+            rows = rows_of(d, "across")
+            finished = [p for p in rows if p not in stuck_parts and "unavailableMs" in rows[p]]
+            return rows if len(rows) == 6 and len(finished) == 6 - len(stuck_parts) else None
+
+        before = wait_for(half_done, what="the live brokers' moves Done")
+        d["operator"].kill()
+        d["operator"].start()
+    finally:
+        os.kill(broker.proc.pid, signal.SIGCONT)
+    wait_for(lambda: phase_of(d, "across") == "Completed", timeout_s=120, what="Completed")
+    after = rows_of(d, "across")
+    for p in range(6):
+        assert after[p]["phase"] == "Done" and after[p]["source"] == source[p], after[p]
+        if p in stuck_parts:
+            assert after[p]["startTime"] == before[p]["startTime"], (before[p], after[p])
+        else:
+            assert after[p] == before[p]
+    assert {p: b for p, (b, _) in placement(d, "restarted").items()} == target
+    done = [
+        e["message"].split(":")[0] for e in events_of(d, "across") if e["reason"] == "PartitionDone"
+    ]
+    assert sorted(done) == sorted(f"restarted-{p}" for p in range(6)), done

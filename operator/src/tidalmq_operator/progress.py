@@ -1,0 +1,154 @@
+"""A PartitionReassignment's progress, the pure part: its status rows and the step Events of its
+moves, from the controller's move tracker, the metadata and the status an earlier operator wrote.
+
+Rows. Each publish rebuilds `status.partitions`, which the API server replaces as a whole, so a
+row must carry everything worth keeping:
+
+- a row that reached a final phase (Done, Cancelled, Failed) is frozen: a restarted operator's
+  controller no longer tracks a move that finished before the restart, and the row keeps its
+  source, times and unavailability as the earlier operator reported them;
+- a row whose move the controller tracks takes the tracker's figures, except that a move in
+  flight across an operator restart keeps its earlier startTime (the new tracker starts timing it
+  at the restart; its unavailableMs then counts from the restart, and its message says so);
+- a row with no tracked move takes the earlier row's figures and the metadata's word: the
+  partition served by its target is Done; one no longer moving and elsewhere, after spec.cancel,
+  is Cancelled (rolled back while no operator watched).
+
+Step Events. The controller's tracker stamps each step of a move (`MoveStatus.started`, `closed`,
+`elected`, `opened`, `finished`), but its event hook (`Controller.add_event_sink`) announces only
+some of them (PartitionElected, ReassignmentCancelled: no move start, no Done), and a move's
+Electing phase lasts no time at all (the election marks Electing and Opening in one step). So the
+operator does not sample phases: on each publish it emits every step the tracker has stamped since
+the last Event it emitted for that partition, in order, each Event stamped with the step's own
+time. Steps are never missed however short, and none is emitted twice (the last one emitted is
+kept, and restored from the status after a restart).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tidalmq_broker.controller.moves import MoveStatus
+from tidalmq_core.metadata import PartitionState
+from tidalmq_core.reassignment import Phase, PlanEntry
+
+FINISHED = frozenset({Phase.DONE.value, Phase.CANCELLED.value, Phase.FAILED.value})
+_RANK = {
+    Phase.PENDING.value: 0, Phase.CLOSING.value: 1, Phase.ELECTING.value: 2,
+    Phase.OPENING.value: 3, Phase.DONE.value: 4, Phase.CANCELLED.value: 4, Phase.FAILED.value: 4,
+}  # fmt: skip
+RESUMED_NOTE = "timed again from the operator restart"
+
+
+def rank(phase: str | None) -> int:
+    return _RANK.get(phase or "", -1)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    phase: str
+    at: float | None  # when the step began (the tracker's stamp); None when only inferred
+    message: str
+
+
+def now_iso(ts: float | None = None) -> str:
+    """RFC 3339 in UTC, to the second (the API server's own resolution)."""
+    moment = datetime.datetime.fromtimestamp(ts if ts is not None else time.time(), datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def steps_of(m: MoveStatus) -> list[Step]:
+    """Every step the tracker has stamped for one move, in order."""
+    tp = f"{m.topic}-{m.partition}"
+    src = "no broker" if m.source is None else f"broker {m.source}"
+    out = [Step(Phase.CLOSING.value, m.started, f"{tp}: {src} closes it for broker {m.target}")]
+    if m.closed is not None:
+        out.append(Step(Phase.ELECTING.value, m.closed,
+                        f"{tp}: released by {src}; electing broker {m.target}"))  # fmt: skip
+    if m.elected is not None:
+        epoch = f" at epoch {m.epoch}" if m.epoch is not None else ""
+        out.append(Step(Phase.OPENING.value, m.elected,
+                        f"{tp}: broker {m.target} elected{epoch}, opening it"))  # fmt: skip
+    if m.phase is Phase.DONE:
+        took = (
+            f" (unavailable {m.unavailable_s * 1000:.0f} ms)" if m.unavailable_s is not None else ""
+        )
+        out.append(Step(Phase.DONE.value, m.opened or m.finished,
+                        f"{tp}: served by broker {m.target}{took}"))  # fmt: skip
+    elif m.phase is Phase.CANCELLED:
+        out.append(Step(Phase.CANCELLED.value, m.finished,
+                        f"{tp}: {m.reason or 'cancelled'} (broker {m.source})"))  # fmt: skip
+    elif m.phase is Phase.FAILED:
+        out.append(Step(Phase.FAILED.value, m.finished, f"{tp}: failed: {m.reason}"))
+    return out
+
+
+def steps_to_emit(m: MoveStatus | None, row_phase: str, last_emitted: str | None,
+                  tp: str) -> list[Step]:  # fmt: skip
+    """The steps of one row not announced yet (after `last_emitted`), oldest first."""
+    if rank(last_emitted) >= rank(Phase.DONE.value):
+        return []
+    if m is not None:
+        return [s for s in steps_of(m) if rank(s.phase) > rank(last_emitted)]
+    if row_phase != last_emitted and rank(row_phase) > rank(last_emitted):
+        # no tracked move (it finished before an operator restart): the metadata's word
+        return [Step(row_phase, None, f"{tp}: {row_phase} (seen in the cluster metadata)")]
+    return []
+
+
+def reassignment_row(
+    entry: PlanEntry, m: MoveStatus | None, previous: Mapping[str, Any] | None,
+    part: PartitionState | None, *, cancel_requested: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """One row of status.partitions (see the module docstring for the rules)."""
+    base: dict[str, Any] = {"topic": entry.tp.topic, "partition": entry.tp.partition,
+                            "target": entry.target}  # fmt: skip
+    before = dict(previous or {})
+    if before.get("phase") in FINISHED:
+        return {**before, **base}
+    if m is not None:
+        row = {
+            **base, "source": m.source if m.source is not None else -1, "phase": m.phase.value,
+            "startTime": now_iso(m.started), "endTime": now_iso(m.finished) if m.finished else None,
+            "unavailableMs": round(m.unavailable_s * 1000) if m.unavailable_s is not None else None,
+            "message": m.reason or None,
+        }  # fmt: skip
+        earlier = before.get("startTime")
+        if earlier and earlier < row["startTime"]:
+            row["startTime"] = earlier
+            row["message"] = f"{m.reason}; {RESUMED_NOTE}" if m.reason else RESUMED_NOTE
+        return {k: v for k, v in row.items() if v is not None}
+    row = {**before, **base, "phase": before.get("phase") or Phase.PENDING.value}
+    if part is not None and not part.moving:
+        if part.leader == entry.target:
+            row["phase"] = Phase.DONE.value
+        elif cancel_requested:
+            row["phase"] = Phase.CANCELLED.value
+            row["message"] = "cancelled: not moving, and served by its original broker"
+    return row
+
+
+def summary(rows: list[Mapping[str, Any]]) -> tuple[str, bool, str]:
+    """(overall phase, finished, a one-line account) of a reassignment's rows."""
+    count = {p: sum(1 for r in rows if r.get("phase") == p) for p in FINISHED}
+    done, cancelled, failed = (count[Phase.DONE.value], count[Phase.CANCELLED.value],
+                               count[Phase.FAILED.value])  # fmt: skip
+    finished = done + cancelled + failed == len(rows)
+    if not finished:
+        overall = "Running"
+    elif failed:
+        overall = "Failed"
+    elif cancelled:
+        overall = "Cancelled"
+    else:
+        overall = "Completed"
+    text = f"{done} of {len(rows)} moved"
+    if cancelled:
+        text += f", {cancelled} rolled back"
+    if failed:
+        text += f", {failed} failed"
+    return overall, finished, text

@@ -1,0 +1,128 @@
+"""A PartitionReassignment's status rows and step Events (tidalmq_operator.progress): finished
+rows survive an operator restart with their figures, and every step of a move is announced once,
+in order, with the tracker's own time, however short it was."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidalmq_broker.controller.moves import MoveStatus
+from tidalmq_core.metadata import PartitionState
+from tidalmq_core.model import TopicPartition
+from tidalmq_core.reassignment import Phase, PlanEntry
+from tidalmq_operator.progress import (
+    RESUMED_NOTE,
+    now_iso,
+    reassignment_row,
+    steps_of,
+    steps_to_emit,
+    summary,
+)
+
+TP = TopicPartition("orders", 3)
+ENTRY = PlanEntry(TP, 2)
+T0 = 1_800_000_000.0
+
+
+def move(phase: Phase, **kw: Any) -> MoveStatus:
+    return MoveStatus("orders", 3, 0, 2, phase, started=kw.pop("started", T0), **kw)
+
+
+def done_move() -> MoveStatus:
+    return move(Phase.DONE, closed=T0 + 0.2, elected=T0 + 0.2, opened=T0 + 0.35,
+                finished=T0 + 0.35, epoch=7, reason="requested")  # fmt: skip
+
+
+def part(leader: int, *, moving_to: int | None = None) -> PartitionState:
+    if moving_to is None:
+        return PartitionState(leader, 7, [leader])
+    return PartitionState(-1, 6, [moving_to], original_replicas=[leader],
+                          target_replicas=[moving_to])  # fmt: skip
+
+
+def test_every_step_of_a_move_is_announced_in_order_with_its_own_time() -> None:
+    steps = steps_of(done_move())
+    assert [s.phase for s in steps] == ["Closing", "Electing", "Opening", "Done"]
+    assert [s.at for s in steps] == [T0, T0 + 0.2, T0 + 0.2, T0 + 0.35]
+    assert "unavailable 350 ms" in steps[-1].message
+    assert "epoch 7" in steps[2].message
+
+
+def test_steps_missed_between_two_polls_are_all_emitted_once() -> None:
+    # the last poll saw Closing; the move has since been elected, opened and finished
+    todo = steps_to_emit(done_move(), "Done", "Closing", str(TP))
+    assert [s.phase for s in todo] == ["Electing", "Opening", "Done"]
+    # nothing twice: once Done was announced, nothing more
+    assert steps_to_emit(done_move(), "Done", "Done", str(TP)) == []
+    # a fresh operator (nothing announced yet) announces every step
+    assert len(steps_to_emit(done_move(), "Done", None, str(TP))) == 4
+
+
+def test_a_cancelled_move_goes_from_closing_to_cancelled() -> None:
+    m = move(
+        Phase.CANCELLED, finished=T0 + 3, reason="cancelled: rolled back to the original broker"
+    )
+    assert [s.phase for s in steps_of(m)] == ["Closing", "Cancelled"]
+    assert [s.phase for s in steps_to_emit(m, "Cancelled", "Closing", str(TP))] == ["Cancelled"]
+
+
+def test_without_a_tracked_move_the_metadata_decides_and_is_announced_once() -> None:
+    todo = steps_to_emit(None, "Done", "Opening", str(TP))
+    assert [(s.phase, s.at) for s in todo] == [("Done", None)]
+    assert steps_to_emit(None, "Opening", "Opening", str(TP)) == []
+
+
+def test_a_row_from_the_tracker_has_the_moves_figures() -> None:
+    row = reassignment_row(ENTRY, done_move(), None, part(2), cancel_requested=False)
+    assert row == {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Done",
+                   "startTime": now_iso(T0), "endTime": now_iso(T0 + 0.35), "unavailableMs": 350,
+                   "message": "requested"}  # fmt: skip
+
+
+def test_a_finished_row_keeps_its_figures_after_an_operator_restart() -> None:
+    before = reassignment_row(ENTRY, done_move(), None, part(2), cancel_requested=False)
+    # the restarted operator's controller no longer tracks that move
+    after = reassignment_row(ENTRY, None, before, part(2), cancel_requested=False)
+    assert after == before
+    # and a later move of the same partition (a rebalance) does not rewrite it
+    later = move(Phase.CLOSING, started=T0 + 60)
+    assert reassignment_row(ENTRY, later, before, part(2, moving_to=1),
+                            cancel_requested=False) == before  # fmt: skip
+
+
+def test_a_move_in_flight_across_a_restart_keeps_its_start() -> None:
+    before = {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Closing",
+              "startTime": now_iso(T0)}  # fmt: skip
+    resumed = move(Phase.DONE, started=T0 + 30, closed=T0 + 30.1, elected=T0 + 30.1,
+                   opened=T0 + 30.2, finished=T0 + 30.2, reason="resumed after controller restart")  # fmt: skip
+    row = reassignment_row(ENTRY, resumed, before, part(2), cancel_requested=False)
+    assert row["startTime"] == now_iso(T0) and row["endTime"] == now_iso(T0 + 30.2)
+    assert RESUMED_NOTE in row["message"]
+
+
+def test_untracked_rows_follow_the_metadata() -> None:
+    pending = {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Closing",
+               "startTime": now_iso(T0)}  # fmt: skip
+    landed = reassignment_row(ENTRY, None, pending, part(2), cancel_requested=False)
+    assert (
+        landed["phase"] == "Done" and landed["startTime"] == now_iso(T0) and landed["source"] == 0
+    )
+    # still moving: unchanged
+    moving = reassignment_row(ENTRY, None, pending, part(0, moving_to=2), cancel_requested=False)
+    assert moving["phase"] == "Closing"
+    # back on its source after a cancel (rolled back while no operator watched)
+    back = reassignment_row(ENTRY, None, pending, part(0), cancel_requested=True)
+    assert back["phase"] == "Cancelled"
+    # ... but without a cancel, a partition elsewhere is not called Cancelled
+    assert (
+        reassignment_row(ENTRY, None, pending, part(0), cancel_requested=False)["phase"]
+        == "Closing"
+    )
+
+
+def test_summary() -> None:
+    rows = [{"phase": "Done"}, {"phase": "Cancelled"}, {"phase": "Done"}]
+    assert summary(rows) == ("Cancelled", True, "2 of 3 moved, 1 rolled back")
+    assert summary([{"phase": "Done"}, {"phase": "Closing"}])[:2] == ("Running", False)
+    assert summary([{"phase": "Done"}])[:2] == ("Completed", True)
+    assert summary([{"phase": "Done"}, {"phase": "Failed"}])[0] == "Failed"
