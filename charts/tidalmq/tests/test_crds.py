@@ -184,7 +184,7 @@ GOOD = {
         "topicName": "orders.v2_eu-1", "partitions": 24,
         "configs": {"retention.ms": 604800000, "retention.bytes": "-1", "max.message.bytes": "1048588",
                     "segment.bytes": 1073741824, "cleanup.policy": "delete",
-                    "message.timestamp.type": "LogAppendTime", "compression.type": "zstd"},
+                    "message.timestamp.type": "LogAppendTime", "compression.type": "producer"},
     }, status={
         "observedGeneration": 2, "topicId": "q1w2e3", "partitionCount": 2,
         "partitions": [{"partition": 0, "broker": 1, "epoch": 3, "moving": False},
@@ -235,6 +235,7 @@ BAD = {
     "retention not numeric": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"retention.ms": "7d"}}), "match"),
     "retention below -1": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"retention.ms": -2}}), "minimum"),
     "bad compression": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"compression.type": "brotli"}}), "brotli"),
+    "topic codec (never applied)": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"compression.type": "zstd"}}), "zstd"),
     "no spec": ("topics.tidalmq.io", {"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic", "metadata": {}}, "spec"),
     "two replicas": ("partitionreassignments.tidalmq.io", resource("PartitionReassignment", {
         "partitions": [{"topic": "a", "partition": 0, "replicas": [1, 2]}]}), "long"),

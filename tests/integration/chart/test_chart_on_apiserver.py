@@ -88,7 +88,7 @@ def test_crds_are_established_and_structural(api: Api) -> None:
 
 
 GOOD = [
-    cr("Topic", "orders", {"partitions": 24, "configs": {"retention.ms": 604800000, "compression.type": "zstd"}}),
+    cr("Topic", "orders", {"partitions": 24, "configs": {"retention.ms": 604800000, "compression.type": "producer"}}),
     cr("Topic", "named", {"topicName": "orders.v2", "partitions": 3, "configs": {"retention.bytes": "-1"}}),
     cr("PartitionReassignment", "move", {"version": 1, "partitions": [
         {"topic": "orders", "partition": 0, "replicas": [1], "log_dirs": ["any"]},
