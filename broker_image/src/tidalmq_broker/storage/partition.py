@@ -23,7 +23,7 @@ import enum
 import logging
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING
 
 import crc32c
@@ -188,6 +188,15 @@ class Partition:
     async def append(
         self, records_: bytes | memoryview, *, acks: int = -1, owned: bool = False
     ) -> AppendResult:
+        return await self.start_append(records_, acks=acks, owned=owned)
+
+    def start_append(
+        self, records_: bytes | memoryview, *, acks: int = -1, owned: bool = False
+    ) -> Awaitable[AppendResult]:
+        """`append` in two steps: everything that decides the outcome (validation, producer
+        sequence checks, offsets, the place in the WAL) happens now, without suspending, so
+        appends started in some order are checked and written in that order; the returned
+        awaitable waits for the acknowledgement. Raises the StorageError of a refused append."""
         self._check_writable()
         if len(records_) == 0:
             raise CorruptRecord("empty record set")
@@ -255,10 +264,7 @@ class Partition:
         if duplicate is not None:
             self._undo_producers(undo)
             self._engine.m.duplicate_batches.inc()
-            await self._wait_durable(duplicate.last_offset)
-            return AppendResult(
-                duplicate.base_offset, duplicate.last_offset, -1, self._log_start, True
-            )
+            return self._duplicate(duplicate)
 
         # assign offsets by patching the headers in place
         base = self._next_offset
@@ -283,9 +289,18 @@ class Partition:
         self._engine.writer.enqueue(pending)
         self._engine.m.append_bytes.inc(len(buf))
         result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
+        return self._acknowledged(result, future)
+
+    async def _acknowledged(
+        self, result: AppendResult, future: asyncio.Future[None] | None
+    ) -> AppendResult:
         if future is not None:
             await future
         return result
+
+    async def _duplicate(self, original: BatchMeta) -> AppendResult:
+        await self._wait_durable(original.last_offset)
+        return AppendResult(original.base_offset, original.last_offset, -1, self._log_start, True)
 
     def producer_entry(self, producer_id: int) -> ProducerEntry | None:
         """What this partition knows of an idempotent producer (including appends in flight)."""
