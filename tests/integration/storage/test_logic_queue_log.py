@@ -5,25 +5,34 @@ refused retriably instead of failing the producer)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
 from tidalmq_broker.partitions import PartitionManager
 from tidalmq_broker.static_topics.service import StaticTopicService
-from tidalmq_broker.storage.api import OutOfOrderSequence, PartitionClosing, PartitionConfig
+from tidalmq_broker.storage.api import (
+    AppendResult,
+    OutOfOrderSequence,
+    PartitionClosing,
+    PartitionConfig,
+)
+from tidalmq_broker.storage.keys import checkpoint_key
+from tidalmq_broker.storage.objectstore import ObjectStore
 from tidalmq_broker.storage.sealed import seal_partition
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.static_mapping import MappingItem, StaticTopicState, distribute
 
 from tests.integration.storage.conftest import Cluster
-from tests.support.storage_helpers import batch, batches_of, payload
+from tests.support.storage_helpers import CountingStore, batch, batches_of, payload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
 
 NAME = "ledger"
 PHYS = f"__sq.{NAME}"
 PID = 77
+TOPIC_ID = "6a1f0c3e-0000-4000-8000-0000000000bb"
 
 
 def metadata(old_end: int, *, sealed: bool = True) -> ClusterMetadata:
@@ -37,7 +46,7 @@ def metadata(old_end: int, *, sealed: bool = True) -> ClusterMetadata:
     meta.topics[NAME] = TopicInfo(NAME, str(uuid.uuid4()), [PartitionState(1, 3, [1])],
                                   kind="static")  # fmt: skip
     meta.topics[PHYS] = TopicInfo(
-        PHYS, "6a1f0c3e-0000-4000-8000-0000000000bb",
+        PHYS, TOPIC_ID,
         [PartitionState(NO_LEADER, 1, [0]), PartitionState(1, 0, [1])], internal=True,
         kind="physical",
     )  # fmt: skip
@@ -47,7 +56,7 @@ def metadata(old_end: int, *, sealed: bool = True) -> ClusterMetadata:
 async def setup(cluster: Cluster, *, sealed: bool = True) -> tuple[StaticTopicService, list[bytes]]:
     old_broker = await cluster.engine(0)
     old_tp = TopicPartition(PHYS, 0)
-    topic_id = "6a1f0c3e-0000-4000-8000-0000000000bb"
+    topic_id = TOPIC_ID
     log = await old_broker.open_partition(old_tp, topic_id, 0, PartitionConfig())
     sent = []
     for seq in range(0, 10, 2):  # an idempotent producer wrote sequences 0-9 there
@@ -120,3 +129,68 @@ async def test_while_the_old_queue_is_closing_its_producers_wait(cluster: Cluste
     assert fresh.base_offset == 110
     # reads of the undecided new item wait for its logic offset to be fixed
     assert (await log.read(10, 1 << 20)).records == b""
+
+
+class GatedCheckpointReads(CountingStore):
+    """Holds every read of the old physical queue's checkpoint until the test releases it."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.held: asyncio.Queue[asyncio.Event] = asyncio.Queue()
+
+    async def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        if key == checkpoint_key(TopicPartition(PHYS, 0), TOPIC_ID):
+            gate = asyncio.Event()
+            await self.held.put(gate)
+            await gate.wait()
+        return await super().get_with_etag(key)
+
+
+async def test_pipelined_batches_are_appended_in_arrival_order(cluster: Cluster) -> None:
+    """Produce requests pipelined on one connection start their appends in arrival order
+    (handle_produce); the first batches of a producer on the new physical queue wait for the
+    old queue's producer state. A batch arriving once that state is loaded must not overtake
+    an earlier one still waiting for it: it would be refused with OUT_OF_ORDER_SEQUENCE_NUMBER
+    after the client was told the earlier ones succeeded (fatal in librdkafka)."""
+    service, _ = await setup(cluster)
+    gated = GatedCheckpointReads(service._store)
+    service._store = gated
+    log = service._partitions.get_log(TopicPartition(NAME, 0))
+
+    def produce(seq: int) -> asyncio.Task[AppendResult]:
+        data = batch(2, tag=b"s%d" % seq, producer_id=PID, producer_epoch=0, base_sequence=seq)
+        return asyncio.ensure_future(log.append(data))
+
+    plog = service._partitions.local_log(TopicPartition(PHYS, 1))
+
+    def last_sequence() -> int:
+        entry = plog.producer_entry(PID)  # type: ignore[attr-defined]
+        return entry.batches[-1].last_seq if entry is not None and entry.batches else -1
+
+    first, second = produce(10), produce(12)
+    (await gated.held.get()).set()  # the first request's read of the old producer state
+
+    # the first batch is appended; the second is either appended too or reading the old state
+    # (polled: nothing signals that an append has started)
+    def settled() -> bool:
+        return last_sequence() >= 11 and (last_sequence() >= 13 or not gated.held.empty())
+
+    async with asyncio.timeout(10):
+        while not settled():  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+    third = produce(14)  # arrives now that the old producer state has been read once
+    await asyncio.sleep(0.05)
+
+    async def release() -> None:
+        while True:
+            (await gated.held.get()).set()
+
+    releaser = asyncio.ensure_future(release())
+    try:
+        results = await asyncio.wait_for(asyncio.gather(first, second, third), 10)
+    finally:
+        releaser.cancel()
+    assert [r.base_offset for r in results] == [10, 12, 14]
+    assert not any(r.duplicate for r in results)
+    assert (await log.append(batch(2, producer_id=PID, producer_epoch=0, base_sequence=16))
+            ).base_offset == 16  # fmt: skip

@@ -93,6 +93,7 @@ class StaticTopicService(OffsetKeys):
         self._store = store
         self._read_ahead = read_ahead_bytes
         self._views: dict[str, tuple[int, MappingView]] = {}
+        self._append_locks: dict[TopicPartition, asyncio.Lock] = {}
         self._readers: OrderedDict[tuple[str, int, str], ClosedPartitionReader] = OrderedDict()
 
     # ------------------------------------------------------------------ lookups
@@ -133,6 +134,14 @@ class StaticTopicService(OffsetKeys):
         phys = meta.topics[physical_topic_name(tp.topic)]
         plog = self._partitions.local_log(TopicPartition(phys.name, leader.queue))
         return LogicQueueLog(self, tp, part.leader_epoch, items, plog, phys.topic_id)
+
+    def append_order(self, tp: TopicPartition) -> asyncio.Lock:
+        """Held by an append to logic queue `tp` from its arrival until its batches have their
+        place in the leader's physical queue (FIFO: appends start in arrival order)."""
+        lock = self._append_locks.get(tp)
+        if lock is None:
+            lock = self._append_locks[tp] = asyncio.Lock()
+        return lock
 
     def reader(self, topic: str, item: MappingItem, topic_id: str) -> ClosedPartitionReader:
         key = (topic, item.queue, topic_id)
@@ -255,8 +264,21 @@ class LogicQueueLog:
         leader = self._leader
         if leader.sealed:
             raise PartitionClosing(f"logic queue {self._tp}: its physical queue is sealed")
-        await self._adopt_producers(records_)
-        result = await self._plog.append(records_, acks=acks, owned=owned)
+        start = getattr(self._plog, "start_append", None)
+        if start is None:
+            await self._adopt_producers(records_)
+            result = await self._plog.append(records_, acks=acks, owned=owned)
+        else:
+            # Appends to a logic queue are started in arrival order, as on any partition
+            # (handle_produce): adopting a producer's state may wait for object storage, and a
+            # pipelined batch arriving meanwhile must not overtake the waiting one (it would be
+            # refused as out of order after the client was told the earlier ones succeeded).
+            # Only the start is ordered: acknowledgements are awaited outside the lock, and
+            # an uncontended lock is taken without suspending.
+            async with self._svc.append_order(self._tp):
+                await self._adopt_producers(records_)
+                acknowledged = start(records_, acks=acks, owned=owned)
+            result = await acknowledged
         return AppendResult(
             leader.to_logic(result.base_offset),
             leader.to_logic(result.last_offset),
