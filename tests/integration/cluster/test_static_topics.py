@@ -96,13 +96,14 @@ class KeyedProducer:
         })  # fmt: skip
         self.acked: dict[int, tuple[int, int, bytes]] = {}  # value -> (partition, offset, key)
         self.errors: list[str] = []
+        self.phase = "start"  # what the test was doing, recorded with each error
         self.sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
-            self.errors.append(str(err))
+            self.errors.append(f"[{self.phase}] {err}")
         else:
             self.acked[int(msg.value())] = (msg.partition(), msg.offset(), msg.key())
 
@@ -117,6 +118,9 @@ class KeyedProducer:
             except BufferError:
                 self.producer.poll(0.05)
                 continue
+            except KafkaException as exc:  # fatal (e.g. idempotence): nothing more is sent
+                self.errors.append(f"[{self.phase}] produce() failed: {exc}")
+                return
             self.producer.poll(0)
             next_at += interval
             delay = next_at - time.monotonic()
@@ -218,6 +222,7 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
     reader.close()
 
     # remap every logic queue while producing: half in each order
+    producer.phase = "remap"
     queues = describe(cluster, name)["queues"]
     brokers = sorted({b["broker"] for b in cluster.status()["brokers"]})
     moves = [
@@ -254,11 +259,13 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
     assert not seen_before & {v for _, _, v, _ in reader.got}, "nothing committed is read again"
 
     # a broker joins: it takes a fair share of the logic queues
+    producer.phase = "broker joins"
     new = cluster.add_broker()
     wait_until(lambda: any(q["broker"] == new for q in describe(cluster, name)["queues"])
                and settled(cluster, name), what="queues on the new broker")  # fmt: skip
     reader.poll_for(2)
     # a broker is drained and removed: its queues move away
+    producer.phase = "broker drained"
     cluster.remove_broker(1)
     wait_until(lambda: all(q["broker"] != 1 for q in describe(cluster, name)["queues"])
                and settled(cluster, name), what="queues off broker 1")  # fmt: skip
@@ -266,10 +273,12 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
     # a broker is killed: its physical queues are sealed from object storage, its logic queues
     # continue elsewhere at exactly the offset where they ended
     victim = next(q["broker"] for q in describe(cluster, name)["queues"])
+    producer.phase = f"broker {victim} killed"
     cluster.kill_broker(victim)
     wait_until(lambda: all(q["broker"] != victim for q in describe(cluster, name)["queues"])
                and settled(cluster, name), timeout_s=120, what="queues off the dead broker")  # fmt: skip
     reader.poll_for(2)
+    producer.phase = "flush"
     producer.stop()
 
     assert not producer.errors, producer.errors[:5]
