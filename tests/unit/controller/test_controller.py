@@ -557,6 +557,35 @@ async def test_drain_moves_every_partition_off_a_broker(controller: Controller) 
     assert done and all(m.phase is Phase.DONE and m.source == 1 for m in done)
 
 
+async def test_a_broker_restarted_after_a_drain_gets_its_share_back(tmp_path: Path) -> None:
+    """A pod that drained (preStop) and was killed before it removed itself (grace period 0,
+    or a rolling restart) comes back as a new incarnation of the same broker id: it joins
+    again and takes a fair share, although the metadata still says it is draining."""
+    settings = dataclasses.replace(FAST, auto_rebalance=True)
+    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), settings)
+    await c.start()
+    brokers = await cluster_of(c, 3, reconcile=True)
+    try:
+        await c.create_topics([NewTopic("t", 6)])
+        await wait_for(lambda: settled(c))
+        assert await c.drain_broker(1, timeout_s=5)
+        await wait_for(lambda: settled(c))
+        assert 1 not in leaders(c).values()
+        brokers[1].silence()  # killed before it could remove itself: still "draining"
+        assert c.metadata.brokers[1].state == "draining"
+        back = FakeBroker(c, 1, incarnation="b", reconcile=True)
+        brokers.append(back)
+        await back.register()
+        assert c.metadata.brokers[1].state == "alive"
+        await wait_for(lambda: settled(c))
+        counts = Counter(leaders(c).values())
+        assert counts[1] >= min(counts[0], counts[2]) - 1 and counts[1] > 0, counts
+    finally:
+        for b in brokers:
+            b.silence()
+        await c.stop()
+
+
 async def test_a_restarted_controller_keeps_its_predecessors_grants_in_view(
     tmp_path: Path,
 ) -> None:

@@ -354,8 +354,13 @@ class Controller:
         def mutate(meta: ClusterMetadata) -> None:
             nonlocal joined
             old = meta.brokers.get(info.broker_id)
-            joined = old is None or old.state == "dead"
-            info.state = "alive"
+            restarted = old is not None and old.incarnation != info.incarnation
+            # A new incarnation of a draining broker drained and stopped without removing
+            # itself (killed after its preStop hook, or a rolling restart): it holds nothing and
+            # joins again. The same incarnation re-registering (a new controller) keeps draining.
+            joined = old is None or old.state == "dead" or (old.state == "draining" and restarted)
+            draining = old is not None and old.state == "draining" and not restarted
+            info.state = "draining" if draining else "alive"
             meta.brokers[info.broker_id] = info
             for name, topic in meta.topics.items():
                 if topic.kind == "static":
