@@ -32,9 +32,16 @@ from typing import Any
 
 import pytest
 
-from e2e.kube import E2E_DIR, REPO_DIR, Cluster, CommandError, RecordFigure, run, wait_until
-
-CLUSTER_SCRIPTS = E2E_DIR / "cluster"
+from e2e.kube import (
+    CLUSTER_SCRIPTS,
+    Cluster,
+    CommandError,
+    RecordFigure,
+    logs_dir,
+    run,
+    script_settings,
+    wait_until,
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,13 +63,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=os.environ.get("TIDALMQ_E2E_KEEP", "") not in ("", "0"),
         help="keep the local or kind cluster running after the session (env TIDALMQ_E2E_KEEP=1)",
     )
-
-
-def script_settings(*names: str) -> dict[str, str]:
-    """Values computed by e2e/cluster/lib.sh (the one place that names images and paths)."""
-    script = f"source {CLUSTER_SCRIPTS / 'lib.sh'}; " + "; ".join(f'echo "{n}=${n}"' for n in names)
-    out = run(["bash", "-c", script]).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 def stream(
@@ -287,12 +287,8 @@ def figures(request: pytest.FixtureRequest) -> RecordFigure:
 
 
 def figures_file() -> Path:
-    """<build cache>/logs/e2e-figures.json (the cache as e2e/cluster/lib.sh finds it)."""
-    try:
-        cache = Path(script_settings("CACHE_DIR")["CACHE_DIR"])
-    except (CommandError, KeyError, OSError):
-        cache = Path(os.environ.get("TIDALMQ_CACHE_DIR") or REPO_DIR / ".cache")
-    return cache / "logs" / "e2e-figures.json"
+    """<build cache>/logs/e2e-figures.json."""
+    return logs_dir() / "e2e-figures.json"
 
 
 def _shown(value: Any) -> str:

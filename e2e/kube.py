@@ -61,6 +61,26 @@ def run(
     return proc
 
 
+CLUSTER_SCRIPTS = E2E_DIR / "cluster"
+
+
+def script_settings(*names: str) -> dict[str, str]:
+    """Values computed by e2e/cluster/lib.sh (the one place that names images and paths)."""
+    script = f"source {CLUSTER_SCRIPTS / 'lib.sh'}; " + "; ".join(f'echo "{n}=${n}"' for n in names)
+    out = run(["bash", "-c", script]).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def logs_dir() -> Path:
+    """<build cache>/logs (the cache as e2e/cluster/lib.sh finds it): where the cluster scripts
+    log, and where the end-to-end figures and the pods' logs of each release are kept."""
+    try:
+        cache = Path(script_settings("CACHE_DIR")["CACHE_DIR"])
+    except (CommandError, KeyError, OSError):
+        cache = Path(os.environ.get("TIDALMQ_CACHE_DIR") or REPO_DIR / ".cache")
+    return cache / "logs"
+
+
 def read_versions() -> dict[str, str]:
     """The pinned versions of e2e/versions.env (KEY=VALUE lines, # comments)."""
     versions: dict[str, str] = {}
@@ -149,6 +169,26 @@ class Cluster:
                 "-n", namespace, "rollout", "status", kind_name, f"--timeout={int(timeout)}s",
                 timeout=timeout + 10,
             )  # fmt: skip
+
+    def save_pod_logs(self, namespace: str, dest: Path) -> int:
+        """Write the logs of every container of every pod in `namespace` (and of the previous
+        instance of restarted ones) to `dest`/<pod>.log; returns how many pods. Called before a
+        release is removed, so the brokers' and the operator's logs outlive the namespace."""
+        dest.mkdir(parents=True, exist_ok=True)
+        pods = self.kubectl_json("-n", namespace, "get", "pods").get("items", [])
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            texts = []
+            for previous in ("--previous", ""):
+                args = [self.kubectl_bin, "-n", namespace, "logs", name, "--all-containers",
+                        "--timestamps", *([previous] if previous else [])]  # fmt: skip
+                proc = run(args, env=self.env, check=False, timeout=60)
+                if proc.returncode == 0 and proc.stdout:
+                    texts.append(
+                        f"=== {'previous instance' if previous else 'current'} ===\n{proc.stdout}"
+                    )
+            (dest / f"{name}.log").write_text("\n".join(texts) or "(no logs)\n")
+        return len(pods)
 
     def describe(self, namespace: str) -> str:
         """What a person would look at when a test fails: objects, pods and recent events."""

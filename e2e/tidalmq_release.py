@@ -18,7 +18,7 @@ from typing import Any
 
 import boto3
 
-from e2e.kube import REPO_DIR, Cluster, run, wait_until
+from e2e.kube import REPO_DIR, Cluster, logs_dir, run, wait_until
 
 CHART = REPO_DIR / "charts" / "tidalmq"
 RELEASE = "tmq"
@@ -69,6 +69,12 @@ def installed_release(
     finally:
         if hasattr(cluster, "describe"):
             print(cluster.describe(namespace)[-4000:])
+        logs = logs_dir() / "e2e-pods" / namespace
+        try:
+            count = cluster.save_pod_logs(namespace, logs)
+            print(f"logs of {count} pods of {namespace}: {logs}")
+        except Exception as exc:  # the logs are a diagnosis aid: never the reason a test fails
+            print(f"could not save the pod logs of {namespace}: {exc}", file=sys.stderr)
         uninstall(cluster, namespace)
 
 
