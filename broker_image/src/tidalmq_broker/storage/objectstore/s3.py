@@ -5,7 +5,7 @@ retry mode retries transient failures (5xx, throttling, connection errors) with 
 backoff and jitter; what still fails afterwards becomes ObjectStoreUnavailable. Conditional PUTs
 use IfNoneMatch="*" and IfMatch=<etag>; the answers 412 PreconditionFailed and 409
 ConditionalRequestConflict both mean "lost the race", and so does 404 to an If-Match PUT.
-A PUT of several buffers (or of a memoryview) is joined into one body in the store's thread, not
+A PUT of several buffers (or of a memoryview) is copied into one body in the store's thread, not
 on the event loop.
 """
 
@@ -35,17 +35,25 @@ _PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409
 
 
 def _body(data: Content) -> bytes | bytearray:
-    """The request body: bytes and bytearray as they are (botocore takes them without a copy;
-    not memoryview), anything else joined (runs in the store's thread)."""
+    """The request body, built in the store's thread: bytes and bytearray as they are (botocore
+    takes them without a copy; not memoryview), several parts copied one by one into a
+    bytearray. Each copy holds the GIL only for its part (a WAL append, a cached chunk, a WAL
+    range), where one b"".join of a 64 MiB segment's views would hold up the event loop for the
+    whole segment."""
     if isinstance(data, bytes | bytearray):
         return data
-    if (
-        not isinstance(data, memoryview)
-        and len(data) == 1
-        and isinstance(data[0], bytes | bytearray)
-    ):
-        return data[0]
-    return b"".join(content_parts(data))
+    parts = content_parts(data)
+    whole = parts[0].obj if len(parts) == 1 else None
+    if isinstance(whole, bytes | bytearray) and len(whole) == len(parts[0]):
+        return whole  # one view of all of a bytes or bytearray
+    out = bytearray(sum(len(part) for part in parts))
+    view = memoryview(out)
+    pos = 0
+    for part in parts:
+        view[pos : pos + len(part)] = part
+        pos += len(part)
+    view.release()
+    return out
 
 
 class S3ObjectStore(ObjectStore):
