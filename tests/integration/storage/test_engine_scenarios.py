@@ -239,6 +239,38 @@ async def test_compaction_keeps_contents_and_removes_wal_objects(cluster: Cluste
         assert [t[4:] for _, _, t in before[i]] == [payload(b)[4:] for b in sent[i]]
 
 
+async def test_a_segment_is_the_wal_ranges_byte_for_byte(cluster: Cluster) -> None:
+    """Compaction stores its sources as parts: cached chunks (several per WAL range when one
+    flush held several appends) and ranges read back after the cache let them go. The segment
+    is exactly those ranges one after the other, and the metric counts its size."""
+    from prometheus_client import REGISTRY
+
+    engine = await cluster.engine(72, cache_bytes=6000)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, CFG)
+    for round_ in range(6):  # four appends gathered into one flush: one WAL range of 4 chunks
+        await asyncio.gather(
+            *(log.append(batch(1, value_size=300, tag=b"r%d-%d" % (round_, i))) for i in range(4))
+        )
+    sources = list(log.index.entries)
+    assert len(sources) == 6 and all(e.in_wal for e in sources)
+    inspector = cluster.inspector()
+    try:
+        expected = b"".join(
+            [await inspector.get(e.key, e.position, e.end_position) for e in sources]
+        )
+        compacted = "tidalmq_storage_compacted_bytes_total"
+        before = REGISTRY.get_sample_value(compacted, {"broker": "72"}) or 0.0
+        store = cluster.stores[0]
+        store.reset()
+        assert await engine.compact_partition(log, force=True) == 1
+        assert 0 < store.ops["ranged_get"] < len(sources)  # some from the cache, some not
+        (segment,) = {e.key for e in log.index.entries}
+        assert await inspector.get(segment) == expected
+        assert REGISTRY.get_sample_value(compacted, {"broker": "72"}) == before + len(expected)
+    finally:
+        await inspector.close()
+
+
 async def test_retention_by_time_deletes_whole_old_segments(cluster: Cluster) -> None:
     engine = await cluster.engine(1)
     config = PartitionConfig(retention_ms=3600_000)

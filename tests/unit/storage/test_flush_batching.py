@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tidalmq_broker.storage.api import StorageConfig
 from tidalmq_broker.storage.objectstore import LocalDirObjectStore
+from tidalmq_broker.storage.wal import decode_wal_index
 from tidalmq_broker.storage.wal_writer import Flush, PendingAppend, WalWriter
 
 from tests.support.storage_helpers import FaultyStore
@@ -94,3 +95,41 @@ async def test_inflight_cap_and_completion_order(tmp_path: Path) -> None:
     assert [f.seq for f in done] == sorted(f.seq for f in done)
     assert len(done) == 3 and [len(f.appends) for f in done] == [1, 1, 3]
     assert writer.completed_seq == 2
+
+
+async def test_a_flush_stores_the_appends_own_buffers_and_keeps_views_of_them(
+    tmp_path: Path,
+) -> None:
+    """The WAL object is PUT from the appends' buffers (no blob): what lands is header, index
+    and the appends' bytes in order, and each append's view is of its own buffer (a request
+    frame or its own bytearray), read-only, the append itself no longer holding the bytes."""
+    writer, _, done = await make(tmp_path, flush_interval_ms=50, flush_bytes=1 << 20)
+    p0, p1 = FakePartition(0), FakePartition(1)
+    frame = bytearray(b"request header|" + b"A" * 300 + b"B" * 200)
+    own = bytearray(b"C" * 123)
+    appends = [
+        PendingAppend(p0, memoryview(frame)[15:315], 0, 0, 0, [], None),  # type: ignore[arg-type]
+        PendingAppend(p1, memoryview(frame)[315:], 0, 0, 0, [], None),  # type: ignore[arg-type]
+        PendingAppend(p0, own, 1, 1, 0, [], None),  # type: ignore[arg-type]
+    ]
+    for a in appends:
+        writer.enqueue(a)
+    await writer.wait_idle()
+    (flush,) = done
+    assert flush.parts == []  # dropped once complete: the cache keeps what it needs
+    data = (tmp_path / flush.key).read_bytes()
+    assert len(data) == flush.size
+    head = data[: len(data) - 623]
+    assert data == head + b"A" * 300 + b"C" * 123 + b"B" * 200  # grouped by partition
+    assert decode_wal_index(head) == flush.entries
+    views = {id(a): v for _, _, vs in flush.groups for a, v in vs}
+    assert [bytes(views[id(a)]) for a in appends] == [b"A" * 300, b"B" * 200, b"C" * 123]
+    assert views[id(appends[0])].obj is frame and views[id(appends[1])].obj is frame
+    assert views[id(appends[2])].obj is own
+    assert all(v.readonly for v in views.values())
+    assert all(len(a.data) == 0 for a in appends)
+    for (_, entry, vs), want in zip(
+        flush.groups, [b"A" * 300 + b"C" * 123, b"B" * 200], strict=True
+    ):
+        assert entry is not None and data[entry.position : entry.position + entry.size] == want
+        assert sum(len(v) for _, v in vs) == entry.size

@@ -1,11 +1,14 @@
-"""Conditional writes of the local-directory store are atomic across processes."""
+"""The local-directory store: conditional writes are atomic across processes, and a put of
+many parts is written whole."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from pathlib import Path
 
+import pytest
 from tidalmq_broker.storage.objectstore import LocalDirObjectStore, PreconditionFailed
 
 
@@ -73,4 +76,50 @@ async def test_temporary_files_never_show_in_listings(tmp_path: Path) -> None:
     assert [o.key for o in await store.list("")] == ["x/y"]
     await store.delete(["x/y"])
     assert not (tmp_path / "x").exists()  # empty directories go with their last object
+    await store.close()
+
+
+async def test_a_put_of_parts_survives_partial_writes_and_iov_max(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """writev may take fewer bytes than asked (and at most IOV_MAX buffers): the store goes on
+    where it stopped, mid-part or at a part boundary, until every byte is written once."""
+    calls: list[int] = []
+    real_writev = os.writev
+
+    def short_writev(fd: int, buffers: list[memoryview]) -> int:
+        assert 0 < len(buffers) <= 1024 and all(len(b) for b in buffers)
+        calls.append(len(buffers))
+        budget = 7 + len(calls) % 13  # a few bytes at a time, ending anywhere
+        out = []
+        for b in buffers:
+            out.append(b[:budget])
+            budget -= len(out[-1])
+            if not budget:
+                break
+        return real_writev(fd, out)
+
+    store = LocalDirObjectStore(tmp_path)
+    parts = [b"%04d;" % i for i in range(1500)]
+    parts[3] = b""
+    parts[700] = bytes(range(256)) * 3
+    monkeypatch.setattr(os, "writev", short_writev)
+    etag = await store.put("p/parts", parts, if_none_match=True)
+    monkeypatch.setattr(os, "writev", real_writev)
+    assert (tmp_path / "p/parts").read_bytes() == b"".join(parts)
+    assert (await store.head("p/parts")).etag == etag
+    assert len(calls) > 500  # about 8 KB, 7 to 19 bytes a call
+    assert not any((tmp_path / ".tidalmq-tmp").iterdir())  # no temporary file left behind
+
+    # all of it in one go: a single writev of the first 1024 parts, then the rest
+    calls.clear()
+
+    def counting_writev(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(len(buffers))
+        return real_writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", counting_writev)
+    await store.put("p/whole", parts)
+    assert calls == [1024, 1499 - 1024]
+    assert (tmp_path / "p/whole").read_bytes() == b"".join(parts)
     await store.close()

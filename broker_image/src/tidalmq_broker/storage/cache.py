@@ -1,9 +1,11 @@
 """The tail cache: recent durable batches of all partitions, bounded in bytes.
 
-Each partition keeps its cached chunks (the batches of one append, as zero-copy views into the
-WAL object that made them durable) in offset order; the cache evicts globally oldest-first,
-which for every partition is its lowest offsets, so a partition's cached data is always one
-contiguous offset range ending at its high watermark.
+Each partition keeps its cached chunks (the batches of one append, as read-only views of the
+append's own buffer: the request frame it arrived in or its own copy, from which the WAL object
+that made it durable was written) in offset order; the cache evicts globally oldest-first, which
+for every partition is its lowest offsets, so a partition's cached data is always one contiguous
+offset range ending at its high watermark. A chunk counts its own length; a request frame shared
+by several partitions' chunks is freed with the last of them.
 """
 
 from __future__ import annotations

@@ -56,11 +56,12 @@ from tidalmq_broker.storage.wal_writer import Flush, PendingAppend, WalWriter
 log = logging.getLogger(__name__)
 
 _PARALLEL_UPKEEP = 8
-# Compaction holds a whole segment (up to segment.bytes, 64 MiB by default) in memory while it
-# uploads it, plus the source ranges the cache no longer has: one partition at a time keeps
-# that to one segment's worth instead of eight, and leaves the store's threads to the WAL.
+# Compaction holds a whole segment's sources (up to segment.bytes, 64 MiB by default) in memory
+# while it uploads them: views of the cache's chunks, which stay alive until the PUT returns even
+# if the cache evicts them meanwhile, and the ranges read back from the store. One partition at
+# a time keeps that to one segment's worth instead of eight, and leaves the store's threads to
+# the WAL.
 _PARALLEL_COMPACTIONS = 1
-_COPY_SLICE_BYTES = 4 * 1024 * 1024  # yield to the event loop after copying this much
 
 
 class ObjectStreamEngine:
@@ -433,16 +434,19 @@ class ObjectStreamEngine:
         )
         reads = asyncio.Semaphore(8)
 
-        async def read(entry: IndexEntry) -> memoryview:
+        async def read(entry: IndexEntry) -> list[memoryview]:
             async with reads:
-                return await p.read_entry(entry)
+                return await p.read_entry_parts(entry)
 
         for sources in plans:
-            parts = await asyncio.gather(*(read(e) for e in sources))
-            blob = await _concatenate(parts)
-            del parts
+            # the segment is the sources' bytes one after the other: the store writes the parts
+            # as they are (no copy into one segment buffer on the event loop)
+            parts = [part for got in await asyncio.gather(*(read(e) for e in sources))
+                     for part in got]  # fmt: skip
+            size = sum(len(part) for part in parts)
             key = keys.segment_key(p.tp, p.topic_id, sources[0].base_offset)
-            await self.store.put(key, blob, if_none_match=True)
+            await self.store.put(key, parts, if_none_match=True)
+            del parts
             new = segment_entries(key, sources, policy.granule_bytes)
             try:
                 swapped = await p.swap_index(sources, new)
@@ -459,7 +463,7 @@ class ObjectStreamEngine:
             if replaced:  # a small segment merged into the new one
                 await self.delete_objects(sorted(replaced), "segment", "compaction")
             metrics.COMPACTIONS.labels(self.broker_label, "ok").inc()
-            metrics.COMPACTED_BYTES.labels(self.broker_label).inc(len(blob))
+            metrics.COMPACTED_BYTES.labels(self.broker_label).inc(size)
         return written
 
     async def _delete_quietly(self, object_keys: list[str]) -> None:
@@ -521,18 +525,3 @@ class ObjectStreamEngine:
                 "garbage sweep deleted %d WAL objects and %d segments", len(wal), len(segments)
             )
         return len(wal) + len(segments)
-
-
-async def _concatenate(parts: list[memoryview]) -> bytearray:
-    """b"".join(parts) in slices, yielding to the event loop in between: a 64 MiB segment
-    copied (and its pages first touched) in one go would hold up every produce and fetch of
-    the broker for tens of milliseconds."""
-    out = bytearray()
-    since_yield = 0
-    for part in parts:
-        out += part
-        since_yield += len(part)
-        if since_yield >= _COPY_SLICE_BYTES:
-            since_yield = 0
-            await asyncio.sleep(0)
-    return out

@@ -530,13 +530,19 @@ class Partition:
         )
 
     async def read_entry(self, entry: IndexEntry) -> memoryview:
-        """The bytes of one index entry, from the cache when possible (compaction, timestamps)."""
+        """The bytes of one index entry, from the cache when possible (timestamp lookups)."""
+        parts = await self.read_entry_parts(entry)
+        return memoryview(b"".join(parts)) if len(parts) > 1 else parts[0]
+
+    async def read_entry_parts(self, entry: IndexEntry) -> list[memoryview]:
+        """The bytes of one index entry as pieces to concatenate: the cached chunks covering it
+        (views, not copies) or one ranged GET (compaction)."""
         cached = self._cache.exact(entry.base_offset, entry.last_offset)
         if cached is not None:
-            return memoryview(b"".join(cached)) if len(cached) > 1 else cached[0]
+            return cached
         data = await self._engine.store.get(entry.key, entry.position, entry.end_position)
         self._engine.m.cache_miss_bytes.inc(len(data))
-        return memoryview(data)
+        return [memoryview(data)]
 
     async def wait_for_data(self, offset: int, timeout_s: float) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s

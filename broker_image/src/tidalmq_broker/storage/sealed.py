@@ -153,7 +153,7 @@ async def compact_sealed(
             continue
         parts = await asyncio.gather(*(get(k, s, e) for k, s, e in read_plan(sources)))
         segment = keys.segment_key(tp, topic_id, sources[0].base_offset)
-        await store.put(segment, b"".join(parts), if_none_match=True)
+        await store.put(segment, parts, if_none_match=True)  # stored one after the other
         written.append(segment)
         if not index.replace(sources, segment_entries(segment, sources, granule_bytes)):
             raise StorageError(f"{tp}: index changed while compacting a sealed partition")

@@ -61,32 +61,29 @@ class WalGroup:
     producers: list[ProducerBatch]
 
 
-def encode_wal_object(groups: Sequence[WalGroup]) -> tuple[bytes, list[WalEntry], list[int]]:
-    """Returns the object, its entries (absolute positions) and the absolute position of every
-    buffer in order (so callers can keep zero-copy views of what they appended)."""
+def encode_wal_object(
+    groups: Sequence[WalGroup],
+) -> tuple[list[bytes | bytearray | memoryview], list[WalEntry]]:
+    """The object as parts to store one after the other (ObjectStore.put takes them as they
+    are): the header and index, then every group's buffers themselves, not copied. Also its
+    entries (absolute positions)."""
     index: list[list[object]] = []
     rel = 0
-    rel_positions: list[int] = []
     for g in groups:
         start = rel
         for buf in g.buffers:
-            rel_positions.append(rel)
             rel += len(buf)
         index.append(
             [g.topic, g.topic_id, g.partition, g.leader_epoch, g.base_offset, g.last_offset,
              start, rel - start, g.max_timestamp, g.producers]
         )  # fmt: skip
     index_bytes = json.dumps(index, separators=(",", ":")).encode()
-    data_start = HEADER_SIZE + len(index_bytes)
     parts: list[bytes | bytearray | memoryview] = [
-        _HEADER.pack(MAGIC, VERSION, len(index_bytes)),
-        index_bytes,
+        _HEADER.pack(MAGIC, VERSION, len(index_bytes)) + index_bytes
     ]
     for g in groups:
         parts.extend(g.buffers)
-    blob = b"".join(parts)
-    entries = _entries_from_index(index, data_start)
-    return blob, entries, [data_start + p for p in rel_positions]
+    return parts, _entries_from_index(index, HEADER_SIZE + len(index_bytes))
 
 
 def index_length(prefix: bytes) -> int:

@@ -7,6 +7,10 @@ on the next loop turn) or as soon as `flush_bytes` are pending, as long as fewer
 together). Flush starts by time are thus at most 1000/W per second. PUTs may finish in any
 order, but flushes are *completed* strictly in sequence order, so acknowledgements and high
 watermarks only ever advance over a prefix of durable objects.
+
+A flush is stored from the appends' own buffers (ObjectStore.put takes the header and index and
+then one part per append), never joined into one blob; the tail cache then keeps a read-only
+view of each append's buffer, the only reference to its bytes once the flush is complete.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ _PUT_BACKOFF_S = (0.05, 0.25)
 @dataclass(slots=True, eq=False)
 class PendingAppend:
     partition: Partition
-    data: bytearray | memoryview  # the batches with final offsets (a view: the request's own)
+    # the batches with final offsets (a view: the request's own); emptied when a flush takes
+    # a read-only view of them, from then on the one reference to the bytes
+    data: bytearray | memoryview
     base_offset: int
     last_offset: int
     max_timestamp: int
@@ -54,9 +60,10 @@ class Flush:
     size: int = 0
     done: bool = False
     error: BaseException | None = None
-    blob: bytes = b""
+    # what the PUT stores, concatenated: header and index, then each append's view, in order
+    parts: list[bytes | bytearray | memoryview] = field(default_factory=list)
     entries: list[WalEntry] = field(default_factory=list)
-    # per partition: (its WalEntry, [(append, zero-copy view of its bytes)])
+    # per partition: (its WalEntry, [(append, read-only view of its bytes)])
     groups: list[tuple[Partition, WalEntry | None, list[tuple[PendingAppend, memoryview]]]] = field(
         default_factory=list
     )
@@ -167,34 +174,32 @@ class WalWriter:
         for a in flush.appends:
             by_partition.setdefault(id(a.partition), []).append(a)
         groups: list[WalGroup] = []
+        views_by_group: list[list[tuple[PendingAppend, memoryview]]] = []
         for appends in by_partition.values():
             p = appends[0].partition
             producers: list[ProducerBatch] = []
+            views = []
             for a in appends:
                 producers.extend(a.producers)
+                # read-only: the bytes are durable once the PUT returns and never change again
+                views.append((a, memoryview(a.data).toreadonly()))
+                a.data = bytearray()  # the view holds the bytes now: one reference to them
             groups.append(
                 WalGroup(
                     p.tp.topic, p.topic_id, p.tp.partition, p.leader_epoch,
                     appends[0].base_offset, appends[-1].last_offset,
-                    max(a.max_timestamp for a in appends), [a.data for a in appends], producers,
+                    max(a.max_timestamp for a in appends), [v for _, v in views], producers,
                 )
             )  # fmt: skip
-        blob, entries, positions = encode_wal_object(groups)
-        view = memoryview(blob)
-        flush.blob, flush.entries, flush.size = blob, entries, len(blob)
-        i = 0
-        for appends, entry in zip(by_partition.values(), entries, strict=True):
-            views = []
-            for a in appends:
-                views.append((a, view[positions[i] : positions[i] + len(a.data)]))
-                i += 1
-            flush.groups.append((appends[0].partition, entry, views))
+            views_by_group.append(views)
+        parts, entries = encode_wal_object(groups)
+        flush.parts, flush.entries, flush.size = parts, entries, sum(len(b) for b in parts)
+        for views, entry in zip(views_by_group, entries, strict=True):
+            flush.groups.append((views[0][0].partition, entry, views))
 
     async def _write(self, flush: Flush) -> None:
         try:
             self._encode(flush)
-            for a in flush.appends:
-                a.data = bytearray()  # the blob holds the bytes now; free the copies
             await self._put_with_retries(flush)
             metrics.WAL_FLUSHES.labels(self._broker, "ok").inc()
             metrics.WAL_FLUSH_BYTES.labels(self._broker).observe(flush.size)
@@ -222,7 +227,7 @@ class WalWriter:
     async def _put_with_retries(self, flush: Flush) -> None:
         for attempt in range(_PUT_ATTEMPTS):
             try:
-                await self._store.put(flush.key, flush.blob, if_none_match=True)
+                await self._store.put(flush.key, flush.parts, if_none_match=True)
                 return
             except PreconditionFailed:
                 # Only this incarnation writes under its prefix: an earlier attempt that timed
@@ -247,7 +252,7 @@ class WalWriter:
                 self._on_complete(flush)
             except Exception:
                 log.exception("completing WAL flush %s failed", flush.key)
-            flush.blob = b""  # the cache keeps views of what it needs
+            flush.parts = []  # the cache keeps views of what it needs
         self._start_flushes()
         self._check_idle()
 

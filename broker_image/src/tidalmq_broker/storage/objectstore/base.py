@@ -4,22 +4,35 @@ Keys are '/'-separated strings. Conditional writes are the only synchronisation 
 engine uses: `if_none_match=True` creates a key only if it does not exist, `if_match=etag`
 replaces it only if it still holds that version. Either failing raises PreconditionFailed,
 which means "lost the race"; the engine translates it in one place (checkpoint.py).
+
+An object's content is one buffer or a sequence of buffers stored concatenated (`Content`), so
+callers that assemble an object from pieces (a WAL object from its appends, a segment from WAL
+ranges) hand the pieces over instead of copying them into one blob on the event loop.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tidalmq_broker.storage.api import ObjectStoreUnavailable, StorageError
 
+Buffer = bytes | bytearray | memoryview
+Content = Buffer | Sequence[Buffer]
+"""What `ObjectStore.put` stores: one buffer, or buffers stored one after the other."""
+
 __all__ = [
+    "Buffer",
+    "Content",
     "ObjectInfo",
     "ObjectNotFound",
     "ObjectStore",
     "ObjectStoreError",
     "ObjectStoreUnavailable",
     "PreconditionFailed",
+    "content_parts",
+    "content_size",
     "validate_key",
 ]
 
@@ -53,6 +66,30 @@ def validate_key(key: str) -> str:
     return key
 
 
+def content_parts(data: Content) -> list[memoryview]:
+    """The content as flat byte views in order, without copying (empty parts dropped)."""
+    parts: Sequence[Buffer] = (data,) if isinstance(data, bytes | bytearray | memoryview) else data
+    out = []
+    for part in parts:
+        if not isinstance(part, bytes | bytearray | memoryview):
+            raise TypeError(f"object content must be bytes-like, not {type(part).__name__}")
+        view = memoryview(part)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        if len(view):
+            out.append(view)
+    return out
+
+
+def content_size(data: Content) -> int:
+    """The size in bytes of the object `data` makes."""
+    if isinstance(data, bytes | bytearray):
+        return len(data)
+    if isinstance(data, memoryview):
+        return data.nbytes
+    return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in data)
+
+
 class ObjectStore(abc.ABC):
     """Async object store. Every method may raise ObjectStoreUnavailable after its retries."""
 
@@ -63,12 +100,13 @@ class ObjectStore(abc.ABC):
     async def put(
         self,
         key: str,
-        data: bytes | bytearray | memoryview,
+        data: Content,
         *,
         if_none_match: bool = False,
         if_match: str | None = None,
     ) -> str:
-        """Store `data` under `key`; returns the new etag."""
+        """Store `data` (one buffer, or a sequence of buffers concatenated) under `key`;
+        returns the new etag. The buffers must not change until the put returns."""
 
     @abc.abstractmethod
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:

@@ -1,7 +1,8 @@
 """An object store in a local directory, safe to share between processes.
 
-Every write goes to a temporary file that is fsynced and then renamed (or hard-linked, for
-create-only writes) into place, and the directory is fsynced, so a returned put is durable.
+Every write goes to a temporary file (written with os.writev from the parts of the content, in
+the store's thread) that is fsynced and then renamed (or hard-linked, for create-only writes) into
+place, and the directory is fsynced, so a returned put is durable.
 Conditional writes hold an fcntl lock (striped by key) across check and rename, which makes them
 atomic between threads and between broker processes sharing the directory. The etag names the
 file version: inode, modification time and size of the file that was renamed into place.
@@ -21,11 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tidalmq_broker.storage.objectstore.base import (
+    Content,
     ObjectInfo,
     ObjectNotFound,
     ObjectStore,
     ObjectStoreUnavailable,
     PreconditionFailed,
+    content_parts,
     validate_key,
 )
 
@@ -34,8 +37,31 @@ _TMP_DIR = ".tidalmq-tmp"
 _LOCK_DIR = ".tidalmq-locks"
 
 
+try:
+    _IOV_MAX = max(1, min(os.sysconf("SC_IOV_MAX"), 1024))
+except (AttributeError, ValueError, OSError):
+    _IOV_MAX = 1024  # Linux's limit on the buffers of one writev
+
+
 def _etag(st: os.stat_result) -> str:
     return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
+
+
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """Write the non-empty byte views one after the other: writev of at most IOV_MAX buffers
+    at a time, continuing after a partial write where it stopped."""
+    i = 0
+    while i < len(parts):
+        written = os.writev(fd, parts[i : i + _IOV_MAX])
+        if written <= 0:
+            raise OSError(errno.EIO, f"writev wrote {written} bytes")
+        while written:
+            size = len(parts[i])
+            if written < size:
+                parts[i] = parts[i][written:]  # partial: the rest of this part goes next
+                break
+            written -= size
+            i += 1
 
 
 class LocalDirObjectStore(ObjectStore):
@@ -64,7 +90,7 @@ class LocalDirObjectStore(ObjectStore):
     async def put(
         self,
         key: str,
-        data: bytes | bytearray | memoryview,
+        data: Content,
         *,
         if_none_match: bool = False,
         if_match: str | None = None,
@@ -85,18 +111,16 @@ class LocalDirObjectStore(ObjectStore):
     def _put_sync(
         self,
         key: str,
-        data: bytes | bytearray | memoryview,
+        data: Content,
         if_none_match: bool,
         if_match: str | None,
     ) -> str:
+        parts = content_parts(data)
         path = self.root / key
         tmp = self.root / _TMP_DIR / uuid.uuid4().hex
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data)
-            written = 0
-            while written < len(view):
-                written += os.write(fd, view[written:])
+            _write_all(fd, parts)
             os.fsync(fd)
             etag = _etag(os.fstat(fd))
         finally:

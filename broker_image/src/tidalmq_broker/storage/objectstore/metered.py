@@ -10,6 +10,7 @@ from tidalmq_broker.storage.objectstore.base import (
     ObjectNotFound,
     ObjectStore,
     PreconditionFailed,
+    content_size,
 )
 
 
@@ -53,7 +54,7 @@ class MeteredObjectStore(ObjectStore):
             self._record("put", started, exc)
             raise
         self._record("put", started, None)
-        metrics.OBJECT_BYTES.labels(self._broker, "put").inc(len(data))
+        metrics.OBJECT_BYTES.labels(self._broker, "put").inc(content_size(data))
         return etag
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:

@@ -5,6 +5,8 @@ retry mode retries transient failures (5xx, throttling, connection errors) with 
 backoff and jitter; what still fails afterwards becomes ObjectStoreUnavailable. Conditional PUTs
 use IfNoneMatch="*" and IfMatch=<etag>; the answers 412 PreconditionFailed and 409
 ConditionalRequestConflict both mean "lost the race", and so does 404 to an If-Match PUT.
+A PUT of several buffers (or of a memoryview) is copied into one body in the store's thread, not
+on the event loop.
 """
 
 from __future__ import annotations
@@ -18,16 +20,40 @@ import botocore.config
 import botocore.exceptions
 
 from tidalmq_broker.storage.objectstore.base import (
+    Content,
     ObjectInfo,
     ObjectNotFound,
     ObjectStore,
     ObjectStoreUnavailable,
     PreconditionFailed,
+    content_parts,
     validate_key,
 )
 
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+
+
+def _body(data: Content) -> bytes | bytearray:
+    """The request body, built in the store's thread: bytes and bytearray as they are (botocore
+    takes them without a copy; not memoryview), several parts copied one by one into a
+    bytearray. Each copy holds the GIL only for its part (a WAL append, a cached chunk, a WAL
+    range), where one b"".join of a 64 MiB segment's views would hold up the event loop for the
+    whole segment."""
+    if isinstance(data, bytes | bytearray):
+        return data
+    parts = content_parts(data)
+    whole = parts[0].obj if len(parts) == 1 else None
+    if isinstance(whole, bytes | bytearray) and len(whole) == len(parts[0]):
+        return whole  # one view of all of a bytes or bytearray
+    out = bytearray(sum(len(part) for part in parts))
+    view = memoryview(out)
+    pos = 0
+    for part in parts:
+        view[pos : pos + len(part)] = part
+        pos += len(part)
+    view.release()
+    return out
 
 
 class S3ObjectStore(ObjectStore):
@@ -94,24 +120,22 @@ class S3ObjectStore(ObjectStore):
     async def put(
         self,
         key: str,
-        data: bytes | bytearray | memoryview,
+        data: Content,
         *,
         if_none_match: bool = False,
         if_match: str | None = None,
     ) -> str:
-        params: dict[str, Any] = {
-            "Bucket": self.bucket,
-            "Key": self._full(key),
-            # botocore takes bytes and bytearray as they are (a compacted segment is a
-            # bytearray of up to segment.bytes: no copy on the event loop); not memoryview
-            "Body": data if isinstance(data, bytes | bytearray) else bytes(data),
-        }
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
         if if_none_match:
             params["IfNoneMatch"] = "*"
         if if_match is not None:
             params["IfMatch"] = if_match
+
+        def call() -> Any:
+            return self._client.put_object(Body=_body(data), **params)
+
         try:
-            response = await self._call(f"PUT {key}", self._client.put_object, **params)
+            response = await self._call(f"PUT {key}", call)
         except ObjectNotFound as exc:  # If-Match on a key that no longer exists
             raise PreconditionFailed(f"PUT {key}: object is gone") from exc
         return str(response["ETag"])
