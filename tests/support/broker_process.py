@@ -101,6 +101,18 @@ class BrokerProcess:
             time.sleep(0.05)
         raise TimeoutError(f"broker not ready after {timeout_s}s ({last}):\n{self.tail_log()}")
 
+    def __enter__(self) -> BrokerProcess:
+        """Start; a start that fails stops whatever it left running."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM and wait: the broker drains and closes partitions cleanly."""
         if self.proc is None or self.proc.poll() is not None:

@@ -59,6 +59,18 @@ class LocalClusterProcess:
             time.sleep(0.1)
         raise TimeoutError(f"local cluster did not start:\n{self.tail()}")
 
+    def __enter__(self) -> LocalClusterProcess:
+        """Start; a start that fails stops whatever it left running."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)

@@ -29,23 +29,15 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
 
 @pytest.fixture
 def broker(storage: Storage, tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(storage.url, tmp_path / "logs", env=storage.env)
-    proc.start()
-    try:
+    with BrokerProcess(storage.url, tmp_path / "logs", env=storage.env) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture
 def local_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A broker on the local-directory store only (protocol-level tests)."""
-    proc = BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs")
-    proc.start()
-    try:
+    with BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def topic_name() -> str:

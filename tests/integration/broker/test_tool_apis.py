@@ -25,12 +25,8 @@ TOPIC, BROKER = 2, 4
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     base = tmp_path_factory.mktemp("tool-apis")
-    proc = BrokerProcess(f"file://{base / 'objects'}", base / "logs")
-    proc.start()
-    try:
+    with BrokerProcess(f"file://{base / 'objects'}", base / "logs") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture

@@ -25,16 +25,12 @@ PARTITIONS = 12
 
 @pytest.fixture
 def cluster(s3_server: Any, tmp_path: Path) -> Iterator[LocalClusterProcess]:
-    c = LocalClusterProcess(
+    with LocalClusterProcess(
         tmp_path / "cluster", brokers=3,
         storage_url=s3_server.url(prefix=f"cluster-{uuid.uuid4().hex[:8]}"),
         env=s3_server.env(),
-    )  # fmt: skip
-    c.start()
-    try:
+    ) as c:  # fmt: skip
         yield c
-    finally:
-        c.stop()
 
 
 class ContinuousProducer:

@@ -29,15 +29,11 @@ pytestmark = pytest.mark.integration
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClusterProcess]:
     # long enough that a broker stopped with SIGSTOP for a few CLI calls is neither declared
     # dead nor fenced meanwhile (the cancel test holds a move half way that way)
-    c = LocalClusterProcess(
+    with LocalClusterProcess(
         tmp_path_factory.mktemp("reassign-cli") / "cluster", brokers=3,
         env={"TIDALMQ_SESSION_TIMEOUT_S": "60", "TIDALMQ_ELECTION_TIMEOUT_S": "60"},
-    )  # fmt: skip
-    c.start()
-    try:
+    ) as c:  # fmt: skip
         yield c
-    finally:
-        c.stop()
 
 
 def reassign(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
