@@ -404,9 +404,12 @@ def test_a_reassignment_cancelled_before_it_starts_moves_nothing(
 SLOW_FAILOVER = {"TIDALMQ_SESSION_TIMEOUT_S": "60", "TIDALMQ_ELECTION_TIMEOUT_S": "60"}
 
 
-def half_way(d: dict[str, Any], topic_name: str) -> tuple[int, dict[int, int], dict[int, int]]:
+def half_way(
+    d: dict[str, Any], topic_name: str
+) -> tuple[BrokerProcess, set[int], dict[int, int], dict[int, int]]:
     """A Topic of 6 partitions on 3 brokers whose broker `stuck` (the leader of partition 0) is
-    stopped with SIGSTOP; returns (stuck, source of each partition, target of each partition):
+    stopped with SIGSTOP; returns (the stopped broker, its partitions, source of each partition,
+    target of each partition):
     the stuck broker's partitions go to a live broker (their moves stay in Closing, their source
     cannot close), the others swap between the two live brokers (their moves finish)."""
     before = ready_topic(d, topic_name, 6)
@@ -416,7 +419,7 @@ def half_way(d: dict[str, Any], topic_name: str) -> tuple[int, dict[int, int], d
     target = {p: (a if s == stuck else (b if s == a else a)) for p, s in source.items()}
     broker = next(x for x in d["brokers"] if x.broker_id == stuck)
     os.kill(broker.proc.pid, signal.SIGSTOP)
-    return stuck, source, target
+    return broker, {p for p, s in source.items() if s == stuck}, source, target
 
 
 def rows_of(d: dict[str, Any], name: str) -> dict[int, dict[str, Any]]:
@@ -430,9 +433,7 @@ def test_cancel_half_way_rolls_back_the_moves_in_flight(deployment: dict[str, An
     source is stopped, so they stay in Closing) roll back to their source brokers; the moves
     already Done stay Done; the resource ends Cancelled with a condition and Events."""
     d = deployment
-    stuck, source, target = half_way(d, "halfway")
-    stuck_parts = {p for p, s in source.items() if s == stuck}
-    broker = next(x for x in d["brokers"] if x.broker_id == stuck)
+    broker, stuck_parts, source, target = half_way(d, "halfway")
     try:
         apply(d, reassignment("half", target, "halfway"))
 
@@ -483,9 +484,7 @@ def test_an_operator_restart_keeps_the_figures_of_finished_moves(
     unavailability: the new controller no longer tracks them); a move in flight across the
     restart keeps its start; no step is announced twice."""
     d = deployment
-    stuck, source, target = half_way(d, "restarted")
-    stuck_parts = {p for p, s in source.items() if s == stuck}
-    broker = next(x for x in d["brokers"] if x.broker_id == stuck)
+    broker, stuck_parts, source, target = half_way(d, "restarted")
     try:
         apply(d, reassignment("across", target, "restarted"))
 
