@@ -28,7 +28,7 @@ from confluent_kafka import (
     Producer,
 )
 from confluent_kafka import TopicPartition as KafkaTP
-from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, OffsetSpec
 from kafka import KafkaConsumer
 
 from tests.support.local_cluster import LocalClusterProcess
@@ -337,6 +337,12 @@ def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterPro
         assert producer.flush(60) == 0
 
     produce(range(0, 200))
+    # one record in queue 0 timestamped a minute ahead: after the remap it lies in the sealed
+    # item, where the greatest timestamp must still be found
+    producer.produce(name, value=b"400", partition=0, timestamp=int(time.time() * 1000) + 60_000,
+                     on_delivery=lambda e, m: acked.__setitem__(400, (m.partition(), m.offset(),
+                                                                      m.timestamp()[1])))  # fmt: skip
+    assert producer.flush(60) == 0
     time.sleep(0.05)
     boundary = int(time.time() * 1000)
     out = cli(cluster, "remap", name, "--move", "0:1:strict", "--move", "1:2:available", *ctl)
@@ -376,7 +382,7 @@ def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterPro
     )  # fmt: skip
     seen = [(m.partition, m.offset, int(m.value)) for m in consumer]
     consumer.close()
-    assert sorted(v for _, _, v in seen) == list(range(400))
+    assert sorted(v for _, _, v in seen) == list(range(401))
     for partition, offset, value in seen:
         assert acked[value][:2] == (partition, offset)
     for q in range(4):
@@ -392,7 +398,18 @@ def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterPro
         assert low == 0 and high == last + 1
         (found,) = probe.offsets_for_times([KafkaTP(name, q, boundary)], timeout=30)
         after = [acked[v][1] for v in range(200, 400) if acked[v][0] == q]
-        assert found.offset == min(after), (q, found.offset, min(after))
+        # in queue 0 the record a minute ahead, written before the remap, comes first
+        expected = acked[400][1] if q == 0 else min(after)
+        assert found.offset == expected, (q, found.offset, expected)
+        # MAX_TIMESTAMP (ListOffsets v7): the first record with the greatest timestamp, over
+        # every item of the logic queue
+        in_queue = [(ts, offset) for p, offset, ts in acked.values() if p == q]
+        top = max(ts for ts, _ in in_queue)
+        want = min(offset for ts, offset in in_queue if ts == top)
+        assert q != 0 or want == acked[400][1]  # the test's own record is queue 0's greatest
+        tp = KafkaTP(name, q)
+        got = admin.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(30)
+        assert (got.offset, got.timestamp) == (want, top), (q, got, want, top)
     probe.close()
 
     # deleting the static topic deletes its physical queues too

@@ -8,6 +8,7 @@ import re
 from urllib.parse import urlsplit
 
 import pytest
+from confluent_kafka import Producer
 from tidalmq_broker.apis.registry import REGISTRY
 
 from bench.kafka.harness import console_produce, run_tool
@@ -223,6 +224,25 @@ def test_get_offsets_and_log_dirs(tidalmq: BrokerProcess) -> None:
         size = sizes[f"{topic}-{partition}"]
         assert size > 10 * count if count else size == 0, sizes
     assert all(not p["isFuture"] and p["offsetLag"] == 0 for p in log_dir["partitions"])
+
+
+def test_get_offsets_max_timestamp(tidalmq: BrokerProcess) -> None:
+    """`kafka-get-offsets --time -3` (ListOffsets v7, KIP-734): the offset of the record with
+    the greatest timestamp, which is neither the newest record nor a batch's first offset."""
+    b = tidalmq.bootstrap
+    topic = name("maxts")
+    create_topic(b, topic, 1)
+    producer = Producer({"bootstrap.servers": b, "acks": "all", "linger.ms": 50})
+    t0 = 1_700_000_000_000
+    for ts in (t0 + 5, t0 + 40, t0 + 900, t0 + 10, t0 + 900, t0 + 20):  # one batch (linger)
+        producer.produce(topic, b"v", partition=0, timestamp=ts)
+    assert producer.flush(30) == 0
+    producer.produce(topic, b"later", partition=0, timestamp=t0 + 100)  # a newer batch
+    assert producer.flush(30) == 0
+    out = tool("kafka-get-offsets", "--topic", topic, "--time", "-3", bootstrap=b).split()
+    assert out == [f"{topic}:0:2"], out  # the first of the two records at t0 + 900
+    latest = tool("kafka-get-offsets", "--topic", topic, bootstrap=b).split()
+    assert latest == [f"{topic}:0:7"], latest
 
 
 def test_leader_election_finds_the_preferred_leader_in_place(tidalmq: BrokerProcess) -> None:

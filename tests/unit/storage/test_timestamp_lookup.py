@@ -47,3 +47,36 @@ async def test_the_first_record_at_or_after_the_target(plog: PartitionLog, codec
     # records below the log start are never answered
     await plog.delete_records_before(2)
     assert await _lookup(plog, T0) == (2, T0 + 20)
+
+
+async def _max(plog: PartitionLog) -> tuple[int, int] | None:
+    found = await plog.offset_of_max_timestamp()
+    return None if found is None else (found.offset, found.timestamp)
+
+
+@pytest.mark.parametrize("codec", [0, 4], ids=["none", "zstd"])
+async def test_max_timestamp_is_the_first_record_holding_the_greatest_timestamp(
+    plog: PartitionLog, codec: int
+) -> None:
+    """ListOffsets MAX_TIMESTAMP (-3): the record with the greatest timestamp, not the last
+    record nor a batch's first offset; on a tie the earlier record, as Kafka answers."""
+    assert await _max(plog) is None  # an empty log
+    await plog.append(client_batch([T0, T0 + 500, T0 + 20], compression=codec))  # 0-2
+    await plog.append(client_batch([T0 + 30, T0 + 40], compression=codec))  # 3-4
+    assert await _max(plog) == (1, T0 + 500)  # inside the first batch, not the newest
+    await plog.append(client_batch([T0 + 50, T0 + 500, T0 + 900, T0 + 900]))  # 5-8
+    assert await _max(plog) == (7, T0 + 900)  # the first of two records with the maximum
+    # records below the log start are never answered: the next greatest one is
+    await plog.delete_records_before(8)
+    assert await _max(plog) == (8, T0 + 900)
+    await plog.delete_records_before(9)
+    assert await _max(plog) is None
+
+
+async def test_max_timestamp_over_several_flushes(plog: PartitionLog) -> None:
+    """Batches in separate WAL objects (separate index entries): the entry with the greatest
+    max timestamp is found whatever its place, and an earlier entry wins a tie."""
+    stamps = [T0 + 7, T0 + 300, T0 + 3, T0 + 300, T0 + 100]
+    for ts in stamps:
+        await plog.append(client_batch([ts]))  # one flush each (acks wait for durability)
+    assert await _max(plog) == (1, T0 + 300)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 EARLIEST = -2
 LATEST = -1
+MAX_TIMESTAMP = -3  # ListOffsets v7 (KIP-734): the record with the greatest timestamp
 
 
 def check_leader_epoch(plog: PartitionLog, requested: int) -> ErrorCode | None:
@@ -137,7 +138,7 @@ def _fetch_error(body: Any, code: ErrorCode, version: int) -> EncodedBody:
     return encode_fetch_response(version, topics, error_code=code.value)
 
 
-@api(2, "ListOffsets", 1, 6)
+@api(2, "ListOffsets", 1, 7)
 async def handle_list_offsets(broker: Broker, request: Request, conn: Connection) -> Any:
     topics = []
     for topic in request.body.topics:
@@ -157,6 +158,10 @@ async def handle_list_offsets(broker: Broker, request: Request, conn: Connection
                     out["offset"] = plog.log_start_offset
                 elif p.timestamp == LATEST:
                     out["offset"] = plog.high_watermark
+                elif p.timestamp == MAX_TIMESTAMP and request.api_version >= 7:
+                    found = await plog.offset_of_max_timestamp()
+                    if found is not None:
+                        out["offset"], out["timestamp"] = found.offset, found.timestamp
                 else:
                     found = await plog.offset_for_timestamp(p.timestamp)
                     if found is not None:

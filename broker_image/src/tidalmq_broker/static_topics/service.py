@@ -394,6 +394,29 @@ class LogicQueueLog:
                 return TimestampLookup(item.to_logic(found.offset), found.timestamp)
         return None
 
+    async def offset_of_max_timestamp(self) -> TimestampLookup | None:
+        """The first record with the greatest timestamp over every item (logic offsets: an
+        earlier item's record wins a tie, as the first occurrence in the log would)."""
+        best: TimestampLookup | None = None
+        for item in self._items:
+            if not item.decided:
+                continue
+            if item is self._leader:
+                found = await self._plog.offset_of_max_timestamp()
+            else:
+                reader = await self._svc.ready_reader(self._phys, item, self._phys_id)
+                found = await reader.offset_of_max_timestamp()
+            if found is None:
+                continue
+            logic = TimestampLookup(item.to_logic(found.offset), found.timestamp)
+            if (
+                best is None
+                or logic.timestamp > best.timestamp
+                or (logic.timestamp == best.timestamp and logic.offset < best.offset)
+            ):
+                best = logic
+        return best
+
     async def delete_records_before(self, offset: int) -> int:
         raise InvalidRecord(
             f"{self._tp} is a logic queue of a static topic: its records are deleted by "

@@ -205,6 +205,11 @@ class PartitionLog(Protocol):
         record's timestamp, as Kafka answers ListOffsets by timestamp; None if there is none."""
         ...
 
+    async def offset_of_max_timestamp(self) -> TimestampLookup | None:
+        """The first record (from the log start) with the greatest timestamp of the log, as
+        Kafka answers ListOffsets MAX_TIMESTAMP (-3); None if the log holds no record."""
+        ...
+
     async def delete_records_before(self, offset: int) -> int:
         """Advance the log start offset (DeleteRecords; used by the group coordinator after a
         snapshot). Returns the new log start offset."""

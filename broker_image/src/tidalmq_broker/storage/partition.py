@@ -52,7 +52,7 @@ from tidalmq_broker.storage.checkpoint import Checkpoint
 from tidalmq_broker.storage.index import IndexEntry, OffsetIndex
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound
 from tidalmq_broker.storage.producer_state import BatchMeta, ProducerEntry, ProducerStateTable
-from tidalmq_broker.storage.timestamps import first_record_at
+from tidalmq_broker.storage.timestamps import first_record_at, max_timestamp_record
 from tidalmq_broker.storage.wal import ProducerBatch, WalEntry
 from tidalmq_broker.storage.wal_writer import PendingAppend
 
@@ -564,6 +564,11 @@ class Partition:
                 return found
             i += 1
         return None
+
+    async def offset_of_max_timestamp(self) -> TimestampLookup | None:
+        return await max_timestamp_record(
+            self._index.entries, self._log_start, self.read_entry, self._tp
+        )
 
     # ---------------------------------------------------------------- checkpoints
     @property

@@ -42,7 +42,7 @@ from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore
 from tidalmq_broker.storage.partition import _slice_batches
 from tidalmq_broker.storage.producer_state import ProducerStateTable
 from tidalmq_broker.storage.recovery import recover_tail
-from tidalmq_broker.storage.timestamps import first_record_at
+from tidalmq_broker.storage.timestamps import first_record_at, max_timestamp_record
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +296,14 @@ class ClosedPartitionReader:
                 out[e.base_offset] = blob[e.position - start : e.end_position - start]
                 j += 1
         return out
+
+    async def offset_of_max_timestamp(self) -> TimestampLookup | None:
+        await self.load()
+
+        async def read(entry: IndexEntry) -> bytes | memoryview:
+            return (await self._fetch([entry]))[entry.base_offset]
+
+        return await max_timestamp_record(self._index.entries, self.log_start_offset, read, self.tp)
 
     async def offset_for_timestamp(self, timestamp_ms: int) -> TimestampLookup | None:
         await self.load()
