@@ -55,6 +55,7 @@ from tidalmq_broker.storage.api import (
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.producer_state import BatchMeta, ProducerEntry
 from tidalmq_broker.storage.sealed import ClosedPartitionReader
+from tidalmq_broker.storage.timestamps import first_of_greatest
 
 if TYPE_CHECKING:
     from tidalmq_broker.partitions import PartitionManager
@@ -406,15 +407,9 @@ class LogicQueueLog:
             else:
                 reader = await self._svc.ready_reader(self._phys, item, self._phys_id)
                 found = await reader.offset_of_max_timestamp()
-            if found is None:
-                continue
-            logic = TimestampLookup(item.to_logic(found.offset), found.timestamp)
-            if (
-                best is None
-                or logic.timestamp > best.timestamp
-                or (logic.timestamp == best.timestamp and logic.offset < best.offset)
-            ):
-                best = logic
+            if found is not None:
+                logic = TimestampLookup(item.to_logic(found.offset), found.timestamp)
+                best = first_of_greatest(best, logic)
         return best
 
     async def delete_records_before(self, offset: int) -> int:

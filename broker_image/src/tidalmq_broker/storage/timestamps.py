@@ -53,14 +53,20 @@ async def max_timestamp_record(
     for entry in sorted(live, key=lambda e: -e.max_timestamp):  # stable: offset order on ties
         if best is not None and entry.max_timestamp < best.timestamp:
             break
-        found = _max_record(await read(entry), log_start, where)
-        if found is not None and (
-            best is None
-            or found.timestamp > best.timestamp
-            or (found.timestamp == best.timestamp and found.offset < best.offset)
-        ):
-            best = found
+        best = first_of_greatest(best, _max_record(await read(entry), log_start, where))
     return best
+
+
+def first_of_greatest(
+    a: TimestampLookup | None, b: TimestampLookup | None
+) -> TimestampLookup | None:
+    """Of two MAX_TIMESTAMP candidates, the one Kafka answers: the greater timestamp, or on a
+    tie the earlier offset (the first occurrence in the log)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b, key=lambda x: (-x.timestamp, x.offset))
 
 
 def _max_record(data: bytes | memoryview, log_start: int, where: object) -> TimestampLookup | None:
