@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.started import StartedInWith
+
 _SERVING = re.compile(r"serving on (\S+):(\d+)")
 
 
@@ -28,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class BrokerProcess:
+class BrokerProcess(StartedInWith):
     def __init__(
         self,
         storage_url: str,
@@ -100,18 +102,6 @@ class BrokerProcess:
                 last = str(exc)
             time.sleep(0.05)
         raise TimeoutError(f"broker not ready after {timeout_s}s ({last}):\n{self.tail_log()}")
-
-    def __enter__(self) -> BrokerProcess:
-        """Start; a start that fails stops whatever it left running."""
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM and wait: the broker drains and closes partitions cleanly."""

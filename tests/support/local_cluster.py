@@ -14,8 +14,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.support.started import StartedInWith
 
-class LocalClusterProcess:
+
+class LocalClusterProcess(StartedInWith):
     def __init__(
         self, data_dir: Path, *, brokers: int = 3, storage_url: str = "",
         env: dict[str, str] | None = None,
@@ -58,18 +60,6 @@ class LocalClusterProcess:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"local cluster did not start:\n{self.tail()}")
-
-    def __enter__(self) -> LocalClusterProcess:
-        """Start; a start that fails stops whatever it left running."""
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
