@@ -391,8 +391,10 @@ def test_a_reassignment_cancelled_before_it_starts_moves_nothing(
         assert "nothing was moved" in c["message"]
         assert pr["status"]["progress"] == "0/6"
         assert [r["phase"] for r in pr["status"]["partitions"]] == ["Cancelled"] * 6
+        # the Cancelled Event follows the status patch: wait for it
+        wait_for(lambda name=name: "Cancelled" in [e["reason"] for e in events_of(d, name)],
+                 what=f"{name}'s Cancelled event")  # fmt: skip
         reasons = [e["reason"] for e in events_of(d, name)]
-        assert "Cancelled" in reasons
         assert not [r for r in reasons if r == "Started" or r.startswith("Partition")], reasons
     time.sleep(3)  # a move submitted by mistake would have shown by now
     assert placement(d, "still") == before

@@ -179,6 +179,9 @@ class Env:
         items = self.core.list_namespaced_event(self.ns).items
         return [e for e in items if e.involved_object.name == name]
 
+    def reasons(self, name: str) -> set[str]:
+        return {e.reason for e in self.events(name)}
+
     # ------------------------------------------------------------------ the driver
     def job(self, body: dict[str, Any]) -> Any:
         meta = body["metadata"]
@@ -375,8 +378,9 @@ async def test_a_restarted_operator_attaches_to_its_planner_and_auto_approves(en
     await wait_until(phase_is(env, "auto", "Running"), "Running without an approval")
     assert env.submits() == [env.job(body).driver_pod]  # one launch only
     assert submitted(env.controller) == as_moves(moves) and on_the_way(env.controller, moves)
-    reasons = {e.reason for e in env.events("auto")}
-    assert {"PlannerAttached", "Planned", "Started"} <= reasons, reasons
+    # the Event follows the status patch: wait for it rather than read the list once
+    await wait_until(lambda: {"PlannerAttached", "Planned", "Started"} <= env.reasons("auto"),
+                     "PlannerAttached, Planned and Started events")  # fmt: skip
 
 
 async def test_cancel_while_planning_stops_the_driver(env: Env) -> None:
@@ -401,6 +405,7 @@ async def test_a_failed_planner_fails_the_resource(env: Env) -> None:
     await env.start(body)
     await env.play_driver(body, None, fail=True)
     await wait_until(phase_is(env, "broken", "Failed"), "Failed")
+    await wait_until(lambda: "PlannerFailed" in env.reasons("broken"), "PlannerFailed event")
     pr = env.get("broken")
     assert "Error (exit code 1): Prometheus unreachable" in cond(pr, "Planned")["message"]  # type: ignore[index]
     assert cond(pr, "Complete")["reason"] == "Failed"  # type: ignore[index]
