@@ -8,8 +8,11 @@ row must carry everything worth keeping:
   controller no longer tracks a move that finished before the restart, and the row keeps its
   source, times and unavailability as the earlier operator reported them;
 - a row whose move the controller tracks takes the tracker's figures, except that a move in
-  flight across an operator restart keeps its earlier startTime (the new tracker starts timing it
-  at the restart; its unavailableMs then counts from the restart, and its message says so);
+  flight across an operator restart keeps its earlier startTime. The new tracker resumes it from
+  the move's durable start in the metadata (`move_started_ms`, stamped before the commit that
+  recorded the move, so up to one commit before the first tracker's stamp), or, in metadata
+  without one, starts timing it at the restart (its unavailableMs then counts from the restart,
+  and its message says so);
 - a row with no tracked move takes the earlier row's figures and the metadata's word: the
   partition served by its target is Done; one no longer moving and elsewhere, after spec.cancel,
   is Cancelled (rolled back while no operator watched).
@@ -118,9 +121,13 @@ def reassignment_row(
             "message": m.reason or None,
         }  # fmt: skip
         earlier = before.get("startTime")
-        if earlier and earlier < row["startTime"]:
+        if earlier:  # reported by an earlier operator: the row's start does not move
+            if earlier < row["startTime"]:  # the new tracker timed the move from the restart
+                row["message"] = f"{m.reason}; {RESUMED_NOTE}" if m.reason else RESUMED_NOTE
+            # else the new tracker took the move's durable start, stamped just before the
+            # metadata commit that recorded it, while the first tracker stamped it just after:
+            # up to one commit earlier, which may fall in the second before
             row["startTime"] = earlier
-            row["message"] = f"{m.reason}; {RESUMED_NOTE}" if m.reason else RESUMED_NOTE
         return {k: v for k, v in row.items() if v is not None}
     row = {**before, **base, "phase": before.get("phase") or Phase.PENDING.value}
     if part is not None and not part.moving:

@@ -100,6 +100,18 @@ def test_a_move_in_flight_across_a_restart_keeps_its_start() -> None:
     assert RESUMED_NOTE in row["message"]
 
 
+def test_a_move_resumed_from_its_durable_start_keeps_the_reported_start() -> None:
+    """The durable start is stamped before the metadata commit, the first tracker's after it:
+    across a second boundary the resumed move looked as if it had started a second earlier."""
+    before = {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Closing",
+              "startTime": now_iso(T0 + 1)}  # fmt: skip
+    resumed = move(Phase.OPENING, started=T0 + 0.98, closed=T0 + 5, elected=T0 + 5,
+                   reason="resumed after controller restart")  # fmt: skip
+    row = reassignment_row(ENTRY, resumed, before, part(0, moving_to=2), cancel_requested=False)
+    assert row["startTime"] == now_iso(T0 + 1) and row["phase"] == "Opening"
+    assert row["message"] == "resumed after controller restart"  # not timed again
+
+
 def test_untracked_rows_follow_the_metadata() -> None:
     pending = {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Closing",
                "startTime": now_iso(T0)}  # fmt: skip
