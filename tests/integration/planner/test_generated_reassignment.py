@@ -332,7 +332,7 @@ async def test_plan_then_approve_moves_the_partitions(env: Env) -> None:
     await wait_until(lambda: not env.exists(env.core.read_namespaced_pod, job.driver_pod),
                      "driver pod deleted")  # fmt: skip
     assert not env.exists(env.core.read_namespaced_config_map, job.configmap)
-    reasons = {e.reason for e in env.events("rebalance")}
+    reasons = env.reasons("rebalance")
     assert {"Planning", "PlannerSubmitting", "PlannerRunning", "Planned"} <= reasons, reasons
     assert submitted(env.controller) == [] and moving(env.controller) == {}  # not before approval
     assert env.submits() == [job.driver_pod]
@@ -343,7 +343,7 @@ async def test_plan_then_approve_moves_the_partitions(env: Env) -> None:
     assert submitted(env.controller) == as_moves(moves) and on_the_way(env.controller, moves)
     status = env.status("rebalance")
     assert status["phase"] == "Running" and status["progress"] == "0/2" and status["startTime"]
-    assert "Started" in {e.reason for e in env.events("rebalance")}
+    assert "Started" in env.reasons("rebalance")
     # the spec.partitions path's progress tracking takes over
     await env.rt.publish()
     rows = env.status("rebalance")["partitions"]
