@@ -40,7 +40,6 @@ from e2e.kube import (
     logs_dir,
     run,
     script_settings,
-    wait_until,
 )
 
 
@@ -233,23 +232,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for one test, deleted afterwards (its state is printed if the test failed)."""
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"e2e-{base}-{secrets.token_hex(3)}"
-    cluster.kubectl("create", "namespace", name)
-    # Pods are refused until the namespace's default ServiceAccount exists.
-    wait_until(
-        f"the default ServiceAccount of {name}",
-        lambda: cluster.kubectl("-n", name, "get", "serviceaccount", "default", "-o", "name"),
-        timeout=60,
-        interval=0.5,
-    )
+    name = cluster.create_namespace(f"e2e-{base}-{secrets.token_hex(3)}")
     try:
         yield name
     finally:
         report = getattr(request.node, "rep_call", None)
         if report is not None and report.failed:
             sys.stderr.write(f"\n--- state of namespace {name} ---\n{cluster.describe(name)}\n")
-        try:
-            cluster.kubectl("delete", "namespace", name, "--wait=false")
+        try:  # a test may have deleted it already (e.g. to time the deletion)
+            cluster.delete_namespace(name)
         except CommandError as exc:  # the session teardown removes it with the cluster anyway
             sys.stderr.write(f"could not delete namespace {name}: {exc}\n")
 

@@ -141,6 +141,28 @@ class Cluster:
         ns = ["-n", namespace] if namespace else []
         return self.kubectl(*ns, "apply", "-f", "-", input=manifest)
 
+    def create_namespace(self, name: str) -> str:
+        """Creates the namespace and waits for its default ServiceAccount (pods are refused
+        until it exists); returns the name."""
+        self.kubectl("create", "namespace", name)
+        wait_until(
+            f"the default ServiceAccount of {name}",
+            lambda: self.kubectl("-n", name, "get", "serviceaccount", "default", "-o", "name"),
+            timeout=60,
+            interval=0.5,
+        )
+        return name
+
+    def delete_namespace(self, name: str, *, wait: bool = False, timeout: float = 300) -> float:
+        """Deletes the namespace (nothing if it is gone already); with `wait`, until it is gone,
+        failing after `timeout`. Returns the seconds it took."""
+        started = time.monotonic()
+        self.kubectl(
+            "delete", "namespace", name, "--ignore-not-found", f"--wait={str(wait).lower()}",
+            f"--timeout={int(timeout)}s", timeout=timeout + 30,
+        )  # fmt: skip
+        return time.monotonic() - started
+
     def helm(self, *args: str, timeout: float = 300) -> str:
         return run([self.helm_bin, *args], env=self.env, timeout=timeout).stdout
 

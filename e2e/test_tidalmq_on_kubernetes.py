@@ -26,8 +26,6 @@ import statistics
 import subprocess
 import threading
 import time
-import uuid
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 
 from e2e.kube import Cluster, RecordFigure, wait_until
+from e2e.producing import PROBE_KEY, RateProducer, verify
 from e2e.tidalmq_release import (
     CHART,
     RELEASE,
@@ -50,7 +49,6 @@ from e2e.tidalmq_release import (
 )
 
 PARTITIONS = 24
-PROBE_KEY = b"probe"  # records of ServingProbe: not the RateProducer's, verify() leaves them out
 SCALE_IN_P99_TARGET_S = 1.0  # the issue's target
 SCALE_IN_P99_BOUND_S = 5.0  # asserted: catches regressions on a loaded 2-core CI machine
 READY_TO_SERVING_TARGET_S = 5.0  # the issue's target for 24 partitions, asserted
@@ -65,109 +63,6 @@ def minio(cluster: Cluster) -> str:
 def release(cluster: Cluster, namespace: str, minio: str) -> Iterator[dict[str, Any]]:
     with installed_release(cluster, namespace, minio) as installed:
         yield installed
-
-
-class RateProducer:
-    """An idempotent producer at a fixed rate; remembers (produced, acked, partition, offset)."""
-
-    def __init__(self, servers: str, topic: str, rate: int = 400) -> None:
-        self.topic = topic
-        self.rate = rate
-        self.producer = Producer({
-            "bootstrap.servers": servers, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 5, "message.timeout.ms": 300000, "retry.backoff.ms": 50,
-            "topic.metadata.refresh.interval.ms": 2000,
-        })  # fmt: skip
-        self.records: list[tuple[float, float, int, int, int]] = []
-        self.errors: list[str] = []
-        self.sent = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        interval = 1.0 / self.rate
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            seq = self.sent
-            produced = time.time()
-
-            def done(err: Any, msg: Any, seq: int = seq, produced: float = produced) -> None:
-                if err is not None:
-                    self.errors.append(str(err))
-                else:
-                    with self._lock:
-                        self.records.append(
-                            (produced, time.time(), msg.partition(), msg.offset(), seq)
-                        )
-
-            try:
-                self.producer.produce(self.topic, key=b"k%d" % (seq % 101), value=b"%d" % seq,
-                                      on_delivery=done)  # fmt: skip
-                self.sent += 1
-            except BufferError:
-                self.producer.poll(0.05)
-                continue
-            self.producer.poll(0)
-            next_at += interval
-            time.sleep(max(0.0, next_at - time.monotonic()))
-
-    def start(self) -> RateProducer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        assert self.producer.flush(300) == 0, "records never delivered"
-
-    def worst_wait_by_partition(self, start: float, end: float) -> dict[int, float]:
-        out: dict[int, float] = {}
-        with self._lock:
-            for produced, acked, partition, _, _ in self.records:
-                if start <= produced <= end:
-                    out[partition] = max(out.get(partition, 0.0), acked - produced)
-        return out
-
-
-def verify(servers: str, topic: str, producer: RateProducer) -> None:
-    assert not producer.errors, producer.errors[:5]
-    assert len(producer.records) == producer.sent
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"verify-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
-    consumer.subscribe([topic])
-    got: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    count, deadline, idle = 0, time.monotonic() + 300, time.monotonic()
-    while time.monotonic() < deadline:
-        msg = consumer.poll(1.0)
-        if msg is None:
-            if count >= producer.sent and time.monotonic() - idle > 5:
-                break
-            continue
-        if msg.error():
-            raise KafkaException(msg.error())
-        idle = time.monotonic()
-        if msg.key() == PROBE_KEY:
-            continue
-        got[msg.partition()].append((msg.offset(), int(msg.value())))
-        count += 1
-    consumer.close()
-    values = [v for part in got.values() for _, v in part]
-    assert len(values) == len(set(values)), "a record was read twice"
-    assert count == producer.sent, f"read {count}, {producer.sent} were acknowledged"
-    by_offset = {p: dict(rows) for p, rows in got.items()}
-    in_partition = {p: {v for _, v in rows} for p, rows in got.items()}
-    for _, _, partition, offset, seq in producer.records:
-        if offset is None:
-            # librdkafka acknowledges a retried batch without an offset when a later batch of the
-            # same producer was acknowledged first (it infers the retry was persisted): such a
-            # record must still be in its partition
-            assert seq in in_partition.get(partition, set()), (partition, seq, "missing")
-        else:
-            assert by_offset[partition].get(offset) == seq, (partition, offset, seq)
-    for rows in got.values():
-        seqs = [v for _, v in sorted(rows)]
-        assert seqs == sorted(seqs), "out of order within a partition"
 
 
 def scale(cluster: Cluster, ns: str, replicas: int) -> None:

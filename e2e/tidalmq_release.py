@@ -41,16 +41,13 @@ def addon_image(addon: str) -> str:
     return out.strip().splitlines()[-1]
 
 
-@contextmanager
-def installed_release(
-    cluster: Cluster, namespace: str, minio: str, *extra: str
-) -> Iterator[dict[str, Any]]:
-    """The chart with the locally built images, two brokers and the in-cluster MinIO; `extra`:
-    more helm arguments. Uninstalled afterwards."""
+def release_values(cluster: Cluster, minio: str) -> list[str]:
+    """The helm arguments of the releases installed here: the locally built images, two brokers
+    (no HPA, small requests, so several releases fit the 2-core node), brokers advertising their
+    pod IPs (the tests run on the host), and the in-cluster MinIO."""
     repository, tag = cluster.images["broker"].rsplit(":", 1)
     m_repo, m_tag = minio.rsplit(":", 1)
-    cluster.helm(
-        "install", RELEASE, str(CHART), "--namespace", namespace, "--wait", "--timeout", "6m",
+    return [
         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
         "--set", "inClusterObjectStore.enabled=true", "--set", f"objectStore.bucket={BUCKET}",
         "--set", f"inClusterObjectStore.image.repository={m_repo}",
@@ -61,21 +58,36 @@ def installed_release(
         "--set", "autoscaling.enabled=false",
         "--set", "broker.drainTimeoutSeconds=30",
         "--set", "operator.resources.requests.cpu=50m",
-        *extra,
+    ]  # fmt: skip
+
+
+@contextmanager
+def installed_release(
+    cluster: Cluster, namespace: str, minio: str, *extra: str
+) -> Iterator[dict[str, Any]]:
+    """The chart with `release_values`; `extra`: more helm arguments. Uninstalled afterwards."""
+    cluster.helm(
+        "install", RELEASE, str(CHART), "--namespace", namespace, "--wait", "--timeout", "6m",
+        *release_values(cluster, minio), *extra,
         timeout=420,
     )  # fmt: skip
     try:
         yield {"ns": namespace}
     finally:
-        if hasattr(cluster, "describe"):
-            print(cluster.describe(namespace)[-4000:])
-        logs = logs_dir() / "e2e-pods" / namespace
-        try:
-            count = cluster.save_pod_logs(namespace, logs)
-            print(f"logs of {count} pods of {namespace}: {logs}")
-        except Exception as exc:  # the logs are a diagnosis aid: never the reason a test fails
-            print(f"could not save the pod logs of {namespace}: {exc}", file=sys.stderr)
+        save_diagnosis(cluster, namespace)
         uninstall(cluster, namespace)
+
+
+def save_diagnosis(cluster: Cluster, namespace: str) -> None:
+    """Print the namespace's state and keep every pod's logs in the build cache, before the
+    release (and with it the logs) goes."""
+    print(cluster.describe(namespace)[-4000:])
+    logs = logs_dir() / "e2e-pods" / namespace
+    try:
+        count = cluster.save_pod_logs(namespace, logs)
+        print(f"logs of {count} pods of {namespace}: {logs}")
+    except Exception as exc:  # the logs are a diagnosis aid: never the reason a test fails
+        print(f"could not save the pod logs of {namespace}: {exc}", file=sys.stderr)
 
 
 def uninstall(cluster: Cluster, namespace: str, *, through_operator: bool = True) -> None:
@@ -155,6 +167,36 @@ def stored_objects(cluster: Cluster, ns: str, prefix: str) -> list[str]:
 def broker_pods(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
     pods = cluster.kubectl_json("-n", ns, "get", "pods", "-l", "app.kubernetes.io/component=broker")
     return sorted(pods["items"], key=lambda p: p["metadata"]["name"])
+
+
+def release_pods(cluster: Cluster, ns: str) -> dict[str, dict[str, Any]]:
+    """The release's pods by name: component, uid, containers' restarts, phase, whether Ready."""
+    pods = cluster.kubectl_json(
+        "-n", ns, "get", "pods", "-l", f"app.kubernetes.io/instance={RELEASE}"
+    )
+    out = {}
+    for pod in pods["items"]:
+        status = pod.get("status", {})
+        out[pod["metadata"]["name"]] = {
+            "component": pod["metadata"].get("labels", {}).get("app.kubernetes.io/component"),
+            "uid": pod["metadata"]["uid"],
+            "restarts": sum(c.get("restartCount", 0) for c in status.get("containerStatuses", [])),
+            "phase": status.get("phase"),
+            "ready": any(
+                c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+            ),
+            "terminating": "deletionTimestamp" in pod["metadata"],
+        }
+    return out
+
+
+def bootstrap_service(cluster: Cluster, ns: str) -> str:
+    """The bootstrap Service's cluster IP and Kafka port: an address that stays the same while
+    every broker pod is replaced (kube-proxy routes the host's connections to a ready broker),
+    so a client on the host finds the brokers again after all of them moved to new pod IPs."""
+    svc = cluster.kubectl_json("-n", ns, "get", "service", f"{FULL}-bootstrap")
+    port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "kafka")
+    return f"{svc['spec']['clusterIP']}:{port}"
 
 
 def bootstrap(cluster: Cluster, ns: str) -> str:
