@@ -132,6 +132,30 @@ server's generated ones).
 {{- end }}
 {{- end }}
 
+{{/*
+The pods' checksum/object-store annotation: a hash of what decides the credentials the pods read
+from the Secret, so that a pod template changes only when they do (never a render of the Secret
+template, whose generated keys are random in every render that finds no stored Secret):
+- objectStore.existingSecret: its name (after rotating the keys inside it, restart the pods);
+- objectStore.accessKey/secretKey: the keys given in values;
+- generated keys (in-cluster object store without keys in values): a constant, since they are
+  generated once and kept across upgrades (lookup in object-store-secret.yaml);
+- no credentials (pod identity): a constant.
+The storage URL is hashed too (it is in the pods' environment anyway).
+*/}}
+{{- define "tidalmq.objectStoreChecksum" -}}
+{{- $os := .Values.objectStore }}
+{{- $credentials := "none" }}
+{{- if $os.existingSecret }}
+{{- $credentials = printf "existing-secret %s" $os.existingSecret }}
+{{- else if $os.accessKey }}
+{{- $credentials = printf "values %s %s" $os.accessKey $os.secretKey }}
+{{- else if .Values.inClusterObjectStore.enabled }}
+{{- $credentials = printf "generated once, kept in Secret %s" (include "tidalmq.objectStoreName" .) }}
+{{- end }}
+{{- list $credentials (include "tidalmq.storageUrl" .) | toJson | sha256sum }}
+{{- end }}
+
 {{/* Environment shared by brokers and the operator: the object store. */}}
 {{- define "tidalmq.storageEnv" -}}
 - name: TIDALMQ_STORAGE_URL

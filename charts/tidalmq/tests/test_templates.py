@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("helm")
 NAMESPACED = {
     "ServiceAccount", "Role", "RoleBinding", "Deployment", "StatefulSet", "Service",
     "HorizontalPodAutoscaler", "PodDisruptionBudget", "Secret", "KopfPeering", "Pod",
-    "ServiceMonitor",
+    "ServiceMonitor", "Job",
 }  # fmt: skip
 
 
@@ -87,7 +87,8 @@ def test_default_image_is_the_app_version() -> None:
         if line.startswith("appVersion:")
     )
     sts = find(render(), "StatefulSet", STS)
-    assert container(sts, "broker")["image"] == f"tidalmq:{app_version}"
+    # the name e2e/cluster/images.sh builds (test_defaults.py checks the two agree)
+    assert container(sts, "broker")["image"] == f"tidalmq.local/tidalmq:{app_version}"
 
 
 # ---------------------------------------------------------------------------- brokers
@@ -250,7 +251,7 @@ def test_operator_deployment_and_environment_contract(default: list[dict[str, An
     assert env["TIDALMQ_BROKER_SERVICE"] == HEADLESS
     assert env["TIDALMQ_BOOTSTRAP_SERVERS"] == f"{FULL}-bootstrap.{NAMESPACE}.svc:9092"
     assert env["TIDALMQ_SPARK_SERVICE_ACCOUNT"] == f"{FULL}-spark"
-    assert env["TIDALMQ_SPARK_IMAGE"] == "tidalmq-spark:0.1.0"
+    assert env["TIDALMQ_SPARK_IMAGE"] == "tidalmq.local/spark:0.1.0"
     assert env["TIDALMQ_SPARK_SUBMIT"] == "pod"  # the operator image has no Java
     assert "TIDALMQ_PROMETHEUS_URL" not in env
     assert {p["name"]: p["containerPort"] for p in operator["ports"]} == {
@@ -390,7 +391,9 @@ def test_spark_rbac_follows_spark_enabled(default: list[dict[str, Any]]) -> None
     assert not allowed(rules, "", "pods", "create")
     assert not allowed(rules, "", "pods", "delete")
     assert not allowed(rules, "", "configmaps", "create")
-    assert [r["metadata"]["name"] for r in find_all(docs, "Role")] == [OPERATOR]
+    assert [r["metadata"]["name"] for r in find_all(docs, "Role")] == [
+        OPERATOR, f"{FULL}-uninstall",
+    ]  # fmt: skip
     env = env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
     assert "TIDALMQ_SPARK_SERVICE_ACCOUNT" not in env
 
@@ -435,7 +438,7 @@ def test_in_cluster_object_store(full: list[dict[str, Any]]) -> None:
     )
     secret = find(full, "Secret", "tmq-object-store")
     assert set(secret["data"]) == {"access-key", "secret-key"}
-    minio = find(full, "Deployment", "tmq-object-store")
+    minio = find(full, "StatefulSet", "tmq-object-store")
     assert minio["metadata"]["labels"]["app.kubernetes.io/component"] == "object-store"
     server = container(minio, "minio")
     assert server["command"][:3] == ["minio", "server", "/data"]
@@ -451,14 +454,17 @@ def test_in_cluster_object_store(full: list[dict[str, Any]]) -> None:
     assert init["command"] == ["mkdir", "-p", "/data/tidalmq"]  # the bucket
     svc = find(full, "Service", "tmq-object-store")
     assert svc["spec"]["ports"][0]["port"] == 9000
-    assert (
-        svc["spec"]["selector"].items() <= minio["spec"]["template"]["metadata"]["labels"].items()
-    )
+    # the StatefulSet's one pod, by the pod-name label its controller adds (never a pod of the
+    # Deployment earlier chart versions made, during an upgrade)
+    selector = dict(svc["spec"]["selector"])
+    assert selector.pop("statefulset.kubernetes.io/pod-name") == "tmq-object-store-0"
+    assert selector.items() <= minio["spec"]["template"]["metadata"]["labels"].items()
 
 
 def test_no_object_store_objects_by_default(default: list[dict[str, Any]]) -> None:
     assert not find_all(default, "Secret")
     assert [d["metadata"]["name"] for d in find_all(default, "Deployment")] == [OPERATOR]
+    assert [d["metadata"]["name"] for d in find_all(default, "StatefulSet")] == [STS]
 
 
 # ---------------------------------------------------------------------------- metrics
