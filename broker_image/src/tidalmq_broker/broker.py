@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata
+from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.static_mapping import is_physical_topic
 
@@ -90,6 +90,8 @@ class Broker:
         self._registered = False
         self._stopping = False
         self._gauges: asyncio.Task[None] | None = None
+        # high watermarks the controller has acknowledged (heartbeats send what changed since)
+        self._floors_sent: dict[TopicPartition, tuple[str, int]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -111,6 +113,7 @@ class Broker:
         self.groups.offset_keys = static  # committed offsets with Double-Read-Check
         self.partitions.add_hook(self.groups.on_partition)
         self.partitions.add_report(self._report_partition)
+        self.engine.on_store_state = self._store_state_changed
         await self.listener.start(s.host, s.port)
         if s.port == 0:
             s.port = self.listener.port
@@ -198,6 +201,8 @@ class Broker:
         if (snapshot.controller_epoch, snapshot.version) <= current:
             return
         self.metadata = snapshot
+        if self.engine is not None:
+            self.engine.expect_identity(snapshot.cluster_id, snapshot.store_marker)
         if self.partitions is not None and not self._stopping:
             self.partitions.apply(snapshot)
 
@@ -271,13 +276,18 @@ class Broker:
         """Renew the lease. It counts from when the heartbeat was sent, so it always expires
         before the controller's view of it (granted when the heartbeat arrived)."""
         sent = time.monotonic()
+        current = self.partitions.open_high_watermarks()
+        floors = {tp: v for tp, v in current.items() if self._floors_sent.get(tp) != v}
         reply = await self.controller.heartbeat(
             self.broker_id, self.incarnation, self.metadata.version,
             self.partitions.open_partitions(), self.partitions.high_watermarks(is_physical_topic),
+            floors=floors,
         )  # fmt: skip
         if reply.fenced:
             await self._on_fenced(reply.reason)
             return
+        self._floors_sent = {tp: v for tp, v in {**self._floors_sent, **floors}.items()
+                             if tp in current}  # fmt: skip
         self._lease_expiry = sent + reply.lease_s
         if reply.metadata_version > self.metadata.version:
             self.apply_metadata(await self.controller.fetch_metadata())
@@ -289,18 +299,50 @@ class Broker:
             "broker %d fenced by the controller (%s); re-registering", self.broker_id, reason
         )
         self._lease_expiry = 0.0
+        self._floors_sent = {}
         self.partitions.release_all()
         await self.partitions.wait_settled(30)
         self.incarnation = _new_incarnation()
         await self._register_until_done()
 
-    async def _report_partition(self, kind: str, tp: TopicPartition, epoch: int) -> None:
-        if kind == "closed":
+    async def _report_partition(
+        self,
+        kind: str,
+        tp: TopicPartition,
+        epoch: int,
+        *,
+        topic_id: str | None = None,
+        high_watermark: int | None = None,
+        loss: DataLoss | None = None,
+    ) -> None:
+        if kind == "lost":
+            assert loss is not None
+            self.metrics.partition_lost(tp.topic, tp.partition, loss.missing_offsets)
+            self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
+            await self.controller.partition_lost_data(self.broker_id, tp, epoch, loss)
+        elif kind == "forgotten":
+            self.metrics.partition_not_lost(tp.topic, tp.partition)
+            self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
+        elif kind == "closed":
             self.metrics.partition_released(tp.topic, tp.partition)
-            await self.controller.partition_closed(self.broker_id, tp, epoch)
+            await self.controller.partition_closed(
+                self.broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
+            )
         else:
+            self.metrics.partition_not_lost(tp.topic, tp.partition)
+            self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
             self.metrics.partition_led(tp.topic, tp.partition, epoch)
-            await self.controller.partition_opened(self.broker_id, tp, epoch)
+            await self.controller.partition_opened(
+                self.broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
+            )
+
+    def _store_state_changed(self, problem: str | None) -> None:
+        """The engine lost (or found again) the object store: every partition is looked at
+        again (they re-open through the usual checks once the store is back)."""
+        if problem is not None:
+            self._floors_sent = {}
+        if self.partitions is not None and not self._stopping:
+            self.partitions.wake_all()
 
     def controller_id_for_clients(self) -> int:
         """Every broker forwards admin requests to the controller, so clients may use any."""
@@ -327,9 +369,13 @@ class Broker:
             return False, "shutting down"
         if not self._registered:
             return False, "not registered with the controller"
+        if self.engine is not None and self.engine.store_problem is not None:
+            return False, f"object store lost: {self.engine.store_problem}"
         if not self.partitions.is_settled():
             return False, "opening partitions"
-        offsets = [tp.partition for tp in self.partitions.leading() if tp.topic == OFFSETS_TOPIC]
+        lost = self.partitions.lost_partitions()
+        offsets = [tp.partition for tp in self.partitions.leading()
+                   if tp.topic == OFFSETS_TOPIC and tp not in lost]  # fmt: skip
         loaded = {s.partition for s in self.groups.shards()}
         if not set(offsets) <= loaded:
             return False, "loading consumer groups"
@@ -338,6 +384,7 @@ class Broker:
     async def _update_gauges(self) -> None:
         while True:
             self.metrics.partitions_led(len(self.partitions.leading()))
+            self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
             self.metrics.connections(self.listener.connection_count)
             await asyncio.sleep(5)
 

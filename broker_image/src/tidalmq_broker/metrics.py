@@ -43,6 +43,15 @@ LEADER_EPOCH = Gauge(
 PRODUCE_ERRORS = Counter(
     "tidalmq_produce_errors_total", "Produce partition errors", ["topic", "error"]
 )
+PARTITION_MISSING_OFFSETS = Gauge(
+    "tidalmq_partition_missing_offsets",
+    "Acknowledged offsets the object store no longer holds, per lost partition (present only "
+    "while the partition is lost)",
+    ["broker", "topic", "partition"],
+)
+PARTITIONS_LOST = Gauge(
+    "tidalmq_partitions_lost", "Partitions this broker leads whose data is lost", ["broker"]
+)
 PARTITIONS_LED = Gauge("tidalmq_partitions_led", "Partitions this broker leads", ["broker"])
 CONNECTIONS = Gauge("tidalmq_connections", "Open client connections", ["broker"])
 PARTITION_OPEN_SECONDS = Histogram(
@@ -114,6 +123,16 @@ class BrokerMetrics(RequestObserver):
         for metric in (BYTES_IN, RECORDS_IN, BYTES_OUT, LEADER_EPOCH):
             with contextlib.suppress(KeyError):
                 metric.remove(*labels)
+
+    def partition_lost(self, topic: str, partition: int, missing: int) -> None:
+        PARTITION_MISSING_OFFSETS.labels(self._broker, topic, str(partition)).set(missing)
+
+    def partition_not_lost(self, topic: str, partition: int) -> None:
+        with contextlib.suppress(KeyError):
+            PARTITION_MISSING_OFFSETS.remove(self._broker, topic, str(partition))
+
+    def partitions_lost(self, count: int) -> None:
+        PARTITIONS_LOST.labels(self._broker).set(count)
 
     def produce_errors(self, topic: str, error: str) -> None:
         PRODUCE_ERRORS.labels(topic, error).inc()

@@ -15,18 +15,25 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tidalmq_core.metadata import ClusterMetadata, TopicInfo
+from tidalmq_core.metadata import ClusterMetadata, DataLoss, TopicInfo
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.storage.api import (
     PartitionConfig,
+    PartitionDataLost,
     PartitionFenced,
     PartitionLog,
     StorageError,
+    StoreLost,
     StreamEngine,
 )
 
 log = logging.getLogger(__name__)
+
+# A partition whose data is lost is not opened again in a loop: only when a new snapshot changes
+# what is wished of it (an accepted loss bumps the epoch), or this often, to notice a restored
+# store.
+LOST_RETRY_S = 30.0
 
 
 class NotLeader(Exception):
@@ -41,11 +48,31 @@ class UnknownPartition(Exception):
     """UNKNOWN_TOPIC_OR_PARTITION"""
 
 
+class PartitionStorageError(StorageError):
+    """KAFKA_STORAGE_ERROR (retriable): this broker leads the partition but its data is lost
+    (or the whole store is), so it serves neither appends nor reads."""
+
+
 @dataclass(frozen=True, slots=True)
 class Wish:
     topic_id: str
     epoch: int
     config: PartitionConfig
+    created: bool = False
+    end_offset_floor: int = 0
+    accepted_from: int | None = None
+
+    @property
+    def attempt(self) -> tuple[str, int, int | None]:
+        """What a new open attempt of a lost partition must differ in to be worth it."""
+        return (self.topic_id, self.epoch, self.accepted_from)
+
+
+@dataclass(slots=True)
+class LostPartition:
+    attempt: tuple[str, int, int | None]
+    loss: DataLoss
+    retry_at: float  # monotonic
 
 
 def partition_config(topic: TopicInfo) -> PartitionConfig:
@@ -70,8 +97,10 @@ class LogicQueues(Protocol):
 PartitionHook = Callable[[TopicPartition, PartitionLog | None], Awaitable[None]]
 """Called after a partition opened (with its log) or before it closes (with None)."""
 
-PartitionReport = Callable[[str, TopicPartition, int], Awaitable[None]]
-"""Called with ("opened" | "closed", partition, epoch) once the engine finished the step."""
+PartitionReport = Callable[..., Awaitable[None]]
+"""Called as (kind, partition, epoch, topic_id=..., high_watermark=..., loss=...) once the
+engine finished the step: kind "opened" or "closed" (with the partition's next offset then, its
+high watermark), or "lost" (with the DataLoss, once per detection)."""
 
 
 class PartitionManager:
@@ -88,6 +117,7 @@ class PartitionManager:
         self._stopping = False
         self.open_seconds: list[float] = []  # recent open durations (for metrics/benchmarks)
         self.logic_queues: LogicQueues | None = None
+        self._lost: dict[TopicPartition, LostPartition] = {}
 
     def add_hook(self, hook: PartitionHook) -> None:
         self._hooks.append(hook)
@@ -113,10 +143,35 @@ class PartitionManager:
                 out[tp] = plog.high_watermark
         return out
 
-    async def _report(self, kind: str, tp: TopicPartition, epoch: int) -> None:
+    def open_high_watermarks(self) -> dict[TopicPartition, tuple[str, int]]:
+        """(topic id, high watermark) of every partition open here at the wished epoch: the
+        acknowledged ends the controller keeps as durable floors."""
+        out = {}
+        for tp in self._engine.partitions():
+            plog = self._engine.get(tp)
+            wish = self._wishes.get(tp)
+            if plog is None or wish is None or plog.leader_epoch != wish.epoch:
+                continue
+            if getattr(plog, "topic_id", wish.topic_id) == wish.topic_id:
+                out[tp] = (wish.topic_id, plog.high_watermark)
+        return out
+
+    def lost_partitions(self) -> dict[TopicPartition, DataLoss]:
+        """The partitions this broker leads whose data it found missing."""
+        return {tp: lost.loss for tp, lost in self._lost.items() if tp in self._wishes}
+
+    def wake_all(self) -> None:
+        """Look at every partition again (the store came back, or was lost)."""
+        for tp in set(self._wishes) | set(self._engine.partitions()) | set(self._lost):
+            lost = self._lost.get(tp)
+            if lost is not None:
+                lost.retry_at = 0.0
+            self._wake(tp)
+
+    async def _report(self, kind: str, tp: TopicPartition, epoch: int, **detail: object) -> None:
         for report in self._reports:
             try:
-                await report(kind, tp, epoch)
+                await report(kind, tp, epoch, **detail)
             except Exception as exc:
                 log.debug("%s: reporting %s failed: %s", tp, kind, exc)
 
@@ -136,6 +191,17 @@ class PartitionManager:
             if 0 <= tp.partition < self._known_topics.get(tp.topic, 0):
                 raise NotLeader(f"{tp} is led by another broker")
             raise UnknownPartition(f"{tp} does not exist")
+        problem = getattr(self._engine, "store_problem", None)
+        if problem is not None:
+            raise PartitionStorageError(f"{tp}: {problem}")
+        lost = self._lost.get(tp)
+        if lost is not None and (plog is None or plog.leader_epoch != wish.epoch):
+            loss = lost.loss
+            raise PartitionStorageError(
+                f"{tp}: data lost ({loss.reason}): {loss.missing_offsets} acknowledged offsets "
+                f"missing ({loss.found_end}-{loss.expected_end}); "
+                f"`tidalmq recover --accept-data-loss {tp.topic}` continues without them"
+            )
         if plog is None or plog.leader_epoch != wish.epoch:
             raise LeaderNotAvailable(f"{tp} is opening on this broker")
         return plog
@@ -147,6 +213,9 @@ class PartitionManager:
         for tp, wish in self._wishes.items():
             plog = self._engine.get(tp)
             if plog is None or plog.leader_epoch != wish.epoch:
+                lost = self._lost.get(tp)
+                if lost is not None and lost.attempt == wish.attempt:
+                    continue  # as settled as it gets until someone accepts the loss
                 return False
         return all(tp in self._wishes for tp in self._engine.partitions())
 
@@ -171,8 +240,9 @@ class PartitionManager:
             for index, part in enumerate(topic.partitions):
                 if part.leader == self._broker_id:
                     wishes[TopicPartition(topic.name, index)] = Wish(
-                        topic.topic_id, part.leader_epoch, config
-                    )
+                        topic.topic_id, part.leader_epoch, config,
+                        part.created, part.end_offset_floor, part.accepted_from,
+                    )  # fmt: skip
         self._known_topics = {t.name: len(t.partitions) for t in meta.topics.values()}
         touched = set(wishes) | set(self._wishes) | set(self._engine.partitions())
         self._wishes = wishes
@@ -205,6 +275,10 @@ class PartitionManager:
             except PartitionFenced as exc:
                 log.info("%s: fenced (%s); waiting for a newer snapshot", tp, exc)
                 done = True
+            except StoreLost as exc:
+                # the engine tells (on_store_state) when the store is back: no retry loop
+                log.debug("%s: not opened: %s", tp, exc)
+                done = True
             except StorageError as exc:
                 log.warning("%s: storage error, retrying in %.2fs: %s", tp, backoff, exc)
                 done = False
@@ -221,7 +295,9 @@ class PartitionManager:
                 if event.is_set():
                     continue
                 try:
-                    await asyncio.wait_for(event.wait(), timeout=60)
+                    await asyncio.wait_for(
+                        event.wait(), timeout=LOST_RETRY_S if tp in self._lost else 60
+                    )
                 except TimeoutError:
                     if tp not in self._wishes and self._engine.get(tp) is None:
                         break
@@ -232,6 +308,8 @@ class PartitionManager:
         wish = self._wishes.get(tp)
         plog = self._engine.get(tp)
         if wish is None:
+            if self._lost.pop(tp, None) is not None:
+                await self._report("forgotten", tp, -1)
             if plog is not None:
                 await self._close(tp)  # the controller deletes a deleted topic's data
             return True, None
@@ -242,8 +320,24 @@ class PartitionManager:
         if plog is None or plog.leader_epoch < wish.epoch:
             if plog is not None:
                 await self._close(tp)
+            lost = self._lost.get(tp)
+            if (
+                lost is not None
+                and lost.attempt == wish.attempt
+                and time.monotonic() < lost.retry_at
+            ):
+                return True, None  # lost: not again before a new wish or the slow retry
             started = time.perf_counter()
-            plog = await self._engine.open_partition(tp, wish.topic_id, wish.epoch, wish.config)
+            try:
+                plog = await self._engine.open_partition(
+                    tp, wish.topic_id, wish.epoch, wish.config, created=wish.created,
+                    end_offset_floor=wish.end_offset_floor, accepted_from=wish.accepted_from,
+                )  # fmt: skip
+            except PartitionDataLost as exc:
+                await self._mark_lost(tp, wish, exc)
+                return True, None
+            if self._lost.pop(tp, None) is not None:
+                log.warning("%s: serving again at offset %d", tp, plog.high_watermark)
             self.open_seconds.append(time.perf_counter() - started)
             del self.open_seconds[:-1000]
             log.info(
@@ -252,11 +346,44 @@ class PartitionManager:
             )  # fmt: skip
             for hook in self._hooks:
                 await hook(tp, plog)
-            await self._report("opened", tp, wish.epoch)
+            await self._report(
+                "opened", tp, wish.epoch, topic_id=wish.topic_id,
+                high_watermark=plog.high_watermark,
+            )  # fmt: skip
             return True, wish.topic_id
         if plog.config != wish.config:
             await self._engine.update_config(tp, wish.config)
         return True, wish.topic_id
+
+    async def _mark_lost(self, tp: TopicPartition, wish: Wish, exc: PartitionDataLost) -> None:
+        """Keep the partition as lost (get_log answers KAFKA_STORAGE_ERROR) and tell the
+        controller, once per detection (a slow retry that finds the same is not news)."""
+        previous = self._lost.get(tp)
+        loss = DataLoss(
+            expected_end=exc.expected_end,
+            found_end=exc.found_end,
+            detected_ms=int(time.time() * 1000),
+            broker=self._broker_id,
+            reason=exc.reason,
+        )
+        again = previous is not None and (
+            previous.loss.expected_end,
+            previous.loss.found_end,
+            previous.loss.reason,
+        ) == (loss.expected_end, loss.found_end, loss.reason)
+        if again:
+            assert previous is not None
+            loss = previous.loss
+        self._lost[tp] = LostPartition(wish.attempt, loss, time.monotonic() + LOST_RETRY_S)
+        if again:
+            return
+        log.warning(
+            "%s: DATA LOST, not serving it: %s (%d acknowledged offsets missing: %d-%d). "
+            "`tidalmq recover --accept-data-loss %s` continues it at offset %d",
+            tp, loss.reason, loss.missing_offsets, loss.found_end, loss.expected_end,
+            tp.topic, max(loss.expected_end, loss.found_end),
+        )  # fmt: skip
+        await self._report("lost", tp, wish.epoch, topic_id=wish.topic_id, loss=loss)
 
     async def _close(self, tp: TopicPartition) -> None:
         plog = self._engine.get(tp)
@@ -266,7 +393,11 @@ class PartitionManager:
         started = time.perf_counter()
         await self._engine.close_partition(tp)
         log.info("%s: closed in %.0f ms", tp, (time.perf_counter() - started) * 1000)
-        await self._report("closed", tp, epoch)
+        detail: dict[str, object] = {}
+        if plog is not None:
+            detail = {"topic_id": getattr(plog, "topic_id", None),
+                      "high_watermark": plog.high_watermark}  # fmt: skip
+        await self._report("closed", tp, epoch, **detail)
 
     async def stop(self) -> None:
         self._stopping = True

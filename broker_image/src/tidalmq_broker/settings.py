@@ -97,6 +97,13 @@ class BrokerSettings:
         default=_STORAGE.garbage_sweep_interval_s,
         metadata={"help": "how often a full sweep deletes objects no checkpoint needs"},
     )
+    identity_check_interval_ms: float = field(
+        default=_STORAGE.identity_check_interval_ms,
+        metadata={
+            "help": "how often the object store's identity marker is checked (a wiped or "
+            "foreign store stops every read and write)"
+        },
+    )
     max_request_bytes: int = field(
         default=100 * 1024 * 1024, metadata={"help": "largest request accepted"}
     )

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tidalmq_core.model import TopicPartition
 from tidalmq_core.static_mapping import StaticTopicState
 
 NO_LEADER = -1
@@ -78,6 +79,42 @@ class BrokerInfo:
         return cls(**data)
 
 
+@dataclass(frozen=True, slots=True)
+class DataLoss:
+    """A broker found a partition's data missing from the object store: the partition had
+    acknowledged records up to `expected_end` (exclusive), the store holds them up to
+    `found_end`. Kept in the metadata until an operator explicitly accepts the loss."""
+
+    expected_end: int
+    found_end: int
+    detected_ms: int
+    broker: int
+    reason: str  # one line: "checkpoint missing", "store identity marker missing", ...
+
+    @property
+    def missing_offsets(self) -> int:
+        return max(0, self.expected_end - self.found_end)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "expected_end": self.expected_end,
+            "found_end": self.found_end,
+            "detected_ms": self.detected_ms,
+            "broker": self.broker,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DataLoss:
+        return cls(
+            expected_end=int(data["expected_end"]),
+            found_end=int(data["found_end"]),
+            detected_ms=int(data.get("detected_ms", 0)),
+            broker=int(data.get("broker", -1)),
+            reason=str(data.get("reason", "")),
+        )
+
+
 @dataclass(slots=True)
 class PartitionState:
     """Leadership of one partition. `leader` is NO_LEADER while a move closes the source
@@ -90,17 +127,30 @@ class PartitionState:
     original_replicas: list[int] | None = None
     target_replicas: list[int] | None = None
     move_started_ms: int | None = None
+    # data-loss detection ([O2]): once any broker reported the partition opened, its checkpoint
+    # must exist in the store; `end_offset_floor` is a durable lower bound of its next offset
+    # (raised from acknowledged high watermarks only, lowered never); `lost` is set when a
+    # broker found the data missing and cleared only by an explicit accept, which records in
+    # `accepted_from` the offset the partition continues from (cleared once it opened there)
+    created: bool = False
+    end_offset_floor: int = 0
+    lost: DataLoss | None = None
+    accepted_from: int | None = None
 
     @property
     def moving(self) -> bool:
         return self.target_replicas is not None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["lost"] = None if self.lost is None else self.lost.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PartitionState:
-        return cls(**data)
+        fields = dict(data)
+        lost = fields.pop("lost", None)
+        return cls(**fields, lost=None if lost is None else DataLoss.from_json(lost))
 
 
 @dataclass(slots=True)
@@ -174,6 +224,10 @@ class ClusterMetadata:
     broker_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     # static topics (seed 002) by Kafka name: their queue mapping copies
     static_topics: dict[str, StaticTopicState] = field(default_factory=dict)
+    # True once the controller wrote the object store's identity marker (cluster/identity) for
+    # this cluster. False in documents older than the marker: write it now (an upgrade), it
+    # does not mean the store was lost.
+    store_marker: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -186,6 +240,7 @@ class ClusterMetadata:
             "pending_deletions": [list(d) for d in self.pending_deletions],
             "broker_configs": {k: dict(v) for k, v in sorted(self.broker_configs.items())},
             "static_topics": {k: v.to_json() for k, v in sorted(self.static_topics.items())},
+            "store_marker": self.store_marker,
         }
 
     @classmethod
@@ -202,6 +257,7 @@ class ClusterMetadata:
             static_topics={
                 k: StaticTopicState.from_json(v) for k, v in data.get("static_topics", {}).items()
             },
+            store_marker=bool(data.get("store_marker", False)),
         )
 
     def copy(self) -> ClusterMetadata:
@@ -217,6 +273,17 @@ class ClusterMetadata:
             if value is not None:
                 return scope, value
         return None
+
+    def lost_partitions(self, topic: str | None = None) -> dict[TopicPartition, DataLoss]:
+        """Partitions whose data a broker found missing and nobody accepted the loss of yet."""
+        out: dict[TopicPartition, DataLoss] = {}
+        for name, info in sorted(self.topics.items()):
+            if topic is not None and name != topic:
+                continue
+            for i, part in enumerate(info.partitions):
+                if part.lost is not None:
+                    out[TopicPartition(name, i)] = part.lost
+        return out
 
     def topic_by_id(self, topic_id: str) -> TopicInfo | None:
         for topic in self.topics.values():

@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from prometheus_client import Gauge
 from tidalmq_core.balance import Plan, balance_counts, place_orphans
 from tidalmq_core.metadata import (
     INTERNAL_TOPICS,
@@ -51,6 +52,7 @@ from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
     BrokerInfo,
     ClusterMetadata,
+    DataLoss,
     PartitionState,
     TopicInfo,
     new_cluster_id,
@@ -81,11 +83,27 @@ from tidalmq_core.topics import (
 
 from tidalmq_broker.controller.moves import MoveStatus, MoveTracker
 from tidalmq_broker.controller.store import MetadataStore, StaleMetadata
+from tidalmq_broker.storage.api import StorageError
+from tidalmq_broker.storage.identity import (
+    MISSING,
+    identity_problem,
+    read_identity,
+    write_identity,
+)
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK = 1000
+
+LOST_PARTITIONS = Gauge(
+    "tidalmq_controller_lost_partitions",
+    "Partitions whose data a broker found missing and whose loss nobody accepted yet",
+)
+STORE_LOST = Gauge(
+    "tidalmq_controller_store_lost",
+    "1 while the object store's identity marker is missing or names another cluster",
+)
 
 
 class ControllerError(Exception):
@@ -116,6 +134,24 @@ class UnknownBroker(ControllerError):
     """BROKER_ID_NOT_REGISTERED"""
 
 
+class ForeignStore(ControllerError):
+    """The object store belongs to another cluster: accepting a data loss would write into it.
+    The fix is to point the cluster at its own store."""
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptedLoss:
+    """One partition whose data loss was accepted: it continues at `continues_at`."""
+
+    partition: int
+    continues_at: int
+    loss: DataLoss | None  # None: not reported lost yet (the whole store was wiped)
+
+    @property
+    def given_up(self) -> int:
+        return 0 if self.loss is None else self.loss.missing_offsets
+
+
 class BrokerChannel(Protocol):
     """How the controller reaches one broker."""
 
@@ -139,6 +175,11 @@ class ControllerSettings:
     embedded: bool = False
     offsets_topic_partitions: int = 16
     tick_s: float = 0.05
+    # how often the object store's identity marker is read (a wiped or foreign store is noticed)
+    identity_check_interval_s: float = 5.0
+    # the brokers' acknowledged high watermarks are committed as end-offset floors this often
+    # (and with every other commit, and at a clean stop)
+    floor_commit_interval_s: float = 10.0
 
     @property
     def role_window_s(self) -> float:
@@ -222,6 +263,7 @@ class Controller:
         from tidalmq_broker.static_topics.manager import StaticTopicManager
 
         self._store = store
+        self._object_store = object_store
         self._delete_topic_data = topic_data_deleter
         s = settings or ControllerSettings()
         if offsets_topic_partitions is not None:
@@ -258,6 +300,14 @@ class Controller:
         self._pushers: dict[int, asyncio.Task[None]] = {}
         # static topics (seed 002): their logic queues move by remapping, not by moves
         self.static = StaticTopicManager(self, object_store)
+        # data-loss detection ([O2]): the store's identity verdict, and what the brokers
+        # reported since the last commit: (topic id, high watermark) to raise floors from, and
+        # (topic id, epoch) of partitions opened (created; an accepted loss done)
+        self._store_problem: str | None = None
+        self._identity_task: asyncio.Task[None] | None = None
+        self._floor_reports: dict[TopicPartition, tuple[str, int]] = {}
+        self._opened_reports: dict[TopicPartition, tuple[str | None, int]] = {}
+        self._floors_committed_at = 0.0
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -265,13 +315,18 @@ class Controller:
         the controller epoch: any older controller's next write fails."""
         async with self._lock:
             meta, token = await self._store.load()
+            new = meta is None
             if meta is None:
                 meta = ClusterMetadata(cluster_id=new_cluster_id())
                 log.info("creating new cluster %s", meta.cluster_id)
             self._meta, self._token = meta, token
-            await self._commit_locked(
-                lambda m: setattr(m, "controller_epoch", m.controller_epoch + 1)
-            )
+            marker = await self._first_identity_check(meta, new)
+
+            def claim(m: ClusterMetadata) -> None:
+                m.controller_epoch += 1
+                m.store_marker = m.store_marker or marker
+
+            await self._commit_locked(claim)
             now = time.monotonic()
             self._started_at = now
             self._active = True
@@ -300,9 +355,17 @@ class Controller:
             len(self.moves.active()),
         )  # fmt: skip
         self._loop_task = asyncio.create_task(self._run(), name="controller loop")
+        if self._object_store is not None:
+            self._identity_task = asyncio.create_task(self._identity_loop(), name="store identity")
 
     async def stop(self) -> None:
+        if self._active and (self._floor_reports or self._opened_reports):
+            with contextlib.suppress(Exception):  # a clean stop keeps the latest floors
+                async with self._lock:
+                    await self._commit_locked(lambda m: None)
         self._active = False  # no lease is granted from now on
+        if self._identity_task is not None:
+            self._identity_task.cancel()
         if self._role_check is not None:
             self._role_check.cancel()
         await self.static.stop()
@@ -413,7 +476,11 @@ class Controller:
         applied_version: int,
         open_partitions: dict[TopicPartition, int],
         high_watermarks: dict[TopicPartition, int] | None = None,
+        floors: dict[TopicPartition, tuple[str, int]] | None = None,
     ) -> HeartbeatReply:
+        """`floors`: (topic id, high watermark) of the partitions whose high watermark changed
+        since the last heartbeat this broker got an answer to; they raise the end-offset
+        floors (committed every floor_commit_interval_s)."""
         if not self._active:
             raise ControllerFenced("not the active controller (stopped, or replaced by another)")
         now = time.monotonic()
@@ -427,6 +494,8 @@ class Controller:
         live.open_partitions = open_partitions
         if high_watermarks is not None:
             live.high_watermarks = high_watermarks
+        for tp, (topic_id, hwm) in (floors or {}).items():
+            self._report_floor(tp, topic_id, hwm)
         if live.fenced_at is not None:
             return HeartbeatReply(0.0, self.metadata.version, self.metadata.controller_epoch, True,
                                   "fenced: a partition did not close in time")  # fmt: skip
@@ -443,11 +512,21 @@ class Controller:
             self.settings.lease_s, self.metadata.version, self.metadata.controller_epoch
         )
 
-    def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
+    def partition_closed(
+        self,
+        broker_id: int,
+        tp: TopicPartition,
+        epoch: int,
+        *,
+        topic_id: str | None = None,
+        high_watermark: int | None = None,
+    ) -> None:
         """Fast path of seed 000 step 5: the source closed the partition cleanly. Only a close
         at the epoch the move started from counts: a moving partition keeps its epoch until the
         election, and every election or cancel bumps it, so a report of an older epoch is a
         late one from an earlier close (the source may have it open again since)."""
+        if topic_id is not None and high_watermark is not None:
+            self._report_floor(tp, topic_id, high_watermark)
         part = self._partition(tp)
         if (
             part is not None
@@ -463,13 +542,245 @@ class Controller:
         if is_physical_topic(tp.topic):
             self.static.partition_closed(broker_id, tp)
 
-    def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
+    def partition_opened(
+        self,
+        broker_id: int,
+        tp: TopicPartition,
+        epoch: int,
+        *,
+        topic_id: str | None = None,
+        high_watermark: int | None = None,
+    ) -> None:
+        part = self._partition(tp)
+        if (
+            part is not None
+            and part.leader == broker_id
+            and epoch == part.leader_epoch
+            and (not part.created or part.accepted_from is not None)
+        ):
+            self._opened_reports[tp] = (topic_id, epoch)
+            self._wake.set()  # committed on the next step: from now on it must exist
+        if topic_id is not None and high_watermark is not None:
+            self._report_floor(tp, topic_id, high_watermark)
         live = self._liveness.get(broker_id)
         if live is not None:
             live.open_partitions[tp] = epoch
         self._observe_opened(tp, broker_id, epoch)
         if is_physical_topic(tp.topic):
             self.static.partition_opened(broker_id, tp)
+
+    # ---------------------------------------------------------------- data loss ([O2])
+    @property
+    def store_problem(self) -> str | None:
+        """Why the object store must not be used (its identity marker is missing, or names
+        another cluster), or None."""
+        return self._store_problem
+
+    def lost_partitions(self, topic: str | None = None) -> dict[TopicPartition, DataLoss]:
+        """Partitions whose data a broker found missing, not accepted yet."""
+        return self.metadata.lost_partitions(topic)
+
+    async def partition_lost_data(
+        self, broker_id: int, tp: TopicPartition, epoch: int, loss: DataLoss
+    ) -> None:
+        """A broker found the partition's data missing. Recorded (the partition stays where it
+        is: moving it would not bring the data back) until someone accepts the loss."""
+        async with self._lock:
+            part = self._partition(tp)
+            if part is None or part.leader != broker_id or part.leader_epoch != epoch:
+                log.info("ignoring a stale data-loss report of %s at epoch %d from broker %d",
+                         tp, epoch, broker_id)  # fmt: skip
+                return
+            if part.lost is not None:
+                return  # known
+
+            def mutate(m: ClusterMetadata) -> None:
+                m.topics[tp.topic].partitions[tp.partition].lost = loss
+
+            await self._commit_locked(mutate)
+            snapshot = self.snapshot()
+        log.warning(
+            "%s: DATA LOST (broker %d: %s): acknowledged up to offset %d, the store holds up to "
+            "%d, %d offsets missing; `tidalmq recover --accept-data-loss %s` continues without them",
+            tp, broker_id, loss.reason, loss.expected_end, loss.found_end, loss.missing_offsets,
+            tp.topic,
+        )  # fmt: skip
+        self._emit(
+            "DataLost",
+            f"{tp}: data lost ({loss.reason}): expected offsets up to {loss.expected_end}, found "
+            f"{loss.found_end}, {loss.missing_offsets} missing",
+            {"topic": tp.topic, "partition": tp.partition, "expected_end": loss.expected_end,
+             "found_end": loss.found_end, "missing_offsets": loss.missing_offsets,
+             "broker": broker_id, "warning": True},
+        )  # fmt: skip
+        await self._push(snapshot)
+
+    async def accept_data_loss(self, topic: str, partitions: list[int] | None = None) -> list[int]:
+        """Like Kafka's unclean leader election, and explicit only: each lost partition of the
+        topic (those of `partitions`; all when None) continues at its end-offset floor (never
+        reusing an offset, so committed offsets and idempotent producers stay valid). Returns
+        the partitions recovered."""
+        return [a.partition for a in await self.accept_data_loss_detailed(topic, partitions)]
+
+    async def accept_data_loss_detailed(
+        self, topic: str, partitions: list[int] | None = None
+    ) -> list[AcceptedLoss]:
+        async with self._lock:
+            info = self.metadata.topics.get(topic)
+            if info is None:
+                raise UnknownTopic(f"topic {topic} does not exist")
+            problem = self._store_problem
+            rewrite_marker = problem is not None
+            if problem is not None and problem != MISSING:
+                raise ForeignStore(
+                    f"{problem}: point the cluster at its own object store (accepting a data "
+                    "loss would write into another cluster's store)"
+                )
+            wanted = None if partitions is None else set(partitions)
+            chosen: list[AcceptedLoss] = []
+            for i, part in enumerate(info.partitions):
+                if wanted is not None and i not in wanted:
+                    continue
+                # with the marker gone the whole store was wiped: every created partition is
+                # lost, whether its broker could report it yet or not
+                if part.lost is None and not (rewrite_marker and part.created):
+                    continue
+                start = part.end_offset_floor
+                if part.lost is not None:
+                    start = max(start, part.lost.expected_end, part.lost.found_end)
+                chosen.append(AcceptedLoss(i, start, part.lost))
+            if not chosen:
+                return []
+            if rewrite_marker:
+                assert self._object_store is not None
+                await write_identity(self._object_store, self.metadata.cluster_id, replace=True)
+                log.warning("rewrote the object store's identity marker for cluster %s",
+                            self.metadata.cluster_id)  # fmt: skip
+
+            def mutate(m: ClusterMetadata) -> None:
+                for a in chosen:
+                    part = m.topics[topic].partitions[a.partition]
+                    part.lost = None
+                    part.accepted_from = a.continues_at
+                    part.end_offset_floor = max(part.end_offset_floor, a.continues_at)
+                    if not part.moving:
+                        part.leader_epoch += 1  # its broker opens it again
+                if rewrite_marker:
+                    m.store_marker = True
+
+            await self._commit_locked(mutate)
+            snapshot = self.snapshot()
+        if rewrite_marker:
+            self._set_store_problem(None)
+        for a in chosen:
+            tp = TopicPartition(topic, a.partition)
+            log.warning("%s: data loss accepted: continues at offset %d (%d offsets given up)",
+                        tp, a.continues_at, a.given_up)  # fmt: skip
+            self._emit(
+                "DataLossAccepted",
+                f"{tp}: data loss accepted; continues at offset {a.continues_at}, "
+                f"{a.given_up} offsets given up",
+                {"topic": topic, "partition": a.partition, "continues_at": a.continues_at,
+                 "given_up": a.given_up, "warning": True},
+            )  # fmt: skip
+        await self._push(snapshot)
+        self._wake.set()
+        return chosen
+
+    def _report_floor(self, tp: TopicPartition, topic_id: str, high_watermark: int) -> None:
+        """An acknowledged (durable) end of a partition: raise its floor at the next commit."""
+        topic = self.metadata.topics.get(tp.topic)
+        if topic is None or topic.topic_id != topic_id or tp.partition >= len(topic.partitions):
+            return  # a deleted (maybe re-created) topic's late report
+        part = topic.partitions[tp.partition]
+        pending = self._floor_reports.get(tp)
+        if high_watermark > part.end_offset_floor and (
+            pending is None or high_watermark > pending[1]
+        ):
+            self._floor_reports[tp] = (topic_id, high_watermark)
+
+    def _apply_reports(self, meta: ClusterMetadata) -> None:
+        """Fold the pending floor and opened reports into a metadata copy being committed."""
+        for tp, (topic_id, hwm) in self._floor_reports.items():
+            topic = meta.topics.get(tp.topic)
+            if (
+                topic is not None
+                and topic.topic_id == topic_id
+                and tp.partition < len(topic.partitions)
+            ):
+                part = topic.partitions[tp.partition]
+                part.end_offset_floor = max(part.end_offset_floor, hwm)
+        for tp, (topic_id, epoch) in self._opened_reports.items():
+            topic = meta.topics.get(tp.topic)
+            if topic is None or tp.partition >= len(topic.partitions):
+                continue
+            if topic_id is not None and topic.topic_id != topic_id:
+                continue
+            part = topic.partitions[tp.partition]
+            if part.leader_epoch == epoch:
+                part.created = True
+                part.accepted_from = None
+
+    async def _first_identity_check(self, meta: ClusterMetadata, new: bool) -> bool:
+        """At start: write the store's identity marker for a new cluster (or, once, for one
+        whose metadata predates the marker), else read it. True when the store holds our
+        marker (the metadata then records `store_marker`)."""
+        if self._object_store is None:
+            return False
+        try:
+            if new or not meta.store_marker:
+                found = await write_identity(self._object_store, meta.cluster_id)
+            else:
+                found = await read_identity(self._object_store)
+        except (StorageError, OSError) as exc:
+            log.warning("could not check the object store's identity marker (%s); "
+                        "checking again in %.0fs", exc, self.settings.identity_check_interval_s)  # fmt: skip
+            return meta.store_marker
+        self._set_store_problem(identity_problem(found, meta.cluster_id, meta.store_marker))
+        return found is not None and found.cluster_id == meta.cluster_id
+
+    async def _identity_loop(self) -> None:
+        while self._active:
+            await asyncio.sleep(self.settings.identity_check_interval_s)
+            try:
+                await self.check_identity()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("object store identity check failed: %s", exc)
+
+    async def check_identity(self) -> str | None:
+        """Read the store's identity marker and compare it with the metadata; returns (and
+        records) the problem, None when the store is ours."""
+        if self._object_store is None or not self._active:
+            return self._store_problem
+        meta = self.metadata
+        try:
+            found = await read_identity(self._object_store)
+        except (StorageError, OSError) as exc:
+            log.debug("identity check: store unavailable: %s", exc)
+            return self._store_problem  # an unreachable store is not a wiped one
+        if found is None and not meta.store_marker:  # an upgrade whose first write failed
+            found = await write_identity(self._object_store, meta.cluster_id)
+            if found.cluster_id == meta.cluster_id:
+                async with self._lock:
+                    await self._commit_locked(lambda m: setattr(m, "store_marker", True))
+        problem = identity_problem(found, meta.cluster_id, self.metadata.store_marker)
+        self._set_store_problem(problem)
+        return problem
+
+    def _set_store_problem(self, problem: str | None) -> None:
+        if problem == self._store_problem:
+            return
+        self._store_problem = problem
+        STORE_LOST.set(0 if problem is None else 1)
+        if problem is not None:
+            log.warning("OBJECT STORE LOST: %s; nothing is written into it", problem)
+            self._emit("StoreLost", f"object store lost: {problem}",
+                       {"reason": problem, "warning": True})  # fmt: skip
+        else:
+            log.warning("object store identity verified again")
+            self._emit("StoreRecovered", "object store identity verified again", {})
 
     def _is_current(self, broker_id: int, incarnation: str | None) -> bool:
         """A request from an older incarnation of a broker (a pod deleted with grace period 0
@@ -981,9 +1292,18 @@ class Controller:
             if stuck:
                 await self._hand_on_locked(stuck)
                 changed = True
+            # 5. partitions opened for the first time (from now on their data must exist), and
+            # the acknowledged ends the brokers reported (at most every floor_commit_interval_s)
+            floors_due = self._floor_reports and (
+                now - self._floors_committed_at >= self.settings.floor_commit_interval_s
+            )
+            if not changed and (self._opened_reports or floors_due):
+                await self._commit_locked(lambda m: None)
             snapshot = self.snapshot() if changed else None
         if snapshot is not None:
             await self._push(snapshot)
+        if self._store_problem is not None:
+            return  # a wiped or foreign store: nothing below may write into it
         # 5. static topics: remaps, repairs, cleanup (each runs as its own task)
         self.static.tick()
         # 6. data of deleted topics, once no broker has their partitions open
@@ -1430,6 +1750,9 @@ class Controller:
     async def _commit_locked(self, mutate: Callable[[ClusterMetadata], object]) -> None:
         new = self.metadata.copy()
         mutate(new)
+        # every commit carries the floors and openings reported since the last one
+        floors, opened = dict(self._floor_reports), dict(self._opened_reports)
+        self._apply_reports(new)
         new.version += 1
         started = time.monotonic()
         try:
@@ -1440,6 +1763,16 @@ class Controller:
             raise ControllerFenced(str(exc)) from exc
         self._meta, self._token = new, token
         self._role_confirmed_at = max(self._role_confirmed_at, started)
+        for tp, value in floors.items():
+            if self._floor_reports.get(tp) == value:
+                del self._floor_reports[tp]
+        for tp, seen in opened.items():
+            if self._opened_reports.get(tp) == seen:
+                del self._opened_reports[tp]
+        self._floors_committed_at = time.monotonic()
+        LOST_PARTITIONS.set(sum(
+            1 for t in new.topics.values() for p in t.partitions if p.lost is not None
+        ))  # fmt: skip
 
     async def _push(self, snapshot: ClusterMetadata) -> None:
         """Send the snapshot to every broker without waiting for slow ones: one pusher per

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
+from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
 from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
@@ -31,7 +31,8 @@ _ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
     for cls in (
         ctl.ControllerError, ctl.TopicAlreadyExists, ctl.UnknownTopic, ctl.NoBrokers,
-        ctl.ControllerFenced, ctl.UnknownBroker, ctl.InvalidReplicaAssignment, InvalidTopic, InvalidPartitions, InvalidConfig,
+        ctl.ControllerFenced, ctl.UnknownBroker, ctl.InvalidReplicaAssignment, ctl.ForeignStore,
+        InvalidTopic, InvalidPartitions, InvalidConfig,
         StaticConfig, InvalidPlan, NoReassignmentInProgress,
     )
 }  # fmt: skip
@@ -72,13 +73,36 @@ def _result(doc: dict[str, Any]) -> ctl.TopicResult:
                            doc["num_partitions"], doc["configs"])  # fmt: skip
 
 
+Floors = dict[TopicPartition, tuple[str, int]]  # (topic id, high watermark) that changed
+
+
+def _floors_doc(floors: Floors | None) -> list[list[Any]]:
+    return [[tp.topic, tp.partition, tid, hwm] for tp, (tid, hwm) in (floors or {}).items()]
+
+
+def _floors(doc: list[list[Any]] | None) -> Floors:
+    return {TopicPartition(t, int(p)): (str(tid), int(h)) for t, p, tid, h in doc or []}
+
+
+def _accepted_doc(a: ctl.AcceptedLoss) -> dict[str, Any]:
+    return {"partition": a.partition, "continues_at": a.continues_at, "given_up": a.given_up,
+            "loss": None if a.loss is None else a.loss.to_json()}  # fmt: skip
+
+
 class ControllerClient(Protocol):
     async def register_broker(self, info: BrokerInfo, channel: Any) -> ClusterMetadata: ...
     async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
                         open_partitions: dict[TopicPartition, int],
-                        high_watermarks: dict[TopicPartition, int] | None = None) -> ctl.HeartbeatReply: ...  # fmt: skip
-    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None: ...
-    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None: ...
+                        high_watermarks: dict[TopicPartition, int] | None = None, *,
+                        floors: Floors | None = None) -> ctl.HeartbeatReply: ...  # fmt: skip
+    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int, *,
+                               topic_id: str | None = None,
+                               high_watermark: int | None = None) -> None: ...  # fmt: skip
+    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int, *,
+                               topic_id: str | None = None,
+                               high_watermark: int | None = None) -> None: ...  # fmt: skip
+    async def partition_lost_data(self, broker_id: int, tp: TopicPartition, epoch: int,
+                                  loss: DataLoss) -> None: ...  # fmt: skip
     async def fetch_metadata(self) -> ClusterMetadata: ...
     async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False,
                             wait_s: float = 0.0) -> list[ctl.TopicResult]: ...  # fmt: skip
@@ -108,16 +132,30 @@ class LocalControllerClient:
 
     async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
                         open_partitions: dict[TopicPartition, int],
-                        high_watermarks: dict[TopicPartition, int] | None = None) -> ctl.HeartbeatReply:  # fmt: skip
+                        high_watermarks: dict[TopicPartition, int] | None = None, *,
+                        floors: Floors | None = None) -> ctl.HeartbeatReply:  # fmt: skip
         return await self.controller.heartbeat(
-            broker_id, incarnation, applied_version, open_partitions, high_watermarks
+            broker_id, incarnation, applied_version, open_partitions, high_watermarks,
+            floors=floors,
+        )  # fmt: skip
+
+    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int, *,
+                               topic_id: str | None = None,
+                               high_watermark: int | None = None) -> None:  # fmt: skip
+        self.controller.partition_closed(
+            broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
         )
 
-    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
-        self.controller.partition_closed(broker_id, tp, epoch)
+    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int, *,
+                               topic_id: str | None = None,
+                               high_watermark: int | None = None) -> None:  # fmt: skip
+        self.controller.partition_opened(
+            broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
+        )
 
-    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
-        self.controller.partition_opened(broker_id, tp, epoch)
+    async def partition_lost_data(self, broker_id: int, tp: TopicPartition, epoch: int,
+                                  loss: DataLoss) -> None:  # fmt: skip
+        await self.controller.partition_lost_data(broker_id, tp, epoch, loss)
 
     async def fetch_metadata(self) -> ClusterMetadata:
         return self.controller.snapshot()
@@ -201,23 +239,45 @@ class HttpControllerClient:
 
     async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
                         open_partitions: dict[TopicPartition, int],
-                        high_watermarks: dict[TopicPartition, int] | None = None) -> ctl.HeartbeatReply:  # fmt: skip
+                        high_watermarks: dict[TopicPartition, int] | None = None, *,
+                        floors: Floors | None = None) -> ctl.HeartbeatReply:  # fmt: skip
         doc = await self._call("/v1/brokers/heartbeat", {
             "broker_id": broker_id, "incarnation": incarnation, "applied_version": applied_version,
             "open": [[tp.topic, tp.partition, e] for tp, e in open_partitions.items()],
             "hwm": [[tp.topic, tp.partition, h] for tp, h in (high_watermarks or {}).items()],
+            "floors": _floors_doc(floors),
         }, timeout_s=2.0)  # fmt: skip
         return ctl.HeartbeatReply(**doc["reply"])
 
-    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
-        await self._call(
-            "/v1/partitions/closed", {"broker_id": broker_id, **_tp_doc(tp), "epoch": epoch}
-        )
+    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int, *,
+                               topic_id: str | None = None,
+                               high_watermark: int | None = None) -> None:  # fmt: skip
+        await self._call("/v1/partitions/closed", {
+            "broker_id": broker_id, **_tp_doc(tp), "epoch": epoch, "topic_id": topic_id,
+            "high_watermark": high_watermark,
+        })  # fmt: skip
 
-    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int) -> None:
-        await self._call(
-            "/v1/partitions/opened", {"broker_id": broker_id, **_tp_doc(tp), "epoch": epoch}
-        )
+    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int, *,
+                               topic_id: str | None = None,
+                               high_watermark: int | None = None) -> None:  # fmt: skip
+        await self._call("/v1/partitions/opened", {
+            "broker_id": broker_id, **_tp_doc(tp), "epoch": epoch, "topic_id": topic_id,
+            "high_watermark": high_watermark,
+        })  # fmt: skip
+
+    async def partition_lost_data(self, broker_id: int, tp: TopicPartition, epoch: int,
+                                  loss: DataLoss) -> None:  # fmt: skip
+        await self._call("/v1/partitions/lost", {
+            "broker_id": broker_id, **_tp_doc(tp), "epoch": epoch, "loss": loss.to_json(),
+        })  # fmt: skip
+
+    async def data_loss(self) -> dict[str, Any]:
+        """{"store_problem": str | None, "lost": [{topic, partition, loss...}]}"""
+        return await self._call("/v1/data-loss")  # type: ignore[no-any-return]
+
+    async def accept_data_loss(self, topic: str, partitions: list[int] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        doc = await self._call("/v1/data-loss/accept", {"topic": topic, "partitions": partitions})
+        return list(doc["accepted"])
 
     async def fetch_metadata(self) -> ClusterMetadata:
         return ClusterMetadata.from_json((await self._call("/v1/metadata"))["metadata"])
@@ -310,6 +370,10 @@ class ControllerServer:
         r.add_post("/v1/brokers/remove", self._remove)
         r.add_post("/v1/partitions/closed", self._closed)
         r.add_post("/v1/partitions/opened", self._opened)
+        r.add_post("/v1/partitions/lost", self._lost)
+        r.add_get("/v1/data-loss", self._data_loss)
+        r.add_post("/v1/data-loss", self._data_loss)
+        r.add_post("/v1/data-loss/accept", self._accept_data_loss)
         r.add_post("/v1/metadata", self._metadata)
         r.add_get("/v1/metadata", self._metadata)
         r.add_post("/v1/topics/create", self._create_topics)
@@ -371,7 +435,7 @@ class ControllerServer:
         try:
             reply = await self.controller.heartbeat(
                 int(b["broker_id"]), b["incarnation"], int(b["applied_version"]), open_partitions,
-                hwms,
+                hwms, floors=_floors(b.get("floors")),
             )  # fmt: skip
         except ctl.ControllerError as exc:  # not the active controller: no lease from here
             return self._fault(exc)
@@ -392,15 +456,53 @@ class ControllerServer:
         await self.controller.remove_broker(int(b["broker_id"]), incarnation=b.get("incarnation"))
         return self._ok({})
 
+    @staticmethod
+    def _reported_end(b: dict[str, Any]) -> dict[str, Any]:
+        hwm = b.get("high_watermark")
+        return {"topic_id": b.get("topic_id"), "high_watermark": None if hwm is None else int(hwm)}
+
     async def _closed(self, request: web.Request) -> web.Response:
         b = await self._body(request)
-        self.controller.partition_closed(int(b["broker_id"]), _tp(b), int(b["epoch"]))
+        self.controller.partition_closed(
+            int(b["broker_id"]), _tp(b), int(b["epoch"]), **self._reported_end(b)
+        )
         return self._ok({})
 
     async def _opened(self, request: web.Request) -> web.Response:
         b = await self._body(request)
-        self.controller.partition_opened(int(b["broker_id"]), _tp(b), int(b["epoch"]))
+        self.controller.partition_opened(
+            int(b["broker_id"]), _tp(b), int(b["epoch"]), **self._reported_end(b)
+        )
         return self._ok({})
+
+    async def _lost(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        try:
+            await self.controller.partition_lost_data(
+                int(b["broker_id"]), _tp(b), int(b["epoch"]), DataLoss.from_json(b["loss"])
+            )
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({})
+
+    async def _data_loss(self, request: web.Request) -> web.Response:
+        lost = self.controller.lost_partitions()
+        return self._ok({
+            "store_problem": self.controller.store_problem,
+            "lost": [{**_tp_doc(tp), **loss.to_json(), "missing_offsets": loss.missing_offsets}
+                     for tp, loss in sorted(lost.items())],
+        })  # fmt: skip
+
+    async def _accept_data_loss(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        partitions = b.get("partitions")
+        try:
+            accepted = await self.controller.accept_data_loss_detailed(
+                str(b["topic"]), None if partitions is None else [int(p) for p in partitions]
+            )
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"accepted": [_accepted_doc(a) for a in accepted]})
 
     async def _metadata(self, request: web.Request) -> web.Response:
         return self._ok({"metadata": self.controller.snapshot().to_json()})

@@ -28,6 +28,30 @@ class ObjectStoreUnavailable(StorageError):
     """The object store failed or timed out; the request may be retried (KAFKA_STORAGE_ERROR)."""
 
 
+class PartitionDataLost(StorageError):
+    """The store no longer holds data this partition acknowledged: its checkpoint is missing
+    although the partition was created, or it ends below the partition's durable end-offset
+    floor (KAFKA_STORAGE_ERROR). Never served as an empty or shorter log: the partition stays
+    unavailable until an operator accepts the loss (`tidalmq recover --accept-data-loss`)."""
+
+    def __init__(
+        self, tp: TopicPartition, *, expected_end: int, found_end: int, reason: str
+    ) -> None:
+        super().__init__(
+            f"{tp}: data lost ({reason}): acknowledged up to offset {expected_end}, the object "
+            f"store holds up to {found_end}"
+        )
+        self.tp = tp
+        self.expected_end = expected_end
+        self.found_end = found_end
+        self.reason = reason
+
+
+class StoreLost(StorageError):
+    """The object store's identity marker is missing (the store was emptied or replaced) or
+    names another cluster: nothing is read from or written into it (KAFKA_STORAGE_ERROR)."""
+
+
 class PartitionFenced(StorageError):
     """Another owner (a higher leader epoch) has taken this partition, or this broker's lease
     lapsed: stop serving it (NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH)."""
@@ -105,6 +129,7 @@ class StorageConfig:
     compaction_idle_s: float = 60.0  # ...or once its oldest WAL range is this old
     index_granule_bytes: int = 256 * 1024  # index entry size inside compacted segments
     garbage_sweep_interval_s: float = 300.0  # full sweep (lists every checkpoint) this often
+    identity_check_interval_ms: float = 5000.0  # how often the store's identity marker is read
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,14 +258,26 @@ class StreamEngine(Protocol):
         ...
 
     async def open_partition(
-        self, tp: TopicPartition, topic_id: str, leader_epoch: int, config: PartitionConfig
+        self,
+        tp: TopicPartition,
+        topic_id: str,
+        leader_epoch: int,
+        config: PartitionConfig,
+        *,
+        created: bool = False,
+        end_offset_floor: int = 0,
+        accepted_from: int | None = None,
     ) -> PartitionLog:
         """Take ownership: read the checkpoint, refuse (PartitionFenced) if it carries a higher
         epoch, commit a checkpoint with `leader_epoch` and this broker as owner (If-Match; this
         fences the previous owner), recover from the previous owner's WAL objects if its close
-        was not clean, then serve. Creates the partition when no checkpoint exists. `topic_id`
-        (a UUID string) is part of every object key, so a deleted and re-created topic of the
-        same name never sees the old data."""
+        was not clean, then serve. Creates the partition when no checkpoint exists, unless it
+        was `created` before (the metadata says so): then its data is lost and this raises
+        PartitionDataLost, as it does when the recovered log ends below `end_offset_floor`.
+        `accepted_from` (an operator accepted the loss): continue from that offset instead (a
+        fresh checkpoint, or a short one advanced to it). `topic_id` (a UUID string) is part of
+        every object key, so a deleted and re-created topic of the same name never sees the
+        old data."""
         ...
 
     async def update_config(self, tp: TopicPartition, config: PartitionConfig) -> None:

@@ -31,9 +31,11 @@ from tidalmq_broker.storage.api import (
     OnFenced,
     PartitionClosing,
     PartitionConfig,
+    PartitionDataLost,
     PartitionFenced,
     StorageConfig,
     StorageError,
+    StoreLost,
 )
 from tidalmq_broker.storage.cache import TailCache
 from tidalmq_broker.storage.checkpoint import Checkpoint, CheckpointStore
@@ -44,6 +46,7 @@ from tidalmq_broker.storage.compaction import (
     should_compact,
 )
 from tidalmq_broker.storage.garbage import OwnWalTracker, segment_garbage, wal_garbage
+from tidalmq_broker.storage.identity import identity_problem, read_identity
 from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.objectstore.metered import MeteredObjectStore
@@ -99,6 +102,14 @@ class ObjectStreamEngine:
         self._loops: list[asyncio.Task[None]] = []
         self._started = False
         self._stopped = False
+        # the store's identity (see identity.py): the cluster id and `store_marker` of the
+        # metadata this broker got, the verdict of the last check, and who wants to hear of it
+        self.store_problem: str | None = None
+        self._identity: tuple[str, bool] | None = None
+        self._identity_checked: tuple[str, bool] | None = None
+        self._identity_lock = asyncio.Lock()
+        self.on_store_state: Callable[[str | None], None] | None = None
+        metrics.STORE_LOST.labels(self.broker_label).set(0)
 
     def __repr__(self) -> str:
         return f"ObjectStreamEngine(broker={self.broker_label}, incarnation={self.incarnation}, {self.raw_store!r})"
@@ -145,6 +156,7 @@ class ObjectStreamEngine:
             self._loop("compaction", cfg.compaction_interval_s, self.compact_all),
             self._loop("retention", cfg.retention_check_interval_s, self.apply_retention_all),
             self._loop("garbage-sweep", cfg.garbage_sweep_interval_s, self.collect_garbage),
+            self._loop("identity", cfg.identity_check_interval_ms / 1000, self.check_identity),
         ]
         log.info("storage engine started: broker %s incarnation %s on %r",
                  self.broker_label, self.incarnation, self.raw_store)  # fmt: skip
@@ -227,10 +239,22 @@ class ObjectStreamEngine:
         return sorted(self._partitions)
 
     async def open_partition(
-        self, tp: TopicPartition, topic_id: str, leader_epoch: int, config: PartitionConfig
+        self,
+        tp: TopicPartition,
+        topic_id: str,
+        leader_epoch: int,
+        config: PartitionConfig,
+        *,
+        created: bool = False,
+        end_offset_floor: int = 0,
+        accepted_from: int | None = None,
     ) -> Partition:
         if self._stopped:
             raise PartitionClosing("the storage engine is stopped")
+        if self._identity is not None and self._identity_checked != self._identity:
+            await self.check_identity()  # the first open after a new cluster id: look first
+        if self.store_problem is not None:
+            raise StoreLost(f"{tp}: {self.store_problem}")
         lock = self._open_locks.setdefault(tp, asyncio.Lock())
         async with lock:
             existing = self._partitions.get(tp)
@@ -243,22 +267,42 @@ class ObjectStreamEngine:
                         f"{tp}: epoch {leader_epoch} is older than the open epoch {existing.leader_epoch}"
                     )
                 await self._close_locked(tp)
-            partition = await self._open(tp, topic_id, leader_epoch, config)
+            partition = await self._open(
+                tp, topic_id, leader_epoch, config, created, end_offset_floor, accepted_from
+            )
             self._partitions[tp] = partition
             self._update_gauges()
             return partition
 
     async def _open(
-        self, tp: TopicPartition, topic_id: str, epoch: int, config: PartitionConfig
+        self,
+        tp: TopicPartition,
+        topic_id: str,
+        epoch: int,
+        config: PartitionConfig,
+        created: bool = False,
+        floor: int = 0,
+        accepted_from: int | None = None,
     ) -> Partition:
         key = keys.checkpoint_key(tp, topic_id)
         loaded = await self.checkpoints.load(key)
         if loaded is None:
-            fresh = self._new_checkpoint(tp, topic_id, epoch)
+            if created and accepted_from is None:
+                # the partition existed (a broker opened it) and its checkpoint is gone: never
+                # start it over at offset 0 as if it were new
+                raise PartitionDataLost(
+                    tp, expected_end=floor, found_end=0, reason="checkpoint missing"
+                )
+            start = accepted_from or 0
+            fresh = self._new_checkpoint(tp, topic_id, epoch, start)
             try:
                 etag = await self.checkpoints.commit(key, fresh, None)
                 metrics.RECOVERIES.labels(self.broker_label, "new").inc()
-                log.info("%s: created (epoch %d)", tp, epoch)
+                if start:
+                    log.warning("%s: created again at offset %d after an accepted data loss "
+                                "(epoch %d)", tp, start, epoch)  # fmt: skip
+                else:
+                    log.info("%s: created (epoch %d)", tp, epoch)
                 return Partition(self, tp, topic_id, epoch, config, fresh, etag)
             except PartitionFenced:
                 loaded = await self.checkpoints.load(key)  # created by someone else meanwhile
@@ -290,6 +334,19 @@ class ObjectStreamEngine:
                 tp, cp.next_offset, next_offset - 1, tail.objects_scanned, cp.owner_broker,
                 cp.owner_incarnation, time.monotonic() - started, tail.skipped,
             )  # fmt: skip
+        log_start = cp.log_start_offset
+        if accepted_from is not None and next_offset < accepted_from:
+            # an operator accepted the loss of [next_offset, accepted_from): continue after it,
+            # so no offset is ever reused with other data
+            log.warning("%s: log ends at %d; continuing at %d after an accepted data loss",
+                        tp, next_offset, accepted_from)  # fmt: skip
+            next_offset = log_start = accepted_from
+            index = []
+        elif next_offset < floor:
+            raise PartitionDataLost(
+                tp, expected_end=floor, found_end=next_offset,
+                reason=f"checkpoint ends at {next_offset}, expected at least {floor}",
+            )  # fmt: skip
         mine = Checkpoint(
             topic=tp.topic,
             topic_id=topic_id,
@@ -298,7 +355,7 @@ class ObjectStreamEngine:
             owner_broker=self.broker_label,
             owner_incarnation=self.incarnation,
             wal_position=self.writer.completed_seq,
-            log_start_offset=cp.log_start_offset,
+            log_start_offset=log_start,
             next_offset=next_offset,
             clean_shutdown=False,
             index=index,
@@ -307,10 +364,12 @@ class ObjectStreamEngine:
         etag = await self.checkpoints.commit(key, mine, etag)
         metrics.RECOVERIES.labels(self.broker_label, kind).inc()
         log.info("%s: opened (%s, epoch %d -> %d, offsets %d-%d)",
-                 tp, kind, cp.leader_epoch, epoch, cp.log_start_offset, next_offset)  # fmt: skip
+                 tp, kind, cp.leader_epoch, epoch, log_start, next_offset)  # fmt: skip
         return Partition(self, tp, topic_id, epoch, config, mine, etag)
 
-    def _new_checkpoint(self, tp: TopicPartition, topic_id: str, epoch: int) -> Checkpoint:
+    def _new_checkpoint(
+        self, tp: TopicPartition, topic_id: str, epoch: int, start: int = 0
+    ) -> Checkpoint:
         return Checkpoint(
             topic=tp.topic,
             topic_id=topic_id,
@@ -319,7 +378,60 @@ class ObjectStreamEngine:
             owner_broker=self.broker_label,
             owner_incarnation=self.incarnation,
             wal_position=self.writer.completed_seq,
+            log_start_offset=start,
+            next_offset=start,
         )
+
+    # ---------------------------------------------------------------- the store's identity
+    def expect_identity(self, cluster_id: str, store_marker: bool) -> None:
+        """The metadata this broker got names the cluster (and whether the store holds its
+        identity marker). The next open checks the store first; the loop keeps checking."""
+        if not cluster_id or self._identity == (cluster_id, store_marker):
+            return
+        self._identity = (cluster_id, store_marker)
+        if self._started and not self._stopped:
+            self.spawn(self.check_identity(), "identity check")
+
+    async def check_identity(self) -> str | None:
+        """Read the marker and compare; on a change of verdict stop (or resume) serving.
+        Returns the problem, None when the store may be used."""
+        async with self._identity_lock:
+            expected = self._identity
+            if expected is None:
+                return self.store_problem
+            try:
+                found = await read_identity(self.store)
+            except ObjectStoreUnavailable as exc:
+                # an unreachable store is not a wiped one: keep the last verdict
+                log.debug("identity check failed: %s", exc)
+                return self.store_problem
+            problem = identity_problem(found, *expected)
+            self._identity_checked = expected
+            if problem != self.store_problem:
+                self._store_state_changed(problem)
+            return problem
+
+    def _store_state_changed(self, problem: str | None) -> None:
+        self.store_problem = problem
+        metrics.STORE_LOST.labels(self.broker_label).set(0 if problem is None else 1)
+        if problem is not None:
+            log.warning("object store lost (%s): every partition stops serving; nothing is "
+                        "read from or written into the store", problem)  # fmt: skip
+            error = StoreLost(problem)
+            # drop every open partition without writing (no checkpoint, no WAL, no ack): when the
+            # store is back they open again through the usual checks
+            for p in list(self._partitions.values()):
+                p.fence(error)
+                self.tracker.released(p.tracker_key)
+            self._partitions.clear()
+            self._update_gauges()
+        else:
+            log.warning("object store identity verified again: partitions open again")
+        if self.on_store_state is not None:
+            try:
+                self.on_store_state(problem)
+            except Exception:
+                log.exception("store state listener failed")
 
     async def update_config(self, tp: TopicPartition, config: PartitionConfig) -> None:
         p = self._partitions.get(tp)
@@ -391,7 +503,7 @@ class ObjectStreamEngine:
 
         async def one(p: Partition) -> None:
             async with semaphore:
-                if p.state is not State.OPEN:
+                if p.state is not State.OPEN or self.store_problem is not None:
                     return
                 try:
                     await fn(p)
@@ -491,6 +603,8 @@ class ObjectStreamEngine:
 
     async def collect_garbage(self) -> int:
         """The sweep: delete WAL objects and segments no checkpoint needs (see garbage.py)."""
+        if self.store_problem is not None:
+            return 0  # a wiped store has nothing to sweep; a foreign one is not ours to touch
         now = time.time()
         wal_objects = await self.store.list(keys.WAL_ROOT)
         partition_objects = await self.store.list(keys.PARTITIONS_ROOT)

@@ -89,6 +89,12 @@ GARBAGE_DELETED = Counter(
 OPEN_PARTITIONS = Gauge(
     "tidalmq_storage_open_partitions", "Partitions open on this broker", ["broker"]
 )
+STORE_LOST = Gauge(
+    "tidalmq_store_lost",
+    "1 while the object store's identity marker is missing or names another cluster (nothing "
+    "is served), else 0",
+    ["broker"],
+)
 RECOVERIES = Counter(
     "tidalmq_storage_partition_opens_total",
     "Partition opens by kind (new, clean, unclean)",

@@ -45,6 +45,7 @@ from tidalmq_broker.storage.api import (
     ReadResult,
     RecordTooLarge,
     StorageError,
+    StoreLost,
     TimestampLookup,
     UnsupportedMessageFormat,
 )
@@ -173,6 +174,9 @@ class Partition:
 
     # ---------------------------------------------------------------- append
     def _check_writable(self) -> None:
+        problem = self._engine.store_problem
+        if problem is not None:
+            raise StoreLost(f"{self._tp}: {problem}")
         if self._state is State.OPEN:
             return
         if self._state is State.RECOVERING:
@@ -182,6 +186,8 @@ class Partition:
         if self._state is State.CLOSING:
             raise PartitionClosing(f"{self._tp} is closing")
         if self._state is State.FENCED:
+            if isinstance(self._failure, StoreLost):
+                raise self._failure
             raise PartitionFenced(f"{self._tp} was taken over by another owner")
         raise PartitionClosing(f"{self._tp} is closed")
 
@@ -454,7 +460,7 @@ class Partition:
 
     # ---------------------------------------------------------------- reads
     async def read(self, offset: int, max_bytes: int) -> ReadResult:
-        if self._state in (State.CLOSED, State.FENCED):
+        if self._state in (State.CLOSED, State.FENCED) or self._engine.store_problem is not None:
             self._check_writable()
         hwm, lso = self._hwm, self._log_start
         if offset < lso or offset > self._next_offset:
@@ -474,6 +480,7 @@ class Partition:
         return ReadResult(data, hwm, self._log_start)
 
     async def _read_cold(self, offset: int, max_bytes: int) -> bytes:
+        missing = ""
         for _attempt in range(3):
             i = self._index.find(offset)
             if i is None:
@@ -514,6 +521,7 @@ class Partition:
                         first.key, first.position, max(end, need_end)
                     )
                 except ObjectNotFound:
+                    missing = first.key
                     continue  # retention or compaction replaced the object meanwhile; look again
                 blob_start = first.position
                 self._engine.m.cache_miss_bytes.inc(len(blob))
@@ -525,8 +533,12 @@ class Partition:
                 pass
             self._cold_next = last.last_offset + 1 if last is not None else -1
             return bytes(out)
+        # the index still names an object the store does not have: the data is gone (a wiped
+        # or damaged store), never an empty read
+        log.warning("%s: object %s holding offset %d is missing from the store", self._tp,
+                    missing, offset)  # fmt: skip
         raise ObjectStoreUnavailable(
-            f"{self._tp}: objects holding offset {offset} keep disappearing"
+            f"{self._tp}: the object holding offset {offset} ({missing}) is missing from the store"
         )
 
     async def read_entry(self, entry: IndexEntry) -> memoryview:
@@ -599,7 +611,11 @@ class Partition:
         if not (force or clean or self.dirty):
             return
         if self._state is State.FENCED:
+            if isinstance(self._failure, StoreLost):
+                raise self._failure
             raise PartitionFenced(f"{self._tp} was taken over by another owner")
+        if self._engine.store_problem is not None:  # never write into a wiped or foreign store
+            raise StoreLost(f"{self._tp}: {self._engine.store_problem}")
         version = self._version
         self._durable_producers.expire(int(time.time() * 1000))
         cp = self.snapshot(clean=clean)
@@ -695,6 +711,8 @@ class Partition:
                         await asyncio.sleep(0.2 * (attempt + 1))
         except PartitionFenced:
             return
+        except StoreLost as exc:
+            log.warning("%s: closed without a checkpoint: %s", self._tp, exc)
         finally:
             self._release()
 
@@ -705,10 +723,11 @@ class Partition:
         self._readahead = None
         self._notify()
 
-    def fence(self) -> None:
-        """Another owner took over: fail everything pending and stop."""
+    def fence(self, error: StorageError | None = None) -> None:
+        """Another owner took over (or the store was lost: `error`): fail everything pending
+        and stop, writing nothing more."""
         self._state = State.FENCED
-        self._failure = PartitionFenced(f"{self._tp} was taken over by another owner")
+        self._failure = error or PartitionFenced(f"{self._tp} was taken over by another owner")
         removed = self._engine.writer.remove_pending(self)
         self.fail_appends(removed, self._failure)
         self._cache.clear()
