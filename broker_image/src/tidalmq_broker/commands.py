@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 def builtin_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     from tidalmq_broker import reassign_cli
+    from tidalmq_broker.local import recover
     from tidalmq_broker.static_topics import cli as static_topic_cli
 
     return [
         _register_broker, _register_drain, _register_local, reassign_cli.register,
-        static_topic_cli.register,
+        static_topic_cli.register, recover.register,
     ]  # fmt: skip
 
 
@@ -158,11 +159,13 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
         ("add-broker", "start one more broker; partitions rebalance onto it"),
         ("remove-broker", "drain a broker (its partitions move), then stop it"),
         ("kill-broker", "SIGKILL a broker, as a crash; the controller fails it over"),
-        ("status", "print the brokers and their partition counts"),
+        ("status", "print the brokers, their partition counts and lost partitions"),
     ]:
         cmd = local_sub.add_parser(name, help=help_text, description=help_text)
         if name in ("remove-broker", "kill-broker"):
             cmd.add_argument("broker_id", type=int, metavar="N")
+        if name == "status":
+            cmd.add_argument("--output", choices=("table", "json"), default="table")
         _data_dir(cmd)
         cmd.set_defaults(handler=_run_local_command)
 

@@ -1,6 +1,9 @@
 """`tidalmq local up`: the embedded local cluster, in the foreground.
 
-This process runs the controller (metadata in the object store) and supervises broker processes
+This process runs the controller (metadata in `<data-dir>/metadata`, apart from the partition
+store, as the Kubernetes API keeps it on Kubernetes: wiping the partition store, or pointing
+`--storage-url` at the wrong one, leaves the metadata that tells the data is missing) and
+supervises broker processes
 (`tidalmq broker --controller-url ...`), so a broker can be killed with SIGKILL like a crashed
 pod while the others and the controller carry on. `tidalmq local add-broker | remove-broker N |
 kill-broker N | status` talk to it over the controller's HTTP port, found in
@@ -38,13 +41,16 @@ from tidalmq_broker.controller.controller import Controller, ControllerSettings
 from tidalmq_broker.controller.rpc import ControllerServer
 from tidalmq_broker.controller.store import ObjectStoreMetadataStore
 from tidalmq_broker.logs import setup_logging
+from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_broker.storage.topic_data import delete_topic_data
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0  # a broker that leads nothing stops in well under a second
 START_TIMEOUT_S = 60.0  # a broker process registers with the controller within this
+METADATA_KEY = "cluster/metadata.json"
 
 
 class RemoveRefused(Exception):
@@ -89,6 +95,7 @@ class LocalCluster:
         self.controller: Controller | None = None
         self.server: ControllerServer | None = None
         self._store = open_object_store(storage_url)
+        self._metadata_store = LocalDirObjectStore(data_dir / "metadata")
 
     @property
     def controller_url(self) -> str:
@@ -105,8 +112,9 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, brokers: int) -> None:
+        await migrate_metadata(self._store, self._metadata_store)
         self.controller = Controller(
-            ObjectStoreMetadataStore(self._store),
+            ObjectStoreMetadataStore(self._metadata_store),
             _controller_settings(),
             topic_data_deleter=functools.partial(delete_topic_data, self._store),
             object_store=self._store,
@@ -272,6 +280,11 @@ class LocalCluster:
                 if wanted is None or i in wanted:
                     led[part.leader] = led.get(part.leader, 0) + 1
         active, recent = self.controller.move_statuses() if self.controller else ([], [])
+        lost = [
+            {"topic": tp.topic, "partition": tp.partition, **loss.to_json(),
+             "missing_offsets": loss.missing_offsets}
+            for tp, loss in sorted(meta.lost_partitions().items())
+        ]  # fmt: skip
         rows = []
         for broker_id in sorted(set(meta.brokers) | set(self.brokers)):
             info = meta.brokers.get(broker_id)
@@ -293,6 +306,8 @@ class LocalCluster:
             "leaderless": led.get(-1, 0),
             "moves_in_flight": len(active),
             "moves_done": len(recent),
+            "store_problem": self.controller.store_problem if self.controller else None,
+            "lost": lost,
         }
 
     def _write_state(self) -> None:
@@ -348,7 +363,42 @@ def format_table(status: dict[str, Any]) -> str:
     if status["leaderless"]:
         extra += f", partitions without a leader: {status['leaderless']}"
     lines.append(extra)
+    if status.get("store_problem"):
+        lines.append(f"OBJECT STORE LOST: {status['store_problem']}")
+    lost = status.get("lost") or []
+    if lost:
+        lines.append(f"LOST PARTITIONS: {len(lost)} (data missing from the object store; "
+                     "`tidalmq recover --accept-data-loss TOPIC` continues them without it)")  # fmt: skip
+        lines.append(
+            f"  {'PARTITION':<30} {'EXPECTED END':>12} {'FOUND END':>10} {'MISSING':>8}  REASON"
+        )
+        for row in lost:
+            name = f"{row['topic']}-{row['partition']}"
+            lines.append(
+                f"  {name:<30} {row['expected_end']:>12} {row['found_end']:>10} "
+                f"{row['missing_offsets']:>8}  {row['reason']}"
+            )
     return "\n".join(lines)
+
+
+async def migrate_metadata(partition_store: ObjectStore, metadata_store: ObjectStore) -> bool:
+    """An older local cluster kept its metadata in the partition store: copy it to the data
+    dir once (when the data dir has none). True when it copied."""
+    try:
+        await metadata_store.get(METADATA_KEY)
+        return False
+    except ObjectNotFound:
+        pass
+    try:
+        data = await partition_store.get(METADATA_KEY)
+    except ObjectNotFound:
+        return False
+    await metadata_store.put(METADATA_KEY, data, if_none_match=True)
+    log.warning("moved the cluster metadata of an older local cluster from the object store to "
+                "the data directory (%r)", metadata_store)  # fmt: skip
+    print("local cluster metadata copied from the object store into the data directory "
+          "(it is kept there from now on)", flush=True)  # fmt: skip
+    return True
 
 
 def _free_port() -> int:
@@ -416,6 +466,9 @@ def local_command(args: argparse.Namespace) -> int:
         if action == "status":
             with urllib.request.urlopen(base + "/v1/local/status", timeout=10) as resp:
                 status = json.loads(resp.read())
+            if getattr(args, "output", "table") == "json":
+                print(json.dumps(status, indent=2))
+                return 0
             print(f"bootstrap: {status['bootstrap']}")
             print(format_table(status))
             return 0
@@ -444,8 +497,15 @@ def _controller_settings() -> ControllerSettings:
     TIDALMQ_ELECTION_TIMEOUT_S (tests hold a move half way by stopping its source broker)."""
     d = ControllerSettings()
     env = os.environ
+    identity_ms = env.get("TIDALMQ_IDENTITY_CHECK_INTERVAL_MS")
     return ControllerSettings(
         heartbeat_interval_s=float(env.get("TIDALMQ_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s)),
         session_timeout_s=float(env.get("TIDALMQ_SESSION_TIMEOUT_S", d.session_timeout_s)),
         election_timeout_s=float(env.get("TIDALMQ_ELECTION_TIMEOUT_S", d.election_timeout_s)),
+        identity_check_interval_s=(
+            float(identity_ms) / 1000 if identity_ms else d.identity_check_interval_s
+        ),
+        floor_commit_interval_s=float(
+            env.get("TIDALMQ_FLOOR_COMMIT_INTERVAL_S", d.floor_commit_interval_s)
+        ),
     )

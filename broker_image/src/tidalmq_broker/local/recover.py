@@ -1,0 +1,131 @@
+"""`tidalmq recover`: list the partitions whose data the object store lost, and (explicitly
+only, like Kafka's unclean leader election) accept the loss so they serve again.
+
+    tidalmq recover                                   what is lost (a dry run)
+    tidalmq recover --accept-data-loss orders         every lost partition of `orders`
+    tidalmq recover --accept-data-loss orders --partitions 0,3
+    tidalmq recover --all                             every lost partition of every topic
+
+An accepted partition continues at its end-offset floor (the last offset the cluster
+acknowledged), never at 0: committed consumer offsets stay valid and no offset is reused. The
+controller is the local cluster's (found through `<data-dir>/cluster.json`) or `--controller-url`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "recover",
+        help="list lost partitions; --accept-data-loss continues them without the lost data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--accept-data-loss", metavar="TOPIC", default="",
+                   help="accept the loss of TOPIC's lost partitions (they serve again)")  # fmt: skip
+    p.add_argument("--partitions", default="", help="only these partitions: 0,1,...")
+    p.add_argument("--all", action="store_true", help="accept the loss of every lost partition")
+    p.add_argument("--controller-url", default="", help="the controller (default: local cluster)")
+    p.add_argument(
+        "--data-dir", default=".tidalmq/local", help="the local cluster's data directory"
+    )
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.set_defaults(handler=run_recover)
+
+
+class Failure(Exception):
+    """A one-line error for the user."""
+
+
+def _call(base: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    req = urllib.request.Request(
+        base.rstrip("/") + path, data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            doc = json.loads(resp.read())
+    except (urllib.error.URLError, OSError) as exc:
+        raise Failure(f"cannot reach the controller at {base}: {exc}") from exc
+    if "fault" in doc:
+        raise Failure(doc["fault"]["message"])
+    return doc  # type: ignore[no-any-return]
+
+
+def _controller_url(args: argparse.Namespace) -> str:
+    if args.controller_url:
+        return str(args.controller_url)
+    state_file = Path(args.data_dir).resolve() / "cluster.json"
+    try:
+        return str(json.loads(state_file.read_text())["controller_url"])
+    except FileNotFoundError:
+        raise Failure(
+            f"no local cluster is running (no {state_file}); start it with `tidalmq local up` "
+            "or pass --controller-url"
+        ) from None
+
+
+def run_recover(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except Failure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    base = _controller_url(args)
+    state = _call(base, "/v1/data-loss")
+    lost: list[dict[str, Any]] = state["lost"]
+    problem = state.get("store_problem")
+    if not args.accept_data_loss and not args.all:
+        if args.output == "json":
+            print(json.dumps(state, indent=2))
+            return 0
+        if problem:
+            print(f"OBJECT STORE LOST: {problem}")
+        if not lost:
+            print("no lost partitions")
+            return 0
+        print(f"{'PARTITION':<30} {'EXPECTED END':>12} {'FOUND END':>10} {'MISSING':>8}  REASON")
+        for row in lost:
+            name = f"{row['topic']}-{row['partition']}"
+            print(f"{name:<30} {row['expected_end']:>12} {row['found_end']:>10} "
+                  f"{row['missing_offsets']:>8}  {row['reason']}")  # fmt: skip
+        print("dry run: `tidalmq recover --accept-data-loss TOPIC` continues them without the "
+              "lost data")  # fmt: skip
+        return 0
+    partitions = [int(p) for p in args.partitions.split(",") if p.strip()] or None
+    if args.all:
+        topics = sorted({row["topic"] for row in lost})
+        if not topics:
+            raise Failure(
+                f"nothing to recover: no lost partitions{f' ({problem})' if problem else ''}"
+            )
+    else:
+        topics = [args.accept_data_loss]
+    results: list[dict[str, Any]] = []
+    for topic in topics:
+        doc = _call(base, "/v1/data-loss/accept", {"topic": topic, "partitions": partitions})
+        results.extend({"topic": topic, **a} for a in doc["accepted"])
+    if args.output == "json":
+        print(json.dumps({"accepted": results}, indent=2))
+    if not results:
+        which = f" {partitions}" if partitions else ""
+        raise Failure(
+            f"nothing to recover: topic {args.accept_data_loss} has no lost partitions{which}"
+        )
+    if args.output != "json":
+        for r in results:
+            reason = r["loss"]["reason"] if r.get("loss") else "object store wiped"
+            print(f"recovered {r['topic']}-{r['partition']}: continues at offset "
+                  f"{r['continues_at']}; {r['given_up']} offsets given up ({reason})")  # fmt: skip
+    return 0
