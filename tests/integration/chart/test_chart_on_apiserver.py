@@ -5,8 +5,10 @@ status subresources, printer columns, and `helm install`/`upgrade`/`uninstall` o
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -248,7 +250,7 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
                             "serviceaccount,secret,kopfpeering", "-l", f"app.kubernetes.io/instance={release}",
                             "-o", "name").stdout.split())  # fmt: skip
     for name in (
-        "deployment.apps/tmq-tidalmq-operator", "deployment.apps/tmq-tidalmq-object-store",
+        "deployment.apps/tmq-tidalmq-operator", "statefulset.apps/tmq-tidalmq-object-store",
         "statefulset.apps/tmq-tidalmq-broker", "service/tmq-tidalmq-brokers",
         "service/tmq-tidalmq-bootstrap", "service/tmq-tidalmq-operator",
         "horizontalpodautoscaler.autoscaling/tmq-tidalmq-broker",
@@ -273,10 +275,112 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
                     "--set", "image.tag=latest", check=False)  # fmt: skip
     assert proc.returncode != 0 and "tag" in proc.stderr
 
-    api.helm("uninstall", release, "--namespace", ns)
+    # --no-hooks: this API server has no nodes, so the pre-delete hook's Job would never run
+    # (test_uninstall_hook_command runs its command against this API server)
+    api.helm("uninstall", release, "--namespace", ns, "--no-hooks")
     left = api.kubectl("-n", ns, "get", "deployment,statefulset,service,secret,kopfpeering", "-l",
                        f"app.kubernetes.io/instance={release}", "-o", "name").stdout  # fmt: skip
     assert not left.strip(), left
     assert api.kubectl("get", "clusterrole", cluster_role, check=False).returncode != 0
     # Helm never deletes CRDs (nor, with them, every Topic in the cluster).
     api.kubectl("get", "crd", "topics.tidalmq.io")
+
+
+WORKLOADS = "deployment,statefulset"
+
+
+def workloads(api: Api, ns: str) -> dict[str, dict[str, Any]]:
+    """Every workload of the namespace: its generation and pod template, by KIND/NAME."""
+    items = api.get(ns, WORKLOADS)["items"]
+    return {
+        f"{o['kind']}/{o['metadata']['name']}": {
+            "generation": o["metadata"]["generation"],
+            "template": o["spec"]["template"],
+        }
+        for o in items
+    }
+
+
+@pytest.mark.parametrize(
+    "values",
+    [["--set", "inClusterObjectStore.enabled=true"],
+     ["--set", "objectStore.accessKey=AK", "--set", "objectStore.secretKey=SK"]],
+    ids=["generated-credentials", "keys-in-values"],
+)  # fmt: skip
+def test_an_upgrade_with_unchanged_values_changes_no_pod_template(
+    api: Api, ns: str, values: list[str]
+) -> None:
+    """helm install, then helm upgrade with the same values: the upgrade's render finds the
+    stored Secret through lookup (the install's found none and generated the keys), and every
+    pod template, annotations included, is what the install wrote: no workload's generation
+    moves, so no pod would restart. A value that matters does change them."""
+    release = "tmq"
+    common = ["--namespace", ns, "--set", "image.tag=0.1.0-test", *values]
+    api.helm("install", release, str(CHART), *common)
+    installed = workloads(api, ns)
+    assert set(installed) >= {"Deployment/tmq-tidalmq-operator", "StatefulSet/tmq-tidalmq-broker"}
+    secret = api.get(ns, "secret", "tmq-tidalmq-object-store")["data"]
+
+    api.helm("upgrade", release, str(CHART), *common)
+    assert workloads(api, ns) == installed
+    assert api.get(ns, "secret", "tmq-tidalmq-object-store")["data"] == secret
+    api.helm("upgrade", release, str(CHART), *common)
+    assert workloads(api, ns) == installed
+
+    api.helm("upgrade", release, str(CHART), *common, "--set", "broker.logLevel=DEBUG")
+    changed = workloads(api, ns)
+    broker = "StatefulSet/tmq-tidalmq-broker"
+    assert changed[broker]["generation"] == installed[broker]["generation"] + 1
+    operator = "Deployment/tmq-tidalmq-operator"
+    assert changed[operator] == installed[operator], "a broker setting leaves the operator be"
+    api.helm("uninstall", release, "--namespace", ns, "--no-hooks")
+
+
+def test_uninstall_hook_command(api: Api, ns: str) -> None:
+    """`tidalmq operator uninstall`, the chart's pre-delete hook, against the API server: it
+    scales the operator's Deployment to 0, waits while an operator pod is left, then removes
+    the operator's finalizer (and only that one) from every TidalMQ resource, deleting none."""
+    labels = {"app.kubernetes.io/component": "operator", "app.kubernetes.io/instance": "tmq"}
+    api.apply(ns, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "tmq-operator"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "operator", "image": "tidalmq:test"}]}}},
+    })  # fmt: skip
+    # no nodes, no controllers: this pod stands for a running operator replica until deleted
+    api.apply(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tmq-operator-abc", "labels": labels},
+                   "spec": {"containers": [{"name": "operator", "image": "tidalmq:test"}]}})  # fmt: skip
+    finalized = []
+    for obj in GOOD:
+        body = {**obj, "metadata": {**obj["metadata"], "finalizers": [
+            "tidalmq.io/finalizer", *(["example.com/keep"] if obj["kind"] == "Topic" else [])]}}  # fmt: skip
+        api.apply(ns, body)
+        finalized.append(f"{obj['kind'].lower()}/{obj['metadata']['name']}")
+    api.kubectl("-n", ns, "delete", "topic", "named", "--wait=false")  # deleting: held by both
+
+    hook = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "tidalmq"), "operator", "uninstall", "--namespace", ns,
+         "--operator-deployment", "tmq-operator", "--timeout", "60"],
+        env={**os.environ, **api.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while api.get(ns, "deployment", "tmq-operator")["spec"]["replicas"] != 0:
+            assert time.monotonic() < deadline, "the operator was not scaled to 0"
+            time.sleep(0.2)
+        time.sleep(2)
+        assert hook.poll() is None, f"did not wait for the operator pod: {hook.stdout.read()}"  # type: ignore[union-attr]
+        for name in finalized:
+            assert "tidalmq.io/finalizer" in api.get(ns, name)["metadata"]["finalizers"], name
+        api.kubectl("-n", ns, "delete", "pod", "tmq-operator-abc", "--wait=false")
+        out, _ = hook.communicate(timeout=60)
+    finally:
+        hook.kill()
+    assert hook.returncode == 0, out
+    assert "operator stopped" in out, out
+    for name in finalized:
+        obj = api.get(ns, name)  # still there: nothing is deleted
+        finalizers = obj["metadata"].get("finalizers", [])
+        assert "tidalmq.io/finalizer" not in finalizers, (name, finalizers)
+        if name == "topic/named":
+            assert finalizers == ["example.com/keep"], "another finalizer stays"
