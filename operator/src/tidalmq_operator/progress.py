@@ -15,7 +15,14 @@ row must carry everything worth keeping:
   and its message says so);
 - a row with no tracked move takes the earlier row's figures and the metadata's word: the
   partition served by its target is Done; one no longer moving and elsewhere, after spec.cancel,
-  is Cancelled (rolled back while no operator watched).
+  is Cancelled (rolled back while no operator watched). A move elected before an operator
+  restart is not tracked by the new controller (only moves still recorded as moving in the
+  metadata are), so "served by its target" means elected there *and* reported open by the
+  target at the partition's epoch; until then the row stays Opening, and the new operator
+  measures the move's unavailableMs when it sees the partition open (from the row's startTime).
+  A move that finished before the restart without its figures having been published says so
+  in its message instead of showing none. (A graceful stop publishes once more after the moves
+  past their election opened, so that happens only when an operator is killed.)
 
 Step Events. The controller's tracker stamps each step of a move (`MoveStatus.started`, `closed`,
 `elected`, `opened`, `finished`), but its event hook (`Controller.add_event_sink`) announces only
@@ -45,6 +52,8 @@ _RANK = {
     Phase.OPENING.value: 3, Phase.DONE.value: 4, Phase.CANCELLED.value: 4, Phase.FAILED.value: 4,
 }  # fmt: skip
 RESUMED_NOTE = "timed again from the operator restart"
+MEASURED_NOTE = "opened across an operator restart: unavailableMs measured by the new operator"
+UNMEASURED_NOTE = "finished while no operator watched: its unavailability was not measured"
 
 
 def rank(phase: str | None) -> int:
@@ -62,6 +71,17 @@ def now_iso(ts: float | None = None) -> str:
     """RFC 3339 in UTC, to the second (the API server's own resolution)."""
     moment = datetime.datetime.fromtimestamp(ts if ts is not None else time.time(), datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str | None) -> float | None:
+    """The inverse of now_iso (None when absent or not in its shape)."""
+    if not text:
+        return None
+    try:
+        moment = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=datetime.UTC).timestamp()
 
 
 def steps_of(m: MoveStatus) -> list[Step]:
@@ -105,9 +125,13 @@ def steps_to_emit(m: MoveStatus | None, row_phase: str, last_emitted: str | None
 
 def reassignment_row(
     entry: PlanEntry, m: MoveStatus | None, previous: Mapping[str, Any] | None,
-    part: PartitionState | None, *, cancel_requested: bool,
+    part: PartitionState | None, *, cancel_requested: bool, opened: bool | None = None,
+    seen_unopened: bool = False, now: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """One row of status.partitions (see the module docstring for the rules)."""
+    """One row of status.partitions (see the module docstring for the rules). For a move the
+    controller does not track: `opened` says whether its target reports the partition open at
+    its current epoch (None: unknown), `seen_unopened` that this operator saw it elected and
+    not open yet (then `now` is when it is first seen open)."""
     base: dict[str, Any] = {"topic": entry.tp.topic, "partition": entry.tp.partition,
                             "target": entry.target}  # fmt: skip
     before = dict(previous or {})
@@ -131,8 +155,21 @@ def reassignment_row(
         return {k: v for k, v in row.items() if v is not None}
     row = {**before, **base, "phase": before.get("phase") or Phase.PENDING.value}
     if part is not None and not part.moving:
-        if part.leader == entry.target:
+        if part.leader == entry.target and opened is False:
+            # elected before an operator restart, and the target has not reported it open yet
+            row["phase"] = Phase.OPENING.value
+        elif part.leader == entry.target:
             row["phase"] = Phase.DONE.value
+            if "unavailableMs" not in row:
+                start = parse_iso(row.get("startTime"))
+                if seen_unopened and start is not None and now is not None:
+                    # this operator saw it elected and not yet open, then open: the move's
+                    # unavailability is measured here, to within a publish interval
+                    row["unavailableMs"] = max(0, round((now - start) * 1000))
+                    row["endTime"] = now_iso(now)
+                    row["message"] = MEASURED_NOTE
+                else:
+                    row["message"] = UNMEASURED_NOTE
         elif cancel_requested:
             row["phase"] = Phase.CANCELLED.value
             row["message"] = "cancelled: not moving, and served by its original broker"
@@ -158,4 +195,8 @@ def summary(rows: list[Mapping[str, Any]]) -> tuple[str, bool, str]:
         text += f", {cancelled} rolled back"
     if failed:
         text += f", {failed} failed"
+        # the reasons, so that `kubectl get` (the Message column) says why
+        why = [f"{r.get('topic')}-{r.get('partition')}: {r.get('message') or 'no reason given'}"
+               for r in rows if r.get("phase") == Phase.FAILED.value]  # fmt: skip
+        text += " (" + "; ".join(why[:5]) + ("; ..." if len(why) > 5 else "") + ")"
     return overall, finished, text

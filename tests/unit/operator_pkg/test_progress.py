@@ -138,3 +138,26 @@ def test_summary() -> None:
     assert summary([{"phase": "Done"}, {"phase": "Closing"}])[:2] == ("Running", False)
     assert summary([{"phase": "Done"}])[:2] == ("Completed", True)
     assert summary([{"phase": "Done"}, {"phase": "Failed"}])[0] == "Failed"
+    # a failure's reason is in the account (the Complete condition's message, a printer column)
+    failed = [{"phase": "Done"},
+              {"phase": "Failed", "topic": "orders", "partition": 3, "message": "broker 9 left"}]  # fmt: skip
+    assert summary(failed) == ("Failed", True, "1 of 2 moved, 1 failed (orders-3: broker 9 left)")
+
+
+def test_a_move_elected_before_an_operator_restart_is_done_once_its_target_opened() -> None:
+    """The new controller tracks only moves still recorded as moving; one elected before the
+    restart is Opening until its target reports it open, and its unavailability is measured
+    by the operator that saw it open (from the row's start), never silently dropped."""
+    opening = {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Opening",
+               "startTime": now_iso(T0)}  # fmt: skip
+    served = part(2)  # elected on the target: leader 2, not moving
+    waiting = reassignment_row(ENTRY, None, opening, served, cancel_requested=False, opened=False)
+    assert waiting["phase"] == "Opening" and "unavailableMs" not in waiting
+    done = reassignment_row(ENTRY, None, waiting, served, cancel_requested=False, opened=True,
+                            seen_unopened=True, now=T0 + 2.5)  # fmt: skip
+    assert done["phase"] == "Done" and done["unavailableMs"] == 2500
+    assert done["endTime"] == now_iso(T0 + 2.5) and "measured" in done["message"]
+    # already open when first seen: Done, and the row says the figure was not measured
+    late = reassignment_row(ENTRY, None, opening, served, cancel_requested=False, opened=True)
+    assert late["phase"] == "Done" and "unavailableMs" not in late
+    assert "not measured" in late["message"]
