@@ -20,7 +20,10 @@ from tidalmq_broker.controller.controller import NewTopic, TopicResult
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, PlanEntry, validate_plan
 
-from tidalmq_operator import static_topics  # noqa: F401  (registers the StaticTopic handlers)
+from tidalmq_operator import (  # noqa: F401  (registers their handlers)
+    recovery,
+    static_topics,
+)
 from tidalmq_operator.generated import (
     TERMINAL,
     Step,
@@ -90,7 +93,9 @@ async def reconcile_topic(spec: Any, name: str, meta: Any, memo: Any, **_: Any) 
         rt.topics[name] = TopicWish(name, spec.get("topicName") or name, 0, generation,
                                     ("InvalidSpec", str(exc)))  # fmt: skip
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
-    wish = TopicWish(name, kafka_name, topic.partitions, generation)
+    previous = rt.topics.get(name)
+    wish = TopicWish(name, kafka_name, topic.partitions, generation, uid=meta.get("uid"),
+                     annotation_error=previous.annotation_error if previous else None)  # fmt: skip
     owner = next(
         (w for w in rt.topics.values() if w.kafka_name == kafka_name and w.resource != name), None
     )
@@ -138,6 +143,7 @@ async def delete_topic(spec: Any, name: str, memo: Any, **_: Any) -> None:
     """The finalizer: the topic leaves the cluster and its data leaves object storage."""
     rt = runtime_of(memo)
     wish = rt.topics.pop(name, None)
+    rt.forget("topics", name)
     kafka_name = wish.kafka_name if wish else (spec.get("topicName") or name)
     if wish is not None and wish.error and wish.error[0] == "TopicManagedElsewhere":
         return  # never delete a topic another Topic resource owns
@@ -285,6 +291,9 @@ async def cancel_reassignment_of(rt: OperatorRuntime, name: str) -> None:
         controller = rt.require_controller()
         run = _track(rt, name, body)
         run.cancel_requested = True
+        # spec.cancel bumped metadata.generation: the conditions published from now on
+        # describe this spec (observedGeneration)
+        run.generation = meta.get("generation", run.generation)
         ours = [e for e in run.entries if _moving_to(controller, e)]
         if ours:
             await controller.alter_reassignments([PlanEntry(e.tp, None) for e in ours])
@@ -486,6 +495,10 @@ async def reconcile_generated(rt: OperatorRuntime, name: str) -> None:
         elif step is Step.EXECUTE:
             controller = rt.require_controller()
             entries = plan_entries(plan)
+            # stamped before the moves are recorded, as for hand-written plans: the publisher
+            # takes a finished move as this plan's only if it started after this (less a
+            # margin), and a commit slower than the margin left fast moves without figures
+            submitted = time.time()
             try:
                 await submit_moves(controller, entries)
             except InvalidPlan as exc:
@@ -494,7 +507,6 @@ async def reconcile_generated(rt: OperatorRuntime, name: str) -> None:
                                   completionTime=now_iso(), observedGeneration=gen)  # fmt: skip
                 await rt.kube.event(ref, "Refused", message, warning=True)
                 return
-            submitted = time.time()
             planned = [c for c in status.get("conditions", []) if c.get("type") == "Planned"]
             rt.reassignments[name] = _run_of(name, meta, entries, submitted, status, planned)
             how = "spec.autoApprove" if spec.auto_approve and not spec.approved else "approved"

@@ -90,6 +90,13 @@ class Kube:
             GROUP, VERSION, self.namespace, plural, name, {"status": status},
         )  # fmt: skip
 
+    async def remove_annotation(self, plural: str, name: str, key: str) -> None:
+        """Remove one annotation of one of our resources (a merge patch: null deletes)."""
+        await self._call(
+            self.custom.patch_namespaced_custom_object,
+            GROUP, VERSION, self.namespace, plural, name, {"metadata": {"annotations": {key: None}}},
+        )  # fmt: skip
+
     # ------------------------------------------------------------------ core
     async def label_pod(self, name: str, key: str, value: str | None) -> None:
         """Set (or with None remove) one label of a pod."""

@@ -8,12 +8,15 @@ latest snapshot and patches only what changed, so a missed update is repaired by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Gauge
 from tidalmq_broker.controller.controller import Controller, ControllerSettings
 from tidalmq_broker.controller.moves import MoveStatus
 from tidalmq_broker.controller.rpc import ControllerServer
@@ -23,6 +26,16 @@ from tidalmq_core.metadata import NO_LEADER, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
 
+from tidalmq_operator.availability import (
+    DATA_LOST,
+    STORE_LOST,
+    Problem,
+    brokers_not_alive,
+    naming,
+    partition_problem,
+    row_fields,
+    verdict,
+)
 from tidalmq_operator.kube import Kube, NotFound
 from tidalmq_operator.progress import (
     now_iso,
@@ -34,6 +47,19 @@ from tidalmq_operator.settings import OperatorSettings
 from tidalmq_operator.store import ClusterStateStore
 
 log = logging.getLogger(__name__)
+
+LOST_PARTITIONS = Gauge(
+    "tidalmq_operator_lost_partitions",
+    "Partitions (logic queues of static topics) whose acknowledged data a broker found missing "
+    "from the object store, by Topic or StaticTopic resource, until the loss is accepted",
+    ["kind", "resource", "topic"],
+)
+DEGRADED = Gauge(
+    "tidalmq_operator_degraded",
+    "1 while a Topic or StaticTopic resource has the condition Degraded, by reason",
+    ["kind", "resource", "reason"],
+)
+ACCEPT_ANNOTATION = "tidalmq.io/accept-data-loss"
 
 
 def condition(
@@ -65,6 +91,29 @@ class TopicWish:
     partitions: int
     generation: int | None
     error: tuple[str, str] | None = None  # (reason, message) of a spec the controller refused
+    uid: str | None = None
+    # (reason, message) of a tidalmq.io/accept-data-loss annotation that could not be applied
+    annotation_error: tuple[str, str] | None = None
+
+
+@dataclass(slots=True)
+class Availability:
+    """What the publisher knows at one moment about which brokers serve and about the store."""
+
+    meta: ClusterMetadata
+    not_alive: dict[int, str]  # broker id -> why it does not serve
+    store_problem: str | None
+    now: float  # monotonic
+
+
+@dataclass(slots=True)
+class LossWatch:
+    """What a resource's Events have announced: its lost partitions (or logic queues) and the
+    store's problem. Restored from the resource's status after an operator restart, so a loss
+    is announced once per detection, not once per operator."""
+
+    lost: dict[int, Problem]
+    store_problem: str | None
 
 
 @dataclass(slots=True)
@@ -81,6 +130,9 @@ class ReassignmentRun:
     finished: bool = False
     conditions: list[dict[str, Any]] = field(default_factory=list)  # kept in status (Planned)
     cancel_requested: bool = False  # spec.cancel: moves no longer in flight count as rolled back
+    # partitions this operator saw elected on their target (by an earlier controller: not
+    # tracked by this one) and not open yet: their unavailability is measured when they open
+    unopened: set[TopicPartition] = field(default_factory=set)
 
 
 class OperatorRuntime:
@@ -97,6 +149,10 @@ class OperatorRuntime:
         self._last_status: dict[tuple[str, str], Any] = {}
         self._publish_lock = asyncio.Lock()
         self.active = asyncio.Event()
+        # monotonic time since which a partition (topic, index) has had no leader
+        self._leaderless_since: dict[tuple[str, int], float] = {}
+        self._loss_watch: dict[tuple[str, str], LossWatch] = {}  # by (plural, resource)
+        self.leaderless_grace_s = settings.leaderless_grace_s
 
     # ------------------------------------------------------------------ controller role
     async def run_controller(self, stopped: Any) -> None:
@@ -125,8 +181,12 @@ class OperatorRuntime:
         log.info("controller active; brokers reach it on port %d", server.port)
         try:
             while not stopped:
-                await self.publish()
+                try:
+                    await self.publish()
+                except Exception:  # the API server, most likely: the next publish repairs it
+                    log.exception("status publish failed")
                 await asyncio.sleep(s.status_interval_s)
+            await self._last_publish(controller)
         finally:
             self.active.clear()
             await self._label_self(False)
@@ -134,6 +194,21 @@ class OperatorRuntime:
             await server.stop()
             await controller.stop()
             log.info("controller stopped on this replica")
+
+    async def _last_publish(self, controller: Controller, wait_s: float = 5.0) -> None:
+        """Before a graceful stop: let the moves past their election open (a next controller
+        would not track them: only moves still recorded as moving in the metadata are resumed,
+        so their figures would be lost), then publish once more, so that every move finished
+        here keeps its unavailableMs in status."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not [m for m in controller.moves.active() if m.phase is Phase.OPENING]:
+                break
+            await asyncio.sleep(0.05)
+        try:
+            await self.publish()
+        except Exception:
+            log.exception("last status publish failed")
 
     async def _label_self(self, active: bool) -> None:
         """The controller Service selects the pod labelled tidalmq.io/controller=active."""
@@ -158,7 +233,7 @@ class OperatorRuntime:
 
     # ------------------------------------------------------------------ publishing
     def _on_controller_event(self, reason: str, message: str, fields: dict[str, Any]) -> None:
-        warning = reason in ("BrokerDead", "BrokerFenced")
+        warning = reason in ("BrokerDead", "BrokerFenced") or bool(fields.get("warning"))
         involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "ClusterState",
                     "metadata": {"name": self.settings.cluster_state_name}}  # fmt: skip
         task = asyncio.create_task(
@@ -172,8 +247,13 @@ class OperatorRuntime:
             return
         async with self._publish_lock:
             meta = controller.metadata
+            av = self.availability()
             for wish in list(self.topics.values()):
-                await self._patch("topics", wish.resource, self._topic_status(meta, wish))
+                status = self._topic_status(meta, wish, av)
+                await self.watch_losses("topics", wish.resource, "partition")
+                await self._patch("topics", wish.resource, status)
+                await self.announce_losses("topics", wish.resource, wish.uid, wish.kafka_name,
+                                           status, "partition")  # fmt: skip
             active, recent = controller.move_statuses()
             for run in list(self.reassignments.values()):
                 if run.finished:
@@ -200,40 +280,176 @@ class OperatorRuntime:
         await self.kube.patch_status(plural, name, status)
         self._last_status[key] = comparable
 
-    def _topic_status(self, meta: ClusterMetadata, wish: TopicWish) -> dict[str, Any]:
+    # ------------------------------------------------------------------ availability
+    def availability(self) -> Availability | None:
+        controller = self.controller
+        if controller is None:
+            return None
+        now = time.monotonic()
+        beats = {b: live.last_heartbeat for b, live in controller.broker_liveness().items()}
+        s = controller.settings
+        not_alive = brokers_not_alive(controller.metadata, beats, now, s.lease_s + s.clock_margin_s)
+        problem = getattr(controller, "store_problem", None)
+        return Availability(controller.metadata, not_alive, problem or None, now)
+
+    def leaderless_for(self, topic: str, index: int, leaderless: bool, now: float) -> float | None:
+        """Seconds the partition has had no leader as far as this operator saw (None: it has
+        one)."""
+        key = (topic, index)
+        if not leaderless:
+            self._leaderless_since.pop(key, None)
+            return None
+        return now - self._leaderless_since.setdefault(key, now)
+
+    def problems_of(self, topic: str, av: Availability) -> dict[int, Problem]:
+        """The partitions of a topic that are not served (availability.py's rules)."""
+        info = av.meta.topics.get(topic)
+        out: dict[int, Problem] = {}
+        if info is None:
+            return out
+        for i, part in enumerate(info.partitions):
+            waited = self.leaderless_for(topic, i, part.leader == NO_LEADER, av.now)
+            problem = partition_problem(i, part, av.meta, av.not_alive, waited,
+                                        self.leaderless_grace_s)  # fmt: skip
+            if problem is not None:
+                out[i] = problem
+        return out
+
+    def _topic_status(
+        self, meta: ClusterMetadata, wish: TopicWish, av: Availability | None = None
+    ) -> dict[str, Any]:
         topic = meta.topics.get(wish.kafka_name)
-        status: dict[str, Any] = {"observedGeneration": wish.generation}
+        gen = wish.generation
+        status: dict[str, Any] = {"observedGeneration": gen}
         conditions = []
         if wish.error is not None:
             reason, message = wish.error
-            conditions.append(condition("Error", True, reason, message, wish.generation))
+            conditions.append(condition("Error", True, reason, message, gen))
+        elif wish.annotation_error is not None:
+            reason, message = wish.annotation_error
+            conditions.append(condition("Error", True, reason, message, gen))
         if topic is None:
             conditions.append(condition("Ready", False, wish.error[0] if wish.error else "Creating",
-                                        "the topic does not exist yet", wish.generation))  # fmt: skip
+                                        "the topic does not exist yet", gen))  # fmt: skip
             status["conditions"] = conditions
             return status
+        problems = self.problems_of(wish.kafka_name, av) if av is not None else {}
+        store_problem = av.store_problem if av is not None else None
         parts = [
             {"partition": i, "broker": p.leader if p.leader != NO_LEADER else None,
-             "epoch": p.leader_epoch, "moving": p.moving}
+             "epoch": p.leader_epoch, "moving": p.moving,
+             **row_fields(problems.get(i), store_problem)}
             for i, p in enumerate(topic.partitions)
         ]  # fmt: skip
         status.update(topicId=topic.topic_id, partitionCount=len(parts), partitions=parts)
         leaderless = sum(1 for p in topic.partitions if p.leader == NO_LEADER)
         moving = sum(1 for p in topic.partitions if p.moving)
-        if wish.error is None:
-            conditions.append(condition("Error", False, "None", "", wish.generation))
+        if wish.error is None and wish.annotation_error is None:
+            conditions.append(condition("Error", False, "None", "", gen))
         if leaderless or moving:
             conditions.append(condition("Reconciling", True, "PartitionsMoving",
-                                        f"{moving} moving, {leaderless} without a leader", wish.generation))  # fmt: skip
+                                        f"{moving} moving, {leaderless} without a leader", gen))  # fmt: skip
         else:
-            conditions.append(condition("Reconciling", False, "Settled", "", wish.generation))
-        ready = wish.error is None and not leaderless and len(parts) == wish.partitions
-        reason = "Serving" if ready else (wish.error[0] if wish.error else "PartitionsMoving")
-        message = (f"{len(parts)} partitions served" if ready
-                   else (wish.error[1] if wish.error else f"{leaderless} partitions without a leader"))  # fmt: skip
-        conditions.append(condition("Ready", ready, reason, message, wish.generation))
+            conditions.append(condition("Reconciling", False, "Settled", "", gen))
+        v = verdict(problems.values(), store_problem)
+        conditions.append(condition("Degraded", v.degraded, v.reason if v.degraded else "AllServed",
+                                    v.message, gen))  # fmt: skip
+        ready = (
+            wish.error is None
+            and not v.degraded
+            and not leaderless
+            and len(parts) == wish.partitions
+        )
+        if ready:
+            reason, message = "Serving", f"{len(parts)} partitions served"
+        elif wish.error is not None:
+            reason, message = wish.error
+        elif v.degraded:
+            reason, message = v.reason, v.message
+        else:
+            reason, message = "PartitionsMoving", f"{leaderless} partitions without a leader"
+        conditions.append(condition("Ready", ready, reason, message, gen))
         status["conditions"] = conditions
+        set_gauges("Topic", wish.resource, wish.kafka_name, problems.values(),
+                   v.reason if v.degraded else None)  # fmt: skip
         return status
+
+    async def announce_losses(
+        self, plural: str, resource: str, uid: str | None, topic: str, status: dict[str, Any],
+        noun: str,
+    ) -> None:  # fmt: skip
+        """Events on the resource for what its status now says compared with what was
+        announced: `DataLost` (warning) once per newly lost partition, `DataLossAccepted`
+        (warning: offsets were given up) when a lost one serves again, `StoreLost` (warning)
+        and `StoreRecovered` when the store's problem comes and goes."""
+        watch = await self.watch_losses(plural, resource, noun)
+        if watch is None:
+            return
+        lost = lost_in(status, noun)
+        store_problem = store_problem_in(status)
+        kind = "Topic" if plural == "topics" else "StaticTopic"
+        ref = {"apiVersion": "tidalmq.io/v1alpha1", "kind": kind,
+               "metadata": {"name": resource, "uid": uid}}  # fmt: skip
+        new = {i: p for i, p in lost.items() if i not in watch.lost}
+        if new:
+            missing = sum(p.missing_offsets for p in new.values())
+            detail = "; ".join(
+                f"{noun} {p.partition}: offsets {p.found_end} to {(p.expected_end or 0) - 1} "
+                f"missing ({p.missing_offsets}; {p.why or 'data missing'})"
+                for p in sorted(new.values(), key=lambda p: p.partition)[:20]
+            )  # fmt: skip
+            message = (f"{topic}: data lost in {naming(new, noun)}, {missing} acknowledged offsets "
+                       f"missing: {detail}. The {noun}s refuse to serve until the loss is accepted "
+                       f"(annotate {kind} {resource} with {ACCEPT_ANNOTATION}=true)")  # fmt: skip
+            await self.kube.event(ref, DATA_LOST, message, warning=True)
+        # served again: a row without the loss (not a row gone with its topic)
+        rows = status.get("partitions" if noun == "partition" else "queues") or []
+        shown = {int(r.get("partition", r.get("queue", -1))) for r in rows}
+        gone = {i: p for i, p in watch.lost.items() if i not in lost and i in shown}
+        if gone:
+            given_up = sum(p.missing_offsets for p in gone.values())
+            detail = "; ".join(
+                f"{noun} {p.partition}: offsets {p.found_end} to {(p.expected_end or 0) - 1} "
+                f"given up, continues at {p.expected_end}"
+                for p in sorted(gone.values(), key=lambda p: p.partition)[:20]
+            )  # fmt: skip
+            message = (f"{topic}: loss accepted for {naming(gone, noun)}, {given_up} offsets given "
+                       f"up: {detail}")  # fmt: skip
+            await self.kube.event(ref, "DataLossAccepted", message, warning=True)
+        if store_problem and not watch.store_problem:
+            await self.kube.event(ref, STORE_LOST, f"{topic}: {store_problem}", warning=True)
+        elif watch.store_problem and not store_problem:
+            await self.kube.event(ref, "StoreRecovered",
+                                  f"{topic}: the object store is this cluster's again")  # fmt: skip
+        watch.lost = {**{i: p for i, p in watch.lost.items() if i not in shown}, **lost}
+        watch.store_problem = store_problem
+
+    async def watch_losses(self, plural: str, resource: str, noun: str) -> LossWatch | None:
+        """What was announced for the resource; the first time (after an operator start),
+        from its status as the earlier operator left it: call before publishing a status."""
+        key = (plural, resource)
+        watch = self._loss_watch.get(key)
+        if watch is not None:
+            return watch
+        try:
+            current = await self.kube.get(plural, resource)
+        except NotFound:
+            return None
+        status = current.get("status") or {}
+        watch = self._loss_watch[key] = LossWatch(lost_in(status, noun), store_problem_in(status))
+        return watch
+
+    def forget(self, plural: str, resource: str) -> None:
+        """A resource was deleted: drop what was announced for it and its gauges."""
+        self._loss_watch.pop((plural, resource), None)
+        self._last_status.pop((plural, resource), None)
+        kind = "Topic" if plural == "topics" else "StaticTopic"
+        clear_gauges(kind, resource)
+
+    def _reports_open(self, broker: int, tp: TopicPartition, epoch: int) -> bool:
+        controller = self.controller
+        live = controller.broker_liveness().get(broker) if controller is not None else None
+        return live is not None and live.open_partitions.get(tp) == epoch
 
     async def _reassignment_status(
         self, run: ReassignmentRun, active: list[MoveStatus], recent: list[MoveStatus],
@@ -251,8 +467,14 @@ class OperatorRuntime:
             topic = meta.topics.get(entry.tp.topic)
             part = (topic.partitions[entry.tp.partition]
                     if topic is not None and entry.tp.partition < len(topic.partitions) else None)  # fmt: skip
+            opened = None
+            if m is None and part is not None and part.leader == entry.target:
+                opened = self._reports_open(entry.target, entry.tp, part.leader_epoch)
             row = reassignment_row(entry, m, run.rows.get(entry.tp), part,
-                                   cancel_requested=run.cancel_requested)  # fmt: skip
+                                   cancel_requested=run.cancel_requested, opened=opened,
+                                   seen_unopened=entry.tp in run.unopened, now=time.time())  # fmt: skip
+            if opened is False:
+                run.unopened.add(entry.tp)
             run.rows[entry.tp] = row
             for step in steps_to_emit(m, row["phase"], run.emitted.get(entry.tp), str(entry.tp)):
                 await self._event(run, f"Partition{step.phase}", step.message, at=step.at,
@@ -281,3 +503,56 @@ class OperatorRuntime:
 
 class ControllerInactive(Exception):
     """This replica is not the active controller (yet); handlers retry."""
+
+
+def lost_in(status: dict[str, Any], noun: str) -> dict[int, Problem]:
+    """The lost partitions (or logic queues) a published status shows."""
+    key = "partitions" if noun == "partition" else "queues"
+    field_name = "partition" if noun == "partition" else "queue"
+    out = {}
+    for row in status.get(key) or []:
+        if row.get("lost"):
+            i = int(row[field_name])
+            out[i] = Problem(i, DATA_LOST, missing_offsets=int(row.get("missingOffsets") or 0),
+                             expected_end=row.get("expectedEnd"), found_end=row.get("foundEnd"),
+                             why=str(row.get("lostReason") or ""))  # fmt: skip
+    return out
+
+
+def store_problem_in(status: dict[str, Any]) -> str | None:
+    for c in status.get("conditions") or []:
+        if (
+            c.get("type") == "Degraded"
+            and c.get("status") == "True"
+            and c.get("reason") == STORE_LOST
+        ):
+            return str(c.get("message") or STORE_LOST)
+    return None
+
+
+_GAUGED: dict[tuple[str, str], tuple[str, str | None]] = {}
+
+
+def set_gauges(kind: str, resource: str, topic: str, problems: Iterable[Problem],
+               reason: str | None) -> None:  # fmt: skip
+    """The operator's metrics of one resource: its lost partitions and its Degraded reason."""
+    lost = sum(1 for p in problems if p.kind == DATA_LOST)
+    before = _GAUGED.get((kind, resource))
+    if before is not None and before != (topic, reason):
+        clear_gauges(kind, resource)
+    LOST_PARTITIONS.labels(kind, resource, topic).set(lost)
+    if reason is not None:
+        DEGRADED.labels(kind, resource, reason).set(1)
+    _GAUGED[(kind, resource)] = (topic, reason)
+
+
+def clear_gauges(kind: str, resource: str) -> None:
+    before = _GAUGED.pop((kind, resource), None)
+    if before is None:
+        return
+    topic, reason = before
+    with contextlib.suppress(KeyError):
+        LOST_PARTITIONS.remove(kind, resource, topic)
+    if reason is not None:
+        with contextlib.suppress(KeyError):
+            DEGRADED.remove(kind, resource, reason)

@@ -29,6 +29,10 @@ class OperatorSettings:
     election_timeout_s: float = 10.0
     offsets_topic_partitions: int = 16
     status_interval_s: float = 0.5
+    # a partition without a leader this long makes its topic Degraded (Leaderless); a move or an
+    # election normally leaves it leaderless for well under a second, a stuck source until the
+    # controller fences it (election timeout)
+    leaderless_grace_s: float = 15.0
     # the planner (PartitionReassignment spec.generate) on Spark-on-Kubernetes; the chart sets these
     spark_image: str = ""
     spark_service_account: str = ""
@@ -62,6 +66,7 @@ class OperatorSettings:
             session_timeout_s=float(get("SESSION_TIMEOUT_S", "6.0")),
             election_timeout_s=float(get("ELECTION_TIMEOUT_S", "10.0")),
             offsets_topic_partitions=int(get("OFFSETS_TOPIC_PARTITIONS", "16")),
+            leaderless_grace_s=float(get("LEADERLESS_GRACE_S", "15")),
             spark_image=get("SPARK_IMAGE", ""),
             spark_service_account=get("SPARK_SERVICE_ACCOUNT", ""),
             prometheus_url=get("PROMETHEUS_URL", ""),

@@ -26,8 +26,22 @@ import kopf
 from tidalmq_broker.static_topics.manager import StaticTopicError
 from tidalmq_core.static_mapping import MappingError, TotalQueuesFixed, physical_topic_name
 
+from tidalmq_operator.availability import (
+    BROKER_NOT_ALIVE,
+    DATA_LOST,
+    Problem,
+    broker_state,
+    row_fields,
+    verdict,
+)
 from tidalmq_operator.models import SpecError, StaticTopicSpec, parse
-from tidalmq_operator.runtime import ControllerInactive, OperatorRuntime, condition
+from tidalmq_operator.runtime import (
+    Availability,
+    ControllerInactive,
+    OperatorRuntime,
+    condition,
+    set_gauges,
+)
 from tidalmq_operator.settings import GROUP, VERSION
 
 log = logging.getLogger(__name__)
@@ -43,6 +57,8 @@ class StaticTopicWish:
     total_queues: int
     generation: int | None
     error: tuple[str, str] | None = None
+    uid: str | None = None
+    annotation_error: tuple[str, str] | None = None
 
 
 def _runtime(memo: Any) -> OperatorRuntime:
@@ -72,7 +88,10 @@ async def reconcile_static_topic(spec: Any, name: str, meta: Any, memo: Any, **_
     wishes = _wishes(memo)
     generation = meta.get("generation")
     kafka_name = spec.get("topicName") or name
-    wish = StaticTopicWish(name, kafka_name, int(spec.get("totalQueues") or 0), generation)
+    previous = wishes.get(name)
+    wish = StaticTopicWish(name, kafka_name, int(spec.get("totalQueues") or 0), generation,
+                           uid=meta.get("uid"),
+                           annotation_error=previous.annotation_error if previous else None)  # fmt: skip
     wishes[name] = wish
     try:
         parsed: StaticTopicSpec = parse(StaticTopicSpec, spec)
@@ -117,15 +136,60 @@ async def publish_static_topic(rt: OperatorRuntime, wish: StaticTopicWish) -> No
     controller = rt.controller
     if controller is None:
         return
-    await rt._patch(PLURAL, wish.resource, static_topic_status_of(controller, wish))
+    status = static_topic_status_of(controller, wish, rt)
+    await rt.watch_losses(PLURAL, wish.resource, "logic queue")
+    await rt._patch(PLURAL, wish.resource, status)
+    await rt.announce_losses(PLURAL, wish.resource, wish.uid, wish.kafka_name, status,
+                             "logic queue")  # fmt: skip
 
 
-def static_topic_status_of(controller: Any, wish: StaticTopicWish) -> dict[str, Any]:
+def queue_problems(rt: OperatorRuntime, name: str, av: Availability) -> dict[int, Problem]:
+    """The logic queues of a static topic that are not served: a lost physical queue among its
+    items (the data of that logic-offset range is gone), or the Kafka view's partition (led by
+    the broker of its writable physical queue) on a broker that is not alive, or leaderless."""
+    meta = av.meta
+    st = meta.static_topics.get(name)
+    if st is None:
+        return {}
+    view = st.view()
+    phys = meta.topics.get(physical_topic_name(name))
+    served = rt.problems_of(name, av)  # the Kafka view's partitions: one per logic queue
+    out = {}
+    for q in range(st.total_queues):
+        lost = []
+        for item in view.items(q):
+            if phys is not None and item.queue < len(phys.partitions):
+                loss = getattr(phys.partitions[item.queue], "lost", None)
+                if loss is not None:
+                    lost.append(loss)
+        if lost:
+            out[q] = Problem(q, DATA_LOST, lost[0].broker,
+                             "; ".join(sorted({x.reason for x in lost})),
+                             sum(x.missing_offsets for x in lost),
+                             max(x.expected_end for x in lost), min(x.found_end for x in lost))  # fmt: skip
+            continue
+        writable = view.leader(q)
+        why = broker_state(meta, av.not_alive, writable.broker) if writable is not None else None
+        if writable is not None and why is not None and not writable.sealed:
+            out[q] = Problem(q, BROKER_NOT_ALIVE, writable.broker, why)
+            continue
+        problem = served.get(q)
+        if problem is not None:
+            out[q] = problem
+    return out
+
+
+def static_topic_status_of(
+    controller: Any, wish: StaticTopicWish, rt: OperatorRuntime | None = None
+) -> dict[str, Any]:
     gen = wish.generation
     status: dict[str, Any] = {"observedGeneration": gen}
     conditions = []
     if wish.error is not None:
         conditions.append(condition("Error", True, wish.error[0], wish.error[1], gen))
+    elif wish.annotation_error is not None:
+        reason, message = wish.annotation_error
+        conditions.append(condition("Error", True, reason, message, gen))
     else:
         conditions.append(condition("Error", False, "None", "", gen))
     if wish.kafka_name not in controller.metadata.static_topics:
@@ -136,10 +200,15 @@ def static_topic_status_of(controller: Any, wish: StaticTopicWish) -> dict[str, 
         status["conditions"] = conditions
         return status
     d = controller.static.describe(wish.kafka_name)
+    av = rt.availability() if rt is not None else None
+    problems = queue_problems(rt, wish.kafka_name, av) if rt is not None and av is not None else {}
+    store_problem = av.store_problem if av is not None else None
     status["epoch"] = d["epoch"]
     status["queues"] = [
-        {k: q[k] for k in ("queue", "broker", "gen", "items", "logicOffset")} for q in d["queues"]
-    ]
+        {**{k: q[k] for k in ("queue", "broker", "gen", "items", "logicOffset")},
+         **row_fields(problems.get(q["queue"]), store_problem)}
+        for q in d["queues"]
+    ]  # fmt: skip
     status["mapping"] = d["mapping"]
     leaderless = [q["queue"] for q in d["queues"] if q["leader"] < 0]
     if not d["consistent"]:
@@ -150,11 +219,22 @@ def static_topic_status_of(controller: Any, wish: StaticTopicWish) -> dict[str, 
                                     f"logic queues without a leader: {leaderless}", gen))  # fmt: skip
     else:
         conditions.append(condition("Reconciling", False, "Settled", "", gen))
-    ready = d["consistent"] and not leaderless
-    message = (f"{d['totalQueues']} logic queues served, epoch {d['epoch']}" if ready
-               else f"logic queues without a leader: {leaderless}")  # fmt: skip
-    conditions.append(condition("Ready", ready, "Serving" if ready else "Remapping", message, gen))
+    v = verdict(problems.values(), store_problem, "logic queue")
+    conditions.append(condition("Degraded", v.degraded, v.reason if v.degraded else "AllServed",
+                                v.message, gen))  # fmt: skip
+    ready = d["consistent"] and not leaderless and not v.degraded
+    if ready:
+        reason, message = "Serving", f"{d['totalQueues']} logic queues served, epoch {d['epoch']}"
+    elif v.degraded:
+        reason, message = v.reason, v.message
+    elif not d["consistent"]:
+        reason, message = "CopiesDisagree", "; ".join(d["problems"] + d["ignored"])
+    else:
+        reason, message = "Remapping", f"logic queues without a leader: {leaderless}"
+    conditions.append(condition("Ready", ready, reason, message, gen))
     status["conditions"] = conditions
+    set_gauges("StaticTopic", wish.resource, wish.kafka_name, problems.values(),
+               v.reason if v.degraded else None)  # fmt: skip
     return status
 
 
@@ -162,6 +242,7 @@ def static_topic_status_of(controller: Any, wish: StaticTopicWish) -> dict[str, 
 async def delete_static_topic(spec: Any, name: str, memo: Any, **_: Any) -> None:
     rt = _runtime(memo)
     wish = _wishes(memo).pop(name, None)
+    rt.forget(PLURAL, name)
     kafka_name = wish.kafka_name if wish else (spec.get("topicName") or name)
     try:
         controller = rt.require_controller()
