@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 from tidalmq_core.balance import Plan, balance_counts, place_orphans
 from tidalmq_core.metadata import (
     INTERNAL_TOPICS,
@@ -99,6 +99,10 @@ PRODUCER_ID_BLOCK = 1000
 LOST_PARTITIONS = Gauge(
     "tidalmq_controller_lost_partitions",
     "Partitions whose data a broker found missing and whose loss nobody accepted yet",
+)
+BROKERS_DECLARED_DEAD = Counter(
+    "tidalmq_controller_brokers_declared_dead_total",
+    "Brokers the controller declared dead (session timed out, or killed) and failed over",
 )
 STORE_LOST = Gauge(
     "tidalmq_controller_store_lost",
@@ -1562,6 +1566,7 @@ class Controller:
         for b in dead:
             if announce:
                 log.warning("broker %d is dead (%s); moving its partitions", b, reason)
+                BROKERS_DECLARED_DEAD.inc()
                 self._emit("BrokerDead", f"broker {b}: {reason}", {"broker": b})
         moved: list[tuple[TopicPartition, int]] = []
 

@@ -12,11 +12,12 @@ Exceptions cross the wire by name and are rebuilt from an explicit registry.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
@@ -24,6 +25,13 @@ from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, 
 
 from tidalmq_broker.controller import controller as ctl
 from tidalmq_broker.static_topics.http import add_static_topic_routes
+
+# A broker's view of the controller's liveness path: from sending a heartbeat to its answer.
+HEARTBEAT_SECONDS = Histogram(
+    "tidalmq_broker_heartbeat_seconds",
+    "Time from sending a heartbeat to the controller to its answer (as the broker sees it)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+)
 
 log = logging.getLogger(__name__)
 
@@ -241,12 +249,14 @@ class HttpControllerClient:
                         open_partitions: dict[TopicPartition, int],
                         high_watermarks: dict[TopicPartition, int] | None = None, *,
                         floors: Floors | None = None) -> ctl.HeartbeatReply:  # fmt: skip
+        started = time.monotonic()
         doc = await self._call("/v1/brokers/heartbeat", {
             "broker_id": broker_id, "incarnation": incarnation, "applied_version": applied_version,
             "open": [[tp.topic, tp.partition, e] for tp, e in open_partitions.items()],
             "hwm": [[tp.topic, tp.partition, h] for tp, h in (high_watermarks or {}).items()],
             "floors": _floors_doc(floors),
         }, timeout_s=2.0)  # fmt: skip
+        HEARTBEAT_SECONDS.observe(time.monotonic() - started)
         return ctl.HeartbeatReply(**doc["reply"])
 
     async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int, *,
