@@ -32,21 +32,17 @@ bench/charts/side-by-side-*.png are written from that file after every section.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import os
-import platform
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.kafka.harness import (  # noqa: E402
-    assemble,
     consumer_perf_test,
-    java_executable,
     producer_perf_test,
     reassign_generate,
     reassign_verify,
@@ -67,20 +61,21 @@ from bench.side_by_side_systems import (  # noqa: E402
     KAFKA,
     MIB,
     TIDALMQ,
-    KafkaSystem,
     MetadataWatch,
-    ObjectStorage,
     System,
     TidalCluster,
-    TidalSingle,
     ck_consume,
     ck_produce,
+    cluster,
     create_topic,
     delete_topic,
+    environment,
     fill_topic,
     loadavg,
+    log,
     partition_states,
     run_reassign_execute,
+    single_broker,
     wait_for,
 )
 
@@ -138,10 +133,6 @@ QUICK = Params(
     rebalance_brokers=2,
     rebalance_kib_per_partition=64,
 )
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def name(prefix: str) -> str:
@@ -224,53 +215,6 @@ class Recorder:
 
 def _fmt(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.4g}"
-
-
-# --------------------------------------------------------------------------------------------
-# Starting the systems
-
-
-@contextlib.contextmanager
-def single_broker(kind: str, workdir: Path, storage: str) -> Iterator[System]:
-    """One broker of either kind (Kafka: combined broker+controller node)."""
-    path = workdir / f"{kind}-{uuid.uuid4().hex[:4]}"
-    path.mkdir(parents=True)
-    store: ObjectStorage | None = None
-    system: System | None = None
-    try:
-        if kind == "kafka":
-            system = KafkaSystem(path, brokers=1)
-        else:
-            store = ObjectStorage(storage, path)
-            system = TidalSingle(path, store)
-        yield system
-    finally:
-        if system is not None:
-            system.stop()
-        if store is not None:
-            store.stop()
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def cluster(kind: str, workdir: Path, storage: str, brokers: int) -> Iterator[System]:
-    path = workdir / f"{kind}-{brokers}b-{uuid.uuid4().hex[:4]}"
-    path.mkdir(parents=True)
-    store: ObjectStorage | None = None
-    system: System | None = None
-    try:
-        if kind == "kafka":
-            system = KafkaSystem(path, brokers=brokers)
-        else:
-            store = ObjectStorage(storage, path)
-            system = TidalCluster(path, store, brokers)
-        yield system
-    finally:
-        if system is not None:
-            system.stop()
-        if store is not None:
-            store.stop()
-        shutil.rmtree(path, ignore_errors=True)
 
 
 KINDS = (("kafka", KAFKA), ("tidalmq", TIDALMQ))
@@ -886,61 +830,6 @@ def rebalance_tidalmq(system: System, topic: str, n: int) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # Environment, results file, main
-
-
-def environment(storage: str) -> dict[str, Any]:
-    from importlib import metadata
-
-    import confluent_kafka
-    import tidalmq_broker
-
-    mem = next(
-        (
-            ln.split()[1]
-            for ln in Path("/proc/meminfo").read_text().splitlines()
-            if ln.startswith("MemTotal")
-        ),
-        "0",
-    )
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.machine(),
-    )
-    src = Path(tidalmq_broker.__file__).resolve().parent
-
-    def git(*args: str) -> str:
-        proc = subprocess.run(
-            ["git", "-C", str(src), *args], capture_output=True, text=True, check=False
-        )
-        return proc.stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "not a git checkout"
-    dirty = bool(git("status", "--porcelain", "--", "."))
-    java = subprocess.run(
-        [java_executable(), "-version"], capture_output=True, text=True, check=False
-    ).stderr.splitlines()
-    env = {
-        "cores": os.cpu_count(),
-        "ram_gib": round(int(mem) / 1024 / 1024, 1),
-        "cpu": cpu,
-        "kernel": platform.release(),
-        "kafka": assemble().version,
-        "java": java[0] if java else "?",
-        "python": platform.python_version(),
-        "tidalmq": f"{tidalmq_broker.__version__} ({commit}{', modified' if dirty else ''}; "
-        f"{src.relative_to(REPO) if src.is_relative_to(REPO) else src})",
-        "confluent_kafka": f"{metadata.version('confluent-kafka')} (librdkafka {confluent_kafka.libversion()[0]})",
-        "tidalmq_storage": storage,
-    }
-    if storage == "minio":
-        from tests.support.s3_server import MINIO_VERSION
-
-        env["minio"] = MINIO_VERSION
-    return env
 
 
 def load_results() -> dict[str, Any]:

@@ -13,6 +13,7 @@ import ctypes
 import json
 import mmap
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -21,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,25 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench.kafka.harness import KafkaCluster, reassignment_plan, run_tool, tool_command
+from bench.kafka.harness import (
+    KafkaCluster,
+    assemble,
+    java_executable,
+    reassignment_plan,
+    run_tool,
+    tool_command,
+)
 from tests.support.broker_process import BrokerProcess
 from tests.support.local_cluster import LocalClusterProcess
 
 KAFKA = "Apache Kafka"
 TIDALMQ = "TidalMQ"
 MIB = 1 << 20
+REPO = Path(__file__).resolve().parent.parent
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def loadavg() -> list[float]:
@@ -421,9 +434,12 @@ def run_reassign_execute(
     throttle_bytes: int | None = None,
     plan: Mapping[str, Any] | None = None,
     tidalmq_cli: bool = False,
+    additional: bool = False,
 ) -> ToolRun:
     """``kafka-reassign-partitions --execute`` (or ``tidalmq reassign --execute``, its TidalMQ
-    counterpart, when ``tidalmq_cli``), streaming its output to timestamp the submission."""
+    counterpart, when ``tidalmq_cli``), streaming its output to timestamp the submission.
+    ``additional``: ``--additional``, submitted while earlier reassignments are in progress
+    (without it the tool refuses to start while any is)."""
     document = dict(plan) if plan is not None else reassignment_plan(moves)
     with tempfile.TemporaryDirectory(prefix="sbs-plan-") as tmp:
         path = Path(tmp) / "plan.json"
@@ -431,6 +447,8 @@ def run_reassign_execute(
         args = ["--execute", "--reassignment-json-file", str(path)]
         if throttle_bytes is not None:
             args += ["--throttle", str(throttle_bytes)]
+        if additional:
+            args.append("--additional")
         if tidalmq_cli:
             tool = "tidalmq reassign"
             cmd = [
@@ -584,3 +602,109 @@ def fill_topic(bootstrap: str, topic: str, mib: float, record_size: int = 1024) 
         "seconds": round(time.time() - started, 1),
         "mib_per_sec": result.mb_per_sec,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Starting the systems
+
+
+@contextlib.contextmanager
+def single_broker(kind: str, workdir: Path, storage: str) -> Iterator[System]:
+    """One broker of either kind (Kafka: combined broker+controller node)."""
+    path = workdir / f"{kind}-{uuid.uuid4().hex[:4]}"
+    path.mkdir(parents=True)
+    store: ObjectStorage | None = None
+    system: System | None = None
+    try:
+        if kind == "kafka":
+            system = KafkaSystem(path, brokers=1)
+        else:
+            store = ObjectStorage(storage, path)
+            system = TidalSingle(path, store)
+        yield system
+    finally:
+        if system is not None:
+            system.stop()
+        if store is not None:
+            store.stop()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cluster(kind: str, workdir: Path, storage: str, brokers: int) -> Iterator[System]:
+    path = workdir / f"{kind}-{brokers}b-{uuid.uuid4().hex[:4]}"
+    path.mkdir(parents=True)
+    store: ObjectStorage | None = None
+    system: System | None = None
+    try:
+        if kind == "kafka":
+            system = KafkaSystem(path, brokers=brokers)
+        else:
+            store = ObjectStorage(storage, path)
+            system = TidalCluster(path, store, brokers)
+        yield system
+    finally:
+        if system is not None:
+            system.stop()
+        if store is not None:
+            store.stop()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# What a results page records about the run
+
+
+def environment(storage: str) -> dict[str, Any]:
+    from importlib import metadata
+
+    import confluent_kafka
+    import tidalmq_broker
+
+    mem = next(
+        (
+            ln.split()[1]
+            for ln in Path("/proc/meminfo").read_text().splitlines()
+            if ln.startswith("MemTotal")
+        ),
+        "0",
+    )
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.machine(),
+    )
+    src = Path(tidalmq_broker.__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(
+            ["git", "-C", str(src), *args], capture_output=True, text=True, check=False
+        )
+        return proc.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "not a git checkout"
+    dirty = bool(git("status", "--porcelain", "--", "."))
+    java = subprocess.run(
+        [java_executable(), "-version"], capture_output=True, text=True, check=False
+    ).stderr.splitlines()
+    env = {
+        "cores": os.cpu_count(),
+        "ram_gib": round(int(mem) / 1024 / 1024, 1),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "kafka": assemble().version,
+        "java": java[0] if java else "?",
+        "python": platform.python_version(),
+        "tidalmq": f"{tidalmq_broker.__version__} ({commit}{', modified' if dirty else ''}; "
+        f"{src.relative_to(REPO) if src.is_relative_to(REPO) else src})",
+        "confluent_kafka": f"{metadata.version('confluent-kafka')} (librdkafka {confluent_kafka.libversion()[0]})",
+        "tidalmq_storage": storage,
+    }
+    if storage == "minio":
+        from tests.support.s3_server import MINIO_VERSION
+
+        env["minio"] = MINIO_VERSION
+    return env
