@@ -18,6 +18,7 @@ from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_re
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
 
+from tidalmq_broker.protocol.bounds import FrameBoundsError, check_request
 from tidalmq_broker.protocol.entities import build
 from tidalmq_broker.protocol.fastpath import EncodedBody, MalformedProduce, decode_produce_request
 
@@ -87,10 +88,17 @@ def decode_request(frame: bytes | memoryview, supported: dict[int, tuple[int, in
     schema = _request_schema(api_key, api_version)
     header_reader, body_reader = _readers(schema)
     try:
+        # kio's native readers reserve an array's count before reading it: only counts the
+        # frame's bytes can back get there (see protocol.bounds)
+        frame = check_request(schema, frame)
         header, offset = header_reader(frame, 0)
         body, used = body_reader(frame, offset)
+    except FrameBoundsError as exc:
+        raise MalformedRequest(f"api {api_key} v{api_version}: {exc}") from exc
     except (DecodeError, ValueError, TypeError, IndexError, OverflowError, UnicodeError) as exc:
         raise MalformedRequest(f"api {api_key} v{api_version}: {exc}") from exc
+    except Exception as exc:  # whatever else the native decoder raises on hostile bytes
+        raise MalformedRequest(f"api {api_key} v{api_version}: {exc!r}") from exc
     if offset + used > len(frame):
         raise MalformedRequest(f"api {api_key} v{api_version}: frame shorter than its fields")
     # Bytes after the last field are ignored, as Apache Kafka's parser does: some clients
