@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import struct
+import tracemalloc
 
 import pytest
 from tidalmq_broker.server.framing import FrameProtocol, FrameSizeError
@@ -116,3 +117,49 @@ async def test_buffered_frames_are_taken_without_waiting() -> None:
     assert proto.frame_nowait() == b"a"
     assert await proto.next_frame() == b"b"
     assert proto.frame_nowait() is None
+
+
+def test_an_announced_size_takes_memory_only_as_its_bytes_arrive() -> None:
+    """The issue's 12-byte header announcing 100 MiB took 100 MiB at once; eight of them idle
+    now hold eight first buffers (64 KiB each) between them."""
+    tracemalloc.start()
+    try:
+        protos = []
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(8):
+            proto = FrameProtocol(max_frame_bytes=200 << 20)
+            proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+            feed(proto, struct.pack(">ihhi", 100 << 20, 0, 9, 1), random.Random(5))
+            assert len(proto.get_buffer(-1)) <= 64 * 1024
+            protos.append(proto)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 8 * (256 + 64 + 16) * 1024  # scratch buffers, first buffers, bookkeeping
+    for proto in protos:
+        proto.connection_lost(None)
+        assert len(proto.get_buffer(-1)) == 256 * 1024  # the partial frame is dropped
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_a_large_frame_buffer_stays_within_eight_times_what_arrived(seed: int) -> None:
+    rng = random.Random(seed)
+    size = 3_000_000 + seed
+    payload = rng.randbytes(size)
+    proto = FrameProtocol(max_frame_bytes=10_000_000)
+    proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+    data = frame(payload)
+    pos = 0
+    while pos < len(data):
+        buf = proto.get_buffer(-1)
+        n = min(len(buf), len(data) - pos, rng.choice([1, 100, 4096, 65_536, 300_000]))
+        buf[:n] = data[pos : pos + n]
+        proto.buffer_updated(n)
+        pos += n
+        if 4 < pos < len(data):
+            received = pos - 4
+            room = len(proto.get_buffer(-1))
+            assert received + room <= max(64 * 1024, 8 * received), (received, room)
+    got = await proto.next_frame()
+    assert bytes(got) == payload
+    assert isinstance(got, memoryview) and not got.readonly  # still a buffer of its own

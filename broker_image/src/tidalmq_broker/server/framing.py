@@ -5,7 +5,15 @@ then copies the frame out twice (a bytearray slice, then bytes) and shifts the r
 to the front: four copies of every produced byte before the request is even decoded, which was a
 third of the event loop's time under a produce load. Here small frames are parsed out of a
 fixed scratch buffer (one copy each), and a large frame gets a buffer of its own that the
-socket reads into directly (no copy at all).
+socket reads into directly.
+
+A frame's own buffer grows with the bytes that arrive, never from the size the client announced:
+it starts at 64 KiB (or four times what is already there) and, each time it fills, is replaced by
+one four times larger, or by one of the announced size once that is at most twice as large. A 12-byte header announcing 100 MiB used to take
+100 MiB at once (eight such connections: +878 MiB); now it takes 64 KiB until the bytes come.
+A frame that fits its first buffer is not copied again; a larger one copies about a third of its
+bytes on the way up (a 1 MiB frame: 64 + 256 KiB). The buffer is replaced, not resized: asyncio's
+transport still holds the view get_buffer returned while buffer_updated runs.
 
 Reading pauses while more than `max_queued_bytes` of complete frames wait for the listener (which
 stops taking requests while too many are in flight), so a client cannot make the broker buffer
@@ -22,6 +30,8 @@ from collections.abc import Callable
 _SIZE = struct.Struct(">i")
 _SCRATCH_BYTES = 256 * 1024
 _OWN_BUFFER_FROM = 32 * 1024  # frames this large are read into a buffer of their own
+_OWN_BUFFER_FIRST = 64 * 1024  # an own buffer starts this large (or twice what has arrived)
+_OWN_BUFFER_GROWTH = 4  # and grows this many times over whenever it fills
 
 
 class FrameSizeError(Exception):
@@ -47,6 +57,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._filled = 0  # bytes of the scratch buffer holding data not yet parsed
         self._frame: bytearray | None = None  # a large frame being read into its own buffer
         self._frame_filled = 0
+        self._frame_size = 0  # the size the frame announced; the buffer grows towards it
         self._frames: deque[bytes | memoryview | FrameSizeError] = deque()
         self._queued = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -71,12 +82,15 @@ class FrameProtocol(asyncio.BufferedProtocol):
         return self._scratch_view[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._frame is not None:
+        frame = self._frame
+        if frame is not None:
             self._frame_filled += nbytes
-            if self._frame_filled == len(self._frame):
+            if self._frame_filled == self._frame_size:
                 # writable: a produce request's records get their offsets patched in place
-                self._push(memoryview(self._frame))
+                self._push(memoryview(frame))
                 self._frame = None
+            elif self._frame_filled == len(frame):
+                self._frame = self._own_buffer(frame, self._frame_filled)
             return
         self._filled += nbytes
         self._parse_scratch()
@@ -88,6 +102,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._frame = None  # a frame that will never be complete
         self._close(exc or ConnectionResetError("connection closed"))
         for waiter in self._drain_waiters:
             if not waiter.done():
@@ -122,16 +137,26 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 pos = start + size
                 continue
             if size >= _OWN_BUFFER_FROM:
-                frame = bytearray(size)
                 have = end - start
-                frame[:have] = view[start:end]
-                self._frame, self._frame_filled = frame, have
+                self._frame_size = size
+                self._frame = self._own_buffer(view[start:end], have)
+                self._frame_filled = have
                 pos = end
             break
         rest = end - pos
         if pos and rest:
             buf[:rest] = view[pos:end]  # same length: the buffer is never resized
         self._filled = rest
+
+    def _own_buffer(self, data: bytes | bytearray | memoryview, have: int) -> bytearray:
+        """A buffer for the frame being read, starting with the `have` bytes of it that `data`
+        holds: room for more, but never more than the frame or than a few times what came."""
+        capacity = max(_OWN_BUFFER_FIRST, have * _OWN_BUFFER_GROWTH)
+        if 2 * capacity >= self._frame_size:
+            capacity = self._frame_size  # at most 8x what came; saves a last copy of it all
+        buffer = bytearray(capacity)
+        buffer[:have] = data[:have]
+        return buffer
 
     def _push(self, frame: bytes | memoryview | FrameSizeError) -> None:
         self._frames.append(frame)
