@@ -655,7 +655,9 @@ def cluster(kind: str, workdir: Path, storage: str, brokers: int) -> Iterator[Sy
 # What a results page records about the run
 
 
-def environment(storage: str) -> dict[str, Any]:
+def environment(storage: str, *, kafka: bool = True) -> dict[str, Any]:
+    """The machine, the versions and the commit a run measured (``kafka=False``: without the
+    Kafka release and Java, for runs that measure TidalMQ only)."""
     from importlib import metadata
 
     import confluent_kafka
@@ -687,15 +689,19 @@ def environment(storage: str) -> dict[str, Any]:
 
     commit = git("rev-parse", "--short", "HEAD") or "not a git checkout"
     dirty = bool(git("status", "--porcelain", "--", "."))
-    java = subprocess.run(
-        [java_executable(), "-version"], capture_output=True, text=True, check=False
-    ).stderr.splitlines()
+    java = (
+        subprocess.run(
+            [java_executable(), "-version"], capture_output=True, text=True, check=False
+        ).stderr.splitlines()
+        if kafka
+        else []
+    )
     env = {
         "cores": os.cpu_count(),
         "ram_gib": round(int(mem) / 1024 / 1024, 1),
         "cpu": cpu,
         "kernel": platform.release(),
-        "kafka": assemble().version,
+        "kafka": assemble().version if kafka else "not used",
         "java": java[0] if java else "?",
         "python": platform.python_version(),
         "tidalmq": f"{tidalmq_broker.__version__} ({commit}{', modified' if dirty else ''}; "

@@ -1,0 +1,517 @@
+"""The results page and chart of ``bench/metadata_scale.py`` ([M1], control plane at scale),
+written from its JSON results (every part and size kept under "<part>@<partitions>")."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+KAFKA_COLOR = "#4d4d4d"
+TIDAL_COLOR = "#1f77b4"
+CHART_SIZE = 20_000  # the issue's picture: moves completed over time at 20,000 partitions
+TARGET_RATIO = 5.0
+SCENARIO_SIZE = 50_000
+
+PAGE_HEAD = """# Control plane at scale ([M1]): `bench/metadata_scale.py`
+
+Apache Kafka {kafka} and TidalMQ on the same machine, in the same benchmark: creating many
+partitions, moving a share of them onto a new broker, and the issue's acceptance scenario on a
+TidalMQ local cluster. Every figure carries the machine's load average (1/5/15 min) before and
+after its part: this 2-core machine is shared, and figures taken under load are noisy.
+
+```sh
+.venv/bin/python bench/metadata_scale.py --only kafka --sizes 6000,20000,50000
+.venv/bin/python bench/metadata_scale.py --only tidalmq --sizes 6000,20000,50000
+.venv/bin/python bench/metadata_scale.py --only scenario         # 50,000 partitions, 4 -> 5 -> 4
+.venv/bin/python bench/metadata_scale.py --quick                 # small smoke run of all three
+.venv/bin/python bench/metadata_scale.py --render                # this page from the JSON
+```
+"""
+
+METHOD = [
+    "**Create**: the partitions go in topics of at most 5,000 (Kafka refused one CreateTopics "
+    "request of 20,000: 'Excessively large number of partitions per request'; TidalMQ caps a "
+    "topic at 10,000), one CreateTopics request per topic (confluent-kafka AdminClient), all "
+    "sent at once, replication factor 1. Timed from sending the requests to the first Metadata "
+    "showing every partition with a leader (asked per topic, for the topics not yet complete, "
+    "in rounds 50 ms apart).",
+    "**Move**: Kafka: 3 brokers, then a 4th is started and a quarter of the partitions (every "
+    "4th partition of each topic, so each old broker gives up the same number) is moved onto it "
+    "with `kafka-reassign-partitions --execute`, in requests of at most 2,500 partitions "
+    "submitted back to back (the later ones with `--additional`), then `--verify` until it says "
+    "complete. TidalMQ: `tidalmq local up` with 3 brokers, then `add-broker`; the controller "
+    "moves the new broker's fair share by itself. Both are timed to the moment every moved "
+    "partition is led by the new broker in Metadata **and** a write to each of a sample of them "
+    "(at least 500, or all when fewer moved) was acknowledged by it. Kafka's clock starts at "
+    "the first `--execute` (its broker's JVM start is reported apart); TidalMQ's at the "
+    "`add-broker` request, so it includes the new broker's process start and registration: "
+    "the ratio is conservative for TidalMQ.",
+    "**Serving**: the Metadata of every topic is polled back to back (at most half the time "
+    "spent polling); when a sampled partition first shows its new leader, one record (key "
+    "`probe`) is produced to it with acks=all; it counts as serving at its acknowledgement "
+    "(produce time plus the client's produce->ack latency). With one replica, only the "
+    "partition's leader appends, and the old one has closed it before Metadata names the new "
+    "one, so the acknowledgement is the new leader's.",
+    "**TidalMQ's control plane**: `tidalmq_controller_brokers_declared_dead_total` from the "
+    "controller's HTTP port (found in `<data-dir>/cluster.json`) and each broker's "
+    "`tidalmq_broker_heartbeat_seconds` histogram from its HTTP `/metrics`, polled every second; "
+    "per phase, the heartbeat p99 is the upper bound of the bucket holding the 99th percentile "
+    "of the bucket deltas over all brokers. A heartbeat with no answer within the broker's 2 s "
+    "timeout never reaches the histogram: the broker logs 'heartbeat failed', and those lines "
+    "are counted as slower than every bucket.",
+    "**Partitions are empty** apart from the probe records (and the scenario producer's): the "
+    "benchmark measures the control plane. Kafka copies a partition's data on a move, TidalMQ "
+    "hands over a partition whose data is already in the shared object store (here a local "
+    "directory); with empty partitions Kafka's copy is trivial.",
+]
+
+
+def fmt_s(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    v = float(v)
+    return f"{v:.0f} s" if v >= 100 else f"{v:.1f} s" if v >= 10 else f"{v:.2f} s"
+
+
+def load_text(entry: dict[str, Any]) -> str:
+    def one(load: Any) -> str:
+        return "/".join(f"{x:.1f}" for x in load) if load else "?"
+
+    return f"{one(entry.get('load_before'))} -> {one(entry.get('load_after'))}"
+
+
+def phase(entry: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
+    if entry is None:
+        return None
+    result: dict[str, Any] | None = entry.get("phases", {}).get(name)
+    return result
+
+
+def cell(entry: dict[str, Any] | None, name: str, count: str = "") -> str:
+    """A phase's time, or why there is none."""
+    if entry is None:
+        return "not run"
+    if entry.get("error"):
+        return f"error: {entry['error'][:80]}"
+    p = phase(entry, name)
+    if p is None:
+        return "not reached"
+    if p.get("ok"):
+        extra = f" ({p[count]:,})" if count and p.get(count) is not None else ""
+        return f"{fmt_s(p['seconds'])}{extra}"
+    if p.get("skipped"):
+        return f"not run: {p['skipped']}"
+    reached = ""
+    if name == "create":
+        reached = f"; {p.get('led', 0):,} of {p.get('partitions', 0):,} led"
+    elif "fair_share" in p:
+        reached = (
+            f"; the new broker led {p.get('new_leads', 0):,} of its fair share "
+            f"{p['fair_share']:,}, {p.get('moves_in_flight')} moves in flight"
+        )
+    elif p.get("to_move") is not None:
+        reached = f"; {p.get('moved', 0):,} of {p.get('to_move', 0):,} moved"
+    return f"**{p.get('failure', 'failed')}**{reached}"
+
+
+def ratio(kafka: dict[str, Any] | None, tidal: dict[str, Any] | None) -> float | None:
+    if not kafka or not tidal or not kafka.get("ok") or not tidal.get("ok"):
+        return None
+    if not tidal.get("seconds"):
+        return None
+    return float(kafka["seconds"]) / float(tidal["seconds"])
+
+
+def ratio_text(r: float | None, kafka: dict[str, Any] | None, tidal: dict[str, Any] | None) -> str:
+    if r is not None:
+        return f"{r:.1f}x"
+    if kafka and kafka.get("ok") and tidal is not None and not tidal.get("ok"):
+        return "n/a (TidalMQ did not finish)"
+    return "n/a"
+
+
+def side_by_side(runs: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(the table, the per-run details)."""
+    sizes = sorted(
+        {int(e["partitions"]) for e in runs.values() if e["part"] in ("kafka", "tidalmq")}
+    )
+    table = [
+        "| partitions | Kafka: create | TidalMQ: create | TidalMQ faster | Kafka: move a "
+        "quarter (moved) | TidalMQ: add-broker, fair share (moved) | TidalMQ faster | "
+        f"target >= {TARGET_RATIO:g}x | load (1/5/15) Kafka; TidalMQ |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    details: list[str] = []
+    for n in sizes:
+        k, t = runs.get(f"kafka@{n}"), runs.get(f"tidalmq@{n}")
+        rc = ratio(phase(k, "create"), phase(t, "create"))
+        rm = ratio(phase(k, "move"), phase(t, "move"))
+        tm = phase(t, "move")
+        if rc is not None and rm is not None:
+            verdict = "met" if min(rc, rm) >= TARGET_RATIO else "**not met**"
+        elif (t is not None and t.get("error")) or (tm is not None and not tm.get("ok")):
+            verdict = "**not met**" if k is not None else "**not met** (TidalMQ did not finish)"
+        else:
+            verdict = "n/a (one system not run at this size)"
+        loads = f"{load_text(k) if k else '-'}; {load_text(t) if t else '-'}"
+        table.append(
+            f"| {n:,} | {cell(k, 'create')} | {cell(t, 'create')} | "
+            f"{ratio_text(rc, phase(k, 'create'), phase(t, 'create'))} | {cell(k, 'move', 'moved')} | "
+            f"{cell(t, 'move', 'moved')} | {ratio_text(rm, phase(k, 'move'), tm)} | {verdict} | "
+            f"{loads} |"
+        )
+        for key, entry in ((f"kafka@{n}", k), (f"tidalmq@{n}", t)):
+            if entry is not None:
+                details += run_details(key, entry)
+    return table, details
+
+
+def run_details(key: str, e: dict[str, Any]) -> list[str]:
+    system = "Apache Kafka" if e["part"] == "kafka" else "TidalMQ"
+    label = f", {e['label']}" if e.get("label") else ""
+    out = [
+        "",
+        f"**{system}, {int(e['partitions']):,} partitions** ({e.get('brokers', '?')} brokers; "
+        f"{e['mode']} run{label}; {e['started']}, commit {commit(e)}, {e.get('duration_s', '?')} s; "
+        f"load {load_text(e)}):",
+        "",
+    ]
+    if e.get("error"):
+        out.append(f"- the run failed: {e['error']}")
+    c = phase(e, "create")
+    if c is not None:
+        out.append(f"- create: {create_text(c)}")
+    m = phase(e, "move")
+    if m is not None and e["part"] == "kafka":
+        out.append(f"- move: {kafka_move_text(m)}")
+    elif m is not None:
+        out.append(f"- add-broker: {tidal_move_text(m)}")
+    return out
+
+
+def commit(e: dict[str, Any]) -> str:
+    tidalmq = str(e.get("env", {}).get("tidalmq", ""))
+    inside = tidalmq[tidalmq.find("(") + 1 : tidalmq.find(";")] if "(" in tidalmq else "?"
+    return f"`{inside}`"
+
+
+def metrics_text(m: dict[str, Any] | None) -> str:
+    if not m:
+        return ""
+    if m.get("heartbeat_p99_beyond_buckets"):
+        p99 = "beyond the 5 s bucket or unanswered"
+    elif m.get("heartbeat_p99_le_s") is None:
+        p99 = "n/a"
+    else:
+        p99 = f"<= {m['heartbeat_p99_le_s'] * 1000:g} ms"
+    return (
+        f"brokers declared dead: {m.get('declared_dead')}; heartbeat answer p99 {p99} "
+        f"({m.get('heartbeats')} heartbeats, {m.get('heartbeats_over_100ms')} over 100 ms, "
+        f"{m.get('heartbeats_failed')} unanswered)"
+    )
+
+
+def create_text(c: dict[str, Any]) -> str:
+    head = (
+        f"{fmt_s(c['seconds'])} to every partition led"
+        if c.get("ok")
+        else f"**{c.get('failure')}**: {c.get('led', 0):,} of {c['partitions']:,} led"
+    )
+    text = (
+        f"{head} ({c['topics']} topic{'s' if c['topics'] != 1 else ''} of up to {c['per_topic']:,}; the CreateTopics "
+        f"answers came after {fmt_s(c.get('responses_s'))}, {c.get('responses')} of "
+        f"{c['topics']})"
+    )
+    if c.get("errors"):
+        text += f"; errors: {'; '.join(c['errors'])}"
+    if c.get("metrics"):
+        text += f"; {metrics_text(c['metrics'])}"
+    return text
+
+
+def served_text(m: dict[str, Any]) -> str:
+    retried = m.get("probe_failures")
+    return (
+        f"the moved partitions reached their new leader in Metadata by "
+        f"{fmt_s(m.get('metadata_s'))}; {m.get('served', 0)} of {m.get('sample', 0)} sampled "
+        f"ones served a write by {fmt_s(m.get('served_s'))}"
+        + (f" ({retried} probe records sent again)" if retried else "")
+    )
+
+
+def kafka_move_text(m: dict[str, Any]) -> str:
+    reqs = m.get("requests", [])
+    tools = ", ".join(fmt_s(r["tool_s"]) for r in reqs)
+    head = (
+        f"{m['moved']:,} partitions in {fmt_s(m['seconds'])} from the first `--execute` "
+        f"({fmt_s(m.get('from_broker_start_s'))} from the 4th broker's start)"
+        if m.get("ok")
+        else f"**{m.get('failure')}**: {m.get('moved', 0):,} of {m.get('to_move', 0):,} moved"
+    )
+    return (
+        f"{head}; broker {m.get('new_broker')} started in {fmt_s(m.get('broker_start_s'))}; "
+        f"{len(reqs)} requests (tool runs {tools}); {served_text(m)}; `--verify` said complete "
+        f"after {fmt_s(m.get('verify_complete_s'))}"
+    )
+
+
+def tidal_move_text(m: dict[str, Any]) -> str:
+    if m.get("skipped"):
+        return f"not run: {m['skipped']}"
+    target = (
+        f"broker {m['new_broker']} leads {m.get('new_leads', 0):,} (fair share "
+        f"{m.get('fair_share', 0):,} of every partition)"
+        if "new_broker" in m
+        else f"broker {m.get('removed_broker')}'s {m.get('broker_share', 0):,} partitions"
+    )
+    head = (
+        f"{m['moved']:,} partitions of the benchmark's topics serving in {fmt_s(m['seconds'])} "
+        "from the request"
+        if m.get("ok")
+        else f"**{m.get('failure')}**: {m.get('moved', 0):,} of {m.get('to_move', 0):,} moved"
+        if "fair_share" not in m
+        else f"**{m.get('failure')}**"
+    )
+    call = (
+        f"the request failed: {m['call_error']}"
+        if m.get("call_error")
+        else f"the call returned after {fmt_s(m.get('call_s'))}"
+    )
+    moved_p = (
+        f"; {m['producer_partitions_moved']} of the producer's partitions moved"
+        if "producer_partitions_moved" in m
+        else ""
+    )
+    return (
+        f"{head}; {target}; {call}; {served_text(m)}; moves in flight at the end "
+        f"{m.get('moves_in_flight')}; {metrics_text(m.get('metrics'))}{moved_p}"
+    )
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "**not met**")
+
+
+def scenario(runs: dict[str, Any]) -> list[str]:
+    entries = sorted(
+        (e for e in runs.values() if e["part"] == "scenario"), key=lambda e: int(e["partitions"])
+    )
+    if not entries:
+        return ["Not run yet (`--only scenario`)."]
+    out: list[str] = []
+    for e in entries:
+        n = int(e["partitions"])
+        label = f", {e['label']}" if e.get("label") else ""
+        out += [
+            f"### {n:,} partitions, 4 -> 5 -> 4 brokers ({e['mode']} run{label})",
+            "",
+            f"{e['started']}, commit {commit(e)}, {e.get('duration_s', '?')} s; load "
+            f"{load_text(e)}."
+            + (
+                ""
+                if n == SCENARIO_SIZE
+                else f" **Not the issue's size** ({SCENARIO_SIZE:,}): the verdicts below only "
+                "check the benchmark; the targets are for 50,000 partitions."
+            ),
+            "",
+        ]
+        if e.get("error"):
+            out += [f"The run failed: {e['error']}", ""]
+        create, add, remove = phase(e, "create"), phase(e, "add"), phase(e, "remove")
+        prod = phase(e, "producer")
+        rows = [("create", create), ("add", add), ("remove", remove)]
+        metrics = [(name, p.get("metrics")) for name, p in rows if p and p.get("metrics")]
+        dead = [m.get("declared_dead") for _, m in metrics]
+        p99s = [m.get("heartbeat_p99_le_s") for _, m in metrics]
+        beyond = any(m.get("heartbeat_p99_beyond_buckets") for _, m in metrics)
+
+        def timed(p: dict[str, Any] | None, limit: float, sample: bool) -> bool | None:
+            if p is None:
+                return None
+            ok = bool(p.get("ok")) and float(p.get("seconds") or math.inf) <= limit
+            if sample and ok:
+                ok = p.get("sample", 0) >= min(500, p.get("to_move", 0))
+            return ok
+
+        share = f"{add.get('to_move', 0):,}" if add else "?"
+        rshare = f"{remove.get('broker_share', 0):,}" if remove else "?"
+        table = [
+            "| target | measured | verdict |",
+            "|---|---|---|",
+            f"| {n:,} partitions over 4 brokers created in <= 10 s | {cell(e, 'create')} | "
+            f"{verdict(timed(create, 10, False))} |",
+            f"| `add-broker`: the 5th broker's fair share ({share} of the benchmark's "
+            f"partitions) serving in <= 30 s, on a sample of >= 500 | {cell(e, 'add')}"
+            f"{sample_text(add)} | {verdict(timed(add, 30, True))} |",
+            f"| `remove-broker {remove.get('removed_broker', '?') if remove else '?'}`: its "
+            f"{rshare} partitions serving elsewhere in <= 30 s, on a sample of >= 500 | "
+            f"{cell(e, 'remove')}{sample_text(remove)} | {verdict(timed(remove, 30, True))} |",
+            f"| no broker declared dead (create / add / remove) | "
+            f"{' / '.join(str(d) for d in dead) or 'n/a'} | "
+            f"{verdict(None if not dead or None in dead else all(d == 0 for d in dead))} |",
+            f"| heartbeat answer p99 <= 100 ms (create / add / remove) | "
+            f"{' / '.join(p99_text(m) for _, m in metrics) or 'n/a'} | "
+            f"{verdict(None if not metrics else not beyond and all(p is not None and p <= 0.1 for p in p99s))} |",
+            f"| idempotent producer on {prod.get('partitions', '?') if prod else '?'} partitions "
+            f"throughout: every acknowledged record read back exactly once, in order | "
+            f"{producer_text(prod)} | "
+            f"{verdict(None if prod is None else bool(prod.get('readback_ok')) and not prod.get('errors'))} |",
+            "",
+        ]
+        out += table
+        for name, p in rows:
+            if p is None:
+                continue
+            text = create_text(p) if name == "create" else tidal_move_text(p)
+            out.append(f"- {name}: {text}")
+        out.append("")
+    return out
+
+
+def sample_text(p: dict[str, Any] | None) -> str:
+    if not p or p.get("sample") is None:
+        return ""
+    return f"; sample {p.get('served', 0)} of {p['sample']} served"
+
+
+def p99_text(m: dict[str, Any]) -> str:
+    if m.get("heartbeat_p99_beyond_buckets"):
+        return "> 5 s / unanswered"
+    v = m.get("heartbeat_p99_le_s")
+    return "n/a" if v is None else f"<= {v * 1000:g} ms"
+
+
+def producer_text(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return "not run"
+    text = (
+        f"{p.get('acknowledged', 0):,} acknowledged of {p.get('sent', 0):,} sent, "
+        f"{p.get('errors', 0)} failed, longest wait {fmt_s(p.get('worst_wait_s'))}; read-back "
+    )
+    text += (
+        f"OK ({p.get('read', 0):,} records)"
+        if p.get("readback_ok")
+        else f"**failed**: {p.get('readback_failure', '?')[:200]}"
+    )
+    if p.get("stop_failure"):
+        text += f"; {p['stop_failure'][:100]}"
+    return text
+
+
+def controller_alone(runs: dict[str, Any]) -> list[str]:
+    """Section 3: the controller alone with simulated brokers at 100k and 1M partitions, the
+    lead's part of [M1]. Its runner is to be registered in metadata_scale.RUNNERS as
+    "controller", writing "controller@<partitions>" entries; this function lists them (a
+    placeholder until it exists, to be replaced by that part's own rendering)."""
+    entries = [e for e in runs.values() if e["part"] == "controller"]
+    if not entries:
+        return [
+            "*Not written yet*: the lead adds this part (`--only controller`, entries "
+            "`controller@<partitions>` in the JSON, rendered here by `controller_alone()` in "
+            "`bench/metadata_scale_report.py`)."
+        ]
+    return [
+        f"- {int(e['partitions']):,} partitions: {e.get('summary', 'see the JSON')} "
+        f"({e['started']}, load {load_text(e)})"
+        for e in sorted(entries, key=lambda e: int(e["partitions"]))
+    ]
+
+
+def chart(runs: dict[str, Any], n: int, path: Path) -> bool:
+    """Moves completed over time at `n` partitions, both systems; False if nothing to draw or
+    matplotlib is missing."""
+    series = []
+    for part, label, color in (
+        ("kafka", "Apache Kafka", KAFKA_COLOR),
+        ("tidalmq", "TidalMQ", TIDAL_COLOR),
+    ):
+        m = phase(runs.get(f"{part}@{n}"), "move")
+        if m and m.get("series"):
+            series.append((label, color, m))
+    if not series:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for label, color, m in series:
+        t = [p[0] for p in m["series"]]
+        moved = [p[1] for p in m["series"]]
+        state = fmt_s(m["seconds"]) if m.get("ok") else "did not finish"
+        ax.step(t, moved, where="post", color=color, label=f"{label}: {state}")
+        if m.get("ok"):
+            ax.axvline(float(m["seconds"]), color=color, linestyle=":", linewidth=1)
+    ax.set_xlabel("seconds since the move request (Kafka: first --execute; TidalMQ: add-broker)")
+    ax.set_ylabel("partitions led by the new broker (Metadata)")
+    ax.set_title(f"Moves completed over time, {n:,} partitions, 3 -> 4 brokers")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def render(data: dict[str, Any], md_path: Path, charts_dir: Path) -> list[str]:
+    """Writes the page (and charts); returns its summary lines (printed by the benchmark)."""
+    runs: dict[str, Any] = data.get("runs", {})
+    kafka_version = next(
+        (e["env"].get("kafka") for e in runs.values() if e["part"] == "kafka"), "4.3.1"
+    )
+    table, details = side_by_side(runs)
+    sizes = sorted({int(e["partitions"]) for e in runs.values() if e["part"] != "scenario"})
+    drawn = [n for n in sizes if chart(runs, n, charts_dir / f"metadata-moves-{n}.png")]
+    rel = (
+        charts_dir.relative_to(md_path.parent)
+        if charts_dir.is_relative_to(md_path.parent)
+        else charts_dir
+    )
+    if CHART_SIZE in drawn:
+        picture = [
+            f"![moves over time at {CHART_SIZE:,} partitions]({rel}/metadata-moves-{CHART_SIZE}.png)"
+        ]
+    else:
+        picture = [
+            f"*No run at {CHART_SIZE:,} partitions yet*: the picture of moves completed over "
+            f"time at {CHART_SIZE:,} partitions, both systems, appears here once both parts "
+            "ran at that size."
+        ]
+        picture += [
+            f"Meanwhile, at {n:,} partitions: ![moves over time at {n:,}]({rel}/metadata-moves-{n}.png)"
+            for n in drawn
+        ]
+    summary = [
+        "## 1. Side by side with Apache Kafka (3 brokers, then a 4th)",
+        "",
+        *table,
+    ]
+    scen = scenario(runs)
+    lines = [
+        PAGE_HEAD.format(kafka=kafka_version),
+        *summary,
+        *details,
+        "",
+        "### Moves completed over time",
+        "",
+        *picture,
+        "",
+        "## 2. Acceptance scenario: TidalMQ local cluster, 4 -> 5 -> 4 brokers",
+        "",
+        *scen,
+        "## 3. The controller alone with simulated brokers (100k and 1M partitions)",
+        "",
+        *controller_alone(runs),
+        "",
+        "## How it is measured",
+        "",
+        *[f"- {m}" for m in METHOD],
+        "",
+    ]
+    md_path.write_text("\n".join(lines))
+    return [*summary, "", "## 2. Acceptance scenario", "", *scen]
