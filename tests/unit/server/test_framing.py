@@ -121,7 +121,7 @@ async def test_buffered_frames_are_taken_without_waiting() -> None:
 
 def test_an_announced_size_takes_memory_only_as_its_bytes_arrive() -> None:
     """The issue's 12-byte header announcing 100 MiB took 100 MiB at once; eight of them idle
-    now hold eight first buffers (64 KiB each) between them."""
+    now hold a scratch and a first buffer each, and nothing once their peers are gone."""
     tracemalloc.start()
     try:
         protos = []
@@ -132,13 +132,29 @@ def test_an_announced_size_takes_memory_only_as_its_bytes_arrive() -> None:
             feed(proto, struct.pack(">ihhi", 100 << 20, 0, 9, 1), random.Random(5))
             assert len(proto.get_buffer(-1)) <= 64 * 1024
             protos.append(proto)
-        grown = tracemalloc.get_traced_memory()[0] - before
+        held = tracemalloc.get_traced_memory()[0] - before
+        for proto in protos:
+            proto.connection_lost(None)  # the protocols themselves stay referenced here
+        left = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert grown < 8 * (256 + 64 + 16) * 1024  # scratch buffers, first buffers, bookkeeping
-    for proto in protos:
-        proto.connection_lost(None)
-        assert len(proto.get_buffer(-1)) == 256 * 1024  # the partial frame is dropped
+    assert held < 8 * (256 + 64 + 16) * 1024  # scratch buffers, first buffers, bookkeeping
+    assert left < 8 * 16 * 1024
+
+
+async def test_a_connection_that_sends_nothing_holds_no_buffer() -> None:
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        protos = [FrameProtocol(max_frame_bytes=1 << 20) for _ in range(100)]
+        for proto in protos:
+            proto.connection_made(FakeTransport())  # type: ignore[arg-type]
+        idle = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert idle < 100 * 16 * 1024
+    feed(protos[0], frame(b"after all"), random.Random(6))
+    assert await protos[0].next_frame() == b"after all"
 
 
 @pytest.mark.parametrize("seed", range(3))

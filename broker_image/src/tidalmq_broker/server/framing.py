@@ -32,6 +32,7 @@ _SCRATCH_BYTES = 256 * 1024
 _OWN_BUFFER_FROM = 32 * 1024  # frames this large are read into a buffer of their own
 _OWN_BUFFER_FIRST = 64 * 1024  # an own buffer starts this large (or twice what has arrived)
 _OWN_BUFFER_GROWTH = 4  # and grows this many times over whenever it fills
+_NO_SCRATCH = bytearray()  # before the first read and after the last
 
 
 class FrameSizeError(Exception):
@@ -52,8 +53,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._on_connected = on_connected
         self._max_frame = max_frame_bytes
         self._max_queued = max_queued_bytes
-        self._scratch = bytearray(_SCRATCH_BYTES)
-        self._scratch_view = memoryview(self._scratch)
+        # allocated at the first read, dropped once the peer stops sending
+        self._scratch = _NO_SCRATCH
+        self._scratch_view = memoryview(_NO_SCRATCH)
         self._filled = 0  # bytes of the scratch buffer holding data not yet parsed
         self._frame: bytearray | None = None  # a large frame being read into its own buffer
         self._frame_filled = 0
@@ -79,6 +81,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._frame is not None:
             return memoryview(self._frame)[self._frame_filled :]
+        if not self._scratch:
+            self._scratch = bytearray(_SCRATCH_BYTES)
+            self._scratch_view = memoryview(self._scratch)
         return self._scratch_view[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -97,12 +102,13 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         # half-closed: no more requests, but the answers to those already read still go out
+        self._drop_buffers()
         self._close(ConnectionResetError("the client closed the connection"))
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        self._frame = None  # a frame that will never be complete
+        self._drop_buffers()
         self._close(exc or ConnectionResetError("connection closed"))
         for waiter in self._drain_waiters:
             if not waiter.done():
@@ -118,6 +124,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
             if not waiter.done():
                 waiter.set_result(None)
         self._drain_waiters.clear()
+
+    def _drop_buffers(self) -> None:
+        """Nothing more will arrive: free the read buffers now. The protocol, its transport and
+        the listener's tasks form reference cycles that only the cyclic GC collects, and until it
+        ran every closed connection held its 256 KiB (fuzzing at ~1,000 connections a second
+        kept 250 MiB that way)."""
+        self._scratch = _NO_SCRATCH
+        self._scratch_view = memoryview(_NO_SCRATCH)
+        self._filled = 0
+        self._frame = None  # a frame that will never be complete
 
     # ---------------------------------------------------------------- parsing
     def _parse_scratch(self) -> None:
