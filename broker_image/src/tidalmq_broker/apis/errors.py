@@ -16,6 +16,7 @@ from tidalmq_broker.controller.controller import (
     UnknownTopic,
 )
 from tidalmq_broker.partitions import LeaderNotAvailable, NotLeader, UnknownPartition
+from tidalmq_broker.server.ratelog import REQUEST_ERRORS, describe
 from tidalmq_broker.storage import api as storage
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,9 @@ def error_code(exc: BaseException) -> ErrorCode:
     for kind, code in _CODES:
         if isinstance(exc, kind):
             return code
-    log.error("unexpected error mapped to UNKNOWN_SERVER_ERROR", exc_info=exc)
+    # one line, rate-limited: a client can make this happen at will (traceback at DEBUG)
+    REQUEST_ERRORS.error(log, "unexpected error mapped to UNKNOWN_SERVER_ERROR: %s", describe(exc))
+    log.debug("unexpected error mapped to UNKNOWN_SERVER_ERROR", exc_info=exc)
     return ErrorCode.unknown_server_error
 
 

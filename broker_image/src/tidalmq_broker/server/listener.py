@@ -8,7 +8,11 @@ order the tasks were created.
 
 Bad input never takes the broker down: an oversize or negative frame size, an undecodable frame
 or an unknown API key closes that one connection (as Kafka does); an unsupported ApiVersions
-version is answered with UNSUPPORTED_VERSION and the versions we serve.
+version is answered with UNSUPPORTED_VERSION and the versions we serve. Each such error, and a
+handler that fails on what it was sent, is one log line, rate-limited (server/ratelog.py); the
+handler's traceback is logged at DEBUG only. A handler's task never ends in an exception (the
+sender closes the connection at its turn), so nothing is left for asyncio to report as
+"never retrieved".
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from tidalmq_broker.protocol.codec import (
     encode_response_parts,
 )
 from tidalmq_broker.server.framing import FrameProtocol, FrameSizeError
+from tidalmq_broker.server.ratelog import REQUEST_ERRORS, describe
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +45,16 @@ Handler = Callable[[Request, "Connection"], Awaitable[Any]]
 """Returns the response body (dict, kio entity or fastpath.EncodedBody), or None to send no
 response (acks=0)."""
 
-_Response = bytes | list[bytes | memoryview] | None
-"""An encoded response frame (one buffer, or several to write in order), or None for none."""
+
+class _Close:
+    """What a failed handler answers: the sender closes the connection instead of writing."""
+
+
+_CLOSE = _Close()
+
+_Response = bytes | list[bytes | memoryview] | _Close | None
+"""An encoded response frame (one buffer, or several to write in order), None for none, or
+_CLOSE."""
 
 
 @dataclass(slots=True)
@@ -149,15 +162,18 @@ class KafkaListener:
         except ConnectionError:
             pass
         except FrameSizeError as exc:
-            log.warning(
-                "closing connection from %s: request size %d outside 1..%d",
-                conn.peer, exc.size, self._limits.max_request_bytes,
-            )  # fmt: skip
+            limit = self._limits.max_request_bytes
+            msg = "closing connection from %s: request size %d outside 1..%d"
+            REQUEST_ERRORS.warning(log, msg, conn.peer, exc.size, limit)
         except TimeoutError:
             log.debug("closing idle connection from %s", conn.peer)
         except asyncio.CancelledError:
             sender.cancel()
             raise
+        except Exception as exc:  # a bug on this connection's path: this connection only
+            msg = "closing connection from %s (%r): %s"
+            REQUEST_ERRORS.error(log, msg, conn.peer, conn.client_id, describe(exc))
+            log.debug("connection from %s failed", conn.peer, exc_info=True)
         finally:
             with contextlib.suppress(asyncio.QueueFull):
                 responses.put_nowait(None)
@@ -197,16 +213,14 @@ class KafkaListener:
                     fut.set_result(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, body))
                     await responses.put(fut)
                     continue
-                log.warning("closing connection from %s: %s", conn.peer, exc)
+                REQUEST_ERRORS.warning(log, "closing connection from %s: %s", conn.peer, exc)
                 return
             except UnsupportedApi as exc:
-                log.warning("closing connection from %s: %s", conn.peer, exc)
+                REQUEST_ERRORS.warning(log, "closing connection from %s: %s", conn.peer, exc)
                 return
             except MalformedRequest as exc:
-                log.warning(
-                    "closing connection from %s: malformed request: %s (first bytes %s)",
-                    conn.peer, exc, frame[:96].hex(),
-                )  # fmt: skip
+                msg = "closing connection from %s: malformed request: %s (first bytes %s)"
+                REQUEST_ERRORS.warning(log, msg, conn.peer, exc, bytes(frame[:48]).hex())
                 return
             conn.client_id = request.client_id
             conn.requests += 1
@@ -229,13 +243,13 @@ class KafkaListener:
             return encode_response_parts(
                 request.api_key, request.api_version, request.correlation_id, body
             )
-        except Exception:
+        except Exception as exc:
             error = True
-            log.exception(
-                "api %d v%d from %s (%s) failed; closing the connection",
-                request.api_key, request.api_version, conn.peer, conn.client_id,
-            )  # fmt: skip
-            raise
+            msg = "api %d v%d from %s (%r) failed; closing the connection: %s"
+            api = (request.api_key, request.api_version)
+            REQUEST_ERRORS.error(log, msg, *api, conn.peer, conn.client_id, describe(exc))
+            log.debug("api %d v%d from %s failed", *api, conn.peer, exc_info=True)
+            return _CLOSE
         finally:
             self._observer.observe(
                 request.api_key, time.perf_counter() - started, request.size, error
@@ -251,9 +265,8 @@ class KafkaListener:
             fut = await responses.get()
             if fut is None:
                 return
-            try:
-                data = await fut
-            except Exception:
+            data = await fut
+            if isinstance(data, _Close):
                 # the handler failed unexpectedly (logged there): close, as Kafka would
                 proto.close()
                 return
