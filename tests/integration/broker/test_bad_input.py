@@ -165,3 +165,50 @@ def test_corrupt_and_old_format_batches_get_error_codes(local_broker: BrokerProc
     assert resp.responses[0].partitions[0].error_code == ErrorCode.offset_out_of_range  # type: ignore[attr-defined]
     c.close()
     assert_still_serving(local_broker)
+
+
+def metadata_request(topics: list[dict[str, object]]) -> dict[str, object]:
+    return {
+        "topics": topics,
+        "allow_auto_topic_creation": False,
+        "include_topic_authorized_operations": False,
+        "include_cluster_authorized_operations": False,  # v8-v10
+    }
+
+
+def test_a_metadata_topic_without_name_or_id_is_an_unknown_topic_id(
+    local_broker: BrokerProcess,
+) -> None:
+    """Metadata v10+ with a null name and the zero id (which kio reads as None) raised ValueError
+    in the handler and closed the connection."""
+    c = RawClient(local_broker.bootstrap)
+    for version in (10, 12, 13):
+        resp = c.call(3, version, metadata_request([{"name": None, "topic_id": None}]))
+        (topic,) = resp.topics  # type: ignore[attr-defined]
+        assert topic.error_code == ErrorCode.unknown_topic_id, version
+    c.close()
+
+
+def test_a_topic_named_twice_in_delete_topics_is_refused_not_deleted(
+    local_broker: BrokerProcess,
+) -> None:
+    """The controller deleted a twice-named topic twice over (KeyError in its commit); Kafka
+    answers INVALID_REQUEST for each entry of a duplicated name and deletes nothing of it."""
+    topic, other = topic_name(), topic_name()
+    create_topic(local_broker.bootstrap, topic, 1)
+    create_topic(local_broker.bootstrap, other, 1)
+    c = RawClient(local_broker.bootstrap)
+    named = [{"name": topic, "topic_id": None}] * 2 + [{"name": other, "topic_id": None}]
+    resp = c.call(20, 6, {"topics": named, "timeout": 10_000})
+    codes = [(r.name, r.error_code) for r in resp.responses]  # type: ignore[attr-defined]
+    assert codes == [
+        (topic, ErrorCode.invalid_request),
+        (topic, ErrorCode.invalid_request),
+        (other, ErrorCode.none),
+    ]
+    resp = c.call(20, 4, {"topic_names": [topic, topic], "timeout": 10_000})
+    codes = {r.error_code for r in resp.responses}  # type: ignore[attr-defined]
+    assert codes == {ErrorCode.invalid_request}
+    metadata = c.call(3, 12, metadata_request([{"name": topic, "topic_id": None}]))
+    assert metadata.topics[0].error_code == ErrorCode.none  # type: ignore[attr-defined]
+    c.close()

@@ -66,8 +66,11 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
         names = []
         for t in requested:
             if t.name is None:
-                topic = meta.topic_by_id(str(t.topic_id))
-                names.append(topic.name if topic else f"\0{t.topic_id}")
+                # neither a name nor an id (kio reads the zero id as None): an unknown id, as
+                # Kafka answers, where "\0None" made uuid.UUID raise and the connection close
+                topic_id = t.topic_id or _NULL_UUID
+                topic = meta.topic_by_id(str(topic_id))
+                names.append(topic.name if topic else f"\0{topic_id}")
             else:
                 names.append(t.name)
     allow_create = request.api_version >= 4 and getattr(body, "allow_auto_topic_creation", True)

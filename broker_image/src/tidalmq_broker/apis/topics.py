@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -125,13 +126,25 @@ async def handle_delete_topics(broker: Broker, request: Request, conn: Connectio
     else:
         names = list(body.topic_names)
         ids = [None] * len(names)
-    known = [n for n in names if n is not None]
+    # A topic named twice (by name or id) is refused as Kafka does, not deleted: the controller
+    # would delete it twice over (KeyError in its commit, the connection closed).
+    counts = Counter(n for n in names if n is not None)
+    known = [n for n in counts if counts[n] == 1]
     results = {r.name: r for r in await broker.controller.delete_topics(known)} if known else {}
     responses = []
     for name, tid in zip(names, ids, strict=True):
         if name is None:
             responses.append({"name": None, "topic_id": tid, "error_code": ErrorCode.unknown_topic_id,
                               "error_message": "unknown topic id"})  # fmt: skip
+            continue
+        if counts[name] > 1:
+            duplicate = {
+                "name": name,
+                "topic_id": tid or uuid.UUID(int=0),
+                "error_code": ErrorCode.invalid_request,
+                "error_message": "Duplicate topic name.",
+            }
+            responses.append(duplicate)
             continue
         r = results[name]
         responses.append({
