@@ -88,12 +88,14 @@ def _int(rng: random.Random, kafka_type: str, name: str) -> int:
 
 
 def _string(rng: random.Random, name: str) -> str:
+    # client text a broker might log: a line break in it must not start a forged log line
+    forged = "fuzz\n2026-01-01 00:00:00,000 ERROR forged\r\x1b[0m"
     if "topic" in name or name == "name":
-        pool = [*TOPICS, f"fuzz-{rng.randrange(100)}", ""]
+        pool = [*TOPICS, f"fuzz-{rng.randrange(100)}", "", forged]
     elif "group" in name:
-        pool = [GROUP, ""]
+        pool = [GROUP, GROUP, "", forged]
     else:
-        pool = ["", "x", "fuzz", "é" * rng.randint(1, 4)]
+        pool = ["", "x", "fuzz", "é" * rng.randint(1, 4), forged]
     return rng.choice(pool)
 
 
@@ -121,7 +123,7 @@ def _value(rng: random.Random, kafka_type: str, hint: Any, name: str) -> Any:
     raise TypeError(f"no generator for kafka type {kafka_type} ({hint})")
 
 
-def random_entity(cls: type, rng: random.Random, depth: int = 0) -> Any:
+def random_entity(cls: type, rng: random.Random, depth: int = 0, null_rate: float = 0.15) -> Any:
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for field in dataclasses.fields(cls):
@@ -130,27 +132,30 @@ def random_entity(cls: type, rng: random.Random, depth: int = 0) -> Any:
             continue  # absent: kio writes no tag for a default
         nullable, inner = _nullable(hints[field.name])
         kafka_type = field.metadata.get("kafka_type", "")
-        if nullable and not tagged and rng.random() < 0.15:
+        if nullable and not tagged and rng.random() < null_rate:
             kwargs[field.name] = None
             continue
         if typing.get_origin(inner) is tuple:
             _, element = _nullable(typing.get_args(inner)[0])
             count = rng.choice([0, 1, 1, 2, 3]) if depth < 3 else 0
             if dataclasses.is_dataclass(element):
-                items = [random_entity(element, rng, depth + 1) for _ in range(count)]
+                items = [random_entity(element, rng, depth + 1, null_rate) for _ in range(count)]
             else:
                 items = [_value(rng, kafka_type, element, field.name) for _ in range(count)]
             kwargs[field.name] = tuple(items)
         elif dataclasses.is_dataclass(inner):
-            kwargs[field.name] = random_entity(inner, rng, depth + 1)
+            kwargs[field.name] = random_entity(inner, rng, depth + 1, null_rate)
         else:
             kwargs[field.name] = _value(rng, kafka_type, inner, field.name)
     return cls(**kwargs)
 
 
-def random_request(api_key: int, version: int, rng: random.Random, correlation: int = 1) -> bytes:
-    """A valid request frame (without its size prefix)."""
-    body = random_entity(schema_of(api_key, version), rng)
+def random_request(
+    api_key: int, version: int, rng: random.Random, correlation: int = 1, null_rate: float = 0.15
+) -> bytes:
+    """A valid request frame (without its size prefix); each nullable field is null at
+    `null_rate`."""
+    body = random_entity(schema_of(api_key, version), rng, null_rate=null_rate)
     client_id = rng.choice(["fuzz", "", "fuzz-client"])
     return encode_request(api_key, version, correlation, body, client_id=client_id)[4:]
 
