@@ -199,8 +199,11 @@ class Fuzzer:
         report.results = Counter(o.result for o in outcomes)
         report.alive = self._alive()
         if report.alive:
-            report.rss_end_kb = rss_kb(self.pid)
-            report.failed_requests = self._failed_requests() - failed_before
+            try:
+                report.rss_end_kb = rss_kb(self.pid)
+                report.failed_requests = self._failed_requests() - failed_before
+            except (OSError, RuntimeError):  # it died just now
+                report.alive = False
         self._read_log(log_from, {o.port: o.case for o in outcomes if o.port}, report)
         return report
 
@@ -305,9 +308,10 @@ class Fuzzer:
             report.log_lines += 1
             match = _LINE.match(line)
             if match is None:
-                report.not_one_line.append(line)
                 if _DEATH.search(line):
                     report.last_words.append(line)
+                elif not report.last_words:  # what follows an abort's message is its dump
+                    report.not_one_line.append(line)
                 continue
             level, logger, message = match.groups()
             if "never retrieved" in message or "Traceback" in message:
