@@ -12,20 +12,24 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from tidalmq_core import snapshots, updates
 from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
+from tidalmq_core.records import MetadataDelta, RecordError, apply_batch
 from tidalmq_core.static_mapping import is_physical_topic
 
 import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.controller.controller import Controller, ControllerSettings
+from tidalmq_broker.controller.log import Batch, ObjectStoreMetadataLog
+from tidalmq_broker.controller.membership import Heartbeat
 from tidalmq_broker.controller.rpc import (
     ControllerClient,
     HttpControllerClient,
     LocalControllerClient,
+    report_doc,
 )
-from tidalmq_broker.controller.store import ObjectStoreMetadataStore
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.partitions import PartitionManager
@@ -47,8 +51,10 @@ class _LocalChannel:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
 
-    async def push_metadata(self, snapshot: ClusterMetadata) -> None:
-        self._broker.apply_metadata(snapshot)
+    async def push_update(self, base: int, snapshot: bytes | None, batches: list[Batch]) -> int:
+        return self._broker.apply_update(
+            updates.MetadataUpdate(base, snapshot, [(b.version, b.records) for b in batches])
+        )
 
 
 class Broker:
@@ -92,6 +98,12 @@ class Broker:
         self._gauges: asyncio.Task[None] | None = None
         # high watermarks the controller has acknowledged (heartbeats send what changed since)
         self._floors_sent: dict[TopicPartition, tuple[str, int]] = {}
+        # the controller does not know what we have open (a new controller): send it all
+        self._resync = True
+        # reports of partitions closed, opened, lost: sent many per request, in order
+        self._reports: list[dict[str, Any]] = []
+        self._reports_wake = asyncio.Event()
+        self._reporter: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -118,6 +130,7 @@ class Broker:
         if s.port == 0:
             s.port = self.listener.port
         self.http.app.router.add_post("/v1/metadata", self._receive_metadata)
+        self.http.app.router.add_post("/v1/metadata/updates", self._receive_update)
         self.http.app.router.add_post("/v1/drain", self._http_drain)
         await self.http.start(s.http_host, s.http_port)
         if self.controller is None:
@@ -125,7 +138,7 @@ class Broker:
                 self.controller = HttpControllerClient(s.controller_url)
             else:
                 self.own_controller = Controller(
-                    ObjectStoreMetadataStore(self._store),
+                    ObjectStoreMetadataLog(self._store),
                     ControllerSettings(
                         offsets_topic_partitions=s.offsets_topic_partitions,
                         auto_rebalance=False,
@@ -136,6 +149,7 @@ class Broker:
                 )
                 await self.own_controller.start()
                 self.controller = LocalControllerClient(self.own_controller)
+        self._reporter = asyncio.create_task(self._report_loop(), name="partition reports")
         await self._register_until_done()
         self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
         self._gauges = asyncio.create_task(self._update_gauges())
@@ -145,9 +159,13 @@ class Broker:
             self.broker_id, s.host, s.port, host, port, s.http_host, self.http.port,
         )  # fmt: skip
 
-    async def stop(self) -> None:
+    async def stop(self, deadline: float | None = None) -> None:
         """SIGTERM: stop taking requests, let in-flight ones finish, flush and close every
-        partition cleanly (clean-shutdown flag), then close connections."""
+        partition cleanly (clean-shutdown flag), then close connections.
+
+        `deadline` (time.monotonic()) is when the process will be gone whatever happens (the
+        stop deadline): the drain and the wait for in-flight requests each get at most half of
+        what is left then, so closing the partitions keeps time of its own."""
         if self._stopping:
             return
         started = time.perf_counter()
@@ -156,20 +174,23 @@ class Broker:
             # cleanly here and opens there), so clients see a move, not a failure
             try:
                 drained = await self.controller.drain_broker(
-                    self.broker_id, timeout_s=self.settings.shutdown_timeout_s,
+                    self.broker_id, timeout_s=self._stop_budget(deadline),
                     incarnation=self.incarnation,
                 )  # fmt: skip
                 log.info("broker %d drained: %s", self.broker_id, drained)
             except Exception as exc:
                 log.warning("drain through the controller failed (%s); closing locally", exc)
         self._stopping = True
-        await self.listener.drain(self.settings.shutdown_timeout_s)
+        await self.listener.drain(self._stop_budget(deadline))
         if self._heartbeats is not None:
             self._heartbeats.cancel()
         if self._gauges is not None:
             self._gauges.cancel()
         if self.partitions is not None:
             await self.partitions.stop()
+        await self._flush_reports(5.0)
+        if self._reporter is not None:
+            self._reporter.cancel()
         await self.groups.close()
         if self.engine is not None:
             await self.engine.stop()
@@ -184,6 +205,12 @@ class Broker:
         await self.http.stop()
         log.info("broker %d stopped in %.2fs", self.broker_id, time.perf_counter() - started)
 
+    def _stop_budget(self, deadline: float | None) -> float:
+        timeout = self.settings.shutdown_timeout_s
+        if deadline is None:
+            return timeout
+        return max(0.0, min(timeout, (deadline - time.monotonic()) / 2))
+
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -196,15 +223,44 @@ class Broker:
 
     # ------------------------------------------------------------------ metadata
     def apply_metadata(self, snapshot: ClusterMetadata) -> None:
-        """Adopt a snapshot unless it is older than ours (a deposed controller's push)."""
-        current = (self.metadata.controller_epoch, self.metadata.version)
-        if (snapshot.controller_epoch, snapshot.version) <= current:
+        """Adopt a whole image unless it is older than ours (tools and tests; the controller
+        sends updates, see apply_update)."""
+        if snapshot.version <= self.metadata.version and self.metadata.cluster_id:
             return
         self.metadata = snapshot
         if self.engine is not None:
             self.engine.expect_identity(snapshot.cluster_id, snapshot.store_marker)
         if self.partitions is not None and not self._stopping:
             self.partitions.apply(snapshot)
+
+    def apply_update(self, update: updates.MetadataUpdate) -> int:
+        """Apply the batches after our version (a snapshot first when given); an update that
+        does not follow our version is refused. Returns the version we hold afterwards."""
+        if update.snapshot is not None:
+            image = snapshots.decode(update.snapshot)
+            if image.version > self.metadata.version or not self.metadata.cluster_id:
+                self.apply_metadata(image)
+        elif update.base != self.metadata.version:
+            return self.metadata.version
+        delta = MetadataDelta()
+        for version, records in update.batches:
+            if version <= self.metadata.version:
+                continue
+            if version != self.metadata.version + 1:
+                break  # a gap: the controller sends from our version next time
+            try:
+                apply_batch(self.metadata, records, version, delta)
+            except (RecordError, KeyError, TypeError, ValueError) as exc:
+                log.error("metadata batch %d could not be applied (%s); asking for a snapshot",
+                          version, exc)  # fmt: skip
+                self.metadata = ClusterMetadata(cluster_id="", version=-1)
+                return -1
+        if delta:
+            if delta.other and self.engine is not None:
+                self.engine.expect_identity(self.metadata.cluster_id, self.metadata.store_marker)
+            if self.partitions is not None and not self._stopping:
+                self.partitions.apply_delta(self.metadata, delta)
+        return self.metadata.version
 
     async def drain(self, timeout_s: float) -> bool:
         """Hand every partition to the other brokers (preStop, scale-in); True when done."""
@@ -229,6 +285,17 @@ class Broker:
         self.apply_metadata(ClusterMetadata.from_json(await request.json()))
         return web.json_response({"applied": self.metadata.version})
 
+    async def _receive_update(self, request: web.Request) -> web.Response:
+        try:
+            update = updates.decode(await request.read())
+        except updates.UpdateError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"applied": self.apply_update(update)})
+
+    async def _catch_up(self) -> None:
+        """Fetch and apply what we miss of the metadata."""
+        self.apply_update(await self.controller.fetch_update(self.metadata.version))
+
     # ------------------------------------------------------------------ controller link
     def _lease_valid(self) -> bool:
         return self.own_controller is not None or time.monotonic() < self._lease_expiry
@@ -244,9 +311,11 @@ class Broker:
             control_url=f"http://{s.control_host or s.http_host}:{self.http.port}",
             incarnation=self.incarnation,
         )
-        snapshot = await self.controller.register_broker(info, _LocalChannel(self))
-        self.apply_metadata(snapshot)
+        version = await self.controller.register_broker(info, _LocalChannel(self))
+        if self.metadata.version < version:
+            await self._catch_up()
         self._registered = True
+        self._resync = True
         await self._heartbeat_once()  # the first lease
 
     async def _register_until_done(self) -> None:
@@ -274,23 +343,36 @@ class Broker:
 
     async def _heartbeat_once(self) -> None:
         """Renew the lease. It counts from when the heartbeat was sent, so it always expires
-        before the controller's view of it (granted when the heartbeat arrived)."""
+        before the controller's view of it (granted when the heartbeat arrived). It carries
+        what opened and closed since the last answered heartbeat (everything when the
+        controller asked for it)."""
         sent = time.monotonic()
         current = self.partitions.open_high_watermarks()
         floors = {tp: v for tp, v in current.items() if self._floors_sent.get(tp) != v}
-        reply = await self.controller.heartbeat(
-            self.broker_id, self.incarnation, self.metadata.version,
-            self.partitions.open_partitions(), self.partitions.high_watermarks(is_physical_topic),
-            floors=floors,
-        )  # fmt: skip
+        full = self._resync
+        changes: dict[TopicPartition, int | None]
+        if full:
+            changes = dict(self.partitions.open_partitions())
+            pending = self.partitions.open_changes()
+        else:
+            changes = pending = self.partitions.open_changes()
+        hwm: dict[TopicPartition, int | None] = dict(
+            self.partitions.high_watermarks(is_physical_topic)
+        )
+        reply = await self.controller.beat(Heartbeat(
+            self.broker_id, self.incarnation, self.metadata.version, changes, full=full,
+            hwm=hwm, floors=floors,
+        ))  # fmt: skip
         if reply.fenced:
             await self._on_fenced(reply.reason)
             return
+        self.partitions.ack_open_changes(pending)
+        self._resync = reply.resync
         self._floors_sent = {tp: v for tp, v in {**self._floors_sent, **floors}.items()
                              if tp in current}  # fmt: skip
         self._lease_expiry = sent + reply.lease_s
         if reply.metadata_version > self.metadata.version:
-            self.apply_metadata(await self.controller.fetch_metadata())
+            await self._catch_up()
 
     async def _on_fenced(self, reason: str) -> None:
         """The controller no longer vouches for us: stop acknowledging at once, give up every
@@ -319,22 +401,49 @@ class Broker:
             assert loss is not None
             self.metrics.partition_lost(tp.topic, tp.partition, loss.missing_offsets)
             self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
-            await self.controller.partition_lost_data(self.broker_id, tp, epoch, loss)
         elif kind == "forgotten":
             self.metrics.partition_not_lost(tp.topic, tp.partition)
             self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
+            return
         elif kind == "closed":
             self.metrics.partition_released(tp.topic, tp.partition)
-            await self.controller.partition_closed(
-                self.broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
-            )
         else:
             self.metrics.partition_not_lost(tp.topic, tp.partition)
             self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
             self.metrics.partition_led(tp.topic, tp.partition, epoch)
-            await self.controller.partition_opened(
-                self.broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
-            )
+        self._reports.append(report_doc(kind, tp, epoch, topic_id=topic_id,
+                                        high_watermark=high_watermark, loss=loss))  # fmt: skip
+        self._reports_wake.set()
+
+    async def _report_loop(self) -> None:
+        """Send the queued reports, everything queued so far in one request, in order; a
+        failed request is sent again (reports are idempotent)."""
+        delay = 0.05
+        while True:
+            await self._reports_wake.wait()
+            self._reports_wake.clear()
+            while self._reports:
+                batch = self._reports[:5000]
+                try:
+                    await self.controller.report(self.broker_id, batch)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.debug("partition reports not delivered (%s); retrying", exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                delay = 0.05
+                del self._reports[: len(batch)]
+
+    async def _flush_reports(self, timeout_s: float) -> None:
+        """At stop: give the last reports (the closes) a moment to reach the controller."""
+        deadline = time.monotonic() + timeout_s
+        while self._reports and time.monotonic() < deadline and self._reporter is not None:
+            if self._reporter.done():
+                return
+            self._reports_wake.set()
+            await asyncio.sleep(0.02)
 
     def _store_state_changed(self, problem: str | None) -> None:
         """The engine lost (or found again) the object store: every partition is looked at

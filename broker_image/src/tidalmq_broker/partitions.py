@@ -17,6 +17,7 @@ from typing import Protocol
 
 from tidalmq_core.metadata import ClusterMetadata, DataLoss, TopicInfo
 from tidalmq_core.model import TopicPartition
+from tidalmq_core.records import MetadataDelta
 
 from tidalmq_broker.storage.api import (
     PartitionConfig,
@@ -118,6 +119,18 @@ class PartitionManager:
         self.open_seconds: list[float] = []  # recent open durations (for metrics/benchmarks)
         self.logic_queues: LogicQueues | None = None
         self._lost: dict[TopicPartition, LostPartition] = {}
+        # opened (epoch) or closed (None) since the last heartbeat the controller answered
+        self._open_changes: dict[TopicPartition, int | None] = {}
+
+    def open_changes(self) -> dict[TopicPartition, int | None]:
+        """What opened and closed since the controller last acknowledged (heartbeats)."""
+        return dict(self._open_changes)
+
+    def ack_open_changes(self, sent: dict[TopicPartition, int | None]) -> None:
+        """The controller has these: forget those that did not change again since."""
+        for tp, value in sent.items():
+            if self._open_changes.get(tp, -2) == value:
+                del self._open_changes[tp]
 
     def add_hook(self, hook: PartitionHook) -> None:
         self._hooks.append(hook)
@@ -249,6 +262,41 @@ class PartitionManager:
         for tp in touched:
             self._wake(tp)
 
+    def apply_delta(self, meta: ClusterMetadata, delta: MetadataDelta) -> None:
+        """Adopt what changed (O(changed partitions)): the partitions of `delta` only."""
+        if self._stopping:
+            return
+        for name in delta.removed_topics:
+            if name not in meta.topics:
+                self._known_topics.pop(name, None)
+        configs: dict[str, PartitionConfig] = {}
+        for name in delta.topics:
+            topic = meta.topics.get(name)
+            if topic is not None:
+                self._known_topics[name] = len(topic.partitions)
+        for tp in delta.changed_partitions(meta):
+            topic = meta.topics.get(tp.topic)
+            old = self._wishes.get(tp)
+            new: Wish | None = None
+            if (
+                topic is not None
+                and topic.kind != "static"
+                and tp.partition < len(topic.partitions)
+            ):
+                part = topic.partitions[tp.partition]
+                if part.leader == self._broker_id:
+                    config = configs.get(tp.topic)
+                    if config is None:
+                        config = configs[tp.topic] = partition_config(topic)
+                    new = Wish(topic.topic_id, part.leader_epoch, config, part.created,
+                               part.end_offset_floor, part.accepted_from)  # fmt: skip
+            if new is None:
+                self._wishes.pop(tp, None)
+            else:
+                self._wishes[tp] = new
+            if new != old or (new is None and self._engine.get(tp) is not None):
+                self._wake(tp)
+
     def release_all(self) -> None:
         """Give up every partition (this broker was fenced): close them, keep topic data."""
         touched = set(self._wishes) | set(self._engine.partitions())
@@ -344,6 +392,7 @@ class PartitionManager:
                 "%s: open at epoch %d in %.0f ms", tp, wish.epoch,
                 (time.perf_counter() - started) * 1000,
             )  # fmt: skip
+            self._open_changes[tp] = wish.epoch
             for hook in self._hooks:
                 await hook(tp, plog)
             await self._report(
@@ -392,6 +441,7 @@ class PartitionManager:
             await hook(tp, None)
         started = time.perf_counter()
         await self._engine.close_partition(tp)
+        self._open_changes[tp] = None
         log.info("%s: closed in %.0f ms", tp, (time.perf_counter() - started) * 1000)
         detail: dict[str, object] = {}
         if plog is not None:

@@ -186,6 +186,60 @@ def cancel_move(part: PartitionState) -> int:
     return original
 
 
+# ------------------------------------------------------------------ as record changes
+# The controller writes moves as partition records (tidalmq_core.records): these say which
+# fields change, without touching the partition. A move is queued first (target recorded, the
+# source still serves: moves run in waves, a capped number per broker at a time), then closing
+# (leader none: the source stops appending and closes), then elected on the target.
+
+
+def queue_changes(part: PartitionState, target: int) -> dict[str, object] | None:
+    """Record `target` as the partition's destination. None: nothing to do (it already lives
+    there, or already goes there). A moving partition retargeted to where it came from is
+    cancelled instead (`cancel_changes`)."""
+    if part.moving:
+        if part.target_replicas == [target]:
+            return None
+        if part.original_replicas == [target]:
+            return cancel_changes(part)
+        return {"target_replicas": [target]}
+    if part.replicas == [target] and part.leader == target:
+        return None
+    return {"original_replicas": list(part.replicas), "target_replicas": [target]}
+
+
+def closing_changes(now_ms: int) -> dict[str, object]:
+    """Start a queued move: nobody leads until the source closed (or its lease ran out)."""
+    return {"leader": NO_LEADER, "move_started_ms": now_ms}
+
+
+def closing(part: PartitionState) -> bool:
+    """A move whose source has been asked to close (not only queued)."""
+    return part.moving and part.leader == NO_LEADER
+
+
+def elect_changes(part: PartitionState, target: int | None = None) -> dict[str, object]:
+    """The source closed (or was fenced): the target leads with a higher epoch."""
+    if not part.moving or part.target_replicas is None:
+        raise NoReassignmentInProgress("partition is not moving")
+    to = part.target_replicas[0] if target is None else target
+    return {"replicas": [to], "leader": to, "leader_epoch": part.leader_epoch + 1,
+            "original_replicas": None, "target_replicas": None, "move_started_ms": None}  # fmt: skip
+
+
+def cancel_changes(part: PartitionState) -> dict[str, object]:
+    """Roll back a move whose target was not elected: a queued one just forgets its target; a
+    closing one goes back to the original broker with a higher epoch (its own earlier
+    incarnation of the partition is closed or fenced)."""
+    if not part.moving or part.original_replicas is None:
+        raise NoReassignmentInProgress("partition is not moving")
+    if part.leader != NO_LEADER:
+        return {"original_replicas": None, "target_replicas": None, "move_started_ms": None}
+    original = part.original_replicas[0]
+    return {"replicas": [original], "leader": original, "leader_epoch": part.leader_epoch + 1,
+            "original_replicas": None, "target_replicas": None, "move_started_ms": None}  # fmt: skip
+
+
 def adding_removing(part: PartitionState) -> tuple[list[int], list[int], list[int]]:
     """(RS, AR, RR) of a moving partition as ListPartitionReassignments reports them."""
     ors = part.original_replicas or part.replicas

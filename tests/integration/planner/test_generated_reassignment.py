@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from tidalmq_broker.controller.controller import Controller, ControllerSettings, NewTopic
-from tidalmq_broker.controller.store import ObjectStoreMetadataStore
+from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
@@ -99,7 +99,7 @@ def api(kube_apiserver: ApiServer) -> ApiServer:
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
+    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
     await c.start()
     brokers = [FakeBroker(c, i) for i in range(3)]
     for b in brokers:

@@ -9,34 +9,28 @@ from pathlib import Path
 
 import pytest
 from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.store import ObjectStoreMetadataStore
+from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
+from tidalmq_core.metadata import BrokerInfo
 from tidalmq_core.topics import InvalidConfig
+
+from tests.unit.controller.fakes import FakeBroker
 
 RATE = "leader.replication.throttled.rate"
 FOLLOWER = "follower.replication.throttled.rate"
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.snapshots: list[ClusterMetadata] = []
-
-    async def push_metadata(self, snapshot: ClusterMetadata) -> None:
-        self.snapshots.append(snapshot)
-
-
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
+    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
     await c.start()
     yield c
     await c.stop()
 
 
 async def test_set_delete_and_replace(controller: Controller, tmp_path: Path) -> None:
-    broker = Recorder()
+    broker = FakeBroker(controller, 1)
     await controller.register_broker(BrokerInfo(1, "127.0.0.1", 9001), broker)
 
     assert (
@@ -46,12 +40,12 @@ async def test_set_delete_and_replace(controller: Controller, tmp_path: Path) ->
         is None
     )
     assert controller.metadata.broker_configs == {"1": {RATE: "1000", FOLLOWER: "2000"}}
-    # pushed to the brokers (in the background, as every snapshot)
+    # pushed to the brokers (in the background, as every committed batch)
     for _ in range(500):
-        if broker.snapshots and broker.snapshots[-1].broker_configs:
+        if broker.image.broker_configs:
             break
         await asyncio.sleep(0.01)
-    assert broker.snapshots[-1].broker_configs == {"1": {RATE: "1000", FOLLOWER: "2000"}}
+    assert broker.image.broker_configs == {"1": {RATE: "1000", FOLLOWER: "2000"}}
 
     await controller.alter_broker_configs("1", {RATE: None}, incremental=True, validate_only=False)
     assert controller.metadata.broker_configs == {"1": {FOLLOWER: "2000"}}
@@ -66,9 +60,7 @@ async def test_set_delete_and_replace(controller: Controller, tmp_path: Path) ->
     assert controller.metadata.broker_configs == {"": {FOLLOWER: "7"}}
 
     # committed to the store: a new controller on the same store sees them
-    again = Controller(
-        ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), SETTINGS
-    )
+    again = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
     await again.start()
     try:
         assert again.metadata.broker_configs == {"": {FOLLOWER: "7"}}

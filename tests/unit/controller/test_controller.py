@@ -18,11 +18,13 @@ from tidalmq_broker.controller.controller import (
     ControllerSettings,
     NewTopic,
 )
-from tidalmq_broker.controller.store import ObjectStoreMetadataStore
+from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_core.metadata import NO_LEADER, BrokerInfo, ClusterMetadata
+from tidalmq_core.metadata import NO_LEADER, BrokerInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
+
+from tests.unit.controller.fakes import FakeBroker
 
 FAST = ControllerSettings(
     heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,
@@ -30,58 +32,9 @@ FAST = ControllerSettings(
 )  # fmt: skip
 
 
-class FakeBroker:
-    """Plays one broker against the controller: records pushes, heartbeats what it has open."""
-
-    def __init__(
-        self, controller: Controller, broker_id: int, incarnation: str = "a", *,
-        reconcile: bool = False,
-    ) -> None:  # fmt: skip
-        self.controller = controller
-        self.broker_id = broker_id
-        self.incarnation = incarnation
-        self.snapshots: list[ClusterMetadata] = []
-        self.open: dict[TopicPartition, int] = {}
-        self.fenced = False
-        self.reconcile = reconcile  # open exactly what each snapshot says it leads
-        self._task: asyncio.Task[None] | None = None
-
-    async def push_metadata(self, snapshot: ClusterMetadata) -> None:
-        self.snapshots.append(snapshot)
-        if self.reconcile:
-            self.open = {
-                TopicPartition(name, i): p.leader_epoch
-                for name, topic in snapshot.topics.items()
-                for i, p in enumerate(topic.partitions)
-                if p.leader == self.broker_id
-            }
-
-    async def register(self) -> None:
-        info = BrokerInfo(self.broker_id, "127.0.0.1", 9000 + self.broker_id,
-                          incarnation=self.incarnation)  # fmt: skip
-        self.snapshots.append(await self.controller.register_broker(info, self))
-        self._task = asyncio.create_task(self._beat())
-
-    async def _beat(self) -> None:
-        while True:
-            version = self.snapshots[-1].version if self.snapshots else -1
-            try:
-                reply = await self.controller.heartbeat(
-                    self.broker_id, self.incarnation, version, dict(self.open)
-                )
-                self.fenced = self.fenced or reply.fenced
-            except ControllerFenced:
-                pass  # a stopped controller: the test points us at its successor
-            await asyncio.sleep(FAST.heartbeat_interval_s)
-
-    def silence(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-
 @pytest.fixture
 async def controller(tmp_path: Path) -> Controller:
-    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), FAST)
+    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), FAST)
     await c.start()
     yield c  # type: ignore[misc]
     await c.stop()
@@ -157,7 +110,7 @@ async def test_heartbeat_without_the_partition_counts_as_closed(controller: Cont
     tp = TopicPartition("t", 0)
     a.open[tp] = 0
     await controller.alter_reassignments([PlanEntry(tp, 1)])
-    a.snapshots.append(controller.snapshot())  # the broker applied the move...
+    await a.catch_up()  # the broker applied the move...
     del a.open[tp]  # ...and closed the partition, but its report was lost
     await wait_for(lambda: part(controller, "t", 0).leader == 1)
     assert not fenced and not a.fenced, "elected through the timeout, not the heartbeat"
@@ -237,7 +190,7 @@ async def test_restarted_broker_waits_for_its_old_lease(controller: Controller) 
 
 
 async def test_a_deposed_controller_cannot_write(tmp_path: Path) -> None:
-    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     old = Controller(store, FAST)
     await old.start()
     new = Controller(store, FAST)
@@ -251,7 +204,7 @@ async def test_a_deposed_controller_cannot_write(tmp_path: Path) -> None:
 
 
 async def test_producer_ids_are_unique_across_controller_restarts(tmp_path: Path) -> None:
-    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     first = Controller(store, FAST)
     await first.start()
     ids = {await first.allocate_producer_id() for _ in range(5)}
@@ -318,7 +271,7 @@ async def test_a_deposed_controller_stops_granting_leases(tmp_path: Path) -> Non
     """A deposed controller that has nothing to write learns of its successor only from the
     store; until then it must not keep renewing leases, or a broker it vouches for could
     acknowledge writes after the successor moved its partitions away."""
-    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     old = Controller(store, FAST)
     await old.start()
     await old.register_broker(BrokerInfo(0, "127.0.0.1", 9000, incarnation="a"), FakeBroker(old, 0))
@@ -352,7 +305,7 @@ async def test_a_restarted_controller_still_elects_partitions_waiting_for_a_leas
     """A partition waiting for an old owner's lease to run out (a restarted broker's) has no
     leader; a controller restarted inside that window must still elect it, once the leases
     its predecessor may have granted have run out."""
-    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     first = Controller(store, FAST)
     await first.start()
     (a,) = await cluster_of(first, 1)
@@ -438,7 +391,7 @@ async def test_a_restarted_controller_keeps_counting_the_election_timeout(
     the metadata), not from a controller restart: a controller restarting every few seconds
     must not keep a stuck source from being fenced."""
     settings = dataclasses.replace(FAST, election_timeout_s=1.0)
-    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     first = Controller(store, settings)
     await first.start()
     a, b = await cluster_of(first, 2)
@@ -471,7 +424,7 @@ async def test_a_target_that_never_opens_hands_the_partition_back(tmp_path: Path
     unavailable forever: after the open timeout it moves back to the source (the usual flow,
     so the stuck target is not fenced: it shows it does not have the partition open)."""
     settings = dataclasses.replace(FAST, open_timeout_s=0.5)
-    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), settings)
+    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
     await c.start()
     try:
         a, b = await cluster_of(c, 2)
@@ -513,7 +466,7 @@ def settled(c: Controller) -> bool:
 
 async def test_a_joining_broker_gets_a_fair_share_with_minimal_moves(tmp_path: Path) -> None:
     settings = dataclasses.replace(FAST, auto_rebalance=True)
-    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), settings)
+    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
     await c.start()
     brokers = await cluster_of(c, 2, reconcile=True)
     try:
@@ -562,7 +515,7 @@ async def test_a_broker_restarted_after_a_drain_gets_its_share_back(tmp_path: Pa
     or a rolling restart) comes back as a new incarnation of the same broker id: it joins
     again and takes a fair share, although the metadata still says it is draining."""
     settings = dataclasses.replace(FAST, auto_rebalance=True)
-    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), settings)
+    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
     await c.start()
     brokers = await cluster_of(c, 3, reconcile=True)
     try:
@@ -592,7 +545,7 @@ async def test_a_restarted_controller_keeps_its_predecessors_grants_in_view(
     """What a restarted controller knows of a broker's lease never goes back in time: the
     predecessor may have renewed it up to a role window after our start, and a heartbeat to
     us must not make the lease look shorter (a fence would then expire too early)."""
-    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     first = Controller(store, FAST)
     await first.start()
     (a,) = await cluster_of(first, 1)
@@ -612,7 +565,7 @@ async def test_expected_brokers_get_time_to_come_back_after_a_restart(tmp_path: 
     """`local up` restarts the controller, then starts the brokers of the last run: however
     slow they are, they are not declared dead (and their partitions moved) within the time
     the cluster gives them; after it, a broker that never came back is."""
-    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     first = Controller(store, FAST)
     await first.start()
     (a,) = await cluster_of(first, 1)

@@ -8,14 +8,14 @@ import asyncio
 from pathlib import Path
 
 from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.store import ObjectStoreMetadataStore
+from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.001)
 
 
 async def test_stop_while_the_loop_is_woken_all_the_time(tmp_path: Path) -> None:
-    store = ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects"))
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     for _ in range(20):
         controller = Controller(store, SETTINGS)
         await controller.start()

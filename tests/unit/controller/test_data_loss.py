@@ -18,7 +18,7 @@ from tidalmq_broker.controller.controller import (
     ForeignStore,
     NewTopic,
 )
-from tidalmq_broker.controller.store import ObjectStoreMetadataStore
+from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.storage.identity import IDENTITY_KEY, MISSING
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core.metadata import DataLoss
@@ -45,7 +45,7 @@ def make(
     tmp_path: Path, settings: ControllerSettings = DL
 ) -> tuple[Controller, LocalDirObjectStore]:
     store = LocalDirObjectStore(tmp_path / "objects")
-    return Controller(ObjectStoreMetadataStore(store), settings, object_store=store), store
+    return Controller(ObjectStoreMetadataLog(store), settings, object_store=store), store
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ async def env(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 async def stored(store: LocalDirObjectStore):  # type: ignore[no-untyped-def]
     """The metadata as committed (not the controller's memory)."""
-    meta, _ = await ObjectStoreMetadataStore(store).load()
+    meta = (await ObjectStoreMetadataLog(store).load()).image()
     assert meta is not None
     return meta
 
@@ -174,12 +174,15 @@ async def test_metadata_older_than_the_marker_gets_one_on_load(tmp_path: Path) -
     await c.start()
     cluster_id = c.metadata.cluster_id
     await c.stop()
-    # as an older controller left it: no marker, store_marker false
+    # as an older controller left it: no marker, store_marker false, and the metadata as the
+    # single document of that version (read as a snapshot by this one)
     await store.delete([IDENTITY_KEY])
     meta = await stored(store)
     meta.store_marker = False
-    token = (await store.get_with_etag("cluster/metadata.json"))[1]
-    await ObjectStoreMetadataStore(store).save(meta, token)
+    log_objects = [o.key for o in await store.list("cluster/") if "/log/" in o.key
+                   or "/snapshots/" in o.key]  # fmt: skip
+    await store.delete(log_objects)
+    await store.put("cluster/metadata.json", json.dumps(meta.to_json()).encode())
 
     again, _ = make(tmp_path)
     await again.start()
@@ -196,7 +199,7 @@ async def test_a_new_cluster_on_a_store_of_another_cluster_writes_nothing_there(
 ) -> None:
     store = LocalDirObjectStore(tmp_path / "objects")
     await store.put(IDENTITY_KEY, json.dumps({"cluster_id": "other", "created_ms": 1}).encode())
-    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "metadata")), DL,
+    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "metadata")), DL,
                    object_store=store)  # fmt: skip
     await c.start()
     try:

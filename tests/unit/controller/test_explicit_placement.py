@@ -13,21 +13,21 @@ from tidalmq_broker.controller.controller import (
     InvalidReplicaAssignment,
     NewTopic,
 )
-from tidalmq_broker.controller.store import ObjectStoreMetadataStore
+from tidalmq_broker.controller.log import Batch, ObjectStoreMetadataLog
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
+from tidalmq_core.metadata import BrokerInfo
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
 
 
 class Quiet:
-    async def push_metadata(self, snapshot: ClusterMetadata) -> None:
-        pass
+    async def push_update(self, base: int, snapshot: bytes | None, batches: list[Batch]) -> int:
+        return -1
 
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    c = Controller(ObjectStoreMetadataStore(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
+    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
     await c.start()
     for b in (1, 2, 3):
         await c.register_broker(BrokerInfo(b, "127.0.0.1", 9000 + b), Quiet())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 from tidalmq_broker.controller.controller import Controller, ControllerSettings, NewTopic
-from tidalmq_broker.controller.store import ObjectStoreMetadataStore
+from tidalmq_broker.controller.log import Batch, ObjectStoreMetadataLog
 from tidalmq_broker.static_topics.manager import StaticTopicError
 from tidalmq_broker.storage import keys
 from tidalmq_broker.storage.checkpoint import Checkpoint, CheckpointStore
@@ -26,6 +26,8 @@ from tidalmq_core.metadata import NO_LEADER, BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import PlanEntry
 from tidalmq_core.static_mapping import TotalQueuesFixed
+
+from tests.unit.controller.fakes import updated
 
 FAST = ControllerSettings(
     heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,
@@ -44,18 +46,23 @@ class FakeBroker:
         self.store = store
         self.broker_id = broker_id
         self.open: dict[TopicPartition, int] = {}
-        self.version = -1
+        self.image = ClusterMetadata(cluster_id="", version=-1)
         self.ends: dict[int, int] = {}
         self.stuck = False  # never closes anything (a hung broker)
         self._beat: asyncio.Task[None] | None = None
         self._work: set[asyncio.Task[None]] = set()
         FAKES.append(self)
 
-    async def push_metadata(self, snapshot: ClusterMetadata) -> None:
-        self.version = max(self.version, snapshot.version)
-        task = asyncio.create_task(self._reconcile(snapshot))
+    @property
+    def version(self) -> int:
+        return self.image.version
+
+    async def push_update(self, base: int, snapshot: bytes | None, batches: list[Batch]) -> int:
+        self.image = updated(self.image, base, snapshot, batches)
+        task = asyncio.create_task(self._reconcile(self.image))
         self._work.add(task)
         task.add_done_callback(self._work.discard)
+        return self.image.version
 
     async def _reconcile(self, meta: ClusterMetadata) -> None:
         phys = meta.topics.get(PHYS)
@@ -74,7 +81,8 @@ class FakeBroker:
 
     async def register(self) -> None:
         info = BrokerInfo(self.broker_id, "127.0.0.1", 9000 + self.broker_id, incarnation="a")
-        await self.push_metadata(await self.c.register_broker(info, self))
+        await self.c.register_broker(info, self)
+        await self.push_update(*self.c.update_for(self.version))
         self._beat = asyncio.create_task(self._heartbeats())
 
     async def _heartbeats(self) -> None:
@@ -110,7 +118,7 @@ async def write_checkpoint(
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[tuple[Controller, LocalDirObjectStore]]:
     store = LocalDirObjectStore(tmp_path / "objects")
-    c = Controller(ObjectStoreMetadataStore(store), FAST, object_store=store)
+    c = Controller(ObjectStoreMetadataLog(store), FAST, object_store=store)
     c.static.cleanup_interval_s = 3600
     await c.start()
     yield c, store
@@ -328,7 +336,7 @@ class RacingStore(LocalDirObjectStore):
 
 async def test_a_checkpoint_that_changes_while_it_is_sealed_is_sealed_again(tmp_path: Path) -> None:
     store = RacingStore(tmp_path / "objects")
-    c = Controller(ObjectStoreMetadataStore(store), FAST, object_store=store)
+    c = Controller(ObjectStoreMetadataLog(store), FAST, object_store=store)
     await c.start()
     try:
         bs = await brokers(c, store, 2)

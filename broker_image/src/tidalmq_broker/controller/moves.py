@@ -1,19 +1,31 @@
-"""Progress of partition moves as the controller observes them (phases and timings).
+"""Partition moves as the controller runs them: one `MoveStatus` per move, with explicit steps.
 
-The durable part of a move (original and target replicas, and when it started) is in the
-cluster metadata; this is the observed part: when each step happened, for status fields, Events,
-the CLI progress bar and metrics. A controller that restarts rebuilds the phases from the
-metadata and broker heartbeats (a move in flight keeps its start time, so its election timeout
-does not start over; the times of its earlier steps are lost).
+The durable part of a move (original and target replicas, and when its source was asked to
+close) is in the cluster metadata; this is the observed part and the controller's bookkeeping:
+when each step happened (status fields, Events, the CLI progress bar, metrics), the metadata
+version at which the close was recorded, and whether the source reported it closed.
+
+    Pending   queued: the target is recorded, the source still serves (waits for its wave)
+    Closing   the source was asked to close (leader none) at `recorded_version`
+    Electing  the source closed (or its lease ran out): the target is being elected
+    Opening   the target leads at `epoch` and opens the partition
+    Done      the target reported it open at `epoch`
+    Cancelled rolled back to the source; Failed: could not complete (topic deleted)
+
+`release` decides, from the move alone, the source's liveness and a clock, whether the target
+may be elected now, the source must be fenced, or the move waits: a unit test drives it with a
+fake clock. A controller that restarts rebuilds the moves from the metadata (a move that was
+closing keeps its durable start, so its election timeout does not start over).
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase
 
@@ -23,6 +35,27 @@ MOVE_SECONDS = Histogram(
     "Time from recording a move to the target serving (the client-visible unavailability)",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+MOVES_IN_FLIGHT = Gauge(
+    "tidalmq_controller_moves_in_flight", "Moves started and not finished, by phase", ["phase"]
+)
+
+
+class Release(enum.Enum):
+    WAIT = "wait"
+    ELECT = "elect"  # the source no longer acknowledges writes: elect the target
+    FENCE = "fence"  # the source did not close within the election timeout: fence it
+
+
+@dataclass(slots=True)
+class SourceView:
+    """What the controller knows of a move's source when deciding."""
+
+    registered: bool  # in the metadata and not dead
+    known: bool  # its open partitions are known to this controller
+    has_it_open: bool  # it reports the partition open
+    applied_version: int  # the metadata version it has applied
+    fenced: bool
+    lease_end: float  # monotonic: every lease it may hold has run out by then
 
 
 @dataclass(slots=True)
@@ -33,12 +66,15 @@ class MoveStatus:
     target: int
     phase: Phase = Phase.PENDING
     reason: str = ""
-    started: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.time)  # wall clock, for status and figures
     closed: float | None = None
     elected: float | None = None
     opened: float | None = None
     finished: float | None = None
     epoch: int | None = None  # epoch the target was elected with
+    # bookkeeping (not shown): the version that recorded the close, the source's report
+    recorded_version: int = -1
+    closed_reported: bool = False
 
     @property
     def tp(self) -> TopicPartition:
@@ -46,16 +82,51 @@ class MoveStatus:
 
     @property
     def unavailable_s(self) -> float | None:
-        """From the move being recorded (source stops serving) to the target serving."""
+        """From the move's start (the source stops serving) to the target serving."""
         if self.opened is None:
             return None
         return self.opened - self.started
 
+    @property
+    def in_flight(self) -> bool:
+        return self.phase in (Phase.CLOSING, Phase.ELECTING, Phase.OPENING)
+
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
+        del doc["recorded_version"], doc["closed_reported"]
         doc["phase"] = self.phase.value
         doc["unavailable_s"] = self.unavailable_s
         return doc
+
+    # ------------------------------------------------------------------ the steps
+    def release(
+        self,
+        now: float,
+        wall: float,
+        source: SourceView | None,
+        not_before: float,
+        election_timeout_s: float,
+    ) -> Release:
+        """May the target be elected now (the source certainly acknowledges no more)?"""
+        if self.phase is not Phase.CLOSING:
+            return Release.WAIT
+        if self.closed_reported:
+            return Release.ELECT  # closed at the move's epoch: it acknowledges no more
+        if now < not_before:
+            return Release.WAIT  # an earlier owner may still hold a lease on it
+        if source is None or not source.registered:
+            return Release.ELECT
+        if source.fenced:
+            return Release.ELECT if now >= source.lease_end else Release.WAIT
+        if (
+            source.known
+            and source.applied_version >= self.recorded_version
+            and not source.has_it_open
+        ):
+            return Release.ELECT  # it applied the close and does not have it open
+        if wall - self.started > election_timeout_s:
+            return Release.FENCE
+        return Release.WAIT
 
 
 class MoveTracker:
@@ -63,10 +134,18 @@ class MoveTracker:
         self._moves: dict[TopicPartition, MoveStatus] = {}
         self._finished: list[MoveStatus] = []
         self._keep = keep_finished
+        self._inflight: dict[int, int] = {}  # broker -> moves in flight it is source or target of
+        self._phases: dict[Phase, int] = {}
 
-    def begin(self, tp: TopicPartition, source: int | None, target: int) -> MoveStatus:
-        status = MoveStatus(tp.topic, tp.partition, source, target, Phase.CLOSING)
+    def begin(
+        self, tp: TopicPartition, source: int | None, target: int, phase: Phase = Phase.CLOSING
+    ) -> MoveStatus:
+        old = self._moves.get(tp)
+        if old is not None:
+            self._count(old, -1)
+        status = MoveStatus(tp.topic, tp.partition, source, target, phase)
         self._moves[tp] = status
+        self._count(status, +1)
         return status
 
     def get(self, tp: TopicPartition) -> MoveStatus | None:
@@ -75,18 +154,47 @@ class MoveTracker:
     def active(self) -> list[MoveStatus]:
         return list(self._moves.values())
 
+    def in_phase(self, phase: Phase) -> list[MoveStatus]:
+        return [m for m in self._moves.values() if m.phase is phase]
+
+    def count(self, phase: Phase) -> int:
+        return self._phases.get(phase, 0)
+
+    def inflight_on(self, broker: int | None) -> int:
+        return self._inflight.get(broker, 0) if broker is not None else 0
+
     def recent(self, limit: int = 1000) -> list[MoveStatus]:
         return self._finished[-limit:]
 
-    def mark(self, tp: TopicPartition, phase: Phase, reason: str = "") -> MoveStatus | None:
+    def retarget(self, tp: TopicPartition, target: int) -> None:
+        status = self._moves.get(tp)
+        if status is not None:
+            self._count(status, -1)
+            status.target = target
+            self._count(status, +1)
+
+    def _count(self, status: MoveStatus, sign: int) -> None:
+        self._phases[status.phase] = self._phases.get(status.phase, 0) + sign
+        MOVES_IN_FLIGHT.labels(status.phase.value).set(self._phases[status.phase])
+        if status.in_flight:
+            for b in {status.source, status.target}:
+                if b is not None:
+                    self._inflight[b] = self._inflight.get(b, 0) + sign
+
+    def mark(
+        self, tp: TopicPartition, phase: Phase, reason: str = "", at: float | None = None
+    ) -> MoveStatus | None:
         status = self._moves.get(tp)
         if status is None:
             return None
-        now = time.time()
+        now = time.time() if at is None else at
+        self._count(status, -1)
         status.phase = phase
         if reason:
             status.reason = reason
-        if phase is Phase.ELECTING and status.closed is None:
+        if phase is Phase.CLOSING:
+            status.started = now
+        elif phase is Phase.ELECTING and status.closed is None:
             status.closed = now
         elif phase is Phase.OPENING:
             status.elected = now
@@ -96,8 +204,11 @@ class MoveTracker:
             status.finished = now
             self._moves.pop(tp, None)
             self._finished.append(status)
-            del self._finished[: -self._keep]
+            if len(self._finished) > 2 * self._keep:
+                del self._finished[: -self._keep]
             MOVES.labels(phase.value.lower()).inc()
             if phase is Phase.DONE and status.unavailable_s is not None:
                 MOVE_SECONDS.observe(status.unavailable_s)
+        else:
+            self._count(status, +1)
         return status

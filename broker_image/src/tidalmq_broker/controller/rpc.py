@@ -1,29 +1,46 @@
 """The controller RPC (seed 004: the controller decides and pushes, brokers report).
 
-Brokers call the controller: register, heartbeat (with what they have open), report closed and
-opened partitions, and forward admin requests (topics, configs, producer ids, reassignments).
-The controller calls brokers: push a full metadata snapshot. Both directions are JSON over HTTP
-(aiohttp); in a single process the same client interface calls the Controller directly, so the
-broker code does not know which it has.
+Brokers call the controller: register, heartbeat (what opened and closed since the last answered
+heartbeat), report closed, opened and lost partitions (many per request), fetch the metadata
+they miss, and forward admin requests (topics, configs, producer ids, reassignments). The
+controller calls brokers: push the metadata batches after the version each holds (a snapshot
+when it is too far behind). Both directions are HTTP (aiohttp); in a single process the same
+client interface calls the Controller directly, so the broker code does not know which it has.
+
+The controller's HTTP server runs on a thread of its own (its liveness thread): heartbeats are
+answered there, from the membership table, whatever the controller's event loop is doing; every
+other request is read there and handled on the controller's loop.
+
+Brokers of the earlier protocol (no "protocol" in their registration: a rolling upgrade) still
+work: they send full heartbeats and one report per request, and read the whole metadata
+document (GET /v1/metadata) when a heartbeat answer says theirs is old.
 
 Exceptions cross the wire by name and are rebuilt from an explicit registry.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import json
 import logging
+import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
+from tidalmq_core import updates
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
 from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
 from tidalmq_broker.controller import controller as ctl
+from tidalmq_broker.controller.log import Batch
+from tidalmq_broker.controller.membership import Heartbeat, HeartbeatReply
 from tidalmq_broker.static_topics.http import add_static_topic_routes
 
 # A broker's view of the controller's liveness path: from sending a heartbeat to its answer.
@@ -34,6 +51,10 @@ HEARTBEAT_SECONDS = Histogram(
 )
 
 log = logging.getLogger(__name__)
+
+PROTOCOL = 2  # metadata as batches of records, heartbeats of changes, batched reports
+# requests the liveness thread answers itself (everything else runs on the controller's loop)
+_LIVENESS_PATHS = frozenset({"/v1/brokers/heartbeat", "/healthz", "/metrics"})
 
 _ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
@@ -97,20 +118,45 @@ def _accepted_doc(a: ctl.AcceptedLoss) -> dict[str, Any]:
             "loss": None if a.loss is None else a.loss.to_json()}  # fmt: skip
 
 
+def _pairs(doc: list[list[Any]] | None) -> dict[TopicPartition, int | None]:
+    return {TopicPartition(t, int(p)): (None if v is None else int(v)) for t, p, v in doc or []}
+
+
+def _pairs_doc(changes: dict[TopicPartition, int | None]) -> list[list[Any]]:
+    return [[tp.topic, tp.partition, v] for tp, v in changes.items()]
+
+
+def heartbeat_doc(beat: Heartbeat) -> dict[str, Any]:
+    return {
+        "broker_id": beat.broker_id, "incarnation": beat.incarnation,
+        "applied_version": beat.applied_version, "protocol": PROTOCOL, "full": beat.full,
+        "open": _pairs_doc(beat.open), "hwm": _pairs_doc(beat.hwm),
+        "floors": _floors_doc(beat.floors),
+    }  # fmt: skip
+
+
+def heartbeat_from(doc: dict[str, Any]) -> Heartbeat:
+    """A heartbeat from its JSON; one without "protocol" (an earlier broker) lists everything
+    it has open."""
+    full = bool(doc.get("full", True)) if doc.get("protocol") else True
+    return Heartbeat(
+        int(doc["broker_id"]), str(doc["incarnation"]), int(doc["applied_version"]),
+        _pairs(doc.get("open")), full=full, hwm=_pairs(doc.get("hwm")),
+        floors=_floors(doc.get("floors")),
+    )  # fmt: skip
+
+
+def report_doc(kind: str, tp: TopicPartition, epoch: int, *, topic_id: str | None = None,
+               high_watermark: int | None = None, loss: DataLoss | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"kind": kind, **_tp_doc(tp), "epoch": epoch, "topic_id": topic_id,
+            "high_watermark": high_watermark, "loss": None if loss is None else loss.to_json()}  # fmt: skip
+
+
 class ControllerClient(Protocol):
-    async def register_broker(self, info: BrokerInfo, channel: Any) -> ClusterMetadata: ...
-    async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
-                        open_partitions: dict[TopicPartition, int],
-                        high_watermarks: dict[TopicPartition, int] | None = None, *,
-                        floors: Floors | None = None) -> ctl.HeartbeatReply: ...  # fmt: skip
-    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int, *,
-                               topic_id: str | None = None,
-                               high_watermark: int | None = None) -> None: ...  # fmt: skip
-    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int, *,
-                               topic_id: str | None = None,
-                               high_watermark: int | None = None) -> None: ...  # fmt: skip
-    async def partition_lost_data(self, broker_id: int, tp: TopicPartition, epoch: int,
-                                  loss: DataLoss) -> None: ...  # fmt: skip
+    async def register_broker(self, info: BrokerInfo, channel: Any) -> int: ...
+    async def beat(self, heartbeat: Heartbeat) -> HeartbeatReply: ...
+    async def report(self, broker_id: int, reports: list[dict[str, Any]]) -> None: ...
+    async def fetch_update(self, since: int) -> updates.MetadataUpdate: ...
     async def fetch_metadata(self) -> ClusterMetadata: ...
     async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False,
                             wait_s: float = 0.0) -> list[ctl.TopicResult]: ...  # fmt: skip
@@ -135,35 +181,18 @@ class LocalControllerClient:
     def __init__(self, controller: ctl.Controller) -> None:
         self.controller = controller
 
-    async def register_broker(self, info: BrokerInfo, channel: Any) -> ClusterMetadata:
+    async def register_broker(self, info: BrokerInfo, channel: Any) -> int:
         return await self.controller.register_broker(info, channel)
 
-    async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
-                        open_partitions: dict[TopicPartition, int],
-                        high_watermarks: dict[TopicPartition, int] | None = None, *,
-                        floors: Floors | None = None) -> ctl.HeartbeatReply:  # fmt: skip
-        return await self.controller.heartbeat(
-            broker_id, incarnation, applied_version, open_partitions, high_watermarks,
-            floors=floors,
-        )  # fmt: skip
+    async def beat(self, heartbeat: Heartbeat) -> HeartbeatReply:
+        return self.controller.beat(heartbeat)
 
-    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int, *,
-                               topic_id: str | None = None,
-                               high_watermark: int | None = None) -> None:  # fmt: skip
-        self.controller.partition_closed(
-            broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
-        )
+    async def report(self, broker_id: int, reports: list[dict[str, Any]]) -> None:
+        self.controller.partitions_reported(broker_id, reports)
 
-    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int, *,
-                               topic_id: str | None = None,
-                               high_watermark: int | None = None) -> None:  # fmt: skip
-        self.controller.partition_opened(
-            broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
-        )
-
-    async def partition_lost_data(self, broker_id: int, tp: TopicPartition, epoch: int,
-                                  loss: DataLoss) -> None:  # fmt: skip
-        await self.controller.partition_lost_data(broker_id, tp, epoch, loss)
+    async def fetch_update(self, since: int) -> updates.MetadataUpdate:
+        base, snapshot, batches = self.controller.update_for(since)
+        return updates.MetadataUpdate(base, snapshot, [(b.version, b.records) for b in batches])
 
     async def fetch_metadata(self) -> ClusterMetadata:
         return self.controller.snapshot()
@@ -241,45 +270,31 @@ class HttpControllerClient:
             raise decode_error(doc["fault"]) or ctl.ControllerError("controller error")
         return doc
 
-    async def register_broker(self, info: BrokerInfo, channel: Any) -> ClusterMetadata:
-        doc = await self._call("/v1/brokers/register", info.to_json())
-        return ClusterMetadata.from_json(doc["metadata"])
+    async def register_broker(self, info: BrokerInfo, channel: Any) -> int:
+        doc = await self._call("/v1/brokers/register", {**info.to_json(), "protocol": PROTOCOL})
+        return int(doc["version"])
 
-    async def heartbeat(self, broker_id: int, incarnation: str, applied_version: int,
-                        open_partitions: dict[TopicPartition, int],
-                        high_watermarks: dict[TopicPartition, int] | None = None, *,
-                        floors: Floors | None = None) -> ctl.HeartbeatReply:  # fmt: skip
+    async def beat(self, heartbeat: Heartbeat) -> HeartbeatReply:
         started = time.monotonic()
-        doc = await self._call("/v1/brokers/heartbeat", {
-            "broker_id": broker_id, "incarnation": incarnation, "applied_version": applied_version,
-            "open": [[tp.topic, tp.partition, e] for tp, e in open_partitions.items()],
-            "hwm": [[tp.topic, tp.partition, h] for tp, h in (high_watermarks or {}).items()],
-            "floors": _floors_doc(floors),
-        }, timeout_s=2.0)  # fmt: skip
+        doc = await self._call("/v1/brokers/heartbeat", heartbeat_doc(heartbeat), timeout_s=2.0)
         HEARTBEAT_SECONDS.observe(time.monotonic() - started)
-        return ctl.HeartbeatReply(**doc["reply"])
+        return HeartbeatReply(**doc["reply"])
 
-    async def partition_closed(self, broker_id: int, tp: TopicPartition, epoch: int, *,
-                               topic_id: str | None = None,
-                               high_watermark: int | None = None) -> None:  # fmt: skip
-        await self._call("/v1/partitions/closed", {
-            "broker_id": broker_id, **_tp_doc(tp), "epoch": epoch, "topic_id": topic_id,
-            "high_watermark": high_watermark,
-        })  # fmt: skip
+    async def report(self, broker_id: int, reports: list[dict[str, Any]]) -> None:
+        await self._call("/v1/partitions/reports", {"broker_id": broker_id, "reports": reports})
 
-    async def partition_opened(self, broker_id: int, tp: TopicPartition, epoch: int, *,
-                               topic_id: str | None = None,
-                               high_watermark: int | None = None) -> None:  # fmt: skip
-        await self._call("/v1/partitions/opened", {
-            "broker_id": broker_id, **_tp_doc(tp), "epoch": epoch, "topic_id": topic_id,
-            "high_watermark": high_watermark,
-        })  # fmt: skip
-
-    async def partition_lost_data(self, broker_id: int, tp: TopicPartition, epoch: int,
-                                  loss: DataLoss) -> None:  # fmt: skip
-        await self._call("/v1/partitions/lost", {
-            "broker_id": broker_id, **_tp_doc(tp), "epoch": epoch, "loss": loss.to_json(),
-        })  # fmt: skip
+    async def fetch_update(self, since: int) -> updates.MetadataUpdate:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        try:
+            async with self._session.get(
+                f"{self._base}/v1/metadata/updates", params={"since": str(since)}
+            ) as resp:
+                resp.raise_for_status()
+                data = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ControllerUnavailable(f"controller at {self._base} unreachable: {exc}") from exc
+        return updates.decode(data)
 
     async def data_loss(self) -> dict[str, Any]:
         """{"store_problem": str | None, "lost": [{topic, partition, loss...}]}"""
@@ -353,31 +368,61 @@ class HttpControllerClient:
 
 
 class HttpBrokerChannel:
-    """The controller's channel to a broker in another process: POST the snapshot."""
+    """The controller's channel to a broker in another process: POST the batches it misses."""
 
     def __init__(self, control_url: str, session: aiohttp.ClientSession) -> None:
-        self._url = control_url.rstrip("/") + "/v1/metadata"
+        self._url = control_url.rstrip("/") + "/v1/metadata/updates"
         self._session = session
 
-    async def push_metadata(self, snapshot: ClusterMetadata) -> None:
-        async with self._session.post(self._url, json=snapshot.to_json()) as resp:
+    async def push_update(self, base: int, snapshot: bytes | None, batches: list[Batch]) -> int:
+        body = b"".join(updates.encode(base, snapshot, [b.data for b in batches]))
+        async with self._session.post(self._url, data=body) as resp:
             resp.raise_for_status()
+            doc = await resp.json()
+        return int(doc["applied"])
+
+
+class _Forwarded:
+    """A request read on the liveness thread, handed to a handler on the controller's loop."""
+
+    def __init__(self, request: web.Request, body: bytes) -> None:
+        self.method = request.method
+        self.path = request.path
+        self.query = request.query
+        self.match_info = request.match_info
+        self._body = body
+
+    @property
+    def can_read_body(self) -> bool:
+        return bool(self._body)
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def json(self) -> Any:
+        return json.loads(self._body)
 
 
 class ControllerServer:
-    """The controller's HTTP endpoints (plus status pages for the CLI and local cluster)."""
+    """The controller's HTTP endpoints (plus status pages for the CLI and local cluster), on
+    the controller's liveness thread."""
 
     def __init__(self, controller: ctl.Controller) -> None:
         self.controller = controller
-        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app = web.Application(client_max_size=256 * 1024 * 1024,
+                                   middlewares=[self._on_controller_loop])  # fmt: skip
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_loop: asyncio.AbstractEventLoop | None = None
+        self._main_loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         r = self.app.router
         r.add_post("/v1/brokers/register", self._register)
         r.add_post("/v1/brokers/heartbeat", self._heartbeat)
         r.add_post("/v1/brokers/drain", self._drain)
         r.add_post("/v1/brokers/remove", self._remove)
+        r.add_post("/v1/partitions/reports", self._reports)
         r.add_post("/v1/partitions/closed", self._closed)
         r.add_post("/v1/partitions/opened", self._opened)
         r.add_post("/v1/partitions/lost", self._lost)
@@ -386,6 +431,7 @@ class ControllerServer:
         r.add_post("/v1/data-loss/accept", self._accept_data_loss)
         r.add_post("/v1/metadata", self._metadata)
         r.add_get("/v1/metadata", self._metadata)
+        r.add_get("/v1/metadata/updates", self._updates)
         r.add_post("/v1/topics/create", self._create_topics)
         r.add_post("/v1/topics/delete", self._delete_topics)
         r.add_post("/v1/topics/partitions", self._create_partitions)
@@ -401,24 +447,71 @@ class ControllerServer:
         r.add_get("/metrics", self._metrics)  # reassignment counts and durations (moves.py)
 
     async def start(self, host: str, port: int) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        """Serve on the liveness thread; returns once the port is bound."""
+        self._main_loop = asyncio.get_running_loop()
+        # pushes to brokers run on the controller's loop: their session belongs there
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        bound: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._thread_loop = loop
+            asyncio.set_event_loop(loop)
+
+            async def setup() -> int:
+                self._runner = web.AppRunner(self.app, access_log=None)
+                await self._runner.setup()
+                site = web.TCPSite(self._runner, host, port, reuse_address=True)
+                await site.start()
+                return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+            try:
+                bound.set_result(loop.run_until_complete(setup()))
+            except BaseException as exc:
+                bound.set_exception(exc)
+                loop.close()
+                return
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
+                loop.close()
+
+        self._thread = threading.Thread(target=serve, name="controller liveness", daemon=True)
+        self._thread.start()
+        self.port = await asyncio.wrap_future(bound)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        loop, thread = self._thread_loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            await asyncio.to_thread(thread.join, 10)
         if self._session is not None:
             await self._session.close()
+
+    @web.middleware
+    async def _on_controller_loop(
+        self, request: web.Request, handler: Callable[[Any], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Heartbeats, health and metrics are answered here; the rest runs on the controller's
+        loop (where the controller's state may change)."""
+        if request.path in _LIVENESS_PATHS or self._main_loop is None:
+            return await handler(request)
+        body = await request.read()
+        future = asyncio.run_coroutine_threadsafe(
+            handler(_Forwarded(request, body)), self._main_loop
+        )
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), 600)
+        except TimeoutError:
+            future.cancel()
+            return self._fault(ctl.ControllerError("the controller did not answer in time"))
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
         if request.method == "GET" or not request.can_read_body:
             return {}
-        return await request.json()
+        return await request.json()  # type: ignore[no-any-return]
 
     @staticmethod
     def _ok(doc: dict[str, Any]) -> web.Response:
@@ -429,27 +522,40 @@ class ControllerServer:
         return web.json_response({"fault": encode_error(exc)})
 
     async def _register(self, request: web.Request) -> web.Response:
-        info = BrokerInfo.from_json(await self._body(request))
+        body = await self._body(request)
+        protocol = int(body.pop("protocol", 1))
+        info = BrokerInfo.from_json(body)
         assert self._session is not None
-        channel = HttpBrokerChannel(info.control_url, self._session)
+        channel = HttpBrokerChannel(info.control_url, self._session) if protocol >= 2 else None
         try:
-            snapshot = await self.controller.register_broker(info, channel)
+            version = await self.controller.register_broker(info, channel)  # type: ignore[arg-type]
         except ctl.ControllerError as exc:
             return self._fault(exc)
-        return self._ok({"metadata": snapshot.to_json()})
+        if protocol < 2:  # an earlier broker: the whole document, as it expects
+            return self._ok({"metadata": self.controller.snapshot().to_json(), "version": version})
+        return self._ok({"version": version})
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
-        b = await self._body(request)
-        open_partitions = {TopicPartition(t, int(p)): int(e) for t, p, e in b["open"]}
-        hwms = {TopicPartition(t, int(p)): int(h) for t, p, h in b.get("hwm", [])}
         try:
-            reply = await self.controller.heartbeat(
-                int(b["broker_id"]), b["incarnation"], int(b["applied_version"]), open_partitions,
-                hwms, floors=_floors(b.get("floors")),
-            )  # fmt: skip
+            beat = heartbeat_from(await request.json())
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"error": f"bad heartbeat: {exc}"}, status=400)
+        try:
+            reply = self.controller.beat(beat)
         except ctl.ControllerError as exc:  # not the active controller: no lease from here
             return self._fault(exc)
         return self._ok({"reply": reply.to_json()})
+
+    async def _reports(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        self.controller.partitions_reported(int(b["broker_id"]), list(b["reports"]))
+        return self._ok({})
+
+    async def _updates(self, request: web.Request) -> web.Response:
+        since = int(request.query.get("since", "-1"))
+        base, snapshot, batches = self.controller.update_for(since)
+        body = b"".join(updates.encode(base, snapshot, [b.data for b in batches]))
+        return web.Response(body=body, content_type="application/x-ndjson")
 
     async def _drain(self, request: web.Request) -> web.Response:
         b = await self._body(request)

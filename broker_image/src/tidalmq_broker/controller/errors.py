@@ -1,0 +1,35 @@
+"""The controller's errors (each maps to one Kafka error code at the API layer)."""
+
+from __future__ import annotations
+
+
+class ControllerError(Exception):
+    pass
+
+
+class TopicAlreadyExists(ControllerError):
+    pass
+
+
+class UnknownTopic(ControllerError):
+    pass
+
+
+class NoBrokers(ControllerError):
+    pass
+
+
+class ControllerFenced(ControllerError):
+    """This controller was stopped or replaced by another: it decides nothing any more."""
+
+
+class InvalidReplicaAssignment(ControllerError):
+    pass
+
+
+class UnknownBroker(ControllerError):
+    pass
+
+
+class ForeignStore(ControllerError):
+    """The object store belongs to another cluster: nothing may be written into it."""

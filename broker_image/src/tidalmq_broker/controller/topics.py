@@ -1,0 +1,265 @@
+"""Topics and configs: creation, deletion (and the cleanup of deleted topics' data), more
+partitions, topic and dynamic broker configs. Each request is validated against the image and
+becomes records; creating a topic of N partitions is one record naming N brokers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tidalmq_core.metadata import INTERNAL_TOPICS, ClusterMetadata, PartitionState, TopicInfo
+from tidalmq_core.placement import place_partitions
+from tidalmq_core.records import (
+    Record,
+    broker_configs_record,
+    deletion_record,
+    partitions_added_record,
+    static_topic_record,
+    topic_configs_record,
+    topic_record,
+    topic_removed_record,
+)
+from tidalmq_core.static_mapping import is_physical_topic, physical_topic_name
+from tidalmq_core.topics import (
+    InvalidPartitions,
+    validate_broker_config_scope,
+    validate_broker_configs,
+    validate_configs,
+    validate_partition_count,
+    validate_topic_name,
+)
+
+from tidalmq_broker.controller.errors import (
+    ControllerError,
+    InvalidReplicaAssignment,
+    NoBrokers,
+    TopicAlreadyExists,
+    UnknownTopic,
+)
+
+if TYPE_CHECKING:
+    from tidalmq_broker.controller.controller import Controller
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class NewTopic:
+    name: str
+    num_partitions: int
+    configs: dict[str, str | None] = field(default_factory=dict)
+    internal: bool = False
+    # the broker of each partition when the client places them (kafka-topics
+    # --replica-assignment); None: the controller places them (partition i on broker i mod n)
+    assignment: list[int] | None = None
+
+
+@dataclass(slots=True)
+class TopicResult:
+    name: str
+    error: Exception | None = None
+    topic_id: str | None = None
+    num_partitions: int = -1
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+class Topics:
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+        self._cleaning: asyncio.Task[None] | None = None
+
+    def check_assignment(self, owners: list[int], count: int) -> None:
+        if len(owners) != count:
+            raise InvalidReplicaAssignment(
+                f"the assignment places {len(owners)} partitions, expected {count}"
+            )
+        live = set(self.c.placeable_brokers())
+        unknown = sorted(set(owners) - live)
+        if unknown:
+            raise InvalidReplicaAssignment(
+                f"broker(s) {unknown} in the replica assignment are not live brokers "
+                f"(live: {sorted(live)})"
+            )
+
+    def create(self, topics: list[NewTopic]) -> tuple[list[TopicResult], list[Record]]:
+        meta = self.c.image
+        results: list[TopicResult] = []
+        records: list[Record] = []
+        seen: set[str] = set()
+        brokers = self.c.placeable_brokers()
+        for new in topics:
+            try:
+                validate_topic_name(new.name)
+                if (
+                    new.name in INTERNAL_TOPICS or is_physical_topic(new.name)
+                ) and not new.internal:
+                    raise TopicAlreadyExists(f"topic {new.name!r} is internal")
+                if new.name in meta.topics or new.name in seen:
+                    raise TopicAlreadyExists(f"topic {new.name!r} already exists")
+                validate_partition_count(new.num_partitions)
+                configs = validate_configs(new.configs)
+                if not brokers:
+                    raise NoBrokers("no live broker to place the partitions on")
+                if new.assignment is not None:
+                    self.check_assignment(new.assignment, new.num_partitions)
+            except (ValueError, ControllerError) as exc:
+                results.append(TopicResult(new.name, error=exc))
+                continue
+            seen.add(new.name)
+            topic_id = str(uuid.uuid4())
+            owners = (
+                list(new.assignment)
+                if new.assignment is not None
+                else place_partitions(brokers, new.num_partitions)
+            )
+            info = TopicInfo(
+                new.name,
+                topic_id,
+                [PartitionState(b, 0, [b]) for b in owners],
+                configs,
+                internal=new.internal,
+            )
+            records.append(topic_record(info))
+            results.append(
+                TopicResult(
+                    new.name,
+                    None,
+                    topic_id,
+                    new.num_partitions,
+                    TopicInfo(new.name, topic_id, [], configs).effective_configs(),
+                )
+            )
+        return results, records
+
+    def delete(self, names: list[str]) -> tuple[list[TopicResult], list[Record], list[str]]:
+        meta = self.c.image
+        results: list[TopicResult] = []
+        records: list[Record] = []
+        doomed: list[str] = []
+        for name in names:
+            topic = meta.topics.get(name)
+            if topic is None:
+                results.append(TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")))
+            elif topic.internal:
+                results.append(TopicResult(name, ControllerError(f"topic {name!r} is internal")))
+            elif name in doomed:
+                results.append(TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")))
+            else:
+                doomed.append(name)
+                results.append(TopicResult(name, None, topic.topic_id))
+                data = topic
+                records.append(topic_removed_record(name))
+                if topic.kind == "static":  # its data is in its physical topic
+                    records.append(static_topic_record(name, None))
+                    physical = meta.topics.get(physical_topic_name(name))
+                    if physical is not None:
+                        records.append(topic_removed_record(physical.name))
+                        data = physical
+                records.append(deletion_record(data.name, data.topic_id, pending=True))
+        return results, records, doomed
+
+    def grow(
+        self, name: str, total: int, assignment: list[int] | None
+    ) -> tuple[TopicResult, list[Record]]:
+        topic = self.c.image.topics.get(name)
+        if topic is None:
+            return TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")), []
+        current = len(topic.partitions)
+        try:
+            if topic.pinned:
+                raise InvalidPartitions(
+                    f"{name!r} is a static topic: its {current} logic queues are fixed"
+                )
+            validate_partition_count(total)
+            if total <= current:
+                raise InvalidPartitions(
+                    f"topic {name!r} has {current} partitions; the count can only grow "
+                    f"(asked for {total})"
+                )
+            brokers = self.c.placeable_brokers()
+            if not brokers:
+                raise NoBrokers("no live broker to place the partitions on")
+            if assignment is not None:
+                self.check_assignment(assignment, total - current)
+        except (ValueError, ControllerError) as exc:
+            return TopicResult(name, exc), []
+        owners = (
+            list(assignment)
+            if assignment is not None
+            else place_partitions(brokers, total - current, first_partition=current)
+        )
+        return TopicResult(name, None, topic.topic_id, total), [
+            partitions_added_record(name, owners)
+        ]
+
+    def alter_configs(
+        self, name: str, changes: dict[str, str | None], *, incremental: bool
+    ) -> tuple[TopicResult, list[Record]]:
+        topic = self.c.image.topics.get(name)
+        if topic is None:
+            return TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")), []
+        merged: dict[str, str | None] = dict(topic.configs) if incremental else {}
+        merged.update(changes)
+        try:
+            configs = validate_configs(merged)
+        except ValueError as exc:
+            return TopicResult(name, exc), []
+        records = [topic_configs_record(name, configs)]
+        if topic.kind == "static":  # its physical queues follow
+            records.append(topic_configs_record(physical_topic_name(name), configs))
+        return TopicResult(name, None, topic.topic_id, len(topic.partitions)), records
+
+    def alter_broker_configs(
+        self, scope: str, changes: dict[str, str | None], *, incremental: bool
+    ) -> list[Record]:
+        """Raises ValueError for an invalid change."""
+        validate_broker_config_scope(scope)
+        merged: dict[str, str | None] = (
+            dict(self.c.image.broker_configs.get(scope, {})) if incremental else {}
+        )
+        merged.update(changes)
+        configs = validate_broker_configs(merged)
+        return [broker_configs_record(scope, configs)]
+
+    # ------------------------------------------------------------------ deleted topics' data
+    def clean(self) -> None:
+        """Start deleting the data of deleted topics (one task at a time)."""
+        if self.c.image.pending_deletions and (self._cleaning is None or self._cleaning.done()):
+            self._cleaning = asyncio.create_task(self._clean(), name="topic cleanup")
+
+    async def _clean(self) -> None:
+        """Delete the stored data of deleted topics once every live broker has applied the
+        deletion and reports none of their partitions open."""
+        c = self.c
+        meta: ClusterMetadata = c.image
+        pending = list(meta.pending_deletions)
+        version = c.journal.committed_version
+        for name, topic_id in pending:
+            current = meta.topics.get(name)
+            behind = False
+            still_open = False
+            for _, live in c.membership.items():
+                if live.applied_version < version:
+                    behind = True
+                    break
+                if current is None and any(tp.topic == name for tp in live.open_partitions):
+                    still_open = True
+                    break
+            if still_open or behind:
+                continue
+            if c.topic_data_deleter is not None:
+                try:
+                    count = await c.topic_data_deleter(name, topic_id)
+                    log.info("deleted the data of topic %s (%s): %d objects", name, topic_id, count)
+                except Exception as exc:
+                    log.warning("deleting the data of topic %s failed, will retry: %s", name, exc)
+                    continue
+            await c.journal.commit([deletion_record(name, topic_id, pending=False)])
+            c.emit("TopicDataDeleted", f"data of topic {name} deleted", {"topic": name})
+
+    def stop(self) -> None:
+        if self._cleaning is not None:
+            self._cleaning.cancel()
