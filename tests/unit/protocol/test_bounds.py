@@ -336,3 +336,39 @@ def test_mutated_requests_of_every_api_decode_or_fail_cleanly(seed: int) -> None
     )
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-4000:]
     assert "MalformedRequest" in child.stdout
+
+
+def test_large_frames_arrive_as_memoryviews_and_walk_the_same() -> None:
+    """Frames of 32 KiB and more come from the framing as views of a buffer of their own."""
+    partitions = [
+        {"partition": p, "fetch_offset": 5, "partition_max_bytes": 9} for p in range(2000)
+    ]
+    body: dict[str, Any] = {
+        "replica_id": -1,
+        "max_wait": 100,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [{"topic": "t", "partitions": partitions}],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
+    frame = encode_request(1, 12, 1, body, client_id="c")[4:]
+    assert len(frame) > 32 * 1024
+    schema = schema_of(1, 12)
+    view = memoryview(bytearray(frame)).toreadonly()
+    assert check_request(schema, view) is view
+    assert request_end(schema, view) == len(frame)
+    decoded = decode_request(memoryview(bytearray(frame)), served_versions())
+    assert len(decoded.body.topics[0].partitions) == 2000
+    # one partition with a tagged field: the strided check falls back to the loop
+    last_tags = len(frame) - 4 - 1
+    assert frame[last_tags] == 0
+    tagged = frame[:last_tags] + uvarint(1) + uvarint(77) + uvarint(0) + frame[last_tags + 1 :]
+    stripped = check_request(schema, memoryview(bytearray(tagged)).toreadonly())
+    assert bytes(stripped) == frame
+    truncated = memoryview(bytearray(frame[: len(frame) // 2])).toreadonly()
+    with pytest.raises(FrameBoundsError, match="partitions: array of 2000"):
+        check_request(schema, truncated)
