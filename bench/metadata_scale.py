@@ -296,7 +296,8 @@ def create_partitions(
 class ServingProbe:
     """One record (key PROBE_KEY, which the read-back skips) to each partition it is given,
     acks=all; a partition serves at the acknowledgement (its produce time plus the client's
-    measured produce->ack latency). A failed record is sent again."""
+    measured produce->ack latency). A failed record is sent again. `forget` drops a partition
+    that left its new home: acknowledgements of records sent before are then ignored."""
 
     def __init__(self, bootstrap: str) -> None:
         self.producer = Producer(
@@ -312,9 +313,9 @@ class ServingProbe:
             }
         )
         self.served: dict[TP, float] = {}
-        self.sent: set[TP] = set()
         self.failures = 0
-        self._retry: list[TP] = []
+        self._visit: dict[TP, int] = {}  # forget() counts; a record counts for its own visit
+        self._retry: list[tuple[TP, int]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -324,23 +325,31 @@ class ServingProbe:
         while not self._stop.is_set():
             self.producer.poll(0.05)
             with self._lock:
-                retry, self._retry = self._retry, []
+                retry = [tp for tp, visit in self._retry if self._visit.get(tp, 0) == visit]
+                self._retry = []
             for tp in retry:
                 self.send(tp)
 
+    def forget(self, tp: TP) -> None:
+        with self._lock:
+            self._visit[tp] = self._visit.get(tp, 0) + 1
+            self.served.pop(tp, None)
+
     def send(self, tp: TP) -> None:
-        self.sent.add(tp)
         produced = time.time()
+        visit = self._visit.get(tp, 0)
 
         def delivered(err: Any, msg: Any, tp: TP = tp, produced: float = produced) -> None:
-            if err is not None:
-                with self._lock:
+            with self._lock:
+                if self._visit.get(tp, 0) != visit:
+                    return  # sent before the partition left: not this visit's answer
+                if err is not None:
                     self.failures += 1
-                    self._retry.append(tp)
-                return
-            latency = msg.latency()
-            acked = produced + latency if latency is not None else time.time()
-            self.served.setdefault(tp, acked)
+                    self._retry.append((tp, visit))
+                    return
+                latency = msg.latency()
+                acked = produced + latency if latency is not None else time.time()
+                self.served.setdefault(tp, acked)
 
         try:
             self.producer.produce(
@@ -348,7 +357,7 @@ class ServingProbe:
             )
         except (BufferError, KafkaException):
             with self._lock:
-                self._retry.append(tp)
+                self._retry.append((tp, visit))
 
     def close(self) -> None:
         self._stop.set()
@@ -360,9 +369,11 @@ class ServingProbe:
 
 class MoveTracker:
     """Polls Metadata (every topic, one request, back to back with at most half the time spent
-    polling) in a thread. Records when each partition of `topics` was first seen at its new
-    home (`moved(tp, leader)`, at the time the answer arrived), sends the probe's record to the
-    sampled ones then, and keeps (time, moved, sampled served) for the chart."""
+    polling) in a thread. Records when each partition of `topics` arrived at its new home
+    (`moved(tp, leader)`, at the time the answer arrived), sends the probe's record to the
+    sampled ones then, and keeps (time, moved, sampled served) for the chart. A partition that
+    leaves its new home again (a failover bouncing it) is forgotten until it comes back, and
+    counted in `left`."""
 
     def __init__(
         self,
@@ -382,6 +393,7 @@ class MoveTracker:
         self.series: list[tuple[float, int, int]] = []
         self.polls = 0
         self.poll_errors = 0
+        self.left = 0
         self.probe = ServingProbe(bootstrap)
         self._client = AdminClient(
             {"bootstrap.servers": bootstrap, "allow.auto.create.topics": False}
@@ -407,10 +419,15 @@ class MoveTracker:
             self.led_by = Counter(leaders.values())
             ours = {tp: leader for tp, leader in leaders.items() if tp[0] in self.topics}
             for tp, leader in ours.items():
-                if tp not in self.moved_at and self.moved(tp, leader):
+                there = self.moved(tp, leader)
+                if there and tp not in self.moved_at:
                     self.moved_at[tp] = seen
                     if tp in self.sample:
                         self.probe.send(tp)
+                elif not there and tp in self.moved_at:
+                    del self.moved_at[tp]
+                    self.probe.forget(tp)
+                    self.left += 1
             self.leaders = ours
             self.series.append((seen - self.started, len(self.moved_at), self.served()))
             self._stop.wait(max(0.2, seen - polled))
@@ -444,6 +461,7 @@ class MoveTracker:
             "served": len(served),
             "served_s": round(max(served) - self.started, 2) if served else None,
             "probe_failures": self.probe.failures,
+            "left_again": self.left,
             "metadata_polls": self.polls,
             "series": downsample(self.series),
         }
@@ -1129,7 +1147,11 @@ def part_scenario(n: int, workdir: Path, cfg: Config) -> dict[str, Any]:
                     1 for p in chosen if after[p] != after_add[p]
                 )
             else:
-                phases["remove"] = {"ok": False, "skipped": "the add phase did not finish"}
+                phases["remove"] = {
+                    "ok": False,
+                    "skipped": "the add phase did not finish",
+                    "removed_broker": cfg.remove_broker,
+                }
         finally:
             if producer is not None:
                 phases["producer"] = finish_producer(local.bootstrap, producer)

@@ -234,12 +234,13 @@ def create_text(c: dict[str, Any]) -> str:
 
 
 def served_text(m: dict[str, Any]) -> str:
-    retried = m.get("probe_failures")
+    retried, left = m.get("probe_failures"), m.get("left_again")
     return (
         f"the moved partitions reached their new leader in Metadata by "
         f"{fmt_s(m.get('metadata_s'))}; {m.get('served', 0)} of {m.get('sample', 0)} sampled "
         f"ones served a write by {fmt_s(m.get('served_s'))}"
         + (f" ({retried} probe records sent again)" if retried else "")
+        + (f"; {left} times a partition left its new leader again (failover)" if left else "")
     )
 
 
@@ -338,8 +339,8 @@ def scenario(runs: dict[str, Any]) -> list[str]:
                 ok = p.get("sample", 0) >= min(500, p.get("to_move", 0))
             return ok
 
-        share = f"{add.get('to_move', 0):,}" if add else "?"
-        rshare = f"{remove.get('broker_share', 0):,}" if remove else "?"
+        share = f"{add['to_move']:,}" if add and "to_move" in add else "?"
+        rshare = f"{remove['broker_share']:,}" if remove and "broker_share" in remove else "?"
         table = [
             "| target | measured | verdict |",
             "|---|---|---|",
@@ -381,7 +382,7 @@ def sample_text(p: dict[str, Any] | None) -> str:
 
 def p99_text(m: dict[str, Any]) -> str:
     if m.get("heartbeat_p99_beyond_buckets"):
-        return "> 5 s / unanswered"
+        return "> 5 s or unanswered"
     v = m.get("heartbeat_p99_le_s")
     return "n/a" if v is None else f"<= {v * 1000:g} ms"
 
@@ -490,6 +491,20 @@ def render(data: dict[str, Any], md_path: Path, charts_dir: Path) -> list[str]:
             f"Meanwhile, at {n:,} partitions: ![moves over time at {n:,}]({rel}/metadata-moves-{n}.png)"
             for n in drawn
         ]
+    latest = max(runs.values(), key=lambda e: str(e.get("started")), default=None)
+    machine = []
+    if latest is not None:
+        env = latest.get("env", {})
+        kafka_runs = [e for e in runs.values() if e["part"] == "kafka"]
+        if kafka_runs:  # runs of TidalMQ alone do not look Java up
+            env = {**env, "java": max(kafka_runs, key=lambda e: str(e["started"]))["env"]["java"]}
+        machine = [
+            f"Machine (latest run): {env.get('cores')} cores ({env.get('cpu')}), "
+            f"{env.get('ram_gib')} GiB, Linux {env.get('kernel')}; Python {env.get('python')}, "
+            f"{env.get('java')}, confluent-kafka {env.get('confluent_kafka')}; TidalMQ's object "
+            "store: a local directory. Each run below names its commit and load.",
+            "",
+        ]
     summary = [
         "## 1. Side by side with Apache Kafka (3 brokers, then a 4th)",
         "",
@@ -498,6 +513,7 @@ def render(data: dict[str, Any], md_path: Path, charts_dir: Path) -> list[str]:
     scen = scenario(runs)
     lines = [
         PAGE_HEAD.format(kafka=kafka_version),
+        *machine,
         *summary,
         *details,
         "",
