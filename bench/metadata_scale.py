@@ -1205,12 +1205,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS_MD, help="results page (%(default)s)")
     ap.add_argument("--workdir", type=Path, help="where the clusters live (default: a temp dir)")
     ap.add_argument("--render", action="store_true", help="only write the page from the JSON")
+    ap.add_argument(
+        "--note", help="keep a dated note on the page (what a run showed that its figures do not)"
+    )
     args = ap.parse_args(argv)
 
     out: Path = args.out.resolve()
     results_json = out.with_suffix(".json")
     charts = out.parent / "charts"
-    if args.render:
+    if args.note:
+        data = load_results(results_json)
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        data.setdefault("notes", []).append(f"{stamp}: {args.note}")
+        save_results(results_json, data)
+    if args.render or args.note:
         render(load_results(results_json), out, charts)
         print(f"wrote {out}")
         return 0
@@ -1271,7 +1279,13 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(f"{part}@{n}")
                 entry |= {"duration_s": round(time.time() - started), "load_after": loadavg()}
                 data = load_results(results_json)
-                data["runs"][f"{part}@{n}"] = entry
+                key = f"{part}@{n}"
+                if "error" in entry and key in data["runs"]:
+                    # a run that could not measure (a cluster that did not start) keeps the
+                    # figures of an earlier one; a phase that timed out is a figure and is kept
+                    log(f"{key}: the earlier figures stay in {results_json.name}")
+                else:
+                    data["runs"][key] = entry
                 save_results(results_json, data)
                 summary = render(data, out, charts)
                 log(f"{part} at {n}: done in {entry['duration_s']} s; wrote {out}")

@@ -447,7 +447,9 @@ def chart(runs: dict[str, Any], n: int, path: Path) -> bool:
     for label, color, m in series:
         t = [p[0] for p in m["series"]]
         moved = [p[1] for p in m["series"]]
-        state = fmt_s(m["seconds"]) if m.get("ok") else "did not finish"
+        state = (
+            f"all serving at {fmt_s(m['seconds'])} (dotted)" if m.get("ok") else "did not finish"
+        )
         ax.step(t, moved, where="post", color=color, label=f"{label}: {state}")
         if m.get("ok"):
             ax.axvline(float(m["seconds"]), color=color, linestyle=":", linewidth=1)
@@ -524,6 +526,11 @@ def render(data: dict[str, Any], md_path: Path, charts_dir: Path) -> list[str]:
         "## 2. Acceptance scenario: TidalMQ local cluster, 4 -> 5 -> 4 brokers",
         "",
         *scen,
+        *(
+            ["### Notes from the runs", "", *[f"- {n}" for n in data["notes"]], ""]
+            if data.get("notes")
+            else []
+        ),
         "## 3. The controller alone with simulated brokers (100k and 1M partitions)",
         "",
         *controller_alone(runs),
