@@ -8,7 +8,12 @@ import contextlib
 import ctypes
 import gc
 import signal
+import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tidalmq_broker.settings import BrokerSettings
 
 
 def builtin_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
@@ -98,28 +103,62 @@ def tune_runtime() -> None:
 
 
 def _run_broker(args: argparse.Namespace) -> int:
-    from tidalmq_broker.broker import Broker
+    from tidalmq_broker.lifecycle import exit_with_parent
     from tidalmq_broker.logs import setup_logging
     from tidalmq_broker.settings import from_sources
 
     settings = from_sources(args)
+    linked = False
+    if settings.parent_pid:  # first: a parent already gone means nothing should start
+        linked = exit_with_parent(settings.parent_pid)
     setup_logging(settings.log_level, settings.log_format)
     if settings.runtime_tuning:
         tune_runtime()
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+            runner.run(_serve_broker(settings, watch_parent=not linked))
+    except OSError as exc:  # e.g. the Kafka or HTTP port is taken
+        print(f"tidalmq broker {settings.broker_id}: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
-    async def main() -> None:
-        broker = Broker(settings)
-        await broker.start()
+
+async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None:
+    """Serve until SIGTERM/SIGINT/SIGHUP (or the parent's exit, with --parent-pid), then stop
+    cleanly, within --stop-deadline-s of the signal (Shutdown exits the process then)."""
+    from tidalmq_broker import lifecycle
+    from tidalmq_broker.broker import Broker
+
+    shutdown = lifecycle.Shutdown(
+        f"broker {settings.broker_id}", deadline_s=settings.stop_deadline_s
+    )
+    shutdown.install()
+    background: list[asyncio.Task[None]] = []
+    if settings.parent_pid and watch_parent:  # no PR_SET_PDEATHSIG here: poll
+        background.append(
+            asyncio.create_task(lifecycle.watch_parent(settings.parent_pid, shutdown))
+        )
+    broker = Broker(settings)
+    starting = asyncio.create_task(broker.start(), name="broker start")
+    stop = asyncio.create_task(shutdown.wait(), name="stop signal")
+    await asyncio.wait([starting, stop], return_when=asyncio.FIRST_COMPLETED)
+    if starting.done():
+        if starting.exception() is not None:
+            stop.cancel()
+            starting.result()  # raises
         if settings.runtime_tuning:
             gc.freeze()  # everything alive after start-up is never scanned again
         host, port = settings.advertised
         print(f"TidalMQ broker {settings.broker_id} serving on {host}:{port}", flush=True)
-        await wait_for_signal()
-        await broker.stop()
-
-    with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
-        runner.run(main())
-    return 0
+        await stop
+    else:  # asked to stop while starting (e.g. still registering with the controller)
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+    for task in background:
+        task.cancel()
+    # the deadline stays armed through the interpreter's exit (a stuck executor thread)
+    await broker.stop(shutdown.deadline())
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

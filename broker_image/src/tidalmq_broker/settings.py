@@ -127,6 +127,21 @@ class BrokerSettings:
     shutdown_timeout_s: float = field(
         default=25.0, metadata={"help": "how long SIGTERM waits for in-flight requests"}
     )
+    stop_deadline_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "SIGTERM/SIGINT: the process exits at the latest this long after the signal, "
+            "whatever is still closing (acknowledged data is already in the object store; the "
+            "next owner recovers the rest from the WAL); a second signal exits at once"
+        },
+    )
+    parent_pid: int = field(
+        default=0,
+        metadata={
+            "help": "stop (as on SIGTERM) when the process with this pid exits, even by SIGKILL "
+            "(`tidalmq local up` sets it for its brokers); 0: off"
+        },
+    )
     event_loop: str = field(
         default="auto",
         metadata={"help": "asyncio, uvloop, or auto (uvloop when it is installed)"},
