@@ -108,6 +108,10 @@ class LocalClusterProcess(StartedInWith):
             {"topic": t, "partition": p, "target": b} for (t, p), b in targets.items()
         ]})  # fmt: skip
 
+    def broker_pids(self) -> dict[int, int]:
+        """Broker id -> pid of each broker process `local up` runs."""
+        return {row["broker"]: row["pid"] for row in self.status()["brokers"] if row["pid"]}
+
     def leaders(self, topic: str) -> list[int]:
         return [p["leader"] for p in self.metadata()["topics"][topic]["partitions"]]
 

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import ctypes
 import gc
-import signal
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -182,7 +181,7 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
     local_sub = p.add_subparsers(dest="local_command", metavar="ACTION", required=True)
     up = local_sub.add_parser(
         "up",
-        help="start a local cluster in the foreground (Ctrl-C stops it cleanly)",
+        help="start a local cluster in the foreground (Ctrl-C stops it cleanly within 10 s)",
         description="Start the controller, the brokers and a local object store; print the "
         "bootstrap address and a live table of brokers; stay in the foreground until Ctrl-C.",
     )
@@ -209,32 +208,39 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
         cmd.set_defaults(handler=_run_local_command)
 
 
+DEFAULT_DATA_DIR = ".tidalmq/local"
+
+
 def _data_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--data-dir", default=".tidalmq/local", help="local cluster state and data directory"
+        "--data-dir", default=DEFAULT_DATA_DIR, help="local cluster state and data directory"
     )
 
 
 def _run_local_up(args: argparse.Namespace) -> int:
-    from tidalmq_broker.local.cluster import run_local_cluster
+    """Lock the data dir first, before importing (let alone starting) anything: a second
+    `local up` on the same dir refuses at once and touches nothing."""
+    from pathlib import Path
 
-    return run_local_cluster(args)
+    from tidalmq_broker.local.processes import DataDirLock, LocalUpError
+
+    data = Path(args.data_dir).resolve()
+    shown_as = args.data_dir if args.data_dir != DEFAULT_DATA_DIR else ""
+    lock = DataDirLock(data, shown_as)
+    try:
+        lock.acquire()
+    except (LocalUpError, OSError) as exc:
+        print(f"tidalmq local up: {exc}", file=sys.stderr)
+        return 1
+    try:
+        from tidalmq_broker.local.cluster import run_local_cluster
+
+        return run_local_cluster(args, data, shown_as)
+    finally:
+        lock.release()
 
 
 def _run_local_command(args: argparse.Namespace) -> int:
     from tidalmq_broker.local.cluster import local_command
 
     return local_command(args)
-
-
-async def wait_for_signal() -> None:
-    """Return on SIGINT or SIGTERM."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.remove_signal_handler(sig)

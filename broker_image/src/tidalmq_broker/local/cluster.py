@@ -12,6 +12,20 @@ kill-broker N | status` talk to it over the controller's HTTP port, found in
 The brokers run without drain-on-stop: this process decides. `remove-broker` drains the broker
 through the controller, then stops it; Ctrl-C stops every broker as it is (each closes its
 partitions cleanly), so the next `local up` finds the assignment as it was.
+
+Process lifecycle (tidalmq_broker.lifecycle, local/processes.py):
+- one `local up` per data dir: it holds `<data dir>/cluster.lock` for its life; a second one
+  refuses before it touches anything (its controller would fence this one's);
+- Ctrl-C, SIGTERM or SIGHUP stop it within STOP_DEADLINE_S whatever the load: the brokers get
+  SIGTERM and close their partitions (each within its own --stop-deadline-s), those still
+  running BROKER_KILL_AFTER_S after the signal are SIGKILLed, and the controller gets what is
+  left. Killing a broker loses nothing acknowledged: a record is acknowledged only once the
+  object holding it is durable in the object store, and a partition not closed is recovered
+  from the WAL by its next owner. A second signal SIGKILLs the brokers and exits at once;
+- brokers never outlive this process: each runs in its own process group (a terminal's Ctrl-C
+  reaches only this process, which decides) with --parent-pid, so it gets SIGTERM when this
+  process exits, SIGKILL included (PR_SET_PDEATHSIG on Linux, polled elsewhere);
+- brokers an earlier run left behind anyway (recorded in cluster.json) are stopped at start.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +51,17 @@ from aiohttp import web
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.static_mapping import PHYSICAL_PREFIX
 
-from tidalmq_broker.commands import wait_for_signal
 from tidalmq_broker.controller.controller import Controller, ControllerSettings
+from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.controller.rpc import ControllerServer
-from tidalmq_broker.controller.store import ObjectStoreMetadataStore
+from tidalmq_broker.lifecycle import Shutdown
+from tidalmq_broker.local.processes import (
+    LOCK_NAME,
+    STATE_NAME,
+    LocalUpError,
+    check_port_free,
+    stop_leftover_brokers,
+)
 from tidalmq_broker.logs import setup_logging
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
@@ -50,6 +72,9 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0  # a broker that leads nothing stops in well under a second
 START_TIMEOUT_S = 60.0  # a broker process registers with the controller within this
+STOP_DEADLINE_S = 10.0  # Ctrl-C/SIGTERM to exit, whatever the load
+BROKER_STOP_DEADLINE_S = 6.0  # each broker's own --stop-deadline-s
+BROKER_KILL_AFTER_S = 7.5  # brokers still running this long after the signal are SIGKILLed
 METADATA_KEY = "cluster/metadata.json"
 
 
@@ -68,6 +93,7 @@ class BrokerProc:
     http_port: int
     proc: subprocess.Popen[bytes]
     log_path: Path
+    cmd: list[str]
     state: str = "running"  # running | draining | stopped | killed
 
     def alive(self) -> bool:
@@ -112,9 +138,12 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, brokers: int) -> None:
+        # before the controller claims the metadata (and bumps its epoch): a taken port is
+        # found without a trace left in the data dir
+        check_port_free(self.host, self.controller_port, "the controller", "--controller-port")
         await migrate_metadata(self._store, self._metadata_store)
         self.controller = Controller(
-            ObjectStoreMetadataStore(self._metadata_store),
+            ObjectStoreMetadataLog(self._metadata_store),
             _controller_settings(),
             topic_data_deleter=functools.partial(delete_topic_data, self._store),
             object_store=self._store,
@@ -137,26 +166,61 @@ class LocalCluster:
         # the brokers of the last run come back now: however slow they are to start, do not
         # declare them dead meanwhile (that would move their partitions and then rebalance)
         self.controller.expect_brokers(ids, within_s=START_TIMEOUT_S)
-        await asyncio.gather(*(self.add_broker(i) for i in ids))
+        # a broker that fails to start cancels the others' starts (gather would let them
+        # spawn processes after the failed start is cleaned up)
+        async with asyncio.TaskGroup() as group:
+            for i in ids:
+                group.create_task(self.add_broker(i))
         self._write_state()
 
-    async def stop(self) -> None:
+    async def stop(self, deadline: float | None = None) -> list[int]:
         """Ctrl-C: every broker closes its partitions cleanly and keeps them (they run without
-        drain-on-stop), so the next `local up` finds the assignment as it was."""
-        for b in self.brokers.values():
-            if b.alive():
+        drain-on-stop), so the next `local up` finds the assignment as it was.
+
+        Done by `deadline` (time.monotonic(); default STOP_DEADLINE_S from now): brokers still
+        running BROKER_KILL_AFTER_S into it are SIGKILLed. That loses nothing acknowledged (a
+        produce is acknowledged once its WAL object is durable in the object store); their
+        partitions open from an unclean checkpoint, replaying the WAL. Returns the killed ids."""
+        if deadline is None:
+            deadline = time.monotonic() + STOP_DEADLINE_S
+        kill_at = deadline - (STOP_DEADLINE_S - BROKER_KILL_AFTER_S)
+        running = [b for b in self.brokers.values() if b.alive()]
+        for b in running:
+            with contextlib.suppress(ProcessLookupError):
                 b.proc.send_signal(signal.SIGTERM)
-        for b in self.brokers.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(b.proc.wait, 30)
-            if b.alive():
+        await _wait_exited(running, kill_at)
+        killed = [b for b in running if b.alive()]
+        for b in killed:
+            log.warning(
+                "broker %d (pid %d) still running %.1fs into the stop: SIGKILL (what it "
+                "acknowledged is in the object store)",
+                b.broker_id,
+                b.proc.pid,
+                BROKER_KILL_AFTER_S,
+            )
+            with contextlib.suppress(ProcessLookupError):
                 b.proc.kill()
-        if self.controller is not None:
-            await self.controller.stop()
-        if self.server is not None:
-            await self.server.stop()
+            b.state = "killed"
+        await _wait_exited(killed, deadline - 1.5)
+        for part, stopping in (("controller", self.controller), ("controller server", self.server)):
+            if stopping is None:
+                continue
+            try:  # the controller commits the latest floors the brokers reported
+                await asyncio.wait_for(stopping.stop(), max(0.1, deadline - 1.0 - time.monotonic()))
+            except TimeoutError:
+                log.warning("the %s did not stop by the deadline; exiting anyway", part)
         with contextlib.suppress(FileNotFoundError):
-            (self.data_dir / "cluster.json").unlink()
+            (self.data_dir / STATE_NAME).unlink()
+        return [b.broker_id for b in killed]
+
+    def kill_brokers(self) -> None:
+        """SIGKILL every broker process now (a forced exit). Safe from a signal handler: no
+        waiting, no Popen bookkeeping (PR_SET_PDEATHSIG would stop them anyway, less abruptly
+        and less soon)."""
+        for b in list(self.brokers.values()):
+            if b.proc.returncode is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(b.proc.pid, signal.SIGKILL)  # its own process group
 
     # ------------------------------------------------------------------ brokers
     def _next_id(self) -> int:
@@ -178,23 +242,41 @@ class LocalCluster:
         http_port = _free_port()
         if port == 0:
             port = _free_port()
+        else:
+            check_port_free(self.host, port, f"broker {broker_id}", "--port")
         cmd = [
             sys.executable, "-m", "tidalmq_broker.cli", "broker",
             "--broker-id", str(broker_id), "--host", self.host, "--port", str(port),
             "--http-port", str(http_port), "--storage-url", self.storage_url,
             "--controller-url", self.controller_url,
             "--drain-on-stop", "false",  # remove_broker drains; Ctrl-C keeps the assignment
+            "--stop-deadline-s", str(BROKER_STOP_DEADLINE_S),
         ]  # fmt: skip
+        # PR_SET_PDEATHSIG follows the thread that forks: only the main thread's (the loop's)
+        # children may be linked, or a worker thread's exit would stop the broker
+        if threading.current_thread() is threading.main_thread():
+            cmd += ["--parent-pid", str(os.getpid())]
         env = {**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env}
         with log_path.open("ab") as out:
             # spawning returns at once; waiting for the broker happens below without blocking
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)  # noqa: ASYNC220
-        b = BrokerProc(broker_id, port, http_port, proc, log_path)
+            proc = subprocess.Popen(  # noqa: ASYNC220
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                process_group=0,  # Ctrl-C in the terminal reaches `local up` only
+            )
+        b = BrokerProc(broker_id, port, http_port, proc, log_path, cmd)
         self.brokers[broker_id] = b
+        self._write_state()  # its pid, for a later `local up` should this one die with it
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if not b.alive():
-                raise RuntimeError(f"broker {broker_id} exited; see {log_path}")
+                raise LocalUpError(
+                    f"broker {broker_id} exited while starting ({_last_line(log_path)}); "
+                    f"see {log_path}"
+                )
             info = self.controller.metadata.brokers.get(broker_id) if self.controller else None
             # alive in the metadata is not enough: the join rebalance is recorded just after
             # that commit, before the broker's registration is answered and it heartbeats
@@ -311,11 +393,24 @@ class LocalCluster:
         }
 
     def _write_state(self) -> None:
+        """cluster.json: how `local status` and friends reach this process, and each broker's
+        pid and command line (a later `local up` stops those this one leaves behind)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        (self.data_dir / "cluster.json").write_text(json.dumps({
-            "controller_url": self.controller_url, "bootstrap": self.bootstrap,
-            "pid": os.getpid(), "storage_url": self.storage_url,
-        }))  # fmt: skip
+        brokers = [
+            {"broker": b.broker_id, "pid": b.proc.pid, "cmd": b.cmd}
+            for b in self.brokers.values()
+            if b.alive()
+        ]
+        state = {
+            "controller_url": self.controller_url if self.server else "",
+            "bootstrap": self.bootstrap,
+            "pid": os.getpid(),
+            "storage_url": self.storage_url,
+            "brokers": brokers,
+        }
+        tmp = self.data_dir / f"{STATE_NAME}.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.data_dir / STATE_NAME)  # never half-written for a reader
 
     # ------------------------------------------------------------------ http
     async def _http_add(self, request: web.Request) -> web.Response:
@@ -409,43 +504,131 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_local_cluster(args: argparse.Namespace) -> int:
-    data = Path(args.data_dir).resolve()
-    if args.fresh and data.exists():
-        shutil.rmtree(data)
-    objects = data / "objects"
-    objects.mkdir(parents=True, exist_ok=True)
-    storage_url = args.storage_url or f"file://{objects}"
-    setup_logging(os.environ.get("TIDALMQ_LOG_LEVEL", "WARNING"), "text", prefix="[controller] ")
-
-    async def main() -> None:
-        cluster = LocalCluster(
-            data_dir=data, storage_url=storage_url, host=args.host, first_port=args.port,
-            controller_port=args.controller_port,
-        )  # fmt: skip
-        await cluster.start(args.brokers)
-        print(
-            f"TidalMQ local cluster: {args.brokers} brokers, object store {storage_url}", flush=True
+def run_local_cluster(args: argparse.Namespace, data: Path, shown_as: str = "") -> int:
+    """`local up`, once the caller holds the data dir's lock (DataDirLock): exit code 0 after
+    a stop, 1 with a one-line message on stderr when it cannot start."""
+    try:
+        left = stop_leftover_brokers(data, shown_as)
+        if left:
+            pids = ", ".join(map(str, left))
+            print(
+                f"stopped {len(left)} broker process(es) an earlier `local up` on this data dir "
+                f"left running (pids {pids})",
+                flush=True,
+            )
+        if args.fresh:
+            _clear_data_dir(data)
+        objects = data / "objects"
+        objects.mkdir(parents=True, exist_ok=True)
+        storage_url = args.storage_url or f"file://{objects}"
+        setup_logging(
+            os.environ.get("TIDALMQ_LOG_LEVEL", "WARNING"), "text", prefix="[controller] "
         )
-        print(f"bootstrap: {cluster.bootstrap}", flush=True)
-        print(f"controller: {cluster.controller_url}  (logs in {data / 'logs'})", flush=True)
-        print("Ctrl-C stops it. Other terminal: tidalmq local add-broker | remove-broker N | "
-              "kill-broker N | status", flush=True)  # fmt: skip
-        stop = asyncio.create_task(wait_for_signal())
-        last = ""
-        while not stop.done():
-            table = format_table(cluster.status())
-            if table != last:
-                stamp = time.strftime("%H:%M:%S")
-                print(f"\n[{stamp}]\n{table}", flush=True)
-                last = table
-            await asyncio.wait([stop], timeout=1.0)
-        print("stopping: brokers close their partitions cleanly...", flush=True)
-        await cluster.stop()
-        print("stopped.", flush=True)
+        return asyncio.run(_serve(args, data, storage_url))
+    except (LocalUpError, OSError) as exc:
+        print(f"tidalmq local up: {exc}", file=sys.stderr, flush=True)
+        return 1
 
-    asyncio.run(main())
+
+async def _serve(args: argparse.Namespace, data: Path, storage_url: str) -> int:
+    cluster = LocalCluster(
+        data_dir=data,
+        storage_url=storage_url,
+        host=args.host,
+        first_port=args.port,
+        controller_port=args.controller_port,
+    )
+
+    def forced(message: str) -> None:  # in a signal handler: SIGKILL, print, no waiting
+        cluster.kill_brokers()
+        print(f"{message}: brokers killed (what they acknowledged is in the object store)")
+
+    # the hard stop leaves half a second to the interpreter's own exit
+    shutdown = Shutdown("local up:", deadline_s=STOP_DEADLINE_S - 0.5, on_force=forced)
+
+    def stop_by() -> float:  # STOP_DEADLINE_S after the signal
+        assert shutdown.signalled_at is not None
+        return shutdown.signalled_at + STOP_DEADLINE_S
+
+    shutdown.install()
+    starting = asyncio.create_task(cluster.start(args.brokers), name="local up start")
+    stop = asyncio.create_task(shutdown.wait(), name="stop signal")
+    await asyncio.wait([starting, stop], return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        print(f"{shutdown.signal_name} while starting: stopping...", flush=True)
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+        await cluster.stop(stop_by())
+        print("stopped.", flush=True)
+        return 0
+    error = starting.exception()
+    if error is not None:
+        stop.cancel()
+        await cluster.stop()  # what did start (bounded), then the one-line error
+        while isinstance(error, BaseExceptionGroup):  # from the brokers' TaskGroup
+            error = error.exceptions[0]
+        raise error
+    print(f"TidalMQ local cluster: {args.brokers} brokers, object store {storage_url}", flush=True)
+    print(f"bootstrap: {cluster.bootstrap}", flush=True)
+    print(f"controller: {cluster.controller_url}  (logs in {data / 'logs'})", flush=True)
+    print(
+        "Ctrl-C stops it. Other terminal: tidalmq local add-broker | remove-broker N | "
+        "kill-broker N | status",
+        flush=True,
+    )
+    last = ""
+    while not stop.done():
+        table = format_table(cluster.status())
+        if table != last:
+            stamp = time.strftime("%H:%M:%S")
+            print(f"\n[{stamp}]\n{table}", flush=True)
+            last = table
+        await asyncio.wait([stop], timeout=1.0)
+    print(
+        f"stopping: brokers close their partitions cleanly (at most {STOP_DEADLINE_S:g}s; "
+        "Ctrl-C again to kill them now)...",
+        flush=True,
+    )
+    killed = await cluster.stop(stop_by())
+    if killed:
+        ids = ", ".join(map(str, killed))
+        print(
+            f"stopped (broker {ids} killed after {BROKER_KILL_AFTER_S:g}s: its partitions "
+            "recover from the WAL at the next start)",
+            flush=True,
+        )
+    else:
+        print("stopped.", flush=True)
     return 0
+
+
+async def _wait_exited(brokers: list[BrokerProc], until: float) -> None:
+    """Until every one has exited (and is reaped) or time.monotonic() reaches `until`."""
+    while True:
+        if not any(b.alive() for b in brokers) or time.monotonic() >= until:
+            return
+        await asyncio.sleep(0.05)
+
+
+def _clear_data_dir(data: Path) -> None:
+    """--fresh: everything but the lock file (which this process holds: removing it would let
+    another `local up` lock a new file of the same name)."""
+    for child in data.iterdir():
+        if child.name == LOCK_NAME:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1].strip() if lines else "no output"
 
 
 def local_command(args: argparse.Namespace) -> int:
@@ -453,7 +636,7 @@ def local_command(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
-    state_file = Path(args.data_dir).resolve() / "cluster.json"
+    state_file = Path(args.data_dir).resolve() / STATE_NAME
     try:
         state = json.loads(state_file.read_text())
     except FileNotFoundError:
