@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 from tidalmq_broker.controller.controller import Controller, ControllerSettings
+from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.controller.moves import MoveStatus
 from tidalmq_broker.controller.rpc import ControllerServer
 from tidalmq_broker.storage.objectstore.factory import open_object_store
@@ -25,6 +26,7 @@ from tidalmq_broker.storage.topic_data import delete_topic_data
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
+from tidalmq_core.records import MetadataDelta
 
 from tidalmq_operator.availability import (
     DATA_LOST,
@@ -44,9 +46,15 @@ from tidalmq_operator.progress import (
     summary,
 )
 from tidalmq_operator.settings import OperatorSettings
-from tidalmq_operator.store import ClusterStateStore
+from tidalmq_operator.store import ClusterStateLog
 
 log = logging.getLogger(__name__)
+
+FULL_PUBLISH_S = 30.0
+# A Topic's status lists every partition up to this many; a larger topic lists the partitions
+# that are not served or are moving (up to this many) and counts the rest per broker, so the
+# resource stays far below etcd's limits whatever the partition count.
+MAX_STATUS_ROWS = 1000
 
 LOST_PARTITIONS = Gauge(
     "tidalmq_operator_lost_partitions",
@@ -153,6 +161,17 @@ class OperatorRuntime:
         self._leaderless_since: dict[tuple[str, int], float] = {}
         self._loss_watch: dict[tuple[str, str], LossWatch] = {}  # by (plural, resource)
         self.leaderless_grace_s = settings.leaderless_grace_s
+        self.metadata_log: ClusterStateLog | None = None
+        self._state_columns: tuple[int, int, int] | None = None
+        # publishing costs O(what changed): topics named by committed batches since the last
+        # publish, topics still settling (leaderless or moving partitions: their grace and
+        # progress count), resources whose spec changed; everything when broker liveness or the
+        # store changed, and every FULL_PUBLISH_S whatever happened (level-based repair)
+        self._dirty: set[str] = set()
+        self._settling: set[str] = set()
+        self._stamps: dict[str, tuple[Any, ...]] = {}
+        self._availability_key: tuple[Any, ...] | None = None
+        self._full_at = float("-inf")
 
     # ------------------------------------------------------------------ controller role
     async def run_controller(self, stopped: Any) -> None:
@@ -161,8 +180,18 @@ class OperatorRuntime:
         controller elsewhere is fenced on its next write."""
         s = self.settings
         store = open_object_store(s.storage_url) if s.storage_url else None
+        if not (s.metadata_url or s.storage_url):
+            raise RuntimeError(
+                "the controller keeps its metadata log in object storage: set "
+                "TIDALMQ_STORAGE_URL (or TIDALMQ_METADATA_URL)"
+            )
+        metadata = open_object_store(s.metadata_url) if s.metadata_url else store
+        assert metadata is not None
+        self.metadata_log = ClusterStateLog(
+            self.kube, s.cluster_state_name, ObjectStoreMetadataLog(metadata)
+        )
         controller = Controller(
-            ClusterStateStore(self.kube, s.cluster_state_name),
+            self.metadata_log,
             ControllerSettings(
                 heartbeat_interval_s=s.heartbeat_interval_s, lease_s=s.lease_s,
                 session_timeout_s=s.session_timeout_s, election_timeout_s=s.election_timeout_s,
@@ -173,6 +202,8 @@ class OperatorRuntime:
         )  # fmt: skip
         await controller.start()
         controller.add_event_sink(self._on_controller_event)
+        controller.add_commit_listener(self._on_commit)
+        self._full_at = float("-inf")
         server = ControllerServer(controller)
         await server.start(s.controller_host, s.controller_port)
         self.controller, self.server = controller, server
@@ -241,15 +272,46 @@ class OperatorRuntime:
         )
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
+    def _on_commit(self, meta: ClusterMetadata, delta: MetadataDelta) -> None:
+        """What a committed batch changed: those topics' status is published next."""
+        self._dirty.update(delta.topics)
+        self._dirty.update(delta.removed_topics)
+        self._dirty.update({tp.topic for tp in delta.partitions})
+
     async def publish(self) -> None:
         controller = self.controller
         if controller is None:
             return
         async with self._publish_lock:
             meta = controller.metadata
+            columns = (meta.version, len(meta.live_brokers()), len(meta.topics))
+            if self.metadata_log is not None and columns != self._state_columns:
+                self._state_columns = columns
+                await self.metadata_log.status(meta)
             av = self.availability()
+            now = time.monotonic()
+            key = (
+                tuple(sorted(av.not_alive.items())) if av else (),
+                av.store_problem if av else None,
+            )
+            full = key != self._availability_key or now - self._full_at >= FULL_PUBLISH_S
+            if full:
+                self._availability_key, self._full_at = key, now
+            dirty, self._dirty = self._dirty, set()
             for wish in list(self.topics.values()):
+                stamp = (wish.kafka_name, wish.partitions, wish.generation, wish.error,
+                         wish.annotation_error)  # fmt: skip
+                name = wish.kafka_name
+                if not (full or name in dirty or name in self._settling
+                        or self._stamps.get(wish.resource) != stamp):  # fmt: skip
+                    continue
+                self._stamps[wish.resource] = stamp
                 status = self._topic_status(meta, wish, av)
+                if any(c["type"] == "Reconciling" and c["status"] == "True"
+                       for c in status.get("conditions", [])):  # fmt: skip
+                    self._settling.add(name)
+                else:
+                    self._settling.discard(name)
                 await self.watch_losses("topics", wish.resource, "partition")
                 await self._patch("topics", wish.resource, status)
                 await self.announce_losses("topics", wish.resource, wish.uid, wish.kafka_name,
@@ -335,15 +397,29 @@ class OperatorRuntime:
             return status
         problems = self.problems_of(wish.kafka_name, av) if av is not None else {}
         store_problem = av.store_problem if av is not None else None
-        parts = [
-            {"partition": i, "broker": p.leader if p.leader != NO_LEADER else None,
-             "epoch": p.leader_epoch, "moving": p.moving,
-             **row_fields(problems.get(i), store_problem)}
-            for i, p in enumerate(topic.partitions)
-        ]  # fmt: skip
-        status.update(topicId=topic.topic_id, partitionCount=len(parts), partitions=parts)
+        count = len(topic.partitions)
+        listed = (
+            range(count)
+            if count <= MAX_STATUS_ROWS
+            else sorted({*problems, *(i for i, p in enumerate(topic.partitions)
+                                      if p.moving or p.leader == NO_LEADER)})[:MAX_STATUS_ROWS]
+        )  # fmt: skip
+        parts = []
+        for i in listed:
+            p = topic.partitions[i]
+            parts.append({"partition": i, "broker": p.leader if p.leader != NO_LEADER else None,
+                          "epoch": p.leader_epoch, "moving": p.moving,
+                          **row_fields(problems.get(i), store_problem)})  # fmt: skip
+        status.update(topicId=topic.topic_id, partitionCount=count, partitions=parts)
         leaderless = sum(1 for p in topic.partitions if p.leader == NO_LEADER)
         moving = sum(1 for p in topic.partitions if p.moving)
+        if count > MAX_STATUS_ROWS:
+            by_broker: dict[str, int] = {}
+            for p in topic.partitions:
+                key = str(p.leader) if p.leader != NO_LEADER else "none"
+                by_broker[key] = by_broker.get(key, 0) + 1
+            status["partitionsByBroker"] = by_broker
+            status["partitionsListed"] = "not served or moving"
         if wish.error is None and wish.annotation_error is None:
             conditions.append(condition("Error", False, "None", "", gen))
         if leaderless or moving:
@@ -355,13 +431,10 @@ class OperatorRuntime:
         conditions.append(condition("Degraded", v.degraded, v.reason if v.degraded else "AllServed",
                                     v.message, gen))  # fmt: skip
         ready = (
-            wish.error is None
-            and not v.degraded
-            and not leaderless
-            and len(parts) == wish.partitions
+            wish.error is None and not v.degraded and not leaderless and count == wish.partitions
         )
         if ready:
-            reason, message = "Serving", f"{len(parts)} partitions served"
+            reason, message = "Serving", f"{count} partitions served"
         elif wish.error is not None:
             reason, message = wish.error
         elif v.degraded:

@@ -16,6 +16,8 @@ class OperatorSettings:
     broker_statefulset: str = "tidalmq-broker"
     broker_selector: str = "app.kubernetes.io/component=broker"
     storage_url: str = ""
+    # where the metadata log lives (objects under cluster/); empty: the partition store
+    metadata_url: str = ""
     controller_host: str = "0.0.0.0"
     controller_port: int = 9690
     http_host: str = "0.0.0.0"
@@ -56,6 +58,7 @@ class OperatorSettings:
             broker_statefulset=get("BROKER_STATEFULSET", "tidalmq-broker"),
             broker_selector=get("BROKER_SELECTOR", "app.kubernetes.io/component=broker"),
             storage_url=get("STORAGE_URL", ""),
+            metadata_url=get("METADATA_URL", ""),
             controller_port=int(get("CONTROLLER_PORT", "9690")),
             http_port=int(get("OPERATOR_HTTP_PORT", "9691")),
             peering_name=get("PEERING_NAME", "tidalmq"),

@@ -1,16 +1,38 @@
-"""The controller's metadata store on Kubernetes: one ClusterState resource.
+"""The controller's metadata log on Kubernetes: objects in the object store, fenced and pointed
+to by one small ClusterState resource.
 
-The Kubernetes API (etcd) is the metadata quorum: every commit replaces the resource naming the
-resourceVersion it read, so a deposed controller (another operator replica that lost its role)
-fails with a conflict instead of overwriting newer metadata.
+The log itself (a batch of records per object, snapshots) lives in the object store like the
+local cluster's (tidalmq_broker.controller.log), under `cluster/` of the metadata store. The
+ClusterState holds only what must survive and fence: the cluster id, the controller epoch, and
+a pointer (the last batch version known committed, the newest snapshot). Its size does not grow
+with the partition count (etcd refuses requests over 1.5 MiB and slows long before).
+
+- Fence: a controller claims epoch E by replacing the ClusterState naming the resourceVersion
+  it read, only if its epoch is below E (compare-and-swap): two operator replicas can never
+  both claim. Every append is also a conditional create in the store.
+- Role check: the ClusterState still holds our epoch and the log's next version is free.
+- Lost or foreign store: the pointer says what must be there. A log that ends before it, or a
+  store whose log names another cluster, is refused loudly (MetadataLost) instead of starting a
+  new, empty cluster on it.
+- Upgrade: a ClusterState that holds the whole document (`spec.document`, the earlier design)
+  is read once as the first snapshot; the document is dropped once that snapshot is stored.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from typing import Any
 
-from tidalmq_broker.controller.store import StaleMetadata
+from tidalmq_broker.controller.log import (
+    Batch,
+    LoadedLog,
+    LogConflict,
+    MetadataLost,
+    ObjectStoreMetadataLog,
+)
+from tidalmq_core import snapshots
 from tidalmq_core.metadata import ClusterMetadata
 
 from tidalmq_operator.kube import Conflict, Kube, NotFound
@@ -19,74 +41,149 @@ from tidalmq_operator.settings import GROUP, VERSION
 log = logging.getLogger(__name__)
 
 PLURAL = "clusterstates"
+POINTER_INTERVAL_S = 5.0  # the pointer follows the log at most this often (and on snapshots)
 
 
-class ClusterStateStore:
-    """Compare-and-swap on the document itself: the version token is the (controller epoch,
-    metadata version) of the document last written. A save re-reads the resource, refuses if the
-    document is not the one we wrote last (someone else committed), and replaces it naming the
-    resourceVersion just read, so the check and the write are atomic. Kopf's own bookkeeping
-    (annotations) also bumps resourceVersion; such conflicts are retried, document changes not.
-    """
+class ClusterStateLog:
+    """MetadataLog over an object-store log, fenced and pointed to by a ClusterState."""
 
-    def __init__(self, kube: Kube, name: str) -> None:
+    def __init__(self, kube: Kube, name: str, inner: ObjectStoreMetadataLog) -> None:
         self._kube = kube
         self._name = name
+        self.inner = inner
+        self._epoch = 0
+        self._cluster_id = ""
+        self._pointed_at = 0.0
+        self._head = 0
+        self._snapshot = 0
+        self._legacy = False
 
-    @staticmethod
-    def _token(spec: dict[str, Any]) -> str | None:
-        document = spec.get("document")
-        if not document:
-            return None
-        return f"{document.get('controller_epoch', 0)}:{document.get('version', 0)}"
+    async def _read(self) -> dict[str, Any]:
+        return await self._kube.get(PLURAL, self._name)
 
-    async def load(self) -> tuple[ClusterMetadata | None, str | None]:
-        try:
-            obj = await self._kube.get(PLURAL, self._name)
-        except NotFound:
-            return None, None
+    async def load(self) -> LoadedLog:
+        obj = await self._read()
         spec = obj.get("spec") or {}
-        if not spec.get("document"):
-            # created by the operator at startup with only its (immutable) cluster id
-            return ClusterMetadata(cluster_id=spec["clusterId"]), None
-        return ClusterMetadata.from_json(spec["document"]), self._token(spec)
+        self._cluster_id = str(spec["clusterId"])
+        pointer = spec.get("log") or {}
+        loaded = await self.inner.load()
+        if loaded.empty and spec.get("document"):
+            # the earlier design kept the whole document here: it is the first snapshot
+            meta = ClusterMetadata.from_json(spec["document"])
+            loaded.snapshot = snapshots.encode_bytes(meta)
+            loaded.snapshot_version = meta.version
+            self._legacy = True
+            log.info("metadata: reading the ClusterState's document (version %d) as the first "
+                     "snapshot of the metadata log", meta.version)  # fmt: skip
+        head = int(pointer.get("head", 0))
+        if loaded.head < head:
+            raise MetadataLost(
+                f"the metadata log in {self.inner.store!r} ends at version {loaded.head}, but "
+                f"ClusterState {self._name} says version {head} was committed: the store was "
+                "wiped or replaced. Point the cluster at its own store (its metadata is "
+                f"under {self.inner.prefix})"
+            )
+        image_id = _cluster_id_of(loaded)
+        if image_id is not None and image_id != self._cluster_id:
+            raise MetadataLost(
+                f"the metadata log in {self.inner.store!r} belongs to cluster {image_id}, not "
+                f"{self._cluster_id} (ClusterState {self._name}): point the cluster at its own "
+                "store"
+            )
+        self._head = loaded.head
+        self._snapshot = loaded.snapshot_version
+        loaded.cluster_id = self._cluster_id
+        return loaded
 
-    async def save(self, metadata: ClusterMetadata, token: str | None) -> str:
+    async def claim(self, epoch: int) -> None:
+        for _ in range(20):
+            obj = await self._read()
+            spec = dict(obj.get("spec") or {})
+            current = int(spec.get("controllerEpoch", 0))
+            if current >= epoch:
+                raise LogConflict(
+                    f"ClusterState {self._name} holds controller epoch {current} (claiming {epoch})"
+                )
+            spec["controllerEpoch"] = epoch
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterState",
+                    "metadata": {**obj["metadata"], "name": self._name}, "spec": spec}  # fmt: skip
+            try:
+                await self._kube.replace(PLURAL, self._name, body)
+            except Conflict:
+                continue  # changed under us (kopf's annotations too): look again
+            self._epoch = epoch
+            return
+        raise LogConflict(
+            f"ClusterState {self._name} keeps changing; could not claim epoch {epoch}"
+        )
+
+    async def append(self, batch: Batch) -> None:
+        await self.inner.append(batch)
+        self._head = batch.version
+        if time.monotonic() - self._pointed_at >= POINTER_INTERVAL_S:
+            await self._point()
+
+    async def confirm(self, epoch: int, next_version: int) -> bool:
+        obj = await self._read()
+        if int((obj.get("spec") or {}).get("controllerEpoch", 0)) != epoch:
+            return False
+        return await self.inner.confirm(epoch, next_version)
+
+    async def write_snapshot(self, version: int, data: bytes) -> None:
+        await self.inner.write_snapshot(version, data)
+        self._snapshot = max(self._snapshot, version)
+        await self._point(drop_document=self._legacy)
+        self._legacy = False
+
+    async def trim(self) -> None:
+        await self.inner.trim()
+
+    async def _point(self, *, drop_document: bool = False) -> None:
+        """Record where the log stands (only while the ClusterState holds our epoch)."""
+        self._pointed_at = time.monotonic()
         for _ in range(10):
             try:
-                obj = await self._kube.get(PLURAL, self._name)
+                obj = await self._read()
             except NotFound:
-                obj = None
-            spec = (obj or {}).get("spec") or {}
-            if self._token(spec) != token:
-                raise StaleMetadata(
-                    f"ClusterState {self._name} holds {self._token(spec)}, expected {token}"
-                )
-            body: dict[str, Any] = {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "ClusterState",
-                "metadata": {"name": self._name},
-                "spec": {"clusterId": spec.get("clusterId") or metadata.cluster_id,
-                         "document": metadata.to_json()},
-            }  # fmt: skip
+                return
+            spec = dict(obj.get("spec") or {})
+            if int(spec.get("controllerEpoch", 0)) != self._epoch:
+                raise LogConflict(f"ClusterState {self._name} was claimed by another controller")
+            pointer = spec.get("log") or {}
+            if (int(pointer.get("head", 0)) >= self._head
+                    and int(pointer.get("snapshot", 0)) >= self._snapshot
+                    and not (drop_document and "document" in spec)):  # fmt: skip
+                return
+            spec["log"] = {"head": max(self._head, int(pointer.get("head", 0))),
+                           "snapshot": max(self._snapshot, int(pointer.get("snapshot", 0))),
+                           "prefix": self.inner.prefix}  # fmt: skip
+            if drop_document:
+                spec.pop("document", None)
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterState",
+                    "metadata": {**obj["metadata"], "name": self._name}, "spec": spec}  # fmt: skip
             try:
-                if obj is None:
-                    await self._kube.create(PLURAL, body)
-                else:
-                    body["metadata"] = {**obj["metadata"], "name": self._name}
-                    await self._kube.replace(PLURAL, self._name, body)
+                await self._kube.replace(PLURAL, self._name, body)
+                return
             except Conflict:
-                continue  # the resource changed under us: look again
-            break
-        else:
-            raise StaleMetadata(f"ClusterState {self._name} keeps changing; giving up this commit")
+                continue
+
+    async def status(self, meta: ClusterMetadata) -> None:
+        """The printer columns (cosmetic: failures are ignored)."""
         try:
             await self._kube.patch_status(PLURAL, self._name, {
-                "version": metadata.version,
-                "controllerEpoch": metadata.controller_epoch,
-                "brokers": len(metadata.live_brokers()),
-                "topics": len(metadata.topics),
+                "version": meta.version, "controllerEpoch": meta.controller_epoch,
+                "brokers": len(meta.live_brokers()), "topics": len(meta.topics),
             })  # fmt: skip
-        except Exception as exc:  # the printer columns are cosmetic
+        except Exception as exc:
             log.debug("ClusterState status not updated: %s", exc)
-        return self._token({"document": metadata.to_json()}) or ""
+
+
+def _cluster_id_of(loaded: LoadedLog) -> str | None:
+    """The cluster id the loaded log names (its snapshot's, or its first batch's)."""
+    if loaded.snapshot is not None:
+        return str(json.loads(loaded.snapshot.split(b"\n", 1)[0])["cluster_id"])
+    for batch in loaded.batches:
+        for rec in batch.records:
+            if rec.get("t") == "cluster":
+                return str(rec["id"])
+    return None

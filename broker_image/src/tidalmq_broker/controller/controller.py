@@ -284,7 +284,9 @@ class Controller:
             log.error("could not load the metadata log: %s", exc)
             raise
         new = loaded.empty
-        image = self.journal.load(loaded, ClusterMetadata(cluster_id=new_cluster_id()))
+        image = self.journal.load(
+            loaded, ClusterMetadata(cluster_id=loaded.cluster_id or new_cluster_id())
+        )
         if new:
             log.info("creating new cluster %s", image.cluster_id)
         self.leadership.rebuild()
@@ -1019,7 +1021,7 @@ class Controller:
         self._require_active()
         if not self.placeable_brokers():
             raise NoBrokers("no live broker to balance onto")
-        plan = self.leadership.rebalance_plan(topics)
+        plan = await self.leadership.rebalance_plan(topics)
         if dry_run or not plan.moves:
             return plan
         entries = [PlanEntry(m.partition, m.target) for m in plan.moves]  # type: ignore[arg-type]

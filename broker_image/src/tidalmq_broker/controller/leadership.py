@@ -14,6 +14,7 @@ per step, targets open them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -215,25 +216,41 @@ class Leadership:
             {"partition": str(tp)},
         )
 
-    def rebalance_plan(self, topics: list[str] | None = None) -> Plan:
-        """Minimal-move count balance over the live (not draining) brokers."""
+    def current_assignment(
+        self, topics: list[str] | None = None
+    ) -> dict[TopicPartition, int | None]:
+        """Partition -> broker (a move's target counts) of the movable partitions."""
         meta = self.c.image
-        brokers = self.c.placeable_brokers()
         assignment: dict[TopicPartition, int | None] = {}
         if topics is None:
             for b, tps in self.by_broker.items():
                 for tp in tps:
                     if not meta.topics[tp.topic].pinned:
                         assignment[tp] = b
-        else:
-            for name in topics:
-                topic = meta.topics.get(name)
-                if topic is None or topic.pinned:
-                    continue
-                for i in range(len(topic.partitions)):
-                    tp = TopicPartition(name, i)
-                    assignment[tp] = self._owner.get(tp)
-        return balance_counts(assignment, brokers)
+            return assignment
+        for name in topics:
+            topic = meta.topics.get(name)
+            if topic is None or topic.pinned:
+                continue
+            for i in range(len(topic.partitions)):
+                tp = TopicPartition(name, i)
+                assignment[tp] = self._owner.get(tp)
+        return assignment
+
+    async def rebalance_plan(self, topics: list[str] | None = None) -> Plan:
+        """Minimal-move count balance over the live (not draining) brokers, computed in a
+        worker thread; moves whose partition changed meanwhile are left out."""
+        brokers = self.c.placeable_brokers()
+        assignment = self.current_assignment(topics)
+        plan = await asyncio.to_thread(balance_counts, assignment, brokers)
+        live = set(self.c.placeable_brokers())
+        plan.moves = [
+            m
+            for m in plan.moves
+            if self._owner.get(m.partition) == assignment.get(m.partition)  # type: ignore[arg-type]
+            and m.target in live
+        ]
+        return plan
 
     # ------------------------------------------------------------------ moves: the waves
     def start_wave(self, now_ms: int) -> list[Record]:

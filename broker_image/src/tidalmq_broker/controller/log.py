@@ -76,6 +76,7 @@ class LoadedLog:
     snapshot_version: int = 0
     batches: list[Batch] = field(default_factory=list)
     stored_snapshot: bool = False  # the snapshot is a snapshot object (not the old document)
+    cluster_id: str | None = None  # for an empty log: the id the new cluster must have
 
     @property
     def head(self) -> int:
