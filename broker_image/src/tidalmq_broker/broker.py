@@ -396,6 +396,7 @@ class Broker:
         topic_id: str | None = None,
         high_watermark: int | None = None,
         loss: DataLoss | None = None,
+        stored: bool = True,
     ) -> None:
         if kind == "lost":
             assert loss is not None
@@ -412,7 +413,7 @@ class Broker:
             self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
             self.metrics.partition_led(tp.topic, tp.partition, epoch)
         self._reports.append(report_doc(kind, tp, epoch, topic_id=topic_id,
-                                        high_watermark=high_watermark, loss=loss))  # fmt: skip
+                                        high_watermark=high_watermark, loss=loss, stored=stored))  # fmt: skip
         self._reports_wake.set()
 
     async def _report_loop(self) -> None:

@@ -1,9 +1,11 @@
-"""The partitions this broker leads, reconciled against the controller's latest snapshot.
+"""The partitions this broker leads, reconciled against the controller's metadata.
 
-Level-based: each snapshot says which partitions this broker should lead and at which epoch.
-One worker per partition opens, closes, re-opens (higher epoch) or deletes until the engine
-matches the wish, retrying storage errors with backoff, so a lost or reordered push is repaired by
-the next one.
+Level-based: the metadata says which partitions this broker should lead and at which epoch. A
+change wakes the partitions it names; a fixed pool of workers opens, closes, re-opens (higher
+epoch) or deletes each until the engine matches the wish, retrying storage errors with backoff,
+so a lost update is repaired by the next one. The pool bounds the work in flight and yields to
+the event loop after every partition: a wave of thousands of partitions moving in or out never
+holds up the broker's heartbeats or its clients.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +38,8 @@ log = logging.getLogger(__name__)
 # what is wished of it (an accepted loss bumps the epoch), or this often, to notice a restored
 # store.
 LOST_RETRY_S = 30.0
+# partitions reconciled at once (each may wait on the object store)
+WORKERS = 64
 
 
 class NotLeader(Exception):
@@ -108,19 +113,43 @@ class PartitionManager:
     def __init__(self, engine: StreamEngine, broker_id: int) -> None:
         self._engine = engine
         self._broker_id = broker_id
+        if hasattr(engine, "on_stored"):
+            engine.on_stored = self._stored
         self._wishes: dict[TopicPartition, Wish] = {}
         self._known_topics: dict[str, int] = {}  # name -> partition count, last snapshot
-        self._workers: dict[TopicPartition, asyncio.Task[None]] = {}
-        self._kick: dict[TopicPartition, asyncio.Event] = {}
+        # partitions to look at, in order (each once), those being looked at now, those woken
+        # again meanwhile; the worker pool; pending retries
+        self._queue: deque[TopicPartition] = deque()
+        self._queued: set[TopicPartition] = set()
+        self._busy: set[TopicPartition] = set()
+        self._again: set[TopicPartition] = set()
+        self._ready = asyncio.Event()
+        self._pool: list[asyncio.Task[None]] = []
+        self._retries: dict[TopicPartition, asyncio.TimerHandle] = {}
+        self._backoff: dict[TopicPartition, float] = {}
+        # what the pool did since it was last idle (one log line per round, not per partition)
+        self._round: dict[str, int] = {"opened": 0, "closed": 0}
+        self._round_started = 0.0
         self._hooks: list[PartitionHook] = []
         self._reports: list[PartitionReport] = []
-        self._settled = asyncio.Condition()
         self._stopping = False
         self.open_seconds: list[float] = []  # recent open durations (for metrics/benchmarks)
         self.logic_queues: LogicQueues | None = None
         self._lost: dict[TopicPartition, LostPartition] = {}
         # opened (epoch) or closed (None) since the last heartbeat the controller answered
         self._open_changes: dict[TopicPartition, int | None] = {}
+
+    def _stored(self, plog: PartitionLog) -> None:
+        """A new partition's first checkpoint was written (with its first data): from now on
+        its data must exist, tell the controller."""
+        wish = self._wishes.get(plog.tp)
+        if wish is None or plog.leader_epoch != wish.epoch:
+            return
+        task = asyncio.ensure_future(self._report(
+            "opened", plog.tp, wish.epoch, topic_id=wish.topic_id,
+            high_watermark=plog.high_watermark, stored=True,
+        ))  # fmt: skip
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     def open_changes(self) -> dict[TopicPartition, int | None]:
         """What opened and closed since the controller last acknowledged (heartbeats)."""
@@ -233,11 +262,13 @@ class PartitionManager:
         return all(tp in self._wishes for tp in self._engine.partitions())
 
     async def wait_settled(self, timeout_s: float) -> bool:
-        async with self._settled:
-            try:
-                await asyncio.wait_for(self._settled.wait_for(self.is_settled), timeout_s)
-            except TimeoutError:
+        """Until every wish is met (checked every few ms: a check is O(partitions here), and
+        thousands of partitions settle at once when a wave of moves lands)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.is_settled():
+            if time.monotonic() >= deadline:
                 return False
+            await asyncio.sleep(0.02)
         return True
 
     # ------------------------------------------------------------------ reconcile
@@ -305,62 +336,95 @@ class PartitionManager:
             self._wake(tp)
 
     def _wake(self, tp: TopicPartition) -> None:
-        event = self._kick.setdefault(tp, asyncio.Event())
-        event.set()
-        worker = self._workers.get(tp)
-        if worker is None or worker.done():
-            self._workers[tp] = asyncio.create_task(self._work(tp), name=f"partition {tp}")
+        if self._stopping:
+            return
+        retry = self._retries.pop(tp, None)
+        if retry is not None:
+            retry.cancel()
+        if tp in self._busy:
+            self._again.add(tp)
+            return
+        if tp in self._queued:
+            return
+        self._queued.add(tp)
+        self._queue.append(tp)
+        self._ready.set()
+        if not self._pool:
+            self._pool = [asyncio.create_task(self._worker(), name=f"partition worker {i}")
+                          for i in range(WORKERS)]  # fmt: skip
 
-    async def _work(self, tp: TopicPartition) -> None:
-        event = self._kick[tp]
-        backoff = 0.05
-        opened_topic_id: str | None = None
+    def _wake_later(self, tp: TopicPartition, delay_s: float) -> None:
+        old = self._retries.pop(tp, None)
+        if old is not None:
+            old.cancel()
+        self._retries[tp] = asyncio.get_running_loop().call_later(delay_s, self._retry, tp)
+
+    def _retry(self, tp: TopicPartition) -> None:
+        self._retries.pop(tp, None)
+        lost = self._lost.get(tp)
+        if lost is not None:
+            lost.retry_at = 0.0
+        self._wake(tp)
+
+    async def _worker(self) -> None:
         while not self._stopping:
-            event.clear()
+            if not self._queue:
+                if not self._busy and (self._round["opened"] or self._round["closed"]):
+                    log.info("partitions: %d opened, %d closed in %.2fs", self._round["opened"],
+                             self._round["closed"], time.monotonic() - self._round_started)  # fmt: skip
+                    self._round = {"opened": 0, "closed": 0}
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            if not self._busy and not any(self._round.values()):
+                self._round_started = time.monotonic()
+            tp = self._queue.popleft()
+            self._queued.discard(tp)
+            self._busy.add(tp)
             try:
-                done, opened_topic_id = await self._step(tp, opened_topic_id)
-                backoff = 0.05
-            except PartitionFenced as exc:
-                log.info("%s: fenced (%s); waiting for a newer snapshot", tp, exc)
-                done = True
-            except StoreLost as exc:
-                # the engine tells (on_store_state) when the store is back: no retry loop
-                log.debug("%s: not opened: %s", tp, exc)
-                done = True
-            except StorageError as exc:
-                log.warning("%s: storage error, retrying in %.2fs: %s", tp, backoff, exc)
-                done = False
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-            except Exception:
-                log.exception("%s: unexpected error while reconciling", tp)
-                done = False
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-            async with self._settled:
-                self._settled.notify_all()
-            if done:
-                if event.is_set():
-                    continue
-                try:
-                    await asyncio.wait_for(
-                        event.wait(), timeout=LOST_RETRY_S if tp in self._lost else 60
-                    )
-                except TimeoutError:
-                    if tp not in self._wishes and self._engine.get(tp) is None:
-                        break
-        self._workers.pop(tp, None)
+                await self._reconcile(tp)
+            finally:
+                self._busy.discard(tp)
+                if tp in self._again:
+                    self._again.discard(tp)
+                    self._wake(tp)
+            await asyncio.sleep(0)  # one partition at a time: heartbeats and clients go first
 
-    async def _step(self, tp: TopicPartition, opened_id: str | None) -> tuple[bool, str | None]:
-        """One reconciliation step; returns (settled, topic id of the open partition)."""
+    async def _reconcile(self, tp: TopicPartition) -> None:
+        backoff = self._backoff.get(tp, 0.05)
+        try:
+            await self._step(tp)
+            self._backoff.pop(tp, None)
+            if tp in self._lost:
+                self._wake_later(tp, LOST_RETRY_S)  # a restored store is noticed
+            return
+        except PartitionFenced as exc:
+            log.info("%s: fenced (%s); waiting for newer metadata", tp, exc)
+            return
+        except StoreLost as exc:
+            # the engine tells (on_store_state) when the store is back: no retry loop
+            log.debug("%s: not opened: %s", tp, exc)
+            return
+        except asyncio.CancelledError:
+            raise
+        except StorageError as exc:
+            log.warning("%s: storage error, retrying in %.2fs: %s", tp, backoff, exc)
+        except Exception:
+            log.exception("%s: unexpected error while reconciling", tp)
+        self._backoff[tp] = min(backoff * 2, 2.0)
+        self._wake_later(tp, backoff)
+
+    async def _step(self, tp: TopicPartition) -> None:
+        """One reconciliation step of one partition."""
         wish = self._wishes.get(tp)
         plog = self._engine.get(tp)
+        opened_id = getattr(plog, "topic_id", None) if plog is not None else None
         if wish is None:
             if self._lost.pop(tp, None) is not None:
                 await self._report("forgotten", tp, -1)
             if plog is not None:
                 await self._close(tp)  # the controller deletes a deleted topic's data
-            return True, None
+            return
         if plog is not None and opened_id not in (None, wish.topic_id):
             # same name, new topic: the old one was deleted and re-created
             await self._close(tp)
@@ -374,7 +438,7 @@ class PartitionManager:
                 and lost.attempt == wish.attempt
                 and time.monotonic() < lost.retry_at
             ):
-                return True, None  # lost: not again before a new wish or the slow retry
+                return  # lost: not again before a new wish or the slow retry
             started = time.perf_counter()
             try:
                 plog = await self._engine.open_partition(
@@ -383,26 +447,26 @@ class PartitionManager:
                 )  # fmt: skip
             except PartitionDataLost as exc:
                 await self._mark_lost(tp, wish, exc)
-                return True, None
+                return
             if self._lost.pop(tp, None) is not None:
                 log.warning("%s: serving again at offset %d", tp, plog.high_watermark)
             self.open_seconds.append(time.perf_counter() - started)
             del self.open_seconds[:-1000]
-            log.info(
+            log.debug(
                 "%s: open at epoch %d in %.0f ms", tp, wish.epoch,
                 (time.perf_counter() - started) * 1000,
             )  # fmt: skip
+            self._round["opened"] += 1
             self._open_changes[tp] = wish.epoch
             for hook in self._hooks:
                 await hook(tp, plog)
             await self._report(
                 "opened", tp, wish.epoch, topic_id=wish.topic_id,
-                high_watermark=plog.high_watermark,
+                high_watermark=plog.high_watermark, stored=not getattr(plog, "unstored", False),
             )  # fmt: skip
-            return True, wish.topic_id
+            return
         if plog.config != wish.config:
             await self._engine.update_config(tp, wish.config)
-        return True, wish.topic_id
 
     async def _mark_lost(self, tp: TopicPartition, wish: Wish, exc: PartitionDataLost) -> None:
         """Keep the partition as lost (get_log answers KAFKA_STORAGE_ERROR) and tell the
@@ -442,7 +506,8 @@ class PartitionManager:
         started = time.perf_counter()
         await self._engine.close_partition(tp)
         self._open_changes[tp] = None
-        log.info("%s: closed in %.0f ms", tp, (time.perf_counter() - started) * 1000)
+        log.debug("%s: closed in %.0f ms", tp, (time.perf_counter() - started) * 1000)
+        self._round["closed"] += 1
         detail: dict[str, object] = {}
         if plog is not None:
             detail = {"topic_id": getattr(plog, "topic_id", None),
@@ -451,9 +516,11 @@ class PartitionManager:
 
     async def stop(self) -> None:
         self._stopping = True
-        for task in list(self._workers.values()):
+        for retry in self._retries.values():
+            retry.cancel()
+        for task in self._pool:
             task.cancel()
-        await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        await asyncio.gather(*self._pool, return_exceptions=True)
         for tp in self._engine.partitions():
             for hook in self._hooks:
                 await hook(tp, None)

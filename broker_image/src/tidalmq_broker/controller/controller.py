@@ -528,6 +528,7 @@ class Controller:
                     epoch,
                     topic_id=topic_id,
                     high_watermark=None if hwm is None else int(hwm),
+                    stored=bool(r.get("stored", True)),
                 )
             elif kind == "lost":
                 self._spawn(
@@ -562,8 +563,10 @@ class Controller:
         *,
         topic_id: str | None = None,
         high_watermark: int | None = None,
+        stored: bool = True,
     ) -> None:
-        self.leadership.report_opened(broker_id, tp, epoch, topic_id)
+        if stored:  # from now on its data must exist (a new one's checkpoint comes with its data)
+            self.leadership.report_opened(broker_id, tp, epoch, topic_id)
         if topic_id is not None and high_watermark is not None:
             self.leadership.report_floor(tp, topic_id, high_watermark)
         live = self.membership.get(broker_id)

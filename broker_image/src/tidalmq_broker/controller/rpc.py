@@ -147,9 +147,13 @@ def heartbeat_from(doc: dict[str, Any]) -> Heartbeat:
 
 
 def report_doc(kind: str, tp: TopicPartition, epoch: int, *, topic_id: str | None = None,
-               high_watermark: int | None = None, loss: DataLoss | None = None) -> dict[str, Any]:  # fmt: skip
+               high_watermark: int | None = None, loss: DataLoss | None = None,
+               stored: bool = True) -> dict[str, Any]:  # fmt: skip
+    """One partition report. `stored`: an opened partition's checkpoint is in the store (a new
+    one's is written with its first data, and reported opened again then)."""
     return {"kind": kind, **_tp_doc(tp), "epoch": epoch, "topic_id": topic_id,
-            "high_watermark": high_watermark, "loss": None if loss is None else loss.to_json()}  # fmt: skip
+            "high_watermark": high_watermark, "loss": None if loss is None else loss.to_json(),
+            "stored": stored}  # fmt: skip
 
 
 class ControllerClient(Protocol):

@@ -92,11 +92,16 @@ class ObjectStreamEngine:
         self.writer = WalWriter(
             self.store, self.broker_label, self.incarnation, self.config, self._flush_completed
         )
+        self.writer.before_put = self._store_new_partitions
         self.tracker = OwnWalTracker()
         self._lease_check = lease_check
         self._on_fenced = on_fenced
         self._owns_store = owns_store
         self._partitions: dict[TopicPartition, Partition] = {}
+        # partitions this incarnation opened at least once (only a first open can be lazy)
+        self._opened_once: set[tuple[TopicPartition, str]] = set()
+        # called with a partition whose first checkpoint was just stored (it was new)
+        self.on_stored: Callable[[Partition], None] | None = None
         self._open_locks: dict[TopicPartition, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -236,7 +241,8 @@ class ObjectStreamEngine:
         return self._partitions.get(tp)
 
     def partitions(self) -> list[TopicPartition]:
-        return sorted(self._partitions)
+        """The partitions open here (in no particular order)."""
+        return list(self._partitions)
 
     async def open_partition(
         self,
@@ -285,6 +291,16 @@ class ObjectStreamEngine:
         accepted_from: int | None = None,
     ) -> Partition:
         key = keys.checkpoint_key(tp, topic_id)
+        first = (tp, topic_id) not in self._opened_once
+        self._opened_once.add((tp, topic_id))
+        if epoch == 0 and not created and accepted_from is None and first:
+            # A new partition: epoch 0 means no broker led it before us (every change of
+            # leader bumps the epoch), so there is nothing to read. Its first checkpoint is
+            # written before the first flush holding its data (writer.before_put), not now:
+            # creating many partitions costs no store round trip each.
+            fresh = self._new_checkpoint(tp, topic_id, epoch, 0)
+            log.debug("%s: created (epoch 0; stored with its first data)", tp)
+            return Partition(self, tp, topic_id, epoch, config, fresh, None)
         loaded = await self.checkpoints.load(key)
         if loaded is None:
             if created and accepted_from is None:
@@ -483,6 +499,21 @@ class ObjectStreamEngine:
         self._update_gauges()
         if self._on_fenced is not None:
             self.spawn(self._on_fenced(p.tp), f"on-fenced {p.tp}")
+
+    async def _store_new_partitions(self, flush: Flush) -> None:
+        """Before a WAL object holding data of partitions not stored yet is written: store
+        their first checkpoints (all at once), so no record is acknowledged, or visible, before
+        its partition's checkpoint exists. A failure fails the flush (the producers retry)."""
+        new = {id(p): p for p, _, _ in flush.groups if p.unstored}
+        if new:
+            await asyncio.gather(*(p.store_first() for p in new.values()))
+
+    def first_stored(self, p: Partition) -> None:
+        if self.on_stored is not None:
+            try:
+                self.on_stored(p)
+            except Exception:
+                log.exception("on_stored listener failed")
 
     def checkpoint_committed(self, p: Partition, cp: Checkpoint) -> None:
         free = self.tracker.committed(

@@ -86,8 +86,9 @@ class Partition:
         leader_epoch: int,
         config: PartitionConfig,
         checkpoint: Checkpoint,
-        etag: str,
+        etag: str | None,
     ) -> None:
+        """`etag` None: a new partition whose checkpoint is not stored yet (see `unstored`)."""
         self._engine = engine
         self._tp = tp
         self.topic_id = topic_id
@@ -603,6 +604,17 @@ class Partition:
             producers=self._durable_producers.to_json(),
         )
 
+    @property
+    def unstored(self) -> bool:
+        """New, and its first checkpoint not written yet (written before its first data)."""
+        return self._etag is None and self._state in (State.OPEN, State.CLOSING)
+
+    async def store_first(self) -> None:
+        """Write the first checkpoint of a new partition (if nobody did meanwhile)."""
+        async with self._cp_lock:
+            if self._etag is None:
+                await self._commit_locked(force=True)
+
     async def commit_checkpoint(self, *, clean: bool = False, force: bool = False) -> None:
         async with self._cp_lock:
             await self._commit_locked(clean=clean, force=force)
@@ -619,6 +631,7 @@ class Partition:
         version = self._version
         self._durable_producers.expire(int(time.time() * 1000))
         cp = self.snapshot(clean=clean)
+        first = self._etag is None
         try:
             self._etag = await self._engine.checkpoints.commit(self._key, cp, self._etag)
         except PartitionFenced:
@@ -632,6 +645,8 @@ class Partition:
         self._committed_version = version
         self._committed_position = cp.wal_position
         self._engine.checkpoint_committed(self, cp)
+        if first:
+            self._engine.first_stored(self)
 
     # ---------------------------------------------------------------- compaction and retention
     def wal_age_s(self) -> float:
@@ -696,6 +711,9 @@ class Partition:
         if self._state is State.FENCED:
             return
         self._state = State.CLOSING
+        if self._etag is None and self._hwm == self._log_start and not self.dirty:
+            self._release()  # new and never written: nothing to keep, the next owner starts it
+            return
         try:
             for attempt in range(3):
                 try:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -94,6 +94,8 @@ class WalWriter:
         self._last_flush_started = float("-inf")
         self._idle = asyncio.Event()
         self._idle.set()
+        # awaited before each flush's PUT (the engine stores new partitions' first checkpoints)
+        self.before_put: Callable[[Flush], Awaitable[None]] | None = None
 
     # ---------------------------------------------------------------- appends
     @property
@@ -200,6 +202,8 @@ class WalWriter:
     async def _write(self, flush: Flush) -> None:
         try:
             self._encode(flush)
+            if self.before_put is not None:
+                await self.before_put(flush)
             await self._put_with_retries(flush)
             metrics.WAL_FLUSHES.labels(self._broker, "ok").inc()
             metrics.WAL_FLUSH_BYTES.labels(self._broker).observe(flush.size)
