@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import logging
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -154,6 +155,9 @@ async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await starting
+    logging.getLogger(__name__).info(
+        "broker %d stopping (%s)", settings.broker_id, shutdown.signal_name
+    )
     for task in background:
         task.cancel()
     # the deadline stays armed through the interpreter's exit (a stuck executor thread)

@@ -24,6 +24,11 @@ from typing import NoReturn
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Sent by the kernel when the parent dies (PR_SET_PDEATHSIG). Not SIGTERM: the kernel sends it
+# again each time the dying parent's exiting threads hand this process on to another of them, and
+# a repeated SIGTERM would count as the second signal that forces an immediate exit. It only ever
+# asks for the clean, bounded stop.
+PARENT_DEATH_SIGNAL = signal.SIGUSR1
 FORCED_EXIT_CODE = 1
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -31,7 +36,7 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 class Shutdown:
     """The first SIGINT, SIGTERM or SIGHUP asks for a clean stop (`await wait()`) and arms a
     deadline; at the deadline, or at a second signal, `on_force` runs and the process exits at
-    once.
+    once. PARENT_DEATH_SIGNAL asks for the same stop, however often it comes.
 
     The handlers are installed with signal.signal rather than loop.add_signal_handler: such a
     handler runs in the main thread at the next bytecode, even while a coroutine keeps the loop
@@ -59,6 +64,7 @@ class Shutdown:
         self._event = asyncio.Event()
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
+        signal.signal(PARENT_DEATH_SIGNAL, self._on_parent_death)
         signal.signal(signal.SIGALRM, self._on_deadline)
 
     async def wait(self) -> None:
@@ -90,6 +96,9 @@ class Shutdown:
         else:
             self.force(f"second {name} while stopping: exiting now")
 
+    def _on_parent_death(self, signum: int, frame: FrameType | None) -> None:
+        self.request("parent exited")
+
     def _on_deadline(self, signum: int, frame: FrameType | None) -> None:
         self.force(f"not stopped {self.deadline_s:g}s after {self.signal_name}: exiting now")
 
@@ -110,7 +119,8 @@ def _log_forced(message: str) -> None:
 
 
 def exit_with_parent(parent_pid: int) -> bool:
-    """Make this process receive SIGTERM (its clean, bounded stop) when the process `parent_pid`
+    """Make this process receive PARENT_DEATH_SIGNAL (its clean, bounded stop, once Shutdown is
+    installed; before that the signal's default action ends it) when the process `parent_pid`
     exits, however it exits (SIGKILL included). False when that needs polling `parent_alive`
     (not Linux). Exits at once when the parent is already gone (it died before this ran).
 
@@ -121,7 +131,7 @@ def exit_with_parent(parent_pid: int) -> bool:
     armed = False
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        if libc.prctl(_PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL), 0, 0, 0) != 0:
             err = ctypes.get_errno()
             log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(err))
         else:

@@ -227,7 +227,8 @@ def test_sigkill_of_local_up_takes_its_brokers_along_and_the_next_start_finds_th
     first = clusters()
     create_topic(first.bootstrap, "kept", 3)
     assert produce(first.bootstrap, "kept", 300) == 300
-    pids = list(first.broker_pids().values())
+    brokers = first.broker_pids()
+    pids = list(brokers.values())
     assert pids and all(running(pid) for pid in pids)
     assert first.proc is not None
     first.proc.kill()
@@ -236,6 +237,12 @@ def test_sigkill_of_local_up_takes_its_brokers_along_and_the_next_start_finds_th
     left = still_running(pids, within_s=STOP_BOUND_S)
     assert not left, f"brokers {left} outlived the SIGKILLed local up"
     print(f"brokers gone {time.monotonic() - killed_at:.2f}s after SIGKILL of local up")
+    for broker_id in brokers:
+        log = (first.data_dir / "logs" / f"broker-{broker_id}.log").read_text()
+        # the parent's death started each one's bounded stop (the kernel repeats that signal
+        # once per exiting thread of the parent: no repeat may count as a forcing second signal)
+        assert f"broker {broker_id} stopping (parent exited)" in log
+        assert "second " not in log
 
     second = clusters()  # the same data dir (and nothing holds anything of it)
     assert consume_all(second.bootstrap, "kept", 3, 300) == 300

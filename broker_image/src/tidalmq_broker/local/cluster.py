@@ -23,8 +23,8 @@ Process lifecycle (tidalmq_broker.lifecycle, local/processes.py):
   object holding it is durable in the object store, and a partition not closed is recovered
   from the WAL by its next owner. A second signal SIGKILLs the brokers and exits at once;
 - brokers never outlive this process: each runs in its own process group (a terminal's Ctrl-C
-  reaches only this process, which decides) with --parent-pid, so it gets SIGTERM when this
-  process exits, SIGKILL included (PR_SET_PDEATHSIG on Linux, polled elsewhere);
+  reaches only this process, which decides) with --parent-pid, so it starts its bounded stop
+  when this process exits, SIGKILL included (PR_SET_PDEATHSIG on Linux, polled elsewhere);
 - brokers an earlier run left behind anyway (recorded in cluster.json) are stopped at start.
 """
 
