@@ -119,6 +119,7 @@ def decode(data: bytes | memoryview) -> ClusterMetadata:
             },
             store_marker=bool(header["store_marker"]),
         )
+        counts: dict[str, int] = {}
         for line in lines[1:]:
             if not line:
                 continue
@@ -132,6 +133,7 @@ def decode(data: bytes | memoryview) -> ClusterMetadata:
                     internal=bool(doc["internal"]),
                     kind=str(doc["kind"]),
                 )
+                counts[doc["topic"]] = int(doc["count"])
                 continue
             topic = meta.topics[doc["n"]]
             if doc["from"] != len(topic.partitions):
@@ -141,6 +143,12 @@ def decode(data: bytes | memoryview) -> ClusterMetadata:
             raise SnapshotError(
                 f"snapshot names {header['topics']} topics but holds {len(meta.topics)}"
             )
+        for name, topic in meta.topics.items():
+            if len(topic.partitions) != counts[name]:
+                raise SnapshotError(
+                    f"topic {name}: snapshot names {counts[name]} partitions but holds "
+                    f"{len(topic.partitions)}"
+                )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         if isinstance(exc, SnapshotError):
             raise
