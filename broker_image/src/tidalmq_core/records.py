@@ -21,7 +21,8 @@ them), so a snapshot followed by batches it may already contain replays correctl
                   leader epochs when not all 0)         e (optional) parts (optional, full
                                                         partition objects when replaced)
     t="tgone"     a topic deleted (its data pending)    name
-    t="grow"      partitions added to a topic           name r (brokers of the new ones)
+    t="grow"      partitions added to a topic           name at (the count before)
+                                                        r (brokers of the new ones)
     t="configs"   a topic's config overrides            name configs
     t="p"         one partition changed                 n (topic) p (index) and the changed
                                                         fields: l leader, e epoch,
@@ -142,8 +143,10 @@ def topic_removed_record(name: str) -> Record:
     return {"t": "tgone", "name": name}
 
 
-def partitions_added_record(name: str, brokers: Iterable[int]) -> Record:
-    return {"t": "grow", "name": name, "r": list(brokers)}
+def partitions_added_record(name: str, brokers: Iterable[int], *, at: int) -> Record:
+    """Partitions `at`, `at` + 1, ... of a topic that had `at` (applied again, it sets them
+    again instead of adding more)."""
+    return {"t": "grow", "name": name, "at": at, "r": list(brokers)}
 
 
 def topic_configs_record(name: str, configs: Mapping[str, str]) -> Record:
@@ -321,7 +324,15 @@ def _grow(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
     topic = meta.topics.get(rec["name"])
     if topic is None:
         return
-    topic.partitions.extend(PartitionState(b, 0, [b]) for b in rec["r"])
+    added = [PartitionState(b, 0, [b]) for b in rec["r"]]
+    at = rec.get("at")
+    if at is None:  # written before records said where (no replay of those)
+        topic.partitions.extend(added)
+    elif at <= len(topic.partitions):
+        # a replay: the partitions after these were added by later records, applied again next
+        topic.partitions[at:] = added
+    else:
+        return  # a later incarnation of the topic (a replay): its own record follows
     delta.topics.add(rec["name"])
 
 

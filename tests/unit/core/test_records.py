@@ -177,7 +177,7 @@ def test_records_of_a_topic_that_is_gone_are_skipped() -> None:
         meta,
         partition_record(TopicPartition("gone", 0), leader=3),
         partition_record(TopicPartition("t", 7), leader=3),
-        partitions_added_record("gone", [1]),
+        partitions_added_record("gone", [1], at=0),
         topic_configs_record("gone", {"a": "b"}),
         floors_record("gone", "x", {0: 5}),
         floors_record("t", "another-id", {0: 5}),
@@ -190,7 +190,7 @@ def test_records_of_a_topic_that_is_gone_are_skipped() -> None:
 
 def test_grow_adds_new_partitions_one_broker_each_at_epoch_zero() -> None:
     meta = image_with_topic()
-    delta = apply(meta, partitions_added_record("t", [4, 5]))
+    delta = apply(meta, partitions_added_record("t", [4, 5], at=3))
     assert meta.topics["t"].partitions[3:] == [PartitionState(4, 0, [4]), PartitionState(5, 0, [5])]
     assert delta.topics == {"t"}
     assert TopicPartition("t", 4) in delta.changed_partitions(meta)

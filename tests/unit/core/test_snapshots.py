@@ -163,8 +163,8 @@ def test_roll_applies_only_the_batches_after_the_snapshot() -> None:
     previous = snapshots.encode_bytes(meta)
     tp = TopicPartition("t", 0)
     batches = [
-        (41, [partitions_added_record("t", [9])]),  # covered by the snapshot: skipped
-        (42, [partitions_added_record("t", [9])]),  # covered by the snapshot: skipped
+        (41, [partitions_added_record("t", [9], at=5)]),  # covered by the snapshot: skipped
+        (42, [partitions_added_record("t", [9], at=5)]),  # covered by the snapshot: skipped
         (43, [partition_record(tp, leader=2, leader_epoch=8)]),
         (44, [topic_removed_record("empty")]),
     ]
@@ -332,7 +332,7 @@ def random_record(rng: random.Random, meta: ClusterMetadata) -> Record:
 
 
 def grow_record(name: str, topic: TopicInfo | None, brokers: list[int]) -> Record:
-    return partitions_added_record(name, brokers)
+    return partitions_added_record(name, brokers, at=len(topic.partitions) if topic else 0)
 
 
 def random_log(seed: int, batches: int = 30) -> list[tuple[int, list[Record]]]:

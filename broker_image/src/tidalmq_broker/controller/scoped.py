@@ -163,7 +163,11 @@ def topic_changes(old: TopicInfo | None, new: TopicInfo) -> list[Record]:
     added = new.partitions[len(old.partitions) :]
     if added:
         records.append(
-            partitions_added_record(new.name, [p.replicas[0] if p.replicas else -1 for p in added])
+            partitions_added_record(
+                new.name,
+                [p.replicas[0] if p.replicas else -1 for p in added],
+                at=len(old.partitions),
+            )
         )
         for j, p in enumerate(added, len(old.partitions)):
             plain_leader = p.replicas[0] if p.replicas else -1

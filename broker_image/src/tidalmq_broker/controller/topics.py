@@ -192,7 +192,7 @@ class Topics:
             else place_partitions(brokers, total - current, first_partition=current)
         )
         return TopicResult(name, None, topic.topic_id, total), [
-            partitions_added_record(name, owners)
+            partitions_added_record(name, owners, at=current)
         ]
 
     def alter_configs(
