@@ -55,7 +55,7 @@ class Leadership:
         self._deferred: dict[TopicPartition, float] = {}  # elect not before (monotonic)
         # reported since the last commit: (topic id, high watermark) to raise floors from
         self._floor_reports: dict[TopicPartition, tuple[str, int]] = {}
-        self._floors_committed_at = 0.0
+        self._floors_committed_at = time.monotonic()  # the first floors wait an interval too
         self._created_reports: dict[TopicPartition, tuple[str | None, int]] = {}
         self.restart_guard = 0.0
 
