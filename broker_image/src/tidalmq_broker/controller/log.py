@@ -89,9 +89,12 @@ class LoadedLog:
 
     def image(self) -> ClusterMetadata | None:
         """The image after every loaded batch (None for an empty log)."""
-        if self.snapshot is None:
+        if self.empty:
             return None
-        meta = snapshots.decode(self.snapshot)
+        if self.snapshot is not None:
+            meta = snapshots.decode(self.snapshot)
+        else:  # batches from the first: a new cluster's first snapshot was never written
+            meta = ClusterMetadata(cluster_id=self.cluster_id or "")
         from tidalmq_core.records import apply_batch
 
         for batch in self.batches:
