@@ -129,6 +129,16 @@ class MetadataLog(Protocol):
         ...
 
 
+def _require_contiguous(loaded: LoadedLog) -> None:
+    expected = loaded.snapshot_version + 1
+    for batch in loaded.batches:
+        if batch.version != expected:
+            raise MetadataLost(
+                f"metadata log: batch {expected} is missing (found {batch.version} next)"
+            )
+        expected += 1
+
+
 def _key(prefix: str, kind: str, version: int) -> str:
     return f"{prefix}{kind}/{version:020d}"
 
@@ -161,13 +171,7 @@ class ObjectStoreMetadataLog:
         after = _key(self.prefix, "log", loaded.snapshot_version)
         keys = [o.key for o in await self.store.list(f"{self.prefix}log/", start_after=after)]
         loaded.batches = await self._read(keys)
-        expected = loaded.snapshot_version + 1
-        for batch in loaded.batches:
-            if batch.version != expected:
-                raise MetadataLost(
-                    f"metadata log: batch {expected} is missing (found {batch.version} next)"
-                )
-            expected += 1
+        _require_contiguous(loaded)
         return loaded
 
     async def _legacy(self) -> ClusterMetadata | None:
@@ -257,6 +261,7 @@ class MemoryMetadataLog:
         loaded.batches = [
             self.batches[v] for v in sorted(self.batches) if v > loaded.snapshot_version
         ]
+        _require_contiguous(loaded)
         return loaded
 
     async def claim(self, epoch: int) -> None:
