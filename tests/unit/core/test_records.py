@@ -196,6 +196,28 @@ def test_grow_adds_new_partitions_one_broker_each_at_epoch_zero() -> None:
     assert TopicPartition("t", 4) in delta.changed_partitions(meta)
 
 
+def test_a_grow_applied_again_sets_the_same_partitions() -> None:
+    """A replay from before a snapshot applies grows the snapshot already holds: they set the
+    partitions from where they start, never add more."""
+    meta = image_with_topic()
+    grow = partitions_added_record("t", [4, 5], at=3)
+    later = partitions_added_record("t", [6], at=5)
+    moved = partition_record(TopicPartition("t", 4), leader=1, leader_epoch=2, replicas=[1])
+    apply(meta, grow, moved, later)
+    expected = copy.deepcopy(meta)
+    apply(meta, grow, moved, later)  # the replay
+    assert meta == expected and len(meta.topics["t"].partitions) == 6
+    # starting beyond the end: a grow of a topic since replaced by a smaller one of the same
+    # name (a replay applies the replacing topic record next): skipped
+    assert not apply(meta, partitions_added_record("t", [9], at=8)) and meta == expected
+
+
+def test_a_grow_written_before_it_said_where_adds() -> None:
+    meta = image_with_topic()
+    apply(meta, {"t": "grow", "name": "t", "r": [4]})
+    assert meta.topics["t"].partitions[3:] == [PartitionState(4, 0, [4])]
+
+
 def test_configs_replace_the_overrides() -> None:
     meta = image_with_topic()
     apply(meta, topic_configs_record("t", {"retention.ms": "5"}))
