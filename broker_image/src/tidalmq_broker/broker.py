@@ -188,7 +188,7 @@ class Broker:
             self._gauges.cancel()
         if self.partitions is not None:
             await self.partitions.stop()
-        await self._flush_reports(5.0)
+        await self._flush_reports(min(5.0, self._stop_budget(deadline)))
         if self._reporter is not None:
             self._reporter.cancel()
         await self.groups.close()
