@@ -119,6 +119,36 @@ app.kubernetes.io/component: {{ .component }}
 {{- $url }}
 {{- end }}
 
+{{/* The metadata log's bucket ("" : the data bucket; see values.yaml metadataStore). */}}
+{{- define "tidalmq.metadataBucket" -}}
+{{- if .Values.metadataStore.bucket }}
+{{- .Values.metadataStore.bucket }}
+{{- else if .Values.inClusterObjectStore.enabled }}
+{{- printf "%s-metadata" .Values.objectStore.bucket }}
+{{- end }}
+{{- end }}
+
+{{/* s3://BUCKET/PREFIX?... of the metadata log (the TIDALMQ_METADATA_URL), or "" when it is the data bucket. */}}
+{{- define "tidalmq.metadataUrl" -}}
+{{- with include "tidalmq.metadataBucket" . }}
+{{- $url := printf "s3://%s" . }}
+{{- with trimAll "/" $.Values.metadataStore.prefix }}
+{{- $url = printf "%s/%s" $url . }}
+{{- end }}
+{{- $query := list }}
+{{- with include "tidalmq.objectStoreEndpoint" $ }}
+{{- $query = append $query (printf "endpoint_url=%s" .) }}
+{{- end }}
+{{- with $.Values.objectStore.region }}
+{{- $query = append $query (printf "region=%s" .) }}
+{{- end }}
+{{- if $query }}
+{{- $url = printf "%s?%s" $url (join "&" $query) }}
+{{- end }}
+{{- $url }}
+{{- end }}
+{{- end }}
+
 {{/*
 Secret with the object-store credentials (keys access-key and secret-key), or "" when none are
 passed: the existing Secret, else the chart's own (credentials in values, or the in-cluster

@@ -88,8 +88,8 @@ def test_printer_columns_are_the_promised_ones() -> None:
         return [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
 
     assert columns("topics.tidalmq.io") == ["Partitions", "Ready", "Reason", "Age"]
-    assert columns("partitionreassignments.tidalmq.io") == ["Phase", "Progress", "Age"]
-    assert columns("statictopics.tidalmq.io") == ["Queues", "Epoch", "Ready", "Age"]
+    assert columns("partitionreassignments.tidalmq.io") == ["Phase", "Progress", "Message", "Age"]
+    assert columns("statictopics.tidalmq.io") == ["Queues", "Epoch", "Ready", "Reason", "Age"]
     assert columns("clusterstates.tidalmq.io")[1:4] == ["Version", "Epoch", "Brokers"]
 
 

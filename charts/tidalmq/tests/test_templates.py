@@ -55,7 +55,7 @@ def test_every_object_has_the_standard_labels_and_namespace(values_file: str | N
             assert f"app.kubernetes.io/{key}" in labels, f"{where} lacks app.kubernetes.io/{key}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/component"] in {
-            "broker", "operator", "object-store", "planner", "test",
+            "broker", "operator", "object-store", "planner", "test", "uninstall",
         }, where  # fmt: skip
         if doc["kind"] in NAMESPACED:
             assert doc["metadata"]["namespace"] == NAMESPACE, where
@@ -403,6 +403,18 @@ def storage_env(docs: list[dict[str, Any]], sts: str = STS) -> dict[str, Any]:
     return env_of(container(find(docs, "StatefulSet", sts), "broker"))
 
 
+def test_metadata_store_from_values() -> None:
+    """An external S3: the metadata log in the data bucket unless metadataStore names another."""
+    env = env_of(container(find(render(None, "aws.yaml"), "Deployment", OPERATOR), "operator"))
+    assert "TIDALMQ_METADATA_URL" not in env  # the operator's default: the data store
+    docs = render({"metadataStore": {"bucket": "acme-metadata", "prefix": "/tidalmq/"}}, "aws.yaml")
+    env = env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
+    assert env["TIDALMQ_METADATA_URL"] == (
+        "s3://acme-metadata/tidalmq?endpoint_url=https://s3.eu-central-1.amazonaws.com"
+        "&region=eu-central-1"
+    )
+
+
 def test_storage_url_from_values() -> None:
     docs = render(None, "aws.yaml")
     env = storage_env(docs)
@@ -451,7 +463,14 @@ def test_in_cluster_object_store(full: list[dict[str, Any]]) -> None:
     }
     assert server["readinessProbe"]["httpGet"]["path"] == "/minio/health/ready"
     init = pod_spec(minio)["initContainers"][0]
-    assert init["command"] == ["mkdir", "-p", "/data/tidalmq"]  # the bucket
+    # the buckets: the data, and the metadata log apart from it
+    assert init["command"] == ["mkdir", "-p", "/data/tidalmq", "/data/tidalmq-metadata"]
+    operator_env = env_of(container(find(full, "Deployment", "tmq-operator"), "operator"))
+    assert operator_env["TIDALMQ_METADATA_URL"] == (
+        "s3://tidalmq-metadata?endpoint_url=http://tmq-object-store.streaming.svc:9000"
+        "&region=eu-west-1"
+    )
+    assert "TIDALMQ_METADATA_URL" not in storage_env(full, "tmq-broker")  # the operator's only
     svc = find(full, "Service", "tmq-object-store")
     assert svc["spec"]["ports"][0]["port"] == 9000
     # the StatefulSet's one pod, by the pod-name label its controller adds (never a pod of the

@@ -208,3 +208,40 @@ async def test_a_new_cluster_on_a_store_of_another_cluster_writes_nothing_there(
         assert json.loads(await store.get(IDENTITY_KEY))["cluster_id"] == "other"
     finally:
         await c.stop()
+
+
+async def test_a_store_wiped_under_the_controller_gets_its_metadata_back(tmp_path: Path) -> None:
+    """The metadata log shares the store (a standalone broker; Kubernetes with one bucket): a
+    store emptied under a running controller loses the log with the data. The controller still
+    has everything committed in memory and stores a snapshot of it again as soon as it sees the
+    store's marker gone, so a restarted controller still knows the topics and what was lost,
+    instead of starting a new, empty cluster on the wiped store."""
+    c, store = make(tmp_path)
+    await c.start()
+    (a,) = await cluster_of(c, 1)
+    await c.create_topics([NewTopic("t", 3)])
+    topic_id = c.metadata.topics["t"].topic_id
+    try:
+        await store.delete([o.key for o in await store.list("")])  # the bucket emptied
+        assert await c.check_identity() == MISSING
+
+        async def snapshot_back() -> bool:
+            return bool(await store.list("cluster/snapshots/"))
+
+        for _ in range(200):
+            if await snapshot_back():
+                break
+            await asyncio.sleep(0.01)
+        assert await snapshot_back(), "no snapshot stored again after the wipe"
+        await c.create_topics([NewTopic("u", 1)])  # committed after the wipe: in the log too
+    finally:
+        a.silence()
+        await c.stop()
+    again, _ = make(tmp_path)
+    await again.start()
+    try:
+        assert again.metadata.topics["t"].topic_id == topic_id
+        assert "u" in again.metadata.topics
+        assert again.store_problem == MISSING  # and it says the store was lost
+    finally:
+        await again.stop()

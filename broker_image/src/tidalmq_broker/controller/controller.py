@@ -780,9 +780,22 @@ class Controller:
             self._emit(
                 "StoreLost", f"object store lost: {problem}", {"reason": problem, "warning": True}
             )
+            if problem == MISSING:
+                # a wiped store: if the metadata log shares it, it went too; store what is
+                # committed again, so a restarted controller still knows what was there
+                self._spawn(self._store_metadata_again())
         else:
             log.warning("object store identity verified again")
             self._emit("StoreRecovered", "object store identity verified again", {})
+
+    async def _store_metadata_again(self) -> None:
+        try:
+            version = await self.journal.write_snapshot(again=True)
+            log.warning(
+                "metadata snapshot at version %d stored again (the store was wiped)", version
+            )
+        except Exception as exc:
+            log.warning("could not store the metadata snapshot again: %s", exc)
 
     def _is_current(self, broker_id: int, incarnation: str | None) -> bool:
         """A request from an older incarnation of a broker (a pod deleted with grace period 0

@@ -273,12 +273,16 @@ class Journal:
             return
         self._snapshotting = asyncio.create_task(self.write_snapshot(), name="metadata snapshot")
 
-    async def write_snapshot(self) -> int:
-        """Roll a snapshot at the committed version (in a worker thread) and store it."""
+    async def write_snapshot(self, *, again: bool = False) -> int:
+        """Roll a snapshot at the committed version (in a worker thread) and store it. `again`:
+        also when nothing was committed since the last one (its object may be gone: the store
+        was wiped), storing that one once more."""
         base, base_version = self.snapshot_bytes, self.snapshot_version
         batches = [b for b in self._ring if b.version > base_version]
         version = batches[-1].version if batches else base_version
         if version == base_version and base is not None:
+            if again:
+                await self.store.write_snapshot(version, base)
             return version
         empty = None
         if base is None:
