@@ -124,7 +124,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- if .Values.metadataStore.bucket }}
 {{- .Values.metadataStore.bucket }}
 {{- else if .Values.inClusterObjectStore.enabled }}
-{{- printf "%s-metadata" .Values.objectStore.bucket }}
+{{- "tidalmq-metadata" }}
 {{- end }}
 {{- end }}
 
@@ -210,6 +210,9 @@ The storage URL is hashed too (it is in the pods' environment anyway).
 
 {{/* Checks across values that the JSON schema cannot express. */}}
 {{- define "tidalmq.validate" -}}
+{{- if eq (include "tidalmq.metadataBucket" .) .Values.objectStore.bucket }}
+{{- fail "metadataStore.bucket must differ from objectStore.bucket (leave it empty to keep the metadata log in the data bucket)" }}
+{{- end }}
 {{- if ge (int .Values.broker.drainTimeoutSeconds) (int .Values.broker.terminationGracePeriodSeconds) }}
 {{- fail "broker.drainTimeoutSeconds must be below broker.terminationGracePeriodSeconds (the broker needs time to stop after draining)" }}
 {{- end }}

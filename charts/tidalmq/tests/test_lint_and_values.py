@@ -108,6 +108,10 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
         {"objectStore": {"existingSecret": "s3", "accessKey": "a", "secretKey": "b"}},
         "not both",
     ),
+    "metadata-in-the-data-bucket-by-name": (
+        {"objectStore": {"bucket": "data"}, "metadataStore": {"bucket": "data"}},
+        "metadataStore.bucket must differ",
+    ),
 }
 
 

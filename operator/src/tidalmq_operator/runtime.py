@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.log import ObjectStoreMetadataLog
+from tidalmq_broker.controller.log import MetadataLost, ObjectStoreMetadataLog
 from tidalmq_broker.controller.moves import MoveStatus
 from tidalmq_broker.controller.rpc import ControllerServer
 from tidalmq_broker.storage.objectstore.factory import open_object_store
@@ -51,6 +51,12 @@ from tidalmq_operator.store import ClusterStateLog
 log = logging.getLogger(__name__)
 
 FULL_PUBLISH_S = 30.0
+METADATA_RETRY_S = 30  # a controller whose metadata log is missing looks again this often
+METADATA_LOST = Gauge(
+    "tidalmq_operator_metadata_lost",
+    "1 while the metadata log the ClusterState points to is missing from its store (the "
+    "controller does not start)",
+)
 # A Topic's status lists every partition up to this many; a larger topic lists the partitions
 # that are not served or are moving (up to this many) and counts the rest per broker, so the
 # resource stays far below etcd's limits whatever the partition count.
@@ -200,7 +206,20 @@ class OperatorRuntime:
             topic_data_deleter=functools.partial(delete_topic_data, store) if store else None,
             object_store=store,
         )  # fmt: skip
-        await controller.start()
+        while True:
+            try:
+                await controller.start()
+                break
+            except MetadataLost as exc:
+                # a wiped or replaced store: never start an empty cluster on it; say so, and
+                # look again (the right store may come back) until this replica is stopped
+                await self._metadata_lost(str(exc))
+                for _ in range(METADATA_RETRY_S * 2):
+                    if stopped:
+                        return
+                    await asyncio.sleep(0.5)
+        METADATA_LOST.set(0)
+        await self.metadata_log.condition("Ready", True, "Active", "controller active")
         controller.add_event_sink(self._on_controller_event)
         controller.add_commit_listener(self._on_commit)
         self._full_at = float("-inf")
@@ -225,6 +244,19 @@ class OperatorRuntime:
             await server.stop()
             await controller.stop()
             log.info("controller stopped on this replica")
+
+    async def _metadata_lost(self, why: str) -> None:
+        log.error("METADATA LOST: %s; the controller does not start (retrying in %ds)", why,
+                  METADATA_RETRY_S)  # fmt: skip
+        METADATA_LOST.set(1)
+        assert self.metadata_log is not None
+        await self.metadata_log.condition("Ready", False, "MetadataLost", why)
+        involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "ClusterState",
+                    "metadata": {"name": self.settings.cluster_state_name}}  # fmt: skip
+        try:
+            await self.kube.event(involved, "MetadataLost", why, warning=True, at=time.time())
+        except Exception as exc:
+            log.debug("MetadataLost Event not posted: %s", exc)
 
     async def _last_publish(self, controller: Controller, wait_s: float = 5.0) -> None:
         """Before a graceful stop: let the moves past their election open (a next controller

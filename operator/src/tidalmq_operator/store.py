@@ -167,6 +167,22 @@ class ClusterStateLog:
             except Conflict:
                 continue
 
+    async def condition(self, kind: str, status: bool, reason: str, message: str) -> None:
+        """Set one condition of the ClusterState (lastTransitionTime moves only on a change)."""
+        try:
+            obj = await self._read()
+            old = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+            flag = "True" if status else "False"
+            previous = old.get(kind)
+            since = (previous or {}).get("lastTransitionTime")
+            if previous is None or previous.get("status") != flag or since is None:
+                since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            old[kind] = {"type": kind, "status": flag, "reason": reason, "message": message[:1000],
+                         "lastTransitionTime": since}  # fmt: skip
+            await self._kube.patch_status(PLURAL, self._name, {"conditions": list(old.values())})
+        except Exception as exc:  # cosmetic: the log and the Event say it too
+            log.debug("ClusterState condition not updated: %s", exc)
+
     async def status(self, meta: ClusterMetadata) -> None:
         """The printer columns (cosmetic: failures are ignored)."""
         try:
