@@ -1,25 +1,59 @@
 """An object store in a local directory, safe to share between processes.
 
-Every write goes to a temporary file (written with os.writev from the parts of the content, in
-the store's thread) that is fsynced and then renamed (or hard-linked, for create-only writes) into
-place, and the directory is fsynced, so a returned put is durable.
-Conditional writes hold an fcntl lock (striped by key) across check and rename, which makes them
-atomic between threads and between broker processes sharing the directory. The etag names the
-file version: inode, modification time and size of the file that was renamed into place.
+A put writes a temporary file in the store's temporary directory (os.writev of the content's
+parts) and renames it into place, or hard-links it for create-only writes. Every put holds an
+fcntl lock, striped by key (and a thread lock per stripe), across its check and rename, which
+makes conditional writes atomic between threads and between broker processes sharing the
+directory. The etag names the file version: inode, modification time and size of the file that
+was renamed into place.
+
+Group commit: the operations issued on an event loop are gathered into batches, and a batch is
+one executor job (one thread handoff each way, not one per operation). A write batch
+  1. writes the temporary file of every put (no fsync each),
+  2. syncs the filesystem once (syncfs(2)): all their data is durable,
+  3. renames or links each into place under its lock, the conditions checked one by one (a put
+     that loses fails alone with PreconditionFailed, the others go on),
+  4. syncs the filesystem again: the names are durable,
+and only then does any put of the batch return. So a visible object is always complete (its data
+was durable before its name appeared), and a put that returned is durable. A failed sync fails
+every put it covered (ObjectStoreUnavailable); a failed sync in step 2 renames nothing.
+A batch of fewer than `syncfs_min_batch` puts, or any batch where syncfs cannot report write
+errors (not Linux, or a kernel before 5.8), fsyncs each temporary file in step 2 and each
+directory it changed in step 4 instead, in the same order.
+At most `max_write_batches` write batches per event loop are in flight; puts that arrive
+meanwhile wait for the next one (under load that is what makes the batches), which takes them in
+order, at most `max_batch_ops` puts and `max_batch_bytes` bytes (a bigger put goes alone), so a
+large WAL object waits behind a bounded amount of small writes. Gets, heads and deletes go in
+read batches of their own, dispatched at once: they never wait for a sync.
+
+syncfs writes back every dirty page of the filesystem, not only the store's: on a filesystem
+shared with a heavy writer, a batch waits for that writer's data too.
+The parent directories known to exist are remembered instead of created before every put; a
+delete may remove an empty one (here or in another process), so a put whose rename finds no
+parent creates it again and retries.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import fcntl
+import itertools
 import os
+import re
+import stat
+import sys
+import threading
 import uuid
+import weakref
 import zlib
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from tidalmq_broker.storage.objectstore.base import (
     Content,
@@ -29,18 +63,58 @@ from tidalmq_broker.storage.objectstore.base import (
     ObjectStoreUnavailable,
     PreconditionFailed,
     content_parts,
+    content_size,
     validate_key,
 )
 
-_LOCK_STRIPES = 64
+_LOCK_STRIPES = 64  # the lock files other processes use too: keep the stripes and their names
 _TMP_DIR = ".tidalmq-tmp"
 _LOCK_DIR = ".tidalmq-locks"
+_MAX_KNOWN_DIRS = 1 << 16
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_MAX_READ = 1 << 30  # bytes per read call (Linux stops a read at 2 GiB - 4 KiB anyway)
 
 
 try:
     _IOV_MAX = max(1, min(os.sysconf("SC_IOV_MAX"), 1024))
 except (AttributeError, ValueError, OSError):
     _IOV_MAX = 1024  # Linux's limit on the buffers of one writev
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    """libc's syncfs where it reports write errors: Linux 5.8 and later (before 5.8 it returned
+    0 even when writeback had failed, which would make a failed write look durable)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    version = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    if version is None or (int(version[1]), int(version[2])) < (5, 8):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+# Looked up at every batch (tests replace it to inject failures); None: fsync file by file.
+_libc_syncfs: Callable[[int], int] | None = _load_syncfs()
+
+
+def _syncfs(fn: Callable[[int], int], fd: int) -> None:
+    if fn(fd) != 0:
+        err = ctypes.get_errno() or errno.EIO
+        raise OSError(err, f"syncfs: {os.strerror(err)}")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _etag(st: os.stat_result) -> str:
@@ -64,18 +138,163 @@ def _write_all(fd: int, parts: list[memoryview]) -> None:
             i += 1
 
 
+def _read_at(fd: int, offset: int, size: int) -> bytes:
+    """`size` bytes from `offset`, fewer at the end of the file."""
+    if size <= 0:
+        return b""
+    data = os.pread(fd, min(size, _MAX_READ), offset)
+    if len(data) == size or not data:
+        return data
+    chunks = [data]
+    got = len(data)
+    while got < size:
+        chunk = os.pread(fd, min(size - got, _MAX_READ), offset + got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _parent(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+class _Put:
+    __slots__ = ("data", "future", "if_match", "if_none_match", "key", "path")
+
+    def __init__(
+        self,
+        key: str,
+        path: str,
+        data: Content,
+        if_none_match: bool,
+        if_match: str | None,
+        future: asyncio.Future[Any],
+    ) -> None:
+        self.key = key
+        self.path = path
+        self.data = data
+        self.if_none_match = if_none_match
+        self.if_match = if_match
+        self.future = future
+
+
+_GET, _GET_WITH_ETAG, _HEAD, _DELETE = range(4)
+
+
+class _Read:
+    """A get, head or delete (deletes go with the reads: they do not wait for a sync)."""
+
+    __slots__ = ("end", "future", "key", "keys", "kind", "path", "start")
+
+    def __init__(
+        self,
+        kind: int,
+        key: str,
+        path: str,
+        future: asyncio.Future[Any],
+        start: int | None = None,
+        end: int | None = None,
+        keys: Sequence[str] = (),
+    ) -> None:
+        self.kind = kind
+        self.key = key
+        self.path = path
+        self.start = start
+        self.end = end
+        self.keys = keys
+        self.future = future
+
+
+class _Queue:
+    """The operations of one event loop waiting for a batch, and its write batches in flight.
+    Touched only on that loop."""
+
+    __slots__ = ("reads", "scheduled", "write_batches", "writes")
+
+    def __init__(self) -> None:
+        self.writes: deque[_Put] = deque()
+        self.reads: list[_Read] = []
+        self.scheduled = False
+        self.write_batches = 0
+
+
+def _close_fds(fds: list[int]) -> None:
+    for i, fd in enumerate(fds):
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            fds[i] = -1
+
+
 class LocalDirObjectStore(ObjectStore):
     kind = "localdir"
 
-    def __init__(self, root: str | os.PathLike[str], *, max_threads: int = 8) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_threads: int = 8,
+        max_write_batches: int = 2,
+        max_batch_ops: int = 256,
+        max_batch_bytes: int = 4 << 20,
+        syncfs_min_batch: int = 3,
+    ) -> None:
+        if min(max_threads, max_write_batches, max_batch_ops, max_batch_bytes) < 1:
+            raise ValueError("local object store limits must be at least 1")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / _TMP_DIR).mkdir(exist_ok=True)
         (self.root / _LOCK_DIR).mkdir(exist_ok=True)
+        self._root = str(self.root)
+        self._prefix = os.path.join(self._root, "")
+        self._tmp_dir = os.path.join(self._root, _TMP_DIR)
+        self._lock_dir = os.path.join(self._root, _LOCK_DIR)
+        self._max_write_batches = max_write_batches
+        self._max_batch_ops = max_batch_ops
+        self._max_batch_bytes = max_batch_bytes
+        self._syncfs_min_batch = syncfs_min_batch
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="localdir")
+        self._queues: dict[asyncio.AbstractEventLoop, _Queue] = {}
+        self._dirs: set[str] = {self._root}  # parent directories known to exist
+        # descriptors [one per lock stripe..., the temporary directory's], closed with the store
+        self._fds: list[int] = [-1] * (_LOCK_STRIPES + 1)
+        weakref.finalize(self, _close_fds, self._fds)
+        self._fds_lock = threading.Lock()
+        self._pid = -1
+        self._after_fork()
 
     def __repr__(self) -> str:
         return f"LocalDirObjectStore({str(self.root)!r})"
+
+    def _after_fork(self) -> None:
+        """Per-process state: a forked child must not share the parent's flocks (they belong to
+        the open file, which fork shares), thread locks or temporary file names."""
+        _close_fds(self._fds)
+        self._pid = os.getpid()
+        self._stripe_locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        self._tmp_names = itertools.count()
+        self._tmp_prefix = f"{self._pid}-{uuid.uuid4().hex[:16]}-"
+
+    def _check_fork(self) -> None:
+        if os.getpid() != self._pid:
+            with self._fds_lock:
+                if os.getpid() != self._pid:
+                    self._after_fork()
+
+    def _fd(self, i: int) -> int:
+        fd = self._fds[i]
+        if fd >= 0:
+            return fd
+        with self._fds_lock:
+            if self._fds[i] < 0:
+                if i == _LOCK_STRIPES:
+                    self._fds[i] = os.open(self._tmp_dir, _READ_FLAGS)
+                else:
+                    path = os.path.join(self._lock_dir, f"{i:02d}")
+                    self._fds[i] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            return self._fds[i]
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
         loop = asyncio.get_running_loop()
@@ -85,6 +304,126 @@ class LocalDirObjectStore(ObjectStore):
             raise
         except OSError as exc:
             raise ObjectStoreUnavailable(f"local object store {self.root}: {exc}") from exc
+
+    # ---------------------------------------------------------------- batching (event loop)
+    def _queue(self, loop: asyncio.AbstractEventLoop) -> _Queue:
+        q = self._queues.get(loop)
+        if q is None:
+            q = self._queues[loop] = _Queue()
+        return q
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
+        # on the next turn of the loop: everything issued in this one goes in the same batch
+        if not q.scheduled:
+            q.scheduled = True
+            loop.call_soon(self._dispatch, loop, q)
+
+    def _dispatch(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
+        q.scheduled = False
+        if q.reads:
+            reads = [op for op in q.reads if not op.future.done()]  # done: caller cancelled
+            q.reads = []
+            batch: list[_Read] = []
+            size = 0
+            for op in reads:
+                n = op.end - (op.start or 0) if op.end is not None else 0
+                if batch and (
+                    len(batch) >= self._max_batch_ops or size + n > self._max_batch_bytes
+                ):
+                    self._submit(loop, q, self._read_job, batch, False)
+                    batch, size = [], 0
+                batch.append(op)
+                size += n
+            if batch:
+                self._submit(loop, q, self._read_job, batch, False)
+        while q.writes and q.write_batches < self._max_write_batches:
+            writes = self._take_writes(q.writes)
+            if writes:
+                q.write_batches += 1
+                self._submit(loop, q, self._write_job, writes, True)
+        self._forget_if_idle(loop, q)
+
+    def _take_writes(self, queue: deque[_Put]) -> list[_Put]:
+        batch: list[_Put] = []
+        size = 0
+        while queue and len(batch) < self._max_batch_ops:
+            op = queue[0]
+            if op.future.done():  # the caller was cancelled before the put started
+                queue.popleft()
+                continue
+            try:
+                n = content_size(op.data)
+            except TypeError:
+                n = 0  # content_parts says what is wrong, in the job, for this put alone
+            if batch and size + n > self._max_batch_bytes:
+                break
+            queue.popleft()
+            batch.append(op)
+            size += n
+        return batch
+
+    def _submit(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        q: _Queue,
+        job: Callable[..., None],
+        ops: Sequence[_Put | _Read],
+        write: bool,
+    ) -> None:
+        try:
+            self._pool.submit(job, loop, q, ops)
+        except RuntimeError as exc:  # the store (or the interpreter) is shutting down
+            if write:
+                q.write_batches -= 1
+            for op in ops:
+                if not op.future.done():
+                    op.future.set_exception(RuntimeError(*exc.args))
+
+    def _finish(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        q: _Queue,
+        ops: Sequence[_Put | _Read],
+        outcomes: list[object],
+        write: bool,
+    ) -> None:
+        if write:
+            q.write_batches -= 1
+        for op, outcome in zip(ops, outcomes, strict=True):
+            future = op.future
+            if future.done():
+                continue  # the caller was cancelled
+            if isinstance(outcome, BaseException):
+                future.set_exception(self._error(outcome))
+            else:
+                future.set_result(outcome)
+        if q.writes and q.write_batches < self._max_write_batches:
+            self._schedule(loop, q)
+        else:
+            self._forget_if_idle(loop, q)
+
+    def _forget_if_idle(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
+        idle = not (q.writes or q.reads or q.scheduled or q.write_batches)
+        if idle and self._queues.get(loop) is q:
+            del self._queues[loop]
+
+    def _error(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, OSError):
+            err = ObjectStoreUnavailable(f"local object store {self.root}: {exc}")
+            err.__cause__ = exc
+            return err
+        return exc
+
+    def _hand_back(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        q: _Queue,
+        ops: Sequence[_Put | _Read],
+        outcomes: list[object],
+        write: bool,
+    ) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            loop.call_soon_threadsafe(self._finish, loop, q, ops, outcomes, write)
 
     # ---------------------------------------------------------------- writes
     async def put(
@@ -96,129 +435,243 @@ class LocalDirObjectStore(ObjectStore):
         if_match: str | None = None,
     ) -> str:
         validate_key(key)
-        return await self._run(self._put_sync, key, data, if_none_match, if_match)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+        q = self._queue(loop)
+        q.writes.append(_Put(key, self._prefix + key, data, if_none_match, if_match, future))
+        self._schedule(loop, q)
+        return await future
 
-    @contextlib.contextmanager
-    def _locked(self, key: str) -> Iterator[None]:
-        stripe = zlib.crc32(key.encode()) % _LOCK_STRIPES
-        fd = os.open(self.root / _LOCK_DIR / f"{stripe:02d}", os.O_RDWR | os.O_CREAT, 0o644)
+    def _write_job(self, loop: asyncio.AbstractEventLoop, q: _Queue, ops: list[_Put]) -> None:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the flock
+            outcomes = self._write_batch(ops)
+        except BaseException as exc:  # a bug: no caller may be left waiting
+            outcomes = [exc] * len(ops)
+        self._hand_back(loop, q, ops, outcomes, True)
 
-    def _put_sync(
-        self,
-        key: str,
-        data: Content,
-        if_none_match: bool,
-        if_match: str | None,
-    ) -> str:
-        parts = content_parts(data)
-        path = self.root / key
-        tmp = self.root / _TMP_DIR / uuid.uuid4().hex
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    def _write_batch(self, ops: list[_Put]) -> list[object]:
+        """The batch's etags or exceptions, in order (see the module's docstring)."""
+        self._check_fork()
+        syncfs = _libc_syncfs if len(ops) >= self._syncfs_min_batch else None
+        out: list[object] = [None] * len(ops)
+        tmps: list[str | None] = [None] * len(ops)
         try:
-            _write_all(fd, parts)
-            os.fsync(fd)
-            etag = _etag(os.fstat(fd))
-        finally:
-            os.close(fd)
-        try:
-            for _attempt in range(5):
-                path.parent.mkdir(parents=True, exist_ok=True)
+            written = []
+            for i, op in enumerate(ops):  # 1. the temporary files
                 try:
-                    with self._locked(key):
-                        if if_none_match:
-                            try:
-                                os.link(tmp, path)
-                            except FileExistsError:
-                                raise PreconditionFailed(f"{key} already exists") from None
-                        else:
-                            if if_match is not None:
-                                try:
-                                    current = _etag(os.stat(path))
-                                except FileNotFoundError:
-                                    raise PreconditionFailed(f"{key} does not exist") from None
-                                if current != if_match:
-                                    raise PreconditionFailed(f"{key} changed (etag {current})")
-                            os.rename(tmp, path)
-                    break
-                except FileNotFoundError:
-                    continue  # a concurrent delete removed the parent directory; recreate it
-            else:
-                raise OSError(errno.ENOENT, f"cannot create parent directory of {key}")
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-            return etag
+                    parts = content_parts(op.data)
+                    tmp = f"{self._tmp_dir}/{self._tmp_prefix}{next(self._tmp_names)}"
+                    fd = os.open(tmp, _TMP_FLAGS, 0o644)
+                    tmps[i] = tmp
+                    try:
+                        _write_all(fd, parts)
+                        if syncfs is None:
+                            os.fsync(fd)
+                        out[i] = _etag(os.fstat(fd))
+                    finally:
+                        os.close(fd)
+                    written.append(i)
+                except Exception as exc:
+                    out[i] = exc
+            if written and syncfs is not None:  # 2. their data durable before any name
+                try:
+                    _syncfs(syncfs, self._fd(_LOCK_STRIPES))
+                except OSError as exc:
+                    for i in written:
+                        out[i] = exc
+                    written = []
+            placed = []
+            changed: set[str] = set()  # directories with a new entry
+            for i in written:  # 3. the names
+                op = ops[i]
+                try:
+                    self._place(op, tmps[i], changed)  # type: ignore[arg-type]
+                    placed.append(i)
+                    if not op.if_none_match:
+                        tmps[i] = None  # renamed away
+                except Exception as exc:
+                    out[i] = exc
+            if placed:  # 4. the names durable before any put returns
+                try:
+                    if syncfs is not None:
+                        _syncfs(syncfs, self._fd(_LOCK_STRIPES))
+                    else:
+                        for directory in changed:
+                            _fsync_dir(directory)
+                except OSError as exc:
+                    for i in placed:
+                        out[i] = exc
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            for tmp in tmps:
+                if tmp is not None:
+                    with contextlib.suppress(OSError):  # best effort: the result stands
+                        os.unlink(tmp)
+        return out
+
+    def _place(self, op: _Put, tmp: str, changed: set[str]) -> None:
+        """Rename (or link) the temporary file to the key, its condition checked under the key's
+        lock; creates the parent directories the first time."""
+        parent = _parent(op.path)
+        for _attempt in range(5):
+            if parent not in self._dirs:
+                self._make_dirs(parent, changed)
+            try:
+                self._locked_place(op, tmp)
+            except FileNotFoundError:
+                self._dirs.discard(parent)  # a concurrent delete removed it: create it again
+                continue
+            changed.add(parent)
+            return
+        raise OSError(errno.ENOENT, f"cannot create parent directory of {op.key}")
+
+    def _locked_place(self, op: _Put, tmp: str) -> None:
+        stripe = zlib.crc32(op.key.encode()) % _LOCK_STRIPES
+        lock_fd = self._fd(stripe)
+        with self._stripe_locks[stripe]:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            try:
+                if op.if_none_match:
+                    try:
+                        os.link(tmp, op.path)
+                    except FileExistsError:
+                        raise PreconditionFailed(f"{op.key} already exists") from None
+                    return
+                if op.if_match is not None:
+                    try:
+                        current = _etag(os.stat(op.path))
+                    except FileNotFoundError:
+                        raise PreconditionFailed(f"{op.key} does not exist") from None
+                    if current != op.if_match:
+                        raise PreconditionFailed(f"{op.key} changed (etag {current})")
+                os.rename(tmp, op.path)
+            finally:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    def _make_dirs(self, directory: str, changed: set[str]) -> None:
+        """mkdir -p, noting the directories that got a new entry (for the fsync fallback)."""
+        if not directory or directory == "/":
+            return
+        try:
+            os.mkdir(directory, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+        except FileNotFoundError:
+            self._make_dirs(_parent(directory), changed)
+            try:
+                os.mkdir(directory, 0o755)
+            except FileExistsError:
+                if not os.path.isdir(directory):
+                    raise
+            changed.add(_parent(directory))
+        else:
+            changed.add(_parent(directory))
+        if len(self._dirs) >= _MAX_KNOWN_DIRS:
+            self._dirs.clear()
+            self._dirs.add(self._root)
+        self._dirs.add(directory)
 
     async def delete(self, keys: list[str]) -> None:
         for key in keys:
             validate_key(key)
         if keys:
-            await self._run(self._delete_sync, keys)
+            await self._read(_Read(_DELETE, "", "", self._future(), keys=list(keys)))
 
-    def _delete_sync(self, keys: list[str]) -> None:
+    def _delete_sync(self, keys: Sequence[str]) -> None:
         parents = set()
         for key in keys:
-            path = self.root / key
-            with self._locked(key), contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            parents.add(path.parent)
+            path = self._prefix + key
+            stripe = zlib.crc32(key.encode()) % _LOCK_STRIPES
+            lock_fd = self._fd(stripe)
+            with self._stripe_locks[stripe]:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                try:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                finally:
+                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            parents.add(_parent(path))
         for parent in parents:  # drop empty directories up to the root (best effort)
             current = parent
-            while current != self.root:
+            while current != self._root and current.startswith(self._prefix):
                 try:
-                    current.rmdir()
+                    os.rmdir(current)
                 except OSError:
                     break
-                current = current.parent
+                self._dirs.discard(current)
+                current = _parent(current)
 
     # ---------------------------------------------------------------- reads
+    def _future(self) -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().create_future()
+
+    async def _read(self, op: _Read) -> Any:
+        loop = asyncio.get_running_loop()
+        q = self._queue(loop)
+        q.reads.append(op)
+        self._schedule(loop, q)
+        return await op.future
+
+    def _read_job(self, loop: asyncio.AbstractEventLoop, q: _Queue, ops: list[_Read]) -> None:
+        outcomes: list[object] = []
+        try:
+            self._check_fork()
+            for op in ops:
+                try:
+                    outcomes.append(self._read_one(op))
+                except Exception as exc:
+                    outcomes.append(exc)
+        except BaseException as exc:  # a bug: no caller may be left waiting
+            outcomes = [exc] * len(ops)
+        self._hand_back(loop, q, ops, outcomes, False)
+
+    def _read_one(self, op: _Read) -> object:
+        if op.kind == _HEAD:
+            return self._head_sync(op.key, op.path)
+        if op.kind == _DELETE:
+            self._delete_sync(op.keys)
+            return None
+        try:
+            fd = os.open(op.path, _READ_FLAGS)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectNotFound(op.key) from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise ObjectNotFound(op.key)
+            if op.kind == _GET_WITH_ETAG:
+                return _read_at(fd, 0, st.st_size), _etag(st)
+            start = op.start or 0
+            end = st.st_size if op.end is None else op.end
+            return _read_at(fd, start, end - start)
+        finally:
+            os.close(fd)
+
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         validate_key(key)
-        return await self._run(self._get_sync, key, start, end)
-
-    def _get_sync(self, key: str, start: int | None, end: int | None) -> bytes:
-        try:
-            with open(self.root / key, "rb", buffering=0) as f:
-                if start:
-                    f.seek(start)
-                if end is None:
-                    return f.read()
-                return f.read(max(0, end - (start or 0)))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise ObjectNotFound(key) from None
+        data: bytes = await self._read(
+            _Read(_GET, key, self._prefix + key, self._future(), start, end)
+        )
+        return data
 
     async def get_with_etag(self, key: str) -> tuple[bytes, str]:
         validate_key(key)
-        return await self._run(self._get_with_etag_sync, key)
-
-    def _get_with_etag_sync(self, key: str) -> tuple[bytes, str]:
-        try:
-            with open(self.root / key, "rb", buffering=0) as f:
-                etag = _etag(os.fstat(f.fileno()))
-                return f.read(), etag
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise ObjectNotFound(key) from None
+        out: tuple[bytes, str] = await self._read(
+            _Read(_GET_WITH_ETAG, key, self._prefix + key, self._future())
+        )
+        return out
 
     async def head(self, key: str) -> ObjectInfo:
         validate_key(key)
-        return await self._run(self._head_sync, key)
+        info: ObjectInfo = await self._read(_Read(_HEAD, key, self._prefix + key, self._future()))
+        return info
 
-    def _head_sync(self, key: str) -> ObjectInfo:
+    def _head_sync(self, key: str, path: str) -> ObjectInfo:
         try:
-            st = os.stat(self.root / key)
+            st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFound(key) from None
-        if not os.path.isfile(self.root / key):
+        if not stat.S_ISREG(st.st_mode):
             raise ObjectNotFound(key)
         return ObjectInfo(key, st.st_size, _etag(st), st.st_mtime)
 
@@ -249,4 +702,11 @@ class LocalDirObjectStore(ObjectStore):
         return out
 
     async def close(self) -> None:
+        """Waits for the operations this loop has queued but not started (they would otherwise
+        fail: the threads are gone), then lets the threads go once their jobs are done."""
+        q = self._queues.get(asyncio.get_running_loop())
+        if q is not None:
+            waiting = [op.future for op in (*q.writes, *q.reads)]
+            if waiting:
+                await asyncio.wait(waiting)
         self._pool.shutdown(wait=False)
