@@ -3,9 +3,12 @@ to by one small ClusterState resource.
 
 The log itself (a batch of records per object, snapshots) lives in the object store like the
 local cluster's (tidalmq_broker.controller.log), under `cluster/` of the metadata store. The
-ClusterState holds only what must survive and fence: the cluster id, the controller epoch, and
-a pointer (the last batch version known committed, the newest snapshot). Its size does not grow
-with the partition count (etcd refuses requests over 1.5 MiB and slows long before).
+ClusterState holds only what must survive and fence: the cluster id (spec.clusterId), the
+controller epoch and a pointer (the last batch version known committed, the newest snapshot),
+the last two as annotations (`tidalmq.io/controller-epoch`, `tidalmq.io/metadata-log`): the API
+server keeps annotations whatever version of the CRD's schema is installed, so an operator
+newer than the cluster's CRDs still fences. Its size does not grow with the partition count
+(etcd refuses requests over 1.5 MiB and slows long before).
 
 - Fence: a controller claims epoch E by replacing the ClusterState naming the resourceVersion
   it read, only if its epoch is below E (compare-and-swap): two operator replicas can never
@@ -41,6 +44,8 @@ from tidalmq_operator.settings import GROUP, VERSION
 log = logging.getLogger(__name__)
 
 PLURAL = "clusterstates"
+EPOCH_ANNOTATION = "tidalmq.io/controller-epoch"
+LOG_ANNOTATION = "tidalmq.io/metadata-log"
 POINTER_INTERVAL_S = 5.0  # the pointer follows the log at most this often (and on snapshots)
 
 
@@ -65,7 +70,7 @@ class ClusterStateLog:
         obj = await self._read()
         spec = obj.get("spec") or {}
         self._cluster_id = str(spec["clusterId"])
-        pointer = spec.get("log") or {}
+        pointer = _pointer(obj)
         loaded = await self.inner.load()
         if loaded.empty and spec.get("document"):
             # the earlier design kept the whole document here: it is the first snapshot
@@ -98,17 +103,13 @@ class ClusterStateLog:
     async def claim(self, epoch: int) -> None:
         for _ in range(20):
             obj = await self._read()
-            spec = dict(obj.get("spec") or {})
-            current = int(spec.get("controllerEpoch", 0))
+            current = _epoch(obj)
             if current >= epoch:
                 raise LogConflict(
                     f"ClusterState {self._name} holds controller epoch {current} (claiming {epoch})"
                 )
-            spec["controllerEpoch"] = epoch
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterState",
-                    "metadata": {**obj["metadata"], "name": self._name}, "spec": spec}  # fmt: skip
             try:
-                await self._kube.replace(PLURAL, self._name, body)
+                await self._replace(obj, {EPOCH_ANNOTATION: str(epoch)})
             except Conflict:
                 continue  # changed under us (kopf's annotations too): look again
             self._epoch = epoch
@@ -116,6 +117,16 @@ class ClusterStateLog:
         raise LogConflict(
             f"ClusterState {self._name} keeps changing; could not claim epoch {epoch}"
         )
+
+    async def _replace(self, obj: dict[str, Any], annotations: dict[str, str],
+                       spec: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """Replace the resource as read, with these annotations (and spec), naming the
+        resourceVersion read: raises Conflict if it changed meanwhile."""
+        meta = dict(obj["metadata"])
+        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterState", "metadata": meta,
+                "spec": spec if spec is not None else (obj.get("spec") or {})}  # fmt: skip
+        await self._kube.replace(PLURAL, self._name, body)
 
     async def append(self, batch: Batch) -> None:
         await self.inner.append(batch)
@@ -125,7 +136,7 @@ class ClusterStateLog:
 
     async def confirm(self, epoch: int, next_version: int) -> bool:
         obj = await self._read()
-        if int((obj.get("spec") or {}).get("controllerEpoch", 0)) != epoch:
+        if _epoch(obj) != epoch:
             return False
         return await self.inner.confirm(epoch, next_version)
 
@@ -146,23 +157,21 @@ class ClusterStateLog:
                 obj = await self._read()
             except NotFound:
                 return
-            spec = dict(obj.get("spec") or {})
-            if int(spec.get("controllerEpoch", 0)) != self._epoch:
+            if _epoch(obj) != self._epoch:
                 raise LogConflict(f"ClusterState {self._name} was claimed by another controller")
-            pointer = spec.get("log") or {}
+            pointer = _pointer(obj)
+            spec = dict(obj.get("spec") or {})
             if (int(pointer.get("head", 0)) >= self._head
                     and int(pointer.get("snapshot", 0)) >= self._snapshot
                     and not (drop_document and "document" in spec)):  # fmt: skip
                 return
-            spec["log"] = {"head": max(self._head, int(pointer.get("head", 0))),
-                           "snapshot": max(self._snapshot, int(pointer.get("snapshot", 0))),
-                           "prefix": self.inner.prefix}  # fmt: skip
+            new = {"head": max(self._head, int(pointer.get("head", 0))),
+                   "snapshot": max(self._snapshot, int(pointer.get("snapshot", 0))),
+                   "prefix": self.inner.prefix}  # fmt: skip
             if drop_document:
                 spec.pop("document", None)
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterState",
-                    "metadata": {**obj["metadata"], "name": self._name}, "spec": spec}  # fmt: skip
             try:
-                await self._kube.replace(PLURAL, self._name, body)
+                await self._replace(obj, {LOG_ANNOTATION: json.dumps(new, sort_keys=True)}, spec)
                 return
             except Conflict:
                 continue
@@ -192,6 +201,18 @@ class ClusterStateLog:
             })  # fmt: skip
         except Exception as exc:
             log.debug("ClusterState status not updated: %s", exc)
+
+
+def _epoch(obj: dict[str, Any]) -> int:
+    return int(((obj.get("metadata") or {}).get("annotations") or {}).get(EPOCH_ANNOTATION, 0))
+
+
+def _pointer(obj: dict[str, Any]) -> dict[str, Any]:
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(LOG_ANNOTATION)
+    try:
+        return dict(json.loads(raw)) if raw else {}
+    except (ValueError, TypeError):
+        return {}
 
 
 def _cluster_id_of(loaded: LoadedLog) -> str | None:

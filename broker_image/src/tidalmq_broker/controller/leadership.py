@@ -112,11 +112,30 @@ class Leadership:
         self._created_reports.pop(tp, None)
 
     def rebuild(self) -> None:
-        """Index the whole image (at start: the one walk over the cluster)."""
+        """Index the whole image (at start: the one walk over the cluster), without the
+        per-partition bookkeeping of `_index` (nothing to remove from)."""
         meta = self.c.image
+        owner = self._owner
+        by_broker = self.by_broker
         for name, topic in meta.topics.items():
+            if topic.kind == "static":
+                continue
+            pinned = topic.pinned
             for i, part in enumerate(topic.partitions):
-                self._index(TopicPartition(name, i), part, topic.pinned, topic.kind)
+                tp = TopicPartition(name, i)
+                replicas = part.target_replicas or part.replicas
+                b = replicas[0] if replicas else None
+                owner[tp] = b
+                held = by_broker.get(b)
+                if held is None:
+                    held = by_broker[b] = set()
+                held.add(tp)
+                if part.target_replicas is not None:
+                    self.moving.add(tp)
+                if part.leader == NO_LEADER and not pinned:
+                    self.leaderless.add(tp)
+                if part.lost is not None:
+                    self.lost.add(tp)
 
     def counts(self) -> dict[int | None, int]:
         return {b: len(s) for b, s in self.by_broker.items() if s}
