@@ -6,6 +6,7 @@ the same run, and the issue's acceptance scenario on a TidalMQ local cluster.
     .venv/bin/python bench/metadata_scale.py --only kafka --sizes 6000     # one part, one size
     .venv/bin/python bench/metadata_scale.py --only tidalmq --sizes 6000,20000,50000
     .venv/bin/python bench/metadata_scale.py --only scenario               # 50,000 partitions
+    .venv/bin/python bench/metadata_scale.py --only controller             # 10k, 100k, 1M
     .venv/bin/python bench/metadata_scale.py --render                      # page + charts only
 
 Parts (--only, comma-separated):
@@ -28,8 +29,14 @@ scenario  The issue's acceptance on a local cluster of 4 brokers (local store): 
           order per partition), no broker may be declared dead
           (tidalmq_controller_brokers_declared_dead_total) and the heartbeat answer p99 must stay
           <= 100 ms (tidalmq_broker_heartbeat_seconds on each broker, bucket deltas per phase).
-(controller: the controller alone with simulated brokers at 100k/1M partitions, the lead's part
-          to come; the page has its section.)
+controller The controller alone (bench/controller_scale.py): a real Controller on an object
+          store log in a local directory, 100 simulated brokers in the same process, at 10,000,
+          100,000 and 1,000,000 partitions (--controller-sizes), each size in a process of its
+          own: bytes written and controller CPU per topic creation and per move (a 101st broker
+          joins and takes its fair share), controller memory per partition, snapshot size and
+          write time, a new controller's start on the log. Where the join's fair share exceeds
+          the controller's default max_moves_per_broker, the moves run once more with that
+          default (in waves).
 
 Every phase has a deadline (--timeout): a phase that does not finish is reported as "did not
 finish within N s" with what it reached (partitions moved, sampled partitions serving, moves in
@@ -59,7 +66,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -70,6 +77,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from bench.controller_scale import DEFAULT_MAX_MOVES, ScaleConfig, run_size  # noqa: E402
 from bench.kafka.harness import reassign_verify, reassignment_plan  # noqa: E402
 from bench.metadata_scale_report import render  # noqa: E402
 from bench.side_by_side_systems import (  # noqa: E402
@@ -87,7 +95,7 @@ from e2e.producing import PROBE_KEY, RateProducer, check_read_back  # noqa: E402
 from tests.support.local_cluster import LocalClusterProcess  # noqa: E402
 
 RESULTS_MD = REPO / "bench" / "RESULTS-metadata.md"
-PARTS = ("kafka", "tidalmq", "scenario")
+PARTS = ("kafka", "tidalmq", "scenario", "controller")
 # Kafka refuses a request making more than 10,000 metadata records (a 10,000-partition topic:
 # 'Unable to perform excessively large batch operation'; 9,990 passes); TidalMQ caps a topic at
 # 10,000. The fewest topics both take, which favours Kafka: here 6,000 partitions in two topics
@@ -111,10 +119,11 @@ class Config:
     producer_rate: int  # records/s, round robin over them
     remove_broker: int  # the scenario's broker to remove
     label: str
+    controller_sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)  # the controller alone
 
 
 FULL = Config((6_000, 20_000, 50_000), 50_000, 600.0, 200, 400, 0, "")
-QUICK = Config((1_000,), 1_000, 120.0, 200, 200, 0, "")
+QUICK = Config((1_000,), 1_000, 120.0, 200, 200, 0, "", (2_000,))
 
 
 def topic_layout(prefix: str, partitions: int) -> dict[str, int]:
@@ -1176,13 +1185,45 @@ def save_results(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+# --------------------------------------------------------------------------------------------
+# Part 3: the controller alone with simulated brokers
+
+
+def part_controller(n: int, workdir: Path, cfg: Config) -> dict[str, Any]:
+    """bench/controller_scale.py at one size, in a process of its own; where the join's fair
+    share exceeds the controller's default max_moves_per_broker, once more with that default
+    (the moves then run in waves). A run that failed raises (the earlier figures stay)."""
+    scale = ScaleConfig(n, phase_timeout_s=max(cfg.timeout_s, 1200.0))
+    result = run_size(scale, workdir / "controller")
+    if result.get("error"):
+        raise RuntimeError(f"controller at {n}: {result['error']}")
+    out: dict[str, Any] = {"brokers": f"{scale.brokers} -> {scale.brokers + 1} (simulated)"}
+    out |= result
+    if n // (scale.brokers + 1) > DEFAULT_MAX_MOVES and result.get("phases", {}).get("move"):
+        waves = run_size(replace(scale, max_moves_per_broker=DEFAULT_MAX_MOVES), workdir / "waves")
+        out["waves"] = {
+            "max_moves_per_broker": DEFAULT_MAX_MOVES,
+            "figures": waves.get("figures", {}),
+            "move": waves.get("phases", {}).get("move"),
+            **{k: waves[k] for k in ("failure", "error") if k in waves},
+        }
+    return out
+
+
 RUNNERS: dict[str, Callable[[int, Path, Config], dict[str, Any]]] = {
     "kafka": part_kafka,
     "tidalmq": part_tidalmq,
     "scenario": part_scenario,
-    # "controller": the controller alone with simulated brokers at 100k/1M partitions (the
-    # lead's part of [M1]); its entries render in the page's section 3 (see the report).
+    "controller": part_controller,  # rendered in the page's section 3
 }
+
+
+def part_sizes(part: str, cfg: Config) -> tuple[int, ...]:
+    if part == "scenario":
+        return (cfg.scenario_partitions,)
+    if part == "controller":
+        return cfg.controller_sizes
+    return cfg.sizes
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -1196,6 +1237,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small smoke run (1,000 partitions)")
     ap.add_argument("--only", default=",".join(PARTS), help=f"parts: {', '.join(PARTS)}")
     ap.add_argument("--sizes", help="side-by-side partition counts (default 6000,20000,50000)")
+    ap.add_argument(
+        "--controller-sizes", help="the controller alone (default 10000,100000,1000000)"
+    )
     ap.add_argument("--scenario-partitions", type=int, help="the scenario's (default 50000)")
     ap.add_argument("--timeout", type=float, help="seconds per phase (default 600; quick 120)")
     ap.add_argument("--producer-partitions", type=int, help="the scenario producer's (200)")
@@ -1235,6 +1279,9 @@ def main(argv: list[str] | None = None) -> int:
         producer_rate=args.producer_rate or base.producer_rate,
         remove_broker=base.remove_broker if args.remove_broker is None else args.remove_broker,
         label=args.label if args.label is not None else base.label,
+        controller_sizes=(
+            ints(args.controller_sizes) if args.controller_sizes else base.controller_sizes
+        ),
     )
 
     def _exit(signum: int, _frame: Any) -> None:  # through the finally blocks that stop brokers
@@ -1249,14 +1296,15 @@ def main(argv: list[str] | None = None) -> int:
     env = environment("local", kafka="kafka" in parts)
     log(
         f"[M1] metadata scale: parts {', '.join(parts)}; sizes {cfg.sizes}, scenario "
-        f"{cfg.scenario_partitions}; {cfg.timeout_s:.0f} s per phase; TidalMQ {env['tidalmq']}; "
+        f"{cfg.scenario_partitions}, controller alone {cfg.controller_sizes}; "
+        f"{cfg.timeout_s:.0f} s per phase; TidalMQ {env['tidalmq']}; "
         f"{load1()}; work dir {workroot}"
     )
     failed: list[str] = []
     summary: list[str] = []
     try:
         for part in parts:
-            for n in cfg.sizes if part != "scenario" else (cfg.scenario_partitions,):
+            for n in part_sizes(part, cfg):
                 started = time.time()
                 load_before = loadavg()
                 entry: dict[str, Any] = {

@@ -404,23 +404,285 @@ def producer_text(p: dict[str, Any] | None) -> str:
     return text
 
 
+CONTROLLER_METHOD = [
+    "**What runs**: `bench/controller_scale.py`, each size in a process of its own, one event "
+    "loop: a real `Controller` (default settings: 1 s heartbeats, auto_rebalance on; "
+    "max_moves_per_broker 1,000,000 so every move of the join starts at once, see the waves "
+    "run below for the default 1,000) on an `ObjectStoreMetadataLog` over a "
+    "`LocalDirObjectStore` in a temporary directory on the local disk (fsync'd writes), and "
+    "100 simulated brokers. A simulated broker keeps only which partitions it leads and at "
+    "which epoch (no image): it answers each push with the version it holds, scans the pushed "
+    "records (a topic record: it opens its partitions; a partition record whose leader becomes "
+    "none while it was its own: it reports it closed at its epoch; one whose leader becomes "
+    "itself: opened at the new epoch) through `Controller.partitions_reported`, and heartbeats "
+    "what opened and closed since its last heartbeat from a thread of its own (as a real "
+    "controller answers heartbeats on its liveness thread).",
+    "**Phases**: N partitions created in topics of at most 10,000 (one CreateTopics call per "
+    "topic, awaited until every partition of the topic is reported open, as the Kafka API "
+    "calls it); a 101st broker joins and the controller moves its fair share (about N/101 "
+    "moves), timed until no move is in flight, every one is Done, and everything the moves "
+    "caused is committed and held by every broker.",
+    "**Bytes written**: the journal's counters (`tidalmq_controller_metadata_bytes_total`, "
+    "`..._snapshot_bytes_total`). A snapshot is written once the batches since the last one "
+    "reach max(8 MiB, its size), so a record byte costs snapshot size / max(8 MiB, snapshot "
+    "size) bytes of snapshot and that share of a snapshot's CPU; the phases here are too short "
+    "to trigger one, so that share is computed from the measured snapshot and the measured CPU "
+    "of rolling one (the previous snapshot decoded, the batches since applied, encoded, stored).",
+    "**Controller CPU**: `time.process_time()` over the phase (every thread: the event loop, "
+    "the heartbeat thread's calls into the controller, the journal's snapshot thread, the "
+    "store's threads, the rebalance's worker thread) minus the simulated brokers' own CPU: "
+    "each push handler measures its scan with `time.thread_time()` (its calls into the "
+    "controller are outside), the heartbeat thread counts its rounds minus the time inside "
+    "`Controller.beat`. Garbage collection counts where it runs (reported apart). A move's "
+    "CPU is split into planning (the join's rebalance: the assignment copied on the loop, "
+    "`balance_counts` in a worker thread, the moves queued: O(partitions) once per join) "
+    "and running the moves.",
+    "**Memory**: after creation, the objects reachable from the controller (its image, the "
+    "indexes of leadership, the membership table with every broker's open partitions, the "
+    "journal's kept batches and snapshot, the rest), each once, sized with `sys.getsizeof`, "
+    "never entering the event loop, tasks, threads, modules, classes, functions or the "
+    "simulated brokers; divided by the partition count. The process's RSS growth over "
+    "creation (which includes the simulated brokers' structures) is given beside it.",
+    "**A new controller**: in a fresh process, `Controller.start` on the log the run left "
+    "(the snapshot written after creation and the move batches after it): load, decode, "
+    "index, claim the log with its epoch record.",
+]
+
+
+def _kib(v: float) -> str:
+    return f"{v / 1024:.1f} KiB" if v >= 1024 else f"{v:.0f} B"
+
+
+def _mib(v: float) -> str:
+    return f"{v / (1 << 20):.1f} MiB"
+
+
+def _controller_row(e: dict[str, Any]) -> str:
+    n = int(e["partitions"])
+    f = e.get("figures", {})
+    ph = e.get("phases", {})
+    topics = ph.get("create", {}).get("topics")
+    head = f"| {n:,} ({topics} topic{'s' if topics != 1 else ''})" if topics else f"| {n:,}"
+    c, mv, mem = f.get("create"), f.get("move"), ph.get("memory")
+    if e.get("error"):
+        return f"{head} | error: {e['error'][:80]} | | | | | {load_text(e)} |"
+    create = (
+        f"{_kib(c['bytes_per_topic'])} + {_kib(c.get('snapshot_bytes_per_topic', 0))} | "
+        f"{c['cpu_ms_per_topic']:.0f} ms + {c.get('snapshot_cpu_ms_per_topic', 0):.1f} ms "
+        f"({c['cpu_us_per_partition']:.1f} us per partition)"
+        if c
+        else "n/a | n/a"
+    )
+    move = (
+        f"{mv['bytes']:.0f} B + {mv.get('snapshot_bytes', 0):.0f} B ({mv['records']:.1f} "
+        f"records) | {mv['cpu_ms']:.2f} ms ({mv['plan_cpu_ms']:.2f} planning + "
+        f"{mv['run_cpu_ms']:.2f} running) + {mv.get('snapshot_cpu_ms', 0):.3f} ms"
+        if mv
+        else f"{_controller_failure(e, 'move')} | n/a"
+    )
+    memory = f"{mem['per_partition']:.0f} B" if mem else "n/a"
+    return f"{head} | {create} | {move} | {memory} | {load_text(e)} |"
+
+
+def _controller_failure(e: dict[str, Any], name: str) -> str:
+    p = e.get("phases", {}).get(name)
+    if p is not None and p.get("failure"):
+        return f"**{p['failure']}**"
+    if e.get("failure"):
+        return f"**{e['failure']}**"
+    return "not reached"
+
+
+def _once_row(e: dict[str, Any]) -> str:
+    n = int(e["partitions"])
+    ph = e.get("phases", {})
+    snap, rolled, restart, move = (
+        ph.get("snapshot"),
+        ph.get("rolled"),
+        ph.get("restart"),
+        ph.get("move"),
+    )
+    snapshot = f"{_mib(snap['size'])} ({snap['per_partition']:.1f} B)" if snap else "n/a"
+    writes = "n/a"
+    if snap:
+        writes = f"{fmt_s(snap['seconds'])}"
+        if rolled and rolled.get("seconds") is not None:
+            writes += f" / {fmt_s(rolled['seconds'])} (CPU {fmt_s(rolled['controller_cpu_s'])})"
+    start = "n/a"
+    if restart and restart.get("seconds") is not None:
+        stored = restart.get("stored", {})
+        start = (
+            f"{fmt_s(restart['seconds'])} (CPU {fmt_s(restart['process_cpu_s'])}; "
+            f"{_mib(stored.get('snapshot_bytes', 0))} + {stored.get('batches', 0)} batches)"
+        )
+    elif restart and restart.get("failure"):
+        start = f"**{restart['failure']}**"
+    plan = "n/a"
+    if move and move.get("plan"):
+        p = move["plan"]
+        plan = f"{fmt_s(p['seconds'])} (CPU {fmt_s(p['controller_cpu_s'])})"
+    pauses = [
+        (p.get("gc_longest_pause_s") or 0.0, name)
+        for name, p in ph.items()
+        if isinstance(p, dict) and "gc_longest_pause_s" in p
+    ]
+    pause = max(pauses, default=None)
+    gc_text = f"{pause[0] * 1000:.0f} ms ({pause[1]})" if pause and pause[0] else "none"
+    rss = _mib(e["peak_rss"]) if e.get("peak_rss") else "n/a"
+    return f"| {n:,} | {snapshot} | {writes} | {start} | {plan} | {gc_text} | {rss} |"
+
+
+def _growth(entries: list[dict[str, Any]]) -> list[str]:
+    """How the per-operation figures changed from the smallest to the largest size."""
+    done = [e for e in entries if e.get("figures", {}).get("move")]
+    if len(done) < 2:
+        return []
+    a, b = done[0], done[-1]
+    fa, fb = a["figures"], b["figures"]
+
+    def x(key: str, sub: str) -> str:
+        va, vb = fa[key].get(sub), fb[key].get(sub)
+        return f"x{vb / va:.2f}" if va and vb is not None else "n/a"
+
+    return [
+        f"From {int(a['partitions']):,} to {int(b['partitions']):,} partitions "
+        f"(x{int(b['partitions']) / int(a['partitions']):.0f}): bytes per topic created "
+        f"{x('create', 'bytes_per_topic')}, controller CPU per topic created "
+        f"{x('create', 'cpu_ms_per_topic')}; bytes per move {x('move', 'bytes')}, controller "
+        f"CPU per move {x('move', 'cpu_ms')} (planning {x('move', 'plan_cpu_ms')}, running "
+        f"{x('move', 'run_cpu_ms')}); memory per partition "
+        + (
+            f"x{b['phases']['memory']['per_partition'] / a['phases']['memory']['per_partition']:.2f}"
+            if a.get("phases", {}).get("memory") and b.get("phases", {}).get("memory")
+            else "n/a"
+        )
+        + ".",
+        "",
+    ]
+
+
+def _controller_details(e: dict[str, Any]) -> list[str]:
+    n = int(e["partitions"])
+    ph = e.get("phases", {})
+    label = f", {e['label']}" if e.get("label") else ""
+    out = [
+        f"**{n:,} partitions** ({e.get('brokers', '?')}; {e.get('mode', '?')} run{label}; "
+        f"{e.get('started', '?')}, commit {commit(e)}, {e.get('duration_s', '?')} s; load "
+        f"{load_text(e)}; idle controller CPU "
+        f"{e.get('idle_cpu_per_s', 0) * 100:.1f}% of a core):",
+        "",
+    ]
+    for key in ("error", "failure"):
+        if e.get(key):
+            out.append(f"- the run stopped: {e[key]}")
+    c = ph.get("create")
+    if c:
+        out.append(
+            f"- create: {c['partitions_created']:,} partitions in {c['topics']} "
+            f"topic{'s' if c['topics'] != 1 else ''} in "
+            f"{fmt_s(c['seconds'])} (slowest topic {fmt_s(c['slowest_topic_s'])}); "
+            f"{c['batches']} batches, {_kib(c['batch_bytes'])}; controller CPU "
+            f"{fmt_s(c['controller_cpu_s'])} (GC {fmt_s(c['gc_s'])}, {c['gc_full']} full "
+            f"collections, longest {c['gc_longest_pause_s'] * 1000:.0f} ms), the simulated "
+            f"brokers {fmt_s(c['sim_cpu_s'])}; load {'/'.join(f'{x:.1f}' for x in c['load_before'])}"
+            + (f"; **{c['failure']}**" if c.get("failure") else "")
+        )
+    mem = ph.get("memory")
+    if mem:
+        parts = ", ".join(
+            f"{name} {v['per_partition']:.0f} B" for name, v in mem["by_part"].items()
+        )
+        out.append(
+            f"- controller memory: {mem['per_partition']:.0f} B per partition "
+            f"({_mib(mem['bytes'])}: {parts}); the process's RSS grew "
+            f"{_mib(mem['rss_growth'])} over creation, of which the simulated brokers' "
+            f"structures are {_mib(mem['sim_bytes'])}"
+        )
+    snap = ph.get("snapshot")
+    if snap:
+        out.append(
+            f"- first snapshot: {_mib(snap['size'])} ({snap['per_partition']:.1f} B per "
+            f"partition) in {fmt_s(snap['seconds'])}"
+        )
+    m = ph.get("move")
+    if m:
+        plan = m.get("plan", {})
+        out.append(
+            f"- move: {m['done']:,} of {m['moves']:,} moves done in {fmt_s(m['seconds'])} "
+            f"(the join's rebalance planned and queued in {fmt_s(plan.get('seconds'))}); the "
+            f"new broker leads {m['new_broker_leads']:,} (fair share {m['fair_share']:,}); "
+            f"{m['batches']} batches, {m['records']:,} records, {_kib(m['batch_bytes'])}; "
+            f"controller CPU {fmt_s(m['controller_cpu_s'])} (GC {fmt_s(m['gc_s'])}), the "
+            f"simulated brokers {fmt_s(m['sim_cpu_s'])}; brokers fenced {m['fenced']}, "
+            f"declared dead {m['dead']}" + (f"; **{m['failure']}**" if m.get("failure") else "")
+        )
+    w = e.get("waves")
+    if w:
+        wm, wf = w.get("move") or {}, w.get("figures", {}).get("move")
+        if wf:
+            out.append(
+                f"- the same moves in waves (max_moves_per_broker {w['max_moves_per_broker']:,}, "
+                f"the default): done in {fmt_s(wm.get('seconds'))} in {wm.get('batches')} "
+                f"batches; per move {wf['bytes']:.0f} B ({wf['records']:.1f} records), "
+                f"controller CPU {wf['cpu_ms']:.2f} ms ({wf['plan_cpu_ms']:.2f} planning + "
+                f"{wf['run_cpu_ms']:.2f} running)"
+            )
+        else:
+            why = w.get("failure") or w.get("error") or (wm or {}).get("failure") or "no figures"
+            out.append(f"- the same moves in waves: **{why}**")
+    r = ph.get("restart")
+    if r and r.get("seconds") is not None:
+        out.append(
+            f"- a new controller (fresh process) started on the log in {fmt_s(r['seconds'])} "
+            f"(CPU {fmt_s(r['process_cpu_s'])}, GC {fmt_s(r['gc_s'])}); then rolled the next "
+            f"snapshot in {fmt_s(ph.get('rolled', {}).get('seconds'))} (longest GC pause "
+            f"{ph.get('rolled', {}).get('gc_longest_pause_s', 0) * 1000:.0f} ms)"
+        )
+    out.append("")
+    return out
+
+
 def controller_alone(runs: dict[str, Any]) -> list[str]:
-    """Section 3: the controller alone with simulated brokers at 100k and 1M partitions, the
-    lead's part of [M1]. Its runner is to be registered in metadata_scale.RUNNERS as
-    "controller", writing "controller@<partitions>" entries; this function lists them (a
-    placeholder until it exists, to be replaced by that part's own rendering)."""
-    entries = [e for e in runs.values() if e["part"] == "controller"]
+    """Section 3: the controller alone with 100 simulated brokers (bench/controller_scale.py,
+    entries "controller@<partitions>")."""
+    entries = sorted(
+        (e for e in runs.values() if e["part"] == "controller"), key=lambda e: int(e["partitions"])
+    )
     if not entries:
         return [
-            "*Not written yet*: the lead adds this part (`--only controller`, entries "
-            "`controller@<partitions>` in the JSON, rendered here by `controller_alone()` in "
-            "`bench/metadata_scale_report.py`)."
+            "Not run yet (`bench/metadata_scale.py --only controller`, sizes "
+            "`--controller-sizes`, 10,000, 100,000 and 1,000,000 by default)."
         ]
-    return [
-        f"- {int(e['partitions']):,} partitions: {e.get('summary', 'see the JSON')} "
-        f"({e['started']}, load {load_text(e)})"
-        for e in sorted(entries, key=lambda e: int(e["partitions"]))
+    out = [
+        "```sh",
+        ".venv/bin/python bench/metadata_scale.py --only controller   # 10k, 100k, 1M partitions",
+        ".venv/bin/python bench/controller_scale.py --partitions 100000 --profile  # one size",
+        "```",
+        "",
+        "Per operation: these should not grow with the partition count. Bytes written are "
+        "batches + the snapshot share amortized; controller CPU is planning the join's rebalance "
+        "+ running the moves, then + the snapshot share.",
+        "",
+        "| partitions | per topic created: bytes written | per topic created: controller CPU "
+        "| per move: bytes written | per move: controller CPU | controller memory per partition "
+        "| load (1/5/15) |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+        *[_controller_row(e) for e in entries],
+        "",
+        *_growth(entries),
+        "What a cluster of that size costs as a whole (these grow with it):",
+        "",
+        "| partitions | snapshot (per partition) | writing the first snapshot / a rolled one "
+        "| a new controller starts on the log | planning the join's rebalance | longest GC "
+        "pause (phase) | process peak RSS |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        *[_once_row(e) for e in entries],
+        "",
     ]
+    for e in entries:
+        out += _controller_details(e)
+    out += ["How it is measured:", "", *[f"- {m}" for m in CONTROLLER_METHOD]]
+    return out
 
 
 def chart(runs: dict[str, Any], n: int, path: Path) -> bool:
@@ -531,7 +793,7 @@ def render(data: dict[str, Any], md_path: Path, charts_dir: Path) -> list[str]:
             if data.get("notes")
             else []
         ),
-        "## 3. The controller alone with simulated brokers (100k and 1M partitions)",
+        "## 3. The controller alone with simulated brokers (10k, 100k and 1M partitions)",
         "",
         *controller_alone(runs),
         "",
