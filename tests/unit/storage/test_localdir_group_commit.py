@@ -405,6 +405,38 @@ async def test_a_lone_put_fsyncs_and_batches_are_bounded(
     await store.close()
 
 
+@needs_syncfs
+async def test_a_large_put_does_not_wait_for_the_batches_of_small_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a batch of small puts is stuck in its sync (with no room for another batch of
+    them), a large put issued after them still goes: it has a lane of its own."""
+    real = localdir._libc_syncfs
+    assert real is not None
+    stuck, release = threading.Event(), threading.Event()
+
+    def syncfs(fd: int) -> int:
+        if not stuck.is_set():  # the first batch of small puts, before its renames
+            stuck.set()
+            release.wait(60)
+        return real(fd)
+
+    monkeypatch.setattr(localdir, "_libc_syncfs", syncfs)
+    store = LocalDirObjectStore(tmp_path, max_write_batches=1, large_put_bytes=10_000)
+    small = [asyncio.ensure_future(store.put(f"s/{i}", b"x" * 100)) for i in range(300)]
+    await asyncio.sleep(0)
+    assert await asyncio.to_thread(stuck.wait, 60)
+    try:
+        big = [b"w" * 6000, b"a" * 6000]
+        etag = await asyncio.wait_for(store.put("wal/1", big, if_none_match=True), 20)
+        assert (await store.head("wal/1")).etag == etag
+        assert not any(p.done() for p in small)
+    finally:
+        release.set()
+    assert all(isinstance(r, str) for r in await outcomes(*small))
+    await store.close()
+
+
 async def test_known_directories_survive_deletes_here_and_elsewhere(tmp_path: Path) -> None:
     """Parents are created once and remembered; a delete removes empty parents, in this store
     or in another one (another process) that the first does not hear about: the next put there

@@ -20,11 +20,12 @@ every put it covered (ObjectStoreUnavailable); a failed sync in step 2 renames n
 A batch of fewer than `syncfs_min_batch` puts, or any batch where syncfs cannot report write
 errors (not Linux, or a kernel before 5.8), fsyncs each temporary file in step 2 and each
 directory it changed in step 4 instead, in the same order.
-At most `max_write_batches` write batches per event loop are in flight; puts that arrive
+At most `max_write_batches` write batches per event loop (and lane) are in flight; puts that
 meanwhile wait for the next one (under load that is what makes the batches), which takes them in
-order, at most `max_batch_ops` puts and `max_batch_bytes` bytes (a bigger put goes alone), so a
-large WAL object waits behind a bounded amount of small writes. Gets, heads and deletes go in
-read batches of their own, dispatched at once: they never wait for a sync.
+order, at most `max_batch_ops` puts and `max_batch_bytes` bytes (a bigger put goes alone).
+Puts of `large_put_bytes` or more (WAL objects, segments) have batches of their own, with their
+own allowance in flight: they never wait behind thousands of small writes. Gets, heads and
+deletes go in read batches of their own, dispatched at once: they never wait for a sync.
 
 syncfs writes back every dirty page of the filesystem, not only the store's: on a filesystem
 shared with a heavy writer, a batch waits for that writer's data too.
@@ -161,7 +162,7 @@ def _parent(path: str) -> str:
 
 
 class _Put:
-    __slots__ = ("data", "future", "if_match", "if_none_match", "key", "path")
+    __slots__ = ("data", "future", "if_match", "if_none_match", "key", "path", "size")
 
     def __init__(
         self,
@@ -178,6 +179,10 @@ class _Put:
         self.if_none_match = if_none_match
         self.if_match = if_match
         self.future = future
+        try:
+            self.size = content_size(data)
+        except TypeError:
+            self.size = 0  # content_parts says what is wrong, in the job, for this put alone
 
 
 _GET, _GET_WITH_ETAG, _HEAD, _DELETE = range(4)
@@ -207,17 +212,39 @@ class _Read:
         self.future = future
 
 
-class _Queue:
-    """The operations of one event loop waiting for a batch, and its write batches in flight.
-    Touched only on that loop."""
+class _Lane:
+    """Puts waiting for a write batch, and the lane's batches in flight."""
 
-    __slots__ = ("reads", "scheduled", "write_batches", "writes")
+    __slots__ = ("in_flight", "waiting")
 
     def __init__(self) -> None:
-        self.writes: deque[_Put] = deque()
+        self.waiting: deque[_Put] = deque()
+        self.in_flight = 0
+
+
+class _Queue:
+    """The operations of one event loop waiting for a batch, and its batches in flight; touched
+    only on that loop. Small and large puts have lanes of their own: a large put never waits
+    for the batches of small ones (thousands of checkpoints during a rebalance)."""
+
+    __slots__ = ("large", "reads", "scheduled", "small")
+
+    def __init__(self) -> None:
+        self.small = _Lane()
+        self.large = _Lane()
         self.reads: list[_Read] = []
         self.scheduled = False
-        self.write_batches = 0
+
+    def idle(self) -> bool:
+        small, large = self.small, self.large
+        return not (
+            self.reads
+            or self.scheduled
+            or small.waiting
+            or small.in_flight
+            or large.waiting
+            or large.in_flight
+        )
 
 
 def _close_fds(fds: list[int]) -> None:
@@ -239,6 +266,7 @@ class LocalDirObjectStore(ObjectStore):
         max_write_batches: int = 2,
         max_batch_ops: int = 256,
         max_batch_bytes: int = 4 << 20,
+        large_put_bytes: int = 256 << 10,
         syncfs_min_batch: int = 3,
     ) -> None:
         if min(max_threads, max_write_batches, max_batch_ops, max_batch_bytes) < 1:
@@ -254,6 +282,7 @@ class LocalDirObjectStore(ObjectStore):
         self._max_write_batches = max_write_batches
         self._max_batch_ops = max_batch_ops
         self._max_batch_bytes = max_batch_bytes
+        self._large_put_bytes = large_put_bytes
         self._syncfs_min_batch = syncfs_min_batch
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="localdir")
         self._queues: dict[asyncio.AbstractEventLoop, _Queue] = {}
@@ -330,51 +359,50 @@ class LocalDirObjectStore(ObjectStore):
                 if batch and (
                     len(batch) >= self._max_batch_ops or size + n > self._max_batch_bytes
                 ):
-                    self._submit(loop, q, self._read_job, batch, False)
+                    self._submit(loop, q, None, self._read_job, batch)
                     batch, size = [], 0
                 batch.append(op)
                 size += n
             if batch:
-                self._submit(loop, q, self._read_job, batch, False)
-        while q.writes and q.write_batches < self._max_write_batches:
-            writes = self._take_writes(q.writes)
-            if writes:
-                q.write_batches += 1
-                self._submit(loop, q, self._write_job, writes, True)
+                self._submit(loop, q, None, self._read_job, batch)
+        for lane in (q.large, q.small):
+            while lane.waiting and lane.in_flight < self._max_write_batches:
+                writes = self._take_writes(lane.waiting)
+                if writes:
+                    lane.in_flight += 1
+                    self._submit(loop, q, lane, self._write_job, writes)
         self._forget_if_idle(loop, q)
 
-    def _take_writes(self, queue: deque[_Put]) -> list[_Put]:
+    def _take_writes(self, waiting: deque[_Put]) -> list[_Put]:
+        """The next batch: puts in order, up to max_batch_ops and max_batch_bytes (at least
+        one put, however large)."""
         batch: list[_Put] = []
         size = 0
-        while queue and len(batch) < self._max_batch_ops:
-            op = queue[0]
+        while waiting and len(batch) < self._max_batch_ops:
+            op = waiting[0]
             if op.future.done():  # the caller was cancelled before the put started
-                queue.popleft()
+                waiting.popleft()
                 continue
-            try:
-                n = content_size(op.data)
-            except TypeError:
-                n = 0  # content_parts says what is wrong, in the job, for this put alone
-            if batch and size + n > self._max_batch_bytes:
+            if batch and size + op.size > self._max_batch_bytes:
                 break
-            queue.popleft()
+            waiting.popleft()
             batch.append(op)
-            size += n
+            size += op.size
         return batch
 
     def _submit(
         self,
         loop: asyncio.AbstractEventLoop,
         q: _Queue,
+        lane: _Lane | None,
         job: Callable[..., None],
         ops: Sequence[_Put | _Read],
-        write: bool,
     ) -> None:
         try:
-            self._pool.submit(job, loop, q, ops)
+            self._pool.submit(job, loop, q, lane, ops)
         except RuntimeError as exc:  # the store (or the interpreter) is shutting down
-            if write:
-                q.write_batches -= 1
+            if lane is not None:
+                lane.in_flight -= 1
             for op in ops:
                 if not op.future.done():
                     op.future.set_exception(RuntimeError(*exc.args))
@@ -383,12 +411,12 @@ class LocalDirObjectStore(ObjectStore):
         self,
         loop: asyncio.AbstractEventLoop,
         q: _Queue,
+        lane: _Lane | None,
         ops: Sequence[_Put | _Read],
         outcomes: list[object],
-        write: bool,
     ) -> None:
-        if write:
-            q.write_batches -= 1
+        if lane is not None:
+            lane.in_flight -= 1
         for op, outcome in zip(ops, outcomes, strict=True):
             future = op.future
             if future.done():
@@ -397,14 +425,13 @@ class LocalDirObjectStore(ObjectStore):
                 future.set_exception(self._error(outcome))
             else:
                 future.set_result(outcome)
-        if q.writes and q.write_batches < self._max_write_batches:
+        if lane is not None and lane.waiting:
             self._schedule(loop, q)
         else:
             self._forget_if_idle(loop, q)
 
     def _forget_if_idle(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
-        idle = not (q.writes or q.reads or q.scheduled or q.write_batches)
-        if idle and self._queues.get(loop) is q:
+        if q.idle() and self._queues.get(loop) is q:
             del self._queues[loop]
 
     def _error(self, exc: BaseException) -> BaseException:
@@ -418,12 +445,12 @@ class LocalDirObjectStore(ObjectStore):
         self,
         loop: asyncio.AbstractEventLoop,
         q: _Queue,
+        lane: _Lane | None,
         ops: Sequence[_Put | _Read],
         outcomes: list[object],
-        write: bool,
     ) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            loop.call_soon_threadsafe(self._finish, loop, q, ops, outcomes, write)
+            loop.call_soon_threadsafe(self._finish, loop, q, lane, ops, outcomes)
 
     # ---------------------------------------------------------------- writes
     async def put(
@@ -437,17 +464,20 @@ class LocalDirObjectStore(ObjectStore):
         validate_key(key)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[str] = loop.create_future()
+        op = _Put(key, self._prefix + key, data, if_none_match, if_match, future)
         q = self._queue(loop)
-        q.writes.append(_Put(key, self._prefix + key, data, if_none_match, if_match, future))
+        (q.large if op.size >= self._large_put_bytes else q.small).waiting.append(op)
         self._schedule(loop, q)
         return await future
 
-    def _write_job(self, loop: asyncio.AbstractEventLoop, q: _Queue, ops: list[_Put]) -> None:
+    def _write_job(
+        self, loop: asyncio.AbstractEventLoop, q: _Queue, lane: _Lane, ops: list[_Put]
+    ) -> None:
         try:
             outcomes = self._write_batch(ops)
         except BaseException as exc:  # a bug: no caller may be left waiting
             outcomes = [exc] * len(ops)
-        self._hand_back(loop, q, ops, outcomes, True)
+        self._hand_back(loop, q, lane, ops, outcomes)
 
     def _write_batch(self, ops: list[_Put]) -> list[object]:
         """The batch's etags or exceptions, in order (see the module's docstring)."""
@@ -612,7 +642,9 @@ class LocalDirObjectStore(ObjectStore):
         self._schedule(loop, q)
         return await op.future
 
-    def _read_job(self, loop: asyncio.AbstractEventLoop, q: _Queue, ops: list[_Read]) -> None:
+    def _read_job(
+        self, loop: asyncio.AbstractEventLoop, q: _Queue, lane: None, ops: list[_Read]
+    ) -> None:
         outcomes: list[object] = []
         try:
             self._check_fork()
@@ -623,7 +655,7 @@ class LocalDirObjectStore(ObjectStore):
                     outcomes.append(exc)
         except BaseException as exc:  # a bug: no caller may be left waiting
             outcomes = [exc] * len(ops)
-        self._hand_back(loop, q, ops, outcomes, False)
+        self._hand_back(loop, q, None, ops, outcomes)
 
     def _read_one(self, op: _Read) -> object:
         if op.kind == _HEAD:
@@ -706,7 +738,8 @@ class LocalDirObjectStore(ObjectStore):
         fail: the threads are gone), then lets the threads go once their jobs are done."""
         q = self._queues.get(asyncio.get_running_loop())
         if q is not None:
-            waiting = [op.future for op in (*q.writes, *q.reads)]
+            queued = (*q.small.waiting, *q.large.waiting, *q.reads)
+            waiting = [op.future for op in queued]
             if waiting:
                 await asyncio.wait(waiting)
         self._pool.shutdown(wait=False)
