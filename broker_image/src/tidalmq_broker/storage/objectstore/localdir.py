@@ -531,6 +531,7 @@ class LocalDirObjectStore(ObjectStore):
                 except OSError as exc:
                     for i in placed:
                         out[i] = exc
+                    self._dirs.difference_update(changed)  # sync their parents next time
         finally:
             for tmp in tmps:
                 if tmp is not None:
@@ -578,7 +579,8 @@ class LocalDirObjectStore(ObjectStore):
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
 
     def _make_dirs(self, directory: str, changed: set[str]) -> None:
-        """mkdir -p, noting the directories that got a new entry (for the fsync fallback)."""
+        """mkdir -p. The parents of the directories are noted for the fsync fallback, even of
+        one that existed: its creator (another process) may have died before syncing it."""
         if not directory or directory == "/":
             return
         try:
@@ -593,9 +595,7 @@ class LocalDirObjectStore(ObjectStore):
             except FileExistsError:
                 if not os.path.isdir(directory):
                     raise
-            changed.add(_parent(directory))
-        else:
-            changed.add(_parent(directory))
+        changed.add(_parent(directory))
         if len(self._dirs) >= _MAX_KNOWN_DIRS:
             self._dirs.clear()
             self._dirs.add(self._root)
