@@ -12,10 +12,9 @@
 #   addon-image.sh ADDON import    also copy it into the cluster's containerd (k8s.io namespace)
 #   addon-image.sh ADDON ref       print the image reference only
 #
-# Install the chart with MinIO:
-#   --set inClusterObjectStore.enabled=true \
-#   --set inClusterObjectStore.image.repository=tidalmq.local/minio \
-#   --set inClusterObjectStore.image.tag=<the tag printed by `addon-image.sh minio ref`>
+# The MinIO image is also built by `images.sh build` (and so by `cluster.sh up`) under the same
+# name, which is the chart's default inClusterObjectStore.image: `--set
+# inClusterObjectStore.enabled=true` is all the chart needs on the e2e cluster.
 # shellcheck disable=SC2317  # the cmd_* functions run through with_lock
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"

@@ -9,6 +9,8 @@
 #   metrics-server  metrics-server
 #   coredns         CoreDNS with only the plugins the cluster's Corefile uses
 #   minio           the MinIO server of the integration tests
+#   local-path-provisioner  rancher's dynamic hostPath provisioner (the e2e cluster's default
+#                   StorageClass)
 #   kind, pause, runc-nocap  kind (for a laptop), the project's pause program and Docker runtime
 #                   wrapper
 #
@@ -259,6 +261,13 @@ go_install() {
   mark_built "$name" "$version"
 }
 
+# No replace directives in its go.mod: `go install module@version` builds it as released.
+build_local_path_provisioner() {
+  go_install local-path-provisioner "$LOCAL_PATH_PROVISIONER_VERSION" \
+    "github.com/rancher/local-path-provisioner@$LOCAL_PATH_PROVISIONER_VERSION" \
+    "-X main.VERSION=$LOCAL_PATH_PROVISIONER_VERSION"
+}
+
 build_kind() {
   go_install kind "$KIND_VERSION" "sigs.k8s.io/kind@$KIND_VERSION"
 }
@@ -296,7 +305,7 @@ build() {
 
 main() {
   local tools=("$@") tool start=$SECONDS
-  ((${#tools[@]})) || tools=(pause runc-nocap etcd kubernetes coredns metrics-server helm kind)
+  ((${#tools[@]})) || tools=(pause runc-nocap etcd kubernetes coredns metrics-server local-path-provisioner helm kind)
   for tool in "${tools[@]}"; do
     build "$tool"
   done

@@ -8,8 +8,9 @@
 #   cluster.sh kubeconfig  print the kubeconfig path
 #
 # Layout: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (Debian's),
-# kubelet and kube-proxy (iptables mode) run on the host; CoreDNS and metrics-server run as pods
-# from locally built images. Pods use a bridge CNI network. See e2e/cluster/lib.sh for the
+# kubelet and kube-proxy (iptables mode) run on the host; CoreDNS, metrics-server and
+# local-path-provisioner (dynamic hostPath PersistentVolumes, the default StorageClass
+# `local-path`, volumes under $STATE_DIR/volumes) run as pods from locally built images. Pods use a bridge CNI network. See e2e/cluster/lib.sh for the
 # network plan and ports, e2e/versions.env for the versions.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -19,6 +20,8 @@ CONF=$STATE_DIR/conf
 CNI_CONF_DIR=$STATE_DIR/cni/net.d
 KUBELET_ROOT=$STATE_DIR/kubelet
 MANIFESTS=$E2E_DIR/cluster/manifests
+# The local-path-provisioner's volumes (hostPath directories).
+VOLUME_DIR=$STATE_DIR/volumes
 SYSCTL_SAVE=$STATE_DIR/sysctl.orig
 # Sysctls this script or the kubelet and kube-proxy change; `down` restores the saved values.
 SYSCTLS=(
@@ -385,6 +388,8 @@ EOF
 apply_manifest() {
   sed -e "s#@COREDNS_IMAGE@#$COREDNS_IMAGE#g" \
     -e "s#@METRICS_SERVER_IMAGE@#$METRICS_SERVER_IMAGE#g" \
+    -e "s#@LOCAL_PATH_PROVISIONER_IMAGE@#$LOCAL_PATH_PROVISIONER_IMAGE#g" \
+    -e "s#@BASE_IMAGE@#$BASE_IMAGE#g" -e "s#@VOLUME_DIR@#$VOLUME_DIR#g" \
     -e "s#@DNS_SERVICE_IP@#$DNS_SERVICE_IP#g" "$1" | kubectl_admin apply -f - >/dev/null
 }
 
@@ -397,11 +402,15 @@ node_ready() {
 metrics_available() { kubectl_admin top nodes; }
 
 install_addons() {
-  log "installing CoreDNS and metrics-server"
+  log "installing CoreDNS, metrics-server and local-path-provisioner (default StorageClass)"
+  mkdir -p "$VOLUME_DIR"
   apply_manifest "$MANIFESTS/coredns.yaml"
   apply_manifest "$MANIFESTS/metrics-server.yaml"
+  apply_manifest "$MANIFESTS/local-path-provisioner.yaml"
   kubectl_admin -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null
   kubectl_admin -n kube-system rollout status deployment/metrics-server --timeout=180s >/dev/null
+  kubectl_admin -n local-path-storage rollout status deployment/local-path-provisioner \
+    --timeout=180s >/dev/null
   wait_for "the metrics API (kubectl top nodes)" 180 metrics_available
 }
 
@@ -423,7 +432,8 @@ build_everything() {
   "$E2E_DIR/cluster/build-tools.sh" runc-nocap
   "$E2E_DIR/cluster/images.sh" project >"$images_log" 2>&1 &
   images_pid=$!
-  if ! "$E2E_DIR/cluster/build-tools.sh" pause etcd kubernetes coredns metrics-server helm; then
+  if ! "$E2E_DIR/cluster/build-tools.sh" pause etcd kubernetes coredns metrics-server \
+    local-path-provisioner minio helm; then
     wait "$images_pid" || true
     die "building the binaries failed"
   fi
@@ -440,6 +450,9 @@ cmd_up() {
     build_everything
     "$E2E_DIR/cluster/images.sh" import
     "$E2E_DIR/cluster/images.sh" docker-stop
+    # A cluster kept from before the provisioner existed gets it too (apply is idempotent).
+    mkdir -p "$VOLUME_DIR"
+    apply_manifest "$MANIFESTS/local-path-provisioner.yaml"
     echo "$KUBECONFIG_FILE"
     return 0
   fi

@@ -14,8 +14,10 @@
 #   images.sh docker-stop       stop the dockerd this script started
 #
 # Images (explicit tags, never pulled): the debootstrap base, pause, CoreDNS, metrics-server,
-# the TidalMQ broker/operator image (broker_image/Dockerfile) and the Spark image
-# (spark/Dockerfile), both built FROM the debootstrap base.
+# local-path-provisioner (the cluster's default StorageClass), the TidalMQ broker/operator image
+# (broker_image/Dockerfile), the Spark image (spark/Dockerfile) and MinIO (e2e/images/minio, the
+# chart's in-cluster object store), the last three FROM the debootstrap base and named as the
+# Helm chart's defaults name them (lib.sh), so the chart installs with no image value.
 #
 # TIDALMQ_E2E_DOCKER_HOST=unix:///var/run/docker.sock builds with an existing Docker daemon
 # instead (e.g. for kind on a laptop); the default starts Debian's dockerd on a socket of this
@@ -48,7 +50,7 @@ fi
 
 all_images() {
   printf '%s\n' "$BASE_IMAGE" "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$METRICS_SERVER_IMAGE" \
-    "$BROKER_IMAGE" "$SPARK_IMAGE"
+    "$LOCAL_PATH_PROVISIONER_IMAGE" "$BROKER_IMAGE" "$SPARK_IMAGE" "$MINIO_IMAGE"
 }
 
 start_dockerd() {
@@ -154,14 +156,28 @@ build_project_images() {
     -t "$SPARK_IMAGE" "$ctx" >/dev/null
 }
 
+# MinIO (the chart's in-cluster object store): the binary the integration tests use, on the base.
+build_minio_image() {
+  local ctx=$IMAGES_DIR/ctx-minio
+  rm -rf "$ctx"
+  mkdir -p "$ctx"
+  cp "$E2E_DIR/images/minio/Dockerfile" "$ctx/"
+  cp "$CACHE_DIR/bin/minio-$MINIO_VERSION" "$ctx/minio"
+  log "building $MINIO_IMAGE"
+  docker_cli build -q --build-arg "BASE_IMAGE=$PROJECT_BASE_IMAGE" -t "$MINIO_IMAGE" "$ctx" >/dev/null
+  rm -rf "$ctx"
+}
+
 cmd_build() {
-  "$E2E_DIR/cluster/build-tools.sh" pause runc-nocap coredns metrics-server
+  "$E2E_DIR/cluster/build-tools.sh" pause runc-nocap coredns metrics-server local-path-provisioner minio
   mkdir -p "$IMAGES_DIR"
   start_dockerd
   build_base
   build_static pause "$PAUSE_IMAGE" "$CACHE_DIR/bin/pause-$PAUSE_VERSION/pause"
   build_static coredns "$COREDNS_IMAGE" "$CACHE_DIR/bin/coredns-$COREDNS_VERSION/coredns"
   build_static metrics-server "$METRICS_SERVER_IMAGE" "$CACHE_DIR/bin/metrics-server-$METRICS_SERVER_VERSION/metrics-server"
+  build_static local-path-provisioner "$LOCAL_PATH_PROVISIONER_IMAGE" "$LOCAL_PATH_PROVISIONER_BIN/local-path-provisioner"
+  build_minio_image
   build_project_images
   log "images built"
 }

@@ -26,6 +26,7 @@ K8S_BIN=$CACHE_DIR/bin/kubernetes-$KUBERNETES_VERSION
 ETCD_BIN=$CACHE_DIR/bin/etcd-$ETCD_VERSION
 HELM_BIN=$CACHE_DIR/bin/helm-$HELM_VERSION
 KIND_BIN=$CACHE_DIR/bin/kind-$KIND_VERSION
+LOCAL_PATH_PROVISIONER_BIN=$CACHE_DIR/bin/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION
 # The MinIO version tests/support/s3_server.py pins (one place): v0.0.0-<date>-<commit>.
 MINIO_VERSION=$(sed -n 's/^MINIO_VERSION = "\(.*\)".*/\1/p' "$REPO_DIR/tests/support/s3_server.py")
 
@@ -51,8 +52,15 @@ PAUSE_IMAGE=$IMAGE_REGISTRY/pause:$PAUSE_VERSION
 COREDNS_IMAGE=$IMAGE_REGISTRY/coredns:$COREDNS_VERSION
 METRICS_SERVER_IMAGE=$IMAGE_REGISTRY/metrics-server:$METRICS_SERVER_VERSION
 BASE_IMAGE=$IMAGE_REGISTRY/debian:$DEBIAN_SUITE
-BROKER_IMAGE=$IMAGE_REGISTRY/tidalmq:e2e
-SPARK_IMAGE=$IMAGE_REGISTRY/spark:e2e
+LOCAL_PATH_PROVISIONER_IMAGE=$IMAGE_REGISTRY/local-path-provisioner:$LOCAL_PATH_PROVISIONER_VERSION
+# The images the Helm chart uses by default (charts/tidalmq/values.yaml), under those very names,
+# so that the chart installs on the e2e cluster offline with no image value: the TidalMQ and
+# Spark images tagged with the chart's appVersion, and MinIO (inClusterObjectStore) with the
+# version of the binary inside. A chart test checks the two agree.
+CHART_APP_VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$REPO_DIR/charts/tidalmq/Chart.yaml")
+BROKER_IMAGE=$IMAGE_REGISTRY/tidalmq:$CHART_APP_VERSION
+SPARK_IMAGE=$IMAGE_REGISTRY/spark:$CHART_APP_VERSION
+MINIO_IMAGE=$IMAGE_REGISTRY/minio:$MINIO_VERSION
 
 export PATH=$K8S_BIN:$ETCD_BIN:$HELM_BIN:$PATH
 

@@ -198,6 +198,9 @@ def test_uninstall_hook_stops_the_operator_then_releases_finalizers() -> None:
             )
     pod = pod_spec(job)
     assert pod["serviceAccountName"] == HOOK
+    # the hook waits for the pods of the operator's selector to go: its own is not one of them
+    operator_selector = find(docs, "Deployment", OPERATOR)["spec"]["selector"]["matchLabels"]
+    assert not operator_selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
     assert pod["restartPolicy"] == "Never"
     hook = container(job, "uninstall")
     assert hook["image"] == container(find(docs, "Deployment", OPERATOR), "operator")["image"]
