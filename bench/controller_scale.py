@@ -864,6 +864,9 @@ async def restart(cfg: ScaleConfig, workdir: Path) -> dict[str, Any]:
         c = run.new_controller()
         await c.start()
         phase = run.since(m) | {"stored": stored, "rss": rss_bytes()}
+        # the brokers of the log are not running: keep the new controller from declaring them
+        # dead (and failing a million partitions over) while it writes its snapshot below
+        c.expect_brokers(list(c.image.brokers), within_s=cfg.phase_timeout_s)
         log(
             f"restart: a new controller loaded the snapshot "
             f"({stored['snapshot_bytes'] / MIB:.1f} MiB) and {stored['batches']} batches "
