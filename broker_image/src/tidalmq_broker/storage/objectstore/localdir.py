@@ -17,9 +17,11 @@ one executor job (one thread handoff each way, not one per operation). A write b
 and only then does any put of the batch return. So a visible object is always complete (its data
 was durable before its name appeared), and a put that returned is durable. A failed sync fails
 every put it covered (ObjectStoreUnavailable); a failed sync in step 2 renames nothing.
-A batch of fewer than `syncfs_min_batch` puts, or any batch where syncfs cannot report write
-errors (not Linux, or a kernel before 5.8), fsyncs each temporary file in step 2 and each
-directory it changed in step 4 instead, in the same order.
+A batch of fewer than `syncfs_min_batch` puts (a lone put: two fsyncs cost less than two
+syncfs, measured in bench/RESULTS-storage.md; two puts need three or four fsyncs, more than two
+syncfs), or any batch where syncfs cannot report write errors (not Linux, or a kernel before
+5.8), fsyncs each temporary file in step 2 and each directory it changed in step 4 instead, in
+the same order.
 At most `max_write_batches` write batches per event loop (and lane) are in flight; puts that
 meanwhile wait for the next one (under load that is what makes the batches), which takes them in
 order, at most `max_batch_ops` puts and `max_batch_bytes` bytes (a bigger put goes alone).
@@ -267,7 +269,7 @@ class LocalDirObjectStore(ObjectStore):
         max_batch_ops: int = 256,
         max_batch_bytes: int = 4 << 20,
         large_put_bytes: int = 256 << 10,
-        syncfs_min_batch: int = 3,
+        syncfs_min_batch: int = 2,
     ) -> None:
         if min(max_threads, max_write_batches, max_batch_ops, max_batch_bytes) < 1:
             raise ValueError("local object store limits must be at least 1")
