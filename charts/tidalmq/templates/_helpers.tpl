@@ -123,7 +123,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "tidalmq.metadataBucket" -}}
 {{- if .Values.metadataStore.bucket }}
 {{- .Values.metadataStore.bucket }}
-{{- else if .Values.inClusterObjectStore.enabled }}
+{{- else if and .Values.inClusterObjectStore.enabled (not .Values.objectStore.endpoint) }}
 {{- "tidalmq-metadata" }}
 {{- end }}
 {{- end }}

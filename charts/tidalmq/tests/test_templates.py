@@ -415,6 +415,19 @@ def test_metadata_store_from_values() -> None:
     )
 
 
+def test_in_cluster_store_beside_an_external_endpoint_keeps_the_metadata_in_the_data_bucket() -> (
+    None
+):
+    """The data on another S3 server (objectStore.endpoint) while the in-cluster server also
+    runs: the metadata goes where the data is, never to a bucket of a server not used."""
+    docs = render({"inClusterObjectStore": {"enabled": True},
+                   "objectStore": {"endpoint": "http://s3.example:9000"}})  # fmt: skip
+    env = env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
+    assert "TIDALMQ_METADATA_URL" not in env
+    init = pod_spec(find(docs, "StatefulSet", f"{FULL}-object-store"))["initContainers"][0]
+    assert init["command"] == ["mkdir", "-p", "/data/tidalmq"]
+
+
 def test_storage_url_from_values() -> None:
     docs = render(None, "aws.yaml")
     env = storage_env(docs)

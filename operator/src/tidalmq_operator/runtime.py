@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Gauge
-from tidalmq_broker.controller.controller import Controller, ControllerSettings
+from tidalmq_broker.controller.controller import Controller, ControllerFenced, ControllerSettings
 from tidalmq_broker.controller.log import MetadataLost, ObjectStoreMetadataLog
 from tidalmq_broker.controller.moves import MoveStatus
 from tidalmq_broker.controller.rpc import ControllerServer
@@ -214,6 +214,14 @@ class OperatorRuntime:
                 # a wiped or replaced store: never start an empty cluster on it; say so, and
                 # look again (the right store may come back) until this replica is stopped
                 await self._metadata_lost(str(exc))
+            except ControllerFenced:
+                raise  # another replica holds the role: Kopf runs the daemon again later
+            except Exception as exc:
+                # the store unreachable, its bucket missing, ...: the same, with its reason
+                await self._metadata_lost(
+                    f"the metadata log could not be read: {type(exc).__name__}: {exc}",
+                    reason="MetadataUnavailable",
+                )
                 for _ in range(METADATA_RETRY_S * 2):
                     if stopped:
                         return
@@ -245,16 +253,16 @@ class OperatorRuntime:
             await controller.stop()
             log.info("controller stopped on this replica")
 
-    async def _metadata_lost(self, why: str) -> None:
-        log.error("METADATA LOST: %s; the controller does not start (retrying in %ds)", why,
+    async def _metadata_lost(self, why: str, reason: str = "MetadataLost") -> None:
+        log.error("%s: %s; the controller does not start (looking again in %ds)", reason, why,
                   METADATA_RETRY_S)  # fmt: skip
-        METADATA_LOST.set(1)
+        METADATA_LOST.set(1 if reason == "MetadataLost" else 0)
         assert self.metadata_log is not None
-        await self.metadata_log.condition("Ready", False, "MetadataLost", why)
+        await self.metadata_log.condition("Ready", False, reason, why)
         involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "ClusterState",
                     "metadata": {"name": self.settings.cluster_state_name}}  # fmt: skip
         try:
-            await self.kube.event(involved, "MetadataLost", why, warning=True, at=time.time())
+            await self.kube.event(involved, reason, why, warning=True, at=time.time())
         except Exception as exc:
             log.debug("MetadataLost Event not posted: %s", exc)
 
