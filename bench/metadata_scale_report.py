@@ -433,7 +433,9 @@ CONTROLLER_METHOD = [
     "store's threads, the rebalance's worker thread) minus the simulated brokers' own CPU: "
     "each push handler measures its scan with `time.thread_time()` (its calls into the "
     "controller are outside), the heartbeat thread counts its rounds minus the time inside "
-    "`Controller.beat`. Garbage collection counts where it runs (reported apart). A move's "
+    "`Controller.beat`. Garbage collection counts where it runs; its CPU is given apart, and "
+    "the longest full collection in wall time: it holds the GIL, so the event loop and the "
+    "liveness thread stall that long (on a loaded machine longer than its CPU). A move's "
     "CPU is split into planning (the join's rebalance: the assignment copied on the loop, "
     "`balance_counts` in a worker thread, the moves queued: O(partitions) once per join) "
     "and running the moves.",
@@ -522,12 +524,15 @@ def _once_row(e: dict[str, Any]) -> str:
         p = move["plan"]
         plan = f"{fmt_s(p['seconds'])} (CPU {fmt_s(p['controller_cpu_s'])})"
     pauses = [
-        (p.get("gc_longest_pause_s") or 0.0, name)
+        (p.get("gc_longest_pause_s") or 0.0, p.get("gc_longest_pause_cpu_s"), name)
         for name, p in ph.items()
         if isinstance(p, dict) and "gc_longest_pause_s" in p
     ]
-    pause = max(pauses, default=None)
-    gc_text = f"{pause[0] * 1000:.0f} ms ({pause[1]})" if pause and pause[0] else "none"
+    pause = max(pauses, key=lambda t: t[0], default=None)
+    gc_text = "none"
+    if pause and pause[0]:
+        cpu = f", CPU {pause[1] * 1000:.0f} ms" if pause[1] is not None else ""
+        gc_text = f"{pause[0] * 1000:.0f} ms ({pause[2]}{cpu})"
     rss = _mib(e["peak_rss"]) if e.get("peak_rss") else "n/a"
     return f"| {n:,} | {snapshot} | {writes} | {start} | {plan} | {gc_text} | {rss} |"
 
@@ -583,7 +588,7 @@ def _controller_details(e: dict[str, Any]) -> list[str]:
             f"{fmt_s(c['seconds'])} (slowest topic {fmt_s(c['slowest_topic_s'])}); "
             f"{c['batches']} batches, {_kib(c['batch_bytes'])}; controller CPU "
             f"{fmt_s(c['controller_cpu_s'])} (GC {fmt_s(c['gc_s'])}, {c['gc_full']} full "
-            f"collections, longest {c['gc_longest_pause_s'] * 1000:.0f} ms), the simulated "
+            f"collections, the longest {c['gc_longest_pause_s'] * 1000:.0f} ms), the simulated "
             f"brokers {fmt_s(c['sim_cpu_s'])}; load {'/'.join(f'{x:.1f}' for x in c['load_before'])}"
             + (f"; **{c['failure']}**" if c.get("failure") else "")
         )
@@ -612,7 +617,8 @@ def _controller_details(e: dict[str, Any]) -> list[str]:
             f"(the join's rebalance planned and queued in {fmt_s(plan.get('seconds'))}); the "
             f"new broker leads {m['new_broker_leads']:,} (fair share {m['fair_share']:,}); "
             f"{m['batches']} batches, {m['records']:,} records, {_kib(m['batch_bytes'])}; "
-            f"controller CPU {fmt_s(m['controller_cpu_s'])} (GC {fmt_s(m['gc_s'])}), the "
+            f"controller CPU {fmt_s(m['controller_cpu_s'])} (GC {fmt_s(m['gc_s'])}, the longest "
+            f"full collection {m['gc_longest_pause_s'] * 1000:.0f} ms), the "
             f"simulated brokers {fmt_s(m['sim_cpu_s'])}; brokers fenced {m['fenced']}, "
             f"declared dead {m['dead']}" + (f"; **{m['failure']}**" if m.get("failure") else "")
         )
