@@ -49,6 +49,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.placement import place_partitions
+from tidalmq_core.static_description import describe
 from tidalmq_core.static_mapping import (
     MODES,
     MappingConflict,
@@ -76,7 +77,6 @@ from tidalmq_core.topics import (
     validate_topic_name,
 )
 
-from tidalmq_broker.static_topics.describe import describe
 from tidalmq_broker.storage.api import ObjectStoreUnavailable, PartitionFenced
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.sealed import SealResult, compact_sealed, seal_partition
