@@ -12,6 +12,15 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from tidalmq_controller._controller import Controller, ControllerSettings
+from tidalmq_controller._log import Batch, ObjectStoreMetadataLog
+from tidalmq_controller._membership import Heartbeat
+from tidalmq_controller._rpc import (
+    ControllerClient,
+    HttpControllerClient,
+    LocalControllerClient,
+    report_doc,
+)
 from tidalmq_core import snapshots, updates
 from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
@@ -21,15 +30,6 @@ from tidalmq_core.static_mapping import is_physical_topic
 import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
-from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.log import Batch, ObjectStoreMetadataLog
-from tidalmq_broker.controller.membership import Heartbeat
-from tidalmq_broker.controller.rpc import (
-    ControllerClient,
-    HttpControllerClient,
-    LocalControllerClient,
-    report_doc,
-)
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.partitions import PartitionManager

@@ -2,7 +2,7 @@
 to by one small ClusterState resource.
 
 The log itself (a batch of records per object, snapshots) lives in the object store like the
-local cluster's (tidalmq_broker.controller.log), under `cluster/` of the metadata store. The
+local cluster's (tidalmq_controller._log), under `cluster/` of the metadata store. The
 ClusterState holds only what must survive and fence: the cluster id (spec.clusterId), the
 controller epoch and a pointer (the last batch version known committed, the newest snapshot),
 the last two as annotations (`tidalmq.io/controller-epoch`, `tidalmq.io/metadata-log`): the API
@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Any
 
-from tidalmq_broker.controller.log import (
+from tidalmq_controller._log import (
     Batch,
     LoadedLog,
     LogConflict,

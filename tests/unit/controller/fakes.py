@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tidalmq_broker.controller.controller import Controller, ControllerFenced
-from tidalmq_broker.controller.log import Batch
+from tidalmq_controller._controller import Controller, ControllerFenced
+from tidalmq_controller._log import Batch
 from tidalmq_core import snapshots
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition

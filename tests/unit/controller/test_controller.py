@@ -12,14 +12,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.controller.controller import (
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller._controller import (
     Controller,
     ControllerFenced,
     ControllerSettings,
     NewTopic,
 )
-from tidalmq_broker.controller.log import ObjectStoreMetadataLog
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller._log import ObjectStoreMetadataLog
 from tidalmq_core.metadata import NO_LEADER, BrokerInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry

@@ -11,9 +11,9 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from tidalmq_broker.controller.controller import Controller, ControllerSettings, NewTopic
-from tidalmq_broker.controller.log import MemoryMetadataLog
-from tidalmq_broker.controller.membership import (
+from tidalmq_controller._controller import Controller, ControllerSettings, NewTopic
+from tidalmq_controller._log import MemoryMetadataLog
+from tidalmq_controller._membership import (
     BrokerLiveness,
     Heartbeat,
     HeartbeatReply,

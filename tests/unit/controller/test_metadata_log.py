@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.log import (
+from tidalmq_broker.storage.objectstore.base import ObjectNotFound
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller._controller import Controller, ControllerSettings
+from tidalmq_controller._log import (
     Batch,
     LoadedLog,
     LogConflict,
@@ -23,8 +25,6 @@ from tidalmq_broker.controller.log import (
     MetadataLost,
     ObjectStoreMetadataLog,
 )
-from tidalmq_broker.storage.objectstore.base import ObjectNotFound
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core import snapshots
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from tidalmq_broker.controller.moves import MoveStatus, MoveTracker, Release, SourceView
+from tidalmq_controller._moves import MoveStatus, MoveTracker, Release, SourceView
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase
 

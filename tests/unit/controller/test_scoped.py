@@ -9,8 +9,8 @@ import random
 from collections.abc import Callable
 
 import pytest
-from tidalmq_broker.controller import scoped
-from tidalmq_broker.controller.scoped import CopyOnAccess, scoped_records, topic_changes
+from tidalmq_controller import _scoped as scoped
+from tidalmq_controller._scoped import CopyOnAccess, scoped_records, topic_changes
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, DataLoss, PartitionState, TopicInfo
 from tidalmq_core.records import MetadataDelta, Record, apply_record
 from tidalmq_core.static_mapping import StaticTopicState, initial_mapping

@@ -8,8 +8,8 @@ import asyncio
 import time
 from collections import Counter
 
-from tidalmq_broker.controller.controller import Controller, ControllerSettings, NewTopic
-from tidalmq_broker.controller.log import MemoryMetadataLog
+from tidalmq_controller._controller import Controller, ControllerSettings, NewTopic
+from tidalmq_controller._log import MemoryMetadataLog
 from tidalmq_core.metadata import NO_LEADER
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from typing import Protocol
 
-from tidalmq_core.metadata import ClusterMetadata
-
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
+from tidalmq_core.metadata import ClusterMetadata
 
 
 class StaleMetadata(Exception):

@@ -49,6 +49,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge
+from tidalmq_broker.storage.api import StorageError
+from tidalmq_broker.storage.identity import (
+    MISSING,
+    identity_problem,
+    read_identity,
+    write_identity,
+)
+from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_core.balance import Plan
 from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
@@ -80,7 +88,7 @@ from tidalmq_core.records import (
 )
 from tidalmq_core.static_mapping import is_physical_topic
 
-from tidalmq_broker.controller.errors import (
+from tidalmq_controller._errors import (
     ControllerError,
     ControllerFenced,
     ForeignStore,
@@ -90,27 +98,19 @@ from tidalmq_broker.controller.errors import (
     UnknownBroker,
     UnknownTopic,
 )
-from tidalmq_broker.controller.journal import Deposed, Journal
-from tidalmq_broker.controller.leadership import Leadership
-from tidalmq_broker.controller.log import Batch, LogConflict, MetadataLog
-from tidalmq_broker.controller.membership import (
+from tidalmq_controller._journal import Deposed, Journal
+from tidalmq_controller._leadership import Leadership
+from tidalmq_controller._log import Batch, LogConflict, MetadataLog
+from tidalmq_controller._membership import (
     BrokerLiveness,
     Floors,
     Heartbeat,
     HeartbeatReply,
     Membership,
 )
-from tidalmq_broker.controller.moves import MoveStatus, MoveTracker
-from tidalmq_broker.controller.scoped import scoped_records
-from tidalmq_broker.controller.topics import NewTopic, TopicResult, Topics
-from tidalmq_broker.storage.api import StorageError
-from tidalmq_broker.storage.identity import (
-    MISSING,
-    identity_problem,
-    read_identity,
-    write_identity,
-)
-from tidalmq_broker.storage.objectstore.base import ObjectStore
+from tidalmq_controller._moves import MoveStatus, MoveTracker
+from tidalmq_controller._scoped import scoped_records
+from tidalmq_controller._topics import NewTopic, TopicResult, Topics
 
 __all__ = [
     "AcceptedLoss",
@@ -230,7 +230,7 @@ class Controller:
         topic_data_deleter: Callable[[str, str], Awaitable[int]] | None = None,
         object_store: ObjectStore | None = None,
     ) -> None:
-        from tidalmq_broker.static_topics.manager import StaticTopicManager
+        from tidalmq_controller._static_topics import StaticTopicManager
 
         s = settings or ControllerSettings()
         if offsets_topic_partitions is not None:
