@@ -87,14 +87,15 @@ if str(REPO) not in sys.path:
 
 from prometheus_client import REGISTRY  # noqa: E402
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore  # noqa: E402
-from tidalmq_controller._controller import (  # noqa: E402
+from tidalmq_controller import (  # noqa: E402
+    Batch,
     Controller,
     ControllerSettings,
+    Heartbeat,
     NewTopic,
+    ObjectStoreMetadataLog,
+    report_doc,
 )
-from tidalmq_controller._log import Batch, ObjectStoreMetadataLog  # noqa: E402
-from tidalmq_controller._membership import Heartbeat  # noqa: E402
-from tidalmq_controller._rpc import report_doc  # noqa: E402
 from tidalmq_core import snapshots  # noqa: E402
 from tidalmq_core.metadata import BrokerInfo  # noqa: E402
 from tidalmq_core.model import TopicPartition  # noqa: E402

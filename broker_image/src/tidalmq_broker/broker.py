@@ -12,13 +12,15 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-from tidalmq_controller._controller import Controller, ControllerSettings
-from tidalmq_controller._log import Batch, ObjectStoreMetadataLog
-from tidalmq_controller._membership import Heartbeat
-from tidalmq_controller._rpc import (
+from tidalmq_controller import (
+    Batch,
+    Controller,
     ControllerClient,
+    ControllerSettings,
+    Heartbeat,
     HttpControllerClient,
     LocalControllerClient,
+    ObjectStoreMetadataLog,
     report_doc,
 )
 from tidalmq_core import snapshots, updates

@@ -22,8 +22,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_controller._controller import Controller, ControllerSettings, NewTopic
-from tidalmq_controller._log import ObjectStoreMetadataLog
+from tidalmq_controller import Controller, ControllerSettings, NewTopic, ObjectStoreMetadataLog
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_operator import handlers

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_controller._controller import Controller, ControllerSettings
-from tidalmq_controller._log import ObjectStoreMetadataLog
+from tidalmq_controller import Controller, ControllerSettings, ObjectStoreMetadataLog
 from tidalmq_core.metadata import BrokerInfo
 from tidalmq_core.topics import InvalidConfig
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_controller._controller import (
+from tidalmq_controller import (
     Controller,
     ControllerFenced,
     ControllerSettings,
     NewTopic,
+    ObjectStoreMetadataLog,
 )
-from tidalmq_controller._log import ObjectStoreMetadataLog
 from tidalmq_core.metadata import NO_LEADER, BrokerInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry

@@ -8,8 +8,7 @@ import asyncio
 from pathlib import Path
 
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_controller._controller import Controller, ControllerSettings
-from tidalmq_controller._log import ObjectStoreMetadataLog
+from tidalmq_controller import Controller, ControllerSettings, ObjectStoreMetadataLog
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.001)
 

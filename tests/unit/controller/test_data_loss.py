@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from tidalmq_broker.storage.identity import IDENTITY_KEY, MISSING
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller import ObjectStoreMetadataLog
 from tidalmq_controller._controller import (
     Controller,
     ControllerSettings,
     ForeignStore,
     NewTopic,
 )
-from tidalmq_controller._log import ObjectStoreMetadataLog
 from tidalmq_core.metadata import DataLoss
 from tidalmq_core.model import TopicPartition
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from tidalmq_controller._controller import Controller, ControllerSettings, NewTopic
+from tidalmq_controller import Controller, ControllerSettings, NewTopic
 from tidalmq_controller._log import MemoryMetadataLog
 from tidalmq_controller._membership import (
     BrokerLiveness,

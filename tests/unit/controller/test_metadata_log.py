@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_controller._controller import Controller, ControllerSettings
+from tidalmq_controller import Controller, ControllerSettings
 from tidalmq_controller._log import (
     Batch,
     LoadedLog,

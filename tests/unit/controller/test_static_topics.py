@@ -18,9 +18,14 @@ from tidalmq_broker.storage.checkpoint import Checkpoint, CheckpointStore
 from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_broker.storage.sealed import is_sealed
-from tidalmq_controller._controller import Controller, ControllerSettings, NewTopic
-from tidalmq_controller._log import Batch, ObjectStoreMetadataLog
-from tidalmq_controller._static_topics import StaticTopicError
+from tidalmq_controller import (
+    Batch,
+    Controller,
+    ControllerSettings,
+    NewTopic,
+    ObjectStoreMetadataLog,
+    StaticTopicError,
+)
 from tidalmq_core import static_mapping
 from tidalmq_core.metadata import NO_LEADER, BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition

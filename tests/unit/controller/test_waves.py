@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections import Counter
 
-from tidalmq_controller._controller import Controller, ControllerSettings, NewTopic
+from tidalmq_controller import Controller, ControllerSettings, NewTopic
 from tidalmq_controller._log import MemoryMetadataLog
 from tidalmq_core.metadata import NO_LEADER
 from tidalmq_core.model import TopicPartition

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from kio.schema.errors import ErrorCode
-from tidalmq_controller._controller import (
+from tidalmq_controller import (
     ControllerError,
     ControllerFenced,
     InvalidReplicaAssignment,

@@ -6,7 +6,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from tidalmq_controller._controller import NewTopic
+from tidalmq_controller import NewTopic
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, TopicInfo
 from tidalmq_core.topics import InvalidTopic, validate_topic_name
 

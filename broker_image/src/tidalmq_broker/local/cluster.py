@@ -48,9 +48,12 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from tidalmq_controller._controller import Controller, ControllerSettings
-from tidalmq_controller._log import ObjectStoreMetadataLog
-from tidalmq_controller._rpc import ControllerServer
+from tidalmq_controller import (
+    Controller,
+    ControllerServer,
+    ControllerSettings,
+    ObjectStoreMetadataLog,
+)
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.static_mapping import PHYSICAL_PREFIX
 
