@@ -1,10 +1,10 @@
 """The controller: the single writer of cluster metadata, split by concern.
 
 Each concern has its manager, which owns its state and turns decisions into metadata records
-(tidalmq_core.records): membership and leases (membership.py), topics and configs (topics.py),
-partitions and moves (leadership.py), producer ids (here: one counter), static topics
-(static_topics/manager.py). This class only sequences: it validates a request with the manager
-that owns it, proposes the records to the journal (journal.py: applied to the image at once,
+(tidalmq_core.records): membership and leases (_membership.py), topics and configs
+(_topics.py), partitions and moves (_leadership.py), producer ids (here: one counter), static
+topics (_static_topics.py). This class only sequences: it validates a request with the manager
+that owns it, proposes the records to the journal (_journal.py: applied to the image at once,
 appended with everything else decided meanwhile as one batch), waits for the commit before it
 answers, and publishes committed batches to the brokers, each of which gets the batches after
 the version it holds (a snapshot only when it is too far behind).
@@ -26,7 +26,7 @@ be lost (see the stream-storage note). A broker's lease covers all its partition
 way to stop it acknowledging one partition against its will is to let the whole lease run out.
 
 Liveness never waits behind the rest: heartbeats are answered by `membership` on the liveness
-thread (rpc.py); the event loop here runs bounded steps (a wave starts at most
+thread (_rpc.py); the event loop here runs bounded steps (a wave starts at most
 `max_moves_per_step` moves) and never walks the cluster: the indexes of `leadership` are kept
 from the records' deltas.
 

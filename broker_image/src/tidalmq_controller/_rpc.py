@@ -448,7 +448,7 @@ class ControllerServer:
         r.add_post("/v1/rebalance", self._rebalance)
         r.add_get("/healthz", self._healthz)
         add_static_topic_routes(r, controller)
-        r.add_get("/metrics", self._metrics)  # reassignment counts and durations (moves.py)
+        r.add_get("/metrics", self._metrics)  # reassignment counts and durations (_moves.py)
 
     async def start(self, host: str, port: int) -> None:
         """Serve on the liveness thread; returns once the port is bound."""

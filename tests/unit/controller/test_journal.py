@@ -1,4 +1,4 @@
-"""The journal (controller/journal.py): group commit, retries, deposition, snapshots.
+"""The journal (tidalmq_controller/_journal.py): group commit, retries, deposition, snapshots.
 
 Proposals are applied to the image at once and share the next batch while an append is in
 flight; an append that fails for any reason but a conflict is retried as the same bytes at the

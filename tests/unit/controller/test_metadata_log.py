@@ -1,9 +1,9 @@
-"""The metadata log (controller/log.py): both implementations, the object store one on a real
-local-directory store, through one parametrized fixture. A version is appended once (another
-controller's batch there is a LogConflict, our own retried batch is not); loading reads the
-newest snapshot and the batches after it, and refuses a log with a hole; trimming keeps two
-snapshots; the single document of the earlier design is read as the first snapshot and
-dropped once a real snapshot exists."""
+"""The metadata log (tidalmq_controller/_log.py): both implementations, the object store one on a
+real local-directory store, through one parametrized fixture. A version is appended once
+(another controller's batch there is a LogConflict, our own retried batch is not); loading reads
+the newest snapshot and the batches after it, and refuses a log with a hole; trimming keeps two
+snapshots; the single document of the earlier design is read as the first snapshot and dropped
+once a real snapshot exists."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Changes written as functions of the image (controller/scoped.py): `scoped_records` runs them
-on a view that copies only what they touch, and the records it returns, applied to the image,
-give what the function would have made of a full copy."""
+"""Changes written as functions of the image (tidalmq_controller/_scoped.py): `scoped_records` runs
+them on a view that copies only what they touch, and the records it returns, applied to the
+image, give what the function would have made of a full copy."""
 
 from __future__ import annotations
 

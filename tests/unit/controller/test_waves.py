@@ -1,6 +1,6 @@
-"""Moves run in waves (controller/leadership.py): a rebalance queues every move at once, and the
-controller starts them while each broker has fewer than `max_moves_per_broker` in flight as
-source or target. Through the real Controller with brokers played by the test."""
+"""Moves run in waves (tidalmq_controller/_leadership.py): a rebalance queues every move at once,
+and the controller starts them while each broker has fewer than `max_moves_per_broker` in flight
+as source or target. Through the real Controller with brokers played by the test."""
 
 from __future__ import annotations
 
