@@ -13,7 +13,7 @@ from tidalmq_controller import Controller, ControllerSettings, ObjectStoreMetada
 from tidalmq_core.metadata import BrokerInfo
 from tidalmq_core.topics import InvalidConfig
 
-from tests.unit.controller.fakes import FakeBroker
+from tests.support.fake_broker import FakeBroker
 
 RATE = "leader.replication.throttled.rate"
 FOLLOWER = "follower.replication.throttled.rate"

@@ -23,7 +23,7 @@ from tidalmq_controller._membership import (
 from tidalmq_core.metadata import BrokerInfo
 from tidalmq_core.model import TopicPartition
 
-from tests.unit.controller.fakes import FakeBroker
+from tests.support.fake_broker import FakeBroker
 
 A, B, C, D = (TopicPartition("t", i) for i in range(4))
 LEASE, MARGIN, WINDOW = 4.0, 0.5, 3.0

@@ -32,7 +32,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import PlanEntry
 from tidalmq_core.static_mapping import TotalQueuesFixed
 
-from tests.unit.controller.fakes import updated
+from tests.support.fake_broker import updated
 
 FAST = ControllerSettings(
     heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,

@@ -15,7 +15,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase
 from tidalmq_core.records import MetadataDelta
 
-from tests.unit.controller.fakes import FakeBroker
+from tests.support.fake_broker import FakeBroker
 
 WAVES = ControllerSettings(
     heartbeat_interval_s=0.05,
