@@ -34,6 +34,8 @@ import sys
 import tarfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka import KafkaError, Producer
 
 from e2e.kube import REPO_DIR, Cluster, CommandError, RecordFigure, wait_until
 from e2e.producing import RateProducer, verify_all
@@ -52,11 +55,15 @@ from e2e.tidalmq_release import (
     RELEASE,
     STS,
     addon_image,
+    bootstrap,
     bootstrap_service,
+    broker_pods,
+    object_store,
     ready,
     release_pods,
     release_values,
     save_diagnosis,
+    stored_objects,
     topic_status,
     uninstall,
 )
@@ -470,6 +477,221 @@ def test_default_install_runs_four_brokers_and_uninstalls_cleanly(
     wait_until("the store's PersistentVolumes deleted",
                lambda: not [v for v in volumes.values() if v and cluster.kubectl(
                    "get", "pv", v, "--ignore-not-found", "-o", "name")], timeout=60)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ a lost store
+
+
+def produce_acked(servers: str, topic: str, count: int) -> dict[int, int]:
+    """`count` acknowledged records (acks=all, idempotent); each partition's next offset."""
+    producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 5})  # fmt: skip
+    ends: dict[int, int] = {}
+
+    def done(err: Any, msg: Any) -> None:
+        assert err is None, err
+        ends[msg.partition()] = max(ends.get(msg.partition(), 0), msg.offset() + 1)
+
+    for i in range(count):
+        producer.produce(topic, key=b"k%d" % i, value=b"v%d" % i, on_delivery=done)
+        producer.poll(0)
+    assert producer.flush(120) == 0, "records not acknowledged"
+    return ends
+
+
+def produce_error(servers: str, topic: str, partition: int) -> Any:
+    """The error of one record sent to `partition` (None if it was acknowledged). Without
+    retries, so the broker's own error is what the delivery report says (a retriable error
+    retried until the timeout is reported as the timeout)."""
+    producer = Producer({"bootstrap.servers": servers, "message.timeout.ms": 15000,
+                         "acks": "all", "retries": 0})  # fmt: skip
+    seen: list[Any] = []
+    producer.produce(topic, value=b"probe", partition=partition,
+                     on_delivery=lambda err, msg: seen.append(err))  # fmt: skip
+    producer.flush(30)
+    return seen[0] if seen else "no delivery report"
+
+
+def degraded(cluster: Cluster, ns: str, topic: str, reason: str) -> dict[str, Any] | None:
+    for c in topic_status(cluster, ns, topic).get("conditions", []):
+        if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] == reason:
+            return c
+    return None
+
+
+def accept_the_loss(cluster: Cluster, ns: str, topic: str) -> float:
+    """The documented recovery: annotate the Topic; the operator removes the annotation once
+    the loss is accepted and the partitions serve again. Seconds it took."""
+    started = time.monotonic()
+    cluster.kubectl("-n", ns, "annotate", "--overwrite", "topic", topic,
+                    "tidalmq.io/accept-data-loss=true")  # fmt: skip
+    wait_until(f"Topic {topic} Ready after the accepted loss",
+               lambda: ready(topic_status(cluster, ns, topic)), timeout=180)  # fmt: skip
+    annotations = cluster.kubectl_json("-n", ns, "get", "topic", topic)["metadata"].get(
+        "annotations", {}
+    )
+    assert "tidalmq.io/accept-data-loss" not in annotations, "the annotation is one-shot"
+    return time.monotonic() - started
+
+
+def broker_refuses_store(ip: str) -> bool:
+    """The broker at `ip` says its object store is lost: tidalmq_store_lost is 1 and its
+    readiness endpoint answers 503."""
+    try:
+        metrics = urllib.request.urlopen(f"http://{ip}:9644/metrics", timeout=10).read().decode()
+    except OSError:
+        return False  # not listening yet
+    if not any(
+        line.startswith("tidalmq_store_lost{") and line.endswith(" 1.0")
+        for line in metrics.splitlines()
+    ):
+        return False
+    try:
+        urllib.request.urlopen(f"http://{ip}:9644/readyz", timeout=10)
+        return False  # 200: still ready
+    except urllib.error.HTTPError as exc:
+        return exc.code == 503
+    except OSError:
+        return False
+
+
+def store_lost_everywhere(cluster: Cluster, ns: str) -> bool:
+    """Every broker pod says the object store is lost."""
+    pods = broker_pods(cluster, ns)
+    return bool(pods) and all(
+        p["status"].get("podIP") and broker_refuses_store(p["status"]["podIP"]) for p in pods
+    )
+
+
+def updated_brokers_refusing(cluster: Cluster, ns: str) -> list[str]:
+    """The broker pods of the StatefulSet's update revision that run and refuse the store."""
+    revision = cluster.kubectl_json("-n", ns, "get", "statefulset", STS)["status"].get(
+        "updateRevision"
+    )
+    out = []
+    for pod in broker_pods(cluster, ns):
+        if pod["metadata"]["labels"].get("controller-revision-hash") != revision:
+            continue
+        if "deletionTimestamp" in pod["metadata"] or not pod["status"].get("podIP"):
+            continue
+        if broker_refuses_store(pod["status"]["podIP"]):
+            out.append(pod["metadata"]["name"])
+    return out
+
+
+def events_of(cluster: Cluster, ns: str, reason: str) -> list[str]:
+    items = cluster.kubectl_json("-n", ns, "get", "events")["items"]
+    return [e.get("message", "") for e in items if e.get("reason") == reason]
+
+
+def test_a_lost_bucket_is_never_served_as_empty(
+    cluster: Cluster, namespace: str, minio: str, figures: RecordFigure
+) -> None:
+    """[O2]: the data bucket emptied under a running release, then a fresh bucket given to the
+    release (helm upgrade of objectStore.bucket): no partition serves from offset 0, producers
+    get KAFKA_STORAGE_ERROR, the Topic is Degraded (StoreLost) naming its partitions, and after
+    the documented recovery (the accept-data-loss annotation) the partitions serve again at
+    their acknowledged ends, never reusing an offset, with the loss recorded in an Event. The
+    metadata log lives in its own bucket (the chart's default with the in-cluster store), so it
+    keeps the record of what was there."""
+    ns = namespace
+    values = release_values(cluster, minio)
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", ns, "--wait",
+                 "--timeout", "6m", *values, timeout=420)  # fmt: skip
+    try:
+        servers = bootstrap_service(cluster, ns)
+        create_topic(cluster, ns, "ledger", 3)
+        ends = produce_acked(servers, "ledger", 300)
+        assert set(ends) == {0, 1, 2}, ends
+        time.sleep(12)  # the controller commits the acknowledged ends (floors) every 10 s
+
+        # (1) the bucket emptied under the running release
+        s3 = object_store(cluster, ns)
+        keys = stored_objects(cluster, ns, "")
+        assert keys, "nothing in the data bucket"
+        for i in range(0, len(keys), 1000):
+            s3.delete_objects(
+                Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]}
+            )
+        started = time.monotonic()
+        c = wait_until("Topic Degraded (StoreLost)",
+                       lambda: degraded(cluster, ns, "ledger", "StoreLost"), timeout=120)  # fmt: skip
+        figures("store_wiped_detected_s", round(time.monotonic() - started, 1),
+                "bucket emptied to the Topic Degraded/StoreLost")  # fmt: skip
+        assert "partition" in c["message"], c
+        # each broker checks the marker itself (every 5 s, --identity-check-interval-ms): the
+        # Topic's condition comes from the controller's own check and may be the first to know
+        wait_until("every broker stopped serving the lost store (tidalmq_store_lost 1, /readyz 503)",
+                   lambda: store_lost_everywhere(cluster, ns), timeout=30)  # fmt: skip
+        figures("store_wiped_brokers_stopped_s", round(time.monotonic() - started, 1),
+                "bucket emptied to every broker refusing the store")  # fmt: skip
+        # to the brokers' pod IPs: the bootstrap Service routes only to Ready brokers, and none is
+        err = produce_error(bootstrap(cluster, ns), "ledger", 0)
+        assert (
+            err is not None
+            and getattr(err, "code", lambda: None)() == KafkaError.KAFKA_STORAGE_ERROR
+        ), err
+        figures("store_wiped_recovery_s", round(accept_the_loss(cluster, ns, "ledger"), 1),
+                "annotation to the Topic Ready again")  # fmt: skip
+        after = produce_acked(servers, "ledger", 30)
+        for p, end in after.items():
+            assert end > ends[p], (
+                f"partition {p} served from {end} after {ends[p]} were acknowledged"
+            )
+        wait_until("a DataLossAccepted Event",
+                   lambda: events_of(cluster, ns, "DataLossAccepted"), timeout=60)  # fmt: skip
+        ends = {p: max(ends[p], after.get(p, 0)) for p in ends}
+        time.sleep(12)
+
+        # (2) a fresh bucket given to the release. The brokers' rolling update halts at the
+        # first broker restarted onto it (a broker whose store is lost is never Ready, so
+        # `helm upgrade --wait` would time out): checked, then the rollout is finished by hand
+        # (the brokers of the old revision deleted), as an administrator who meant it would
+        started = time.monotonic()
+        cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", ns, *values,
+                     "--set", "objectStore.bucket=fresh", timeout=120)  # fmt: skip
+        first = wait_until("a broker of the new revision refusing the fresh bucket",
+                           lambda: updated_brokers_refusing(cluster, ns), timeout=240)  # fmt: skip
+        figures("fresh_bucket_first_broker_refusing_s", round(time.monotonic() - started, 1),
+                "helm upgrade to a fresh bucket until its first broker refused it")  # fmt: skip
+        time.sleep(10)
+        sts = cluster.kubectl_json("-n", ns, "get", "statefulset", STS)
+        assert sts["status"].get("updatedReplicas", 0) == len(first), (
+            "the rollout went on past a broker that is not Ready",
+            sts["status"],
+        )
+        revision = sts["status"]["updateRevision"]
+        old = [
+            p["metadata"]["name"]
+            for p in broker_pods(cluster, ns)
+            if p["metadata"]["labels"].get("controller-revision-hash") != revision
+        ]
+        cluster.kubectl("-n", ns, "delete", "pod", "--wait=false", *old)
+        wait_until("every broker on the fresh bucket refusing it",
+                   lambda: len(updated_brokers_refusing(cluster, ns)) == len(old) + len(first),
+                   timeout=240)  # fmt: skip
+        wait_until("Topic Degraded (StoreLost) on the fresh bucket",
+                   lambda: degraded(cluster, ns, "ledger", "StoreLost"), timeout=120)  # fmt: skip
+        figures("fresh_bucket_detected_s", round(time.monotonic() - started, 1),
+                "helm upgrade to a fresh bucket until every broker and the Topic say StoreLost")  # fmt: skip
+        servers = bootstrap_service(cluster, ns)
+        err = produce_error(bootstrap(cluster, ns), "ledger", 1)
+        assert (
+            err is not None
+            and getattr(err, "code", lambda: None)() == KafkaError.KAFKA_STORAGE_ERROR
+        ), err
+        accept_the_loss(cluster, ns, "ledger")
+        wait_until("every broker Ready on the fresh bucket",
+                   lambda: all(p["ready"] for p in release_pods(cluster, ns).values()
+                               if p["component"] == "broker"), timeout=120)  # fmt: skip
+        again = produce_acked(servers, "ledger", 30)
+        for p, end in again.items():
+            assert end > ends[p], (
+                f"partition {p} served from {end} after {ends[p]} were acknowledged"
+            )
+    finally:
+        save_diagnosis(cluster, ns)
+        uninstall(cluster, ns)
 
 
 # ------------------------------------------------------------------------------ the shared release
