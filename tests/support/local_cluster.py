@@ -20,10 +20,13 @@ from tests.support.started import StartedInWith
 class LocalClusterProcess(StartedInWith):
     def __init__(
         self, data_dir: Path, *, brokers: int = 3, storage_url: str = "",
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, port: int = 0,
     ) -> None:  # fmt: skip
         self.data_dir = data_dir
         self.brokers = brokers
+        # 0: any free ports; N: broker i listens on N + i, in every run on this data dir (a
+        # client that outlives a restart of `local up` finds the brokers where they were)
+        self.port = port
         self.storage_url = storage_url
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -38,7 +41,7 @@ class LocalClusterProcess(StartedInWith):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable, "-m", "tidalmq_broker.cli", "local", "up",
-            "--brokers", str(self.brokers), "--port", "0", "--controller-port", "0",
+            "--brokers", str(self.brokers), "--port", str(self.port), "--controller-port", "0",
             "--data-dir", str(self.data_dir),
         ]  # fmt: skip
         if self.storage_url:
