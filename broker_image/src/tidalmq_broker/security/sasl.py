@@ -316,7 +316,8 @@ class SaslAuthenticator:
 
 def log_failure(peer: str, listener: str, sasl: SaslAuthenticator, reason: str) -> None:
     """One rate-limited line per failed authentication (who, from where, why)."""
+    who = f" of {sasl.user!r}" if sasl.user is not None else ""
     AUTH_FAILURES.warning(
-        log, "SASL/%s authentication of %r from %s on listener %s failed: %s",
-        sasl.mechanism_name, sasl.user, peer, listener, reason,
+        log, "SASL/%s authentication%s from %s on listener %s failed: %s",
+        sasl.mechanism_name, who, peer, listener, reason,
     )  # fmt: skip
