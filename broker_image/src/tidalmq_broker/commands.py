@@ -202,6 +202,13 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
     up.add_argument("--storage-url", default="", help="object store (default: DATA_DIR/objects)")
     up.add_argument("--fresh", action="store_true", help="delete existing data first")
+    up.add_argument(
+        "--security",
+        choices=("plaintext", "sasl_ssl"),
+        default="plaintext",
+        help="sasl_ssl: brokers listen with SASL_SSL only (a CA and certificates, an admin "
+        "user and a client.properties are made in DATA_DIR/security)",
+    )
     _data_dir(up)
     up.set_defaults(handler=_run_local_up)
     for name, help_text in [
