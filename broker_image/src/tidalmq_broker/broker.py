@@ -105,7 +105,11 @@ class Broker:
             self._dispatch,
             supported_versions,
             lambda: api_versions_body(_unsupported_version()),
-            limits=ListenerLimits(max_request_bytes=settings.max_request_bytes),
+            limits=ListenerLimits(
+                max_request_bytes=settings.max_request_bytes,
+                failed_authentication_delay_s=settings.connection_failed_authentication_delay_ms
+                / 1000,
+            ),
             observer=self.metrics,
         )
         self.http = HealthServer(self._readiness)

@@ -84,6 +84,11 @@ class BrokerSettings:
         default="SCRAM-SHA-256,SCRAM-SHA-512",
         metadata={"help": "SASL mechanisms of SASL listeners: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"},
     )
+    connection_failed_authentication_delay_ms: int = field(
+        default=100,
+        metadata={"help": "Kafka's connection.failed.authentication.delay.ms: close a connection "
+                  "that failed to authenticate this long after its answer"},
+    )  # fmt: skip
     scram_bootstrap: str = field(
         default="",
         metadata={

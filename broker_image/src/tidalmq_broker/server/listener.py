@@ -131,6 +131,10 @@ class ListenerLimits:
     max_inflight_bytes_per_connection: int = 16 * 1024 * 1024
     idle_timeout_s: float = 600.0  # connections.max.idle.ms
     tls_handshake_timeout_s: float = 10.0  # a client that has not finished it is dropped
+    # connection.failed.authentication.delay.ms: a connection that failed to authenticate is
+    # closed this long after its answer (which then reaches the client before the close, and
+    # a password guesser waits)
+    failed_authentication_delay_s: float = 0.1
 
 
 class RequestObserver:
@@ -349,16 +353,16 @@ class KafkaListener:
                 token = await sasl.authenticate(bytes(frame))
             except SaslFailure as exc:
                 log_failure(conn.peer, conn.listener, sasl, exc.reason)
-                return False  # v0 has no way to say why: Kafka closes too
+                return await self._refused()  # v0 has no way to say why: Kafka closes too
             except SaslStateError as exc:
                 log_failure(conn.peer, conn.listener, sasl, str(exc))
-                return False
+                return await self._refused()
             if sasl.state == sasl.DONE:
                 assert sasl.principal is not None
                 conn.principal = sasl.principal
                 conn.authenticated = True
             await responses.put(_answered_with(_SIZE.pack(len(token)) + token))
-            return self._after_request(proto, conn)
+            return self._after_request(proto, conn) or await self._refused()
         try:
             api_key, _version, _correlation_id = peek_header(frame)
         except MalformedRequest as exc:
@@ -381,7 +385,7 @@ class KafkaListener:
         await responses.put(_answered_with(response))
         if isinstance(response, _Close):
             return False
-        return self._after_request(proto, conn)
+        return self._after_request(proto, conn) or await self._refused()
 
     def _after_request(self, proto: FrameProtocol, conn: Connection) -> bool:
         if conn.close_after_response:
@@ -389,6 +393,11 @@ class KafkaListener:
         if conn.authenticated:  # full-size requests from now on
             proto.set_max_frame(self._limits.max_request_bytes)
         return True
+
+    async def _refused(self) -> bool:
+        """Close a connection that failed to authenticate, after Kafka's delay."""
+        await asyncio.sleep(self._limits.failed_authentication_delay_s)
+        return False
 
     async def _receive_loop(
         self,
