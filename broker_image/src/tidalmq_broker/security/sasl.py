@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
-import logging
 import re
 import secrets
 from collections.abc import Callable
@@ -38,9 +37,7 @@ from dataclasses import dataclass
 from tidalmq_core import scram
 from tidalmq_core.scram import ScramCredential
 
-from tidalmq_broker.server.ratelog import AUTH_FAILURES
-
-log = logging.getLogger(__name__)
+from tidalmq_broker.security import failures
 
 PLAIN = "PLAIN"
 SUPPORTED_MECHANISMS = (PLAIN, scram.SCRAM_SHA_256.name, scram.SCRAM_SHA_512.name)
@@ -317,7 +314,7 @@ class SaslAuthenticator:
 def log_failure(peer: str, listener: str, sasl: SaslAuthenticator, reason: str) -> None:
     """One rate-limited line per failed authentication (who, from where, why)."""
     who = f" of {sasl.user!r}" if sasl.user is not None else ""
-    AUTH_FAILURES.warning(
-        log, "SASL/%s authentication%s from %s on listener %s failed: %s",
+    failures.record(
+        listener, "sasl", "SASL/%s authentication%s from %s on listener %s failed: %s",
         sasl.mechanism_name, who, peer, listener, reason,
     )  # fmt: skip

@@ -50,6 +50,7 @@ from tidalmq_broker.protocol.codec import (
     encode_response_parts,
     peek_header,
 )
+from tidalmq_broker.security import failures
 from tidalmq_broker.security.listeners import PLAINTEXT
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.security.sasl import (
@@ -62,7 +63,7 @@ from tidalmq_broker.security.sasl import (
 )
 from tidalmq_broker.security.tls import handshake_reporting, subject_dn
 from tidalmq_broker.server.framing import FrameProtocol, FrameSizeError
-from tidalmq_broker.server.ratelog import AUTH_FAILURES, REQUEST_ERRORS, describe
+from tidalmq_broker.server.ratelog import REQUEST_ERRORS, describe
 
 log = logging.getLogger(__name__)
 
@@ -265,9 +266,8 @@ class KafkaListener:
             else:
                 msg = ("closing connection from %s on listener %s: a frame of %d bytes before "
                        "authentication (at most %d: sasl.server.max.receive.size)")  # fmt: skip
-                AUTH_FAILURES.warning(
-                    log, msg, conn.peer, conn.listener, exc.size, SASL_MAX_RECEIVE_BYTES
-                )
+                failures.record(conn.listener, "unauthenticated_request", msg, conn.peer,
+                                conn.listener, exc.size, SASL_MAX_RECEIVE_BYTES)  # fmt: skip
         except TimeoutError:
             log.debug("closing idle connection from %s", conn.peer)
         except asyncio.CancelledError:
@@ -305,7 +305,7 @@ class KafkaListener:
             conn.principal = "User:" + mapper.name(dn)
         except ValueError as exc:  # NoMatchingRule, or a certificate we cannot read
             msg = "closing connection from %s on listener %s: no principal for %r: %s"
-            AUTH_FAILURES.warning(log, msg, conn.peer, endpoint.name, dn, exc)
+            failures.record(endpoint.name, "principal", msg, conn.peer, endpoint.name, dn, exc)
             return False
         return True
 
@@ -372,7 +372,8 @@ class KafkaListener:
         if api_key not in PRE_AUTHENTICATION_APIS:
             msg = ("closing connection from %s on listener %s: unexpected Kafka request of api "
                    "key %d during SASL handshake (not authenticated)")  # fmt: skip
-            AUTH_FAILURES.warning(log, msg, conn.peer, conn.listener, api_key)
+            failures.record(conn.listener, "unauthenticated_request", msg, conn.peer,
+                            conn.listener, api_key)  # fmt: skip
             return False
         request = await self._decode(frame, conn, responses)
         if isinstance(request, bool):
@@ -501,4 +502,4 @@ def _answered_with(response: _Response) -> asyncio.Future[_Response]:
 def _tls_failed(listener: str, exc: ssl.SSLError) -> None:
     # the TLS layer does not know the peer's address: the listener and OpenSSL's reason
     reason = f"{exc.reason} ({exc.library})" if exc.reason else str(exc)
-    AUTH_FAILURES.warning(log, "TLS handshake on listener %s failed: %s", listener, reason)
+    failures.record(listener, "tls", "TLS handshake on listener %s failed: %s", listener, reason)
