@@ -154,16 +154,28 @@ def handshake_reporting(
     listener: str, report: Callable[[str, ssl.SSLError], None]
 ) -> type[ssl.SSLObject]:
     """An SSLObject class (SSLContext.sslobject_class) whose failed handshakes are reported
-    with `report(listener, error)` (the event loop's TLS layer drops them silently)."""
+    with `report(listener, error)` (the event loop's TLS layer drops them silently), and whose
+    TLS alert reaches the client, as Kafka's does."""
 
     class ReportingSSLObject(ssl.SSLObject):
+        _failed: ssl.SSLError | None = None
+
         def do_handshake(self) -> None:
+            if self._failed is not None:
+                raise self._failed
             try:
                 super().do_handshake()
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 raise  # the handshake goes on
             except ssl.SSLError as exc:
                 report(listener, exc)
-                raise
+                # The event loop's TLS layer drops the connection on this error at once, and
+                # the TLS alert OpenSSL wrote for the client (unknown_ca, certificate_required,
+                # ...) with it: clients then see a connection closed during authentication
+                # instead of why. Answered "want read" once, the layer sends what is pending
+                # (the alert) and fails on the next call: when the client closes, sends more,
+                # or the handshake times out.
+                self._failed = exc
+                raise ssl.SSLWantReadError("handshake failed; sending the alert") from exc
 
     return ReportingSSLObject
