@@ -21,6 +21,7 @@ from tidalmq_broker.controller.controller import Controller, ControllerFenced, C
 from tidalmq_broker.controller.log import MetadataLost, ObjectStoreMetadataLog
 from tidalmq_broker.controller.moves import MoveStatus
 from tidalmq_broker.controller.rpc import ControllerServer
+from tidalmq_broker.controller.scram_credentials import parse_bootstrap
 from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.topic_data import delete_topic_data
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata
@@ -227,6 +228,15 @@ class OperatorRuntime:
                         return
                     await asyncio.sleep(0.5)
         METADATA_LOST.set(0)
+        if s.scram_bootstrap or s.scram_bootstrap_file:  # the first users (admin), if absent
+            try:
+                users = parse_bootstrap(s.scram_bootstrap, s.scram_bootstrap_file)
+            except ValueError as exc:  # said loudly, but the cluster keeps its controller
+                log.error("SCRAM bootstrap users not created: %s", exc)
+                users = []
+            created = await controller.bootstrap_scram_credentials(users)
+            if created:
+                log.info("SCRAM credentials bootstrapped: %s", ", ".join(created))
         await self.metadata_log.condition("Ready", True, "Active", "controller active")
         controller.add_event_sink(self._on_controller_event)
         controller.add_commit_listener(self._on_commit)
