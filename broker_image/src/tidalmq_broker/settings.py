@@ -61,7 +61,9 @@ class BrokerSettings:
         metadata={"help": "PEM file with the broker's private key and certificate chain"},
     )
     ssl_key_password: str = field(
-        default="", metadata={"help": "password of an encrypted private key (prefer the env)"}
+        default="",
+        repr=False,  # secrets stay out of logs and tracebacks
+        metadata={"help": "password of an encrypted private key (prefer the env)"},
     )
     ssl_truststore_location: str = field(
         default="", metadata={"help": "PEM file of the CA certificates client certs must chain to"}
@@ -91,6 +93,7 @@ class BrokerSettings:
     )  # fmt: skip
     scram_bootstrap: str = field(
         default="",
+        repr=False,
         metadata={
             "help": "SCRAM users the embedded controller creates at start if absent: "
             "user:MECHANISM:password, one per line (prefer the env or --scram-bootstrap-file)"
