@@ -86,15 +86,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from prometheus_client import REGISTRY  # noqa: E402
-from tidalmq_broker.controller.controller import (  # noqa: E402
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore  # noqa: E402
+from tidalmq_controller import (  # noqa: E402
+    Batch,
     Controller,
     ControllerSettings,
+    Heartbeat,
     NewTopic,
+    ObjectStoreMetadataLog,
+    report_doc,
 )
-from tidalmq_broker.controller.log import Batch, ObjectStoreMetadataLog  # noqa: E402
-from tidalmq_broker.controller.membership import Heartbeat  # noqa: E402
-from tidalmq_broker.controller.rpc import report_doc  # noqa: E402
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore  # noqa: E402
 from tidalmq_core import snapshots  # noqa: E402
 from tidalmq_core.metadata import BrokerInfo  # noqa: E402
 from tidalmq_core.model import TopicPartition  # noqa: E402

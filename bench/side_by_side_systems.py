@@ -688,7 +688,8 @@ def environment(storage: str, *, kafka: bool = True) -> dict[str, Any]:
         return proc.stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "not a git checkout"
-    dirty = bool(git("status", "--porcelain", "--", "."))
+    # "modified" covers the broker and the controller it runs (tidalmq_controller, beside it)
+    dirty = bool(git("status", "--porcelain", "--", ".", "../tidalmq_controller"))
     java = (
         subprocess.run(
             [java_executable(), "-version"], capture_output=True, text=True, check=False

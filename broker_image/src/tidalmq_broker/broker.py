@@ -12,6 +12,18 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from tidalmq_controller import (
+    Batch,
+    Controller,
+    ControllerClient,
+    ControllerSettings,
+    Heartbeat,
+    HttpControllerClient,
+    LocalControllerClient,
+    ObjectStoreMetadataLog,
+    parse_bootstrap,
+    report_doc,
+)
 from tidalmq_core import snapshots, updates
 from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata, DataLoss, Endpoint
 from tidalmq_core.model import TopicPartition
@@ -22,16 +34,6 @@ from tidalmq_core.static_mapping import is_physical_topic
 import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
-from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.log import Batch, ObjectStoreMetadataLog
-from tidalmq_broker.controller.membership import Heartbeat
-from tidalmq_broker.controller.rpc import (
-    ControllerClient,
-    HttpControllerClient,
-    LocalControllerClient,
-    report_doc,
-)
-from tidalmq_broker.controller.scram_credentials import parse_bootstrap
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.partitions import PartitionManager

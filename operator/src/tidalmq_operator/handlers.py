@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import kopf
-from tidalmq_broker.controller.controller import NewTopic, TopicResult
+from tidalmq_controller import NewTopic, TopicResult
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, PlanEntry, validate_plan
 

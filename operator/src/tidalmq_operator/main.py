@@ -9,8 +9,7 @@ import socket
 from typing import Any
 
 import kopf
-from tidalmq_broker.logs import setup_logging
-from tidalmq_broker.server.http import HealthServer
+from tidalmq_controller.hosting import HealthServer, setup_logging
 from tidalmq_core.metadata import new_cluster_id
 
 from tidalmq_operator import handlers  # noqa: F401  (registers the handlers)

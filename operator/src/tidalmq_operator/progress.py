@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidalmq_broker.controller.moves import MoveStatus
+from tidalmq_controller import MoveStatus
 from tidalmq_core.metadata import PartitionState
 from tidalmq_core.reassignment import Phase, PlanEntry
 

@@ -17,13 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import Gauge
-from tidalmq_broker.controller.controller import Controller, ControllerFenced, ControllerSettings
-from tidalmq_broker.controller.log import MetadataLost, ObjectStoreMetadataLog
-from tidalmq_broker.controller.moves import MoveStatus
-from tidalmq_broker.controller.rpc import ControllerServer
-from tidalmq_broker.controller.scram_credentials import parse_bootstrap
-from tidalmq_broker.storage.objectstore.factory import open_object_store
-from tidalmq_broker.storage.topic_data import delete_topic_data
+from tidalmq_controller import (
+    Controller,
+    ControllerFenced,
+    ControllerServer,
+    ControllerSettings,
+    MetadataLost,
+    MoveStatus,
+    ObjectStoreMetadataLog,
+    parse_bootstrap,
+)
+from tidalmq_controller.hosting import delete_topic_data, open_object_store
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry

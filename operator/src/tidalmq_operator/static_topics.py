@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from tidalmq_broker.static_topics.manager import StaticTopicError
+from tidalmq_controller import StaticTopicError
 from tidalmq_core.static_mapping import MappingError, TotalQueuesFixed, physical_topic_name
 
 from tidalmq_operator.availability import (

@@ -2,13 +2,13 @@
 to by one small ClusterState resource.
 
 The log itself (a batch of records per object, snapshots) lives in the object store like the
-local cluster's (tidalmq_broker.controller.log), under `cluster/` of the metadata store. The
-ClusterState holds only what must survive and fence: the cluster id (spec.clusterId), the
-controller epoch and a pointer (the last batch version known committed, the newest snapshot),
-the last two as annotations (`tidalmq.io/controller-epoch`, `tidalmq.io/metadata-log`): the API
-server keeps annotations whatever version of the CRD's schema is installed, so an operator
-newer than the cluster's CRDs still fences. Its size does not grow with the partition count
-(etcd refuses requests over 1.5 MiB and slows long before).
+local cluster's (tidalmq_controller.ObjectStoreMetadataLog), under `cluster/` of the metadata
+store. The ClusterState holds only what must survive and fence: the cluster id
+(spec.clusterId), the controller epoch and a pointer (the last batch version known committed,
+the newest snapshot), the last two as annotations (`tidalmq.io/controller-epoch`,
+`tidalmq.io/metadata-log`): the API server keeps annotations whatever version of the CRD's
+schema is installed, so an operator newer than the cluster's CRDs still fences. Its size does
+not grow with the partition count (etcd refuses requests over 1.5 MiB and slows long before).
 
 - Fence: a controller claims epoch E by replacing the ClusterState naming the resourceVersion
   it read, only if its epoch is below E (compare-and-swap): two operator replicas can never
@@ -28,13 +28,7 @@ import logging
 import time
 from typing import Any
 
-from tidalmq_broker.controller.log import (
-    Batch,
-    LoadedLog,
-    LogConflict,
-    MetadataLost,
-    ObjectStoreMetadataLog,
-)
+from tidalmq_controller import Batch, LoadedLog, LogConflict, MetadataLost, ObjectStoreMetadataLog
 from tidalmq_core import snapshots
 from tidalmq_core.metadata import ClusterMetadata
 

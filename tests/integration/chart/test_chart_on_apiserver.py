@@ -135,12 +135,13 @@ def test_good_resources_are_accepted(api: Api, ns: str) -> None:
     assert table[0].split() == ["NAME", "PARTITIONS", "READY", "REASON", "AGE"]
     assert table[1].split()[:2] == ["named", "3"]
     wide = api.kubectl("-n", ns, "get", "tpr", "-o", "wide").stdout.splitlines()[0].split()
-    assert wide == ["NAME", "PHASE", "PROGRESS", "APPROVED", "CANCEL", "AGE"]
-    assert api.kubectl("-n", ns, "get", "tst").stdout.split()[:5] == [
+    assert wide == ["NAME", "PHASE", "PROGRESS", "MESSAGE", "APPROVED", "CANCEL", "AGE"]
+    assert api.kubectl("-n", ns, "get", "tst").stdout.splitlines()[0].split() == [
         "NAME",
         "QUEUES",
         "EPOCH",
         "READY",
+        "REASON",
         "AGE",
     ]
 

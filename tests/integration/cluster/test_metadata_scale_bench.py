@@ -46,12 +46,20 @@ def test_quick_mode_at_200_partitions(tmp_path: Path, apache_kafka_dist: KafkaDi
     tail = f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, tail
     runs = json.loads(out.with_suffix(".json").read_text())["runs"]
-    assert set(runs) == {"kafka@200", "tidalmq@200", "scenario@200"}, tail
+    controller = [key for key in runs if key.startswith("controller@")]
+    assert set(runs) - set(controller) == {"kafka@200", "tidalmq@200", "scenario@200"}, tail
+    assert len(controller) == 1, tail
     for key, entry in runs.items():
         assert not entry.get("error"), (key, entry["error"])
+        if key in controller:
+            continue
         for name, phase in entry["phases"].items():
             if name != "producer":
                 assert phase["ok"], (key, name, phase.get("failure"))
+    # the controller alone: the joining broker got its fair share, nobody fenced or dead
+    move = runs[controller[0]]["phases"]["move"]
+    assert move["done"] == move["fair_share"] > 0, move
+    assert move["fenced"] == 0 and move["dead"] == 0, move
     assert runs["kafka@200"]["phases"]["move"]["moved"] == 50
     assert runs["kafka@200"]["phases"]["move"]["served"] == 50
     assert runs["tidalmq@200"]["phases"]["move"]["served"] >= 1

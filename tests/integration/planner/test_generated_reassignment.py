@@ -21,16 +21,15 @@ import kopf
 import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from tidalmq_broker.controller.controller import Controller, ControllerSettings, NewTopic
-from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
+from tidalmq_controller import Controller, ControllerSettings, NewTopic, ObjectStoreMetadataLog
 from tidalmq_core.model import TopicPartition
 from tidalmq_operator import handlers
 from tidalmq_operator.kube import Kube
 from tidalmq_operator.runtime import OperatorRuntime
 from tidalmq_operator.settings import OperatorSettings
 
+from tests.support.fake_broker import FakeBroker
 from tests.support.kube_apiserver import ApiServer
 
 pytestmark = [pytest.mark.integration]
@@ -65,30 +64,6 @@ SETTINGS = ControllerSettings(
 )  # fmt: skip
 
 
-class FakeBroker:
-    """A live broker for the controller: registers and heartbeats; never closes a partition, so
-    moves stay in flight (the test only checks that they were recorded)."""
-
-    def __init__(self, controller: Controller, broker_id: int) -> None:
-        self.controller = controller
-        self.broker_id = broker_id
-        self.version = -1
-        self.task: asyncio.Task[None] | None = None
-
-    async def push_metadata(self, snapshot: ClusterMetadata) -> None:
-        self.version = snapshot.version
-
-    async def start(self) -> None:
-        info = BrokerInfo(self.broker_id, "127.0.0.1", 9000 + self.broker_id, incarnation="a")
-        self.version = (await self.controller.register_broker(info, self)).version
-        self.task = asyncio.create_task(self._beat())
-
-    async def _beat(self) -> None:
-        while True:
-            await self.controller.heartbeat(self.broker_id, "a", self.version, {})
-            await asyncio.sleep(SETTINGS.heartbeat_interval_s)
-
-
 @pytest.fixture(scope="module")
 def api(kube_apiserver: ApiServer) -> ApiServer:
     kube_apiserver.kubectl("apply", "-f", str(REPO / "crds"))
@@ -101,9 +76,11 @@ def api(kube_apiserver: ApiServer) -> ApiServer:
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
     c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
     await c.start()
-    brokers = [FakeBroker(c, i) for i in range(3)]
+    # live brokers that never close a partition, so moves stay in flight (the tests only check
+    # that they were recorded)
+    brokers = [FakeBroker(c, i, interval_s=SETTINGS.heartbeat_interval_s) for i in range(3)]
     for b in brokers:
-        await b.start()
+        await b.register()
     (result,) = await c.create_topics([NewTopic(TOPIC, 6)])
     assert result.error is None, result.error
     spy_on(c)
@@ -111,8 +88,7 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
         yield c
     finally:
         for b in brokers:
-            if b.task is not None:
-                b.task.cancel()
+            b.silence()
         await c.stop()
 
 

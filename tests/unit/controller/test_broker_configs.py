@@ -8,13 +8,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller import Controller, ControllerSettings, ObjectStoreMetadataLog
 from tidalmq_core.metadata import BrokerInfo
 from tidalmq_core.topics import InvalidConfig
 
-from tests.unit.controller.fakes import FakeBroker
+from tests.support.fake_broker import FakeBroker
 
 RATE = "leader.replication.throttled.rate"
 FOLLOWER = "follower.replication.throttled.rate"

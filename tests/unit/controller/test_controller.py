@@ -12,19 +12,19 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.controller.controller import (
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller import (
     Controller,
     ControllerFenced,
     ControllerSettings,
     NewTopic,
+    ObjectStoreMetadataLog,
 )
-from tidalmq_broker.controller.log import ObjectStoreMetadataLog
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core.metadata import NO_LEADER, BrokerInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
 
-from tests.unit.controller.fakes import FakeBroker
+from tests.support.fake_broker import FakeBroker
 
 FAST = ControllerSettings(
     heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,

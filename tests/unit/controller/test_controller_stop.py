@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.log import ObjectStoreMetadataLog
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller import Controller, ControllerSettings, ObjectStoreMetadataLog
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.001)
 

@@ -12,15 +12,15 @@ import json
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.controller.controller import (
+from tidalmq_broker.storage.identity import IDENTITY_KEY, MISSING
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller import ObjectStoreMetadataLog
+from tidalmq_controller._controller import (
     Controller,
     ControllerSettings,
     ForeignStore,
     NewTopic,
 )
-from tidalmq_broker.controller.log import ObjectStoreMetadataLog
-from tidalmq_broker.storage.identity import IDENTITY_KEY, MISSING
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core.metadata import DataLoss
 from tidalmq_core.model import TopicPartition
 

@@ -7,14 +7,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.controller.controller import (
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller import (
+    Batch,
     Controller,
     ControllerSettings,
     InvalidReplicaAssignment,
     NewTopic,
+    ObjectStoreMetadataLog,
 )
-from tidalmq_broker.controller.log import Batch, ObjectStoreMetadataLog
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core.metadata import BrokerInfo
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)

@@ -1,4 +1,4 @@
-"""The journal (controller/journal.py): group commit, retries, deposition, snapshots.
+"""The journal (tidalmq_controller/_journal.py): group commit, retries, deposition, snapshots.
 
 Proposals are applied to the image at once and share the next batch while an append is in
 flight; an append that fails for any reason but a conflict is retried as the same bytes at the
@@ -12,9 +12,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from tidalmq_broker.controller import journal as journal_module
-from tidalmq_broker.controller.journal import Deposed, Journal
-from tidalmq_broker.controller.log import Batch, LoadedLog, MemoryMetadataLog
+from tidalmq_controller import _journal as journal_module
+from tidalmq_controller._journal import Deposed, Journal
+from tidalmq_controller._log import Batch, LoadedLog, MemoryMetadataLog
 from tidalmq_core import snapshots
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition

@@ -1,7 +1,8 @@
-"""Membership (controller/membership.py): heartbeats are answered from the liveness table alone
-(from any thread, whatever the event loop is doing), carry changes that wait in an inbox for the
-loop, ask for everything when the controller does not know what a broker has open, and grant a
-lease only while the controller's role was confirmed recently and the broker is not fenced."""
+"""Membership (tidalmq_controller/_membership.py): heartbeats are answered from the liveness table
+alone (from any thread, whatever the event loop is doing), carry changes that wait in an inbox
+for the loop, ask for everything when the controller does not know what a broker has open, and
+grant a lease only while the controller's role was confirmed recently and the broker is not
+fenced."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from tidalmq_broker.controller.controller import Controller, ControllerSettings, NewTopic
-from tidalmq_broker.controller.log import MemoryMetadataLog
-from tidalmq_broker.controller.membership import (
+from tidalmq_controller import Controller, ControllerSettings, NewTopic
+from tidalmq_controller._log import MemoryMetadataLog
+from tidalmq_controller._membership import (
     BrokerLiveness,
     Heartbeat,
     HeartbeatReply,
@@ -22,7 +23,7 @@ from tidalmq_broker.controller.membership import (
 from tidalmq_core.metadata import BrokerInfo
 from tidalmq_core.model import TopicPartition
 
-from tests.unit.controller.fakes import FakeBroker
+from tests.support.fake_broker import FakeBroker
 
 A, B, C, D = (TopicPartition("t", i) for i in range(4))
 LEASE, MARGIN, WINDOW = 4.0, 0.5, 3.0
@@ -238,7 +239,7 @@ async def test_heartbeats_are_answered_while_the_event_loop_is_blocked(
     replies: list[HeartbeatReply] = []
     stop = threading.Event()
 
-    def beats() -> None:  # the liveness thread's side (rpc.py runs the same call there)
+    def beats() -> None:  # the liveness thread's side (_rpc.py runs the same call there)
         while not stop.is_set():
             started = time.perf_counter()
             replies.append(c.beat(Heartbeat(0, "a", 1, {tp: epoch}, full=True)))

@@ -1,9 +1,9 @@
-"""The metadata log (controller/log.py): both implementations, the object store one on a real
-local-directory store, through one parametrized fixture. A version is appended once (another
-controller's batch there is a LogConflict, our own retried batch is not); loading reads the
-newest snapshot and the batches after it, and refuses a log with a hole; trimming keeps two
-snapshots; the single document of the earlier design is read as the first snapshot and
-dropped once a real snapshot exists."""
+"""The metadata log (tidalmq_controller/_log.py): both implementations, the object store one on a
+real local-directory store, through one parametrized fixture. A version is appended once
+(another controller's batch there is a LogConflict, our own retried batch is not); loading reads
+the newest snapshot and the batches after it, and refuses a log with a hole; trimming keeps two
+snapshots; the single document of the earlier design is read as the first snapshot and dropped
+once a real snapshot exists."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.log import (
+from tidalmq_broker.storage.objectstore.base import ObjectNotFound
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller import Controller, ControllerSettings
+from tidalmq_controller._log import (
     Batch,
     LoadedLog,
     LogConflict,
@@ -23,8 +25,6 @@ from tidalmq_broker.controller.log import (
     MetadataLost,
     ObjectStoreMetadataLog,
 )
-from tidalmq_broker.storage.objectstore.base import ObjectNotFound
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core import snapshots
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition

@@ -1,5 +1,5 @@
-"""One move's release decision (controller/moves.py, MoveStatus.release) driven by a fake clock,
-and the tracker's count of moves in flight per broker (what the waves are capped by).
+"""One move's release decision (tidalmq_controller/_moves.py, MoveStatus.release) driven by a fake
+clock, and the tracker's count of moves in flight per broker (what the waves are capped by).
 
 Clocks: `now` is monotonic (leases, not_before), `wall` is the wall clock the election timeout
 counts in (from the durable start of the close, `started`)."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from tidalmq_broker.controller.moves import MoveStatus, MoveTracker, Release, SourceView
+from tidalmq_controller._moves import MoveStatus, MoveTracker, Release, SourceView
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase
 

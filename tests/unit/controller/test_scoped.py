@@ -1,6 +1,6 @@
-"""Changes written as functions of the image (controller/scoped.py): `scoped_records` runs them
-on a view that copies only what they touch, and the records it returns, applied to the image,
-give what the function would have made of a full copy."""
+"""Changes written as functions of the image (tidalmq_controller/_scoped.py): `scoped_records` runs
+them on a view that copies only what they touch, and the records it returns, applied to the
+image, give what the function would have made of a full copy."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import random
 from collections.abc import Callable
 
 import pytest
-from tidalmq_broker.controller import scoped
-from tidalmq_broker.controller.scoped import CopyOnAccess, scoped_records, topic_changes
+from tidalmq_controller import _scoped as scoped
+from tidalmq_controller._scoped import CopyOnAccess, scoped_records, topic_changes
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, DataLoss, PartitionState, TopicInfo
 from tidalmq_core.records import MetadataDelta, Record, apply_record
 from tidalmq_core.static_mapping import StaticTopicState, initial_mapping

@@ -8,21 +8,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.log import ObjectStoreMetadataLog
-from tidalmq_broker.controller.scram_credentials import (
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller import (
+    Controller,
+    ControllerSettings,
+    ObjectStoreMetadataLog,
     ScramAlterResult,
     ScramDeletion,
     ScramUpsertion,
-    alter,
-    bootstrap,
     parse_bootstrap,
 )
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller._scram_credentials import alter, bootstrap
 from tidalmq_core import scram
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
 
-from tests.unit.controller.fakes import FakeBroker
+from tests.support.fake_broker import FakeBroker
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
 SHA256, SHA512 = scram.SCRAM_SHA_256.type, scram.SCRAM_SHA_512.type

@@ -13,21 +13,26 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
-from tidalmq_broker.controller.controller import Controller, ControllerSettings, NewTopic
-from tidalmq_broker.controller.log import Batch, ObjectStoreMetadataLog
-from tidalmq_broker.static_topics.manager import StaticTopicError
 from tidalmq_broker.storage import keys
 from tidalmq_broker.storage.checkpoint import Checkpoint, CheckpointStore
 from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_broker.storage.sealed import is_sealed
+from tidalmq_controller import (
+    Batch,
+    Controller,
+    ControllerSettings,
+    NewTopic,
+    ObjectStoreMetadataLog,
+    StaticTopicError,
+)
 from tidalmq_core import static_mapping
 from tidalmq_core.metadata import NO_LEADER, BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import PlanEntry
 from tidalmq_core.static_mapping import TotalQueuesFixed
 
-from tests.unit.controller.fakes import updated
+from tests.support.fake_broker import updated
 
 FAST = ControllerSettings(
     heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,
@@ -259,7 +264,7 @@ async def test_an_interrupted_remap_blocks_updates_until_repair(env, monkeypatch
     c.static.auto_repair = False
     bs[0].ends[0] = 55
 
-    import tidalmq_broker.static_topics.manager as manager
+    import tidalmq_controller._static_topics as manager
 
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("controller died between block old and switch new")
@@ -286,7 +291,7 @@ async def test_a_restarted_controller_repairs_on_its_own(env, monkeypatch) -> No
     c, store = env
     bs = await brokers(c, store, 2)
     await c.static.create("orders", 2, jump=10)
-    import tidalmq_broker.static_topics.manager as manager
+    import tidalmq_controller._static_topics as manager
 
     async def never(*args: object, **kwargs: object) -> None:
         raise RuntimeError("controller died after switch new")

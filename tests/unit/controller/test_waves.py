@@ -1,6 +1,6 @@
-"""Moves run in waves (controller/leadership.py): a rebalance queues every move at once, and the
-controller starts them while each broker has fewer than `max_moves_per_broker` in flight as
-source or target. Through the real Controller with brokers played by the test."""
+"""Moves run in waves (tidalmq_controller/_leadership.py): a rebalance queues every move at once,
+and the controller starts them while each broker has fewer than `max_moves_per_broker` in flight
+as source or target. Through the real Controller with brokers played by the test."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import asyncio
 import time
 from collections import Counter
 
-from tidalmq_broker.controller.controller import Controller, ControllerSettings, NewTopic
-from tidalmq_broker.controller.log import MemoryMetadataLog
+from tidalmq_controller import Controller, ControllerSettings, NewTopic
+from tidalmq_controller._log import MemoryMetadataLog
 from tidalmq_core.metadata import NO_LEADER
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase
 from tidalmq_core.records import MetadataDelta
 
-from tests.unit.controller.fakes import FakeBroker
+from tests.support.fake_broker import FakeBroker
 
 WAVES = ControllerSettings(
     heartbeat_interval_s=0.05,

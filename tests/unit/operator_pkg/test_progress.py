@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidalmq_broker.controller.moves import MoveStatus
+from tidalmq_controller import MoveStatus
 from tidalmq_core.metadata import PartitionState
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tidalmq_broker.controller.scram_credentials import parse_bootstrap
+from tidalmq_controller import parse_bootstrap
 from tidalmq_operator.settings import OperatorSettings
 
 

@@ -18,12 +18,12 @@ from tidalmq_core.metadata import (
     TOPIC_CONFIG_DEFAULTS,
     TopicInfo,
 )
+from tidalmq_core.static_description import static_topic_configs
 from tidalmq_core.topics import StaticConfig, validate_broker_configs
 
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
-from tidalmq_broker.static_topics.describe import static_topic_configs
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker

@@ -5,9 +5,7 @@ from __future__ import annotations
 import logging
 
 from kio.schema.errors import ErrorCode
-from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
-
-from tidalmq_broker.controller.controller import (
+from tidalmq_controller import (
     ControllerError,
     ControllerFenced,
     InvalidReplicaAssignment,
@@ -15,6 +13,8 @@ from tidalmq_broker.controller.controller import (
     TopicAlreadyExists,
     UnknownTopic,
 )
+from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
+
 from tidalmq_broker.partitions import LeaderNotAvailable, NotLeader, UnknownPartition
 from tidalmq_broker.server.ratelog import REQUEST_ERRORS, describe
 from tidalmq_broker.storage import api as storage

@@ -11,11 +11,11 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_controller import NewTopic
 from tidalmq_core.metadata import NO_LEADER, PLAINTEXT, ClusterMetadata, TopicInfo
 from tidalmq_core.topics import InvalidTopic, validate_topic_name
 
 from tidalmq_broker.apis.registry import api
-from tidalmq_broker.controller.controller import NewTopic
 from tidalmq_broker.protocol.codec import Request
 
 if TYPE_CHECKING:

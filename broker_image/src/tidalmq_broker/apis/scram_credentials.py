@@ -4,9 +4,9 @@ DescribeClientQuotas (48), which `kafka-configs --describe --entity-type users` 
 Describe is answered from this broker's metadata image, as Kafka's ScramImage.describe: every
 user with a credential when none is named; a named user without one gets RESOURCE_NOT_FOUND, a
 user named twice DUPLICATE_RESOURCE. Only mechanisms and iteration counts are ever returned.
-Alter goes to the controller (controller/scram_credentials.py validates it as Kafka does); the
-answer waits until this broker holds the change too, so a describe or a login on this broker
-right after sees it.
+Alter goes to the controller (tidalmq_controller/_scram_credentials.py validates it as Kafka
+does); the answer waits until this broker holds the change too, so a describe or a login on this
+broker right after sees it.
 
 TidalMQ has no client quotas: DescribeClientQuotas answers that there are none (no entries),
 which is what kafka-configs prints for users then, followed by their SCRAM credentials.
@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_controller import ScramDeletion, ScramUpsertion
 from tidalmq_core import scram
 
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
-from tidalmq_broker.controller.scram_credentials import ScramDeletion, ScramUpsertion
 from tidalmq_broker.protocol.codec import Request
 
 if TYPE_CHECKING:

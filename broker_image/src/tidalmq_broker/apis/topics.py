@@ -7,10 +7,10 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_controller import NewTopic
 
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
-from tidalmq_broker.controller.controller import NewTopic
 from tidalmq_broker.protocol.codec import Request
 
 if TYPE_CHECKING:

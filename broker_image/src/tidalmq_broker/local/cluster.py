@@ -48,12 +48,15 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from tidalmq_controller import (
+    Controller,
+    ControllerServer,
+    ControllerSettings,
+    ObjectStoreMetadataLog,
+)
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.static_mapping import PHYSICAL_PREFIX
 
-from tidalmq_broker.controller.controller import Controller, ControllerSettings
-from tidalmq_broker.controller.log import ObjectStoreMetadataLog
-from tidalmq_broker.controller.rpc import ControllerServer
 from tidalmq_broker.lifecycle import Shutdown
 from tidalmq_broker.local.processes import (
     LOCK_NAME,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from tidalmq_controller import BootstrapUser
 
-from tidalmq_broker.controller.scram_credentials import BootstrapUser
 from tidalmq_broker.security import certs
 
 ADMIN = "admin"

@@ -1,5 +1,6 @@
 """Static topics (seed 002): a fixed number of logic queues over remappable physical queues.
 
-`manager`: the controller's half (create, remap, repair, cleanup); `service`: the brokers' half
-(Produce, Fetch, ListOffsets and committed offsets on logic queues); `cli`: `tidalmq
-static-topic`."""
+The brokers' half: `service` (Produce, Fetch, ListOffsets and committed offsets on logic
+queues); `cli`: `tidalmq static-topic`. The controller's half (create, remap, repair, cleanup)
+is the static-topics manager of `tidalmq_controller`; what a static topic looks like is
+`tidalmq_core.static_description`."""

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tidalmq_broker.static_topics.describe import MAPPING_KEY
+from tidalmq_core.static_description import MAPPING_KEY
 
 TOPIC_RESOURCE = 2
 

@@ -46,9 +46,14 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
+from tidalmq_broker.storage.api import ObjectStoreUnavailable, PartitionFenced
+from tidalmq_broker.storage.objectstore.base import ObjectStore
+from tidalmq_broker.storage.sealed import SealResult, compact_sealed, seal_partition
+from tidalmq_broker.storage.topic_data import delete_partition_data
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.placement import place_partitions
+from tidalmq_core.static_description import describe
 from tidalmq_core.static_mapping import (
     MODES,
     MappingConflict,
@@ -76,14 +81,8 @@ from tidalmq_core.topics import (
     validate_topic_name,
 )
 
-from tidalmq_broker.static_topics.describe import describe
-from tidalmq_broker.storage.api import ObjectStoreUnavailable, PartitionFenced
-from tidalmq_broker.storage.objectstore.base import ObjectStore
-from tidalmq_broker.storage.sealed import SealResult, compact_sealed, seal_partition
-from tidalmq_broker.storage.topic_data import delete_partition_data
-
 if TYPE_CHECKING:
-    from tidalmq_broker.controller.controller import Controller
+    from tidalmq_controller._controller import Controller
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +114,7 @@ def _now_ms() -> int:
 
 
 def _errors() -> Any:
-    from tidalmq_broker.controller import controller as ctl
+    from tidalmq_controller import _controller as ctl
 
     return ctl
 

@@ -39,15 +39,15 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
 from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
-from tidalmq_broker.controller import controller as ctl
-from tidalmq_broker.controller.log import Batch
-from tidalmq_broker.controller.membership import Heartbeat, HeartbeatReply
-from tidalmq_broker.controller.scram_credentials import (
+from tidalmq_controller import _controller as ctl
+from tidalmq_controller._log import Batch
+from tidalmq_controller._membership import Heartbeat, HeartbeatReply
+from tidalmq_controller._scram_credentials import (
     ScramAlterResult,
     ScramDeletion,
     ScramUpsertion,
 )
-from tidalmq_broker.static_topics.http import add_static_topic_routes
+from tidalmq_controller._static_topics_http import add_static_topic_routes
 
 # A broker's view of the controller's liveness path: from sending a heartbeat to its answer.
 HEARTBEAT_SECONDS = Histogram(
@@ -474,7 +474,7 @@ class ControllerServer:
         r.add_post("/v1/rebalance", self._rebalance)
         r.add_get("/healthz", self._healthz)
         add_static_topic_routes(r, controller)
-        r.add_get("/metrics", self._metrics)  # reassignment counts and durations (moves.py)
+        r.add_get("/metrics", self._metrics)  # reassignment counts and durations (_moves.py)
 
     async def start(self, host: str, port: int) -> None:
         """Serve on the liveness thread; returns once the port is bound."""

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tidalmq_broker.static_topics.manager import moves_from_json
+from tidalmq_controller._static_topics import moves_from_json
 
 if TYPE_CHECKING:
-    from tidalmq_broker.controller.controller import Controller
+    from tidalmq_controller._controller import Controller
 
 
 def _fault(exc: Exception) -> web.Response:

@@ -32,7 +32,7 @@ from tidalmq_core import snapshots
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.records import MetadataDelta, Record, apply_record
 
-from tidalmq_broker.controller.log import Batch, LoadedLog, LogConflict, MetadataLog
+from tidalmq_controller._log import Batch, LoadedLog, LogConflict, MetadataLog
 
 log = logging.getLogger(__name__)
 

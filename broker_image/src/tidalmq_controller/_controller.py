@@ -1,10 +1,10 @@
 """The controller: the single writer of cluster metadata, split by concern.
 
 Each concern has its manager, which owns its state and turns decisions into metadata records
-(tidalmq_core.records): membership and leases (membership.py), topics and configs (topics.py),
-partitions and moves (leadership.py), producer ids (here: one counter), static topics
-(static_topics/manager.py). This class only sequences: it validates a request with the manager
-that owns it, proposes the records to the journal (journal.py: applied to the image at once,
+(tidalmq_core.records): membership and leases (_membership.py), topics and configs
+(_topics.py), partitions and moves (_leadership.py), producer ids (here: one counter), static
+topics (_static_topics.py). This class only sequences: it validates a request with the manager
+that owns it, proposes the records to the journal (_journal.py: applied to the image at once,
 appended with everything else decided meanwhile as one batch), waits for the commit before it
 answers, and publishes committed batches to the brokers, each of which gets the batches after
 the version it holds (a snapshot only when it is too far behind).
@@ -26,7 +26,7 @@ be lost (see the stream-storage note). A broker's lease covers all its partition
 way to stop it acknowledging one partition against its will is to let the whole lease run out.
 
 Liveness never waits behind the rest: heartbeats are answered by `membership` on the liveness
-thread (rpc.py); the event loop here runs bounded steps (a wave starts at most
+thread (_rpc.py); the event loop here runs bounded steps (a wave starts at most
 `max_moves_per_step` moves) and never walks the cluster: the indexes of `leadership` are kept
 from the records' deltas.
 
@@ -49,6 +49,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge
+from tidalmq_broker.storage.api import StorageError
+from tidalmq_broker.storage.identity import (
+    MISSING,
+    identity_problem,
+    read_identity,
+    write_identity,
+)
+from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_core.balance import Plan
 from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
@@ -80,8 +88,8 @@ from tidalmq_core.records import (
 )
 from tidalmq_core.static_mapping import is_physical_topic
 
-from tidalmq_broker.controller import scram_credentials
-from tidalmq_broker.controller.errors import (
+from tidalmq_controller import _scram_credentials as scram_credentials
+from tidalmq_controller._errors import (
     ControllerError,
     ControllerFenced,
     ForeignStore,
@@ -91,27 +99,19 @@ from tidalmq_broker.controller.errors import (
     UnknownBroker,
     UnknownTopic,
 )
-from tidalmq_broker.controller.journal import Deposed, Journal
-from tidalmq_broker.controller.leadership import Leadership
-from tidalmq_broker.controller.log import Batch, LogConflict, MetadataLog
-from tidalmq_broker.controller.membership import (
+from tidalmq_controller._journal import Deposed, Journal
+from tidalmq_controller._leadership import Leadership
+from tidalmq_controller._log import Batch, LogConflict, MetadataLog
+from tidalmq_controller._membership import (
     BrokerLiveness,
     Floors,
     Heartbeat,
     HeartbeatReply,
     Membership,
 )
-from tidalmq_broker.controller.moves import MoveStatus, MoveTracker
-from tidalmq_broker.controller.scoped import scoped_records
-from tidalmq_broker.controller.topics import NewTopic, TopicResult, Topics
-from tidalmq_broker.storage.api import StorageError
-from tidalmq_broker.storage.identity import (
-    MISSING,
-    identity_problem,
-    read_identity,
-    write_identity,
-)
-from tidalmq_broker.storage.objectstore.base import ObjectStore
+from tidalmq_controller._moves import MoveStatus, MoveTracker
+from tidalmq_controller._scoped import scoped_records
+from tidalmq_controller._topics import NewTopic, TopicResult, Topics
 
 __all__ = [
     "AcceptedLoss",
@@ -231,7 +231,7 @@ class Controller:
         topic_data_deleter: Callable[[str, str], Awaitable[int]] | None = None,
         object_store: ObjectStore | None = None,
     ) -> None:
-        from tidalmq_broker.static_topics.manager import StaticTopicManager
+        from tidalmq_controller._static_topics import StaticTopicManager
 
         s = settings or ControllerSettings()
         if offsets_topic_partitions is not None:

@@ -23,11 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
 from tidalmq_core import snapshots
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.records import Record
-
-from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
 
 log = logging.getLogger(__name__)
 

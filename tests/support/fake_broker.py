@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tidalmq_broker.controller.controller import Controller, ControllerFenced
-from tidalmq_broker.controller.log import Batch
+from tidalmq_controller import Batch, Controller, ControllerFenced
 from tidalmq_core import snapshots
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition

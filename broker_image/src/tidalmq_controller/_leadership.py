@@ -34,10 +34,10 @@ from tidalmq_core.reassignment import (
 )
 from tidalmq_core.records import MetadataDelta, Record, floors_record, partition_record
 
-from tidalmq_broker.controller.moves import MoveStatus, MoveTracker, Release, SourceView
+from tidalmq_controller._moves import MoveStatus, MoveTracker, Release, SourceView
 
 if TYPE_CHECKING:
-    from tidalmq_broker.controller.controller import Controller
+    from tidalmq_controller._controller import Controller
 
 log = logging.getLogger(__name__)
 

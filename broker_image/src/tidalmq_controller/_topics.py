@@ -32,7 +32,7 @@ from tidalmq_core.topics import (
     validate_topic_name,
 )
 
-from tidalmq_broker.controller.errors import (
+from tidalmq_controller._errors import (
     ControllerError,
     InvalidReplicaAssignment,
     NoBrokers,
@@ -41,7 +41,7 @@ from tidalmq_broker.controller.errors import (
 )
 
 if TYPE_CHECKING:
-    from tidalmq_broker.controller.controller import Controller
+    from tidalmq_controller._controller import Controller
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,0 @@
-"""The controller: single writer of cluster metadata (topics, assignment, epochs, moves)."""

@@ -1,0 +1,92 @@
+"""The controller: single writer of cluster metadata (topics, assignment, epochs, moves).
+
+This module is the controller's public facade: the names below are all that the broker, the
+local cluster and the operator use. The implementation lives in the private modules beside it,
+one per concern (`_membership`, `_topics`, `_leadership`, `_moves`, `_static_topics`, the
+metadata log in `_log` and `_journal`, the RPC in `_rpc`); `Controller` only sequences, commits
+and publishes (docs/control-plane.md). Only this package imports its private modules
+(import-linter: .importlinter). What a process hosting a controller needs from the rest of
+TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hosting`.
+
+- The controller: `Controller`, `ControllerSettings`.
+- Requests and their results: `NewTopic`, `TopicResult`, `MoveStatus` (one partition move).
+- Refusals: `ControllerError` and its kinds `ControllerFenced` (this controller lost its role),
+  `TopicAlreadyExists`, `UnknownTopic`, `NoBrokers`, `InvalidReplicaAssignment`;
+  `StaticTopicError` (a static-topic request refused).
+- The metadata log: `ObjectStoreMetadataLog` (batches and snapshots in object storage), `Batch`,
+  `LoadedLog`, `LogConflict` (another controller appended first: this one was deposed),
+  `MetadataLost` (the log is missing what is known committed: a wiped or replaced store).
+- Serving the controller over HTTP: `ControllerServer`.
+- A broker's link to its controller: `ControllerClient`, `LocalControllerClient` (same
+  process), `HttpControllerClient` (remote), `Heartbeat`, and `report_doc` (a partition closed,
+  opened or lost, as the broker reports it).
+- SCRAM credentials (AlterUserScramCredentials, docs/security.md): `ScramUpsertion`,
+  `ScramDeletion`, `ScramAlterResult`; the users a controller creates at start if absent:
+  `BootstrapUser`, `parse_bootstrap` (`user:MECHANISM:password` lines).
+"""
+
+from tidalmq_controller._controller import Controller, ControllerSettings
+from tidalmq_controller._errors import (
+    ControllerError,
+    ControllerFenced,
+    InvalidReplicaAssignment,
+    NoBrokers,
+    TopicAlreadyExists,
+    UnknownTopic,
+)
+from tidalmq_controller._log import (
+    Batch,
+    LoadedLog,
+    LogConflict,
+    MetadataLost,
+    ObjectStoreMetadataLog,
+)
+from tidalmq_controller._membership import Heartbeat
+from tidalmq_controller._moves import MoveStatus
+from tidalmq_controller._rpc import (
+    ControllerClient,
+    ControllerServer,
+    HttpControllerClient,
+    LocalControllerClient,
+    report_doc,
+)
+from tidalmq_controller._scram_credentials import (
+    BootstrapUser,
+    ScramAlterResult,
+    ScramDeletion,
+    ScramUpsertion,
+    parse_bootstrap,
+)
+from tidalmq_controller._static_topics import StaticTopicError
+from tidalmq_controller._topics import NewTopic, TopicResult
+
+__all__ = [
+    "Batch",
+    "BootstrapUser",
+    "Controller",
+    "ControllerClient",
+    "ControllerError",
+    "ControllerFenced",
+    "ControllerServer",
+    "ControllerSettings",
+    "Heartbeat",
+    "HttpControllerClient",
+    "InvalidReplicaAssignment",
+    "LoadedLog",
+    "LocalControllerClient",
+    "LogConflict",
+    "MetadataLost",
+    "MoveStatus",
+    "NewTopic",
+    "NoBrokers",
+    "ObjectStoreMetadataLog",
+    "ScramAlterResult",
+    "ScramDeletion",
+    "ScramUpsertion",
+    "StaticTopicError",
+    "TopicAlreadyExists",
+    "TopicResult",
+    "UnknownTopic",
+    "parse_bootstrap",
+    "report_doc",
+]
