@@ -767,12 +767,17 @@ def java_client_command(*args: str, dist: KafkaDist | None = None) -> list[str]:
     ]
 
 
-def run_java_client(*args: str, timeout: float = 300.0) -> dict[str, Any]:
-    """Run ClientCheck with ``args``; returns its JSON report (raises if it fails)."""
+def run_java_client(
+    *args: str, timeout: float = 300.0, command_config: str | Path | None = None
+) -> dict[str, Any]:
+    """Run ClientCheck with ``args``; returns its JSON report (raises if it fails).
+    ``command_config``: a client.properties every client of the check starts from (security)."""
     cmd = java_client_command(*args)
+    env = {**os.environ, "CLIENT_CHECK_CONFIG": str(command_config or "")}
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
-    )
+        cmd, capture_output=True, text=True, timeout=timeout, check=False,
+        stdin=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
     if proc.returncode != 0:
         raise ToolError(proc.returncode, cmd, proc.stdout, proc.stderr)
     reports = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -782,16 +787,27 @@ def run_java_client(*args: str, timeout: float = 300.0) -> dict[str, Any]:
     return report
 
 
-def java_produce(bootstrap: str, topic: str, count: int) -> dict[str, Any]:
+def java_produce(
+    bootstrap: str, topic: str, count: int, *, command_config: str | Path | None = None
+) -> dict[str, Any]:
     """Produce ``count`` records with a KafkaProducer on default settings (idempotence on)."""
-    return run_java_client("produce", bootstrap, topic, str(count))
+    return run_java_client("produce", bootstrap, topic, str(count), command_config=command_config)
 
 
 def java_consume(
-    bootstrap: str, topic: str, group: str, count: int, timeout_ms: int = 60_000
+    bootstrap: str,
+    topic: str,
+    group: str,
+    count: int,
+    timeout_ms: int = 60_000,
+    *,
+    command_config: str | Path | None = None,
 ) -> dict[str, Any]:
     """Consume ``count`` records in consumer group ``group`` from the earliest offset, commit."""
-    return run_java_client("consume", bootstrap, topic, group, str(count), str(timeout_ms))
+    return run_java_client(
+        "consume", bootstrap, topic, group, str(count), str(timeout_ms),
+        command_config=command_config,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,9 +20,10 @@ from tests.support.started import StartedInWith
 class LocalClusterProcess(StartedInWith):
     def __init__(
         self, data_dir: Path, *, brokers: int = 3, storage_url: str = "",
-        env: dict[str, str] | None = None, port: int = 0,
+        env: dict[str, str] | None = None, port: int = 0, args: list[str] | None = None,
     ) -> None:  # fmt: skip
         self.data_dir = data_dir
+        self.args = args or []  # more `local up` flags (--security sasl_ssl)
         self.brokers = brokers
         # 0: any free ports; N: broker i listens on N + i, in every run on this data dir (a
         # client that outlives a restart of `local up` finds the brokers where they were)
@@ -32,6 +33,7 @@ class LocalClusterProcess(StartedInWith):
         self.proc: subprocess.Popen[bytes] | None = None
         self.bootstrap = ""
         self.controller_url = ""
+        self.output = ""  # what `local up` printed since its last start
 
     @property
     def log_path(self) -> Path:
@@ -46,6 +48,9 @@ class LocalClusterProcess(StartedInWith):
         ]  # fmt: skip
         if self.storage_url:
             cmd += ["--storage-url", self.storage_url]
+        cmd += self.args
+        # a restart appends to the same log: read only what this start writes
+        start_at = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, "TIDALMQ_GROUP_INITIAL_REBALANCE_DELAY_MS": "200",
                "TIDALMQ_LOG_LEVEL": "INFO", **self.env}  # fmt: skip
         with self.log_path.open("ab") as out:
@@ -54,7 +59,8 @@ class LocalClusterProcess(StartedInWith):
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"local cluster exited:\n{self.tail()}")
-            text = self.log_path.read_text(errors="replace")
+            text = self.log_path.read_bytes()[start_at:].decode(errors="replace")
+            self.output = text
             boot = re.search(r"^bootstrap: (\S+)$", text, re.M)
             ctl = re.search(r"^controller: (\S+)", text, re.M)
             if boot and ctl:

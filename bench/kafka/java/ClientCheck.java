@@ -11,7 +11,13 @@
 // consume: a KafkaConsumer in consumer group GROUP (auto.offset.reset=earliest, otherwise
 //   defaults) polls until it has COUNT records or TIMEOUT_MS pass, commits synchronously, and
 //   reports what it read and what the group committed.
+// With the environment variable CLIENT_CHECK_CONFIG naming a properties file (a client.properties
+// as Kafka's tools take with --command-config: security.protocol, sasl.*, ssl.*), every client
+// starts from those properties.
 
+import java.io.FileInputStream;
+import java.io.IOException;
+import java.io.InputStream;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -52,9 +58,20 @@ public class ClientCheck {
         System.exit(2);
     }
 
-    static int produce(String bootstrap, String topic, int count) throws Exception {
+    static Properties base(String bootstrap) throws IOException {
         Properties props = new Properties();
-        props.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        String config = System.getenv("CLIENT_CHECK_CONFIG");
+        if (config != null && !config.isEmpty()) {
+            try (InputStream in = new FileInputStream(config)) {
+                props.load(in);
+            }
+        }
+        props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        return props;
+    }
+
+    static int produce(String bootstrap, String topic, int count) throws Exception {
+        Properties props = base(bootstrap);
         props.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
         props.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
         // The effective configuration the producer runs with, defaults filled in.
@@ -86,8 +103,7 @@ public class ClientCheck {
         }
         Set<Long> producerIds = new TreeSet<>();
         String describeError = null;
-        Properties adminProps = new Properties();
-        adminProps.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        Properties adminProps = base(bootstrap);
         try (Admin admin = Admin.create(adminProps)) {
             Map<TopicPartition, PartitionProducerState> states =
                     admin.describeProducers(partitions).all().get();
@@ -111,9 +127,9 @@ public class ClientCheck {
         return acked == count && contiguous ? 0 : 1;
     }
 
-    static int consume(String bootstrap, String topic, String group, int count, long timeoutMs) {
-        Properties props = new Properties();
-        props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+    static int consume(String bootstrap, String topic, String group, int count, long timeoutMs)
+            throws IOException {
+        Properties props = base(bootstrap);
         props.put(ConsumerConfig.GROUP_ID_CONFIG, group);
         props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
         props.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());

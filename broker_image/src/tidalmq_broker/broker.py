@@ -21,12 +21,14 @@ from tidalmq_controller import (
     HttpControllerClient,
     LocalControllerClient,
     ObjectStoreMetadataLog,
+    parse_bootstrap,
     report_doc,
 )
 from tidalmq_core import snapshots, updates
-from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata, DataLoss
+from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata, DataLoss, Endpoint
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import MetadataDelta, RecordError, apply_batch
+from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import is_physical_topic
 
 import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
@@ -35,6 +37,13 @@ from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.partitions import PartitionManager
+from tidalmq_broker.security import SecurityConfigError
+from tidalmq_broker.security.endpoints import (
+    advertised_endpoints,
+    broker_listeners,
+    build_endpoints,
+    describe,
+)
 from tidalmq_broker.server.http import HealthServer
 from tidalmq_broker.server.listener import KafkaListener, ListenerLimits
 from tidalmq_broker.settings import BrokerSettings
@@ -85,11 +94,24 @@ class Broker:
             ),
             self._offsets_partitions,
         )
+        # every listener, TLS and SASL setting is checked here, before anything starts
+        self._listeners, self._endpoints = build_endpoints(settings, self._scram_credential)
+        try:  # the users an embedded controller creates at start if absent
+            self._scram_bootstrap = parse_bootstrap(
+                settings.scram_bootstrap, settings.scram_bootstrap_file
+            )
+        except ValueError as exc:
+            raise SecurityConfigError(str(exc)) from exc
+        self.advertised: list[Endpoint] = []  # what clients are told, once bound
         self.listener = KafkaListener(
             self._dispatch,
             supported_versions,
             lambda: api_versions_body(_unsupported_version()),
-            limits=ListenerLimits(max_request_bytes=settings.max_request_bytes),
+            limits=ListenerLimits(
+                max_request_bytes=settings.max_request_bytes,
+                failed_authentication_delay_s=settings.connection_failed_authentication_delay_ms
+                / 1000,
+            ),
             observer=self.metrics,
         )
         self.http = HealthServer(self._readiness)
@@ -106,6 +128,8 @@ class Broker:
         self._reports: list[dict[str, Any]] = []
         self._reports_wake = asyncio.Event()
         self._reporter: asyncio.Task[None] | None = None
+        # set each time the metadata image changes (wait_metadata)
+        self._metadata_changed = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -128,9 +152,11 @@ class Broker:
         self.partitions.add_hook(self.groups.on_partition)
         self.partitions.add_report(self._report_partition)
         self.engine.on_store_state = self._store_state_changed
-        await self.listener.start(s.host, s.port)
-        if s.port == 0:
+        await self.listener.start_endpoints(self._endpoints)
+        ports = self.listener.ports
+        if s.port == 0 and not s.listeners:
             s.port = self.listener.port
+        self.advertised = advertised_endpoints(self._listeners, ports)
         self.http.app.router.add_post("/v1/metadata", self._receive_metadata)
         self.http.app.router.add_post("/v1/metadata/updates", self._receive_update)
         self.http.app.router.add_post("/v1/drain", self._http_drain)
@@ -151,15 +177,27 @@ class Broker:
                 )
                 await self.own_controller.start()
                 self.controller = LocalControllerClient(self.own_controller)
+        if self.own_controller is not None and self._scram_bootstrap:
+            created = await self.own_controller.bootstrap_scram_credentials(self._scram_bootstrap)
+            if created:
+                log.info("SCRAM credentials bootstrapped: %s", ", ".join(created))
+        elif self._scram_bootstrap:
+            log.warning("--scram-bootstrap is applied by the controller, and this broker uses "
+                        "the one at %s: give it there", s.controller_url)  # fmt: skip
         self._reporter = asyncio.create_task(self._report_loop(), name="partition reports")
         await self._register_until_done()
         self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
         self._gauges = asyncio.create_task(self._update_gauges())
-        host, port = s.advertised
+        bound = [f"{name}:{port}" for name, port in ports.items()]
         log.info(
-            "broker %d serving Kafka on %s:%d (advertised %s:%d), http on %s:%d",
-            self.broker_id, s.host, s.port, host, port, s.http_host, self.http.port,
+            "broker %d serving Kafka on %s (advertised %s), http on %s:%d",
+            self.broker_id, ",".join(bound), describe(self.advertised), s.http_host,
+            self.http.port,
         )  # fmt: skip
+
+    def _scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        """The SASL listeners' credential lookup: this broker's metadata image."""
+        return self.metadata.scram_credentials.get(user, {}).get(mechanism)
 
     async def stop(self, deadline: float | None = None) -> None:
         """SIGTERM: stop taking requests, let in-flight ones finish, flush and close every
@@ -234,10 +272,29 @@ class Broker:
             self.engine.expect_identity(snapshot.cluster_id, snapshot.store_marker)
         if self.partitions is not None and not self._stopping:
             self.partitions.apply(snapshot)
+        self._metadata_changed.set()
+
+    async def wait_metadata(self, version: int, timeout_s: float) -> bool:
+        """Wait until this broker's image holds `version` (True) or `timeout_s` passed."""
+        deadline = time.monotonic() + timeout_s
+        while self.metadata.version < version:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._metadata_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._metadata_changed.wait(), left)
+        return True
 
     def apply_update(self, update: updates.MetadataUpdate) -> int:
         """Apply the batches after our version (a snapshot first when given); an update that
         does not follow our version is refused. Returns the version we hold afterwards."""
+        try:
+            return self._apply_update(update)
+        finally:
+            self._metadata_changed.set()
+
+    def _apply_update(self, update: updates.MetadataUpdate) -> int:
         if update.snapshot is not None:
             image = snapshots.decode(update.snapshot)
             if image.version > self.metadata.version or not self.metadata.cluster_id:
@@ -304,7 +361,7 @@ class Broker:
 
     async def _register(self) -> None:
         s = self.settings
-        host, port = s.advertised
+        host, port, listeners = broker_listeners(self.advertised)
         info = BrokerInfo(
             broker_id=self.broker_id,
             host=host,
@@ -312,6 +369,7 @@ class Broker:
             rack=s.rack or None,
             control_url=f"http://{s.control_host or s.http_host}:{self.http.port}",
             incarnation=self.incarnation,
+            listeners=listeners,
         )
         version = await self.controller.register_broker(info, _LocalChannel(self))
         if self.metadata.version < version:

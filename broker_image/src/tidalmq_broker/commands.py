@@ -114,12 +114,17 @@ def _run_broker(args: argparse.Namespace) -> int:
     setup_logging(settings.log_level, settings.log_format)
     if settings.runtime_tuning:
         tune_runtime()
+    from tidalmq_broker.security import SecurityConfigError
+
     try:
         with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
             runner.run(_serve_broker(settings, watch_parent=not linked))
     except OSError as exc:  # e.g. the Kafka or HTTP port is taken
         print(f"tidalmq broker {settings.broker_id}: cannot start: {exc}", file=sys.stderr)
         return 1
+    except SecurityConfigError as exc:  # listeners, TLS, SASL: one line naming the setting
+        print(f"tidalmq broker {settings.broker_id}: cannot start: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -148,8 +153,10 @@ async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None
             starting.result()  # raises
         if settings.runtime_tuning:
             gc.freeze()  # everything alive after start-up is never scanned again
-        host, port = settings.advertised
-        print(f"TidalMQ broker {settings.broker_id} serving on {host}:{port}", flush=True)
+        first = broker.advertised[0]
+        also = "".join(f", {e.name} on {e.host}:{e.port}" for e in broker.advertised[1:])
+        print(f"TidalMQ broker {settings.broker_id} serving on {first.host}:{first.port}"
+              f"{f' ({first.name}{also})' if also else ''}", flush=True)  # fmt: skip
         await stop
     else:  # asked to stop while starting (e.g. still registering with the controller)
         starting.cancel()
@@ -195,6 +202,13 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
     up.add_argument("--storage-url", default="", help="object store (default: DATA_DIR/objects)")
     up.add_argument("--fresh", action="store_true", help="delete existing data first")
+    up.add_argument(
+        "--security",
+        choices=("plaintext", "sasl_ssl"),
+        default="plaintext",
+        help="sasl_ssl: brokers listen with SASL_SSL only (a CA and certificates, an admin "
+        "user and a client.properties are made in DATA_DIR/security)",
+    )
     _data_dir(up)
     up.set_defaults(handler=_run_local_up)
     for name, help_text in [

@@ -34,6 +34,74 @@ class BrokerSettings:
     advertised_host: str = field(default="", metadata={"help": "host clients connect to"})
     advertised_port: int = field(default=0, metadata={"help": "port clients connect to"})
     rack: str = field(default="", metadata={"help": "rack / zone reported to clients"})
+    # Kafka's listener settings (security/listeners.py); without `listeners`, the one
+    # PLAINTEXT listener of host/port (advertised as advertised_host/advertised_port)
+    listeners: str = field(
+        default="",
+        metadata={
+            "help": "Kafka's listeners: NAME://host:port,... (e.g. PLAINTEXT://127.0.0.1:9092,"
+            "SASL_SSL://127.0.0.1:9093); empty: one PLAINTEXT listener on --host/--port"
+        },
+    )
+    advertised_listeners: str = field(
+        default="",
+        metadata={
+            "help": "Kafka's advertised.listeners: NAME://host:port,... (default: listeners)"
+        },
+    )
+    listener_security_protocol_map: str = field(
+        default="",
+        metadata={
+            "help": "Kafka's listener.security.protocol.map: NAME:PROTOCOL,... (default: "
+            "PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL map to themselves)"
+        },
+    )
+    ssl_keystore_location: str = field(
+        default="",
+        metadata={"help": "PEM file with the broker's private key and certificate chain"},
+    )
+    ssl_key_password: str = field(
+        default="",
+        repr=False,  # secrets stay out of logs and tracebacks
+        metadata={"help": "password of an encrypted private key (prefer the env)"},
+    )
+    ssl_truststore_location: str = field(
+        default="", metadata={"help": "PEM file of the CA certificates client certs must chain to"}
+    )
+    ssl_client_auth: str = field(
+        default="none",
+        metadata={"help": "none, requested or required: client certificates on SSL listeners"},
+    )
+    ssl_enabled_protocols: str = field(
+        default="TLSv1.2,TLSv1.3", metadata={"help": "TLS versions offered (TLSv1.2, TLSv1.3)"}
+    )
+    ssl_cipher_suites: str = field(
+        default="", metadata={"help": "OpenSSL cipher list for TLSv1.2 (empty: OpenSSL's)"}
+    )
+    ssl_principal_mapping_rules: str = field(
+        default="DEFAULT",
+        metadata={"help": "Kafka's ssl.principal.mapping.rules: RULE:pattern/replacement/[LU],..."},
+    )
+    sasl_enabled_mechanisms: str = field(
+        default="SCRAM-SHA-256,SCRAM-SHA-512",
+        metadata={"help": "SASL mechanisms of SASL listeners: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"},
+    )
+    connection_failed_authentication_delay_ms: int = field(
+        default=100,
+        metadata={"help": "Kafka's connection.failed.authentication.delay.ms: close a connection "
+                  "that failed to authenticate this long after its answer"},
+    )  # fmt: skip
+    scram_bootstrap: str = field(
+        default="",
+        repr=False,
+        metadata={
+            "help": "SCRAM users the embedded controller creates at start if absent: "
+            "user:MECHANISM:password, one per line (prefer the env or --scram-bootstrap-file)"
+        },
+    )
+    scram_bootstrap_file: str = field(
+        default="", metadata={"help": "file of user:MECHANISM:password lines (as above)"}
+    )
     http_host: str = field(default="127.0.0.1", metadata={"help": "health/metrics bind address"})
     http_port: int = field(default=0, metadata={"help": "health, readiness, metrics port"})
     storage_url: str = field(
@@ -177,6 +245,13 @@ class BrokerSettings:
             "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
             "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
             "socket.request.max.bytes": str(self.max_request_bytes),
+            "listeners": self.listeners or f"PLAINTEXT://{self.host}:{self.port}",
+            "listener.security.protocol.map": self.listener_security_protocol_map
+            or "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+            "sasl.enabled.mechanisms": self.sasl_enabled_mechanisms,
+            "ssl.client.auth": self.ssl_client_auth,
+            "ssl.enabled.protocols": self.ssl_enabled_protocols,
+            "ssl.principal.mapping.rules": self.ssl_principal_mapping_rules,
             "default.replication.factor": "1",
             "tidalmq.flush.interval.ms": str(self.flush_interval_ms),
         }

@@ -20,6 +20,9 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
 - A broker's link to its controller: `ControllerClient`, `LocalControllerClient` (same
   process), `HttpControllerClient` (remote), `Heartbeat`, and `report_doc` (a partition closed,
   opened or lost, as the broker reports it).
+- SCRAM credentials (AlterUserScramCredentials, docs/security.md): `ScramUpsertion`,
+  `ScramDeletion`, `ScramAlterResult`; the users a controller creates at start if absent:
+  `BootstrapUser`, `parse_bootstrap` (`user:MECHANISM:password` lines).
 """
 
 from tidalmq_controller._controller import Controller, ControllerSettings
@@ -47,11 +50,19 @@ from tidalmq_controller._rpc import (
     LocalControllerClient,
     report_doc,
 )
+from tidalmq_controller._scram_credentials import (
+    BootstrapUser,
+    ScramAlterResult,
+    ScramDeletion,
+    ScramUpsertion,
+    parse_bootstrap,
+)
 from tidalmq_controller._static_topics import StaticTopicError
 from tidalmq_controller._topics import NewTopic, TopicResult
 
 __all__ = [
     "Batch",
+    "BootstrapUser",
     "Controller",
     "ControllerClient",
     "ControllerError",
@@ -69,9 +80,13 @@ __all__ = [
     "NewTopic",
     "NoBrokers",
     "ObjectStoreMetadataLog",
+    "ScramAlterResult",
+    "ScramDeletion",
+    "ScramUpsertion",
     "StaticTopicError",
     "TopicAlreadyExists",
     "TopicResult",
     "UnknownTopic",
+    "parse_bootstrap",
     "report_doc",
 ]

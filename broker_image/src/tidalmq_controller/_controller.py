@@ -88,6 +88,7 @@ from tidalmq_core.records import (
 )
 from tidalmq_core.static_mapping import is_physical_topic
 
+from tidalmq_controller import _scram_credentials as scram_credentials
 from tidalmq_controller._errors import (
     ControllerError,
     ControllerFenced,
@@ -966,6 +967,28 @@ class Controller:
         if not validate_only:
             await self._commit(records)
         return None
+
+    # ---------------------------------------------------------------- SCRAM credentials
+    async def alter_scram_credentials(
+        self,
+        deletions: list[scram_credentials.ScramDeletion],
+        upsertions: list[scram_credentials.ScramUpsertion],
+    ) -> tuple[list[scram_credentials.ScramAlterResult], int]:
+        """AlterUserScramCredentials (scram_credentials.py): the results and the version that
+        holds the changes once committed."""
+        self._require_active()
+        results, records = scram_credentials.alter(self.image, deletions, upsertions)
+        return results, await self._commit(records)
+
+    async def bootstrap_scram_credentials(
+        self, users: list[scram_credentials.BootstrapUser]
+    ) -> list[str]:
+        """Create the bootstrap users that lack their credential; returns `user:MECHANISM` of
+        those created."""
+        self._require_active()
+        records = scram_credentials.bootstrap(self.image, users)
+        await self._commit(records)
+        return [f"{r['user']}:{r['mech']}" for r in records]
 
     # ---------------------------------------------------------------- producer ids
     async def allocate_producer_id(self) -> int:

@@ -21,6 +21,7 @@ Exceptions cross the wire by name and are rebuilt from an explicit registry.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import json
 import logging
@@ -41,6 +42,11 @@ from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, 
 from tidalmq_controller import _controller as ctl
 from tidalmq_controller._log import Batch
 from tidalmq_controller._membership import Heartbeat, HeartbeatReply
+from tidalmq_controller._scram_credentials import (
+    ScramAlterResult,
+    ScramDeletion,
+    ScramUpsertion,
+)
 from tidalmq_controller._static_topics_http import add_static_topic_routes
 
 # A broker's view of the controller's liveness path: from sending a heartbeat to its answer.
@@ -82,6 +88,10 @@ def decode_error(doc: dict[str, str] | None) -> Exception | None:
     if doc is None:
         return None
     return _ERRORS.get(doc["type"], ctl.ControllerError)(doc["message"])
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def _tp(doc: dict[str, Any]) -> TopicPartition:
@@ -177,6 +187,7 @@ class ControllerClient(Protocol):
     async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0,
                            incarnation: str | None = None) -> bool: ...  # fmt: skip
     async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None: ...
+    async def alter_scram_credentials(self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]) -> tuple[list[ScramAlterResult], int]: ...  # fmt: skip
 
 
 class LocalControllerClient:
@@ -245,6 +256,9 @@ class LocalControllerClient:
 
     async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
         await self.controller.remove_broker(broker_id, incarnation=incarnation)
+
+    async def alter_scram_credentials(self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]) -> tuple[list[ScramAlterResult], int]:  # fmt: skip
+        return await self.controller.alter_scram_credentials(deletions, upsertions)
 
 
 class HttpControllerClient:
@@ -370,6 +384,17 @@ class HttpControllerClient:
     async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
         await self._call("/v1/brokers/remove", {"broker_id": broker_id, "incarnation": incarnation})
 
+    async def alter_scram_credentials(self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]) -> tuple[list[ScramAlterResult], int]:  # fmt: skip
+        doc = await self._call("/v1/scram-credentials/alter", {
+            "deletions": [{"name": d.name, "mechanism": d.mechanism} for d in deletions],
+            "upsertions": [{"name": u.name, "mechanism": u.mechanism, "iterations": u.iterations,
+                            "salt": _b64(u.salt), "salted_password": _b64(u.salted_password)}
+                           for u in upsertions],
+        })  # fmt: skip
+        results = [ScramAlterResult(r["user"], int(r["error_code"]), r.get("error_message"))
+                   for r in doc["results"]]  # fmt: skip
+        return results, int(doc["version"])
+
 
 class HttpBrokerChannel:
     """The controller's channel to a broker in another process: POST the batches it misses."""
@@ -441,6 +466,7 @@ class ControllerServer:
         r.add_post("/v1/topics/partitions", self._create_partitions)
         r.add_post("/v1/topics/configs", self._alter_configs)
         r.add_post("/v1/brokers/configs", self._alter_broker_configs)
+        r.add_post("/v1/scram-credentials/alter", self._alter_scram_credentials)
         r.add_post("/v1/producer-ids", self._producer_id)
         r.add_post("/v1/reassignments/alter", self._alter_reassignments)
         r.add_post("/v1/reassignments/list", self._list_reassignments)
@@ -681,6 +707,23 @@ class ControllerServer:
         except ctl.ControllerError as exc:
             return self._fault(exc)
         return self._ok({"error": encode_error(error)})
+
+    async def _alter_scram_credentials(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        deletions = [ScramDeletion(str(d["name"]), int(d["mechanism"])) for d in b["deletions"]]
+        upsertions = [
+            ScramUpsertion(str(u["name"]), int(u["mechanism"]), int(u["iterations"]),
+                           base64.b64decode(u["salt"]), base64.b64decode(u["salted_password"]))
+            for u in b["upsertions"]
+        ]  # fmt: skip
+        try:
+            results, version = await self.controller.alter_scram_credentials(deletions, upsertions)
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"version": version, "results": [
+            {"user": r.user, "error_code": r.error_code, "error_message": r.error_message}
+            for r in results
+        ]})  # fmt: skip
 
     async def _producer_id(self, request: web.Request) -> web.Response:
         try:

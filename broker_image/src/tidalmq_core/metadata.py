@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tidalmq_core.model import TopicPartition
+from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import StaticTopicState
 
 NO_LEADER = -1
@@ -61,6 +62,32 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
+PLAINTEXT = "PLAINTEXT"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One advertised listener of a broker: where clients of that listener connect."""
+
+    name: str  # the listener name (Kafka's listener.name), e.g. PLAINTEXT, SASL_SSL, INTERNAL
+    host: str
+    port: int
+    security_protocol: str = PLAINTEXT  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.host, self.port, self.security_protocol]
+
+    @classmethod
+    def from_json(cls, data: list[Any] | dict[str, Any]) -> Endpoint:
+        if isinstance(data, dict):
+            return cls(
+                str(data["name"]), str(data["host"]), int(data["port"]),
+                str(data.get("security_protocol", PLAINTEXT)),
+            )  # fmt: skip
+        name, host, port, protocol = data
+        return cls(str(name), str(host), int(port), str(protocol))
+
+
 @dataclass(slots=True)
 class BrokerInfo:
     broker_id: int
@@ -70,13 +97,42 @@ class BrokerInfo:
     control_url: str = ""  # where the controller sends open/close commands (HTTP)
     incarnation: str = ""
     state: str = "alive"  # alive | draining | dead
+    # Every advertised listener, when the broker has more than the one PLAINTEXT listener at
+    # host:port (empty: exactly that one; what brokers and documents older than listeners
+    # mean). host:port is the first listener's endpoint either way.
+    listeners: list[Endpoint] = field(default_factory=list)
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self.listeners) or [Endpoint(PLAINTEXT, self.host, self.port, PLAINTEXT)]
+
+    def endpoint(self, listener: str) -> Endpoint | None:
+        """This broker's endpoint of the listener named `listener` (None: it has none)."""
+        for endpoint in self.endpoints():
+            if endpoint.name == listener:
+                return endpoint
+        return None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        # left out when empty: a document without listeners stays readable by older readers
+        out.pop("listeners")
+        if self.listeners:
+            out["listeners"] = [e.to_json() for e in self.listeners]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BrokerInfo:
-        return cls(**data)
+        fields = dict(data)
+        listeners = [Endpoint.from_json(e) for e in fields.pop("listeners", None) or []]
+        return cls(**fields, listeners=listeners)
+
+    @staticmethod
+    def normal_listeners(host: str, port: int, endpoints: list[Endpoint]) -> list[Endpoint]:
+        """`endpoints` as BrokerInfo.listeners: empty when they are the one PLAINTEXT
+        listener at host:port (documents stay as they were before listeners)."""
+        if endpoints == [Endpoint(PLAINTEXT, host, port, PLAINTEXT)]:
+            return []
+        return list(endpoints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +284,11 @@ class ClusterMetadata:
     # this cluster. False in documents older than the marker: write it now (an upgrade), it
     # does not mean the store was lost.
     store_marker: bool = False
+    # SCRAM credentials (salted: never a password), user -> mechanism name -> credential
+    scram_credentials: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "cluster_id": self.cluster_id,
             "controller_epoch": self.controller_epoch,
             "version": self.version,
@@ -242,6 +300,9 @@ class ClusterMetadata:
             "static_topics": {k: v.to_json() for k, v in sorted(self.static_topics.items())},
             "store_marker": self.store_marker,
         }
+        if self.scram_credentials:  # absent when none: older readers see what they know
+            out["scram_credentials"] = scram_credentials_json(self.scram_credentials)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterMetadata:
@@ -258,6 +319,7 @@ class ClusterMetadata:
                 k: StaticTopicState.from_json(v) for k, v in data.get("static_topics", {}).items()
             },
             store_marker=bool(data.get("store_marker", False)),
+            scram_credentials=scram_credentials_from(data.get("scram_credentials") or {}),
         )
 
     def copy(self) -> ClusterMetadata:
@@ -290,3 +352,21 @@ class ClusterMetadata:
             if topic.topic_id == topic_id:
                 return topic
         return None
+
+
+def scram_credentials_json(
+    credentials: dict[str, dict[str, ScramCredential]],
+) -> dict[str, dict[str, Any]]:
+    return {
+        user: {mech: cred.to_json() for mech, cred in sorted(by_mech.items())}
+        for user, by_mech in sorted(credentials.items())
+    }
+
+
+def scram_credentials_from(
+    data: dict[str, dict[str, Any]],
+) -> dict[str, dict[str, ScramCredential]]:
+    return {
+        str(user): {str(mech): ScramCredential.from_json(c) for mech, c in by_mech.items()}
+        for user, by_mech in data.items()
+    }

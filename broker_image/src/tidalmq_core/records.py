@@ -14,6 +14,9 @@ them), so a snapshot followed by batches it may already contain replays correctl
     t="epoch"     a controller claimed the log          epoch
     t="cluster"   the first record of a new cluster     id
     t="broker"    a broker registered (all its fields)  id host port rack url inc state
+                                                        ls (its listeners, when it has more
+                                                        than one PLAINTEXT at host:port:
+                                                        [[name, host, port, protocol]...])
     t="bstate"    a broker's state changed              id state (alive | draining | dead)
     t="bgone"     a broker was removed                  id
     t="topic"     a topic created or replaced whole     name id configs internal kind
@@ -35,6 +38,10 @@ them), so a snapshot followed by batches it may already contain replays correctl
     t="static"    a static topic's queue mapping        name state (null: removed)
     t="deleted"   a deleted topic's data: pending/done  name id pending
     t="marker"    the store's identity marker written   value
+    t="scram"     a user's SCRAM credential set         user mech (SCRAM-SHA-256|512)
+                  (salted; never a password)            cred {salt stored_key server_key
+                                                        iterations} (keys base64)
+    t="scramgone" a user's SCRAM credential removed     user mech
 """
 
 from __future__ import annotations
@@ -48,10 +55,12 @@ from tidalmq_core.metadata import (
     BrokerInfo,
     ClusterMetadata,
     DataLoss,
+    Endpoint,
     PartitionState,
     TopicInfo,
 )
 from tidalmq_core.model import TopicPartition
+from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import StaticTopicState
 
 Record = dict[str, Any]
@@ -86,7 +95,7 @@ def cluster_record(cluster_id: str) -> Record:
 
 
 def broker_record(info: BrokerInfo) -> Record:
-    return {
+    rec: Record = {
         "t": "broker",
         "id": info.broker_id,
         "host": info.host,
@@ -96,6 +105,9 @@ def broker_record(info: BrokerInfo) -> Record:
         "inc": info.incarnation,
         "state": info.state,
     }
+    if info.listeners:  # absent for the one PLAINTEXT listener: the record older ones wrote
+        rec["ls"] = [e.to_json() for e in info.listeners]
+    return rec
 
 
 def broker_state_record(broker_id: int, state: str) -> Record:
@@ -207,6 +219,14 @@ def marker_record(value: bool) -> Record:
     return {"t": "marker", "value": value}
 
 
+def scram_record(user: str, mechanism: str, credential: ScramCredential) -> Record:
+    return {"t": "scram", "user": user, "mech": mechanism, "cred": credential.to_json()}
+
+
+def scram_removed_record(user: str, mechanism: str) -> Record:
+    return {"t": "scramgone", "user": user, "mech": mechanism}
+
+
 # ------------------------------------------------------------------------------ the delta
 @dataclass(slots=True)
 class MetadataDelta:
@@ -218,7 +238,7 @@ class MetadataDelta:
     removed_topics: dict[str, TopicInfo] = field(default_factory=dict)  # as they were
     brokers: set[int] = field(default_factory=set)
     static_topics: set[str] = field(default_factory=set)
-    other: bool = False  # broker configs, producer ids, deletions, marker, epoch
+    other: bool = False  # broker configs, producer ids, deletions, marker, epoch, SCRAM
 
     def __bool__(self) -> bool:
         return bool(
@@ -366,6 +386,7 @@ def _broker(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
         control_url=rec.get("url", ""),
         incarnation=rec.get("inc", ""),
         state=rec.get("state", "alive"),
+        listeners=[Endpoint.from_json(e) for e in rec.get("ls") or []],
     )
     delta.brokers.add(rec["id"])
 
@@ -418,6 +439,22 @@ def _marker(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
     delta.other = True
 
 
+def _scram(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
+    meta.scram_credentials.setdefault(rec["user"], {})[rec["mech"]] = ScramCredential.from_json(
+        rec["cred"]
+    )
+    delta.other = True
+
+
+def _scram_removed(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
+    by_mechanism = meta.scram_credentials.get(rec["user"])
+    if by_mechanism is not None:
+        by_mechanism.pop(rec["mech"], None)
+        if not by_mechanism:
+            del meta.scram_credentials[rec["user"]]
+    delta.other = True
+
+
 def _epoch(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
     meta.controller_epoch = max(meta.controller_epoch, int(rec["epoch"]))
     delta.other = True
@@ -443,6 +480,8 @@ _HANDLERS = {
     "static": _static,
     "deleted": _deleted,
     "marker": _marker,
+    "scram": _scram,
+    "scramgone": _scram_removed,
     "epoch": _epoch,
     "cluster": _cluster,
 }

@@ -6,6 +6,9 @@ long C call would stall the event loop beside it): a header line (everything but
 then per topic a line with its fields and lines of at most CHUNK partitions each. A partition
 is a short array in the common case (one replica, not moving, nothing lost):
 `[replica, leader, epoch, created, floor]`; any other partition is its full JSON object.
+The header holds the SCRAM credentials (salted) when there are any, and a broker's listeners
+when it has more than one PLAINTEXT listener: both optional, so snapshots written before them
+read as they were (no credentials; one PLAINTEXT listener per broker).
 
 `roll` makes the next snapshot from the previous one and the batches after it, without the
 controller's live image: the controller runs it in a worker thread while it goes on.
@@ -17,7 +20,14 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, PartitionState, TopicInfo
+from tidalmq_core.metadata import (
+    BrokerInfo,
+    ClusterMetadata,
+    PartitionState,
+    TopicInfo,
+    scram_credentials_from,
+    scram_credentials_json,
+)
 from tidalmq_core.records import Record, apply_batch
 from tidalmq_core.static_mapping import StaticTopicState
 
@@ -74,6 +84,8 @@ def encode(meta: ClusterMetadata) -> Iterator[bytes]:
         "store_marker": meta.store_marker,
         "topics": len(meta.topics),
     }
+    if meta.scram_credentials:  # optional: snapshots without it (older ones) hold none
+        header["scram_credentials"] = scram_credentials_json(meta.scram_credentials)
     yield _dumps(header).encode() + b"\n"
     for name, topic in sorted(meta.topics.items()):
         yield (
@@ -118,6 +130,7 @@ def decode(data: bytes | memoryview) -> ClusterMetadata:
                 k: StaticTopicState.from_json(v) for k, v in header["static_topics"].items()
             },
             store_marker=bool(header["store_marker"]),
+            scram_credentials=scram_credentials_from(header.get("scram_credentials") or {}),
         )
         counts: dict[str, int] = {}
         for line in lines[1:]:

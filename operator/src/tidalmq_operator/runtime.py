@@ -25,6 +25,7 @@ from tidalmq_controller import (
     MetadataLost,
     MoveStatus,
     ObjectStoreMetadataLog,
+    parse_bootstrap,
 )
 from tidalmq_controller.hosting import delete_topic_data, open_object_store
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata
@@ -231,6 +232,15 @@ class OperatorRuntime:
                         return
                     await asyncio.sleep(0.5)
         METADATA_LOST.set(0)
+        if s.scram_bootstrap or s.scram_bootstrap_file:  # the first users (admin), if absent
+            try:
+                users = parse_bootstrap(s.scram_bootstrap, s.scram_bootstrap_file)
+            except ValueError as exc:  # said loudly, but the cluster keeps its controller
+                log.error("SCRAM bootstrap users not created: %s", exc)
+                users = []
+            created = await controller.bootstrap_scram_credentials(users)
+            if created:
+                log.info("SCRAM credentials bootstrapped: %s", ", ".join(created))
         await self.metadata_log.condition("Ready", True, "Active", "controller active")
         controller.add_event_sink(self._on_controller_event)
         controller.add_commit_listener(self._on_commit)

@@ -43,6 +43,10 @@ class OperatorSettings:
     spark_submit: str = "spark-submit"
     planner_timeout_s: float = 1800.0
     planner_poll_s: float = 5.0
+    # SCRAM users the controller creates at start if absent (user:MECHANISM:password lines,
+    # as the broker's --scram-bootstrap); the file form suits a mounted Secret
+    scram_bootstrap: str = field(default="", repr=False)
+    scram_bootstrap_file: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -77,6 +81,8 @@ class OperatorSettings:
             spark_submit=get("SPARK_SUBMIT", "spark-submit"),
             planner_timeout_s=float(get("PLANNER_TIMEOUT_S", "1800")),
             planner_poll_s=float(get("PLANNER_POLL_S", "5")),
+            scram_bootstrap=get("SCRAM_BOOTSTRAP", ""),
+            scram_bootstrap_file=get("SCRAM_BOOTSTRAP_FILE", ""),
         )
 
     def selector_dict(self) -> dict[str, str]:

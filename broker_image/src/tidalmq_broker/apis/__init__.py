@@ -11,5 +11,7 @@ from tidalmq_broker.apis import (  # noqa: F401
     produce,
     producer_ids,
     reassignments,
+    sasl,
+    scram_credentials,
     topics,
 )

@@ -22,7 +22,7 @@ CLASSIC_GROUP_TYPE = "classic"
 TRANSACTION_KEY = 1
 
 
-def _find(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
+def _find(broker: Broker, key: str, key_type: int, listener: str) -> dict[str, Any]:
     out: dict[str, Any] = {"key": key, "node_id": -1, "host": "", "port": -1,
                            "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
     if key_type != GROUP_KEY:
@@ -51,7 +51,12 @@ def _find(broker: Broker, key: str, key_type: int) -> dict[str, Any]:
         out["error_code"] = ErrorCode.coordinator_not_available
         out["error_message"] = "the group's coordinator is moving; retry"
         return out
-    out.update(node_id=node.broker_id, host=node.host, port=node.port)
+    endpoint = node.endpoint(listener)  # as Kafka: the coordinator on the client's listener
+    if endpoint is None:
+        out["error_code"] = ErrorCode.coordinator_not_available
+        out["error_message"] = f"the group's coordinator has no listener {listener}"
+        return out
+    out.update(node_id=node.broker_id, host=endpoint.host, port=endpoint.port)
     return out
 
 
@@ -62,9 +67,11 @@ async def handle_find_coordinator(broker: Broker, request: Request, conn: Connec
     if request.api_version >= 4:
         return {
             "throttle_time": 0,
-            "coordinators": [_find(broker, k, key_type) for k in body.coordinator_keys],
+            "coordinators": [
+                _find(broker, k, key_type, conn.listener) for k in body.coordinator_keys
+            ],
         }
-    found = _find(broker, body.key, key_type)
+    found = _find(broker, body.key, key_type, conn.listener)
     return {"throttle_time": 0, **found}
 
 

@@ -1,4 +1,9 @@
-"""Metadata and DescribeCluster: answered from the controller's latest snapshot."""
+"""Metadata and DescribeCluster: answered from the controller's latest snapshot.
+
+As in Kafka, each broker is described by its endpoint of the listener the client is connected to
+(brokers without that listener are left out, and a partition they lead has no leader for this
+client: LISTENER_NOT_FOUND from Metadata v6).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_controller import NewTopic
-from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, TopicInfo
+from tidalmq_core.metadata import NO_LEADER, PLAINTEXT, ClusterMetadata, TopicInfo
 from tidalmq_core.topics import InvalidTopic, validate_topic_name
 
 from tidalmq_broker.apis.registry import api
@@ -20,24 +25,36 @@ if TYPE_CHECKING:
 _NULL_UUID = uuid.UUID(int=0)
 
 
-def brokers_body(meta: ClusterMetadata) -> list[dict[str, Any]]:
-    return [
-        {"node_id": b.broker_id, "broker_id": b.broker_id, "host": b.host, "port": b.port,
-         "rack": b.rack, "is_fenced": False}
-        for b in sorted(meta.brokers.values(), key=lambda b: b.broker_id)
-        if b.state != "dead"
-    ]  # fmt: skip
+def brokers_body(meta: ClusterMetadata, listener: str = PLAINTEXT) -> list[dict[str, Any]]:
+    """The live brokers, each at its endpoint of `listener` (those without one left out)."""
+    out = []
+    for b in sorted(meta.brokers.values(), key=lambda b: b.broker_id):
+        endpoint = b.endpoint(listener)
+        if b.state == "dead" or endpoint is None:
+            continue
+        out.append({"node_id": b.broker_id, "broker_id": b.broker_id, "host": endpoint.host,
+                    "port": endpoint.port, "rack": b.rack, "is_fenced": False})  # fmt: skip
+    return out
 
 
-def topic_body(topic: TopicInfo) -> dict[str, Any]:
+def unreachable_brokers(meta: ClusterMetadata, listener: str) -> set[int]:
+    """Brokers without an endpoint of `listener` (none, in the usual uniform cluster)."""
+    return {b.broker_id for b in meta.brokers.values() if b.endpoint(listener) is None}
+
+
+def topic_body(
+    topic: TopicInfo, unreachable: set[int] | frozenset[int] = frozenset(), version: int = 13
+) -> dict[str, Any]:
     partitions = []
     for index, part in enumerate(topic.partitions):
         leader = part.leader
+        code = ErrorCode.none if leader != NO_LEADER else ErrorCode.leader_not_available
+        if leader in unreachable:
+            code = ErrorCode.listener_not_found if version >= 6 else ErrorCode.leader_not_available
+            leader = NO_LEADER
         partitions.append(
             {
-                "error_code": ErrorCode.none
-                if leader != NO_LEADER
-                else ErrorCode.leader_not_available,
+                "error_code": code,
                 "partition_index": index,
                 "leader_id": leader,
                 "leader_epoch": part.leader_epoch,
@@ -91,10 +108,11 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
             )
             meta = broker.metadata
     topics = []
+    unreachable = unreachable_brokers(meta, conn.listener)
     for name in names:
         topic = meta.topics.get(name)
         if topic is not None:
-            topics.append(topic_body(topic))
+            topics.append(topic_body(topic, unreachable, request.api_version))
             continue
         if name.startswith("\0"):
             code, tname, tid = ErrorCode.unknown_topic_id, None, uuid.UUID(name[1:])
@@ -113,7 +131,7 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
         )  # fmt: skip
     return {
         "throttle_time": 0,
-        "brokers": brokers_body(meta),
+        "brokers": brokers_body(meta, conn.listener),
         "cluster_id": meta.cluster_id,
         "controller_id": broker.controller_id_for_clients(),
         "topics": topics,
@@ -142,7 +160,7 @@ async def handle_describe_cluster(broker: Broker, request: Request, conn: Connec
         "endpoint_type": 1,
         "cluster_id": meta.cluster_id,
         "controller_id": broker.controller_id_for_clients(),
-        "brokers": brokers_body(meta),
+        "brokers": brokers_body(meta, conn.listener),
     }
 
 
@@ -184,7 +202,7 @@ async def handle_describe_topic_partitions(
         if budget == 0:
             next_cursor = {"topic_name": name, "partition_index": 0}
             break
-        described = topic_body(topic)
+        described = topic_body(topic, unreachable_brokers(meta, conn.listener))
         start = cursor.partition_index if cursor is not None and cursor.topic_name == name else 0
         partitions = described["partitions"][start:]
         if len(partitions) > budget:

@@ -65,6 +65,7 @@ from tidalmq_broker.local.processes import (
     check_port_free,
     stop_leftover_brokers,
 )
+from tidalmq_broker.local.security import LocalSecurity, prepare
 from tidalmq_broker.logs import setup_logging
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
@@ -113,7 +114,9 @@ class LocalCluster:
         first_port: int,
         controller_port: int,
         broker_env: dict[str, str] | None = None,
+        security: LocalSecurity | None = None,
     ) -> None:
+        self.security = security  # --security sasl_ssl (local/security.py)
         self.data_dir = data_dir
         self.storage_url = storage_url
         self.host = host
@@ -152,6 +155,8 @@ class LocalCluster:
             object_store=self._store,
         )
         await self.controller.start()
+        if self.security is not None:  # the admin user, unless it exists already
+            await self.controller.bootstrap_scram_credentials(self.security.bootstrap_users())
         self.server = ControllerServer(self.controller)
         r = self.server.app.router
         r.add_post("/v1/local/add-broker", self._http_add)
@@ -255,6 +260,8 @@ class LocalCluster:
             "--drain-on-stop", "false",  # remove_broker drains; Ctrl-C keeps the assignment
             "--stop-deadline-s", str(BROKER_STOP_DEADLINE_S),
         ]  # fmt: skip
+        if self.security is not None:
+            cmd += self.security.broker_args(self.host, port)
         # PR_SET_PDEATHSIG follows the thread that forks: only the main thread's (the loop's)
         # children may be linked, or a worker thread's exit would stop the broker
         if threading.current_thread() is threading.main_thread():
@@ -534,12 +541,15 @@ def run_local_cluster(args: argparse.Namespace, data: Path, shown_as: str = "") 
 
 
 async def _serve(args: argparse.Namespace, data: Path, storage_url: str) -> int:
+    sasl_ssl = getattr(args, "security", "plaintext") == "sasl_ssl"
+    security = prepare(data, args.host) if sasl_ssl else None
     cluster = LocalCluster(
         data_dir=data,
         storage_url=storage_url,
         host=args.host,
         first_port=args.port,
         controller_port=args.controller_port,
+        security=security,
     )
 
     def forced(message: str) -> None:  # in a signal handler: SIGKILL, print, no waiting
@@ -575,6 +585,8 @@ async def _serve(args: argparse.Namespace, data: Path, storage_url: str) -> int:
     print(f"TidalMQ local cluster: {args.brokers} brokers, object store {storage_url}", flush=True)
     print(f"bootstrap: {cluster.bootstrap}", flush=True)
     print(f"controller: {cluster.controller_url}  (logs in {data / 'logs'})", flush=True)
+    if security is not None:
+        print(security.how_to_connect(cluster.bootstrap), flush=True)
     print(
         "Ctrl-C stops it. Other terminal: tidalmq local add-broker | remove-broker N | "
         "kill-broker N | status",

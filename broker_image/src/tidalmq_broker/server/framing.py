@@ -18,6 +18,8 @@ transport still holds the view get_buffer returned while buffer_updated runs.
 Reading pauses while more than `max_queued_bytes` of complete frames wait for the listener (which
 stops taking requests while too many are in flight), so a client cannot make the broker buffer
 without bound. Writes go to the transport; drain() waits while the transport asks us to pause.
+The largest frame accepted can be lowered and raised (`set_max_frame`): a connection that has
+not authenticated yet gets Kafka's sasl.server.max.receive.size.
 """
 
 from __future__ import annotations
@@ -49,8 +51,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         max_frame_bytes: int,
         max_queued_bytes: int = 8 * 1024 * 1024,
         on_connected: Callable[[FrameProtocol], object] | None = None,
+        *,
+        tls: bool = False,
     ) -> None:
         self._on_connected = on_connected
+        self._tls = tls  # under the event loop's TLS layer: no half-closed connections
         self._max_frame = max_frame_bytes
         self._max_queued = max_queued_bytes
         # allocated at the first read, dropped once the peer stops sending
@@ -102,9 +107,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         # half-closed: no more requests, but the answers to those already read still go out
+        # (TLS cannot half-close: its layer closes the connection whatever we answer)
         self._drop_buffers()
         self._close(ConnectionResetError("the client closed the connection"))
-        return True
+        return not self._tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
@@ -198,6 +204,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self.transport.pause_reading()
 
     # ---------------------------------------------------------------- for the listener
+    def set_max_frame(self, max_frame_bytes: int) -> None:
+        """The largest frame accepted from now on (frames already cut are not looked at)."""
+        self._max_frame = max_frame_bytes
+
     def frame_nowait(self) -> bytes | memoryview | None:
         """The next complete frame if one is buffered (no waiting, no timer), else None."""
         if not self._frames:

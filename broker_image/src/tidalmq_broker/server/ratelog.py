@@ -82,3 +82,7 @@ class RateLimitedLog:
 
 REQUEST_ERRORS = RateLimitedLog()
 """The broker process's budget for lines about requests that failed."""
+
+AUTH_FAILURES = RateLimitedLog()
+"""... and for lines about clients that failed to authenticate (TLS handshakes, SASL): a
+password-guessing client neither floods the log nor hides the request errors."""

@@ -1,0 +1,101 @@
+"""A broker's settings as the Kafka listener's endpoints (and what it registers).
+
+Every configuration error is found here, before the broker binds or opens anything, and is one
+SecurityConfigError naming the setting (`tidalmq broker` prints it and exits 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tidalmq_core.metadata import BrokerInfo, Endpoint
+
+from tidalmq_broker.security import SecurityConfigError
+from tidalmq_broker.security.listeners import Listeners, ListenerSpec, resolve
+from tidalmq_broker.security.principal import PrincipalMapper
+from tidalmq_broker.security.sasl import Credentials, SaslConfig, parse_mechanisms
+from tidalmq_broker.security.tls import TlsSettings, server_context
+from tidalmq_broker.server.listener import ListenerEndpoint
+from tidalmq_broker.settings import BrokerSettings
+
+
+def listeners_of(s: BrokerSettings) -> Listeners:
+    return resolve(
+        listeners=s.listeners,
+        advertised_listeners=s.advertised_listeners,
+        protocol_map=s.listener_security_protocol_map,
+        host=s.host,
+        port=s.port,
+        advertised_host=s.advertised_host,
+        advertised_port=s.advertised_port,
+    )
+
+
+def tls_settings(s: BrokerSettings) -> TlsSettings:
+    return TlsSettings(
+        keystore_location=s.ssl_keystore_location,
+        key_password=s.ssl_key_password,
+        truststore_location=s.ssl_truststore_location,
+        client_auth=s.ssl_client_auth,
+        enabled_protocols=s.ssl_enabled_protocols,
+        cipher_suites=s.ssl_cipher_suites,
+    )
+
+
+def build_endpoints(
+    s: BrokerSettings, credentials: Credentials
+) -> tuple[Listeners, list[ListenerEndpoint]]:
+    """The listeners of `s` and an endpoint to bind for each. Raises SecurityConfigError."""
+    listeners = listeners_of(s)
+    try:
+        mapper = PrincipalMapper(s.ssl_principal_mapping_rules)
+    except ValueError as exc:
+        raise SecurityConfigError(f"ssl.principal.mapping.rules: {exc}") from exc
+    mechanisms: tuple[str, ...] = ()
+    if any(spec.sasl for spec in listeners.bind):
+        try:
+            mechanisms = parse_mechanisms(s.sasl_enabled_mechanisms)
+        except ValueError as exc:
+            raise SecurityConfigError(str(exc)) from exc
+    tls = tls_settings(s)
+    endpoints = []
+    for spec in listeners.bind:
+        # KIP-684: ssl.client.auth is for SSL listeners; SASL_SSL clients authenticate by SASL
+        context = (
+            server_context(tls, client_auth="none" if spec.sasl else None) if spec.tls else None
+        )
+        endpoints.append(
+            ListenerEndpoint(
+                name=spec.name,
+                host=spec.host,
+                port=spec.port,
+                security_protocol=spec.security_protocol,
+                ssl_context=context,
+                sasl=SaslConfig(mechanisms, credentials) if spec.sasl else None,
+                principal_mapper=mapper,
+            )
+        )
+    return listeners, endpoints
+
+
+def advertised_endpoints(listeners: Listeners, ports: dict[str, int]) -> list[Endpoint]:
+    """What the broker registers, once its sockets are bound (`ports`: name -> bound port)."""
+    bound = [replace(b, port=ports[b.name]) for b in listeners.bind]
+    return [
+        Endpoint(a.name, a.host, a.port, a.security_protocol)
+        for a in listeners.advertised_for(bound)
+    ]
+
+
+def broker_listeners(endpoints: list[Endpoint]) -> tuple[str, int, list[Endpoint]]:
+    """BrokerInfo's host, port and listeners for these advertised endpoints."""
+    first = endpoints[0]
+    return first.host, first.port, BrokerInfo.normal_listeners(first.host, first.port, endpoints)
+
+
+def describe(endpoints: list[Endpoint] | list[ListenerSpec]) -> str:
+    return ",".join(
+        f"{e.name}://{e.host}:{e.port}" + ("" if e.name == e.security_protocol else
+                                            f" ({e.security_protocol})")
+        for e in endpoints
+    )  # fmt: skip

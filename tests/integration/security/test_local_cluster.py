@@ -1,0 +1,71 @@
+"""`tidalmq local up --security sasl_ssl`: brokers listening with SASL_SSL only, a CA and an
+admin user made for the data dir, a client.properties for Kafka's tools; credentials created on
+one broker reach the others through the controller (HTTP); all of it survives a restart."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from bench.kafka.harness import KafkaDist, run_tool
+from tests.support.local_cluster import LocalClusterProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def confluent(bootstrap: str, security: Path, user: str, password: str) -> dict[str, str]:
+    return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
+            "ssl.ca.location": str(security / "ca.pem")}  # fmt: skip
+
+
+def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDist) -> None:
+    data = tmp_path / "local"
+    security = data / "security"
+    cluster = LocalClusterProcess(data, brokers=2, args=["--security", "sasl_ssl"])
+    with cluster:
+        # what it printed is what works
+        assert f"user admin, password in {security / 'admin-password'}" in cluster.output
+        assert f"--command-config {security / 'client.properties'} --list" in cluster.output
+        password = (security / "admin-password").read_text().strip()
+        props = security / "client.properties"
+        first, second = cluster.bootstrap.split(",")
+        topic = f"local-{uuid.uuid4().hex[:8]}"
+        created = run_tool("kafka-topics", "--command-config", str(props), "--create", "--topic",
+                           topic, "--partitions", "2", bootstrap=first, check=True)  # fmt: skip
+        assert f"Created topic {topic}." in created.stdout
+        # a user made through broker 0 logs in at broker 1 only: the controller pushed it
+        run_tool("kafka-configs", "--command-config", str(props), "--alter", "--add-config",
+                 "SCRAM-SHA-512=[password=bob-secret]", "--entity-type", "users",
+                 "--entity-name", "bob", bootstrap=first, check=True)  # fmt: skip
+        bob = confluent(second, security, "bob", "bob-secret")
+        producer = Producer({**bob, "acks": "all"})
+        for i in range(10):
+            producer.produce(topic, f"m{i}".encode())
+        assert producer.flush(30) == 0
+        # and no port serves without authentication
+        with pytest.raises(KafkaException):
+            AdminClient({"bootstrap.servers": first, "socket.timeout.ms": 3000}).list_topics(
+                timeout=5
+            )
+    # a restart keeps the CA, the admin's password and the users
+    again = LocalClusterProcess(data, brokers=2, args=["--security", "sasl_ssl"])
+    with again:
+        assert (security / "admin-password").read_text().strip() == password
+        for user, secret in (("admin", password), ("bob", "bob-secret")):
+            conf = confluent(again.bootstrap, security, user, secret)
+            consumer = Consumer({**conf, "group.id": f"g-{user}", "auto.offset.reset": "earliest"})
+            consumer.subscribe([topic])
+            got = []
+            deadline = time.monotonic() + 60
+            while len(got) < 10 and time.monotonic() < deadline:
+                m = consumer.poll(0.5)
+                if m is not None and m.error() is None:
+                    got.append(m.value())
+            consumer.close()
+            assert sorted(got) == sorted(f"m{i}".encode() for i in range(10)), user
