@@ -33,6 +33,7 @@ from tidalmq_core.static_mapping import is_physical_topic
 
 import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
+from tidalmq_broker.apis.metadata import TopicEncodings
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.metrics import BrokerMetrics
@@ -86,6 +87,7 @@ class Broker:
         self._heartbeats: asyncio.Task[None] | None = None
         self._reregistering = False
         self.metadata = ClusterMetadata(cluster_id="", version=-1)
+        self.metadata_encodings = TopicEncodings()  # Metadata responses' pieces, kept encoded
         self.metrics = BrokerMetrics(self.broker_id, {k: s.name for k, s in REGISTRY.items()})
         self.groups = GroupCoordinator(
             GroupSettings(
@@ -315,6 +317,7 @@ class Broker:
                 self.metadata = ClusterMetadata(cluster_id="", version=-1)
                 return -1
         if delta:
+            self.metadata_encodings.changed(delta)
             if delta.other and self.engine is not None:
                 self.engine.expect_identity(self.metadata.cluster_id, self.metadata.store_marker)
             if self.partitions is not None and not self._stopping:

@@ -8,15 +8,24 @@ client: LISTENER_NOT_FOUND from Metadata v6).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_controller import NewTopic
 from tidalmq_core.metadata import NO_LEADER, PLAINTEXT, ClusterMetadata, TopicInfo
+from tidalmq_core.records import MetadataDelta
 from tidalmq_core.topics import InvalidTopic, validate_topic_name
 
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.protocol.metadata_response import (
+    Partition,
+    encode_metadata_response,
+    encode_partitions,
+    topic_head,
+    topic_tail,
+)
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
@@ -72,6 +81,84 @@ def topic_body(
     }
 
 
+_LEADER_NOT_AVAILABLE = ErrorCode.leader_not_available.value
+_LISTENER_NOT_FOUND = ErrorCode.listener_not_found.value
+
+
+class TopicEncodings:
+    """Topics' partitions as MetadataResponse writes them, kept per chunk of `CHUNK`
+    partitions until the metadata they describe changes: the broker tells it what each
+    metadata update changed (`changed`), so a chunk is encoded again only when one of its
+    partitions (or its topic) changed, whatever the size of the cluster. Kept per response
+    version and per set of brokers the client cannot reach (listeners)."""
+
+    CHUNK = 512
+
+    def __init__(self) -> None:
+        # topic -> chunk index -> (version, unreachable brokers) -> encoded partitions
+        self._topics: dict[str, dict[int, dict[tuple[int, frozenset[int]], bytes]]] = {}
+        self._image: ClusterMetadata | None = None  # the image the chunks describe
+
+    def clear(self) -> None:
+        self._topics.clear()
+
+    def changed(self, delta: MetadataDelta) -> None:
+        """What a metadata update changed in the image (in place)."""
+        if delta.brokers:  # a leader's listeners may have changed: cheap to start over
+            self._topics.clear()
+            return
+        for names in (delta.topics, delta.removed_topics, delta.static_topics):
+            for name in names:
+                self._topics.pop(name, None)
+        for tp in delta.partitions:
+            chunks = self._topics.get(tp.topic)
+            if chunks is not None:
+                chunks.pop(tp.partition // self.CHUNK, None)
+
+    def topic(
+        self, meta: ClusterMetadata, topic: TopicInfo, version: int, unreachable: frozenset[int]
+    ) -> list[bytes]:
+        """The whole topic struct of `meta`'s `topic`, as buffers."""
+        if meta is not self._image:  # another image (a snapshot replaced ours): start over
+            self._topics.clear()
+            self._image = meta
+        n = len(topic.partitions)
+        out = [
+            topic_head(version, 0, topic.name, uuid.UUID(topic.topic_id).bytes, topic.internal, n)
+        ]
+        chunks = self._topics.setdefault(topic.name, {})
+        key = (version, unreachable)
+        for c in range((n + self.CHUNK - 1) // self.CHUNK):
+            encoded = chunks.setdefault(c, {})
+            block = encoded.get(key)
+            if block is None:
+                start = c * self.CHUNK
+                block = encode_partitions(
+                    version, _partitions(topic, start, min(n, start + self.CHUNK), version,
+                                         unreachable)
+                )  # fmt: skip
+                encoded[key] = block
+            out.append(block)
+        out.append(topic_tail(version))
+        return out
+
+
+def _partitions(
+    topic: TopicInfo, start: int, end: int, version: int, unreachable: frozenset[int]
+) -> Iterator[Partition]:
+    parts = topic.partitions
+    for index in range(start, end):
+        part = parts[index]
+        leader = part.leader
+        if leader == NO_LEADER:
+            yield (_LEADER_NOT_AVAILABLE, index, leader, part.leader_epoch, part.replicas, ())
+        elif leader in unreachable:
+            code = _LISTENER_NOT_FOUND if version >= 6 else _LEADER_NOT_AVAILABLE
+            yield (code, index, NO_LEADER, part.leader_epoch, part.replicas, ())
+        else:
+            yield (0, index, leader, part.leader_epoch, part.replicas, (leader,))
+
+
 @api(3, "Metadata", 0, 13)
 async def handle_metadata(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
@@ -107,12 +194,14 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
                 [NewTopic(n, broker.settings.default_partitions) for n in valid]
             )
             meta = broker.metadata
-    topics = []
-    unreachable = unreachable_brokers(meta, conn.listener)
+    version = request.api_version
+    unreachable = frozenset(unreachable_brokers(meta, conn.listener))
+    encodings: TopicEncodings = broker.metadata_encodings
+    topics: list[list[bytes]] = []
     for name in names:
         topic = meta.topics.get(name)
         if topic is not None:
-            topics.append(topic_body(topic, unreachable, request.api_version))
+            topics.append(encodings.topic(meta, topic, version, unreachable))
             continue
         if name.startswith("\0"):
             code, tname, tid = ErrorCode.unknown_topic_id, None, uuid.UUID(name[1:])
@@ -126,18 +215,14 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
                 code = ErrorCode.invalid_topic_exception
             tname, tid = name, _NULL_UUID
         topics.append(
-            {"error_code": code, "name": tname, "topic_id": tid, "is_internal": False,
-             "partitions": []}
-        )  # fmt: skip
-    return {
-        "throttle_time": 0,
-        "brokers": brokers_body(meta, conn.listener),
-        "cluster_id": meta.cluster_id,
-        "controller_id": broker.controller_id_for_clients(),
-        "topics": topics,
-        "cluster_authorized_operations": -2147483648,
-        "error_code": ErrorCode.none,  # v13: a top-level error (e.g. REBOOTSTRAP_REQUIRED)
-    }
+            [topic_head(version, code.value, tname, tid.bytes, False, 0), topic_tail(version)]
+        )
+    brokers = [
+        (b["node_id"], b["host"], b["port"], b["rack"]) for b in brokers_body(meta, conn.listener)
+    ]
+    return encode_metadata_response(
+        version, brokers, meta.cluster_id, broker.controller_id_for_clients(), topics
+    )
 
 
 @api(60, "DescribeCluster", 0, 2)
