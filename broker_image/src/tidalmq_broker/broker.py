@@ -9,6 +9,7 @@ import functools
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +19,7 @@ from tidalmq_controller import (
     ControllerClient,
     ControllerSettings,
     Heartbeat,
+    HeartbeatReply,
     HttpControllerClient,
     LocalControllerClient,
     ObjectStoreMetadataLog,
@@ -36,6 +38,7 @@ from tidalmq_broker.apis.api_versions import api_versions_body
 from tidalmq_broker.apis.metadata import TopicEncodings
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
+from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.partitions import PartitionManager
 from tidalmq_broker.security import SecurityConfigError
@@ -55,6 +58,15 @@ from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.topic_data import delete_topic_data
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _BeatNews:
+    """What a heartbeat reported, acknowledged when its answer comes."""
+
+    pending: dict[TopicPartition, int | None]  # open changes sent
+    floors: dict[TopicPartition, tuple[str, int]]  # acknowledged ends sent
+    current: set[TopicPartition]  # partitions open here at the wished epoch then
 
 
 class _LocalChannel:
@@ -84,8 +96,10 @@ class Broker:
         self.controller: ControllerClient = controller  # type: ignore[assignment]
         self.own_controller: Controller | None = None
         self._lease_expiry = 0.0
-        self._heartbeats: asyncio.Task[None] | None = None
+        self._liveness: LivenessThread[_BeatNews] | None = None
         self._reregistering = False
+        self._catching_up = False
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.metadata = ClusterMetadata(cluster_id="", version=-1)
         self.metadata_encodings = TopicEncodings()  # Metadata responses' pieces, kept encoded
         self.metrics = BrokerMetrics(self.broker_id, {k: s.name for k, s in REGISTRY.items()})
@@ -188,7 +202,17 @@ class Broker:
                         "the one at %s: give it there", s.controller_url)  # fmt: skip
         self._reporter = asyncio.create_task(self._report_loop(), name="partition reports")
         await self._register_until_done()
-        self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
+        self._liveness = LivenessThread(
+            asyncio.get_running_loop(),
+            interval_s=s.heartbeat_interval_s,
+            prepare=self._prepare_beat,
+            bare=self._bare_beat,
+            send=lambda beat: self.controller.beat_blocking(beat),
+            on_lease=self._lease_from,
+            on_reply=self._beat_answered,
+        )
+        self._liveness.enabled = True
+        self._liveness.start()
         self._gauges = asyncio.create_task(self._update_gauges())
         bound = [f"{name}:{port}" for name, port in ports.items()]
         log.info(
@@ -224,8 +248,8 @@ class Broker:
                 log.warning("drain through the controller failed (%s); closing locally", exc)
         self._stopping = True
         await self.listener.drain(self._stop_budget(deadline))
-        if self._heartbeats is not None:
-            self._heartbeats.cancel()
+        if self._liveness is not None:
+            self._liveness.stop()
         if self._gauges is not None:
             self._gauges.cancel()
         if self.partitions is not None:
@@ -379,7 +403,11 @@ class Broker:
             await self._catch_up()
         self._registered = True
         self._resync = True
-        await self._heartbeat_once()  # the first lease
+        reregistering, self._reregistering = self._reregistering, False
+        try:
+            await self._heartbeat_once()  # the first lease
+        finally:
+            self._reregistering = reregistering
 
     async def _register_until_done(self) -> None:
         """Join the cluster, retrying while the controller is unreachable (it may be starting,
@@ -396,20 +424,14 @@ class Broker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
-            try:
-                await self._heartbeat_once()
-            except Exception as exc:
-                log.warning("heartbeat failed: %s", exc)
-
-    async def _heartbeat_once(self) -> None:
-        """Renew the lease. It counts from when the heartbeat was sent, so it always expires
-        before the controller's view of it (granted when the heartbeat arrived). It carries
-        what opened and closed since the last answered heartbeat (everything when the
-        controller asked for it)."""
-        sent = time.monotonic()
+    # The lease is renewed from the liveness thread (liveness.py), which asks the event loop
+    # for each heartbeat's news and goes without it when the loop is too busy to answer.
+    async def _prepare_beat(self) -> tuple[Heartbeat, _BeatNews] | None:
+        """A heartbeat with what opened and closed since the last answered one (everything
+        when the controller asked for it) and the acknowledged ends to keep as floors. Changes
+        nothing: the answer acknowledges (`_beat_answered`)."""
+        if not self._registered or self._reregistering:
+            return None
         current = self.partitions.open_high_watermarks()
         floors = {tp: v for tp, v in current.items() if self._floors_sent.get(tp) != v}
         full = self._resync
@@ -422,20 +444,75 @@ class Broker:
         hwm: dict[TopicPartition, int | None] = dict(
             self.partitions.high_watermarks(is_physical_topic)
         )
-        reply = await self.controller.beat(Heartbeat(
+        beat = Heartbeat(
             self.broker_id, self.incarnation, self.metadata.version, changes, full=full,
             hwm=hwm, floors=floors,
-        ))  # fmt: skip
+        )  # fmt: skip
+        return beat, _BeatNews(pending, floors, set(current))
+
+    def _bare_beat(self) -> Heartbeat:
+        """A heartbeat without news (liveness thread, when the event loop is late)."""
+        return Heartbeat(self.broker_id, self.incarnation, self.metadata.version, {}, full=False)
+
+    def _lease_from(self, beat: Heartbeat, sent: float, reply: HeartbeatReply) -> None:
+        """The lease a heartbeat's answer grants, from when it was sent (any thread): it always
+        expires before the controller's view of it (granted when the heartbeat arrived)."""
+        if beat.incarnation != self.incarnation:
+            return  # an answer to our previous incarnation
+        if reply.fenced:
+            self._lease_expiry = 0.0  # stop acknowledging at once
+        else:
+            self._lease_expiry = max(self._lease_expiry, sent + reply.lease_s)
+
+    def _beat_answered(
+        self, beat: Heartbeat, news: _BeatNews | None, sent: float, reply: HeartbeatReply
+    ) -> None:
+        """The rest of a heartbeat's answer, on the event loop."""
+        if beat.incarnation != self.incarnation or self._stopping:
+            return
+        if reply.fenced:
+            if not self._reregistering:
+                self._spawn(self._on_fenced(reply.reason), "re-register")
+            return
+        if news is not None:
+            self.partitions.ack_open_changes(news.pending)
+            self._resync = reply.resync
+            self._floors_sent = {tp: v for tp, v in {**self._floors_sent, **news.floors}.items()
+                                 if tp in news.current}  # fmt: skip
+        elif reply.resync:
+            self._resync = True
+        if reply.metadata_version > self.metadata.version and not self._catching_up:
+            self._spawn(self._catch_up_once(), "metadata catch-up")
+
+    async def _catch_up_once(self) -> None:
+        self._catching_up = True
+        try:
+            await self._catch_up()
+        except Exception as exc:
+            log.warning("metadata catch-up failed: %s", exc)
+        finally:
+            self._catching_up = False
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _heartbeat_once(self) -> None:
+        """One heartbeat from the event loop (the first lease, at registration)."""
+        prepared = await self._prepare_beat()
+        if prepared is None:
+            return
+        beat, news = prepared
+        sent = time.monotonic()
+        # on a thread, as the liveness thread sends them: a registering broker's loop is busy
+        # applying the metadata and opening its partitions, and must not delay the answer
+        reply = await asyncio.to_thread(self.controller.beat_blocking, beat)
+        self._lease_from(beat, sent, reply)
         if reply.fenced:
             await self._on_fenced(reply.reason)
             return
-        self.partitions.ack_open_changes(pending)
-        self._resync = reply.resync
-        self._floors_sent = {tp: v for tp, v in {**self._floors_sent, **floors}.items()
-                             if tp in current}  # fmt: skip
-        self._lease_expiry = sent + reply.lease_s
-        if reply.metadata_version > self.metadata.version:
-            await self._catch_up()
+        self._beat_answered(beat, news, sent, reply)
 
     async def _on_fenced(self, reason: str) -> None:
         """The controller no longer vouches for us: stop acknowledging at once, give up every
@@ -443,12 +520,16 @@ class Broker:
         log.warning(
             "broker %d fenced by the controller (%s); re-registering", self.broker_id, reason
         )
-        self._lease_expiry = 0.0
-        self._floors_sent = {}
-        self.partitions.release_all()
-        await self.partitions.wait_settled(30)
-        self.incarnation = _new_incarnation()
-        await self._register_until_done()
+        self._reregistering = True
+        try:
+            self._lease_expiry = 0.0
+            self._floors_sent = {}
+            self.partitions.release_all()
+            await self.partitions.wait_settled(30)
+            self.incarnation = _new_incarnation()
+            await self._register_until_done()
+        finally:
+            self._reregistering = False
 
     async def _report_partition(
         self,

@@ -18,8 +18,8 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
   `MetadataLost` (the log is missing what is known committed: a wiped or replaced store).
 - Serving the controller over HTTP: `ControllerServer`.
 - A broker's link to its controller: `ControllerClient`, `LocalControllerClient` (same
-  process), `HttpControllerClient` (remote), `Heartbeat`, and `report_doc` (a partition closed,
-  opened or lost, as the broker reports it).
+  process), `HttpControllerClient` (remote), `Heartbeat` and its `HeartbeatReply`, and
+  `report_doc` (a partition closed, opened or lost, as the broker reports it).
 - SCRAM credentials (AlterUserScramCredentials, docs/security.md): `ScramUpsertion`,
   `ScramDeletion`, `ScramAlterResult`; the users a controller creates at start if absent:
   `BootstrapUser`, `parse_bootstrap` (`user:MECHANISM:password` lines).
@@ -41,7 +41,7 @@ from tidalmq_controller._log import (
     MetadataLost,
     ObjectStoreMetadataLog,
 )
-from tidalmq_controller._membership import Heartbeat
+from tidalmq_controller._membership import Heartbeat, HeartbeatReply
 from tidalmq_controller._moves import MoveStatus
 from tidalmq_controller._rpc import (
     ControllerClient,
@@ -70,6 +70,7 @@ __all__ = [
     "ControllerServer",
     "ControllerSettings",
     "Heartbeat",
+    "HeartbeatReply",
     "HttpControllerClient",
     "InvalidReplicaAssignment",
     "LoadedLog",

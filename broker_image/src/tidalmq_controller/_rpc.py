@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import http.client
 import json
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -169,6 +171,11 @@ def report_doc(kind: str, tp: TopicPartition, epoch: int, *, topic_id: str | Non
 class ControllerClient(Protocol):
     async def register_broker(self, info: BrokerInfo, channel: Any) -> int: ...
     async def beat(self, heartbeat: Heartbeat) -> HeartbeatReply: ...
+    def beat_blocking(self, heartbeat: Heartbeat) -> HeartbeatReply:
+        """A heartbeat from a thread of the broker's own (its liveness thread): never waits
+        for the broker's event loop."""
+        ...
+
     async def report(self, broker_id: int, reports: list[dict[str, Any]]) -> None: ...
     async def fetch_update(self, since: int) -> updates.MetadataUpdate: ...
     async def fetch_metadata(self) -> ClusterMetadata: ...
@@ -201,6 +208,9 @@ class LocalControllerClient:
 
     async def beat(self, heartbeat: Heartbeat) -> HeartbeatReply:
         return self.controller.beat(heartbeat)
+
+    def beat_blocking(self, heartbeat: Heartbeat) -> HeartbeatReply:
+        return self.controller.beat(heartbeat)  # safe from any thread
 
     async def report(self, broker_id: int, reports: list[dict[str, Any]]) -> None:
         self.controller.partitions_reported(broker_id, reports)
@@ -264,10 +274,15 @@ class LocalControllerClient:
 class HttpControllerClient:
     """The client interface over HTTP, for brokers in other processes or pods."""
 
+    HEARTBEAT_TIMEOUT_S = 2.0
+
     def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
         self._base = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        # the heartbeats' own connection (http.client: no event loop involved), one at a time
+        self._beat_conn: http.client.HTTPConnection | None = None
+        self._beat_lock = threading.Lock()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -294,7 +309,48 @@ class HttpControllerClient:
 
     async def beat(self, heartbeat: Heartbeat) -> HeartbeatReply:
         started = time.monotonic()
-        doc = await self._call("/v1/brokers/heartbeat", heartbeat_doc(heartbeat), timeout_s=2.0)
+        doc = await self._call(
+            "/v1/brokers/heartbeat", heartbeat_doc(heartbeat), timeout_s=self.HEARTBEAT_TIMEOUT_S
+        )
+        HEARTBEAT_SECONDS.observe(time.monotonic() - started)
+        return HeartbeatReply(**doc["reply"])
+
+    def beat_blocking(self, heartbeat: Heartbeat) -> HeartbeatReply:
+        """One heartbeat over a kept-alive connection (from any thread, one at a time)."""
+        with self._beat_lock:
+            return self._beat_blocking(heartbeat)
+
+    def _beat_blocking(self, heartbeat: Heartbeat) -> HeartbeatReply:
+        body = json.dumps(heartbeat_doc(heartbeat)).encode()
+        url = urlsplit(self._base)
+        started = time.monotonic()
+        for attempt in (1, 2):  # a kept-alive connection the server closed: once more, anew
+            conn = self._beat_conn
+            if conn is None:
+                conn = http.client.HTTPConnection(
+                    url.hostname or "127.0.0.1", url.port or 80, timeout=self.HEARTBEAT_TIMEOUT_S
+                )
+                self._beat_conn = conn
+            try:
+                conn.request("POST", url.path.rstrip("/") + "/v1/brokers/heartbeat", body,
+                             {"Content-Type": "application/json"})  # fmt: skip
+                resp = conn.getresponse()
+                data = resp.read()
+                if resp.status >= 300 and not data.startswith(b"{"):
+                    raise ControllerUnavailable(
+                        f"controller at {self._base}: heartbeat answered {resp.status}"
+                    )
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                self._beat_conn = None
+                if attempt == 2 or time.monotonic() - started > self.HEARTBEAT_TIMEOUT_S / 2:
+                    raise ControllerUnavailable(
+                        f"controller at {self._base} unreachable: {exc!r}"
+                    ) from exc
+        doc = json.loads(data)
+        if "fault" in doc:
+            raise decode_error(doc["fault"]) or ctl.ControllerError("controller error")
         HEARTBEAT_SECONDS.observe(time.monotonic() - started)
         return HeartbeatReply(**doc["reply"])
 
