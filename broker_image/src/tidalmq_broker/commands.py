@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import gc
 import logging
 import sys
@@ -74,34 +73,6 @@ def _register_broker(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run_broker)
 
 
-_GC_THRESHOLDS = (50_000, 20, 100)
-_M_MMAP_THRESHOLD = -3  # mallopt parameters of glibc's malloc.h
-_M_ARENA_MAX = -8
-
-
-def tune_runtime() -> None:
-    """Process-wide settings for a broker moving megabytes of records per second.
-
-    Garbage collector: the request path allocates many short-lived objects (futures, tasks,
-    tuples) and almost no cycles; at the default threshold (700) young collections ran every
-    few requests and promoted objects into costly older-generation passes over a large live
-    heap (offset indexes, cached chunks).
-
-    glibc malloc: its mmap threshold grows to the size of the largest block freed (up to 32
-    MiB), after which request frames, record copies and WAL objects of a few MiB come from the
-    heap arenas (one per thread that allocated, up to 8 per core) and their freed space stays
-    resident: RSS grew to 1.5-3x the live data. A fixed threshold hands such blocks back to the
-    kernel when freed, and two arenas bound what the store's threads keep.
-    """
-    gc.set_threshold(*_GC_THRESHOLDS)
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, 256 * 1024)
-        libc.mallopt(_M_ARENA_MAX, 2)
-    except (OSError, AttributeError):
-        pass  # not glibc: its allocator has its own policy
-
-
 def _run_broker(args: argparse.Namespace) -> int:
     from tidalmq_broker.lifecycle import exit_with_parent
     from tidalmq_broker.logs import setup_logging
@@ -113,6 +84,8 @@ def _run_broker(args: argparse.Namespace) -> int:
         linked = exit_with_parent(settings.parent_pid)
     setup_logging(settings.log_level, settings.log_format)
     if settings.runtime_tuning:
+        from tidalmq_broker.tuning import tune_runtime
+
         tune_runtime()
     from tidalmq_broker.security import SecurityConfigError
 

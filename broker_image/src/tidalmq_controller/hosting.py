@@ -11,11 +11,20 @@ it.
   the metadata log's store).
 - `delete_topic_data`: deletes a deleted topic's data from the store (the controller's
   `topic_data_deleter`, bound to the store).
+- `tune_runtime`: garbage collector, allocator and thread switch interval settings for a
+  server process (the controller's liveness thread answers heartbeats beside a busy loop).
 """
 
 from tidalmq_broker.logs import setup_logging
 from tidalmq_broker.server.http import HealthServer
 from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.topic_data import delete_topic_data
+from tidalmq_broker.tuning import tune_runtime
 
-__all__ = ["HealthServer", "delete_topic_data", "open_object_store", "setup_logging"]
+__all__ = [
+    "HealthServer",
+    "delete_topic_data",
+    "open_object_store",
+    "setup_logging",
+    "tune_runtime",
+]

@@ -9,7 +9,7 @@ import socket
 from typing import Any
 
 import kopf
-from tidalmq_controller.hosting import HealthServer, setup_logging
+from tidalmq_controller.hosting import HealthServer, setup_logging, tune_runtime
 from tidalmq_core.metadata import new_cluster_id
 
 from tidalmq_operator import handlers  # noqa: F401  (registers the handlers)
@@ -86,5 +86,6 @@ def main(settings: OperatorSettings | None = None) -> int:
         os.environ.get("TIDALMQ_LOG_LEVEL", "INFO"), os.environ.get("TIDALMQ_LOG_FORMAT", "text")
     )
     logging.getLogger("kopf.objects").setLevel(logging.INFO)
+    tune_runtime()  # the operator hosts the controller: its liveness thread answers heartbeats
     asyncio.run(run_operator(settings))
     return 0

@@ -71,6 +71,7 @@ from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_broker.storage.topic_data import delete_topic_data
+from tidalmq_broker.tuning import tune_runtime
 
 log = logging.getLogger(__name__)
 
@@ -534,6 +535,7 @@ def run_local_cluster(args: argparse.Namespace, data: Path, shown_as: str = "") 
         setup_logging(
             os.environ.get("TIDALMQ_LOG_LEVEL", "WARNING"), "text", prefix="[controller] "
         )
+        tune_runtime()  # this process hosts the controller: its liveness thread answers heartbeats
         return asyncio.run(_serve(args, data, storage_url))
     except (LocalUpError, OSError) as exc:
         print(f"tidalmq local up: {exc}", file=sys.stderr, flush=True)
