@@ -132,11 +132,59 @@ async def test_clean_close_then_open_by_another_broker_reads_one_object(cluster:
     store2 = cluster.stores[1]
     store2.reset()
     log2 = await engine2.open_partition(TP, TOPIC_ID, 2, CFG)
-    assert store2.ops["get"] == 1 and store2.ops["list"] == 0 and store2.ops["put"] == 1
+    # a clean handover reads the checkpoint and writes nothing until its first data
+    assert store2.ops["get"] == 1 and store2.ops["list"] == 0 and store2.ops["put"] == 0
     assert log2.high_watermark == 60
     got = await read_all(log2)
     assert [tail[4:] for _, _, tail in got] == [payload(b)[4:] for b in sent]
+    key = engine2.checkpoint_key(TP, TOPIC_ID)
+    loaded = await engine2.checkpoints.load(key)
+    assert loaded is not None and loaded[0].leader_epoch == 1, "nothing written by the reads"
     assert (await log2.append(batch(1))).base_offset == 60
+    # the new epoch was stored before that data (If-Match on the checkpoint it read)
+    loaded = await engine2.checkpoints.load(key)
+    assert loaded is not None and loaded[0].leader_epoch == 2 and loaded[0].owner_broker == "2"
+
+
+async def test_a_clean_handover_fences_an_earlier_owner_that_writes_first(cluster: Cluster) -> None:
+    """The new leader's checkpoint is written with its first data, with If-Match on the one it
+    read: if anyone wrote the checkpoint in between, that first write fails (fenced), and
+    nothing of it is acknowledged."""
+    engine1 = await cluster.engine(1)
+    log1 = await engine1.open_partition(TP, TOPIC_ID, 1, CFG)
+    await log1.append(batch(2))
+    await engine1.close_partition(TP)
+    engine2 = await cluster.engine(2)
+    log2 = await engine2.open_partition(TP, TOPIC_ID, 2, CFG)
+    engine3 = await cluster.engine(3)
+    log3 = await engine3.open_partition(TP, TOPIC_ID, 3, CFG)  # a later leader that writes first
+    assert (await log3.append(batch(1))).base_offset == 2
+    # the flush holding it fails (retriable for the producer), and the partition is fenced
+    with pytest.raises((PartitionFenced, ObjectStoreUnavailable)):
+        await log2.append(batch(1))
+    with pytest.raises(PartitionFenced):
+        await log2.append(batch(1))
+    assert log3.high_watermark == 3
+    assert len(await read_all(log3)) == 2
+
+
+async def test_a_partition_moved_on_without_a_write_is_closed_without_one(
+    cluster: Cluster,
+) -> None:
+    engine1 = await cluster.engine(1)
+    log1 = await engine1.open_partition(TP, TOPIC_ID, 1, CFG)
+    await log1.append(batch(3))
+    await engine1.close_partition(TP)
+    engine2 = await cluster.engine(2)
+    await engine2.open_partition(TP, TOPIC_ID, 2, CFG)
+    store2 = cluster.stores[1]
+    store2.reset()
+    await engine2.close_partition(TP)
+    assert store2.ops["put"] == 0, "nothing changed since the clean checkpoint it opened"
+    engine3 = await cluster.engine(3)
+    log3 = await engine3.open_partition(TP, TOPIC_ID, 3, CFG)
+    assert log3.high_watermark == 3
+    assert (await log3.append(batch(1))).base_offset == 3
 
 
 async def test_unclean_stop_recovers_every_acknowledged_append_and_producer_state(

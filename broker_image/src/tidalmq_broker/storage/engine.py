@@ -311,6 +311,13 @@ class ObjectStreamEngine:
                 )
             start = accepted_from or 0
             fresh = self._new_checkpoint(tp, topic_id, epoch, start)
+            if accepted_from is None:
+                # Never stored by anyone (an earlier leader had no data and wrote nothing):
+                # new, as at epoch 0, its first checkpoint written before its first data (with
+                # If-None-Match: fenced if someone stored one meanwhile)
+                metrics.RECOVERIES.labels(self.broker_label, "new").inc()
+                log.debug("%s: created (epoch %d; stored with its first data)", tp, epoch)
+                return Partition(self, tp, topic_id, epoch, config, fresh, None)
             try:
                 etag = await self.checkpoints.commit(key, fresh, None)
                 metrics.RECOVERIES.labels(self.broker_label, "new").inc()
@@ -377,8 +384,16 @@ class ObjectStreamEngine:
             index=index,
             producers=producers.to_json(),
         )
-        etag = await self.checkpoints.commit(key, mine, etag)
         metrics.RECOVERIES.labels(self.broker_label, kind).inc()
+        if kind == "clean" and accepted_from is None:
+            # A clean handover (the earlier leader closed it and wrote everything): nobody
+            # writes it until we do, so our checkpoint (the new epoch) is stored before our
+            # first data, with If-Match on the one we read (writer.before_put), not now: a
+            # rebalance of thousands of partitions costs each target one read per partition.
+            log.info("%s: opened (clean, epoch %d -> %d, offsets %d-%d; stored with its first "
+                     "data)", tp, cp.leader_epoch, epoch, log_start, next_offset)  # fmt: skip
+            return Partition(self, tp, topic_id, epoch, config, mine, etag, epoch_stored=False)
+        etag = await self.checkpoints.commit(key, mine, etag)
         log.info("%s: opened (%s, epoch %d -> %d, offsets %d-%d)",
                  tp, kind, cp.leader_epoch, epoch, log_start, next_offset)  # fmt: skip
         return Partition(self, tp, topic_id, epoch, config, mine, etag)

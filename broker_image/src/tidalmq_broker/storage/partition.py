@@ -87,8 +87,12 @@ class Partition:
         config: PartitionConfig,
         checkpoint: Checkpoint,
         etag: str | None,
+        *,
+        epoch_stored: bool = True,
     ) -> None:
-        """`etag` None: a new partition whose checkpoint is not stored yet (see `unstored`)."""
+        """`etag` None: a new partition whose checkpoint is not stored yet (see `unstored`).
+        `epoch_stored` False: opened from a clean checkpoint (`etag`) of an earlier leader,
+        ours not stored yet (also written before our first data, with If-Match on `etag`)."""
         self._engine = engine
         self._tp = tp
         self.topic_id = topic_id
@@ -97,6 +101,7 @@ class Partition:
         self._key = engine.checkpoint_key(tp, topic_id)
         self.tracker_key = self._key
         self._etag = etag
+        self._epoch_stored = epoch_stored
         self._index = OffsetIndex(checkpoint.index)
         self._log_start = checkpoint.log_start_offset
         self._hwm = checkpoint.next_offset
@@ -606,13 +611,18 @@ class Partition:
 
     @property
     def unstored(self) -> bool:
-        """New, and its first checkpoint not written yet (written before its first data)."""
-        return self._etag is None and self._state in (State.OPEN, State.CLOSING)
+        """New, or opened from an earlier leader's clean checkpoint, and our checkpoint not
+        written yet (it is written before our first data)."""
+        return (self._etag is None or not self._epoch_stored) and self._state in (
+            State.OPEN,
+            State.CLOSING,
+        )
 
     async def store_first(self) -> None:
-        """Write the first checkpoint of a new partition (if nobody did meanwhile)."""
+        """Write our first checkpoint (if nobody did meanwhile): a new partition's, or ours at
+        our epoch over the earlier leader's (If-Match: fenced if someone else wrote since)."""
         async with self._cp_lock:
-            if self._etag is None:
+            if self._etag is None or not self._epoch_stored:
                 await self._commit_locked(force=True)
 
     async def commit_checkpoint(self, *, clean: bool = False, force: bool = False) -> None:
@@ -642,6 +652,7 @@ class Partition:
             metrics.CHECKPOINTS.labels(self._engine.broker_label, "failed").inc()
             raise
         metrics.CHECKPOINTS.labels(self._engine.broker_label, "ok").inc()
+        self._epoch_stored = True
         self._committed_version = version
         self._committed_position = cp.wal_position
         self._engine.checkpoint_committed(self, cp)
@@ -713,6 +724,11 @@ class Partition:
         self._state = State.CLOSING
         if self._etag is None and self._hwm == self._log_start and not self.dirty:
             self._release()  # new and never written: nothing to keep, the next owner starts it
+            return
+        if not self._epoch_stored and not self.dirty:
+            # opened from a clean checkpoint and nothing changed since: it stays what the next
+            # owner opens (a partition moved twice without a write costs no store write here)
+            self._release()
             return
         try:
             for attempt in range(3):
