@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
+from kio.static.constants import EntityType
 
 from tidalmq_broker.protocol.bounds import FrameBoundsError, check_request
 from tidalmq_broker.protocol.entities import build
@@ -178,18 +180,18 @@ def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, 
 
 
 def schema_versions(api_key: int) -> tuple[int, int] | None:
-    """The version range kio has schemas for, or None for an unknown key."""
-    found = [v for v in range(0, 32) if _has_schema(api_key, v)]
+    """The version range kio has schemas for, or None for an unknown key. Read from kio's
+    index, without importing the schemas: each version's modules are imported when its first
+    request comes (importing all of them cost a starting broker 0.6 s)."""
+    name = api_key_map.get(api_key)
+    if name is None:
+        return None
+    found = [
+        v
+        for v, entities in schema_name_map.get(name, {}).items()
+        if EntityType.request in entities and EntityType.response in entities
+    ]
     return (min(found), max(found)) if found else None
-
-
-def _has_schema(api_key: int, version: int) -> bool:
-    try:
-        _request_schema(api_key, version)
-        response_schema(api_key, version)
-    except (UnknownAPIKey, UnknownEntity):
-        return False
-    return True
 
 
 @cache
