@@ -14,7 +14,8 @@ The scenario (tests/integration/cluster/test_controller_crash.py runs the same, 
    message.timeout.ms 300 s) writes round robin to 200 partitions of the first topic, from
    here to the end.
 4. `tidalmq local add-broker`: the controller queues the new broker's fair share (N/4 moves)
-   and starts them in waves of at most max_moves_per_broker (1,000) per broker.
+   and starts them in waves of at most max_moves_per_broker per broker (--max-moves-per-broker,
+   the controller's default unless given).
 5. /v1/moves (the controller's URL from <data dir>/cluster.json) is polled; once some moves are
    in flight (Closing/Electing/Opening), some still Pending and some Done, the `local up`
    process gets SIGKILL (its brokers follow it: PR_SET_PDEATHSIG).
@@ -224,6 +225,7 @@ class ControllerCrash:
         rate: int = 400,
         finish_timeout_s: float = 300.0,
         min_done: int = 1,
+        max_moves_per_broker: int | None = None,
     ) -> None:
         self.workdir = workdir
         self.data_dir = workdir / "cluster"
@@ -232,6 +234,12 @@ class ControllerCrash:
         self.rate = rate
         self.finish_timeout_s = finish_timeout_s
         self.min_done = min_done
+        # the controller's wave size (TIDALMQ_MAX_MOVES_PER_BROKER; None: its default)
+        self.env = (
+            {"TIDALMQ_MAX_MOVES_PER_BROKER": str(max_moves_per_broker)}
+            if max_moves_per_broker
+            else {}
+        )
         self.port = free_port_range(BROKERS + 2)
         self.figures: dict[str, Any] = {"partitions": partitions, "load_start": load()}
         self.producer: PartitionsProducer | None = None
@@ -242,7 +250,7 @@ class ControllerCrash:
 
     # ------------------------------------------------------------------ steps
     def _cluster(self, brokers: int) -> LocalClusterProcess:
-        c = LocalClusterProcess(self.data_dir, brokers=brokers, port=self.port)
+        c = LocalClusterProcess(self.data_dir, brokers=brokers, port=self.port, env=self.env)
         if c.log_path.exists():  # each run's log apart: start() parses the one it writes
             c.log_path.rename(c.log_path.with_suffix(f".{len(self.clusters)}.log"))
         self.clusters.append(c)
@@ -562,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=20_000)
     ap.add_argument("--producer-partitions", type=int, default=200)
     ap.add_argument("--rate", type=int, default=400, help="records/s (round robin)")
+    ap.add_argument("--max-moves-per-broker", type=int, help="the controller's wave size")
     ap.add_argument(
         "--timeout", type=float, default=600.0, help="from the restart to every move finished (s)"
     )
@@ -577,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         producer_partitions=args.producer_partitions,
         rate=args.rate,
         finish_timeout_s=args.timeout,
+        max_moves_per_broker=args.max_moves_per_broker,
     )
 
     def _exit(signum: int, _frame: Any) -> None:  # through `finally`: no broker left behind

@@ -197,7 +197,7 @@ class ControllerSettings:
     floor_commit_interval_s: float = 10.0
     # moves in flight (closing or opening) per broker, as source or target: a rebalance of
     # thousands of partitions runs in waves of at most this many per broker
-    max_moves_per_broker: int = 1000
+    max_moves_per_broker: int = 4000
     # moves one step of the controller starts at most (bounded work per step)
     max_moves_per_step: int = 2000
     # a snapshot is written once the records since the last one reach its size (at least this)

@@ -30,6 +30,8 @@ class OperatorSettings:
     session_timeout_s: float = 6.0
     election_timeout_s: float = 10.0
     offsets_topic_partitions: int = 16
+    # moves in flight per broker (as source or target): a rebalance runs in waves of this many
+    max_moves_per_broker: int = 4000
     status_interval_s: float = 0.5
     # a partition without a leader this long makes its topic Degraded (Leaderless); a move or an
     # election normally leaves it leaderless for well under a second, a stuck source until the
@@ -73,6 +75,7 @@ class OperatorSettings:
             session_timeout_s=float(get("SESSION_TIMEOUT_S", "6.0")),
             election_timeout_s=float(get("ELECTION_TIMEOUT_S", "10.0")),
             offsets_topic_partitions=int(get("OFFSETS_TOPIC_PARTITIONS", "16")),
+            max_moves_per_broker=int(get("MAX_MOVES_PER_BROKER", "4000")),
             leaderless_grace_s=float(get("LEADERLESS_GRACE_S", "15")),
             spark_image=get("SPARK_IMAGE", ""),
             spark_service_account=get("SPARK_SERVICE_ACCOUNT", ""),

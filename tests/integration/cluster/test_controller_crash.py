@@ -7,9 +7,9 @@ the same data dir (its controller resumes the moves from the metadata log), an i
 confluent-kafka producer writing throughout and a full read-back. The steps are
 bench/controller_crash.py's, which runs the same at 20,000 partitions and prints the figures.
 
-6,000 partitions: the smallest size whose rebalance onto a 4th broker (1,500 moves) does not fit
-in one wave of max_moves_per_broker (1,000), so Pending moves are there to kill in front of;
-the whole test takes about 30 s here."""
+6,000 partitions, with the controller's waves at 1,000 moves per broker
+(TIDALMQ_MAX_MOVES_PER_BROKER): the rebalance onto a 4th broker (1,500 moves) does not fit in one
+wave, so Pending moves are there to kill in front of; the whole test takes about 30 s here."""
 
 from __future__ import annotations
 
@@ -23,13 +23,16 @@ from bench.controller_crash import BROKERS, ControllerCrash
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
 
 PARTITIONS = 6_000
-FINISH_BOUND_S = 90.0  # from `local up` again to every move finished by the metadata
+FINISH_BOUND_S = 90.0
+WAVE = 1_000  # moves in flight per broker: a quarter of PARTITIONS takes two waves  # from `local up` again to every move finished by the metadata
 
 
 def test_kill_9_of_local_up_mid_rebalance_every_move_finishes_and_nothing_acked_is_lost(
     tmp_path: Path,
 ) -> None:
-    run = ControllerCrash(tmp_path, PARTITIONS, finish_timeout_s=FINISH_BOUND_S)
+    run = ControllerCrash(
+        tmp_path, PARTITIONS, finish_timeout_s=FINISH_BOUND_S, max_moves_per_broker=WAVE
+    )
     try:
         first = run.start()
         topics = run.create(first)

@@ -241,7 +241,7 @@ class LocalCluster:
             i += 1
         return i
 
-    async def add_broker(self, broker_id: int | None = None) -> BrokerProc:
+    async def add_broker(self, broker_id: int | None = None, *, attempt: int = 1) -> BrokerProc:
         if broker_id is None:
             broker_id = self._next_id()
         port = self.first_port + broker_id if self.first_port else 0
@@ -284,9 +284,18 @@ class LocalCluster:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if not b.alive():
+                last = _last_line(log_path)
+                if (
+                    "address already in use" in last
+                    and attempt < 3
+                    and (not self.first_port or str(http_port) in last)
+                ):
+                    # a port we picked as free was taken before the broker bound it (another
+                    # process got it meanwhile): pick again
+                    del self.brokers[broker_id]
+                    return await self.add_broker(broker_id, attempt=attempt + 1)
                 raise LocalUpError(
-                    f"broker {broker_id} exited while starting ({_last_line(log_path)}); "
-                    f"see {log_path}"
+                    f"broker {broker_id} exited while starting ({last}); see {log_path}"
                 )
             info = self.controller.metadata.brokers.get(broker_id) if self.controller else None
             # alive in the metadata is not enough: the join rebalance is recorded just after
@@ -708,4 +717,5 @@ def _controller_settings() -> ControllerSettings:
         floor_commit_interval_s=float(
             env.get("TIDALMQ_FLOOR_COMMIT_INTERVAL_S", d.floor_commit_interval_s)
         ),
+        max_moves_per_broker=int(env.get("TIDALMQ_MAX_MOVES_PER_BROKER", d.max_moves_per_broker)),
     )
