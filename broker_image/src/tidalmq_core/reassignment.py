@@ -111,7 +111,7 @@ def validate_plan(entries: Iterable[PlanEntry], meta: ClusterMetadata) -> None:
         topic = meta.topics.get(entry.tp.topic)
         if topic is None:
             problems.append(f"{entry.tp}: unknown topic {entry.tp.topic!r}")
-        elif entry.tp.partition >= len(topic.partitions):
+        elif not 0 <= entry.tp.partition < len(topic.partitions):
             problems.append(
                 f"{entry.tp}: unknown partition (topic has {len(topic.partitions)} partitions)"
             )

@@ -71,6 +71,9 @@ def test_validate_against_cluster() -> None:
         validate_plan([PlanEntry(TopicPartition("t", 0), 9)], meta)
     with pytest.raises(InvalidPlan, match="unknown partition"):
         validate_plan([PlanEntry(TopicPartition("t", 5), 1)], meta)
+    for negative in (-1, -5, -(2**31)):  # a list index from the wire must not wrap around
+        with pytest.raises(InvalidPlan, match="unknown partition"):
+            validate_plan([PlanEntry(TopicPartition("t", negative), 1)], meta)
     with pytest.raises(InvalidPlan, match="unknown topic"):
         validate_plan([PlanEntry(TopicPartition("u", 0), 1)], meta)
 
