@@ -41,6 +41,7 @@ from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.partitions import PartitionManager
+from tidalmq_broker.protocol.codec import preload_schemas
 from tidalmq_broker.security import SecurityConfigError
 from tidalmq_broker.security.endpoints import (
     advertised_endpoints,
@@ -214,6 +215,10 @@ class Broker:
         self._liveness.enabled = True
         self._liveness.start()
         self._gauges = asyncio.create_task(self._update_gauges())
+        self._spawn(self._publish_partition_metrics(), "partition metrics")
+        # the schemas of every served version, off the event loop (a request would import
+        # them on it, the first of each version)
+        self._spawn(asyncio.to_thread(preload_schemas, supported_versions()), "schemas")
         bound = [f"{name}:{port}" for name, port in ports.items()]
         log.info(
             "broker %d serving Kafka on %s (advertised %s), http on %s:%d",
@@ -252,6 +257,8 @@ class Broker:
             self._liveness.stop()
         if self._gauges is not None:
             self._gauges.cancel()
+        for task in list(self._tasks):
+            task.cancel()
         if self.partitions is not None:
             await self.partitions.stop()
         await self._flush_reports(min(5.0, self._stop_budget(deadline)))
@@ -553,8 +560,8 @@ class Broker:
         elif kind == "closed":
             self.metrics.partition_released(tp.topic, tp.partition)
         else:
-            self.metrics.partition_not_lost(tp.topic, tp.partition)
-            self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
+            if self.metrics.partition_not_lost(tp.topic, tp.partition):
+                self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
             self.metrics.partition_led(tp.topic, tp.partition, epoch)
         self._reports.append(report_doc(kind, tp, epoch, topic_id=topic_id,
                                         high_watermark=high_watermark, loss=loss, stored=stored))  # fmt: skip
@@ -634,6 +641,12 @@ class Broker:
         if not set(offsets) <= loaded:
             return False, "loading consumer groups"
         return True, "serving"
+
+    async def _publish_partition_metrics(self) -> None:
+        """Partitions' series, a chunk at a time (BrokerMetrics.publish_led)."""
+        while True:
+            left = self.metrics.publish_led()
+            await asyncio.sleep(0 if left else 0.2)  # a chunk, then the loop's other work
 
     async def _update_gauges(self) -> None:
         while True:

@@ -72,6 +72,9 @@ class BrokerMetrics(RequestObserver):
         self._per_api: dict[int, tuple[Any, Any, Any, Any]] = {}
         # label children per partition, resolved once (labels() is slow on the hot path)
         self._partitions: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+        # partitions opened here whose series are not published yet (see publish_led)
+        self._led_pending: dict[tuple[str, int], int] = {}
+        self._lost: set[tuple[str, int]] = set()  # partitions with a missing-offsets series
 
     def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
         children = self._per_api.get(api_key)
@@ -112,12 +115,22 @@ class BrokerMetrics(RequestObserver):
         self._partition(topic, partition)[2].inc(size)
 
     def partition_led(self, topic: str, partition: int, epoch: int) -> None:
-        """The partition opened here: its series appear (at zero traffic too)."""
-        self._partition(topic, partition)
-        LEADER_EPOCH.labels(self._broker, topic, str(partition)).set(epoch)
+        """The partition opened here: its series appear (at zero traffic too), soon: resolving
+        four label sets costs about 100 us, and a rebalance opens thousands of partitions at
+        once, so they are published in chunks off the path that reports the open (publish_led)."""
+        self._led_pending[(topic, partition)] = epoch
+
+    def publish_led(self, limit: int = 500) -> int:
+        """Publish the series of up to `limit` partitions opened since; how many are left."""
+        for _ in range(min(limit, len(self._led_pending))):
+            (topic, partition), epoch = self._led_pending.popitem()
+            self._partition(topic, partition)
+            LEADER_EPOCH.labels(self._broker, topic, str(partition)).set(epoch)
+        return len(self._led_pending)
 
     def partition_released(self, topic: str, partition: int) -> None:
         """The partition closed here: its series go (Prometheus marks them stale)."""
+        self._led_pending.pop((topic, partition), None)
         self._partitions.pop((topic, partition), None)
         labels = (self._broker, topic, str(partition))
         for metric in (BYTES_IN, RECORDS_IN, BYTES_OUT, LEADER_EPOCH):
@@ -125,11 +138,19 @@ class BrokerMetrics(RequestObserver):
                 metric.remove(*labels)
 
     def partition_lost(self, topic: str, partition: int, missing: int) -> None:
+        self._lost.add((topic, partition))
         PARTITION_MISSING_OFFSETS.labels(self._broker, topic, str(partition)).set(missing)
 
-    def partition_not_lost(self, topic: str, partition: int) -> None:
+    def partition_not_lost(self, topic: str, partition: int) -> bool:
+        """Every open reports it: only a partition reported lost has a series to remove (a
+        remove that raises KeyError cost a rebalance's opens a quarter of their time). True
+        when it was."""
+        if (topic, partition) not in self._lost:
+            return False
+        self._lost.discard((topic, partition))
         with contextlib.suppress(KeyError):
             PARTITION_MISSING_OFFSETS.remove(self._broker, topic, str(partition))
+        return True
 
     def partitions_lost(self, count: int) -> None:
         PARTITIONS_LOST.labels(self._broker).set(count)

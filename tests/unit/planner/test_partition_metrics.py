@@ -14,6 +14,8 @@ def test_partition_series_follow_leadership() -> None:
     a, b = BrokerMetrics(901, {}), BrokerMetrics(902, {})
     lab = {"topic": "planner-metrics", "partition": "3"}
     a.partition_led("planner-metrics", 3, epoch=5)
+    assert sample("tidalmq_partition_leader_epoch", broker="901", **lab) is None
+    assert a.publish_led() == 0  # published off the open's path, a chunk at a time
     # opened with no traffic yet: the series exist at zero, with the epoch
     assert sample("tidalmq_partition_bytes_in_total", broker="901", **lab) == 0.0
     assert sample("tidalmq_partition_leader_epoch", broker="901", **lab) == 5.0
@@ -27,8 +29,25 @@ def test_partition_series_follow_leadership() -> None:
     a.partition_released("planner-metrics", 3)
     b.partition_led("planner-metrics", 3, epoch=6)
     b.produced("planner-metrics", 3, 50, 1)
+    b.publish_led()
     assert sample("tidalmq_partition_bytes_in_total", broker="901", **lab) is None
     assert sample("tidalmq_partition_leader_epoch", broker="901", **lab) is None
     assert sample("tidalmq_partition_bytes_in_total", broker="902", **lab) == 50.0
     assert sample("tidalmq_partition_leader_epoch", broker="902", **lab) == 6.0
     a.partition_released("planner-metrics", 3)  # twice is harmless
+
+
+def test_series_of_partitions_released_before_publication_never_appear() -> None:
+    m = BrokerMetrics(903, {})
+    for p in range(1200):
+        m.partition_led("many", p, epoch=1)
+    m.partition_released("many", 7)
+    assert m.publish_led(500) == 699
+    while m.publish_led(500):
+        pass
+    assert (
+        sample("tidalmq_partition_leader_epoch", broker="903", topic="many", partition="8") == 1.0
+    )
+    assert (
+        sample("tidalmq_partition_leader_epoch", broker="903", topic="many", partition="7") is None
+    )

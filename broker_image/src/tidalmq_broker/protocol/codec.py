@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
+from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
@@ -177,6 +178,24 @@ def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, 
     header, offset = entity_reader(schema.__header_schema__)(frame, 0)
     body, _ = entity_reader(schema)(frame, offset)
     return header.correlation_id, body
+
+
+def preload_schemas(served: dict[int, tuple[int, int]]) -> int:
+    """Import the schemas of the newest served version of every API now (a starting broker
+    calls it on a thread of its own once it serves): what current clients ask for does not pay
+    for it on the event loop with its first request (older versions still do, once). Returns
+    how many versions were loaded."""
+    loaded = 0
+    for key, (_low, high) in sorted(served.items()):
+        for version in (high,):
+            try:
+                _readers(_request_schema(key, version))
+                _writers(response_schema(key, version))
+            except (UnknownAPIKey, UnknownEntity):
+                continue
+            loaded += 1
+            time.sleep(0)  # let the event loop's thread have the GIL between imports
+    return loaded
 
 
 def schema_versions(api_key: int) -> tuple[int, int] | None:
