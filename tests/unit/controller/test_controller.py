@@ -25,6 +25,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
 
 from tests.support.fake_broker import FakeBroker
+from tests.support.leaders import walked_leaders
 
 FAST = ControllerSettings(
     heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,
@@ -76,6 +77,51 @@ async def test_new_topics_are_placed_round_robin(controller: Controller) -> None
     assert [p.leader for p in controller.metadata.topics["t"].partitions] == [0, 1, 2, 0, 1, 2, 0]
 
 
+async def test_create_topics_waits_for_each_partition_reported_open_at_its_epoch(
+    controller: Controller,
+) -> None:
+    """CreateTopics with a wait answers once every leader reported its partition open: the
+    reports strike them off, an open at another epoch does not count, the answer comes at once
+    after the last report (not on the next once-a-second check)."""
+    await cluster_of(controller, 2)
+    task = asyncio.create_task(controller.create_topics([NewTopic("w", 4)], wait_s=10.0))
+    await wait_for(lambda: "w" in controller.metadata.topics)
+    parts = controller.metadata.topics["w"].partitions
+    reports = [
+        {"kind": "opened", "topic": "w", "partition": i, "epoch": p.leader_epoch, "stored": False}
+        for i, p in enumerate(parts)
+    ]
+    by_broker = {b: [r for i, r in enumerate(reports) if parts[i].leader == b] for b in (0, 1)}
+    controller.partitions_reported(0, by_broker[0])
+    controller.partitions_reported(1, [dict(r, epoch=r["epoch"] + 5) for r in by_broker[1]])
+    await asyncio.sleep(0.05)
+    assert not task.done(), "partitions open at another epoch count as not open"
+    started = time.monotonic()
+    controller.partitions_reported(1, by_broker[1])
+    (result,) = await asyncio.wait_for(task, 5.0)
+    assert result.error is None
+    assert time.monotonic() - started < 0.5
+    assert controller._open_waiters == []  # nothing left behind
+
+
+async def test_create_topics_wait_also_sees_opens_from_full_heartbeats(
+    controller: Controller,
+) -> None:
+    """A broker that reports its opens only in its heartbeat's full list still ends the wait
+    (the once-a-second check); a wait that nobody answers ends at its deadline."""
+    (a,) = await cluster_of(controller, 1, reconcile=True)
+    started = time.monotonic()
+    (result,) = await controller.create_topics([NewTopic("h", 3)], wait_s=5.0)
+    assert result.error is None and time.monotonic() - started < 2.5
+    assert all(controller.membership.is_open(0, TopicPartition("h", i)) for i in range(3))
+    a.reconcile = False
+    a.open.clear()  # from now on it never opens anything
+    started = time.monotonic()
+    await controller.create_topics([NewTopic("never", 2)], wait_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 1.5
+    assert controller._open_waiters == []  # nothing left behind
+
+
 async def test_move_records_target_then_elects_after_the_source_closes(
     controller: Controller,
 ) -> None:
@@ -89,6 +135,8 @@ async def test_move_records_target_then_elects_after_the_source_closes(
     assert errors == {tp: None}
     p = part(controller, "t", 0)
     assert p.leader == NO_LEADER and p.target_replicas == [1] and p.leader_epoch == epoch
+    led = controller.leaders_per_broker()
+    assert led == walked_leaders(controller.metadata) and led[-1] == 1 and 1 not in led
     assert controller.moves.get(tp).phase is Phase.CLOSING  # type: ignore[union-attr]
     await asyncio.sleep(0.1)
     assert part(controller, "t", 0).leader == NO_LEADER, "no election before the source closed"
@@ -98,6 +146,8 @@ async def test_move_records_target_then_elects_after_the_source_closes(
     assert part(controller, "t", 0).leader_epoch == epoch + 1
     b.open[tp] = epoch + 1
     await wait_for(lambda: controller.moves.get(tp) is None)
+    led = controller.leaders_per_broker()
+    assert led == walked_leaders(controller.metadata) and led[1] == 1 and -1 not in led
     assert controller.moves.recent()[-1].phase is Phase.DONE
     assert not fenced and not a.fenced, "elected through the timeout, not the source's report"
 
@@ -465,7 +515,11 @@ def settled(c: Controller) -> bool:
 
 
 async def test_a_joining_broker_gets_a_fair_share_with_minimal_moves(tmp_path: Path) -> None:
-    settings = dataclasses.replace(FAST, auto_rebalance=True)
+    # nothing here waits for a timeout: sessions long enough that a loaded machine (CI's
+    # background builds) never declares a fake broker dead and moves its partitions instead
+    settings = dataclasses.replace(
+        FAST, auto_rebalance=True, session_timeout_s=5.0, election_timeout_s=5.0
+    )
     c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
     await c.start()
     brokers = await cluster_of(c, 2, reconcile=True)
