@@ -33,6 +33,7 @@ from tidalmq_core.reassignment import (
     queue_changes,
 )
 from tidalmq_core.records import MetadataDelta, Record, floors_record, partition_record
+from tidalmq_core.static_mapping import PHYSICAL_PREFIX
 
 from tidalmq_controller._moves import MoveStatus, MoveTracker, Release, SourceView
 
@@ -139,6 +140,35 @@ class Leadership:
 
     def counts(self) -> dict[int | None, int]:
         return {b: len(s) for b, s in self.by_broker.items() if s}
+
+    def leaders_per_broker(self) -> dict[int, int]:
+        """How many partitions each broker leads, NO_LEADER for those without a leader, from
+        the indexes: O(brokers + leaderless partitions + static topics' physical queues), not
+        O(partitions). A static topic's Kafka view is not counted, and of its physical queues
+        only the writable ones (its sealed queues have no leader on purpose)."""
+        meta = self.c.image
+        out: dict[int, int] = {b: len(held) for b, held in self.by_broker.items()
+                               if b is not None and held}  # fmt: skip
+        for tp in self.leaderless:
+            owner = self._owner.get(tp)
+            if owner is not None:
+                out[owner] -= 1
+            out[NO_LEADER] = out.get(NO_LEADER, 0) + 1
+        for name, state in meta.static_topics.items():
+            physical = meta.topics.get(PHYSICAL_PREFIX + name)
+            if physical is None:
+                continue
+            writable = state.view().writable()
+            for i, part in enumerate(physical.partitions):
+                tp = TopicPartition(physical.name, i)
+                owner = self._owner.get(tp)
+                if owner is not None:  # indexed as any partition: counted above
+                    out[owner] -= 1
+                if tp in self.leaderless:
+                    out[NO_LEADER] -= 1
+                if i in writable:
+                    out[part.leader] = out.get(part.leader, 0) + 1
+        return {b: n for b, n in out.items() if n}
 
     def partition(self, tp: TopicPartition) -> PartitionState | None:
         topic = self.c.image.topics.get(tp.topic)

@@ -33,6 +33,7 @@ from tidalmq_core.reassignment import PlanEntry
 from tidalmq_core.static_mapping import TotalQueuesFixed
 
 from tests.support.fake_broker import updated
+from tests.support.leaders import walked_leaders
 
 FAST = ControllerSettings(
     heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,
@@ -196,6 +197,8 @@ async def test_strict_remap_continues_at_the_exact_end(env) -> None:  # type: ig
     assert kafka_leaders(c)[0] == 1 and rec.opened_ms is not None and not rec.recovered
     assert rec.sealed_ms <= rec.switched_ms <= rec.opened_ms  # type: ignore[operator]
     assert c.metadata.topics[PHYS].partitions[0].leader == NO_LEADER
+    # the local status's counts from the indexes: sealed queues and the Kafka view not counted
+    assert c.leaders_per_broker() == walked_leaders(c.metadata)
     assert {cp.epoch for cp in c.metadata.static_topics["orders"].copies.values()} == {1}
     loaded = await CheckpointStore(store).load(
         keys.checkpoint_key(TopicPartition(PHYS, 0), c.metadata.topics[PHYS].topic_id)
@@ -254,6 +257,7 @@ async def test_joining_and_draining_brokers_move_the_fewest_queues(env) -> None:
     await wait_for(lambda: 0 not in kafka_leaders(c) and settled(c))
     assert await drained
     assert sorted(kafka_leaders(c).count(b) for b in (1, 2)) == [4, 4]
+    assert c.leaders_per_broker() == walked_leaders(c.metadata)
     del bs
 
 

@@ -55,7 +55,6 @@ from tidalmq_controller import (
     ObjectStoreMetadataLog,
 )
 from tidalmq_core.metadata import ClusterMetadata
-from tidalmq_core.static_mapping import PHYSICAL_PREFIX
 
 from tidalmq_broker.lifecycle import Shutdown
 from tidalmq_broker.local.processes import (
@@ -368,24 +367,13 @@ class LocalCluster:
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
         meta = self.controller.metadata if self.controller else ClusterMetadata("")
-        led: dict[int, int] = {}
-        for topic in meta.topics.values():
-            # a static topic's Kafka view has no storage of its own, and its sealed physical
-            # queues have no leader on purpose: count its writable physical queues only
-            if topic.kind == "static":
-                continue
-            wanted = None
-            if topic.kind == "physical":
-                state = meta.static_topics.get(topic.name[len(PHYSICAL_PREFIX) :])
-                wanted = state.view().writable() if state is not None else set()
-            for i, part in enumerate(topic.partitions):
-                if wanted is None or i in wanted:
-                    led[part.leader] = led.get(part.leader, 0) + 1
+        # from the controller's indexes: this runs every second, whatever the cluster's size
+        led = self.controller.leaders_per_broker() if self.controller else {}
         active, recent = self.controller.move_statuses() if self.controller else ([], [])
         lost = [
             {"topic": tp.topic, "partition": tp.partition, **loss.to_json(),
              "missing_offsets": loss.missing_offsets}
-            for tp, loss in sorted(meta.lost_partitions().items())
+            for tp, loss in (self.controller.lost_partitions() if self.controller else {}).items()
         ]  # fmt: skip
         rows = []
         for broker_id in sorted(set(meta.brokers) | set(self.brokers)):
