@@ -59,6 +59,16 @@ from tidalmq_broker.storage.wal_writer import Flush, PendingAppend, WalWriter
 log = logging.getLogger(__name__)
 
 _PARALLEL_UPKEEP = 8
+
+
+def _dirty(p: Partition) -> bool:
+    return p.dirty
+
+
+def _holds_data(p: Partition) -> bool:  # nothing to compact or expire in an empty index
+    return len(p.index) > 0
+
+
 # Compaction holds a whole segment's sources (up to segment.bytes, 64 MiB by default) in memory
 # while it uploads them: views of the cache's chunks, which stay alive until the PUT returns even
 # if the cache evicts them meanwhile, and the ranges read back from the store. One partition at
@@ -543,8 +553,13 @@ class ObjectStreamEngine:
 
     # ---------------------------------------------------------------- upkeep passes
     async def _each_partition(
-        self, fn: Callable[[Partition], Awaitable[object]], parallel: int = _PARALLEL_UPKEEP
+        self,
+        fn: Callable[[Partition], Awaitable[object]],
+        parallel: int = _PARALLEL_UPKEEP,
+        wanted: Callable[[Partition], bool] | None = None,
     ) -> None:
+        """`fn` on each open partition (`wanted` ones only: a cheap test first, so a pass over
+        thousands of idle partitions does not create, schedule and lock a coroutine for each)."""
         semaphore = asyncio.Semaphore(parallel)
 
         async def one(p: Partition) -> None:
@@ -558,16 +573,18 @@ class ObjectStreamEngine:
                 except StorageError as exc:
                     log.warning("%s: %s failed: %s", p.tp, getattr(fn, "__name__", fn), exc)
 
-        await asyncio.gather(*(one(p) for p in list(self._partitions.values())))
+        chosen = [p for p in self._partitions.values() if wanted is None or wanted(p)]
+        if chosen:
+            await asyncio.gather(*(one(p) for p in chosen))
 
     async def checkpoint_all(self) -> None:
-        await self._each_partition(lambda p: p.commit_checkpoint())
+        await self._each_partition(lambda p: p.commit_checkpoint(), wanted=_dirty)
 
     async def compact_all(self) -> None:
-        await self._each_partition(self.compact_partition, _PARALLEL_COMPACTIONS)
+        await self._each_partition(self.compact_partition, _PARALLEL_COMPACTIONS, _holds_data)
 
     async def apply_retention_all(self) -> None:
-        await self._each_partition(self.apply_retention)
+        await self._each_partition(self.apply_retention, wanted=_holds_data)
 
     async def compact_partition(self, p: Partition, *, force: bool = False) -> int:
         """Copy WAL ranges into segments; returns the number of segments written."""
