@@ -29,7 +29,6 @@ reading a token file, and imports nothing of ours.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import re
@@ -57,10 +56,8 @@ def generate_token() -> str:
 
 def broker_token(secret: str, broker_id: int) -> str:
     """Broker `broker_id`'s token, derived from the brokers' secret."""
-    mac = hmac.new(
-        secret.encode(), f"tidalmq-control-broker:{broker_id}".encode(), hashlib.sha256
-    ).hexdigest()
-    return f"broker-{broker_id}.{mac}"
+    mac = hmac.digest(secret.encode(), f"tidalmq-control-broker:{broker_id}".encode(), "sha256")
+    return f"broker-{broker_id}.{mac.hex()}"
 
 
 def broker_id_of(token: str) -> int | None:
@@ -164,6 +161,9 @@ class ControlAuth:
         self.token = tokens[0]  # what the admin commands present
         self._admin = [t.encode() for t in tokens]
         self._secrets = list(broker_secrets or tokens)
+        # the tokens of the brokers that presented a valid one (a heartbeat then costs a dict
+        # lookup, not an HMAC); only valid ones are kept, so its size is the cluster's
+        self._known: dict[int, list[bytes]] = {}
 
     def broker_token(self, broker_id: int) -> str:
         """The token the controller presents to broker `broker_id` (and that broker presents)."""
@@ -179,8 +179,11 @@ class ControlAuth:
             return ADMIN, ""
         broker_id = broker_id_of(token)
         if broker_id is not None:
-            expected = [broker_token(s, broker_id).encode() for s in self._secrets]
+            expected = self._known.get(broker_id)
+            if expected is None:
+                expected = [broker_token(s, broker_id).encode() for s in self._secrets]
             if _matches_any(presented, expected):
+                self._known[broker_id] = expected
                 return Principal(broker_id), ""
         return None, "wrong token"
 
