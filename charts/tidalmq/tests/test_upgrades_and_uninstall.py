@@ -266,3 +266,17 @@ def test_notes_name_what_works_offline() -> None:
     assert "status.podIP" in render_notes({"broker": {"advertise": "podIP"}})
     # what uninstall keeps
     assert "helm uninstall rel" in notes and "CRDs" in notes
+
+
+def test_notes_say_where_the_control_tokens_are_and_how_to_run_admin_commands() -> None:
+    notes = render_notes({})
+    assert f"Secret\n{FULL}-control" in notes or f"Secret {FULL}-control" in notes
+    assert "NetworkPolicies let only the operator" in notes
+    line = next(x for x in notes.splitlines() if "exec deploy/" in x)
+    assert f"kubectl -n {NAMESPACE} exec deploy/{OPERATOR} -- sh -c " in line
+    # the command is the real CLI's, against the operator's controller port on its pod IP
+    command = line.split("sh -c ", 1)[1].strip("'").split()
+    assert command[0] == "tidalmq"
+    args = build_parser().parse_args(command[1:])
+    assert (args.command, args.controller_url) == ("recover", "http://$POD_IP:9690")
+    assert "NetworkPolicies" not in render_notes({"networkPolicy": {"enabled": False}})
