@@ -5,6 +5,7 @@ broker's token."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -15,9 +16,16 @@ import pytest
 from aiohttp import web
 from tidalmq_broker.server.http import HttpServer
 from tidalmq_broker.server.ratelog import RateLimitedLog
-from tidalmq_controller import Controller, ControllerServer, ControllerSettings, _control_auth
+from tidalmq_controller import (
+    Controller,
+    ControllerServer,
+    ControllerSettings,
+    Heartbeat,
+    HttpControllerClient,
+    _control_auth,
+)
 from tidalmq_controller._log import MemoryMetadataLog
-from tidalmq_controller._rpc import PROTOCOL
+from tidalmq_controller._rpc import PROTOCOL, ControlRefused
 from tidalmq_core import updates
 from tidalmq_core.control_auth import BrokerCredentials, ControlAuth, broker_token
 from tidalmq_core.metadata import BrokerInfo
@@ -212,6 +220,33 @@ async def test_a_brokers_token_acts_for_that_broker_only(served: Served) -> None
         await broker.server.stop()
 
 
+async def test_the_liveness_threads_heartbeats_carry_the_brokers_token(served: Served) -> None:
+    """HttpControllerClient.beat_blocking (http.client, from the broker's liveness thread, no
+    event loop) presents the broker's own token like the client's aiohttp calls; a refusal is
+    ControlRefused with the controller's reason, never a reply to act on."""
+    one = broker_token(TOKEN, 1)
+    broker = BrokerSide(1)
+    await broker.server.start("127.0.0.1", 0)
+    clients = {token: HttpControllerClient(served.url, token=token)
+               for token in (one, broker_token(TOKEN, 0), "wrong-" + TOKEN)}  # fmt: skip
+    try:
+        status, _ = await served.call(
+            "POST", "/v1/brokers/register", registration(1, broker.server.port), one
+        )
+        assert status == 200
+        beat = Heartbeat(1, "i1", served.controller.metadata.version, {}, full=True)
+        reply = await asyncio.to_thread(clients[one].beat_blocking, beat)
+        assert reply.fenced is False and reply.lease_s > 0
+        assert (await clients[one].beat(beat)).fenced is False  # the aiohttp path, same token
+        for token, status in ((broker_token(TOKEN, 0), 403), ("wrong-" + TOKEN, 401)):
+            with pytest.raises(ControlRefused, match=f"refused the control token \\({status}\\)"):
+                await asyncio.to_thread(clients[token].beat_blocking, beat)
+    finally:
+        for client in clients.values():
+            await client.close()
+        await broker.server.stop()
+
+
 async def test_refusals_are_rate_limited_one_line_each(
     served: Served, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -227,6 +262,4 @@ async def test_refusals_are_rate_limited_one_line_each(
 
 
 async def _sleep() -> None:
-    import asyncio
-
     await asyncio.sleep(0.02)
