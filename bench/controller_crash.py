@@ -64,6 +64,8 @@ sys.path.insert(0, str(REPO))
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer  # noqa: E402
 from confluent_kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from tidalmq_broker.local.control import data_dir_token  # noqa: E402
+from tidalmq_core.control_auth import authorization  # noqa: E402
 
 from e2e.producing import RateProducer, check_read_back  # noqa: E402
 from tests.support.local_cluster import LocalClusterProcess  # noqa: E402
@@ -145,14 +147,17 @@ class _RoundRobin:
         self._producer.purge()
 
 
-def http_json(url: str, timeout: float = 30.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+def http_json(url: str, token: str, timeout: float = 30.0) -> Any:
+    """A controller's JSON answer to a GET with the cluster's control token (docs/security.md:
+    every /v1/ read is a control call)."""
+    req = urllib.request.Request(url, headers=authorization(token))
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 
 
-def move_phases(controller_url: str) -> Counter[str]:
+def move_phases(controller_url: str, token: str) -> Counter[str]:
     """Moves by phase from /v1/moves: the active ones, and the recent finished ones."""
-    doc = http_json(controller_url + "/v1/moves")
+    doc = http_json(controller_url + "/v1/moves", token)
     phases = Counter(m["phase"] for m in doc["active"])
     phases.update(m["phase"] for m in doc["recent"])
     return phases
@@ -336,7 +341,7 @@ class ControllerCrash:
         seen: list[dict[str, int]] = []
         first_pending: int | None = None
         while True:
-            phases = move_phases(url)
+            phases = move_phases(url, data_dir_token(self.data_dir))
             seen.append(dict(phases))
             if not phases["Pending"]:  # one wave took them all, or the waves ran out
                 raise AssertionError(f"no Pending move left to kill in front of: {seen[-5:]}")
@@ -404,7 +409,7 @@ class ControllerCrash:
             self.figures["restart"]["placement"] = last
             raise AssertionError(
                 f"moves not finished {time.monotonic() - started:.0f} s after the restart: "
-                f"{last} (new broker {new_broker}); moves {move_phases(c.controller_url)}"
+                f"{last} (new broker {new_broker}); moves {move_phases(c.controller_url, c.control_token)}"
             )
         took = time.monotonic() - started
         metrics = urllib.request.urlopen(c.controller_url + "/metrics", timeout=30).read().decode()
@@ -438,7 +443,7 @@ class ControllerCrash:
             text = c.log_path.read_text(errors="replace") if c.log_path.exists() else ""
             found = re.search(r"^controller: (\S+)", text, re.M)
             if found:
-                doc = http_json(found.group(1) + "/v1/moves")
+                doc = http_json(found.group(1) + "/v1/moves", c.control_token)
                 before = {
                     "queued before controller restart": "queued",
                     "resumed after controller restart": "closing",

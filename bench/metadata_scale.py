@@ -506,8 +506,11 @@ HEARTBEAT = "tidalmq_broker_heartbeat_seconds"
 HEARTBEAT_FAILED = b"heartbeat failed"  # the broker's warning when a heartbeat got no answer
 
 
-def http_text(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+def http_text(url: str, timeout: float = 5.0, token: str = "") -> str:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=headers), timeout=timeout
+    ) as resp:
         body: bytes = resp.read()
     return body.decode()
 
@@ -578,7 +581,11 @@ class ControlPlaneMetrics:
     def poll(self) -> None:
         with self._lock:
             try:
-                status = json.loads(http_text(self.controller_url + "/v1/local/status"))
+                status = json.loads(
+                    http_text(
+                        self.controller_url + "/v1/local/status", token=self.local.control_token
+                    )
+                )
                 self.status = status
                 self.dead = metric_value(http_text(self.controller_url + "/metrics"), DEAD)
             except Exception:

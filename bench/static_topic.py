@@ -58,7 +58,8 @@ def percentile(values: list[float], q: float) -> float:
 def call(cluster: LocalClusterProcess, path: str, body: dict[str, Any]) -> Any:
     req = urllib.request.Request(
         cluster.controller_url + path, data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"}, method="POST",
+        headers={"Content-Type": "application/json",
+                 "Authorization": f"Bearer {cluster.control_token}"}, method="POST",
     )  # fmt: skip
     with urllib.request.urlopen(req, timeout=300) as resp:
         doc = json.loads(resp.read())

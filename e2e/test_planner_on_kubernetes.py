@@ -74,7 +74,9 @@ def prometheus_manifests(image: str, ns: str) -> str:
              "replicas": 1,
              "selector": {"matchLabels": {"app": "prometheus"}},
              "template": {
-                 "metadata": {"labels": {"app": "prometheus"}},
+                 # the chart's NetworkPolicies let app.kubernetes.io/name=prometheus scrape
+                 "metadata": {"labels": {"app": "prometheus",
+                                         "app.kubernetes.io/name": "prometheus"}},
                  "spec": {
                      "containers": [{
                          "name": "prometheus", "image": image, "imagePullPolicy": "IfNotPresent",

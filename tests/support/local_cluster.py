@@ -1,5 +1,6 @@
 """`tidalmq local up` as a real child process: a controller and broker processes, driven over
-the controller's HTTP port as `tidalmq local add-broker | remove-broker | kill-broker` do."""
+the controller's HTTP port as `tidalmq local add-broker | remove-broker | kill-broker` do (with
+the control token `local up` keeps in the data dir)."""
 
 from __future__ import annotations
 
@@ -82,14 +83,23 @@ class LocalClusterProcess(StartedInWith):
                            check=False)  # fmt: skip
 
     # ------------------------------------------------------------------ control
+    @property
+    def control_token(self) -> str:
+        """The cluster's control token (`<data dir>/control-token`, made by `local up`)."""
+        return (self.data_dir / "control-token").read_text().strip()
+
     def _get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.controller_url + path, timeout=30) as resp:
+        req = urllib.request.Request(
+            self.controller_url + path, headers={"Authorization": f"Bearer {self.control_token}"}
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read())
 
     def _post(self, path: str, body: dict[str, Any], timeout_s: float = 180) -> Any:
         req = urllib.request.Request(
             self.controller_url + path, data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"}, method="POST",
+            headers={"Content-Type": "application/json",
+                     "Authorization": f"Bearer {self.control_token}"}, method="POST",
         )  # fmt: skip
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return json.loads(resp.read())

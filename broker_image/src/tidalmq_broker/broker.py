@@ -27,6 +27,7 @@ from tidalmq_controller import (
     report_doc,
 )
 from tidalmq_core import snapshots, updates
+from tidalmq_core.control_auth import TokenError
 from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata, DataLoss, Endpoint
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import MetadataDelta, RecordError, apply_batch
@@ -49,7 +50,7 @@ from tidalmq_broker.security.endpoints import (
     build_endpoints,
     describe,
 )
-from tidalmq_broker.server.http import HealthServer
+from tidalmq_broker.server.http import HealthServer, HttpServer
 from tidalmq_broker.server.listener import KafkaListener, ListenerLimits
 from tidalmq_broker.settings import BrokerSettings
 from tidalmq_broker.static_topics.service import StaticTopicService
@@ -119,6 +120,15 @@ class Broker:
             )
         except ValueError as exc:
             raise SecurityConfigError(str(exc)) from exc
+        try:  # the control plane's token (docs/security.md): required with a remote controller
+            self._control = settings.control_credentials()
+        except TokenError as exc:
+            raise SecurityConfigError(str(exc)) from exc
+        if self._control is None and settings.controller_url:
+            raise SecurityConfigError(
+                "--controller-url needs the control-plane token: --control-token-file or "
+                "TIDALMQ_CONTROL_TOKEN_FILE (or TIDALMQ_CONTROL_TOKEN)"
+            )
         self.advertised: list[Endpoint] = []  # what clients are told, once bound
         self.listener = KafkaListener(
             self._dispatch,
@@ -131,7 +141,11 @@ class Broker:
             ),
             observer=self.metrics,
         )
-        self.http = HealthServer(self._readiness)
+        # the control endpoints (metadata pushes, drain) need the token; without one (a
+        # standalone broker given none) they refuse every call
+        authenticate = self._control.authenticate if self._control is not None else None
+        self.http = HealthServer(self._readiness, authenticate)
+        self.control = self.http if settings.control_port < 0 else HttpServer(authenticate)
         self.engine: ObjectStreamEngine | None = None
         self.partitions: PartitionManager = None  # type: ignore[assignment]
         self._registered = False
@@ -174,13 +188,16 @@ class Broker:
         if s.port == 0 and not s.listeners:
             s.port = self.listener.port
         self.advertised = advertised_endpoints(self._listeners, ports)
-        self.http.app.router.add_post("/v1/metadata", self._receive_metadata)
-        self.http.app.router.add_post("/v1/metadata/updates", self._receive_update)
-        self.http.app.router.add_post("/v1/drain", self._http_drain)
+        self.control.app.router.add_post("/v1/metadata", self._receive_metadata)
+        self.control.app.router.add_post("/v1/metadata/updates", self._receive_update)
+        self.control.app.router.add_post("/v1/drain", self._http_drain)
         await self.http.start(s.http_host, s.http_port)
+        if self.control is not self.http:
+            await self.control.start(s.http_host, s.control_port)
         if self.controller is None:
             if s.controller_url:
-                self.controller = HttpControllerClient(s.controller_url)
+                assert self._control is not None  # checked in __init__
+                self.controller = HttpControllerClient(s.controller_url, token=self._control.token)
             else:
                 self.own_controller = Controller(
                     ObjectStoreMetadataLog(self._store),
@@ -275,6 +292,8 @@ class Broker:
             await self.own_controller.stop()
         if isinstance(self.controller, HttpControllerClient):
             await self.controller.close()
+        if self.control is not self.http:
+            await self.control.stop()
         await self.http.stop()
         log.info("broker %d stopped in %.2fs", self.broker_id, time.perf_counter() - started)
 
@@ -401,7 +420,7 @@ class Broker:
             host=host,
             port=port,
             rack=s.rack or None,
-            control_url=f"http://{s.control_host or s.http_host}:{self.http.port}",
+            control_url=s.control_url(self.control.port),
             incarnation=self.incarnation,
             listeners=listeners,
         )

@@ -30,10 +30,15 @@ def _register_drain(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "drain",
         help="ask a running broker to move its partitions to the others (preStop hook)",
-        description="Ask a broker (through its HTTP port) to hand every partition to the other "
-        "brokers, and wait until it leads none. Exits 0 when drained.",
+        description="Ask a broker (through its control port) to hand every partition to the "
+        "other brokers, and wait until it leads none. Exits 0 when drained. Run in the broker's "
+        "own environment (its preStop hook), it finds the broker's control address and token "
+        "from the TIDALMQ_* variables the broker reads.",
     )
-    p.add_argument("--http-url", default="http://127.0.0.1:9644", help="the broker's HTTP port")
+    p.add_argument("--http-url", default="", help="the broker's control port (default: from "
+                   "TIDALMQ_CONTROL_HOST/HTTP_HOST and TIDALMQ_CONTROL_PORT/HTTP_PORT)")  # fmt: skip
+    p.add_argument("--control-token-file", default="", help="the broker's control token "
+                   "(default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=50.0, help="seconds to wait")
     p.set_defaults(handler=_run_drain)
 
@@ -44,15 +49,38 @@ def _run_drain(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
+    from tidalmq_core.control_auth import TokenError, authorization
+
+    from tidalmq_broker.settings import from_sources
+
+    overrides = {"control_token_file": args.control_token_file, "control_token": ""}
+    settings = from_sources(**(overrides if args.control_token_file else {}))
+    if not args.http_url and settings.http_port <= 0:
+        print("drain: give --http-url (or TIDALMQ_HTTP_PORT, as the broker has it)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        credentials = settings.control_credentials()
+    except TokenError as exc:
+        print(f"drain: {exc}", file=sys.stderr)
+        return 2
+    if credentials is None:
+        print("drain: the broker's control token is needed (TIDALMQ_CONTROL_TOKEN_FILE, "
+              "TIDALMQ_CONTROL_TOKEN or --control-token-file)", file=sys.stderr)  # fmt: skip
+        return 2
+    url = (args.http_url or settings.control_url()).rstrip("/")
     req = urllib.request.Request(
-        args.http_url.rstrip("/") + "/v1/drain",
+        url + "/v1/drain",
         data=json.dumps({"timeout_s": args.timeout}).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **authorization(credentials.token)},
         method="POST",
     )
     try:
         with urllib.request.urlopen(req, timeout=args.timeout + 5) as resp:
             result = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        print(f"drain failed: {exc.code} {exc.reason}", file=sys.stderr)
+        return 1
     except (urllib.error.URLError, OSError) as exc:
         print(f"drain failed: {exc}", file=sys.stderr)
         return 1

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidalmq_core.control_auth import BrokerCredentials, read_tokens
+
 from tidalmq_broker.storage.api import StorageConfig
 
 ENV_PREFIX = "TIDALMQ_"
@@ -102,8 +104,28 @@ class BrokerSettings:
     scram_bootstrap_file: str = field(
         default="", metadata={"help": "file of user:MECHANISM:password lines (as above)"}
     )
-    http_host: str = field(default="127.0.0.1", metadata={"help": "health/metrics bind address"})
+    http_host: str = field(
+        default="127.0.0.1", metadata={"help": "bind address of the HTTP ports (health, control)"}
+    )
     http_port: int = field(default=0, metadata={"help": "health, readiness, metrics port"})
+    control_port: int = field(
+        default=-1,
+        metadata={
+            "help": "port of the control endpoints the controller calls (metadata pushes, "
+            "drain); -1: the HTTP port; 0: any free port"
+        },
+    )
+    control_token: str = field(
+        default="",
+        repr=False,
+        metadata={
+            "help": "control-plane token (prefer the env or --control-token-file): this "
+            "broker's own token, or a secret it derives its token from (docs/security.md)"
+        },
+    )
+    control_token_file: str = field(
+        default="", metadata={"help": "file holding the control-plane token (as above)"}
+    )
     storage_url: str = field(
         default="file://./.tidalmq/objects",
         metadata={"help": "object store: file:///dir or s3://bucket/prefix?endpoint_url=..."},
@@ -227,6 +249,20 @@ class BrokerSettings:
     @property
     def advertised(self) -> tuple[str, int]:
         return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    def control_credentials(self) -> BrokerCredentials | None:
+        """This broker's control-plane credentials (None: no token given; raises TokenError)."""
+        tokens = read_tokens(self.control_token, self.control_token_file)
+        return BrokerCredentials(tokens, self.broker_id) if tokens else None
+
+    def control_url(self, bound_port: int = 0) -> str:
+        """Where the control endpoints are reached: --control-host (else --http-host) and the
+        control port (`bound_port`: the port taken when it was 0)."""
+        host = self.control_host or self.http_host
+        if host in ("", "0.0.0.0", "::"):
+            host = "127.0.0.1"
+        port = bound_port or (self.control_port if self.control_port > 0 else self.http_port)
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
     def storage_config(self) -> StorageConfig:
         """The storage engine's settings: the fields of StorageConfig, by name."""

@@ -16,6 +16,10 @@ work: they send full heartbeats and one report per request, and read the whole m
 document (GET /v1/metadata) when a heartbeat answer says theirs is old.
 
 Exceptions cross the wire by name and are rebuilt from an explicit registry.
+
+Every call but /healthz and /metrics carries a control token, both ways (`_control_auth.py`,
+tidalmq_core.control_auth): brokers present their own broker token to the controller, and the
+controller presents each broker's token when it pushes to that broker.
 """
 
 from __future__ import annotations
@@ -36,12 +40,15 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from tidalmq_core import updates
+from tidalmq_core.control_auth import ControlAuth, authorization
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
 from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
 from tidalmq_controller import _controller as ctl
+from tidalmq_controller._control_auth import PRINCIPAL, refuse_other_broker
+from tidalmq_controller._control_auth import middleware as control_auth_middleware
 from tidalmq_controller._log import Batch
 from tidalmq_controller._membership import Heartbeat, HeartbeatReply
 from tidalmq_controller._scram_credentials import (
@@ -77,6 +84,27 @@ _ERRORS: dict[str, type[Exception]] = {
 
 class ControllerUnavailable(ctl.ControllerError):
     """The controller could not be reached (the broker retries)."""
+
+
+class ControlRefused(ctl.ControllerError):
+    """The controller refused the control token (401) or what it may do (403)."""
+
+
+def _blocking_refusal(status: int, body: bytes, who: str) -> ControlRefused:
+    """A 401/403 answer read with http.client (the liveness thread's heartbeats)."""
+    try:
+        detail = str(json.loads(body).get("error", ""))
+    except (ValueError, AttributeError):
+        detail = ""
+    return ControlRefused(f"{who} refused the control token ({status}): {detail}"[:300])
+
+
+async def _refusal(resp: aiohttp.ClientResponse, who: str) -> ControlRefused:
+    try:
+        detail = str((await resp.json(content_type=None)).get("error", ""))
+    except (ValueError, aiohttp.ClientError):
+        detail = ""
+    return ControlRefused(f"{who} refused the control token ({resp.status}): {detail}"[:300])
 
 
 def encode_error(exc: Exception | None) -> dict[str, str] | None:
@@ -276,26 +304,32 @@ class HttpControllerClient:
 
     HEARTBEAT_TIMEOUT_S = 2.0
 
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, base_url: str, *, token: str, timeout_s: float = 10.0) -> None:
         self._base = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._headers = authorization(token)  # the broker's own token
         self._session: aiohttp.ClientSession | None = None
         # the heartbeats' own connection (http.client: no event loop involved), one at a time
         self._beat_conn: http.client.HTTPConnection | None = None
         self._beat_lock = threading.Lock()
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+        return self._session
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
 
     async def _call(self, path: str, body: dict[str, Any] | None = None, *, timeout_s: float | None = None) -> Any:  # fmt: skip
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
         try:
-            async with self._session.post(
+            async with self._open().post(
                 self._base + path, json=body or {}, timeout=timeout
             ) as resp:
+                if resp.status in (401, 403):
+                    raise await _refusal(resp, f"the controller at {self._base}")
                 doc = await resp.json()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ControllerUnavailable(f"controller at {self._base} unreachable: {exc}") from exc
@@ -333,9 +367,11 @@ class HttpControllerClient:
                 self._beat_conn = conn
             try:
                 conn.request("POST", url.path.rstrip("/") + "/v1/brokers/heartbeat", body,
-                             {"Content-Type": "application/json"})  # fmt: skip
+                             {"Content-Type": "application/json", **self._headers})  # fmt: skip
                 resp = conn.getresponse()
                 data = resp.read()
+                if resp.status in (401, 403):
+                    raise _blocking_refusal(resp.status, data, f"the controller at {self._base}")
                 if resp.status >= 300 and not data.startswith(b"{"):
                     raise ControllerUnavailable(
                         f"controller at {self._base}: heartbeat answered {resp.status}"
@@ -358,12 +394,12 @@ class HttpControllerClient:
         await self._call("/v1/partitions/reports", {"broker_id": broker_id, "reports": reports})
 
     async def fetch_update(self, since: int) -> updates.MetadataUpdate:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:
-            async with self._session.get(
+            async with self._open().get(
                 f"{self._base}/v1/metadata/updates", params={"since": str(since)}
             ) as resp:
+                if resp.status in (401, 403):
+                    raise await _refusal(resp, f"the controller at {self._base}")
                 resp.raise_for_status()
                 data = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -455,13 +491,16 @@ class HttpControllerClient:
 class HttpBrokerChannel:
     """The controller's channel to a broker in another process: POST the batches it misses."""
 
-    def __init__(self, control_url: str, session: aiohttp.ClientSession) -> None:
+    def __init__(self, control_url: str, session: aiohttp.ClientSession, token: str) -> None:
         self._url = control_url.rstrip("/") + "/v1/metadata/updates"
         self._session = session
+        self._headers = authorization(token)  # that broker's own token
 
     async def push_update(self, base: int, snapshot: bytes | None, batches: list[Batch]) -> int:
         body = b"".join(updates.encode(base, snapshot, [b.data for b in batches]))
-        async with self._session.post(self._url, data=body) as resp:
+        async with self._session.post(self._url, data=body, headers=self._headers) as resp:
+            if resp.status in (401, 403):
+                raise await _refusal(resp, f"the broker at {self._url}")
             resp.raise_for_status()
             doc = await resp.json()
         return int(doc["applied"])
@@ -475,7 +514,12 @@ class _Forwarded:
         self.path = request.path
         self.query = request.query
         self.match_info = request.match_info
+        self.remote = request.remote
+        self._principal = request.get(PRINCIPAL)
         self._body = body
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._principal if key == PRINCIPAL and self._principal is not None else default
 
     @property
     def can_read_body(self) -> bool:
@@ -490,12 +534,16 @@ class _Forwarded:
 
 class ControllerServer:
     """The controller's HTTP endpoints (plus status pages for the CLI and local cluster), on
-    the controller's liveness thread."""
+    the controller's liveness thread. Every call but /healthz and /metrics needs a control token
+    that `auth` accepts (_control_auth.py); there is no way to serve without one."""
 
-    def __init__(self, controller: ctl.Controller) -> None:
+    def __init__(self, controller: ctl.Controller, auth: ControlAuth) -> None:
         self.controller = controller
-        self.app = web.Application(client_max_size=256 * 1024 * 1024,
-                                   middlewares=[self._on_controller_loop])  # fmt: skip
+        self.auth = auth
+        self.app = web.Application(
+            client_max_size=256 * 1024 * 1024,
+            middlewares=[control_auth_middleware(auth), self._on_controller_loop],
+        )
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -611,8 +659,17 @@ class ControllerServer:
         body = await self._body(request)
         protocol = int(body.pop("protocol", 1))
         info = BrokerInfo.from_json(body)
+        refused = refuse_other_broker(request, info.broker_id)
+        if refused is not None:
+            return refused
         assert self._session is not None
-        channel = HttpBrokerChannel(info.control_url, self._session) if protocol >= 2 else None
+        channel = (
+            HttpBrokerChannel(
+                info.control_url, self._session, self.auth.broker_token(info.broker_id)
+            )
+            if protocol >= 2
+            else None
+        )
         try:
             version = await self.controller.register_broker(info, channel)  # type: ignore[arg-type]
         except ctl.ControllerError as exc:
@@ -626,6 +683,9 @@ class ControllerServer:
             beat = heartbeat_from(await request.json())
         except (ValueError, KeyError, TypeError) as exc:
             return web.json_response({"error": f"bad heartbeat: {exc}"}, status=400)
+        refused = refuse_other_broker(request, beat.broker_id)
+        if refused is not None:
+            return refused
         try:
             reply = self.controller.beat(beat)
         except ctl.ControllerError as exc:  # not the active controller: no lease from here
@@ -634,6 +694,8 @@ class ControllerServer:
 
     async def _reports(self, request: web.Request) -> web.Response:
         b = await self._body(request)
+        if refused := refuse_other_broker(request, int(b["broker_id"])):
+            return refused
         self.controller.partitions_reported(int(b["broker_id"]), list(b["reports"]))
         return self._ok({})
 
@@ -645,6 +707,8 @@ class ControllerServer:
 
     async def _drain(self, request: web.Request) -> web.Response:
         b = await self._body(request)
+        if refused := refuse_other_broker(request, int(b["broker_id"])):
+            return refused
         try:
             drained = await self.controller.drain_broker(
                 int(b["broker_id"]), timeout_s=float(b.get("timeout_s", 60))
@@ -655,6 +719,8 @@ class ControllerServer:
 
     async def _remove(self, request: web.Request) -> web.Response:
         b = await self._body(request)
+        if refused := refuse_other_broker(request, int(b["broker_id"])):
+            return refused
         await self.controller.remove_broker(int(b["broker_id"]), incarnation=b.get("incarnation"))
         return self._ok({})
 
@@ -665,6 +731,8 @@ class ControllerServer:
 
     async def _closed(self, request: web.Request) -> web.Response:
         b = await self._body(request)
+        if refused := refuse_other_broker(request, int(b["broker_id"])):
+            return refused
         self.controller.partition_closed(
             int(b["broker_id"]), _tp(b), int(b["epoch"]), **self._reported_end(b)
         )
@@ -672,6 +740,8 @@ class ControllerServer:
 
     async def _opened(self, request: web.Request) -> web.Response:
         b = await self._body(request)
+        if refused := refuse_other_broker(request, int(b["broker_id"])):
+            return refused
         self.controller.partition_opened(
             int(b["broker_id"]), _tp(b), int(b["epoch"]), **self._reported_end(b)
         )
@@ -679,6 +749,8 @@ class ControllerServer:
 
     async def _lost(self, request: web.Request) -> web.Response:
         b = await self._body(request)
+        if refused := refuse_other_broker(request, int(b["broker_id"])):
+            return refused
         try:
             await self.controller.partition_lost_data(
                 int(b["broker_id"]), _tp(b), int(b["epoch"]), DataLoss.from_json(b["loss"])

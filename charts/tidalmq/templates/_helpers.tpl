@@ -186,6 +186,26 @@ The storage URL is hashed too (it is in the pods' environment anyway).
 {{- list $credentials (include "tidalmq.storageUrl" .) | toJson | sha256sum }}
 {{- end }}
 
+{{/* The Secret of the control plane's tokens (keys admin-token and broker-secret). */}}
+{{- define "tidalmq.controlSecret" -}}
+{{- default (printf "%s-control" (include "tidalmq.fullname" .)) .Values.controlPlane.existingSecret }}
+{{- end }}
+
+{{/*
+The pods' checksum/control-token annotation, like checksum/object-store: a hash of what decides
+the tokens the pods read, never of the generated tokens (random in every render that finds no
+stored Secret, and kept across upgrades once stored): the Secret's name, and whether it is the
+chart's. Tokens rotated inside a Secret need a rolling restart (docs/security.md).
+*/}}
+{{- define "tidalmq.controlChecksum" -}}
+{{- list "control-token" (include "tidalmq.controlSecret" .) (empty .Values.controlPlane.existingSecret) | toJson | sha256sum }}
+{{- end }}
+
+{{/* Where the pods find the control tokens (a Secret volume). */}}
+{{- define "tidalmq.controlTokenDir" -}}
+/etc/tidalmq/control
+{{- end }}
+
 {{/* Environment shared by brokers and the operator: the object store. */}}
 {{- define "tidalmq.storageEnv" -}}
 - name: TIDALMQ_STORAGE_URL

@@ -87,6 +87,9 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "port-out-of-range": ({"broker": {"ports": {"kafka": 70000}}}, "kafka"),
     "extra-env-without-name": ({"broker": {"extraEnv": [{"value": "1"}]}}, "name"),
     "extra-env-number-value": ({"broker": {"extraEnv": [{"name": "A", "value": 1}]}}, "value"),
+    # an empty `from` would let everyone reach the metrics ports (NetworkPolicy's meaning of [])
+    "metrics-from-no-one": ({"networkPolicy": {"metricsFrom": []}}, "metricsFrom"),
+    "control-port-out-of-range": ({"broker": {"ports": {"control": 0}}}, "control"),
 }
 
 # Checks in templates/_helpers.tpl (tidalmq.validate): `fail` stops helm template and install;

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tidalmq_broker.cli import build_parser
 
 from tests.support.helm import (
     NAMESPACE,
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("helm")
 NAMESPACED = {
     "ServiceAccount", "Role", "RoleBinding", "Deployment", "StatefulSet", "Service",
     "HorizontalPodAutoscaler", "PodDisruptionBudget", "Secret", "KopfPeering", "Pod",
-    "ServiceMonitor", "Job",
+    "ServiceMonitor", "Job", "NetworkPolicy",
 }  # fmt: skip
 
 
@@ -105,7 +106,9 @@ def test_broker_statefulset(default: list[dict[str, Any]]) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     broker = container(sts, "broker")
     assert broker["args"] == ["broker"]  # the image's entrypoint is `tini -- tidalmq`
-    assert {p["name"]: p["containerPort"] for p in broker["ports"]} == {"kafka": 9092, "http": 9644}
+    assert {p["name"]: p["containerPort"] for p in broker["ports"]} == {
+        "kafka": 9092, "http": 9644, "control": 9645,
+    }  # fmt: skip
     assert spec["selector"]["matchLabels"] == {
         "app.kubernetes.io/name": "tidalmq",
         "app.kubernetes.io/instance": RELEASE,
@@ -124,9 +127,12 @@ def test_broker_environment_contract(default: list[dict[str, Any]]) -> None:
     assert env["TIDALMQ_ADVERTISED_HOST"] == (
         f"$(POD_NAME).{HEADLESS}.{NAMESPACE}.svc.cluster.local"
     )
-    assert env["TIDALMQ_HTTP_HOST"] == "0.0.0.0"
+    # the HTTP ports listen on the pod's IP, where probes and Prometheus come, not 0.0.0.0
+    assert env["TIDALMQ_HTTP_HOST"] == "$(POD_IP)"
     assert env["TIDALMQ_HTTP_PORT"] == "9644"
     assert env["TIDALMQ_CONTROL_HOST"] == "$(POD_IP)"
+    assert env["TIDALMQ_CONTROL_PORT"] == "9645"
+    assert env["TIDALMQ_CONTROL_TOKEN_FILE"] == "/etc/tidalmq/control/broker-secret"
     assert env["TIDALMQ_CONTROLLER_URL"] == f"http://{OPERATOR}.{NAMESPACE}.svc:9690"
     assert env["TIDALMQ_DEFAULT_PARTITIONS"] == "3"
     assert env["TIDALMQ_STORAGE_URL"] == "s3://tidalmq?region=us-east-1"
@@ -136,6 +142,7 @@ def test_broker_environment_contract(default: list[dict[str, Any]]) -> None:
     names = list(env)
     assert names.index("POD_NAME") < names.index("TIDALMQ_ADVERTISED_HOST")
     assert names.index("POD_IP") < names.index("TIDALMQ_CONTROL_HOST")
+    assert names.index("POD_IP") < names.index("TIDALMQ_HTTP_HOST")
     # default values pass no credentials (pod identity): no AWS keys
     assert "AWS_ACCESS_KEY_ID" not in env and "AWS_SECRET_ACCESS_KEY" not in env
 
@@ -145,14 +152,17 @@ def test_broker_probes_and_prestop_drain(default: list[dict[str, Any]]) -> None:
     assert broker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert broker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert broker["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert broker["lifecycle"]["preStop"]["exec"]["command"] == [
-        "tidalmq", "drain", "--http-url", "http://127.0.0.1:9644", "--timeout", "50",
-    ]  # fmt: skip
+    # the drain finds the control port (at the pod's IP) and the token in the broker's env
+    command = broker["lifecycle"]["preStop"]["exec"]["command"]
+    assert command == ["tidalmq", "drain", "--timeout", "50"]
+    args = build_parser().parse_args(command[1:])
+    assert (args.command, args.http_url, args.timeout) == ("drain", "", 50.0)
 
 
 def test_broker_settings_follow_values() -> None:
     docs = render({
-        "broker": {"ports": {"kafka": 19092, "http": 19644}, "drainTimeoutSeconds": 100,
+        "broker": {"ports": {"kafka": 19092, "http": 19644, "control": 19645},
+                   "drainTimeoutSeconds": 100,
                    "terminationGracePeriodSeconds": 120, "defaultPartitions": 8,
                    "extraEnv": [{"name": "TIDALMQ_CACHE_BYTES", "value": "1000"}]},
         "clusterDomain": "corp.example",
@@ -163,12 +173,11 @@ def test_broker_settings_follow_values() -> None:
     env = env_of(broker)
     assert sts["spec"]["replicas"] == 3  # broker.replicas when not autoscaled
     assert env["TIDALMQ_PORT"] == "19092" and env["TIDALMQ_HTTP_PORT"] == "19644"
+    assert env["TIDALMQ_CONTROL_PORT"] == "19645"
     assert env["TIDALMQ_ADVERTISED_HOST"].endswith(".svc.corp.example")
     assert env["TIDALMQ_DEFAULT_PARTITIONS"] == "8"
     assert env["TIDALMQ_CACHE_BYTES"] == "1000"
-    assert broker["lifecycle"]["preStop"]["exec"]["command"][-3:] == [
-        "http://127.0.0.1:19644", "--timeout", "100",
-    ]  # fmt: skip
+    assert broker["lifecycle"]["preStop"]["exec"]["command"][-2:] == ["--timeout", "100"]
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 120
     assert not find_all(docs, "HorizontalPodAutoscaler")
     headless = find(docs, "Service", HEADLESS)
@@ -247,6 +256,13 @@ def test_operator_deployment_and_environment_contract(default: list[dict[str, An
     assert env["TIDALMQ_PEERING_NAME"] == FULL
     assert env["TIDALMQ_CONTROLLER_PORT"] == "9690"
     assert env["TIDALMQ_OPERATOR_HTTP_PORT"] == "9691"
+    # both listen on the pod's IP (the controller Service and the probes come to it)
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["TIDALMQ_CONTROLLER_HOST"] == env["TIDALMQ_OPERATOR_HTTP_HOST"] == "$(POD_IP)"
+    names = list(env)
+    assert names.index("POD_IP") < names.index("TIDALMQ_CONTROLLER_HOST")
+    assert env["TIDALMQ_CONTROL_TOKEN_FILE"] == "/etc/tidalmq/control/admin-token"
+    assert env["TIDALMQ_CONTROL_BROKER_SECRET_FILE"] == "/etc/tidalmq/control/broker-secret"
     assert env["TIDALMQ_STORAGE_URL"] == "s3://tidalmq?region=us-east-1"
     assert env["TIDALMQ_BROKER_SERVICE"] == HEADLESS
     assert env["TIDALMQ_BOOTSTRAP_SERVERS"] == f"{FULL}-bootstrap.{NAMESPACE}.svc:9092"
@@ -438,7 +454,9 @@ def test_storage_url_from_values() -> None:
     assert env["AWS_REGION"] == "eu-central-1"
     for name, key in (("AWS_ACCESS_KEY_ID", "access-key"), ("AWS_SECRET_ACCESS_KEY", "secret-key")):
         assert env[name] == {"secretKeyRef": {"name": "acme-s3-credentials", "key": key}}
-    assert not find_all(docs, "Secret"), "an existing Secret is used, none is created"
+    assert [d["metadata"]["name"] for d in find_all(docs, "Secret")] == [f"{FULL}-control"], (
+        "an existing Secret is used for the object store, none is created"
+    )
     operator_env = env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
     for name in ("TIDALMQ_STORAGE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         assert operator_env[name] == env[name]
@@ -494,7 +512,7 @@ def test_in_cluster_object_store(full: list[dict[str, Any]]) -> None:
 
 
 def test_no_object_store_objects_by_default(default: list[dict[str, Any]]) -> None:
-    assert not find_all(default, "Secret")
+    assert [d["metadata"]["name"] for d in find_all(default, "Secret")] == [f"{FULL}-control"]
     assert [d["metadata"]["name"] for d in find_all(default, "Deployment")] == [OPERATOR]
     assert [d["metadata"]["name"] for d in find_all(default, "StatefulSet")] == [STS]
 

@@ -47,9 +47,9 @@ def pod_templates(docs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def checksums(docs: list[dict[str, Any]]) -> dict[str, str]:
+def checksums(docs: list[dict[str, Any]], key: str = "checksum/object-store") -> dict[str, str]:
     return {
-        name: template["metadata"].get("annotations", {}).get("checksum/object-store", "")
+        name: template["metadata"].get("annotations", {}).get(key, "")
         for name, template in pod_templates(docs).items()
         if not name.startswith("Job/")
     }
@@ -79,14 +79,21 @@ def render_notes(values: dict[str, Any]) -> str:
     ids=["generated-credentials", "pod-identity", "keys-in-values", "existing-secret"],
 )  # fmt: skip
 def test_two_renders_give_identical_pod_templates(values: dict[str, Any]) -> None:
-    """Only the generated Secret's data may differ between two renders (a render that finds no
-    stored Secret draws new keys); every pod template is the same, annotations included."""
+    """Only the generated Secrets' data may differ between two renders (a render that finds no
+    stored Secret draws new keys: the object store's, the control plane's tokens); every pod
+    template is the same, annotations included."""
     first, second = render(values), render(values)
     assert pod_templates(first) == pod_templates(second)
     assert all(checksums(first).values())
-    secrets = [find_all(docs, "Secret") for docs in (first, second)]
+    secrets = [
+        {d["metadata"]["name"]: d for d in find_all(docs, "Secret")} for docs in (first, second)
+    ]
+    control = f"{FULL}-control"
+    assert secrets[0].pop(control)["data"] != secrets[1].pop(control)["data"], "generated"
     if values is IN_CLUSTER:
-        assert secrets[0][0]["data"] != secrets[1][0]["data"], "keys are generated per render"
+        assert secrets[0][STORE]["data"] != secrets[1][STORE]["data"], (
+            "keys are generated per render"
+        )
     else:
         assert secrets[0] == secrets[1]
 
@@ -122,7 +129,8 @@ def test_no_checksum_renders_a_template() -> None:
     for path in (CHART / "templates").glob("*.yaml"):
         text = path.read_text()
         assert "$.Template.BasePath" not in text, path.name
-        assert "randAlphaNum" not in text or path.name == "object-store-secret.yaml", path.name
+        generated = {"object-store-secret.yaml", "control-secret.yaml"}
+        assert "randAlphaNum" not in text or path.name in generated, path.name
 
 
 # ---------------------------------------------------------------------------- the store
@@ -258,3 +266,17 @@ def test_notes_name_what_works_offline() -> None:
     assert "status.podIP" in render_notes({"broker": {"advertise": "podIP"}})
     # what uninstall keeps
     assert "helm uninstall rel" in notes and "CRDs" in notes
+
+
+def test_notes_say_where_the_control_tokens_are_and_how_to_run_admin_commands() -> None:
+    notes = render_notes({})
+    assert f"Secret\n{FULL}-control" in notes or f"Secret {FULL}-control" in notes
+    assert "NetworkPolicies let only the operator" in notes
+    line = next(x for x in notes.splitlines() if "exec deploy/" in x)
+    assert f"kubectl -n {NAMESPACE} exec deploy/{OPERATOR} -- sh -c " in line
+    # the command is the real CLI's, against the operator's controller port on its pod IP
+    command = line.split("sh -c ", 1)[1].strip("'").split()
+    assert command[0] == "tidalmq"
+    args = build_parser().parse_args(command[1:])
+    assert (args.command, args.controller_url) == ("recover", "http://$POD_IP:9690")
+    assert "NetworkPolicies" not in render_notes({"networkPolicy": {"enabled": False}})

@@ -6,10 +6,12 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 from typing import Any
 
 import kopf
 from tidalmq_controller.hosting import HealthServer, setup_logging, tune_runtime
+from tidalmq_core.control_auth import TokenError
 from tidalmq_core.metadata import new_cluster_id
 
 from tidalmq_operator import handlers  # noqa: F401  (registers the handlers)
@@ -82,6 +84,11 @@ async def run_operator(settings: OperatorSettings) -> None:
 
 def main(settings: OperatorSettings | None = None) -> int:
     settings = settings or OperatorSettings.from_env()
+    try:  # the controller serves only with a control token: say so now, not when it starts
+        settings.control_auth()
+    except TokenError as exc:
+        print(f"tidalmq operator: cannot start: {exc}", file=sys.stderr)
+        return 2
     setup_logging(
         os.environ.get("TIDALMQ_LOG_LEVEL", "INFO"), os.environ.get("TIDALMQ_LOG_FORMAT", "text")
     )

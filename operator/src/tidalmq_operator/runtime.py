@@ -246,7 +246,7 @@ class OperatorRuntime:
         controller.add_event_sink(self._on_controller_event)
         controller.add_commit_listener(self._on_commit)
         self._full_at = float("-inf")
-        server = ControllerServer(controller)
+        server = ControllerServer(controller, s.control_auth())  # checked at start (main.py)
         await server.start(s.controller_host, s.controller_port)
         self.controller, self.server = controller, server
         self.active.set()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tidalmq_core.control_auth import ControlAuth, TokenError, read_tokens
+
 GROUP = "tidalmq.io"
 VERSION = "v1alpha1"
 
@@ -49,6 +51,12 @@ class OperatorSettings:
     # as the broker's --scram-bootstrap); the file form suits a mounted Secret
     scram_bootstrap: str = field(default="", repr=False)
     scram_bootstrap_file: str = ""
+    # the control plane's tokens (docs/security.md): the cluster's control token (admin), and the
+    # secret the brokers' tokens derive from (default: the control token); the chart mounts both
+    control_token: str = field(default="", repr=False)
+    control_token_file: str = ""
+    control_broker_secret: str = field(default="", repr=False)
+    control_broker_secret_file: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -65,7 +73,10 @@ class OperatorSettings:
             broker_selector=get("BROKER_SELECTOR", "app.kubernetes.io/component=broker"),
             storage_url=get("STORAGE_URL", ""),
             metadata_url=get("METADATA_URL", ""),
+            # the chart binds both to the pod's IP (downward API)
+            controller_host=get("CONTROLLER_HOST", "0.0.0.0"),
             controller_port=int(get("CONTROLLER_PORT", "9690")),
+            http_host=get("OPERATOR_HTTP_HOST", "0.0.0.0"),
             http_port=int(get("OPERATOR_HTTP_PORT", "9691")),
             peering_name=get("PEERING_NAME", "tidalmq"),
             peering_lifetime_s=int(get("PEERING_LIFETIME_S", "60")),
@@ -86,7 +97,25 @@ class OperatorSettings:
             planner_poll_s=float(get("PLANNER_POLL_S", "5")),
             scram_bootstrap=get("SCRAM_BOOTSTRAP", ""),
             scram_bootstrap_file=get("SCRAM_BOOTSTRAP_FILE", ""),
+            control_token=get("CONTROL_TOKEN", ""),
+            control_token_file=get("CONTROL_TOKEN_FILE", ""),
+            control_broker_secret=get("CONTROL_BROKER_SECRET", ""),
+            control_broker_secret_file=get("CONTROL_BROKER_SECRET_FILE", ""),
         )
+
+    def control_auth(self) -> ControlAuth:
+        """The controller's check of control calls; raises TokenError without a control token
+        (the controller never serves unauthenticated)."""
+        tokens = read_tokens(self.control_token, self.control_token_file)
+        if not tokens:
+            raise TokenError(
+                "the controller needs the cluster's control token: TIDALMQ_CONTROL_TOKEN_FILE "
+                "(or TIDALMQ_CONTROL_TOKEN); the Helm chart mounts it from its Secret"
+            )
+        brokers = read_tokens(
+            self.control_broker_secret, self.control_broker_secret_file, "brokers' secret"
+        )
+        return ControlAuth(tokens, brokers)
 
     def selector_dict(self) -> dict[str, str]:
         out = {}

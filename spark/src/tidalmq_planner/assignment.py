@@ -49,11 +49,21 @@ def from_file(path: str | Path) -> ClusterView:
     return ClusterView(assignment, sorted(set(assignment.values())), f"file {path}")  # type: ignore[arg-type]
 
 
-def from_controller(url: str, timeout_s: float = 30.0) -> ClusterView:
-    """The controller's GET /v1/metadata (the local cluster and the operator serve it)."""
+def from_controller(url: str, timeout_s: float = 30.0, token: str | None = None) -> ClusterView:
+    """The controller's GET /v1/metadata (the local cluster and the operator serve it), with the
+    control token (default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN)."""
     import urllib.request
 
-    with urllib.request.urlopen(url.rstrip("/") + "/v1/metadata", timeout=timeout_s) as resp:
+    from tidalmq_core.control_auth import authorization, tokens_from_env
+
+    token = token or next(iter(tokens_from_env()), None)
+    if not token:
+        raise RuntimeError(
+            "reading the controller needs the cluster's control token: set "
+            "TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN"
+        )
+    req = urllib.request.Request(url.rstrip("/") + "/v1/metadata", headers=authorization(token))
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         meta = ClusterMetadata.from_json(json.loads(resp.read())["metadata"])
     assignment: Assignment = {}
     for topic in meta.topics.values():

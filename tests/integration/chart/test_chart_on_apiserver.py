@@ -248,7 +248,8 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     assert f"kubectl -n {ns} get partitionreassignments -w" in notes
 
     names = set(api.kubectl("-n", ns, "get", "deployment,statefulset,service,hpa,pdb,role,rolebinding,"
-                            "serviceaccount,secret,kopfpeering", "-l", f"app.kubernetes.io/instance={release}",
+                            "serviceaccount,secret,kopfpeering,networkpolicy", "-l",
+                            f"app.kubernetes.io/instance={release}",
                             "-o", "name").stdout.split())  # fmt: skip
     for name in (
         "deployment.apps/tmq-tidalmq-operator", "statefulset.apps/tmq-tidalmq-object-store",
@@ -258,17 +259,23 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
         "poddisruptionbudget.policy/tmq-tidalmq-broker", "role.rbac.authorization.k8s.io/tmq-tidalmq-operator",
         "serviceaccount/tmq-tidalmq-operator", "serviceaccount/tmq-tidalmq-spark",
         "secret/tmq-tidalmq-object-store", "kopfpeering.kopf.dev/tmq-tidalmq",
+        "secret/tmq-tidalmq-control", "networkpolicy.networking.k8s.io/tmq-tidalmq-broker",
+        "networkpolicy.networking.k8s.io/tmq-tidalmq-operator",
     ):  # fmt: skip
         assert name in names, (name, sorted(names))
     cluster_role = f"{ns}-tmq-tidalmq-operator"
     api.kubectl("get", "clusterrole", cluster_role)
 
-    # An upgrade keeps the generated credentials and the HPA's broker count.
+    # An upgrade keeps the generated credentials, the control plane's tokens and the HPA's
+    # broker count.
     secret = api.get(ns, "secret", "tmq-tidalmq-object-store")["data"]
+    control = api.get(ns, "secret", "tmq-tidalmq-control")["data"]
+    assert set(control) == {"admin-token", "broker-secret"}
     api.kubectl("-n", ns, "scale", "statefulset", "tmq-tidalmq-broker", "--replicas", "5")
     api.helm("upgrade", release, str(CHART), "--namespace", ns, "--reuse-values",
              "--set", "broker.logLevel=DEBUG")  # fmt: skip
     assert api.get(ns, "secret", "tmq-tidalmq-object-store")["data"] == secret
+    assert api.get(ns, "secret", "tmq-tidalmq-control")["data"] == control
     assert api.get(ns, "statefulset", "tmq-tidalmq-broker")["spec"]["replicas"] == 5
 
     # A bad value never reaches the cluster.
@@ -279,7 +286,7 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     # --no-hooks: this API server has no nodes, so the pre-delete hook's Job would never run
     # (test_uninstall_hook_command runs its command against this API server)
     api.helm("uninstall", release, "--namespace", ns, "--no-hooks")
-    left = api.kubectl("-n", ns, "get", "deployment,statefulset,service,secret,kopfpeering", "-l",
+    left = api.kubectl("-n", ns, "get", "deployment,statefulset,service,secret,kopfpeering,networkpolicy", "-l",
                        f"app.kubernetes.io/instance={release}", "-o", "name").stdout  # fmt: skip
     assert not left.strip(), left
     assert api.kubectl("get", "clusterrole", cluster_role, check=False).returncode != 0
@@ -321,10 +328,12 @@ def test_an_upgrade_with_unchanged_values_changes_no_pod_template(
     installed = workloads(api, ns)
     assert set(installed) >= {"Deployment/tmq-tidalmq-operator", "StatefulSet/tmq-tidalmq-broker"}
     secret = api.get(ns, "secret", "tmq-tidalmq-object-store")["data"]
+    control = api.get(ns, "secret", "tmq-tidalmq-control")["data"]
 
     api.helm("upgrade", release, str(CHART), *common)
     assert workloads(api, ns) == installed
     assert api.get(ns, "secret", "tmq-tidalmq-object-store")["data"] == secret
+    assert api.get(ns, "secret", "tmq-tidalmq-control")["data"] == control
     api.helm("upgrade", release, str(CHART), *common)
     assert workloads(api, ns) == installed
 

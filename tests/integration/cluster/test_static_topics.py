@@ -52,7 +52,8 @@ def cluster(s3_server: Any, tmp_path: Path) -> Iterator[LocalClusterProcess]:
 def call(cluster: LocalClusterProcess, path: str, body: dict[str, Any]) -> Any:
     req = urllib.request.Request(
         cluster.controller_url + path, data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"}, method="POST",
+        headers={"Content-Type": "application/json",
+                 "Authorization": f"Bearer {cluster.control_token}"}, method="POST",
     )  # fmt: skip
     with urllib.request.urlopen(req, timeout=180) as resp:
         doc = json.loads(resp.read())
@@ -322,7 +323,8 @@ def cli(cluster: LocalClusterProcess, *args: str) -> str:
 
 def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterProcess) -> None:
     name = f"cli-{uuid.uuid4().hex[:6]}"
-    ctl = ["--controller-url", cluster.controller_url]
+    ctl = ["--controller-url", cluster.controller_url,
+           "--control-token-file", str(cluster.data_dir / "control-token")]  # fmt: skip
     out = cli(cluster, "create", name, "--queues", "4", *ctl)
     assert f"static topic {name}: 4 logic queues" in out
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True})

@@ -28,6 +28,11 @@ from tests.support.kube_apiserver import ApiServer
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
+# the control plane's secrets, as the chart's Secret gives them: the operator holds both, the
+# brokers the brokers' secret only (each derives its own broker token from it)
+CONTROL_TOKEN = "operator-test-control-token-0123456789abcdef"
+BROKER_SECRET = "operator-test-brokers-secret-0123456789abcdef"
+BROKER_ENV = {"TIDALMQ_CONTROL_TOKEN": BROKER_SECRET}
 
 
 class OperatorProcess:
@@ -61,7 +66,8 @@ class OperatorProcess:
             "TIDALMQ_OPERATOR_NAMESPACE": self.namespace, "TIDALMQ_STORAGE_URL": self.storage_url,
             "TIDALMQ_CONTROLLER_PORT": str(self.controller_port),
             "TIDALMQ_OPERATOR_HTTP_PORT": str(self.http_port), "TIDALMQ_OFFSETS_TOPIC_PARTITIONS": "4",
-            "TIDALMQ_PEERING_LIFETIME_S": "20", **self.env,
+            "TIDALMQ_PEERING_LIFETIME_S": "20", "TIDALMQ_CONTROL_TOKEN": CONTROL_TOKEN,
+            "TIDALMQ_CONTROL_BROKER_SECRET": BROKER_SECRET, **self.env,
         }  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -118,7 +124,7 @@ def deployment(
     op = OperatorProcess(api_with_crds, ns, storage, tmp_path, env=getattr(request, "param", None))
     op.start()
     brokers = [
-        BrokerProcess(storage, tmp_path / "logs", broker_id=i,
+        BrokerProcess(storage, tmp_path / "logs", broker_id=i, env=BROKER_ENV,
                       args=["--controller-url", op.controller_url])
         for i in range(3)
     ]  # fmt: skip

@@ -158,7 +158,9 @@ def test_plan_from_prometheus_history_balances_bytes_in(
         via_kafka = sources.from_bootstrap(cluster.bootstrap)
         assert {k: v for k, v in via_kafka.assignment.items() if k[0] == TOPIC} == seen
         assert via_kafka.brokers == brokers
-        via_controller = sources.from_controller(cluster.controller_url)
+        via_controller = sources.from_controller(
+            cluster.controller_url, token=cluster.control_token
+        )
         assert {k: v for k, v in via_controller.assignment.items() if k[0] == TOPIC} == seen
         assert via_controller.brokers == brokers
 

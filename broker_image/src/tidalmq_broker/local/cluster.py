@@ -7,7 +7,8 @@ supervises broker processes
 (`tidalmq broker --controller-url ...`), so a broker can be killed with SIGKILL like a crashed
 pod while the others and the controller carry on. `tidalmq local add-broker | remove-broker N |
 kill-broker N | status` talk to it over the controller's HTTP port, found in
-`<data-dir>/cluster.json`.
+`<data-dir>/cluster.json`, with the control token of `<data-dir>/control-token` (made at the first
+start; each broker process gets only its own broker token derived from it: local/control.py).
 
 The brokers run without drain-on-stop: this process decides. `remove-broker` drains the broker
 through the controller, then stops it; Ctrl-C stops every broker as it is (each closes its
@@ -54,9 +55,11 @@ from tidalmq_controller import (
     ControllerSettings,
     ObjectStoreMetadataLog,
 )
+from tidalmq_core.control_auth import ENV_TOKEN, ENV_TOKEN_FILE, ControlAuth
 from tidalmq_core.metadata import ClusterMetadata
 
 from tidalmq_broker.lifecycle import Shutdown
+from tidalmq_broker.local.control import ControlError, ensure_token, find_controller, request
 from tidalmq_broker.local.processes import (
     LOCK_NAME,
     STATE_NAME,
@@ -113,10 +116,12 @@ class LocalCluster:
         host: str,
         first_port: int,
         controller_port: int,
+        control_token: str,
         broker_env: dict[str, str] | None = None,
         security: LocalSecurity | None = None,
     ) -> None:
         self.security = security  # --security sasl_ssl (local/security.py)
+        self.auth = ControlAuth([control_token])  # <data dir>/control-token
         self.data_dir = data_dir
         self.storage_url = storage_url
         self.host = host
@@ -157,7 +162,7 @@ class LocalCluster:
         await self.controller.start()
         if self.security is not None:  # the admin user, unless it exists already
             await self.controller.bootstrap_scram_credentials(self.security.bootstrap_users())
-        self.server = ControllerServer(self.controller)
+        self.server = ControllerServer(self.controller, self.auth)
         r = self.server.app.router
         r.add_post("/v1/local/add-broker", self._http_add)
         r.add_post("/v1/local/remove-broker", self._http_remove)
@@ -266,7 +271,10 @@ class LocalCluster:
         # children may be linked, or a worker thread's exit would stop the broker
         if threading.current_thread() is threading.main_thread():
             cmd += ["--parent-pid", str(os.getpid())]
-        env = {**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env}
+        # each broker holds its own token only: it can act for no other broker
+        env = {**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env,
+               ENV_TOKEN: self.auth.broker_token(broker_id)}  # fmt: skip
+        env.pop(ENV_TOKEN_FILE, None)
         with log_path.open("ab") as out:
             # spawning returns at once; waiting for the broker happens below without blocking
             proc = subprocess.Popen(  # noqa: ASYNC220
@@ -526,6 +534,7 @@ def run_local_cluster(args: argparse.Namespace, data: Path, shown_as: str = "") 
             )
         if args.fresh:
             _clear_data_dir(data)
+        token = ensure_token(data)  # the control token, made at the first start (0600)
         objects = data / "objects"
         objects.mkdir(parents=True, exist_ok=True)
         storage_url = args.storage_url or f"file://{objects}"
@@ -533,13 +542,13 @@ def run_local_cluster(args: argparse.Namespace, data: Path, shown_as: str = "") 
             os.environ.get("TIDALMQ_LOG_LEVEL", "WARNING"), "text", prefix="[controller] "
         )
         tune_runtime()  # this process hosts the controller: its liveness thread answers heartbeats
-        return asyncio.run(_serve(args, data, storage_url))
-    except (LocalUpError, OSError) as exc:
+        return asyncio.run(_serve(args, data, storage_url, token))
+    except (LocalUpError, ControlError, OSError) as exc:
         print(f"tidalmq local up: {exc}", file=sys.stderr, flush=True)
         return 1
 
 
-async def _serve(args: argparse.Namespace, data: Path, storage_url: str) -> int:
+async def _serve(args: argparse.Namespace, data: Path, storage_url: str, token: str) -> int:
     sasl_ssl = getattr(args, "security", "plaintext") == "sasl_ssl"
     security = prepare(data, args.host) if sasl_ssl else None
     cluster = LocalCluster(
@@ -548,6 +557,7 @@ async def _serve(args: argparse.Namespace, data: Path, storage_url: str) -> int:
         host=args.host,
         first_port=args.port,
         controller_port=args.controller_port,
+        control_token=token,
         security=security,
     )
 
@@ -646,23 +656,19 @@ def _last_line(path: Path) -> str:
 
 
 def local_command(args: argparse.Namespace) -> int:
-    """add-broker / remove-broker / kill-broker / status against a running local cluster."""
+    """add-broker / remove-broker / kill-broker / status against a running local cluster, with
+    the data dir's control token."""
     import urllib.error
-    import urllib.request
 
-    state_file = Path(args.data_dir).resolve() / STATE_NAME
     try:
-        state = json.loads(state_file.read_text())
-    except FileNotFoundError:
-        print(f"no local cluster is running (no {state_file}); start one with `tidalmq local up`",
-              file=sys.stderr)  # fmt: skip
+        base, token = find_controller(None, args.data_dir)
+    except ControlError as exc:
+        print(str(exc), file=sys.stderr)
         return 2
-    base = state["controller_url"]
     action = args.local_command
     try:
         if action == "status":
-            with urllib.request.urlopen(base + "/v1/local/status", timeout=10) as resp:
-                status = json.loads(resp.read())
+            status = request(base, "/v1/local/status", token, method="GET", timeout_s=10)
             if getattr(args, "output", "table") == "json":
                 print(json.dumps(status, indent=2))
                 return 0
@@ -674,18 +680,13 @@ def local_command(args: argparse.Namespace) -> int:
                 "kill-broker": "kill-broker"}[action]  # fmt: skip
         if action != "add-broker":
             body["broker_id"] = args.broker_id
-        req = urllib.request.Request(
-            f"{base}/v1/local/{path}", data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"}, method="POST",
-        )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=180) as resp:
-            print(json.dumps(json.loads(resp.read())))
+        print(json.dumps(request(base, f"/v1/local/{path}", token, body, timeout_s=180)))
         return 0
     except urllib.error.HTTPError as exc:
         print(f"error: {json.loads(exc.read()).get('error', exc)}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        print(f"cannot reach the local cluster at {base}: {exc}", file=sys.stderr)
+    except ControlError as exc:
+        print(str(exc), file=sys.stderr)
         return 2
 
 

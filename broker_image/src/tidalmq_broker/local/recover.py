@@ -8,7 +8,9 @@ only, like Kafka's unclean leader election) accept the loss so they serve again.
 
 An accepted partition continues at its end-offset floor (the last offset the cluster
 acknowledged), never at 0: committed consumer offsets stay valid and no offset is reused. The
-controller is the local cluster's (found through `<data-dir>/cluster.json`) or `--controller-url`.
+controller is the local cluster's (found through `<data-dir>/cluster.json`, with its control
+token) or `--controller-url` (with `--control-token-file`, TIDALMQ_CONTROL_TOKEN_FILE or
+TIDALMQ_CONTROL_TOKEN: the cluster's control token).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import argparse
 import json
 import sys
 import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
+
+from tidalmq_broker.local.control import ControlError, find_controller, request
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", default="", help="only these partitions: 0,1,...")
     p.add_argument("--all", action="store_true", help="accept the loss of every lost partition")
     p.add_argument("--controller-url", default="", help="the controller (default: local cluster)")
+    p.add_argument("--control-token-file", default="",
+                   help="the cluster's control token, with --controller-url (default: "
+                        "$TIDALMQ_CONTROL_TOKEN_FILE or $TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
     p.add_argument(
         "--data-dir", default=".tidalmq/local", help="the local cluster's data directory"
     )
@@ -45,32 +50,26 @@ class Failure(Exception):
     """A one-line error for the user."""
 
 
-def _call(base: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    req = urllib.request.Request(
-        base.rstrip("/") + path, data=json.dumps(body or {}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST",
-    )  # fmt: skip
+def _call(
+    controller: tuple[str, str], path: str, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    base, token = controller
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            doc = json.loads(resp.read())
-    except (urllib.error.URLError, OSError) as exc:
-        raise Failure(f"cannot reach the controller at {base}: {exc}") from exc
+        doc = request(base, path, token, body, timeout_s=60)
+    except ControlError as exc:
+        raise Failure(str(exc)) from exc
+    except urllib.error.HTTPError as exc:
+        raise Failure(f"the controller at {base} answered {exc.code} {exc.reason}") from exc
     if "fault" in doc:
         raise Failure(doc["fault"]["message"])
     return doc  # type: ignore[no-any-return]
 
 
-def _controller_url(args: argparse.Namespace) -> str:
-    if args.controller_url:
-        return str(args.controller_url)
-    state_file = Path(args.data_dir).resolve() / "cluster.json"
+def _controller(args: argparse.Namespace) -> tuple[str, str]:
     try:
-        return str(json.loads(state_file.read_text())["controller_url"])
-    except FileNotFoundError:
-        raise Failure(
-            f"no local cluster is running (no {state_file}); start it with `tidalmq local up` "
-            "or pass --controller-url"
-        ) from None
+        return find_controller(args.controller_url, args.data_dir, args.control_token_file)
+    except ControlError as exc:
+        raise Failure(str(exc)) from exc
 
 
 def run_recover(args: argparse.Namespace) -> int:
@@ -82,7 +81,7 @@ def run_recover(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    base = _controller_url(args)
+    base = _controller(args)
     state = _call(base, "/v1/data-loss")
     lost: list[dict[str, Any]] = state["lost"]
     problem = state.get("store_problem")

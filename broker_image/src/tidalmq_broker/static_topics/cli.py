@@ -3,8 +3,9 @@
 `describe` works through the Kafka protocol (`--bootstrap-server`, any broker: the mapping is in
 every broker's metadata, exposed as read-only `static.*` topic configs) or through the controller
 (`--controller-url`, or the local cluster's state file). The other commands change the mapping,
-so they go to the controller's HTTP API. On Kubernetes, create and remap with `kubectl apply` of
-a StaticTopic instead.
+so they go to the controller's HTTP API, with the cluster's control token (the local cluster's,
+or --control-token-file / TIDALMQ_CONTROL_TOKEN_FILE with --controller-url). On Kubernetes, create
+and remap with `kubectl apply` of a StaticTopic instead.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import json
 import os
 import sys
 import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 from tidalmq_core.static_description import MAPPING_KEY
@@ -72,34 +71,37 @@ def _where(p: argparse.ArgumentParser, *, kafka: bool = False) -> None:
     p.add_argument("--controller-url", default=os.environ.get("TIDALMQ_CONTROLLER_URL"),
                    help="the controller's HTTP API (default: $TIDALMQ_CONTROLLER_URL or the local "
                         "cluster's)")  # fmt: skip
+    p.add_argument("--control-token-file", default="",
+                   help="the cluster's control token, with --controller-url (default: "
+                        "$TIDALMQ_CONTROL_TOKEN_FILE or $TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
     p.add_argument("--data-dir", default=".tidalmq/local", help="local cluster state directory")
 
 
 # ------------------------------------------------------------------------------ transports
-def _controller(args: argparse.Namespace) -> str:
-    if args.controller_url:
-        return str(args.controller_url).rstrip("/")
-    state = Path(args.data_dir) / "cluster.json"
+def _controller(args: argparse.Namespace) -> tuple[str, str]:
+    """The controller's URL and the control token."""
+    from tidalmq_broker.local.control import ControlError, find_controller
+
     try:
-        return str(json.loads(state.read_text())["controller_url"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise CliError(
-            "no controller: pass --controller-url (or --bootstrap-server for describe), or "
-            f"start a local cluster (no {state})"
-        ) from exc
+        return find_controller(args.controller_url, args.data_dir, args.control_token_file)
+    except ControlError as exc:
+        raise CliError(f"{exc} (or --bootstrap-server for describe)") from exc
+
+
+def _call(args: argparse.Namespace, path: str, body: dict[str, Any] | None, method: str) -> Any:
+    from tidalmq_broker.local.control import ControlError, request
+
+    base, token = _controller(args)
+    try:
+        return request(base, path, token, body, method=method, timeout_s=300)
+    except ControlError as exc:
+        raise CliError(str(exc)) from exc
+    except urllib.error.HTTPError as exc:
+        raise CliError(f"the controller at {base} answered {exc.code} {exc.reason}") from exc
 
 
 def _post(args: argparse.Namespace, path: str, body: dict[str, Any]) -> Any:
-    base = _controller(args)
-    req = urllib.request.Request(
-        base + path, data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"}, method="POST",
-    )  # fmt: skip
-    try:
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            doc = json.loads(resp.read())
-    except (OSError, urllib.error.URLError) as exc:
-        raise CliError(f"cannot reach the controller at {base}: {exc}") from exc
+    doc = _call(args, path, body, "POST")
     if "fault" in doc:
         raise CliError(doc["fault"]["message"])
     return doc.get("result", doc)
@@ -172,12 +174,7 @@ def _describe(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     def run(args: argparse.Namespace) -> None:
-        base = _controller(args)
-        try:
-            with urllib.request.urlopen(base + "/v1/static-topics", timeout=30) as resp:
-                names = json.loads(resp.read())["names"]
-        except OSError as exc:
-            raise CliError(f"cannot reach the controller at {base}: {exc}") from exc
+        names = _call(args, "/v1/static-topics", None, "GET")["names"]
         print("\n".join(names))
 
     return _run(run, args)

@@ -1,0 +1,41 @@
+"""The operator's controller takes its control tokens from its environment and never serves
+without one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tidalmq_core.control_auth import ADMIN, Principal, TokenError, broker_token
+from tidalmq_operator.main import main
+from tidalmq_operator.settings import OperatorSettings
+
+TOKEN = "operator-unit-cluster-token-" + "t" * 30
+SECRET = "operator-unit-brokers-secret-" + "s" * 30
+
+
+def test_tokens_and_bind_addresses_from_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "admin-token").write_text(TOKEN + "\n")
+    (tmp_path / "broker-secret").write_text(SECRET + "\n")
+    s = OperatorSettings.from_env({
+        "TIDALMQ_CONTROL_TOKEN_FILE": str(tmp_path / "admin-token"),
+        "TIDALMQ_CONTROL_BROKER_SECRET_FILE": str(tmp_path / "broker-secret"),
+        "TIDALMQ_CONTROLLER_HOST": "10.0.0.9", "TIDALMQ_OPERATOR_HTTP_HOST": "10.0.0.9",
+    })  # fmt: skip
+    assert (s.controller_host, s.http_host) == ("10.0.0.9", "10.0.0.9")
+    auth = s.control_auth()
+    assert auth.authenticate(f"Bearer {TOKEN}")[0] == ADMIN
+    assert auth.authenticate(f"Bearer {broker_token(SECRET, 3)}")[0] == Principal(3)
+    assert auth.authenticate(f"Bearer {SECRET}")[0] is None, "the brokers' secret is not admin"
+    inline = OperatorSettings.from_env({"TIDALMQ_CONTROL_TOKEN": TOKEN})
+    assert TOKEN not in repr(inline)
+    assert inline.control_auth().broker_token(1) == broker_token(TOKEN, 1)
+    defaults = OperatorSettings.from_env({})
+    assert (defaults.controller_host, defaults.http_host) == ("0.0.0.0", "0.0.0.0")
+
+
+def test_no_token_no_controller(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(TokenError, match="needs the cluster's control token"):
+        OperatorSettings.from_env({}).control_auth()
+    assert main(OperatorSettings.from_env({})) == 2
+    assert "cannot start" in capsys.readouterr().err
