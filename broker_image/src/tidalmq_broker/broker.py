@@ -144,7 +144,9 @@ class Broker:
         # the control endpoints (metadata pushes, drain) need the token; without one (a
         # standalone broker given none) they refuse every call
         authenticate = self._control.authenticate if self._control is not None else None
-        self.http = HealthServer(self._readiness, authenticate)
+        self.http = HealthServer(
+            self._readiness, authenticate, before_scrape=lambda: self.metrics.publish_led(None)
+        )
         self.control = self.http if settings.control_port < 0 else HttpServer(authenticate)
         self.engine: ObjectStreamEngine | None = None
         self.partitions: PartitionManager = None  # type: ignore[assignment]
@@ -662,10 +664,12 @@ class Broker:
         return True, "serving"
 
     async def _publish_partition_metrics(self) -> None:
-        """Partitions' series, a chunk at a time (BrokerMetrics.publish_led)."""
+        """Partitions' series, a chunk every quarter second (BrokerMetrics.publish_led), so
+        a burst of opens is not followed by a burst of label work; a scrape publishes the rest
+        first (HealthServer's before_scrape)."""
         while True:
-            left = self.metrics.publish_led()
-            await asyncio.sleep(0 if left else 0.2)  # a chunk, then the loop's other work
+            self.metrics.publish_led()
+            await asyncio.sleep(0.25)
 
     async def _update_gauges(self) -> None:
         while True:

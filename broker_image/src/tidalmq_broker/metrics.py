@@ -120,9 +120,11 @@ class BrokerMetrics(RequestObserver):
         once, so they are published in chunks off the path that reports the open (publish_led)."""
         self._led_pending[(topic, partition)] = epoch
 
-    def publish_led(self, limit: int = 500) -> int:
-        """Publish the series of up to `limit` partitions opened since; how many are left."""
-        for _ in range(min(limit, len(self._led_pending))):
+    def publish_led(self, limit: int | None = 500) -> int:
+        """Publish the series of up to `limit` (None: all) partitions opened since; how many
+        are left."""
+        count = len(self._led_pending)
+        for _ in range(count if limit is None else min(limit, count)):
             (topic, partition), epoch = self._led_pending.popitem()
             self._partition(topic, partition)
             LEADER_EPOCH.labels(self._broker, topic, str(partition)).set(epoch)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import aiohttp
 from prometheus_client import REGISTRY
 from tidalmq_broker.metrics import BrokerMetrics
+from tidalmq_broker.server.http import HealthServer
 
 
 def sample(name: str, **labels: str) -> float | None:
@@ -51,3 +53,25 @@ def test_series_of_partitions_released_before_publication_never_appear() -> None
     assert (
         sample("tidalmq_partition_leader_epoch", broker="903", topic="many", partition="7") is None
     )
+
+
+async def test_a_scrape_publishes_the_series_still_pending_first() -> None:
+    """The broker's /metrics runs BrokerMetrics.publish_led(None) before rendering: a scrape
+    right after a burst of opens sees every partition's series, not the chunks published so far."""
+    m = BrokerMetrics(904, {})
+    for p in range(1200):
+        m.partition_led("scraped", p, epoch=2)
+    server = HealthServer(lambda: (True, "serving"), before_scrape=lambda: m.publish_led(None))
+    await server.start("127.0.0.1", 0)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.port}/metrics") as resp,
+        ):
+            text = await resp.text()
+    finally:
+        await server.stop()
+    assert m.publish_led() == 0
+    lines = [line for line in text.splitlines()
+             if line.startswith("tidalmq_partition_leader_epoch{") and 'broker="904"' in line]  # fmt: skip
+    assert len(lines) == 1200

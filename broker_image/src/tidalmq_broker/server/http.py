@@ -96,10 +96,14 @@ class HttpServer:
 
 class HealthServer(HttpServer):
     def __init__(
-        self, ready: Callable[[], tuple[bool, str]], authenticate: Authenticate | None = None
+        self,
+        ready: Callable[[], tuple[bool, str]],
+        authenticate: Authenticate | None = None,
+        before_scrape: Callable[[], object] | None = None,
     ) -> None:
         super().__init__(authenticate, OPEN_PATHS)
         self._ready = ready
+        self._before_scrape = before_scrape  # series published lazily are published now
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/livez", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
@@ -118,5 +122,7 @@ class HealthServer(HttpServer):
         return web.json_response({"ready": ok, "reason": reason}, status=200 if ok else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self._before_scrape is not None:
+            self._before_scrape()
         body = generate_latest()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -127,7 +127,8 @@ class ProducerStateTable:
 
     def copy(self) -> ProducerStateTable:
         clone = ProducerStateTable()
-        clone.producers = copy.deepcopy(self.producers)
+        if self.producers:  # most partitions open with none: no deepcopy machinery for them
+            clone.producers = copy.deepcopy(self.producers)
         return clone
 
     # ---------------------------------------------------------------- persistence
