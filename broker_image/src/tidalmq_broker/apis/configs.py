@@ -264,6 +264,11 @@ async def _alter(
         error: Exception | None = None
         if res.resource_type == TOPIC:
             topic = broker.metadata.topics.get(res.resource_name)
+            if topic is not None and topic.internal:  # whatever the change (the controller too)
+                out["error_code"] = ErrorCode.invalid_topic_exception
+                out["error_message"] = f"Cannot alter the configs of internal topic {topic.name}"
+                responses.append(out)
+                continue
             changes, bad = _changes(res, topic.configs if topic else {})
             bad = bad or _fixed_config_change(topic, changes)
             if bad is None:
