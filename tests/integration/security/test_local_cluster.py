@@ -1,6 +1,7 @@
 """`tidalmq local up --security sasl_ssl`: brokers listening with SASL_SSL only, a CA and an
-admin user made for the data dir, a client.properties for Kafka's tools; credentials created on
-one broker reach the others through the controller (HTTP); all of it survives a restart."""
+admin user made for the data dir, a client.properties for Kafka's tools; credentials and ACLs
+created on one broker reach the others through the controller (HTTP); all of it survives a
+restart."""
 
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDis
         run_tool("kafka-configs", "--command-config", str(props), "--alter", "--add-config",
                  "SCRAM-SHA-512=[password=bob-secret]", "--entity-type", "users",
                  "--entity-name", "bob", bootstrap=first, check=True)  # fmt: skip
+        # ACLs are enforced, admin is the super user: bob may write and read what he is granted
+        run_tool("kafka-acls", "--command-config", str(props), "--add", "--allow-principal",
+                 "User:bob", "--producer", "--consumer", "--topic", topic, "--group", "g-bob",
+                 bootstrap=first, check=True)  # fmt: skip
         bob = confluent(second, security, "bob", "bob-secret")
         producer = Producer({**bob, "acks": "all"})
         for i in range(10):
