@@ -24,12 +24,11 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
 - SCRAM credentials (AlterUserScramCredentials, docs/security.md): `ScramUpsertion`,
   `ScramDeletion`, `ScramAlterResult`; the users a controller creates at start if absent:
   `BootstrapUser`, `parse_bootstrap` (`user:MECHANISM:password` lines).
-- ACLs (CreateAcls, DeleteAcls, docs/security.md): the controller validates and stores the
-  bindings (`tidalmq_core.acls`); `ControllerClient.create_acls` / `delete_acls` answer with
-  `AclCreateResult` / `AclDeleteResult`.
+- ACLs (CreateAcls, DeleteAcls, docs/security.md): `ControllerClient.create_acls` /
+  `delete_acls` take the bindings and filters of `tidalmq_core.acls`; the controller validates
+  and stores them (`_acls.py`).
 """
 
-from tidalmq_controller._acls import AclCreateResult, AclDeleteResult
 from tidalmq_controller._controller import Controller, ControllerSettings
 from tidalmq_controller._errors import (
     ControllerError,
@@ -67,8 +66,6 @@ from tidalmq_controller._static_topics import StaticTopicError
 from tidalmq_controller._topics import NewTopic, TopicResult
 
 __all__ = [
-    "AclCreateResult",
-    "AclDeleteResult",
     "Batch",
     "BootstrapUser",
     "Controller",
