@@ -5,12 +5,14 @@ exists), the authorized-operations bit fields, and the internal topics no client
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from types import SimpleNamespace
 from typing import Any
 
 import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
 from kio.schema.errors import ErrorCode
+from tidalmq_broker.apis.metadata import TopicEncodings
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import (
     decode_request,
@@ -18,6 +20,7 @@ from tidalmq_broker.protocol.codec import (
     encode_request,
     encode_response_parts,
 )
+from tidalmq_broker.protocol.fastpath import EncodedBody
 from tidalmq_broker.security.authorizer import Authorizer
 from tidalmq_controller import TopicResult, UnknownTopic
 from tidalmq_core.acls import AclBinding, AclOperation, PatternType, PermissionType, ResourceType
@@ -63,7 +66,7 @@ def broker(*bindings: AclBinding) -> Any:
     return SimpleNamespace(
         metadata=meta, authorizer=authorizer, controller=Controller(),
         settings=SimpleNamespace(auto_create_topics=False), controller_id_for_clients=lambda: 0,
-        partitions=SimpleNamespace(get_log=lambda tp: None),
+        partitions=SimpleNamespace(get_log=lambda tp: None), metadata_encodings=TopicEncodings(),
     )  # fmt: skip
 
 
@@ -72,9 +75,14 @@ BOB = SimpleNamespace(principal="User:bob", host="10.0.0.1", listener="PLAINTEXT
 
 
 async def call(b: Any, api_key: int, version: int, body: dict[str, Any]) -> Any:
+    """The handler's answer; one already in wire format (Metadata) decoded back to dicts."""
     frame = encode_request(api_key, version, 1, body)[4:]
     request = decode_request(frame, supported_versions())
-    return await REGISTRY[api_key].handler(b, request, BOB)  # type: ignore[arg-type]
+    answer = await REGISTRY[api_key].handler(b, request, BOB)  # type: ignore[arg-type]
+    if not isinstance(answer, EncodedBody):
+        return answer
+    raw = b"".join(bytes(p) for p in encode_response_parts(api_key, version, 1, answer))
+    return dataclasses.asdict(decode_response(api_key, version, raw[4:])[1])
 
 
 async def test_metadata_hides_what_the_client_may_not_describe() -> None:
@@ -91,11 +99,26 @@ async def test_metadata_hides_what_the_client_may_not_describe() -> None:
                                   "include_topic_authorized_operations": False})  # fmt: skip
     by_name, missing, by_id = named["topics"]
     # refused whether or not it exists; a name keeps no id, an id gets no name
+    # (kio reads the zero id as None)
     assert (by_name["error_code"], by_name["name"], by_name["topic_id"]) == (
-        ErrorCode.topic_authorization_failed, HIDDEN, uuid.UUID(int=0))  # fmt: skip
+        ErrorCode.topic_authorization_failed, HIDDEN, None)  # fmt: skip
     assert missing["error_code"] == ErrorCode.topic_authorization_failed
     assert (by_id["error_code"], by_id["name"], by_id["topic_id"]) == (
         ErrorCode.topic_authorization_failed, None, HIDDEN_ID)  # fmt: skip
+
+
+async def test_metadata_cluster_operations_only_when_asked() -> None:
+    b = broker(allow("kafka-cluster", AclOperation.ALTER, ResourceType.CLUSTER))
+    asked = {"topics": None, "allow_auto_topic_creation": False,
+             "include_cluster_authorized_operations": True,
+             "include_topic_authorized_operations": False}  # fmt: skip
+    answer = await call(b, 3, 10, asked)
+    assert answer["cluster_authorized_operations"] == (
+        1 << AclOperation.ALTER | 1 << AclOperation.DESCRIBE)  # fmt: skip
+    answer = await call(b, 3, 10, {**asked, "include_cluster_authorized_operations": False})
+    assert answer["cluster_authorized_operations"] == -2147483648
+    b.authorizer.load([])
+    assert (await call(b, 3, 10, asked))["cluster_authorized_operations"] == 0  # no DESCRIBE
 
 
 async def test_describe_topic_partitions_and_cluster_operations() -> None:
