@@ -15,7 +15,8 @@ user, and a PLAINTEXT listener whose clients are User:ANONYMOUS.
 - No client, super user included, deletes, grows or reconfigures `__consumer_offsets`, or
   appends to it.
 - The ACL APIs survive mutated requests while authorization is on (the suite's fuzz test runs
-  its broker with authorization off, where they answer SECURITY_DISABLED).
+  its broker with authorization off, where they answer SECURITY_DISABLED), and so does every
+  other API and version when some of what a request names is allowed and some refused.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ from confluent_kafka.admin import (
 from bench.kafka.harness import KafkaDist, java_acl_check, run_tool
 from tests.integration.security.conftest import ADMIN, ADMIN_PASSWORD, SecureBroker, make_pki
 from tests.support.broker_process import BrokerProcess, free_port
-from tests.support.fuzz_broker import Fuzzer, serves
-from tests.support.request_fuzz import cases, served_pairs
+from tests.support.fuzz_broker import Fuzzer, prepare_topics, serves
+from tests.support.request_fuzz import GROUP, TOPICS, cases, served_pairs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -413,3 +414,33 @@ def test_acl_apis_survive_mutated_requests_with_authorization_on(tmp_path: Path)
         assert report.not_one_line == [], report.not_one_line[:5]
         assert report.results["answered"] > 20  # some reached the handlers, and the controller
         assert serves(proc.bootstrap)
+
+
+def test_every_api_survives_mutated_requests_half_refused(acl_broker: AclBroker) -> None:
+    """Every served API and version, mutated, from User:ANONYMOUS (the PLAINTEXT listener) with
+    ACLs that allow part of what the fuzz requests name and refuse the rest, so each handler's
+    refusals run beside its work: no handler may fail. Last in the module: the requests may
+    delete topics and groups."""
+    first, second = TOPICS
+    anonymous = "User:ANONYMOUS"
+    lit, pre = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
+    ok, no = AclPermissionType.ALLOW, AclPermissionType.DENY
+    allow(acl_broker,
+          (ResourceType.TOPIC, first, lit, anonymous, AclOperation.ALL, ok),
+          (ResourceType.TOPIC, "fuzz-", pre, anonymous, AclOperation.CREATE, ok),
+          (ResourceType.TOPIC, "fuzz-", pre, anonymous, AclOperation.READ, ok),
+          (ResourceType.TOPIC, second, lit, anonymous, AclOperation.WRITE, no),
+          (ResourceType.GROUP, GROUP, lit, anonymous, AclOperation.READ, ok),
+          # (confluent-kafka's BROKER is Kafka's CLUSTER)
+          (ResourceType.BROKER, "kafka-cluster", lit, anonymous, AclOperation.DESCRIBE, ok))  # fmt: skip
+    proc = acl_broker.secure.process
+    assert proc.proc is not None
+    prepare_topics(acl_broker.plaintext)
+    fuzzer = Fuzzer(acl_broker.plaintext, proc.proc.pid, proc.log_path,
+                    metrics_url=f"{proc.http_url}/metrics")  # fmt: skip
+    report = fuzzer.run(list(cases(20261127, 2000)))
+    print(report.summary())
+    assert report.alive and report.failed_requests == {}, report.summary()
+    assert report.not_one_line == [], report.not_one_line[:5]
+    assert report.results["answered"] > 200
+    assert serves(acl_broker.plaintext)
