@@ -52,6 +52,7 @@ POM = HERE / "pom.xml"
 SERVER_LOG4J = HERE / "log4j2-server.properties"
 TOOLS_LOG4J = HERE / "log4j2-tools.properties"
 JAVA_CLIENT_SOURCE = HERE / "java" / "ClientCheck.java"
+JAVA_ACL_CHECK_SOURCE = HERE / "java" / "AclCheck.java"
 
 # JVM flags of Kafka's own kafka-run-class.sh (KAFKA_JVM_PERFORMANCE_OPTS).
 JVM_PERFORMANCE_OPTS = (
@@ -753,7 +754,9 @@ def wait_reassigned(
 # Java client checks (bench/kafka/java/ClientCheck.java, run as a single-file source program)
 
 
-def java_client_command(*args: str, dist: KafkaDist | None = None) -> list[str]:
+def java_client_command(
+    *args: str, dist: KafkaDist | None = None, source: Path = JAVA_CLIENT_SOURCE
+) -> list[str]:
     dist = dist or assemble()
     return [
         java_executable(),
@@ -762,17 +765,21 @@ def java_client_command(*args: str, dist: KafkaDist | None = None) -> list[str]:
         f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
         "-cp",
         dist.classpath,
-        str(JAVA_CLIENT_SOURCE),
+        str(source),
         *args,
     ]
 
 
 def run_java_client(
-    *args: str, timeout: float = 300.0, command_config: str | Path | None = None
+    *args: str,
+    timeout: float = 300.0,
+    command_config: str | Path | None = None,
+    source: Path = JAVA_CLIENT_SOURCE,
 ) -> dict[str, Any]:
-    """Run ClientCheck with ``args``; returns its JSON report (raises if it fails).
-    ``command_config``: a client.properties every client of the check starts from (security)."""
-    cmd = java_client_command(*args)
+    """Run ClientCheck (or another single-file check, ``source``) with ``args``; returns its
+    JSON report (raises if it fails). ``command_config``: a client.properties every client of
+    the check starts from (security)."""
+    cmd = java_client_command(*args, source=source)
     env = {**os.environ, "CLIENT_CHECK_CONFIG": str(command_config or "")}
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, check=False,
@@ -808,6 +815,22 @@ def java_consume(
         "consume", bootstrap, topic, group, str(count), str(timeout_ms),
         command_config=command_config,
     )  # fmt: skip
+
+
+def java_acl_check(
+    bootstrap: str,
+    topic: str,
+    group: str,
+    new_topic: str,
+    *,
+    command_config: str | Path | None = None,
+) -> dict[str, str]:
+    """What the Java client gets for produce, consume in ``group``, describeConfigs of ``topic``
+    and createTopics of ``new_topic``: "ok" or the exception's simple name, per operation
+    (java/AclCheck.java)."""
+    report = run_java_client(bootstrap, topic, group, new_topic, command_config=command_config,
+                             source=JAVA_ACL_CHECK_SOURCE, timeout=180)  # fmt: skip
+    return {k: str(v) for k, v in report.items()}
 
 
 # --------------------------------------------------------------------------------------------

@@ -47,8 +47,10 @@ from tidalmq_broker.security import SecurityConfigError
 from tidalmq_broker.security.endpoints import (
     advertised_endpoints,
     broker_listeners,
+    build_authorizer,
     build_endpoints,
     describe,
+    describe_authorization,
 )
 from tidalmq_broker.server.http import HealthServer, HttpServer
 from tidalmq_broker.server.listener import KafkaListener, ListenerLimits
@@ -129,6 +131,11 @@ class Broker:
                 "--controller-url needs the control-plane token: --control-token-file or "
                 "TIDALMQ_CONTROL_TOKEN_FILE (or TIDALMQ_CONTROL_TOKEN)"
             )
+        # who may do what (security/authorizer.py): the ACLs of the metadata, loaded as they
+        # change
+        self.authorizer = build_authorizer(
+            settings, self._listeners, sorted({u.user for u in self._scram_bootstrap})
+        )
         self.advertised: list[Endpoint] = []  # what clients are told, once bound
         self.listener = KafkaListener(
             self._dispatch,
@@ -239,10 +246,11 @@ class Broker:
         # them on it, the first of each version)
         self._spawn(asyncio.to_thread(preload_schemas, supported_versions()), "schemas")
         bound = [f"{name}:{port}" for name, port in ports.items()]
-        log.info(
-            "broker %d serving Kafka on %s (advertised %s), http on %s:%d",
+        log.log(
+            logging.INFO if self.authorizer.enabled else logging.WARNING,
+            "broker %d serving Kafka on %s (advertised %s), http on %s:%d; %s",
             self.broker_id, ",".join(bound), describe(self.advertised), s.http_host,
-            self.http.port,
+            self.http.port, describe_authorization(s, self.authorizer),
         )  # fmt: skip
 
     def _scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
@@ -322,6 +330,7 @@ class Broker:
         if snapshot.version <= self.metadata.version and self.metadata.cluster_id:
             return
         self.metadata = snapshot
+        self.authorizer.load(snapshot.acls)
         if self.engine is not None:
             self.engine.expect_identity(snapshot.cluster_id, snapshot.store_marker)
         if self.partitions is not None and not self._stopping:
@@ -367,7 +376,10 @@ class Broker:
                 log.error("metadata batch %d could not be applied (%s); asking for a snapshot",
                           version, exc)  # fmt: skip
                 self.metadata = ClusterMetadata(cluster_id="", version=-1)
+                self.authorizer.load(self.metadata.acls)
                 return -1
+        if delta.acls:  # before anything else: no request is decided on the old bindings
+            self.authorizer.load(self.metadata.acls)
         if delta:
             self.metadata_encodings.changed(delta)
             if delta.other and self.engine is not None:

@@ -134,6 +134,7 @@ async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None
     cleanly, within --stop-deadline-s of the signal (Shutdown exits the process then)."""
     from tidalmq_broker import lifecycle
     from tidalmq_broker.broker import Broker
+    from tidalmq_broker.security.endpoints import describe_authorization
 
     shutdown = lifecycle.Shutdown(
         f"broker {settings.broker_id}", deadline_s=settings.stop_deadline_s
@@ -158,6 +159,8 @@ async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None
         also = "".join(f", {e.name} on {e.host}:{e.port}" for e in broker.advertised[1:])
         print(f"TidalMQ broker {settings.broker_id} serving on {first.host}:{first.port}"
               f"{f' ({first.name}{also})' if also else ''}", flush=True)  # fmt: skip
+        print(f"TidalMQ broker {settings.broker_id}: "
+              f"{describe_authorization(settings, broker.authorizer)}", flush=True)  # fmt: skip
         await stop
     else:  # asked to stop while starting (e.g. still registering with the controller)
         starting.cancel()

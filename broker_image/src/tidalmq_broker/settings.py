@@ -93,6 +93,28 @@ class BrokerSettings:
         metadata={"help": "Kafka's connection.failed.authentication.delay.ms: close a connection "
                   "that failed to authenticate this long after its answer"},
     )  # fmt: skip
+    authorizer: str = field(
+        default="auto",
+        metadata={
+            "help": "ACL authorization (Kafka's authorizer.class.name): auto (on when any "
+            "listener is SSL, SASL_PLAINTEXT or SASL_SSL, off on a PLAINTEXT-only broker), acl "
+            "(always on) or none (off: every client may do anything)"
+        },
+    )
+    super_users: str = field(
+        default="",
+        metadata={
+            "help": "Kafka's super.users: principals allowed everything, separated by ';' "
+            "(User:admin;User:ops); the SCRAM bootstrap users of this broker are added"
+        },
+    )
+    allow_everyone_if_no_acl_found: bool = field(
+        default=False,
+        metadata={
+            "help": "Kafka's allow.everyone.if.no.acl.found: a resource without any ACL is "
+            "open to everyone (default: refused to all but super users)"
+        },
+    )
     scram_bootstrap: str = field(
         default="",
         repr=False,
@@ -288,6 +310,8 @@ class BrokerSettings:
             "ssl.client.auth": self.ssl_client_auth,
             "ssl.enabled.protocols": self.ssl_enabled_protocols,
             "ssl.principal.mapping.rules": self.ssl_principal_mapping_rules,
+            "super.users": self.super_users,
+            "allow.everyone.if.no.acl.found": str(self.allow_everyone_if_no_acl_found).lower(),
             "default.replication.factor": "1",
             "tidalmq.flush.interval.ms": str(self.flush_interval_ms),
         }

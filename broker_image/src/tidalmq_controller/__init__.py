@@ -11,7 +11,8 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
 - The controller: `Controller`, `ControllerSettings`.
 - Requests and their results: `NewTopic`, `TopicResult`, `MoveStatus` (one partition move).
 - Refusals: `ControllerError` and its kinds `ControllerFenced` (this controller lost its role),
-  `TopicAlreadyExists`, `UnknownTopic`, `NoBrokers`, `InvalidReplicaAssignment`;
+  `TopicAlreadyExists`, `UnknownTopic`, `NoBrokers`, `InvalidReplicaAssignment`,
+  `InternalTopic` (no client deletes, grows or reconfigures an internal topic);
   `StaticTopicError` (a static-topic request refused).
 - The metadata log: `ObjectStoreMetadataLog` (batches and snapshots in object storage), `Batch`,
   `LoadedLog`, `LogConflict` (another controller appended first: this one was deposed),
@@ -23,12 +24,16 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
 - SCRAM credentials (AlterUserScramCredentials, docs/security.md): `ScramUpsertion`,
   `ScramDeletion`, `ScramAlterResult`; the users a controller creates at start if absent:
   `BootstrapUser`, `parse_bootstrap` (`user:MECHANISM:password` lines).
+- ACLs (CreateAcls, DeleteAcls, docs/security.md): `ControllerClient.create_acls` /
+  `delete_acls` take the bindings and filters of `tidalmq_core.acls`; the controller validates
+  and stores them (`_acls.py`).
 """
 
 from tidalmq_controller._controller import Controller, ControllerSettings
 from tidalmq_controller._errors import (
     ControllerError,
     ControllerFenced,
+    InternalTopic,
     InvalidReplicaAssignment,
     NoBrokers,
     TopicAlreadyExists,
@@ -72,6 +77,7 @@ __all__ = [
     "Heartbeat",
     "HeartbeatReply",
     "HttpControllerClient",
+    "InternalTopic",
     "InvalidReplicaAssignment",
     "LoadedLog",
     "LocalControllerClient",

@@ -41,7 +41,7 @@ BROKER_SELF = frozenset({
 BROKER_FORWARDED = frozenset({
     "/v1/metadata", "/v1/metadata/updates", "/v1/producer-ids",
     "/v1/topics/create", "/v1/topics/delete", "/v1/topics/partitions", "/v1/topics/configs",
-    "/v1/brokers/configs", "/v1/scram-credentials/alter",
+    "/v1/brokers/configs", "/v1/scram-credentials/alter", "/v1/acls/create", "/v1/acls/delete",
     "/v1/reassignments/alter", "/v1/reassignments/list",
 })  # fmt: skip
 

@@ -57,6 +57,7 @@ from tidalmq_broker.storage.identity import (
     write_identity,
 )
 from tidalmq_broker.storage.objectstore.base import ObjectStore
+from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.balance import Plan
 from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
@@ -88,6 +89,7 @@ from tidalmq_core.records import (
 )
 from tidalmq_core.static_mapping import is_physical_topic
 
+from tidalmq_controller import _acls as acls
 from tidalmq_controller import _scram_credentials as scram_credentials
 from tidalmq_controller._errors import (
     ControllerError,
@@ -1016,6 +1018,31 @@ class Controller:
         records = scram_credentials.bootstrap(self.image, users)
         await self._commit(records)
         return [f"{r['user']}:{r['mech']}" for r in records]
+
+    # ---------------------------------------------------------------- ACLs
+    async def create_acls(
+        self, bindings: list[AclBinding]
+    ) -> tuple[list[acls.AclCreateResult], int]:
+        """CreateAcls (_acls.py): one result per binding and the version that holds the new
+        ones once committed. Raises ControllerError for a request over Kafka's record limit."""
+        self._require_active()
+        try:
+            results, records = acls.create(self.image, bindings)
+        except acls.TooManyAcls as exc:
+            raise ControllerError(str(exc)) from exc
+        return results, await self._commit(records)
+
+    async def delete_acls(
+        self, filters: list[AclBindingFilter]
+    ) -> tuple[list[acls.AclDeleteResult], int]:
+        """DeleteAcls (_acls.py): one result per filter (the bindings it matched) and the
+        version without them once committed."""
+        self._require_active()
+        try:
+            results, records = acls.delete(self.image, filters)
+        except acls.TooManyAcls as exc:
+            raise ControllerError(str(exc)) from exc
+        return results, await self._commit(records)
 
     # ---------------------------------------------------------------- producer ids
     async def allocate_producer_id(self) -> int:

@@ -33,3 +33,9 @@ class UnknownBroker(ControllerError):
 
 class ForeignStore(ControllerError):
     """The object store belongs to another cluster: nothing may be written into it."""
+
+
+class InternalTopic(ControllerError):
+    """An internal topic (`__consumer_offsets`, a static topic's physical queues) that no client
+    may delete, grow or reconfigure, whatever its ACLs: the group coordinator finds a group's
+    offsets by hashing its id over the offsets topic's partition count."""

@@ -39,7 +39,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
-from tidalmq_core import updates
+from tidalmq_core import acls, updates
+from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.control_auth import ControlAuth, authorization
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
@@ -47,8 +48,10 @@ from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, Pla
 from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
 from tidalmq_controller import _controller as ctl
+from tidalmq_controller._acls import AclCreateResult, AclDeleteResult
 from tidalmq_controller._control_auth import PRINCIPAL, refuse_other_broker
 from tidalmq_controller._control_auth import middleware as control_auth_middleware
+from tidalmq_controller._errors import InternalTopic
 from tidalmq_controller._log import Batch
 from tidalmq_controller._membership import Heartbeat, HeartbeatReply
 from tidalmq_controller._scram_credentials import (
@@ -76,6 +79,7 @@ _ERRORS: dict[str, type[Exception]] = {
     for cls in (
         ctl.ControllerError, ctl.TopicAlreadyExists, ctl.UnknownTopic, ctl.NoBrokers,
         ctl.ControllerFenced, ctl.UnknownBroker, ctl.InvalidReplicaAssignment, ctl.ForeignStore,
+        InternalTopic,
         InvalidTopic, InvalidPartitions, InvalidConfig,
         StaticConfig, InvalidPlan, NoReassignmentInProgress,
     )
@@ -118,6 +122,21 @@ def decode_error(doc: dict[str, str] | None) -> Exception | None:
     if doc is None:
         return None
     return _ERRORS.get(doc["type"], ctl.ControllerError)(doc["message"])
+
+
+def _filter_doc(f: AclBindingFilter) -> list[Any]:
+    return [int(f.resource_type), f.name, int(f.pattern_type), f.principal, f.host,
+            int(f.operation), int(f.permission)]  # fmt: skip
+
+
+def _filter_from(doc: list[Any]) -> AclBindingFilter:
+    rt, name, pt, principal, host, op, perm = doc
+    return AclBindingFilter(
+        acls.resource_type(int(rt)), None if name is None else str(name),
+        acls.pattern_type(int(pt)), None if principal is None else str(principal),
+        None if host is None else str(host), acls.operation(int(op)),
+        acls.permission_type(int(perm)),
+    )  # fmt: skip
 
 
 def _b64(data: bytes) -> str:
@@ -223,6 +242,8 @@ class ControllerClient(Protocol):
                            incarnation: str | None = None) -> bool: ...  # fmt: skip
     async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None: ...
     async def alter_scram_credentials(self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]) -> tuple[list[ScramAlterResult], int]: ...  # fmt: skip
+    async def create_acls(self, bindings: list[AclBinding]) -> tuple[list[AclCreateResult], int]: ...  # fmt: skip
+    async def delete_acls(self, filters: list[AclBindingFilter]) -> tuple[list[AclDeleteResult], int]: ...  # fmt: skip
 
 
 class LocalControllerClient:
@@ -297,6 +318,12 @@ class LocalControllerClient:
 
     async def alter_scram_credentials(self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]) -> tuple[list[ScramAlterResult], int]:  # fmt: skip
         return await self.controller.alter_scram_credentials(deletions, upsertions)
+
+    async def create_acls(self, bindings: list[AclBinding]) -> tuple[list[AclCreateResult], int]:  # fmt: skip
+        return await self.controller.create_acls(bindings)
+
+    async def delete_acls(self, filters: list[AclBindingFilter]) -> tuple[list[AclDeleteResult], int]:  # fmt: skip
+        return await self.controller.delete_acls(filters)
 
 
 class HttpControllerClient:
@@ -487,6 +514,19 @@ class HttpControllerClient:
                    for r in doc["results"]]  # fmt: skip
         return results, int(doc["version"])
 
+    async def create_acls(self, bindings: list[AclBinding]) -> tuple[list[AclCreateResult], int]:  # fmt: skip
+        doc = await self._call("/v1/acls/create", {"bindings": [b.to_json() for b in bindings]})
+        results = [AclCreateResult(int(r["error_code"]), r.get("error_message"))
+                   for r in doc["results"]]  # fmt: skip
+        return results, int(doc["version"])
+
+    async def delete_acls(self, filters: list[AclBindingFilter]) -> tuple[list[AclDeleteResult], int]:  # fmt: skip
+        doc = await self._call("/v1/acls/delete", {"filters": [_filter_doc(f) for f in filters]})
+        results = [AclDeleteResult(int(r["error_code"]), r.get("error_message"),
+                                   [AclBinding.from_json(b) for b in r["deleted"]])
+                   for r in doc["results"]]  # fmt: skip
+        return results, int(doc["version"])
+
 
 class HttpBrokerChannel:
     """The controller's channel to a broker in another process: POST the batches it misses."""
@@ -571,6 +611,8 @@ class ControllerServer:
         r.add_post("/v1/topics/configs", self._alter_configs)
         r.add_post("/v1/brokers/configs", self._alter_broker_configs)
         r.add_post("/v1/scram-credentials/alter", self._alter_scram_credentials)
+        r.add_post("/v1/acls/create", self._create_acls)
+        r.add_post("/v1/acls/delete", self._delete_acls)
         r.add_post("/v1/producer-ids", self._producer_id)
         r.add_post("/v1/reassignments/alter", self._alter_reassignments)
         r.add_post("/v1/reassignments/list", self._list_reassignments)
@@ -851,6 +893,29 @@ class ControllerServer:
         return self._ok({"version": version, "results": [
             {"user": r.user, "error_code": r.error_code, "error_message": r.error_message}
             for r in results
+        ]})  # fmt: skip
+
+    async def _create_acls(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        bindings = [AclBinding.from_json(d) for d in b["bindings"]]
+        try:
+            results, version = await self.controller.create_acls(bindings)
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"version": version, "results": [
+            {"error_code": r.error_code, "error_message": r.error_message} for r in results
+        ]})  # fmt: skip
+
+    async def _delete_acls(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        filters = [_filter_from(d) for d in b["filters"]]
+        try:
+            results, version = await self.controller.delete_acls(filters)
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"version": version, "results": [
+            {"error_code": r.error_code, "error_message": r.error_message,
+             "deleted": [d.to_json() for d in r.deleted]} for r in results
         ]})  # fmt: skip
 
     async def _producer_id(self, request: web.Request) -> web.Response:

@@ -34,6 +34,7 @@ from tidalmq_core.topics import (
 
 from tidalmq_controller._errors import (
     ControllerError,
+    InternalTopic,
     InvalidReplicaAssignment,
     NoBrokers,
     TopicAlreadyExists,
@@ -144,7 +145,9 @@ class Topics:
             if topic is None:
                 results.append(TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")))
             elif topic.internal:
-                results.append(TopicResult(name, ControllerError(f"topic {name!r} is internal")))
+                results.append(
+                    TopicResult(name, InternalTopic(f"Cannot delete internal topic {name}"))
+                )
             elif name in doomed:
                 results.append(TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")))
             else:
@@ -168,6 +171,11 @@ class Topics:
         if topic is None:
             return TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")), []
         current = len(topic.partitions)
+        if topic.internal:
+            return TopicResult(name, InternalTopic(
+                f"Cannot add partitions to internal topic {name}: the group coordinator finds "
+                "a group's offsets by hashing its id over the partition count"
+            )), []  # fmt: skip
         try:
             if topic.pinned:
                 raise InvalidPartitions(
@@ -201,6 +209,8 @@ class Topics:
         topic = self.c.image.topics.get(name)
         if topic is None:
             return TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")), []
+        if topic.internal:
+            return TopicResult(name, InternalTopic(f"Cannot alter the configs of internal topic {name}")), []  # fmt: skip
         merged: dict[str, str | None] = dict(topic.configs) if incremental else {}
         merged.update(changes)
         try:

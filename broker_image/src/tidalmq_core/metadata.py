@@ -12,6 +12,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tidalmq_core.acls import AclBinding, acls_from, acls_json
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import StaticTopicState
@@ -286,6 +287,8 @@ class ClusterMetadata:
     store_marker: bool = False
     # SCRAM credentials (salted: never a password), user -> mechanism name -> credential
     scram_credentials: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)
+    # ACL bindings (CreateAcls/DeleteAcls, tidalmq_core.acls) by their id
+    acls: dict[str, AclBinding] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -302,6 +305,8 @@ class ClusterMetadata:
         }
         if self.scram_credentials:  # absent when none: older readers see what they know
             out["scram_credentials"] = scram_credentials_json(self.scram_credentials)
+        if self.acls:  # the same: absent when none
+            out["acls"] = acls_json(self.acls)
         return out
 
     @classmethod
@@ -320,6 +325,7 @@ class ClusterMetadata:
             },
             store_marker=bool(data.get("store_marker", False)),
             scram_credentials=scram_credentials_from(data.get("scram_credentials") or {}),
+            acls=acls_from(data.get("acls") or []),
         )
 
     def copy(self) -> ClusterMetadata:

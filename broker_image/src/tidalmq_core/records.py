@@ -42,6 +42,11 @@ them), so a snapshot followed by batches it may already contain replays correctl
                   (salted; never a password)            cred {salt stored_key server_key
                                                         iterations} (keys base64)
     t="scramgone" a user's SCRAM credential removed     user mech
+    t="acl"       an ACL binding created                id (unique, never reused)
+                                                        b [resource type, name, pattern
+                                                        type, principal, host, operation,
+                                                        permission] (Kafka's codes)
+    t="aclgone"   an ACL binding deleted                id
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidalmq_core.acls import AclBinding
 from tidalmq_core.metadata import (
     NO_LEADER,
     BrokerInfo,
@@ -227,6 +233,14 @@ def scram_removed_record(user: str, mechanism: str) -> Record:
     return {"t": "scramgone", "user": user, "mech": mechanism}
 
 
+def acl_record(acl_id: str, binding: AclBinding) -> Record:
+    return {"t": "acl", "id": acl_id, "b": binding.to_json()}
+
+
+def acl_removed_record(acl_id: str) -> Record:
+    return {"t": "aclgone", "id": acl_id}
+
+
 # ------------------------------------------------------------------------------ the delta
 @dataclass(slots=True)
 class MetadataDelta:
@@ -238,6 +252,7 @@ class MetadataDelta:
     removed_topics: dict[str, TopicInfo] = field(default_factory=dict)  # as they were
     brokers: set[int] = field(default_factory=set)
     static_topics: set[str] = field(default_factory=set)
+    acls: bool = False  # ACL bindings created or deleted (brokers rebuild their authorizer)
     other: bool = False  # broker configs, producer ids, deletions, marker, epoch, SCRAM
 
     def __bool__(self) -> bool:
@@ -247,6 +262,7 @@ class MetadataDelta:
             or self.removed_topics
             or self.brokers
             or self.static_topics
+            or self.acls
             or self.other
         )
 
@@ -257,6 +273,7 @@ class MetadataDelta:
             self.removed_topics.setdefault(name, info)
         self.brokers |= other.brokers
         self.static_topics |= other.static_topics
+        self.acls = self.acls or other.acls
         self.other = self.other or other.other
 
     def changed_partitions(self, meta: ClusterMetadata) -> set[TopicPartition]:
@@ -455,6 +472,16 @@ def _scram_removed(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> 
     delta.other = True
 
 
+def _acl(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
+    meta.acls[str(rec["id"])] = AclBinding.from_json(rec["b"])
+    delta.acls = True
+
+
+def _acl_removed(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
+    meta.acls.pop(str(rec["id"]), None)
+    delta.acls = True
+
+
 def _epoch(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
     meta.controller_epoch = max(meta.controller_epoch, int(rec["epoch"]))
     delta.other = True
@@ -482,6 +509,8 @@ _HANDLERS = {
     "marker": _marker,
     "scram": _scram,
     "scramgone": _scram_removed,
+    "acl": _acl,
+    "aclgone": _acl_removed,
     "epoch": _epoch,
     "cluster": _cluster,
 }

@@ -6,9 +6,10 @@ long C call would stall the event loop beside it): a header line (everything but
 then per topic a line with its fields and lines of at most CHUNK partitions each. A partition
 is a short array in the common case (one replica, not moving, nothing lost):
 `[replica, leader, epoch, created, floor]`; any other partition is its full JSON object.
-The header holds the SCRAM credentials (salted) when there are any, and a broker's listeners
-when it has more than one PLAINTEXT listener: both optional, so snapshots written before them
-read as they were (no credentials; one PLAINTEXT listener per broker).
+The header holds the SCRAM credentials (salted) and the ACL bindings when there are any, and a
+broker's listeners when it has more than one PLAINTEXT listener: all optional, so snapshots
+written before them read as they were (no credentials, no ACLs; one PLAINTEXT listener per
+broker).
 
 `roll` makes the next snapshot from the previous one and the batches after it, without the
 controller's live image: the controller runs it in a worker thread while it goes on.
@@ -20,6 +21,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from tidalmq_core.acls import acls_from, acls_json
 from tidalmq_core.metadata import (
     BrokerInfo,
     ClusterMetadata,
@@ -86,6 +88,8 @@ def encode(meta: ClusterMetadata) -> Iterator[bytes]:
     }
     if meta.scram_credentials:  # optional: snapshots without it (older ones) hold none
         header["scram_credentials"] = scram_credentials_json(meta.scram_credentials)
+    if meta.acls:  # the same
+        header["acls"] = acls_json(meta.acls)
     yield _dumps(header).encode() + b"\n"
     for name, topic in sorted(meta.topics.items()):
         yield (
@@ -131,6 +135,7 @@ def decode(data: bytes | memoryview) -> ClusterMetadata:
             },
             store_marker=bool(header["store_marker"]),
             scram_credentials=scram_credentials_from(header.get("scram_credentials") or {}),
+            acls=acls_from(header.get("acls") or []),
         )
         counts: dict[str, int] = {}
         for line in lines[1:]:

@@ -103,6 +103,9 @@ def controller_calls(cluster: LocalClusterProcess, victim: int) -> list[tuple[st
         ("POST", "/v1/scram-credentials/alter", {"deletions": [], "upsertions": [
             {"name": "mallory", "mechanism": 2, "iterations": 4096, "salt": "c2FsdA==",
              "salted_password": "cGFzc3dvcmQ="}]}),
+        # ACLs: ALL on every topic to User:mallory; every binding deleted
+        ("POST", "/v1/acls/create", {"bindings": [[2, "*", 3, "User:mallory", "*", 2, 3]]}),
+        ("POST", "/v1/acls/delete", {"filters": [[1, None, 1, None, None, 1, 1]]}),
         ("POST", "/v1/producer-ids", {}),
         ("POST", "/v1/reassignments/alter", {"entries": [{**tp, "target": 1 - victim}]}),
         ("POST", "/v1/reassignments/list", {}),
@@ -141,6 +144,7 @@ def state_of(cluster: LocalClusterProcess) -> dict[str, Any]:
         "configs": {n: t["configs"] for n, t in meta["topics"].items()},
         "broker_configs": meta["broker_configs"],
         "scram": meta.get("scram_credentials", {}),
+        "acls": meta.get("acls", []),
         "static": meta["static_topics"],
         "producer_ids": meta["next_producer_id"],
         "processes": [(r["broker"], r["state"], r["process"], r["pid"]) for r in status["brokers"]],

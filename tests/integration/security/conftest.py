@@ -1,5 +1,10 @@
 """A broker process with all four kinds of listener, certificates made for the test, an admin
-user bootstrapped as SCRAM-SHA-512, and the client settings of each way in."""
+user bootstrapped as SCRAM-SHA-512, and the client settings of each way in.
+
+These tests are about authentication: the broker enforces ACLs (its TLS and SASL listeners turn
+authorization on) but opens every resource without any ACL to every client
+(allow.everyone.if.no.acl.found), so each user may do anything. Authorization has its own tests
+(test_acls.py)."""
 
 from __future__ import annotations
 
@@ -105,6 +110,7 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
         "--ssl-client-auth", "required",
         "--ssl-principal-mapping-rules", MAPPING_RULES,
         "--sasl-enabled-mechanisms", "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        "--allow-everyone-if-no-acl-found", "true",
     ]  # fmt: skip
     proc.env = {
         "TIDALMQ_SSL_KEY_PASSWORD": "broker-key-pw",

@@ -1,6 +1,7 @@
 """`tidalmq local up --security sasl_ssl`: brokers listening with SASL_SSL only, a CA and an
-admin user made for the data dir, a client.properties for Kafka's tools; credentials created on
-one broker reach the others through the controller (HTTP); all of it survives a restart."""
+admin user made for the data dir, a client.properties for Kafka's tools; credentials and ACLs
+created on one broker reach the others through the controller (HTTP); all of it survives a
+restart."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from bench.kafka.harness import KafkaDist, run_tool
@@ -43,6 +44,18 @@ def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDis
         run_tool("kafka-configs", "--command-config", str(props), "--alter", "--add-config",
                  "SCRAM-SHA-512=[password=bob-secret]", "--entity-type", "users",
                  "--entity-name", "bob", bootstrap=first, check=True)  # fmt: skip
+        # ACLs are enforced, admin is the super user: bob is refused until he is granted (at
+        # broker 0, which answered for his credentials), then may write and read what he is
+        # granted
+        refused: list[int] = []
+        early = Producer({**confluent(first, security, "bob", "bob-secret"),
+                          "message.timeout.ms": 10000})  # fmt: skip
+        early.produce(topic, b"no", on_delivery=lambda e, _: refused.append(e and e.code()))
+        early.flush(15)
+        assert refused == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+        run_tool("kafka-acls", "--command-config", str(props), "--add", "--allow-principal",
+                 "User:bob", "--producer", "--consumer", "--topic", topic, "--group", "g-bob",
+                 bootstrap=first, check=True)  # fmt: skip
         bob = confluent(second, security, "bob", "bob-secret")
         producer = Producer({**bob, "acks": "all"})
         for i in range(10):

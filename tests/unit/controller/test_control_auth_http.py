@@ -204,6 +204,11 @@ async def test_a_brokers_token_acts_for_that_broker_only(served: Served) -> None
         assert status == 200 and doc["metadata"]["brokers"]
         status, _ = await served.call("POST", "/v1/producer-ids", {}, zero)
         assert status == 200
+        # CreateAcls and DeleteAcls, which a broker forwards for its clients (authorized there)
+        status, doc = await served.call("POST", "/v1/acls/create", {"bindings": []}, zero)
+        assert status == 200 and doc["results"] == []
+        status, doc = await served.call("POST", "/v1/acls/delete", {"filters": []}, zero)
+        assert status == 200 and doc["results"] == []
         # admin-only calls are not for brokers
         for method, path in served.routes():
             if path in OPEN or path in _control_auth.BROKER_SELF:

@@ -1,6 +1,7 @@
 """Kafka API handlers, one module per API family. Importing this package registers them all."""
 
 from tidalmq_broker.apis import (  # noqa: F401
+    acls,
     api_versions,
     configs,
     fetch,

@@ -4,6 +4,11 @@ Topic configs live in the topic's metadata. A broker's configs are its static se
 environment; a restart changes them) plus the dynamic broker configs of the cluster metadata: per
 broker or cluster-wide (`kafka-configs --entity-default`), which is what
 `kafka-reassign-partitions --throttle` sets and `--verify` clears.
+
+Authorized as Kafka does (ConfigHelper, ControllerApis): describing a topic's configs needs
+DESCRIBE_CONFIGS on it, altering them ALTER_CONFIGS (TOPIC_AUTHORIZATION_FAILED); a broker's
+configs need DESCRIBE_CONFIGS / ALTER_CONFIGS on the cluster (CLUSTER_AUTHORIZATION_FAILED).
+No client alters an internal topic's configs (the controller refuses: INVALID_TOPIC_EXCEPTION).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import (
     CLUSTER_DEFAULT,
     DYNAMIC_BROKER_CONFIG_DEFAULTS,
@@ -24,6 +30,7 @@ from tidalmq_core.topics import StaticConfig, validate_broker_configs
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.security.authorizer import STANDARD_AUTHORIZER
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
@@ -52,6 +59,9 @@ _TYPES = {
     "node.id": _INT,
     "num.partitions": _INT,
     "auto.create.topics.enable": _BOOLEAN,
+    "allow.everyone.if.no.acl.found": _BOOLEAN,
+    "super.users": _STRING,
+    "authorizer.class.name": _STRING,
     "offsets.topic.num.partitions": _INT,
     "group.initial.rebalance.delay.ms": _INT,
     "group.min.session.timeout.ms": _INT,
@@ -62,6 +72,21 @@ _TYPES = {
 _LIST_TOPIC_CONFIGS = frozenset(n for n, t in _TYPES.items() if t == _LIST)
 # incremental operations (IncrementalAlterConfigs)
 _SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3
+
+
+def _refused(
+    broker: Broker, conn: Connection, op: AclOperation, resource_type: int, name: str
+) -> tuple[ErrorCode, str] | None:
+    """Kafka's refusal of `op` (DESCRIBE_CONFIGS or ALTER_CONFIGS) on a config resource, or
+    None (resource types other than topics and brokers are refused later, as invalid)."""
+    authorizer = broker.authorizer
+    if resource_type == TOPIC and not authorizer.allows(conn, op, ResourceType.TOPIC, name):
+        return ErrorCode.topic_authorization_failed, "Topic authorization failed."
+    if resource_type == BROKER and not authorizer.allows(
+        conn, op, ResourceType.CLUSTER, CLUSTER_NAME
+    ):
+        return ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
+    return None
 
 
 def _config_type(name: str) -> int:
@@ -127,7 +152,11 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
         ]  # fmt: skip
     own = meta.broker_configs.get(scope, {})
     out = []
-    configs = {**broker.settings.described(), **DYNAMIC_BROKER_CONFIG_DEFAULTS}
+    configs = {
+        **broker.settings.described(),
+        "authorizer.class.name": STANDARD_AUTHORIZER if broker.authorizer.enabled else "",
+        **DYNAMIC_BROKER_CONFIG_DEFAULTS,
+    }
     for name in sorted(configs):
         if name not in DYNAMIC_BROKER_CONFIG_DEFAULTS:
             value = configs[name]
@@ -158,7 +187,12 @@ async def handle_describe_configs(broker: Broker, request: Request, conn: Connec
                                "resource_name": res.resource_name, "configs": [],
                                "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
         configs: list[dict[str, Any]] = []
-        if res.resource_type == TOPIC:
+        refused = _refused(
+            broker, conn, AclOperation.DESCRIBE_CONFIGS, res.resource_type, res.resource_name
+        )
+        if refused is not None:
+            out["error_code"], out["error_message"] = refused
+        elif res.resource_type == TOPIC:
             topic = broker.metadata.topics.get(res.resource_name)
             if topic is None:
                 out["error_code"] = ErrorCode.unknown_topic_or_partition
@@ -213,16 +247,28 @@ def _changes(res: Any, current: dict[str, str]) -> tuple[dict[str, str | None], 
 
 
 async def _alter(
-    broker: Broker, resources: Any, *, incremental: bool, validate_only: bool
+    broker: Broker, conn: Connection, resources: Any, *, incremental: bool, validate_only: bool
 ) -> list[dict[str, Any]]:
     responses = []
     for res in resources:
         out: dict[str, Any] = {"resource_type": res.resource_type,
                                "resource_name": res.resource_name,
                                "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
+        refused = _refused(
+            broker, conn, AclOperation.ALTER_CONFIGS, res.resource_type, res.resource_name
+        )
+        if refused is not None:
+            out["error_code"], out["error_message"] = refused
+            responses.append(out)
+            continue
         error: Exception | None = None
         if res.resource_type == TOPIC:
             topic = broker.metadata.topics.get(res.resource_name)
+            if topic is not None and topic.internal:  # whatever the change (the controller too)
+                out["error_code"] = ErrorCode.invalid_topic_exception
+                out["error_message"] = f"Cannot alter the configs of internal topic {topic.name}"
+                responses.append(out)
+                continue
             changes, bad = _changes(res, topic.configs if topic else {})
             bad = bad or _fixed_config_change(topic, changes)
             if bad is None:
@@ -267,7 +313,7 @@ async def _alter(
 async def handle_alter_configs(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
     responses = await _alter(
-        broker, body.resources, incremental=False, validate_only=body.validate_only
+        broker, conn, body.resources, incremental=False, validate_only=body.validate_only
     )
     return {"throttle_time": 0, "responses": responses}
 
@@ -278,6 +324,6 @@ async def handle_incremental_alter_configs(
 ) -> Any:
     body = request.body
     responses = await _alter(
-        broker, body.resources, incremental=True, validate_only=body.validate_only
+        broker, conn, body.resources, incremental=True, validate_only=body.validate_only
     )
     return {"throttle_time": 0, "responses": responses}

@@ -8,6 +8,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_controller import (
     ControllerError,
     ControllerFenced,
+    InternalTopic,
     InvalidReplicaAssignment,
     NoBrokers,
     TopicAlreadyExists,
@@ -54,6 +55,8 @@ _CODES: list[tuple[type[BaseException], ErrorCode]] = [
     (NoBrokers, ErrorCode.invalid_replication_factor),
     (InvalidReplicaAssignment, ErrorCode.invalid_replica_assignment),
     (ControllerFenced, ErrorCode.not_controller),
+    # as Kafka refuses to append to or delete records of an internal topic
+    (InternalTopic, ErrorCode.invalid_topic_exception),
     (InvalidTopic, ErrorCode.invalid_topic_exception),
     (InvalidPartitions, ErrorCode.invalid_partitions),
     (InvalidConfig, ErrorCode.invalid_config),

@@ -1,4 +1,9 @@
-"""Fetch (with long polling), ListOffsets, OffsetForLeaderEpoch and DeleteRecords."""
+"""Fetch (with long polling), ListOffsets, OffsetForLeaderEpoch and DeleteRecords.
+
+Authorized as Kafka does, per topic: Fetch READ, ListOffsets and OffsetForLeaderEpoch DESCRIBE,
+DeleteRecords DELETE (TOPIC_AUTHORIZATION_FAILED for each partition of a topic refused, whether
+or not it exists). No client deletes records of an internal topic (INVALID_TOPIC_EXCEPTION, as
+Kafka answers)."""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
+from tidalmq_core.metadata import INTERNAL_TOPICS
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.errors import error_code
@@ -55,9 +62,15 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
     if body.replica_id >= 0:
         return _fetch_error(body, ErrorCode.not_leader_or_follower, request.api_version)
     parts: list[_FetchPartition] = []
+    authorizer = broker.authorizer
     for topic in body.topics:
+        readable = authorizer.allows(conn, AclOperation.READ, ResourceType.TOPIC, topic.topic)
         for p in topic.partitions:
             fp = _FetchPartition(topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+            if not readable:
+                fp.error = ErrorCode.topic_authorization_failed
+                parts.append(fp)
+                continue
             try:
                 fp.plog = broker.partitions.get_log(TopicPartition(topic.topic, p.partition))
                 epoch_error = check_leader_epoch(fp.plog, getattr(p, "current_leader_epoch", -1))
@@ -70,7 +83,11 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
     deadline = time.monotonic() + body.max_wait.total_seconds()
     min_bytes = max(body.min_bytes, 1)
     total = await _read_all(parts, max_bytes)
-    while total < min_bytes and not any(fp.error for fp in parts):
+    # a partition's error answers at once (the client must act on it), except a refusal: as in
+    # Kafka, the partitions the client may read wait for data as usual
+    while total < min_bytes and not any(
+        fp.error and fp.error != ErrorCode.topic_authorization_failed for fp in parts
+    ):
         remaining = deadline - time.monotonic()
         waitable = [fp for fp in parts if fp.plog is not None]
         if remaining <= 0 or not waitable:
@@ -143,9 +160,16 @@ async def handle_list_offsets(broker: Broker, request: Request, conn: Connection
     topics = []
     for topic in request.body.topics:
         partitions = []
+        described = broker.authorizer.allows(
+            conn, AclOperation.DESCRIBE, ResourceType.TOPIC, topic.name
+        )
         for p in topic.partitions:
             out: dict[str, Any] = {"partition_index": p.partition_index, "timestamp": -1,
                                    "offset": -1, "leader_epoch": -1}  # fmt: skip
+            if not described:
+                out["error_code"] = ErrorCode.topic_authorization_failed
+                partitions.append(out)
+                continue
             try:
                 plog = broker.partitions.get_log(TopicPartition(topic.name, p.partition_index))
                 epoch_error = check_leader_epoch(plog, getattr(p, "current_leader_epoch", -1))
@@ -179,10 +203,20 @@ async def handle_offset_for_leader_epoch(broker: Broker, request: Request, conn:
     """Offsets are never truncated in TidalMQ (one durable copy), so every epoch a client knows
     ends no earlier than the high watermark: its position is always valid."""
     topics = []
+    authorizer = broker.authorizer
+    replica = authorizer.allows(conn, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER,
+                                CLUSTER_NAME)  # fmt: skip
     for topic in request.body.topics:
         partitions = []
+        described = replica or authorizer.allows(
+            conn, AclOperation.DESCRIBE, ResourceType.TOPIC, topic.topic
+        )
         for p in topic.partitions:
             out: dict[str, Any] = {"partition": p.partition, "leader_epoch": -1, "end_offset": -1}
+            if not described:
+                out["error_code"] = ErrorCode.topic_authorization_failed
+                partitions.append(out)
+                continue
             try:
                 plog = broker.partitions.get_log(TopicPartition(topic.topic, p.partition))
                 epoch_error = check_leader_epoch(plog, p.current_leader_epoch)
@@ -208,8 +242,18 @@ async def handle_delete_records(broker: Broker, request: Request, conn: Connecti
     topics = []
     for topic in request.body.topics:
         partitions = []
+        refused: tuple[ErrorCode, str | None] | None = None
+        if not broker.authorizer.allows(conn, AclOperation.DELETE, ResourceType.TOPIC, topic.name):
+            refused = ErrorCode.topic_authorization_failed, None
+        elif topic.name in INTERNAL_TOPICS:
+            refused = (ErrorCode.invalid_topic_exception,
+                       f"Cannot delete records of internal topic {topic.name}")  # fmt: skip
         for p in topic.partitions:
             out: dict[str, Any] = {"partition_index": p.partition_index, "low_watermark": -1}
+            if refused is not None:
+                out["error_code"] = refused[0]
+                partitions.append(out)
+                continue
             try:
                 plog = broker.partitions.get_log(TopicPartition(topic.name, p.partition_index))
                 target = plog.high_watermark if p.offset == -1 else p.offset

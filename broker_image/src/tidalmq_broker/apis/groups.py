@@ -1,10 +1,20 @@
-"""Consumer group APIs: FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets, admin."""
+"""Consumer group APIs: FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets, admin.
+
+Authorized as Kafka does (KafkaApis): FindCoordinator DESCRIBE on the group (or transactional
+id); JoinGroup, SyncGroup, Heartbeat, LeaveGroup and OffsetCommit READ on the group
+(GROUP_AUTHORIZATION_FAILED), OffsetCommit also READ on each topic; OffsetFetch and
+DescribeGroups DESCRIBE on the group, OffsetFetch also DESCRIBE on each topic (a topic refused
+is left out when every offset is asked for, TOPIC_AUTHORIZATION_FAILED when named); ListGroups
+every group with DESCRIBE on the cluster, else the groups the client may DESCRIBE; DeleteGroups
+DELETE on each group; OffsetDelete DELETE on the group and READ on each topic.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import NO_LEADER, OFFSETS_TOPIC
 
 from tidalmq_broker.apis.producer_ids import TRANSACTIONS_UNSUPPORTED
@@ -20,6 +30,28 @@ if TYPE_CHECKING:
 GROUP_KEY = 0
 CLASSIC_GROUP_TYPE = "classic"
 TRANSACTION_KEY = 1
+_GROUP = ResourceType.GROUP
+_TOPIC = ResourceType.TOPIC
+GROUP_DENIED = "Group authorization failed."
+TXN_DENIED = "Transactional Id authorization failed."
+
+
+def _may(broker: Broker, conn: Connection, op: AclOperation, rt: ResourceType, name: str) -> bool:
+    return broker.authorizer.allows(conn, op, rt, name)
+
+
+def _found(broker: Broker, conn: Connection, key: str, key_type: int) -> dict[str, Any]:
+    """FindCoordinator for one key: DESCRIBE on the group (or transactional id) first."""
+    if key_type == GROUP_KEY and not _may(broker, conn, AclOperation.DESCRIBE, _GROUP, key):
+        code, message = ErrorCode.group_authorization_failed, GROUP_DENIED
+    elif key_type == TRANSACTION_KEY and not _may(
+        broker, conn, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key
+    ):
+        code, message = ErrorCode.transactional_id_authorization_failed, TXN_DENIED
+    else:
+        return _find(broker, key, key_type, conn.listener)
+    return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": code,
+            "error_message": message}  # fmt: skip
 
 
 def _find(broker: Broker, key: str, key_type: int, listener: str) -> dict[str, Any]:
@@ -67,11 +99,9 @@ async def handle_find_coordinator(broker: Broker, request: Request, conn: Connec
     if request.api_version >= 4:
         return {
             "throttle_time": 0,
-            "coordinators": [
-                _find(broker, k, key_type, conn.listener) for k in body.coordinator_keys
-            ],
+            "coordinators": [_found(broker, conn, k, key_type) for k in body.coordinator_keys],
         }
-    found = _find(broker, body.key, key_type, conn.listener)
+    found = _found(broker, conn, body.key, key_type)
     return {"throttle_time": 0, **found}
 
 
@@ -82,6 +112,10 @@ def _shard(broker: Broker, group_id: str) -> GroupShard:
 @api(11, "JoinGroup", 0, 9)
 async def handle_join_group(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
+    if not _may(broker, conn, AclOperation.READ, _GROUP, b.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed,
+                "generation_id": -1, "protocol_name": None, "leader": "", "member_id": "",
+                "members": []}  # fmt: skip
     try:
         shard = _shard(broker, b.group_id)
     except CoordinatorError as exc:
@@ -120,6 +154,9 @@ async def handle_join_group(broker: Broker, request: Request, conn: Connection) 
 @api(14, "SyncGroup", 0, 5)
 async def handle_sync_group(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
+    if not _may(broker, conn, AclOperation.READ, _GROUP, b.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed,
+                "assignment": b""}  # fmt: skip
     try:
         shard = _shard(broker, b.group_id)
     except CoordinatorError as exc:
@@ -139,6 +176,8 @@ async def handle_sync_group(broker: Broker, request: Request, conn: Connection) 
 @api(12, "Heartbeat", 0, 4)
 async def handle_heartbeat(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
+    if not _may(broker, conn, AclOperation.READ, _GROUP, b.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed}
     try:
         code = _shard(broker, b.group_id).heartbeat(b.group_id, b.generation_id, b.member_id)
     except CoordinatorError as exc:
@@ -149,6 +188,9 @@ async def handle_heartbeat(broker: Broker, request: Request, conn: Connection) -
 @api(13, "LeaveGroup", 0, 5)
 async def handle_leave_group(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
+    if not _may(broker, conn, AclOperation.READ, _GROUP, b.group_id):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed,
+                "members": []}  # fmt: skip
     if request.api_version >= 3:
         members = [(m.member_id, m.group_instance_id) for m in b.members]
     else:
@@ -173,11 +215,18 @@ async def handle_offset_commit(broker: Broker, request: Request, conn: Connectio
     b = request.body
     offsets: dict[tuple[str, int], CommittedOffset] = {}
     unknown: set[tuple[str, int]] = set()
+    refused: dict[tuple[str, int], ErrorCode] = {}
     meta = broker.metadata
+    group_ok = _may(broker, conn, AclOperation.READ, _GROUP, b.group_id)
     for t in b.topics:
         topic = meta.topics.get(t.name)
+        topic_ok = group_ok and _may(broker, conn, AclOperation.READ, _TOPIC, t.name)
         for p in t.partitions:
             key = (t.name, p.partition_index)
+            if not topic_ok:
+                refused[key] = (ErrorCode.topic_authorization_failed if group_ok
+                                else ErrorCode.group_authorization_failed)  # fmt: skip
+                continue
             if topic is None or p.partition_index >= len(topic.partitions):
                 unknown.add(key)
                 continue
@@ -199,6 +248,7 @@ async def handle_offset_commit(broker: Broker, request: Request, conn: Connectio
         codes = dict.fromkeys(offsets, exc.code)
     for key in unknown:
         codes[key] = ErrorCode.unknown_topic_or_partition
+    codes.update(refused)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for t in b.topics:
         for p in t.partitions:
@@ -212,17 +262,38 @@ async def handle_offset_commit(broker: Broker, request: Request, conn: Connectio
             "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip
 
 
-def _fetch_group_offsets(broker: Broker, group_id: str, topics: Any) -> dict[str, Any]:
+def _fetch_group_offsets(
+    broker: Broker, conn: Connection, group_id: str, topics: Any, version: int
+) -> dict[str, Any]:
+    if not _may(broker, conn, AclOperation.DESCRIBE, _GROUP, group_id):
+        # v1 has no error of its own: each partition named carries it
+        denied = [{"name": t.name, "partitions": [_offset_error(i, ErrorCode.group_authorization_failed)
+                                                  for i in t.partition_indexes]}
+                  for t in topics or ()] if version < 2 else []  # fmt: skip
+        return {"group_id": group_id, "topics": denied,
+                "error_code": ErrorCode.group_authorization_failed}  # fmt: skip
     try:
         shard = _shard(broker, group_id)
     except CoordinatorError as exc:
         return {"group_id": group_id, "topics": [], "error_code": exc.code}
     wanted = None
+    refused: list[Any] = []
     if topics is not None:
-        wanted = [(t.name, p) for t in topics for p in t.partition_indexes]
+        allowed = []
+        for t in topics:
+            if _may(broker, conn, AclOperation.DESCRIBE, _TOPIC, t.name):
+                allowed.append(t)
+            else:
+                refused.append(t)
+        wanted = [(t.name, p) for t in allowed for p in t.partition_indexes]
     found = shard.fetch_offsets(group_id, wanted)
     by_topic: dict[str, list[dict[str, Any]]] = {}
+    for t in refused:
+        by_topic[t.name] = [_offset_error(i, ErrorCode.topic_authorization_failed)
+                            for i in t.partition_indexes]  # fmt: skip
     for (topic, partition), c in found.items():
+        if wanted is None and not _may(broker, conn, AclOperation.DESCRIBE, _TOPIC, topic):
+            continue  # every offset asked for: topics the client may not see are left out
         by_topic.setdefault(topic, []).append({
             "partition_index": partition, "committed_offset": c.offset,
             "committed_leader_epoch": c.leader_epoch, "metadata": c.metadata,
@@ -232,13 +303,20 @@ def _fetch_group_offsets(broker: Broker, group_id: str, topics: Any) -> dict[str
             "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip
 
 
+def _offset_error(index: int, code: ErrorCode) -> dict[str, Any]:
+    return {"partition_index": index, "committed_offset": -1, "committed_leader_epoch": -1,
+            "metadata": "", "error_code": code}  # fmt: skip
+
+
 @api(9, "OffsetFetch", 1, 8)
 async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
-    if request.api_version >= 8:
-        return {"throttle_time": 0,
-                "groups": [_fetch_group_offsets(broker, g.group_id, g.topics) for g in b.groups]}  # fmt: skip
-    one = _fetch_group_offsets(broker, b.group_id, b.topics)
+    version = request.api_version
+    if version >= 8:
+        return {"throttle_time": 0, "groups": [
+            _fetch_group_offsets(broker, conn, g.group_id, g.topics, version) for g in b.groups
+        ]}  # fmt: skip
+    one = _fetch_group_offsets(broker, conn, b.group_id, b.topics, version)
     return {"throttle_time": 0, "topics": one["topics"], "error_code": one["error_code"]}
 
 
@@ -249,10 +327,14 @@ async def handle_list_groups(broker: Broker, request: Request, conn: Connection)
     states = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(request.body, "types_filter", ()) or ()}
     groups = []
+    every = _may(broker, conn, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
     if not types or CLASSIC_GROUP_TYPE in types:
         for shard in broker.groups.shards():
             for group in shard.list_groups():
                 if states and group.state.value.lower() not in states:
+                    continue
+                if not every and not _may(broker, conn, AclOperation.DESCRIBE, _GROUP,
+                                          group.group_id):  # fmt: skip
                     continue
                 groups.append({"group_id": group.group_id,
                                "protocol_type": group.protocol_type or "",
@@ -264,10 +346,15 @@ async def handle_list_groups(broker: Broker, request: Request, conn: Connection)
 @api(15, "DescribeGroups", 0, 6)
 async def handle_describe_groups(broker: Broker, request: Request, conn: Connection) -> Any:
     out = []
+    operations = request.api_version >= 3 and request.body.include_authorized_operations
     for group_id in request.body.groups:
         entry: dict[str, Any] = {"group_id": group_id, "group_state": GroupState.DEAD.value,
                                  "protocol_type": "", "protocol_data": "", "members": [],
                                  "error_code": ErrorCode.none}  # fmt: skip
+        if not _may(broker, conn, AclOperation.DESCRIBE, _GROUP, group_id):
+            entry.update(group_state="", error_code=ErrorCode.group_authorization_failed)
+            out.append(entry)
+            continue
         try:
             group = _shard(broker, group_id).describe(group_id)
         except CoordinatorError as exc:
@@ -287,6 +374,10 @@ async def handle_describe_groups(broker: Broker, request: Request, conn: Connect
         elif request.api_version >= 6:  # KIP-1043: a group that does not exist is an error
             entry["error_code"] = ErrorCode.group_id_not_found
             entry["error_message"] = f"Group {group_id} not found."
+        if operations and entry["error_code"] == ErrorCode.none:
+            entry["authorized_operations"] = broker.authorizer.authorized_operations(
+                conn, _GROUP, group_id
+            )
         out.append(entry)
     return {"throttle_time": 0, "groups": out}
 
@@ -295,6 +386,11 @@ async def handle_describe_groups(broker: Broker, request: Request, conn: Connect
 async def handle_delete_groups(broker: Broker, request: Request, conn: Connection) -> Any:
     results = []
     for group_id in request.body.groups_names:
+        if not _may(broker, conn, AclOperation.DELETE, _GROUP, group_id):
+            results.append(
+                {"group_id": group_id, "error_code": ErrorCode.group_authorization_failed}
+            )
+            continue
         try:
             code = await _shard(broker, group_id).delete_group(group_id)
         except CoordinatorError as exc:
@@ -306,11 +402,23 @@ async def handle_delete_groups(broker: Broker, request: Request, conn: Connectio
 @api(47, "OffsetDelete", 0, 0)
 async def handle_offset_delete(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
-    wanted = [(t.name, p.partition_index) for t in b.topics for p in t.partitions]
+    if not _may(broker, conn, AclOperation.DELETE, _GROUP, b.group_id):
+        return {"error_code": ErrorCode.group_authorization_failed, "throttle_time": 0,
+                "topics": []}  # fmt: skip
+    wanted = []
+    refused: dict[tuple[str, int], ErrorCode] = {}
+    for t in b.topics:
+        readable = _may(broker, conn, AclOperation.READ, _TOPIC, t.name)
+        for p in t.partitions:
+            if readable:
+                wanted.append((t.name, p.partition_index))
+            else:
+                refused[(t.name, p.partition_index)] = ErrorCode.topic_authorization_failed
     try:
         top, per = await _shard(broker, b.group_id).delete_offsets(b.group_id, wanted)
     except CoordinatorError as exc:
         top, per = exc.code, {}
+    per = {**per, **refused}
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, partition), code in per.items():
         by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": code})

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import NO_LEADER
 
 from tidalmq_broker.apis.registry import api
@@ -29,6 +30,17 @@ async def handle_elect_leaders(broker: Broker, request: Request, conn: Connectio
     body = request.body
     meta = broker.metadata
     election_type = getattr(body, "election_type", PREFERRED)
+    if not broker.authorizer.allows(conn, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
+        # as Kafka: ALTER on the cluster, refused for the request and each partition named
+        denied = [
+            {"topic": t.topic, "partition_result": [
+                {"partition_id": i, "error_code": ErrorCode.cluster_authorization_failed,
+                 "error_message": "Cluster authorization failed."} for i in t.partitions
+            ]}
+            for t in body.topic_partitions or ()
+        ]  # fmt: skip
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "replica_election_results": denied}  # fmt: skip
     if body.topic_partitions is None:  # every partition (of the topics Metadata lists)
         wanted = [
             (name, list(range(len(topic.partitions))))

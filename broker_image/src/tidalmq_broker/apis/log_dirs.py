@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.registry import api
@@ -37,6 +38,11 @@ def log_dir_name(storage_url: str) -> str:
 
 @api(35, "DescribeLogDirs", 1, 5)
 async def handle_describe_log_dirs(broker: Broker, request: Request, conn: Connection) -> Any:
+    if not broker.authorizer.allows(
+        conn, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME
+    ):  # as Kafka: DESCRIBE on the cluster
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "results": []}  # fmt: skip
     wanted: dict[str, set[int]] | None = None
     if request.body.topics is not None:
         wanted = {}
@@ -76,8 +82,11 @@ async def handle_alter_replica_log_dirs(broker: Broker, request: Request, conn: 
     lands there too, so moving to that directory is done already; other paths do not exist."""
     ours = log_dir_name(broker.settings.storage_url)
     results: dict[str, list[dict[str, Any]]] = {}
+    allowed = broker.authorizer.allows(conn, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME)
     for d in request.body.dirs:
         code = ErrorCode.none if d.path == ours else ErrorCode.log_dir_not_found
+        if not allowed:  # as Kafka: ALTER on the cluster, refused for each partition
+            code = ErrorCode.cluster_authorization_failed
         for t in d.topics:
             for index in t.partitions:
                 part_code = code

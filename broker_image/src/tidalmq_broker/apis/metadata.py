@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_controller import NewTopic
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import NO_LEADER, PLAINTEXT, ClusterMetadata, TopicInfo
 from tidalmq_core.records import MetadataDelta
 from tidalmq_core.topics import InvalidTopic, validate_topic_name
@@ -20,6 +21,7 @@ from tidalmq_core.topics import InvalidTopic, validate_topic_name
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.metadata_response import (
+    NO_OPERATIONS,
     Partition,
     encode_metadata_response,
     encode_partitions,
@@ -116,9 +118,15 @@ class TopicEncodings:
                 chunks.pop(tp.partition // self.CHUNK, None)
 
     def topic(
-        self, meta: ClusterMetadata, topic: TopicInfo, version: int, unreachable: frozenset[int]
+        self,
+        meta: ClusterMetadata,
+        topic: TopicInfo,
+        version: int,
+        unreachable: frozenset[int],
+        operations: int = NO_OPERATIONS,
     ) -> list[bytes]:
-        """The whole topic struct of `meta`'s `topic`, as buffers."""
+        """The whole topic struct of `meta`'s `topic`, as buffers (with the client's authorized
+        `operations` on it, when it asked for them)."""
         if meta is not self._image:  # another image (a snapshot replaced ours): start over
             self._topics.clear()
             self._image = meta
@@ -139,7 +147,7 @@ class TopicEncodings:
                 )  # fmt: skip
                 encoded[key] = block
             out.append(block)
-        out.append(topic_tail(version))
+        out.append(topic_tail(version, operations))
         return out
 
 
@@ -161,27 +169,50 @@ def _partitions(
 
 @api(3, "Metadata", 0, 13)
 async def handle_metadata(broker: Broker, request: Request, conn: Connection) -> Any:
+    """As Kafka's handleTopicMetadataRequest: topics the client may not DESCRIBE are left out
+    of an every-topic answer and answer TOPIC_AUTHORIZATION_FAILED when named (without their
+    id; by id: without their name), whether or not they exist; auto-creation needs CREATE on
+    the cluster or the topic."""
     body = request.body
     meta = broker.metadata
+    authorizer = broker.authorizer
+    version = request.api_version
     requested = body.topics
-    if requested is None or (request.api_version == 0 and not requested):
-        names = [t.name for t in meta.topics.values() if t.listed]
+    every = requested is None or (version == 0 and not requested)
+    # (name, the id it was named by): an unknown id is "\0<id>"
+    wanted: list[tuple[str, uuid.UUID | None]] = []
+    if every:
+        wanted = [(t.name, None) for t in meta.topics.values() if t.listed]
     else:
-        names = []
         for t in requested:
             if t.name is None:
                 # neither a name nor an id (kio reads the zero id as None): an unknown id, as
                 # Kafka answers, where "\0None" made uuid.UUID raise and the connection close
                 topic_id = t.topic_id or _NULL_UUID
                 topic = meta.topic_by_id(str(topic_id))
-                names.append(topic.name if topic else f"\0{topic_id}")
+                wanted.append((topic.name if topic else f"\0{topic_id}", topic_id))
             else:
-                names.append(t.name)
-    allow_create = request.api_version >= 4 and getattr(body, "allow_auto_topic_creation", True)
-    if request.api_version < 4:
+                wanted.append((t.name, None))
+    denied: dict[str, ErrorCode] = {}
+    for name, _ in wanted:
+        if not name.startswith("\0") and not authorizer.allows(
+            conn, AclOperation.DESCRIBE, ResourceType.TOPIC, name
+        ):
+            denied[name] = ErrorCode.topic_authorization_failed
+    if every:
+        wanted = [w for w in wanted if w[0] not in denied]
+    allow_create = version >= 4 and getattr(body, "allow_auto_topic_creation", True)
+    if version < 4:
         allow_create = True
-    missing = [n for n in names if n not in meta.topics and not n.startswith("\0")]
-    if missing and allow_create and broker.settings.auto_create_topics:
+    allow_create = allow_create and broker.settings.auto_create_topics and not every
+    missing = [n for n, _ in wanted
+               if n not in meta.topics and not n.startswith("\0") and n not in denied]  # fmt: skip
+    if missing and allow_create:
+        if not authorizer.allows(conn, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME):
+            for name in missing:
+                if not authorizer.allows(conn, AclOperation.CREATE, ResourceType.TOPIC, name):
+                    denied[name] = ErrorCode.topic_authorization_failed
+            missing = [n for n in missing if n not in denied]
         valid = []
         for name in missing:
             try:
@@ -194,14 +225,23 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
                 [NewTopic(n, broker.settings.default_partitions) for n in valid]
             )
             meta = broker.metadata
-    version = request.api_version
     unreachable = frozenset(unreachable_brokers(meta, conn.listener))
     encodings: TopicEncodings = broker.metadata_encodings
+    operations = version >= 8 and getattr(body, "include_topic_authorized_operations", False)
     topics: list[list[bytes]] = []
-    for name in names:
+    for name, by_id in wanted:
+        if name in denied:
+            # no id for a name, no name for an id: nothing the client may not see
+            tname, tid = (None, by_id) if by_id else (name, _NULL_UUID)
+            topics.append([topic_head(version, denied[name].value, tname, tid.bytes, False, 0),
+                           topic_tail(version)])  # fmt: skip
+            continue
         topic = meta.topics.get(name)
+        ops = NO_OPERATIONS
+        if operations and (topic is not None or not name.startswith("\0")):
+            ops = authorizer.authorized_operations(conn, ResourceType.TOPIC, name)
         if topic is not None:
-            topics.append(encodings.topic(meta, topic, version, unreachable))
+            topics.append(encodings.topic(meta, topic, version, unreachable, ops))
             continue
         if name.startswith("\0"):
             code, tname, tid = ErrorCode.unknown_topic_id, None, uuid.UUID(name[1:])
@@ -209,20 +249,32 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
             try:
                 validate_topic_name(name)
                 code = ErrorCode.unknown_topic_or_partition
-                if name in missing and allow_create and broker.settings.auto_create_topics:
+                if name in missing and allow_create:
                     code = ErrorCode.leader_not_available
             except InvalidTopic:
                 code = ErrorCode.invalid_topic_exception
             tname, tid = name, _NULL_UUID
         topics.append(
-            [topic_head(version, code.value, tname, tid.bytes, False, 0), topic_tail(version)]
+            [topic_head(version, code.value, tname, tid.bytes, False, 0), topic_tail(version, ops)]
         )
+    cluster_operations = NO_OPERATIONS
+    if 8 <= version <= 10 and getattr(body, "include_cluster_authorized_operations", False):
+        cluster_operations = _cluster_operations(broker, conn)
     brokers = [
         (b["node_id"], b["host"], b["port"], b["rack"]) for b in brokers_body(meta, conn.listener)
     ]
     return encode_metadata_response(
-        version, brokers, meta.cluster_id, broker.controller_id_for_clients(), topics
-    )
+        version, brokers, meta.cluster_id, broker.controller_id_for_clients(), topics,
+        cluster_authorized_operations=cluster_operations,
+    )  # fmt: skip
+
+
+def _cluster_operations(broker: Broker, conn: Connection) -> int:
+    """The cluster's authorized operations, as Kafka: none without DESCRIBE on the cluster."""
+    authorizer = broker.authorizer
+    if not authorizer.allows(conn, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+        return 0
+    return authorizer.authorized_operations(conn, ResourceType.CLUSTER, CLUSTER_NAME)
 
 
 @api(60, "DescribeCluster", 0, 2)
@@ -238,6 +290,9 @@ async def handle_describe_cluster(broker: Broker, request: Request, conn: Connec
             "cluster_id": meta.cluster_id,
             "brokers": [],
         }
+    cluster_operations = -2147483648  # not asked for
+    if request.body.include_cluster_authorized_operations:
+        cluster_operations = _cluster_operations(broker, conn)
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,
@@ -246,6 +301,7 @@ async def handle_describe_cluster(broker: Broker, request: Request, conn: Connec
         "cluster_id": meta.cluster_id,
         "controller_id": broker.controller_id_for_clients(),
         "brokers": brokers_body(meta, conn.listener),
+        "cluster_authorized_operations": cluster_operations,
     }
 
 
@@ -260,9 +316,12 @@ async def handle_describe_topic_partitions(
 ) -> Any:
     """Kafka 4's topic description (AdminClient.describeTopics): the named topics, or every
     topic when none is named, sorted by name, at most `response_partition_limit` partitions per
-    response and a cursor to the next one."""
+    response and a cursor to the next one. As in Kafka, a topic the client may not DESCRIBE is
+    left out of every-topic answers and answers TOPIC_AUTHORIZATION_FAILED when named; each
+    topic carries the operations the client may do on it."""
     body = request.body
     meta = broker.metadata
+    authorizer = broker.authorizer
     if body.topics:
         names = sorted({t.name for t in body.topics})
     else:
@@ -276,6 +335,12 @@ async def handle_describe_topic_partitions(
         }
     if cursor is not None:
         names = names[names.index(cursor.topic_name) :]
+    denied = [n for n in names
+              if not authorizer.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC, n)]  # fmt: skip
+    if denied:
+        names = [n for n in names if n not in set(denied)]
+        if not body.topics:
+            denied = []  # every topic: those left out say nothing
     budget = min(max(body.response_partition_limit, 1), MAX_RESPONSE_PARTITIONS)
     topics: list[dict[str, Any]] = []
     next_cursor = None
@@ -297,10 +362,15 @@ async def handle_describe_topic_partitions(
         for p in partitions:
             p["eligible_leader_replicas"] = []  # no ELR: one replica, always in sync
             p["last_known_elr"] = []
+        described["topic_authorized_operations"] = authorizer.authorized_operations(
+            conn, ResourceType.TOPIC, name
+        )
         described["partitions"] = partitions
         topics.append(described)
         if next_cursor is not None:
             break
+    # named and refused: no id, whether or not they exist
+    topics += [_unknown_topic(n, ErrorCode.topic_authorization_failed) for n in denied]
     return {"throttle_time": 0, "topics": topics, "next_cursor": next_cursor}
 
 

@@ -1,4 +1,9 @@
-"""Produce: append record batches (opaque bytes) to the partitions this broker leads."""
+"""Produce: append record batches (opaque bytes) to the partitions this broker leads.
+
+As in Kafka: a topic the client may not WRITE to answers TOPIC_AUTHORIZATION_FAILED for each of
+its partitions (whether or not it exists), and no client appends to an internal topic
+(INVALID_TOPIC_EXCEPTION "Cannot append to internal topic"): only the group coordinator writes
+`__consumer_offsets`."""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.acls import AclOperation, ResourceType
+from tidalmq_core.metadata import INTERNAL_TOPICS
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.errors import error_code, error_message
@@ -41,7 +48,18 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                      "transactions are not supported by TidalMQ yet", 0)
                 )  # fmt: skip
     else:
+        authorizer = broker.authorizer
         for topic in body.topic_data:
+            if not authorizer.allows(conn, AclOperation.WRITE, ResourceType.TOPIC, topic.name):
+                for part in topic.partition_data:
+                    entries.append((topic.name, part.index,
+                                    ErrorCode.topic_authorization_failed, None, 0))  # fmt: skip
+                continue
+            if topic.name in INTERNAL_TOPICS:
+                for part in topic.partition_data:
+                    entries.append((topic.name, part.index, ErrorCode.invalid_topic_exception,
+                                    f"Cannot append to internal topic {topic.name}", 0))  # fmt: skip
+                continue
             for part in topic.partition_data:
                 try:
                     plog = broker.partitions.get_log(TopicPartition(topic.name, part.index))

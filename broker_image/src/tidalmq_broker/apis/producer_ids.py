@@ -4,6 +4,11 @@ producer state each partition keeps.
 Transactions are not supported: a transactional producer is refused with UNSUPPORTED_VERSION and
 a message saying so (here and in FindCoordinator for transaction coordinators), so clients fail at
 once with a clear error instead of retrying until their timeout.
+
+Authorized as Kafka does: InitProducerId for a transactional id needs WRITE on it
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED), an idempotent producer IDEMPOTENT_WRITE on the cluster
+or WRITE on at least one topic (CLUSTER_AUTHORIZATION_FAILED); DescribeProducers READ on each
+topic (its producers' ids and sequences are what a forger needs).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.errors import error_code, error_message
@@ -30,6 +36,21 @@ TRANSACTIONS_UNSUPPORTED = (
 @api(22, "InitProducerId", 0, 4)
 async def handle_init_producer_id(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
+    authorizer = broker.authorizer
+    if body.transactional_id is not None and not authorizer.allows(
+        conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id
+    ):
+        return {"throttle_time": 0, "error_code": ErrorCode.transactional_id_authorization_failed,
+                "producer_id": -1, "producer_epoch": -1}  # fmt: skip
+    if (
+        body.transactional_id is None
+        and not authorizer.allows(
+            conn, AclOperation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME
+        )
+        and not authorizer.allows_by_resource_type(conn, AclOperation.WRITE, ResourceType.TOPIC)
+    ):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "producer_id": -1, "producer_epoch": -1}  # fmt: skip
     if body.transactional_id is not None:
         return {"throttle_time": 0, "error_code": ErrorCode.unsupported_version,
                 "producer_id": -1, "producer_epoch": -1}  # fmt: skip
@@ -56,9 +77,15 @@ async def handle_describe_producers(broker: Broker, request: Request, conn: Conn
     topics = []
     for topic in request.body.topics:
         partitions = []
+        readable = broker.authorizer.allows(conn, AclOperation.READ, ResourceType.TOPIC, topic.name)
         for index in topic.partition_indexes:
             out: dict[str, Any] = {"partition_index": index, "error_code": ErrorCode.none,
                                    "error_message": None, "active_producers": []}  # fmt: skip
+            if not readable:
+                out["error_code"] = ErrorCode.topic_authorization_failed
+                out["error_message"] = "Topic authorization failed."
+                partitions.append(out)
+                continue
             try:
                 plog = broker.partitions.get_log(TopicPartition(topic.name, index))
             except Exception as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
 
@@ -32,6 +33,13 @@ def _code(exc: Exception) -> ErrorCode:
 @api(45, "AlterPartitionReassignments", 0, 1)
 async def handle_alter_reassignments(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
+    if not broker.authorizer.allows(conn, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
+        denied = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
+        return {"throttle_time": 0, "error_code": denied[0], "error_message": denied[1],
+                "responses": [{"name": t.name, "partitions": [
+                    {"partition_index": p.partition_index, "error_code": denied[0],
+                     "error_message": denied[1]} for p in t.partitions
+                ]} for t in body.topics]}  # fmt: skip
     # v1 (KIP-860): a client may forbid changing the replication factor; it is always 1 here
     rf_fixed = not getattr(body, "allow_replication_factor_change", True)
     entries: list[PlanEntry] = []
@@ -74,6 +82,11 @@ async def handle_alter_reassignments(broker: Broker, request: Request, conn: Con
 @api(46, "ListPartitionReassignments", 0, 0)
 async def handle_list_reassignments(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
+    if not broker.authorizer.allows(
+        conn, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME
+    ):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "error_message": "Cluster authorization failed.", "topics": []}  # fmt: skip
     wanted = None
     if body.topics is not None:
         wanted = [TopicPartition(t.name, i) for t in body.topics for i in t.partition_indexes]

@@ -10,6 +10,10 @@ broker right after sees it.
 
 TidalMQ has no client quotas: DescribeClientQuotas answers that there are none (no entries),
 which is what kafka-configs prints for users then, followed by their SCRAM credentials.
+
+Authorized as Kafka does: describing credentials needs DESCRIBE on the cluster, altering them
+ALTER on the cluster, describing quotas DESCRIBE_CONFIGS on the cluster
+(CLUSTER_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 from tidalmq_controller import ScramDeletion, ScramUpsertion
 from tidalmq_core import scram
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
@@ -30,12 +35,18 @@ if TYPE_CHECKING:
 
 # how long an alteration's answer waits for this broker to hold the committed change
 _APPLIED_WAIT_S = 5.0
+_DENIED = "Cluster authorization failed."
 
 
 @api(50, "DescribeUserScramCredentials", 0, 0)
 async def handle_describe_user_scram_credentials(
     broker: Broker, request: Request, conn: Connection
 ) -> Any:
+    if not broker.authorizer.allows(
+        conn, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME
+    ):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "error_message": _DENIED, "results": []}  # fmt: skip
     credentials = broker.metadata.scram_credentials
     users = request.body.users
     duplicate: dict[str, bool] = {}
@@ -87,6 +98,12 @@ async def handle_alter_user_scram_credentials(
     ]  # fmt: skip
     if not deletions and not upsertions:
         return {"throttle_time": 0, "results": []}
+    if not broker.authorizer.allows(conn, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
+        names = dict.fromkeys([d.name for d in deletions] + [u.name for u in upsertions])
+        return {"throttle_time": 0, "results": [
+            {"user": n, "error_code": ErrorCode.cluster_authorization_failed,
+             "error_message": _DENIED} for n in names
+        ]}  # fmt: skip
     try:
         results, version = await broker.controller.alter_scram_credentials(deletions, upsertions)
     except Exception as exc:  # the controller unreachable or not active: every user fails
@@ -104,5 +121,10 @@ async def handle_alter_user_scram_credentials(
 
 @api(48, "DescribeClientQuotas", 0, 1)
 async def handle_describe_client_quotas(broker: Broker, request: Request, conn: Connection) -> Any:
+    if not broker.authorizer.allows(
+        conn, AclOperation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME
+    ):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "error_message": _DENIED, "entries": None}  # fmt: skip
     return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
             "entries": []}  # fmt: skip

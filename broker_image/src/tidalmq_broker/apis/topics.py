@@ -1,4 +1,13 @@
-"""CreateTopics, DeleteTopics and CreatePartitions, all decided by the controller."""
+"""CreateTopics, DeleteTopics and CreatePartitions, all decided by the controller.
+
+Authorized as Kafka's controller does (ControllerApis): CreateTopics needs CREATE on the cluster
+or on each topic ("Authorization failed."), and returns a created topic's configs only to a
+client that may DESCRIBE_CONFIGS it (TOPIC_AUTHORIZATION_FAILED as its config error otherwise);
+DeleteTopics needs DELETE on the cluster or on each topic (a topic the client may not DESCRIBE
+is refused before anything says whether it exists); CreatePartitions ALTER on each topic. The
+controller refuses to delete, grow or reconfigure an internal topic, whatever the ACLs
+(INVALID_TOPIC_EXCEPTION).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_controller import NewTopic
+from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
@@ -30,7 +40,13 @@ async def handle_create_topics(broker: Broker, request: Request, conn: Connectio
     body = request.body
     early: dict[str, tuple[ErrorCode, str]] = {}
     wanted: list[NewTopic] = []
+    authorizer = broker.authorizer
+    every = authorizer.allows(conn, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
     for t in body.topics:
+        if not every and not authorizer.allows(conn, AclOperation.CREATE, ResourceType.TOPIC,
+                                               t.name):  # fmt: skip
+            early[t.name] = (ErrorCode.topic_authorization_failed, "Authorization failed.")
+            continue
         if t.assignments:
             owners, problem = _placement(t)
             if problem is not None:
@@ -74,6 +90,14 @@ async def handle_create_topics(broker: Broker, request: Request, conn: Connectio
             topics.append({"name": t.name, "topic_id": uuid.UUID(int=0),
                            "error_code": error_code(r.error), "error_message": error_message(r.error),
                            "configs": None})  # fmt: skip
+        elif not authorizer.allows(conn, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC,
+                                   t.name):  # fmt: skip
+            topics.append({
+                "name": t.name, "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
+                "error_code": ErrorCode.none, "error_message": None, "num_partitions": -1,
+                "replication_factor": -1, "configs": [],
+                "topic_config_error_code": ErrorCode.topic_authorization_failed,
+            })  # fmt: skip
         else:
             topics.append({
                 "name": t.name, "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
@@ -129,13 +153,31 @@ async def handle_delete_topics(broker: Broker, request: Request, conn: Connectio
     # A topic named twice (by name or id) is refused as Kafka does, not deleted: the controller
     # would delete it twice over (KeyError in its commit, the connection closed).
     counts = Counter(n for n in names if n is not None)
-    known = [n for n in counts if counts[n] == 1]
+    authorizer = broker.authorizer
+    every = authorizer.allows(conn, AclOperation.DELETE, ResourceType.CLUSTER, CLUSTER_NAME)
+    refused: dict[str, bool] = {}  # name -> whether the client may know it (DESCRIBE)
+    for name in counts:
+        if not every and not authorizer.allows(conn, AclOperation.DELETE, ResourceType.TOPIC,
+                                               name):  # fmt: skip
+            refused[name] = authorizer.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC,
+                                              name)  # fmt: skip
+    for name, tid in zip(names, ids, strict=True):
+        # by name: a topic the client may describe is known to be missing, as in Kafka
+        if name in refused and tid is None and refused[name] and name not in meta.topics:
+            del refused[name]
+    known = [n for n in counts if counts[n] == 1 and n not in refused]
     results = {r.name: r for r in await broker.controller.delete_topics(known)} if known else {}
     responses = []
     for name, tid in zip(names, ids, strict=True):
         if name is None:
             responses.append({"name": None, "topic_id": tid, "error_code": ErrorCode.unknown_topic_id,
                               "error_message": "unknown topic id"})  # fmt: skip
+            continue
+        if name in refused and counts[name] == 1:
+            described = refused[name] or tid is None  # by id: no name for a topic not described
+            responses.append({"name": name if described else None, "topic_id": tid or uuid.UUID(int=0),
+                              "error_code": ErrorCode.topic_authorization_failed,
+                              "error_message": None})  # fmt: skip
             continue
         if counts[name] > 1:
             duplicate = {
@@ -161,6 +203,10 @@ async def handle_create_partitions(broker: Broker, request: Request, conn: Conne
     body = request.body
     results = []
     for t in body.topics:
+        if not broker.authorizer.allows(conn, AclOperation.ALTER, ResourceType.TOPIC, t.name):
+            results.append({"name": t.name, "error_code": ErrorCode.topic_authorization_failed,
+                            "error_message": None})  # fmt: skip
+            continue
         owners = None
         if t.assignments:
             lists = [list(a.broker_ids) for a in t.assignments]

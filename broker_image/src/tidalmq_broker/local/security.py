@@ -10,6 +10,9 @@ Everything is kept in `<data dir>/security/` and reused by the next `local up` o
 - `client.properties`: what Kafka's CLI tools and Java clients need (`--command-config`):
   SASL_SSL, SCRAM-SHA-512 as admin, the CA as a PEM truststore.
 
+The brokers enforce ACLs (a SASL_SSL listener turns authorization on) and `admin` is their super
+user: every other user needs ACLs (`kafka-acls --command-config client.properties ...`).
+
 Keys and the password are readable by their owner only.
 """
 
@@ -55,11 +58,14 @@ class LocalSecurity:
         return [BootstrapUser(ADMIN, MECHANISM, self.password)]
 
     def broker_args(self, host: str, port: int) -> list[str]:
-        """A broker's flags: one SASL_SSL listener on its port."""
+        """A broker's flags: one SASL_SSL listener on its port, ACLs enforced, admin their
+        super user."""
         return [
             "--listeners", f"SASL_SSL://{host}:{port}",
             "--ssl-keystore-location", str(self.keystore),
             "--sasl-enabled-mechanisms", MECHANISMS,
+            "--authorizer", "acl",
+            "--super-users", f"User:{ADMIN}",
         ]  # fmt: skip
 
     def how_to_connect(self, bootstrap: str) -> str:
@@ -75,6 +81,9 @@ class LocalSecurity:
             f".read().strip(), 'ssl.ca.location': '{self.ca}'}}",
             "  more users: kafka-configs --bootstrap-server ... --command-config ... --alter "
             "--add-config 'SCRAM-SHA-512=[password=...]' --entity-type users --entity-name NAME",
+            f"  ACLs are enforced ({ADMIN} is the super user); grant others with kafka-acls "
+            "--bootstrap-server ... --command-config ... --add --allow-principal User:NAME "
+            "--producer --topic T (or --consumer --topic T --group G)",
         ])  # fmt: skip
 
 

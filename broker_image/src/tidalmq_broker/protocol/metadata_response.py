@@ -106,9 +106,16 @@ def topic_head(
     return out + array_length(partitions, flexible)
 
 
-def topic_tail(version: int) -> bytes:
-    """What follows a topic's partitions."""
-    out = _NO_OPERATIONS if version >= 8 else b""
+NO_OPERATIONS = -2147483648
+"""The authorized-operations field of a client that did not ask for it (the schema's default)."""
+
+
+def topic_tail(version: int, operations: int = NO_OPERATIONS) -> bytes:
+    """What follows a topic's partitions: its authorized operations (v8+, a bit field, when the
+    client asked for them)."""
+    out = b""
+    if version >= 8:
+        out = _NO_OPERATIONS if operations == NO_OPERATIONS else _I32.pack(operations)
     return out + (_NO_TAGS if version >= FLEXIBLE_FROM else b"")
 
 
@@ -121,6 +128,7 @@ def encode_metadata_response(
     *,
     throttle_time_ms: int = 0,
     error_code: int = 0,
+    cluster_authorized_operations: int = NO_OPERATIONS,
 ) -> EncodedBody:
     """The whole response; `topics` are the encoded topic structs, each as a list of buffers."""
     if not 0 <= version <= 13:
@@ -148,7 +156,7 @@ def encode_metadata_response(
         parts.extend(topic)
     end = b""
     if 8 <= version <= 10:
-        end += _NO_OPERATIONS
+        end += _I32.pack(cluster_authorized_operations)
     if version >= 13:
         end += _I16.pack(error_code)
     if flexible:

@@ -1,4 +1,5 @@
-"""A broker's settings as the Kafka listener's endpoints (and what it registers).
+"""A broker's settings as the Kafka listener's endpoints (and what it registers), and as its
+authorizer.
 
 Every configuration error is found here, before the broker binds or opens anything, and is one
 SecurityConfigError naming the setting (`tidalmq broker` prints it and exits 2).
@@ -11,7 +12,8 @@ from dataclasses import replace
 from tidalmq_core.metadata import BrokerInfo, Endpoint
 
 from tidalmq_broker.security import SecurityConfigError
-from tidalmq_broker.security.listeners import Listeners, ListenerSpec, resolve
+from tidalmq_broker.security.authorizer import Authorizer, parse_super_users
+from tidalmq_broker.security.listeners import PLAINTEXT, Listeners, ListenerSpec, resolve
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.security.sasl import Credentials, SaslConfig, parse_mechanisms
 from tidalmq_broker.security.tls import TlsSettings, server_context
@@ -99,3 +101,42 @@ def describe(endpoints: list[Endpoint] | list[ListenerSpec]) -> str:
                                             f" ({e.security_protocol})")
         for e in endpoints
     )  # fmt: skip
+
+
+AUTHORIZERS = ("auto", "acl", "none")
+
+
+def build_authorizer(
+    s: BrokerSettings, listeners: Listeners, bootstrap_users: list[str]
+) -> Authorizer:
+    """The broker's authorizer: `authorizer` auto is on when any listener is not PLAINTEXT;
+    the super users are `super.users` and the SCRAM bootstrap users (`User:<name>`). Raises
+    SecurityConfigError."""
+    mode = s.authorizer.strip().lower()
+    if mode not in AUTHORIZERS:
+        raise SecurityConfigError(
+            f"authorizer: {s.authorizer!r} is not one of {', '.join(AUTHORIZERS)}"
+        )
+    try:
+        super_users = parse_super_users(s.super_users)
+    except ValueError as exc:
+        raise SecurityConfigError(f"super.users: {exc}") from exc
+    secured = any(spec.security_protocol != PLAINTEXT for spec in listeners.bind)
+    enabled = mode == "acl" or (mode == "auto" and secured)
+    return Authorizer(
+        enabled=enabled,
+        super_users=super_users | {f"User:{user}" for user in bootstrap_users},
+        allow_everyone_if_no_acl_found=s.allow_everyone_if_no_acl_found,
+    )
+
+
+def describe_authorization(s: BrokerSettings, authorizer: Authorizer) -> str:
+    """What the broker's start line says about authorization."""
+    mode = s.authorizer.strip().lower()
+    if authorizer.enabled:
+        why = "authorizer=acl" if mode == "acl" else "authorizer=auto: a listener is not PLAINTEXT"
+        return f"authorization {authorizer.describe()} [{why}]"
+    why = ("authorizer=none" if mode == "none"
+           else "authorizer=auto: PLAINTEXT listeners only")  # fmt: skip
+    return (f"authorization OFF [{why}]: every client may do anything; --authorizer acl "
+            "enforces ACLs")  # fmt: skip

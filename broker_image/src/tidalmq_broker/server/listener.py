@@ -24,7 +24,8 @@ closes the connection, as Kafka does), frames are at most 512 KiB meanwhile (Kaf
 sasl.server.max.receive.size), and those requests are handled one at a time, each before the
 next frame is read: the exchange decides how the next frame is read (after a SaslHandshake v0
 the tokens come as raw frames, security/sasl.py). `Connection.principal` is who the client is
-(User:ANONYMOUS on PLAINTEXT), for authorization.
+(User:ANONYMOUS on PLAINTEXT) and `Connection.host` its address: what the handlers authorize
+(security/authorizer.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from tidalmq_broker.protocol.codec import (
     peek_header,
 )
 from tidalmq_broker.security import failures
+from tidalmq_broker.security.authorizer import canonical_host
 from tidalmq_broker.security.listeners import PLAINTEXT
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.security.sasl import (
@@ -103,6 +105,7 @@ class Connection:
     listener: str = PLAINTEXT  # the listener name the client connected to
     security_protocol: str = PLAINTEXT
     principal: str = ANONYMOUS  # who the client is (Kafka's KafkaPrincipal, as a string)
+    host: str = ""  # the client's IP address, as ACLs name hosts (security/authorizer.py)
     authenticated: bool = True  # False on a SASL listener until the exchange succeeded
     sasl: SaslAuthenticator | None = None  # the exchange, on SASL listeners
     close_after_response: bool = False  # a handler's verdict: answer, then close
@@ -239,9 +242,11 @@ class KafkaListener:
 
     # ------------------------------------------------------------------ connection
     async def _on_connection(self, proto: FrameProtocol, endpoint: ListenerEndpoint) -> None:
+        peer = proto.peer()
         conn = Connection(
-            peer=proto.peer(), listener=endpoint.name, security_protocol=endpoint.security_protocol
-        )
+            peer=peer, listener=endpoint.name, security_protocol=endpoint.security_protocol,
+            host=canonical_host(peer.rsplit(":", 1)[0]),
+        )  # fmt: skip
         tls_only = endpoint.ssl_context is not None and endpoint.sasl is None
         if tls_only and not self._tls_principal(proto, endpoint, conn):
             proto.close()
