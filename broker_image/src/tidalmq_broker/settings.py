@@ -216,6 +216,20 @@ class BrokerSettings:
             "foreign store stops every read and write)"
         },
     )
+    flush_timeout_ms: float = field(
+        default=_STORAGE.flush_timeout_ms,
+        metadata={
+            "help": "a WAL flush not durable this long after it started fails (producers get "
+            "KAFKA_STORAGE_ERROR, retriable) and the store counts as not taking writes"
+        },
+    )
+    store_probe_interval_ms: float = field(
+        default=_STORAGE.store_probe_interval_ms,
+        metadata={
+            "help": "without a successful write for this long, write a few bytes to see that the "
+            "object store takes writes (every second while it does not); 0: never"
+        },
+    )
     max_request_bytes: int = field(
         default=100 * 1024 * 1024, metadata={"help": "largest request accepted"}
     )
