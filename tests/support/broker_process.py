@@ -7,6 +7,7 @@ failure.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -87,7 +88,10 @@ class BrokerProcess(StartedInWith):
         log.close()
         self.wait_ready(timeout_s)
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
+    def wait_ready(self, timeout_s: float = 60.0, *, settled: bool = True) -> None:
+        """Until /readyz answers 200 and, with `settled`, says plain "serving": every partition
+        open and every consumer group shard loaded (a broker is ready before that, while it
+        serves what is open; tests that go on at once want it all)."""
         deadline = time.monotonic() + timeout_s
         last = ""
         while time.monotonic() < deadline:
@@ -96,8 +100,10 @@ class BrokerProcess(StartedInWith):
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.tail_log()}")
             try:
                 with urllib.request.urlopen(self.http_url + "/readyz", timeout=1) as resp:
-                    if resp.status == 200:
+                    body = json.loads(resp.read() or b"{}")
+                    if resp.status == 200 and (not settled or body.get("reason") == "serving"):
                         return
+                    last = str(body)
             except OSError as exc:
                 last = str(exc)
             time.sleep(0.05)
