@@ -157,7 +157,7 @@ class Connection:
     sasl: SaslAuthenticator | None = None  # the exchange, on SASL listeners
     close_after_response: bool = False  # a handler's verdict: answer, then close
     # response bytes charged and not yet taken by the client: being built by handlers, queued,
-    # or in the transport's buffer (the receive loop mutes the connection at the cap)
+    # or in the transport's buffer (charge_response mutes the connection near the cap)
     response_bytes: int = 0
     _written: int = 0  # of response_bytes: handed to the transport, maybe still in its buffer
     _responses: MemoryBudget | None = None  # the broker's response budget (None: unbounded)
@@ -236,8 +236,8 @@ class Connection:
             callback = functools.partial(_resolve, waiter)
             on_budget = budget is not None and budget.exhausted and budget.wait(callback)
             try:
-                # at most 100 ms: bytes the transport sent without telling (below its
-                # low-water mark) are counted again by the next settle
+                # at most 100 ms between looks: the budget wakes its waiters only while it
+                # was exhausted when they came, and room can come from either side
                 await asyncio.wait([waiter], timeout=min(left, 0.1))
             finally:
                 if on_budget:
