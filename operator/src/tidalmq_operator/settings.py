@@ -25,7 +25,11 @@ class OperatorSettings:
     http_host: str = "0.0.0.0"
     http_port: int = 9691
     peering_name: str = "tidalmq"
-    peering_lifetime_s: int = 60  # a peer silent this long is considered gone
+    # a peer silent this long is considered gone: how long a successor waits for a replica that
+    # died without cleaning up (kill -9, a lost node) when its random priority is lower. Kopf
+    # then renews every 1-3 s (one small PATCH). Short is safe: one controller at a time is
+    # guaranteed by the controller epoch in the ClusterState, not by peering
+    peering_lifetime_s: int = 8
     pod_name: str = ""  # this replica's pod (it labels itself while it is the active controller)
     heartbeat_interval_s: float = 1.0
     lease_s: float = 4.0
@@ -79,7 +83,7 @@ class OperatorSettings:
             http_host=get("OPERATOR_HTTP_HOST", "0.0.0.0"),
             http_port=int(get("OPERATOR_HTTP_PORT", "9691")),
             peering_name=get("PEERING_NAME", "tidalmq"),
-            peering_lifetime_s=int(get("PEERING_LIFETIME_S", "60")),
+            peering_lifetime_s=int(get("PEERING_LIFETIME_S", "8")),
             pod_name=get("POD_NAME", ""),
             heartbeat_interval_s=float(get("HEARTBEAT_INTERVAL_S", "1.0")),
             lease_s=float(get("LEASE_S", "4.0")),

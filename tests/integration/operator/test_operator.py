@@ -66,7 +66,7 @@ class OperatorProcess:
             "TIDALMQ_OPERATOR_NAMESPACE": self.namespace, "TIDALMQ_STORAGE_URL": self.storage_url,
             "TIDALMQ_CONTROLLER_PORT": str(self.controller_port),
             "TIDALMQ_OPERATOR_HTTP_PORT": str(self.http_port), "TIDALMQ_OFFSETS_TOPIC_PARTITIONS": "4",
-            "TIDALMQ_PEERING_LIFETIME_S": "20", "TIDALMQ_CONTROL_TOKEN": CONTROL_TOKEN,
+            "TIDALMQ_CONTROL_TOKEN": CONTROL_TOKEN,
             "TIDALMQ_CONTROL_BROKER_SECRET": BROKER_SECRET, **self.env,
         }  # fmt: skip
         with self.log.open("ab") as out:

@@ -3,7 +3,9 @@ most a Topic resource may ask for) on three broker processes behind the operator
 kube-apiserver. No TidalMQ object grows with the partition count: the largest stays under
 256 KiB (the ClusterState is the metadata log's fence and pointer, a big Topic's status lists
 what is not served and counts the rest per broker). A restarted operator (the old one killed)
-is controlling again soon (the target is 10 s; the figure is printed): it reads the metadata log from the object store (snapshot and
+is controlling again soon (the target is 10 s; the figure is printed; with the default peering
+lifetime of 8 s a successor whose random priority is lower waits at most that long for the
+killed replica's peering record to expire): it reads the metadata log from the object store (snapshot and
 batches), claims the next controller epoch and answers the brokers."""
 
 from __future__ import annotations
