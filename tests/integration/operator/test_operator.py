@@ -130,14 +130,18 @@ def deployment(
     ]  # fmt: skip
     for b in brokers:
         b.start()
+    d = {"ns": ns, "operator": op, "brokers": brokers, "api": api_with_crds, "tmp": tmp_path}
     try:
-        yield {"ns": ns, "operator": op, "brokers": brokers, "api": api_with_crds, "tmp": tmp_path}
+        yield d
     finally:
         for b in brokers:
             if b.alive():
                 os.kill(b.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
             b.kill()
-        op.stop()
+        # a test that restarted the operator put its successor here: stop that one too (it
+        # outlived the suite otherwise, retrying against a deleted namespace)
+        for running in {id(o): o for o in (op, d["operator"])}.values():
+            running.stop()
         api_with_crds.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
