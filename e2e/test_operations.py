@@ -250,6 +250,34 @@ def previous_chart(dest: Path) -> Path:
     return dest / "charts" / "tidalmq"
 
 
+def control_secret(cluster: Cluster, ns: str) -> str:
+    """A Secret with the control plane's two keys (as the chart's controlPlane.existingSecret
+    wants them); its name."""
+    name = "e2e-upgrade-control"
+    cluster.kubectl("-n", ns, "create", "secret", "generic", name,
+                    f"--from-literal=admin-token={secrets.token_hex(24)}",
+                    f"--from-literal=broker-secret={secrets.token_hex(24)}")  # fmt: skip
+    return name
+
+
+def tokens_through_env(secret: str, dest: Path) -> Path:
+    """Values for the previous chart: its brokers and operator read the tokens of `secret`
+    from their environment (TIDALMQ_CONTROL_TOKEN: a broker derives its own from the broker
+    secret; the operator holds the admin token and the broker secret)."""
+
+    def env(name: str, key: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+    doc = {
+        "broker": {"extraEnv": [env("TIDALMQ_CONTROL_TOKEN", "broker-secret")]},
+        "operator": {"extraEnv": [env("TIDALMQ_CONTROL_TOKEN", "admin-token"),
+                                  env("TIDALMQ_CONTROL_BROKER_SECRET", "broker-secret")]},
+    }  # fmt: skip
+    path = dest / "previous-chart-tokens.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def external_store(cluster: Cluster, ns: str, minio: str, access: str, secret: str) -> str:
     """A MinIO pod and Service of the test's own in the namespace (no chart involved); its URL."""
     labels = {"app.kubernetes.io/name": "e2e-s3"}
@@ -297,9 +325,15 @@ def test_previous_chart_upgraded_loses_nothing(
         "--set", f"objectStore.endpoint={endpoint}",
         "--set", f"objectStore.accessKey={access}", "--set", f"objectStore.secretKey={secret}",
     ]  # fmt: skip
+    # Today's image needs control-plane tokens, which the previous chart knows nothing of: the
+    # previous release gets them through its extraEnv from a Secret of the test's own, and the
+    # upgrade points the new chart at the same Secret (controlPlane.existingSecret), so the
+    # brokers and the operator of both revisions hold the same tokens throughout the roll.
+    control = control_secret(cluster, ns)
     started = time.monotonic()
     cluster.helm("install", RELEASE, str(old_chart), "--namespace", ns, "--wait",
-                 "--timeout", "6m", *values, timeout=420)  # fmt: skip
+                 "--timeout", "6m", *values, "-f", str(tokens_through_env(control, tmp_path)),
+                 timeout=420)  # fmt: skip
     figures("previous_chart_install_s", round(time.monotonic() - started, 1))
     old_store = cluster.kubectl("-n", ns, "get", "deployment,statefulset", "-l",
                                 "app.kubernetes.io/component=object-store", "-o", "name").split()  # fmt: skip
@@ -311,7 +345,8 @@ def test_previous_chart_upgraded_loses_nothing(
             cluster.kubectl("apply", "--server-side", "--force-conflicts",
                             "-f", str(CHART / "crds"))  # fmt: skip
             cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", ns, "--wait",
-                         "--timeout", "6m", *values, timeout=420)  # fmt: skip
+                         "--timeout", "6m", *values,
+                         "--set", f"controlPlane.existingSecret={control}", timeout=420)  # fmt: skip
             cluster.wait_ready(ns, f"statefulset/{STS}", timeout=300)
             figures("chart_upgrade_s", round(time.monotonic() - started, 1),
                     "CRDs applied, helm upgrade --wait, brokers rolled")  # fmt: skip
