@@ -1272,17 +1272,19 @@ class Controller:
         if self.journal.last_commit_at > started - self.settings.heartbeat_interval_s:
             self.membership.confirm_role(self.journal.last_commit_at)
             return
+        version = self.journal.next_version
+        if self.journal.writes(version):
+            return  # a batch of ours is on its way to that version: its append checks the log
         try:
-            mine = await self.log_store.confirm(self.journal.epoch, self.journal.next_version)
+            mine = await self.log_store.confirm(self.journal.epoch, version)
         except Exception as exc:
             log.warning("could not confirm the controller role in the metadata log: %s", exc)
             return
         if mine:
             self.membership.confirm_role(started)
-        else:
+        elif not self.journal.writes(version):  # not our own append landing meanwhile
             self.journal.depose(
-                f"version {self.journal.next_version} of the metadata log "
-                "was appended by another controller"
+                f"version {version} of the metadata log was appended by another controller"
             )
 
     def _deposed(self, why: str) -> None:

@@ -140,6 +140,13 @@ class Journal:
             return self._in_flight.version + 1
         return self.committed_version + 1
 
+    def writes(self, version: int) -> bool:
+        """Whether `version` is ours: committed, being appended, or open to be appended next
+        (the role check must not take our own append of it for another controller's)."""
+        if self.committed_version >= version:
+            return True
+        return any(b is not None and b.version == version for b in (self._open, self._in_flight))
+
     def propose(self, records: list[Record]) -> int:
         """Apply records to the image now and queue them; returns their future version."""
         if self._deposed is not None:

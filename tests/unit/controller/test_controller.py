@@ -23,6 +23,7 @@ from tidalmq_controller import (
 from tidalmq_core.metadata import NO_LEADER, BrokerInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
+from tidalmq_core.records import marker_record
 
 from tests.support.fake_broker import FakeBroker
 from tests.support.leaders import walked_leaders
@@ -637,3 +638,41 @@ async def test_expected_brokers_get_time_to_come_back_after_a_restart(tmp_path: 
         assert time.monotonic() - started >= 2.0
     finally:
         await second.stop()
+
+
+async def test_the_role_check_never_takes_our_own_append_for_another_controllers(
+    controller: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The role check looks whether the next version of the log is taken. A batch of ours
+    open or being appended at that version is ours: before, a check that ran while our own
+    append landed deposed the only controller (an e2e run: "version 24 of the metadata log was
+    appended by another controller", then no controller at all)."""
+    await cluster_of(controller, 1)
+    journal = controller.journal
+    journal.last_commit_at = float("-inf")  # no recent commit vouches for the role
+    version = journal.propose([marker_record(True)])  # open, about to be appended
+    await controller.check_role()
+    assert not journal.deposed
+    await journal.committed(version)
+
+    journal.last_commit_at = float("-inf")
+    checked: list[int] = []
+
+    async def our_append_lands_meanwhile(epoch: int, next_version: int) -> bool:
+        checked.append(next_version)
+        journal.propose([marker_record(True)])  # ours, at the very version being checked
+        return False  # the version is taken: by us
+
+    monkeypatch.setattr(controller.log_store, "confirm", our_append_lands_meanwhile)
+    await controller.check_role()
+    assert checked == [version + 1]
+    assert not journal.deposed
+
+    async def someone_else_appended(epoch: int, next_version: int) -> bool:
+        return False
+
+    monkeypatch.setattr(controller.log_store, "confirm", someone_else_appended)
+    await journal.committed(version + 1)
+    journal.last_commit_at = float("-inf")
+    await controller.check_role()
+    assert journal.deposed
