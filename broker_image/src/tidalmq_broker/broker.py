@@ -70,7 +70,10 @@ class _BeatNews:
 
     pending: dict[TopicPartition, int | None]  # open changes sent
     floors: dict[TopicPartition, tuple[str, int]]  # acknowledged ends sent
-    current: set[TopicPartition]  # partitions open here at the wished epoch then
+    looked: set[TopicPartition]  # the partitions looked at (their floors are sent or unchanged)
+    gone: set[TopicPartition]  # of those, the ones not open here at the wished epoch then
+    everything: bool  # every partition was looked at
+    generation: int  # of _floors_sent when prepared (a reset in between voids the answer)
 
 
 class _LocalChannel:
@@ -162,6 +165,11 @@ class Broker:
         self._gauges: asyncio.Task[None] | None = None
         # high watermarks the controller has acknowledged (heartbeats send what changed since)
         self._floors_sent: dict[TopicPartition, tuple[str, int]] = {}
+        # partitions the next heartbeat looks at (opened, closed, high watermark advanced, wish
+        # changed: O(changed) per heartbeat), or all of them (after a reset or a snapshot)
+        self._beat_dirty: set[TopicPartition] = set()
+        self._beat_everything = True
+        self._floors_generation = 0
         # the controller does not know what we have open (a new controller): send it all
         self._resync = True
         # reports of partitions closed, opened, lost: sent many per request, in order
@@ -472,23 +480,44 @@ class Broker:
         nothing: the answer acknowledges (`_beat_answered`)."""
         if not self._registered or self._reregistering:
             return None
-        current = self.partitions.open_high_watermarks()
-        floors = {tp: v for tp, v in current.items() if self._floors_sent.get(tp) != v}
+        changed = self.partitions.take_changed()
+        if changed is None:
+            self._beat_everything = True
+        else:
+            self._beat_dirty |= changed
         full = self._resync
+        everything = full or self._beat_everything
+        if everything:
+            current = self.partitions.open_high_watermarks()
+            looked = set(current) | set(self._floors_sent) | self._beat_dirty
+            hwm = self.partitions.high_watermarks(
+                is_physical_topic, looked | set(self.partitions.open_partitions())
+            )
+        else:
+            looked = set(self._beat_dirty)
+            current = self.partitions.open_high_watermarks(looked)
+            hwm = self.partitions.high_watermarks(is_physical_topic, looked)
+        floors = {tp: v for tp, v in current.items() if self._floors_sent.get(tp) != v}
         changes: dict[TopicPartition, int | None]
         if full:
             changes = dict(self.partitions.open_partitions())
             pending = self.partitions.open_changes()
         else:
             changes = pending = self.partitions.open_changes()
-        hwm: dict[TopicPartition, int | None] = dict(
-            self.partitions.high_watermarks(is_physical_topic)
-        )
         beat = Heartbeat(
             self.broker_id, self.incarnation, self.metadata.version, changes, full=full,
             hwm=hwm, floors=floors,
         )  # fmt: skip
-        return beat, _BeatNews(pending, floors, set(current))
+        news = _BeatNews(
+            pending, floors, looked, looked - set(current), everything, self._floors_generation
+        )
+        return beat, news
+
+    def _reset_floors_sent(self) -> None:
+        """Forget what the controller acknowledged: the next heartbeat looks at everything."""
+        self._floors_sent = {}
+        self._floors_generation += 1
+        self._beat_everything = True
 
     def _bare_beat(self) -> Heartbeat:
         """A heartbeat without news (liveness thread, when the event loop is late)."""
@@ -517,8 +546,13 @@ class Broker:
         if news is not None:
             self.partitions.ack_open_changes(news.pending)
             self._resync = reply.resync
-            self._floors_sent = {tp: v for tp, v in {**self._floors_sent, **news.floors}.items()
-                                 if tp in news.current}  # fmt: skip
+            if news.generation == self._floors_generation:
+                for tp in news.gone:
+                    self._floors_sent.pop(tp, None)
+                self._floors_sent.update(news.floors)
+                self._beat_dirty -= news.looked
+                if news.everything:
+                    self._beat_everything = False
         elif reply.resync:
             self._resync = True
         if reply.metadata_version > self.metadata.version and not self._catching_up:
@@ -563,7 +597,7 @@ class Broker:
         self._reregistering = True
         try:
             self._lease_expiry = 0.0
-            self._floors_sent = {}
+            self._reset_floors_sent()
             self.partitions.release_all()
             await self.partitions.wait_settled(30)
             self.incarnation = _new_incarnation()
@@ -634,7 +668,7 @@ class Broker:
         """The engine lost (or found again) the object store: every partition is looked at
         again (they re-open through the usual checks once the store is back)."""
         if problem is not None:
-            self._floors_sent = {}
+            self._reset_floors_sent()
         if self.partitions is not None and not self._stopping:
             self.partitions.wake_all()
 
@@ -685,7 +719,7 @@ class Broker:
 
     async def _update_gauges(self) -> None:
         while True:
-            self.metrics.partitions_led(len(self.partitions.leading()))
+            self.metrics.partitions_led(self.partitions.leading_count())
             self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
             self.metrics.connections(self.listener.connection_count)
             await asyncio.sleep(5)

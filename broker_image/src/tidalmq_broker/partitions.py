@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -116,6 +116,8 @@ class PartitionManager:
         if hasattr(engine, "on_stored"):
             engine.on_stored = self._stored
         self._wishes: dict[TopicPartition, Wish] = {}
+        # wishes changed since take_changed (None: all of them, after a snapshot or a release)
+        self._wishes_changed: set[TopicPartition] | None = None
         self._known_topics: dict[str, int] = {}  # name -> partition count, last snapshot
         # partitions to look at, in order (each once), those being looked at now, those woken
         # again meanwhile; the worker pool; pending retries
@@ -176,20 +178,36 @@ class PartitionManager:
                 out[tp] = plog.leader_epoch
         return out
 
-    def high_watermarks(self, wanted: Callable[[str], bool]) -> dict[TopicPartition, int]:
-        """High watermarks of the open partitions of the topics `wanted` accepts."""
-        out = {}
-        for tp in self._engine.partitions():
+    def take_changed(self) -> set[TopicPartition] | None:
+        """Partitions opened, closed, whose high watermark advanced or whose wish changed since
+        the last call; None when every partition must be looked at (a snapshot was applied)."""
+        changed = self._engine.take_changed()
+        wishes, self._wishes_changed = self._wishes_changed, set()
+        return None if wishes is None else changed | wishes
+
+    def high_watermarks(
+        self, wanted: Callable[[str], bool], only: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int | None]:
+        """High watermarks of the open partitions of the topics `wanted` accepts (of those in
+        `only`, where a partition not open is None; else of every open partition)."""
+        out: dict[TopicPartition, int | None] = {}
+        for tp in self._engine.partitions() if only is None else only:
+            if not wanted(tp.topic):
+                continue
             plog = self._engine.get(tp)
-            if plog is not None and wanted(tp.topic):
+            if plog is not None:
                 out[tp] = plog.high_watermark
+            elif only is not None:
+                out[tp] = None
         return out
 
-    def open_high_watermarks(self) -> dict[TopicPartition, tuple[str, int]]:
-        """(topic id, high watermark) of every partition open here at the wished epoch: the
-        acknowledged ends the controller keeps as durable floors."""
+    def open_high_watermarks(
+        self, only: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, tuple[str, int]]:
+        """(topic id, high watermark) of every partition open here at the wished epoch (of
+        those in `only`, if given): the acknowledged ends the controller keeps as floors."""
         out = {}
-        for tp in self._engine.partitions():
+        for tp in self._engine.partitions() if only is None else only:
             plog = self._engine.get(tp)
             wish = self._wishes.get(tp)
             if plog is None or wish is None or plog.leader_epoch != wish.epoch:
@@ -251,6 +269,9 @@ class PartitionManager:
     def leading(self) -> list[TopicPartition]:
         return sorted(self._wishes)
 
+    def leading_count(self) -> int:
+        return len(self._wishes)
+
     def is_settled(self) -> bool:
         for tp, wish in self._wishes.items():
             plog = self._engine.get(tp)
@@ -290,6 +311,7 @@ class PartitionManager:
         self._known_topics = {t.name: len(t.partitions) for t in meta.topics.values()}
         touched = set(wishes) | set(self._wishes) | set(self._engine.partitions())
         self._wishes = wishes
+        self._wishes_changed = None
         for tp in touched:
             self._wake(tp)
 
@@ -325,6 +347,8 @@ class PartitionManager:
                 self._wishes.pop(tp, None)
             else:
                 self._wishes[tp] = new
+            if new != old and self._wishes_changed is not None:
+                self._wishes_changed.add(tp)
             if new != old or (new is None and self._engine.get(tp) is not None):
                 self._wake(tp)
 
@@ -332,6 +356,7 @@ class PartitionManager:
         """Give up every partition (this broker was fenced): close them, keep topic data."""
         touched = set(self._wishes) | set(self._engine.partitions())
         self._wishes = {}
+        self._wishes_changed = None
         for tp in touched:
             self._wake(tp)
 

@@ -297,6 +297,10 @@ class StreamEngine(Protocol):
 
     def partitions(self) -> list[TopicPartition]: ...
 
+    def take_changed(self) -> set[TopicPartition]:
+        """Partitions opened, closed or whose high watermark advanced since the last call."""
+        ...
+
 
 LeaseCheck = Callable[[], bool]
 """Called at the moment of acknowledgement; False means this broker may no longer acknowledge

@@ -108,6 +108,9 @@ class ObjectStreamEngine:
         self._on_fenced = on_fenced
         self._owns_store = owns_store
         self._partitions: dict[TopicPartition, Partition] = {}
+        # partitions opened, closed or whose high watermark advanced since the broker last
+        # took them (heartbeats report what changed, not every open partition each time)
+        self._changed: set[TopicPartition] = set()
         # partitions this incarnation opened at least once (only a first open can be lazy)
         self._opened_once: set[tuple[TopicPartition, str]] = set()
         # called with a partition whose first checkpoint was just stored (it was new)
@@ -250,6 +253,16 @@ class ObjectStreamEngine:
     def get(self, tp: TopicPartition) -> Partition | None:
         return self._partitions.get(tp)
 
+    def high_watermark_advanced(self, tp: TopicPartition) -> None:
+        """Called by an open partition whose high watermark moved."""
+        self._changed.add(tp)
+
+    def take_changed(self) -> set[TopicPartition]:
+        """The partitions opened, closed, fenced or whose high watermark advanced since the
+        last call (O(changed): what a heartbeat reports)."""
+        changed, self._changed = self._changed, set()
+        return changed
+
     def partitions(self) -> list[TopicPartition]:
         """The partitions open here (in no particular order)."""
         return list(self._partitions)
@@ -287,6 +300,7 @@ class ObjectStreamEngine:
                 tp, topic_id, leader_epoch, config, created, end_offset_floor, accepted_from
             )
             self._partitions[tp] = partition
+            self._changed.add(tp)
             self._update_gauges()
             return partition
 
@@ -494,6 +508,7 @@ class ObjectStreamEngine:
         finally:
             if self._partitions.get(tp) is p:
                 del self._partitions[tp]
+                self._changed.add(tp)
             self.tracker.released(p.tracker_key)
             self._update_gauges()
 
@@ -520,6 +535,7 @@ class ObjectStreamEngine:
         p.fence()
         if self._partitions.get(p.tp) is p:
             del self._partitions[p.tp]
+            self._changed.add(p.tp)
         self.tracker.released(p.tracker_key)
         self._update_gauges()
         if self._on_fenced is not None:

@@ -390,6 +390,7 @@ class Partition:
                 self._cache.add(append.base_offset, append.last_offset, view)
             self._hwm = entry.last_offset + 1
             self._version += 1
+            self._engine.high_watermark_advanced(self._tp)
             self._notify()
             lease_ok = self._engine.lease_ok()
             for append, _ in views:
