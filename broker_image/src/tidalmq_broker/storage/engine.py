@@ -96,6 +96,8 @@ class ObjectStreamEngine:
         self.incarnation = incarnation or keys.new_incarnation()
         self.raw_store = store
         self.m = metrics.BrokerMetrics(self.broker_label)
+        self._open_gauge = metrics.OPEN_PARTITIONS.labels(self.broker_label)
+        self._cache_gauge = metrics.CACHE_BYTES.labels(self.broker_label)
         self.store: ObjectStore = MeteredObjectStore(store, self.broker_label)
         self.checkpoints = CheckpointStore(self.store)
         self.cache = TailCache(self.config.cache_bytes)
@@ -159,9 +161,9 @@ class ObjectStreamEngine:
         if exc is not None:
             log.error("storage task %s stopped: %r", task.get_name(), exc, exc_info=exc)
 
-    def _update_gauges(self) -> None:
-        metrics.OPEN_PARTITIONS.labels(self.broker_label).set(len(self._partitions))
-        metrics.CACHE_BYTES.labels(self.broker_label).set(self.cache.bytes)
+    def _update_gauges(self) -> None:  # on every open and close: the labelled series kept
+        self._open_gauge.set(len(self._partitions))
+        self._cache_gauge.set(self.cache.bytes)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
