@@ -272,6 +272,10 @@ class PartitionManager:
     def leading_count(self) -> int:
         return len(self._wishes)
 
+    def working(self) -> bool:
+        """Partitions are being opened or closed right now (or wait their turn)."""
+        return bool(self._queue or self._busy)
+
     def is_settled(self) -> bool:
         for tp, wish in self._wishes.items():
             plog = self._engine.get(tp)
