@@ -53,6 +53,7 @@ import concurrent.futures
 import itertools
 import json
 import math
+import os
 import random
 import re
 import shutil
@@ -222,6 +223,10 @@ def create_partitions(
     yet complete, in rounds 50 ms apart (never allowing a topic to be auto-created)."""
     client = AdminClient({"bootstrap.servers": bootstrap, "allow.auto.create.topics": False})
     total = sum(topics.values())
+    # the previous part's writes (the other system's data dirs) still being written back make
+    # every fsync of this one wait: flushed first, for both systems alike
+    os.sync()
+    time.sleep(1.0)
     load_before = loadavg()
     responses: dict[str, float] = {}
     errors: list[str] = []
@@ -714,13 +719,16 @@ def kafka_move(
     try:
         for i in range(0, len(plan), REQUEST_MAX):
             chunk = plan[i : i + REQUEST_MAX]
-            for _ in range(5):  # a broker in one broker's Metadata may be unknown to another's
+            for _ in range(30):  # a broker in one broker's Metadata may be unknown to another's
                 run = run_reassign_execute(
                     system.bootstrap, {tp: [new] for tp in chunk}, additional=i > 0
                 )
                 if "Unknown broker id" not in (run.error or ""):
                     break
                 time.sleep(1.0)
+                if i == 0:  # nothing moved yet: Kafka's clock starts at the accepted request
+                    started = tracker.started = time.time()
+                    deadline = started + timeout_s
             requests.append(
                 {
                     "partitions": len(chunk),
