@@ -68,8 +68,25 @@ _TYPES = {
     "socket.request.max.bytes": _INT,
     "default.replication.factor": _INT,
     "tidalmq.flush.interval.ms": _DOUBLE,
+    # Kafka's types of the static listener and role settings
+    "listeners": _STRING,
+    "advertised.listeners": _STRING,
+    "listener.security.protocol.map": _STRING,
+    "log.dirs": _STRING,
+    "process.roles": _LIST,
+    "broker.rack": _STRING,
+    "sasl.enabled.mechanisms": _LIST,
+    "ssl.client.auth": _STRING,
+    "ssl.enabled.protocols": _LIST,
+    "ssl.principal.mapping.rules": _STRING,
 }
-_LIST_TOPIC_CONFIGS = frozenset(n for n, t in _TYPES.items() if t == _LIST)
+# the list configs APPEND and SUBTRACT apply to (the static broker ones cannot be altered)
+_LIST_TOPIC_CONFIGS = frozenset(
+    {"cleanup.policy", "leader.replication.throttled.replicas",
+     "follower.replication.throttled.replicas"}
+)  # fmt: skip
+# static settings Kafka reports with a null value (a default) when not set
+_UNSET_IS_NULL = frozenset({"broker.rack"})
 # incremental operations (IncrementalAlterConfigs)
 _SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3
 
@@ -95,9 +112,9 @@ def _config_type(name: str) -> int:
 
 def _entry(
     name: str,
-    value: str,
+    value: str | None,
     source: int,
-    synonyms: list[tuple[str, int]],
+    synonyms: list[tuple[str | None, int]],
     *,
     read_only: bool,
     include_synonyms: bool,
@@ -152,19 +169,25 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
         ]  # fmt: skip
     own = meta.broker_configs.get(scope, {})
     out = []
+    advertised = ",".join(f"{e.name}://{e.host}:{e.port}" for e in broker.advertised)
     configs = {
-        **broker.settings.described(),
+        **broker.settings.described(advertised),
         "authorizer.class.name": STANDARD_AUTHORIZER if broker.authorizer.enabled else "",
         **DYNAMIC_BROKER_CONFIG_DEFAULTS,
     }
     for name in sorted(configs):
         if name not in DYNAMIC_BROKER_CONFIG_DEFAULTS:
-            value = configs[name]
+            # static: read-only, as Kafka reports what only a restart changes
+            value: str | None = configs[name]
+            if name in _UNSET_IS_NULL and not value:
+                out.append(_entry(name, None, DEFAULT_CONFIG, [(None, DEFAULT_CONFIG)],
+                                  read_only=True, include_synonyms=include_synonyms))  # fmt: skip
+                continue
             out.append(_entry(name, value, STATIC_BROKER_CONFIG,
                               [(value, STATIC_BROKER_CONFIG)], read_only=True,
                               include_synonyms=include_synonyms))  # fmt: skip
             continue
-        synonyms: list[tuple[str, int]] = []
+        synonyms: list[tuple[str | None, int]] = []
         if name in own:
             synonyms.append((own[name], DYNAMIC_BROKER_CONFIG))
         if name in cluster:
@@ -327,3 +350,4 @@ async def handle_incremental_alter_configs(
         broker, conn, body.resources, incremental=True, validate_only=body.validate_only
     )
     return {"throttle_time": 0, "responses": responses}
+
