@@ -28,6 +28,7 @@ from tidalmq_core.static_description import static_topic_configs
 from tidalmq_core.topics import StaticConfig, validate_broker_configs
 
 from tidalmq_broker.apis.errors import error_code, error_message
+from tidalmq_broker.apis.metadata import brokers_body
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.security.authorizer import STANDARD_AUTHORIZER
@@ -351,3 +352,46 @@ async def handle_incremental_alter_configs(
     )
     return {"throttle_time": 0, "responses": responses}
 
+
+# ListConfigResources (KIP-1142; v0 was ListClientMetricsResources): the resource types of each
+# version, as Kafka's ListConfigResourcesRequest.supportedResourceTypes
+BROKER_LOGGER, CLIENT_METRICS, GROUP = 8, 16, 32
+_LISTABLE = {0: (CLIENT_METRICS,), 1: (TOPIC, BROKER, BROKER_LOGGER, CLIENT_METRICS, GROUP)}
+
+
+def _config_resources(broker: Broker, conn: Connection, types: set[int]) -> list[dict[str, Any]]:
+    """The resources of `types` that have configs, in Kafka's order (groups, client metrics,
+    broker loggers, brokers, topics). TidalMQ has no group configs and no client-metrics
+    subscriptions (none to list) and no broker loggers to describe (none listed either)."""
+    meta = broker.metadata
+    out: list[dict[str, Any]] = []
+    if BROKER in types:  # as Kafka: the brokers reachable on the client's listener
+        out += [{"resource_name": str(b["node_id"]), "resource_type": BROKER}
+                for b in brokers_body(meta, conn.listener)]  # fmt: skip
+    if TOPIC in types:  # every topic, Kafka's internal ones included (not our hidden queues)
+        out += [{"resource_name": t.name, "resource_type": TOPIC}
+                for t in sorted(meta.topics.values(), key=lambda t: t.name) if t.listed]  # fmt: skip
+    return out
+
+
+@api(74, "ListConfigResources", 0, 1)
+async def handle_list_config_resources(broker: Broker, request: Request, conn: Connection) -> Any:
+    """As Kafka's handleListConfigResources: DESCRIBE_CONFIGS on the cluster (else
+    CLUSTER_AUTHORIZATION_FAILED); no types asked: every type of the version; a type the
+    version does not list: UNSUPPORTED_VERSION."""
+    out: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none, "config_resources": []}
+    if not broker.authorizer.allows(
+        conn, AclOperation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME
+    ):
+        out["error_code"] = ErrorCode.cluster_authorization_failed
+        return out
+    supported = _LISTABLE[min(request.api_version, 1)]
+    asked = set(getattr(request.body, "resource_types", ()) or supported)
+    if not asked <= set(supported):
+        out["error_code"] = ErrorCode.unsupported_version
+        return out
+    resources = _config_resources(broker, conn, asked)
+    if request.api_version == 0:  # v0's resources have a name only (client metrics)
+        resources = [{"resource_name": r["resource_name"]} for r in resources]
+    out["config_resources"] = resources
+    return out
