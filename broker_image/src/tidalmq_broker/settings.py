@@ -221,10 +221,12 @@ class BrokerSettings:
         default=100 * 1024 * 1024, metadata={"help": "largest request accepted"}
     )
     auto_create_topics: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "create unknown topics on Metadata requests (Kafka's "
-            "auto.create.topics.enable; off: topics are created explicitly or as resources)"
+            "help": "Kafka's auto.create.topics.enable: a Metadata request naming an unknown "
+            "topic (a producer's, or a consumer's with allow.auto.create.topics) creates it with "
+            "num.partitions, given CREATE on the cluster or the topic; false: topics are "
+            "created explicitly or as resources"
         },
     )
     default_partitions: int = field(default=1, metadata={"help": "num.partitions"})
