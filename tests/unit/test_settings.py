@@ -14,11 +14,12 @@ def test_broker_id_from_statefulset_hostname() -> None:
 def test_environment_then_flags() -> None:
     env = {
         "TIDALMQ_PORT": "1234",
-        "TIDALMQ_AUTO_CREATE_TOPICS": "yes",
+        "TIDALMQ_AUTO_CREATE_TOPICS": "no",
         "TIDALMQ_FLUSH_INTERVAL_MS": "2.5",
     }
     s = from_sources(None, env)
-    assert (s.port, s.auto_create_topics, s.flush_interval_ms) == (1234, True, 2.5)
+    assert (s.port, s.auto_create_topics, s.flush_interval_ms) == (1234, False, 2.5)
+    assert BrokerSettings().auto_create_topics  # Kafka's auto.create.topics.enable default
     with pytest.raises(SystemExit, match="TIDALMQ_PORT"):
         from_sources(None, {"TIDALMQ_PORT": "many"})
     assert isinstance(s, BrokerSettings)

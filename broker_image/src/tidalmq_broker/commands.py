@@ -213,6 +213,13 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
         help="sasl_ssl: brokers listen with SASL_SSL only (a CA and certificates, an admin "
         "user and a client.properties are made in DATA_DIR/security)",
     )
+    up.add_argument(
+        "--auto-create-topics",
+        choices=("true", "false"),
+        default=None,
+        help="Kafka's auto.create.topics.enable for every broker (default true, as Kafka; "
+        "or TIDALMQ_AUTO_CREATE_TOPICS)",
+    )
     _data_dir(up)
     up.set_defaults(handler=_run_local_up)
     for name, help_text in [

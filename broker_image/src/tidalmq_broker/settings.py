@@ -15,6 +15,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from tidalmq_core.control_auth import BrokerCredentials, read_tokens
 
@@ -220,10 +221,12 @@ class BrokerSettings:
         default=100 * 1024 * 1024, metadata={"help": "largest request accepted"}
     )
     auto_create_topics: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "create unknown topics on Metadata requests (Kafka's "
-            "auto.create.topics.enable; off: topics are created explicitly or as resources)"
+            "help": "Kafka's auto.create.topics.enable: a Metadata request naming an unknown "
+            "topic (a producer's, or a consumer's with allow.auto.create.topics) creates it with "
+            "num.partitions, given CREATE on the cluster or the topic; false: topics are "
+            "created explicitly or as resources"
         },
     )
     default_partitions: int = field(default=1, metadata={"help": "num.partitions"})
@@ -292,8 +295,11 @@ class BrokerSettings:
             **{f.name: getattr(self, f.name) for f in dataclasses.fields(StorageConfig)}
         )
 
-    def described(self) -> dict[str, str]:
-        """Broker configs as DescribeConfigs reports them (Kafka names where one exists)."""
+    def described(self, advertised: str = "") -> dict[str, str]:
+        """Broker configs as DescribeConfigs reports them (Kafka names where one exists), all
+        static: a restart changes them. `advertised`: the endpoints the broker registered
+        (NAME://host:port,...), reported as advertised.listeners when that is not set."""
+        legacy = "PLAINTEXT://{}:{}".format(*self.advertised)  # before the broker is bound
         return {
             "broker.id": str(self.broker_id),
             "node.id": str(self.broker_id),
@@ -304,6 +310,12 @@ class BrokerSettings:
             "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
             "socket.request.max.bytes": str(self.max_request_bytes),
             "listeners": self.listeners or f"PLAINTEXT://{self.host}:{self.port}",
+            "advertised.listeners": self.advertised_listeners or advertised or legacy,
+            # the object store is the one log directory (as DescribeLogDirs reports it)
+            "log.dirs": log_dir_name(self.storage_url),
+            # an embedded controller makes this process a controller too (KRaft's roles)
+            "process.roles": "broker" if self.controller_url else "broker,controller",
+            "broker.rack": self.rack,
             "listener.security.protocol.map": self.listener_security_protocol_map
             or "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
             "sasl.enabled.mechanisms": self.sasl_enabled_mechanisms,
@@ -315,6 +327,15 @@ class BrokerSettings:
             "default.replication.factor": "1",
             "tidalmq.flush.interval.ms": str(self.flush_interval_ms),
         }
+
+
+def log_dir_name(storage_url: str) -> str:
+    """The log directory a broker reports: its object store, without query or credentials."""
+    parts = urlsplit(storage_url)
+    if parts.scheme == "file":
+        return parts.path or "/"
+    host = parts.hostname or ""
+    return urlunsplit((parts.scheme, host, parts.path, "", "")) or storage_url
 
 
 def _parse_bool(text: str) -> bool:

@@ -40,5 +40,14 @@ def local_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         yield proc
 
 
+@pytest.fixture
+def strict_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker on the local-directory store with auto.create.topics.enable off (the default
+    is on, as in Kafka): for what clients are told of topics that do not exist."""
+    with BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs",
+                       args=["--auto-create-topics", "false"]) as proc:  # fmt: skip
+        yield proc
+
+
 def topic_name() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"

@@ -93,7 +93,9 @@ def test_recreated_topic_starts_empty(local_broker: BrokerProcess) -> None:
     admin = AdminClient({"bootstrap.servers": local_broker.bootstrap})
     topic = topic_name()
     create_topic(local_broker.bootstrap, topic, 1)
-    p = producer(local_broker.bootstrap)
+    # the topic is recreated by the admin client: the producer must not auto-create it in
+    # between (a metadata refresh after the deletion would, as in Kafka)
+    p = producer(local_broker.bootstrap, **{"allow.auto.create.topics": False})
     for i in range(10):
         p.produce(topic, value=b"old-%d" % i)
     assert p.flush(20) == 0

@@ -364,7 +364,10 @@ def test_kill_9_during_produce_loses_nothing_acknowledged(broker: BrokerProcess)
             assert by_offset.get((partition, offset)) == value
 
 
-def test_unknown_topic_gets_a_clear_error(local_broker: BrokerProcess) -> None:
+def test_unknown_topic_gets_a_clear_error(strict_broker: BrokerProcess) -> None:
+    """With auto.create.topics.enable off (with it on, the admin client's Metadata request
+    would create the topic: test_auto_create.py)."""
+    local_broker = strict_broker
     admin = AdminClient({"bootstrap.servers": local_broker.bootstrap})
     md = admin.list_topics("no-such-topic", timeout=10)
     assert md.topics["no-such-topic"].error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART

@@ -28,6 +28,7 @@ from tidalmq_core.static_description import static_topic_configs
 from tidalmq_core.topics import StaticConfig, validate_broker_configs
 
 from tidalmq_broker.apis.errors import error_code, error_message
+from tidalmq_broker.apis.metadata import brokers_body
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.security.authorizer import STANDARD_AUTHORIZER
@@ -68,8 +69,25 @@ _TYPES = {
     "socket.request.max.bytes": _INT,
     "default.replication.factor": _INT,
     "tidalmq.flush.interval.ms": _DOUBLE,
+    # Kafka's types of the static listener and role settings
+    "listeners": _STRING,
+    "advertised.listeners": _STRING,
+    "listener.security.protocol.map": _STRING,
+    "log.dirs": _STRING,
+    "process.roles": _LIST,
+    "broker.rack": _STRING,
+    "sasl.enabled.mechanisms": _LIST,
+    "ssl.client.auth": _STRING,
+    "ssl.enabled.protocols": _LIST,
+    "ssl.principal.mapping.rules": _STRING,
 }
-_LIST_TOPIC_CONFIGS = frozenset(n for n, t in _TYPES.items() if t == _LIST)
+# the list configs APPEND and SUBTRACT apply to (the static broker ones cannot be altered)
+_LIST_TOPIC_CONFIGS = frozenset(
+    {"cleanup.policy", "leader.replication.throttled.replicas",
+     "follower.replication.throttled.replicas"}
+)  # fmt: skip
+# static settings Kafka reports with a null value (a default) when not set
+_UNSET_IS_NULL = frozenset({"broker.rack"})
 # incremental operations (IncrementalAlterConfigs)
 _SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3
 
@@ -95,9 +113,9 @@ def _config_type(name: str) -> int:
 
 def _entry(
     name: str,
-    value: str,
+    value: str | None,
     source: int,
-    synonyms: list[tuple[str, int]],
+    synonyms: list[tuple[str | None, int]],
     *,
     read_only: bool,
     include_synonyms: bool,
@@ -152,19 +170,25 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
         ]  # fmt: skip
     own = meta.broker_configs.get(scope, {})
     out = []
+    advertised = ",".join(f"{e.name}://{e.host}:{e.port}" for e in broker.advertised)
     configs = {
-        **broker.settings.described(),
+        **broker.settings.described(advertised),
         "authorizer.class.name": STANDARD_AUTHORIZER if broker.authorizer.enabled else "",
         **DYNAMIC_BROKER_CONFIG_DEFAULTS,
     }
     for name in sorted(configs):
         if name not in DYNAMIC_BROKER_CONFIG_DEFAULTS:
-            value = configs[name]
+            # static: read-only, as Kafka reports what only a restart changes
+            value: str | None = configs[name]
+            if name in _UNSET_IS_NULL and not value:
+                out.append(_entry(name, None, DEFAULT_CONFIG, [(None, DEFAULT_CONFIG)],
+                                  read_only=True, include_synonyms=include_synonyms))  # fmt: skip
+                continue
             out.append(_entry(name, value, STATIC_BROKER_CONFIG,
                               [(value, STATIC_BROKER_CONFIG)], read_only=True,
                               include_synonyms=include_synonyms))  # fmt: skip
             continue
-        synonyms: list[tuple[str, int]] = []
+        synonyms: list[tuple[str | None, int]] = []
         if name in own:
             synonyms.append((own[name], DYNAMIC_BROKER_CONFIG))
         if name in cluster:
@@ -327,3 +351,47 @@ async def handle_incremental_alter_configs(
         broker, conn, body.resources, incremental=True, validate_only=body.validate_only
     )
     return {"throttle_time": 0, "responses": responses}
+
+
+# ListConfigResources (KIP-1142; v0 was ListClientMetricsResources): the resource types of each
+# version, as Kafka's ListConfigResourcesRequest.supportedResourceTypes
+BROKER_LOGGER, CLIENT_METRICS, GROUP = 8, 16, 32
+_LISTABLE = {0: (CLIENT_METRICS,), 1: (TOPIC, BROKER, BROKER_LOGGER, CLIENT_METRICS, GROUP)}
+
+
+def _config_resources(broker: Broker, conn: Connection, types: set[int]) -> list[dict[str, Any]]:
+    """The resources of `types` that have configs, in Kafka's order (groups, client metrics,
+    broker loggers, brokers, topics). TidalMQ has no group configs and no client-metrics
+    subscriptions (none to list) and no broker loggers to describe (none listed either)."""
+    meta = broker.metadata
+    out: list[dict[str, Any]] = []
+    if BROKER in types:  # as Kafka: the brokers reachable on the client's listener
+        out += [{"resource_name": str(b["node_id"]), "resource_type": BROKER}
+                for b in brokers_body(meta, conn.listener)]  # fmt: skip
+    if TOPIC in types:  # every topic, Kafka's internal ones included (not our hidden queues)
+        out += [{"resource_name": t.name, "resource_type": TOPIC}
+                for t in sorted(meta.topics.values(), key=lambda t: t.name) if t.listed]  # fmt: skip
+    return out
+
+
+@api(74, "ListConfigResources", 0, 1)
+async def handle_list_config_resources(broker: Broker, request: Request, conn: Connection) -> Any:
+    """As Kafka's handleListConfigResources: DESCRIBE_CONFIGS on the cluster (else
+    CLUSTER_AUTHORIZATION_FAILED); no types asked: every type of the version; a type the
+    version does not list: UNSUPPORTED_VERSION."""
+    out: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none, "config_resources": []}
+    if not broker.authorizer.allows(
+        conn, AclOperation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME
+    ):
+        out["error_code"] = ErrorCode.cluster_authorization_failed
+        return out
+    supported = _LISTABLE[min(request.api_version, 1)]
+    asked = set(getattr(request.body, "resource_types", ()) or supported)
+    if not asked <= set(supported):
+        out["error_code"] = ErrorCode.unsupported_version
+        return out
+    resources = _config_resources(broker, conn, asked)
+    if request.api_version == 0:  # v0's resources have a name only (client metrics)
+        resources = [{"resource_name": r["resource_name"]} for r in resources]
+    out["config_resources"] = resources
+    return out

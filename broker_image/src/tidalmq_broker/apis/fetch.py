@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 EARLIEST = -2
 LATEST = -1
 MAX_TIMESTAMP = -3  # ListOffsets v7 (KIP-734): the record with the greatest timestamp
+# the tiered-storage lookups (KIP-1005, KIP-1023), answered as Kafka without remote storage
+# answers them (UnifiedLog.fetchOffsetByTimestamp): the whole log is local, so the earliest
+# local offset is the log start offset, and nothing is tiered or waiting to be
+EARLIEST_LOCAL = -4  # v8+
+LATEST_TIERED = -5  # v9+
+EARLIEST_PENDING_UPLOAD = -6  # v11+
+_NOT_TIERED = {LATEST_TIERED: 9, EARLIEST_PENDING_UPLOAD: 11}  # timestamp -> first version
 
 
 def check_leader_epoch(plog: PartitionLog, requested: int) -> ErrorCode | None:
@@ -155,8 +162,11 @@ def _fetch_error(body: Any, code: ErrorCode, version: int) -> EncodedBody:
     return encode_fetch_response(version, topics, error_code=code.value)
 
 
-@api(2, "ListOffsets", 1, 7)
+# v8-v11 only add the tiered-storage timestamps above (and v10 a timeout for remote reads,
+# which never happen here): kafka-python configured for Kafka 4.x sends v10
+@api(2, "ListOffsets", 1, 11)
 async def handle_list_offsets(broker: Broker, request: Request, conn: Connection) -> Any:
+    version = request.api_version
     topics = []
     for topic in request.body.topics:
         partitions = []
@@ -178,11 +188,13 @@ async def handle_list_offsets(broker: Broker, request: Request, conn: Connection
                     partitions.append(out)
                     continue
                 out["leader_epoch"] = plog.leader_epoch
-                if p.timestamp == EARLIEST:
+                if p.timestamp == EARLIEST or (p.timestamp == EARLIEST_LOCAL and version >= 8):
                     out["offset"] = plog.log_start_offset
+                elif p.timestamp in _NOT_TIERED and version >= _NOT_TIERED[p.timestamp]:
+                    out["leader_epoch"] = -1  # Kafka's (-1, -1, epoch -1)
                 elif p.timestamp == LATEST:
                     out["offset"] = plog.high_watermark
-                elif p.timestamp == MAX_TIMESTAMP and request.api_version >= 7:
+                elif p.timestamp == MAX_TIMESTAMP and version >= 7:
                     found = await plog.offset_of_max_timestamp()
                     if found is not None:
                         out["offset"], out["timestamp"] = found.offset, found.timestamp

@@ -1,7 +1,7 @@
 """Consumer group APIs: FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets, admin.
 
 Authorized as Kafka does (KafkaApis): FindCoordinator DESCRIBE on the group (or transactional
-id); JoinGroup, SyncGroup, Heartbeat, LeaveGroup and OffsetCommit READ on the group
+id), CLUSTER_ACTION on the cluster for a share-group key (v6); JoinGroup, SyncGroup, Heartbeat, LeaveGroup and OffsetCommit READ on the group
 (GROUP_AUTHORIZATION_FAILED), OffsetCommit also READ on each topic; OffsetFetch and
 DescribeGroups DESCRIBE on the group, OffsetFetch also DESCRIBE on each topic (a topic refused
 is left out when every offset is asked for, TOPIC_AUTHORIZATION_FAILED when named); ListGroups
@@ -30,17 +30,22 @@ if TYPE_CHECKING:
 GROUP_KEY = 0
 CLASSIC_GROUP_TYPE = "classic"
 TRANSACTION_KEY = 1
+SHARE_KEY = 2  # FindCoordinator v6 (KIP-932): the share coordinator, asked by brokers
 _GROUP = ResourceType.GROUP
 _TOPIC = ResourceType.TOPIC
 GROUP_DENIED = "Group authorization failed."
 TXN_DENIED = "Transactional Id authorization failed."
+CLUSTER_DENIED = "Cluster authorization failed."
+SHARE_UNSUPPORTED = "TidalMQ has no share groups (KIP-932): no share coordinator"
 
 
 def _may(broker: Broker, conn: Connection, op: AclOperation, rt: ResourceType, name: str) -> bool:
     return broker.authorizer.allows(conn, op, rt, name)
 
 
-def _found(broker: Broker, conn: Connection, key: str, key_type: int) -> dict[str, Any]:
+def _found(
+    broker: Broker, conn: Connection, key: str, key_type: int, version: int
+) -> dict[str, Any]:
     """FindCoordinator for one key: DESCRIBE on the group (or transactional id) first."""
     if key_type == GROUP_KEY and not _may(broker, conn, AclOperation.DESCRIBE, _GROUP, key):
         code, message = ErrorCode.group_authorization_failed, GROUP_DENIED
@@ -48,6 +53,19 @@ def _found(broker: Broker, conn: Connection, key: str, key_type: int) -> dict[st
         broker, conn, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key
     ):
         code, message = ErrorCode.transactional_id_authorization_failed, TXN_DENIED
+    elif key_type == SHARE_KEY:
+        # as Kafka: INVALID_REQUEST below v6; at v6 CLUSTER_ACTION on the cluster first (share
+        # coordinators are found by brokers), then INVALID_REQUEST where no share coordinator
+        # runs (Kafka without share groups); TidalMQ has no share groups (KIP-932)
+        if version >= 6 and not _may(
+            broker, conn, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME
+        ):
+            code, message = ErrorCode.cluster_authorization_failed, CLUSTER_DENIED
+        else:
+            code = ErrorCode.invalid_request
+            message = (
+                SHARE_UNSUPPORTED if version >= 6 else "share-group keys need FindCoordinator v6"
+            )
     else:
         return _find(broker, key, key_type, conn.listener)
     return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": code,
@@ -92,16 +110,22 @@ def _find(broker: Broker, key: str, key_type: int, listener: str) -> dict[str, A
     return out
 
 
-@api(10, "FindCoordinator", 0, 4)
+# v4 batches keys; v5 only allows TRANSACTION_ABORTABLE in answers (never sent: no
+# transactions); v6 adds the share-group key type (answered INVALID_REQUEST, as Kafka without a
+# share coordinator)
+@api(10, "FindCoordinator", 0, 6)
 async def handle_find_coordinator(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
+    version = request.api_version
     key_type = getattr(body, "key_type", GROUP_KEY)
-    if request.api_version >= 4:
+    if version >= 4:
         return {
             "throttle_time": 0,
-            "coordinators": [_found(broker, conn, k, key_type) for k in body.coordinator_keys],
+            "coordinators": [
+                _found(broker, conn, k, key_type, version) for k in body.coordinator_keys
+            ],
         }
-    found = _found(broker, conn, body.key, key_type)
+    found = _found(broker, conn, body.key, key_type, version)
     return {"throttle_time": 0, **found}
 
 

@@ -11,7 +11,6 @@ LOG_DIR_NOT_FOUND.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
@@ -19,21 +18,13 @@ from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.settings import log_dir_name
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
     from tidalmq_broker.server.listener import Connection
 
 UNKNOWN_VOLUME_BYTES = -1  # Kafka's value when a volume's size is not known (object storage)
-
-
-def log_dir_name(storage_url: str) -> str:
-    """The log directory a broker reports: its object store, without query or credentials."""
-    parts = urlsplit(storage_url)
-    if parts.scheme == "file":
-        return parts.path or "/"
-    host = parts.hostname or ""
-    return urlunsplit((parts.scheme, host, parts.path, "", "")) or storage_url
 
 
 @api(35, "DescribeLogDirs", 1, 5)

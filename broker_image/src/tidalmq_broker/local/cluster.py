@@ -559,6 +559,13 @@ async def _serve(args: argparse.Namespace, data: Path, storage_url: str, token: 
         controller_port=args.controller_port,
         control_token=token,
         security=security,
+        # --auto-create-topics, else the environment's TIDALMQ_AUTO_CREATE_TOPICS, else the
+        # broker's default (true, as Kafka)
+        broker_env=(
+            {"TIDALMQ_AUTO_CREATE_TOPICS": args.auto_create_topics}
+            if getattr(args, "auto_create_topics", None)
+            else {}
+        ),
     )
 
     def forced(message: str) -> None:  # in a signal handler: SIGKILL, print, no waiting

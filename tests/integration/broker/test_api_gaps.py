@@ -1,0 +1,200 @@
+"""The last API gaps of [E2] with real clients against a real broker: kafka-python configured
+for Kafka 4.0 (FindCoordinator v6) consuming in a group, confluent-kafka's describe_configs of a
+broker (its listeners, read-only), producers to unknown topics with auto.create.topics.enable on
+(Kafka's default) and off, and ListConfigResources through Kafka 4.3.1's kafka-configs and the
+wire."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
+from kafka import KafkaConsumer
+from kafka.protocol.broker_version_data import BrokerVersionData
+from kafka.structs import TopicPartition
+from kio.schema.errors import ErrorCode
+from tidalmq_broker.admin_client import AdminClient as ProtocolAdmin
+
+from bench.kafka.harness import KafkaDist, run_tool
+from tests.integration.broker.clients import create_topic, producer
+from tests.support.broker_process import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+DEFAULT_PARTITIONS = 2
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """auto.create.topics.enable left at its default (on, as Kafka)."""
+    base = tmp_path_factory.mktemp("api-gaps")
+    with BrokerProcess(f"file://{base / 'objects'}", base / "logs",
+                       args=["--default-partitions", str(DEFAULT_PARTITIONS)]) as proc:  # fmt: skip
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    base = tmp_path_factory.mktemp("api-gaps-strict")
+    with BrokerProcess(f"file://{base / 'objects'}", base / "logs",
+                       args=["--auto-create-topics", "false"]) as proc:  # fmt: skip
+        yield proc
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def topics(bootstrap: str) -> dict[str, int]:
+    """Every topic and its partition count (an every-topic request creates nothing)."""
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    return {name: len(t.partitions) for name, t in md.topics.items()}
+
+
+# ---------------------------------------------------------------- FindCoordinator v6
+def test_kafka_python_for_kafka_4_consumes_in_a_group(broker: BrokerProcess) -> None:
+    # api_version=(4, 0) makes kafka-python use Kafka 4.0's versions (FindCoordinator v6), not
+    # the broker's ApiVersions answer
+    assert BrokerVersionData((4, 0)).api_versions[10] == (0, 6)
+    topic, group = unique("kp4"), unique("kp4-group")
+    create_topic(broker.bootstrap, topic, 3)
+    p = producer(broker.bootstrap)
+    for i in range(30):
+        p.produce(topic, value=b"v%d" % i, partition=i % 3)
+    assert p.flush(30) == 0
+
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=broker.bootstrap, api_version=(4, 0), group_id=group,
+        auto_offset_reset="earliest", enable_auto_commit=False, session_timeout_ms=10_000,
+        heartbeat_interval_ms=1000,
+    )  # fmt: skip
+    try:
+        seen: set[bytes] = set()
+        deadline = time.monotonic() + 60
+        while len(seen) < 30 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                seen.update(r.value for r in records)
+        assert seen == {b"v%d" % i for i in range(30)}
+        consumer.commit()
+        committed = {p: consumer.committed(TopicPartition(topic, p)) for p in range(3)}
+        assert committed == {0: 10, 1: 10, 2: 10}
+    finally:
+        consumer.close()
+
+
+def test_find_coordinator_v6_on_the_wire(broker: BrokerProcess) -> None:
+    with ProtocolAdmin(broker.bootstrap) as admin:
+        found = admin.call(10, 6, {"key_type": 0, "coordinator_keys": ["g-a", "g-b"]})
+        assert [(c.key, c.error_code, c.node_id) for c in found.coordinators] == [
+            ("g-a", ErrorCode.none, 0), ("g-b", ErrorCode.none, 0)]  # fmt: skip
+        # a share-group key (KIP-932): an error, and the connection stays usable
+        share = admin.call(10, 6, {"key_type": 2, "coordinator_keys": ["g:id:0"]})
+        (c,) = share.coordinators
+        assert c.error_code == ErrorCode.invalid_request and c.node_id == -1
+        again = admin.call(10, 6, {"key_type": 0, "coordinator_keys": ["g-a"]})
+        assert again.coordinators[0].error_code == ErrorCode.none
+
+
+# ---------------------------------------------------------------- DescribeConfigs
+def test_describe_configs_of_a_broker_shows_its_listeners_read_only(
+    broker: BrokerProcess,
+) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    res = ConfigResource(ConfigResource.Type.BROKER, "0")
+    configs = admin.describe_configs([res])[res].result(30)
+    expected = {
+        "listeners": f"PLAINTEXT://127.0.0.1:{broker.port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{broker.port}",
+        "log.dirs": str(Path(broker.storage_url.removeprefix("file://"))),
+        "process.roles": "broker,controller",  # the embedded controller
+        "node.id": "0",
+        "auto.create.topics.enable": "true",
+        "num.partitions": str(DEFAULT_PARTITIONS),
+    }
+    for name, value in expected.items():
+        entry = configs[name]
+        assert (entry.value, entry.is_read_only, entry.source) == (
+            value, True, ConfigSource.STATIC_BROKER_CONFIG.value), name  # fmt: skip
+    assert "listener.security.protocol.map" in configs
+    assert configs["broker.rack"].value is None and configs["broker.rack"].is_default
+
+
+# ---------------------------------------------------------------- auto.create.topics.enable
+def test_a_producer_creates_an_unknown_topic(broker: BrokerProcess) -> None:
+    topic = unique("auto")
+    assert topic not in topics(broker.bootstrap)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 30_000})
+    errors: list[KafkaError | None] = []
+    for i in range(4):
+        p.produce(topic, b"x%d" % i, on_delivery=lambda e, m: errors.append(e))
+    assert p.flush(30) == 0
+    assert errors == [None] * 4
+    assert topics(broker.bootstrap)[topic] == DEFAULT_PARTITIONS  # num.partitions
+
+
+def test_with_auto_create_off_a_producer_gets_unknown_topic(strict: BrokerProcess) -> None:
+    topic = unique("noauto")
+    p = Producer({"bootstrap.servers": strict.bootstrap, "message.timeout.ms": 20_000,
+                  "topic.metadata.propagation.max.ms": 100})  # fmt: skip
+    errors: list[KafkaError] = []
+    p.produce(topic, b"x", on_delivery=lambda e, m: errors.append(e))
+    assert p.flush(15) == 0
+    assert errors and errors[0] is not None
+    assert errors[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART, errors[0]
+    assert topic not in topics(strict.bootstrap)
+
+
+# ---------------------------------------------------------------- ListConfigResources
+def test_list_config_resources_on_the_wire(broker: BrokerProcess) -> None:
+    topic = unique("lcr")
+    create_topic(broker.bootstrap, topic, 1)
+    with ProtocolAdmin(broker.bootstrap) as admin:
+        every = admin.call(74, 1, {"resource_types": []})
+        assert every.error_code == ErrorCode.none
+        listed = {(r.resource_type, r.resource_name) for r in every.config_resources}
+        assert (4, "0") in listed and (2, topic) in listed and (2, "__consumer_offsets") in listed
+        brokers = admin.call(74, 1, {"resource_types": [4]})
+        assert [(r.resource_type, r.resource_name) for r in brokers.config_resources] == [(4, "0")]
+        assert admin.call(74, 1, {"resource_types": [1]}).error_code == (
+            ErrorCode.unsupported_version)  # fmt: skip
+        v0 = admin.call(74, 0, {})  # client-metrics resources: none
+        assert (v0.error_code, v0.config_resources) == (ErrorCode.none, ())
+
+
+def test_kafka_configs_lists_client_metrics(
+    broker: BrokerProcess, apache_kafka_dist: KafkaDist
+) -> None:
+    """kafka-configs --describe --entity-type client-metrics without --entity-name asks
+    Admin#listConfigResources (ListConfigResources v1, type 16): none to list. (With
+    --entity-type groups it then describes each group's configs, which TidalMQ does not offer:
+    README, Status and limits.)"""
+    proc = run_tool("kafka-configs", "--describe", "--entity-type", "client-metrics",
+                    bootstrap=broker.bootstrap, dist=apache_kafka_dist)  # fmt: skip
+    output = f"{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    assert "Exception" not in output and proc.stdout.strip() == "", output
+
+
+# ---------------------------------------------------------------- ListOffsets v8+
+def test_kafka_get_offsets_tiered_lookups(
+    broker: BrokerProcess, apache_kafka_dist: KafkaDist
+) -> None:
+    """ListOffsets v8+ (kafka-python for Kafka 4.x sends v10 when a group has no offsets):
+    answered as by a Kafka without remote storage."""
+    topic = unique("tiers")
+    create_topic(broker.bootstrap, topic, 1)
+    p = producer(broker.bootstrap)
+    for i in range(5):
+        p.produce(topic, b"v%d" % i, partition=0)
+    assert p.flush(30) == 0
+    # -5 (latest tiered) is offset -1, which the tool leaves out of its output
+    for time_arg, expected in (("-4", [f"{topic}:0:0"]), ("-5", []), ("-1", [f"{topic}:0:5"])):
+        proc = run_tool("kafka-get-offsets", "--topic", topic, "--time", time_arg,
+                        bootstrap=broker.bootstrap, dist=apache_kafka_dist)  # fmt: skip
+        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+        assert proc.stdout.split() == expected, (time_arg, proc.stdout, proc.stderr)

@@ -1,0 +1,288 @@
+"""FindCoordinator up to v6, ListConfigResources and the static broker configs of
+DescribeConfigs, in-process: each answer goes through kio's schema both ways (what a client
+reads), and the README's list of APIs not offered is checked against Kafka 4.3.1's."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
+from kio.schema.errors import ErrorCode
+from tidalmq_broker.apis.api_versions import api_versions_body
+from tidalmq_broker.apis.metadata import TopicEncodings
+from tidalmq_broker.apis.registry import REGISTRY, supported_versions
+from tidalmq_broker.protocol.codec import (
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+from tidalmq_broker.security.authorizer import Authorizer
+from tidalmq_broker.settings import BrokerSettings
+from tidalmq_core.acls import AclBinding, AclOperation, PatternType, PermissionType, ResourceType
+from tidalmq_core.metadata import (
+    OFFSETS_TOPIC,
+    BrokerInfo,
+    ClusterMetadata,
+    Endpoint,
+    PartitionState,
+    TopicInfo,
+)
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+CLUSTER = "kafka-cluster"
+GROUP_KEY, TXN_KEY, SHARE_KEY = 0, 1, 2
+TOPIC, BROKER, BROKER_LOGGER, CLIENT_METRICS, GROUP = 2, 4, 8, 16, 32
+STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 4, 5
+
+# Apache Kafka 4.3.1's APIs on a broker listener (ApiKeys.apisForListener(BROKER) of
+# kafka-clients-4.3.1.jar): key -> name
+KAFKA_BROKER_APIS = {
+    0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
+    9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup",
+    14: "SyncGroup", 15: "DescribeGroups", 16: "ListGroups", 17: "SaslHandshake",
+    18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 21: "DeleteRecords",
+    22: "InitProducerId", 23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn",
+    25: "AddOffsetsToTxn", 26: "EndTxn", 27: "WriteTxnMarkers", 28: "TxnOffsetCommit",
+    29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls", 32: "DescribeConfigs",
+    33: "AlterConfigs", 34: "AlterReplicaLogDirs", 35: "DescribeLogDirs", 36: "SaslAuthenticate",
+    37: "CreatePartitions", 38: "CreateDelegationToken", 39: "RenewDelegationToken",
+    40: "ExpireDelegationToken", 41: "DescribeDelegationToken", 42: "DeleteGroups",
+    43: "ElectLeaders", 44: "IncrementalAlterConfigs", 45: "AlterPartitionReassignments",
+    46: "ListPartitionReassignments", 47: "OffsetDelete", 48: "DescribeClientQuotas",
+    49: "AlterClientQuotas", 50: "DescribeUserScramCredentials",
+    51: "AlterUserScramCredentials", 55: "DescribeQuorum", 57: "UpdateFeatures",
+    60: "DescribeCluster", 61: "DescribeProducers", 64: "UnregisterBroker",
+    65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat",
+    69: "ConsumerGroupDescribe", 71: "GetTelemetrySubscriptions", 72: "PushTelemetry",
+    74: "ListConfigResources", 75: "DescribeTopicPartitions", 76: "ShareGroupHeartbeat",
+    77: "ShareGroupDescribe", 78: "ShareFetch", 79: "ShareAcknowledge", 80: "AddRaftVoter",
+    81: "RemoveRaftVoter", 83: "InitializeShareGroupState", 84: "ReadShareGroupState",
+    85: "WriteShareGroupState", 86: "DeleteShareGroupState", 87: "ReadShareGroupStateSummary",
+    88: "StreamsGroupHeartbeat", 89: "StreamsGroupDescribe", 90: "DescribeShareGroupOffsets",
+    91: "AlterShareGroupOffsets", 92: "DeleteShareGroupOffsets",
+}  # fmt: skip
+
+
+def allow(rt: ResourceType, name: str, op: AclOperation) -> AclBinding:
+    return AclBinding(rt, name, PatternType.LITERAL, "User:bob", "*", op, PermissionType.ALLOW)
+
+
+def broker(*bindings: AclBinding, settings: BrokerSettings | None = None) -> Any:
+    meta = ClusterMetadata("c", version=3)
+    meta.brokers = {
+        0: BrokerInfo(0, "b0", 9092),
+        1: BrokerInfo(1, "b1", 9092),
+        2: BrokerInfo(2, "b2", 9092, state="dead"),
+        3: BrokerInfo(3, "b3", 9093, listeners=[Endpoint("SASL_SSL", "b3", 9093, "SASL_SSL")]),
+    }
+    meta.topics = {
+        "orders": TopicInfo("orders", str(uuid.UUID(int=1)), [PartitionState(0, 0, [0])]),
+        "__sq.hidden": TopicInfo("__sq.hidden", str(uuid.UUID(int=2)),
+                                 [PartitionState(0, 0, [0])], internal=True),
+        OFFSETS_TOPIC: TopicInfo(OFFSETS_TOPIC, str(uuid.UUID(int=3)),
+                                 [PartitionState(1, 0, [1])], internal=True),
+    }  # fmt: skip
+    authorizer = Authorizer(enabled=True)
+    authorizer.load(list(bindings))
+    settings = settings or BrokerSettings(controller_url="http://ctl:9690")
+    return SimpleNamespace(
+        metadata=meta, authorizer=authorizer, settings=settings, broker_id=settings.broker_id,
+        advertised=[Endpoint("PLAINTEXT", "b0", 9092)], metadata_encodings=TopicEncodings(),
+        groups=SimpleNamespace(partition_for=lambda key: 0),
+    )  # fmt: skip
+
+
+BOB = SimpleNamespace(principal="User:bob", host="10.0.0.1", listener="PLAINTEXT",
+                      client_id="t", peer="10.0.0.1:5000")  # fmt: skip
+
+
+async def call(b: Any, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
+    """The handler's answer as a client reads it: request and response through kio."""
+    request = decode_request(encode_request(api_key, version, 1, body)[4:], supported_versions())
+    answer = await REGISTRY[api_key].handler(b, request, BOB)  # type: ignore[arg-type]
+    raw = encode_response(api_key, version, 1, answer)
+    return dataclasses.asdict(decode_response(api_key, version, raw[4:])[1])
+
+
+# ---------------------------------------------------------------- versions
+def test_versions_offered() -> None:
+    offered = {a["api_key"]: (a["min_version"], a["max_version"])
+               for a in api_versions_body()["api_keys"]}  # fmt: skip
+    assert offered[10] == (0, 6)  # FindCoordinator: kafka-python's api_version=(4, x) sends v6
+    assert offered[74] == (0, 1)  # ListConfigResources
+    assert supported_versions()[10] == (0, 6)
+
+
+def test_readme_lists_exactly_the_apis_not_offered() -> None:
+    text = " ".join(README.read_text().split())
+    start = text.index("APIs of Apache Kafka 4.3.1's broker listener not offered")
+    section = text[start : text.index("FindCoordinator answers share-group keys", start)]
+    listed = set(re.findall(r"\b[A-Z][a-z]+[A-Z][A-Za-z]*\b", section.split("):", 1)[1]))
+    missing = {name for key, name in KAFKA_BROKER_APIS.items() if key not in REGISTRY}
+    assert listed == missing
+    extra = {s.name for k, s in REGISTRY.items() if k not in KAFKA_BROKER_APIS}
+    assert not extra, extra  # nothing offered that Kafka's broker listener does not offer
+
+
+# ---------------------------------------------------------------- FindCoordinator
+async def test_find_coordinator_v6_batched_group_keys() -> None:
+    b = broker(allow(ResourceType.GROUP, "*", AclOperation.DESCRIBE))
+    for version in (4, 5, 6):
+        answer = await call(b, 10, version, {"key_type": GROUP_KEY,
+                                             "coordinator_keys": ["g1", "g2"]})  # fmt: skip
+        found = [(c["key"], c["error_code"], c["node_id"], c["host"], c["port"])
+                 for c in answer["coordinators"]]  # fmt: skip
+        assert found == [("g1", ErrorCode.none, 1, "b1", 9092),
+                         ("g2", ErrorCode.none, 1, "b1", 9092)], version  # fmt: skip
+    old = await call(b, 10, 3, {"key": "g1", "key_type": GROUP_KEY})
+    assert (old["error_code"], old["node_id"]) == (ErrorCode.none, 1)
+
+
+async def test_find_coordinator_share_keys_get_an_error_not_a_crash() -> None:
+    share = {"key_type": SHARE_KEY, "coordinator_keys": ["g:topicid:0"]}
+    b = broker()  # no CLUSTER_ACTION: as Kafka, refused first
+    (c,) = (await call(b, 10, 6, share))["coordinators"]
+    assert (c["error_code"], c["node_id"], c["port"]) == (
+        ErrorCode.cluster_authorization_failed, -1, -1)  # fmt: skip
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.CLUSTER_ACTION))
+    (c,) = (await call(b, 10, 6, share))["coordinators"]
+    # Kafka without a share coordinator: INVALID_REQUEST (TidalMQ has no share groups)
+    assert (c["error_code"], c["node_id"]) == (ErrorCode.invalid_request, -1)
+    assert "share groups" in c["error_message"]
+    (c,) = (await call(b, 10, 5, share))["coordinators"]  # below v6: INVALID_REQUEST
+    assert c["error_code"] == ErrorCode.invalid_request
+
+
+async def test_find_coordinator_v6_keeps_group_and_transaction_authorization() -> None:
+    b = broker()
+    (c,) = (await call(b, 10, 6, {"key_type": GROUP_KEY, "coordinator_keys": ["g"]}))[
+        "coordinators"
+    ]
+    assert c["error_code"] == ErrorCode.group_authorization_failed
+    (c,) = (await call(b, 10, 6, {"key_type": TXN_KEY, "coordinator_keys": ["t"]}))["coordinators"]
+    assert c["error_code"] == ErrorCode.transactional_id_authorization_failed
+
+
+# ---------------------------------------------------------------- ListConfigResources
+async def test_list_config_resources_needs_describe_configs_on_the_cluster() -> None:
+    for version in (0, 1):
+        answer = await call(broker(), 74, version, {})
+        assert answer["error_code"] == ErrorCode.cluster_authorization_failed
+        assert answer["config_resources"] == ()
+
+
+async def test_list_config_resources_v1_brokers_and_topics() -> None:
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS))
+    every = await call(b, 74, 1, {"resource_types": []})
+    assert every["error_code"] == ErrorCode.none
+    # the live brokers on the client's listener, then every topic (Kafka's internal one too,
+    # not the hidden physical queues of static topics)
+    assert [(r["resource_type"], r["resource_name"]) for r in every["config_resources"]] == [
+        (BROKER, "0"), (BROKER, "1"), (TOPIC, OFFSETS_TOPIC), (TOPIC, "orders")]  # fmt: skip
+    topics = await call(b, 74, 1, {"resource_types": [TOPIC]})
+    assert [r["resource_name"] for r in topics["config_resources"]] == [OFFSETS_TOPIC, "orders"]
+    # no group configs, client-metrics subscriptions or broker loggers to list
+    none = await call(b, 74, 1, {"resource_types": [GROUP, CLIENT_METRICS, BROKER_LOGGER]})
+    assert (none["error_code"], none["config_resources"]) == (ErrorCode.none, ())
+    bad = await call(b, 74, 1, {"resource_types": [TOPIC, 99]})
+    assert (bad["error_code"], bad["config_resources"]) == (ErrorCode.unsupported_version, ())
+
+
+async def test_list_config_resources_v0_lists_client_metrics_only() -> None:
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS))
+    answer = await call(b, 74, 0, {})
+    assert (answer["error_code"], answer["config_resources"]) == (ErrorCode.none, ())
+
+
+# ---------------------------------------------------------------- DescribeConfigs (brokers)
+async def describe_broker(b: Any, name: str = "0") -> dict[str, dict[str, Any]]:
+    answer = await call(b, 32, 4, {"resources": [{"resource_type": BROKER, "resource_name": name,
+                                                  "configuration_keys": None}],
+                                   "include_synonyms": True,
+                                   "include_documentation": False})  # fmt: skip
+    (result,) = answer["results"]
+    assert result["error_code"] == ErrorCode.none, result
+    return {c["name"]: c for c in result["configs"]}
+
+
+async def test_broker_configs_include_the_static_listener_and_role_settings() -> None:
+    settings = BrokerSettings(
+        listeners="PLAINTEXT://0.0.0.0:9092,SASL_SSL://0.0.0.0:9093",
+        advertised_listeners="PLAINTEXT://b0:9092,SASL_SSL://b0.example:9093",
+        storage_url="s3://bucket/prefix?endpoint_url=http://minio:9000&region=x",
+        controller_url="http://ctl:9690", rack="zone-a",
+    )  # fmt: skip
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS),
+               settings=settings)  # fmt: skip
+    configs = await describe_broker(b)
+    expected = {
+        "listeners": "PLAINTEXT://0.0.0.0:9092,SASL_SSL://0.0.0.0:9093",
+        "advertised.listeners": "PLAINTEXT://b0:9092,SASL_SSL://b0.example:9093",
+        "listener.security.protocol.map":
+            "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+        "log.dirs": "s3://bucket/prefix",  # as DescribeLogDirs: no query, no credentials
+        "process.roles": "broker",
+        "broker.rack": "zone-a",
+        "node.id": "0",
+        "broker.id": "0",
+        "auto.create.topics.enable": "true",
+    }  # fmt: skip
+    for name, value in expected.items():
+        c = configs[name]
+        assert (c["value"], c["read_only"], c["config_source"]) == (
+            value, True, STATIC_BROKER_CONFIG), (name, c)  # fmt: skip
+        assert [(s["name"], s["value"], s["source"]) for s in c["synonyms"]] == [
+            (name, value, STATIC_BROKER_CONFIG)]  # fmt: skip
+    assert configs["advertised.listeners"]["config_type"] == 2  # STRING
+    assert configs["process.roles"]["config_type"] == 7  # LIST
+    assert configs["auto.create.topics.enable"]["config_type"] == 1  # BOOLEAN
+
+
+async def test_broker_configs_defaults_of_an_embedded_controller_broker() -> None:
+    settings = BrokerSettings(host="127.0.0.1", port=19092, storage_url="file:///data/objects")
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS),
+               settings=settings)  # fmt: skip
+    b.advertised = [Endpoint("PLAINTEXT", "127.0.0.1", 19092)]
+    configs = await describe_broker(b)
+    assert configs["listeners"]["value"] == "PLAINTEXT://127.0.0.1:19092"
+    # not set: the endpoints the broker registered
+    assert configs["advertised.listeners"]["value"] == "PLAINTEXT://127.0.0.1:19092"
+    assert configs["log.dirs"]["value"] == "/data/objects"
+    assert configs["process.roles"]["value"] == "broker,controller"
+    rack = configs["broker.rack"]  # Kafka's null default
+    assert (rack["value"], rack["config_source"], rack["read_only"]) == (None, DEFAULT_CONFIG, True)
+
+
+# ---------------------------------------------------------------- ListOffsets v8-v11
+async def test_list_offsets_tiered_lookups_as_kafka_without_remote_storage() -> None:
+    b = broker(allow(ResourceType.TOPIC, "orders", AclOperation.DESCRIBE))
+    plog = SimpleNamespace(leader_epoch=3, log_start_offset=5, high_watermark=9)
+    b.partitions = SimpleNamespace(get_log=lambda tp: plog)
+    assert supported_versions()[2] == (1, 11)
+
+    async def lookup(version: int, timestamp: int) -> tuple[int, int, int, int]:
+        body: dict[str, Any] = {
+            "replica_id": -1, "isolation_level": 0,
+            "topics": [{"name": "orders", "partitions": [
+                {"partition_index": 0, "current_leader_epoch": -1, "timestamp": timestamp}]}],
+        }  # fmt: skip
+        if version >= 10:
+            body["timeout"] = 1000
+        (topic,) = (await call(b, 2, version, body))["topics"]
+        (p,) = topic["partitions"]
+        return p["error_code"], p["offset"], p["timestamp"], p["leader_epoch"]
+
+    for version in (8, 9, 10, 11):
+        # the whole log is local: earliest-local is the log start offset
+        assert await lookup(version, -4) == (ErrorCode.none, 5, -1, 3), version
+        assert await lookup(version, -2) == (ErrorCode.none, 5, -1, 3)
+        assert await lookup(version, -1) == (ErrorCode.none, 9, -1, 3)
+    for version in (9, 10, 11):  # nothing is tiered: Kafka's (-1, -1, epoch -1)
+        assert await lookup(version, -5) == (ErrorCode.none, -1, -1, -1), version
+    assert await lookup(11, -6) == (ErrorCode.none, -1, -1, -1)  # nothing waits for upload
