@@ -5,8 +5,11 @@ read answers TOPIC_AUTHORIZATION_FAILED), a spec change is applied as an ACL dif
 the User revokes its credential, its ACLs and its Secret.
 
 The broker has a PLAINTEXT listener for the test's own admin work, whose `User:ANONYMOUS` is a
-super user (what an internal listener of a Kafka cluster is sometimes given), and a
-SASL_PLAINTEXT listener for the User's clients (TLS is the security suite's business)."""
+super user (what an internal listener of a Kafka cluster is sometimes given), a SASL_PLAINTEXT
+listener for SCRAM Users' clients, and an SSL listener that requires client certificates from
+the clients CA, with the chart's principal mapping (CN=NAME is User:NAME), for tls Users. The
+clients CA is the Secret the operator signs with, made before the broker starts (as the chart
+makes it)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
+from tidalmq_broker.security import certs
+from tidalmq_operator import users
 
 from tests.integration.operator.test_operator import (  # noqa: F401  (fixtures)
     BROKER_ENV,
@@ -45,6 +50,7 @@ from tests.support.broker_process import BrokerProcess, free_port
 from tests.support.kube_apiserver import ApiServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+CLIENTS_CA = "test-clients-ca"
 
 
 @pytest.fixture
@@ -56,19 +62,35 @@ def secured(api_with_crds: ApiServer, tmp_path: Path) -> Iterator[dict[str, Any]
     ns = f"u-{uuid.uuid4().hex[:8]}"
     api_with_crds.kubectl("create", "namespace", ns)
     storage = f"file://{tmp_path / 'objects'}"
-    op = OperatorProcess(api_with_crds, ns, storage, tmp_path)
+    # the clients CA (the chart's FULLNAME-clients-ca) and the broker's own certificate
+    clients_ca = users.new_clients_ca()
+    api_with_crds.kubectl("-n", ns, "create", "secret", "generic", CLIENTS_CA,
+                          f"--from-literal=tls.crt={clients_ca.cert_pem.decode()}",
+                          f"--from-literal=tls.key={clients_ca.key_pem.decode()}")  # fmt: skip
+    (tmp_path / "clients-ca.pem").write_bytes(clients_ca.cert_pem)
+    server_ca = certs.new_ca("server CA")
+    (tmp_path / "server-ca.pem").write_bytes(server_ca.cert_pem())
+    certs.write_keystore(tmp_path / "broker.pem",
+                         certs.issue(server_ca, "broker", hosts=["127.0.0.1"]), server_ca)  # fmt: skip
+    op = OperatorProcess(api_with_crds, ns, storage, tmp_path,
+                         env={"TIDALMQ_CLIENTS_CA_SECRET": CLIENTS_CA})  # fmt: skip
     op.start()
     broker = BrokerProcess(storage, tmp_path / "logs", env=BROKER_ENV)
-    sasl_port = free_port()
+    sasl_port, ssl_port = free_port(), free_port()
     broker.args = [
         "--controller-url", op.controller_url,
-        "--listeners", f"PLAINTEXT://127.0.0.1:{broker.port},SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+        "--listeners", f"PLAINTEXT://127.0.0.1:{broker.port},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
+                       f"SSL://127.0.0.1:{ssl_port}",
         "--sasl-enabled-mechanisms", "SCRAM-SHA-512,SCRAM-SHA-256",
+        "--ssl-keystore-location", str(tmp_path / "broker.pem"),
+        "--ssl-truststore-location", str(tmp_path / "clients-ca.pem"),
+        "--ssl-client-auth", "required",
+        "--ssl-principal-mapping-rules", "RULE:^CN=([^,]+)$/$1/,DEFAULT",  # the chart's
         "--authorizer", "acl", "--super-users", "User:ANONYMOUS",
     ]  # fmt: skip
     broker.start()
     d = {"ns": ns, "operator": op, "broker": broker, "api": api_with_crds, "tmp": tmp_path,
-         "sasl": f"127.0.0.1:{sasl_port}"}  # fmt: skip
+         "sasl": f"127.0.0.1:{sasl_port}", "ssl": f"127.0.0.1:{ssl_port}"}  # fmt: skip
     try:
         yield d
     finally:
@@ -196,6 +218,43 @@ def test_user_credentials_and_acls_on_a_real_broker(secured: dict[str, Any]) -> 
     assert acls_of(admin, "User:alice") == set()
     assert authentication_fails(conf)
     wait_for(lambda: _gone(d, "secret", "alice"), what="Secret alice deleted")
+
+
+def test_tls_user_certificate_on_a_real_broker(secured: dict[str, Any]) -> None:
+    d = secured
+    plain = {"bootstrap.servers": d["broker"].bootstrap}
+    admin = AdminClient(plain)
+    for f in admin.create_topics([NewTopic(t, 1, 1) for t in ("certs", "secrets")]).values():
+        f.result(30)
+    producer = Producer(plain)
+    for t in ("certs", "secrets"):
+        producer.produce(t, b"hello " + t.encode())
+    assert producer.flush(30) == 0
+
+    apply(d, user("carol", [read("certs"), group_read("carol-")], kind="tls"))
+    wait_for(lambda: ready(d, "carol"), what="User carol Ready")
+    creds = secret(d, "carol")
+    files = d["tmp"] / "carol"
+    files.mkdir()
+    for key in ("user.crt", "user.key", "ca.crt"):
+        (files / key).write_text(creds[key])
+    assert creds["ca.crt"] == (d["tmp"] / "clients-ca.pem").read_text()  # the CA it was given
+    conf = {"bootstrap.servers": d["ssl"], "security.protocol": "SSL",
+            "ssl.ca.location": str(d["tmp"] / "server-ca.pem"),
+            "ssl.certificate.location": str(files / "user.crt"),
+            "ssl.key.location": str(files / "user.key")}  # fmt: skip
+    # the certificate is User:carol on the broker (CN=carol, the chart's mapping rule)
+    assert consume(conf, "certs", "carol-1") == b"hello certs"
+    assert consume(conf, "secrets", "carol-2") == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert acls_of(admin, "User:carol") == {("certs", "READ"), ("certs", "DESCRIBE"),
+                                            ("carol-", "READ")}  # fmt: skip
+
+    # deleting the User removes its ACLs (a certificate cannot be revoked: no CRLs, docs)
+    d["api"].kubectl("-n", d["ns"], "delete", "user", "carol", "--timeout=60s")
+    assert acls_of(admin, "User:carol") == set()
+    # refused: without its group ACL the group is checked first
+    assert consume(conf, "certs", "carol-3") in (KafkaError.GROUP_AUTHORIZATION_FAILED,
+                                                 KafkaError.TOPIC_AUTHORIZATION_FAILED)  # fmt: skip
 
 
 def test_invalid_user_is_not_ready(secured: dict[str, Any]) -> None:
