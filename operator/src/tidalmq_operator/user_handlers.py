@@ -9,6 +9,9 @@ cluster metadata the brokers authenticate and authorize against).
   with the same data, bindings already there are left alone), so a resume writes nothing.
   Ready=True when all is in place; Ready=False with a reason (InvalidSpec, PasswordSecretMissing,
   CredentialRefused, AclRefused) and a Warning Event when not, retried while it may heal.
+- every 5 minutes (a timer): the same reconcile, so what changed outside the spec (bindings
+  added with kafka-acls, a rotated password Secret, a certificate coming due, a deleted Secret)
+  is put right.
 - delete (finalizer): the user's SCRAM credentials and every ACL binding of its principal go,
   then its Secret (also owned by the User, so the garbage collector would take it too).
 
@@ -30,7 +33,12 @@ from tidalmq_core import scram
 from tidalmq_operator import users
 from tidalmq_operator.kube import Conflict, NotFound
 from tidalmq_operator.models import SpecError
-from tidalmq_operator.runtime import ControllerInactive, OperatorRuntime, condition
+from tidalmq_operator.runtime import (
+    ControllerInactive,
+    OperatorRuntime,
+    condition,
+    merge_conditions,
+)
 from tidalmq_operator.settings import GROUP, VERSION
 
 log = logging.getLogger(__name__)
@@ -38,6 +46,7 @@ log = logging.getLogger(__name__)
 PLURAL = "users"
 RETRY_S = 2.0
 RETRY_REFUSED_S = 15.0
+RESYNC_S = 300.0
 
 
 class UserNotReady(Exception):
@@ -56,9 +65,14 @@ def _ref(name: str, uid: str | None) -> dict[str, Any]:
 
 
 async def _set_status(rt: OperatorRuntime, name: str, gen: int | None, ready: bool, reason: str,
-                      message: str, **fields: Any) -> None:  # fmt: skip
-    status = {"observedGeneration": gen, "conditions": [condition("Ready", ready, reason, message, gen)],
-              **fields}  # fmt: skip
+                      message: str, current: Any = None, **fields: Any) -> None:  # fmt: skip
+    """Patch the User's status; nothing when `current` (the status read with the resource)
+    says the same already. lastTransitionTime moves only when Ready's status does."""
+    new = condition("Ready", ready, reason, message, gen)
+    old = list((current or {}).get("conditions") or [])
+    status = {"observedGeneration": gen, "conditions": merge_conditions(old, [new]), **fields}
+    if current and {k: current.get(k) for k in status} == status:
+        return
     try:
         await rt.kube.patch_status(PLURAL, name, status)
     except NotFound:
@@ -68,14 +82,15 @@ async def _set_status(rt: OperatorRuntime, name: str, gen: int | None, ready: bo
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def reconcile_user(spec: Any, name: str, meta: Any, memo: Any, **_: Any) -> None:
+async def reconcile_user(spec: Any, name: str, meta: Any, memo: Any, status: Any = None,
+                         **_: Any) -> None:  # fmt: skip
     rt = _runtime(memo)
     gen, uid = meta.get("generation"), meta.get("uid")
     ref = _ref(name, uid)
     try:
         user, desired = users.parse_user(name, dict(spec))
     except SpecError as exc:
-        await _set_status(rt, name, gen, False, "InvalidSpec", str(exc))
+        await _set_status(rt, name, gen, False, "InvalidSpec", str(exc), status)
         await rt.kube.event(ref, "InvalidSpec", str(exc), warning=True)
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     try:
@@ -87,18 +102,38 @@ async def reconcile_user(spec: Any, name: str, meta: Any, memo: Any, **_: Any) -
             changed = await _reconcile_credentials(rt, controller, name, uid, user)
             diff = await _reconcile_acls(controller, name, desired)
         except UserNotReady as exc:
-            await _set_status(rt, name, gen, False, exc.reason, str(exc), secret=name)
+            await _set_status(rt, name, gen, False, exc.reason, str(exc), status, secret=name)
             await rt.kube.event(ref, exc.reason, str(exc), warning=True)
             raise kopf.TemporaryError(f"{exc.reason}: {exc}", delay=RETRY_REFUSED_S) from exc
     how = user.mechanism or "TLS client certificate"
     message = f"{how} credentials in Secret {name}; {len(desired)} ACL bindings"
-    await _set_status(rt, name, gen, True, "Ready", message, secret=name,
+    await _set_status(rt, name, gen, True, "Ready", message, status, secret=name,
                       username=name, principal=users.principal_of(name))  # fmt: skip
     if changed:
         await rt.kube.event(ref, "CredentialsWritten", f"{how} credentials in Secret {name}")
     if not diff.empty:
         await rt.kube.event(ref, "AclsUpdated",
                             f"{len(diff.create)} ACL bindings added, {len(diff.delete)} removed")  # fmt: skip
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
+async def resync_user(spec: Any, name: str, meta: Any, memo: Any, status: Any = None,
+                      **_: Any) -> None:  # fmt: skip
+    """Level-based repair of drift, every RESYNC_S: bindings of the principal added or removed
+    with kafka-acls, a password changed in the Secret spec.authentication.password names, a
+    certificate coming due, the User's Secret deleted by hand. The same reconcile, which writes
+    only what differs; a spec that does not parse, or a controller not active on this replica,
+    is left to the handlers (which reported it)."""
+    try:
+        users.parse_user(name, dict(spec))
+    except SpecError:
+        return
+    if _runtime(memo).controller is None:
+        return
+    try:
+        await reconcile_user(spec=spec, name=name, meta=meta, memo=memo, status=status)
+    except kopf.TemporaryError:
+        pass  # in the status and an Event already; the next pass tries again
 
 
 # ---------------------------------------------------------------------------- credentials

@@ -174,6 +174,7 @@ class FakeKube:
         self.status: dict[str, dict[str, Any]] = {}
         self.events: list[tuple[str, str, bool]] = []
         self.writes = 0
+        self.status_patches = 0
 
     async def get_secret(self, name: str) -> dict[str, Any]:
         if name not in self.secrets:
@@ -201,6 +202,7 @@ class FakeKube:
 
     async def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> None:
         self.status[name] = status
+        self.status_patches += 1
 
     async def event(self, involved: dict[str, Any], reason: str, message: str, *,
                     warning: bool = False, **_: Any) -> None:  # fmt: skip
@@ -343,3 +345,40 @@ async def test_invalid_spec_and_foreign_secret(rt: FakeRuntime) -> None:
         await reconcile(rt, spec("scram-sha-512"), name="bob")
     assert "bob" not in rt.controller.metadata.scram_credentials  # nothing written for bob
     assert rt.kube.secrets["bob"]["data"] == {}
+
+
+async def test_resync_repairs_drift_and_writes_nothing_when_there_is_none(rt: FakeRuntime) -> None:
+    body = spec("scram-sha-512", acl({"type": "topic", "name": "orders"}, "Read"))
+    await reconcile(rt, body)
+    password = secret_of(rt)["password"]
+    current = copy.deepcopy(rt.kube.status["alice"])
+    version = rt.controller.journal.committed_version
+    patches, writes = rt.kube.status_patches, rt.kube.writes
+
+    async def resync() -> None:
+        await user_handlers.resync_user(spec=body, name="alice", meta=META, memo={"runtime": rt},
+                                        status=rt.kube.status["alice"])  # fmt: skip
+
+    await resync()  # nothing drifted: no commit, no Secret write, no status patch
+    assert rt.controller.journal.committed_version == version
+    assert (rt.kube.status_patches, rt.kube.writes) == (patches, writes)
+    assert rt.kube.status["alice"] == current
+
+    # drift: a binding added with kafka-acls, the granted one removed, the Secret deleted
+    await rt.controller.create_acls([b("payroll")])
+    await rt.controller.delete_acls([users.exact_filter(b("orders"))])
+    del rt.kube.secrets["alice"]
+    await resync()
+    assert acls_of(rt) == {b("orders")}
+    assert secret_of(rt)["password"] != password  # a new one: the old was only in the Secret
+    cred = rt.controller.metadata.scram_credentials["alice"]["SCRAM-SHA-512"]
+    assert scram.password_matches(scram.SCRAM_SHA_512, cred, secret_of(rt)["password"])
+    # Ready stayed True: its lastTransitionTime did not move
+    (before,) = current["conditions"]
+    (after,) = rt.kube.status["alice"]["conditions"]
+    assert after["lastTransitionTime"] == before["lastTransitionTime"]
+
+    # an invalid spec is the handlers' business: the timer leaves it
+    bad = spec("tls", acl({"type": "group", "name": "g"}, "Write"))
+    await user_handlers.resync_user(spec=bad, name="alice", meta=META, memo={"runtime": rt})
+    assert ready(rt)["status"] == "True"
