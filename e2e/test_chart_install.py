@@ -28,6 +28,7 @@ CRDS = (
     "partitionreassignments.tidalmq.io",
     "statictopics.tidalmq.io",
     "clusterstates.tidalmq.io",
+    "users.tidalmq.io",
     "kopfpeerings.kopf.dev",
 )
 # A waiting reason that means the chart (not the code in the image) is wrong.
@@ -186,9 +187,12 @@ def test_operator_rights_are_exactly_the_promised_ones(cluster: Cluster, install
         # the active replica labels its own pod tidalmq.io/controller=active (the controller
         # Service selects it); a Role cannot name a pod before it exists, so this is not narrowed
         ("patch", "pods"),
+        # User resources: their Secrets, by name (users.enabled, the default)
+        ("patch", "users.tidalmq.io/status"), ("get", "secrets"), ("create", "secrets"),
+        ("delete", "secrets"),
     ]  # fmt: skip
     refused = [
-        ("get", "secrets"), ("list", "secrets"), ("delete", "statefulsets.apps"),
+        ("list", "secrets"), ("watch", "secrets"), ("delete", "statefulsets.apps"),
         ("update", "statefulsets.apps"), ("create", "deployments.apps"), ("update", "nodes"),
         ("create", "roles.rbac.authorization.k8s.io"), ("create", "serviceaccounts"),
     ]  # fmt: skip

@@ -249,3 +249,41 @@ chart's. Tokens rotated inside a Secret need a rolling restart (docs/security.md
 {{- fail "set either objectStore.existingSecret or objectStore.accessKey/secretKey, not both" }}
 {{- end }}
 {{- end }}
+
+{{/*
+The security protocol of the brokers' Kafka listener (listeners.tls, listeners.sasl):
+PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. The listener is named after its protocol.
+*/}}
+{{- define "tidalmq.kafkaProtocol" -}}
+{{- $l := .Values.listeners }}
+{{- if and $l.tls.enabled $l.sasl.enabled }}SASL_SSL
+{{- else if $l.tls.enabled }}SSL
+{{- else if $l.sasl.enabled }}SASL_PLAINTEXT
+{{- else }}PLAINTEXT
+{{- end }}
+{{- end }}
+
+{{/* The Secret of the brokers' TLS certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "tidalmq.brokerTlsSecret" -}}
+{{- default (printf "%s-broker-tls" (include "tidalmq.fullname" .)) .Values.tls.existingSecret }}
+{{- end }}
+
+{{/* The Secret of the clients CA (tls.crt, tls.key): tls Users' certificates, brokers' trust. */}}
+{{- define "tidalmq.clientsCaSecret" -}}
+{{- default (printf "%s-clients-ca" (include "tidalmq.fullname" .)) .Values.tls.clientsCaSecret }}
+{{- end }}
+
+{{/*
+The DNS names of the brokers' generated certificate: each broker's advertised name (a wildcard
+under the headless Service), the headless and bootstrap Services. Clients of broker.advertise
+podIP reach brokers by IP, which no generated certificate names: use tls.existingSecret then.
+*/}}
+{{- define "tidalmq.brokerTlsNames" -}}
+{{- $headless := include "tidalmq.brokerHeadlessService" . }}
+{{- $bootstrap := include "tidalmq.bootstrapService" . }}
+{{- $ns := .Release.Namespace }}
+{{- $domain := .Values.clusterDomain }}
+{{- list (printf "*.%s.%s.svc.%s" $headless $ns $domain) (printf "*.%s.%s.svc" $headless $ns)
+    (printf "%s.%s.svc.%s" $headless $ns $domain) (printf "%s.%s.svc.%s" $bootstrap $ns $domain)
+    (printf "%s.%s.svc" $bootstrap $ns) (printf "%s.%s" $bootstrap $ns) $bootstrap | toJson }}
+{{- end }}

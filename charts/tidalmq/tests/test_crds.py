@@ -22,6 +22,7 @@ OURS = {
     "partitionreassignments.tidalmq.io": ("PartitionReassignment", "tpr"),
     "statictopics.tidalmq.io": ("StaticTopic", "tst"),
     "clusterstates.tidalmq.io": ("ClusterState", None),
+    "users.tidalmq.io": ("User", "tmu"),
 }
 ALL = [*OURS, "kopfpeerings.kopf.dev"]
 
@@ -90,6 +91,7 @@ def test_printer_columns_are_the_promised_ones() -> None:
     assert columns("topics.tidalmq.io") == ["Partitions", "Ready", "Reason", "Age"]
     assert columns("partitionreassignments.tidalmq.io") == ["Phase", "Progress", "Message", "Age"]
     assert columns("statictopics.tidalmq.io") == ["Queues", "Epoch", "Ready", "Reason", "Age"]
+    assert columns("users.tidalmq.io") == ["Authentication", "Ready", "Reason", "Age"]
     assert columns("clusterstates.tidalmq.io")[1:4] == ["Version", "Epoch", "Brokers"]
 
 
@@ -179,6 +181,21 @@ def resource(kind: str, spec: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 GOOD = {
+    "user scram generated": ("users.tidalmq.io", resource("User", {"authentication": {"type": "scram-sha-512"}})),
+    "user full": ("users.tidalmq.io", resource("User", {
+        "authentication": {"type": "scram-sha-256",
+                           "password": {"valueFrom": {"secretKeyRef": {"name": "pw", "key": "password"}}}},
+        "authorization": {"type": "simple", "acls": [
+            {"resource": {"type": "topic", "name": "orders", "patternType": "prefixed"},
+             "operations": ["Read", "Describe"], "host": "*", "type": "allow"},
+            {"resource": {"type": "group", "name": "app"}, "operations": ["Read"]},
+            {"resource": {"type": "cluster"}, "operations": ["IdempotentWrite"], "type": "deny"},
+            {"resource": {"type": "transactionalId", "name": "tx"}, "operations": ["Write"]},
+        ]},
+    }, status={"observedGeneration": 1, "secret": "x", "username": "x", "principal": "User:x",
+               "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+                               "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]})),
+    "user tls": ("users.tidalmq.io", resource("User", {"authentication": {"type": "tls"}})),
     "topic minimal": ("topics.tidalmq.io", resource("Topic", {"partitions": 1})),
     "topic full": ("topics.tidalmq.io", resource("Topic", {
         "topicName": "orders.v2_eu-1", "partitions": 24,
@@ -224,6 +241,22 @@ GOOD = {
 }  # fmt: skip
 
 BAD = {
+    "user without authentication": ("users.tidalmq.io", resource("User", {}), "authentication"),
+    "user unknown authentication": ("users.tidalmq.io", resource("User", {"authentication": {"type": "plain"}}), "is not one of"),
+    "user acl unknown operation": ("users.tidalmq.io", resource("User", {
+        "authentication": {"type": "tls"},
+        "authorization": {"acls": [{"resource": {"type": "topic", "name": "t"}, "operations": ["Fly"]}]}}), "is not one of"),
+    "user acl unknown resource type": ("users.tidalmq.io", resource("User", {
+        "authentication": {"type": "tls"},
+        "authorization": {"acls": [{"resource": {"type": "user", "name": "t"}, "operations": ["Read"]}]}}), "is not one of"),
+    "user acl without operations": ("users.tidalmq.io", resource("User", {
+        "authentication": {"type": "tls"},
+        "authorization": {"acls": [{"resource": {"type": "topic", "name": "t"}, "operations": []}]}}), "non-empty"),
+    "user acl bad permission": ("users.tidalmq.io", resource("User", {
+        "authentication": {"type": "tls"},
+        "authorization": {"acls": [{"resource": {"type": "topic", "name": "t"}, "operations": ["Read"], "type": "maybe"}]}}), "is not one of"),
+    "user password without key": ("users.tidalmq.io", resource("User", {
+        "authentication": {"type": "scram-sha-512", "password": {"valueFrom": {"secretKeyRef": {"name": "pw"}}}}}), "key"),
     "topic without partitions": ("topics.tidalmq.io", resource("Topic", {}), "partitions"),
     "topic zero partitions": ("topics.tidalmq.io", resource("Topic", {"partitions": 0}), "minimum"),
     "topic too many partitions": ("topics.tidalmq.io", resource("Topic", {"partitions": 10001}), "maximum"),

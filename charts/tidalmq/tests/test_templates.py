@@ -349,7 +349,7 @@ def test_rbac_has_no_wildcards(values_file: str | None) -> None:
 
 def test_operator_role_is_least_privilege(default: list[dict[str, Any]]) -> None:
     rules = rules_of(default, "Role", OPERATOR)
-    for plural in ("topics", "partitionreassignments", "statictopics", "clusterstates"):
+    for plural in ("topics", "partitionreassignments", "statictopics", "clusterstates", "users"):
         for verb in ("get", "list", "watch", "patch", "create", "update"):
             assert allowed(rules, "tidalmq.io", plural, verb), (plural, verb)
         assert allowed(rules, "tidalmq.io", f"{plural}/status", "patch")
@@ -361,8 +361,10 @@ def test_operator_role_is_least_privilege(default: list[dict[str, Any]]) -> None
         assert allowed(rules, "apps", "statefulsets", verb)
     assert allowed(rules, "apps", "statefulsets", "patch")
     assert allowed(rules, "", "events", "create")
-    # never: secrets (credentials reach pods as env from the Secret), deleting StatefulSets
-    for resource, verb in (("secrets", "get"), ("secrets", "list"), ("nodes", "list")):
+    # never: listing or watching secrets (pods get credentials from Secret volumes; the Secrets
+    # of User resources are read and written by name: test_security_values.py), nodes, deleting
+    # StatefulSets
+    for resource, verb in (("secrets", "list"), ("secrets", "watch"), ("nodes", "list")):
         assert not allowed(rules, "", resource, verb), (resource, verb)
     assert not allowed(rules, "apps", "statefulsets", "delete")
     assert not allowed(rules, "apps", "statefulsets", "update")

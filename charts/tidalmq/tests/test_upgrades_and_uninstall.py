@@ -231,7 +231,7 @@ def test_uninstall_hook_rights_are_the_least_it_needs() -> None:
     assert ("apps", "deployments/scale", "patch", (OPERATOR,)) in grants
     assert ("apps", "deployments", "get", (OPERATOR,)) in grants
     assert ("", "pods", "list", ()) in grants
-    for plural in ("topics", "statictopics", "partitionreassignments", "clusterstates"):
+    for plural in ("topics", "statictopics", "partitionreassignments", "users", "clusterstates"):
         assert ("tidalmq.io", plural, "patch", ()) in grants
         assert ("tidalmq.io", plural, "list", ()) in grants
     verbs = {v for _, _, v, _ in grants}

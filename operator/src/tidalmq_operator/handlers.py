@@ -4,6 +4,7 @@ and leaves status to the runtime's publisher (which derives it from the controll
 - ClusterState: a daemon runs the controller while this replica is the active peer.
 - Topic: create / grow / reconfigure / delete (finalizer: the data in object storage goes too).
 - PartitionReassignment: start the moves, cancel on `cancel: true`; progress in status + Events.
+- User: SCRAM or TLS credentials, their Secret and ACLs (user_handlers.py).
 - Broker pods: Events for joins, drains and disappearances (the controller itself rebalances on
   registration and fails over on lease expiry).
 """
@@ -23,6 +24,7 @@ from tidalmq_core.reassignment import InvalidPlan, PlanEntry, validate_plan
 from tidalmq_operator import (  # noqa: F401  (registers their handlers)
     recovery,
     static_topics,
+    user_handlers,
 )
 from tidalmq_operator.generated import (
     TERMINAL,

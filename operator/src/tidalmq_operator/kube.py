@@ -97,6 +97,21 @@ class Kube:
             GROUP, VERSION, self.namespace, plural, name, {"metadata": {"annotations": {key: None}}},
         )  # fmt: skip
 
+    # ------------------------------------------------------------------ secrets (User resources)
+    async def get_secret(self, name: str) -> dict[str, Any]:
+        """A Secret of our namespace as a plain dict (`data` base64, as the API gives it)."""
+        secret = await self._call(self.core.read_namespaced_secret, name, self.namespace)
+        return dict(self.core.api_client.sanitize_for_serialization(secret))
+
+    async def create_secret(self, body: dict[str, Any]) -> None:
+        await self._call(self.core.create_namespaced_secret, self.namespace, body)
+
+    async def patch_secret(self, name: str, body: dict[str, Any]) -> None:
+        await self._call(self.core.patch_namespaced_secret, name, self.namespace, body)
+
+    async def delete_secret(self, name: str) -> None:
+        await self._call(self.core.delete_namespaced_secret, name, self.namespace)
+
     # ------------------------------------------------------------------ core
     async def label_pod(self, name: str, key: str, value: str | None) -> None:
         """Set (or with None remove) one label of a pod."""

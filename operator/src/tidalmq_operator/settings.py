@@ -61,6 +61,9 @@ class OperatorSettings:
     control_token_file: str = ""
     control_broker_secret: str = field(default="", repr=False)
     control_broker_secret_file: str = ""
+    # the Secret holding the CA that signs tls Users' certificates (tls.crt, tls.key); the
+    # operator generates it when it does not exist (the chart generates it with listeners.tls)
+    clients_ca_secret: str = "tidalmq-clients-ca"
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -105,6 +108,7 @@ class OperatorSettings:
             control_token_file=get("CONTROL_TOKEN_FILE", ""),
             control_broker_secret=get("CONTROL_BROKER_SECRET", ""),
             control_broker_secret_file=get("CONTROL_BROKER_SECRET_FILE", ""),
+            clients_ca_secret=get("CLIENTS_CA_SECRET", "tidalmq-clients-ca"),
         )
 
     def control_auth(self) -> ControlAuth:

@@ -1,7 +1,7 @@
 """`tidalmq operator uninstall`: what the Helm chart's pre-delete hook runs, so that `helm
 uninstall` never leaves the namespace stuck in Terminating.
 
-Every Topic, StaticTopic, PartitionReassignment and ClusterState carries the operator's finalizer
+Every Topic, StaticTopic, PartitionReassignment, User and ClusterState carries the operator's finalizer
 (tidalmq.io/finalizer), which only a running operator removes. Helm deletes the operator along
 with the rest of the release, after which deleting the namespace would wait forever on those
 finalizers. The hook therefore
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 FINALIZER = f"{GROUP}/finalizer"
 # The resources the operator puts its finalizer on: the data holders first, the ClusterState
 # (the controller's metadata) last.
-PLURALS = ("topics", "statictopics", "partitionreassignments", "clusterstates")
+PLURALS = ("topics", "statictopics", "partitionreassignments", "users", "clusterstates")
 
 
 def finalizer_patch(obj: dict[str, Any], finalizer: str = FINALIZER) -> list[dict[str, Any]] | None:

@@ -82,7 +82,8 @@ def test_crds_are_established_and_structural(api: Api) -> None:
     crds = api.get("", "crd")["items"]
     ours = {c["metadata"]["name"]: c for c in crds}
     for name in ("topics.tidalmq.io", "partitionreassignments.tidalmq.io",
-                 "statictopics.tidalmq.io", "clusterstates.tidalmq.io", "kopfpeerings.kopf.dev"):  # fmt: skip
+                 "statictopics.tidalmq.io", "clusterstates.tidalmq.io", "users.tidalmq.io",
+                 "kopfpeerings.kopf.dev"):  # fmt: skip
         conditions = {c["type"]: c["status"] for c in ours[name]["status"]["conditions"]}
         assert conditions.get("Established") == "True", (name, conditions)
         assert conditions.get("NonStructuralSchema") is None, (name, conditions)
@@ -98,6 +99,10 @@ GOOD = [
     cr("PartitionReassignment", "plan", {"generate": {"maxMoves": 6, "topics": ["orders"]}, "autoApprove": True}),
     cr("StaticTopic", "ledger", {"totalQueues": 8, "brokers": [0, 1, 2], "remap": [{"queue": 3, "broker": 1}]}),
     cr("ClusterState", "state", {"clusterId": "abc", "document": {"version": 1, "topics": {}}}),
+    cr("User", "alice", {"authentication": {"type": "scram-sha-512"}, "authorization": {"acls": [
+        {"resource": {"type": "topic", "name": "orders"}, "operations": ["Read", "Describe"]},
+        {"resource": {"type": "cluster"}, "operations": ["IdempotentWrite"]}]}}),
+    cr("User", "bob", {"authentication": {"type": "tls"}}),
 ]  # fmt: skip
 
 # (resource, a fragment of the API server's answer)
@@ -120,6 +125,13 @@ BAD = [
     (cr("StaticTopic", "broker", {"totalQueues": 4, "brokers": [0], "remap": [{"queue": 1, "broker": 2}]}),
      "must be one of spec.brokers"),
     (cr("StaticTopic", "big", {"totalQueues": 2000}), "should be less than or equal to 1024"),
+    (cr("User", "pw", {"authentication": {"type": "tls", "password": {"valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}}}),
+     "a tls user has no password"),
+    (cr("User", "noname", {"authentication": {"type": "tls"}, "authorization": {"acls": [
+        {"resource": {"type": "topic"}, "operations": ["Read"]}]}}),
+     "name is required for topic, group and transactionalId resources"),
+    (cr("User", "op", {"authentication": {"type": "tls"}, "authorization": {"acls": [
+        {"resource": {"type": "topic", "name": "t"}, "operations": ["Fly"]}]}}), "supported values"),
 ]  # fmt: skip
 
 
@@ -136,6 +148,12 @@ def test_good_resources_are_accepted(api: Api, ns: str) -> None:
     assert table[1].split()[:2] == ["named", "3"]
     wide = api.kubectl("-n", ns, "get", "tpr", "-o", "wide").stdout.splitlines()[0].split()
     assert wide == ["NAME", "PHASE", "PROGRESS", "MESSAGE", "APPROVED", "CANCEL", "AGE"]
+    alice = api.get(ns, "user", "alice")
+    assert alice["spec"]["authorization"]["acls"][0]["host"] == "*"  # defaults
+    assert alice["spec"]["authorization"]["acls"][0]["type"] == "allow"
+    assert alice["spec"]["authorization"]["acls"][1]["resource"]["patternType"] == "literal"
+    users = api.kubectl("-n", ns, "get", "tmu").stdout.splitlines()
+    assert users[0].split() == ["NAME", "AUTHENTICATION", "READY", "REASON", "AGE"]
     assert api.kubectl("-n", ns, "get", "tst").stdout.splitlines()[0].split() == [
         "NAME",
         "QUEUES",
@@ -312,8 +330,10 @@ def workloads(api: Api, ns: str) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize(
     "values",
     [["--set", "inClusterObjectStore.enabled=true"],
-     ["--set", "objectStore.accessKey=AK", "--set", "objectStore.secretKey=SK"]],
-    ids=["generated-credentials", "keys-in-values"],
+     ["--set", "objectStore.accessKey=AK", "--set", "objectStore.secretKey=SK"],
+     ["--set", "inClusterObjectStore.enabled=true", "--set", "listeners.tls.enabled=true",
+      "--set", "listeners.sasl.enabled=true"]],
+    ids=["generated-credentials", "keys-in-values", "tls-and-sasl"],
 )  # fmt: skip
 def test_an_upgrade_with_unchanged_values_changes_no_pod_template(
     api: Api, ns: str, values: list[str]
@@ -330,8 +350,15 @@ def test_an_upgrade_with_unchanged_values_changes_no_pod_template(
     secret = api.get(ns, "secret", "tmq-tidalmq-object-store")["data"]
     control = api.get(ns, "secret", "tmq-tidalmq-control")["data"]
 
+    tls = {name: api.get(ns, "secret", name)["data"]
+           for name in ("tmq-tidalmq-broker-tls", "tmq-tidalmq-clients-ca")
+           if "listeners.tls.enabled=true" in values}  # fmt: skip
+
     api.helm("upgrade", release, str(CHART), *common)
     assert workloads(api, ns) == installed
+    # the generated certificates are kept (lookup), as the generated keys are
+    for name, data in tls.items():
+        assert api.get(ns, "secret", name)["data"] == data, name
     assert api.get(ns, "secret", "tmq-tidalmq-object-store")["data"] == secret
     assert api.get(ns, "secret", "tmq-tidalmq-control")["data"] == control
     api.helm("upgrade", release, str(CHART), *common)

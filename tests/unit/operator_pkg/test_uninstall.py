@@ -32,7 +32,13 @@ def test_the_patch_guards_against_a_concurrent_change() -> None:
 
 def test_every_resource_the_operator_finalizes_and_the_cluster_state_last() -> None:
     assert FINALIZER == "tidalmq.io/finalizer"
-    assert set(PLURALS) == {"topics", "statictopics", "partitionreassignments", "clusterstates"}
+    assert set(PLURALS) == {
+        "topics",
+        "statictopics",
+        "partitionreassignments",
+        "users",
+        "clusterstates",
+    }
     assert PLURALS[-1] == "clusterstates"
 
 

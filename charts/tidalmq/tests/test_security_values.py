@@ -1,0 +1,260 @@
+"""The chart's security values (docs/security.md, "Kubernetes: listeners, certificates, User
+resources"): listeners.tls / listeners.sasl choose the Kafka listener's protocol, the TLS
+certificates come from the chart's generated Secrets or tls.existingSecret, the clients CA is
+what brokers trust and the operator signs tls Users with, authorization.* reach the brokers, and
+users.enabled gives the operator its Secret rights. Checked against the code that reads them:
+the rendered environment (and the generated certificates, written as the keystore init
+container writes them) is fed to the broker's own settings, listener and TLS setup."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from tidalmq_broker.security.endpoints import build_authorizer, build_endpoints
+from tidalmq_broker.security.principal import PrincipalMapper
+from tidalmq_broker.settings import from_sources
+from tidalmq_operator import users
+
+from tests.support.helm import (
+    NAMESPACE,
+    RELEASE,
+    container,
+    env_of,
+    find,
+    find_all,
+    pod_spec,
+    render,
+    run_helm,
+    template_args,
+)
+
+FULL = f"{RELEASE}-tidalmq"
+STS = f"{FULL}-broker"
+OPERATOR = f"{FULL}-operator"
+BROKER_TLS = f"{FULL}-broker-tls"
+CLIENTS_CA = f"{FULL}-clients-ca"
+SECURITY_ENV = ("TIDALMQ_LISTENERS", "TIDALMQ_ADVERTISED_LISTENERS", "TIDALMQ_SSL_KEYSTORE_LOCATION",
+                "TIDALMQ_SSL_TRUSTSTORE_LOCATION", "TIDALMQ_SSL_CLIENT_AUTH",
+                "TIDALMQ_SASL_ENABLED_MECHANISMS", "TIDALMQ_SUPER_USERS")  # fmt: skip
+
+pytestmark = pytest.mark.usefixtures("helm", "pod_hostname")
+
+
+@pytest.fixture
+def pod_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker takes its id from its pod's name (TIDALMQ_BROKER_ID_FROM_HOSTNAME)."""
+    monkeypatch.setattr("socket.gethostname", lambda: f"{STS}-1")
+
+
+def broker_env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return env_of(container(find(docs, "StatefulSet", STS), "broker"))
+
+
+def expanded(env: dict[str, Any]) -> dict[str, str]:
+    """The broker container's environment as the kubelet expands it."""
+    plain = {k: v for k, v in env.items() if isinstance(v, str)}
+    host = plain["TIDALMQ_ADVERTISED_HOST"].replace("$(POD_NAME)", f"{STS}-1")
+    return {k: v.replace("$(POD_IP)", "10.1.2.3").replace("$(POD_NAME)", f"{STS}-1")
+            .replace("$(TIDALMQ_ADVERTISED_HOST)", host) for k, v in plain.items()}  # fmt: skip
+
+
+def secret_data(docs: list[dict[str, Any]], name: str) -> dict[str, str]:
+    s = find(docs, "Secret", name)
+    return {k: base64.b64decode(v).decode() for k, v in s["data"].items()}
+
+
+def volumes(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {v["name"]: v for v in pod_spec(find(docs, "StatefulSet", STS))["volumes"]}
+
+
+def mounts(docs: list[dict[str, Any]]) -> dict[str, str]:
+    c = container(find(docs, "StatefulSet", STS), "broker")
+    return {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+
+
+def with_files(env: dict[str, str], docs: list[dict[str, Any]], tmp: Path) -> dict[str, str]:
+    """The env with the keystore and truststore paths pointing at files made of the rendered
+    Secrets, exactly as the init container and the Secret volume lay them out."""
+    tls = secret_data(docs, BROKER_TLS)
+    keystore = tmp / "broker.pem"
+    keystore.write_text(tls["tls.key"] + tls["tls.crt"])  # the init container's `cat`
+    env = dict(env, TIDALMQ_SSL_KEYSTORE_LOCATION=str(keystore))
+    if "TIDALMQ_SSL_TRUSTSTORE_LOCATION" in env:
+        ca = tmp / "ca.crt"
+        ca.write_text(secret_data(docs, CLIENTS_CA)["tls.crt"])
+        env["TIDALMQ_SSL_TRUSTSTORE_LOCATION"] = str(ca)
+    return env
+
+
+# ---------------------------------------------------------------------------- the default
+def test_the_default_stays_one_plaintext_listener() -> None:
+    docs = render()
+    env = broker_env(docs)
+    assert not [k for k in SECURITY_ENV if k in env], "the default install is unchanged"
+    assert env["TIDALMQ_AUTHORIZER"] == "auto"  # off on PLAINTEXT (the broker's own rule)
+    assert "initContainers" not in pod_spec(find(docs, "StatefulSet", STS))
+    assert not [
+        s for s in find_all(docs, "Secret") if s["metadata"]["name"] in (BROKER_TLS, CLIENTS_CA)
+    ]
+    settings = from_sources(None, expanded(env))
+    listeners, endpoints = build_endpoints(settings, lambda u, m: None)
+    assert [(e.name, e.security_protocol, e.ssl_context) for e in endpoints] == [
+        ("PLAINTEXT", "PLAINTEXT", None)
+    ]
+    assert not build_authorizer(settings, listeners, []).enabled
+    # the operator knows the clients CA's Secret (it makes one at the first tls User)
+    op_env = env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
+    assert op_env["TIDALMQ_CLIENTS_CA_SECRET"] == CLIENTS_CA
+
+
+# ---------------------------------------------------------------------------- each combination
+@pytest.mark.parametrize(
+    "tls, sasl, protocol",
+    [(True, True, "SASL_SSL"), (True, False, "SSL"), (False, True, "SASL_PLAINTEXT")],
+)
+def test_listener_protocol_and_what_the_broker_makes_of_it(
+    tls: bool, sasl: bool, protocol: str, tmp_path: Path
+) -> None:
+    docs = render({"listeners": {"tls": {"enabled": tls}, "sasl": {"enabled": sasl}}})
+    env = expanded(broker_env(docs))
+    assert env["TIDALMQ_LISTENERS"] == f"{protocol}://0.0.0.0:9092"
+    advertised = f"{STS}-1.{FULL}-brokers.{NAMESPACE}.svc.cluster.local"
+    assert env["TIDALMQ_ADVERTISED_LISTENERS"] == f"{protocol}://{advertised}:9092"
+    if tls:
+        env = with_files(env, docs, tmp_path)
+    settings = from_sources(None, env)
+    listeners, endpoints = build_endpoints(settings, lambda u, m: None)
+    (endpoint,) = endpoints
+    assert (endpoint.name, endpoint.security_protocol, endpoint.port) == (protocol, protocol, 9092)
+    assert (endpoint.ssl_context is not None) == tls
+    assert (endpoint.sasl is not None) == sasl
+    assert [(a.host, a.port) for a in listeners.advertised] == [(advertised, 9092)]
+    # ACLs are enforced as soon as the listener is not PLAINTEXT
+    assert build_authorizer(settings, listeners, []).enabled
+    if sasl:
+        assert endpoint.sasl is not None and endpoint.sasl.mechanisms == ("SCRAM-SHA-512",)
+    if tls and not sasl:
+        # mTLS: client certificates required, from the clients CA; CN=NAME is User:NAME
+        assert env["TIDALMQ_SSL_CLIENT_AUTH"] == "required"
+        mapper = PrincipalMapper(settings.ssl_principal_mapping_rules)
+        assert mapper.name("CN=alice") == "alice"
+        assert mapper.name("CN=alice,O=Acme") == "CN=alice,O=Acme"  # not a User's: unchanged
+    else:
+        assert "TIDALMQ_SSL_CLIENT_AUTH" not in env and "clients-ca" not in volumes(docs)
+
+
+def test_generated_certificates(tmp_path: Path) -> None:
+    docs = render({"listeners": {"tls": {"enabled": True}}})
+    tls = secret_data(docs, BROKER_TLS)
+    assert find(docs, "Secret", BROKER_TLS)["type"] == "kubernetes.io/tls"
+    cert = x509.load_pem_x509_certificate(tls["tls.crt"].encode())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(tls["ca.crt"].encode()))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = names.get_values_for_type(x509.DNSName)
+    assert f"*.{FULL}-brokers.{NAMESPACE}.svc.cluster.local" in dns
+    assert f"{FULL}-bootstrap.{NAMESPACE}.svc" in dns
+    # the clients CA: the operator signs tls Users with it, and the brokers trust what it signs
+    ca = secret_data(docs, CLIENTS_CA)
+    pair = users.issue_client_cert(
+        users.KeyPair(ca["tls.key"].encode(), ca["tls.crt"].encode()), "alice"
+    )
+    user_cert = x509.load_pem_x509_certificate(pair.cert_pem)
+    user_cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca["tls.crt"].encode()))
+    assert ca["tls.crt"] != tls["ca.crt"], "clients and brokers have CAs of their own"
+
+
+def test_volumes_and_keystore_init_container() -> None:
+    docs = render({"listeners": {"tls": {"enabled": True}}})
+    spec = pod_spec(find(docs, "StatefulSet", STS))
+    (init,) = spec["initContainers"]
+    assert (
+        init["name"] == "keystore"
+        and init["image"] == container(find(docs, "StatefulSet", STS), "broker")["image"]
+    )
+    assert (
+        "cat /etc/tidalmq/tls/tls.key /etc/tidalmq/tls/tls.crt > /etc/tidalmq/keystore/broker.pem"
+        in init["command"][2]
+    )
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    v = volumes(docs)
+    assert v["tls"]["secret"]["secretName"] == BROKER_TLS
+    assert v["keystore"]["emptyDir"]["medium"] == "Memory"
+    # the brokers get the clients CA's certificate, never its key
+    assert v["clients-ca"]["secret"] == {"secretName": CLIENTS_CA, "defaultMode": 0o444,
+                                         "items": [{"key": "tls.crt", "path": "ca.crt"}]}  # fmt: skip
+    assert mounts(docs)["keystore"] == "/etc/tidalmq/keystore"
+    env = broker_env(docs)
+    assert env["TIDALMQ_SSL_KEYSTORE_LOCATION"] == "/etc/tidalmq/keystore/broker.pem"
+    assert env["TIDALMQ_SSL_TRUSTSTORE_LOCATION"] == "/etc/tidalmq/clients-ca/ca.crt"
+
+
+def test_existing_secrets_replace_the_generated_ones() -> None:
+    docs = render({"listeners": {"tls": {"enabled": True}},
+                   "tls": {"existingSecret": "my-broker-cert", "clientsCaSecret": "my-clients-ca"}})  # fmt: skip
+    names = {s["metadata"]["name"] for s in find_all(docs, "Secret")}
+    assert not names & {BROKER_TLS, CLIENTS_CA}
+    v = volumes(docs)
+    assert v["tls"]["secret"]["secretName"] == "my-broker-cert"
+    assert v["clients-ca"]["secret"]["secretName"] == "my-clients-ca"
+    op_env = env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
+    assert op_env["TIDALMQ_CLIENTS_CA_SECRET"] == "my-clients-ca"
+
+
+def test_sasl_mechanisms_client_auth_authorizer_and_super_users() -> None:
+    docs = render({"listeners": {"tls": {"enabled": True, "clientAuth": "requested"},
+                                 "sasl": {"enabled": False}},
+                   "authorization": {"authorizer": "acl", "superUsers": ["User:admin", "User:ops"]}})  # fmt: skip
+    env = broker_env(docs)
+    assert env["TIDALMQ_SSL_CLIENT_AUTH"] == "requested"
+    assert env["TIDALMQ_AUTHORIZER"] == "acl"
+    assert env["TIDALMQ_SUPER_USERS"] == "User:admin;User:ops"
+    docs = render(
+        {"listeners": {"sasl": {"enabled": True, "mechanisms": ["SCRAM-SHA-256", "SCRAM-SHA-512"]}}}
+    )
+    env = expanded(broker_env(docs))
+    assert env["TIDALMQ_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-256,SCRAM-SHA-512"
+    (endpoint,) = build_endpoints(from_sources(None, env), lambda u, m: None)[1]
+    assert endpoint.sasl is not None and endpoint.sasl.mechanisms == (
+        "SCRAM-SHA-256",
+        "SCRAM-SHA-512",
+    )
+    assert not find_all(docs, "Secret") or BROKER_TLS not in {
+        s["metadata"]["name"] for s in find_all(docs, "Secret")
+    }
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"listeners": {"sasl": {"enabled": True, "mechanisms": ["GSSAPI"]}}}, "mechanisms"),
+        ({"listeners": {"sasl": {"enabled": True, "mechanisms": []}}}, "mechanisms"),
+        ({"listeners": {"tls": {"enabled": True, "clientAuth": "maybe"}}}, "clientAuth"),
+        ({"authorization": {"authorizer": "yes"}}, "authorizer"),
+        ({"authorization": {"superUsers": ["admin"]}}, "superUsers"),
+        ({"tls": {"existingSecret": "Bad_Name"}}, "existingSecret"),
+        ({"users": {"enabled": "yes"}}, "users"),
+    ],
+)
+def test_bad_security_values_are_refused(values: dict[str, Any], message: str) -> None:
+    proc = run_helm(*template_args(values, ()), check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------- the operator's RBAC
+def _secret_verbs(docs: list[dict[str, Any]]) -> set[str]:
+    role = find(docs, "Role", OPERATOR)
+    return {v for r in role["rules"] if "" in r["apiGroups"] and "secrets" in r["resources"]
+            for v in r["verbs"]}  # fmt: skip
+
+
+def test_operator_may_write_users_secrets_by_name_only() -> None:
+    docs = render()
+    assert _secret_verbs(docs) == {"get", "create", "patch", "delete"}  # never list or watch
+    role = find(docs, "Role", OPERATOR)
+    ours = {res for r in role["rules"] if "tidalmq.io" in r["apiGroups"] for res in r["resources"]}
+    assert {"users", "users/status", "users/finalizers"} <= ours
+    assert _secret_verbs(render({"users": {"enabled": False}})) == set()

@@ -1,0 +1,384 @@
+"""User resources: spec validation, ACL bindings and their diff, the Secret's contents, client
+certificates (users.py); and the handlers (user_handlers.py) against a real in-process
+controller and an in-memory Kubernetes: credentials and ACLs land in the cluster metadata, a
+second reconcile writes nothing, ACL changes are a diff, switching mechanism or to tls removes
+the old credential, and deletion removes everything."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import datetime
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_controller import Controller, ControllerSettings, ObjectStoreMetadataLog
+from tidalmq_core import scram
+from tidalmq_core.acls import (
+    AclBinding,
+    AclOperation,
+    PatternType,
+    PermissionType,
+    ResourceType,
+)
+from tidalmq_operator import user_handlers, users
+from tidalmq_operator.kube import Conflict, NotFound
+from tidalmq_operator.models import SpecError
+from tidalmq_operator.settings import OperatorSettings
+
+TOPIC, GROUP, CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
+LITERAL, PREFIXED = PatternType.LITERAL, PatternType.PREFIXED
+ALLOW, DENY = PermissionType.ALLOW, PermissionType.DENY
+READ, WRITE, DESCRIBE = AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE
+
+
+def acl(resource: dict[str, Any], *ops: str, **rest: Any) -> dict[str, Any]:
+    return {"resource": resource, "operations": list(ops), **rest}
+
+
+def spec(kind: str = "scram-sha-512", *acls: dict[str, Any], **auth: Any) -> dict[str, Any]:
+    return {"authentication": {"type": kind, **auth}, "authorization": {"acls": list(acls)}}
+
+
+# ---------------------------------------------------------------------------- spec
+def test_bindings_of_a_spec() -> None:
+    _, bindings = users.parse_user("alice", spec(
+        "scram-sha-512",
+        acl({"type": "topic", "name": "orders"}, "Read", "Describe"),
+        acl({"type": "topic", "name": "logs-", "patternType": "prefixed"}, "Write", type="deny"),
+        acl({"type": "group", "name": "app"}, "Read", host="10.0.0.7"),
+        acl({"type": "cluster"}, "IdempotentWrite", "describe_configs"),
+        acl({"type": "transactionalId", "name": "*"}, "All"),
+        acl({"type": "topic", "name": "orders"}, "Read"),  # a duplicate: one binding
+    ))  # fmt: skip
+    p = "User:alice"
+    assert bindings == [
+        AclBinding(TOPIC, "orders", LITERAL, p, "*", READ, ALLOW),
+        AclBinding(TOPIC, "orders", LITERAL, p, "*", DESCRIBE, ALLOW),
+        AclBinding(TOPIC, "logs-", PREFIXED, p, "*", WRITE, DENY),
+        AclBinding(GROUP, "app", LITERAL, p, "10.0.0.7", READ, ALLOW),
+        AclBinding(CLUSTER, "kafka-cluster", LITERAL, p, "*", AclOperation.IDEMPOTENT_WRITE, ALLOW),
+        AclBinding(CLUSTER, "kafka-cluster", LITERAL, p, "*", AclOperation.DESCRIBE_CONFIGS, ALLOW),
+        AclBinding(ResourceType.TRANSACTIONAL_ID, "*", LITERAL, p, "*", AclOperation.ALL, ALLOW),
+    ]
+
+
+@pytest.mark.parametrize(
+    "name, body, message",
+    [
+        ("alice", {}, "spec.authentication"),
+        ("alice", {"authentication": {"type": "plain"}}, "spec.authentication.type"),
+        ("Alice", spec(), "lower-case"),
+        ("a,b", spec(), "lower-case"),
+        ("alice", spec("tls", password={"valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
+         "a tls user has no password"),
+        ("alice", spec("tls", acl({"type": "topic"}, "Read")), "name: required for a topic"),
+        ("alice", spec("tls", acl({"type": "topic", "name": "t"}, "Fly")), "unknown ACL operation"),
+        ("alice", spec("tls", acl({"type": "group", "name": "g"}, "Write")),
+         "Write does not apply to a group"),
+        ("alice", spec("tls", acl({"type": "cluster", "name": "other"}, "Alter")), "kafka-cluster"),
+        ("alice", spec("tls", acl({"type": "cluster", "patternType": "prefixed"}, "Alter")), "literal"),
+        ("alice", spec("tls", acl({"type": "topic", "name": "t"}, "Read", type="maybe")), "type"),
+        ("alice", spec("tls", acl({"type": "topic", "name": "t"})), "operations"),
+    ],
+)  # fmt: skip
+def test_bad_specs(name: str, body: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        users.parse_user(name, body)
+
+
+# ---------------------------------------------------------------------------- ACL diff
+def b(name: str, op: AclOperation = READ, perm: PermissionType = ALLOW) -> AclBinding:
+    return AclBinding(TOPIC, name, LITERAL, "User:alice", "*", op, perm)
+
+
+def test_acl_diff_removes_what_is_gone_and_adds_what_is_new() -> None:
+    diff = users.acl_diff([b("a"), b("b"), b("c", WRITE)], [b("a"), b("c"), b("d")])
+    assert diff.create == [b("b"), b("c", WRITE)]
+    assert diff.delete == [b("c"), b("d")]
+    assert users.acl_diff([b("a")], [b("a")]).empty
+    assert users.acl_diff([], [b("a")]).delete == [b("a")]
+    # a permission change is a delete and a create (bindings are compared whole)
+    flipped = users.acl_diff([b("a", perm=DENY)], [b("a")])
+    assert flipped.create == [b("a", perm=DENY)] and flipped.delete == [b("a")]
+
+
+def test_exact_filter_matches_one_binding_only() -> None:
+    f = users.exact_filter(b("orders"))
+    assert f.matches(b("orders"))
+    for other in (b("orders", WRITE), b("orders", perm=DENY), b("order"),
+                  AclBinding(TOPIC, "orders", PREFIXED, "User:alice", "*", READ, ALLOW),
+                  AclBinding(TOPIC, "orders", LITERAL, "User:bob", "*", READ, ALLOW),
+                  AclBinding(TOPIC, "orders", LITERAL, "User:alice", "10.0.0.1", READ, ALLOW)):  # fmt: skip
+        assert not f.matches(other), other
+    every = users.principal_filter("User:alice")
+    assert every.matches(b("x")) and not every.matches(
+        AclBinding(GROUP, "g", LITERAL, "User:bob", "*", READ, ALLOW)
+    )
+
+
+# ---------------------------------------------------------------------------- the Secret
+def test_scram_secret_contents() -> None:
+    data = users.scram_secret_data("alice", "SCRAM-SHA-512", 'pa"ss\\word')
+    assert data == {
+        "username": "alice",
+        "password": 'pa"ss\\word',
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="alice" password="pa\\"ss\\\\word";',
+    }
+    body = users.secret_body("alice", "ns", {"apiVersion": "tidalmq.io/v1alpha1", "kind": "User",
+                                             "name": "alice", "uid": "u-1"}, data)  # fmt: skip
+    assert body["metadata"]["ownerReferences"] == [{
+        "apiVersion": "tidalmq.io/v1alpha1", "kind": "User", "name": "alice", "uid": "u-1",
+        "controller": True, "blockOwnerDeletion": True}]  # fmt: skip
+    assert users.decoded(body["data"]) == data
+
+
+def test_generated_passwords() -> None:
+    a, b_ = users.new_password(), users.new_password()
+    assert len(a) == users.PASSWORD_LENGTH and a != b_ and a.isalnum()
+
+
+def test_client_certificate() -> None:
+    ca = users.new_clients_ca()
+    pair = users.issue_client_cert(ca, "alice")
+    cert = x509.load_pem_x509_certificate(pair.cert_pem)
+    assert cert.subject.rfc4514_string() == "CN=alice"
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca.cert_pem))
+    assert users.cert_still_good(pair.cert_pem.decode(), ca.cert_pem, "alice")
+    assert not users.cert_still_good(pair.cert_pem.decode(), ca.cert_pem, "bob")
+    assert not users.cert_still_good(
+        pair.cert_pem.decode(), users.new_clients_ca().cert_pem, "alice"
+    )
+    assert not users.cert_still_good("", ca.cert_pem, "alice")
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=users.CERT_DAYS - 10)
+    assert not users.cert_still_good(pair.cert_pem.decode(), ca.cert_pem, "alice", now=later)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "alice"
+
+
+# ---------------------------------------------------------------------------- the handlers
+class FakeKube:
+    """Secrets, status patches and Events in memory (the calls user_handlers makes)."""
+
+    def __init__(self) -> None:
+        self.namespace = "ns"
+        self.secrets: dict[str, dict[str, Any]] = {}
+        self.status: dict[str, dict[str, Any]] = {}
+        self.events: list[tuple[str, str, bool]] = []
+        self.writes = 0
+        self.status_patches = 0
+
+    async def get_secret(self, name: str) -> dict[str, Any]:
+        if name not in self.secrets:
+            raise NotFound(name)
+        return copy.deepcopy(self.secrets[name])
+
+    async def create_secret(self, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        if name in self.secrets:
+            raise Conflict(name)
+        self.secrets[name] = copy.deepcopy(body)
+        self.writes += 1
+
+    async def patch_secret(self, name: str, body: dict[str, Any]) -> None:
+        data = self.secrets[name].setdefault("data", {})
+        for k, v in body.get("data", {}).items():
+            if v is None:
+                data.pop(k, None)
+            else:
+                data[k] = v
+        self.writes += 1
+
+    async def delete_secret(self, name: str) -> None:
+        self.secrets.pop(name)
+
+    async def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> None:
+        self.status[name] = status
+        self.status_patches += 1
+
+    async def event(self, involved: dict[str, Any], reason: str, message: str, *,
+                    warning: bool = False, **_: Any) -> None:  # fmt: skip
+        self.events.append((reason, message, warning))
+
+
+class FakeRuntime:
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self.kube = FakeKube()
+        self.settings = OperatorSettings(clients_ca_secret="clients-ca")
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def require_controller(self) -> Controller:
+        return self.controller
+
+    def resource_lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+
+@pytest.fixture
+async def rt(tmp_path: Path) -> AsyncIterator[FakeRuntime]:
+    settings = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
+    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
+    await c.start()
+    yield FakeRuntime(c)
+    await c.stop()
+
+
+META = {"generation": 1, "uid": "uid-alice"}
+
+
+async def reconcile(rt: FakeRuntime, body: dict[str, Any], name: str = "alice") -> None:
+    await user_handlers.reconcile_user(spec=body, name=name, meta=META, memo={"runtime": rt})
+
+
+def secret_of(rt: FakeRuntime, name: str = "alice") -> dict[str, str]:
+    return users.decoded(rt.kube.secrets[name]["data"])
+
+
+def ready(rt: FakeRuntime, name: str = "alice") -> dict[str, Any]:
+    (c,) = rt.kube.status[name]["conditions"]
+    assert c["type"] == "Ready"
+    return c
+
+
+def acls_of(rt: FakeRuntime, principal: str = "User:alice") -> set[AclBinding]:
+    return set(users.bindings_of_principal(rt.controller.metadata.acls, principal))
+
+
+async def test_scram_user_lifecycle(rt: FakeRuntime) -> None:
+    topic = acl({"type": "topic", "name": "orders"}, "Read", "Describe")
+    await reconcile(rt, spec("scram-sha-512", topic))
+    data = secret_of(rt)
+    password = data["password"]
+    assert (
+        data["sasl.mechanism"] == "SCRAM-SHA-512"
+        and f'password="{password}"' in data["sasl.jaas.config"]
+    )
+    cred = rt.controller.metadata.scram_credentials["alice"]["SCRAM-SHA-512"]
+    assert scram.password_matches(scram.SCRAM_SHA_512, cred, password)
+    assert acls_of(rt) == {b("orders"), b("orders", DESCRIBE)}
+    assert ready(rt)["status"] == "True" and rt.kube.status["alice"]["secret"] == "alice"
+    assert [e[0] for e in rt.kube.events] == ["CredentialsWritten", "AclsUpdated"]
+
+    # a resume: nothing is written again (same password, same credential, same ACLs)
+    version = rt.controller.journal.committed_version
+    writes, events = rt.kube.writes, len(rt.kube.events)
+    await reconcile(rt, spec("scram-sha-512", topic))
+    assert rt.controller.journal.committed_version == version
+    assert rt.kube.writes == writes and len(rt.kube.events) == events
+    assert secret_of(rt)["password"] == password
+
+    # ACLs: a diff; the same password; SCRAM-SHA-256 replaces SCRAM-SHA-512
+    group = acl({"type": "group", "name": "app"}, "Read")
+    await reconcile(
+        rt, spec("scram-sha-256", acl({"type": "topic", "name": "orders"}, "Read"), group)
+    )
+    assert acls_of(rt) == {
+        b("orders"),
+        AclBinding(GROUP, "app", LITERAL, "User:alice", "*", READ, ALLOW),
+    }
+    assert set(rt.controller.metadata.scram_credentials["alice"]) == {"SCRAM-SHA-256"}
+    assert (
+        secret_of(rt)["password"] == password and secret_of(rt)["sasl.mechanism"] == "SCRAM-SHA-256"
+    )
+
+    # delete: the credential, the ACLs and the Secret go; another user's ACLs stay
+    other = AclBinding(TOPIC, "orders", LITERAL, "User:bob", "*", READ, ALLOW)
+    await rt.controller.create_acls([other])
+    await user_handlers.delete_user(name="alice", meta=META, memo={"runtime": rt})
+    assert "alice" not in rt.controller.metadata.scram_credentials
+    assert acls_of(rt) == set() and acls_of(rt, "User:bob") == {other}
+    assert "alice" not in rt.kube.secrets
+
+
+async def test_password_from_a_secret(rt: FakeRuntime) -> None:
+    ref = {"valueFrom": {"secretKeyRef": {"name": "alice-pw", "key": "pw"}}}
+    with pytest.raises(kopf.TemporaryError, match="PasswordSecretMissing"):
+        await reconcile(rt, spec("scram-sha-512", password=ref))
+    assert ready(rt)["reason"] == "PasswordSecretMissing" and ready(rt)["status"] == "False"
+    assert rt.kube.events[-1][2] is True  # a Warning
+    assert "alice" not in rt.controller.metadata.scram_credentials
+    rt.kube.secrets["alice-pw"] = {"data": {"pw": base64.b64encode(b"chosen-secret").decode()}}
+    await reconcile(rt, spec("scram-sha-512", password=ref))
+    assert secret_of(rt)["password"] == "chosen-secret"
+    cred = rt.controller.metadata.scram_credentials["alice"]["SCRAM-SHA-512"]
+    assert scram.password_matches(scram.SCRAM_SHA_512, cred, "chosen-secret")
+    # the source changes: the credential follows
+    rt.kube.secrets["alice-pw"]["data"]["pw"] = base64.b64encode(b"rotated").decode()
+    await reconcile(rt, spec("scram-sha-512", password=ref))
+    cred = rt.controller.metadata.scram_credentials["alice"]["SCRAM-SHA-512"]
+    assert scram.password_matches(scram.SCRAM_SHA_512, cred, "rotated")
+    assert secret_of(rt)["password"] == "rotated"
+
+
+async def test_tls_user(rt: FakeRuntime) -> None:
+    await reconcile(rt, spec("scram-sha-512"))
+    await reconcile(rt, spec("tls", acl({"type": "topic", "name": "orders"}, "Read")))
+    data = secret_of(rt)
+    assert set(data) == {"username", "user.key", "user.crt", "ca.crt", "security.protocol"}
+    ca = users.decoded(rt.kube.secrets["clients-ca"]["data"])  # generated, since there was none
+    assert data["ca.crt"] == ca["tls.crt"]
+    cert = x509.load_pem_x509_certificate(data["user.crt"].encode())
+    assert cert.subject.rfc4514_string() == "CN=alice"
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca["tls.crt"].encode()))
+    assert "alice" not in rt.controller.metadata.scram_credentials  # SCRAM went with the switch
+    assert acls_of(rt) == {b("orders")}
+    # again: the same certificate is kept
+    await reconcile(rt, spec("tls", acl({"type": "topic", "name": "orders"}, "Read")))
+    assert secret_of(rt)["user.crt"] == data["user.crt"]
+
+
+async def test_invalid_spec_and_foreign_secret(rt: FakeRuntime) -> None:
+    with pytest.raises(kopf.PermanentError):
+        await reconcile(rt, spec("tls", acl({"type": "group", "name": "g"}, "Write")))
+    assert ready(rt)["reason"] == "InvalidSpec"
+    rt.kube.secrets["bob"] = {"metadata": {"name": "bob"}, "data": {}}
+    with pytest.raises(kopf.TemporaryError, match="SecretExists"):
+        await reconcile(rt, spec("scram-sha-512"), name="bob")
+    assert "bob" not in rt.controller.metadata.scram_credentials  # nothing written for bob
+    assert rt.kube.secrets["bob"]["data"] == {}
+
+
+async def test_resync_repairs_drift_and_writes_nothing_when_there_is_none(rt: FakeRuntime) -> None:
+    body = spec("scram-sha-512", acl({"type": "topic", "name": "orders"}, "Read"))
+    await reconcile(rt, body)
+    password = secret_of(rt)["password"]
+    current = copy.deepcopy(rt.kube.status["alice"])
+    version = rt.controller.journal.committed_version
+    patches, writes = rt.kube.status_patches, rt.kube.writes
+
+    async def resync() -> None:
+        await user_handlers.resync_user(spec=body, name="alice", meta=META, memo={"runtime": rt},
+                                        status=rt.kube.status["alice"])  # fmt: skip
+
+    await resync()  # nothing drifted: no commit, no Secret write, no status patch
+    assert rt.controller.journal.committed_version == version
+    assert (rt.kube.status_patches, rt.kube.writes) == (patches, writes)
+    assert rt.kube.status["alice"] == current
+
+    # drift: a binding added with kafka-acls, the granted one removed, the Secret deleted
+    await rt.controller.create_acls([b("payroll")])
+    await rt.controller.delete_acls([users.exact_filter(b("orders"))])
+    del rt.kube.secrets["alice"]
+    await resync()
+    assert acls_of(rt) == {b("orders")}
+    assert secret_of(rt)["password"] != password  # a new one: the old was only in the Secret
+    cred = rt.controller.metadata.scram_credentials["alice"]["SCRAM-SHA-512"]
+    assert scram.password_matches(scram.SCRAM_SHA_512, cred, secret_of(rt)["password"])
+    # Ready stayed True: its lastTransitionTime did not move
+    (before,) = current["conditions"]
+    (after,) = rt.kube.status["alice"]["conditions"]
+    assert after["lastTransitionTime"] == before["lastTransitionTime"]
+
+    # an invalid spec is the handlers' business: the timer leaves it
+    bad = spec("tls", acl({"type": "group", "name": "g"}, "Write"))
+    await user_handlers.resync_user(spec=bad, name="alice", meta=META, memo={"runtime": rt})
+    assert ready(rt)["status"] == "True"
