@@ -320,6 +320,9 @@ class LocalCluster:
         b = BrokerProc(broker_id, port, http_port, proc, log_path, cmd)
         self.brokers[broker_id] = b
         self._write_state()  # its pid, for a later `local up` should this one die with it
+        # replacing a killed broker: its registration (and heartbeats) are not this one's
+        old = self.controller.metadata.brokers.get(broker_id) if self.controller else None
+        old_incarnation = old.incarnation if old is not None else None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if not b.alive():
@@ -343,6 +346,7 @@ class LocalCluster:
             # that commit, before the broker's registration is answered and it heartbeats
             if (
                 info is not None
+                and info.incarnation != old_incarnation
                 and info.state == "alive"
                 and info.port == port
                 and self.controller is not None
