@@ -162,7 +162,9 @@ def test_commands_find_the_cluster_from_any_directory_and_a_second_up_refuses(
     assert f"pid {cluster.proc.pid}, bootstrap {cluster.bootstrap}" in line  # type: ignore[union-attr]
     assert {row["state"] for row in cluster.status()["brokers"]} == {"alive"}
     # without the variable nor a cluster in the home directory: no cluster, said in one line
-    nowhere = tidalmq("local", "status", cwd=elsewhere, env={"HOME": str(elsewhere)})
+    nowhere = tidalmq(
+        "local", "status", cwd=elsewhere, env={"HOME": str(elsewhere), "TIDALMQ_DATA_DIR": ""}
+    )
     assert nowhere.returncode == 2 and "no local cluster is running" in nowhere.stderr
 
 
