@@ -101,8 +101,8 @@ def find_controller(
         url = str(json.loads(state_file.read_text())["controller_url"])
     except FileNotFoundError:
         raise ControlError(
-            f"no local cluster is running (no {state_file}); start one with `tidalmq local up` "
-            "or pass --controller-url"
+            f"no local cluster is running (no {state_file}); start one with `tidalmq local up`, "
+            "or name the data dir of the one running (--data-dir or TIDALMQ_DATA_DIR)"
         ) from None
     except (OSError, ValueError, KeyError) as exc:
         raise ControlError(f"cannot read {state_file}: {exc}") from exc
