@@ -70,3 +70,15 @@ def test_a_dead_broker_says_how_long_ago_it_died_and_what_replaces_it() -> None:
     assert "dead since before this start" in format_table(_status(None), now=1065.0)
     live = format_table(_status(1000.0))  # local up's table: printed when it changes only
     assert "dead since " in live and format_table(_status(1000.0)) == live
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "localhost:", "127.0.0.1:port"])
+def test_an_address_without_a_port_is_a_clean_error(address: str) -> None:
+    """[U1]: `--bootstrap-server 127.0.0.1` printed a raw int() error."""
+    from tidalmq_broker.admin_client import AdminClient, AdminError
+
+    with pytest.raises(AdminError) as raised, AdminClient(address) as admin:
+        admin.brokers()
+    assert str(raised.value) == (
+        f"cannot reach any bootstrap server: {address}: not HOST:PORT (e.g. 127.0.0.1:9092)"
+    )
