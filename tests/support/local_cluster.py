@@ -26,8 +26,8 @@ class LocalClusterProcess(StartedInWith):
         self.data_dir = data_dir
         self.args = args or []  # more `local up` flags (--security sasl_ssl)
         self.brokers = brokers
-        # 0: any free ports; N: broker i listens on N + i, in every run on this data dir (a
-        # client that outlives a restart of `local up` finds the brokers where they were)
+        # 0: any free ports; N: the brokers listen on N, N + 1, ... (lowest first, in the
+        # order of their ids, at every start): N always answers as the bootstrap address
         self.port = port
         self.storage_url = storage_url
         self.env = env or {}
@@ -135,12 +135,17 @@ class LocalClusterProcess(StartedInWith):
         return [p["leader"] for p in self.metadata()["topics"][topic]["partitions"]]
 
     def wait_settled(self, timeout_s: float = 60.0) -> None:
-        """Until no move is in flight, every partition has a leader, and every live broker
-        serves (the status table is stable)."""
+        """Until no move is in flight, every partition has a leader, every failed-over
+        partition is open on its new broker, and every live broker serves (the status table
+        is stable)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             st = self.status()
-            if st["moves_in_flight"] == 0 and st["leaderless"] == 0:
+            if (
+                st["moves_in_flight"] == 0
+                and st["leaderless"] == 0
+                and st.get("failovers_opening", 0) == 0
+            ):
                 return
             time.sleep(0.1)
         raise TimeoutError(f"cluster not settled: {self.status()}")

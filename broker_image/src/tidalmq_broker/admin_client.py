@@ -45,12 +45,15 @@ class AdminClient:
         errors = []
         for server in self._servers:
             host, _, port = server.rpartition(":")
+            if not port.isdigit():
+                errors.append(f"{server}: not HOST:PORT (e.g. 127.0.0.1:9092)")
+                continue
             try:
                 self._sock = socket.create_connection(
-                    (host or "localhost", int(port)), self._timeout
+                    (host.strip("[]") or "localhost", int(port)), self._timeout
                 )
                 return self._sock
-            except (OSError, ValueError) as exc:
+            except OSError as exc:
                 errors.append(f"{server}: {exc}")
         raise AdminError("cannot reach any bootstrap server: " + "; ".join(errors))
 

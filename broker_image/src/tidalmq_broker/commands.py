@@ -200,8 +200,10 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
         description="Start the controller, the brokers and a local object store; print the "
         "bootstrap address and a live table of brokers; stay in the foreground until Ctrl-C.",
     )
-    up.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
-    up.add_argument("--port", type=int, default=9092, help="Kafka port of broker 0 (N: +N)")
+    up.add_argument("--brokers", type=int, default=3, help="number of brokers of a new cluster "
+                    "(default 3; a restart brings back the brokers the cluster has)")  # fmt: skip
+    up.add_argument("--port", type=int, default=9092, help="the bootstrap port (default 9092): "
+                    "brokers get the ports from here up, lowest free first")  # fmt: skip
     up.add_argument("--controller-port", type=int, default=9690, help="controller HTTP port")
     up.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
     up.add_argument("--storage-url", default="", help="object store (default: DATA_DIR/objects)")
@@ -223,8 +225,16 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
     _data_dir(up)
     up.set_defaults(handler=_run_local_up)
     for name, help_text in [
-        ("add-broker", "start one more broker; partitions rebalance onto it"),
-        ("remove-broker", "drain a broker (its partitions move), then stop it"),
+        (
+            "add-broker",
+            "start one more broker (replacing the lowest dead one, if any); "
+            "partitions rebalance onto it",
+        ),
+        (
+            "remove-broker",
+            "drain a broker (its partitions move), then stop it; a dead or "
+            "killed one is forgotten at once",
+        ),
         ("kill-broker", "SIGKILL a broker, as a crash; the controller fails it over"),
         ("status", "print the brokers, their partition counts and lost partitions"),
     ]:
@@ -237,13 +247,10 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
         cmd.set_defaults(handler=_run_local_command)
 
 
-DEFAULT_DATA_DIR = ".tidalmq/local"
-
-
 def _data_dir(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--data-dir", default=DEFAULT_DATA_DIR, help="local cluster state and data directory"
-    )
+    from tidalmq_broker.local.processes import DATA_DIR_HELP
+
+    parser.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
 
 
 def _run_local_up(args: argparse.Namespace) -> int:
@@ -251,10 +258,18 @@ def _run_local_up(args: argparse.Namespace) -> int:
     `local up` on the same dir refuses at once and touches nothing."""
     from pathlib import Path
 
-    from tidalmq_broker.local.processes import DataDirLock, LocalUpError
+    from tidalmq_broker.local.processes import DataDirLock, LocalUpError, resolve_data_dir
 
-    data = Path(args.data_dir).resolve()
-    shown_as = args.data_dir if args.data_dir != DEFAULT_DATA_DIR else ""
+    data = resolve_data_dir(args.data_dir)
+    shown_as = args.data_dir
+    if not args.data_dir:
+        older = Path(".tidalmq/local").resolve()
+        if older != data and (older / "metadata").is_dir():
+            print(
+                f"note: {older} holds the data of a local cluster started from this directory "
+                f"before; this one uses {data} (`--data-dir .tidalmq/local` for that one)",
+                flush=True,
+            )
     lock = DataDirLock(data, shown_as)
     try:
         lock.acquire()

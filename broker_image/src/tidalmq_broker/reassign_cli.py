@@ -118,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
             if problem:
                 return _fail(f"invalid plan: {problem}", EXIT_BAD_PLAN)
             if args.execute:
+                missing = [str(e.tp) for e in entries if e.target is None]
+                if missing:  # Kafka's tool refuses these too (its --cancel ignores replicas)
+                    return _fail(
+                        f'invalid plan: no "replicas" for {", ".join(missing)}: --execute needs '
+                        "the broker each partition moves to",
+                        EXIT_BAD_PLAN,
+                    )
                 return _execute(admin, entries, args)
             if args.verify:
                 return _verify(admin, entries)
@@ -187,8 +194,9 @@ def _execute(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namesp
     for tp, (code, message) in sorted(failed.items()):
         print(f"Error reassigning {tp}: {message or code}", file=sys.stderr)
     started = len(results) - len(failed)
-    print(f"Successfully started partition reassignment{'s' if started != 1 else ''} for "
-          f"{', '.join(str(tp) for tp in sorted(results) if tp not in failed)}")  # fmt: skip
+    if started:
+        print(f"Successfully started partition reassignment{'s' if started != 1 else ''} for "
+              f"{', '.join(str(tp) for tp in sorted(results) if tp not in failed)}")  # fmt: skip
     if failed:
         return EXIT_FAILED
     if args.wait:

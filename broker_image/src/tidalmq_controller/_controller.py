@@ -286,6 +286,7 @@ class Controller:
         self._commit_listeners: list[Callable[[ClusterMetadata, MetadataDelta], None]] = []
         self._store_problem: str | None = None
         self._started_at = 0.0
+        self._failover_held = False  # hold_failover(): every broker is being stopped
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -914,6 +915,14 @@ class Controller:
                 if live is not None:
                     live.last_heartbeat = max(live.last_heartbeat, until)
 
+    def hold_failover(self) -> None:
+        """The hosting process is stopping every broker at once (the local cluster's Ctrl-C):
+        from now on no broker is declared dead for its silence. A broker that closed its
+        partitions and exited first is not failed over onto the ones still closing; every
+        broker stays registered as it was, so the next start finds the assignment unchanged
+        (no dead broker, no moves). For the rest of this controller's life: it is stopping."""
+        self._failover_held = True
+
     def has_heartbeated(self, broker_id: int) -> bool:
         """The broker's registration was answered and it heartbeats since: the moves of its
         join rebalance (recorded before that answer) are visible to whoever waits for it."""
@@ -1167,6 +1176,14 @@ class Controller:
         """Partitions each broker leads (NO_LEADER: none), without a walk of the cluster."""
         return self.leadership.leaders_per_broker()
 
+    def move_counts(self) -> tuple[int, int]:
+        """(reassignments in flight: the partitions ListPartitionReassignments lists, failed
+        over partitions whose new broker has not reported them open yet), without a walk of
+        the cluster."""
+        moving = self.leadership.moving
+        opening = sum(1 for m in self.leadership.moves.active() if m.tp not in moving)
+        return len(moving), opening
+
     def move_statuses(self) -> tuple[list[MoveStatus], list[MoveStatus]]:
         return self.leadership.moves.active(), self.leadership.moves.recent()
 
@@ -1234,11 +1251,12 @@ class Controller:
                 self._acked[broker_id] = max(self._acked.get(broker_id, -1), live.applied_version)
         if opened:
             lead.observe(opened, wall)
-        # 1. failover: brokers silent past the session timeout
+        # 1. failover: brokers silent past the session timeout (none while every broker is
+        # being stopped: hold_failover)
         dead = [
             b
             for b in self.membership.silent(now, self.settings.session_timeout_s)
-            if self._broker_state(b) not in (None, "dead")
+            if self._broker_state(b) not in (None, "dead") and not self._failover_held
         ]
         if dead:
             for b in dead:

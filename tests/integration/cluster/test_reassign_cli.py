@@ -76,6 +76,8 @@ def brokers(cluster: LocalClusterProcess) -> list[int]:
          "appears more than once"),
         ("--cancel", [{"partition": 0, "replicas": [1]}, {"partition": 0, "replicas": [2]}],
          "appears more than once"),
+        # [U1]: an error, then "Successfully started partition reassignments for" nothing
+        ("--execute", [{"partition": 0}, {"partition": 1, "replicas": [0]}], 'no "replicas"'),
     ],
 )  # fmt: skip
 def test_a_bad_plan_exits_2_and_changes_nothing(

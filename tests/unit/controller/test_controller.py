@@ -676,3 +676,56 @@ async def test_the_role_check_never_takes_our_own_append_for_another_controllers
     journal.last_commit_at = float("-inf")
     await controller.check_role()
     assert journal.deposed
+
+
+async def test_a_held_failover_declares_no_broker_dead_while_every_broker_stops(
+    tmp_path: Path,
+) -> None:
+    """[U1]: `local up`'s Ctrl-C stops every broker; one that exited first was declared dead
+    (session timed out) while another still closed, its partitions failed over, and the next
+    start reshuffled the cluster. Held, the silence of a stopping broker changes nothing, and
+    the next controller finds every broker alive with its partitions where they were."""
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, FAST)
+    await first.start()
+    a, b = await cluster_of(first, 2)
+    await first.create_topics([NewTopic("t", 4)])
+    leaders = [p.leader for p in first.metadata.topics["t"].partitions]
+    first.hold_failover()
+    a.silence()  # exited first; b still closes its partitions
+    await asyncio.sleep(FAST.session_timeout_s * 2.5)
+    try:
+        assert first.metadata.brokers[0].state == "alive", "declared dead while stopping"
+        assert [p.leader for p in first.metadata.topics["t"].partitions] == leaders
+        assert first.move_counts() == (0, 0)
+    finally:
+        b.silence()
+        await first.stop()
+    second = Controller(store, FAST)
+    await second.start()
+    try:
+        assert {i.state for i in second.metadata.brokers.values()} == {"alive"}
+        assert [p.leader for p in second.metadata.topics["t"].partitions] == leaders
+    finally:
+        await second.stop()
+
+
+async def test_move_counts_are_the_listed_reassignments_and_the_failover_openings(
+    controller: Controller,
+) -> None:
+    """`local status`'s "moves in flight" is what ListPartitionReassignments lists; the
+    partitions a failover opens elsewhere are counted apart until their broker opens them."""
+    _, _, c = await cluster_of(controller, 3)  # they open nothing (no reconcile)
+    await controller.create_topics([NewTopic("t", 6)])
+    assert controller.move_counts() == (0, 0)
+    on_c = [i for i, p in enumerate(controller.metadata.topics["t"].partitions) if p.leader == 2]
+    assert on_c
+    c.silence()
+    await wait_for(lambda: controller.metadata.brokers[2].state == "dead", timeout_s=5)
+    assert controller.move_counts() == (0, len(on_c)), "failovers are no reassignments"
+    assert controller.list_reassignments() == []
+    on_a = [i for i, p in enumerate(controller.metadata.topics["t"].partitions) if p.leader == 0]
+    errors = await controller.alter_reassignments([PlanEntry(TopicPartition("t", on_a[0]), 1)])
+    assert list(errors.values()) == [None]
+    moving, _ = controller.move_counts()
+    assert moving == len(controller.list_reassignments()) == 1  # its source never closes

@@ -131,6 +131,8 @@ class LocalCluster:
         self.brokers: dict[int, BrokerProc] = {}
         self.controller: Controller | None = None
         self.server: ControllerServer | None = None
+        # broker id -> wall time the controller declared it dead (None: before this start)
+        self.dead_since: dict[int, float | None] = {}
         self._store = open_object_store(storage_url)
         self._metadata_store = LocalDirObjectStore(data_dir / "metadata")
 
@@ -141,9 +143,11 @@ class LocalCluster:
 
     @property
     def bootstrap(self) -> str:
+        """The running brokers' addresses, lowest port first (`--port` itself while a broker
+        has it: see `_free_slot`)."""
         return ",".join(
             f"{self.host}:{b.port}"
-            for b in sorted(self.brokers.values(), key=lambda b: b.broker_id)
+            for b in sorted(self.brokers.values(), key=lambda b: (b.port, b.broker_id))
             if b.alive()
         )
 
@@ -169,21 +173,28 @@ class LocalCluster:
         r.add_post("/v1/local/kill-broker", self._http_kill)
         r.add_get("/v1/local/status", self._http_status)
         await self.server.start(self.host, self.controller_port)
-        known = sorted(self.controller.metadata.brokers)
-        ids = (
-            known[:brokers]
-            if len(known) >= brokers
-            else known
-            + [i for i in range(brokers * 2 + len(known)) if i not in known][: brokers - len(known)]
-        )
+        self.controller.add_event_sink(self._on_event)
+        meta = self.controller.metadata
+        self.dead_since = {b: None for b, info in meta.brokers.items() if info.state == "dead"}
+        ids = start_ids(sorted(meta.brokers), brokers)
+        if len(ids) != brokers:
+            print(
+                f"restarting the {len(ids)} brokers of this cluster ({_ids(ids)}): --brokers "
+                f"{brokers} sizes a new cluster only; `tidalmq local add-broker` and "
+                "`remove-broker N` change this one",
+                flush=True,
+            )
         # the brokers of the last run come back now: however slow they are to start, do not
         # declare them dead meanwhile (that would move their partitions and then rebalance)
         self.controller.expect_brokers(ids, within_s=START_TIMEOUT_S)
+        # ports lowest first, in the order of the ids: whichever brokers were removed, the
+        # first one listens on --port (the bootstrap address clients were given)
+        ports = {i: self.first_port + k if self.first_port else 0 for k, i in enumerate(ids)}
         # a broker that fails to start cancels the others' starts (gather would let them
         # spawn processes after the failed start is cleaned up)
         async with asyncio.TaskGroup() as group:
             for i in ids:
-                group.create_task(self.add_broker(i))
+                group.create_task(self.add_broker(i, port=ports[i]))
         self._write_state()
 
     async def stop(self, deadline: float | None = None) -> list[int]:
@@ -196,6 +207,10 @@ class LocalCluster:
         partitions open from an unclean checkpoint, replaying the WAL. Returns the killed ids."""
         if deadline is None:
             deadline = time.monotonic() + STOP_DEADLINE_S
+        if self.controller is not None:
+            # brokers that exit first are not declared dead while the others still close:
+            # a clean stop leaves every broker registered, the next start moves nothing
+            self.controller.hold_failover()
         kill_at = deadline - (STOP_DEADLINE_S - BROKER_KILL_AFTER_S)
         running = [b for b in self.brokers.values() if b.alive()]
         for b in running:
@@ -237,18 +252,35 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ brokers
     def _next_id(self) -> int:
-        used = set(self.brokers) | (
-            set(self.controller.metadata.brokers) if self.controller else set()
-        )
+        """The lowest broker the cluster knows whose process is gone (declared dead, or killed:
+        the new one replaces it, as a restarted pod), else the lowest id never used."""
+        known = set(self.controller.metadata.brokers) if self.controller else set()
+        running = {b.broker_id for b in self.brokers.values() if b.alive()}
+        gone = sorted(known - running)
+        if gone:
+            return gone[0]
+        used = known | set(self.brokers)
         i = 0
         while i in used:
             i += 1
         return i
 
-    async def add_broker(self, broker_id: int | None = None, *, attempt: int = 1) -> BrokerProc:
+    def _free_slot(self) -> int:
+        """The lowest port from --port up that no running broker of this cluster has: a broker
+        added after broker 0 was removed listens on --port again."""
+        taken = {b.port for b in self.brokers.values() if b.alive()}
+        port = self.first_port
+        while port in taken:
+            port += 1
+        return port
+
+    async def add_broker(
+        self, broker_id: int | None = None, *, port: int | None = None, attempt: int = 1
+    ) -> BrokerProc:
         if broker_id is None:
             broker_id = self._next_id()
-        port = self.first_port + broker_id if self.first_port else 0
+        if port is None:
+            port = self._free_slot() if self.first_port else 0
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"broker-{broker_id}.log"
@@ -288,6 +320,9 @@ class LocalCluster:
         b = BrokerProc(broker_id, port, http_port, proc, log_path, cmd)
         self.brokers[broker_id] = b
         self._write_state()  # its pid, for a later `local up` should this one die with it
+        # replacing a killed broker: its registration (and heartbeats) are not this one's
+        old = self.controller.metadata.brokers.get(broker_id) if self.controller else None
+        old_incarnation = old.incarnation if old is not None else None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if not b.alive():
@@ -300,7 +335,9 @@ class LocalCluster:
                     # a port we picked as free was taken before the broker bound it (another
                     # process got it meanwhile): pick again
                     del self.brokers[broker_id]
-                    return await self.add_broker(broker_id, attempt=attempt + 1)
+                    return await self.add_broker(
+                        broker_id, port=port if self.first_port else 0, attempt=attempt + 1
+                    )
                 raise LocalUpError(
                     f"broker {broker_id} exited while starting ({last}); see {log_path}"
                 )
@@ -309,6 +346,7 @@ class LocalCluster:
             # that commit, before the broker's registration is answered and it heartbeats
             if (
                 info is not None
+                and info.incarnation != old_incarnation
                 and info.state == "alive"
                 and info.port == port
                 and self.controller is not None
@@ -323,11 +361,23 @@ class LocalCluster:
         self, broker_id: int, *, drain_timeout_s: float = 120.0,
         stop_timeout_s: float = STOP_TIMEOUT_S,
     ) -> None:  # fmt: skip
-        """Drain (partitions move to the others), stop the process, forget the broker."""
+        """Drain (partitions move to the others), stop the process, forget the broker. A broker
+        whose process is gone (killed, or declared dead) is forgotten at once: its partitions
+        were failed over, or are now."""
+        assert self.controller is not None
         b = self.brokers.get(broker_id)
         if b is None or not b.alive():
-            raise KeyError(f"broker {broker_id} is not running")
-        assert self.controller is not None
+            info = self.controller.metadata.brokers.get(broker_id)
+            if info is None:
+                raise KeyError(f"broker {broker_id} is not running")
+            self.brokers.pop(broker_id, None)
+            self.dead_since.pop(broker_id, None)
+            # a process of ours that exited: nothing it led can acknowledge, its partitions
+            # move at once (another's process: once its lease has run out)
+            gone = info.incarnation if b is not None else None
+            await self.controller.remove_broker(broker_id, incarnation=gone)
+            self._write_state()
+            return
         meta = self.controller.metadata
         others = [
             o for o in self.brokers.values()
@@ -357,6 +407,7 @@ class LocalCluster:
             ) from None
         b.state = "stopped"
         self.brokers.pop(broker_id, None)
+        self.dead_since.pop(broker_id, None)
         # the process is gone, so whatever it still led can move at once (no lease to wait for)
         info = self.controller.metadata.brokers.get(broker_id)
         if info is not None:
@@ -372,12 +423,24 @@ class LocalCluster:
         b.state = "killed"
         self._write_state()
 
+    def _on_event(self, reason: str, message: str, fields: dict[str, Any]) -> None:
+        """The controller's events: when each broker was declared dead (for the status)."""
+        broker = fields.get("broker")
+        if not isinstance(broker, int):
+            return
+        if reason == "BrokerDead":
+            self.dead_since[broker] = time.time()
+        elif reason in ("BrokerRegistered", "BrokerRemoved"):
+            self.dead_since.pop(broker, None)
+
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
         meta = self.controller.metadata if self.controller else ClusterMetadata("")
         # from the controller's indexes: this runs every second, whatever the cluster's size
         led = self.controller.leaders_per_broker() if self.controller else {}
-        active, recent = self.controller.move_statuses() if self.controller else ([], [])
+        _, recent = self.controller.move_statuses() if self.controller else ([], [])
+        # the controller's own count: what `tidalmq reassign --list` lists
+        moving, opening = self.controller.move_counts() if self.controller else (0, 0)
         lost = [
             {"topic": tp.topic, "partition": tp.partition, **loss.to_json(),
              "missing_offsets": loss.missing_offsets}
@@ -387,9 +450,12 @@ class LocalCluster:
         for broker_id in sorted(set(meta.brokers) | set(self.brokers)):
             info = meta.brokers.get(broker_id)
             proc = self.brokers.get(broker_id)
+            state = info.state if info else "unregistered"
             rows.append({
                 "broker": broker_id,
-                "state": info.state if info else "unregistered",
+                "state": state,
+                # wall time it was declared dead (None: before this start, or not dead)
+                "dead_since": self.dead_since.get(broker_id) if state == "dead" else None,
                 "process": (proc.state if proc and proc.alive() else (proc.state if proc else "-")),
                 "address": f"{info.host}:{info.port}" if info else "-",
                 "partitions": led.get(broker_id, 0),
@@ -402,7 +468,8 @@ class LocalCluster:
             "metadata_version": meta.version,
             "brokers": rows,
             "leaderless": led.get(-1, 0),
-            "moves_in_flight": len(active),
+            "moves_in_flight": moving,
+            "failovers_opening": opening,
             "moves_done": len(recent),
             "store_problem": self.controller.store_problem if self.controller else None,
             "lost": lost,
@@ -463,14 +530,21 @@ class LocalCluster:
         return web.json_response(self.status())
 
 
-def format_table(status: dict[str, Any]) -> str:
+def format_table(status: dict[str, Any], now: float | None = None) -> str:
+    """The brokers table. With `now` (time.time()), a dead broker says how long ago it died;
+    without (local up's live table, printed when it changes), since when."""
     lines = [f"{'BROKER':>6}  {'STATE':<9} {'PROCESS':<9} {'ADDRESS':<21} {'PARTITIONS':>10}"]
     for row in status["brokers"]:
-        lines.append(
+        line = (
             f"{row['broker']:>6}  {row['state']:<9} {row['process']:<9} {row['address']:<21} "
             f"{row['partitions']:>10}"
         )
+        if row["state"] == "dead":
+            line += "  " + _dead_note(row.get("dead_since"), now)
+        lines.append(line)
     extra = f"moves in flight: {status['moves_in_flight']}, done: {status['moves_done']}"
+    if status.get("failovers_opening"):
+        extra += f", failed-over partitions opening: {status['failovers_opening']}"
     if status["leaderless"]:
         extra += f", partitions without a leader: {status['leaderless']}"
     lines.append(extra)
@@ -490,6 +564,36 @@ def format_table(status: dict[str, Any]) -> str:
                 f"{row['missing_offsets']:>8}  {row['reason']}"
             )
     return "\n".join(lines)
+
+
+def _dead_note(since: float | None, now: float | None) -> str:
+    replace = "(`tidalmq local add-broker` replaces it, `remove-broker` forgets it)"
+    if since is None:
+        return f"dead since before this start {replace}"
+    if now is None:
+        return f"dead since {time.strftime('%H:%M:%S', time.localtime(since))} {replace}"
+    return f"dead for {_duration(max(0.0, now - since))} {replace}"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def start_ids(known: list[int], brokers: int) -> list[int]:
+    """The brokers a start runs: a new cluster gets ids 0..brokers-1; a cluster that has
+    brokers gets exactly those back, as it was stopped (starting fewer would leave the others
+    to be declared dead and failed over, more would rebalance: either moves partitions on a
+    cluster where nothing changed). add-broker and remove-broker change its size."""
+    return sorted(known) if known else list(range(brokers))
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids))
 
 
 async def migrate_metadata(partition_store: ObjectStore, metadata_store: ObjectStore) -> bool:
@@ -598,7 +702,8 @@ async def _serve(args: argparse.Namespace, data: Path, storage_url: str, token: 
         while isinstance(error, BaseExceptionGroup):  # from the brokers' TaskGroup
             error = error.exceptions[0]
         raise error
-    print(f"TidalMQ local cluster: {args.brokers} brokers, object store {storage_url}", flush=True)
+    running = sum(1 for b in cluster.brokers.values() if b.alive())
+    print(f"TidalMQ local cluster: {running} brokers, object store {storage_url}", flush=True)
     print(f"bootstrap: {cluster.bootstrap}", flush=True)
     print(f"controller: {cluster.controller_url}  (logs in {data / 'logs'})", flush=True)
     if security is not None:
@@ -680,7 +785,7 @@ def local_command(args: argparse.Namespace) -> int:
                 print(json.dumps(status, indent=2))
                 return 0
             print(f"bootstrap: {status['bootstrap']}")
-            print(format_table(status))
+            print(format_table(status, now=time.time()))
             return 0
         body: dict[str, Any] = {}
         path = {"add-broker": "add-broker", "remove-broker": "remove-broker",
@@ -714,4 +819,9 @@ def _controller_settings() -> ControllerSettings:
             env.get("TIDALMQ_FLOOR_COMMIT_INTERVAL_S", d.floor_commit_interval_s)
         ),
         max_moves_per_broker=int(env.get("TIDALMQ_MAX_MOVES_PER_BROKER", d.max_moves_per_broker)),
+        # this process starts every broker and waits for each one it stops or kills, and a
+        # start stops the brokers an earlier run left (processes.py): a broker's new
+        # incarnation means the old process is gone, so its partitions are its again at once
+        # (without, a restart left every partition leaderless until the old leases ran out)
+        embedded=True,
     )

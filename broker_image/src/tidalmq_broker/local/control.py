@@ -32,7 +32,7 @@ from tidalmq_core.control_auth import (
     tokens_from_env,
 )
 
-from tidalmq_broker.local.processes import STATE_NAME
+from tidalmq_broker.local.processes import STATE_NAME, resolve_data_dir
 
 TOKEN_NAME = "control-token"
 
@@ -72,11 +72,12 @@ def data_dir_token(data_dir: Path) -> str:
 
 
 def find_controller(
-    controller_url: str | None, data_dir: str | Path, token_file: str = ""
+    controller_url: str | None, data_dir: str | Path | None, token_file: str = ""
 ) -> tuple[str, str]:
     """(controller URL, control token) for a command: --controller-url with --control-token-file
-    or the environment's token, else the local cluster of `data_dir` and its token."""
-    data = Path(data_dir).resolve()
+    or the environment's token, else the local cluster of `data_dir` (empty: the default data
+    dir, local/processes.py) and its token."""
+    data = resolve_data_dir(data_dir)
     try:
         if token_file:
             explicit = read_tokens(file=token_file)[0]
@@ -100,8 +101,8 @@ def find_controller(
         url = str(json.loads(state_file.read_text())["controller_url"])
     except FileNotFoundError:
         raise ControlError(
-            f"no local cluster is running (no {state_file}); start one with `tidalmq local up` "
-            "or pass --controller-url"
+            f"no local cluster is running (no {state_file}); start one with `tidalmq local up`, "
+            "or name the data dir of the one running (--data-dir or TIDALMQ_DATA_DIR)"
         ) from None
     except (OSError, ValueError, KeyError) as exc:
         raise ControlError(f"cannot read {state_file}: {exc}") from exc

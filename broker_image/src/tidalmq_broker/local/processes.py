@@ -12,6 +12,10 @@ frozen) or a platform without that link can leave some behind, holding their por
 `<data dir>/cluster.json` records each broker's pid and command line; the next `local up` (which
 holds the lock, so no live cluster owns them) stops those still running.
 
+Which data dir: `--data-dir`, else $TIDALMQ_DATA_DIR, else `~/.tidalmq/local` (not a path
+relative to where the command runs: `local status`, `recover`, `static-topic` find the running
+cluster from any directory).
+
 Stdlib only: a refusal costs no more than the interpreter's start.
 """
 
@@ -32,6 +36,23 @@ from typing import Any
 LOCK_NAME = "cluster.lock"
 STATE_NAME = "cluster.json"
 LEFTOVER_STOP_S = 8.0  # leftovers get SIGTERM (clean close), then SIGKILL after this
+DATA_DIR_ENV = "TIDALMQ_DATA_DIR"
+DATA_DIR_HELP = (
+    "the local cluster's data directory (default: $TIDALMQ_DATA_DIR, else ~/.tidalmq/local)"
+)
+
+
+def default_data_dir() -> Path:
+    """$TIDALMQ_DATA_DIR, else ~/.tidalmq/local: the same cluster from any directory."""
+    given = os.environ.get(DATA_DIR_ENV, "").strip()
+    return Path(given).expanduser() if given else Path.home() / ".tidalmq" / "local"
+
+
+def resolve_data_dir(given: str | Path | None) -> Path:
+    """The absolute data dir of `--data-dir` (empty: the default)."""
+    if given is None or str(given) == "":
+        return default_data_dir().resolve()
+    return Path(given).expanduser().resolve()
 
 
 class LocalUpError(Exception):

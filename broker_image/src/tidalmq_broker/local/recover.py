@@ -22,6 +22,7 @@ import urllib.error
 from typing import Any
 
 from tidalmq_broker.local.control import ControlError, find_controller, request
+from tidalmq_broker.local.processes import DATA_DIR_HELP
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,9 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control-token-file", default="",
                    help="the cluster's control token, with --controller-url (default: "
                         "$TIDALMQ_CONTROL_TOKEN_FILE or $TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
-    p.add_argument(
-        "--data-dir", default=".tidalmq/local", help="the local cluster's data directory"
-    )
+    p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.set_defaults(handler=run_recover)
 

@@ -74,7 +74,8 @@ def _where(p: argparse.ArgumentParser, *, kafka: bool = False) -> None:
     p.add_argument("--control-token-file", default="",
                    help="the cluster's control token, with --controller-url (default: "
                         "$TIDALMQ_CONTROL_TOKEN_FILE or $TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
-    p.add_argument("--data-dir", default=".tidalmq/local", help="local cluster state directory")
+    p.add_argument("--data-dir", default="", help="the local cluster's data directory (default: "
+                   "$TIDALMQ_DATA_DIR, else ~/.tidalmq/local)")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ transports
