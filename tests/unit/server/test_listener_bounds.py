@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import ssl
 import struct
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +21,16 @@ import uvloop
 from tidalmq_broker.apis.api_versions import api_versions_body
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import encode_request
-from tidalmq_broker.protocol.fastpath import encode_fetch_response
+from tidalmq_broker.protocol.fastpath import EncodedBody, encode_fetch_response
+from tidalmq_broker.security import certs
+from tidalmq_broker.security.tls import TlsSettings, server_context
 from tidalmq_broker.server.framing import FrameProtocol
-from tidalmq_broker.server.listener import Connection, KafkaListener, ListenerLimits
+from tidalmq_broker.server.listener import (
+    Connection,
+    KafkaListener,
+    ListenerEndpoint,
+    ListenerLimits,
+)
 
 API_VERSIONS = encode_request(
     18, 3, 1, {"client_software_name": "t", "client_software_version": "1"}
@@ -74,6 +83,43 @@ async def started(limits: ListenerLimits, served: Served | None = None) -> Kafka
     listener = KafkaListener(served.dispatch, supported_versions, api_versions_body, limits=limits)
     await listener.start("127.0.0.1", 0)
     return listener
+
+
+class Tls:
+    """A broker certificate and a client context that trusts it."""
+
+    def __init__(self, root: Path) -> None:
+        ca = certs.new_ca()
+        (root / "ca.pem").write_bytes(ca.cert_pem())
+        certs.write_keystore(
+            root / "broker.pem", certs.issue(ca, "broker", hosts=["localhost"]), ca
+        )
+        self.settings = TlsSettings(str(root / "broker.pem"))
+        self.client = ssl.create_default_context(cafile=str(root / "ca.pem"))
+
+    def server(self) -> ssl.SSLContext:
+        return server_context(self.settings)  # a new one per listener (it is given a hook)
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    return Tls(tmp_path_factory.mktemp("tls"))
+
+
+async def tls_connect(
+    port: int, tls: Tls, rcvbuf: int = 0
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    sock = socket.socket()
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return await asyncio.open_connection(sock=sock, ssl=tls.client, server_hostname="localhost")
+
+
+async def read_answer(reader: asyncio.StreamReader, timeout_s: float = 5.0) -> bytes:
+    head = await asyncio.wait_for(reader.readexactly(4), timeout_s)
+    return await asyncio.wait_for(reader.readexactly(struct.unpack(">i", head)[0]), timeout_s)
 
 
 @pytest.fixture
@@ -252,3 +298,47 @@ async def test_connections_leave_no_reference_cycles(listeners: list[KafkaListen
         gc.garbage.clear()
         gc.enable()
     assert FrameProtocol  # the protocol is what the assertion names
+
+
+class InTwoParts:
+    """Every request is answered with a frame written in two parts (a header, then a body kept
+    encoded, as Metadata's and Fetch's answers are), by a handler that does not wait."""
+
+    def dispatch(self, api_key: int) -> Any:
+        async def answer(request: Any, conn: Connection) -> Any:
+            return EncodedBody([b"x" * 100], flexible=False)
+
+        return answer
+
+
+async def test_tls_answers_a_request_read_before_the_previous_answer_was_sent(
+    listeners: list[KafkaListener], tls: Tls
+) -> None:
+    """Once the sender has sent every answer it has, it waits for the transport's buffer to
+    empty (drain), told by resume_writing; on plain transports pause_writing comes only while
+    bytes are buffered. The TLS transports (asyncio's and uvloop's sslproto) compare their
+    buffer with the high water by >=, not >: at a high water of 0 (set to be told the moment
+    the buffer is empty) they called pause_writing with nothing buffered, and resume_writing
+    only at their next read or write, flipping between the two at each. Here the second of two
+    pipelined requests reaches the sender only after it sent the first answer (one request in
+    flight per connection): the sender then waited, paused with nothing to send, for a read
+    that a client waiting for that answer never causes (the SASL_SSL clients of
+    tests/integration/security/test_acls.py timed out that way)."""
+    limits = ListenerLimits(max_inflight_per_connection=1)
+    listener = KafkaListener(InTwoParts().dispatch, supported_versions, api_versions_body,
+                             limits=limits)  # fmt: skip
+    await listener.start_endpoints([ListenerEndpoint("SSL", "127.0.0.1", 0, "SSL", tls.server())])
+    listeners.append(listener)
+    reader, writer = await tls_connect(listener.ports["SSL"], tls)
+    try:
+        for _ in range(4):
+            writer.write(API_VERSIONS)
+            await read_answer(reader)
+            writer.write(API_VERSIONS * 2)
+            await read_answer(reader)
+            await read_answer(reader)
+            # never paused for writing with nothing to write (nothing would resume it)
+            (proto,) = listener._protocols
+            assert not proto.writing_paused or proto.write_buffer_size() > 0
+    finally:
+        writer.close()

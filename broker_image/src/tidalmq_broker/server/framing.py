@@ -350,6 +350,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         return bool(self._paused)
 
     @property
+    def writing_paused(self) -> bool:
+        """The transport asked us to stop writing (its buffer is above its high water)."""
+        return self._writing_paused
+
+    @property
     def lost(self) -> bool:
         return self._lost
 
@@ -402,6 +407,21 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def write_buffer_size(self) -> int:
         return self.transport.get_write_buffer_size() if self.transport is not None else 0
+
+    def report_every_flush(self) -> None:
+        """Have the transport call pause_writing whenever its buffer holds bytes and
+        resume_writing each time it is empty again (not only below asyncio's 16 KiB low water).
+
+        Plain transports pause while size > high water, the TLS ones (asyncio's and uvloop's
+        sslproto) while size >= high water: a high water of 0 there pauses with an empty buffer,
+        and the resume then comes only at the TLS layer's next read or write (it flips between
+        the two at each), so drain() waited for a client that was itself waiting for an answer
+        (a SASL_SSL connection stopped being answered). 1 on TLS means what 0 means on plain."""
+        transport = self.transport
+        if transport is None:
+            return
+        tls = transport.get_extra_info("ssl_object") is not None
+        transport.set_write_buffer_limits(high=1 if tls else 0, low=0)
 
     async def drain(self) -> None:
         if self._lost:

@@ -523,10 +523,9 @@ class KafkaListener:
         )  # fmt: skip
         proto._on_drained = lambda: _settle(conn, proto)  # cleared when the connection is lost
         conn._on_mute = lambda muted: self._mute(proto, muted)  # cleared by _closed
-        if proto.transport is not None:
-            # told (resume_writing) each time the transport's buffer is empty again, not only
-            # below 16 KiB: the response bytes it held are then released exactly
-            proto.transport.set_write_buffer_limits(high=0, low=0)
+        # told (resume_writing) each time the transport's buffer is empty again, not only
+        # below 16 KiB: the response bytes it held are then released exactly
+        proto.report_every_flush()
         tls_only = endpoint.ssl_context is not None and endpoint.sasl is None
         if tls_only and not self._tls_principal(proto, endpoint, conn):
             proto.close()
