@@ -47,18 +47,21 @@ def event_loop_policy(request: pytest.FixtureRequest) -> asyncio.AbstractEventLo
 
 
 class Served:
-    """ApiVersions as the broker answers it; "Fetch" answers RESPONSE_BYTES of records,
-    charged the way apis/fetch.py charges them."""
+    """ApiVersions as the broker answers it; "Fetch" answers `records` bytes of records (at most
+    what the connection has room for), charged the way apis/fetch.py charges them."""
 
-    def __init__(self) -> None:
+    def __init__(self, records: int = RESPONSE_BYTES) -> None:
         self.fetches = 0
+        self.records = records
+        self.handed = 0  # record bytes answered in all
 
     def dispatch(self, api_key: int) -> Any:
         if api_key == 1:
 
             async def fetch(request: Any, conn: Connection) -> Any:
                 self.fetches += 1
-                records = b"r" * min(RESPONSE_BYTES, conn.response_room())
+                records = b"r" * min(self.records, conn.response_room())
+                self.handed += len(records)
                 conn.charge_response(len(records))
                 return encode_fetch_response(
                     request.api_version, [("t", [(0, 0, 0, 0, 0, True, records)])]
@@ -342,3 +345,35 @@ async def test_tls_answers_a_request_read_before_the_previous_answer_was_sent(
             assert not proto.writing_paused or proto.write_buffer_size() > 0
     finally:
         writer.close()
+
+
+async def test_tls_clients_that_do_not_read_get_no_more_than_the_budget(
+    listeners: list[KafkaListener], tls: Tls
+) -> None:
+    """Four TLS clients pipeline fetches answered with 16 MiB each and read nothing: what they
+    are handed stays within the response budget (32 MiB) and the kernel's socket buffers, as
+    on plain connections. The TLS layer counts only the bytes it holds itself and passes all of
+    them to the socket transport underneath whenever that has room: an answer written whole
+    went there at once, left the budget's count, and the clients were handed 64 MiB (each
+    such connection could hold 16 MiB more than its cap, so connections together any amount
+    past the budget). Once they close, every byte is given back."""
+    served = Served(records=16 << 20)
+    limits = ListenerLimits(max_response_bytes_per_connection=16 << 20,
+                            queued_max_response_bytes=32 << 20)  # fmt: skip
+    listener = KafkaListener(served.dispatch, supported_versions, api_versions_body, limits=limits)
+    await listener.start_endpoints([ListenerEndpoint("SSL", "127.0.0.1", 0, "SSL", tls.server())])
+    listeners.append(listener)
+    clients = [await tls_connect(listener.ports["SSL"], tls, rcvbuf=32 * 1024) for _ in range(4)]
+    for _, writer in clients:
+        writer.write(FETCH * 8)
+    await eventually(lambda: served.fetches == 32)  # answered (those without room: no records)
+    await asyncio.sleep(0.3)
+    budget = listener.response_budget
+    assert budget is not None and budget.used <= (32 << 20) + 32 * 256  # + headers
+    # the budget, and per connection what the kernel's socket buffers may take on loopback (a
+    # plain connection's client is handed its cap and 3.6 MiB more; these were handed 32 MiB)
+    assert served.handed <= (32 << 20) + 4 * (4 << 20), served.handed / 2**20
+    for _, writer in clients:
+        writer.close()
+    await eventually(lambda: listener.connection_count == 0)
+    await eventually(lambda: budget.used == 0)

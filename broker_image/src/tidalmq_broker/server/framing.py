@@ -33,6 +33,15 @@ once none is left:
   limit waits for room;
 * a frame of an impossible size arrived (for good: nothing after it can be framed).
 Writes go to the transport; drain() waits while the transport asks us to pause.
+`write_buffer_size()` is what a response's bytes are released against, so it must count every
+byte the broker still holds for the client. A plain transport's does. The event loop's TLS layer
+counts only what it holds itself: whatever it has passed to the socket transport underneath,
+which buffers it until the socket takes it, is out of its count, and it hands over everything it
+holds at once, whenever that transport has room (even a 16 MiB answer). A client that does not
+read thus had 16 MiB held for it that no bound saw, one more 16 MiB answer counted, and as many
+such connections as it opened. So a TLS connection writes in pieces of 64 KiB, each only while
+its transport is not paused (`write_tls`): what the socket transport holds uncounted stays within
+its own high water (64 KiB) and one piece, ~128 KiB.
 The largest frame accepted can be lowered and raised (`set_max_frame`): a connection that has
 not authenticated yet gets Kafka's sasl.server.max.receive.size.
 
@@ -51,7 +60,7 @@ import asyncio
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tidalmq_broker.server.budget import MemoryBudget
 
@@ -60,6 +69,9 @@ _SCRATCH_BYTES = 256 * 1024
 _OWN_BUFFER_FROM = 32 * 1024  # frames this large are read into a buffer of their own
 _OWN_BUFFER_FIRST = 4 * 1024  # an own buffer starts this large (or 4x what has arrived)
 _OWN_BUFFER_GROWTH = 4  # and grows this many times over whenever it fills
+# a TLS connection's answers go to its transport in pieces this large at most, each only while
+# the transport is not paused (write_tls)
+_TLS_WRITE_CHUNK = 64 * 1024
 _EMPTY = b""
 
 # why reading is paused (bits)
@@ -142,6 +154,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
         self.transport = transport  # type: ignore[assignment]
+        if transport.get_extra_info("ssl_object") is not None:
+            self._tls = True
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         on_connected, self._on_connected = self._on_connected, None
@@ -418,10 +432,24 @@ class FrameProtocol(asyncio.BufferedProtocol):
         the two at each), so drain() waited for a client that was itself waiting for an answer
         (a SASL_SSL connection stopped being answered). 1 on TLS means what 0 means on plain."""
         transport = self.transport
-        if transport is None:
-            return
-        tls = transport.get_extra_info("ssl_object") is not None
-        transport.set_write_buffer_limits(high=1 if tls else 0, low=0)
+        if transport is not None:
+            transport.set_write_buffer_limits(high=1 if self._tls else 0, low=0)
+
+    @property
+    def tls(self) -> bool:
+        """The connection is under the event loop's TLS layer (write with write_tls)."""
+        return self._tls
+
+    async def write_tls(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Write the buffers of one answer to a TLS connection: in pieces of at most 64 KiB,
+        each once the transport is not paused (see the module's docstring). Raises
+        ConnectionError once the connection is lost (the rest is dropped)."""
+        for part in parts:
+            view = memoryview(part)
+            for start in range(0, len(view), _TLS_WRITE_CHUNK):
+                if self._writing_paused or self._lost:
+                    await self.drain()
+                self.write(view[start : start + _TLS_WRITE_CHUNK])
 
     async def drain(self) -> None:
         if self._lost:

@@ -823,7 +823,17 @@ class KafkaListener:
             if data is None or proto.lost:
                 conn.release_response(charged)  # nothing to send, or nobody to send it to
                 continue
-            if isinstance(data, list):
+            if proto.tls:
+                # in pieces, each while the transport is not paused: the TLS layer's buffer
+                # size leaves out what it passed on (server/framing.py)
+                try:
+                    await proto.write_tls(data if isinstance(data, list) else (data,))
+                except ConnectionError:
+                    pass  # lost: the rest is dropped, its bytes released just below
+                except BaseException:
+                    conn.release_response(charged)  # cancelled halfway: not in _written yet
+                    raise
+            elif isinstance(data, list):
                 # one write per buffer: the transport sends what the socket takes at once and
                 # copies only the rest, instead of joining megabytes of records first
                 for part in data:
