@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import resource
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -125,11 +126,15 @@ async def call(sock: socket.socket, request: bytes, timeout_s: float = 10.0) -> 
 class Opened:
     sockets: list[socket.socket] = field(default_factory=list)
     refused: int = 0
+    tls: list[asyncio.StreamWriter] = field(default_factory=list)  # TLS connections
 
     def close(self) -> None:
         for sock in self.sockets:
             sock.close()
         self.sockets.clear()
+        for writer in self.tls:
+            writer.transport.abort()  # no TLS goodbye: the client just goes
+        self.tls.clear()
 
 
 async def idle_clients(port: int, n: int, sources: list[str], *, concurrency: int = 200) -> Opened:
@@ -212,6 +217,24 @@ async def never_reading_fetchers(
         sock = await connect(port, sources[i % len(sources)], rcvbuf=16 * 1024)
         await loop.sock_sendall(sock, requests)
         opened.sockets.append(sock)
+    return opened
+
+
+async def tls_never_reading_fetchers(
+    port: int, n: int, topic: str, context: ssl.SSLContext, *, max_bytes: int = 50 << 20,
+    pipelined: int = 16, sources: list[str],
+) -> Opened:  # fmt: skip
+    """never_reading_fetchers over TLS (`context` trusts the broker's certificate for
+    "localhost"): the client's TLS layer reads a little (its stream's 64 KiB limit) and then
+    nothing more."""
+    opened = Opened()
+    requests = b"".join(fetch_request(topic, max_bytes, c) for c in range(pipelined))
+    for i in range(n):
+        sock = await connect(port, sources[i % len(sources)], rcvbuf=16 * 1024)
+        _, writer = await asyncio.open_connection(sock=sock, ssl=context,
+                                                  server_hostname="localhost")  # fmt: skip
+        writer.write(requests)
+        opened.tls.append(writer)
     return opened
 
 
