@@ -7,6 +7,7 @@ failure.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,6 +65,11 @@ class BrokerProcess(StartedInWith):
         return self.log_dir / f"broker-{self.broker_id}.log"
 
     def start(self, timeout_s: float = 60.0) -> None:
+        self.spawn()
+        self.wait_ready(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the process and return at once (start() also waits until it is ready)."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.starts += 1
         env = {
@@ -85,9 +92,11 @@ class BrokerProcess(StartedInWith):
         log.flush()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
-        self.wait_ready(timeout_s)
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
+    def wait_ready(self, timeout_s: float = 60.0, *, settled: bool = True) -> None:
+        """Until /readyz answers 200 and, with `settled`, says plain "serving": every partition
+        open and every consumer group shard loaded (a broker is ready before that, while it
+        serves what is open; tests that go on at once want it all)."""
         deadline = time.monotonic() + timeout_s
         last = ""
         while time.monotonic() < deadline:
@@ -96,8 +105,10 @@ class BrokerProcess(StartedInWith):
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.tail_log()}")
             try:
                 with urllib.request.urlopen(self.http_url + "/readyz", timeout=1) as resp:
-                    if resp.status == 200:
+                    body = json.loads(resp.read() or b"{}")
+                    if resp.status == 200 and (not settled or body.get("reason") == "serving"):
                         return
+                    last = str(body)
             except OSError as exc:
                 last = str(exc)
             time.sleep(0.05)
@@ -122,6 +133,16 @@ class BrokerProcess(StartedInWith):
         else:
             self.stop()
         self.start()
+
+    def readyz(self) -> tuple[int, str]:
+        """/readyz's status and reason (0 while nothing answers)."""
+        try:
+            with urllib.request.urlopen(self.http_url + "/readyz", timeout=2) as resp:
+                return resp.status, json.loads(resp.read()).get("reason", "")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}").get("reason", "")
+        except OSError:
+            return 0, ""
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.http_url + "/metrics", timeout=5) as resp:

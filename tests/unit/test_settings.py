@@ -23,3 +23,38 @@ def test_environment_then_flags() -> None:
     with pytest.raises(SystemExit, match="TIDALMQ_PORT"):
         from_sources(None, {"TIDALMQ_PORT": "many"})
     assert isinstance(s, BrokerSettings)
+
+
+def test_the_listener_bounds_come_from_flags_and_environment() -> None:
+    import argparse
+
+    from tidalmq_broker.broker import listener_limits
+    from tidalmq_broker.settings import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--max-connections", "100", "--connections-max-idle-ms", "1500"])
+    env = {
+        "TIDALMQ_MAX_CONNECTIONS_PER_IP": "7",
+        "TIDALMQ_MAX_CONNECTIONS_PER_IP_OVERRIDES": "127.0.0.2:50, [::1]:9,localhost:3",
+        "TIDALMQ_QUEUED_MAX_RESPONSE_BYTES": "1000000",
+        "TIDALMQ_FLUSH_TIMEOUT_MS": "2500",
+    }
+    s = from_sources(args, env)
+    limits = listener_limits(s)
+    assert (limits.max_connections, limits.max_connections_per_ip) == (100, 7)
+    assert limits.idle_timeout_s == 1.5 and limits.queued_max_response_bytes == 1_000_000
+    assert limits.max_connections_per_ip_overrides["127.0.0.2"] == 50
+    assert limits.max_connections_per_ip_overrides["::1"] in (9, 3)  # localhost may be ::1 too
+    assert limits.max_connections_per_ip_overrides["127.0.0.1"] == 3  # a name, resolved
+    assert s.storage_config().flush_timeout_ms == 2500
+    described = s.described()
+    assert described["max.connections"] == "100" and described["connections.max.idle.ms"] == "1500"
+
+
+def test_a_bad_override_stops_the_broker_with_one_line() -> None:
+    from tidalmq_broker.broker import listener_limits
+
+    for bad in ("10.0.0.1", "10.0.0.1:many", ":5"):
+        with pytest.raises(SystemExit, match=r"max\.connections\.per\.ip\.overrides"):
+            listener_limits(BrokerSettings(max_connections_per_ip_overrides=bad))

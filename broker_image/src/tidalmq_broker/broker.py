@@ -144,13 +144,10 @@ class Broker:
             self._dispatch,
             supported_versions,
             lambda: api_versions_body(_unsupported_version()),
-            limits=ListenerLimits(
-                max_request_bytes=settings.max_request_bytes,
-                failed_authentication_delay_s=settings.connection_failed_authentication_delay_ms
-                / 1000,
-            ),
+            limits=listener_limits(settings),
             observer=self.metrics,
         )
+        self.metrics.watch_listener(self.listener)
         # the control endpoints (metadata pushes, drain) need the token; without one (a
         # standalone broker given none) they refuse every call
         authenticate = self._control.authenticate if self._control is not None else None
@@ -693,21 +690,38 @@ class Broker:
         return call
 
     def _readiness(self) -> tuple[bool, str]:
+        """Ready: this broker can serve what it is given. Not ready while it stops, before it
+        registered with the controller, once its lease from the controller has expired (it may
+        acknowledge nothing), while the object store is lost or does not take its writes.
+
+        Partitions still opening and consumer groups still loading do not make a broker
+        unready: clients are told LEADER_NOT_AVAILABLE / COORDINATOR_LOAD_IN_PROGRESS for
+        those (retriable, as Kafka answers during a load) while everything else is served.
+        Readiness used to wait until every partition was open and every group shard loaded,
+        so one partition whose open kept failing (or waited for newer metadata) held a
+        serving broker out of its Service, and a wave of moves took a broker out too."""
         if self._stopping:
             return False, "shutting down"
         if not self._registered:
             return False, "not registered with the controller"
-        if self.engine is not None and self.engine.store_problem is not None:
-            return False, f"object store lost: {self.engine.store_problem}"
+        if not self._lease_valid():
+            expired = time.monotonic() - self._lease_expiry
+            return False, f"lease from the controller expired {expired:.1f}s ago"
+        engine = self.engine
+        if engine is not None and engine.store_problem is not None:
+            return False, f"object store lost: {engine.store_problem}"
+        if engine is not None and engine.write_problem is not None:
+            return False, engine.write_problem
+        busy = []
         if not self.partitions.is_settled():
-            return False, "opening partitions"
+            busy.append("opening partitions")
         lost = self.partitions.lost_partitions()
         offsets = [tp.partition for tp in self.partitions.leading()
                    if tp.topic == OFFSETS_TOPIC and tp not in lost]  # fmt: skip
         loaded = {s.partition for s in self.groups.shards()}
         if not set(offsets) <= loaded:
-            return False, "loading consumer groups"
-        return True, "serving"
+            busy.append("loading consumer groups")
+        return True, "serving" + (f" ({', '.join(busy)})" if busy else "")
 
     async def _publish_partition_metrics(self) -> None:
         """Partitions' series, a chunk every quarter second (BrokerMetrics.publish_led), so
@@ -730,8 +744,28 @@ class Broker:
         while True:
             self.metrics.partitions_led(self.partitions.leading_count())
             self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
-            self.metrics.connections(self.listener.connection_count)
             await asyncio.sleep(5)
+
+
+def listener_limits(settings: BrokerSettings) -> ListenerLimits:
+    """The Kafka listener's bounds from the broker's settings."""
+    try:
+        overrides = settings.connection_overrides()
+    except ValueError as exc:
+        raise SystemExit(f"broker {settings.broker_id}: cannot start: {exc}") from None
+    return ListenerLimits(
+        max_request_bytes=settings.max_request_bytes,
+        max_inflight_per_connection=settings.max_inflight_requests_per_connection,
+        max_inflight_bytes_per_connection=settings.max_inflight_request_bytes_per_connection,
+        max_response_bytes_per_connection=settings.max_response_bytes_per_connection,
+        queued_max_request_bytes=settings.queued_max_request_bytes,
+        queued_max_response_bytes=settings.queued_max_response_bytes,
+        max_connections=settings.max_connections,
+        max_connections_per_ip=settings.max_connections_per_ip,
+        max_connections_per_ip_overrides=overrides,
+        idle_timeout_s=settings.connections_max_idle_ms / 1000,
+        failed_authentication_delay_s=settings.connection_failed_authentication_delay_ms / 1000,
+    )
 
 
 def _new_incarnation() -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from tidalmq_broker.server.listener import RequestObserver
+from tidalmq_broker.server.listener import KafkaListener, RequestObserver
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -54,6 +54,38 @@ PARTITIONS_LOST = Gauge(
 )
 PARTITIONS_LED = Gauge("tidalmq_partitions_led", "Partitions this broker leads", ["broker"])
 CONNECTIONS = Gauge("tidalmq_connections", "Open client connections", ["broker"])
+CONNECTIONS_MUTED = Gauge(
+    "tidalmq_connections_muted",
+    "Connections whose requests are not read now because their clients have not read their "
+    "responses (max_response_bytes_per_connection)",
+    ["broker"],
+)
+CONNECTIONS_WAITING_FOR_MEMORY = Gauge(
+    "tidalmq_connections_waiting_for_memory",
+    "Connections that stopped reading until the request budget (queued.max.request.bytes) has room",
+    ["broker"],
+)
+CONNECTIONS_REFUSED = Counter(
+    "tidalmq_connections_refused_total",
+    "Connections closed as soon as accepted, by cap (max_connections, max_connections_per_ip)",
+    ["broker", "reason"],
+)
+CONNECTIONS_CLOSED = Counter(
+    "tidalmq_connections_closed_total",
+    "Connections the broker closed because of a bound (idle: connections.max.idle.ms)",
+    ["broker", "reason"],
+)
+BUFFERED_BYTES = Gauge(
+    "tidalmq_buffered_bytes",
+    "Bytes the connections hold now, against the broker-wide budgets: request (frames being "
+    "read, requests not yet answered) and response (being built or not yet read by clients)",
+    ["broker", "kind"],
+)
+BUFFER_BUDGET_BYTES = Gauge(
+    "tidalmq_buffer_budget_bytes",
+    "The broker-wide budgets: queued.max.request.bytes and queued.max.response.bytes (0: none)",
+    ["broker", "kind"],
+)
 PARTITION_OPEN_SECONDS = Histogram(
     "tidalmq_partition_open_seconds",
     "Time to open a partition (read checkpoint, fence, recover)",
@@ -165,6 +197,30 @@ class BrokerMetrics(RequestObserver):
 
     def connections(self, count: int) -> None:
         CONNECTIONS.labels(self._broker).set(count)
+
+    def watch_listener(self, listener: KafkaListener) -> None:
+        """The listener's gauges, read at each scrape."""
+        b = self._broker
+        CONNECTIONS.labels(b).set_function(lambda: listener.connection_count)
+        CONNECTIONS_MUTED.labels(b).set_function(lambda: listener.muted)
+        requests, responses = listener.request_budget, listener.response_budget
+        CONNECTIONS_WAITING_FOR_MEMORY.labels(b).set_function(
+            lambda: requests.waiting if requests is not None else 0
+        )
+        for kind, budget in (("request", requests), ("response", responses)):
+            BUFFER_BUDGET_BYTES.labels(b, kind).set(budget.limit if budget is not None else 0)
+            BUFFERED_BYTES.labels(b, kind).set_function(
+                (lambda budget=budget: budget.used) if budget is not None else (lambda: 0)
+            )
+        for reason in ("max_connections", "max_connections_per_ip"):
+            CONNECTIONS_REFUSED.labels(b, reason)  # present at 0
+        CONNECTIONS_CLOSED.labels(b, "idle")
+
+    def connection_refused(self, reason: str) -> None:
+        CONNECTIONS_REFUSED.labels(self._broker, reason).inc()
+
+    def connection_closed(self, reason: str) -> None:
+        CONNECTIONS_CLOSED.labels(self._broker, reason).inc()
 
     def partition_opened(self, seconds: float) -> None:
         PARTITION_OPEN_SECONDS.labels(self._broker).observe(seconds)

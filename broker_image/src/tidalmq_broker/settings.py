@@ -217,8 +217,77 @@ class BrokerSettings:
             "foreign store stops every read and write)"
         },
     )
+    flush_timeout_ms: float = field(
+        default=_STORAGE.flush_timeout_ms,
+        metadata={
+            "help": "a WAL flush not durable this long after it started fails (producers get "
+            "KAFKA_STORAGE_ERROR, retriable) and the store counts as not taking writes"
+        },
+    )
+    store_probe_interval_ms: float = field(
+        default=_STORAGE.store_probe_interval_ms,
+        metadata={
+            "help": "without a successful write for this long, write a few bytes to see that the "
+            "object store takes writes (every second while it does not); 0: never"
+        },
+    )
     max_request_bytes: int = field(
         default=100 * 1024 * 1024, metadata={"help": "largest request accepted"}
+    )
+    # The listener's bounds ([R1] item 2): docs/limits.md says why each default is what it is.
+    max_connections: int = field(
+        default=4096,
+        metadata={"help": "Kafka's max.connections: client connections open at once (0: no cap)"},
+    )
+    max_connections_per_ip: int = field(
+        default=1024,
+        metadata={
+            "help": "Kafka's max.connections.per.ip: connections from one client address "
+            "(0: no cap)"
+        },
+    )
+    max_connections_per_ip_overrides: str = field(
+        default="",
+        metadata={
+            "help": "Kafka's max.connections.per.ip.overrides: host-or-address:count,... "
+            "(e.g. 10.0.0.7:4000,batch.example.com:2000)"
+        },
+    )
+    connections_max_idle_ms: int = field(
+        default=600_000,
+        metadata={
+            "help": "Kafka's connections.max.idle.ms: close a connection that neither sent nor "
+            "read a byte for this long (0: never)"
+        },
+    )
+    max_inflight_requests_per_connection: int = field(
+        default=32, metadata={"help": "requests of one connection handled at once"}
+    )
+    max_inflight_request_bytes_per_connection: int = field(
+        default=16 * 1024 * 1024,
+        metadata={"help": "request bytes of one connection read and not yet answered"},
+    )
+    max_response_bytes_per_connection: int = field(
+        default=16 * 1024 * 1024,
+        metadata={
+            "help": "response bytes of one connection its client has not read yet: at this many "
+            "the connection is muted (its requests are not read), and Fetch reads no more "
+            "than what is left (0: no cap)"
+        },
+    )
+    queued_max_request_bytes: int = field(
+        default=128 * 1024 * 1024,
+        metadata={
+            "help": "Kafka's queued.max.request.bytes: request bytes all connections together "
+            "hold (being read or not yet answered); past it, connections stop reading (0: none)"
+        },
+    )
+    queued_max_response_bytes: int = field(
+        default=128 * 1024 * 1024,
+        metadata={
+            "help": "response bytes all connections together hold (being built or not yet read "
+            "by their clients); past it, Fetch waits for room or answers with less (0: none)"
+        },
     )
     auto_create_topics: bool = field(
         default=True,
@@ -289,6 +358,27 @@ class BrokerSettings:
         port = bound_port or (self.control_port if self.control_port > 0 else self.http_port)
         return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
+    def connection_overrides(self) -> dict[str, int]:
+        """max.connections.per.ip.overrides, each host resolved to its addresses (as Kafka
+        does at start); a bad entry raises ValueError naming it."""
+        out: dict[str, int] = {}
+        for entry in filter(
+            None, (e.strip() for e in self.max_connections_per_ip_overrides.split(","))
+        ):
+            host, sep, count = entry.rpartition(":")
+            host = host.strip().strip("[]")
+            if not sep or not host or not count.strip().isdigit():
+                raise ValueError(f"max.connections.per.ip.overrides: {entry!r} is not host:count")
+            try:
+                infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+            except OSError as exc:
+                raise ValueError(
+                    f"max.connections.per.ip.overrides: cannot resolve {host!r}: {exc}"
+                ) from exc
+            for info in infos:
+                out[str(info[4][0])] = int(count)
+        return out
+
     def storage_config(self) -> StorageConfig:
         """The storage engine's settings: the fields of StorageConfig, by name."""
         return StorageConfig(
@@ -309,6 +399,11 @@ class BrokerSettings:
             "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
             "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
             "socket.request.max.bytes": str(self.max_request_bytes),
+            "max.connections": str(self.max_connections),
+            "max.connections.per.ip": str(self.max_connections_per_ip),
+            "max.connections.per.ip.overrides": self.max_connections_per_ip_overrides,
+            "connections.max.idle.ms": str(self.connections_max_idle_ms),
+            "queued.max.request.bytes": str(self.queued_max_request_bytes),
             "listeners": self.listeners or f"PLAINTEXT://{self.host}:{self.port}",
             "advertised.listeners": self.advertised_listeners or advertised or legacy,
             # the object store is the one log directory (as DescribeLogDirs reports it)

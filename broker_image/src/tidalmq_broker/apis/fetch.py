@@ -3,7 +3,17 @@
 Authorized as Kafka does, per topic: Fetch READ, ListOffsets and OffsetForLeaderEpoch DESCRIBE,
 DeleteRecords DELETE (TOPIC_AUTHORIZATION_FAILED for each partition of a topic refused, whether
 or not it exists). No client deletes records of an internal topic (INVALID_TOPIC_EXCEPTION, as
-Kafka answers)."""
+Kafka answers).
+
+A Fetch reads no more than its connection may still take (`Connection.response_room()`: what is
+left of the connection's cap on responses its client has not read, and of the broker's response
+budget, server/listener.py) and charges what it read to both. With no room it waits for room
+within its max wait time (its client reads, or other responses leave the budget) and then
+answers with what fits, possibly nothing: ten consumers pipelining Fetch(50 MiB) without reading
+the answers took a broker to 18 GB; now they hold at most their caps. As Kafka does (KIP-74), a
+first batch larger than the room is still returned whole, so a consumer always makes progress,
+but only when nothing else of its connection is waiting to be read and the budget is not full
+of other connections' responses (`Connection.may_overrun`): one batch past the cap at most."""
 
 from __future__ import annotations
 
@@ -89,7 +99,7 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
     max_bytes = body.max_bytes if request.api_version >= 3 else 0x7FFFFFFF
     deadline = time.monotonic() + body.max_wait.total_seconds()
     min_bytes = max(body.min_bytes, 1)
-    total = await _read_all(parts, max_bytes)
+    total = await _read_all(parts, max_bytes, conn)
     # a partition's error answers at once (the client must act on it), except a refusal: as in
     # Kafka, the partitions the client may read wait for data as usual
     while total < min_bytes and not any(
@@ -99,6 +109,12 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
         waitable = [fp for fp in parts if fp.plog is not None]
         if remaining <= 0 or not waitable:
             break
+        if conn.response_room() <= 0:
+            # pushed back: the client has not read what it was sent, or the broker's responses
+            # fill the budget. Wait for room, then answer with what fits.
+            await conn.wait_response_room(remaining)
+            total = await _read_all(parts, max_bytes, conn)
+            continue
         waits = [
             asyncio.ensure_future(fp.plog.wait_for_data(fp.offset, remaining))  # type: ignore[union-attr]
             for fp in waitable
@@ -108,7 +124,7 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
         finally:
             for w in waits:
                 w.cancel()
-        total = await _read_all(parts, max_bytes)
+        total = await _read_all(parts, max_bytes, conn)
     # written straight to wire format (protocol.fastpath), the record sets not copied again
     by_topic: dict[str, list[FetchPartition]] = {}
     for fp in parts:
@@ -124,8 +140,9 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
     return encode_fetch_response(request.api_version, list(by_topic.items()))
 
 
-async def _read_all(parts: list[_FetchPartition], max_bytes: int) -> int:
-    """Read every partition once more, within the response budget; returns total bytes."""
+async def _read_all(parts: list[_FetchPartition], max_bytes: int, conn: Connection) -> int:
+    """Read every partition once more, within the request's max bytes and the room the
+    connection has for responses (what is read is charged to it); returns total bytes."""
     budget = max_bytes
     total = 0
     for fp in parts:
@@ -135,7 +152,8 @@ async def _read_all(parts: list[_FetchPartition], max_bytes: int) -> int:
             total += len(fp.records)
             budget -= len(fp.records)
             continue
-        limit = min(fp.max_bytes, budget) if total else fp.max_bytes
+        room = conn.response_room()
+        limit = min(fp.max_bytes, budget, room) if total else min(fp.max_bytes, room)
         if limit <= 0:
             fp.hw = fp.plog.high_watermark
             fp.lso = fp.hw
@@ -146,6 +164,15 @@ async def _read_all(parts: list[_FetchPartition], max_bytes: int) -> int:
             fp.error, fp.plog = error_code(exc), None
             fp.records = b""
             continue
+        size = len(result.records)
+        if size > conn.response_room() and not conn.may_overrun(size):
+            # a first batch larger than the room left: it goes out only in a response of its
+            # own (nothing else of the connection's waiting, the budget not full of others),
+            # or a connection's pipelined fetches would each pass its cap by a batch
+            fp.hw = result.high_watermark
+            fp.lso = fp.hw
+            continue
+        conn.charge_response(size)
         fp.records = result.records
         fp.hw = result.high_watermark
         fp.lso = result.high_watermark

@@ -75,7 +75,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                 # enough to have one): the log patches offsets in place instead of copying
                 task = asyncio.ensure_future(plog.append(part.records, acks=acks, owned=True))
                 entries.append((topic.name, part.index, task, None, len(part.records)))
-    timeout_s = max(body.timeout.total_seconds(), 0.001) if acks != 0 else None
+    timeout_s = _answer_within(body.timeout.total_seconds()) if acks != 0 else None
     pending = [e[2] for e in entries if isinstance(e[2], asyncio.Future)]
     if pending:
         if acks == 0:
@@ -116,6 +116,15 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             part = (index, outcome.value, -1, -1, -1, message)
         by_topic.setdefault(topic_name, []).append(part)
     return encode_produce_response(request.api_version, list(by_topic.items()))
+
+
+def _answer_within(timeout_s: float) -> float:
+    """When a produce request still waiting for its appends is answered REQUEST_TIMED_OUT:
+    a little before its timeout (a tenth of it, at most a second), because most clients use the
+    same value as their own request timeout (request.timeout.ms) and would otherwise give up at
+    the same moment, seeing a timeout of their own instead of the broker's retriable error."""
+    timeout_s = max(timeout_s, 0.001)
+    return timeout_s - min(1.0, timeout_s / 10)
 
 
 def _log_failure(fut: asyncio.Future[AppendResult]) -> None:

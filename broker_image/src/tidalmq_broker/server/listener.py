@@ -26,17 +26,43 @@ next frame is read: the exchange decides how the next frame is read (after a Sas
 the tokens come as raw frames, security/sasl.py). `Connection.principal` is who the client is
 (User:ANONYMOUS on PLAINTEXT) and `Connection.host` its address: what the handlers authorize
 (security/authorizer.py).
+
+Bounds ([R1] item 2; docs/limits.md lists each with its default and why):
+- connections: at most `max_connections` in all and `max_connections_per_ip` from one client
+  address (Kafka's max.connections, max.connections.per.ip and its overrides); one more is
+  closed as soon as it is accepted, with a rate-limited line (server/ratelog.py) and a counter.
+  On TLS listeners a connection counts from the end of its handshake (bounded by
+  `tls_handshake_timeout_s`).
+- idle connections: closed after `idle_timeout_s` without a byte read or sent
+  (connections.max.idle.ms), checked by one sweep a second, not a timer per connection.
+- requests: at most `max_inflight_per_connection` requests and
+  `max_inflight_bytes_per_connection` bytes in flight per connection, and the broker-wide request
+  budget (`queued_max_request_bytes`, server/budget.py) over frames being read and requests not
+  yet answered: a connection that would take it past its limit stops reading until requests
+  finish.
+- responses: the responses of a connection not yet taken by its client (being built, queued, or
+  in the transport's buffer) never pass `max_response_bytes_per_connection`: Fetch asks
+  `Connection.response_room()` before it reads and reads no more (apis/fetch.py). Once they reach
+  three quarters of it the connection is muted, as Kafka mutes a channel: its requests are not
+  read until the client has taken them down to half. Every response byte is also charged to the
+  broker-wide response budget (`queued_max_response_bytes`), which Fetch's room includes.
+A closed connection gives all of its bytes back at once; nothing of it waits for the cyclic
+garbage collector (no exception is stored, no callback keeps the protocol, no timer task).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
+import ipaddress
 import logging
 import ssl
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,8 +90,10 @@ from tidalmq_broker.security.sasl import (
     log_failure,
 )
 from tidalmq_broker.security.tls import handshake_reporting, subject_dn
-from tidalmq_broker.server.framing import FrameProtocol, FrameSizeError
-from tidalmq_broker.server.ratelog import REQUEST_ERRORS, describe
+from tidalmq_broker.server import heap
+from tidalmq_broker.server.budget import MemoryBudget
+from tidalmq_broker.server.framing import FrameProtocol, FrameSizeError, SharedScratch
+from tidalmq_broker.server.ratelog import CONNECTION_LIMITS, REQUEST_ERRORS, describe
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +113,9 @@ _Response = bytes | list[bytes | memoryview] | _Close | None
 """An encoded response frame (one buffer, or several to write in order), None for none, or
 _CLOSE."""
 
+_Answer = tuple[_Response, int]
+"""A response and the bytes charged for it to the connection and the response budget."""
+
 
 SASL_HANDSHAKE_KEY = 17
 SASL_AUTHENTICATE_KEY = 36
@@ -93,15 +124,31 @@ SASL_AUTHENTICATE_KEY = 36
 PRE_AUTHENTICATION_APIS = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 SASL_MAX_RECEIVE_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
 _SIZE = struct.Struct(">i")
+_UNLIMITED = 1 << 62
 
 
-@dataclass(slots=True)
+class _Charge:
+    """The response bytes one request has charged so far (its handler's, then the rest)."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
+# the request being handled in this task (set around each handler call)
+_CHARGE: contextvars.ContextVar[_Charge | None] = contextvars.ContextVar(
+    "tidalmq_response_charge", default=None
+)
+
+
+@dataclass(slots=True, eq=False)
 class Connection:
     peer: str
     client_id: str | None = None
     requests: int = 0
     inflight_bytes: int = 0  # request bytes read and not yet answered
-    _room: asyncio.Event = field(default_factory=asyncio.Event)
+    _room: asyncio.Future[None] | None = None  # the receive loop waits for requests to finish
     listener: str = PLAINTEXT  # the listener name the client connected to
     security_protocol: str = PLAINTEXT
     principal: str = ANONYMOUS  # who the client is (Kafka's KafkaPrincipal, as a string)
@@ -109,6 +156,103 @@ class Connection:
     authenticated: bool = True  # False on a SASL listener until the exchange succeeded
     sasl: SaslAuthenticator | None = None  # the exchange, on SASL listeners
     close_after_response: bool = False  # a handler's verdict: answer, then close
+    # response bytes charged and not yet taken by the client: being built by handlers, queued,
+    # or in the transport's buffer (charge_response mutes the connection near the cap)
+    response_bytes: int = 0
+    _written: int = 0  # of response_bytes: handed to the transport, maybe still in its buffer
+    _responses: MemoryBudget | None = None  # the broker's response budget (None: unbounded)
+    _max_response_bytes: int = 0  # the cap per connection (0: none)
+    _released: list[asyncio.Future[None]] = field(default_factory=list)  # waiting for room
+    # muting (Kafka's muted channel): called with True at 3/4 of the cap, False at half
+    _on_mute: Callable[[bool], None] | None = None
+    muted: bool = False
+    closed: bool = False
+
+    def response_room(self) -> int:
+        """Response bytes this connection may still take now: what is left of its own cap and
+        of the broker's response budget (Fetch reads no more than this)."""
+        room = _UNLIMITED if self._responses is None else self._responses.room()
+        if self._max_response_bytes:
+            room = min(room, self._max_response_bytes - self.response_bytes)
+        return max(0, room)
+
+    def may_overrun(self, n: int) -> bool:
+        """Whether a response part of `n` bytes larger than response_room() may still be
+        taken (Kafka's first batch that does not fit, KIP-74): only into a connection with
+        nothing else waiting for its client (this response empty so far too), and only while
+        the budget has room for it or holds nothing at all. So a connection passes its cap by
+        one batch at most, and the budget by one batch in all."""
+        if self.response_bytes > 0:
+            return False
+        budget = self._responses
+        return budget is None or budget.used == 0 or budget.used + n <= budget.limit
+
+    def charge_response(self, n: int) -> None:
+        """Count `n` bytes of the response being built by the request handled in this task."""
+        charge = _CHARGE.get()
+        if charge is None or n <= 0 or self.closed:
+            return
+        charge.bytes += n
+        self.response_bytes += n
+        if self._responses is not None:
+            self._responses.charge(n)
+        cap = self._max_response_bytes
+        if cap and not self.muted and self.response_bytes >= cap * 3 // 4:
+            self._set_muted(True)
+
+    def release_response(self, n: int) -> None:
+        if n <= 0:
+            return
+        self.response_bytes -= n
+        if self._responses is not None:
+            self._responses.release(n)
+        if self.muted and self.response_bytes <= self._max_response_bytes // 2:
+            self._set_muted(False)
+        self._wake_room()
+
+    def _set_muted(self, muted: bool) -> None:
+        self.muted = muted
+        if self._on_mute is not None:
+            self._on_mute(muted)
+
+    def _wake_room(self) -> None:
+        waiters, self._released = self._released, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_response_room(self, timeout_s: float) -> bool:
+        """Until response_room() is positive (True) or `timeout_s` passed (False): the client
+        reads what it was sent, or other connections' responses leave the budget."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        budget = self._responses
+        while self.response_room() <= 0 and not self.closed:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._released.append(waiter)
+            callback = functools.partial(_resolve, waiter)
+            on_budget = budget is not None and budget.exhausted and budget.wait(callback)
+            try:
+                # at most 100 ms between looks: the budget wakes its waiters only while it
+                # was exhausted when they came, and room can come from either side
+                await asyncio.wait([waiter], timeout=min(left, 0.1))
+            finally:
+                if on_budget:
+                    assert budget is not None
+                    budget.forget(callback)
+                if not waiter.done():
+                    waiter.cancel()
+                    with contextlib.suppress(ValueError):
+                        self._released.remove(waiter)
+        return self.response_room() > 0
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +270,9 @@ class ListenerEndpoint:
 
 @dataclass(frozen=True, slots=True)
 class ListenerLimits:
+    """The listener's bounds; the broker's defaults and why are in docs/limits.md (these are
+    the values tests and tools get without settings)."""
+
     max_request_bytes: int = 100 * 1024 * 1024  # socket.request.max.bytes
     max_inflight_per_connection: int = 32
     # Requests pipelined on one connection are read only while those in flight add up to less
@@ -133,6 +280,15 @@ class ListenerLimits:
     # request stays in memory until its WAL object is durable, so with 32 in flight of 1 MiB
     # each, two producers alone held ~130 MB in the broker.
     max_inflight_bytes_per_connection: int = 16 * 1024 * 1024
+    # responses not yet taken by the client, per connection (0: no cap): the connection is
+    # muted at this many, and Fetch reads no more than what is left
+    max_response_bytes_per_connection: int = 16 * 1024 * 1024
+    queued_max_request_bytes: int = 0  # the broker-wide request budget (0: none)
+    queued_max_response_bytes: int = 0  # the broker-wide response budget (0: none)
+    max_connections: int = 0  # max.connections (0: no cap)
+    max_connections_per_ip: int = 0  # max.connections.per.ip (0: no cap)
+    # max.connections.per.ip.overrides: client address -> its own cap (resolved addresses)
+    max_connections_per_ip_overrides: Mapping[str, int] = field(default_factory=dict)
     idle_timeout_s: float = 600.0  # connections.max.idle.ms
     tls_handshake_timeout_s: float = 10.0  # a client that has not finished it is dropped
     # connection.failed.authentication.delay.ms: a connection that failed to authenticate is
@@ -142,10 +298,28 @@ class ListenerLimits:
 
 
 class RequestObserver:
-    """Hook for metrics: called once per handled request."""
+    """Hook for metrics: called once per handled request, and on connections refused or
+    closed by a bound."""
 
     def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
         pass
+
+    def connection_refused(self, reason: str) -> None:
+        pass
+
+    def connection_closed(self, reason: str) -> None:
+        pass
+
+
+def client_address(host: str) -> str:
+    """The address a per-IP cap counts: IPv4 clients on a dual-stack socket count as IPv4."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
 
 
 class KafkaListener:
@@ -161,12 +335,34 @@ class KafkaListener:
         self._dispatch = dispatch
         self._supported_versions = supported_versions
         self._api_versions_error_body = api_versions_error_body
-        self._limits = limits or ListenerLimits()
+        limits = limits or ListenerLimits()
+        self._limits = limits
         self._observer = observer or RequestObserver()
         self._servers: list[tuple[ListenerEndpoint, asyncio.Server]] = []
         self._connections: set[asyncio.Task[None]] = set()
         self._inflight: set[asyncio.Task[Any]] = set()
         self._accepting = True
+        self._scratch = SharedScratch()  # one read buffer for every connection
+        self.request_budget = (
+            MemoryBudget("request", limits.queued_max_request_bytes,
+                         slack=limits.max_request_bytes)
+            if limits.queued_max_request_bytes > 0 else None
+        )  # fmt: skip
+        self.response_budget = (
+            MemoryBudget("response", limits.queued_max_response_bytes)
+            if limits.queued_max_response_bytes > 0
+            else None
+        )
+        self._per_ip: Counter[str] = Counter()
+        self._ip_caps = {
+            client_address(k): v for k, v in limits.max_connections_per_ip_overrides.items()
+        }
+        self._protocols: set[FrameProtocol] = set()  # open connections (the idle sweep)
+        self._sweeper: asyncio.Task[None] | None = None
+        self.muted = 0  # connections muted now (their clients do not read their responses)
+        self.refused: Counter[str] = Counter()  # connections refused at a cap, by reason
+        self.idle_closed = 0
+        self._closed_since_trim = 0
 
     @property
     def port(self) -> int:
@@ -180,7 +376,18 @@ class KafkaListener:
 
     @property
     def connection_count(self) -> int:
-        return len(self._connections)
+        return len(self._protocols)
+
+    @property
+    def limits(self) -> ListenerLimits:
+        return self._limits
+
+    def buffered_bytes(self) -> dict[str, int]:
+        """Bytes the connections hold now, by kind (the budgets' view; for metrics)."""
+        return {
+            "request": self.request_budget.used if self.request_budget else 0,
+            "response": self.response_budget.used if self.response_budget else 0,
+        }
 
     async def start(self, host: str, port: int) -> None:
         """One PLAINTEXT endpoint (tests, tools)."""
@@ -197,6 +404,7 @@ class KafkaListener:
                     lambda e=endpoint: self._new_protocol(e),  # type: ignore[misc]
                     endpoint.host or None, endpoint.port, reuse_address=True, ssl=tls,
                     ssl_handshake_timeout=self._limits.tls_handshake_timeout_s if tls else None,
+                    backlog=1024,
                 )  # fmt: skip
                 self._servers.append((endpoint, server))
         except BaseException:
@@ -204,6 +412,8 @@ class KafkaListener:
                 server.close()
             self._servers.clear()
             raise
+        if self._sweeper is None and self._limits.idle_timeout_s > 0:
+            self._sweeper = loop.create_task(self._sweep_idle(), name="idle connections")
 
     def _new_protocol(self, endpoint: ListenerEndpoint) -> FrameProtocol:
         return FrameProtocol(
@@ -211,12 +421,72 @@ class KafkaListener:
             max_queued_bytes=self._limits.max_inflight_bytes_per_connection // 2,
             on_connected=lambda proto: self._connected(proto, endpoint),
             tls=endpoint.ssl_context is not None,
+            scratch=self._scratch,
+            budget=self.request_budget,
         )
 
     def _connected(self, proto: FrameProtocol, endpoint: ListenerEndpoint) -> None:
+        host = proto.peer().rsplit(":", 1)[0].strip("[]")
+        address = client_address(host)
+        refused = self._admit(address)
+        if refused is not None:
+            self.refused[refused] += 1
+            self._observer.connection_refused(refused)
+            msg = "refusing connection from %s on listener %s: %s"
+            CONNECTION_LIMITS.warning(
+                log, msg, proto.peer(), endpoint.name, self._why(refused, address)
+            )
+            proto.close()
+            return
+        self._per_ip[address] += 1
+        self._protocols.add(proto)
         task = asyncio.get_running_loop().create_task(self._on_connection(proto, endpoint))
         self._connections.add(task)
-        task.add_done_callback(self._connections.discard)
+        task.add_done_callback(lambda t: self._disconnected(t, proto, address))
+
+    def _admit(self, address: str) -> str | None:
+        """None, or why a new connection from `address` is refused."""
+        limits = self._limits
+        if limits.max_connections and len(self._protocols) >= limits.max_connections:
+            return "max_connections"
+        cap = self._ip_caps.get(address, limits.max_connections_per_ip)
+        if cap and self._per_ip[address] >= cap:
+            return "max_connections_per_ip"
+        return None
+
+    def _why(self, reason: str, address: str) -> str:
+        if reason == "max_connections":
+            return f"{len(self._protocols)} connections open (max.connections {self._limits.max_connections})"
+        cap = self._ip_caps.get(address, self._limits.max_connections_per_ip)
+        return f"{self._per_ip[address]} connections from {address} (max.connections.per.ip {cap})"
+
+    def _disconnected(self, task: asyncio.Task[None], proto: FrameProtocol, address: str) -> None:
+        self._closed_since_trim += 1
+        self._connections.discard(task)
+        self._protocols.discard(proto)
+        left = self._per_ip[address] - 1
+        if left > 0:
+            self._per_ip[address] = left
+        else:
+            del self._per_ip[address]
+
+    async def _sweep_idle(self) -> None:
+        """Close connections that neither read nor sent a byte for idle_timeout_s; after a
+        wave of closes, give the freed heap back (server/heap.py)."""
+        timeout = self._limits.idle_timeout_s
+        interval = min(1.0, max(timeout / 10, 0.05))
+        while True:
+            await asyncio.sleep(interval)
+            if self._closed_since_trim >= heap.TRIM_AFTER_CLOSES:
+                self._closed_since_trim = 0
+                heap.trim()
+            deadline = time.monotonic() - timeout
+            idle = [p for p in self._protocols if p.last_active < deadline and not p.lost]
+            for proto in idle:
+                log.debug("closing connection from %s: idle for %.0fs", proto.peer(), timeout)
+                self.idle_closed += 1
+                self._observer.connection_closed("idle")
+                proto.abort()  # close() would wait for a client that does not read
 
     def _close_servers(self) -> None:
         for _, server in self._servers:
@@ -232,6 +502,8 @@ class KafkaListener:
     async def close(self) -> None:
         self._accepting = False
         self._close_servers()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for task in list(self._connections):
             task.cancel()
         if self._connections:
@@ -246,7 +518,14 @@ class KafkaListener:
         conn = Connection(
             peer=peer, listener=endpoint.name, security_protocol=endpoint.security_protocol,
             host=canonical_host(peer.rsplit(":", 1)[0]),
+            _responses=self.response_budget,
+            _max_response_bytes=self._limits.max_response_bytes_per_connection,
         )  # fmt: skip
+        proto._on_drained = lambda: _settle(conn, proto)  # cleared when the connection is lost
+        conn._on_mute = lambda muted: self._mute(proto, muted)  # cleared by _closed
+        # told (resume_writing) each time the transport's buffer is empty again, not only
+        # below 16 KiB: the response bytes it held are then released exactly
+        proto.report_every_flush()
         tls_only = endpoint.ssl_context is not None and endpoint.sasl is None
         if tls_only and not self._tls_principal(proto, endpoint, conn):
             proto.close()
@@ -255,9 +534,7 @@ class KafkaListener:
             conn.sasl = SaslAuthenticator(endpoint.sasl)
             conn.authenticated = False
             proto.set_max_frame(min(SASL_MAX_RECEIVE_BYTES, self._limits.max_request_bytes))
-        responses: asyncio.Queue[asyncio.Future[_Response] | None] = asyncio.Queue(
-            maxsize=self._limits.max_inflight_per_connection
-        )
+        responses = _Pipeline(self._limits.max_inflight_per_connection)
         sender = asyncio.create_task(self._send_loop(proto, responses, conn))
         try:
             await self._receive_loop(proto, conn, responses)
@@ -273,25 +550,55 @@ class KafkaListener:
                        "authentication (at most %d: sasl.server.max.receive.size)")  # fmt: skip
                 failures.record(conn.listener, "unauthenticated_request", msg, conn.peer,
                                 conn.listener, exc.size, SASL_MAX_RECEIVE_BYTES)  # fmt: skip
-        except TimeoutError:
-            log.debug("closing idle connection from %s", conn.peer)
         except asyncio.CancelledError:
             sender.cancel()
+            self._closed(conn, responses)
             raise
         except Exception as exc:  # a bug on this connection's path: this connection only
             msg = "closing connection from %s (%r): %s"
             REQUEST_ERRORS.error(log, msg, conn.peer, conn.client_id, describe(exc))
             log.debug("connection from %s failed", conn.peer, exc_info=True)
         finally:
-            with contextlib.suppress(asyncio.QueueFull):
-                responses.put_nowait(None)
-            if not sender.done():
+            responses.put_nowait(None)
+            if not sender.done() and not proto.lost:
                 # let queued responses go out, unless the peer is gone
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(sender), timeout=30)
             sender.cancel()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+            self._closed(conn, responses)
+            if proto.write_buffer_size():
+                proto.abort()  # its client does not read: what is left is dropped, as Kafka does
+            else:
                 proto.close()
+
+    def _mute(self, proto: FrameProtocol, muted: bool) -> None:
+        """Kafka's muted channel: the socket of a connection whose client has not taken 3/4 of
+        max_response_bytes_per_connection is not read until it has taken them down to half."""
+        if muted:
+            self.muted += 1
+            proto.mute()
+        else:
+            self.muted -= 1
+            proto.unmute()
+
+    def _closed(self, conn: Connection, responses: _Pipeline) -> None:
+        """The connection is over: every response byte it still holds goes back to the budget
+        (answers still being built give theirs back when they finish: conn.closed)."""
+        if conn.closed:
+            return
+        conn.closed = True
+        while not responses.empty():
+            item = responses.get_nowait()
+            if item is not None and item.done() and not item.cancelled():
+                conn.release_response(item.result()[1])
+        conn.release_response(conn._written)
+        conn._written = 0
+        if conn.muted:
+            conn._set_muted(False)
+        conn._on_mute = None
+        conn._wake_room()
 
     def _tls_principal(
         self, proto: FrameProtocol, endpoint: ListenerEndpoint, conn: Connection
@@ -318,7 +625,7 @@ class KafkaListener:
         self,
         frame: bytes | memoryview,
         conn: Connection,
-        responses: asyncio.Queue[asyncio.Future[_Response] | None],
+        responses: _Pipeline,
     ) -> Request | bool:
         """The request in `frame`; True when it was answered already (an ApiVersions version
         we do not serve), False when the connection must close (logged)."""
@@ -328,9 +635,8 @@ class KafkaListener:
             if exc.api_key == API_VERSIONS_KEY:
                 # KIP-511: answer in v0 so the client learns what we support
                 body = self._api_versions_error_body()
-                fut: asyncio.Future[_Response] = asyncio.get_running_loop().create_future()
-                fut.set_result(encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, body))
-                await responses.put(fut)
+                answer = encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, body)
+                await responses.put(_answered_with(answer))
                 return True
             REQUEST_ERRORS.warning(log, "closing connection from %s: %s", conn.peer, exc)
             return False
@@ -347,7 +653,7 @@ class KafkaListener:
         proto: FrameProtocol,
         conn: Connection,
         frame: bytes | memoryview,
-        responses: asyncio.Queue[asyncio.Future[_Response] | None],
+        responses: _Pipeline,
     ) -> bool:
         """One frame of a connection that has not authenticated yet, handled before the next
         is read. False: close the connection (after what was queued)."""
@@ -387,9 +693,11 @@ class KafkaListener:
         conn.requests += 1
         handler = self._dispatch(request.api_key)
         assert handler is not None
-        response = await self._handle(handler, request, conn)
-        await responses.put(_answered_with(response))
-        if isinstance(response, _Close):
+        answer = await self._handle(handler, request, conn)
+        fut: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
+        fut.set_result(answer)
+        await responses.put(fut)
+        if isinstance(answer[0], _Close):
             return False
         return self._after_request(proto, conn) or await self._refused()
 
@@ -405,33 +713,43 @@ class KafkaListener:
         await asyncio.sleep(self._limits.failed_authentication_delay_s)
         return False
 
+    def _release_request(self, size: int) -> None:
+        """A request read from a connection is answered (or dropped): its bytes leave the
+        request budget."""
+        if self.request_budget is not None:
+            self.request_budget.release(size, complete=True)
+
     async def _receive_loop(
         self,
         proto: FrameProtocol,
         conn: Connection,
-        responses: asyncio.Queue[asyncio.Future[_Response] | None],
+        responses: _Pipeline,
     ) -> None:
         limits = self._limits
         max_bytes = limits.max_inflight_bytes_per_connection
         while self._accepting:
             while conn.inflight_bytes >= max_bytes:
-                conn._room.clear()
-                await conn._room.wait()
-            # pipelined requests are usually buffered already: take them without the task and
-            # timer that wait_for costs
+                conn._room = asyncio.get_running_loop().create_future()
+                await conn._room
+            # pipelined requests are usually buffered already: take them without waiting
             frame = proto.frame_nowait()
             if frame is None:
-                frame = await asyncio.wait_for(proto.next_frame(), limits.idle_timeout_s)
-            if not conn.authenticated:
-                if not await self._before_authentication(proto, conn, frame, responses):
-                    return
-                continue
+                frame = await proto.next_frame()
             size = len(frame)
+            if not conn.authenticated:
+                try:
+                    if not await self._before_authentication(proto, conn, frame, responses):
+                        return
+                finally:
+                    self._release_request(size)
+                continue
             request = await self._decode(frame, conn, responses)
             if isinstance(request, bool):
+                self._release_request(size)
                 if request:
                     continue
                 return
+            del frame  # a produce request's records are views of it: they keep it
             conn.client_id = request.client_id
             conn.requests += 1
             handler = self._dispatch(request.api_key)
@@ -440,27 +758,48 @@ class KafkaListener:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             conn.inflight_bytes += size
-            task.add_done_callback(lambda _t, n=size: _answered(conn, n))
+            task.add_done_callback(lambda _t, n=size: self._answered(conn, n))
             await responses.put(task)
+            del task  # an idle connection keeps no answered request
 
-    async def _handle(self, handler: Handler, request: Request, conn: Connection) -> _Response:
+    def _answered(self, conn: Connection, size: int) -> None:
+        conn.inflight_bytes -= size
+        if conn._room is not None:
+            _resolve(conn._room)
+            conn._room = None
+        self._release_request(size)
+
+    async def _handle(self, handler: Handler, request: Request, conn: Connection) -> _Answer:
         started = time.perf_counter()
         error = False
+        charge = _Charge()
+        token = _CHARGE.set(charge)
+        answered = False
         try:
             body = await handler(request, conn)
             if body is None:
-                return None
-            return encode_response_parts(
+                answered = True
+                return None, charge.bytes
+            response = encode_response_parts(
                 request.api_key, request.api_version, request.correlation_id, body
             )
+            conn.charge_response(_size(response) - charge.bytes)  # what the handler did not
+            answered = True
+            return response, charge.bytes
         except Exception as exc:
             error = True
             msg = "api %d v%d from %s (%r) failed; closing the connection: %s"
             api = (request.api_key, request.api_version)
             REQUEST_ERRORS.error(log, msg, *api, conn.peer, conn.client_id, describe(exc))
             log.debug("api %d v%d from %s failed", *api, conn.peer, exc_info=True)
-            return _CLOSE
+            answered = True
+            return _CLOSE, charge.bytes
         finally:
+            _CHARGE.reset(token)
+            if not answered or conn.closed:
+                # cancelled, or nobody will send it: its bytes go back now
+                conn.release_response(charge.bytes)
+                charge.bytes = 0
             self._observer.observe(
                 request.api_key, time.perf_counter() - started, request.size, error
             )
@@ -468,39 +807,119 @@ class KafkaListener:
     async def _send_loop(
         self,
         proto: FrameProtocol,
-        responses: asyncio.Queue[asyncio.Future[_Response] | None],
+        responses: _Pipeline,
         conn: Connection,
     ) -> None:
         while True:
             fut = await responses.get()
             if fut is None:
                 return
-            data = await fut
+            data, charged = await fut
             if isinstance(data, _Close):
                 # the handler failed unexpectedly (logged there): close, as Kafka would
+                conn.release_response(charged)
                 proto.close()
                 return
-            if data is None:
+            if data is None or proto.lost:
+                conn.release_response(charged)  # nothing to send, or nobody to send it to
                 continue
-            if isinstance(data, list):
+            if proto.tls:
+                # in pieces, each while the transport is not paused: the TLS layer's buffer
+                # size leaves out what it passed on (server/framing.py)
+                try:
+                    await proto.write_tls(data if isinstance(data, list) else (data,))
+                except ConnectionError:
+                    pass  # lost: the rest is dropped, its bytes released just below
+                except BaseException:
+                    conn.release_response(charged)  # cancelled halfway: not in _written yet
+                    raise
+            elif isinstance(data, list):
                 # one write per buffer: the transport sends what the socket takes at once and
                 # copies only the rest, instead of joining megabytes of records first
                 for part in data:
                     proto.write(part)
             else:
                 proto.write(data)
+            del data
+            conn._written += charged
+            _settle(conn, proto)
             if proto.write_buffer_size() > 1 << 20 or responses.empty():
-                await proto.drain()
+                with contextlib.suppress(ConnectionError):  # lost: the next ones are dropped
+                    await proto.drain()
+                _settle(conn, proto)
 
 
-def _answered(conn: Connection, size: int) -> None:
-    conn.inflight_bytes -= size
-    conn._room.set()
+class _Pipeline:
+    """The answers of one connection in request order, for its one writer (the receive loop)
+    and one reader (the sender): the part of asyncio.Queue the listener uses, without its
+    three deques and its event (with those, an idle connection held 4 KiB more). put_nowait
+    never refuses (the None that ends the sender)."""
+
+    __slots__ = ("_getter", "_items", "_max", "_putter")
+
+    def __init__(self, maxsize: int) -> None:
+        self._items: list[asyncio.Future[_Answer] | None] = []
+        self._max = maxsize
+        self._getter: asyncio.Future[None] | None = None
+        self._putter: asyncio.Future[None] | None = None
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def put_nowait(self, item: asyncio.Future[_Answer] | None) -> None:
+        self._items.append(item)
+        if self._getter is not None:
+            _resolve(self._getter)
+            self._getter = None
+
+    async def put(self, item: asyncio.Future[_Answer] | None) -> None:
+        while len(self._items) >= self._max:
+            self._putter = asyncio.get_running_loop().create_future()
+            try:
+                await self._putter
+            finally:
+                self._putter = None
+        self.put_nowait(item)
+
+    def get_nowait(self) -> asyncio.Future[_Answer] | None:
+        item = self._items.pop(0)
+        if self._putter is not None:
+            _resolve(self._putter)
+        return item
+
+    async def get(self) -> asyncio.Future[_Answer] | None:
+        while not self._items:
+            self._getter = asyncio.get_running_loop().create_future()
+            try:
+                await self._getter
+            finally:
+                self._getter = None
+        return self.get_nowait()
 
 
-def _answered_with(response: _Response) -> asyncio.Future[_Response]:
-    fut: asyncio.Future[_Response] = asyncio.get_running_loop().create_future()
-    fut.set_result(response)
+def _settle(conn: Connection, proto: FrameProtocol) -> None:
+    """Response bytes the transport has passed on to the socket leave the connection's count
+    and the budget (what is still in its buffer stays counted)."""
+    written = conn._written
+    if not written:
+        return
+    sent = written - min(written, proto.write_buffer_size())
+    if sent:
+        conn._written = written - sent
+        conn.release_response(sent)
+
+
+def _size(response: _Response) -> int:
+    if isinstance(response, list):
+        return sum(len(part) for part in response)
+    if isinstance(response, bytes | bytearray | memoryview):
+        return len(response)
+    return 0
+
+
+def _answered_with(response: _Response) -> asyncio.Future[_Answer]:
+    fut: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
+    fut.set_result((response, 0))
     return fut
 
 

@@ -86,3 +86,8 @@ REQUEST_ERRORS = RateLimitedLog()
 AUTH_FAILURES = RateLimitedLog()
 """... and for lines about clients that failed to authenticate (TLS handshakes, SASL): a
 password-guessing client neither floods the log nor hides the request errors."""
+
+CONNECTION_LIMITS = RateLimitedLog(rate=1.0, burst=5)
+"""... and for lines about connections refused at a connection cap (max.connections,
+max.connections.per.ip): a flood of connection attempts is one line a second, with the count of
+the others on it."""

@@ -130,6 +130,13 @@ class StorageConfig:
     index_granule_bytes: int = 256 * 1024  # index entry size inside compacted segments
     garbage_sweep_interval_s: float = 300.0  # full sweep (lists every checkpoint) this often
     identity_check_interval_ms: float = 5000.0  # how often the store's identity marker is read
+    # A WAL flush not durable this long after it started fails (its producers get
+    # KAFKA_STORAGE_ERROR, retriable, well within a 30 s request timeout) instead of waiting
+    # for a store that hangs; it also bounds the health probe's PUT (storage/health.py).
+    flush_timeout_ms: float = 5000.0
+    # without a successful PUT for this long, a few bytes are written to see that the store
+    # still takes writes (readiness); every second while it does not
+    store_probe_interval_ms: float = 5000.0
 
 
 # --------------------------------------------------------------------------------------------

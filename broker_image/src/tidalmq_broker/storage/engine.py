@@ -46,6 +46,7 @@ from tidalmq_broker.storage.compaction import (
     should_compact,
 )
 from tidalmq_broker.storage.garbage import OwnWalTracker, segment_garbage, wal_garbage
+from tidalmq_broker.storage.health import WriteHealth, probe_key
 from tidalmq_broker.storage.identity import identity_problem, read_identity
 from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.objectstore.base import ObjectStore
@@ -98,13 +99,17 @@ class ObjectStreamEngine:
         self.m = metrics.BrokerMetrics(self.broker_label)
         self._open_gauge = metrics.OPEN_PARTITIONS.labels(self.broker_label)
         self._cache_gauge = metrics.CACHE_BYTES.labels(self.broker_label)
-        self.store: ObjectStore = MeteredObjectStore(store, self.broker_label)
+        # whether the store takes our writes (every PUT reports; storage/health.py)
+        self.write_health = WriteHealth(self.broker_label)
+        self.write_health.on_change = self._write_health_changed
+        self.store: ObjectStore = MeteredObjectStore(store, self.broker_label, self.write_health)
         self.checkpoints = CheckpointStore(self.store)
         self.cache = TailCache(self.config.cache_bytes)
         self.writer = WalWriter(
             self.store, self.broker_label, self.incarnation, self.config, self._flush_completed
         )
         self.writer.before_put = self._store_new_partitions
+        self.writer.on_timeout = self.write_health.failed
         self.tracker = OwnWalTracker()
         self._lease_check = lease_check
         self._on_fenced = on_fenced
@@ -130,6 +135,7 @@ class ObjectStreamEngine:
         self._identity_lock = asyncio.Lock()
         self.on_store_state: Callable[[str | None], None] | None = None
         metrics.STORE_LOST.labels(self.broker_label).set(0)
+        metrics.STORE_UNWRITABLE.labels(self.broker_label).set(0)
 
     def __repr__(self) -> str:
         return f"ObjectStreamEngine(broker={self.broker_label}, incarnation={self.incarnation}, {self.raw_store!r})"
@@ -178,6 +184,10 @@ class ObjectStreamEngine:
             self._loop("garbage-sweep", cfg.garbage_sweep_interval_s, self.collect_garbage),
             self._loop("identity", cfg.identity_check_interval_ms / 1000, self.check_identity),
         ]
+        if cfg.store_probe_interval_ms > 0:
+            self._loops.append(
+                asyncio.get_running_loop().create_task(self._probe_loop(), name="storage-probe")
+            )
         log.info("storage engine started: broker %s incarnation %s on %r",
                  self.broker_label, self.incarnation, self.raw_store)  # fmt: skip
 
@@ -198,6 +208,51 @@ class ObjectStreamEngine:
         task = asyncio.get_running_loop().create_task(run(), name=f"storage-{name}")
         task.add_done_callback(self._task_done)
         return task
+
+    # ---------------------------------------------------------------- write health
+    @property
+    def write_problem(self) -> str | None:
+        """Why the store does not take this broker's writes now (None: it does)."""
+        return self.write_health.problem
+
+    async def _probe_loop(self) -> None:
+        """Write a few bytes when no PUT got an answer for store_probe_interval_ms, and every
+        second while the store fails: an idle broker notices the store is gone, and a failing
+        one that it is back."""
+        interval_s = self.config.store_probe_interval_ms / 1000
+        while True:
+            await asyncio.sleep(min(1.0, interval_s))
+            health = self.write_health
+            if health.failing_since is None and health.idle_for() < interval_s:
+                continue
+            try:
+                await self.probe_store()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # recorded by probe_store; the next pass tries again
+                log.debug("store probe failed: %s", exc)
+
+    async def probe_store(self) -> None:
+        """One small PUT, bounded by flush_timeout_ms (its outcome goes to write_health)."""
+        timeout_s = self.config.flush_timeout_ms / 1000 or None
+        payload = f"{self.incarnation} {time.time():.3f}\n".encode()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.store.put(probe_key(self.broker_label), payload)
+        except TimeoutError:
+            exc = ObjectStoreUnavailable(
+                f"a {len(payload)}-byte PUT did not return within {timeout_s:g}s"
+            )
+            self.write_health.failed(exc)
+            raise exc from None
+
+    def _write_health_changed(self, problem: str | None) -> None:
+        metrics.STORE_UNWRITABLE.labels(self.broker_label).set(0 if problem is None else 1)
+        if self.on_store_state is not None and problem is None:
+            try:  # partitions that failed to open while it was down are looked at again
+                self.on_store_state(None)
+            except Exception:
+                log.exception("store state listener failed")
 
     async def stop(self) -> None:
         """Stop accepting appends, flush, close every partition cleanly."""

@@ -95,6 +95,12 @@ STORE_LOST = Gauge(
     "is served), else 0",
     ["broker"],
 )
+STORE_UNWRITABLE = Gauge(
+    "tidalmq_storage_store_unwritable",
+    "1 while the object store does not take this broker's writes (the last PUT failed or timed "
+    "out; appends are refused with KAFKA_STORAGE_ERROR and /readyz answers 503), else 0",
+    ["broker"],
+)
 RECOVERIES = Counter(
     "tidalmq_storage_partition_opens_total",
     "Partition opens by kind (new, clean, unclean)",

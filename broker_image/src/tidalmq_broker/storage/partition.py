@@ -184,6 +184,11 @@ class Partition:
         if problem is not None:
             raise StoreLost(f"{self._tp}: {problem}")
         if self._state is State.OPEN:
+            unwritable = self._engine.write_problem
+            if unwritable is not None:
+                # fail now (KAFKA_STORAGE_ERROR, retriable) instead of queueing an append for
+                # a flush that cannot succeed; the store's health probe notices its return
+                raise ObjectStoreUnavailable(f"{self._tp} not appended: {unwritable}")
             return
         if self._state is State.RECOVERING:
             raise ObjectStoreUnavailable(
@@ -449,7 +454,9 @@ class Partition:
                         # recovery: nothing after the high watermark was acknowledged
                         break
                     log.warning("%s: rollback checkpoint failed, retrying: %s", self._tp, exc)
-                    await asyncio.sleep(delay)
+                    # sooner once the store takes writes again (its health probe sees it)
+                    if await self._engine.write_health.wait_recovered(delay):
+                        await asyncio.sleep(0.05)  # it takes writes (again): never a busy loop
                     delay = min(delay * 2, 5.0)
             if committed and self._state is State.RECOVERING:
                 log.info("%s: rolled back to offset %d", self._tp, self._hwm)

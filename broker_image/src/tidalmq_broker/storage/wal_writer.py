@@ -96,6 +96,8 @@ class WalWriter:
         self._idle.set()
         # awaited before each flush's PUT (the engine stores new partitions' first checkpoints)
         self.before_put: Callable[[Flush], Awaitable[None]] | None = None
+        # told when a flush ran out of time (the store's write health, storage/health.py)
+        self.on_timeout: Callable[[BaseException], None] | None = None
 
     # ---------------------------------------------------------------- appends
     @property
@@ -200,11 +202,25 @@ class WalWriter:
             flush.groups.append((views[0][0].partition, entry, views))
 
     async def _write(self, flush: Flush) -> None:
+        timeout_s = self._config.flush_timeout_ms / 1000
         try:
             self._encode(flush)
-            if self.before_put is not None:
-                await self.before_put(flush)
-            await self._put_with_retries(flush)
+            try:
+                async with asyncio.timeout(timeout_s if timeout_s > 0 else None):
+                    if self.before_put is not None:
+                        await self.before_put(flush)
+                    await self._put_with_retries(flush)
+            except TimeoutError:
+                # the store hangs: fail the appends now (KAFKA_STORAGE_ERROR) rather than at
+                # the producers' request timeout; a PUT that lands later is beyond the
+                # rollback checkpoint's WAL position (partition.py), so never replayed
+                exc = ObjectStoreUnavailable(
+                    f"WAL flush {flush.key} not durable within {timeout_s:g}s "
+                    "(flush_timeout_ms): the object store does not answer"
+                )
+                if self.on_timeout is not None:
+                    self.on_timeout(exc)
+                raise exc from None
             metrics.WAL_FLUSHES.labels(self._broker, "ok").inc()
             metrics.WAL_FLUSH_BYTES.labels(self._broker).observe(flush.size)
             metrics.WAL_FLUSH_SECONDS.labels(self._broker).observe(

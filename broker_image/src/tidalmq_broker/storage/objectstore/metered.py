@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 
 from tidalmq_broker.storage import metrics
+from tidalmq_broker.storage.health import WriteHealth
 from tidalmq_broker.storage.objectstore.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectStore,
+    ObjectStoreUnavailable,
     PreconditionFailed,
     content_size,
 )
@@ -25,8 +27,9 @@ def _outcome(exc: BaseException | None) -> str:
 
 
 class MeteredObjectStore(ObjectStore):
-    def __init__(self, inner: ObjectStore, broker: str) -> None:
+    def __init__(self, inner: ObjectStore, broker: str, health: WriteHealth | None = None) -> None:
         self.inner = inner
+        self.health = health  # told the outcome of every PUT (storage/health.py)
         self.kind = inner.kind
         self._broker = broker
         self._children: dict[tuple[str, str], tuple[object, object]] = {}
@@ -52,8 +55,15 @@ class MeteredObjectStore(ObjectStore):
             etag = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
         except BaseException as exc:
             self._record("put", started, exc)
+            if self.health is not None:
+                if isinstance(exc, ObjectStoreUnavailable):
+                    self.health.failed(exc)
+                elif isinstance(exc, PreconditionFailed):
+                    self.health.ok()  # an answer: the store works
             raise
         self._record("put", started, None)
+        if self.health is not None:
+            self.health.ok()
         metrics.OBJECT_BYTES.labels(self._broker, "put").inc(content_size(data))
         return etag
 
