@@ -135,7 +135,7 @@ def test_broker_environment_contract(default: list[dict[str, Any]]) -> None:
     assert env["TIDALMQ_CONTROL_TOKEN_FILE"] == "/etc/tidalmq/control/broker-secret"
     assert env["TIDALMQ_CONTROLLER_URL"] == f"http://{OPERATOR}.{NAMESPACE}.svc:9690"
     assert env["TIDALMQ_DEFAULT_PARTITIONS"] == "3"
-    assert env["TIDALMQ_AUTO_CREATE_TOPICS"] == "true"  # Kafka's default
+    assert env["TIDALMQ_AUTO_CREATE_TOPICS"] == "false"  # topics are Topic resources here
     assert env["TIDALMQ_STORAGE_URL"] == "s3://tidalmq?region=us-east-1"
     assert env["TIDALMQ_LOG_FORMAT"] == "json"
     assert env["TIDALMQ_LOG_LEVEL"] == "INFO"
@@ -165,7 +165,7 @@ def test_broker_settings_follow_values() -> None:
         "broker": {"ports": {"kafka": 19092, "http": 19644, "control": 19645},
                    "drainTimeoutSeconds": 100,
                    "terminationGracePeriodSeconds": 120, "defaultPartitions": 8,
-                   "autoCreateTopics": False,
+                   "autoCreateTopics": True,
                    "extraEnv": [{"name": "TIDALMQ_CACHE_BYTES", "value": "1000"}]},
         "clusterDomain": "corp.example",
         "autoscaling": {"enabled": False},
@@ -178,7 +178,7 @@ def test_broker_settings_follow_values() -> None:
     assert env["TIDALMQ_CONTROL_PORT"] == "19645"
     assert env["TIDALMQ_ADVERTISED_HOST"].endswith(".svc.corp.example")
     assert env["TIDALMQ_DEFAULT_PARTITIONS"] == "8"
-    assert env["TIDALMQ_AUTO_CREATE_TOPICS"] == "false"
+    assert env["TIDALMQ_AUTO_CREATE_TOPICS"] == "true"
     assert env["TIDALMQ_CACHE_BYTES"] == "1000"
     assert broker["lifecycle"]["preStop"]["exec"]["command"][-2:] == ["--timeout", "100"]
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 120
