@@ -484,12 +484,12 @@ class Broker:
             self._beat_dirty |= changed
         full = self._resync
         everything = full or self._beat_everything
+        open_now: dict[TopicPartition, int] = {}
         if everything:
+            open_now = self.partitions.open_partitions()
             current = self.partitions.open_high_watermarks()
             looked = set(current) | set(self._floors_sent) | self._beat_dirty
-            hwm = self.partitions.high_watermarks(
-                is_physical_topic, looked | set(self.partitions.open_partitions())
-            )
+            hwm = self.partitions.high_watermarks(is_physical_topic, looked | set(open_now))
         else:
             looked = set(self._beat_dirty)
             current = self.partitions.open_high_watermarks(looked)
@@ -497,7 +497,7 @@ class Broker:
         floors = {tp: v for tp, v in current.items() if self._floors_sent.get(tp) != v}
         changes: dict[TopicPartition, int | None]
         if full:
-            changes = dict(self.partitions.open_partitions())
+            changes = dict(open_now)
             pending = self.partitions.open_changes()
         else:
             changes = pending = self.partitions.open_changes()
