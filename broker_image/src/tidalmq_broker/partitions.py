@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 LOST_RETRY_S = 30.0
 # partitions reconciled at once (each may wait on the object store)
 WORKERS = 64
+# How long the workers may keep the event loop per turn when reconciling needs no waiting (new
+# partitions open without a store round trip): a creation's thousands of opens go in slices this
+# long, one task switch per slice instead of one per partition, and requests wait at most this.
+SLICE_S = 0.002
 
 
 class NotLeader(Exception):
@@ -132,6 +136,8 @@ class PartitionManager:
         # what the pool did since it was last idle (one log line per round, not per partition)
         self._round: dict[str, int] = {"opened": 0, "closed": 0}
         self._round_started = 0.0
+        self._slice_ends = 0.0  # see _may_work
+        self._turn_pending = False
         self._hooks: list[PartitionHook] = []
         self._reports: list[PartitionReport] = []
         self._stopping = False
@@ -322,41 +328,65 @@ class PartitionManager:
             self._wake(tp)
 
     def apply_delta(self, meta: ClusterMetadata, delta: MetadataDelta) -> None:
-        """Adopt what changed (O(changed partitions)): the partitions of `delta` only."""
+        """Adopt what changed (O(changed partitions)): the partitions of `delta` only. A
+        changed topic's partitions are walked in place (a creation of thousands of partitions
+        makes no set of them first); a partition neither wished nor open here costs two
+        lookups."""
         if self._stopping:
             return
         for name in delta.removed_topics:
             if name not in meta.topics:
                 self._known_topics.pop(name, None)
-        configs: dict[str, PartitionConfig] = {}
+        walked: dict[str, int] = {}  # topic -> partitions walked (0..n-1)
         for name in delta.topics:
             topic = meta.topics.get(name)
             if topic is not None:
-                self._known_topics[name] = len(topic.partitions)
-        for tp in delta.changed_partitions(meta):
+                self._known_topics[name] = walked[name] = len(topic.partitions)
+                self._adopt_topic(topic)
+        for name, info in delta.removed_topics.items():  # as they were, beyond what exists now
+            for i in range(walked.get(name, 0), len(info.partitions)):
+                self._adopt(TopicPartition(name, i), None)
+        for tp in delta.partitions:
+            if tp.partition < walked.get(tp.topic, 0):
+                continue  # walked with its topic
             topic = meta.topics.get(tp.topic)
-            old = self._wishes.get(tp)
-            new: Wish | None = None
-            if (
-                topic is not None
-                and topic.kind != "static"
-                and tp.partition < len(topic.partitions)
-            ):
-                part = topic.partitions[tp.partition]
-                if part.leader == self._broker_id:
-                    config = configs.get(tp.topic)
-                    if config is None:
-                        config = configs[tp.topic] = partition_config(topic)
-                    new = Wish(topic.topic_id, part.leader_epoch, config, part.created,
-                               part.end_offset_floor, part.accepted_from)  # fmt: skip
-            if new is None:
-                self._wishes.pop(tp, None)
-            else:
-                self._wishes[tp] = new
-            if new != old and self._wishes_changed is not None:
-                self._wishes_changed.add(tp)
-            if new != old or (new is None and self._engine.get(tp) is not None):
-                self._wake(tp)
+            if topic is None or topic.kind == "static" or tp.partition >= len(topic.partitions):
+                self._adopt(tp, None)
+                continue
+            part = topic.partitions[tp.partition]
+            wish = None
+            if part.leader == self._broker_id:
+                wish = Wish(topic.topic_id, part.leader_epoch, partition_config(topic),
+                            part.created, part.end_offset_floor, part.accepted_from)  # fmt: skip
+            self._adopt(tp, wish)
+
+    def _adopt_topic(self, topic: TopicInfo) -> None:
+        """Every partition of a created, replaced or grown topic (as it is now)."""
+        name, me = topic.name, self._broker_id
+        wishes, open_log = self._wishes, self._engine.get
+        config: PartitionConfig | None = None
+        static = topic.kind == "static"
+        for i, part in enumerate(topic.partitions):
+            tp = TopicPartition(name, i)
+            if static or part.leader != me:
+                if tp in wishes or open_log(tp) is not None:
+                    self._adopt(tp, None)
+                continue
+            if config is None:
+                config = partition_config(topic)
+            self._adopt(tp, Wish(topic.topic_id, part.leader_epoch, config, part.created,
+                                 part.end_offset_floor, part.accepted_from))  # fmt: skip
+
+    def _adopt(self, tp: TopicPartition, new: Wish | None) -> None:
+        old = self._wishes.get(tp)
+        if new is None:
+            self._wishes.pop(tp, None)
+        else:
+            self._wishes[tp] = new
+        if new != old and self._wishes_changed is not None:
+            self._wishes_changed.add(tp)
+        if new != old or (new is None and self._engine.get(tp) is not None):
+            self._wake(tp)
 
     def release_all(self) -> None:
         """Give up every partition (this broker was fenced): close them, keep topic data."""
@@ -407,6 +437,9 @@ class PartitionManager:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
+            if not self._may_work():
+                await asyncio.sleep(0)  # this turn's slice is used: let the loop go round
+                continue
             if not self._busy and not any(self._round.values()):
                 self._round_started = time.monotonic()
             tp = self._queue.popleft()
@@ -419,7 +452,21 @@ class PartitionManager:
                 if tp in self._again:
                     self._again.discard(tp)
                     self._wake(tp)
-            await asyncio.sleep(0)  # one partition at a time: heartbeats and clients go first
+
+    def _may_work(self) -> bool:
+        """Whether this event-loop turn's slice has time left; when not, the next turn's slice
+        is started by a callback queued ahead of the workers that yield now (so one worker
+        works per slice and the others only pass)."""
+        if time.perf_counter() < self._slice_ends:
+            return True
+        if not self._turn_pending:
+            self._turn_pending = True
+            asyncio.get_running_loop().call_soon(self._new_turn)
+        return False
+
+    def _new_turn(self) -> None:
+        self._turn_pending = False
+        self._slice_ends = time.perf_counter() + SLICE_S
 
     async def _reconcile(self, tp: TopicPartition) -> None:
         backoff = self._backoff.get(tp, 0.05)

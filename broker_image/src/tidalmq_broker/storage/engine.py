@@ -123,6 +123,7 @@ class ObjectStreamEngine:
         # called with a partition whose first checkpoint was just stored (it was new)
         self.on_stored: Callable[[Partition], None] | None = None
         self._open_locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._gauges_due = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._started = False
@@ -167,9 +168,29 @@ class ObjectStreamEngine:
         if exc is not None:
             log.error("storage task %s stopped: %r", task.get_name(), exc, exc_info=exc)
 
-    def _update_gauges(self) -> None:  # on every open and close: the labelled series kept
+    def _update_gauges(self) -> None:
+        """On every open and close: once per event-loop turn (a creation opens thousands of
+        partitions in one), right away when no loop runs."""
+        if self._gauges_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._set_gauges()
+            return
+        self._gauges_due = True
+        loop.call_soon(self._set_gauges)
+
+    def _set_gauges(self) -> None:
+        self._gauges_due = False
         self._open_gauge.set(len(self._partitions))
         self._cache_gauge.set(self.cache.bytes)
+
+    def _open_lock(self, tp: TopicPartition) -> asyncio.Lock:
+        lock = self._open_locks.get(tp)
+        if lock is None:
+            lock = self._open_locks[tp] = asyncio.Lock()
+        return lock
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -341,8 +362,16 @@ class ObjectStreamEngine:
             await self.check_identity()  # the first open after a new cluster id: look first
         if self.store_problem is not None:
             raise StoreLost(f"{tp}: {self.store_problem}")
-        lock = self._open_locks.setdefault(tp, asyncio.Lock())
-        async with lock:
+        if tp not in self._partitions and tp not in self._open_locks:
+            # never opened or closed through the lock here: a new partition opens at once
+            # (no await, so no lock needed, and no Lock object made: a creation opens thousands)
+            partition = self._open_new(tp, topic_id, leader_epoch, config, created, accepted_from)
+            if partition is not None:
+                self._partitions[tp] = partition
+                self._changed.add(tp)
+                self._update_gauges()
+                return partition
+        async with self._open_lock(tp):
             existing = self._partitions.get(tp)
             if existing is not None:
                 if existing.topic_id == topic_id and existing.leader_epoch == leader_epoch:
@@ -371,17 +400,10 @@ class ObjectStreamEngine:
         floor: int = 0,
         accepted_from: int | None = None,
     ) -> Partition:
+        new = self._open_new(tp, topic_id, epoch, config, created, accepted_from)
+        if new is not None:
+            return new
         key = keys.checkpoint_key(tp, topic_id)
-        first = (tp, topic_id) not in self._opened_once
-        self._opened_once.add((tp, topic_id))
-        if epoch == 0 and not created and accepted_from is None and first:
-            # A new partition: epoch 0 means no broker led it before us (every change of
-            # leader bumps the epoch), so there is nothing to read. Its first checkpoint is
-            # written before the first flush holding its data (writer.before_put), not now:
-            # creating many partitions costs no store round trip each.
-            fresh = self._new_checkpoint(tp, topic_id, epoch, 0)
-            log.debug("%s: created (epoch 0; stored with its first data)", tp)
-            return Partition(self, tp, topic_id, epoch, config, fresh, None)
         loaded = await self.checkpoints.load(key)
         if loaded is None:
             if created and accepted_from is None:
@@ -479,6 +501,28 @@ class ObjectStreamEngine:
                  tp, kind, cp.leader_epoch, epoch, log_start, next_offset)  # fmt: skip
         return Partition(self, tp, topic_id, epoch, config, mine, etag)
 
+    def _open_new(
+        self,
+        tp: TopicPartition,
+        topic_id: str,
+        epoch: int,
+        config: PartitionConfig,
+        created: bool,
+        accepted_from: int | None,
+    ) -> Partition | None:
+        """A new partition, or None when it may have data. Epoch 0 means no broker led it
+        before us (every change of leader bumps the epoch), so there is nothing to read. Its
+        first checkpoint is written before the first flush holding its data
+        (writer.before_put), not now: creating many partitions costs no store round trip each.
+        Only a first open here can be new (`_opened_once`)."""
+        if epoch != 0 or created or accepted_from is not None:
+            return None
+        if (tp, topic_id) in self._opened_once:
+            return None
+        self._opened_once.add((tp, topic_id))
+        fresh = self._new_checkpoint(tp, topic_id, epoch, 0)
+        return Partition(self, tp, topic_id, epoch, config, fresh, None)
+
     def _new_checkpoint(
         self, tp: TopicPartition, topic_id: str, epoch: int, start: int = 0
     ) -> Checkpoint:
@@ -552,8 +596,7 @@ class ObjectStreamEngine:
         p.config = config
 
     async def close_partition(self, tp: TopicPartition) -> None:
-        lock = self._open_locks.setdefault(tp, asyncio.Lock())
-        async with lock:
+        async with self._open_lock(tp):
             await self._close_locked(tp)
 
     async def _close_locked(self, tp: TopicPartition) -> None:
@@ -570,8 +613,7 @@ class ObjectStreamEngine:
             self._update_gauges()
 
     async def delete_partition(self, tp: TopicPartition, topic_id: str) -> None:
-        lock = self._open_locks.setdefault(tp, asyncio.Lock())
-        async with lock:
+        async with self._open_lock(tp):
             p = self._partitions.pop(tp, None)
             if p is not None:
                 p.fence()  # fails whatever is pending; nothing of it matters any more

@@ -112,10 +112,10 @@ class Partition:
         self._state = State.OPEN
         self._failure: BaseException | None = None
         self._inflight = 0  # appends enqueued and not yet completed
-        self._drained = asyncio.Event()
-        self._drained.set()
-        self._data_event = asyncio.Event()
-        self._cp_lock = asyncio.Lock()
+        # made when first needed: opening thousands of partitions at once makes none of them
+        self._drained: asyncio.Event | None = None  # set when _inflight drops to 0
+        self._data_event: asyncio.Event | None = None  # set (and dropped) on new data
+        self._checkpoint_lock: asyncio.Lock | None = None
         self._version = 0  # bumped on every change a checkpoint must carry
         self._committed_version = 0
         self._committed_position = checkpoint.wal_position
@@ -302,7 +302,6 @@ class Partition:
         future = asyncio.get_running_loop().create_future() if acks != 0 else None
         pending = PendingAppend(self, buf, base, offset - 1, max_ts, producers, future)
         self._inflight += 1
-        self._drained.clear()
         self._engine.writer.enqueue(pending)
         self._engine.m.append_bytes.inc(len(buf))
         result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
@@ -356,7 +355,7 @@ class Partition:
                     f"the original of a retried batch on {self._tp} failed"
                 )
             self._check_writable()
-            await self._data_event.wait()
+            await self._data_waiter().wait()
 
     # ---------------------------------------------------------------- flush completion
     def flush_completed(
@@ -415,7 +414,8 @@ class Partition:
             for append, _ in views:
                 _fail(append, failure)
         if self._inflight == 0:
-            self._drained.set()
+            if self._drained is not None:
+                self._drained.set()
             if self._state is State.RECOVERING and self._recovery_task is None:
                 self._recovery_task = self._engine.spawn(self._roll_back(), f"rollback {self._tp}")
 
@@ -424,7 +424,8 @@ class Partition:
         for append in appends:
             _fail(append, error)
         if self._inflight == 0:
-            self._drained.set()
+            if self._drained is not None:
+                self._drained.set()
 
     def _begin_rollback(self, error: BaseException) -> None:
         log.warning(
@@ -469,8 +470,28 @@ class Partition:
             self._notify()
 
     def _notify(self) -> None:
-        self._data_event.set()
-        self._data_event = asyncio.Event()
+        event, self._data_event = self._data_event, None
+        if event is not None:
+            event.set()
+
+    def _data_waiter(self) -> asyncio.Event:
+        """The event the next new data (or a close) sets."""
+        if self._data_event is None:
+            self._data_event = asyncio.Event()
+        return self._data_event
+
+    @property
+    def _cp_lock(self) -> asyncio.Lock:
+        if self._checkpoint_lock is None:
+            self._checkpoint_lock = asyncio.Lock()
+        return self._checkpoint_lock
+
+    async def _wait_drained(self) -> None:
+        """Until every append enqueued has completed."""
+        while self._inflight > 0:
+            if self._drained is None or self._drained.is_set():
+                self._drained = asyncio.Event()
+            await self._drained.wait()
 
     # ---------------------------------------------------------------- reads
     async def read(self, offset: int, max_bytes: int) -> ReadResult:
@@ -577,7 +598,7 @@ class Partition:
             if remaining <= 0:
                 return
             try:
-                await asyncio.wait_for(self._data_event.wait(), remaining)
+                await asyncio.wait_for(self._data_waiter().wait(), remaining)
             except TimeoutError:
                 return
 
@@ -724,7 +745,7 @@ class Partition:
             self._state = State.CLOSING
         self._notify()
         self._engine.writer.flush_now()
-        await self._drained.wait()
+        await self._wait_drained()
         while self._recovery_task is not None:
             await asyncio.shield(self._recovery_task)
         if self._state is State.FENCED:
