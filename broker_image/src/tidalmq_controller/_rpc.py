@@ -209,10 +209,20 @@ def report_doc(kind: str, tp: TopicPartition, epoch: int, *, topic_id: str | Non
                high_watermark: int | None = None, loss: DataLoss | None = None,
                stored: bool = True) -> dict[str, Any]:  # fmt: skip
     """One partition report. `stored`: an opened partition's checkpoint is in the store (a new
-    one's is written with its first data, and reported opened again then)."""
-    return {"kind": kind, **_tp_doc(tp), "epoch": epoch, "topic_id": topic_id,
-            "high_watermark": high_watermark, "loss": None if loss is None else loss.to_json(),
-            "stored": stored}  # fmt: skip
+    one's is written with its first data, and reported opened again then). Keys without a value
+    are left out (None, stored True: what `Controller.partitions_reported` assumes when absent):
+    a creation's reports are thousands at a time."""
+    doc: dict[str, Any] = {"kind": kind, "topic": tp.topic, "partition": tp.partition,
+                           "epoch": epoch}  # fmt: skip
+    if topic_id is not None:
+        doc["topic_id"] = topic_id
+    if high_watermark is not None:
+        doc["high_watermark"] = high_watermark
+    if loss is not None:
+        doc["loss"] = loss.to_json()
+    if not stored:
+        doc["stored"] = False
+    return doc
 
 
 class ControllerClient(Protocol):
