@@ -28,10 +28,10 @@ crds:
 	cp crds/*.yaml charts/tidalmq/crds/
 
 integration: setup
-	.venv/bin/pytest tests/integration
+	.venv/bin/pytest tests/integration --durations=20
 
 e2e: setup
-	.venv/bin/pytest e2e
+	.venv/bin/pytest e2e --durations=20
 
 # The whole suite. A background prebuild (.ci/prebuild) builds what integration and e2e need (Go
 # tools, MinIO, Kafka jars, the e2e cluster's packages and images) while lint, unit and chart run;
