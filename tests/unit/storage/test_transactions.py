@@ -212,6 +212,8 @@ async def test_fencing_of_zombie_producers_and_coordinators(
                                            producer_epoch=1, attributes=records.CONTROL_FLAG))  # fmt: skip
     await p.append(txn(1, 1, 0))  # the new incarnation starts at sequence 0
     assert p.last_stable_offset == 3
+    await p.delete_records_before(4)  # the open transaction's start is deleted
+    assert (p.log_start_offset, p.last_stable_offset, p.high_watermark) == (4, 4, 5)
 
 
 async def test_kill_9_and_a_move_keep_the_lso_and_the_aborted_index(

@@ -163,7 +163,11 @@ class Partition:
     @property
     def last_stable_offset(self) -> int:
         first = self._first_unstable
-        return self._hwm if first is None or first > self._hwm else first
+        if first is None or first >= self._hwm:
+            return self._hwm
+        # a transaction whose start retention or DeleteRecords removed: as Kafka
+        # (UnifiedLog.updateFirstUnstableOffset), never below the log start
+        return max(first, self._log_start)
 
     @property
     def aborted_txns(self) -> AbortedTxns:
