@@ -590,10 +590,14 @@ class Partition:
             data = await self._read_cold(offset, max_bytes)
         if not committed:
             return ReadResult(data, hwm, self._log_start, stable)
-        # read_committed: nothing at or past the LSO (an ongoing transaction starts at a batch)
-        # and the aborted transactions the returned offsets overlap
-        data, last = _below(data, stable)
-        aborted = self._aborted.overlapping(offset, last) if len(self._aborted) else []
+        # read_committed (librdkafka's default): nothing at or past the LSO (an ongoing
+        # transaction starts at a batch) and the aborted transactions the returned offsets
+        # overlap. Without either, the batches are not even looked at.
+        aborted: list[tuple[int, int]] = []
+        if stable < hwm or len(self._aborted):
+            data, last = _below(data, stable)
+            if len(self._aborted):
+                aborted = self._aborted.overlapping(offset, last)
         return ReadResult(data, hwm, self._log_start, stable, aborted)
 
     async def _read_cold(self, offset: int, max_bytes: int) -> bytes:
