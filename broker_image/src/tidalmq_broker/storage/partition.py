@@ -499,9 +499,8 @@ class Partition:
         self._inflight -= len(appends)
         for append in appends:
             _fail(append, error)
-        if self._inflight == 0:
-            if self._drained is not None:
-                self._drained.set()
+        if self._inflight == 0 and self._drained is not None:
+            self._drained.set()
 
     def _begin_rollback(self, error: BaseException) -> None:
         log.warning(
