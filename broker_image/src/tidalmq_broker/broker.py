@@ -38,6 +38,7 @@ import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
 from tidalmq_broker.apis.metadata import TopicEncodings
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
+from tidalmq_broker.apis.txn_markers import MarkerListener
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
@@ -117,6 +118,8 @@ class Broker:
             ),
             self._offsets_partitions,
         )
+        # told of every transaction marker written here (apis/txn_markers.py)
+        self.txn_marker_listeners: list[MarkerListener] = []
         # every listener, TLS and SASL setting is checked here, before anything starts
         self._listeners, self._endpoints = build_endpoints(settings, self._scram_credential)
         try:  # the users an embedded controller creates at start if absent

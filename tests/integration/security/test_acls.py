@@ -47,8 +47,11 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
+from kio.schema.errors import ErrorCode
+from tidalmq_broker.protocol.records import TRANSACTIONAL_FLAG, build_batch
 
 from bench.kafka.harness import KafkaDist, java_acl_check, run_tool
+from tests.integration.broker.test_bad_input import RawClient
 from tests.integration.security.conftest import ADMIN, ADMIN_PASSWORD, SecureBroker, make_pki
 from tests.support.broker_process import BrokerProcess, free_port
 from tests.support.fuzz_broker import Fuzzer, prepare_topics, serves
@@ -444,3 +447,30 @@ def test_every_api_survives_mutated_requests_half_refused(acl_broker: AclBroker)
     assert report.not_one_line == [], report.not_one_line[:5]
     assert report.results["answered"] > 200
     assert serves(acl_broker.plaintext)
+
+
+def test_transaction_markers_and_transactional_writes_need_their_acls(
+    acl_broker: AclBroker,
+) -> None:
+    """WriteTxnMarkers needs CLUSTER_ACTION on the cluster, a transactional Produce WRITE on its
+    transactional id (docs/transactions.md); User:ANONYMOUS on PLAINTEXT has neither."""
+    topic = topic_with_a_record(acl_broker, f"txn-{uuid.uuid4().hex[:8]}")
+    c = RawClient(acl_broker.plaintext)
+    try:
+        resp = c.call(27, 1, {"markers": [{
+            "producer_id": 1, "producer_epoch": 0, "transaction_result": True,
+            "topics": [{"name": topic, "partition_indexes": [0]}], "coordinator_epoch": 0,
+        }]})  # fmt: skip
+        codes = [p.error_code for p in resp.markers[0].topics[0].partitions]  # type: ignore[attr-defined]
+        assert codes == [ErrorCode.cluster_authorization_failed]
+        records = build_batch([(None, b"v")], producer_id=1, producer_epoch=0, base_sequence=0,
+                              attributes=TRANSACTIONAL_FLAG)  # fmt: skip
+        for transactional_id in ("tx-1", None):  # a transactional batch needs its id
+            resp = c.call(0, 9, {
+                "transactional_id": transactional_id, "acks": -1, "timeout": 5000,
+                "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": records}]}],
+            })  # fmt: skip
+            part = resp.responses[0].partition_responses[0]  # type: ignore[attr-defined]
+            assert part.error_code == ErrorCode.transactional_id_authorization_failed
+    finally:
+        c.close()

@@ -77,10 +77,10 @@ def test_produce_response_matches_kio(version: int) -> None:
 def test_fetch_response_matches_kio(version: int) -> None:
     batch = build_batch([(b"k", b"v" * 300), (None, b"w")], base_offset=40)
     partitions = [
-        (0, 0, 42, 42, 3, True, memoryview(batch)),
-        (1, 0, 10, 10, 0, True, b""),
-        (5, ErrorCode.offset_out_of_range.value, -1, -1, -1, False, b""),
-        (6, ErrorCode.not_leader_or_follower.value, -1, -1, -1, False, None),
+        (0, 0, 42, 42, 3, (), memoryview(batch)),
+        (1, 0, 10, 7, 0, [(1 << 40, 2), (9, 5)], b""),  # read_committed: aborted transactions
+        (5, ErrorCode.offset_out_of_range.value, -1, -1, -1, None, b""),
+        (6, ErrorCode.not_leader_or_follower.value, -1, -1, -1, None, None),
     ]
     fast = encode_fetch_response(version, [("events", partitions)], session_id=0)
     parts = encode_response_parts(1, version, 5, fast)
@@ -89,14 +89,16 @@ def test_fetch_response_matches_kio(version: int) -> None:
     frame = _join(parts)
 
     def as_dict(p: tuple) -> dict[str, object]:  # type: ignore[type-arg]
-        index, error, hw, lso, log_start, aborted_known, records = p
+        index, error, hw, lso, log_start, aborted, records = p
         return {
             "partition_index": index,
             "error_code": ErrorCode(error),
             "high_watermark": hw,
             "last_stable_offset": lso,
             "log_start_offset": log_start,
-            "aborted_transactions": [] if aborted_known else None,
+            "aborted_transactions": None
+            if aborted is None
+            else [{"producer_id": pid, "first_offset": first} for pid, first in aborted],
             "records": None if records is None else bytes(records),
         }
 
@@ -115,13 +117,17 @@ def test_fetch_response_matches_kio(version: int) -> None:
     _, body = decode_response(1, version, frame[4:])
     first = body.responses[0].partitions[0]
     assert bytes(first.records) == batch and first.high_watermark == 42
+    second = body.responses[0].partitions[1]
+    assert [(a.producer_id, a.first_offset) for a in second.aborted_transactions] == [
+        (1 << 40, 2), (9, 5)
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("version", [4, 7, 12])
 def test_fetch_error_response(version: int) -> None:
     code = ErrorCode.not_leader_or_follower
     fast = encode_fetch_response(
-        version, [("t", [(3, code.value, -1, -1, -1, False, None)])], error_code=code.value
+        version, [("t", [(3, code.value, -1, -1, -1, None, None)])], error_code=code.value
     )
     _, body = decode_response(1, version, _join(encode_response_parts(1, version, 1, fast))[4:])
     part = body.responses[0].partitions[0]

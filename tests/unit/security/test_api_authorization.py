@@ -22,6 +22,7 @@ from tidalmq_broker.protocol.codec import (
 )
 from tidalmq_broker.protocol.fastpath import EncodedBody
 from tidalmq_broker.security.authorizer import Authorizer
+from tidalmq_broker.storage.api import ActiveProducer
 from tidalmq_controller import TopicResult, UnknownTopic
 from tidalmq_core.acls import AclBinding, AclOperation, PatternType, PermissionType, ResourceType
 from tidalmq_core.metadata import (
@@ -204,7 +205,7 @@ async def test_producers_need_write_and_no_one_appends_to_the_offsets_topic() ->
 
 async def test_describe_producers_only_to_who_may_read_the_topic() -> None:
     b = broker(allow(SEEN, AclOperation.DESCRIBE))  # DESCRIBE is not enough
-    active = [SimpleNamespace(producer_id=42, epoch=3, last_sequence=9, last_timestamp_ms=1)]
+    active = [ActiveProducer(42, 3, 9, 1, coordinator_epoch=2, current_txn_start_offset=5)]
     b.partitions = SimpleNamespace(get_log=lambda tp: SimpleNamespace(
         active_producers=lambda: active))  # fmt: skip
     body = {"topics": [{"name": SEEN, "partition_indexes": [0]}]}
@@ -217,3 +218,29 @@ async def test_describe_producers_only_to_who_may_read_the_topic() -> None:
     part = shown["topics"][0]["partitions"][0]
     assert part["error_code"] == ErrorCode.none
     assert [p["producer_id"] for p in part["active_producers"]] == [42]
+    assert part["active_producers"][0]["coordinator_epoch"] == 2
+    assert part["active_producers"][0]["current_txn_start_offset"] == 5
+
+
+async def test_write_txn_markers_needs_cluster_action() -> None:
+    written: list[tuple[int, int, bool, int]] = []
+
+    async def write_txn_marker(pid: int, epoch: int, *, commit: bool,
+                               coordinator_epoch: int) -> None:  # fmt: skip
+        written.append((pid, epoch, commit, coordinator_epoch))
+
+    b = broker(allow(SEEN, AclOperation.ALL))  # all of a topic is nothing of the cluster
+    b.partitions = SimpleNamespace(
+        get_log=lambda tp: SimpleNamespace(write_txn_marker=write_txn_marker)
+    )
+    b.txn_marker_listeners = []
+    body = {"markers": [{"producer_id": 9, "producer_epoch": 1, "transaction_result": True,
+                         "topics": [{"name": SEEN, "partition_indexes": [0]}],
+                         "coordinator_epoch": 4}]}  # fmt: skip
+    refused = await call(b, 27, 1, body)
+    codes = [p["error_code"] for p in refused["markers"][0]["topics"][0]["partitions"]]
+    assert codes == [ErrorCode.cluster_authorization_failed] and written == []
+    b.authorizer.load([allow("kafka-cluster", AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER)])
+    done = await call(b, 27, 1, body)
+    assert [p["error_code"] for p in done["markers"][0]["topics"][0]["partitions"]] == [0]
+    assert written == [(9, 1, True, 4)]

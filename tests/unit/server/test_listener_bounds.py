@@ -64,7 +64,7 @@ class Served:
                 self.handed += len(records)
                 conn.charge_response(len(records))
                 return encode_fetch_response(
-                    request.api_version, [("t", [(0, 0, 0, 0, 0, True, records)])]
+                    request.api_version, [("t", [(0, 0, 0, 0, 0, (), records)])]
                 )
 
             return fetch

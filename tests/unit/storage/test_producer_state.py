@@ -68,6 +68,6 @@ def test_describe_lists_each_producer_with_its_last_sequence() -> None:
     t.apply(7, 0, BatchMeta(0, 4, 0, 4), now_ms=1000)
     t.apply(7, 0, BatchMeta(5, 9, 5, 9), now_ms=2000)
     t.apply(3, 2, BatchMeta(0, 0, 10, 10))
-    assert t.describe() == [(3, 2, 0, -1), (7, 0, 9, 2000)]
+    assert t.describe() == [(3, 2, 0, -1, -1, -1), (7, 0, 9, 2000, -1, -1)]
     t.truncate_from(5)  # a rollback forgets producer 3's batch and producer 7's second one
-    assert t.describe() == [(3, 2, -1, -1), (7, 0, 4, 2000)]
+    assert t.describe() == [(3, 2, -1, -1, -1, -1), (7, 0, 4, 2000, -1, -1)]

@@ -15,4 +15,5 @@ from tidalmq_broker.apis import (  # noqa: F401
     sasl,
     scram_credentials,
     topics,
+    txn_markers,
 )

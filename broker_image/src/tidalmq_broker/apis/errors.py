@@ -44,6 +44,8 @@ _CODES: list[tuple[type[BaseException], ErrorCode]] = [
     (storage.OutOfOrderSequence, ErrorCode.out_of_order_sequence_number),
     (storage.InvalidProducerEpoch, ErrorCode.invalid_producer_epoch),
     (storage.UnknownProducerId, ErrorCode.unknown_producer_id),
+    (storage.InvalidTxnState, ErrorCode.invalid_txn_state),
+    (storage.TransactionCoordinatorFenced, ErrorCode.transaction_coordinator_fenced),
     (storage.StorageError, ErrorCode.kafka_storage_error),
     # partition leadership
     (NotLeader, ErrorCode.not_leader_or_follower),

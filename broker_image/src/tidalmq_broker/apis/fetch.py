@@ -58,8 +58,14 @@ def check_leader_epoch(plog: PartitionLog, requested: int) -> ErrorCode | None:
     return ErrorCode.fenced_leader_epoch
 
 
+READ_COMMITTED = 1  # isolation_level: only below the last stable offset (docs/transactions.md)
+
+
 class _FetchPartition:
-    __slots__ = ("error", "hw", "index", "lso", "max_bytes", "offset", "plog", "records", "topic")
+    __slots__ = (
+        "aborted", "error", "hw", "index", "lso", "max_bytes", "offset", "plog", "records",
+        "topic",
+    )  # fmt: skip
 
     def __init__(self, topic: str, index: int, offset: int, max_bytes: int) -> None:
         self.topic = topic
@@ -71,6 +77,7 @@ class _FetchPartition:
         self.records: bytes = b""
         self.hw = -1
         self.lso = -1
+        self.aborted: list[tuple[int, int]] = []
 
 
 @api(1, "Fetch", 4, 12)
@@ -99,7 +106,8 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
     max_bytes = body.max_bytes if request.api_version >= 3 else 0x7FFFFFFF
     deadline = time.monotonic() + body.max_wait.total_seconds()
     min_bytes = max(body.min_bytes, 1)
-    total = await _read_all(parts, max_bytes, conn)
+    committed = body.isolation_level == READ_COMMITTED
+    total = await _read_all(parts, max_bytes, conn, committed)
     # a partition's error answers at once (the client must act on it), except a refusal: as in
     # Kafka, the partitions the client may read wait for data as usual
     while total < min_bytes and not any(
@@ -113,10 +121,10 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
             # pushed back: the client has not read what it was sent, or the broker's responses
             # fill the budget. Wait for room, then answer with what fits.
             await conn.wait_response_room(remaining)
-            total = await _read_all(parts, max_bytes, conn)
+            total = await _read_all(parts, max_bytes, conn, committed)
             continue
         waits = [
-            asyncio.ensure_future(fp.plog.wait_for_data(fp.offset, remaining))  # type: ignore[union-attr]
+            asyncio.ensure_future(fp.plog.wait_for_data(fp.offset, remaining, committed=committed))  # type: ignore[union-attr]
             for fp in waitable
         ]
         try:
@@ -124,7 +132,7 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
         finally:
             for w in waits:
                 w.cancel()
-        total = await _read_all(parts, max_bytes, conn)
+        total = await _read_all(parts, max_bytes, conn, committed)
     # written straight to wire format (protocol.fastpath), the record sets not copied again
     by_topic: dict[str, list[FetchPartition]] = {}
     for fp in parts:
@@ -132,7 +140,7 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
             (
                 fp.index, fp.error.value, fp.hw, fp.lso,
                 fp.plog.log_start_offset if fp.plog else -1,
-                fp.error == ErrorCode.none, fp.records,
+                fp.aborted if fp.error == ErrorCode.none else None, fp.records,
             )
         )  # fmt: skip
         if fp.records:
@@ -140,9 +148,12 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
     return encode_fetch_response(request.api_version, list(by_topic.items()))
 
 
-async def _read_all(parts: list[_FetchPartition], max_bytes: int, conn: Connection) -> int:
+async def _read_all(
+    parts: list[_FetchPartition], max_bytes: int, conn: Connection, committed: bool
+) -> int:
     """Read every partition once more, within the request's max bytes and the room the
-    connection has for responses (what is read is charged to it); returns total bytes."""
+    connection has for responses (what is read is charged to it); returns total bytes.
+    `committed` (read_committed): only below each partition's last stable offset."""
     budget = max_bytes
     total = 0
     for fp in parts:
@@ -156,10 +167,10 @@ async def _read_all(parts: list[_FetchPartition], max_bytes: int, conn: Connecti
         limit = min(fp.max_bytes, budget, room) if total else min(fp.max_bytes, room)
         if limit <= 0:
             fp.hw = fp.plog.high_watermark
-            fp.lso = fp.hw
+            fp.lso = fp.plog.last_stable_offset
             continue
         try:
-            result = await fp.plog.read(fp.offset, limit)
+            result = await fp.plog.read(fp.offset, limit, committed=committed)
         except Exception as exc:
             fp.error, fp.plog = error_code(exc), None
             fp.records = b""
@@ -170,12 +181,13 @@ async def _read_all(parts: list[_FetchPartition], max_bytes: int, conn: Connecti
             # own (nothing else of the connection's waiting, the budget not full of others),
             # or a connection's pipelined fetches would each pass its cap by a batch
             fp.hw = result.high_watermark
-            fp.lso = fp.hw
+            fp.lso = result.last_stable_offset
             continue
         conn.charge_response(size)
         fp.records = result.records
         fp.hw = result.high_watermark
-        fp.lso = result.high_watermark
+        fp.lso = result.last_stable_offset
+        fp.aborted = result.aborted or []
         total += len(fp.records)
         budget -= len(fp.records)
     return total
@@ -183,7 +195,7 @@ async def _read_all(parts: list[_FetchPartition], max_bytes: int, conn: Connecti
 
 def _fetch_error(body: Any, code: ErrorCode, version: int) -> EncodedBody:
     topics: list[tuple[str, list[FetchPartition]]] = [
-        (t.topic, [(p.partition, code.value, -1, -1, -1, False, None) for p in t.partitions])
+        (t.topic, [(p.partition, code.value, -1, -1, -1, None, None) for p in t.partitions])
         for t in body.topics
     ]
     return encode_fetch_response(version, topics, error_code=code.value)
@@ -194,6 +206,7 @@ def _fetch_error(body: Any, code: ErrorCode, version: int) -> EncodedBody:
 @api(2, "ListOffsets", 1, 11)
 async def handle_list_offsets(broker: Broker, request: Request, conn: Connection) -> Any:
     version = request.api_version
+    committed = getattr(request.body, "isolation_level", 0) == READ_COMMITTED
     topics = []
     for topic in request.body.topics:
         partitions = []
@@ -220,14 +233,17 @@ async def handle_list_offsets(broker: Broker, request: Request, conn: Connection
                 elif p.timestamp in _NOT_TIERED and version >= _NOT_TIERED[p.timestamp]:
                     out["leader_epoch"] = -1  # Kafka's (-1, -1, epoch -1)
                 elif p.timestamp == LATEST:
-                    out["offset"] = plog.high_watermark
+                    out["offset"] = plog.last_stable_offset if committed else plog.high_watermark
                 elif p.timestamp == MAX_TIMESTAMP and version >= 7:
                     found = await plog.offset_of_max_timestamp()
                     if found is not None:
                         out["offset"], out["timestamp"] = found.offset, found.timestamp
                 else:
                     found = await plog.offset_for_timestamp(p.timestamp)
-                    if found is not None:
+                    # read_committed: an offset at or past the LSO is not answered (Kafka)
+                    if found is not None and not (
+                        committed and found.offset >= plog.last_stable_offset
+                    ):
                         out["offset"], out["timestamp"] = found.offset, found.timestamp
                 out["error_code"] = ErrorCode.none
             except Exception as exc:

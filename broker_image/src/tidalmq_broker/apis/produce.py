@@ -3,7 +3,11 @@
 As in Kafka: a topic the client may not WRITE to answers TOPIC_AUTHORIZATION_FAILED for each of
 its partitions (whether or not it exists), and no client appends to an internal topic
 (INVALID_TOPIC_EXCEPTION "Cannot append to internal topic"): only the group coordinator writes
-`__consumer_offsets`."""
+`__consumer_offsets`.
+
+Transactional batches (docs/transactions.md) need the request's transactional id and WRITE on
+it (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition otherwise, as Kafka answers); the
+partitions check their producer epochs and track the transactions."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
+from tidalmq_broker.protocol import records
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.fastpath import ProducePartition, encode_produce_response
 from tidalmq_broker.storage.api import AppendResult
@@ -40,12 +45,17 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
         for topic in body.topic_data:
             for part in topic.partition_data:
                 entries.append((topic.name, part.index, ErrorCode.invalid_required_acks, None, 0))
-    elif body.transactional_id is not None:
+    elif _has_transactional(body) and not (
+        body.transactional_id is not None
+        and broker.authorizer.allows(
+            conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id
+        )
+    ):
         for topic in body.topic_data:
             for part in topic.partition_data:
                 entries.append(
                     (topic.name, part.index, ErrorCode.transactional_id_authorization_failed,
-                     "transactions are not supported by TidalMQ yet", 0)
+                     None, 0)
                 )  # fmt: skip
     else:
         authorizer = broker.authorizer
@@ -116,6 +126,28 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             part = (index, outcome.value, -1, -1, -1, message)
         by_topic.setdefault(topic_name, []).append(part)
     return encode_produce_response(request.api_version, list(by_topic.items()))
+
+
+_MAGIC = 16  # of a batch: after base offset, length and partition leader epoch
+_ATTRIBUTES = 21  # of a v2 batch: int16 after the magic and crc
+
+
+def _has_transactional(body: Any) -> bool:
+    """Whether the request carries transactional batches (Kafka looks at each partition's
+    first batch, as here); the partition validates every batch itself."""
+    if body.transactional_id is not None:
+        return True
+    for topic in body.topic_data:
+        for part in topic.partition_data:
+            data = part.records
+            if (
+                data is not None
+                and len(data) > _ATTRIBUTES + 1
+                and data[_MAGIC] == records.MAGIC_V2
+                and data[_ATTRIBUTES + 1] & records.TRANSACTIONAL_FLAG
+            ):
+                return True
+    return False
 
 
 def _answer_within(timeout_s: float) -> float:

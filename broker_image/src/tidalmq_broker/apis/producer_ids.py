@@ -94,7 +94,8 @@ async def handle_describe_producers(broker: Broker, request: Request, conn: Conn
                 out["active_producers"] = [
                     {"producer_id": p.producer_id, "producer_epoch": p.epoch,
                      "last_sequence": p.last_sequence, "last_timestamp": p.last_timestamp_ms,
-                     "coordinator_epoch": -1, "current_txn_start_offset": -1}
+                     "coordinator_epoch": p.coordinator_epoch,
+                     "current_txn_start_offset": p.current_txn_start_offset}
                     for p in plog.active_producers()
                 ]  # fmt: skip
             partitions.append(out)

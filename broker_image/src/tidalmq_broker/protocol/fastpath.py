@@ -46,9 +46,12 @@ ProducePartition = tuple[int, int, int, int, int, str | None]
 """(partition index, error code, base offset, log append time ms or -1, log start offset,
 error message or None)"""
 
-FetchPartition = tuple[int, int, int, int, int, bool, bytes | memoryview | None]
+FetchPartition = tuple[
+    int, int, int, int, int, Sequence[tuple[int, int]] | None, bytes | memoryview | None
+]
 """(partition index, error code, high watermark, last stable offset, log start offset,
-aborted transactions known (empty array) or not (null), records or None)"""
+aborted transactions as (producer id, first offset) or None (null), records or None)"""
+_ABORTED_TXN = struct.Struct(">qq")  # producer id, first offset
 
 
 def _uvarint(value: int) -> bytes:
@@ -129,12 +132,16 @@ def encode_fetch_response(
     for name, partitions in topics:
         out += _string(name, flexible)
         out += _array_length(len(partitions), flexible)
-        for index, error, hw, lso, log_start, aborted_known, records in partitions:
+        for index, error, hw, lso, log_start, aborted, records in partitions:
             out += _FETCH_PARTITION_V4.pack(index, error, hw, lso)
             if version >= 5:
                 out += _I64.pack(log_start)
-            if aborted_known:
-                out += _array_length(0, flexible)
+            if aborted is not None:
+                out += _array_length(len(aborted), flexible)
+                for producer_id, first_offset in aborted:
+                    out += _ABORTED_TXN.pack(producer_id, first_offset)
+                    if flexible:
+                        out += _NO_TAGS
             else:
                 out += b"\x00" if flexible else b"\xff\xff\xff\xff"
             if version >= 11:

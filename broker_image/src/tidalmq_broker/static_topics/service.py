@@ -67,6 +67,13 @@ _PRODUCER_LOOKBACK = 3  # how many older physical queues the producer-state chec
 _SEQUENCE_SPACE = 1 << 31
 
 
+def _has_transactional(data: bytes | memoryview) -> bool:
+    try:
+        return any(h.is_transactional for h in records.iter_headers(data))
+    except records.InvalidRecordBatch:
+        return False  # the append reports it
+
+
 def shift_base_offsets(data: bytes, delta: int) -> bytes:
     """A copy of whole record batches with every base offset moved by `delta` (physical to
     logic offsets). Only the base offset field changes; it is not covered by the CRC."""
@@ -255,6 +262,10 @@ class LogicQueueLog:
             return prev.logic_end()
         return max(prev.logic_offset if prev is not None else 0, 0)
 
+    @property
+    def last_stable_offset(self) -> int:
+        return self.high_watermark  # static topics take no transactions (see append)
+
     def stats(self) -> PartitionStats:
         return PartitionStats(self.log_start_offset, self.high_watermark)
 
@@ -265,6 +276,9 @@ class LogicQueueLog:
         leader = self._leader
         if leader.sealed:
             raise PartitionClosing(f"logic queue {self._tp}: its physical queue is sealed")
+        if _has_transactional(records_):
+            # a transaction's markers and aborted index would have to follow remaps
+            raise InvalidRecord(f"static topic {self._tp.topic} takes no transactional batches")
         start = getattr(self._plog, "start_append", None)
         if start is None:
             await self._adopt_producers(records_)
@@ -347,7 +361,21 @@ class LogicQueueLog:
                 )
 
     # ------------------------------------------------------------------ read
-    async def read(self, offset: int, max_bytes: int) -> ReadResult:
+    async def write_txn_marker(
+        self, producer_id: int, producer_epoch: int, *, commit: bool, coordinator_epoch: int
+    ) -> AppendResult:
+        raise InvalidRecord(f"static topic {self._tp.topic} takes no transactions")
+
+    async def read(self, offset: int, max_bytes: int, *, committed: bool = False) -> ReadResult:
+        result = await self._read(offset, max_bytes)
+        if not committed:
+            return result
+        return ReadResult(
+            result.records, result.high_watermark, result.log_start_offset,
+            result.high_watermark, [],
+        )  # fmt: skip
+
+    async def _read(self, offset: int, max_bytes: int) -> ReadResult:
         items = self._items
         start = self.log_start_offset
         if offset < start:
@@ -375,7 +403,9 @@ class LogicQueueLog:
             hwm = max(hwm, last.last_offset + 1)
         return ReadResult(data, max(hwm, offset), start)
 
-    async def wait_for_data(self, offset: int, timeout_s: float) -> None:
+    async def wait_for_data(
+        self, offset: int, timeout_s: float, *, committed: bool = False
+    ) -> None:
         leader = self._leader
         if leader.decided and offset >= leader.logic_offset:
             await self._plog.wait_for_data(leader.to_physical(offset), timeout_s)

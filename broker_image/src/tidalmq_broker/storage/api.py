@@ -94,6 +94,16 @@ class UnknownProducerId(StorageError):
     """A non-zero sequence from a producer the partition does not know (UNKNOWN_PRODUCER_ID)."""
 
 
+class InvalidTxnState(StorageError):
+    """A non-transactional batch from a producer in the middle of a transaction
+    (INVALID_TXN_STATE)."""
+
+
+class TransactionCoordinatorFenced(StorageError):
+    """A marker from a coordinator older than the last one seen for the producer id
+    (TRANSACTION_COORDINATOR_FENCED)."""
+
+
 # --------------------------------------------------------------------------------------------
 # Settings
 # --------------------------------------------------------------------------------------------
@@ -156,6 +166,10 @@ class ReadResult:
     records: bytes  # whole v2 batches, base offsets already final; may be empty
     high_watermark: int  # first offset not yet durable (consumers never see beyond it)
     log_start_offset: int
+    last_stable_offset: int = -1  # first offset of the oldest ongoing transaction, else the HWM
+    # read_committed only: (producer id, first offset) of the aborted transactions overlapping
+    # the records returned, by first offset; None for read_uncommitted
+    aborted: list[tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +186,8 @@ class ActiveProducer:
     epoch: int
     last_sequence: int  # of its last durable batch; -1 if none is remembered
     last_timestamp_ms: int  # when that batch became durable; -1 if unknown
+    coordinator_epoch: int = -1  # of the last transaction marker written for it
+    current_txn_start_offset: int = -1  # first offset of its ongoing transaction, -1 if none
 
 
 @dataclass(slots=True)
@@ -221,15 +237,33 @@ class PartitionLog(Protocol):
         instead of copied."""
         ...
 
-    async def read(self, offset: int, max_bytes: int) -> ReadResult:
-        """Whole batches from `offset` (the batch containing it) up to about max_bytes, at
-        least one batch if any is available even when larger than max_bytes. Returns empty
-        records at the high watermark. Raises OffsetOutOfRange."""
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the oldest ongoing transaction (durable state), else the high
+        watermark: read_committed consumers read below it."""
         ...
 
-    async def wait_for_data(self, offset: int, timeout_s: float) -> None:
-        """Return as soon as the high watermark is above `offset` or after timeout_s
-        (fetch long polling). Returns early too if the partition is closed."""
+    async def read(self, offset: int, max_bytes: int, *, committed: bool = False) -> ReadResult:
+        """Whole batches from `offset` (the batch containing it) up to about max_bytes, at
+        least one batch if any is available even when larger than max_bytes. Returns empty
+        records at the high watermark (`committed`: at the last stable offset, and the aborted
+        transactions overlapping what it returns). Raises OffsetOutOfRange."""
+        ...
+
+    async def write_txn_marker(
+        self, producer_id: int, producer_epoch: int, *, commit: bool, coordinator_epoch: int
+    ) -> AppendResult:
+        """Append a commit or abort marker (a control batch) for the producer id and return
+        once it is durable; it ends the producer's ongoing transaction (docs/transactions.md).
+        Raises InvalidProducerEpoch, TransactionCoordinatorFenced and the append errors."""
+        ...
+
+    async def wait_for_data(
+        self, offset: int, timeout_s: float, *, committed: bool = False
+    ) -> None:
+        """Return as soon as the high watermark (`committed`: the last stable offset) is above
+        `offset` or after timeout_s (fetch long polling). Returns early too if the partition
+        is closed."""
         ...
 
     async def offset_for_timestamp(self, timestamp_ms: int) -> TimestampLookup | None:

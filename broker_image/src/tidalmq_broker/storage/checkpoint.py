@@ -3,7 +3,8 @@
 A checkpoint is the complete durable state of a partition up to `next_offset`: leader epoch,
 owner broker and incarnation, log start offset, the offset index, idempotent-producer state, the
 owner's WAL position it is complete up to (WAL objects of that incarnation with a higher sequence
-may hold later batches), and whether the owner closed it cleanly.
+may hold later batches), whether the owner closed it cleanly, and the transaction state (ongoing
+transactions, the aborted-transactions index; older checkpoints have none).
 
 It is created with If-None-Match and replaced with If-Match on its etag, so two owners can never
 both commit. This module is the one place where a lost race (PreconditionFailed) becomes
@@ -41,6 +42,10 @@ class Checkpoint:
     clean_shutdown: bool = False
     index: list[IndexEntry] = field(default_factory=list)
     producers: dict[str, object] = field(default_factory=dict)
+    # transactions (docs/transactions.md): per producer id [first offset of its ongoing
+    # transaction or -1, coordinator epoch]; the aborted-transactions index
+    transactions: dict[str, list[int]] = field(default_factory=dict)
+    aborted_txns: list[list[int]] = field(default_factory=list)
     written_at_ms: int = 0
     format_version: int = FORMAT_VERSION
 
@@ -60,6 +65,8 @@ class Checkpoint:
                 "written_at_ms": self.written_at_ms or int(time.time() * 1000),
                 "index": [e.to_json() for e in self.index],
                 "producers": self.producers,
+                "transactions": self.transactions,
+                "aborted_txns": self.aborted_txns,
             },
             separators=(",", ":"),
         ).encode()
@@ -84,6 +91,8 @@ class Checkpoint:
                 clean_shutdown=bool(raw["clean_shutdown"]),
                 index=[IndexEntry.from_json(e) for e in raw["index"]],
                 producers=raw["producers"],
+                transactions=raw.get("transactions", {}),
+                aborted_txns=raw.get("aborted_txns", []),
                 written_at_ms=int(raw.get("written_at_ms", 0)),
                 format_version=version,
             )

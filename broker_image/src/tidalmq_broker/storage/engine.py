@@ -25,6 +25,7 @@ from typing import Any
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.storage import keys, metrics
+from tidalmq_broker.storage.aborted_txns import AbortedTxns
 from tidalmq_broker.storage.api import (
     LeaseCheck,
     ObjectStoreUnavailable,
@@ -441,6 +442,8 @@ class ObjectStreamEngine:
                 f"(owner broker {cp.owner_broker})"
             )
         producers = ProducerStateTable.from_json(cp.producers)  # type: ignore[arg-type]
+        producers.load_txn_json(cp.transactions)
+        aborted = AbortedTxns.from_json(cp.aborted_txns)
         index = list(cp.index)
         next_offset = cp.next_offset
         if cp.clean_shutdown:
@@ -451,7 +454,9 @@ class ObjectStreamEngine:
             tail = await recover_tail(self.store, cp)
             now_ms = int(time.time() * 1000)
             for batch in tail.producers:
-                producers.apply_tuple(batch, now_ms)
+                done = producers.apply_tuple(batch, now_ms)
+                if done is not None and done.aborted:
+                    aborted.add(done.producer_id, done.first_offset, done.last_offset)
             index.extend(tail.entries)
             next_offset = tail.next_offset
             log.info(
@@ -468,6 +473,8 @@ class ObjectStreamEngine:
                         tp, next_offset, accepted_from)  # fmt: skip
             next_offset = log_start = accepted_from
             index = []
+            producers.truncate_from(next_offset)
+            aborted.drop_before(next_offset)
         elif next_offset < floor:
             raise PartitionDataLost(
                 tp, expected_end=floor, found_end=next_offset,
@@ -486,6 +493,8 @@ class ObjectStreamEngine:
             clean_shutdown=False,
             index=index,
             producers=producers.to_json(),
+            transactions=producers.txn_to_json(),
+            aborted_txns=aborted.to_json(),
         )
         metrics.RECOVERIES.labels(self.broker_label, kind).inc()
         if kind == "clean" and accepted_from is None:

@@ -7,7 +7,9 @@ State that matters for correctness:
   indexed, and has been acknowledged in order. Reads never go beyond it.
 * `_producers` - idempotent-producer state including appends not yet durable (so a retry of an
   in-flight batch is recognised); `_durable_producers` only up to the high watermark, which is
-  what checkpoints persist and what a rollback returns to.
+  what checkpoints persist and what a rollback returns to. Both include the ongoing transaction
+  of each producer id; the last stable offset and the aborted-transactions index (`_aborted`)
+  follow the durable state only (docs/transactions.md).
 
 If a WAL flush fails, every append of this partition in it and after it fails, the partition
 stops taking appends, waits for its in-flight flushes, rolls `_next_offset` and the producer
@@ -31,6 +33,7 @@ from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.protocol import records
 from tidalmq_broker.storage import metrics
+from tidalmq_broker.storage.aborted_txns import AbortedTxns
 from tidalmq_broker.storage.api import (
     ActiveProducer,
     AppendResult,
@@ -52,7 +55,14 @@ from tidalmq_broker.storage.api import (
 from tidalmq_broker.storage.checkpoint import Checkpoint
 from tidalmq_broker.storage.index import IndexEntry, OffsetIndex
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound
-from tidalmq_broker.storage.producer_state import BatchMeta, ProducerEntry, ProducerStateTable
+from tidalmq_broker.storage.producer_state import (
+    ABORT_MARKER,
+    COMMIT_MARKER,
+    TRANSACTIONAL,
+    BatchMeta,
+    ProducerEntry,
+    ProducerStateTable,
+)
 from tidalmq_broker.storage.timestamps import first_record_at, max_timestamp_record
 from tidalmq_broker.storage.wal import ProducerBatch, WalEntry
 from tidalmq_broker.storage.wal_writer import PendingAppend
@@ -107,7 +117,11 @@ class Partition:
         self._hwm = checkpoint.next_offset
         self._next_offset = checkpoint.next_offset
         self._durable_producers = ProducerStateTable.from_json(checkpoint.producers)  # type: ignore[arg-type]
+        self._durable_producers.load_txn_json(checkpoint.transactions)
         self._producers = self._durable_producers.copy()
+        self._aborted = AbortedTxns.from_json(checkpoint.aborted_txns)
+        # first offset of the oldest durable ongoing transaction (None: the LSO is the HWM)
+        self._first_unstable = self._durable_producers.first_unstable_offset()
         self._cache = engine.cache.partition()
         self._state = State.OPEN
         self._failure: BaseException | None = None
@@ -145,6 +159,19 @@ class Partition:
     @property
     def log_end_offset(self) -> int:
         return self._next_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        first = self._first_unstable
+        if first is None or first >= self._hwm:
+            return self._hwm
+        # a transaction whose start retention or DeleteRecords removed: as Kafka
+        # (UnifiedLog.updateFirstUnstableOffset), never below the log start
+        return max(first, self._log_start)
+
+    @property
+    def aborted_txns(self) -> AbortedTxns:
+        return self._aborted
 
     @property
     def config(self) -> PartitionConfig:
@@ -234,8 +261,12 @@ class Partition:
                 raise RecordTooLarge(
                     f"batch of {h.size} bytes exceeds max.message.bytes {max_bytes}"
                 )
-            if h.is_transactional or h.is_control:
-                raise InvalidRecord("transactional and control batches are not supported")
+            if h.is_control:
+                raise InvalidRecord("control batches are written by the broker only")
+            if h.is_transactional and (
+                not h.has_producer_id or h.base_sequence == records.NO_SEQUENCE
+            ):
+                raise InvalidRecord("a transactional batch needs a producer id and sequence")
             if h.record_count != h.last_offset_delta + 1:
                 raise CorruptRecord(
                     f"batch declares {h.record_count} records but last offset delta {h.last_offset_delta}"
@@ -251,29 +282,26 @@ class Partition:
                 if h.has_producer_id and h.base_sequence != records.NO_SEQUENCE:
                     pid = h.producer_id
                     found = self._producers.check(
-                        pid, h.producer_epoch, h.base_sequence, h.last_sequence
-                    )
+                        pid, h.producer_epoch, h.base_sequence, h.last_sequence,
+                        h.is_transactional,
+                    )  # fmt: skip
                     if found is not None:
                         duplicate = found
                         break
                     if pid not in undo:
                         entry = self._producers.producers.get(pid)
-                        undo[pid] = (
-                            None
-                            if entry is None
-                            else ProducerEntry(
-                                entry.epoch, entry.batches.copy(), entry.last_seen_ms
-                            )
-                        )
+                        undo[pid] = None if entry is None else entry.clone()
                     last = offset + h.last_offset_delta
                     self._producers.apply(
                         pid,
                         h.producer_epoch,
                         BatchMeta(h.base_sequence, h.last_sequence, offset, last),
+                        transactional=h.is_transactional,
                     )
-                    producers.append(
-                        (pid, h.producer_epoch, h.base_sequence, h.last_sequence, offset, last)
-                    )
+                    row: ProducerBatch = (
+                        pid, h.producer_epoch, h.base_sequence, h.last_sequence, offset, last
+                    )  # fmt: skip
+                    producers.append((*row, TRANSACTIONAL) if h.is_transactional else row)
                 offset += h.last_offset_delta + 1
         except StorageError:
             self._undo_producers(undo)
@@ -298,14 +326,58 @@ class Partition:
             elif h.max_timestamp > max_ts:
                 max_ts = h.max_timestamp
             offset += h.last_offset_delta + 1
-        self._next_offset = offset
+        future = self._enqueue(buf, base, offset - 1, max_ts, producers, acks)
+        result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
+        return self._acknowledged(result, future)
+
+    def _enqueue(
+        self,
+        buf: bytearray | memoryview,
+        base: int,
+        last: int,
+        max_ts: int,
+        producers: list[ProducerBatch],
+        acks: int,
+    ) -> asyncio.Future[None] | None:
+        self._next_offset = last + 1
         future = asyncio.get_running_loop().create_future() if acks != 0 else None
-        pending = PendingAppend(self, buf, base, offset - 1, max_ts, producers, future)
+        pending = PendingAppend(self, buf, base, last, max_ts, producers, future)
         self._inflight += 1
         self._engine.writer.enqueue(pending)
         self._engine.m.append_bytes.inc(len(buf))
-        result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
-        return self._acknowledged(result, future)
+        return future
+
+    async def write_txn_marker(
+        self, producer_id: int, producer_epoch: int, *, commit: bool, coordinator_epoch: int
+    ) -> AppendResult:
+        """A commit/abort marker: a control batch through the WAL like any append, durable
+        before this returns. It ends the producer's ongoing transaction here at once (so a
+        later batch of the next transaction is checked against the ended one); the durable
+        state, the LSO and the aborted index follow when the flush completes."""
+        self._check_writable()
+        self._producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        offset = self._next_offset
+        now_ms = int(time.time() * 1000)
+        key = struct.pack(">hh", 0, 1 if commit else 0)
+        value = struct.pack(">hi", 0, coordinator_epoch)
+        buf = bytearray(
+            records.build_batch(
+                [(key, value)],
+                base_offset=offset,
+                timestamp_ms=now_ms,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                attributes=records.TRANSACTIONAL_FLAG | records.CONTROL_FLAG,
+            )
+        )
+        records.patch_leader_epoch(buf, records.read_header(buf, 0), self._epoch)
+        self._producers.complete(
+            producer_id, producer_epoch, commit, coordinator_epoch, offset, now_ms
+        )
+        kind = COMMIT_MARKER if commit else ABORT_MARKER
+        row = (producer_id, producer_epoch, -1, -1, offset, offset, kind, coordinator_epoch)
+        future = self._enqueue(buf, offset, offset, now_ms, [row], -1)
+        return await self._acknowledged(AppendResult(offset, offset, -1, self._log_start), future)
 
     async def _acknowledged(
         self, result: AppendResult, future: asyncio.Future[None] | None
@@ -331,11 +403,8 @@ class Partition:
         partition knows the producer already."""
         if producer_id in self._producers.producers:
             return False
-        adopted = ProducerEntry(entry.epoch, entry.batches.copy(), entry.last_seen_ms)
-        self._producers.producers[producer_id] = adopted
-        self._durable_producers.producers[producer_id] = ProducerEntry(
-            entry.epoch, entry.batches.copy(), entry.last_seen_ms
-        )
+        self._producers.producers[producer_id] = entry.clone()
+        self._durable_producers.producers[producer_id] = entry.clone()
         self._version += 1
         return True
 
@@ -388,8 +457,15 @@ class Partition:
             if self._wal_since is None:
                 self._wal_since = time.monotonic()
             now_ms = int(time.time() * 1000)
+            txn_changed = False
             for batch in entry.producers:
-                self._durable_producers.apply_tuple(batch, now_ms)
+                done = self._durable_producers.apply_tuple(batch, now_ms)
+                if len(batch) > 6:
+                    txn_changed = True
+                if done is not None and done.aborted:
+                    self._aborted.add(done.producer_id, done.first_offset, done.last_offset)
+            if txn_changed:
+                self._first_unstable = self._durable_producers.first_unstable_offset()
             for append, view in views:
                 self._cache.add(append.base_offset, append.last_offset, view)
             self._hwm = entry.last_offset + 1
@@ -493,25 +569,35 @@ class Partition:
             await self._drained.wait()
 
     # ---------------------------------------------------------------- reads
-    async def read(self, offset: int, max_bytes: int) -> ReadResult:
+    async def read(self, offset: int, max_bytes: int, *, committed: bool = False) -> ReadResult:
         if self._state in (State.CLOSED, State.FENCED) or self._engine.store_problem is not None:
             self._check_writable()
-        hwm, lso = self._hwm, self._log_start
-        if offset < lso or offset > self._next_offset:
+        hwm, start, stable = self._hwm, self._log_start, self.last_stable_offset
+        if offset < start or offset > self._next_offset:
             raise OffsetOutOfRange(
-                f"{self._tp}: offset {offset} is outside [{lso}, {self._next_offset}]"
+                f"{self._tp}: offset {offset} is outside [{start}, {self._next_offset}]"
             )
-        if offset >= hwm:
-            return ReadResult(b"", hwm, lso)
+        if offset >= (stable if committed else hwm):
+            return ReadResult(b"", hwm, start, stable, [] if committed else None)
         max_bytes = max(max_bytes, 1)
         views = self._cache.lookup(offset, max_bytes)
         if views is not None:
             first = _slice_batches(views[0], offset, max_bytes)
             data = bytes(first) if len(views) == 1 else b"".join([first, *views[1:]])
             self._engine.m.cache_hit_bytes.inc(len(data))
-            return ReadResult(data, hwm, lso)
-        data = await self._read_cold(offset, max_bytes)
-        return ReadResult(data, hwm, self._log_start)
+        else:
+            data = await self._read_cold(offset, max_bytes)
+        if not committed:
+            return ReadResult(data, hwm, self._log_start, stable)
+        # read_committed (librdkafka's default): nothing at or past the LSO (an ongoing
+        # transaction starts at a batch) and the aborted transactions the returned offsets
+        # overlap. Without either, the batches are not even looked at.
+        aborted: list[tuple[int, int]] = []
+        if stable < hwm or len(self._aborted):
+            data, last = _below(data, stable)
+            if len(self._aborted):
+                aborted = self._aborted.overlapping(offset, last)
+        return ReadResult(data, hwm, self._log_start, stable, aborted)
 
     async def _read_cold(self, offset: int, max_bytes: int) -> bytes:
         missing = ""
@@ -590,9 +676,14 @@ class Partition:
         self._engine.m.cache_miss_bytes.inc(len(data))
         return [memoryview(data)]
 
-    async def wait_for_data(self, offset: int, timeout_s: float) -> None:
+    async def wait_for_data(
+        self, offset: int, timeout_s: float, *, committed: bool = False
+    ) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while self._hwm <= offset and self._state in (State.OPEN, State.RECOVERING):
+        while (self.last_stable_offset if committed else self._hwm) <= offset and self._state in (
+            State.OPEN,
+            State.RECOVERING,
+        ):
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 return
@@ -635,6 +726,8 @@ class Partition:
             clean_shutdown=clean,
             index=self._index.entries,
             producers=self._durable_producers.to_json(),
+            transactions=self._durable_producers.txn_to_json(),
+            aborted_txns=self._aborted.to_json(),
         )
 
     @property
@@ -716,6 +809,7 @@ class Partition:
             self._log_start = offset
             dropped = self._index.drop_before(offset)
             self._cache.drop_before(offset)
+            self._aborted.drop_before(offset)
             self._version += 1
             await self._commit_locked(force=True)
             still = self._index.keys()
@@ -818,6 +912,17 @@ def _set_log_append_time(buf: bytearray | memoryview, h: records.BatchHeader, no
     struct.pack_into(">q", buf, pos + _MAX_TS_POS, now_ms)
     crc = crc32c.crc32c(memoryview(buf)[pos + _ATTRS_AND_MAX_TS : pos + h.size])
     struct.pack_into(">I", buf, pos + _CRC_POS, crc)
+
+
+def _below(data: bytes, end: int) -> tuple[bytes, int]:
+    """The whole batches of `data` ending below offset `end`, and the last offset they hold
+    (-1 if none)."""
+    last = -1
+    for h in records.iter_headers(data):
+        if h.last_offset >= end:
+            return data[: h.position], last
+        last = h.last_offset
+    return data, last
 
 
 def _iter_batches(view: memoryview) -> Iterator[records.BatchHeader]:

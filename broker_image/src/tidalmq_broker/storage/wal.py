@@ -6,7 +6,7 @@ The index comes first so recovery reads it with one small ranged GET. Each index
 partition's contiguous run of batches in this object: topic, topic id, partition, leader epoch,
 base and last offset, byte range (relative to the start of the data), max timestamp, and the
 idempotent-producer metadata of each batch (producer id, epoch, first and last sequence, base
-and last offset). Positions handed to callers are absolute within the object.
+and last offset; for transactions its kind). Positions handed to callers are absolute within the object.
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ _HEADER = struct.Struct(">4sHI")
 HEADER_SIZE = _HEADER.size
 INDEX_PROBE_BYTES = 64 * 1024  # first ranged GET of recovery; enough for most indexes
 
-ProducerBatch = tuple[int, int, int, int, int, int]
-"""(producer id, producer epoch, first sequence, last sequence, base offset, last offset)"""
+ProducerBatch = tuple[int, ...]
+"""(producer id, producer epoch, first sequence, last sequence, base offset, last offset) of an
+idempotent batch; a transactional batch adds its kind (producer_state.TRANSACTIONAL), a
+commit/abort marker is (producer id, epoch, -1, -1, offset, offset, kind, coordinator epoch)
+(docs/transactions.md)."""
 
 
 class CorruptWalObject(StorageError):
