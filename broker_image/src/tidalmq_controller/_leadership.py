@@ -67,7 +67,18 @@ class Leadership:
         for name, info in delta.removed_topics.items():
             for i in range(len(info.partitions)):
                 self._unindex(TopicPartition(name, i))
-        for tp in delta.changed_partitions(meta):
+        walked: dict[str, int] = {}  # a changed topic's partitions, walked in place
+        for name in delta.topics:
+            topic = meta.topics.get(name)
+            if topic is None:
+                continue
+            walked[name] = len(topic.partitions)
+            index, pinned, kind = self._index, topic.pinned, topic.kind
+            for i, part in enumerate(topic.partitions):
+                index(TopicPartition(name, i), part, pinned, kind)
+        for tp in delta.partitions:
+            if tp.partition < walked.get(tp.topic, 0):
+                continue
             topic = meta.topics.get(tp.topic)
             if topic is None or tp.partition >= len(topic.partitions):
                 self._unindex(tp)
@@ -483,6 +494,8 @@ class Leadership:
 
     def observe(self, opened: dict[int, set[TopicPartition]], wall: float) -> None:
         """Targets that report their partition open at the elected epoch: the move is done."""
+        if not self.moves.count(Phase.OPENING):
+            return  # e.g. a creation's thousands of opens
         for broker_id, tps in opened.items():
             for tp in tps:
                 status = self.moves.get(tp)
