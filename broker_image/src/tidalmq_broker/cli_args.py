@@ -83,7 +83,10 @@ def bootstrap_servers(text: str) -> str:
 
 
 def http_url(text: str) -> str:
-    """argparse type of a controller or control-port URL: http(s)://HOST:PORT[/path]."""
+    """argparse type of a controller or control-port URL: http(s)://HOST:PORT[/path]; empty:
+    not given (the default of such flags, which argparse passes through the type too)."""
+    if not text.strip():
+        return ""
     parts = urlsplit(text.strip())
     try:
         port = parts.port

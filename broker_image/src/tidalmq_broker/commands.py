@@ -34,7 +34,9 @@ def _register_drain(sub: argparse._SubParsersAction) -> None:
         "own environment (its preStop hook), it finds the broker's control address and token "
         "from the TIDALMQ_* variables the broker reads.",
     )
-    p.add_argument("--http-url", default="", help="the broker's control port (default: from "
+    from tidalmq_broker.cli_args import http_url
+
+    p.add_argument("--http-url", type=http_url, default="", help="the broker's control port (default: from "
                    "TIDALMQ_CONTROL_HOST/HTTP_HOST and TIDALMQ_CONTROL_PORT/HTTP_PORT)")  # fmt: skip
     p.add_argument("--control-token-file", default="", help="the broker's control token "
                    "(default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
