@@ -128,7 +128,7 @@ def test_every_option_with_a_default_shows_it_in_help() -> None:
 def test_output_json_is_on_every_command_that_prints_a_document() -> None:
     parsers = dict(_all_parsers(cli.build_parser(None), "tidalmq"))
     for name in ("local status", "local add-broker", "local remove-broker", "local kill-broker",
-                 "reassign", "static-topic describe", "static-topic list", "recover"):  # fmt: skip
+                 "reassign", "static-topic describe", "static-topic list", "recover", "plan"):  # fmt: skip
         parser = parsers[f"tidalmq {name}"]
         output = next(a for a in parser._actions if a.dest == "output")
         assert output.default == "text" and "json" in output.choices, name
