@@ -162,6 +162,7 @@ def test_the_url_flags_default_to_not_given() -> None:
 
 
 def test_good_addresses() -> None:
+    assert http_url("http://prometheus") == "http://prometheus"  # the scheme's port
     assert split_address("[::1]:9092") == ("::1", 9092)
     assert split_address(":9092") == ("localhost", 9092)
     assert bootstrap_servers(" a:1, b:2 ,") == "a:1,b:2"
@@ -173,9 +174,9 @@ def test_good_addresses() -> None:
     ("kind", "text", "message"),
     [
         (http_url, "127.0.0.1:9690",
-         "'127.0.0.1:9690' is not a URL like http://127.0.0.1:9690 (scheme, host and port)"),
+         "'127.0.0.1:9690' is not a URL like http://127.0.0.1:9690"),
         (http_url, "http://host:port",
-         "'http://host:port' is not a URL like http://127.0.0.1:9690 (scheme, host and port)"),
+         "'http://host:port' is not a URL like http://127.0.0.1:9690"),
         (id_list, "0,x", "'x' is not an id (expected e.g. 0,1,2)"),
         (id_list, ",", "no ids given (expected e.g. 0,1,2)"),
     ],

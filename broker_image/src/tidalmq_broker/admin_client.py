@@ -10,9 +10,9 @@ import socket
 import struct
 from typing import Any
 
+from tidalmq_core.cli_values import split_address
 from tidalmq_core.model import TopicPartition
 
-from tidalmq_broker.cli_args import split_address
 from tidalmq_broker.protocol.codec import decode_response, encode_request
 
 
