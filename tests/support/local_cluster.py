@@ -17,6 +17,18 @@ from typing import Any
 
 from tests.support.started import StartedInWith
 
+CLI = [sys.executable, "-m", "tidalmq_broker.cli"]
+
+
+def tidalmq(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Runs `tidalmq ARGS` as a user does (its own process; from `cwd`, with `env` added)."""
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout_s, check=False, cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
 
 class LocalClusterProcess(StartedInWith):
     def __init__(

@@ -10,6 +10,7 @@ import socket
 import struct
 from typing import Any
 
+from tidalmq_core.cli_values import split_address
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.protocol.codec import decode_response, encode_request
@@ -44,14 +45,13 @@ class AdminClient:
             return self._sock
         errors = []
         for server in self._servers:
-            host, _, port = server.rpartition(":")
-            if not port.isdigit():
-                errors.append(f"{server}: not HOST:PORT (e.g. 127.0.0.1:9092)")
+            try:
+                address = split_address(server)
+            except ValueError as exc:
+                errors.append(str(exc))
                 continue
             try:
-                self._sock = socket.create_connection(
-                    (host.strip("[]") or "localhost", int(port)), self._timeout
-                )
+                self._sock = socket.create_connection(address, self._timeout)
                 return self._sock
             except OSError as exc:
                 errors.append(f"{server}: {exc}")

@@ -1,41 +1,62 @@
 """The `tidalmq` command line. Sub-commands of other TidalMQ packages (operator, planner) plug in
-through the `tidalmq.commands` entry-point group, so the broker never imports them."""
+through the `tidalmq.commands` entry-point group, so the broker never imports them.
+
+Every option's default is shown in its --help; the commands that read print text by default and
+one JSON document with --output json (each command's --help lists its keys).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
 
 from tidalmq_broker import __version__
+from tidalmq_broker.cli_args import Parser
 
 Register = Callable[[argparse._SubParsersAction], None]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tidalmq", description=__doc__)
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; given the sub-command about to run, the plugins' are loaded only when it is
+    one of theirs (reading the installed packages' entry points costs more than the rest of
+    the start: docs/cli.md)."""
+    from tidalmq_broker.commands import BUILTIN_NAMES, builtin_commands
+
+    parser = Parser(prog="tidalmq", description=__doc__)
     parser.add_argument("--version", action="version", version=f"tidalmq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for register in _builtin_commands():
+    for register in builtin_commands(command):
         register(sub)
-    for ep in entry_points(group="tidalmq.commands"):
-        register_plugin: Register = ep.load()
-        register_plugin(sub)
+    if command not in BUILTIN_NAMES:
+        for register in _plugin_commands():
+            register(sub)
     return parser
 
 
-def _builtin_commands() -> list[Register]:
-    from tidalmq_broker.commands import builtin_commands
+def _plugin_commands() -> list[Register]:
+    from importlib.metadata import entry_points
 
-    return builtin_commands()
+    return [ep.load() for ep in entry_points(group="tidalmq.commands")]
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The sub-command named in argv (its first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(chosen_command(argv))
     args = parser.parse_args(argv)
     handler = args.handler
-    result = handler(args)
+    try:
+        result = handler(args)
+    except BrokenPipeError:  # `tidalmq ... | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return int(result or 0)
 
 

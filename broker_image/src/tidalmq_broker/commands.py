@@ -1,27 +1,26 @@
-"""Registration of the broker's own sub-commands: `broker` and `local`."""
+"""Registration of the broker's own sub-commands. Only argparse and stdlib here: every
+`tidalmq` call imports this module, so what a command needs is imported by its handler."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import gc
-import logging
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tidalmq_broker.settings import BrokerSettings
+BUILTIN_NAMES = frozenset({"broker", "drain", "local", "reassign", "static-topic", "recover"})
 
 
-def builtin_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
+def builtin_commands(command: str | None = None) -> list[Callable[[argparse._SubParsersAction], None]]:  # fmt: skip
+    """The registrations of the built-in sub-commands; `command`: the one about to run. The
+    broker's flags come from its settings (and the storage engine's defaults): built only when
+    `broker` runs, any other command lists it by its help line."""
     from tidalmq_broker import reassign_cli
     from tidalmq_broker.local import recover
     from tidalmq_broker.static_topics import cli as static_topic_cli
 
+    broker = _register_broker if command == "broker" else _list_broker
     return [
-        _register_broker, _register_drain, _register_local, reassign_cli.register,
+        broker, _register_drain, _register_local, reassign_cli.register,
         static_topic_cli.register, recover.register,
     ]  # fmt: skip
 
@@ -35,7 +34,9 @@ def _register_drain(sub: argparse._SubParsersAction) -> None:
         "own environment (its preStop hook), it finds the broker's control address and token "
         "from the TIDALMQ_* variables the broker reads.",
     )
-    p.add_argument("--http-url", default="", help="the broker's control port (default: from "
+    from tidalmq_broker.cli_args import http_url
+
+    p.add_argument("--http-url", type=http_url, default="", help="the broker's control port (default: from "
                    "TIDALMQ_CONTROL_HOST/HTTP_HOST and TIDALMQ_CONTROL_PORT/HTTP_PORT)")  # fmt: skip
     p.add_argument("--control-token-file", default="", help="the broker's control token "
                    "(default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
@@ -88,12 +89,15 @@ def _run_drain(args: argparse.Namespace) -> int:
     return 0 if result.get("drained") else 1
 
 
+BROKER_HELP = "run one broker (with its own controller unless --controller-url is given)"
+
+
 def _register_broker(sub: argparse._SubParsersAction) -> None:
     from tidalmq_broker.settings import add_arguments
 
     p = sub.add_parser(
         "broker",
-        help="run one broker (with its own controller unless --controller-url is given)",
+        help=BROKER_HELP,
         description="Run one TidalMQ broker. Settings come from flags, then TIDALMQ_* "
         "environment variables, then defaults.",
     )
@@ -101,97 +105,20 @@ def _register_broker(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run_broker)
 
 
+def _list_broker(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("broker", help=BROKER_HELP)
+
+
 def _run_broker(args: argparse.Namespace) -> int:
-    from tidalmq_broker.lifecycle import exit_with_parent
-    from tidalmq_broker.logs import setup_logging
-    from tidalmq_broker.settings import from_sources
+    from tidalmq_broker.serve import run_broker
 
-    settings = from_sources(args)
-    linked = False
-    if settings.parent_pid:  # first: a parent already gone means nothing should start
-        linked = exit_with_parent(settings.parent_pid)
-    setup_logging(settings.log_level, settings.log_format)
-    if settings.runtime_tuning:
-        from tidalmq_broker.tuning import tune_runtime
-
-        tune_runtime()
-    from tidalmq_broker.security import SecurityConfigError
-
-    try:
-        with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
-            runner.run(_serve_broker(settings, watch_parent=not linked))
-    except OSError as exc:  # e.g. the Kafka or HTTP port is taken
-        print(f"tidalmq broker {settings.broker_id}: cannot start: {exc}", file=sys.stderr)
-        return 1
-    except SecurityConfigError as exc:  # listeners, TLS, SASL: one line naming the setting
-        print(f"tidalmq broker {settings.broker_id}: cannot start: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None:
-    """Serve until SIGTERM/SIGINT/SIGHUP (or the parent's exit, with --parent-pid), then stop
-    cleanly, within --stop-deadline-s of the signal (Shutdown exits the process then)."""
-    from tidalmq_broker import lifecycle
-    from tidalmq_broker.broker import Broker
-    from tidalmq_broker.security.endpoints import describe_authorization
-
-    shutdown = lifecycle.Shutdown(
-        f"broker {settings.broker_id}", deadline_s=settings.stop_deadline_s
-    )
-    shutdown.install()
-    background: list[asyncio.Task[None]] = []
-    if settings.parent_pid and watch_parent:  # no PR_SET_PDEATHSIG here: poll
-        background.append(
-            asyncio.create_task(lifecycle.watch_parent(settings.parent_pid, shutdown))
-        )
-    broker = Broker(settings)
-    starting = asyncio.create_task(broker.start(), name="broker start")
-    stop = asyncio.create_task(shutdown.wait(), name="stop signal")
-    await asyncio.wait([starting, stop], return_when=asyncio.FIRST_COMPLETED)
-    if starting.done():
-        if starting.exception() is not None:
-            stop.cancel()
-            starting.result()  # raises
-        if settings.runtime_tuning:
-            gc.freeze()  # everything alive after start-up is never scanned again
-        first = broker.advertised[0]
-        also = "".join(f", {e.name} on {e.host}:{e.port}" for e in broker.advertised[1:])
-        print(f"TidalMQ broker {settings.broker_id} serving on {first.host}:{first.port}"
-              f"{f' ({first.name}{also})' if also else ''}", flush=True)  # fmt: skip
-        print(f"TidalMQ broker {settings.broker_id}: "
-              f"{describe_authorization(settings, broker.authorizer)}", flush=True)  # fmt: skip
-        await stop
-    else:  # asked to stop while starting (e.g. still registering with the controller)
-        starting.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await starting
-    logging.getLogger(__name__).info(
-        "broker %d stopping (%s)", settings.broker_id, shutdown.signal_name
-    )
-    for task in background:
-        task.cancel()
-    # the deadline stays armed through the interpreter's exit (a stuck executor thread)
-    await broker.stop(shutdown.deadline())
-
-
-def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The loop the broker runs on: uvloop (libuv; cheaper socket I/O, timers and callbacks,
-    which is most of the broker's per-request work) when installed, else asyncio's own."""
-    if choice not in ("auto", "asyncio", "uvloop"):
-        raise SystemExit(f"unknown event loop {choice!r}: use auto, asyncio or uvloop")
-    if choice == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if choice == "uvloop":
-            raise SystemExit("--event-loop uvloop: uvloop is not installed") from None
-        return None
-    return uvloop.new_event_loop
+    return run_broker(args)
 
 
 def _register_local(sub: argparse._SubParsersAction) -> None:
+    from tidalmq_broker.cli_args import add_output
+    from tidalmq_broker.local.client import STATUS_KEYS
+
     p = sub.add_parser("local", help="the embedded local cluster")
     local_sub = p.add_subparsers(dest="local_command", metavar="ACTION", required=True)
     up = local_sub.add_parser(
@@ -224,25 +151,53 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
     )
     _data_dir(up)
     up.set_defaults(handler=_run_local_up)
-    for name, help_text in [
-        (
-            "add-broker",
-            "start one more broker (replacing the lowest dead one, if any); "
-            "partitions rebalance onto it",
-        ),
-        (
-            "remove-broker",
-            "drain a broker (its partitions move), then stop it; a dead or "
-            "killed one is forgotten at once",
-        ),
-        ("kill-broker", "SIGKILL a broker, as a crash; the controller fails it over"),
-        ("status", "print the brokers, their partition counts and lost partitions"),
-    ]:
-        cmd = local_sub.add_parser(name, help=help_text, description=help_text)
-        if name in ("remove-broker", "kill-broker"):
-            cmd.add_argument("broker_id", type=int, metavar="N")
-        if name == "status":
-            cmd.add_argument("--output", choices=("table", "json"), default="table")
+    _register_local_changes(local_sub)
+    status = local_sub.add_parser(
+        "status",
+        help="print the brokers, their partition counts, the moves and lost partitions",
+        description="The running local cluster's brokers (state, process, address, partitions "
+        "led, moves onto and off each), the moves in flight and the lost partitions.",
+    )
+    # `table`: its name before --output json came to every command
+    add_output(status, STATUS_KEYS, legacy=("table",))
+    _data_dir(status)
+    status.set_defaults(handler=_run_local_command)
+
+
+def _register_local_changes(local_sub: argparse._SubParsersAction) -> None:
+    from tidalmq_broker.cli_args import add_output
+    from tidalmq_broker.local.client import CHANGE_KEYS, DEFAULT_MOVE_TIMEOUT_S
+
+    add = local_sub.add_parser(
+        "add-broker",
+        help="start one more broker (replacing the lowest dead one, if any); partitions "
+        "rebalance onto it, with progress",
+        description="Start one more broker (replacing the lowest dead one, if any), then show "
+        "the partitions rebalancing onto it (moves done / total, the rate) until they are all "
+        "there or --timeout runs out (exit 1 then: the moves go on in the background).",
+    )
+    add.add_argument("--no-wait", action="store_true",
+                     help="return once the broker serves, without waiting for the moves")  # fmt: skip
+    remove = local_sub.add_parser(
+        "remove-broker",
+        help="drain a broker (its partitions move, with progress), then stop it; a dead or "
+        "killed one is forgotten at once",
+        description="Drain a broker: its partitions move to the others (moves done / total, "
+        "the rate), then it stops and is forgotten. A dead or killed one is forgotten at once. "
+        "A drain longer than --timeout stops the broker anyway (its partitions fail over).",
+    )
+    remove.add_argument("broker_id", type=int, metavar="N", help="the broker's id")
+    kill = local_sub.add_parser(
+        "kill-broker",
+        help="SIGKILL a broker, as a crash; the controller fails it over",
+        description="SIGKILL a broker, as a crash; the controller fails its partitions over.",
+    )
+    kill.add_argument("broker_id", type=int, metavar="N", help="the broker's id")
+    for cmd in (add, remove):
+        cmd.add_argument("--timeout", type=float, default=DEFAULT_MOVE_TIMEOUT_S, metavar="S",
+                         help="seconds to wait for the moves")  # fmt: skip
+    for name, cmd in (("add-broker", add), ("remove-broker", remove), ("kill-broker", kill)):
+        add_output(cmd, CHANGE_KEYS[name])
         _data_dir(cmd)
         cmd.set_defaults(handler=_run_local_command)
 
@@ -285,6 +240,6 @@ def _run_local_up(args: argparse.Namespace) -> int:
 
 
 def _run_local_command(args: argparse.Namespace) -> int:
-    from tidalmq_broker.local.cluster import local_command
+    from tidalmq_broker.local.client import local_command
 
     return local_command(args)

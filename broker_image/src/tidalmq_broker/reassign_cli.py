@@ -15,17 +15,31 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from tidalmq_core.balance import balance_counts
-from tidalmq_core.model import TopicPartition
-from tidalmq_core.reassignment import InvalidPlan, PlanEntry, format_plan, parse_plan
+from tidalmq_broker.cli_args import add_output, bootstrap_servers, id_list, print_json, wants_json
 
-from tidalmq_broker.admin_client import AdminClient, AdminError
+if TYPE_CHECKING:  # imported by the modes that use them: `--help` and `--list` start fast
+    from tidalmq_core.model import TopicPartition
+    from tidalmq_core.reassignment import PlanEntry
+
+    from tidalmq_broker.admin_client import AdminClient
 
 EXIT_BAD_PLAN = 2
 EXIT_FAILED = 1
 DEFAULT_TIMEOUT_MS = 10_000  # Kafka's default for --timeout
 DEFAULT_WAIT_S = 120.0  # --wait without --timeout
+
+
+JSON_KEYS = (
+    '--list: {"reassignments": [{"topic", "partition", "replicas", "adding", "removing"}]}; '
+    '--verify: {"partitions": [{"topic", "partition", "target", "status", "replicas", "leader"}], '
+    '"done", "in_flight", "total"} with status one of completed, in_progress, opening, '
+    "not_started, target_gone (the target broker is not in the cluster); "
+    '--generate: {"current", "proposed"} (Kafka\'s reassignment JSON each), "moves"; '
+    '--execute: {"current", "started": ["topic-partition"], "failed": {"topic-partition": '
+    'message}}; --cancel: {"cancelled": ["topic-partition"]}'
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,10 +54,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     mode.add_argument("--verify", action="store_true", help="check whether the moves finished")
     mode.add_argument("--cancel", action="store_true", help="cancel moves still in progress")
     mode.add_argument("--list", action="store_true", help="list moves in progress")
-    p.add_argument("--bootstrap-server", required=True, help="HOST:PORT of any broker")
+    p.add_argument("--bootstrap-server", required=True, type=bootstrap_servers,
+                   metavar="HOST:PORT", help="any broker (several: comma-separated)")  # fmt: skip
     p.add_argument("--reassignment-json-file", help="the plan (Kafka's reassignment JSON)")
     p.add_argument("--topics-to-move-json-file", help="--generate: topics to spread")
-    p.add_argument("--broker-list", help="--generate: comma-separated broker ids")
+    p.add_argument("--broker-list", type=id_list, metavar="IDS",
+                   help="--generate: comma-separated broker ids")  # fmt: skip
     p.add_argument(
         "--wait", action="store_true", help="--execute: wait until done, showing progress"
     )
@@ -61,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--disable-rack-aware", action="store_true",
                    help="accepted for compatibility: --generate does not place by rack")  # fmt: skip
     p.add_argument("plan_file", nargs="?", help="the plan (same as --reassignment-json-file)")
+    add_output(p, JSON_KEYS)
     p.set_defaults(handler=run)
 
 
@@ -96,41 +113,49 @@ def _note(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tidalmq_broker.admin_client import AdminClient, AdminError
+
     _notes(args)
     try:
         with AdminClient(args.bootstrap_server) as admin:
             if args.generate:
                 return _generate(admin, args)
             if args.list:
-                return _list(admin)
-            plan_file = args.reassignment_json_file or args.plan_file
-            if not plan_file:
-                return _fail("a plan file is required (--reassignment-json-file FILE)")
-            try:
-                entries = parse_plan(Path(plan_file).read_text())
-            except OSError as exc:
-                return _fail(f"cannot read {plan_file}: {exc}")
-            except InvalidPlan as exc:
-                return _fail(f"invalid plan: {exc}", EXIT_BAD_PLAN)
-            # every mode refuses a plan naming what does not exist (Kafka's tool does too);
-            # --cancel ignores the replicas, so only its partitions are checked
-            problem = _check_plan(admin, entries, brokers=not args.cancel)
-            if problem:
-                return _fail(f"invalid plan: {problem}", EXIT_BAD_PLAN)
-            if args.execute:
-                missing = [str(e.tp) for e in entries if e.target is None]
-                if missing:  # Kafka's tool refuses these too (its --cancel ignores replicas)
-                    return _fail(
-                        f'invalid plan: no "replicas" for {", ".join(missing)}: --execute needs '
-                        "the broker each partition moves to",
-                        EXIT_BAD_PLAN,
-                    )
-                return _execute(admin, entries, args)
-            if args.verify:
-                return _verify(admin, entries)
-            return _cancel(admin, entries)
+                return _list(admin, args)
+            return _with_plan(admin, args)
     except AdminError as exc:
         return _fail(str(exc))
+
+
+def _with_plan(admin: AdminClient, args: argparse.Namespace) -> int:
+    from tidalmq_core.reassignment import InvalidPlan, parse_plan
+
+    plan_file = args.reassignment_json_file or args.plan_file
+    if not plan_file:
+        return _fail("a plan file is required (--reassignment-json-file FILE)")
+    try:
+        entries = parse_plan(Path(plan_file).read_text())
+    except OSError as exc:
+        return _fail(f"cannot read {plan_file}: {exc}")
+    except InvalidPlan as exc:
+        return _fail(f"invalid plan: {exc}", EXIT_BAD_PLAN)
+    # every mode refuses a plan naming what does not exist (Kafka's tool does too); --cancel
+    # ignores the replicas, and --verify reports a target that is gone (removed) per partition
+    problem = _check_plan(admin, entries, brokers=args.execute)
+    if problem:
+        return _fail(f"invalid plan: {problem}", EXIT_BAD_PLAN)
+    if args.execute:
+        missing = [str(e.tp) for e in entries if e.target is None]
+        if missing:  # Kafka's tool refuses these too (its --cancel ignores replicas)
+            return _fail(
+                f'invalid plan: no "replicas" for {", ".join(missing)}: --execute needs '
+                "the broker each partition moves to",
+                EXIT_BAD_PLAN,
+            )
+        return _execute(admin, entries, args)
+    if args.verify:
+        return _verify(admin, entries, args)
+    return _cancel(admin, entries, args)
 
 
 def _fail(message: str, code: int = EXIT_FAILED) -> int:
@@ -158,14 +183,20 @@ def _check_plan(
 
 
 def _generate(admin: AdminClient, args: argparse.Namespace) -> int:
+    from tidalmq_core.balance import balance_counts
+    from tidalmq_core.reassignment import format_plan
+
+    from tidalmq_broker.admin_client import AdminError
+
     if not args.topics_to_move_json_file or not args.broker_list:
         return _fail("--generate needs --topics-to-move-json-file and --broker-list")
     try:
-        doc = json.loads(Path(args.topics_to_move_json_file).read_text())
-        topics = [t["topic"] for t in doc["topics"]]
-        brokers = [int(b) for b in args.broker_list.split(",") if b.strip()]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return _fail(f"bad input: {exc}", EXIT_BAD_PLAN)
+        topics = topics_to_move(Path(args.topics_to_move_json_file).read_text())
+    except OSError as exc:
+        return _fail(f"cannot read {args.topics_to_move_json_file}: {exc}")
+    except ValueError as exc:
+        return _fail(f"{args.topics_to_move_json_file}: {exc}", EXIT_BAD_PLAN)
+    brokers: list[int] = args.broker_list
     unknown = set(brokers) - set(admin.brokers())
     if unknown:
         return _fail(f"unknown brokers {sorted(unknown)}", EXIT_BAD_PLAN)
@@ -174,29 +205,65 @@ def _generate(admin: AdminClient, args: argparse.Namespace) -> int:
     except AdminError as exc:
         return _fail(str(exc), EXIT_BAD_PLAN)
     plan = balance_counts(current, brokers)
+    proposed = {tp: b for tp, b in plan.assignment.items() if b is not None}
+    if wants_json(args):
+        print_json({"current": json.loads(format_plan(current)),
+                    "proposed": json.loads(format_plan(proposed)), "moves": len(plan.moves)})  # fmt: skip
+        return 0
     print("Current partition replica assignment")
     print(format_plan(current))
     print()
     print("Proposed partition reassignment configuration")
-    print(format_plan({tp: b for tp, b in plan.assignment.items()}))  # type: ignore[misc]
+    print(format_plan(proposed))
     print(f"\n# {len(plan.moves)} of {len(current)} partitions move", file=sys.stderr)
     return 0
 
 
+def topics_to_move(text: str) -> list[str]:
+    """Kafka's --topics-to-move-json-file: {"version": 1, "topics": [{"topic": "t"}, ...]};
+    ValueError with one line naming what is wrong."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    items = doc.get("topics") if isinstance(doc, dict) else None
+    if not isinstance(items, list) or not items:
+        raise ValueError('expected {"version": 1, "topics": [{"topic": "NAME"}, ...]}')
+    topics = []
+    for i, item in enumerate(items):
+        name = item.get("topic") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f'topics[{i}] has no "topic"')
+        topics.append(name)
+    return topics
+
+
 def _execute(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namespace) -> int:
+    from tidalmq_core.reassignment import format_plan
+
+    as_json = wants_json(args)
     current = admin.assignment(sorted({e.tp.topic for e in entries}))
-    print("Current partition replica assignment\n")
-    print(format_plan({tp: r[0] for tp, r in current.items() if tp in {e.tp for e in entries}}))
-    print("\nSave this to use as the --reassignment-json-file option during rollback")
+    rollback = {tp: r[0] for tp, r in current.items() if tp in {e.tp for e in entries}}
+    if not as_json:
+        print("Current partition replica assignment\n")
+        print(format_plan(rollback))
+        print("\nSave this to use as the --reassignment-json-file option during rollback")
     timeout_ms = DEFAULT_TIMEOUT_MS if args.timeout is None else args.timeout
     results = admin.alter_reassignments({e.tp: e.target for e in entries}, timeout_ms=timeout_ms)
     failed = {tp: r for tp, r in results.items() if r[0] != 0}
-    for tp, (code, message) in sorted(failed.items()):
-        print(f"Error reassigning {tp}: {message or code}", file=sys.stderr)
-    started = len(results) - len(failed)
-    if started:
-        print(f"Successfully started partition reassignment{'s' if started != 1 else ''} for "
-              f"{', '.join(str(tp) for tp in sorted(results) if tp not in failed)}")  # fmt: skip
+    started = [tp for tp in sorted(results) if tp not in failed]
+    if as_json:
+        print_json({
+            "current": json.loads(format_plan(rollback)),
+            "started": [str(tp) for tp in started],
+            "failed": {str(tp): message or str(code) for tp, (code, message) in failed.items()},
+        })  # fmt: skip
+    else:
+        for tp, (code, message) in sorted(failed.items()):
+            print(f"Error reassigning {tp}: {message or code}", file=sys.stderr)
+        if started:
+            print(f"Successfully started partition reassignment{'s' if len(started) != 1 else ''} "
+                  f"for {', '.join(str(tp) for tp in started)}")  # fmt: skip
     if failed:
         return EXIT_FAILED
     if args.wait:
@@ -204,88 +271,125 @@ def _execute(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namesp
         if args.timeout is not None and args.timeout < 1000:
             _note(f"--timeout is in milliseconds like Kafka's: waiting {wait_s:.3f}s "
                   "(write e.g. 120s for seconds)")  # fmt: skip
-        return _wait(admin, entries, wait_s)
+        return _wait(admin, entries, wait_s, sys.stderr if as_json else sys.stdout)
     return 0
 
 
-def _wait(admin: AdminClient, entries: list[PlanEntry], timeout_s: float) -> int:
+def _wait(admin: AdminClient, entries: list[PlanEntry], timeout_s: float, stream: Any) -> int:
+    from tidalmq_broker.progress import Progress
+
     wanted = {e.tp: e.target for e in entries if e.target is not None}
     deadline = time.monotonic() + timeout_s
-    started = time.monotonic()
+    progress = Progress(stream)
     while True:
         moving = admin.list_reassignments()
         leaders = admin.leaders(sorted({tp.topic for tp in wanted}))
         done = sum(1 for tp, b in wanted.items() if tp not in moving and leaders.get(tp) == b)
-        _progress(done, len(wanted), time.monotonic() - started)
+        progress.show(done, len(wanted))
         if done == len(wanted):
-            print()
+            progress.end()
             return 0
         if time.monotonic() > deadline:
-            print()
+            progress.end()
             return _fail(f"{len(wanted) - done} moves not finished after {timeout_s:g}s")
         time.sleep(0.1)
 
 
-def _bar(done: int, total: int, width: int = 30) -> str:
-    filled = int(width * done / total) if total else width
-    return "[" + "#" * filled + "-" * (width - filled) + "]"
+def verify_status(
+    entry: PlanEntry, moving: dict[TopicPartition, Any], replicas: list[int] | None,
+    leader: int, brokers: set[int],
+) -> str:  # fmt: skip
+    """One partition of --verify: completed, in_progress, opening, not_started or target_gone
+    (its target broker is no longer in the cluster: removed, so the move cannot complete)."""
+    if entry.tp in moving:
+        return "in_progress"
+    if replicas == [entry.target] and leader == entry.target:
+        return "completed"
+    if entry.target not in brokers:
+        return "target_gone"
+    if replicas == [entry.target]:
+        return "opening"
+    return "not_started"
 
 
-def _progress(done: int, total: int, elapsed: float) -> None:
-    sys.stdout.write(f"\r{_bar(done, total)} {done}/{total} partitions moved ({elapsed:.1f}s)")
-    sys.stdout.flush()
-
-
-def _verify(admin: AdminClient, entries: list[PlanEntry]) -> int:
+def _verify(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namespace) -> int:
     """Kafka's per-partition status lines, then how far the plan is: done, in flight (with
     what each move is adding and removing), and not started or elsewhere."""
+    from tidalmq_broker.progress import bar
+
+    topics = sorted({e.tp.topic for e in entries})
     moving = admin.list_reassignments()
-    replicas = admin.assignment(sorted({e.tp.topic for e in entries}))
-    leaders = admin.leaders(sorted({e.tp.topic for e in entries}))
-    print("Status of partition reassignment:")
+    replicas = admin.assignment(topics)
+    leaders = admin.leaders(topics)
+    brokers = set(admin.brokers())
     wanted = [e for e in entries if e.target is not None]
-    done = 0
-    in_flight: list[str] = []
+    rows = []
     for e in wanted:
-        if e.tp in moving:
+        status = verify_status(e, moving, replicas.get(e.tp), leaders.get(e.tp, -1), brokers)
+        rows.append({"topic": e.tp.topic, "partition": e.tp.partition, "target": e.target,
+                     "status": status, "replicas": replicas.get(e.tp),
+                     "leader": leaders.get(e.tp, -1)})  # fmt: skip
+    done = sum(r["status"] == "completed" for r in rows)
+    in_flight = sum(r["status"] in ("in_progress", "opening") for r in rows)
+    code = 0 if done == len(wanted) else EXIT_FAILED
+    if wants_json(args):
+        print_json({"partitions": rows, "done": done, "in_flight": in_flight, "total": len(rows)})
+        return code
+    print("Status of partition reassignment:")
+    details: list[str] = []
+    for e, row in zip(wanted, rows, strict=True):
+        status = row["status"]
+        if status == "in_progress":
             print(f"Reassignment of partition {e.tp} is still in progress.")
             _, adding, removing = moving[e.tp]
             serving = "no broker serves it until the target opens it"
-            if leaders.get(e.tp, -1) >= 0:
-                serving = f"broker {leaders[e.tp]} serves it"
-            in_flight.append(f"  {e.tp}: adding {adding}, removing {removing} ({serving})")
-        elif replicas.get(e.tp) == [e.target] and leaders.get(e.tp) == e.target:
+            if row["leader"] >= 0:
+                serving = f"broker {row['leader']} serves it"
+            details.append(f"  {e.tp}: adding {adding}, removing {removing} ({serving})")
+        elif status == "completed":
             print(f"Reassignment of partition {e.tp} is completed.")
-            done += 1
-        elif replicas.get(e.tp) == [e.target]:
+        elif status == "opening":
             print(f"Reassignment of partition {e.tp} is still in progress (opening on "
                   f"broker {e.target}).")  # fmt: skip
-            in_flight.append(f"  {e.tp}: elected on broker {e.target}, opening")
+            details.append(f"  {e.tp}: elected on broker {e.target}, opening")
+        elif status == "target_gone":
+            print(f"Reassignment of partition {e.tp} cannot complete: its target broker "
+                  f"{e.target} is not in the cluster (removed?); brokers: {sorted(brokers)}; "
+                  f"replica set is {row['replicas']}.")  # fmt: skip
         else:
             print(f"There is no active reassignment of partition {e.tp}, but replica set is "
-                  f"{replicas.get(e.tp)} rather than {[e.target]}.")  # fmt: skip
-    print(f"\nProgress: {_bar(done, len(wanted))} {done}/{len(wanted)} partitions moved, "
-          f"{len(in_flight)} in flight")  # fmt: skip
-    for line in in_flight:
+                  f"{row['replicas']} rather than {[e.target]}.")  # fmt: skip
+    print(f"\nProgress: {bar(done, len(wanted))} {done}/{len(wanted)} partitions moved, "
+          f"{in_flight} in flight")  # fmt: skip
+    for line in details:
         print(line)
-    return 0 if done == len(wanted) else EXIT_FAILED
+    return code
 
 
-def _cancel(admin: AdminClient, entries: list[PlanEntry]) -> int:
+def _cancel(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namespace) -> int:
     moving = admin.list_reassignments()
     targets: dict[TopicPartition, int | None] = {e.tp: None for e in entries if e.tp in moving}
-    if not targets:
+    results = admin.alter_reassignments(targets) if targets else {}
+    cancelled = sorted(tp for tp, (code, _) in results.items() if code == 0)
+    if wants_json(args):
+        print_json({"cancelled": [str(tp) for tp in cancelled]})
+    elif not targets:
         print("None of the specified partition reassignments are active.")
-        return 0
-    results = admin.alter_reassignments(targets)
-    cancelled = [tp for tp, (code, _) in results.items() if code == 0]
-    print(f"Successfully cancelled partition reassignment{'s' if len(cancelled) != 1 else ''} "
-          f"for: {', '.join(str(tp) for tp in sorted(cancelled))}")  # fmt: skip
+    else:
+        print(f"Successfully cancelled partition reassignment{'s' if len(cancelled) != 1 else ''} "
+              f"for: {', '.join(str(tp) for tp in cancelled)}")  # fmt: skip
     return 0 if len(cancelled) == len(targets) else EXIT_FAILED
 
 
-def _list(admin: AdminClient) -> int:
+def _list(admin: AdminClient, args: argparse.Namespace) -> int:
     moving = admin.list_reassignments()
+    if wants_json(args):
+        print_json({"reassignments": [
+            {"topic": tp.topic, "partition": tp.partition, "replicas": rs, "adding": ar,
+             "removing": rr}
+            for tp, (rs, ar, rr) in sorted(moving.items())
+        ]})  # fmt: skip
+        return 0
     if not moving:
         print("No partition reassignments found.")
     for tp, (rs, ar, rr) in sorted(moving.items()):

@@ -97,6 +97,8 @@ def parse_plan(text: str | bytes | Mapping[str, Any]) -> list[PlanEntry]:
                 "replica per partition; its data lives in object storage)"
             )
         log_dirs = item.get("log_dirs")
+        if log_dirs is not None and not isinstance(log_dirs, list):
+            raise InvalidPlan(f'{where} ({tp}): log_dirs must be a list (e.g. ["any"])')
         if log_dirs is not None and any(d != "any" for d in log_dirs):
             raise InvalidPlan(f'{tp}: log_dirs other than "any" are meaningless here')
         entries.append(PlanEntry(tp, replicas[0]))

@@ -22,11 +22,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="propose a rebalance from Prometheus traffic history (Spark, local mode)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog='--output json prints one JSON document on stdout: {"moves", "lowerBound", '
+        '"partitions", "brokers", "imbalanceBefore", "imbalanceAfter", "withinThreshold", '
+        '"balanced", "stopped", "timings", "written"}',
     )
     from tidalmq_planner.options import options
 
     options(p)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    # --output as every tidalmq command has it (the broker's cli_args, which the planner may not
+    # import); --json is its older name
+    p.add_argument("--output", choices=("text", "json"), default="text",
+                   help="text for people, json for scripts (keys: see below)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="the same as --output json")
     p.set_defaults(handler=_run)
 
 
@@ -45,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"Error: {exc.code}", file=sys.stderr)
             return 2
         raise
-    if args.json:
+    if args.json or args.output == "json":
         print(json.dumps(result.summary(), indent=2, sort_keys=True))
     else:
         print(format_table(result.report))

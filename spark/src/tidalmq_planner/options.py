@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from tidalmq_core.cli_values import bootstrap_servers, http_url, id_list
+
 STATISTICS = ("mean", "p95", "peak")
 
 
@@ -41,7 +43,7 @@ class PlanRequest:
 
 def options(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("traffic history")
-    src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL")
+    src.add_argument("--prometheus", metavar="URL", type=http_url, help="Prometheus base URL")
     src.add_argument("--history", metavar="FILE", help="a saved history (Parquet) instead")
     src.add_argument("--save-history", metavar="FILE", help="save the fetched history (Parquet)")
     src.add_argument("--window", default="7d", help="how far back (default 7d)")
@@ -50,10 +52,13 @@ def options(p: argparse.ArgumentParser) -> None:
     src.add_argument("--rate-window", help="rate() range (default max(2 x step, 1m))")
     src.add_argument("--topics", help="comma-separated: fetch and move only these topics")
     cur = p.add_argument_group("current assignment (default: from Prometheus or the history)")
-    cur.add_argument("--bootstrap-server", metavar="HOST:PORT", help="read it from the cluster")
-    cur.add_argument("--controller-url", metavar="URL", help="read it from the controller")
+    cur.add_argument("--bootstrap-server", metavar="HOST:PORT", type=bootstrap_servers,
+                     help="read it from the cluster")  # fmt: skip
+    cur.add_argument("--controller-url", metavar="URL", type=http_url,
+                     help="read it from the controller")  # fmt: skip
     cur.add_argument("--assignment", metavar="FILE", help="a Kafka-format assignment JSON")
-    cur.add_argument("--brokers", help="comma-separated broker ids to balance onto")
+    cur.add_argument("--brokers", type=id_list, metavar="IDS",
+                     help="comma-separated broker ids to balance onto")  # fmt: skip
     goal = p.add_argument_group("goal")
     goal.add_argument("--threshold", type=float, default=1.10,
                       help="max broker load / mean to reach (default 1.1)")  # fmt: skip
@@ -78,8 +83,10 @@ def options(p: argparse.ArgumentParser) -> None:
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
-    def ints(text: str | None) -> list[int] | None:
-        return [int(x) for x in text.split(",") if x.strip()] if text else None
+    def ints(given: str | list[int] | None) -> list[int] | None:  # a list: parsed by id_list
+        if isinstance(given, list):
+            return given
+        return [int(x) for x in given.split(",") if x.strip()] if given else None
 
     return PlanRequest(
         prometheus=args.prometheus, history=args.history, save_history=args.save_history,

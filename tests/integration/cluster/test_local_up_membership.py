@@ -13,8 +13,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,11 +22,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.support.local_cluster import LocalClusterProcess
+from tests.support.local_cluster import LocalClusterProcess, tidalmq
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300, func_only=True)]
-
-CLI = [sys.executable, "-m", "tidalmq_broker.cli"]
 
 
 # ---------------------------------------------------------------------- helpers
@@ -49,13 +45,6 @@ def free_port_run(count: int) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no run of free ports")
-
-
-def tidalmq(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd,
-        env={**os.environ, **(env or {})},
-    )  # fmt: skip
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:

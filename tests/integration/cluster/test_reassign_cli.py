@@ -66,7 +66,6 @@ def brokers(cluster: LocalClusterProcess) -> list[int]:
     ("mode", "entries", "message"),
     [
         ("--execute", [{"partition": 0, "replicas": [9]}], "unknown broker 9"),
-        ("--verify", [{"partition": 0, "replicas": [9]}], "unknown broker 9"),
         ("--execute", [{"partition": 7, "replicas": [0]}], "unknown partition"),
         ("--verify", [{"partition": 7, "replicas": [0]}], "unknown partition"),
         ("--cancel", [{"partition": 7, "replicas": [0]}], "unknown partition"),

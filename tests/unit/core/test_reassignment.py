@@ -57,6 +57,16 @@ def test_parse_kafka_plan() -> None:
         ),
         ({"partitions": [{"topic": "t", "partition": 0, "replicas": [1, 2]}]}, "exactly one"),
         ({"partitions": [{"topic": "t", "partition": 0, "replicas": ["x"]}]}, "broker ids"),
+        # [U1]: a number here was a raw TypeError (iterating it)
+        (
+            {"partitions": [{"topic": "t", "partition": 0, "replicas": [1], "log_dirs": 5}]},
+            "log_dirs must be a list",
+        ),
+        (
+            {"partitions": [{"topic": "t", "partition": 0, "replicas": [1], "log_dirs": ["/d"]}]},
+            "meaningless",
+        ),
+        ({"partitions": ["t-0"]}, "is not an object"),
     ],
 )
 def test_bad_plans(doc: object, message: str) -> None:

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.local.cluster import format_table, start_ids
+from tidalmq_broker.local.client import format_table
+from tidalmq_broker.local.cluster import start_ids
 from tidalmq_broker.local.control import ensure_token, find_controller
 from tidalmq_broker.local.processes import default_data_dir, resolve_data_dir
 

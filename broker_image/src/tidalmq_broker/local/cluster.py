@@ -44,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +57,11 @@ from tidalmq_controller import (
 )
 from tidalmq_core.control_auth import ENV_TOKEN, ENV_TOKEN_FILE, ControlAuth
 from tidalmq_core.metadata import ClusterMetadata
+from tidalmq_core.reassignment import Phase
 
 from tidalmq_broker.lifecycle import Shutdown
-from tidalmq_broker.local.control import ControlError, ensure_token, find_controller, request
+from tidalmq_broker.local.client import format_table
+from tidalmq_broker.local.control import ControlError, ensure_token
 from tidalmq_broker.local.processes import (
     LOCK_NAME,
     STATE_NAME,
@@ -102,6 +104,7 @@ class BrokerProc:
     log_path: Path
     cmd: list[str]
     state: str = "running"  # running | draining | stopped | killed
+    started_at: float = field(default_factory=time.time)  # wall clock, as a move's `started`
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -438,7 +441,27 @@ class LocalCluster:
         meta = self.controller.metadata if self.controller else ClusterMetadata("")
         # from the controller's indexes: this runs every second, whatever the cluster's size
         led = self.controller.leaders_per_broker() if self.controller else {}
-        _, recent = self.controller.move_statuses() if self.controller else ([], [])
+        active, recent = self.controller.move_statuses() if self.controller else ([], [])
+        # per broker, the moves queued or in flight onto it and off it (add-broker and
+        # remove-broker follow these: local/client.py)
+        moves_in: dict[int, int] = {}
+        moves_out: dict[int, int] = {}
+        for move in active:
+            moves_in[move.target] = moves_in.get(move.target, 0) + 1
+            if move.source is not None:
+                moves_out[move.source] = moves_out.get(move.source, 0) + 1
+        # and those done since its process started (of the controller's last 1000 moves): a
+        # broker that replaces a removed or dead one of the same id starts at 0
+        since = {b: proc.started_at for b, proc in self.brokers.items()}
+        moved_in: dict[int, int] = {}
+        moved_out: dict[int, int] = {}
+        for move in recent:
+            if move.phase is not Phase.DONE:
+                continue
+            if move.started >= since.get(move.target, float("inf")):
+                moved_in[move.target] = moved_in.get(move.target, 0) + 1
+            if move.source is not None and move.started >= since.get(move.source, float("inf")):
+                moved_out[move.source] = moved_out.get(move.source, 0) + 1
         # the controller's own count: what `tidalmq reassign --list` lists
         moving, opening = self.controller.move_counts() if self.controller else (0, 0)
         lost = [
@@ -459,6 +482,10 @@ class LocalCluster:
                 "process": (proc.state if proc and proc.alive() else (proc.state if proc else "-")),
                 "address": f"{info.host}:{info.port}" if info else "-",
                 "partitions": led.get(broker_id, 0),
+                "moves_in": moves_in.get(broker_id, 0),
+                "moves_out": moves_out.get(broker_id, 0),
+                "moved_in": moved_in.get(broker_id, 0),
+                "moved_out": moved_out.get(broker_id, 0),
                 "pid": proc.proc.pid if proc else None,
                 "http_port": proc.http_port if proc else None,  # /metrics, /healthz
             })  # fmt: skip
@@ -528,60 +555,6 @@ class LocalCluster:
 
     async def _http_status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status())
-
-
-def format_table(status: dict[str, Any], now: float | None = None) -> str:
-    """The brokers table. With `now` (time.time()), a dead broker says how long ago it died;
-    without (local up's live table, printed when it changes), since when."""
-    lines = [f"{'BROKER':>6}  {'STATE':<9} {'PROCESS':<9} {'ADDRESS':<21} {'PARTITIONS':>10}"]
-    for row in status["brokers"]:
-        line = (
-            f"{row['broker']:>6}  {row['state']:<9} {row['process']:<9} {row['address']:<21} "
-            f"{row['partitions']:>10}"
-        )
-        if row["state"] == "dead":
-            line += "  " + _dead_note(row.get("dead_since"), now)
-        lines.append(line)
-    extra = f"moves in flight: {status['moves_in_flight']}, done: {status['moves_done']}"
-    if status.get("failovers_opening"):
-        extra += f", failed-over partitions opening: {status['failovers_opening']}"
-    if status["leaderless"]:
-        extra += f", partitions without a leader: {status['leaderless']}"
-    lines.append(extra)
-    if status.get("store_problem"):
-        lines.append(f"OBJECT STORE LOST: {status['store_problem']}")
-    lost = status.get("lost") or []
-    if lost:
-        lines.append(f"LOST PARTITIONS: {len(lost)} (data missing from the object store; "
-                     "`tidalmq recover --accept-data-loss TOPIC` continues them without it)")  # fmt: skip
-        lines.append(
-            f"  {'PARTITION':<30} {'EXPECTED END':>12} {'FOUND END':>10} {'MISSING':>8}  REASON"
-        )
-        for row in lost:
-            name = f"{row['topic']}-{row['partition']}"
-            lines.append(
-                f"  {name:<30} {row['expected_end']:>12} {row['found_end']:>10} "
-                f"{row['missing_offsets']:>8}  {row['reason']}"
-            )
-    return "\n".join(lines)
-
-
-def _dead_note(since: float | None, now: float | None) -> str:
-    replace = "(`tidalmq local add-broker` replaces it, `remove-broker` forgets it)"
-    if since is None:
-        return f"dead since before this start {replace}"
-    if now is None:
-        return f"dead since {time.strftime('%H:%M:%S', time.localtime(since))} {replace}"
-    return f"dead for {_duration(max(0.0, now - since))} {replace}"
-
-
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def start_ids(known: list[int], brokers: int) -> list[int]:
@@ -765,41 +738,6 @@ def _last_line(path: Path) -> str:
     except OSError:
         return "no log"
     return lines[-1].strip() if lines else "no output"
-
-
-def local_command(args: argparse.Namespace) -> int:
-    """add-broker / remove-broker / kill-broker / status against a running local cluster, with
-    the data dir's control token."""
-    import urllib.error
-
-    try:
-        base, token = find_controller(None, args.data_dir)
-    except ControlError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    action = args.local_command
-    try:
-        if action == "status":
-            status = request(base, "/v1/local/status", token, method="GET", timeout_s=10)
-            if getattr(args, "output", "table") == "json":
-                print(json.dumps(status, indent=2))
-                return 0
-            print(f"bootstrap: {status['bootstrap']}")
-            print(format_table(status, now=time.time()))
-            return 0
-        body: dict[str, Any] = {}
-        path = {"add-broker": "add-broker", "remove-broker": "remove-broker",
-                "kill-broker": "kill-broker"}[action]  # fmt: skip
-        if action != "add-broker":
-            body["broker_id"] = args.broker_id
-        print(json.dumps(request(base, f"/v1/local/{path}", token, body, timeout_s=180)))
-        return 0
-    except urllib.error.HTTPError as exc:
-        print(f"error: {json.loads(exc.read()).get('error', exc)}", file=sys.stderr)
-        return 1
-    except ControlError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
 
 
 def _controller_settings() -> ControllerSettings:

@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
 from typing import Any
 
-from tidalmq_broker.local.control import ControlError, find_controller, request
+from tidalmq_broker.cli_args import add_output, http_url, id_list
 from tidalmq_broker.local.processes import DATA_DIR_HELP
 
 
@@ -30,18 +29,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "recover",
         help="list lost partitions; --accept-data-loss continues them without the lost data",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--accept-data-loss", metavar="TOPIC", default="",
                    help="accept the loss of TOPIC's lost partitions (they serve again)")  # fmt: skip
-    p.add_argument("--partitions", default="", help="only these partitions: 0,1,...")
+    p.add_argument("--partitions", type=id_list, default=None, metavar="IDS",
+                   help="only these partitions: 0,1,...")  # fmt: skip
     p.add_argument("--all", action="store_true", help="accept the loss of every lost partition")
-    p.add_argument("--controller-url", default="", help="the controller (default: local cluster)")
+    p.add_argument("--controller-url", type=http_url, default="",
+                   help="the controller (default: the local cluster's)")  # fmt: skip
     p.add_argument("--control-token-file", default="",
                    help="the cluster's control token, with --controller-url (default: "
                         "$TIDALMQ_CONTROL_TOKEN_FILE or $TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
     p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
-    p.add_argument("--output", choices=("text", "json"), default="text")
+    add_output(p, '{"lost": [{"topic", "partition", "expected_end", "found_end", '
+               '"missing_offsets", "reason", ...}], "store_problem"} (a dry run); with '
+               '--accept-data-loss or --all: {"accepted": [{"topic", "partition", '
+               '"continues_at", "given_up", "loss"}]}')  # fmt: skip
     p.set_defaults(handler=run_recover)
 
 
@@ -52,6 +55,10 @@ class Failure(Exception):
 def _call(
     controller: tuple[str, str], path: str, body: dict[str, Any] | None = None
 ) -> dict[str, Any]:
+    import urllib.error
+
+    from tidalmq_broker.local.control import ControlError, request
+
     base, token = controller
     try:
         doc = request(base, path, token, body, timeout_s=60)
@@ -65,6 +72,8 @@ def _call(
 
 
 def _controller(args: argparse.Namespace) -> tuple[str, str]:
+    from tidalmq_broker.local.control import ControlError, find_controller
+
     try:
         return find_controller(args.controller_url, args.data_dir, args.control_token_file)
     except ControlError as exc:
@@ -101,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
         print("dry run: `tidalmq recover --accept-data-loss TOPIC` continues them without the "
               "lost data")  # fmt: skip
         return 0
-    partitions = [int(p) for p in args.partitions.split(",") if p.strip()] or None
+    partitions: list[int] | None = args.partitions
     if args.all:
         topics = sorted({row["topic"] for row in lost})
         if not topics:

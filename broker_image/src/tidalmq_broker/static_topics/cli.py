@@ -14,12 +14,23 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
 from typing import Any
 
-from tidalmq_core.static_description import MAPPING_KEY
+from tidalmq_broker.cli_args import (
+    add_output,
+    bootstrap_servers,
+    http_url,
+    id_list,
+    print_json,
+    wants_json,
+)
 
 TOPIC_RESOURCE = 2
+DESCRIPTION_KEYS = (
+    '{"name", "totalQueues", "brokers", "epoch", "consistent", "queues": [{"queue", "broker", '
+    '"leader", "gen", "items", "logicOffset", "physicalQueue"}], "copies", "problems", '
+    '"ignored", "lastError"}'
+)
 
 
 class CliError(Exception):
@@ -28,28 +39,32 @@ class CliError(Exception):
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "static-topic", help="static topics: fixed logic queues over remappable physical queues",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "static-topic", help="static topics: fixed logic queues over remappable physical queues", description=__doc__,
     )  # fmt: skip
     cmds = p.add_subparsers(dest="static_command", metavar="ACTION", required=True)
 
     d = cmds.add_parser("describe", help="logic queues, their broker, gen and items; the mapping")
     d.add_argument("name")
-    d.add_argument("--json", action="store_true", help="print the whole description as JSON")
+    d.add_argument("--json", action="store_true", help="the same as --output json")
     _where(d, kafka=True)
+    add_output(d, DESCRIPTION_KEYS)
     d.set_defaults(handler=_describe)
 
     ls = cmds.add_parser("list", help="names of the static topics")
     _where(ls)
+    add_output(ls, '{"names": ["NAME", ...]}')
     ls.set_defaults(handler=_list)
 
     c = cmds.add_parser("create", help="create a static topic")
     c.add_argument("name")
     c.add_argument("--queues", type=int, required=True, help="number of logic queues (fixed)")
-    c.add_argument("--brokers", help="comma-separated broker ids that may host it (default all)")
-    c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
+    c.add_argument("--brokers", type=id_list, metavar="IDS",
+                   help="comma-separated broker ids that may host it (default all)")  # fmt: skip
+    c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a topic config (repeatable)")  # fmt: skip
     c.add_argument("--jump", type=int, help="availability remaps: largest logic-offset jump")
     _where(c)
+    add_output(c, DESCRIPTION_KEYS)
     c.set_defaults(handler=_create)
 
     r = cmds.add_parser("remap", help="move logic queues to other brokers (no data moves)")
@@ -57,18 +72,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--move", action="append", required=True, metavar="QUEUE:BROKER[:MODE]",
                    help="mode strict (block old, then switch) or available (switch new first)")  # fmt: skip
     _where(r)
+    add_output(r, '{"remaps": [{"queue", "source", "target", "mode", "old_physical", '
+               '"new_physical", "opened_ms", "jump"}]}')  # fmt: skip
     r.set_defaults(handler=_remap)
 
     rp = cmds.add_parser("repair", help="finish an interrupted remap (copies at different epochs)")
     rp.add_argument("name")
     _where(rp)
+    add_output(rp, DESCRIPTION_KEYS)
     rp.set_defaults(handler=_repair)
 
 
 def _where(p: argparse.ArgumentParser, *, kafka: bool = False) -> None:
     if kafka:
-        p.add_argument("--bootstrap-server", help="HOST:PORT of any broker (Kafka protocol)")
-    p.add_argument("--controller-url", default=os.environ.get("TIDALMQ_CONTROLLER_URL"),
+        p.add_argument("--bootstrap-server", type=bootstrap_servers, metavar="HOST:PORT",
+                       help="any broker (Kafka protocol)")  # fmt: skip
+    p.add_argument("--controller-url", type=http_url,
+                   default=os.environ.get("TIDALMQ_CONTROLLER_URL"),
                    help="the controller's HTTP API (default: $TIDALMQ_CONTROLLER_URL or the local "
                         "cluster's)")  # fmt: skip
     p.add_argument("--control-token-file", default="",
@@ -90,6 +110,8 @@ def _controller(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _call(args: argparse.Namespace, path: str, body: dict[str, Any] | None, method: str) -> Any:
+    import urllib.error
+
     from tidalmq_broker.local.control import ControlError, request
 
     base, token = _controller(args)
@@ -109,6 +131,8 @@ def _post(args: argparse.Namespace, path: str, body: dict[str, Any]) -> Any:
 
 
 def _describe_over_kafka(bootstrap: str, name: str) -> dict[str, Any]:
+    from tidalmq_core.static_description import MAPPING_KEY
+
     from tidalmq_broker.admin_client import AdminClient, AdminError
 
     try:
@@ -130,6 +154,13 @@ def _describe_over_kafka(bootstrap: str, name: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- commands
+def _show(args: argparse.Namespace, description: dict[str, Any]) -> None:
+    if wants_json(args):
+        print_json(description)
+    else:
+        print(format_description(description))
+
+
 def _run(fn: Any, args: argparse.Namespace) -> int:
     try:
         return int(fn(args) or 0)
@@ -168,7 +199,10 @@ def _describe(args: argparse.Namespace) -> int:
             d = _describe_over_kafka(args.bootstrap_server, args.name)
         else:
             d = _post(args, "/v1/static-topics/describe", {"name": args.name})
-        print(json.dumps(d, indent=2) if args.json else format_description(d))
+        if args.json or wants_json(args):
+            print_json(d)
+        else:
+            print(format_description(d))
 
     return _run(run, args)
 
@@ -176,7 +210,10 @@ def _describe(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     def run(args: argparse.Namespace) -> None:
         names = _call(args, "/v1/static-topics", None, "GET")["names"]
-        print("\n".join(names))
+        if wants_json(args):
+            print_json({"names": names})
+        elif names:
+            print("\n".join(names))
 
     return _run(run, args)
 
@@ -189,12 +226,11 @@ def _create(args: argparse.Namespace) -> int:
             if not sep:
                 raise CliError(f"--config {item!r}: expected KEY=VALUE")
             configs[key] = value
-        brokers = [int(b) for b in args.brokers.split(",")] if args.brokers else None
         d = _post(args, "/v1/static-topics/create", {
-            "name": args.name, "total_queues": args.queues, "brokers": brokers,
+            "name": args.name, "total_queues": args.queues, "brokers": args.brokers,
             "configs": configs, "jump": args.jump,
         })  # fmt: skip
-        print(format_description(d))
+        _show(args, d)
 
     return _run(run, args)
 
@@ -211,6 +247,9 @@ def _remap(args: argparse.Namespace) -> int:
                 move["mode"] = parts[2]
             moves.append(move)
         records = _post(args, "/v1/static-topics/remap", {"name": args.name, "moves": moves})
+        if wants_json(args):
+            print_json({"remaps": records})
+            return
         for r in records:
             opened = f"{r['opened_ms']:.0f} ms" if r["opened_ms"] is not None else "not yet"
             jump = f", logic offsets jumped by {r['jump']}" if r["jump"] else ""
@@ -225,6 +264,7 @@ def _remap(args: argparse.Namespace) -> int:
 
 def _repair(args: argparse.Namespace) -> int:
     def run(args: argparse.Namespace) -> None:
-        print(format_description(_post(args, "/v1/static-topics/repair", {"name": args.name})))
+        d = _post(args, "/v1/static-topics/repair", {"name": args.name})
+        _show(args, d)
 
     return _run(run, args)

@@ -1,0 +1,278 @@
+"""The `tidalmq` command line ([U1] item 4): what a command imports before it runs (the start
+time), defaults in every --help, one-line messages for malformed input, the JSON documents and
+the progress of add-broker / remove-broker."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tidalmq_broker import cli
+from tidalmq_broker.cli_args import (
+    HelpFormatter,
+    bootstrap_servers,
+    http_url,
+    id_list,
+    split_address,
+)
+from tidalmq_broker.commands import BUILTIN_NAMES
+from tidalmq_broker.local.client import ChangeResult, MoveCount
+from tidalmq_broker.progress import Progress, line
+from tidalmq_broker.reassign_cli import topics_to_move, verify_status
+from tidalmq_core.model import TopicPartition
+from tidalmq_core.reassignment import PlanEntry
+
+# what a command that does not need them must never import: each costs tens to hundreds of ms
+HEAVY = (
+    "asyncio", "aiohttp", "boto3", "botocore", "confluent_kafka", "kio",
+    "tidalmq_controller", "tidalmq_broker.storage.engine", "tidalmq_broker.storage.objectstore",
+    "tidalmq_broker.protocol.codec", "tidalmq_broker.settings", "tidalmq_broker.local.cluster",
+    "importlib.metadata",
+)  # fmt: skip
+# the Kafka protocol's codec (and kio, which imports asyncio) is what `reassign` is made of
+KAFKA_CODEC = ("asyncio", "kio", "tidalmq_broker.protocol.codec", "tidalmq_broker.admin_client")
+
+
+def modules_after(code: str, tmp_path: Path) -> set[str]:
+    """The modules a fresh interpreter holds after running `code`."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60,
+        env={"TIDALMQ_DATA_DIR": str(tmp_path / "no-cluster"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def heavy_in(modules: set[str], heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in heavy))
+
+
+def run_cli(*argv: str) -> str:
+    return (
+        "import contextlib, io\nfrom tidalmq_broker.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    try:\n        main({list(argv)!r})\n    except SystemExit:\n        pass"
+    )
+
+
+# ------------------------------------------------------------------------- what is imported
+def test_help_and_local_commands_import_nothing_heavy(tmp_path: Path) -> None:
+    """`tidalmq local status` (here: finding no cluster) and the parser of every built-in
+    command: stdlib, the CLI modules and the core's small modules only."""
+    for code in (
+        "import tidalmq_broker.cli",
+        run_cli("local", "status"),
+        run_cli("local", "status", "--help"),
+        run_cli("reassign", "--help"),
+        "from tidalmq_broker.cli import build_parser\nbuild_parser('local')\n"
+        "import tidalmq_broker.local.client",
+    ):
+        assert heavy_in(modules_after(code, tmp_path)) == [], code
+
+
+def test_reassign_list_imports_the_kafka_codec_and_nothing_else_heavy(tmp_path: Path) -> None:
+    modules = modules_after(run_cli("reassign", "--list", "--bootstrap-server", "127.0.0.1:1"),
+                            tmp_path)  # fmt: skip
+    assert "tidalmq_broker.admin_client" in modules  # it did run
+    heavy = [m for m in heavy_in(modules) if not heavy_in({m}, KAFKA_CODEC)]
+    assert heavy == []
+
+
+def test_help_lists_the_plugins_and_a_builtin_command_does_not_read_them() -> None:
+    names = _subcommands(cli.build_parser(None))
+    assert {"operator", "plan"} <= set(names)
+    assert set(_subcommands(cli.build_parser("local"))) == BUILTIN_NAMES
+    assert cli.chosen_command(["--version"]) is None
+    assert cli.chosen_command(["local", "status"]) == "local"
+
+
+# ----------------------------------------------------------------------------- --help format
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _all_parsers(parser: argparse.ArgumentParser, name: str) -> list[tuple[str, Any]]:
+    found = [(name, parser)]
+    for sub_name, sub in _subcommands(parser).items():
+        found += _all_parsers(sub, f"{name} {sub_name}")
+    return found
+
+
+def test_every_option_with_a_default_shows_it_in_help() -> None:
+    parsers = _all_parsers(cli.build_parser(None), "tidalmq")
+    parsers += _all_parsers(cli.build_parser("broker"), "tidalmq")  # the broker's own flags
+    formatter = HelpFormatter("tidalmq")
+    missing = []
+    for name, parser in parsers:
+        assert parser.formatter_class is HelpFormatter, name
+        for action in parser._actions:
+            if not action.option_strings or action.default in (None, False, "", [], "==SUPPRESS=="):
+                continue
+            shown = formatter._get_help_string(action)
+            if "default" not in shown.lower():
+                missing.append(f"{name} {action.option_strings[0]}")
+    assert missing == []
+    local_up = dict(parsers)["tidalmq local up"].format_help()
+    assert "(default: 9690)" in local_up and "(default: 127.0.0.1)" in local_up
+
+
+def test_output_json_is_on_every_command_that_prints_a_document() -> None:
+    parsers = dict(_all_parsers(cli.build_parser(None), "tidalmq"))
+    for name in ("local status", "local add-broker", "local remove-broker", "local kill-broker",
+                 "reassign", "static-topic describe", "static-topic list", "recover", "plan"):  # fmt: skip
+        parser = parsers[f"tidalmq {name}"]
+        output = next(a for a in parser._actions if a.dest == "output")
+        assert output.default == "text" and "json" in output.choices, name
+        assert "--output json prints one JSON document" in parser.format_help(), name
+
+
+# ------------------------------------------------------------------------- malformed input
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("127.0.0.1", "127.0.0.1: not HOST:PORT (e.g. 127.0.0.1:9092)"),
+        ("localhost:", "localhost:: not HOST:PORT (e.g. 127.0.0.1:9092)"),
+        ("host:port", "host:port: not HOST:PORT (e.g. 127.0.0.1:9092)"),
+        ("host:70000", "host:70000: port 70000 is not between 1 and 65535"),
+    ],
+)
+def test_a_malformed_address_is_one_line(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        split_address(text)
+    assert str(raised.value) == message
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        bootstrap_servers(f"127.0.0.1:9092,{text}")
+    assert str(refused.value) == message
+
+
+def test_the_url_flags_default_to_not_given() -> None:
+    """argparse runs a string default through the type: an empty one must pass."""
+    parser = cli.build_parser(None)
+    assert parser.parse_args(["recover"]).controller_url == ""
+    assert parser.parse_args(["static-topic", "list"]).controller_url in (None, "")
+
+
+def test_good_addresses() -> None:
+    assert http_url("http://prometheus") == "http://prometheus"  # the scheme's port
+    assert split_address("[::1]:9092") == ("::1", 9092)
+    assert split_address(":9092") == ("localhost", 9092)
+    assert bootstrap_servers(" a:1, b:2 ,") == "a:1,b:2"
+    assert http_url("http://127.0.0.1:9690/") == "http://127.0.0.1:9690"
+    assert id_list("0, 2,3") == [0, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "message"),
+    [
+        (http_url, "127.0.0.1:9690",
+         "'127.0.0.1:9690' is not a URL like http://127.0.0.1:9690"),
+        (http_url, "http://host:port",
+         "'http://host:port' is not a URL like http://127.0.0.1:9690"),
+        (id_list, "0,x", "'x' is not an id (expected e.g. 0,1,2)"),
+        (id_list, ",", "no ids given (expected e.g. 0,1,2)"),
+    ],
+)  # fmt: skip
+def test_malformed_urls_and_id_lists_are_one_line(kind: Any, text: str, message: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError) as raised:
+        kind(text)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["reassign", "--list", "--bootstrap-server", "127.0.0.1"],
+         "error: argument --bootstrap-server: 127.0.0.1: not HOST:PORT (e.g. 127.0.0.1:9092)"),
+        (["recover", "--partitions", "0,a"], "error: argument --partitions: 'a' is not an id"),
+        (["static-topic", "list", "--controller-url", "localhost:9690"],
+         "error: argument --controller-url: 'localhost:9690' is not a URL"),
+        (["static-topic", "create", "t", "--queues", "2", "--brokers", "1,b"],
+         "error: argument --brokers: 'b' is not an id"),
+    ],
+)  # fmt: skip
+def test_the_command_line_names_the_flag_of_a_malformed_value(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "not valid JSON"),
+        ('{"version": 1}', 'expected {"version": 1, "topics": [{"topic": "NAME"}, ...]}'),
+        ('{"topics": [{"name": "t"}]}', 'topics[0] has no "topic"'),
+    ],
+)
+def test_topics_to_move_messages(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        topics_to_move(text)
+    assert message in str(raised.value)
+    assert topics_to_move('{"version": 1, "topics": [{"topic": "a"}, {"topic": "b"}]}') == [
+        "a",
+        "b",
+    ]
+
+
+# ------------------------------------------------------------------------------ --verify
+def test_verify_says_when_the_target_broker_is_gone() -> None:
+    tp = TopicPartition("t", 0)
+    entry = PlanEntry(tp, 3)
+    brokers = {0, 1, 2}
+    assert verify_status(entry, {}, [1], 1, brokers) == "target_gone"
+    assert verify_status(entry, {}, [1], 1, brokers | {3}) == "not_started"
+    assert verify_status(entry, {tp: ([1], [3], [1])}, [1], -1, brokers | {3}) == "in_progress"
+    assert verify_status(entry, {}, [3], -1, brokers | {3}) == "opening"
+    assert verify_status(entry, {}, [3], 3, brokers | {3}) == "completed"
+
+
+# ------------------------------------------------------------- add-broker / remove-broker
+def test_move_count_never_goes_back_and_grows_with_new_moves() -> None:
+    moves = MoveCount()
+    moves.update(0, 4)
+    moves.update(3, 1)
+    assert (moves.done, moves.total) == (3, 4)
+    moves.update(2, 3)  # a count read a moment earlier: done stays
+    assert (moves.done, moves.remaining, moves.total) == (3, 3, 6)
+
+
+def test_change_result_json_and_text() -> None:
+    done = ChangeResult("added", 3, MoveCount(4, 0), True, 1.25, 120.0, "127.0.0.1:9095")
+    assert done.to_json() == {"broker": 3, "address": "127.0.0.1:9095", "finished": True,
+                              "moves": {"done": 4, "total": 4}, "elapsed_s": 1.25}  # fmt: skip
+    assert done.describe() == "broker 3 added on 127.0.0.1:9095: 4 partitions moved onto it in 1.2s"
+    late = ChangeResult("added", 3, MoveCount(1, 3), False, 5.0, 5.0)
+    assert late.describe() == (
+        "broker 3 added, but 3 of 4 partition moves onto it not finished after 5s; they go on in "
+        "the background (`tidalmq local status` shows them)"
+    )
+    json.dumps(late.to_json())
+
+
+def test_progress_line_and_its_log_form() -> None:
+    assert line(3, 4, 2.0) == (
+        "[######################--------] 3/4 partitions moved (2.0s, 1.5/s)"
+    )
+    assert line(0, 0, 0.1).startswith("[" + "#" * 30 + "] 0/0")
+    out = io.StringIO()  # not a terminal: one line per change, at most one a second
+    progress = Progress(out, "partitions moved onto it")
+    progress.show(0, 4)
+    progress.show(1, 4)  # within the second: not printed
+    progress.show(4, 4)  # the last: printed
+    progress.end()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "0/4" in lines[0] and "4/4 partitions moved onto it" in lines[1]
+    assert "\r" not in out.getvalue()
