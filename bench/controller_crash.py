@@ -319,6 +319,9 @@ class ControllerCrash:
                 "add-broker",
                 "--data-dir",
                 str(self.data_dir),
+                "--no-wait",  # the controller is killed in the middle of the moves
+                "--output",
+                "json",
             ],
             capture_output=True,
             text=True,
