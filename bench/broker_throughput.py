@@ -725,11 +725,11 @@ def render_security(rows: list[SecurityRow], args: argparse.Namespace, started: 
         "at the start of each row -> at its end in the last column.",
         "",
         f"Produce throughput as fast as the broker takes it, {args.record_size} B random records, "
-        f"acks=all, {args.partitions} partitions, {args.producers} producer processes "
+        f"acks=all, {args.partitions} partitions, producer processes: {args.producers} "
         f"(confluent-kafka), linger.ms={args.linger_ms}, batch.size={args.batch_size}, "
         f"idempotence {'on' if args.idempotent else 'off'}; {args.warmup:.0f} s warm-up + "
         f"{args.duration:.0f} s per row. One broker of each, its listeners measured one after "
-        "the other: PLAINTEXT; SSL (TLS 1.3, the broker's ECDSA P-256 certificate, no client "
+        "the other: PLAINTEXT; SSL (TLS, the broker's ECDSA P-256 certificate, no client "
         "certificate); SASL_SSL (SCRAM-SHA-512 over the same TLS); the same certificate, user "
         "and client settings for both (bench/listener_security.py). TidalMQ: local store, "
         f"flush {args.flush_interval_ms} ms / {args.flush_bytes >> 20} MiB, every append durable "

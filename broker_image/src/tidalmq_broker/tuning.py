@@ -25,7 +25,7 @@ small-object allocator. Python's allocator hands memory back only in whole 1 MiB
 arena goes back only once every block in it is free. After 5,000 idle connections came and went,
 every connection's objects were freed (allocated blocks back to within 0.5 MiB of the start) but
 the ~0.5 MiB of objects made meanwhile and still alive (logs, metrics, groups) were spread over
-24-28 of the arenas the wave had taken, which stayed resident: RSS 29-30 MiB above where it
+24-28 of the arenas the wave had taken, which stayed resident: RSS 29-34 MiB above where it
 started, for good. glibc's `malloc_trim(0)` returns every free page inside its heaps, however
 fragmented (server/heap.py calls it after a wave of closes): RSS comes back to within a few MiB.
 The allocator is chosen when the interpreter starts, so `tidalmq broker` re-executes itself once

@@ -5,7 +5,7 @@ keeps no reference cycles), but glibc's malloc keeps the freed space of its heap
 something asks for it back; `malloc_trim(0)` returns every free page, also those between blocks
 still in use. A broker allocates its objects from glibc's malloc too (tuning.py: Python's own
 allocator keeps whole arenas for a few survivors), so after 5,000 idle connections came and went
-the trim brings RSS back to within a few MiB of where it started, where it stayed 29-30 MiB above.
+the trim brings RSS back to within a few MiB of where it started, where it stayed 29-34 MiB above.
 
 Before trimming, a full collection (`gc.collect()`): not for the connections, which are gone
 already, but because only a full collection empties the interpreter's free lists (tuples, lists,
@@ -20,7 +20,7 @@ and then a sweep interval (1 s) passed without a close: the wave is over and its
 freed (a transport's last references go a loop iteration or two after its connection's task
 ends). Trimming at the 256th close instead, as the listener first did, ran before most of the
 wave had closed and left the rest of it resident. Under a steady churn of closes a trim still
-comes `TRIM_MAX_INTERVAL_S` after the closes that called for it. Walking the heap costs a few ms, on the sweeper's turn of the
+comes `TRIM_MAX_INTERVAL_S` after the closes that called for it (once a minute). Walking the heap costs a few ms, on the sweeper's turn of the
 event loop, never on a request's path.
 """
 
