@@ -22,7 +22,7 @@ broker (KRaft, bench/kafka/) in the same run, each listener in turn with the sam
 settings; both brokers get the same certificate, SCRAM user and listener settings
 (bench/listener_security.py). Written between their own markers of `bench/RESULTS-broker.md`:
 
-    .venv/bin/python bench/broker_throughput.py --tls                    # 15 s per row
+    .venv/bin/python bench/broker_throughput.py --tls --rounds 2         # 15 s per row
     .venv/bin/python bench/broker_throughput.py --tls --duration 2 --warmup 1 --partitions 2 \
         --producers 1 --no-write                                         # smoke: seconds
 
@@ -615,6 +615,7 @@ class SecurityRow:
     system: str
     listener: str
     phase: Phase
+    round: int = 1
 
 
 def _wait_served(bootstrap: str, client: dict[str, Any], timeout_s: float = 60.0) -> None:
@@ -638,6 +639,19 @@ def _wait_served(bootstrap: str, client: dict[str, Any], timeout_s: float = 60.0
         time.sleep(0.5)
 
 
+def _broker_settled(sampler: ProcSampler, idle_cores: float = 0.1, max_s: float = 60.0) -> float:
+    """Waits until the broker uses less than `idle_cores` over a second (what the previous row
+    left it to do, flushing, compacting, collecting, is done: otherwise it would be charged to
+    the next row), at most `max_s`; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < max_s:
+        cpu0 = sampler.cpu_s()
+        time.sleep(1.0)
+        if sampler.cpu_s() - cpu0 < idle_cores:
+            break
+    return time.monotonic() - started
+
+
 def _security_rows(
     system: str,
     bootstraps: dict[str, str],
@@ -652,16 +666,21 @@ def _security_rows(
     rows = []
     sampler = ProcSampler(pid)
     try:
-        for listener, bootstrap in bootstraps.items():
+        for round_, (listener, bootstrap) in (
+            (r, item) for r in range(1, args.rounds + 1) for item in bootstraps.items()
+        ):
             client = listener_security.client_config(listener, pki)
             _wait_served(bootstrap, client)
+            quiet_after = _broker_settled(sampler)
             phase, outs, _ = _produce_phase(
                 "produce max", pool, sampler, bootstrap, args, 0, client
             )
             failed = sum(o["failed"] for o in outs)
-            phase.note = f"{failed} records FAILED" if failed else ""
-            rows.append(SecurityRow(system, listener, phase))
-            print(f"[{system} {listener}] {phase}", flush=True)
+            phase.note = f"broker idle after {quiet_after:.0f} s" + (
+                f"; {failed} records FAILED" if failed else ""
+            )
+            rows.append(SecurityRow(system, listener, phase, round_))
+            print(f"[{system} {listener} round {round_}] {phase}", flush=True)
     finally:
         sampler.stop()
     return rows
@@ -729,23 +748,25 @@ def render_security(rows: list[SecurityRow], args: argparse.Namespace, started: 
         f"(confluent-kafka), linger.ms={args.linger_ms}, batch.size={args.batch_size}, "
         f"idempotence {'on' if args.idempotent else 'off'}; {args.warmup:.0f} s warm-up + "
         f"{args.duration:.0f} s per row. One broker of each, its listeners measured one after "
-        "the other: PLAINTEXT; SSL (TLS, the broker's ECDSA P-256 certificate, no client "
+        "the other (again each round), each once the broker is idle after the previous one: "
+        "PLAINTEXT; SSL (TLS, the broker's ECDSA P-256 certificate, no client "
         "certificate); SASL_SSL (SCRAM-SHA-512 over the same TLS); the same certificate, user "
         "and client settings for both (bench/listener_security.py). TidalMQ: local store, "
         f"flush {args.flush_interval_ms} ms / {args.flush_bytes >> 20} MiB, every append durable "
         "in its WAL object before the ack; Kafka: KRaft, one node, the page cache (no fsync "
         "before the ack, its default).",
         "",
-        "| system | listener | MB/s | records/s | of PLAINTEXT | broker CPU (cores) | "
-        "client CPU (cores) | broker peak RSS MB | notes | load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+        "| system | round | listener | MB/s | records/s | of PLAINTEXT (same round) | broker CPU "
+        "(cores) | client CPU (cores) | broker peak RSS MB | notes | load |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
-    plain = {r.system: r.phase.mb_s for r in rows if r.listener == "PLAINTEXT"}
+    plain = {(r.system, r.round): r.phase.mb_s for r in rows if r.listener == "PLAINTEXT"}
     for r in rows:
         p = r.phase
-        share = f"{100 * p.mb_s / plain[r.system]:.0f}%" if plain.get(r.system) else ""
+        base = plain.get((r.system, r.round))
+        share = f"{100 * p.mb_s / base:.0f}%" if base else ""
         lines.append(
-            f"| {r.system} | {r.listener} | {p.mb_s:.1f} | {p.records_s:,.0f} | {share} | "
+            f"| {r.system} | {r.round} | {r.listener} | {p.mb_s:.1f} | {p.records_s:,.0f} | {share} | "
             f"{p.broker_cpu:.2f} | {p.client_cpu:.2f} | {p.peak_rss_mb:.0f} | {p.note} | "
             f"{p.load} |"
         )
@@ -878,8 +899,12 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=_REPO / "bench" / "RESULTS-broker.md")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument(
-        "--tls", action="store_true",
+        "--tls",
+        action="store_true",
         help="produce throughput over PLAINTEXT, SSL and SASL_SSL, TidalMQ and Apache Kafka",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="--tls: measure each system's listeners this often"
     )  # fmt: skip
     args = parser.parse_args()
 
