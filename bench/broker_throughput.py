@@ -16,6 +16,16 @@ Per backend (a fresh broker process each time):
 4. **consume cold**: the broker is restarted (clean SIGTERM: the cache starts empty) and the same
    range is read again, now by ranged GETs with read-ahead.
 
+With `--tls`, instead: produce throughput (phase 1 only) over each listener security, PLAINTEXT,
+SSL and SASL_SSL (SCRAM-SHA-512), of one TidalMQ broker (local store) and of one Apache Kafka
+broker (KRaft, bench/kafka/) in the same run, each listener in turn with the same clients and
+settings; both brokers get the same certificate, SCRAM user and listener settings
+(bench/listener_security.py). Written between their own markers of `bench/RESULTS-broker.md`:
+
+    .venv/bin/python bench/broker_throughput.py --tls --rounds 2         # 15 s per row
+    .venv/bin/python bench/broker_throughput.py --tls --duration 2 --warmup 1 --partitions 2 \
+        --producers 1 --no-write                                         # smoke: seconds
+
 The broker's resident memory (VmRSS from /proc, sampled every 100 ms) and CPU time are recorded per
 phase, as are the clients' CPU time and the load average (the machine is shared: read every figure
 with it). The table is printed and written between the markers of `bench/RESULTS-broker.md`
@@ -52,6 +62,8 @@ from tests.support.broker_process import BrokerProcess  # noqa: E402
 TOPIC = "bench"
 _BEGIN = "<!-- broker_throughput:begin -->"
 _END = "<!-- broker_throughput:end -->"
+_TLS_BEGIN = "<!-- broker_throughput_tls:begin -->"
+_TLS_END = "<!-- broker_throughput_tls:end -->"
 _RECORD_OVERHEAD = 10  # bytes a 1 KiB record takes in a v2 batch beyond its value (varints)
 
 
@@ -159,6 +171,8 @@ def broker_counters(broker: BrokerProcess) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------- client processes
 def _producer_config(args: dict[str, Any], bootstrap: str, only_errors: bool) -> dict[str, Any]:
+    """The producers' settings; `args["client_security"]`: the listener's (security.protocol,
+    TLS, SASL; bench/listener_security.py)."""
     return {
         "bootstrap.servers": bootstrap,
         "acks": "all",
@@ -173,6 +187,7 @@ def _producer_config(args: dict[str, Any], bootstrap: str, only_errors: bool) ->
         "delivery.report.only.error": only_errors,
         "socket.send.buffer.bytes": 4 << 20,
         "statistics.interval.ms": 0,
+        **args.get("client_security", {}),
     }
 
 
@@ -357,10 +372,10 @@ def _pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))] * 1000
 
 
-def _create_topic(bootstrap: str, partitions: int) -> None:
+def _create_topic(bootstrap: str, partitions: int, **client: Any) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **client})
     futures = admin.create_topics(
         [NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)], operation_timeout=30
     )
@@ -396,9 +411,13 @@ def _watermarks(bootstrap: str, partitions: int) -> list[tuple[int, int]]:
 
 
 def _run_producers(
-    pool: Any, bootstrap: str, args: argparse.Namespace, rate_records_s: float
+    pool: Any,
+    bootstrap: str,
+    args: argparse.Namespace,
+    rate_records_s: float,
+    client_security: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    shared = vars(args)
+    shared = {**vars(args), "client_security": client_security or {}}
     groups = _split(list(range(args.partitions)), args.producers)
     start = time.time() + 1.5  # let every worker import and connect first
     per_worker = rate_records_s / len(groups)
@@ -417,6 +436,34 @@ def _run_consumers(
     ]
     jobs = [pool.apply_async(consume_worker, (bootstrap, vars(args), g)) for g in groups]
     return [job.get(timeout=args.consume_timeout + 120) for job in jobs]
+
+
+def _produce_phase(
+    name: str,
+    pool: Any,
+    sampler: ProcSampler,
+    bootstrap: str,
+    args: argparse.Namespace,
+    rate: float,
+    client_security: dict[str, Any] | None = None,
+) -> tuple[Phase, list[dict[str, Any]], float]:
+    """One produce phase: the phase's figures, the workers' outputs and its wall time."""
+    sampler.begin_phase()
+    cpu0, t0, load0 = sampler.cpu_s(), time.monotonic(), _load()
+    outs = _run_producers(pool, bootstrap, args, rate, client_security)
+    # the workers' windows are the measured part; broker CPU over the whole call includes
+    # warm-up and drain, so scale by wall time
+    wall = time.monotonic() - t0
+    window = max(o["window_s"] for o in outs)
+    delivered = sum(o["delivered"] for o in outs)
+    phase = Phase(name)
+    phase.records_s = delivered / window
+    phase.mb_s = phase.records_s * args.record_size / 1e6
+    phase.broker_cpu = (sampler.cpu_s() - cpu0) / wall
+    phase.client_cpu = sum(o["cpu_s"] for o in outs) / window
+    phase.peak_rss_mb = sampler.phase_peak_mb
+    phase.load = f"{load0} -> {_load()}"
+    return phase, outs, wall
 
 
 def run_backend(
@@ -450,26 +497,14 @@ def run_backend(
             record_bytes = args.record_size
 
             def measure_produce(name: str, rate: float) -> tuple[Phase, list[dict[str, Any]]]:
-                sampler.begin_phase()
-                cpu0, t0, load0 = sampler.cpu_s(), time.monotonic(), _load()
                 store0 = store.cpu_s() if store else 0.0
                 counters0 = broker_counters(broker)
                 assert broker.proc is not None
                 with profiled(broker.proc.pid, args.profile, f"{backend}-{name}"):
-                    outs = _run_producers(pool, broker.bootstrap, args, rate)
-                # the workers' windows are the measured part; broker CPU over the whole call
-                # includes warm-up and drain, so scale by wall time
-                wall = time.monotonic() - t0
+                    phase, outs, wall = _produce_phase(
+                        name, pool, sampler, broker.bootstrap, args, rate
+                    )
                 counters1 = broker_counters(broker)
-                window = max(o["window_s"] for o in outs)
-                delivered = sum(o["delivered"] for o in outs)
-                phase = Phase(name)
-                phase.records_s = delivered / window
-                phase.mb_s = phase.records_s * record_bytes / 1e6
-                phase.broker_cpu = (sampler.cpu_s() - cpu0) / wall
-                phase.client_cpu = sum(o["cpu_s"] for o in outs) / window
-                phase.peak_rss_mb = sampler.phase_peak_mb
-                phase.load = f"{load0} -> {_load()}"
                 failed = sum(o["failed"] for o in outs)
                 flushes = counters1["wal_flushes"] - counters0["wal_flushes"]
                 wal_mb = (counters1["wal_bytes"] - counters0["wal_bytes"]) / 1e6
@@ -574,6 +609,170 @@ def run_backend(
     return result
 
 
+# ---------------------------------------------------------------------------- listener security
+@dataclasses.dataclass
+class SecurityRow:
+    system: str
+    listener: str
+    phase: Phase
+    round: int = 1
+
+
+def _wait_served(bootstrap: str, client: dict[str, Any], timeout_s: float = 60.0) -> None:
+    """Until a client with these settings gets the topic's metadata (handshake, SASL exchange
+    and all): a SCRAM user added to Kafka takes a moment to reach its listeners."""
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            md = AdminClient({"bootstrap.servers": bootstrap, **client}).list_topics(
+                TOPIC, timeout=5
+            )
+            if md.topics.get(TOPIC) is not None and md.topics[TOPIC].error is None:
+                return
+            problem = f"metadata {md.topics}"
+        except Exception as exc:  # librdkafka's KafkaException: retried until the deadline
+            problem = repr(exc)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{bootstrap} with {client.get('security.protocol')}: {problem}")
+        time.sleep(0.5)
+
+
+def _broker_settled(sampler: ProcSampler, idle_cores: float = 0.1, max_s: float = 60.0) -> float:
+    """Waits until the broker uses less than `idle_cores` over a second (what the previous row
+    left it to do, flushing, compacting, collecting, is done: otherwise it would be charged to
+    the next row), at most `max_s`; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < max_s:
+        cpu0 = sampler.cpu_s()
+        time.sleep(1.0)
+        if sampler.cpu_s() - cpu0 < idle_cores:
+            break
+    return time.monotonic() - started
+
+
+def _security_rows(
+    system: str,
+    bootstraps: dict[str, str],
+    pid: int,
+    pool: Any,
+    args: argparse.Namespace,
+    pki: Any,
+) -> list[SecurityRow]:
+    """Maximum produce throughput over each listener of one running broker, in turn."""
+    from bench import listener_security
+
+    rows = []
+    sampler = ProcSampler(pid)
+    try:
+        for round_, (listener, bootstrap) in (
+            (r, item) for r in range(1, args.rounds + 1) for item in bootstraps.items()
+        ):
+            client = listener_security.client_config(listener, pki)
+            _wait_served(bootstrap, client)
+            quiet_after = _broker_settled(sampler)
+            phase, outs, _ = _produce_phase(
+                "produce max", pool, sampler, bootstrap, args, 0, client
+            )
+            failed = sum(o["failed"] for o in outs)
+            phase.note = f"broker idle after {quiet_after:.0f} s" + (
+                f"; {failed} records FAILED" if failed else ""
+            )
+            rows.append(SecurityRow(system, listener, phase, round_))
+            print(f"[{system} {listener} round {round_}] {phase}", flush=True)
+    finally:
+        sampler.stop()
+    return rows
+
+
+def run_security(args: argparse.Namespace, workdir: Path) -> tuple[list[SecurityRow], str]:
+    """Produce throughput over PLAINTEXT, SSL and SASL_SSL of TidalMQ (local store) and of
+    Apache Kafka, one broker each, one after the other; returns the rows and Kafka's version."""
+    from bench import listener_security
+    from bench.kafka.harness import KafkaCluster
+    from tests.support.broker_process import free_port
+
+    pki = listener_security.make_pki(workdir / "pki")
+    rows: list[SecurityRow] = []
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(args.producers) as pool:
+        broker = BrokerProcess(f"file://{workdir / 'objects'}", workdir / "logs")
+        ports = {name: broker.port if name == "PLAINTEXT" else free_port()
+                 for name in listener_security.LISTENERS}  # fmt: skip
+        security_args, security_env = listener_security.tidalmq_args(ports, pki)
+        broker.args = [
+            "--flush-interval-ms", str(args.flush_interval_ms),
+            "--flush-bytes", str(args.flush_bytes),
+            "--cache-bytes", str(args.cache_mb << 20),
+            *security_args, *args.broker_arg,
+        ]  # fmt: skip
+        broker.env = {**security_env, "TIDALMQ_LOG_LEVEL": "WARNING"}
+        broker.start()
+        try:
+            assert broker.proc is not None
+            _create_topic(broker.bootstrap, args.partitions)
+            bootstraps = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+            rows += _security_rows("TidalMQ (local store)", bootstraps, broker.proc.pid, pool,
+                                   args, pki)  # fmt: skip
+        finally:
+            code = broker.stop()
+            if code not in (0, None):
+                print(broker.tail_log(), file=sys.stderr)
+        kafka = KafkaCluster(
+            brokers=1, dir=workdir / "kafka", listeners=listener_security.kafka_listeners(),
+            broker_config=listener_security.kafka_config(pki),
+        )  # fmt: skip
+        with kafka:
+            listener_security.kafka_add_user(kafka.bootstrap)
+            _create_topic(kafka.bootstrap, args.partitions)
+            bootstraps = {name: kafka.listener_bootstrap(name)
+                          for name in listener_security.LISTENERS}  # fmt: skip
+            pid = kafka.broker_nodes[0].pid
+            assert pid is not None
+            rows += _security_rows(f"Apache Kafka {kafka.version}", bootstraps, pid, pool, args,
+                                   pki)  # fmt: skip
+            version = kafka.version
+    return rows, version
+
+
+def render_security(rows: list[SecurityRow], args: argparse.Namespace, started: str,
+                    kafka_version: str) -> str:  # fmt: skip
+    lines = [
+        f"Run {started} on {platform.node()} ({os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, Apache Kafka {kafka_version}), load average (1/5/15 min) "
+        "at the start of each row -> at its end in the last column.",
+        "",
+        f"Produce throughput as fast as the broker takes it, {args.record_size} B random records, "
+        f"acks=all, {args.partitions} partitions, producer processes: {args.producers} "
+        f"(confluent-kafka), linger.ms={args.linger_ms}, batch.size={args.batch_size}, "
+        f"idempotence {'on' if args.idempotent else 'off'}; {args.warmup:.0f} s warm-up + "
+        f"{args.duration:.0f} s per row. One broker of each, its listeners measured one after "
+        "the other (again each round), each once the broker is idle after the previous one: "
+        "PLAINTEXT; SSL (TLS, the broker's ECDSA P-256 certificate, no client "
+        "certificate); SASL_SSL (SCRAM-SHA-512 over the same TLS); the same certificate, user "
+        "and client settings for both (bench/listener_security.py). TidalMQ: local store, "
+        f"flush {args.flush_interval_ms} ms / {args.flush_bytes >> 20} MiB, every append durable "
+        "in its WAL object before the ack; Kafka: KRaft, one node, the page cache (no fsync "
+        "before the ack, its default).",
+        "",
+        "| system | round | listener | MB/s | records/s | of PLAINTEXT (same round) | broker CPU "
+        "(cores) | client CPU (cores) | broker peak RSS MB | notes | load |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    plain = {(r.system, r.round): r.phase.mb_s for r in rows if r.listener == "PLAINTEXT"}
+    for r in rows:
+        p = r.phase
+        base = plain.get((r.system, r.round))
+        share = f"{100 * p.mb_s / base:.0f}%" if base else ""
+        lines.append(
+            f"| {r.system} | {r.round} | {r.listener} | {p.mb_s:.1f} | {p.records_s:,.0f} | {share} | "
+            f"{p.broker_cpu:.2f} | {p.client_cpu:.2f} | {p.peak_rss_mb:.0f} | {p.note} | "
+            f"{p.load} |"
+        )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- report
 def render(results: list[BackendResult], args: argparse.Namespace, started: str) -> str:
     lines = [
@@ -613,16 +812,20 @@ def render(results: list[BackendResult], args: argparse.Namespace, started: str)
     return "\n".join(lines)
 
 
-def write_results(path: Path, section: str) -> None:
-    block = f"{_BEGIN}\n{section}\n{_END}"
+def write_results(
+    path: Path, section: str, markers: tuple[str, str] = (_BEGIN, _END),
+    heading: str = "Latest run",
+) -> None:  # fmt: skip
+    begin, end = markers
+    block = f"{begin}\n{section}\n{end}"
     if path.exists():
         text = path.read_text()
-        if _BEGIN in text and _END in text:
-            head, rest = text.split(_BEGIN, 1)
-            _, tail = rest.split(_END, 1)
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            _, tail = rest.split(end, 1)
             path.write_text(head + block + tail)
             return
-        path.write_text(text.rstrip() + "\n\n## Latest run\n\n" + block + "\n")
+        path.write_text(text.rstrip() + f"\n\n## {heading}\n\n" + block + "\n")
         return
     path.write_text(
         "# Broker benchmark (`bench/broker_throughput.py`)\n\n## Latest run\n\n" + block + "\n"
@@ -695,10 +898,31 @@ def main() -> None:
     )
     parser.add_argument("--results", type=Path, default=_REPO / "bench" / "RESULTS-broker.md")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="produce throughput over PLAINTEXT, SSL and SASL_SSL, TidalMQ and Apache Kafka",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="--tls: measure each system's listeners this often"
+    )  # fmt: skip
     args = parser.parse_args()
 
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     workdir = Path(tempfile.mkdtemp(prefix="tidalmq-broker-bench-"))
+    if args.tls:
+        try:
+            rows, kafka_version = run_security(args, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        section = render_security(rows, args, started, kafka_version)
+        print()
+        print(section)
+        if not args.no_write:
+            write_results(args.results, section, (_TLS_BEGIN, _TLS_END),
+                          "Produce throughput with TLS and SASL, next to plaintext")  # fmt: skip
+            print(f"\nwritten to {args.results}")
+        return
     results: list[BackendResult] = []
     try:
         with backends(args, workdir) as chosen:

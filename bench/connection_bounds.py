@@ -7,6 +7,8 @@ small acks=all batch every 100 ms on its own connection:
   fetchers   10 consumers pipelining 16 x Fetch(50 MiB) over 48 MiB of data, never reading
   idle       5,000 connections that send ApiVersions and then stay idle (twice: the second
              wave shows whether the first one's memory is reused)
+  idle TLS   5,000 such connections over an SSL listener (this tree only: --tree/--compare
+             trees are run without TLS listeners)
   slowloris  1,000 connections sending one byte a second for 10 s
   per-ip     1,100 connections from one address (the default cap is 1,024)
 
@@ -20,6 +22,10 @@ average, since the machine is shared.
         --cap-gib 4                                                   # another tree, capped
     .venv/bin/python bench/connection_bounds.py --results bench/RESULTS-bounds.md \\
         --compare /tmp/before                                         # both, and the report
+    .venv/bin/python bench/connection_bounds.py --smoke               # a minute: does it run?
+
+It refuses to run while /work/QUIET exists (another session's benchmark needs the machine),
+unless told `--quiet-ok` by whoever set it for this run.
 
 `--tree` runs the broker from another checkout's broker_image/src (e.g. `git archive <commit>
 broker_image/src | tar -x -C /tmp/before`); the new settings are passed only to this tree.
@@ -34,9 +40,11 @@ import asyncio
 import json
 import os
 import re
+import ssl
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +53,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.integration.broker.clients import create_topic  # noqa: E402
 from tests.support import attacks  # noqa: E402
-from tests.support.broker_process import BrokerProcess  # noqa: E402
+from tests.support.broker_process import BrokerProcess, free_port  # noqa: E402
 from tests.support.fuzz_broker import cap_address_space, vm_size_kb  # noqa: E402
 
 AFTER_S = (1, 2, 5, 10)
@@ -112,8 +120,43 @@ async def scenario(broker: BrokerProcess, name: str, attack: Any, hold_s: float)
     return out
 
 
-async def run_all(broker: BrokerProcess, quick: bool, revive: Any) -> list[dict[str, Any]]:
-    idle_n = 1000 if quick else 5000
+@dataclass(frozen=True)
+class Scale:
+    """How many clients each attack uses (--quick and --smoke make them smaller)."""
+
+    idle: int = 5000
+    tls_idle: int = 5000
+    slowloris: int = 1000
+    slowloris_s: int = 10
+
+
+class Tls:
+    """The broker's SSL listener and a client context that trusts it."""
+
+    def __init__(self, directory: Path) -> None:
+        from tidalmq_broker.security import certs
+
+        directory.mkdir(parents=True, exist_ok=True)
+        ca = certs.new_ca("bench CA")
+        (directory / "ca.pem").write_bytes(ca.cert_pem())
+        issued = certs.issue(ca, "broker", hosts=["localhost"])
+        certs.write_keystore(directory / "broker.pem", issued, ca)
+        self.keystore = directory / "broker.pem"
+        self.port = free_port()
+        self.client = ssl.create_default_context(cafile=str(directory / "ca.pem"))
+
+    def broker_args(self, plain_port: int) -> list[str]:
+        return [
+            "--listeners", f"PLAINTEXT://127.0.0.1:{plain_port},SSL://127.0.0.1:{self.port}",
+            "--ssl-keystore-location", str(self.keystore),
+            "--allow-everyone-if-no-acl-found", "true",  # TLS turns authorization on
+        ]  # fmt: skip
+
+
+async def run_all(
+    broker: BrokerProcess, scale: Scale, tls: Tls | None, revive: Any
+) -> list[dict[str, Any]]:
+    idle_n = scale.idle
     idle_sources = [f"127.0.0.{i}" for i in range(10, 16)]
     runs = [
         ("announce: 200 x 100 MiB headers",
@@ -125,8 +168,16 @@ async def run_all(broker: BrokerProcess, quick: bool, revive: Any) -> list[dict[
          lambda: attacks.idle_clients(broker.port, idle_n, idle_sources), 2.0),
         (f"idle again: {idle_n} connections",
          lambda: attacks.idle_clients(broker.port, idle_n, idle_sources), 2.0),
-        ("slowloris: 1000 x 1 byte/s for 10 s",
-         lambda: attacks.slowloris(broker.port, 1000, 10, ["127.0.0.6"]), 0.5),
+    ]  # fmt: skip
+    if tls is not None:
+        tls_sources = [f"127.0.0.{i}" for i in range(20, 26)]
+        runs.append((f"idle TLS: {scale.tls_idle} connections",
+                     lambda: attacks.tls_idle_clients(tls.port, scale.tls_idle, tls.client,
+                                                      tls_sources), 2.0))  # fmt: skip
+    runs += [
+        (f"slowloris: {scale.slowloris} x 1 byte/s for {scale.slowloris_s} s",
+         lambda: attacks.slowloris(broker.port, scale.slowloris, scale.slowloris_s,
+                                   ["127.0.0.6"]), 0.5),
         ("per-ip: 1100 connections from one address",
          lambda: attacks.idle_clients(broker.port, 1100, ["127.0.0.7"]), 1.0),
     ]  # fmt: skip
@@ -141,15 +192,19 @@ async def run_all(broker: BrokerProcess, quick: bool, revive: Any) -> list[dict[
 
 
 def run_tree(
-    tree: Path, label: str, cap_gib: float, quick: bool, new_flags: bool
+    tree: Path, label: str, cap_gib: float, scale: Scale, new_flags: bool
 ) -> dict[str, Any]:
     attacks.raise_fd_limit(20000)
     work = Path(tempfile.mkdtemp(prefix=f"bounds-{label}-"))
     env = {}
     if tree.resolve() != REPO:
         env["PYTHONPATH"] = str(tree / "broker_image" / "src")
-    args = ["--max-connections", "20000"] if new_flags else []  # 5,000 + 5,000 + the rest
-    broker = BrokerProcess(f"file://{work / 'objects'}", work / "logs", env=env, args=args)
+    broker = BrokerProcess(f"file://{work / 'objects'}", work / "logs", env=env)
+    tls = Tls(work / "pki") if new_flags else None
+    if new_flags:  # room for 5,000 + 5,000 + the rest while the closed ones are going
+        broker.args = ["--max-connections", "20000"]
+    if tls is not None:
+        broker.args += tls.broker_args(broker.port)
 
     def start() -> None:
         broker.start()
@@ -164,7 +219,7 @@ def run_tree(
         create_topic(broker.bootstrap, "probe", 1)
         asyncio.run(attacks.fill_partition(broker.port, "data", 48 << 20))
         started = attacks.rss_mib(broker.proc.pid)
-        results = asyncio.run(run_all(broker, quick, start))
+        results = asyncio.run(run_all(broker, scale, tls, start))
         died = [ln for ln in broker.log_path.read_text(errors="replace").splitlines()
                 if re.search(r"MemoryError|memory allocation|Killed|Traceback", ln)]  # fmt: skip
         return {"label": label, "tree": str(tree), "cap_gib": cap_gib, "rss_start": started,
@@ -211,17 +266,26 @@ def main() -> int:
     parser.add_argument("--cap-gib", type=float, default=3.0,
                         help="address space above the broker's size at start (prlimit --as)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="1,000 idle connections, not 5,000")
+    parser.add_argument("--smoke", action="store_true",
+                        help="100 idle, 100 TLS, 50 slowloris for 3 s: checks that it runs")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--results", type=Path, help="write the Markdown report here")
+    parser.add_argument("--quiet-ok", action="store_true",
+                        help="run although /work/QUIET exists (whoever set it for this run)")  # fmt: skip
     args = parser.parse_args()
-    if os.path.exists("/work/QUIET"):
+    if os.path.exists("/work/QUIET") and not args.quiet_ok:
         print("/work/QUIET exists: a benchmark needs a quiet machine; not running", file=sys.stderr)
         return 2
+    scale = Scale()
+    if args.quick:
+        scale = Scale(idle=1000, tls_idle=1000)
+    if args.smoke:
+        scale = Scale(idle=100, tls_idle=100, slowloris=50, slowloris_s=3)
     runs = []
     if args.compare is not None:
-        runs.append(run_tree(args.compare, "before", args.cap_gib, args.quick, new_flags=False))
+        runs.append(run_tree(args.compare, "before", args.cap_gib, scale, new_flags=False))
     runs.append(run_tree(args.tree, args.label if args.compare is None else "after",
-                         args.cap_gib, args.quick, new_flags=args.tree.resolve() == REPO))  # fmt: skip
+                         args.cap_gib, scale, new_flags=args.tree.resolve() == REPO))  # fmt: skip
     report = "".join(table(run) for run in runs)
     print(report)
     if args.json is not None:

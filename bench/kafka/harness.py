@@ -887,6 +887,8 @@ class KafkaNode:
     controller_port: int | None
     pid: int | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+    # more broker listeners (KafkaCluster's `listeners`): listener name -> port
+    listener_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_broker(self) -> bool:
@@ -984,6 +986,10 @@ class KafkaCluster:
 
     ``detach=False`` (the default) ties the JVMs to this Python process: they get SIGTERM when it
     dies. ``detach=True`` (the CLI's ``start``) leaves them running after it exits.
+
+    ``listeners``: more broker listeners beside PLAINTEXT, name -> security protocol (e.g.
+    ``{"SSL": "SSL", "SASL_SSL": "SASL_SSL"}``), each on a free port of every broker
+    (``listener_bootstrap(name)``); their TLS and SASL settings go in ``broker_config``.
     """
 
     CONTROLLER_ID = 3000
@@ -997,6 +1003,7 @@ class KafkaCluster:
         broker_heap: str = BROKER_HEAP,
         controller_heap: str = CONTROLLER_HEAP,
         broker_config: Mapping[str, str] | None = None,
+        listeners: Mapping[str, str] | None = None,
         detach: bool = False,
         start_timeout: float = 180.0,
     ) -> None:
@@ -1009,6 +1016,7 @@ class KafkaCluster:
         self.broker_heap = broker_heap
         self.controller_heap = controller_heap
         self.broker_config = dict(broker_config or {})
+        self.listeners = dict(listeners or {})
         self.detach = detach
         self.start_timeout = start_timeout
         self.cluster_id = kafka_uuid()
@@ -1029,6 +1037,13 @@ class KafkaCluster:
     @property
     def bootstrap(self) -> str:
         return ",".join(n.address for n in sorted(self.broker_nodes, key=lambda n: n.node_id))
+
+    def listener_bootstrap(self, name: str) -> str:
+        """The brokers' addresses on one of the `listeners` (PLAINTEXT: `bootstrap`)."""
+        if name == "PLAINTEXT":
+            return self.bootstrap
+        nodes = sorted(self.broker_nodes, key=lambda n: n.node_id)
+        return ",".join(f"127.0.0.1:{n.listener_ports[name]}" for n in nodes)
 
     @property
     def controller_bootstrap(self) -> str:
@@ -1076,6 +1091,8 @@ class KafkaCluster:
             self.voters = f"{cid}@127.0.0.1:{ports[0]}"
             for i in range(1, self.brokers + 1):
                 self.nodes[i] = KafkaNode(i, ("broker",), self.dir / f"node-{i}", ports[i], None)
+        for node in self.broker_nodes:
+            node.listener_ports = self._listener_ports()
         try:
             nodes = list(self.nodes.values())
             for node in nodes:
@@ -1100,6 +1117,7 @@ class KafkaCluster:
         node_id = max(n.node_id for n in self.broker_nodes) + 1
         (port,) = free_ports(1)
         node = KafkaNode(node_id, ("broker",), self.dir / f"node-{node_id}", port, None)
+        node.listener_ports = self._listener_ports()
         self.nodes[node_id] = node
         self._write_config(node)
         self._format([node])
@@ -1162,6 +1180,9 @@ class KafkaCluster:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _listener_ports(self) -> dict[str, int]:
+        return dict(zip(self.listeners, free_ports(len(self.listeners)), strict=True))
+
     def _write_config(self, node: KafkaNode) -> None:
         node.dir.mkdir(parents=True, exist_ok=True)
         node.log_dir.mkdir(exist_ok=True)
@@ -1170,6 +1191,10 @@ class KafkaCluster:
             listeners.append(f"PLAINTEXT://127.0.0.1:{node.port}")
         if node.controller_port is not None:
             listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
+        extra = [f"{name}://127.0.0.1:{port}" for name, port in node.listener_ports.items()]
+        listeners += extra
+        protocols = ["CONTROLLER:PLAINTEXT", "PLAINTEXT:PLAINTEXT"]
+        protocols += [f"{name}:{self.listeners[name]}" for name in node.listener_ports]
         internal_rf = str(min(self.brokers, 3))
         config: dict[str, str] = {
             "process.roles": ",".join(node.roles),
@@ -1177,12 +1202,12 @@ class KafkaCluster:
             "controller.quorum.voters": self.voters,
             "controller.listener.names": "CONTROLLER",
             "listeners": ",".join(listeners),
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(protocols),
             "log.dirs": str(node.data_dir),
         }
         if node.is_broker:
             config |= {
-                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+                "advertised.listeners": ",".join([f"PLAINTEXT://127.0.0.1:{node.port}", *extra]),
                 "inter.broker.listener.name": "PLAINTEXT",
                 "num.partitions": "1",
                 "offsets.topic.replication.factor": internal_rf,

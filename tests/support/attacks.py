@@ -158,6 +158,34 @@ async def idle_clients(port: int, n: int, sources: list[str], *, concurrency: in
     return opened
 
 
+async def tls_idle_clients(
+    port: int, n: int, context: ssl.SSLContext, sources: list[str], *, concurrency: int = 100
+) -> Opened:
+    """idle_clients over TLS (`context` trusts the broker's certificate for "localhost"): each
+    connection does its handshake, asks ApiVersions, reads the answer and stays idle."""
+    opened = Opened()
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with gate:
+            sock = await connect(port, sources[i % len(sources)])
+            try:
+                reader, writer = await asyncio.open_connection(
+                    sock=sock, ssl=context, server_hostname="localhost"
+                )
+                writer.write(API_VERSIONS)
+                size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 10))[0]
+                await asyncio.wait_for(reader.readexactly(size), 10)
+            except (ConnectionError, EOFError, ssl.SSLError):
+                sock.close()
+                opened.refused += 1
+                return
+            opened.tls.append(writer)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return opened
+
+
 async def announcers(port: int, n: int, announced: int, sources: list[str]) -> Opened:
     """`n` connections that each send a 12-byte header announcing `announced` bytes and
     nothing more (the issue: 8 of them announcing 100 MiB took 878 MiB)."""

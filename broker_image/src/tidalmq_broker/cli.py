@@ -46,8 +46,14 @@ def chosen_command(argv: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    own = argv is None  # the process's own command line
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(chosen_command(argv))
+    command = chosen_command(argv)
+    if own and command == "broker":  # a broker picks its allocator first (tuning.py)
+        from tidalmq_broker.tuning import reexec_with_system_malloc
+
+        reexec_with_system_malloc(argv)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     handler = args.handler
     try:

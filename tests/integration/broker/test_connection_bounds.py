@@ -10,10 +10,10 @@ producer sends a batch every 100 ms; afterwards the attackers leave. Each test c
   (`queued_max_response_bytes` 64 MiB here, so the bound has something to bite on);
 - the producer is answered throughout, without errors;
 - RSS is back within RETURN_MARGIN_MIB of where it was before the attack within 10 s of the
-  attackers leaving, without the broker running the cyclic collector. Not so after thousands of
-  idle connections: pages of Python's small-object allocator that still hold a survivor stay
-  resident (measured 30-40 MiB after 5,000; docs/limits.md), so that test checks that a second
-  wave reuses them: its peak and what stays after it are no higher than the first wave's.
+  attackers leaving ([R1]'s acceptance: back to the baseline within 10 s; the margin is what
+  docs/limits.md justifies), also after 5,000 idle connections: the broker releases its heap
+  once a wave of closes is over (server/heap.py). A second wave of 5,000 must come back to the
+  first wave's baseline too, and peak no higher than the first: nothing is kept per connection.
 
 Durations are printed (pytest -s); together they are kept under a minute on the 2-core CI box.
 """
@@ -39,9 +39,8 @@ PER_CONNECTION_MIB = 16
 IDLE_CONNECTIONS = 5000
 PER_CONNECTION_KIB = 16  # what an idle connection may cost (8 KiB measured; docs/limits.md)
 SLACK_MIB = 48  # decoded requests, answers in flight, allocator rounding
-RETURN_MARGIN_MIB = 8
-IDLE_RETURN_MARGIN_MIB = 48  # allocator pages after 5,000 connections (above)
-REUSE_MARGIN_MIB = 8  # a second wave of 5,000 may add this much; a leak would add ~40
+RETURN_MARGIN_MIB = 8  # what may stay (docs/limits.md "Back to the baseline": measured 3-5)
+REUSE_MARGIN_MIB = 8  # a second wave of 5,000 may peak this much higher; a leak would add ~40
 TOPIC = "bounds"
 DATA_MIB = 24
 
@@ -161,21 +160,19 @@ def test_five_thousand_idle_connections(broker: BrokerProcess) -> None:
             check_alive_and_served(broker, probe, mark)
             peak = attack.rss.peak
             count = gauge(broker.metrics(), "tidalmq_connections")
-            # what is left 10 s later (unless back at the baseline before that)
-            await leave(attack, opened, 0)
+            await leave(attack, opened)
         attack.report(f"{label}: {IDLE_CONNECTIONS} idle connections", probe)
         print(f"{count:.0f} connections open at the peak; "
               f"{(peak - attack.baseline) * 1024 / IDLE_CONNECTIONS:.1f} KiB each")  # fmt: skip
         assert opened.refused == 0 and count >= IDLE_CONNECTIONS
         assert peak < attack.baseline + IDLE_CONNECTIONS * PER_CONNECTION_KIB / 1024 + SLACK_MIB
-        return attack, peak, attack.returned[0]
+        assert attack.returned[0] <= attack.baseline + RETURN_MARGIN_MIB  # within 10 s
+        return attack, peak
 
     async def run() -> None:
-        first, first_peak, first_left = await wave(0.0, "first wave")
-        assert first_left <= first.baseline + IDLE_RETURN_MARGIN_MIB
-        _, second_peak, second_left = await wave(first.baseline, "second wave")
-        assert second_peak <= first_peak + REUSE_MARGIN_MIB  # the first wave's pages reused
-        assert second_left <= first_left + REUSE_MARGIN_MIB  # and nothing kept per connection
+        first, first_peak = await wave(0.0, "first wave")
+        _, second_peak = await wave(first.baseline, "second wave")  # the same baseline
+        assert second_peak <= first_peak + REUSE_MARGIN_MIB  # nothing kept per connection
 
     asyncio.run(run())
 

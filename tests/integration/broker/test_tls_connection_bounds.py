@@ -8,6 +8,11 @@ by: each TLS connection's first answer (16 MiB at the cap) used to go there whol
 so 10 such consumers held about 160 MiB more than the budget said. The listener now writes a TLS
 connection's answers in 64 KiB pieces, each only while the transport is not paused
 (server/framing.py).
+
+And idle TLS connections (each with its SSL object and the TLS layer's buffers) cost what the
+budget says and leave nothing behind: RSS back to where it was within 10 s. 2,000 of them here,
+not the 5,000 of the plain test: their handshakes took 31 s on the loaded 2-core CI machine
+(bench/connection_bounds.py opens 5,000).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from tests.support.fuzz_broker import address_space_limit, cap_address_space, vm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
+TLS_IDLE_CONNECTIONS = 2000
+TLS_PER_CONNECTION_KIB = 64  # an idle TLS connection: its SSL object, the TLS layer's buffers
+
 
 class TlsBroker:
     def __init__(self, proc: BrokerProcess, tls_port: int, client: ssl.SSLContext) -> None:
@@ -49,6 +57,7 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsBroker]:
     ca = certs.new_ca("test CA")
     (tmp / "ca.pem").write_bytes(ca.cert_pem())
     certs.write_keystore(tmp / "broker.pem", certs.issue(ca, "broker", hosts=["localhost"]), ca)
+    attacks.raise_fd_limit(2 * TLS_IDLE_CONNECTIONS + 1000)  # the broker inherits it
     tls_port = free_port()
     proc = BrokerProcess(f"file://{tmp / 'objects'}", tmp / "logs")
     proc.args = [
@@ -100,5 +109,34 @@ def test_tls_consumers_that_never_read_hold_at_most_the_response_budget(
         tls_slack = 10 * 0.25
         assert peak < attack.baseline + RESPONSE_BUDGET_MIB + batch + tls_slack + SLACK_MIB
         assert attack.returned[0] <= attack.baseline + RETURN_MARGIN_MIB
+
+    asyncio.run(run())
+
+
+def test_idle_tls_connections(tls_broker: TlsBroker) -> None:
+    broker = tls_broker.proc
+    sources = [f"127.0.0.{i}" for i in range(20, 26)]  # under the per-address default
+
+    async def run() -> None:
+        attack = Attack(broker)
+        async with attacks.ProduceProbe(broker.port, "probe") as probe, attack.rss:
+            await asyncio.sleep(0.5)
+            attack.baseline = attack.rss.reset()
+            mark = probe.mark()
+            opened = await attacks.tls_idle_clients(
+                tls_broker.tls_port, TLS_IDLE_CONNECTIONS, tls_broker.client, sources
+            )
+            await asyncio.sleep(1.0)
+            check_alive_and_served(broker, probe, mark)
+            peak = attack.rss.peak
+            count = gauge(broker.metrics(), "tidalmq_connections")
+            await leave(attack, opened)
+        attack.report(f"{TLS_IDLE_CONNECTIONS} idle TLS connections", probe)
+        print(f"{count:.0f} connections open at the peak; "
+              f"{(peak - attack.baseline) * 1024 / TLS_IDLE_CONNECTIONS:.1f} KiB each")  # fmt: skip
+        assert opened.refused == 0 and count >= TLS_IDLE_CONNECTIONS
+        budget = TLS_IDLE_CONNECTIONS * TLS_PER_CONNECTION_KIB / 1024
+        assert peak < attack.baseline + budget + SLACK_MIB
+        assert attack.returned[0] <= attack.baseline + RETURN_MARGIN_MIB  # within 10 s
 
     asyncio.run(run())

@@ -362,7 +362,7 @@ class KafkaListener:
         self.muted = 0  # connections muted now (their clients do not read their responses)
         self.refused: Counter[str] = Counter()  # connections refused at a cap, by reason
         self.idle_closed = 0
-        self._closed_since_trim = 0
+        self._trimmer = heap.AfterCloses()  # gives the heap back after a wave of closes
 
     @property
     def port(self) -> int:
@@ -461,7 +461,7 @@ class KafkaListener:
         return f"{self._per_ip[address]} connections from {address} (max.connections.per.ip {cap})"
 
     def _disconnected(self, task: asyncio.Task[None], proto: FrameProtocol, address: str) -> None:
-        self._closed_since_trim += 1
+        self._trimmer.closed()
         self._connections.discard(task)
         self._protocols.discard(proto)
         left = self._per_ip[address] - 1
@@ -477,9 +477,11 @@ class KafkaListener:
         interval = min(1.0, max(timeout / 10, 0.05))
         while True:
             await asyncio.sleep(interval)
-            if self._closed_since_trim >= heap.TRIM_AFTER_CLOSES:
-                self._closed_since_trim = 0
-                heap.trim()
+            closed = self._trimmer.pending
+            released = self._trimmer.tick(time.monotonic())
+            if released is not None:
+                msg = "%d connections closed: heap released (full collection %.1f ms, trim %.1f ms)"
+                log.info(msg, closed, released.collect_s * 1e3, released.trim_s * 1e3)
             deadline = time.monotonic() - timeout
             idle = [p for p in self._protocols if p.last_active < deadline and not p.lost]
             for proto in idle:
