@@ -302,6 +302,13 @@ class BrokerSettings:
     offsets_topic_partitions: int = field(
         default=16, metadata={"help": "partitions of __consumer_offsets"}
     )
+    transaction_max_timeout_ms: int = field(
+        default=900_000,
+        metadata={
+            "help": "transaction.max.timeout.ms: the longest transaction timeout a "
+            "transactional producer may ask for (INVALID_TRANSACTION_TIMEOUT beyond)"
+        },
+    )
     group_initial_rebalance_delay_ms: int = field(
         default=3000, metadata={"help": "group.initial.rebalance.delay.ms"}
     )
@@ -396,6 +403,7 @@ class BrokerSettings:
             "num.partitions": str(self.default_partitions),
             "auto.create.topics.enable": str(self.auto_create_topics).lower(),
             "offsets.topic.num.partitions": str(self.offsets_topic_partitions),
+            "transaction.max.timeout.ms": str(self.transaction_max_timeout_ms),
             "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
             "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
             "socket.request.max.bytes": str(self.max_request_bytes),
