@@ -243,6 +243,7 @@ class Broker:
                     ObjectStoreMetadataLog(self._store),
                     ControllerSettings(
                         offsets_topic_partitions=s.offsets_topic_partitions,
+                        transaction_state_partitions=s.transaction_state_partitions,
                         auto_rebalance=False,
                         embedded=True,
                     ),

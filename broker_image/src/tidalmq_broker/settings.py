@@ -302,6 +302,13 @@ class BrokerSettings:
     offsets_topic_partitions: int = field(
         default=16, metadata={"help": "partitions of __consumer_offsets"}
     )
+    transaction_state_partitions: int = field(
+        default=50,
+        metadata={
+            "help": "transaction.state.log.num.partitions: partitions of "
+            "__transaction_state (created on first use; an embedded controller's setting)"
+        },
+    )
     transaction_max_timeout_ms: int = field(
         default=900_000,
         metadata={
@@ -404,6 +411,7 @@ class BrokerSettings:
             "auto.create.topics.enable": str(self.auto_create_topics).lower(),
             "offsets.topic.num.partitions": str(self.offsets_topic_partitions),
             "transaction.max.timeout.ms": str(self.transaction_max_timeout_ms),
+            "transaction.state.log.num.partitions": str(self.transaction_state_partitions),
             "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
             "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
             "socket.request.max.bytes": str(self.max_request_bytes),

@@ -69,10 +69,12 @@ async def handle_add_partitions_to_txn(broker: Broker, request: Request, conn: C
     version = request.api_version
     if version >= 4:
         return await _add_partitions_batched(broker, body, conn)
-    topics = {t.name: set(t.partitions) for t in body.topics}
-    codes = await _add_partitions(broker, conn, body.transactional_id, body.producer_id,
-                                  body.producer_epoch, topics, verify_only=False)  # fmt: skip
-    return {"throttle_time": 0, "results": _topic_results(codes, version)}
+    topics = {t.name: set(t.partitions) for t in body.v3_and_below_topics}
+    codes = await _add_partitions(
+        broker, conn, body.v3_and_below_transactional_id, body.v3_and_below_producer_id,
+        body.v3_and_below_producer_epoch, topics, verify_only=False,
+    )  # fmt: skip
+    return {"throttle_time": 0, "results_by_topic_v3_and_below": _topic_results(codes, version)}
 
 
 async def _add_partitions_batched(broker: Broker, body: Any, conn: Connection) -> Any:
@@ -233,10 +235,15 @@ async def handle_txn_offset_commit(broker: Broker, request: Request, conn: Conne
 # ---------------------------------------------------------------------- describe / list
 def _describe(broker: Broker, conn: Connection, transactional_id: str) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "error_code": ErrorCode.none, "transactional_id": transactional_id,
-        "transaction_state": "", "transaction_timeout": 0,
-        "transaction_start_time": -1, "producer_id": -1, "producer_epoch": -1, "topics": [],
-    }  # fmt: skip
+        "error_code": ErrorCode.none,
+        "transactional_id": transactional_id,
+        "transaction_state": "",
+        "transaction_timeout": 0,
+        "transaction_start_time": 0,
+        "producer_id": -1,
+        "producer_epoch": -1,
+        "topics": [],
+    }  # fmt: skip  (an error's fields are the schema's defaults, as Kafka answers)
     if not _may(broker, conn, AclOperation.DESCRIBE, _TXN, transactional_id):
         out["error_code"] = ErrorCode.transactional_id_authorization_failed
         return out
@@ -255,7 +262,7 @@ def _describe(broker: Broker, conn: Connection, transactional_id: str) -> dict[s
     out.update(
         transaction_state=meta.state.value,
         transaction_timeout=meta.timeout_ms,
-        transaction_start_time=meta.start_ms,
+        transaction_start_time=meta.start_ms,  # -1 with no transaction open, as Kafka
         producer_id=meta.producer_id,
         producer_epoch=meta.producer_epoch,
         topics=[{"topic": t, "partitions": ps} for t, ps in topics.items()],

@@ -127,7 +127,7 @@ class TxnShard:
             if meta.state.preparing:  # past the point of no return: finish it
                 self._spawn_completion(meta.transactional_id)
         self._ticker = asyncio.create_task(self._tick(), name=f"txn timeouts {self.partition}")
-        log.info(
+        (log.info if count else log.debug)(
             "%s-%d: loaded %d transactional ids from %d records in %.0f ms",
             TXN_STATE_TOPIC, self.partition, len(self.txns), count,
             (time.perf_counter() - started) * 1000,
