@@ -115,6 +115,22 @@ async def test_every_version_runs_a_transaction_through() -> None:
     (shard, groups) = b._shards
     assert shard.txns["t5"].partitions == {("orders", 0), ("orders", 1), (OFFSETS_TOPIC, 0)}
     assert groups.pending  # until the marker
+
+    async def fetch_offset(stable: bool) -> tuple[int, int]:
+        answer = await call(b, 9, 7, {"group_id": "g", "require_stable": stable,
+                                      "topics": [{"name": "orders", "partition_indexes": [1]}]})  # fmt: skip
+        part = answer["topics"][0]["partitions"][0]
+        return part["error_code"], part["committed_offset"]
+
+    assert await fetch_offset(True) == (ErrorCode.unstable_offset_commit, -1)
+    assert await fetch_offset(False) == (ErrorCode.none, -1)  # not committed yet
+    pid5 = shard.txns["t5"].producer_id
+    groups.complete_txn(shard.txns["t4"].producer_id, False)  # t4 aborted: its offset dropped
+    assert await fetch_offset(True) == (ErrorCode.unstable_offset_commit, -1)  # t5's still open
+    groups.complete_txn(pid5, True)
+    for pid in [shard.txns[f"t{i}"].producer_id for i in range(4)]:
+        groups.complete_txn(pid, False)
+    assert await fetch_offset(True) == (ErrorCode.none, 5)
     described = await call(b, 65, 0, {"transactional_ids": ["t5", "nope"]})
     t5, nope = described["transaction_states"]
     assert (t5["transaction_state"], t5["producer_epoch"]) == ("PrepareCommit", 0)

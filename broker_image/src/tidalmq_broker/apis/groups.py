@@ -286,8 +286,15 @@ async def handle_offset_commit(broker: Broker, request: Request, conn: Connectio
 
 
 def _fetch_group_offsets(
-    broker: Broker, conn: Connection, group_id: str, topics: Any, version: int
+    broker: Broker,
+    conn: Connection,
+    group_id: str,
+    topics: Any,
+    version: int,
+    require_stable: bool = False,
 ) -> dict[str, Any]:
+    """`require_stable` (v7+, KIP-447): a partition with an offset pending in an open
+    transaction answers UNSTABLE_OFFSET_COMMIT (the client retries) instead of the older one."""
     if not _may(broker, conn, AclOperation.DESCRIBE, _GROUP, group_id):
         # v1 has no error of its own: each partition named carries it
         denied = [{"name": t.name, "partitions": [_offset_error(i, ErrorCode.group_authorization_failed)
@@ -317,6 +324,11 @@ def _fetch_group_offsets(
     for (topic, partition), c in found.items():
         if wanted is None and not _may(broker, conn, AclOperation.DESCRIBE, _TOPIC, topic):
             continue  # every offset asked for: topics the client may not see are left out
+        if require_stable and shard.has_pending(group_id, topic, partition):
+            by_topic.setdefault(topic, []).append(
+                _offset_error(partition, ErrorCode.unstable_offset_commit)
+            )
+            continue
         by_topic.setdefault(topic, []).append({
             "partition_index": partition, "committed_offset": c.offset,
             "committed_leader_epoch": c.leader_epoch, "metadata": c.metadata,
@@ -335,11 +347,13 @@ def _offset_error(index: int, code: ErrorCode) -> dict[str, Any]:
 async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
     version = request.api_version
+    stable = bool(getattr(b, "require_stable", False))
     if version >= 8:
         return {"throttle_time": 0, "groups": [
-            _fetch_group_offsets(broker, conn, g.group_id, g.topics, version) for g in b.groups
+            _fetch_group_offsets(broker, conn, g.group_id, g.topics, version, stable)
+            for g in b.groups
         ]}  # fmt: skip
-    one = _fetch_group_offsets(broker, conn, b.group_id, b.topics, version)
+    one = _fetch_group_offsets(broker, conn, b.group_id, b.topics, version, stable)
     return {"throttle_time": 0, "topics": one["topics"], "error_code": one["error_code"]}
 
 
