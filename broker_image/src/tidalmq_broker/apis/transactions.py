@@ -295,10 +295,8 @@ def list_filter(body: Any, now_ms: int) -> tuple[list[str], Any]:
             return False
         if pids and meta.producer_id not in pids:
             return False
-        if duration >= 0 and (
-            meta.state is not TxnState.ONGOING or now_ms - meta.start_ms < duration
-        ):
-            return False
+        if duration >= 0 and (meta.start_ms < 0 or now_ms - meta.start_ms < duration):
+            return False  # only transactions open (or ending) for at least `duration` ms
         return pattern is None or pattern.fullmatch(meta.transactional_id) is not None
 
     return unknown, keep
