@@ -1,7 +1,8 @@
 """Transactions end to end on the 3-broker local cluster, with real clients: librdkafka's
 transactional producer (confluent-kafka) commits a transaction over two topics whose partitions
 are led by all three brokers, with consumer offsets (send_offsets_to_transaction), and aborts
-another; a second producer with the same transactional.id fences the first (whose open
+another; the coordinator's `__transaction_state` partition moves to another broker in the middle
+of a transaction, which still commits; a second producer with the same transactional.id fences the first (whose open
 transaction is aborted); a read_committed consumer sees exactly the committed records, the
 group's offsets are those of the committed transaction, and `kafka-transactions list/describe`
 show the transactional ids."""
@@ -12,6 +13,8 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from tidalmq_broker.transactions.records import partition_for_transactional_id
+from tidalmq_core.metadata import TXN_STATE_TOPIC
 
 from tests.integration.compat.conftest import create_topic, name, tool
 from tests.support.local_cluster import LocalClusterProcess
@@ -79,6 +82,18 @@ def test_transactions_commit_abort_fence_and_read_committed(
     p1.send_offsets_to_transaction(
         [TopicPartition(topics[0], 0, 42)], source.consumer_group_metadata(), 10
     )
+    p1.commit_transaction(30)
+
+    # the coordinator moves mid-transaction: the new one replays the state and commits
+    cluster = tidalmq_cluster
+    p1.begin_transaction()
+    committed += produce_all(p1, topics, "moved")
+    leaders = cluster.leaders(TXN_STATE_TOPIC)
+    state_partition = partition_for_transactional_id(tid, len(leaders))
+    target = (leaders[state_partition] + 1) % 3
+    cluster.reassign({(TXN_STATE_TOPIC, state_partition): target})
+    cluster.wait_settled()
+    assert cluster.leaders(TXN_STATE_TOPIC)[state_partition] == target
     p1.commit_transaction(30)
 
     p1.begin_transaction()
