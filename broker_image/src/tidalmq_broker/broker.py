@@ -133,7 +133,12 @@ class Broker:
             self._offsets_partitions,
         )
         self.transactions = TransactionCoordinator(
-            TxnSettings(max_timeout_ms=settings.transaction_max_timeout_ms),
+            TxnSettings(
+                max_timeout_ms=settings.transaction_max_timeout_ms,
+                timeout_check_interval_s=(
+                    settings.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000
+                ),
+            ),
             self._txn_state_partitions,
             MarkerChannel(self),
             lambda: self.controller.allocate_producer_id(),

@@ -316,6 +316,13 @@ class BrokerSettings:
             "transactional producer may ask for (INVALID_TRANSACTION_TIMEOUT beyond)"
         },
     )
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = field(
+        default=10_000,
+        metadata={
+            "help": "transaction.abort.timed.out.transaction.cleanup.interval.ms: how "
+            "often the transaction coordinator aborts transactions past their timeout"
+        },
+    )
     group_initial_rebalance_delay_ms: int = field(
         default=3000, metadata={"help": "group.initial.rebalance.delay.ms"}
     )
@@ -411,6 +418,9 @@ class BrokerSettings:
             "auto.create.topics.enable": str(self.auto_create_topics).lower(),
             "offsets.topic.num.partitions": str(self.offsets_topic_partitions),
             "transaction.max.timeout.ms": str(self.transaction_max_timeout_ms),
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": str(
+                self.transaction_abort_timed_out_transaction_cleanup_interval_ms
+            ),
             "transaction.state.log.num.partitions": str(self.transaction_state_partitions),
             "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
             "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),

@@ -3,7 +3,8 @@ transactional producer (confluent-kafka) commits a transaction over two topics w
 are led by all three brokers, with consumer offsets (send_offsets_to_transaction), and aborts
 another; the coordinator's `__transaction_state` partition moves to another broker in the middle
 of a transaction, which still commits; a second producer with the same transactional.id fences the first (whose open
-transaction is aborted); a read_committed consumer sees exactly the committed records, the
+transaction is aborted); a transaction left open past its timeout is aborted by the coordinator;
+a read_committed consumer sees exactly the committed records, the
 group's offsets are those of the committed transaction, and `kafka-transactions list/describe`
 show the transactional ids."""
 
@@ -24,9 +25,9 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 3  # one per broker, so every transaction writes to partitions on all three
 
 
-def producer(bootstrap: str, transactional_id: str) -> Producer:
+def producer(bootstrap: str, transactional_id: str, timeout_ms: int = 60_000) -> Producer:
     return Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
-                     "transaction.timeout.ms": 60_000, "linger.ms": 5})  # fmt: skip
+                     "transaction.timeout.ms": timeout_ms, "linger.ms": 5})  # fmt: skip
 
 
 def produce_all(p: Producer, topics: list[str], tag: str) -> list[tuple[str, int, bytes]]:
@@ -75,6 +76,14 @@ def test_transactions_commit_abort_fence_and_read_committed(
     group, tid = name("txn-group"), name("txn-id")
     source = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
 
+    # left open past its 2 s timeout (the compat cluster checks every 0.5 s): aborted for it
+    late_tid = name("txn-late")
+    late = producer(bootstrap, late_tid, timeout_ms=2000)
+    late.init_transactions(30)
+    late.begin_transaction()
+    produce_all(late, topics, "timed-out")
+    late_started = time.monotonic()
+
     p1 = producer(bootstrap, tid)
     p1.init_transactions(30)
     p1.begin_transaction()
@@ -108,6 +117,10 @@ def test_transactions_commit_abort_fence_and_read_committed(
         p1.commit_transaction(10)
     assert fenced.value.args[0].fatal() or "fenced" in str(fenced.value).lower(), fenced.value
 
+    time.sleep(max(0.0, late_started + 3.0 - time.monotonic()))
+    with pytest.raises(KafkaException):  # its epoch was bumped by the abort: fenced
+        late.commit_transaction(10)
+
     assert read_committed(bootstrap, topics, len(committed)) == sorted(committed)
     (offset,) = source.committed([TopicPartition(topics[0], 0)], timeout=10)
     assert offset.offset == 42
@@ -115,6 +128,8 @@ def test_transactions_commit_abort_fence_and_read_committed(
 
     listed = tool("kafka-transactions", "list", bootstrap=bootstrap)
     assert tid in listed, listed
+    (late_row,) = [line.split() for line in listed.splitlines() if late_tid in line]
+    assert late_row[-1] == "CompleteAbort", listed
     described = tool("kafka-transactions", "describe", "--transactional-id", tid,
                      bootstrap=bootstrap)  # fmt: skip
     assert "CompleteAbort" in described or "Empty" in described, described
