@@ -6,6 +6,7 @@ bumped epoch. A fake clock and a fake marker channel."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -163,3 +164,20 @@ async def test_a_new_incarnation_aborts_the_open_transaction_first(h: Harness) -
     with pytest.raises(TxnError) as too_long:
         await shard.init_producer_id("t4", 60_001, None)
     assert too_long.value.code == ErrorCode.invalid_transaction_timeout
+
+
+async def test_snapshots_trim_the_log_and_replay_gives_the_same_state(h: Harness) -> None:
+    shard = await h.open()
+    shard._settings = dataclasses.replace(SETTINGS, snapshot_after_records=5)
+    for i in range(4):
+        await shard.init_producer_id(f"s{i}", 30_000, None)
+    pid, epoch = await shard.init_producer_id("s0", 30_000, None)  # 5th record: a snapshot
+    assert shard._snapshotting is not None
+    await shard._snapshotting
+    await shard.add_partitions("s0", pid, epoch, {("orders", 0)})  # after the snapshot
+    plog = shard._log
+    assert plog.log_start_offset == 5  # the 5 records before the snapshot are gone
+    before = dict(shard.txns)
+    again = await h.open()
+    assert again.txns == before
+    assert again.txns["s0"].state is TxnState.ONGOING and again.txns["s0"].producer_epoch == 1

@@ -49,6 +49,9 @@ class TxnSettings:
     timeout_check_interval_s: float = 10.0
     marker_backoff_s: float = 0.1  # first retry of a marker; doubles up to marker_backoff_max_s
     marker_backoff_max_s: float = 2.0
+    # rewrite every transactional id's state and trim the log before it after this many records,
+    # so replay stays short (the group coordinator's snapshots; compaction will do it later)
+    snapshot_after_records: int = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,13 @@ class TxnShard:
         self.txns: dict[str, TxnMetadata] = {}
         self.loaded = asyncio.Event()
         self._closed = False
+        self._records_since_snapshot = 0
+        self._writes_open = asyncio.Event()  # cleared while a snapshot writes and trims
+        self._writes_open.set()
+        self._writes_in_flight = 0
+        self._writes_drained = asyncio.Event()
+        self._writes_drained.set()
+        self._snapshotting: asyncio.Task[None] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._completing: dict[str, asyncio.Task[None]] = {}
         self._ticker: asyncio.Task[None] | None = None
@@ -122,6 +132,7 @@ class TxnShard:
                             self.txns[tid] = decode_value(tid, raw_value)
                         count += 1
                 offset = header.last_offset + 1
+        self._records_since_snapshot = count
         self.loaded.set()
         for meta in self.txns.values():
             if meta.state.preparing:  # past the point of no return: finish it
@@ -139,6 +150,8 @@ class TxnShard:
             self._ticker.cancel()
         for task in self._completing.values():
             task.cancel()
+        if self._snapshotting is not None:
+            self._snapshotting.cancel()
 
     # ------------------------------------------------------------------ requests
     async def init_producer_id(
@@ -318,18 +331,62 @@ class TxnShard:
         return meta
 
     async def _write(self, meta: TxnMetadata) -> None:
-        """Make `meta` durable, then current. A failed append changes nothing."""
+        """Make `meta` durable, then current. A failed append changes nothing. Waits while a
+        snapshot is written (it must not trim a record it did not include)."""
+        while not self._writes_open.is_set():
+            await self._writes_open.wait()
         if self._closed:
             raise TxnError(ErrorCode.not_coordinator)
         batch = build_batch(
             [(encode_key(meta.transactional_id), encode_value(meta))], timestamp_ms=self._clock()
         )
+        self._writes_in_flight += 1
+        self._writes_drained.clear()
         try:
             await self._log.append(batch, acks=-1)
+            self.txns[meta.transactional_id] = meta
         except StorageError as exc:
             log.warning("%s: logging the transaction state failed: %s", meta.transactional_id, exc)
             raise TxnError(ErrorCode.coordinator_not_available) from exc
-        self.txns[meta.transactional_id] = meta
+        finally:
+            self._writes_in_flight -= 1
+            if not self._writes_in_flight:
+                self._writes_drained.set()
+        self._records_since_snapshot += 1
+        if self._records_since_snapshot >= self._settings.snapshot_after_records and (
+            self._snapshotting is None or self._snapshotting.done()
+        ):
+            self._records_since_snapshot = 0
+            self._snapshotting = asyncio.create_task(
+                self.snapshot(), name=f"txn snapshot {self.partition}"
+            )
+
+    async def snapshot(self) -> None:
+        """Write every transactional id's current state again, then trim the log before it.
+        New writes wait and writes in flight finish first, so `txns` is exactly the durable
+        state and every record below the trim point is superseded by one written here."""
+        self._writes_open.clear()
+        try:
+            await self._writes_drained.wait()
+            if self._closed:
+                return
+            live = list(self.txns.values())
+            start = self._log.high_watermark
+            for i in range(0, len(live), 500):
+                batch = build_batch(
+                    [(encode_key(m.transactional_id), encode_value(m)) for m in live[i : i + 500]],
+                    timestamp_ms=self._clock(),
+                )
+                result = await self._log.append(batch, acks=-1)
+                if i == 0:
+                    start = result.base_offset
+            await self._log.delete_records_before(start)
+            log.info("%s-%d: snapshot of %d transactional ids, log trimmed before %d",
+                     TXN_STATE_TOPIC, self.partition, len(live), start)  # fmt: skip
+        except StorageError as exc:
+            log.warning("%s-%d: snapshot failed: %s", TXN_STATE_TOPIC, self.partition, exc)
+        finally:
+            self._writes_open.set()
 
 
 class TransactionCoordinator:
