@@ -28,7 +28,14 @@ from tidalmq_controller import (
 )
 from tidalmq_core import snapshots, updates
 from tidalmq_core.control_auth import TokenError
-from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata, DataLoss, Endpoint
+from tidalmq_core.metadata import (
+    OFFSETS_TOPIC,
+    TXN_STATE_TOPIC,
+    BrokerInfo,
+    ClusterMetadata,
+    DataLoss,
+    Endpoint,
+)
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import MetadataDelta, RecordError, apply_batch
 from tidalmq_core.scram import ScramCredential
@@ -61,6 +68,13 @@ from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.topic_data import delete_topic_data
+from tidalmq_broker.transactions.coordinator import TransactionCoordinator, TxnSettings
+from tidalmq_broker.transactions.markers import (
+    MarkerChannel,
+    markers_doc,
+    markers_from,
+    write_all_here,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +132,20 @@ class Broker:
             ),
             self._offsets_partitions,
         )
+        self.transactions = TransactionCoordinator(
+            TxnSettings(
+                max_timeout_ms=settings.transaction_max_timeout_ms,
+                timeout_check_interval_s=(
+                    settings.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000
+                ),
+            ),
+            self._txn_state_partitions,
+            MarkerChannel(self),
+            lambda: self.controller.allocate_producer_id(),
+            lambda: self.controller.ensure_transaction_state_topic(),
+        )
         # told of every transaction marker written here (apis/txn_markers.py)
-        self.txn_marker_listeners: list[MarkerListener] = []
+        self.txn_marker_listeners: list[MarkerListener] = [self.groups.on_txn_marker]
         # every listener, TLS and SASL setting is checked here, before anything starts
         self._listeners, self._endpoints = build_endpoints(settings, self._scram_credential)
         try:  # the users an embedded controller creates at start if absent
@@ -198,6 +224,7 @@ class Broker:
         self.partitions.logic_queues = static  # Produce/Fetch/ListOffsets on logic queues
         self.groups.offset_keys = static  # committed offsets with Double-Read-Check
         self.partitions.add_hook(self.groups.on_partition)
+        self.partitions.add_hook(self.transactions.on_partition)
         self.partitions.add_report(self._report_partition)
         self.engine.on_store_state = self._store_state_changed
         await self.listener.start_endpoints(self._endpoints)
@@ -208,6 +235,7 @@ class Broker:
         self.control.app.router.add_post("/v1/metadata", self._receive_metadata)
         self.control.app.router.add_post("/v1/metadata/updates", self._receive_update)
         self.control.app.router.add_post("/v1/drain", self._http_drain)
+        self.control.app.router.add_post("/v1/transactions/markers", self._http_txn_markers)
         await self.http.start(s.http_host, s.http_port)
         if self.control is not self.http:
             await self.control.start(s.http_host, s.control_port)
@@ -220,6 +248,7 @@ class Broker:
                     ObjectStoreMetadataLog(self._store),
                     ControllerSettings(
                         offsets_topic_partitions=s.offsets_topic_partitions,
+                        transaction_state_partitions=s.transaction_state_partitions,
                         auto_rebalance=False,
                         embedded=True,
                     ),
@@ -300,6 +329,7 @@ class Broker:
         if self._reporter is not None:
             self._reporter.cancel()
         await self.groups.close()
+        await self.transactions.close()
         if self.engine is not None:
             await self.engine.stop()
         await self.listener.close()
@@ -414,6 +444,19 @@ class Broker:
         return web.json_response(
             {"drained": drained, "leading": len(self.partitions.open_partitions())}
         )
+
+    async def _http_txn_markers(self, request: web.Request) -> web.Response:
+        """Transaction markers from a coordinator on another broker, relayed by the controller
+        (docs/transactions.md): written here as WriteTxnMarkers writes them."""
+        try:
+            markers = markers_from(await request.json())
+        except (ValueError, TypeError, KeyError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        results = await write_all_here(self, markers)
+        doc = markers_doc(markers)
+        for entry in doc["markers"]:
+            entry["error_code"] = results[TopicPartition(entry["topic"], entry["partition"])]
+        return web.json_response({"results": doc["markers"]})
 
     async def _receive_metadata(self, request: web.Request) -> web.Response:
         self.apply_metadata(ClusterMetadata.from_json(await request.json()))
@@ -678,6 +721,10 @@ class Broker:
 
     def _offsets_partitions(self) -> int:
         topic = self.metadata.topics.get(OFFSETS_TOPIC)
+        return len(topic.partitions) if topic else 0
+
+    def _txn_state_partitions(self) -> int:
+        topic = self.metadata.topics.get(TXN_STATE_TOPIC)
         return len(topic.partitions) if topic else 0
 
     # ------------------------------------------------------------------ internals

@@ -302,6 +302,27 @@ class BrokerSettings:
     offsets_topic_partitions: int = field(
         default=16, metadata={"help": "partitions of __consumer_offsets"}
     )
+    transaction_state_partitions: int = field(
+        default=50,
+        metadata={
+            "help": "transaction.state.log.num.partitions: partitions of "
+            "__transaction_state (created on first use; an embedded controller's setting)"
+        },
+    )
+    transaction_max_timeout_ms: int = field(
+        default=900_000,
+        metadata={
+            "help": "transaction.max.timeout.ms: the longest transaction timeout a "
+            "transactional producer may ask for (INVALID_TRANSACTION_TIMEOUT beyond)"
+        },
+    )
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = field(
+        default=10_000,
+        metadata={
+            "help": "transaction.abort.timed.out.transaction.cleanup.interval.ms: how "
+            "often the transaction coordinator aborts transactions past their timeout"
+        },
+    )
     group_initial_rebalance_delay_ms: int = field(
         default=3000, metadata={"help": "group.initial.rebalance.delay.ms"}
     )
@@ -396,6 +417,11 @@ class BrokerSettings:
             "num.partitions": str(self.default_partitions),
             "auto.create.topics.enable": str(self.auto_create_topics).lower(),
             "offsets.topic.num.partitions": str(self.offsets_topic_partitions),
+            "transaction.max.timeout.ms": str(self.transaction_max_timeout_ms),
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": str(
+                self.transaction_abort_timed_out_transaction_cleanup_interval_ms
+            ),
+            "transaction.state.log.num.partitions": str(self.transaction_state_partitions),
             "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
             "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
             "socket.request.max.bytes": str(self.max_request_bytes),

@@ -43,6 +43,7 @@ BROKER_FORWARDED = frozenset({
     "/v1/topics/create", "/v1/topics/delete", "/v1/topics/partitions", "/v1/topics/configs",
     "/v1/brokers/configs", "/v1/scram-credentials/alter", "/v1/acls/create", "/v1/acls/delete",
     "/v1/reassignments/alter", "/v1/reassignments/list",
+    "/v1/transactions/state-topic", "/v1/transactions/markers",
 })  # fmt: skip
 
 # the request key of who called (aiohttp's typed key where it has one: 3.12 and later)

@@ -61,6 +61,7 @@ from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.balance import Plan
 from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
+    TXN_STATE_TOPIC,
     BrokerInfo,
     ClusterMetadata,
     DataLoss,
@@ -201,6 +202,9 @@ class ControllerSettings:
     # the old one is gone with the old process, so its partitions need not wait for a lease
     embedded: bool = False
     offsets_topic_partitions: int = 16
+    # transaction.state.log.num.partitions (Kafka's default): __transaction_state is created on
+    # the first transactional request (ensure_transaction_state_topic), not with the cluster
+    transaction_state_partitions: int = 50
     tick_s: float = 0.05
     # how often the object store's identity marker is read (a wiped or foreign store is noticed)
     identity_check_interval_s: float = 5.0
@@ -1081,6 +1085,20 @@ class Controller:
         return results, await self._commit(records)
 
     # ---------------------------------------------------------------- producer ids
+    async def ensure_transaction_state_topic(self, wait_s: float = 0.0) -> None:
+        """Create `__transaction_state` if it does not exist (Kafka creates it on the first
+        FindCoordinator or InitProducerId naming a transactional id). Clients cannot create,
+        delete or alter it: it is internal."""
+        self._require_active()
+        if TXN_STATE_TOPIC in self.image.topics:
+            return
+        _, created = self.topics.create(
+            [NewTopic(TXN_STATE_TOPIC, self.settings.transaction_state_partitions, internal=True)]
+        )
+        if created:
+            await self._commit(created)
+            await self._wait_open([TXN_STATE_TOPIC], wait_s)
+
     async def allocate_producer_id(self) -> int:
         """A cluster-unique producer id. Blocks of ids are reserved in the metadata so no id
         is handed out twice across controller restarts."""

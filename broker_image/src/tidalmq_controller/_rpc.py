@@ -246,6 +246,8 @@ class ControllerClient(Protocol):
     async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
                                    incremental: bool, validate_only: bool) -> Exception | None: ...  # fmt: skip
     async def allocate_producer_id(self) -> int: ...
+    async def ensure_transaction_state_topic(self) -> None: ...
+    async def forward_txn_markers(self, broker_id: int, doc: dict[str, Any]) -> dict[str, Any]: ...
     async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]: ...  # fmt: skip
     async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]: ...  # fmt: skip
     async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0,
@@ -310,6 +312,13 @@ class LocalControllerClient:
 
     async def allocate_producer_id(self) -> int:
         return await self.controller.allocate_producer_id()
+
+    async def ensure_transaction_state_topic(self) -> None:
+        await self.controller.ensure_transaction_state_topic(wait_s=5.0)
+
+    async def forward_txn_markers(self, broker_id: int, doc: dict[str, Any]) -> dict[str, Any]:
+        # an embedded controller serves one broker, which leads every partition it can reach
+        raise ControllerUnavailable(f"no channel to broker {broker_id} from an embedded controller")
 
     async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]:  # fmt: skip
         return await self.controller.alter_reassignments(entries)
@@ -491,6 +500,15 @@ class HttpControllerClient:
     async def allocate_producer_id(self) -> int:
         return int((await self._call("/v1/producer-ids"))["producer_id"])
 
+    async def ensure_transaction_state_topic(self) -> None:
+        await self._call("/v1/transactions/state-topic", timeout_s=15.0)
+
+    async def forward_txn_markers(self, broker_id: int, doc: dict[str, Any]) -> dict[str, Any]:
+        """Markers for the partitions broker `broker_id` leads, through the controller (which
+        holds every broker's control token; brokers hold only their own)."""
+        return dict(await self._call("/v1/transactions/markers", {"broker_id": broker_id,
+                                                                  "markers": doc}))  # fmt: skip
+
     async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]:  # fmt: skip
         doc = await self._call("/v1/reassignments/alter", {
             "entries": [{**_tp_doc(e.tp), "target": e.target} for e in entries]
@@ -624,6 +642,8 @@ class ControllerServer:
         r.add_post("/v1/acls/create", self._create_acls)
         r.add_post("/v1/acls/delete", self._delete_acls)
         r.add_post("/v1/producer-ids", self._producer_id)
+        r.add_post("/v1/transactions/state-topic", self._txn_state_topic)
+        r.add_post("/v1/transactions/markers", self._txn_markers)
         r.add_post("/v1/reassignments/alter", self._alter_reassignments)
         r.add_post("/v1/reassignments/list", self._list_reassignments)
         r.add_get("/v1/moves", self._moves)
@@ -933,6 +953,31 @@ class ControllerServer:
             return self._ok({"producer_id": await self.controller.allocate_producer_id()})
         except ctl.ControllerError as exc:
             return self._fault(exc)
+
+    async def _txn_state_topic(self, request: web.Request) -> web.Response:
+        try:
+            await self.controller.ensure_transaction_state_topic(wait_s=5.0)
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({})
+
+    async def _txn_markers(self, request: web.Request) -> web.Response:
+        """A transaction coordinator's markers for the partitions another broker leads: passed
+        on to that broker's control endpoint with its token (docs/transactions.md)."""
+        b = await self._body(request)
+        info = self.controller.image.brokers.get(int(b["broker_id"]))
+        if info is None or not info.control_url or info.state == "dead":
+            return self._fault(ctl.ControllerError(f"broker {b['broker_id']} is not reachable"))
+        assert self._session is not None
+        url = info.control_url.rstrip("/") + "/v1/transactions/markers"
+        headers = authorization(self.auth.broker_token(info.broker_id))
+        try:
+            async with self._session.post(url, json=b["markers"], headers=headers) as resp:
+                resp.raise_for_status()
+                doc = await resp.json()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return self._fault(ControllerUnavailable(f"broker {info.broker_id}: {exc}"))
+        return self._ok(doc)
 
     async def _alter_reassignments(self, request: web.Request) -> web.Response:
         b = await self._body(request)

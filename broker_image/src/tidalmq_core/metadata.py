@@ -19,7 +19,10 @@ from tidalmq_core.static_mapping import StaticTopicState
 
 NO_LEADER = -1
 OFFSETS_TOPIC = "__consumer_offsets"
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+# the transaction coordinators' state (transactions/): created by the controller on the first
+# transactional request, as Kafka does, with transaction.state.log.num.partitions partitions
+TXN_STATE_TOPIC = "__transaction_state"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_STATE_TOPIC})
 
 # Topic configs TidalMQ knows, with Kafka's defaults (as strings, as Kafka reports them).
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
@@ -44,6 +47,7 @@ READ_ONLY_TOPIC_CONFIGS = frozenset({"min.insync.replicas"})
 # delete the offsets and metadata of any group idle for longer.
 FIXED_TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     OFFSETS_TOPIC: {"cleanup.policy": "compact", "retention.ms": "-1", "retention.bytes": "-1"},
+    TXN_STATE_TOPIC: {"cleanup.policy": "compact", "retention.ms": "-1", "retention.bytes": "-1"},
 }
 
 # Broker configs that can be changed at runtime (Kafka's dynamic broker configs TidalMQ accepts),

@@ -207,6 +207,7 @@ class OperatorRuntime:
                 heartbeat_interval_s=s.heartbeat_interval_s, lease_s=s.lease_s,
                 session_timeout_s=s.session_timeout_s, election_timeout_s=s.election_timeout_s,
                 offsets_topic_partitions=s.offsets_topic_partitions,
+                transaction_state_partitions=s.transaction_state_partitions,
                 max_moves_per_broker=s.max_moves_per_broker,
             ),
             topic_data_deleter=functools.partial(delete_topic_data, store) if store else None,

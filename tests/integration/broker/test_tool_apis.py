@@ -5,6 +5,7 @@ dynamic broker configs and list-config operations, and the clear refusal of tran
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -227,17 +228,26 @@ def test_throttled_replica_lists_append_and_subtract(
 
 
 # ---------------------------------------------------------------- transactions
-def test_transactions_are_refused_not_retried(admin: AdminClient) -> None:
-    found = admin.call(10, 4, {"key_type": 1, "coordinator_keys": ["tx-1"]})
-    (coordinator,) = found.coordinators
-    # not COORDINATOR_NOT_AVAILABLE, which clients retry until their timeout
-    assert coordinator.error_code == ErrorCode.unsupported_version
-    assert "does not support transactions" in coordinator.error_message
-    init = admin.call(22, 4, {"transactional_id": "tx-1", "transaction_timeout": 60000,
-                              "producer_id": -1, "producer_epoch": -1})  # fmt: skip
-    assert init.error_code == ErrorCode.unsupported_version and init.producer_id == -1
-    idempotent = admin.call(22, 4, {"transactional_id": None, "transaction_timeout": 60000,
-                                    "producer_id": -1, "producer_epoch": -1})  # fmt: skip
+def test_transaction_coordinator_found_and_producer_ids_fenced(admin: AdminClient) -> None:
+    """FindCoordinator key type 1 creates __transaction_state on first use (retriable
+    COORDINATOR_NOT_AVAILABLE meanwhile), then names this broker; InitProducerId with a
+    transactional id gives a producer id and bumps its epoch on every call."""
+    deadline = time.monotonic() + 30
+    while True:
+        found = admin.call(10, 4, {"key_type": 1, "coordinator_keys": ["tx-1"]})
+        (coordinator,) = found.coordinators
+        if coordinator.error_code == ErrorCode.none or time.monotonic() > deadline:
+            break
+        assert coordinator.error_code == ErrorCode.coordinator_not_available, coordinator
+        time.sleep(0.2)
+    assert coordinator.error_code == ErrorCode.none and coordinator.port > 0, coordinator
+    body = {"transactional_id": "tx-1", "transaction_timeout": 60000, "producer_id": -1,
+            "producer_epoch": -1}  # fmt: skip
+    first, second = admin.call(22, 4, body), admin.call(22, 4, body)
+    assert first.error_code == second.error_code == ErrorCode.none
+    assert first.producer_id == second.producer_id >= 0
+    assert (first.producer_epoch, second.producer_epoch) == (0, 1)
+    idempotent = admin.call(22, 4, {**body, "transactional_id": None})
     assert idempotent.error_code == ErrorCode.none and idempotent.producer_id >= 0
 
 

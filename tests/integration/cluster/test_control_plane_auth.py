@@ -73,6 +73,12 @@ def forged_update(version: int) -> bytes:
     return b"".join(updates.encode(version, snapshots.encode_bytes(image), []))
 
 
+# an abort marker for another producer's transaction, as a coordinator sends it
+FORGED_MARKERS = {"markers": [{"topic": "orders", "partition": 0, "producer_id": 1,
+                               "producer_epoch": 0, "commit": False,
+                               "coordinator_epoch": 99}]}  # fmt: skip
+
+
 def controller_calls(cluster: LocalClusterProcess, victim: int) -> list[tuple[str, str, Any]]:
     """(method, path, body) of every control call the local cluster's controller serves, each a
     forgery that would change something (or read what it should not) if let through."""
@@ -107,6 +113,8 @@ def controller_calls(cluster: LocalClusterProcess, victim: int) -> list[tuple[st
         ("POST", "/v1/acls/create", {"bindings": [[2, "*", 3, "User:mallory", "*", 2, 3]]}),
         ("POST", "/v1/acls/delete", {"filters": [[1, None, 1, None, None, 1, 1]]}),
         ("POST", "/v1/producer-ids", {}),
+        ("POST", "/v1/transactions/state-topic", {}),
+        ("POST", "/v1/transactions/markers", {"broker_id": 1 - victim, "markers": FORGED_MARKERS}),
         ("POST", "/v1/reassignments/alter", {"entries": [{**tp, "target": 1 - victim}]}),
         ("POST", "/v1/reassignments/list", {}),
         ("POST", "/v1/data-loss/accept", {"topic": "orders", "partitions": None}),
@@ -199,7 +207,8 @@ def test_forged_control_calls_change_nothing_in_a_local_cluster(
         other = broker_token(token, 1 - broker_id)
         for path, body in (("/v1/metadata", forged_metadata(10**9).to_json()),
                            ("/v1/metadata/updates", forged_update(10**9)),
-                           ("/v1/drain", {"timeout_s": 5})):  # fmt: skip
+                           ("/v1/drain", {"timeout_s": 5}),
+                           ("/v1/transactions/markers", FORGED_MARKERS)):  # fmt: skip
             for bad in (None, WRONG, other, token):  # the cluster token is not a broker's
                 status, doc = call(url + path, body, bad)
                 assert status == 401, (broker_id, path, bad, status, doc)

@@ -53,7 +53,11 @@ def tidalmq_cluster(
     cluster = LocalClusterProcess(
         tmp_path_factory.mktemp("compat-cluster"), brokers=3,
         storage_url=s3_server.url(prefix=s3_server.unique_prefix("compat-cluster")),
-        env={**s3_server.env(), **HOLD_MOVES_ENV},
+        # __transaction_state with 6 partitions (2 per broker), not Kafka's 50: created by the
+        # first transactional producer, inside a test's time; timed-out transactions aborted
+        # within half a second
+        env={**s3_server.env(), **HOLD_MOVES_ENV, "TIDALMQ_TRANSACTION_STATE_PARTITIONS": "6",
+             "TIDALMQ_TRANSACTION_ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS": "500"},
     )  # fmt: skip
     cluster.start(timeout_s=180)
     try:

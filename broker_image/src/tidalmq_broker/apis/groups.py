@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
-from tidalmq_core.metadata import NO_LEADER, OFFSETS_TOPIC
+from tidalmq_core.metadata import NO_LEADER, OFFSETS_TOPIC, TXN_STATE_TOPIC
 
-from tidalmq_broker.apis.producer_ids import TRANSACTIONS_UNSUPPORTED
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError, GroupShard
 from tidalmq_broker.groups.group import GroupState
 from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.transactions.state import TxnError
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
@@ -75,43 +75,42 @@ def _found(
 def _find(broker: Broker, key: str, key_type: int, listener: str) -> dict[str, Any]:
     out: dict[str, Any] = {"key": key, "node_id": -1, "host": "", "port": -1,
                            "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
-    if key_type != GROUP_KEY:
-        # not retriable, so a transactional producer fails at once with this message instead
-        # of retrying until max.block.ms
-        out["error_code"] = ErrorCode.unsupported_version
-        out["error_message"] = (
-            TRANSACTIONS_UNSUPPORTED
-            if key_type == TRANSACTION_KEY
-            else f"TidalMQ has no coordinators of key type {key_type} (only consumer groups)"
-        )
+    if key_type not in (GROUP_KEY, TRANSACTION_KEY):
+        out["error_code"] = ErrorCode.invalid_request
+        out["error_message"] = f"TidalMQ has no coordinators of key type {key_type}"
         return out
+    what = "group" if key_type == GROUP_KEY else "transaction"
     if not key:
         out["error_code"] = ErrorCode.invalid_request
-        out["error_message"] = "group id is empty"
+        out["error_message"] = f"{what} id is empty"
         return out
     meta = broker.metadata
-    topic = meta.topics.get(OFFSETS_TOPIC)
+    topic = meta.topics.get(OFFSETS_TOPIC if key_type == GROUP_KEY else TXN_STATE_TOPIC)
     try:
-        partition = broker.groups.partition_for(key)
-    except CoordinatorError:
+        if key_type == GROUP_KEY:
+            partition = broker.groups.partition_for(key)
+        else:
+            if topic is None:  # created on first use, as Kafka does
+                broker.transactions.ensure_state_topic()
+            partition = broker.transactions.partition_for(key)
+    except (CoordinatorError, TxnError):
         partition = -1
     leader = topic.partitions[partition].leader if topic and partition >= 0 else NO_LEADER
     node = meta.brokers.get(leader)
     if node is None or node.state == "dead":
         out["error_code"] = ErrorCode.coordinator_not_available
-        out["error_message"] = "the group's coordinator is moving; retry"
+        out["error_message"] = f"the {what}'s coordinator is moving; retry"
         return out
     endpoint = node.endpoint(listener)  # as Kafka: the coordinator on the client's listener
     if endpoint is None:
         out["error_code"] = ErrorCode.coordinator_not_available
-        out["error_message"] = f"the group's coordinator has no listener {listener}"
+        out["error_message"] = f"the {what}'s coordinator has no listener {listener}"
         return out
     out.update(node_id=node.broker_id, host=endpoint.host, port=endpoint.port)
     return out
 
 
-# v4 batches keys; v5 only allows TRANSACTION_ABORTABLE in answers (never sent: no
-# transactions); v6 adds the share-group key type (answered INVALID_REQUEST, as Kafka without a
+# v4 batches keys; v5 only allows TRANSACTION_ABORTABLE in answers (KIP-890); v6 adds the share-group key type (answered INVALID_REQUEST, as Kafka without a
 # share coordinator)
 @api(10, "FindCoordinator", 0, 6)
 async def handle_find_coordinator(broker: Broker, request: Request, conn: Connection) -> Any:
@@ -287,8 +286,15 @@ async def handle_offset_commit(broker: Broker, request: Request, conn: Connectio
 
 
 def _fetch_group_offsets(
-    broker: Broker, conn: Connection, group_id: str, topics: Any, version: int
+    broker: Broker,
+    conn: Connection,
+    group_id: str,
+    topics: Any,
+    version: int,
+    require_stable: bool = False,
 ) -> dict[str, Any]:
+    """`require_stable` (v7+, KIP-447): a partition with an offset pending in an open
+    transaction answers UNSTABLE_OFFSET_COMMIT (the client retries) instead of the older one."""
     if not _may(broker, conn, AclOperation.DESCRIBE, _GROUP, group_id):
         # v1 has no error of its own: each partition named carries it
         denied = [{"name": t.name, "partitions": [_offset_error(i, ErrorCode.group_authorization_failed)
@@ -318,6 +324,11 @@ def _fetch_group_offsets(
     for (topic, partition), c in found.items():
         if wanted is None and not _may(broker, conn, AclOperation.DESCRIBE, _TOPIC, topic):
             continue  # every offset asked for: topics the client may not see are left out
+        if require_stable and shard.has_pending(group_id, topic, partition):
+            by_topic.setdefault(topic, []).append(
+                _offset_error(partition, ErrorCode.unstable_offset_commit)
+            )
+            continue
         by_topic.setdefault(topic, []).append({
             "partition_index": partition, "committed_offset": c.offset,
             "committed_leader_epoch": c.leader_epoch, "metadata": c.metadata,
@@ -336,11 +347,13 @@ def _offset_error(index: int, code: ErrorCode) -> dict[str, Any]:
 async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
     version = request.api_version
+    stable = bool(getattr(b, "require_stable", False))
     if version >= 8:
         return {"throttle_time": 0, "groups": [
-            _fetch_group_offsets(broker, conn, g.group_id, g.topics, version) for g in b.groups
+            _fetch_group_offsets(broker, conn, g.group_id, g.topics, version, stable)
+            for g in b.groups
         ]}  # fmt: skip
-    one = _fetch_group_offsets(broker, conn, b.group_id, b.topics, version)
+    one = _fetch_group_offsets(broker, conn, b.group_id, b.topics, version, stable)
     return {"throttle_time": 0, "topics": one["topics"], "error_code": one["error_code"]}
 
 

@@ -1,9 +1,10 @@
 """Idempotent producers: InitProducerId hands out cluster-unique ids, DescribeProducers shows the
 producer state each partition keeps.
 
-Transactions are not supported: a transactional producer is refused with UNSUPPORTED_VERSION and
-a message saying so (here and in FindCoordinator for transaction coordinators), so clients fail at
-once with a clear error instead of retrying until their timeout.
+InitProducerId with a transactional id goes to the transaction coordinator of that id
+(transactions/coordinator.py): a new producer id from the controller's blocks, or the same id
+with its epoch bumped (fencing older epochs), after aborting an unfinished transaction of the
+previous incarnation (CONCURRENT_TRANSACTIONS until that abort completes; clients retry).
 
 Authorized as Kafka does: InitProducerId for a transactional id needs WRITE on it
 (TRANSACTIONAL_ID_AUTHORIZATION_FAILED), an idempotent producer IDEMPOTENT_WRITE on the cluster
@@ -21,19 +22,16 @@ from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.transactions import fenced_code
 from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.transactions.state import TxnError
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
     from tidalmq_broker.server.listener import Connection
 
-TRANSACTIONS_UNSUPPORTED = (
-    "TidalMQ does not support transactions: remove transactional.id (an idempotent producer, "
-    "enable.idempotence=true, is supported)"
-)
 
-
-@api(22, "InitProducerId", 0, 4)
+@api(22, "InitProducerId", 0, 5)
 async def handle_init_producer_id(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
     authorizer = broker.authorizer
@@ -52,8 +50,7 @@ async def handle_init_producer_id(broker: Broker, request: Request, conn: Connec
         return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
                 "producer_id": -1, "producer_epoch": -1}  # fmt: skip
     if body.transactional_id is not None:
-        return {"throttle_time": 0, "error_code": ErrorCode.unsupported_version,
-                "producer_id": -1, "producer_epoch": -1}  # fmt: skip
+        return await _init_transactional(broker, request)
     current_id = getattr(body, "producer_id", -1)
     current_epoch = getattr(body, "producer_epoch", -1)
     if current_id >= 0 and 0 <= current_epoch < 32766:
@@ -68,6 +65,28 @@ async def handle_init_producer_id(broker: Broker, request: Request, conn: Connec
                 "producer_epoch": -1}  # fmt: skip
     return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": producer_id,
             "producer_epoch": 0}  # fmt: skip
+
+
+async def _init_transactional(broker: Broker, request: Request) -> dict[str, Any]:
+    body = request.body
+    tid = body.transactional_id
+    timeout = body.transaction_timeout
+    timeout_ms = (
+        int(timeout.total_seconds() * 1000) if hasattr(timeout, "total_seconds") else timeout
+    )
+    expected = (getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1))
+    out: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none,
+                           "producer_id": -1, "producer_epoch": -1}  # fmt: skip
+    try:
+        shard = broker.transactions.shard(tid)
+        out["producer_id"], out["producer_epoch"] = await shard.init_producer_id(
+            tid, int(timeout_ms), expected if expected[0] >= 0 else None
+        )
+    except TxnError as exc:
+        out["error_code"] = fenced_code(exc.code, request.api_version, 4)
+    except Exception as exc:  # the controller's producer ids
+        out["error_code"] = error_code(exc)
+    return out
 
 
 @api(61, "DescribeProducers", 0, 0)

@@ -32,11 +32,13 @@ from tidalmq_broker.groups.records import (
     MemberValue,
     OffsetKey,
     OffsetValue,
+    TxnOffsetKey,
     Value,
     decode_key,
     decode_value,
     encode_key,
     encode_value,
+    marker_is_commit,
     partition_for_group,
 )
 from tidalmq_broker.protocol.records import build_batch, iter_complete_headers, iter_records
@@ -100,6 +102,8 @@ class GroupShard:
         self._settings = settings
         self.groups: dict[str, Group] = {}
         self.offsets: dict[str, dict[tuple[str, int], OffsetValue]] = {}
+        # offsets of open transactions (TxnOffsetCommit), by producer id, until their marker
+        self.pending: dict[int, dict[TxnOffsetKey, OffsetValue]] = {}
         self.loaded = asyncio.Event()
         self._closed = False
         self._records_since_snapshot = 0
@@ -121,6 +125,7 @@ class GroupShard:
         """Replay the log from its start into groups and offsets."""
         started = time.perf_counter()
         live: dict[Key, Value] = {}
+        open_txns: dict[int, set[TxnOffsetKey]] = {}  # pending offsets by producer id
         offset = self._log.log_start_offset
         count = 0
         while offset < self._log.high_watermark and not self._closed:
@@ -132,7 +137,14 @@ class GroupShard:
                 for rec_offset, raw_key, raw_value in iter_records(data, header):
                     if rec_offset < offset or raw_key is None:
                         continue
+                    if header.is_control:  # a transaction's marker settles its offsets
+                        commit = marker_is_commit(raw_key)
+                        if commit is not None:
+                            _settle(live, open_txns.pop(header.producer_id, set()), commit)
+                        continue
                     key = decode_key(raw_key)
+                    if isinstance(key, TxnOffsetKey):
+                        open_txns.setdefault(key.producer_id, set()).add(key)
                     value = decode_value(key, raw_value)
                     if value is None:
                         live.pop(key, None)
@@ -146,6 +158,8 @@ class GroupShard:
                 self.offsets.setdefault(key.group, {})[(key.topic, key.partition)] = value
             elif isinstance(key, GroupKey) and isinstance(value, GroupValue):
                 self.groups[key.group] = _group_from_value(key.group, value, now)
+            elif isinstance(key, TxnOffsetKey) and isinstance(value, OffsetValue):
+                self.pending.setdefault(key.producer_id, {})[key] = value
         self._durable = live
         self._records_since_snapshot = count
         self.loaded.set()
@@ -493,6 +507,72 @@ class GroupShard:
                 table[(key.topic, key.partition)] = value
         return results
 
+    async def txn_commit(
+        self,
+        *,
+        group_id: str,
+        producer_id: int,
+        generation: int,
+        member_id: str,
+        group_instance_id: str | None,
+        offsets: dict[tuple[str, int], CommittedOffset],
+    ) -> dict[tuple[str, int], int]:
+        """TxnOffsetCommit: the offsets are stored pending, and become the group's committed
+        offsets only when the transaction's commit marker reaches this partition (an abort
+        drops them). KIP-447: a member id and generation, when given, must be the group's
+        current ones, so a producer whose consumer lost its partitions is fenced."""
+        group = self.groups.get(group_id)
+        if generation >= 0 or member_id:
+            if group is None or member_id not in group.members:
+                return dict.fromkeys(offsets, ErrorCode.unknown_member_id)
+            member = group.members[member_id]
+            if group_instance_id is not None and member.group_instance_id != group_instance_id:
+                return dict.fromkeys(offsets, ErrorCode.fenced_instance_id)
+            if generation != group.generation:
+                return dict.fromkeys(offsets, ErrorCode.illegal_generation)
+        results: dict[tuple[str, int], int] = {}
+        to_write: list[tuple[Key, Value | None]] = []
+        now_ms = _now_ms()
+        for (topic, partition), committed in offsets.items():
+            if (
+                committed.metadata is not None
+                and len(committed.metadata.encode()) > self._settings.max_metadata_bytes
+            ):
+                results[(topic, partition)] = ErrorCode.offset_metadata_too_large
+                continue
+            value = OffsetValue(
+                committed.offset, committed.leader_epoch, committed.metadata, now_ms
+            )
+            stored = self._keys.commit_key(topic, partition)
+            to_write.append((TxnOffsetKey(producer_id, group_id, *stored), value))
+            results[(topic, partition)] = ErrorCode.none
+        if to_write:
+            try:
+                await self._append(to_write)
+            except (StorageError, CoordinatorError) as exc:
+                log.warning("group %s: transactional offset commit failed: %s", group_id, exc)
+                return dict.fromkeys(offsets, _storage_code(exc))
+            table = self.pending.setdefault(producer_id, {})
+            for key, value in to_write:
+                assert isinstance(key, TxnOffsetKey) and isinstance(value, OffsetValue)
+                table[key] = value
+        return results
+
+    def complete_txn(self, producer_id: int, commit: bool) -> None:
+        """The transaction's marker is durable in this partition: its pending offsets become
+        committed (or are dropped), in memory and in the durable state, as replay would."""
+        settled = _settle(self._durable, set(self.pending.pop(producer_id, {})), commit)
+        for key, value in settled:
+            self.offsets.setdefault(key.group, {})[(key.topic, key.partition)] = value
+
+    def has_pending(self, group_id: str, topic: str, partition: int) -> bool:
+        """An open transaction holds an offset for it (OffsetFetch with require_stable)."""
+        return any(
+            key.group == group_id and (key.topic, key.partition) == (topic, partition)
+            for table in self.pending.values()
+            for key in table
+        )
+
     def fetch_offsets(
         self, group_id: str, partitions: list[tuple[str, int]] | None
     ) -> dict[tuple[str, int], CommittedOffset]:
@@ -751,6 +831,17 @@ class GroupCoordinator:
     def shards(self) -> list[GroupShard]:
         return [s for s in self._shards.values() if s.loaded.is_set()]
 
+    async def on_txn_marker(
+        self, tp: TopicPartition, producer_id: int, producer_epoch: int, commit: bool
+    ) -> None:
+        """WriteTxnMarkers listener: a marker is durable in `tp`; on a `__consumer_offsets`
+        partition it settles the transaction's pending offsets."""
+        if tp.topic != OFFSETS_TOPIC:
+            return
+        shard = self._shards.get(tp.partition)
+        if shard is not None:
+            shard.complete_txn(producer_id, commit)
+
     async def close(self) -> None:
         for task in self._loads.values():
             task.cancel()
@@ -780,6 +871,21 @@ def _resolve_sync(member: Member, code: int, assignment: bytes) -> None:
     future, member.sync_future = member.sync_future, None
     if future is not None and not future.done():
         future.set_result((code, assignment))
+
+
+def _settle(
+    live: dict[Key, Value], keys: set[TxnOffsetKey], commit: bool
+) -> list[tuple[OffsetKey, OffsetValue]]:
+    """A marker of the producer whose pending offsets are `keys`: in `live` they become
+    offsets (commit) or go (abort). Returns the offsets committed."""
+    settled: list[tuple[OffsetKey, OffsetValue]] = []
+    for key in keys:
+        value = live.pop(key, None)
+        if commit and isinstance(value, OffsetValue):
+            committed = OffsetKey(key.group, key.topic, key.partition)
+            live[committed] = value
+            settled.append((committed, value))
+    return settled
 
 
 def _storage_code(exc: Exception) -> int:

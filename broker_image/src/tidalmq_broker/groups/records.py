@@ -24,6 +24,18 @@ class OffsetKey:
 
 
 @dataclass(frozen=True, slots=True)
+class TxnOffsetKey:
+    """An offset committed inside a transaction (TxnOffsetCommit): pending until the
+    transaction's marker reaches this partition (commit: it becomes the group's offset; abort:
+    it is dropped). Replay settles it at the marker, as the live coordinator does."""
+
+    producer_id: int
+    group: str
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
 class GroupKey:
     group: str
 
@@ -58,7 +70,7 @@ class GroupValue:
     state_timestamp_ms: int
 
 
-Key = OffsetKey | GroupKey
+Key = OffsetKey | GroupKey | TxnOffsetKey
 Value = OffsetValue | GroupValue
 
 
@@ -66,6 +78,9 @@ def encode_key(key: Key) -> bytes:
     if isinstance(key, OffsetKey):
         doc: dict[str, Any] = {"v": FORMAT, "k": "offset", "g": key.group, "t": key.topic}
         doc["p"] = key.partition
+    elif isinstance(key, TxnOffsetKey):
+        doc = {"v": FORMAT, "k": "txn_offset", "pid": key.producer_id, "g": key.group}
+        doc["t"], doc["p"] = key.topic, key.partition
     else:
         doc = {"v": FORMAT, "k": "group", "g": key.group}
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
@@ -77,6 +92,8 @@ def decode_key(data: bytes) -> Key:
         return OffsetKey(doc["g"], doc["t"], int(doc["p"]))
     if doc["k"] == "group":
         return GroupKey(doc["g"])
+    if doc["k"] == "txn_offset":
+        return TxnOffsetKey(int(doc["pid"]), doc["g"], doc["t"], int(doc["p"]))
     raise ValueError(f"unknown __consumer_offsets key kind {doc['k']!r}")
 
 
@@ -120,7 +137,7 @@ def decode_value(key: Key, data: bytes | None) -> Value | None:
     if data is None:
         return None
     doc = json.loads(data)
-    if isinstance(key, OffsetKey):
+    if isinstance(key, OffsetKey | TxnOffsetKey):
         return OffsetValue(int(doc["o"]), int(doc["e"]), doc["m"], int(doc["ts"]))
     return GroupValue(
         protocol_type=doc["pt"],
@@ -142,6 +159,15 @@ def decode_value(key: Key, data: bytes | None) -> Value | None:
             for m in doc["members"]
         ),
     )
+
+
+def marker_is_commit(raw_key: bytes) -> bool | None:
+    """The type of a control record's key (int16 version, int16 type: 0 abort, 1 commit);
+    None when it is not a transaction marker."""
+    if len(raw_key) < 4:
+        return None
+    kind = int.from_bytes(raw_key[2:4], "big", signed=True)
+    return {0: False, 1: True}.get(kind)
 
 
 def java_string_hash(text: str) -> int:

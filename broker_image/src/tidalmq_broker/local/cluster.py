@@ -742,7 +742,8 @@ def _last_line(path: Path) -> str:
 
 def _controller_settings() -> ControllerSettings:
     """Controller timing from TIDALMQ_HEARTBEAT_INTERVAL_S, TIDALMQ_SESSION_TIMEOUT_S and
-    TIDALMQ_ELECTION_TIMEOUT_S (tests hold a move half way by stopping its source broker)."""
+    TIDALMQ_ELECTION_TIMEOUT_S (tests hold a move half way by stopping its source broker), and
+    the partitions of __transaction_state from TIDALMQ_TRANSACTION_STATE_PARTITIONS."""
     d = ControllerSettings()
     env = os.environ
     identity_ms = env.get("TIDALMQ_IDENTITY_CHECK_INTERVAL_MS")
@@ -757,6 +758,9 @@ def _controller_settings() -> ControllerSettings:
             env.get("TIDALMQ_FLOOR_COMMIT_INTERVAL_S", d.floor_commit_interval_s)
         ),
         max_moves_per_broker=int(env.get("TIDALMQ_MAX_MOVES_PER_BROKER", d.max_moves_per_broker)),
+        transaction_state_partitions=int(
+            env.get("TIDALMQ_TRANSACTION_STATE_PARTITIONS", d.transaction_state_partitions)
+        ),
         # this process starts every broker and waits for each one it stops or kills, and a
         # start stops the brokers an earlier run left (processes.py): a broker's new
         # incarnation means the old process is gone, so its partitions are its again at once
