@@ -51,10 +51,13 @@ def from_file(path: str | Path) -> ClusterView:
 
 def from_controller(url: str, timeout_s: float = 30.0, token: str | None = None) -> ClusterView:
     """The controller's GET /v1/metadata (the local cluster and the operator serve it), with the
-    control token (default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN)."""
+    control token (default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN) and, for an
+    https URL (control-plane mTLS), an admin's certificate (TIDALMQ_CONTROL_TLS_CERT_FILE,
+    _KEY_FILE, _CA_FILE)."""
     import urllib.request
 
     from tidalmq_core.control_auth import authorization, tokens_from_env
+    from tidalmq_core.control_tls import ControlTls
 
     token = token or next(iter(tokens_from_env()), None)
     if not token:
@@ -63,7 +66,16 @@ def from_controller(url: str, timeout_s: float = 30.0, token: str | None = None)
             "TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN"
         )
     req = urllib.request.Request(url.rstrip("/") + "/v1/metadata", headers=authorization(token))
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+    context = None
+    if url.startswith("https:"):
+        tls = ControlTls.from_env()
+        if tls is None:
+            raise RuntimeError(
+                f"the controller at {url} speaks mTLS: set TIDALMQ_CONTROL_TLS_CERT_FILE, "
+                "TIDALMQ_CONTROL_TLS_KEY_FILE and TIDALMQ_CONTROL_TLS_CA_FILE"
+            )
+        context = tls.client_context()
+    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
         meta = ClusterMetadata.from_json(json.loads(resp.read())["metadata"])
     assignment: Assignment = {}
     for topic in meta.topics.values():
