@@ -8,12 +8,15 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tidalmq_core.control_tls import ControlTls
 
 from tests.support.started import StartedInWith
 
@@ -100,11 +103,25 @@ class LocalClusterProcess(StartedInWith):
         """The cluster's control token (`<data dir>/control-token`, made by `local up`)."""
         return (self.data_dir / "control-token").read_text().strip()
 
+    @property
+    def control_tls(self) -> ControlTls | None:
+        """The admin's client certificate (`<data dir>/control-tls/admin.pem`, made by `local
+        up`: its control plane runs with mTLS unless `--control-tls off`); None for HTTP."""
+        if not self.controller_url.startswith("https:"):
+            return None
+        admin, ca = self.data_dir / "control-tls" / "admin.pem", self.data_dir / "control-tls" / "ca.pem"
+        return ControlTls(str(admin), str(admin), str(ca))
+
+    @property
+    def control_context(self) -> ssl.SSLContext | None:
+        tls = self.control_tls
+        return tls.client_context() if tls is not None else None
+
     def _get(self, path: str) -> Any:
         req = urllib.request.Request(
             self.controller_url + path, headers={"Authorization": f"Bearer {self.control_token}"}
         )
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30, context=self.control_context) as resp:
             return json.loads(resp.read())
 
     def _post(self, path: str, body: dict[str, Any], timeout_s: float = 180) -> Any:
@@ -113,7 +130,7 @@ class LocalClusterProcess(StartedInWith):
             headers={"Content-Type": "application/json",
                      "Authorization": f"Bearer {self.control_token}"}, method="POST",
         )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=self.control_context) as resp:
             return json.loads(resp.read())
 
     def status(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tidalmq_core.control_tls import ControlTls
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.reassignment import parse_plan
 
@@ -49,7 +50,9 @@ def from_file(path: str | Path) -> ClusterView:
     return ClusterView(assignment, sorted(set(assignment.values())), f"file {path}")  # type: ignore[arg-type]
 
 
-def from_controller(url: str, timeout_s: float = 30.0, token: str | None = None) -> ClusterView:
+def from_controller(
+    url: str, timeout_s: float = 30.0, token: str | None = None, tls: ControlTls | None = None
+) -> ClusterView:
     """The controller's GET /v1/metadata (the local cluster and the operator serve it), with the
     control token (default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN) and, for an
     https URL (control-plane mTLS), an admin's certificate (TIDALMQ_CONTROL_TLS_CERT_FILE,
@@ -57,7 +60,6 @@ def from_controller(url: str, timeout_s: float = 30.0, token: str | None = None)
     import urllib.request
 
     from tidalmq_core.control_auth import authorization, tokens_from_env
-    from tidalmq_core.control_tls import ControlTls
 
     token = token or next(iter(tokens_from_env()), None)
     if not token:
@@ -68,7 +70,7 @@ def from_controller(url: str, timeout_s: float = 30.0, token: str | None = None)
     req = urllib.request.Request(url.rstrip("/") + "/v1/metadata", headers=authorization(token))
     context = None
     if url.startswith("https:"):
-        tls = ControlTls.from_env()
+        tls = tls or ControlTls.from_env()
         if tls is None:
             raise RuntimeError(
                 f"the controller at {url} speaks mTLS: set TIDALMQ_CONTROL_TLS_CERT_FILE, "

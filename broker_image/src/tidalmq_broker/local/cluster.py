@@ -500,6 +500,8 @@ class LocalCluster:
                 "moved_out": moved_out.get(broker_id, 0),
                 "pid": proc.proc.pid if proc else None,
                 "http_port": proc.http_port if proc else None,  # /metrics, /healthz
+                # its control endpoints (with mTLS on a port of their own, HTTPS)
+                "control_url": info.control_url if info else None,
             })  # fmt: skip
         return {
             "bootstrap": self.bootstrap,
