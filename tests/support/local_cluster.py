@@ -109,7 +109,10 @@ class LocalClusterProcess(StartedInWith):
         up`: its control plane runs with mTLS unless `--control-tls off`); None for HTTP."""
         if not self.controller_url.startswith("https:"):
             return None
-        admin, ca = self.data_dir / "control-tls" / "admin.pem", self.data_dir / "control-tls" / "ca.pem"
+        admin, ca = (
+            self.data_dir / "control-tls" / "admin.pem",
+            self.data_dir / "control-tls" / "ca.pem",
+        )
         return ControlTls(str(admin), str(admin), str(ca))
 
     @property
