@@ -26,13 +26,18 @@ class ClusterView:
     source: str = ""
 
 
-def from_bootstrap(bootstrap: str, timeout_s: float = 30.0) -> ClusterView:
-    """Leaders and brokers from a Kafka Metadata request (confluent-kafka)."""
+def from_bootstrap(
+    bootstrap: str, timeout_s: float = 30.0, command_config: str | None = None
+) -> ClusterView:
+    """Leaders and brokers from a Kafka Metadata request (confluent-kafka); `command_config`:
+    Kafka client properties for a TLS or SASL listener (tidalmq_core.client_properties)."""
     from confluent_kafka.admin import AdminClient
+    from tidalmq_core.client_properties import from_file
 
-    admin = AdminClient(
-        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000)}
-    )
+    admin = AdminClient({
+        "bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000),
+        **from_file(command_config).librdkafka(),
+    })  # fmt: skip
     meta = admin.list_topics(timeout=timeout_s)
     assignment: Assignment = {}
     for name, topic in meta.topics.items():
