@@ -33,6 +33,20 @@ def tidalmq(
     )  # fmt: skip
 
 
+def control_tls(data_dir: Path, controller_url: str) -> ControlTls | None:
+    """The admin's certificate of a local cluster's data dir when its controller speaks HTTPS."""
+    if not controller_url.startswith("https:"):
+        return None
+    admin, ca = data_dir / "control-tls" / "admin.pem", data_dir / "control-tls" / "ca.pem"
+    return ControlTls(str(admin), str(admin), str(ca))
+
+
+def control_context(data_dir: Path, controller_url: str) -> ssl.SSLContext | None:
+    """The client context for a local cluster's controller (None: plain HTTP)."""
+    tls = control_tls(data_dir, controller_url)
+    return tls.client_context() if tls is not None else None
+
+
 class LocalClusterProcess(StartedInWith):
     def __init__(
         self, data_dir: Path, *, brokers: int = 3, storage_url: str = "",
@@ -107,18 +121,11 @@ class LocalClusterProcess(StartedInWith):
     def control_tls(self) -> ControlTls | None:
         """The admin's client certificate (`<data dir>/control-tls/admin.pem`, made by `local
         up`: its control plane runs with mTLS unless `--control-tls off`); None for HTTP."""
-        if not self.controller_url.startswith("https:"):
-            return None
-        admin, ca = (
-            self.data_dir / "control-tls" / "admin.pem",
-            self.data_dir / "control-tls" / "ca.pem",
-        )
-        return ControlTls(str(admin), str(admin), str(ca))
+        return control_tls(self.data_dir, self.controller_url)
 
     @property
     def control_context(self) -> ssl.SSLContext | None:
-        tls = self.control_tls
-        return tls.client_context() if tls is not None else None
+        return control_context(self.data_dir, self.controller_url)
 
     def _get(self, path: str) -> Any:
         req = urllib.request.Request(
