@@ -51,7 +51,7 @@ def _run_drain(args: argparse.Namespace) -> int:
     import urllib.request
 
     from tidalmq_core.control_auth import TokenError, authorization
-    from tidalmq_core.control_tls import ControlTlsError
+    from tidalmq_core.control_tls import ControlTlsError, server_is_broker
 
     from tidalmq_broker.settings import from_sources
 
@@ -79,7 +79,11 @@ def _run_drain(args: argparse.Namespace) -> int:
         method="POST",
     )
     try:
-        context = tls.client_context() if tls is not None and url.startswith("https:") else None
+        context = (  # a broker's certificate: the broker's own control endpoint
+            tls.client_context(server_is_broker)
+            if tls is not None and url.startswith("https:")
+            else None
+        )
         with urllib.request.urlopen(req, timeout=args.timeout + 5, context=context) as resp:
             result = json.loads(resp.read())
     except urllib.error.HTTPError as exc:

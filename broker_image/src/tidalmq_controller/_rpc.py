@@ -45,7 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from tidalmq_core import acls, updates
 from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.control_auth import ControlAuth, authorization
-from tidalmq_core.control_tls import ControlTls
+from tidalmq_core.control_tls import ControlTls, server_is_admin, server_is_broker
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
@@ -352,7 +352,9 @@ class HttpControllerClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._headers = authorization(token)  # the broker's own token
         # control-plane mTLS: the broker's certificate, the cluster CA
-        self._ssl: ssl.SSLContext | None = tls.client_context() if tls is not None else None
+        self._ssl: ssl.SSLContext | None = (
+            tls.client_context(server_is_admin) if tls is not None else None
+        )
         self._session: aiohttp.ClientSession | None = None
         # the heartbeats' own connection (http.client: no event loop involved), one at a time
         self._beat_conn: http.client.HTTPConnection | None = None
@@ -664,7 +666,7 @@ class ControllerServer:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=10),
             connector=aiohttp.TCPConnector(
-                ssl=self.tls.client_context() if self.tls is not None else True
+                ssl=self.tls.client_context(server_is_broker) if self.tls is not None else True
             ),
         )
         server_ssl = self.tls.server_context() if self.tls is not None else None

@@ -25,8 +25,10 @@ Servers ask for a client certificate without requiring one (CERT_OPTIONAL): a ce
 is presented must verify against the cluster CA or the handshake fails, and the open paths
 (health, metrics: probes and Prometheus have no certificate) are served over TLS without one;
 every other path is refused without a verified certificate. Clients verify the server's chain
-against the cluster CA but not its host name: brokers are reached at pod IPs, which a
-certificate made before the pod cannot name; the cluster CA signs control-plane certificates only.
+against the cluster CA and, instead of its host name (brokers are reached at pod IPs, which a
+certificate made before the pod cannot name), the role its certificate names: a broker and the
+CLI talk only to an administrator's certificate (the controller), the controller pushes only to
+a broker's; anything else fails the handshake (`expect_server`).
 
 Stdlib only (ssl); imports nothing of ours.
 """
@@ -36,7 +38,7 @@ from __future__ import annotations
 import os
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +120,46 @@ def may_call_broker(role: Role, broker_id: int) -> str:
     return f"{role} may not call broker {broker_id}"
 
 
+ServerCheck = Callable[[Role], str]  # the server's role -> why it is not the one expected
+
+
+def server_is_admin(role: Role) -> str:
+    """What a broker and the CLI expect of the server: the controller (an administrator)."""
+    return "" if role.admin else f"the server's {role} is not the controller's"
+
+
+def server_is_broker(role: Role) -> str:
+    """What the controller expects of a broker's control endpoint: a broker's certificate."""
+    return "" if not role.admin else f"the server's {role} is not a broker's"
+
+
+def _checked(peercert: dict[str, Any] | None, check: ServerCheck) -> None:
+    role, why = role_of(peercert)
+    if role is not None:
+        why = check(role)
+    if why:
+        raise ssl.SSLCertVerificationError(f"control-plane TLS: {why}")
+
+
+def expect_server(ctx: ssl.SSLContext, check: ServerCheck) -> ssl.SSLContext:
+    """`ctx` with the server's role checked by `check` at the end of every handshake: a server
+    whose certificate (of the cluster CA) names another role fails it."""
+
+    class CheckedObject(ssl.SSLObject):  # asyncio's and aiohttp's connections
+        def do_handshake(self) -> None:
+            super().do_handshake()
+            _checked(self.getpeercert(), check)
+
+    class CheckedSocket(ssl.SSLSocket):  # blocking sockets: http.client, urllib
+        def do_handshake(self, block: bool = False) -> None:
+            super().do_handshake(block)
+            _checked(self.getpeercert(), check)
+
+    ctx.sslobject_class = CheckedObject
+    ctx.sslsocket_class = CheckedSocket
+    return ctx
+
+
 def peercert_of(transport: Any) -> dict[str, Any] | None:
     """The verified peer certificate of an asyncio transport (None: none, or not TLS)."""
     if transport is None:
@@ -185,13 +227,14 @@ class ControlTls:
         ctx.verify_mode = ssl.CERT_OPTIONAL
         return ctx
 
-    def client_context(self) -> ssl.SSLContext:
+    def client_context(self, server: ServerCheck | None = None) -> ssl.SSLContext:
         """A client's context: presents this process's certificate, verifies the server's chain
-        against the cluster CA (not its host name: see the module's docstring)."""
+        against the cluster CA and, with `server`, the role its certificate names (not its host
+        name: see the module's docstring)."""
         ctx = self._load(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
+        return expect_server(ctx, server) if server is not None else ctx
 
     def env(self) -> dict[str, str]:
         """The environment that hands this setting to a child process."""

@@ -19,7 +19,13 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 from tidalmq_broker.settings import from_sources
-from tidalmq_core.control_tls import ControlTls, permits, role_of
+from tidalmq_core.control_tls import (
+    ControlTls,
+    permits,
+    role_of,
+    server_is_admin,
+    server_is_broker,
+)
 from tidalmq_operator.settings import OperatorSettings
 
 from tests.support.helm import (
@@ -120,12 +126,14 @@ def test_the_rendered_certificates_work_in_the_processes_own_tls_setup(tmp_path:
     operator_tls = OperatorSettings.from_env(_projected(docs, "operator", tmp_path)).control_tls()
     assert isinstance(broker_tls, ControlTls) and isinstance(operator_tls, ControlTls)
     # a broker calls the controller: the operator's server sees the brokers' role
-    seen = handshake(operator_tls.server_context(), broker_tls.client_context())
+    seen = handshake(operator_tls.server_context(), broker_tls.client_context(server_is_admin))
     role, why = role_of(seen)
     assert role is not None and role.broker_id is None, why
     assert permits(role, 1) == "" and permits(role, None) != ""  # a broker, never the admin
     # the controller pushes to a broker: the broker's server sees the administrator
-    role, why = role_of(handshake(broker_tls.server_context(), operator_tls.client_context()))
+    role, why = role_of(
+        handshake(broker_tls.server_context(), operator_tls.client_context(server_is_broker))
+    )
     assert role is not None and role.admin, why
 
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidalmq_core.control_tls import ControlTls
+from tidalmq_core.control_tls import ControlTls, server_is_admin
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.reassignment import parse_plan
 
@@ -81,7 +81,7 @@ def from_controller(
                 f"the controller at {url} speaks mTLS: set TIDALMQ_CONTROL_TLS_CERT_FILE, "
                 "TIDALMQ_CONTROL_TLS_KEY_FILE and TIDALMQ_CONTROL_TLS_CA_FILE"
             )
-        context = tls.client_context()
+        context = tls.client_context(server_is_admin)
     with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
         meta = ClusterMetadata.from_json(json.loads(resp.read())["metadata"])
     assignment: Assignment = {}

@@ -25,10 +25,10 @@ from tidalmq_controller import (
     HttpControllerClient,
 )
 from tidalmq_controller._log import MemoryMetadataLog
-from tidalmq_controller._rpc import PROTOCOL, ControlRefused
+from tidalmq_controller._rpc import PROTOCOL, ControllerUnavailable, ControlRefused
 from tidalmq_core import updates
 from tidalmq_core.control_auth import BrokerCredentials, ControlAuth, broker_token
-from tidalmq_core.control_tls import ControlTls, may_call_broker
+from tidalmq_core.control_tls import ControlTls, may_call_broker, server_is_broker
 from tidalmq_core.metadata import BrokerInfo
 
 TOKEN = "unit-test-cluster-token-" + "t" * 30
@@ -217,3 +217,31 @@ async def test_a_brokers_endpoint_lets_in_the_controller_and_itself_only(pki: Pk
         assert len(broker.pushes) == 1
     finally:
         await broker.server.stop()
+
+
+async def test_clients_talk_only_to_the_role_they_expect(
+    served: tuple[Controller, ControllerServer, list[str]], pki: Pki
+) -> None:
+    """A broker's certificate posing as the controller (a broker that redirected traffic) fails
+    the handshake of a broker's heartbeats and calls; the controller's pushes go only to a
+    broker's certificate."""
+    impostor = BrokerSide(pki)  # serves with broker 1's certificate
+    await impostor.server.start("127.0.0.1", 0)
+    client = HttpControllerClient(
+        impostor.url, token=broker_token(TOKEN, 2), tls=pki.tls("broker-2")
+    )
+    try:
+        beat = Heartbeat(2, "i1", 0, {}, full=True)
+        with pytest.raises(ControllerUnavailable, match="not the controller's"):
+            await asyncio.to_thread(client.beat_blocking, beat)
+        with pytest.raises(ControllerUnavailable):
+            await client.beat(beat)
+        # and the controller's own client side refuses an administrator's certificate as a broker
+        controller_side = pki.tls("controller").client_context(server_is_broker)
+        _, server, _ = served
+        with pytest.raises(aiohttp.ClientError):
+            await call(f"https://127.0.0.1:{server.port}", "/v1/producer-ids", {}, TOKEN,
+                       controller_side)  # fmt: skip
+    finally:
+        await client.close()
+        await impostor.server.stop()

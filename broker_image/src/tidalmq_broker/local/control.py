@@ -35,7 +35,7 @@ from tidalmq_core.control_auth import (
     read_tokens,
     tokens_from_env,
 )
-from tidalmq_core.control_tls import ControlTls, ControlTlsError
+from tidalmq_core.control_tls import ControlTls, ControlTlsError, server_is_admin
 
 from tidalmq_broker.local.control_tls import data_dir_tls
 from tidalmq_broker.local.processes import STATE_NAME, resolve_data_dir
@@ -146,7 +146,7 @@ def request(
                 "certificate of the cluster CA)"
             )
         try:
-            context = tls.client_context()
+            context = tls.client_context(server_is_admin)  # the controller's certificate
         except ControlTlsError as exc:
             raise ControlError(str(exc)) from exc
     try:
