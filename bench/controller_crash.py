@@ -451,7 +451,10 @@ class ControllerCrash:
             text = c.log_path.read_text(errors="replace") if c.log_path.exists() else ""
             found = re.search(r"^controller: (\S+)", text, re.M)
             if found:
-                doc = http_json(found.group(1) + "/v1/moves", c.control_token)
+                url = found.group(1)
+                doc = http_json(
+                    url + "/v1/moves", c.control_token, context=control_context(c.data_dir, url)
+                )
                 before = {
                     "queued before controller restart": "queued",
                     "resumed after controller restart": "closing",
