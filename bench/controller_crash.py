@@ -68,7 +68,7 @@ from tidalmq_broker.local.control import data_dir_token  # noqa: E402
 from tidalmq_core.control_auth import authorization  # noqa: E402
 
 from e2e.producing import RateProducer, check_read_back  # noqa: E402
-from tests.support.local_cluster import LocalClusterProcess  # noqa: E402
+from tests.support.local_cluster import LocalClusterProcess, control_context  # noqa: E402
 
 PER_TOPIC = 10_000  # TidalMQ's cap on one topic's partitions
 BROKERS = 3
@@ -147,17 +147,17 @@ class _RoundRobin:
         self._producer.purge()
 
 
-def http_json(url: str, token: str, timeout: float = 30.0) -> Any:
+def http_json(url: str, token: str, timeout: float = 30.0, context: Any = None) -> Any:
     """A controller's JSON answer to a GET with the cluster's control token (docs/security.md:
-    every /v1/ read is a control call)."""
+    every /v1/ read is a control call; `context`: the admin's certificate with mTLS)."""
     req = urllib.request.Request(url, headers=authorization(token))
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
         return json.loads(resp.read())
 
 
-def move_phases(controller_url: str, token: str) -> Counter[str]:
+def move_phases(controller_url: str, token: str, context: Any = None) -> Counter[str]:
     """Moves by phase from /v1/moves: the active ones, and the recent finished ones."""
-    doc = http_json(controller_url + "/v1/moves", token)
+    doc = http_json(controller_url + "/v1/moves", token, context=context)
     phases = Counter(m["phase"] for m in doc["active"])
     phases.update(m["phase"] for m in doc["recent"])
     return phases
@@ -344,7 +344,9 @@ class ControllerCrash:
         seen: list[dict[str, int]] = []
         first_pending: int | None = None
         while True:
-            phases = move_phases(url, data_dir_token(self.data_dir))
+            phases = move_phases(
+                url, data_dir_token(self.data_dir), control_context(self.data_dir, url)
+            )
             seen.append(dict(phases))
             if not phases["Pending"]:  # one wave took them all, or the waves ran out
                 raise AssertionError(f"no Pending move left to kill in front of: {seen[-5:]}")
@@ -412,10 +414,13 @@ class ControllerCrash:
             self.figures["restart"]["placement"] = last
             raise AssertionError(
                 f"moves not finished {time.monotonic() - started:.0f} s after the restart: "
-                f"{last} (new broker {new_broker}); moves {move_phases(c.controller_url, c.control_token)}"
+                f"{last} (new broker {new_broker}); moves {move_phases(c.controller_url, c.control_token, c.control_context)}"
             )
         took = time.monotonic() - started
-        metrics = urllib.request.urlopen(c.controller_url + "/metrics", timeout=30).read().decode()
+        metrics = (
+            urllib.request.urlopen(c.controller_url + "/metrics", timeout=30,
+                                   context=c.control_context).read().decode()
+        )  # fmt: skip
         outcomes = {
             m.group(1): int(float(m.group(2)))
             for m in re.finditer(
@@ -446,7 +451,10 @@ class ControllerCrash:
             text = c.log_path.read_text(errors="replace") if c.log_path.exists() else ""
             found = re.search(r"^controller: (\S+)", text, re.M)
             if found:
-                doc = http_json(found.group(1) + "/v1/moves", c.control_token)
+                url = found.group(1)
+                doc = http_json(
+                    url + "/v1/moves", c.control_token, context=control_context(c.data_dir, url)
+                )
                 before = {
                     "queued before controller restart": "queued",
                     "resumed after controller restart": "closing",

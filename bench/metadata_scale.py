@@ -511,10 +511,11 @@ HEARTBEAT = "tidalmq_broker_heartbeat_seconds"
 HEARTBEAT_FAILED = b"heartbeat failed"  # the broker's warning when a heartbeat got no answer
 
 
-def http_text(url: str, timeout: float = 5.0, token: str = "") -> str:
+def http_text(url: str, timeout: float = 5.0, token: str = "", context: Any = None) -> str:
+    """`context`: the admin's certificate for a local cluster's controller with mTLS."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     with urllib.request.urlopen(
-        urllib.request.Request(url, headers=headers), timeout=timeout
+        urllib.request.Request(url, headers=headers), timeout=timeout, context=context
     ) as resp:
         body: bytes = resp.read()
     return body.decode()
@@ -588,11 +589,15 @@ class ControlPlaneMetrics:
             try:
                 status = json.loads(
                     http_text(
-                        self.controller_url + "/v1/local/status", token=self.local.control_token
+                        self.controller_url + "/v1/local/status", token=self.local.control_token,
+                        context=self.local.control_context,
                     )
-                )
+                )  # fmt: skip
                 self.status = status
-                self.dead = metric_value(http_text(self.controller_url + "/metrics"), DEAD)
+                self.dead = metric_value(
+                    http_text(self.controller_url + "/metrics", context=self.local.control_context),
+                    DEAD,
+                )
             except Exception:
                 self.errors += 1
                 return

@@ -61,7 +61,7 @@ def call(cluster: LocalClusterProcess, path: str, body: dict[str, Any]) -> Any:
         headers={"Content-Type": "application/json",
                  "Authorization": f"Bearer {cluster.control_token}"}, method="POST",
     )  # fmt: skip
-    with urllib.request.urlopen(req, timeout=300) as resp:
+    with urllib.request.urlopen(req, timeout=300, context=cluster.control_context) as resp:
         doc = json.loads(resp.read())
     if "fault" in doc:
         raise RuntimeError(doc["fault"]["message"])

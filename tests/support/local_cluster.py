@@ -8,12 +8,15 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tidalmq_core.control_tls import ControlTls
 
 from tests.support.started import StartedInWith
 
@@ -28,6 +31,20 @@ def tidalmq(
         [*CLI, *args], capture_output=True, text=True, timeout=timeout_s, check=False, cwd=cwd,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
+
+
+def control_tls(data_dir: Path, controller_url: str) -> ControlTls | None:
+    """The admin's certificate of a local cluster's data dir when its controller speaks HTTPS."""
+    if not controller_url.startswith("https:"):
+        return None
+    admin, ca = data_dir / "control-tls" / "admin.pem", data_dir / "control-tls" / "ca.pem"
+    return ControlTls(str(admin), str(admin), str(ca))
+
+
+def control_context(data_dir: Path, controller_url: str) -> ssl.SSLContext | None:
+    """The client context for a local cluster's controller (None: plain HTTP)."""
+    tls = control_tls(data_dir, controller_url)
+    return tls.client_context() if tls is not None else None
 
 
 class LocalClusterProcess(StartedInWith):
@@ -100,11 +117,21 @@ class LocalClusterProcess(StartedInWith):
         """The cluster's control token (`<data dir>/control-token`, made by `local up`)."""
         return (self.data_dir / "control-token").read_text().strip()
 
+    @property
+    def control_tls(self) -> ControlTls | None:
+        """The admin's client certificate (`<data dir>/control-tls/admin.pem`, made by `local
+        up`: its control plane runs with mTLS unless `--control-tls off`); None for HTTP."""
+        return control_tls(self.data_dir, self.controller_url)
+
+    @property
+    def control_context(self) -> ssl.SSLContext | None:
+        return control_context(self.data_dir, self.controller_url)
+
     def _get(self, path: str) -> Any:
         req = urllib.request.Request(
             self.controller_url + path, headers={"Authorization": f"Bearer {self.control_token}"}
         )
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30, context=self.control_context) as resp:
             return json.loads(resp.read())
 
     def _post(self, path: str, body: dict[str, Any], timeout_s: float = 180) -> Any:
@@ -113,7 +140,7 @@ class LocalClusterProcess(StartedInWith):
             headers={"Content-Type": "application/json",
                      "Authorization": f"Bearer {self.control_token}"}, method="POST",
         )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=self.control_context) as resp:
             return json.loads(resp.read())
 
     def status(self) -> dict[str, Any]:

@@ -65,6 +65,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _tls(targets: list[str]) -> str:
+    """The scrape settings of https:// targets (the local cluster's controller with control-plane
+    mTLS: /metrics needs no client certificate; its CA is the cluster's own)."""
+    if not any(t.startswith("https://") for t in targets):
+        return ""
+    return "\n    scheme: https\n    tls_config:\n      insecure_skip_verify: true"
+
+
 class PrometheusServer:
     def __init__(self, workdir: Path, *, scrape_interval_s: float = 2.0) -> None:
         self.workdir = workdir
@@ -84,10 +92,13 @@ class PrometheusServer:
         return self.workdir / f"targets-{job}.json"
 
     def set_targets(self, jobs: dict[str, list[str]]) -> None:
+        """Targets are host:port, or https://host:port (scraped over TLS: a job's targets are
+        all one or the other)."""
         for job, targets in jobs.items():
             path = self._targets_file(job)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps([{"targets": targets, "labels": {}}]))
+            hosts = [t.removeprefix("https://") for t in targets]
+            tmp.write_text(json.dumps([{"targets": hosts, "labels": {}}]))
             tmp.replace(path)  # atomic: discovery never reads half a file
 
     def start(self, jobs: dict[str, list[str]], timeout_s: float = 60.0) -> None:
@@ -99,12 +110,12 @@ class PrometheusServer:
             f"""
   - job_name: {json.dumps(job)}
     scrape_interval: {interval}
-    scrape_timeout: {interval}
+    scrape_timeout: {interval}{_tls(targets)}
     file_sd_configs:
       - files: [{json.dumps(str(self._targets_file(job)))}]
         refresh_interval: 5s
 """
-            for job in jobs
+            for job, targets in jobs.items()
         )
         config = self.workdir / "prometheus.yml"
         config.write_text(

@@ -28,6 +28,7 @@ from tidalmq_controller import (
 )
 from tidalmq_core import snapshots, updates
 from tidalmq_core.control_auth import TokenError
+from tidalmq_core.control_tls import ControlTlsError, may_call_broker
 from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
     TXN_STATE_TOPIC,
@@ -158,6 +159,10 @@ class Broker:
             self._control = settings.control_credentials()
         except TokenError as exc:
             raise SecurityConfigError(str(exc)) from exc
+        try:  # control-plane mTLS (tidalmq_core.control_tls): its files are read now
+            self._control_tls = settings.control_tls()
+        except ControlTlsError as exc:
+            raise SecurityConfigError(str(exc)) from exc
         if self._control is None and settings.controller_url:
             raise SecurityConfigError(
                 "--controller-url needs the control-plane token: --control-token-file or "
@@ -180,10 +185,20 @@ class Broker:
         # the control endpoints (metadata pushes, drain) need the token; without one (a
         # standalone broker given none) they refuse every call
         authenticate = self._control.authenticate if self._control is not None else None
+        # with mTLS, the port serving the control endpoints speaks HTTPS and lets in only the
+        # controller's (an administrator's) certificate and this broker's own
+        tls = self._control_tls
+        own = self.broker_id
+        check_role = functools.partial(may_call_broker, broker_id=own) if tls else None
         self.http = HealthServer(
-            self._readiness, authenticate, before_scrape=lambda: self.metrics.publish_led(None)
+            self._readiness, authenticate, before_scrape=lambda: self.metrics.publish_led(None),
+            tls=tls if settings.control_port < 0 else None, check_role=check_role,
+        )  # fmt: skip
+        self.control = (
+            self.http
+            if settings.control_port < 0
+            else HttpServer(authenticate, tls=tls, check_role=check_role)
         )
-        self.control = self.http if settings.control_port < 0 else HttpServer(authenticate)
         self.engine: ObjectStreamEngine | None = None
         self.partitions: PartitionManager = None  # type: ignore[assignment]
         self._registered = False
@@ -242,7 +257,9 @@ class Broker:
         if self.controller is None:
             if s.controller_url:
                 assert self._control is not None  # checked in __init__
-                self.controller = HttpControllerClient(s.controller_url, token=self._control.token)
+                self.controller = HttpControllerClient(
+                    s.controller_url, token=self._control.token, tls=self._control_tls
+                )
             else:
                 self.own_controller = Controller(
                     ObjectStoreMetadataLog(self._store),

@@ -51,6 +51,7 @@ def _run_drain(args: argparse.Namespace) -> int:
     import urllib.request
 
     from tidalmq_core.control_auth import TokenError, authorization
+    from tidalmq_core.control_tls import ControlTlsError, server_is_broker
 
     from tidalmq_broker.settings import from_sources
 
@@ -62,7 +63,8 @@ def _run_drain(args: argparse.Namespace) -> int:
         return 2
     try:
         credentials = settings.control_credentials()
-    except TokenError as exc:
+        tls = settings.control_tls()  # the broker's own certificate, with control-plane mTLS
+    except (TokenError, ControlTlsError) as exc:
         print(f"drain: {exc}", file=sys.stderr)
         return 2
     if credentials is None:
@@ -77,7 +79,12 @@ def _run_drain(args: argparse.Namespace) -> int:
         method="POST",
     )
     try:
-        with urllib.request.urlopen(req, timeout=args.timeout + 5) as resp:
+        context = (  # a broker's certificate: the broker's own control endpoint
+            tls.client_context(server_is_broker)
+            if tls is not None and url.startswith("https:")
+            else None
+        )
+        with urllib.request.urlopen(req, timeout=args.timeout + 5, context=context) as resp:
             result = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         print(f"drain failed: {exc.code} {exc.reason}", file=sys.stderr)
@@ -141,6 +148,13 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
         default="plaintext",
         help="sasl_ssl: brokers listen with SASL_SSL only (a CA and certificates, an admin "
         "user and a client.properties are made in DATA_DIR/security)",
+    )
+    up.add_argument(
+        "--control-tls",
+        choices=("on", "off"),
+        default="on",
+        help="mTLS between the controller, the brokers and the CLI (default on: a cluster CA "
+        "and a certificate per process are made in DATA_DIR/control-tls)",
     )
     up.add_argument(
         "--auto-create-topics",

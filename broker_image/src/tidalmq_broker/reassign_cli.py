@@ -4,8 +4,9 @@ Same JSON files and options as Kafka's tool (--generate, --execute, --verify, --
 --bootstrap-server, --reassignment-json-file, --topics-to-move-json-file, --broker-list,
 --timeout in milliseconds), with a non-zero exit and a clear message for a bad plan. --execute
 returns once the moves are started, like Kafka's; --verify shows how far they are (and --wait,
-TidalMQ's own, waits with a progress bar). Options that mean nothing here (--throttle,
---command-config, --disable-rack-aware, ...) are accepted, with a note.
+TidalMQ's own, waits with a progress bar). --command-config takes Kafka's client properties
+(TLS, SASL: tidalmq_core.client_properties), as Kafka's tools do. Options that mean nothing here
+(--throttle, --disable-rack-aware, ...) are accepted, with a note.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--additional", action="store_true", help="accepted for compatibility")
     p.add_argument("--preserve-throttles", action="store_true", help="accepted for compatibility")
     p.add_argument("--command-config", metavar="FILE",
-                   help="accepted for compatibility and ignored: the CLI needs no client "
-                        "properties (no TLS or SASL)")  # fmt: skip
+                   help="Kafka client properties (security.protocol, sasl.mechanism, "
+                        "sasl.jaas.config, ssl.truststore.location, ssl.keystore.location: PEM) "
+                        "to reach a TLS or SASL listener")  # fmt: skip
     p.add_argument("--disable-rack-aware", action="store_true",
                    help="accepted for compatibility: --generate does not place by rack")  # fmt: skip
     p.add_argument("plan_file", nargs="?", help="the plan (same as --reassignment-json-file)")
@@ -100,8 +102,6 @@ def _timeout_ms(text: str) -> int:
 
 def _notes(args: argparse.Namespace) -> None:
     """What Kafka's options that mean nothing here do (nothing), on stderr."""
-    if args.command_config:
-        _note(f"--command-config {args.command_config} is ignored: no client properties needed")
     if args.disable_rack_aware:
         _note("--disable-rack-aware is ignored: --generate does not place by rack")
     if args.execute and args.throttle >= 0:
@@ -113,11 +113,17 @@ def _note(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tidalmq_core import client_properties
+
     from tidalmq_broker.admin_client import AdminClient, AdminError
 
     _notes(args)
     try:
-        with AdminClient(args.bootstrap_server) as admin:
+        security = client_properties.from_file(args.command_config)
+    except client_properties.ClientConfigError as exc:
+        return _fail(f"--command-config: {exc}")
+    try:
+        with AdminClient(args.bootstrap_server, security=security) as admin:
             if args.generate:
                 return _generate(admin, args)
             if args.list:

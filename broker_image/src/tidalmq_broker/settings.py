@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from tidalmq_core.control_auth import BrokerCredentials, read_tokens
+from tidalmq_core.control_tls import ControlTls
 
 from tidalmq_broker.storage.api import StorageConfig
 
@@ -149,6 +150,22 @@ class BrokerSettings:
     control_token_file: str = field(
         default="", metadata={"help": "file holding the control-plane token (as above)"}
     )
+    control_tls_cert_file: str = field(
+        default="",
+        metadata={
+            "help": "control-plane mTLS: this broker's certificate (PEM chain; CN=broker-N or "
+            "broker); with the key and CA files, the control endpoints serve HTTPS and the "
+            "controller is called with it (docs/security.md)"
+        },
+    )
+    control_tls_key_file: str = field(
+        default="", metadata={"help": "control-plane mTLS: the certificate's private key (PEM)"}
+    )
+    control_tls_ca_file: str = field(
+        default="",
+        metadata={"help": "control-plane mTLS: the cluster CA's certificate (PEM), never the "
+                  "Kafka clients' CA"},
+    )  # fmt: skip
     storage_url: str = field(
         default="file://./.tidalmq/objects",
         metadata={"help": "object store: file:///dir or s3://bucket/prefix?endpoint_url=..."},
@@ -370,6 +387,12 @@ class BrokerSettings:
         tokens = read_tokens(self.control_token, self.control_token_file)
         return BrokerCredentials(tokens, self.broker_id) if tokens else None
 
+    def control_tls(self) -> ControlTls | None:
+        """Control-plane mTLS (None: off; raises ControlTlsError for a partial or bad setting)."""
+        return ControlTls.from_files(
+            self.control_tls_cert_file, self.control_tls_key_file, self.control_tls_ca_file
+        )
+
     def control_url(self, bound_port: int = 0) -> str:
         """Where the control endpoints are reached: --control-host (else --http-host) and the
         control port (`bound_port`: the port taken when it was 0)."""
@@ -377,7 +400,8 @@ class BrokerSettings:
         if host in ("", "0.0.0.0", "::"):
             host = "127.0.0.1"
         port = bound_port or (self.control_port if self.control_port > 0 else self.http_port)
-        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        tls = self.control_tls_cert_file or self.control_tls_key_file or self.control_tls_ca_file
+        return f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}"
 
     def connection_overrides(self) -> dict[str, int]:
         """max.connections.per.ip.overrides, each host resolved to its addresses (as Kafka

@@ -12,6 +12,12 @@ microseconds). What each token may do:
   `/v1/local/*`, static topics, data-loss recovery, rebalance, moves, and any route added later:
   new routes are admin-only until listed).
 
+With control-plane mTLS (tidalmq_core.control_tls), every call but the open ones also needs a
+client certificate of the cluster CA whose role allows what the token claims: the cluster token
+only with an administrator's certificate (CN=controller, operator or admin), a broker's token only
+with that broker's (CN=broker-N, or CN=broker). No certificate answers 401, a certificate whose
+role does not allow the token 403.
+
 A missing or wrong token answers 401, a broker's token on a call it may not make 403; each
 refusal is one rate-limited log line (never the token) and a count in
 `tidalmq_controller_control_refusals_total{reason}`.
@@ -27,6 +33,7 @@ from aiohttp import web
 from prometheus_client import Counter
 from tidalmq_broker.server.ratelog import RateLimitedLog
 from tidalmq_core.control_auth import ControlAuth, Principal
+from tidalmq_core.control_tls import NO_CERTIFICATE, peercert_of, permits, role_of
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +62,8 @@ PRINCIPAL: Any = (
 
 REFUSALS = Counter(
     "tidalmq_controller_control_refusals_total",
-    "Control calls the controller refused: no or a wrong token (401), a broker's token on a "
-    "call it may not make (403)",
+    "Control calls the controller refused: no or a wrong token, no client certificate (401), a "
+    "token or certificate on a call it may not make (403)",
     ["reason"],
 )
 REFUSAL_LOG = RateLimitedLog()
@@ -71,25 +78,36 @@ def _refuse(request: Any, status: int, reason: str, why: str) -> web.Response:
                         request.method, request.path, getattr(request, "remote", None) or "?",
                         why)  # fmt: skip
     if status == 401:
+        needs = "a client certificate" if reason == "no_certificate" else "the control token"
         return web.json_response(
-            {"error": "unauthorized: this call needs the cluster's control token"},
+            {"error": f"unauthorized: this call needs {needs}"},
             status=401,
             headers={"WWW-Authenticate": 'Bearer realm="tidalmq-control"'},
         )
     return web.json_response({"error": f"forbidden: {why}"}, status=403)
 
 
-def middleware(auth: ControlAuth) -> Any:
-    """The aiohttp middleware that checks every request but the open ones (outermost)."""
+def middleware(auth: ControlAuth, *, require_certificate: bool = False) -> Any:
+    """The aiohttp middleware that checks every request but the open ones (outermost); with
+    `require_certificate` (control-plane mTLS), also the client certificate's role."""
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path in OPEN:
             return await handler(request)
+        role = None
+        if require_certificate:
+            role, why = role_of(peercert_of(request.transport))
+            if role is None:  # none: 401; one of the cluster CA naming no role: 403
+                if why == NO_CERTIFICATE:
+                    return _refuse(request, 401, "no_certificate", why)
+                return _refuse(request, 403, "forbidden", why)
         principal, why = auth.authenticate(request.headers.get("Authorization"))
         if principal is None:
             return _refuse(request, 401, "no_token" if why.startswith("no") else "wrong_token", why)
+        if role is not None and (why := permits(role, principal.broker_id)):
+            return _refuse(request, 403, "forbidden", why)
         if not principal.is_admin and path not in BROKER_SELF and path not in BROKER_FORWARDED:
             return _refuse(request, 403, "forbidden", f"{principal} may not call {path}")
         request[PRINCIPAL] = principal

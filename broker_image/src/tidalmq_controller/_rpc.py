@@ -19,7 +19,9 @@ Exceptions cross the wire by name and are rebuilt from an explicit registry.
 
 Every call but /healthz and /metrics carries a control token, both ways (`_control_auth.py`,
 tidalmq_core.control_auth): brokers present their own broker token to the controller, and the
-controller presents each broker's token when it pushes to that broker.
+controller presents each broker's token when it pushes to that broker. With control-plane mTLS
+(tidalmq_core.control_tls) both directions also go over TLS with client certificates: the server
+asks for one, and its role must allow the token presented.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import concurrent.futures
 import http.client
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from tidalmq_core import acls, updates
 from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.control_auth import ControlAuth, authorization
+from tidalmq_core.control_tls import ControlTls, server_is_admin, server_is_broker
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, DataLoss
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
@@ -350,10 +354,16 @@ class HttpControllerClient:
 
     HEARTBEAT_TIMEOUT_S = 2.0
 
-    def __init__(self, base_url: str, *, token: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, *, token: str, timeout_s: float = 10.0, tls: ControlTls | None = None
+    ) -> None:
         self._base = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._headers = authorization(token)  # the broker's own token
+        # control-plane mTLS: the broker's certificate, the cluster CA
+        self._ssl: ssl.SSLContext | None = (
+            tls.client_context(server_is_admin) if tls is not None else None
+        )
         self._session: aiohttp.ClientSession | None = None
         # the heartbeats' own connection (http.client: no event loop involved), one at a time
         self._beat_conn: http.client.HTTPConnection | None = None
@@ -361,7 +371,10 @@ class HttpControllerClient:
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, headers=self._headers,
+                connector=aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True),
+            )  # fmt: skip
         return self._session
 
     async def close(self) -> None:
@@ -407,9 +420,15 @@ class HttpControllerClient:
         for attempt in (1, 2):  # a kept-alive connection the server closed: once more, anew
             conn = self._beat_conn
             if conn is None:
-                conn = http.client.HTTPConnection(
-                    url.hostname or "127.0.0.1", url.port or 80, timeout=self.HEARTBEAT_TIMEOUT_S
-                )
+                host = url.hostname or "127.0.0.1"
+                if url.scheme == "https":
+                    conn = http.client.HTTPSConnection(host, url.port or 443,
+                                                       timeout=self.HEARTBEAT_TIMEOUT_S,
+                                                       context=self._ssl)  # fmt: skip
+                else:
+                    conn = http.client.HTTPConnection(
+                        host, url.port or 80, timeout=self.HEARTBEAT_TIMEOUT_S
+                    )
                 self._beat_conn = conn
             try:
                 conn.request("POST", url.path.rstrip("/") + "/v1/brokers/heartbeat", body,
@@ -603,14 +622,22 @@ class _Forwarded:
 class ControllerServer:
     """The controller's HTTP endpoints (plus status pages for the CLI and local cluster), on
     the controller's liveness thread. Every call but /healthz and /metrics needs a control token
-    that `auth` accepts (_control_auth.py); there is no way to serve without one."""
+    that `auth` accepts (_control_auth.py); there is no way to serve without one. With `tls`
+    (control-plane mTLS) it serves HTTPS, every such call also needs a client certificate of the
+    cluster CA, and its pushes to brokers present the controller's certificate."""
 
-    def __init__(self, controller: ctl.Controller, auth: ControlAuth) -> None:
+    def __init__(
+        self, controller: ctl.Controller, auth: ControlAuth, tls: ControlTls | None = None
+    ) -> None:
         self.controller = controller
         self.auth = auth
+        self.tls = tls
         self.app = web.Application(
             client_max_size=256 * 1024 * 1024,
-            middlewares=[control_auth_middleware(auth), self._on_controller_loop],
+            middlewares=[
+                control_auth_middleware(auth, require_certificate=tls is not None),
+                self._on_controller_loop,
+            ],
         )
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -656,7 +683,13 @@ class ControllerServer:
         """Serve on the liveness thread; returns once the port is bound."""
         self._main_loop = asyncio.get_running_loop()
         # pushes to brokers run on the controller's loop: their session belongs there
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=10),
+            connector=aiohttp.TCPConnector(
+                ssl=self.tls.client_context(server_is_broker) if self.tls is not None else True
+            ),
+        )
+        server_ssl = self.tls.server_context() if self.tls is not None else None
         bound: concurrent.futures.Future[int] = concurrent.futures.Future()
 
         def serve() -> None:
@@ -667,7 +700,9 @@ class ControllerServer:
             async def setup() -> int:
                 self._runner = web.AppRunner(self.app, access_log=None)
                 await self._runner.setup()
-                site = web.TCPSite(self._runner, host, port, reuse_address=True)
+                site = web.TCPSite(
+                    self._runner, host, port, reuse_address=True, ssl_context=server_ssl
+                )
                 await site.start()
                 return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
 

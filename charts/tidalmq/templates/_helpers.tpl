@@ -71,7 +71,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{- define "tidalmq.controllerUrl" -}}
-{{- printf "http://%s.%s.svc:%v" (include "tidalmq.operatorName" .) .Release.Namespace .Values.operator.ports.controller }}
+{{- printf "%s://%s.%s.svc:%v" (ternary "https" "http" .Values.controlPlane.tls.enabled) (include "tidalmq.operatorName" .) .Release.Namespace .Values.operator.ports.controller }}
 {{- end }}
 
 {{- define "tidalmq.image" -}}
@@ -199,6 +199,44 @@ chart's. Tokens rotated inside a Secret need a rolling restart (docs/security.md
 */}}
 {{- define "tidalmq.controlChecksum" -}}
 {{- list "control-token" (include "tidalmq.controlSecret" .) (empty .Values.controlPlane.existingSecret) | toJson | sha256sum }}
+{{- end }}
+
+{{/* The control plane's certificates (controlPlane.tls): ca.crt, broker.*, operator.*. */}}
+{{- define "tidalmq.controlTlsSecret" -}}
+{{- default (printf "%s-control-tls" (include "tidalmq.fullname" .)) .Values.controlPlane.tls.existingSecret }}
+{{- end }}
+
+{{/* Where the pods find their control-plane certificate (tls.crt, tls.key) and its CA (ca.crt). */}}
+{{- define "tidalmq.controlTlsDir" -}}
+/etc/tidalmq/control-tls
+{{- end }}
+
+{{/*
+A pod's control-plane mTLS: its environment (env), and its volume (volume; `role` broker or
+operator: the pod mounts that role's certificate and key only, and the CA's certificate).
+*/}}
+{{- define "tidalmq.controlTlsEnv" -}}
+{{- $dir := include "tidalmq.controlTlsDir" . }}
+- name: TIDALMQ_CONTROL_TLS_CERT_FILE
+  value: {{ printf "%s/tls.crt" $dir | quote }}
+- name: TIDALMQ_CONTROL_TLS_KEY_FILE
+  value: {{ printf "%s/tls.key" $dir | quote }}
+- name: TIDALMQ_CONTROL_TLS_CA_FILE
+  value: {{ printf "%s/ca.crt" $dir | quote }}
+{{- end }}
+
+{{- define "tidalmq.controlTlsVolume" -}}
+- name: control-tls
+  secret:
+    secretName: {{ include "tidalmq.controlTlsSecret" .ctx }}
+    defaultMode: 0440
+    items:
+      - key: ca.crt
+        path: ca.crt
+      - key: {{ .role }}.crt
+        path: tls.crt
+      - key: {{ .role }}.key
+        path: tls.key
 {{- end }}
 
 {{/* Where the pods find the control tokens (a Secret volume). */}}

@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 from tidalmq_controller.hosting import HealthServer, setup_logging, tune_runtime
 from tidalmq_core.control_auth import TokenError
+from tidalmq_core.control_tls import ControlTlsError
 from tidalmq_core.metadata import new_cluster_id
 
 from tidalmq_operator import handlers  # noqa: F401  (registers the handlers)
@@ -86,7 +87,8 @@ def main(settings: OperatorSettings | None = None) -> int:
     settings = settings or OperatorSettings.from_env()
     try:  # the controller serves only with a control token: say so now, not when it starts
         settings.control_auth()
-    except TokenError as exc:
+        settings.control_tls()  # control-plane mTLS: its files are read now
+    except (TokenError, ControlTlsError) as exc:
         print(f"tidalmq operator: cannot start: {exc}", file=sys.stderr)
         return 2
     setup_logging(

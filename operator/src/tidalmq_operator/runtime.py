@@ -247,7 +247,8 @@ class OperatorRuntime:
         controller.add_event_sink(self._on_controller_event)
         controller.add_commit_listener(self._on_commit)
         self._full_at = float("-inf")
-        server = ControllerServer(controller, s.control_auth())  # checked at start (main.py)
+        # both checked at start (main.py)
+        server = ControllerServer(controller, s.control_auth(), s.control_tls())
         await server.start(s.controller_host, s.controller_port)
         self.controller, self.server = controller, server
         self.active.set()

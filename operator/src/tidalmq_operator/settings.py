@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from tidalmq_core.control_auth import ControlAuth, TokenError, read_tokens
+from tidalmq_core.control_tls import ControlTls
 
 GROUP = "tidalmq.io"
 VERSION = "v1alpha1"
@@ -62,6 +63,11 @@ class OperatorSettings:
     control_token_file: str = ""
     control_broker_secret: str = field(default="", repr=False)
     control_broker_secret_file: str = ""
+    # control-plane mTLS (tidalmq_core.control_tls): the controller's certificate (CN=operator or
+    # controller), its key, the cluster CA; all three or none
+    control_tls_cert_file: str = ""
+    control_tls_key_file: str = ""
+    control_tls_ca_file: str = ""
     # the Secret holding the CA that signs tls Users' certificates (tls.crt, tls.key); the
     # operator generates it when it does not exist (the chart generates it with listeners.tls)
     clients_ca_secret: str = "tidalmq-clients-ca"
@@ -110,6 +116,9 @@ class OperatorSettings:
             control_token_file=get("CONTROL_TOKEN_FILE", ""),
             control_broker_secret=get("CONTROL_BROKER_SECRET", ""),
             control_broker_secret_file=get("CONTROL_BROKER_SECRET_FILE", ""),
+            control_tls_cert_file=get("CONTROL_TLS_CERT_FILE", ""),
+            control_tls_key_file=get("CONTROL_TLS_KEY_FILE", ""),
+            control_tls_ca_file=get("CONTROL_TLS_CA_FILE", ""),
             clients_ca_secret=get("CLIENTS_CA_SECRET", "tidalmq-clients-ca"),
         )
 
@@ -126,6 +135,13 @@ class OperatorSettings:
             self.control_broker_secret, self.control_broker_secret_file, "brokers' secret"
         )
         return ControlAuth(tokens, brokers)
+
+    def control_tls(self) -> ControlTls | None:
+        """The controller's control-plane mTLS (None: off); raises ControlTlsError for a partial
+        setting or files it cannot load."""
+        return ControlTls.from_files(
+            self.control_tls_cert_file, self.control_tls_key_file, self.control_tls_ca_file
+        )
 
     def selector_dict(self) -> dict[str, str]:
         out = {}

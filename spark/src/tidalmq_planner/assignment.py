@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tidalmq_core.control_tls import ControlTls, server_is_admin
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.reassignment import parse_plan
 
@@ -25,13 +26,18 @@ class ClusterView:
     source: str = ""
 
 
-def from_bootstrap(bootstrap: str, timeout_s: float = 30.0) -> ClusterView:
-    """Leaders and brokers from a Kafka Metadata request (confluent-kafka)."""
+def from_bootstrap(
+    bootstrap: str, timeout_s: float = 30.0, command_config: str | None = None
+) -> ClusterView:
+    """Leaders and brokers from a Kafka Metadata request (confluent-kafka); `command_config`:
+    Kafka client properties for a TLS or SASL listener (tidalmq_core.client_properties)."""
     from confluent_kafka.admin import AdminClient
+    from tidalmq_core.client_properties import from_file
 
-    admin = AdminClient(
-        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000)}
-    )
+    admin = AdminClient({
+        "bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000),
+        **from_file(command_config).librdkafka(),
+    })  # fmt: skip
     meta = admin.list_topics(timeout=timeout_s)
     assignment: Assignment = {}
     for name, topic in meta.topics.items():
@@ -49,9 +55,13 @@ def from_file(path: str | Path) -> ClusterView:
     return ClusterView(assignment, sorted(set(assignment.values())), f"file {path}")  # type: ignore[arg-type]
 
 
-def from_controller(url: str, timeout_s: float = 30.0, token: str | None = None) -> ClusterView:
+def from_controller(
+    url: str, timeout_s: float = 30.0, token: str | None = None, tls: ControlTls | None = None
+) -> ClusterView:
     """The controller's GET /v1/metadata (the local cluster and the operator serve it), with the
-    control token (default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN)."""
+    control token (default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN) and, for an
+    https URL (control-plane mTLS), an admin's certificate (TIDALMQ_CONTROL_TLS_CERT_FILE,
+    _KEY_FILE, _CA_FILE)."""
     import urllib.request
 
     from tidalmq_core.control_auth import authorization, tokens_from_env
@@ -63,7 +73,16 @@ def from_controller(url: str, timeout_s: float = 30.0, token: str | None = None)
             "TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN"
         )
     req = urllib.request.Request(url.rstrip("/") + "/v1/metadata", headers=authorization(token))
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+    context = None
+    if url.startswith("https:"):
+        tls = tls or ControlTls.from_env()
+        if tls is None:
+            raise RuntimeError(
+                f"the controller at {url} speaks mTLS: set TIDALMQ_CONTROL_TLS_CERT_FILE, "
+                "TIDALMQ_CONTROL_TLS_KEY_FILE and TIDALMQ_CONTROL_TLS_CA_FILE"
+            )
+        context = tls.client_context(server_is_admin)
+    with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
         meta = ClusterMetadata.from_json(json.loads(resp.read())["metadata"])
     assignment: Assignment = {}
     for topic in meta.topics.values():

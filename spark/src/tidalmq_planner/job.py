@@ -158,7 +158,7 @@ def load_profiles(
 def cluster_view(req: PlanRequest, grid: Grid | None) -> sources.ClusterView:
     """Stage 1. Without an explicit source: Prometheus, or (offline) the history's column."""
     if req.bootstrap_server:
-        return sources.from_bootstrap(req.bootstrap_server)
+        return sources.from_bootstrap(req.bootstrap_server, command_config=req.command_config)
     if req.controller_url:
         return sources.from_controller(req.controller_url)
     if req.assignment_file:

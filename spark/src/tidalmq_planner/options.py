@@ -26,6 +26,7 @@ class PlanRequest:
     statistic: str = "mean"
     topics: list[str] | None = None
     bootstrap_server: str | None = None
+    command_config: str | None = None  # Kafka client properties for a TLS/SASL listener
     controller_url: str | None = None
     assignment_file: str | None = None
     brokers: list[int] | None = None
@@ -54,6 +55,9 @@ def options(p: argparse.ArgumentParser) -> None:
     cur = p.add_argument_group("current assignment (default: from Prometheus or the history)")
     cur.add_argument("--bootstrap-server", metavar="HOST:PORT", type=bootstrap_servers,
                      help="read it from the cluster")  # fmt: skip
+    cur.add_argument("--command-config", metavar="FILE",
+                     help="with --bootstrap-server: Kafka client properties (security.protocol, "
+                          "SASL, PEM stores) for a TLS or SASL listener")  # fmt: skip
     cur.add_argument("--controller-url", metavar="URL", type=http_url,
                      help="read it from the controller")  # fmt: skip
     cur.add_argument("--assignment", metavar="FILE", help="a Kafka-format assignment JSON")
@@ -94,7 +98,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         threshold=args.threshold, floor=args.floor, max_moves=args.max_moves,
         statistic=args.statistic,
         topics=[t.strip() for t in args.topics.split(",") if t.strip()] if args.topics else None,
-        bootstrap_server=args.bootstrap_server, controller_url=args.controller_url,
+        bootstrap_server=args.bootstrap_server, command_config=args.command_config,
+        controller_url=args.controller_url,
         assignment_file=args.assignment, brokers=ints(args.brokers), out=args.out,
         report_dir=args.report_dir, yaml=args.yaml, name=args.name, namespace=args.namespace,
         configmap=args.configmap, master=args.master, shards=args.shards,

@@ -332,7 +332,7 @@ def workloads(api: Api, ns: str) -> dict[str, dict[str, Any]]:
     [["--set", "inClusterObjectStore.enabled=true"],
      ["--set", "objectStore.accessKey=AK", "--set", "objectStore.secretKey=SK"],
      ["--set", "inClusterObjectStore.enabled=true", "--set", "listeners.tls.enabled=true",
-      "--set", "listeners.sasl.enabled=true"]],
+      "--set", "listeners.sasl.enabled=true", "--set", "controlPlane.tls.enabled=true"]],
     ids=["generated-credentials", "keys-in-values", "tls-and-sasl"],
 )  # fmt: skip
 def test_an_upgrade_with_unchanged_values_changes_no_pod_template(
@@ -353,6 +353,8 @@ def test_an_upgrade_with_unchanged_values_changes_no_pod_template(
     tls = {name: api.get(ns, "secret", name)["data"]
            for name in ("tmq-tidalmq-broker-tls", "tmq-tidalmq-clients-ca")
            if "listeners.tls.enabled=true" in values}  # fmt: skip
+    if "controlPlane.tls.enabled=true" in values:  # the control plane's CA and certificates
+        tls["tmq-tidalmq-control-tls"] = api.get(ns, "secret", "tmq-tidalmq-control-tls")["data"]
 
     api.helm("upgrade", release, str(CHART), *common)
     assert workloads(api, ns) == installed

@@ -164,7 +164,10 @@ def state_of(cluster: LocalClusterProcess) -> dict[str, Any]:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalClusterProcess]:
     env = {"TIDALMQ_OFFSETS_TOPIC_PARTITIONS": "2"}
-    with LocalClusterProcess(tmp_path / "cluster", brokers=2, env=env) as c:
+    # the tokens alone (control-plane mTLS off): test_control_plane_mtls.py forges with it on
+    with LocalClusterProcess(
+        tmp_path / "cluster", brokers=2, env=env, args=["--control-tls", "off"]
+    ) as c:
         yield c
 
 

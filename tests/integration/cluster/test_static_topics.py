@@ -55,7 +55,7 @@ def call(cluster: LocalClusterProcess, path: str, body: dict[str, Any]) -> Any:
         headers={"Content-Type": "application/json",
                  "Authorization": f"Bearer {cluster.control_token}"}, method="POST",
     )  # fmt: skip
-    with urllib.request.urlopen(req, timeout=180) as resp:
+    with urllib.request.urlopen(req, timeout=180, context=cluster.control_context) as resp:
         doc = json.loads(resp.read())
     assert "fault" not in doc, doc["fault"]
     return doc["result"]
@@ -323,7 +323,8 @@ def cli(cluster: LocalClusterProcess, *args: str) -> str:
 
 def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterProcess) -> None:
     name = f"cli-{uuid.uuid4().hex[:6]}"
-    ctl = ["--controller-url", cluster.controller_url,
+    # the admin's certificate (control-plane mTLS) comes from the data dir
+    ctl = ["--controller-url", cluster.controller_url, "--data-dir", str(cluster.data_dir),
            "--control-token-file", str(cluster.data_dir / "control-token")]  # fmt: skip
     out = cli(cluster, "create", name, "--queues", "4", *ctl)
     assert f"static topic {name}: 4 logic queues" in out

@@ -135,7 +135,7 @@ def test_plan_from_prometheus_history_balances_bytes_in(
     status = cluster.status()
     targets = {
         "tidalmq-broker": [f"127.0.0.1:{row['http_port']}" for row in status["brokers"]],
-        "tidalmq-controller": [cluster.controller_url.removeprefix("http://")],
+        "tidalmq-controller": [cluster.controller_url.removeprefix("http://")],  # https: TLS
     }
     prometheus.start(targets)
     producer = SkewedProducer(cluster.bootstrap, weights).start()
@@ -159,7 +159,7 @@ def test_plan_from_prometheus_history_balances_bytes_in(
         assert {k: v for k, v in via_kafka.assignment.items() if k[0] == TOPIC} == seen
         assert via_kafka.brokers == brokers
         via_controller = sources.from_controller(
-            cluster.controller_url, token=cluster.control_token
+            cluster.controller_url, token=cluster.control_token, tls=cluster.control_tls
         )
         assert {k: v for k, v in via_controller.assignment.items() if k[0] == TOPIC} == seen
         assert via_controller.brokers == brokers

@@ -5,6 +5,8 @@ restart."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
+from tidalmq_planner import assignment as sources
 
 from bench.kafka.harness import KafkaDist, run_tool
 from tests.support.local_cluster import LocalClusterProcess
@@ -23,6 +26,13 @@ def confluent(bootstrap: str, security: Path, user: str, password: str) -> dict[
     return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL",
             "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
             "ssl.ca.location": str(security / "ca.pem")}  # fmt: skip
+
+
+def reassign(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidalmq_broker.cli", "reassign", "--bootstrap-server", bootstrap,
+         *args], capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
 
 
 def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDist) -> None:
@@ -40,6 +50,21 @@ def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDis
         created = run_tool("kafka-topics", "--command-config", str(props), "--create", "--topic",
                            topic, "--partitions", "2", bootstrap=first, check=True)  # fmt: skip
         assert f"Created topic {topic}." in created.stdout
+        # the project's own Kafka clients take the same client.properties: `tidalmq reassign`
+        # (Kafka's --command-config) and the planner's --bootstrap-server
+        listed = reassign(first, "--list", "--command-config", str(props))
+        assert listed.returncode == 0, listed.stderr
+        assert "No partition reassignments found." in listed.stdout
+        wrong = tmp_path / "wrong.properties"
+        wrong.write_text(props.read_text().replace(password, "not-the-password"))
+        refused_cli = reassign(first, "--list", "--command-config", str(wrong))
+        assert refused_cli.returncode == 1 and "authentication of 'admin' failed" in (
+            refused_cli.stderr
+        ), refused_cli.stderr
+        plain = reassign(first, "--list")
+        assert plain.returncode == 1 and "connection failed" in plain.stderr, plain.stderr
+        view = sources.from_bootstrap(first, command_config=str(props))
+        assert {(topic, 0), (topic, 1)} <= set(view.assignment) and view.brokers == [0, 1]
         # a user made through broker 0 logs in at broker 1 only: the controller pushed it
         run_tool("kafka-configs", "--command-config", str(props), "--alter", "--add-config",
                  "SCRAM-SHA-512=[password=bob-secret]", "--entity-type", "users",

@@ -39,3 +39,23 @@ def test_no_token_no_controller(capsys: pytest.CaptureFixture[str]) -> None:
         OperatorSettings.from_env({}).control_auth()
     assert main(OperatorSettings.from_env({})) == 2
     assert "cannot start" in capsys.readouterr().err
+
+
+def test_control_plane_tls_is_all_three_files_or_the_operator_does_not_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert OperatorSettings.from_env({"TIDALMQ_CONTROL_TOKEN": TOKEN}).control_tls() is None
+    partial = OperatorSettings.from_env({
+        "TIDALMQ_CONTROL_TOKEN": TOKEN,
+        "TIDALMQ_CONTROL_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
+    })  # fmt: skip
+    assert main(partial) == 2
+    err = capsys.readouterr().err
+    assert "cannot start: control-plane TLS needs" in err and "--control-tls-key-file" in err
+    unreadable = OperatorSettings.from_env({
+        "TIDALMQ_CONTROL_TOKEN": TOKEN, "TIDALMQ_CONTROL_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
+        "TIDALMQ_CONTROL_TLS_KEY_FILE": str(tmp_path / "tls.key"),
+        "TIDALMQ_CONTROL_TLS_CA_FILE": str(tmp_path / "ca.crt"),
+    })  # fmt: skip
+    assert main(unreadable) == 2
+    assert "cannot load the certificate" in capsys.readouterr().err

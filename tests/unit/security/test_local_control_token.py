@@ -8,6 +8,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from tidalmq_broker.local import control_tls
 from tidalmq_broker.local.control import ControlError, ensure_token, find_controller, token_path
 
 
@@ -35,15 +37,45 @@ def test_commands_find_the_controller_and_its_token(
         find_controller(None, data)
     token = ensure_token(data)
     (data / "cluster.json").write_text(json.dumps({"controller_url": "http://127.0.0.1:9690/"}))
-    assert find_controller(None, data) == ("http://127.0.0.1:9690", token)
+    assert find_controller(None, data)[:2] == ("http://127.0.0.1:9690", token)
     # --controller-url: the explicit file, else the environment, else the data dir's
     other = tmp_path / "other-token"
     other.write_text("o" * 40)
-    assert find_controller("http://c:1", data, str(other)) == ("http://c:1", "o" * 40)
+    assert find_controller("http://c:1", data, str(other))[:2] == ("http://c:1", "o" * 40)
     monkeypatch.setenv("TIDALMQ_CONTROL_TOKEN", "e" * 40)
-    assert find_controller("http://c:1", data) == ("http://c:1", "e" * 40)
-    assert find_controller(None, data) == ("http://127.0.0.1:9690", token), "its own cluster's"
+    assert find_controller("http://c:1", data)[:2] == ("http://c:1", "e" * 40)
+    assert find_controller(None, data)[:2] == ("http://127.0.0.1:9690", token), "its own cluster's"
     monkeypatch.delenv("TIDALMQ_CONTROL_TOKEN")
-    assert find_controller("http://c:1", data) == ("http://c:1", token)
+    assert find_controller("http://c:1", data)[:2] == ("http://c:1", token)
     with pytest.raises(ControlError, match="no control token"):
         find_controller("http://c:1", tmp_path / "nowhere")
+
+
+def test_the_commands_present_the_data_dirs_admin_certificate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`local up` makes the control plane's CA and certificates in the data dir; the commands
+    that find the controller through the data dir present its admin certificate (CN=admin), and
+    given --controller-url the TIDALMQ_CONTROL_TLS_* files first."""
+    for name in ("TIDALMQ_CONTROL_TOKEN", "TIDALMQ_CONTROL_TOKEN_FILE",
+                 "TIDALMQ_CONTROL_TLS_CERT_FILE", "TIDALMQ_CONTROL_TLS_KEY_FILE",
+                 "TIDALMQ_CONTROL_TLS_CA_FILE"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    data = tmp_path / "local"
+    ensure_token(data)
+    (data / "cluster.json").write_text(json.dumps({"controller_url": "https://127.0.0.1:9690"}))
+    assert find_controller(None, data).tls is None  # no CA made yet (`--control-tls off`)
+    local = control_tls.prepare(data, "0.0.0.0")
+    tls = find_controller(None, data).tls
+    assert tls is not None and tls.cert_file == str(data / "control-tls" / "admin.pem")
+    assert oct((data / "control-tls" / "ca-key.pem").stat().st_mode & 0o777) == "0o600"
+    ca = (data / "control-tls" / "ca.pem").read_bytes()
+    broker = local.broker(3)
+    cert = x509.load_pem_x509_certificate(Path(broker.cert_file).read_bytes())
+    assert cert.subject.rfc4514_string() == "CN=broker-3"
+    assert control_tls.prepare(data, "").ca_file.read_bytes() == ca, "the CA is kept"
+    other = control_tls.prepare(tmp_path / "elsewhere", "").admin()
+    for name, value in other.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TIDALMQ_CONTROL_TOKEN", "e" * 40)
+    assert find_controller("https://c:1", data).tls == other

@@ -38,7 +38,7 @@ def test_commands_find_the_cluster_of_the_default_data_dir_from_any_directory(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    assert find_controller(None, "") == ("http://127.0.0.1:1", token)
+    assert find_controller(None, "") == ("http://127.0.0.1:1", token, None)
 
 
 @pytest.mark.parametrize(

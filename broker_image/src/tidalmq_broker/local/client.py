@@ -17,9 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tidalmq_broker.cli_args import print_json, wants_json
+
+if TYPE_CHECKING:
+    from tidalmq_core.control_tls import ControlTls
 
 POLL_S = 0.2
 DEFAULT_MOVE_TIMEOUT_S = 120.0
@@ -52,8 +55,8 @@ def local_command(args: argparse.Namespace) -> int:
     from tidalmq_broker.local.control import ControlError, find_controller
 
     try:
-        base, token = find_controller(None, args.data_dir)
-        client = Client(base, token)
+        base, token, tls = find_controller(None, args.data_dir)
+        client = Client(base, token, tls)
         action = args.local_command
         if action == "status":
             return _status(client, args)
@@ -84,14 +87,17 @@ def local_command(args: argparse.Namespace) -> int:
 
 
 class Client:
-    def __init__(self, base: str, token: str) -> None:
-        self.base, self.token = base, token
+    """The local cluster's controller: its URL, the control token, the admin's certificate
+    (control-plane mTLS; None: plain HTTP)."""
+
+    def __init__(self, base: str, token: str, tls: ControlTls | None = None) -> None:
+        self.base, self.token, self.tls = base, token, tls
 
     def status(self) -> dict[str, Any]:
         from tidalmq_broker.local.control import request
 
         doc: dict[str, Any] = request(
-            self.base, "/v1/local/status", self.token, method="GET", timeout_s=10
+            self.base, "/v1/local/status", self.token, method="GET", timeout_s=10, tls=self.tls
         )
         return doc
 
@@ -104,7 +110,10 @@ class Client:
         from tidalmq_broker.local.control import request
 
         try:
-            return request(self.base, f"/v1/local/{action}", self.token, body, timeout_s=timeout_s)
+            return request(
+                self.base, f"/v1/local/{action}", self.token, body, timeout_s=timeout_s,
+                tls=self.tls,
+            )  # fmt: skip
         except urllib.error.HTTPError as exc:
             try:
                 message = json.loads(exc.read()).get("error") or str(exc)

@@ -62,6 +62,8 @@ from tidalmq_core.reassignment import Phase
 from tidalmq_broker.lifecycle import Shutdown
 from tidalmq_broker.local.client import format_table
 from tidalmq_broker.local.control import ControlError, ensure_token
+from tidalmq_broker.local.control_tls import LocalControlTls
+from tidalmq_broker.local.control_tls import prepare as control_tls_prepare
 from tidalmq_broker.local.processes import (
     LOCK_NAME,
     STATE_NAME,
@@ -122,8 +124,10 @@ class LocalCluster:
         control_token: str,
         broker_env: dict[str, str] | None = None,
         security: LocalSecurity | None = None,
+        control_tls: LocalControlTls | None = None,
     ) -> None:
         self.security = security  # --security sasl_ssl (local/security.py)
+        self.control_tls = control_tls  # control-plane mTLS (local/control_tls.py)
         self.auth = ControlAuth([control_token])  # <data dir>/control-token
         self.data_dir = data_dir
         self.storage_url = storage_url
@@ -142,7 +146,7 @@ class LocalCluster:
     @property
     def controller_url(self) -> str:
         assert self.server is not None
-        return f"http://{self.host}:{self.server.port}"
+        return f"{'https' if self.control_tls else 'http'}://{self.host}:{self.server.port}"
 
     @property
     def bootstrap(self) -> str:
@@ -169,7 +173,9 @@ class LocalCluster:
         await self.controller.start()
         if self.security is not None:  # the admin user, unless it exists already
             await self.controller.bootstrap_scram_credentials(self.security.bootstrap_users())
-        self.server = ControllerServer(self.controller, self.auth)
+        self.server = ControllerServer(
+            self.controller, self.auth, self.control_tls.controller() if self.control_tls else None
+        )
         r = self.server.app.router
         r.add_post("/v1/local/add-broker", self._http_add)
         r.add_post("/v1/local/remove-broker", self._http_remove)
@@ -302,13 +308,19 @@ class LocalCluster:
         ]  # fmt: skip
         if self.security is not None:
             cmd += self.security.broker_args(self.host, port)
+        tls_env = {}
+        if self.control_tls is not None:
+            # the control endpoints on a port of their own, HTTPS; --http-port stays plain
+            # HTTP for health and metrics
+            cmd += ["--control-port", "0"]
+            tls_env = self.control_tls.broker(broker_id).env()
         # PR_SET_PDEATHSIG follows the thread that forks: only the main thread's (the loop's)
         # children may be linked, or a worker thread's exit would stop the broker
         if threading.current_thread() is threading.main_thread():
             cmd += ["--parent-pid", str(os.getpid())]
         # each broker holds its own token only: it can act for no other broker
         env = {**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env,
-               ENV_TOKEN: self.auth.broker_token(broker_id)}  # fmt: skip
+               ENV_TOKEN: self.auth.broker_token(broker_id), **tls_env}  # fmt: skip
         env.pop(ENV_TOKEN_FILE, None)
         with log_path.open("ab") as out:
             # spawning returns at once; waiting for the broker happens below without blocking
@@ -488,6 +500,8 @@ class LocalCluster:
                 "moved_out": moved_out.get(broker_id, 0),
                 "pid": proc.proc.pid if proc else None,
                 "http_port": proc.http_port if proc else None,  # /metrics, /healthz
+                # its control endpoints (with mTLS on a port of their own, HTTPS)
+                "control_url": info.control_url if info else None,
             })  # fmt: skip
         return {
             "bootstrap": self.bootstrap,
@@ -628,7 +642,11 @@ def run_local_cluster(args: argparse.Namespace, data: Path, shown_as: str = "") 
 async def _serve(args: argparse.Namespace, data: Path, storage_url: str, token: str) -> int:
     sasl_ssl = getattr(args, "security", "plaintext") == "sasl_ssl"
     security = prepare(data, args.host) if sasl_ssl else None
+    control_tls = (
+        control_tls_prepare(data, args.host) if getattr(args, "control_tls", "on") == "on" else None
+    )
     cluster = LocalCluster(
+        control_tls=control_tls,
         data_dir=data,
         storage_url=storage_url,
         host=args.host,

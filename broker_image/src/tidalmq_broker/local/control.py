@@ -12,6 +12,10 @@ the data dir, so they work unchanged. Given `--controller-url` (a controller els
 `--control-token-file`, else TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN, else the data
 dir's token.
 
+With control-plane mTLS (the local cluster's default, local/control_tls.py) they also present a
+client certificate: the data dir's `control-tls/admin.pem` when they find the controller through
+the data dir, else TIDALMQ_CONTROL_TLS_CERT_FILE, _KEY_FILE and _CA_FILE, else the data dir's.
+
 Stdlib and tidalmq_core only: these commands start fast.
 """
 
@@ -22,7 +26,7 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tidalmq_core.control_auth import (
     TokenError,
@@ -31,7 +35,9 @@ from tidalmq_core.control_auth import (
     read_tokens,
     tokens_from_env,
 )
+from tidalmq_core.control_tls import ControlTls, ControlTlsError, server_is_admin
 
+from tidalmq_broker.local.control_tls import data_dir_tls
 from tidalmq_broker.local.processes import STATE_NAME, resolve_data_dir
 
 TOKEN_NAME = "control-token"
@@ -71,12 +77,21 @@ def data_dir_token(data_dir: Path) -> str:
         raise ControlError(str(exc)) from exc
 
 
+class Target(NamedTuple):
+    """A controller a command calls: its URL, the control token, the client certificate
+    (control-plane mTLS; None: plain HTTP)."""
+
+    url: str
+    token: str
+    tls: ControlTls | None = None
+
+
 def find_controller(
     controller_url: str | None, data_dir: str | Path | None, token_file: str = ""
-) -> tuple[str, str]:
-    """(controller URL, control token) for a command: --controller-url with --control-token-file
-    or the environment's token, else the local cluster of `data_dir` (empty: the default data
-    dir, local/processes.py) and its token."""
+) -> Target:
+    """The controller of a command: --controller-url with --control-token-file or the
+    environment's token (and TLS files), else the local cluster of `data_dir` (empty: the
+    default data dir, local/processes.py) with its token and certificate."""
     data = resolve_data_dir(data_dir)
     try:
         if token_file:
@@ -85,13 +100,14 @@ def find_controller(
             explicit = next(iter(tokens_from_env()), "")
         else:
             explicit = ""
-    except TokenError as exc:
+        tls = (ControlTls.from_env() if controller_url else None) or data_dir_tls(data)
+    except (TokenError, ControlTlsError) as exc:
         raise ControlError(str(exc)) from exc
     if controller_url:
         if explicit:
-            return controller_url.rstrip("/"), explicit
+            return Target(controller_url.rstrip("/"), explicit, tls)
         if token_path(data).exists():
-            return controller_url.rstrip("/"), data_dir_token(data)
+            return Target(controller_url.rstrip("/"), data_dir_token(data), tls)
         raise ControlError(
             "no control token: give --control-token-file, or set TIDALMQ_CONTROL_TOKEN_FILE or "
             "TIDALMQ_CONTROL_TOKEN (on Kubernetes: the chart's Secret, key admin-token)"
@@ -106,28 +122,45 @@ def find_controller(
         ) from None
     except (OSError, ValueError, KeyError) as exc:
         raise ControlError(f"cannot read {state_file}: {exc}") from exc
-    return url.rstrip("/"), explicit or data_dir_token(data)
+    return Target(url.rstrip("/"), explicit or data_dir_token(data), tls)
 
 
 def request(
     base: str, path: str, token: str, body: dict[str, Any] | None = None, *,
-    method: str = "POST", timeout_s: float = 60.0,
+    method: str = "POST", timeout_s: float = 60.0, tls: ControlTls | None = None,
 ) -> Any:  # fmt: skip
-    """Call the controller; its JSON answer. A refused token or an unreachable controller raise
+    """Call the controller (over HTTPS with `tls`'s client certificate when `base` is https);
+    its JSON answer. A refused token or certificate or an unreachable controller raise
     ControlError; another HTTP error is raised as it is (the caller reads its body)."""
     data = None if method == "GET" else json.dumps(body or {}).encode()
     req = urllib.request.Request(
         base + path, data=data, method=method,
         headers={"Content-Type": "application/json", **authorization(token)},
     )  # fmt: skip
+    context = None
+    if base.startswith("https:"):
+        if tls is None:
+            raise ControlError(
+                f"the controller at {base} speaks mTLS: give TIDALMQ_CONTROL_TLS_CERT_FILE, "
+                "TIDALMQ_CONTROL_TLS_KEY_FILE and TIDALMQ_CONTROL_TLS_CA_FILE (an admin's "
+                "certificate of the cluster CA)"
+            )
+        try:
+            context = tls.client_context(server_is_admin)  # the controller's certificate
+        except ControlTlsError as exc:
+            raise ControlError(str(exc)) from exc
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
+            try:
+                why = ": " + str(json.loads(exc.read())["error"])
+            except (ValueError, KeyError, TypeError, OSError):
+                why = ""
             raise ControlError(
-                f"the controller at {base} refused the control token ({exc.code}): use the "
-                "cluster's control token"
+                f"the controller at {base} refused the call ({exc.code}{why}): use the "
+                "cluster's control token (and an admin's certificate)"
             ) from None
         raise
     except (urllib.error.URLError, OSError) as exc:

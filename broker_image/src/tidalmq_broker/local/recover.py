@@ -18,10 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidalmq_broker.cli_args import add_output, http_url, id_list
 from tidalmq_broker.local.processes import DATA_DIR_HELP
+
+if TYPE_CHECKING:
+    from tidalmq_broker.local.control import Target
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,16 +55,14 @@ class Failure(Exception):
     """A one-line error for the user."""
 
 
-def _call(
-    controller: tuple[str, str], path: str, body: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def _call(controller: Target, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     import urllib.error
 
     from tidalmq_broker.local.control import ControlError, request
 
-    base, token = controller
+    base, token, tls = controller
     try:
-        doc = request(base, path, token, body, timeout_s=60)
+        doc = request(base, path, token, body, timeout_s=60, tls=tls)
     except ControlError as exc:
         raise Failure(str(exc)) from exc
     except urllib.error.HTTPError as exc:
@@ -71,7 +72,7 @@ def _call(
     return doc  # type: ignore[no-any-return]
 
 
-def _controller(args: argparse.Namespace) -> tuple[str, str]:
+def _controller(args: argparse.Namespace) -> Target:
     from tidalmq_broker.local.control import ControlError, find_controller
 
     try:

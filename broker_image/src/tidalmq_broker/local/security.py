@@ -22,8 +22,6 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 from tidalmq_controller import BootstrapUser
 
 from tidalmq_broker.security import certs
@@ -92,15 +90,8 @@ def prepare(data_dir: Path, host: str) -> LocalSecurity:
     certificates for `host`."""
     directory = data_dir / "security"
     directory.mkdir(parents=True, exist_ok=True)
-    ca_cert, ca_key = directory / "ca.pem", directory / "ca-key.pem"
-    if ca_cert.exists() and ca_key.exists():
-        cert = x509.load_pem_x509_certificate(ca_cert.read_bytes())
-        key = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
-        ca = certs.Issued(key, cert)  # type: ignore[arg-type]
-    else:
-        ca = certs.new_ca(f"TidalMQ local CA ({data_dir.name})")
-        certs.write_private(ca_key, ca.key_pem())
-        ca_cert.write_bytes(ca.cert_pem())
+    ca_cert = directory / "ca.pem"
+    ca = certs.ensure_ca(ca_cert, directory / "ca-key.pem", f"TidalMQ local CA ({data_dir.name})")
     password_file = directory / "admin-password"
     if password_file.exists():
         password = password_file.read_text().strip()

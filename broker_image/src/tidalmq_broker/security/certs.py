@@ -1,6 +1,6 @@
 """Generated certificates: a CA, and server and client certificates it signs (PEM).
 
-For `tidalmq local up --security sasl_ssl` and for tests; production certificates come from the
+For `tidalmq local up` (`--security sasl_ssl`, and the control plane's mTLS) and for tests; production certificates come from the
 operator's own PKI. Keys are ECDSA P-256, certificates SHA-256, valid for `days`.
 """
 
@@ -124,6 +124,19 @@ def issue(
                 names.append(x509.DNSName(host))
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     return Issued(key, builder.sign(ca.key, hashes.SHA256()))
+
+
+def ensure_ca(cert_path: Path, key_path: Path, common_name: str) -> Issued:
+    """The CA kept in `cert_path` and `key_path` (key readable by its owner only), made the
+    first time."""
+    if cert_path.exists() and key_path.exists():
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        return Issued(key, cert)  # type: ignore[arg-type]
+    ca = new_ca(common_name)
+    write_private(key_path, ca.key_pem())
+    cert_path.write_bytes(ca.cert_pem())
+    return ca
 
 
 def write_private(path: Path, data: bytes) -> None:

@@ -7,17 +7,24 @@ control endpoints the broker adds (metadata pushes, drain), needs a bearer token
 `authenticate` accepts (tidalmq_core.control_auth.BrokerCredentials); without `authenticate` (a
 broker given no control token, the operator's health server) every such call is refused. A
 refusal answers 401 and is one rate-limited log line, never a traceback.
+
+With control-plane mTLS (`tls`, tidalmq_core.control_tls) the server speaks HTTPS and asks for a
+client certificate: the open paths are served without one (probes, Prometheus), every other path
+needs a certificate of the cluster CA whose role `check_role` accepts (the controller's, or this
+broker's own) besides the token: 401 without one, 403 for another role.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from tidalmq_core.control_tls import NO_CERTIFICATE, ControlTls, Role, peercert_of, role_of
 
 from tidalmq_broker.server.ratelog import RateLimitedLog
 
@@ -26,10 +33,12 @@ log = logging.getLogger(__name__)
 OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/metrics"})
 
 Authenticate = Callable[[str | None], tuple[bool, str]]  # Authorization header -> (ok, why not)
+CheckRole = Callable[[Role], str]  # a client certificate's role -> why it may not call ("": may)
 
 REFUSALS = Counter(
     "tidalmq_broker_control_refusals_total",
-    "Control calls this process's HTTP server refused (no or a wrong control token)",
+    "Control calls this process's HTTP server refused (no or a wrong control token, no or "
+    "another role's client certificate)",
     ["reason"],
 )
 REFUSAL_LOG = RateLimitedLog()
@@ -40,10 +49,27 @@ def _no_token_configured(header: str | None) -> tuple[bool, str]:
     return False, "no control token is configured here: control calls are refused"
 
 
+def _refuse(request: web.Request, status: int, reason: str, why: str) -> web.Response:
+    REFUSALS.labels(reason).inc()
+    REFUSAL_LOG.warning(log, "control call refused (%d): %s %s from %s: %s", status,
+                        request.method, request.path, request.remote or "?", why)  # fmt: skip
+    if status == 403:
+        return web.json_response({"error": f"forbidden: {why}"}, status=403)
+    needs = "a client certificate" if reason == "no_certificate" else "the broker's control token"
+    return web.json_response(
+        {"error": f"unauthorized: this call needs {needs}"},
+        status=401,
+        headers={"WWW-Authenticate": 'Bearer realm="tidalmq-control"'},
+    )
+
+
 def control_auth(
-    authenticate: Authenticate | None, open_paths: frozenset[str] = OPEN_PATHS
+    authenticate: Authenticate | None,
+    open_paths: frozenset[str] = OPEN_PATHS,
+    check_role: CheckRole | None = None,
 ) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """The middleware: every path but `open_paths` needs a token `authenticate` accepts."""
+    """The middleware: every path but `open_paths` needs a token `authenticate` accepts, and
+    with `check_role` (mTLS) a client certificate whose role it accepts."""
     check = authenticate or _no_token_configured
 
     @web.middleware
@@ -52,16 +78,18 @@ def control_auth(
     ) -> web.StreamResponse:
         if request.path in open_paths:
             return await handler(request)
+        role: Role | None = None
+        if check_role is not None:
+            role, why = role_of(peercert_of(request.transport))
+            if role is None:  # none: 401; one of the cluster CA naming no role: 403
+                if why == NO_CERTIFICATE:
+                    return _refuse(request, 401, "no_certificate", why)
+                return _refuse(request, 403, "forbidden", why)
         ok, why = check(request.headers.get("Authorization"))
         if not ok:
-            REFUSALS.labels("no_token" if why.startswith("no") else "wrong_token").inc()
-            REFUSAL_LOG.warning(log, "control call refused (401): %s %s from %s: %s",
-                                request.method, request.path, request.remote or "?", why)  # fmt: skip
-            return web.json_response(
-                {"error": "unauthorized: this call needs the broker's control token"},
-                status=401,
-                headers={"WWW-Authenticate": 'Bearer realm="tidalmq-control"'},
-            )
+            return _refuse(request, 401, "no_token" if why.startswith("no") else "wrong_token", why)
+        if check_role is not None and role is not None and (why := check_role(role)):
+            return _refuse(request, 403, "forbidden", why)
         return await handler(request)
 
     return middleware
@@ -71,10 +99,19 @@ class HttpServer:
     """An aiohttp application on one address, every path but `open_paths` behind the token."""
 
     def __init__(
-        self, authenticate: Authenticate | None = None, open_paths: frozenset[str] = frozenset()
+        self,
+        authenticate: Authenticate | None = None,
+        open_paths: frozenset[str] = frozenset(),
+        *,
+        tls: ControlTls | None = None,
+        check_role: CheckRole | None = None,
     ) -> None:
+        if tls is not None and check_role is None:
+            raise ValueError("a control server with TLS needs check_role")
+        self._ssl: ssl.SSLContext | None = tls.server_context() if tls is not None else None
         self.app = web.Application(
-            client_max_size=64 * 1024 * 1024, middlewares=[control_auth(authenticate, open_paths)]
+            client_max_size=64 * 1024 * 1024,
+            middlewares=[control_auth(authenticate, open_paths, check_role if tls else None)],
         )
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -83,7 +120,9 @@ class HttpServer:
     async def start(self, host: str, port: int) -> None:
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        self._site = web.TCPSite(
+            self._runner, host, port, reuse_address=True, ssl_context=self._ssl
+        )
         await self._site.start()
         server = self._site._server
         assert server is not None
@@ -100,8 +139,11 @@ class HealthServer(HttpServer):
         ready: Callable[[], tuple[bool, str]],
         authenticate: Authenticate | None = None,
         before_scrape: Callable[[], object] | None = None,
+        *,
+        tls: ControlTls | None = None,
+        check_role: CheckRole | None = None,
     ) -> None:
-        super().__init__(authenticate, OPEN_PATHS)
+        super().__init__(authenticate, OPEN_PATHS, tls=tls, check_role=check_role)
         self._ready = ready
         self._before_scrape = before_scrape  # series published lazily are published now
         self.app.router.add_get("/healthz", self._healthz)

@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidalmq_broker.cli_args import (
     add_output,
@@ -24,6 +24,9 @@ from tidalmq_broker.cli_args import (
     print_json,
     wants_json,
 )
+
+if TYPE_CHECKING:
+    from tidalmq_broker.local.control import Target
 
 TOPIC_RESOURCE = 2
 DESCRIPTION_KEYS = (
@@ -99,8 +102,8 @@ def _where(p: argparse.ArgumentParser, *, kafka: bool = False) -> None:
 
 
 # ------------------------------------------------------------------------------ transports
-def _controller(args: argparse.Namespace) -> tuple[str, str]:
-    """The controller's URL and the control token."""
+def _controller(args: argparse.Namespace) -> Target:
+    """The controller's URL, the control token and the client certificate."""
     from tidalmq_broker.local.control import ControlError, find_controller
 
     try:
@@ -114,9 +117,9 @@ def _call(args: argparse.Namespace, path: str, body: dict[str, Any] | None, meth
 
     from tidalmq_broker.local.control import ControlError, request
 
-    base, token = _controller(args)
+    base, token, tls = _controller(args)
     try:
-        return request(base, path, token, body, method=method, timeout_s=300)
+        return request(base, path, token, body, method=method, timeout_s=300, tls=tls)
     except ControlError as exc:
         raise CliError(str(exc)) from exc
     except urllib.error.HTTPError as exc:
