@@ -719,6 +719,8 @@ def run_security(args: argparse.Namespace, workdir: Path) -> tuple[list[Security
             code = broker.stop()
             if code not in (0, None):
                 print(broker.tail_log(), file=sys.stderr)
+            # gigabytes per row: gone before Kafka's part writes as much (the disk filled here)
+            shutil.rmtree(workdir / "objects", ignore_errors=True)
         kafka = KafkaCluster(
             brokers=1, dir=workdir / "kafka", listeners=listener_security.kafka_listeners(),
             broker_config=listener_security.kafka_config(pki),
