@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from tidalmq_broker import tuning
 from tidalmq_broker.tuning import wants_system_malloc
 
 
@@ -38,3 +39,14 @@ def test_the_broker_command_runs_on_glibc_malloc() -> None:
                          timeout=60, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "ALLOCATOR malloc" in out.stdout
+
+
+def test_a_child_broker_gets_the_allocator_in_its_environment_not_by_a_re_exec() -> None:
+    """`tidalmq local up` starts its brokers on glibc's malloc directly (no second start)."""
+    env = tuning.allocator_env(["broker", "--broker-id", "0"], {})
+    assert env == ({"PYTHONMALLOC": "malloc"} if tuning._is_glibc() else {})
+    assert tuning.allocator_env(["broker"], {"PYTHONMALLOC": "pymalloc"}) == {}
+    assert tuning.allocator_env(["broker", "--runtime-tuning", "false"], {}) == {}
+    assert tuning.allocator_env(["local", "up"], {}) == {}
+    # with it in the environment, the child does not re-execute itself
+    assert not tuning.wants_system_malloc(["broker"], {**env, "PYTHONMALLOC": "malloc"})

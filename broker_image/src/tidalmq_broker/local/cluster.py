@@ -77,7 +77,7 @@ from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_broker.storage.topic_data import delete_topic_data
-from tidalmq_broker.tuning import tune_runtime
+from tidalmq_broker.tuning import allocator_env, tune_runtime
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +322,7 @@ class LocalCluster:
         env = {**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env,
                ENV_TOKEN: self.auth.broker_token(broker_id), **tls_env}  # fmt: skip
         env.pop(ENV_TOKEN_FILE, None)
+        env.update(allocator_env(cmd[3:], env))  # the broker's allocator, without a re-exec
         with log_path.open("ab") as out:
             # spawning returns at once; waiting for the broker happens below without blocking
             proc = subprocess.Popen(  # noqa: ASYNC220
