@@ -479,12 +479,13 @@ async def test_bad_batches_get_the_right_errors(cluster: Cluster) -> None:
         await log.append(bytes(old_magic))
     with pytest.raises(RecordTooLarge):
         await log.append(batch(1, value_size=3000))
-    from tidalmq_broker.protocol.records import TRANSACTIONAL_FLAG, build_batch
+    from tidalmq_broker.protocol.records import CONTROL_FLAG, TRANSACTIONAL_FLAG, build_batch
 
-    txn = build_batch([(b"k", b"v")], producer_id=1, producer_epoch=0, base_sequence=0,
-                      attributes=TRANSACTIONAL_FLAG)  # fmt: skip
+    # a control batch (a transaction marker) is the broker's to write, never a client's
+    marker = build_batch([(b"k", b"v")], producer_id=1, producer_epoch=0, base_sequence=0,
+                         attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG)  # fmt: skip
     with pytest.raises(InvalidRecord):
-        await log.append(txn)
+        await log.append(marker)
     with pytest.raises(UnknownProducerId):
         await log.append(batch(1, producer_id=9, producer_epoch=0, base_sequence=5))
     await log.append(batch(2, producer_id=9, producer_epoch=1, base_sequence=0))
