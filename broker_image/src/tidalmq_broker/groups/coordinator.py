@@ -479,6 +479,29 @@ class GroupShard:
             if generation != group.generation:
                 return dict.fromkeys(offsets, ErrorCode.illegal_generation)
             group.members[member_id].touch(self._now())
+        results, to_write = self._offset_records(
+            offsets, lambda topic, partition: OffsetKey(group_id, topic, partition)
+        )
+        if to_write:
+            try:
+                await self._append(to_write)
+            except (StorageError, CoordinatorError) as exc:
+                log.warning("group %s: offset commit failed: %s", group_id, exc)
+                return dict.fromkeys(offsets, _storage_code(exc))
+            table = self.offsets.setdefault(group_id, {})
+            for key, value in to_write:
+                assert isinstance(key, OffsetKey) and isinstance(value, OffsetValue)
+                table[(key.topic, key.partition)] = value
+        return results
+
+    def _offset_records(
+        self,
+        offsets: dict[tuple[str, int], CommittedOffset],
+        key_of: Callable[[str, int], Key],
+    ) -> tuple[dict[tuple[str, int], int], list[tuple[Key, Value | None]]]:
+        """The records of an offset commit (plain or transactional: `key_of` makes the key
+        from the stored topic and partition), and each offset's error: metadata over the
+        limit is refused, the rest is written."""
         results: dict[tuple[str, int], int] = {}
         to_write: list[tuple[Key, Value | None]] = []
         now_ms = _now_ms()
@@ -492,20 +515,9 @@ class GroupShard:
             value = OffsetValue(
                 committed.offset, committed.leader_epoch, committed.metadata, now_ms
             )
-            stored = self._keys.commit_key(topic, partition)
-            to_write.append((OffsetKey(group_id, *stored), value))
+            to_write.append((key_of(*self._keys.commit_key(topic, partition)), value))
             results[(topic, partition)] = ErrorCode.none
-        if to_write:
-            try:
-                await self._append(to_write)
-            except (StorageError, CoordinatorError) as exc:
-                log.warning("group %s: offset commit failed: %s", group_id, exc)
-                return dict.fromkeys(offsets, _storage_code(exc))
-            table = self.offsets.setdefault(group_id, {})
-            for key, value in to_write:
-                assert isinstance(key, OffsetKey) and isinstance(value, OffsetValue)
-                table[(key.topic, key.partition)] = value
-        return results
+        return results, to_write
 
     async def txn_commit(
         self,
@@ -530,22 +542,10 @@ class GroupShard:
                 return dict.fromkeys(offsets, ErrorCode.fenced_instance_id)
             if generation != group.generation:
                 return dict.fromkeys(offsets, ErrorCode.illegal_generation)
-        results: dict[tuple[str, int], int] = {}
-        to_write: list[tuple[Key, Value | None]] = []
-        now_ms = _now_ms()
-        for (topic, partition), committed in offsets.items():
-            if (
-                committed.metadata is not None
-                and len(committed.metadata.encode()) > self._settings.max_metadata_bytes
-            ):
-                results[(topic, partition)] = ErrorCode.offset_metadata_too_large
-                continue
-            value = OffsetValue(
-                committed.offset, committed.leader_epoch, committed.metadata, now_ms
-            )
-            stored = self._keys.commit_key(topic, partition)
-            to_write.append((TxnOffsetKey(producer_id, group_id, *stored), value))
-            results[(topic, partition)] = ErrorCode.none
+        results, to_write = self._offset_records(
+            offsets,
+            lambda topic, partition: TxnOffsetKey(producer_id, group_id, topic, partition),
+        )
         if to_write:
             try:
                 await self._append(to_write)
