@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -146,32 +147,56 @@ def test_consumers_that_never_read_hold_at_most_the_response_budget(broker: Brok
     asyncio.run(run())
 
 
+async def idle_wave(
+    broker: BrokerProcess,
+    open_clients: Callable[[], Awaitable[Any]],
+    count: int,
+    per_connection_kib: float,
+    label: str,
+    *,
+    baseline: float = 0.0,
+) -> tuple[Attack, float]:
+    """`count` idle connections (`open_clients`, plain or TLS) opened while a producer keeps
+    being served, then closed: every one accepted, RSS under `per_connection_kib` each, back
+    to the baseline (the one given, else measured first) within 10 s. The attack and its peak."""
+    attack = Attack(broker)
+    async with attacks.ProduceProbe(broker.port, "probe") as probe, attack.rss:
+        await asyncio.sleep(0.5)
+        attack.baseline = baseline or attack.rss.reset()
+        mark = probe.mark()
+        opened = await open_clients()
+        await asyncio.sleep(1.0)
+        check_alive_and_served(broker, probe, mark)
+        peak = attack.rss.peak
+        connections = gauge(broker.metrics(), "tidalmq_connections")
+        await leave(attack, opened)
+    attack.report(f"{label}: {count} idle connections", probe)
+    print(f"{connections:.0f} connections open at the peak; "
+          f"{(peak - attack.baseline) * 1024 / count:.1f} KiB each")  # fmt: skip
+    assert opened.refused == 0 and connections >= count
+    assert peak < attack.baseline + count * per_connection_kib / 1024 + SLACK_MIB
+    assert attack.returned[0] <= attack.baseline + RETURN_MARGIN_MIB  # within 10 s
+    return attack, peak
+
+
 def test_five_thousand_idle_connections(broker: BrokerProcess) -> None:
     sources = [f"127.0.0.{i}" for i in range(10, 16)]  # under the per-address default
 
-    async def wave(baseline: float, label: str) -> tuple[Attack, float, float]:
-        attack = Attack(broker)
-        async with attacks.ProduceProbe(broker.port, "probe") as probe, attack.rss:
-            await asyncio.sleep(0.5)
-            attack.baseline = baseline or attack.rss.reset()
-            mark = probe.mark()
-            opened = await attacks.idle_clients(broker.port, IDLE_CONNECTIONS, sources)
-            await asyncio.sleep(1.0)
-            check_alive_and_served(broker, probe, mark)
-            peak = attack.rss.peak
-            count = gauge(broker.metrics(), "tidalmq_connections")
-            await leave(attack, opened)
-        attack.report(f"{label}: {IDLE_CONNECTIONS} idle connections", probe)
-        print(f"{count:.0f} connections open at the peak; "
-              f"{(peak - attack.baseline) * 1024 / IDLE_CONNECTIONS:.1f} KiB each")  # fmt: skip
-        assert opened.refused == 0 and count >= IDLE_CONNECTIONS
-        assert peak < attack.baseline + IDLE_CONNECTIONS * PER_CONNECTION_KIB / 1024 + SLACK_MIB
-        assert attack.returned[0] <= attack.baseline + RETURN_MARGIN_MIB  # within 10 s
-        return attack, peak
-
     async def run() -> None:
-        first, first_peak = await wave(0.0, "first wave")
-        _, second_peak = await wave(first.baseline, "second wave")  # the same baseline
+        def open_clients() -> Awaitable[Any]:
+            return attacks.idle_clients(broker.port, IDLE_CONNECTIONS, sources)
+
+        first, first_peak = await idle_wave(
+            broker, open_clients, IDLE_CONNECTIONS, PER_CONNECTION_KIB, "first wave"
+        )
+        _, second_peak = await idle_wave(  # the same baseline
+            broker,
+            open_clients,
+            IDLE_CONNECTIONS,
+            PER_CONNECTION_KIB,
+            "second wave",
+            baseline=first.baseline,
+        )
         assert second_peak <= first_peak + REUSE_MARGIN_MIB  # nothing kept per connection
 
     asyncio.run(run())

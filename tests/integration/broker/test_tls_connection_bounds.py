@@ -34,6 +34,7 @@ from tests.integration.broker.test_connection_bounds import (
     Attack,
     check_alive_and_served,
     gauge,
+    idle_wave,
     leave,
 )
 from tests.support import attacks
@@ -118,25 +119,14 @@ def test_idle_tls_connections(tls_broker: TlsBroker) -> None:
     sources = [f"127.0.0.{i}" for i in range(20, 26)]  # under the per-address default
 
     async def run() -> None:
-        attack = Attack(broker)
-        async with attacks.ProduceProbe(broker.port, "probe") as probe, attack.rss:
-            await asyncio.sleep(0.5)
-            attack.baseline = attack.rss.reset()
-            mark = probe.mark()
-            opened = await attacks.tls_idle_clients(
+        await idle_wave(
+            broker,
+            lambda: attacks.tls_idle_clients(
                 tls_broker.tls_port, TLS_IDLE_CONNECTIONS, tls_broker.client, sources
-            )
-            await asyncio.sleep(1.0)
-            check_alive_and_served(broker, probe, mark)
-            peak = attack.rss.peak
-            count = gauge(broker.metrics(), "tidalmq_connections")
-            await leave(attack, opened)
-        attack.report(f"{TLS_IDLE_CONNECTIONS} idle TLS connections", probe)
-        print(f"{count:.0f} connections open at the peak; "
-              f"{(peak - attack.baseline) * 1024 / TLS_IDLE_CONNECTIONS:.1f} KiB each")  # fmt: skip
-        assert opened.refused == 0 and count >= TLS_IDLE_CONNECTIONS
-        budget = TLS_IDLE_CONNECTIONS * TLS_PER_CONNECTION_KIB / 1024
-        assert peak < attack.baseline + budget + SLACK_MIB
-        assert attack.returned[0] <= attack.baseline + RETURN_MARGIN_MIB  # within 10 s
+            ),
+            TLS_IDLE_CONNECTIONS,
+            TLS_PER_CONNECTION_KIB,
+            "TLS",
+        )
 
     asyncio.run(run())
