@@ -93,6 +93,10 @@ CHART_TESTS = CHART / "tests"
 VALUES_DIR = CHART_TESTS / "values"
 RELEASE = "rel"
 NAMESPACE = "streaming"
+# the names the chart gives the release's objects
+FULL = f"{RELEASE}-tidalmq"
+STS = f"{FULL}-broker"
+OPERATOR = f"{FULL}-operator"
 
 
 def write_values(values: dict[str, Any]) -> Path:

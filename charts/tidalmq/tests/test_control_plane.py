@@ -13,8 +13,10 @@ from tidalmq_broker.settings import from_sources
 from tidalmq_operator.settings import OperatorSettings
 
 from tests.support.helm import (
+    FULL,
     NAMESPACE,
-    RELEASE,
+    OPERATOR,
+    STS,
     container,
     env_of,
     find,
@@ -23,9 +25,6 @@ from tests.support.helm import (
     render,
 )
 
-FULL = f"{RELEASE}-tidalmq"
-STS = f"{FULL}-broker"
-OPERATOR = f"{FULL}-operator"
 SECRET = f"{FULL}-control"
 TOKENS = "/etc/tidalmq/control"
 PROMETHEUS = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}  # fmt: skip

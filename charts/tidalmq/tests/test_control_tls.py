@@ -29,8 +29,10 @@ from tidalmq_core.control_tls import (
 from tidalmq_operator.settings import OperatorSettings
 
 from tests.support.helm import (
+    FULL,
     NAMESPACE,
-    RELEASE,
+    OPERATOR,
+    STS,
     container,
     env_of,
     find,
@@ -39,9 +41,6 @@ from tests.support.helm import (
     render,
 )
 
-FULL = f"{RELEASE}-tidalmq"
-STS = f"{FULL}-broker"
-OPERATOR = f"{FULL}-operator"
 SECRET = f"{FULL}-control-tls"
 TLS_ENV = ("TIDALMQ_CONTROL_TLS_CERT_FILE", "TIDALMQ_CONTROL_TLS_KEY_FILE",
            "TIDALMQ_CONTROL_TLS_CA_FILE")  # fmt: skip

@@ -20,8 +20,10 @@ from tidalmq_broker.settings import from_sources
 from tidalmq_operator import users
 
 from tests.support.helm import (
+    FULL,
     NAMESPACE,
-    RELEASE,
+    OPERATOR,
+    STS,
     container,
     env_of,
     find,
@@ -32,9 +34,6 @@ from tests.support.helm import (
     template_args,
 )
 
-FULL = f"{RELEASE}-tidalmq"
-STS = f"{FULL}-broker"
-OPERATOR = f"{FULL}-operator"
 BROKER_TLS = f"{FULL}-broker-tls"
 CLIENTS_CA = f"{FULL}-clients-ca"
 SECURITY_ENV = ("TIDALMQ_LISTENERS", "TIDALMQ_ADVERTISED_LISTENERS", "TIDALMQ_SSL_KEYSTORE_LOCATION",

@@ -10,8 +10,11 @@ import pytest
 from tidalmq_broker.cli import build_parser
 
 from tests.support.helm import (
+    FULL,
     NAMESPACE,
+    OPERATOR,
     RELEASE,
+    STS,
     container,
     env_of,
     find,
@@ -20,10 +23,7 @@ from tests.support.helm import (
     render,
 )
 
-FULL = f"{RELEASE}-tidalmq"
-STS = f"{FULL}-broker"
 HEADLESS = f"{FULL}-brokers"
-OPERATOR = f"{FULL}-operator"
 SELECTOR = "app.kubernetes.io/name=tidalmq,app.kubernetes.io/instance=rel,app.kubernetes.io/component=broker"
 
 pytestmark = pytest.mark.usefixtures("helm")

@@ -17,7 +17,9 @@ from tidalmq_broker.cli import build_parser
 
 from tests.support.helm import (
     CHART,
+    FULL,
     NAMESPACE,
+    OPERATOR,
     RELEASE,
     container,
     find,
@@ -29,9 +31,7 @@ from tests.support.helm import (
 )
 
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
-FULL = f"{RELEASE}-tidalmq"
 STORE = f"{FULL}-object-store"
-OPERATOR = f"{FULL}-operator"
 HOOK = f"{FULL}-uninstall"
 IN_CLUSTER = {"inClusterObjectStore": {"enabled": True}}
 
