@@ -174,6 +174,23 @@ def _wait_ready(server: S3Server, health_url: str, log: Path, timeout_s: float =
     raise S3ServerError(f"{server.kind} did not become ready in {timeout_s}s: {last}")
 
 
+def _create_bucket(server: S3Server, timeout_s: float = 60.0) -> None:
+    """CreateBucket, retried while the server says it is still initialising (MinIO can answer
+    its health check before its object layer is up on a loaded machine)."""
+    from botocore.exceptions import ClientError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            server.client().create_bucket(Bucket=server.bucket)
+            return
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code != "XMinioServerNotInitialized" or time.monotonic() > deadline:
+                raise
+        time.sleep(0.3)
+
+
 def start_s3_server(kind: str | None = None) -> S3Server:
     kind = kind or choose_backend()
     workdir = Path(tempfile.mkdtemp(prefix=f"tidalmq-{kind}-"))
@@ -190,7 +207,9 @@ def start_s3_server(kind: str | None = None) -> S3Server:
             "--quiet",
         ]  # fmt: skip
         env["MINIO_BROWSER"] = "off"
-        health = f"{endpoint}/minio/health/live"
+        # "live" answers as soon as the process listens; "ready" once it serves requests (a
+        # busy machine showed CreateBucket refused with XMinioServerNotInitialized after "live")
+        health = f"{endpoint}/minio/health/ready"
     elif kind == "moto":
         cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
         health = f"{endpoint}/moto-api/"
@@ -201,7 +220,7 @@ def start_s3_server(kind: str | None = None) -> S3Server:
     server = S3Server(kind, endpoint, process=process, workdir=workdir)
     try:
         _wait_ready(server, health, log)
-        server.client().create_bucket(Bucket=server.bucket)
+        _create_bucket(server)
     except BaseException:
         server.stop()
         raise
