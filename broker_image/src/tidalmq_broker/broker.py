@@ -230,6 +230,7 @@ class Broker:
             self.broker_id,
             s.storage_config(),
             lease_check=self._lease_valid,
+            on_fenced=self._partition_fenced,
         )
         await self.engine.start()
         self.partitions = PartitionManager(self.engine, self.broker_id)
@@ -664,6 +665,10 @@ class Broker:
             await self._register_until_done()
         finally:
             self._reregistering = False
+
+    async def _partition_fenced(self, tp: TopicPartition) -> None:
+        if self.partitions is not None:
+            await self.partitions.fenced(tp)
 
     async def _report_partition(
         self,

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 # what is wished of it (an accepted loss bumps the epoch), or this often, to notice a restored
 # store.
 LOST_RETRY_S = 30.0
+# a partition lost to another owner's checkpoint is looked at again after this (see `fenced`)
+FENCED_RETRY_S = 1.0
 # partitions reconciled at once (each may wait on the object store)
 WORKERS = 64
 # How long the workers may keep the event loop per turn when reconciling needs no waiting (new
@@ -395,6 +397,23 @@ class PartitionManager:
         self._wishes_changed = None
         for tp in touched:
             self._wake(tp)
+
+    async def fenced(self, tp: TopicPartition) -> None:
+        """The engine lost `tp` to another owner's checkpoint and no longer serves it. The
+        services holding state of it (groups, transactions) let go of it, the controller learns
+        from the next heartbeat that it is not open here, and it is looked at again shortly:
+        opened again at the wished epoch when the checkpoint that won carries no newer one (an
+        earlier owner wrote late; nothing of ours was acknowledged, since a new owner's first
+        checkpoint is written before its first data), else left as fenced until newer metadata
+        names its owner. Without this a partition the metadata still gives to this broker
+        stayed unserved for good (producers retrying NOT_LEADER until their timeout)."""
+        if self._stopping:
+            return
+        self._open_changes[tp] = None
+        for hook in self._hooks:
+            await hook(tp, None)
+        if tp in self._wishes:
+            self._wake_later(tp, FENCED_RETRY_S)
 
     def _wake(self, tp: TopicPartition) -> None:
         if self._stopping:

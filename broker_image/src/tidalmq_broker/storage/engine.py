@@ -4,7 +4,7 @@ Construction (what the broker does with its settings):
 
     store = open_object_store("file:///var/lib/tidalmq/objects")   # or s3://bucket/prefix?...
     engine = ObjectStreamEngine(store, broker_id=1, config=StorageConfig(...),
-                                lease_check=lease.valid, on_fenced=controller.partition_lost,
+                                lease_check=lease.valid, on_fenced=partitions.fenced,
                                 owns_store=True)
     await engine.start()
     log = await engine.open_partition(tp, topic_id, leader_epoch, PartitionConfig(...))
