@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 LOST_RETRY_S = 30.0
 # a partition lost to another owner's checkpoint is looked at again after this (see `fenced`)
 FENCED_RETRY_S = 1.0
+FENCED_RETRY_MAX_S = 30.0
 # partitions reconciled at once (each may wait on the object store)
 WORKERS = 64
 # How long the workers may keep the event loop per turn when reconciling needs no waiting (new
@@ -496,7 +497,14 @@ class PartitionManager:
                 self._wake_later(tp, LOST_RETRY_S)  # a restored store is noticed
             return
         except PartitionFenced as exc:
-            log.info("%s: fenced (%s); waiting for newer metadata", tp, exc)
+            # Either the checkpoint carries a newer epoch (the metadata naming its owner is on
+            # its way and wakes the partition at once), or a write raced our open: an earlier
+            # owner's late clean close, which a fresh read takes in. Look again, slowly.
+            delay = max(backoff, FENCED_RETRY_S)
+            log.info("%s: fenced (%s); trying again in %.1fs unless newer metadata comes first",
+                     tp, exc, delay)  # fmt: skip
+            self._backoff[tp] = min(delay * 2, FENCED_RETRY_MAX_S)
+            self._wake_later(tp, delay)
             return
         except StoreLost as exc:
             # the engine tells (on_store_state) when the store is back: no retry loop

@@ -17,7 +17,7 @@ from tidalmq_broker.storage.objectstore import ObjectStore
 from tidalmq_core.model import TopicPartition
 
 from tests.integration.storage.conftest import TEST_CONFIG, Cluster
-from tests.support.storage_helpers import batch
+from tests.support.storage_helpers import FaultyStore, batch
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ CFG = PartitionConfig()
 
 
 async def managed_broker(
-    backend: Callable[[], ObjectStore], broker_id: int
+    backend: Callable[[], ObjectStore], broker_id: int, store: FaultyStore | None = None
 ) -> tuple[ObjectStreamEngine, PartitionManager, list[tuple[TopicPartition, bool]]]:
     """An engine with the broker's partition manager on it, wired as the broker wires them."""
     manager: list[PartitionManager] = []
@@ -36,7 +36,7 @@ async def managed_broker(
         await manager[0].fenced(tp)
 
     engine = ObjectStreamEngine(
-        backend(), broker_id, TEST_CONFIG, on_fenced=on_fenced, owns_store=True
+        store or backend(), broker_id, TEST_CONFIG, on_fenced=on_fenced, owns_store=True
     )
     await engine.start()
     pm = PartitionManager(engine, broker_id)
@@ -120,6 +120,38 @@ async def test_a_newer_owner_keeps_it_until_newer_metadata(
         await wait_for(lambda: engine2.get(TP) is not None)
         log = engine2.get(TP)
         assert log is not None and log.leader_epoch == 4 and log.high_watermark == 3
+    finally:
+        await pm.stop()
+        await engine2.stop()
+
+
+async def test_an_open_whose_checkpoint_write_races_an_earlier_owners_close_is_retried(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The earlier owner is still up (its checkpoint unclean) and closes cleanly while the new
+    owner recovers: the new owner's checkpoint write loses (If-Match), and its open is tried
+    again, from the clean checkpoint, instead of waiting for metadata that never comes."""
+    monkeypatch.setattr(partitions, "FENCED_RETRY_S", 0.1)
+    engine1 = await cluster.engine(1)
+    log1 = await engine1.open_partition(TP, TOPIC_ID, 1, CFG)
+    await log1.append(batch(2))
+    await log1.commit_checkpoint()  # unclean: its owner is still serving it
+
+    store = FaultyStore(cluster.backend())
+    store.gate = asyncio.Event()
+    store.gate_match = lambda key: key.startswith("partitions/") and "checkpoint" in key
+    engine2, pm, _ = await managed_broker(cluster.backend, 2, store)
+    try:
+        pm._adopt(TP, Wish(TOPIC_ID, 2, CFG))
+        await asyncio.sleep(0.5)  # its open read the unclean checkpoint; its write is held
+        assert engine2.get(TP) is None
+        assert (await log1.append(batch(1))).base_offset == 2
+        await engine1.close_partition(TP)  # the earlier owner's clean close lands first
+        store.gate.set()
+        await wait_for(lambda: engine2.get(TP) is not None)
+        log = engine2.get(TP)
+        assert log is not None and log.leader_epoch == 2 and log.high_watermark == 3
+        assert (await log.append(batch(1))).base_offset == 3
     finally:
         await pm.stop()
         await engine2.stop()
