@@ -71,7 +71,12 @@ async def test_first_open_marks_the_partition_created_and_floors_rise_only(env) 
     assert part(c, "t", 0).created is False
     c.partition_opened(0, TP, part(c, "t", 0).leader_epoch, topic_id=topic_id, high_watermark=0)
     await wait_for(lambda: part(c, "t", 0).created)
-    assert (await stored(store)).topics["t"].partitions[0].created  # committed, not just noted
+    # committed, not just noted (the journal's write may finish a moment after the image has it:
+    # a loaded machine saw it read before)
+    deadline = asyncio.get_running_loop().time() + 5
+    while not (await stored(store)).topics["t"].partitions[0].created:
+        assert asyncio.get_running_loop().time() < deadline, "the creation was never committed"
+        await asyncio.sleep(0.02)
 
     epoch = part(c, "t", 0).leader_epoch
     await c.heartbeat(0, a.incarnation, -1, {TP: epoch}, floors={TP: (topic_id, 3000)})
