@@ -46,7 +46,7 @@ DYNAMIC_DEFAULT_BROKER_CONFIG = 3
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 # config types (DescribeConfigs v3+)
-_BOOLEAN, _STRING, _INT, _LONG, _DOUBLE, _LIST = 1, 2, 3, 5, 6, 7
+_BOOLEAN, _STRING, _INT, _SHORT, _LONG, _DOUBLE, _LIST, _PASSWORD = 1, 2, 3, 4, 5, 6, 7, 9
 _TYPES = {
     "cleanup.policy": _LIST,
     "message.timestamp.type": _STRING,
@@ -80,14 +80,30 @@ _TYPES = {
     "ssl.client.auth": _STRING,
     "ssl.enabled.protocols": _LIST,
     "ssl.principal.mapping.rules": _STRING,
+    "ssl.cipher.suites": _LIST,
+    "ssl.keystore.location": _STRING,
+    "ssl.keystore.type": _STRING,
+    "ssl.key.password": _PASSWORD,
+    "ssl.truststore.location": _STRING,
+    "ssl.truststore.type": _STRING,
+    "connection.failed.authentication.delay.ms": _INT,
+    "offsets.topic.replication.factor": _SHORT,
+    "transaction.state.log.replication.factor": _SHORT,
+    "transaction.state.log.min.isr": _INT,
+    "delete.topic.enable": _BOOLEAN,
 }
+# reported as Kafka reports its PASSWORD configs: is_sensitive, the value and its synonyms'
+# null whether set or not (the source still tells which)
+SENSITIVE_CONFIGS = frozenset({"ssl.key.password"})
 # the list configs APPEND and SUBTRACT apply to (the static broker ones cannot be altered)
 _LIST_TOPIC_CONFIGS = frozenset(
     {"cleanup.policy", "leader.replication.throttled.replicas",
      "follower.replication.throttled.replicas"}
 )  # fmt: skip
 # static settings Kafka reports with a null value (a default) when not set
-_UNSET_IS_NULL = frozenset({"broker.rack"})
+_UNSET_IS_NULL = frozenset(
+    {"broker.rack", "ssl.keystore.location", "ssl.truststore.location", *SENSITIVE_CONFIGS}
+)
 # incremental operations (IncrementalAlterConfigs)
 _SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3
 
@@ -120,9 +136,13 @@ def _entry(
     read_only: bool,
     include_synonyms: bool,
 ) -> dict[str, Any]:
+    sensitive = name in SENSITIVE_CONFIGS
+    if sensitive:
+        value, synonyms = None, [(None, s) for _, s in synonyms]
     return {
         "name": name, "value": value, "read_only": read_only,
-        "is_default": source == DEFAULT_CONFIG, "config_source": source, "is_sensitive": False,
+        "is_default": source == DEFAULT_CONFIG, "config_source": source,
+        "is_sensitive": sensitive,
         "synonyms": [{"name": name, "value": v, "source": s} for v, s in synonyms]
         if include_synonyms else [],
         "config_type": _config_type(name), "documentation": None,
