@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import socket
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +25,7 @@ from tidalmq_broker.protocol.codec import (
 )
 from tidalmq_broker.security.authorizer import Authorizer
 from tidalmq_broker.settings import BrokerSettings
+from tidalmq_controller import HttpControllerClient
 from tidalmq_core.acls import AclBinding, AclOperation, PatternType, PermissionType, ResourceType
 from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
@@ -327,6 +329,27 @@ async def test_metadata_does_not_create_internal_or_invalid_names() -> None:
     assert [(t["name"], t["error_code"]) for t in answer["topics"]] == [
         ("__sq.other", ErrorCode.unknown_topic_or_partition),
         ("bad name", ErrorCode.invalid_topic_exception)]  # fmt: skip
+
+
+async def test_metadata_answers_while_the_controller_is_unreachable() -> None:
+    """Auto-creation with the controller out of reach (a closed port): the topic is answered
+    LEADER_NOT_AVAILABLE, which clients retry, and the connection is not closed (a handler
+    that raises closes it)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.CREATE),
+               allow(ResourceType.TOPIC, "*", AclOperation.DESCRIBE))  # fmt: skip
+    b.controller_id_for_clients = lambda: 0
+    b.controller = HttpControllerClient(f"http://127.0.0.1:{port}", token="t", timeout_s=2.0)
+    try:
+        answer = await call(b, 3, 12, {"topics": [{"name": "new-topic", "topic_id": None}],
+                                       "allow_auto_topic_creation": True,
+                                       "include_topic_authorized_operations": False})  # fmt: skip
+    finally:
+        await b.controller.close()
+    assert [(t["name"], t["error_code"]) for t in answer["topics"]] == [
+        ("new-topic", ErrorCode.leader_not_available)]  # fmt: skip
 
 
 # ---------------------------------------------------------------- ListOffsets v8-v11

@@ -8,12 +8,13 @@ client: LISTENER_NOT_FOUND from Metadata v6).
 from __future__ import annotations
 
 import enum
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from tidalmq_controller import NewTopic
+from tidalmq_controller import ControllerError, NewTopic
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import (
     INTERNAL_TOPICS,
@@ -37,11 +38,13 @@ from tidalmq_broker.protocol.metadata_response import (
     topic_head,
     topic_tail,
 )
+from tidalmq_broker.server.ratelog import REQUEST_ERRORS, describe
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
     from tidalmq_broker.server.listener import Connection
 
+log = logging.getLogger(__name__)
 _NULL_UUID = uuid.UUID(int=0)
 
 
@@ -259,9 +262,16 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
             if kind is not AutoCreation.NONE:
                 creating.add(name)
         if ordinary:
-            await broker.controller.create_topics(
-                [NewTopic(n, broker.settings.default_partitions) for n in ordinary]
-            )
+            try:
+                await broker.controller.create_topics(
+                    [NewTopic(n, broker.settings.default_partitions) for n in ordinary]
+                )
+            except ControllerError as exc:  # unreachable, or not the active controller
+                # as Kafka, whose creation is asynchronous: LEADER_NOT_AVAILABLE, and the
+                # client's next Metadata request tries again
+                REQUEST_ERRORS.warning(
+                    log, "auto-creating %d topic(s) failed: %s", len(ordinary), describe(exc)
+                )
             meta = broker.metadata
     unreachable = frozenset(unreachable_brokers(meta, conn.listener))
     encodings: TopicEncodings = broker.metadata_encodings
