@@ -291,17 +291,34 @@ async def test_broker_configs_mask_the_key_password_as_kafka_masks_passwords() -
     assert (await describe_broker(broker(grant)))["ssl.truststore.location"]["value"] is None
 
 
-async def test_broker_configs_report_one_replica_per_partition() -> None:
-    """What Metadata reports of every partition, the internal topics' too (the object store
-    keeps the data durable, not replicas); Kafka's types (SHORT for the factors)."""
+async def test_broker_configs_fixed_by_the_design_are_defaults() -> None:
+    """One replica per partition: what Metadata reports of every partition, the internal
+    topics' too (the object store keeps the data durable, not replicas); Kafka's types (SHORT
+    for the factors); no setting changes them, so Kafka's DEFAULT_CONFIG source."""
     b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS))
     configs = await describe_broker(b)
     for name, kind in (("default.replication.factor", 3), ("offsets.topic.replication.factor", 4),
                        ("transaction.state.log.replication.factor", 4),
                        ("transaction.state.log.min.isr", 3)):  # fmt: skip
         c = configs[name]
-        assert (c["value"], c["read_only"], c["config_type"]) == ("1", True, kind), name
+        assert (c["value"], c["read_only"], c["config_type"], c["config_source"]) == (
+            "1", True, kind, DEFAULT_CONFIG), name  # fmt: skip
     assert configs["delete.topic.enable"]["value"] == "true"
+    # the group coordinator's fixed bounds, and the PEM store type, as Kafka names them
+    assert configs["group.max.session.timeout.ms"]["value"] == "1800000"
+    assert configs["offset.metadata.max.bytes"]["value"] == "4096"
+    assert configs["ssl.truststore.type"]["value"] == "PEM"
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.ALTER_CONFIGS))
+    answer = await call(b, 44, 1, {"resources": [{
+        "resource_type": BROKER, "resource_name": "0", "configs": [
+            {"name": "default.replication.factor", "config_operation": 0, "value": "3"}]}],
+        "validate_only": False})  # fmt: skip
+    (r,) = answer["responses"]
+    assert r["error_code"] == ErrorCode.invalid_request  # as Kafka
+    assert (
+        r["error_message"]
+        == "Cannot update these configs dynamically: [default.replication.factor]"
+    )
     assert configs["connection.failed.authentication.delay.ms"]["value"] == "100"
 
 

@@ -470,24 +470,15 @@ class BrokerSettings:
             "ssl.enabled.protocols": self.ssl_enabled_protocols,
             "ssl.principal.mapping.rules": self.ssl_principal_mapping_rules,
             "ssl.cipher.suites": self.ssl_cipher_suites,
-            # PEM files (Kafka's PEM store type): the key and its chain, and the trusted CAs
+            # PEM files (Kafka's PEM store type, apis/configs.py): the key and its chain, the CAs
             "ssl.keystore.location": self.ssl_keystore_location,
-            "ssl.keystore.type": "PEM",
             "ssl.key.password": self.ssl_key_password,
             "ssl.truststore.location": self.ssl_truststore_location,
-            "ssl.truststore.type": "PEM",
             "connection.failed.authentication.delay.ms": str(
                 self.connection_failed_authentication_delay_ms
             ),
             "super.users": self.super_users,
             "allow.everyone.if.no.acl.found": str(self.allow_everyone_if_no_acl_found).lower(),
-            # one replica per partition (its leader; the object store keeps the data durable):
-            # what Metadata reports for every topic, the internal ones too
-            "default.replication.factor": "1",
-            "offsets.topic.replication.factor": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "delete.topic.enable": "true",
             "tidalmq.flush.interval.ms": str(self.flush_interval_ms),
         }
 
