@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.protocol.broker_version_data import BrokerVersionData
 from kafka.structs import TopicPartition
 from kio.schema.errors import ErrorCode
@@ -168,6 +168,18 @@ def test_a_producer_creates_an_unknown_topic(broker: BrokerProcess) -> None:
     assert p.flush(30) == 0
     assert errors == [None] * 4
     assert topics(broker.bootstrap)[topic] == DEFAULT_PARTITIONS  # num.partitions
+
+
+def test_kafka_python_for_kafka_4_produces_to_an_unknown_topic(broker: BrokerProcess) -> None:
+    """kafka-python's producer (Metadata v12 with allow_auto_topic_creation) creates it too."""
+    topic = unique("auto-kp")
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=(4, 0), max_block_ms=30_000)
+    try:
+        metadata = p.send(topic, b"first").get(timeout=30)
+    finally:
+        p.close()
+    assert metadata.topic == topic and metadata.offset == 0
+    assert topics(broker.bootstrap)[topic] == DEFAULT_PARTITIONS
 
 
 def test_metadata_has_the_transaction_state_topic_created_by_its_coordinator(
