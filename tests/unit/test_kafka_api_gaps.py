@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import socket
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ from typing import Any
 import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.apis.api_versions import api_versions_body
-from tidalmq_broker.apis.metadata import TopicEncodings
+from tidalmq_broker.apis.metadata import AutoCreation, TopicEncodings, auto_creation
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import (
     decode_request,
@@ -24,9 +25,11 @@ from tidalmq_broker.protocol.codec import (
 )
 from tidalmq_broker.security.authorizer import Authorizer
 from tidalmq_broker.settings import BrokerSettings
+from tidalmq_controller import HttpControllerClient
 from tidalmq_core.acls import AclBinding, AclOperation, PatternType, PermissionType, ResourceType
 from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
+    TXN_STATE_TOPIC,
     BrokerInfo,
     ClusterMetadata,
     Endpoint,
@@ -257,6 +260,113 @@ async def test_broker_configs_defaults_of_an_embedded_controller_broker() -> Non
     assert configs["process.roles"]["value"] == "broker,controller"
     rack = configs["broker.rack"]  # Kafka's null default
     assert (rack["value"], rack["config_source"], rack["read_only"]) == (None, DEFAULT_CONFIG, True)
+
+
+async def test_broker_configs_mask_the_key_password_as_kafka_masks_passwords() -> None:
+    secret = "pem-key-secret-7f3a"
+    grant = allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS)
+    settings = BrokerSettings(ssl_keystore_location="/etc/tidalmq/broker.pem",
+                              ssl_key_password=secret, controller_url="http://ctl:9690")  # fmt: skip
+    b = broker(grant, settings=settings)
+    for version in (1, 4):  # the oldest version kio has, and the newest
+        body = {"resources": [{"resource_type": BROKER, "resource_name": "0",
+                               "configuration_keys": None}], "include_synonyms": True,
+                "include_documentation": False}  # fmt: skip
+        request = decode_request(encode_request(32, version, 1, body)[4:], supported_versions())
+        answer = await REGISTRY[32].handler(b, request, BOB)  # type: ignore[arg-type]
+        assert secret.encode() not in encode_response(32, version, 1, answer)
+    configs = await describe_broker(b)
+    key = configs["ssl.key.password"]
+    assert (key["value"], key["is_sensitive"], key["config_source"], key["read_only"]) == (
+        None, True, STATIC_BROKER_CONFIG, True)  # fmt: skip
+    assert [(s["value"], s["source"]) for s in key["synonyms"]] == [(None, STATIC_BROKER_CONFIG)]
+    assert key["config_type"] == 9  # PASSWORD
+    assert not any(c["is_sensitive"] for n, c in configs.items() if n != "ssl.key.password")
+    assert configs["ssl.keystore.location"]["value"] == "/etc/tidalmq/broker.pem"
+    assert configs["ssl.keystore.type"]["value"] == "PEM"  # Kafka's PEM store type
+    # not set: Kafka's null default, still sensitive
+    unset = (await describe_broker(broker(grant)))["ssl.key.password"]
+    assert (unset["value"], unset["is_sensitive"], unset["config_source"]) == (
+        None, True, DEFAULT_CONFIG)  # fmt: skip
+    assert (await describe_broker(broker(grant)))["ssl.truststore.location"]["value"] is None
+
+
+async def test_broker_configs_fixed_by_the_design_are_defaults() -> None:
+    """One replica per partition: what Metadata reports of every partition, the internal
+    topics' too (the object store keeps the data durable, not replicas); Kafka's types (SHORT
+    for the factors); no setting changes them, so Kafka's DEFAULT_CONFIG source."""
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS))
+    configs = await describe_broker(b)
+    for name, kind in (("default.replication.factor", 3), ("offsets.topic.replication.factor", 4),
+                       ("transaction.state.log.replication.factor", 4),
+                       ("transaction.state.log.min.isr", 3)):  # fmt: skip
+        c = configs[name]
+        assert (c["value"], c["read_only"], c["config_type"], c["config_source"]) == (
+            "1", True, kind, DEFAULT_CONFIG), name  # fmt: skip
+    assert configs["delete.topic.enable"]["value"] == "true"
+    # the group coordinator's fixed bounds, and the PEM store type, as Kafka names them
+    assert configs["group.max.session.timeout.ms"]["value"] == "1800000"
+    assert configs["offset.metadata.max.bytes"]["value"] == "4096"
+    assert configs["ssl.truststore.type"]["value"] == "PEM"
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.ALTER_CONFIGS))
+    answer = await call(b, 44, 1, {"resources": [{
+        "resource_type": BROKER, "resource_name": "0", "configs": [
+            {"name": "default.replication.factor", "config_operation": 0, "value": "3"}]}],
+        "validate_only": False})  # fmt: skip
+    (r,) = answer["responses"]
+    assert r["error_code"] == ErrorCode.invalid_request  # as Kafka
+    assert (
+        r["error_message"]
+        == "Cannot update these configs dynamically: [default.replication.factor]"
+    )
+    assert configs["connection.failed.authentication.delay.ms"]["value"] == "100"
+
+
+# ---------------------------------------------------------------- Metadata auto-creation
+def test_auto_creation_of_missing_topics() -> None:
+    assert auto_creation("orders-2") is AutoCreation.TOPIC
+    assert auto_creation("__my_topic") is AutoCreation.TOPIC  # not reserved in Kafka either
+    assert auto_creation(TXN_STATE_TOPIC) is AutoCreation.TRANSACTION_STATE
+    for name in (OFFSETS_TOPIC, "__sq.queue-0", "bad name", "", ".", "..", "x" * 250):
+        assert auto_creation(name) is AutoCreation.NONE, name
+
+
+async def test_metadata_does_not_create_internal_or_invalid_names() -> None:
+    """With CREATE on the cluster and auto.create.topics.enable on (the default), a physical
+    topic's name and an invalid one are answered without reaching the controller (this
+    broker has none: asking it would raise)."""
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.CREATE),
+               allow(ResourceType.TOPIC, "*", AclOperation.DESCRIBE))  # fmt: skip
+    assert b.settings.auto_create_topics
+    b.controller_id_for_clients = lambda: 0
+    answer = await call(b, 3, 12, {"topics": [{"name": "__sq.other", "topic_id": None},
+                                              {"name": "bad name", "topic_id": None}],
+                                   "allow_auto_topic_creation": True,
+                                   "include_topic_authorized_operations": False})  # fmt: skip
+    assert [(t["name"], t["error_code"]) for t in answer["topics"]] == [
+        ("__sq.other", ErrorCode.unknown_topic_or_partition),
+        ("bad name", ErrorCode.invalid_topic_exception)]  # fmt: skip
+
+
+async def test_metadata_answers_while_the_controller_is_unreachable() -> None:
+    """Auto-creation with the controller out of reach (a closed port): the topic is answered
+    LEADER_NOT_AVAILABLE, which clients retry, and the connection is not closed (a handler
+    that raises closes it)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.CREATE),
+               allow(ResourceType.TOPIC, "*", AclOperation.DESCRIBE))  # fmt: skip
+    b.controller_id_for_clients = lambda: 0
+    b.controller = HttpControllerClient(f"http://127.0.0.1:{port}", token="t", timeout_s=2.0)
+    try:
+        answer = await call(b, 3, 12, {"topics": [{"name": "new-topic", "topic_id": None}],
+                                       "allow_auto_topic_creation": True,
+                                       "include_topic_authorized_operations": False})  # fmt: skip
+    finally:
+        await b.controller.close()
+    assert [(t["name"], t["error_code"]) for t in answer["topics"]] == [
+        ("new-topic", ErrorCode.leader_not_available)]  # fmt: skip
 
 
 # ---------------------------------------------------------------- ListOffsets v8-v11

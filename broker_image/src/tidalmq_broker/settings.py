@@ -433,7 +433,9 @@ class BrokerSettings:
     def described(self, advertised: str = "") -> dict[str, str]:
         """Broker configs as DescribeConfigs reports them (Kafka names where one exists), all
         static: a restart changes them. `advertised`: the endpoints the broker registered
-        (NAME://host:port,...), reported as advertised.listeners when that is not set."""
+        (NAME://host:port,...), reported as advertised.listeners when that is not set.
+        Passwords are here as set (empty: not set): DescribeConfigs masks them as Kafka does
+        (apis/configs.py, SENSITIVE_CONFIGS); nothing else may report this dict."""
         legacy = "PLAINTEXT://{}:{}".format(*self.advertised)  # before the broker is bound
         return {
             "broker.id": str(self.broker_id),
@@ -467,9 +469,16 @@ class BrokerSettings:
             "ssl.client.auth": self.ssl_client_auth,
             "ssl.enabled.protocols": self.ssl_enabled_protocols,
             "ssl.principal.mapping.rules": self.ssl_principal_mapping_rules,
+            "ssl.cipher.suites": self.ssl_cipher_suites,
+            # PEM files (Kafka's PEM store type, apis/configs.py): the key and its chain, the CAs
+            "ssl.keystore.location": self.ssl_keystore_location,
+            "ssl.key.password": self.ssl_key_password,
+            "ssl.truststore.location": self.ssl_truststore_location,
+            "connection.failed.authentication.delay.ms": str(
+                self.connection_failed_authentication_delay_ms
+            ),
             "super.users": self.super_users,
             "allow.everyone.if.no.acl.found": str(self.allow_everyone_if_no_acl_found).lower(),
-            "default.replication.factor": "1",
             "tidalmq.flush.interval.ms": str(self.flush_interval_ms),
         }
 

@@ -1,8 +1,9 @@
 """The last API gaps of [E2] with real clients against a real broker: kafka-python configured
 for Kafka 4.0 (FindCoordinator v6) consuming in a group, confluent-kafka's describe_configs of a
-broker (its listeners, read-only), producers to unknown topics with auto.create.topics.enable on
-(Kafka's default) and off, and ListConfigResources through Kafka 4.3.1's kafka-configs and the
-wire."""
+broker (its listeners, read-only, its key password masked) and Kafka 4.3.1's kafka-configs
+describing it, producers to unknown topics with auto.create.topics.enable on (Kafka's default)
+and off, __transaction_state auto-created as its coordinator creates it, and ListConfigResources
+through kafka-configs and the wire."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.protocol.broker_version_data import BrokerVersionData
 from kafka.structs import TopicPartition
 from kio.schema.errors import ErrorCode
@@ -27,14 +28,20 @@ from tests.support.broker_process import BrokerProcess
 pytestmark = pytest.mark.integration
 
 DEFAULT_PARTITIONS = 2
+TXN_STATE_PARTITIONS = 3
+KEY_PASSWORD = "pem-key-secret-91c2"  # set, never used (no SSL listener), never reported
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """auto.create.topics.enable left at its default (on, as Kafka)."""
     base = tmp_path_factory.mktemp("api-gaps")
-    with BrokerProcess(f"file://{base / 'objects'}", base / "logs",
-                       args=["--default-partitions", str(DEFAULT_PARTITIONS)]) as proc:  # fmt: skip
+    with BrokerProcess(
+        f"file://{base / 'objects'}", base / "logs",
+        env={"TIDALMQ_SSL_KEY_PASSWORD": KEY_PASSWORD},
+        args=["--default-partitions", str(DEFAULT_PARTITIONS),
+              "--transaction-state-partitions", str(TXN_STATE_PARTITIONS)],
+    ) as proc:  # fmt: skip
         yield proc
 
 
@@ -122,6 +129,32 @@ def test_describe_configs_of_a_broker_shows_its_listeners_read_only(
             value, True, ConfigSource.STATIC_BROKER_CONFIG.value), name  # fmt: skip
     assert "listener.security.protocol.map" in configs
     assert configs["broker.rack"].value is None and configs["broker.rack"].is_default
+    key = configs["ssl.key.password"]  # masked, as Kafka masks its passwords
+    assert (key.value, key.is_sensitive, key.source) == (
+        None, True, ConfigSource.STATIC_BROKER_CONFIG.value)  # fmt: skip
+
+
+def test_kafka_configs_describes_a_broker(
+    broker: BrokerProcess, apache_kafka_dist: KafkaDist
+) -> None:
+    """Kafka 4.3.1's kafka-configs --describe --entity-type brokers --all: every static
+    setting with its value and source, the key password masked."""
+    proc = run_tool("kafka-configs", "--describe", "--entity-type", "brokers", "--entity-name",
+                    "0", "--all", bootstrap=broker.bootstrap, dist=apache_kafka_dist)  # fmt: skip
+    output = f"{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    assert KEY_PASSWORD not in output
+    lines = {line.strip().split("=", 1)[0]: line.strip() for line in proc.stdout.splitlines()}
+    listener = f"PLAINTEXT://127.0.0.1:{broker.port}"
+    assert lines["listeners"] == (
+        f"listeners={listener} sensitive=false "
+        f"synonyms={{STATIC_BROKER_CONFIG:listeners={listener}}}"
+    ), output
+    assert lines["advertised.listeners"].startswith(f"advertised.listeners={listener} "), output
+    assert lines["ssl.key.password"] == (
+        "ssl.key.password=null sensitive=true synonyms={STATIC_BROKER_CONFIG:ssl.key.password=null}"
+    )
+    assert lines["node.id"].startswith("node.id=0 sensitive=false"), output
 
 
 # ---------------------------------------------------------------- auto.create.topics.enable
@@ -135,6 +168,40 @@ def test_a_producer_creates_an_unknown_topic(broker: BrokerProcess) -> None:
     assert p.flush(30) == 0
     assert errors == [None] * 4
     assert topics(broker.bootstrap)[topic] == DEFAULT_PARTITIONS  # num.partitions
+
+
+def test_kafka_python_for_kafka_4_produces_to_an_unknown_topic(broker: BrokerProcess) -> None:
+    """kafka-python's producer (Metadata v12 with allow_auto_topic_creation) creates it too."""
+    topic = unique("auto-kp")
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=(4, 0), max_block_ms=30_000)
+    try:
+        metadata = p.send(topic, b"first").get(timeout=30)
+    finally:
+        p.close()
+    assert metadata.topic == topic and metadata.offset == 0
+    assert topics(broker.bootstrap)[topic] == DEFAULT_PARTITIONS
+
+
+def test_metadata_has_the_transaction_state_topic_created_by_its_coordinator(
+    broker: BrokerProcess,
+) -> None:
+    """As Kafka's auto-creation: __transaction_state with its own partition count, internal
+    (not an ordinary topic of num.partitions: the controller refuses internal names)."""
+    request = {"topics": [{"name": "__transaction_state", "topic_id": None}],
+               "allow_auto_topic_creation": True,
+               "include_topic_authorized_operations": False}  # fmt: skip
+    codes = []
+    with ProtocolAdmin(broker.bootstrap) as admin:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            (topic,) = admin.call(3, 12, request).topics
+            codes.append(topic.error_code)
+            if topic.error_code == ErrorCode.none:
+                break
+            time.sleep(0.2)
+    assert set(codes[:-1]) <= {ErrorCode.leader_not_available}, codes
+    assert codes[-1] == ErrorCode.none, codes
+    assert topic.is_internal and len(topic.partitions) == TXN_STATE_PARTITIONS
 
 
 def test_with_auto_create_off_a_producer_gets_unknown_topic(strict: BrokerProcess) -> None:

@@ -30,6 +30,7 @@ from tidalmq_core.topics import StaticConfig, validate_broker_configs
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.metadata import brokers_body
 from tidalmq_broker.apis.registry import api
+from tidalmq_broker.groups.coordinator import GroupSettings
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.security.authorizer import STANDARD_AUTHORIZER
 
@@ -46,7 +47,7 @@ DYNAMIC_DEFAULT_BROKER_CONFIG = 3
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 # config types (DescribeConfigs v3+)
-_BOOLEAN, _STRING, _INT, _LONG, _DOUBLE, _LIST = 1, 2, 3, 5, 6, 7
+_BOOLEAN, _STRING, _INT, _SHORT, _LONG, _DOUBLE, _LIST, _PASSWORD = 1, 2, 3, 4, 5, 6, 7, 9
 _TYPES = {
     "cleanup.policy": _LIST,
     "message.timestamp.type": _STRING,
@@ -80,14 +81,49 @@ _TYPES = {
     "ssl.client.auth": _STRING,
     "ssl.enabled.protocols": _LIST,
     "ssl.principal.mapping.rules": _STRING,
+    "ssl.cipher.suites": _LIST,
+    "ssl.keystore.location": _STRING,
+    "ssl.keystore.type": _STRING,
+    "ssl.key.password": _PASSWORD,
+    "ssl.truststore.location": _STRING,
+    "ssl.truststore.type": _STRING,
+    "connection.failed.authentication.delay.ms": _INT,
+    "offsets.topic.replication.factor": _SHORT,
+    "transaction.state.log.replication.factor": _SHORT,
+    "transaction.state.log.min.isr": _INT,
+    "delete.topic.enable": _BOOLEAN,
+    "group.max.session.timeout.ms": _INT,
+    "offset.metadata.max.bytes": _INT,
 }
+# Kafka broker configs whose value TidalMQ's design fixes (no setting changes them): reported
+# read-only with Kafka's DEFAULT_CONFIG source
+_GROUPS = GroupSettings()
+FIXED_BROKER_CONFIGS = {
+    # one replica per partition, its leader (the object store keeps the data durable): what
+    # Metadata reports of every topic, the internal ones too
+    "default.replication.factor": "1",
+    "offsets.topic.replication.factor": "1",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "delete.topic.enable": "true",
+    # the key and trust stores are PEM files (Kafka's PEM store type)
+    "ssl.keystore.type": "PEM",
+    "ssl.truststore.type": "PEM",
+    "group.max.session.timeout.ms": str(_GROUPS.max_session_timeout_ms),
+    "offset.metadata.max.bytes": str(_GROUPS.max_metadata_bytes),
+}
+# reported as Kafka reports its PASSWORD configs: is_sensitive, the value and its synonyms'
+# null whether set or not (the source still tells which)
+SENSITIVE_CONFIGS = frozenset({"ssl.key.password"})
 # the list configs APPEND and SUBTRACT apply to (the static broker ones cannot be altered)
 _LIST_TOPIC_CONFIGS = frozenset(
     {"cleanup.policy", "leader.replication.throttled.replicas",
      "follower.replication.throttled.replicas"}
 )  # fmt: skip
 # static settings Kafka reports with a null value (a default) when not set
-_UNSET_IS_NULL = frozenset({"broker.rack"})
+_UNSET_IS_NULL = frozenset(
+    {"broker.rack", "ssl.keystore.location", "ssl.truststore.location", *SENSITIVE_CONFIGS}
+)
 # incremental operations (IncrementalAlterConfigs)
 _SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3
 
@@ -120,9 +156,13 @@ def _entry(
     read_only: bool,
     include_synonyms: bool,
 ) -> dict[str, Any]:
+    sensitive = name in SENSITIVE_CONFIGS
+    if sensitive:
+        value, synonyms = None, [(None, s) for _, s in synonyms]
     return {
         "name": name, "value": value, "read_only": read_only,
-        "is_default": source == DEFAULT_CONFIG, "config_source": source, "is_sensitive": False,
+        "is_default": source == DEFAULT_CONFIG, "config_source": source,
+        "is_sensitive": sensitive,
         "synonyms": [{"name": name, "value": v, "source": s} for v, s in synonyms]
         if include_synonyms else [],
         "config_type": _config_type(name), "documentation": None,
@@ -169,17 +209,23 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
             for name, value in sorted(cluster.items())
         ]  # fmt: skip
     own = meta.broker_configs.get(scope, {})
-    out = []
+    out: list[dict[str, Any]] = []
+    value: str | None
     advertised = ",".join(f"{e.name}://{e.host}:{e.port}" for e in broker.advertised)
     configs = {
         **broker.settings.described(advertised),
         "authorizer.class.name": STANDARD_AUTHORIZER if broker.authorizer.enabled else "",
         **DYNAMIC_BROKER_CONFIG_DEFAULTS,
     }
-    for name in sorted(configs):
+    for name in sorted({*configs, *FIXED_BROKER_CONFIGS}):
+        if name in FIXED_BROKER_CONFIGS:
+            value = FIXED_BROKER_CONFIGS[name]
+            out.append(_entry(name, value, DEFAULT_CONFIG, [(value, DEFAULT_CONFIG)],
+                              read_only=True, include_synonyms=include_synonyms))  # fmt: skip
+            continue
         if name not in DYNAMIC_BROKER_CONFIG_DEFAULTS:
             # static: read-only, as Kafka reports what only a restart changes
-            value: str | None = configs[name]
+            value = configs[name]
             if name in _UNSET_IS_NULL and not value:
                 out.append(_entry(name, None, DEFAULT_CONFIG, [(None, DEFAULT_CONFIG)],
                                   read_only=True, include_synonyms=include_synonyms))  # fmt: skip
@@ -307,7 +353,8 @@ async def _alter(
                 try:
                     # names of this broker's static settings get Kafka's "cannot update
                     # dynamically"; the controller checks the dynamic ones
-                    validate_broker_configs(changes, frozenset(broker.settings.described()))
+                    static = frozenset({*broker.settings.described(), *FIXED_BROKER_CONFIGS})
+                    validate_broker_configs(changes, static)
                 except StaticConfig as exc:
                     error = exc
                 except ValueError:

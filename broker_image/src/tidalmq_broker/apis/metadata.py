@@ -7,15 +7,25 @@ client: LISTENER_NOT_FOUND from Metadata v6).
 
 from __future__ import annotations
 
+import enum
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from tidalmq_controller import NewTopic
+from tidalmq_controller import ControllerError, NewTopic
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
-from tidalmq_core.metadata import NO_LEADER, PLAINTEXT, ClusterMetadata, TopicInfo
+from tidalmq_core.metadata import (
+    INTERNAL_TOPICS,
+    NO_LEADER,
+    PLAINTEXT,
+    TXN_STATE_TOPIC,
+    ClusterMetadata,
+    TopicInfo,
+)
 from tidalmq_core.records import MetadataDelta
+from tidalmq_core.static_mapping import is_physical_topic
 from tidalmq_core.topics import InvalidTopic, validate_topic_name
 
 from tidalmq_broker.apis.registry import api
@@ -28,11 +38,13 @@ from tidalmq_broker.protocol.metadata_response import (
     topic_head,
     topic_tail,
 )
+from tidalmq_broker.server.ratelog import REQUEST_ERRORS, describe
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
     from tidalmq_broker.server.listener import Connection
 
+log = logging.getLogger(__name__)
 _NULL_UUID = uuid.UUID(int=0)
 
 
@@ -167,6 +179,32 @@ def _partitions(
             yield (0, index, leader, part.leader_epoch, part.replicas, (leader,))
 
 
+class AutoCreation(enum.Enum):
+    """What a Metadata request naming a missing topic does when it may create it."""
+
+    TOPIC = "topic"  # the controller creates it: num.partitions, the topic config defaults
+    TRANSACTION_STATE = "transaction state"  # the transaction coordinator has it created
+    NONE = "none"  # not created: an invalid name, or another internal topic's
+
+
+def auto_creation(name: str) -> AutoCreation:
+    """How auto.create.topics.enable treats a missing topic `name`, as Kafka's
+    AutoTopicCreationManager: invalid names are not created (INVALID_TOPIC_EXCEPTION);
+    `__transaction_state` is created with its own partition count and configs, as the
+    transaction coordinator does on its first request. TidalMQ's other internal topics
+    (`__consumer_offsets`, made with the cluster; the static topics' physical ones, made by
+    their mapping) are never made by a client's Metadata request: UNKNOWN_TOPIC_OR_PARTITION."""
+    try:
+        validate_topic_name(name)
+    except InvalidTopic:
+        return AutoCreation.NONE
+    if name == TXN_STATE_TOPIC:
+        return AutoCreation.TRANSACTION_STATE
+    if name in INTERNAL_TOPICS or is_physical_topic(name):
+        return AutoCreation.NONE
+    return AutoCreation.TOPIC
+
+
 @api(3, "Metadata", 0, 13)
 async def handle_metadata(broker: Broker, request: Request, conn: Connection) -> Any:
     """As Kafka's handleTopicMetadataRequest: topics the client may not DESCRIBE are left out
@@ -207,23 +245,33 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
     allow_create = allow_create and broker.settings.auto_create_topics and not every
     missing = [n for n, _ in wanted
                if n not in meta.topics and not n.startswith("\0") and n not in denied]  # fmt: skip
+    creating: set[str] = set()  # answered LEADER_NOT_AVAILABLE until they are in the metadata
     if missing and allow_create:
         if not authorizer.allows(conn, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME):
             for name in missing:
                 if not authorizer.allows(conn, AclOperation.CREATE, ResourceType.TOPIC, name):
                     denied[name] = ErrorCode.topic_authorization_failed
             missing = [n for n in missing if n not in denied]
-        valid = []
+        ordinary = []
         for name in missing:
+            kind = auto_creation(name)
+            if kind is AutoCreation.TOPIC:
+                ordinary.append(name)
+            elif kind is AutoCreation.TRANSACTION_STATE:
+                broker.transactions.ensure_state_topic()  # in the background, as Kafka
+            if kind is not AutoCreation.NONE:
+                creating.add(name)
+        if ordinary:
             try:
-                validate_topic_name(name)
-                valid.append(name)
-            except InvalidTopic:
-                pass
-        if valid:
-            await broker.controller.create_topics(
-                [NewTopic(n, broker.settings.default_partitions) for n in valid]
-            )
+                await broker.controller.create_topics(
+                    [NewTopic(n, broker.settings.default_partitions) for n in ordinary]
+                )
+            except ControllerError as exc:  # unreachable, or not the active controller
+                # as Kafka, whose creation is asynchronous: LEADER_NOT_AVAILABLE, and the
+                # client's next Metadata request tries again
+                REQUEST_ERRORS.warning(
+                    log, "auto-creating %d topic(s) failed: %s", len(ordinary), describe(exc)
+                )
             meta = broker.metadata
     unreachable = frozenset(unreachable_brokers(meta, conn.listener))
     encodings: TopicEncodings = broker.metadata_encodings
@@ -249,7 +297,7 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
             try:
                 validate_topic_name(name)
                 code = ErrorCode.unknown_topic_or_partition
-                if name in missing and allow_create:
+                if name in creating:
                     code = ErrorCode.leader_not_available
             except InvalidTopic:
                 code = ErrorCode.invalid_topic_exception
