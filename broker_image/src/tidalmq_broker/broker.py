@@ -139,6 +139,10 @@ class Broker:
                 timeout_check_interval_s=(
                     settings.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000
                 ),
+                id_expiration_ms=settings.transactional_id_expiration_ms,
+                id_expiration_check_interval_s=(
+                    settings.transaction_remove_expired_transaction_cleanup_interval_ms / 1000
+                ),
             ),
             self._txn_state_partitions,
             MarkerChannel(self),

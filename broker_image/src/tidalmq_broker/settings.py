@@ -340,6 +340,20 @@ class BrokerSettings:
             "often the transaction coordinator aborts transactions past their timeout"
         },
     )
+    transactional_id_expiration_ms: int = field(
+        default=604_800_000,
+        metadata={
+            "help": "transactional.id.expiration.ms: a transactional id with no transaction "
+            "open and no change for this long is forgotten"
+        },
+    )
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = field(
+        default=3_600_000,
+        metadata={
+            "help": "transaction.remove.expired.transaction.cleanup.interval.ms: how often the "
+            "transaction coordinator forgets expired transactional ids"
+        },
+    )
     group_initial_rebalance_delay_ms: int = field(
         default=3000, metadata={"help": "group.initial.rebalance.delay.ms"}
     )
@@ -446,6 +460,10 @@ class BrokerSettings:
             "transaction.max.timeout.ms": str(self.transaction_max_timeout_ms),
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": str(
                 self.transaction_abort_timed_out_transaction_cleanup_interval_ms
+            ),
+            "transactional.id.expiration.ms": str(self.transactional_id_expiration_ms),
+            "transaction.remove.expired.transaction.cleanup.interval.ms": str(
+                self.transaction_remove_expired_transaction_cleanup_interval_ms
             ),
             "transaction.state.log.num.partitions": str(self.transaction_state_partitions),
             "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),

@@ -181,3 +181,27 @@ async def test_snapshots_trim_the_log_and_replay_gives_the_same_state(h: Harness
     again = await h.open()
     assert again.txns == before
     assert again.txns["s0"].state is TxnState.ONGOING and again.txns["s0"].producer_epoch == 1
+
+
+async def test_idle_transactional_ids_expire_with_a_tombstone_that_replay_honours(
+    h: Harness,
+) -> None:
+    shard = await h.open()
+    shard._settings = dataclasses.replace(SETTINGS, id_expiration_ms=60_000)
+    idle_pid, _ = await shard.init_producer_id("idle", 30_000, None)
+    await shard.init_producer_id("busy", 30_000, None)
+    h.now += 30_000
+    await shard.init_producer_id("recent", 30_000, None)  # changed later: not yet
+    pid, epoch = await shard.init_producer_id("busy", 30_000, None)
+    await shard.add_partitions("busy", pid, epoch, {("orders", 0)})  # a transaction open
+    h.now += 30_000
+    assert await shard.expire_ids(chunk=1) == ["idle"]
+    assert set(shard.txns) == {"busy", "recent"}
+    h.now += 10**9  # "busy" is past its transaction timeout too: aborted, not forgotten
+    assert await shard.expire_ids() == ["recent"]
+    assert set(shard.txns) == {"busy"}
+    again = await h.open()  # a new coordinator replays the log: the tombstones hold
+    assert set(again.txns) == {"busy"}
+    # an expired id starts again with a new producer id
+    new_pid, new_epoch = await again.init_producer_id("idle", 30_000, None)
+    assert new_pid != idle_pid and new_epoch == 0

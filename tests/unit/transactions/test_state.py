@@ -87,6 +87,21 @@ def test_timeouts_abort_with_a_bumped_epoch() -> None:
     )
 
 
+def test_an_id_expires_only_when_idle_for_the_expiration() -> None:
+    week = 604_800_000
+    fresh = txn.new_producer("t1", 42, 60_000, T0)  # Empty, changed at T0
+    assert txn.id_expired(fresh, T0 + week, week)
+    assert not txn.id_expired(fresh, T0 + week - 1, week)
+    ongoing = started()  # an open transaction is never forgotten, however old
+    assert not txn.id_expired(ongoing, T0 + 10 * week, week)
+    preparing = txn.prepare_end(ongoing, 42, 0, True, T0 + 10)
+    assert preparing is not None and not txn.id_expired(preparing, T0 + 10 * week, week)
+    done = txn.complete(preparing, T0 + 20)
+    assert txn.id_expired(done, T0 + 20 + week, week)
+    assert not txn.id_expired(done, T0 + 19 + week, week)
+    assert txn.expired_ids([done, ongoing, fresh], T0 + 10 * week, week) == [fresh, done]
+
+
 def test_an_exhausted_epoch_needs_a_new_producer_id() -> None:
     meta = txn.new_producer("t1", 42, 1000, T0)
     old = txn.TxnMetadata("t1", 42, txn.MAX_EPOCH - 1, 1000)

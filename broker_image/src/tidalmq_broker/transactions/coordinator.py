@@ -49,6 +49,11 @@ class TxnSettings:
     timeout_check_interval_s: float = 10.0
     marker_backoff_s: float = 0.1  # first retry of a marker; doubles up to marker_backoff_max_s
     marker_backoff_max_s: float = 2.0
+    # transactional.id.expiration.ms (Kafka: 7 days): an id with no transaction open and no
+    # change for this long is forgotten; checked every id_expiration_check_interval_s
+    # (transaction.remove.expired.transaction.cleanup.interval.ms, Kafka: 1 hour)
+    id_expiration_ms: int = 604_800_000
+    id_expiration_check_interval_s: float = 3600.0
     # rewrite every transactional id's state and trim the log before it after this many records,
     # so replay stays short (the group coordinator's snapshots; compaction will do it later)
     snapshot_after_records: int = 20_000
@@ -291,12 +296,20 @@ class TxnShard:
 
     # ------------------------------------------------------------------ timeouts
     async def _tick(self) -> None:
+        last_expiry = time.monotonic()
         while not self._closed:
             await asyncio.sleep(self._settings.timeout_check_interval_s)
             try:
                 await self.abort_expired()
             except Exception:
                 log.exception("%s-%d: transaction timeouts failed", TXN_STATE_TOPIC, self.partition)
+            if time.monotonic() - last_expiry >= self._settings.id_expiration_check_interval_s:
+                last_expiry = time.monotonic()
+                try:
+                    await self.expire_ids()
+                except Exception:
+                    log.exception("%s-%d: expiring transactional ids failed",
+                                  TXN_STATE_TOPIC, self.partition)  # fmt: skip
 
     async def abort_expired(self) -> list[str]:
         """Abort (bumping the epoch) every ongoing transaction past its timeout."""
@@ -317,6 +330,52 @@ class TxnShard:
             aborted.append(tid)
         return aborted
 
+    async def expire_ids(self, chunk: int = 500) -> list[str]:
+        """Forget the transactional ids with no transaction open and no change for
+        transactional.id.expiration.ms (Kafka's removeExpiredTransactionalIds): a tombstone per
+        id in the log (a replay forgets it too), gone from describe and list; its next
+        InitProducerId starts it again with a new producer id. Ids busy with a request are left
+        for the next pass. Tombstones go `chunk` to a batch, so a pass costs O(expired ids)
+        appends / `chunk`, not one WAL flush each."""
+        expiration = self._settings.id_expiration_ms
+        candidates = txn.expired_ids(list(self.txns.values()), self._clock(), expiration)
+        removed: list[str] = []
+        for i in range(0, len(candidates), chunk):
+            held: list[tuple[str, asyncio.Lock]] = []
+            try:
+                for meta in candidates[i : i + chunk]:
+                    tid = meta.transactional_id
+                    lock = self._lock(tid)
+                    if lock.locked():
+                        continue
+                    await lock.acquire()  # free: taken at once, no other task runs meanwhile
+                    held.append((tid, lock))
+                now = self._clock()
+                ids = [
+                    t
+                    for t, _ in held
+                    if (m := self.txns.get(t)) and txn.id_expired(m, now, expiration)
+                ]
+                if ids:
+                    await self._append([(encode_key(t), None) for t in ids])
+                    for t in ids:
+                        self.txns.pop(t, None)
+                    removed.extend(ids)
+            except TxnError as exc:
+                log.warning("%s-%d: expiring transactional ids failed: %s",
+                            TXN_STATE_TOPIC, self.partition, exc)  # fmt: skip
+                break
+            finally:
+                for tid, lock in held:
+                    lock.release()
+                    if tid not in self.txns and not getattr(lock, "_waiters", None):
+                        # nobody waits for it (asyncio.Lock keeps its waiters there): drop it
+                        self._locks.pop(tid, None)
+        if removed:
+            log.info("%s-%d: %d transactional ids expired (no change for %d ms)",
+                     TXN_STATE_TOPIC, self.partition, len(removed), expiration)  # fmt: skip
+        return removed
+
     # ------------------------------------------------------------------ persistence
     def _lock(self, transactional_id: str) -> asyncio.Lock:
         lock = self._locks.get(transactional_id)
@@ -333,26 +392,29 @@ class TxnShard:
     async def _write(self, meta: TxnMetadata) -> None:
         """Make `meta` durable, then current. A failed append changes nothing. Waits while a
         snapshot is written (it must not trim a record it did not include)."""
+        await self._append([(encode_key(meta.transactional_id), encode_value(meta))])
+        self.txns[meta.transactional_id] = meta
+
+    async def _append(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        """Append records (a None value: a tombstone) durably; TxnError if that fails."""
         while not self._writes_open.is_set():
             await self._writes_open.wait()
         if self._closed:
             raise TxnError(ErrorCode.not_coordinator)
-        batch = build_batch(
-            [(encode_key(meta.transactional_id), encode_value(meta))], timestamp_ms=self._clock()
-        )
+        batch = build_batch(list(records), timestamp_ms=self._clock())
         self._writes_in_flight += 1
         self._writes_drained.clear()
         try:
             await self._log.append(batch, acks=-1)
-            self.txns[meta.transactional_id] = meta
         except StorageError as exc:
-            log.warning("%s: logging the transaction state failed: %s", meta.transactional_id, exc)
+            log.warning("%s-%d: logging the transaction state failed: %s",
+                        TXN_STATE_TOPIC, self.partition, exc)  # fmt: skip
             raise TxnError(ErrorCode.coordinator_not_available) from exc
         finally:
             self._writes_in_flight -= 1
             if not self._writes_in_flight:
                 self._writes_drained.set()
-        self._records_since_snapshot += 1
+        self._records_since_snapshot += len(records)
         if self._records_since_snapshot >= self._settings.snapshot_after_records and (
             self._snapshotting is None or self._snapshotting.done()
         ):

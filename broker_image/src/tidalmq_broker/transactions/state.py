@@ -217,3 +217,16 @@ def complete(meta: TxnMetadata, now_ms: int) -> TxnMetadata:
 def expired(metas: list[TxnMetadata], now_ms: int) -> list[TxnMetadata]:
     """The ongoing transactions past their timeout, oldest first."""
     return sorted((m for m in metas if m.expired(now_ms)), key=lambda m: m.start_ms)
+
+
+def id_expired(meta: TxnMetadata, now_ms: int, expiration_ms: int) -> bool:
+    """Kafka's rule for forgetting a transactional id (transactional.id.expiration.ms): no
+    transaction open and no change for that long."""
+    return meta.state.idle and meta.update_ms + expiration_ms <= now_ms
+
+
+def expired_ids(metas: list[TxnMetadata], now_ms: int, expiration_ms: int) -> list[TxnMetadata]:
+    """The transactional ids to forget, least recently changed first."""
+    return sorted(
+        (m for m in metas if id_expired(m, now_ms, expiration_ms)), key=lambda m: m.update_ms
+    )
