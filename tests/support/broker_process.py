@@ -26,10 +26,21 @@ from tests.support.started import StartedInWith
 _SERVING = re.compile(r"serving on (\S+):(\d+)")
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now that this test process has not handed out before: the kernel can give a
+    just-closed port to the next bind (about 1 pair in 5000 here), and a test takes several
+    ports (a broker's Kafka and HTTP ports, three brokers) before any process binds them."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free port that was not handed out before")
 
 
 class BrokerProcess(StartedInWith):

@@ -125,7 +125,9 @@ async def reconcile_static_topic(spec: Any, name: str, meta: Any, memo: Any, **_
         raise kopf.PermanentError(f"{wish.error[0]}: {wish.error[1]}")
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=1.0, initial_delay=1.0)
+# backoff: a failed publish (the apiserver refusing a patch under load) is retried within
+# seconds, not after Kopf's default minute with the status frozen meanwhile
+@kopf.timer(GROUP, VERSION, PLURAL, interval=1.0, initial_delay=1.0, backoff=RETRY_S)
 async def static_topic_status(name: str, memo: Any, **_: Any) -> None:
     wish = _wishes(memo).get(name)
     if wish is not None:
@@ -201,25 +203,25 @@ def static_topic_status_of(
         return status
     d = controller.static.describe(wish.kafka_name)
     av = rt.availability() if rt is not None else None
-    problems = queue_problems(rt, wish.kafka_name, av) if rt is not None and av is not None else {}
+    unserved = queue_problems(rt, wish.kafka_name, av) if rt is not None and av is not None else {}
     store_problem = av.store_problem if av is not None else None
     status["epoch"] = d["epoch"]
     status["queues"] = [
         {**{k: q[k] for k in ("queue", "broker", "gen", "items", "logicOffset")},
-         **row_fields(problems.get(q["queue"]), store_problem)}
+         **row_fields(unserved.get(q["queue"]), store_problem)}
         for q in d["queues"]
     ]  # fmt: skip
     status["mapping"] = d["mapping"]
     leaderless = [q["queue"] for q in d["queues"] if q["leader"] < 0]
+    disagreement = "; ".join(d["problems"] + d["ignored"])  # what the copies' epoch check says
     if not d["consistent"]:
-        problems = "; ".join(d["problems"] + d["ignored"])
-        conditions.append(condition("Reconciling", True, "CopiesDisagree", problems, gen))
+        conditions.append(condition("Reconciling", True, "CopiesDisagree", disagreement, gen))
     elif d["busy"] or leaderless:
         conditions.append(condition("Reconciling", True, "Remapping",
                                     f"logic queues without a leader: {leaderless}", gen))  # fmt: skip
     else:
         conditions.append(condition("Reconciling", False, "Settled", "", gen))
-    v = verdict(problems.values(), store_problem, "logic queue")
+    v = verdict(unserved.values(), store_problem, "logic queue")
     conditions.append(condition("Degraded", v.degraded, v.reason if v.degraded else "AllServed",
                                 v.message, gen))  # fmt: skip
     ready = d["consistent"] and not leaderless and not v.degraded
@@ -228,12 +230,12 @@ def static_topic_status_of(
     elif v.degraded:
         reason, message = v.reason, v.message
     elif not d["consistent"]:
-        reason, message = "CopiesDisagree", "; ".join(d["problems"] + d["ignored"])
+        reason, message = "CopiesDisagree", disagreement
     else:
         reason, message = "Remapping", f"logic queues without a leader: {leaderless}"
     conditions.append(condition("Ready", ready, reason, message, gen))
     status["conditions"] = conditions
-    set_gauges("StaticTopic", wish.resource, wish.kafka_name, problems.values(),
+    set_gauges("StaticTopic", wish.resource, wish.kafka_name, unserved.values(),
                v.reason if v.degraded else None)  # fmt: skip
     return status
 

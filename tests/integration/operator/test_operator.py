@@ -155,7 +155,9 @@ def get(d: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
     return json.loads(d["api"].kubectl("-n", d["ns"], "get", kind, name, "-o", "json").stdout)
 
 
-def wait_for(predicate, timeout_s: float = 60, what: str = "condition") -> Any:  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout_s: float = 60, what: str = "condition", detail=None) -> Any:  # type: ignore[no-untyped-def]
+    """Poll `predicate` until it is true; on timeout, the error says what `detail()` returns
+    (the state that was not reached, so a failure in CI can be diagnosed from its message)."""
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
@@ -166,7 +168,8 @@ def wait_for(predicate, timeout_s: float = 60, what: str = "condition") -> Any: 
         if last:
             return last
         time.sleep(0.3)
-    raise TimeoutError(f"{what} not reached (last: {last})")
+    seen = f"; {detail()}" if detail is not None else ""
+    raise TimeoutError(f"{what} not reached (last: {last}){seen}")
 
 
 def events_of(d: dict[str, Any], name: str) -> list[dict[str, Any]]:

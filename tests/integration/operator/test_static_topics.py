@@ -4,6 +4,7 @@ change the broker set, a refused totalQueues change, delete."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -60,12 +61,26 @@ def test_static_topic_lifecycle(deployment: dict[str, Any]) -> None:  # noqa: F8
              {"queue": 1, "broker": (status["queues"][1]["broker"] + 1) % 3}]  # fmt: skip
     apply(d, static_topic("events", 6, remap=remap))
 
-    def remapped() -> bool:
-        qs = status_of(d, "events").get("queues", [])
-        return (len(qs) == 6 and qs[0]["broker"] == target and qs[0]["gen"] == 1
-                and qs[0]["items"] == 2 and qs[1]["gen"] == 1 and ready(d, "events"))  # fmt: skip
+    def unmet(resource: dict[str, Any]) -> list[str]:
+        """What the remap has not reached yet, by name (empty: done)."""
+        qs = (resource.get("status") or {}).get("queues", [])
+        c = condition(resource, "Ready")
+        if len(qs) != 6:
+            return [f"{len(qs)} queues"]
+        checks = {"queue 0 broker": qs[0]["broker"] == target, "queue 0 gen": qs[0]["gen"] == 1,
+                  "queue 0 items": qs[0]["items"] == 2, "queue 1 gen": qs[1]["gen"] == 1,
+                  "Ready": c is not None and c["status"] == "True"}  # fmt: skip
+        return [what for what, ok in checks.items() if not ok]
 
-    wait_for(remapped, what="queues 0 and 1 remapped")
+    def remap_state() -> str:
+        resource = get(d, "statictopic", "events")
+        return f"unmet {unmet(resource)}; status {json.dumps(resource.get('status'))}"
+
+    wait_for(
+        lambda: not unmet(get(d, "statictopic", "events")),
+        what="queues 0 and 1 remapped",
+        detail=remap_state,
+    )
     mapping = status_of(d, "events")["mapping"]["0"]
     assert mapping[0]["endOffset"] >= 0 and mapping[1]["logicOffset"] == (
         mapping[0]["logicOffset"] + mapping[0]["endOffset"] - mapping[0]["startOffset"]
