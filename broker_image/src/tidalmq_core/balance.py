@@ -15,6 +15,7 @@ so topics stay spread over the fleet.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections import Counter, defaultdict
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
@@ -38,11 +39,12 @@ class Plan:
 
 
 def _topic_of(partition: Hashable) -> Hashable:
-    topic = getattr(partition, "topic", None)
+    topic: Hashable | None = getattr(partition, "topic", None)
     if topic is not None:
         return topic
     if isinstance(partition, tuple) and partition:
-        return partition[0]
+        first: Hashable = partition[0]
+        return first
     return partition
 
 
@@ -274,7 +276,7 @@ def balance_load(
 
     # 1. partitions without a live broker: largest first, where they add the least violation
     for i in sorted((state.index[p] for p in orphans), key=lambda i: (-sum(state.u[i]), i)):
-        state.move(i, min(live, key=lambda b, i=i: state.placement_cost(i, b)))
+        state.move(i, min(live, key=functools.partial(state.placement_cost, i)))
 
     # 2. greedy moves towards the band
     budget = max_moves if max_moves is not None else len(assignment) + 1
@@ -311,7 +313,7 @@ def balance_load(
     balanced = all(state.viol(state.level[b]) <= _EPS for b in live)
     within = all(x <= h + _EPS for b in live for x, h in zip(state.level[b], state.hi, strict=True))
     return LoadPlan(
-        assignment={p: _placed(state.owner[state.index[p]]) for p in assignment},  # type: ignore[misc]
+        assignment={p: _placed(state.owner[state.index[p]]) for p in assignment},
         moves=[
             Move(state.parts[i], assignment[state.parts[i]], state.owner[i])
             for i in state.first_moved
