@@ -1163,7 +1163,7 @@ class Controller:
 
     async def rebalance(
         self, *, reason: str = "rebalance", dry_run: bool = False, topics: list[str] | None = None
-    ) -> Plan:
+    ) -> Plan[TopicPartition]:
         """Minimal-move count balance over the live (not draining) brokers."""
         self._require_active()
         if not self.placeable_brokers():
@@ -1171,7 +1171,7 @@ class Controller:
         plan = await self.leadership.rebalance_plan(topics)
         if dry_run or not plan.moves:
             return plan
-        entries = [PlanEntry(m.partition, m.target) for m in plan.moves]  # type: ignore[arg-type]
+        entries = [PlanEntry(m.partition, m.target) for m in plan.moves]
         await self._commit(
             self.leadership.queue(entries, reason=reason, now_ms=int(time.time() * 1000))
         )

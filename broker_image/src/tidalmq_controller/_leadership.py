@@ -297,7 +297,7 @@ class Leadership:
                 assignment[tp] = self._owner.get(tp)
         return assignment
 
-    async def rebalance_plan(self, topics: list[str] | None = None) -> Plan:
+    async def rebalance_plan(self, topics: list[str] | None = None) -> Plan[TopicPartition]:
         """Minimal-move count balance over the live (not draining) brokers, computed in a
         worker thread; moves whose partition changed meanwhile are left out."""
         brokers = self.c.placeable_brokers()
@@ -307,8 +307,7 @@ class Leadership:
         plan.moves = [
             m
             for m in plan.moves
-            if self._owner.get(m.partition) == assignment.get(m.partition)  # type: ignore[arg-type]
-            and m.target in live
+            if self._owner.get(m.partition) == assignment.get(m.partition) and m.target in live
         ]
         return plan
 

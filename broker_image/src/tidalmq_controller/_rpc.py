@@ -1049,7 +1049,7 @@ class ControllerServer:
                                                    dry_run=bool(b.get("dry_run")))  # fmt: skip
         except ctl.ControllerError as exc:
             return self._fault(exc)
-        return self._ok({"moves": [{**_tp_doc(m.partition), "source": m.source, "target": m.target}  # type: ignore[arg-type]
+        return self._ok({"moves": [{**_tp_doc(m.partition), "source": m.source, "target": m.target}
                                    for m in plan.moves]})  # fmt: skip
 
     async def _healthz(self, request: web.Request) -> web.Response:

@@ -20,22 +20,22 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 P = TypeVar("P", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
-    partition: Hashable
+class Move(Generic[P]):
+    partition: P
     source: int | None  # None: the partition had no live broker
     target: int
 
 
 @dataclass(slots=True)
-class Plan:
-    assignment: dict[Hashable, int]
-    moves: list[Move] = field(default_factory=list)
+class Plan(Generic[P]):
+    assignment: dict[P, int]
+    moves: list[Move[P]] = field(default_factory=list)
 
 
 def _topic_of(partition: Hashable) -> Hashable:
@@ -107,7 +107,7 @@ def _take(
     return out
 
 
-def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -> Plan:
+def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -> Plan[P]:
     """Balance partition counts over `brokers` with the minimum number of moves.
 
     O(N log N) for N partitions (a 50,000-partition rebalance takes well under a second):
@@ -135,7 +135,7 @@ def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -
         counts[b] -= excess
 
     new = {p: b for p, b in assignment.items()}
-    moves: list[Move] = []
+    moves: list[Move[P]] = []
     # place the partitions of the most over-represented topics first
     surplus.sort(key=lambda item: (-topic_total[_topic_of(item[0])], repr(item[0])))
     for partition, source in surplus:
@@ -146,6 +146,7 @@ def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -
         topic_count[target][topic] += 1
         new[partition] = target
         moves.append(Move(partition, source, target))
+    # every partition without a broker (None) is an orphan, placed in the loop above
     return Plan(new, moves)  # type: ignore[arg-type]
 
 
@@ -192,7 +193,7 @@ _WORSE = float("inf")
 
 
 @dataclass(slots=True)
-class LoadPlan(Plan):
+class LoadPlan(Plan[P]):
     """What `balance_load` proposes and what it achieves.
 
     Broker loads are absolute, one value per load dimension in the caller's order. `cap` and
@@ -234,7 +235,7 @@ def balance_load(
     floor: float | Sequence[float] | None = None,
     max_moves: int | None = None,
     movable: Collection[P] | None = None,
-) -> LoadPlan:
+) -> LoadPlan[P]:
     """Balance per-partition load vectors (e.g. bytes in, bytes out) over `brokers`, moving as
     few partitions as possible.
 

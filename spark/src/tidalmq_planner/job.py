@@ -54,7 +54,7 @@ log = logging.getLogger("tidalmq_planner")
 
 @dataclass(slots=True)
 class PlanResult:
-    plan: LoadPlan
+    plan: LoadPlan[TopicPartition]
     report: Report
     profiles: pd.DataFrame
     written: dict[str, str] = field(default_factory=dict)
@@ -175,7 +175,7 @@ def cluster_view(req: PlanRequest, grid: Grid | None) -> sources.ClusterView:
 
 def balance(
     req: PlanRequest, profiles: pd.DataFrame, view: sources.ClusterView
-) -> tuple[LoadPlan, dict[TopicPartition, int], list[int], list[str]]:
+) -> tuple[LoadPlan[TopicPartition], dict[TopicPartition, int], list[int], list[str]]:
     notes: list[str] = []
     stat = req.statistic
     load: dict[TopicPartition, tuple[float, float]] = {}
@@ -226,7 +226,10 @@ def balance(
 
 
 def project(
-    profiles: pd.DataFrame, plan: LoadPlan, current: dict[TopicPartition, int], stat: str
+    profiles: pd.DataFrame,
+    plan: LoadPlan[TopicPartition],
+    current: dict[TopicPartition, int],
+    stat: str,
 ) -> list[BrokerProjection]:
     """Per-broker load before and after: the balanced statistic (sum over partitions) and the
     busiest hour of the summed hourly profiles (the daily seasonality)."""
