@@ -52,6 +52,7 @@ from prometheus_client import Counter, Gauge
 from tidalmq_broker.storage.api import StorageError
 from tidalmq_broker.storage.identity import (
     MISSING,
+    StoreIdentity,
     identity_problem,
     read_identity,
     write_identity,
@@ -775,6 +776,7 @@ class Controller:
         marker (the metadata then records `store_marker`)."""
         if self._object_store is None:
             return False
+        found: StoreIdentity | None
         try:
             if new or not meta.store_marker:
                 found = await write_identity(self._object_store, meta.cluster_id)

@@ -481,7 +481,7 @@ class Leadership:
             for i in range(len(topic.partitions) if topic is not None else 0):
                 b = self._owner.get(TopicPartition(name, i))
                 if b in per_topic:
-                    per_topic[b][name] += 1  # type: ignore[index]
+                    per_topic[b][name] += 1
         order = sorted(live)
         out: dict[TopicPartition, int] = {}
         for tp in sorted(orphans, key=lambda t: (t.topic, t.partition)):
@@ -534,7 +534,7 @@ class Leadership:
             if not candidates:
                 continue
             if status.source in candidates:
-                out.append((status, status.source))  # type: ignore[arg-type]
+                out.append((status, status.source))
                 continue
             out.append((status, min(candidates, key=lambda b: (len(self.by_broker.get(b, ())), b))))
         return out

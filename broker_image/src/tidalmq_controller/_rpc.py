@@ -739,9 +739,11 @@ class ControllerServer:
         if request.path in _LIVENESS_PATHS or self._main_loop is None:
             return await handler(request)
         body = await request.read()
-        future = asyncio.run_coroutine_threadsafe(
-            handler(_Forwarded(request, body)), self._main_loop
-        )
+
+        async def forwarded() -> web.StreamResponse:
+            return await handler(_Forwarded(request, body))
+
+        future = asyncio.run_coroutine_threadsafe(forwarded(), self._main_loop)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), 600)
         except TimeoutError:
@@ -752,7 +754,10 @@ class ControllerServer:
     async def _body(request: web.Request) -> dict[str, Any]:
         if request.method == "GET" or not request.can_read_body:
             return {}
-        return await request.json()  # type: ignore[no-any-return]
+        doc = await request.json()
+        if not isinstance(doc, dict):
+            raise web.HTTPBadRequest(text="the request body must be a JSON object")
+        return doc
 
     @staticmethod
     def _ok(doc: dict[str, Any]) -> web.Response:
