@@ -212,8 +212,8 @@ def static_topic_status_of(
     status["mapping"] = d["mapping"]
     leaderless = [q["queue"] for q in d["queues"] if q["leader"] < 0]
     if not d["consistent"]:
-        problems = "; ".join(d["problems"] + d["ignored"])
-        conditions.append(condition("Reconciling", True, "CopiesDisagree", problems, gen))
+        disagreement = "; ".join(d["problems"] + d["ignored"])
+        conditions.append(condition("Reconciling", True, "CopiesDisagree", disagreement, gen))
     elif d["busy"] or leaderless:
         conditions.append(condition("Reconciling", True, "Remapping",
                                     f"logic queues without a leader: {leaderless}", gen))  # fmt: skip
