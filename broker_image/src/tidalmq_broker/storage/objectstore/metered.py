@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import time
 
 from tidalmq_broker.storage import metrics
@@ -49,7 +50,7 @@ class MeteredObjectStore(ObjectStore):
         children[0].inc()  # type: ignore[attr-defined]
         children[1].observe(time.perf_counter() - started)  # type: ignore[attr-defined]
 
-    async def put(self, key, data, *, if_none_match=False, if_match=None):  # type: ignore[no-untyped-def]
+    async def put(self, key, data, *, if_none_match=False, if_match=None):
         started = time.perf_counter()
         try:
             etag = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
@@ -109,7 +110,7 @@ class MeteredObjectStore(ObjectStore):
         self._record("list", started, None)
         return out
 
-    async def delete(self, keys: list[str]) -> None:
+    async def delete(self, keys: builtins.list[str]) -> None:
         started = time.perf_counter()
         try:
             await self.inner.delete(keys)
