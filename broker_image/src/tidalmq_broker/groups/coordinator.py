@@ -589,13 +589,15 @@ class GroupShard:
                 for tp, (_, v) in sorted(ranked.items())
             }
         for tp in partitions:
-            value = next(
+            committed = next(
                 (table[k] for k in self._keys.read_keys(*tp) if k in table), None
             )  # Double-Read-Check for static topics: the newest key that has one
-            if value is None:
+            if committed is None:
                 out[tp] = CommittedOffset(-1, -1, "")
             else:
-                out[tp] = CommittedOffset(value.offset, value.leader_epoch, value.metadata)
+                out[tp] = CommittedOffset(
+                    committed.offset, committed.leader_epoch, committed.metadata
+                )
         return out
 
     async def delete_offsets(
