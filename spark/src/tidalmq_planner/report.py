@@ -62,11 +62,11 @@ def imbalance_of(values: Sequence[float]) -> float:
 
 
 def moved_plan(plan: LoadPlan[TopicPartition]) -> dict[TopicPartition, int]:
-    return {m.partition: m.target for m in plan.moves}  # type: ignore[misc]
+    return {m.partition: m.target for m in plan.moves}
 
 
 def rollback_plan(plan: LoadPlan[TopicPartition]) -> dict[TopicPartition, int]:
-    return {m.partition: m.source for m in plan.moves if m.source is not None}  # type: ignore[misc]
+    return {m.partition: m.source for m in plan.moves if m.source is not None}
 
 
 def reassignment_resource(
