@@ -513,7 +513,7 @@ class _LoadState:
             if c > spare:
                 return
             key = (-c, *self._tie_key(i, s, r))
-            if best is None or gain > best_gain + _EPS or key > best_key:  # type: ignore[operator]
+            if best_key is None or gain > best_gain + _EPS or key > best_key:
                 best_gain, best, best_key = max(gain, best_gain), (i, s, r), key
 
         u, pinned, shift, level = self.u, self.pinned, self._viol_shift, self.level
