@@ -274,7 +274,7 @@ class Controller:
         self.journal.add_applied_hook(self.leadership.on_applied)
         self.journal.add_listener(self._on_commit)
         self.static = StaticTopicManager(self, object_store)
-        self._channels: dict[int, BrokerChannel] = {}
+        self._channels: dict[int, BrokerChannel | None] = {}  # None: a protocol-1 broker
         self._acked: dict[int, int] = {}  # broker -> the version it holds (pushes, heartbeats)
         self._pushers: dict[int, asyncio.Task[None]] = {}
         self._push_wake: dict[int, asyncio.Event] = {}
@@ -440,7 +440,7 @@ class Controller:
             raise ControllerFenced(str(exc)) from exc
 
     # ---------------------------------------------------------------- brokers
-    async def register_broker(self, info: BrokerInfo, channel: BrokerChannel) -> int:
+    async def register_broker(self, info: BrokerInfo, channel: BrokerChannel | None) -> int:
         """A broker (re)joins; returns the committed version after its registration (it gets
         the metadata up to there by a push, or by fetching). A new incarnation of a known
         broker takes back its partitions with bumped epochs (fencing its previous

@@ -421,6 +421,7 @@ class Leadership:
                 target = min(live, key=lambda b: (len(self.by_broker.get(b, ())), b))
             changes = elect_changes(part, target)
             records.append(partition_record(tp, **changes))
+            # elect_changes' leader_epoch is an int (its dict holds fields of several types)
             epoch = int(changes["leader_epoch"])  # type: ignore[call-overload]
             if status is not None:
                 self.moves.mark(tp, Phase.ELECTING, at=wall)

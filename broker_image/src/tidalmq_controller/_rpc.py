@@ -473,7 +473,8 @@ class HttpControllerClient:
 
     async def data_loss(self) -> dict[str, Any]:
         """{"store_problem": str | None, "lost": [{topic, partition, loss...}]}"""
-        return await self._call("/v1/data-loss")  # type: ignore[no-any-return]
+        doc: dict[str, Any] = await self._call("/v1/data-loss")
+        return doc
 
     async def accept_data_loss(self, topic: str, partitions: list[int] | None = None) -> list[dict[str, Any]]:  # fmt: skip
         doc = await self._call("/v1/data-loss/accept", {"topic": topic, "partitions": partitions})
@@ -704,6 +705,7 @@ class ControllerServer:
                     self._runner, host, port, reuse_address=True, ssl_context=server_ssl
                 )
                 await site.start()
+                # an asyncio or a uvloop Server (AbstractServer declares no sockets)
                 return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
 
             try:
@@ -715,6 +717,7 @@ class ControllerServer:
             try:
                 loop.run_forever()
             finally:
+                # setup() set the runner before the loop ran
                 loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
                 loop.close()
 
@@ -783,7 +786,7 @@ class ControllerServer:
             else None
         )
         try:
-            version = await self.controller.register_broker(info, channel)  # type: ignore[arg-type]
+            version = await self.controller.register_broker(info, channel)
         except ctl.ControllerError as exc:
             return self._fault(exc)
         if protocol < 2:  # an earlier broker: the whole document, as it expects
