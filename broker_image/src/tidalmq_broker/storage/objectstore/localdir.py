@@ -518,6 +518,7 @@ class LocalDirObjectStore(ObjectStore):
             for i in written:  # 3. the names
                 op = ops[i]
                 try:
+                    # written: those whose temporary file was made (tmps[i] set)
                     self._place(op, tmps[i], changed)  # type: ignore[arg-type]
                     placed.append(i)
                     if not op.if_none_match:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import builtins
 import time
 
+from prometheus_client import Counter, Histogram
+
 from tidalmq_broker.storage import metrics
 from tidalmq_broker.storage.health import WriteHealth
 from tidalmq_broker.storage.objectstore.base import (
@@ -33,7 +35,7 @@ class MeteredObjectStore(ObjectStore):
         self.health = health  # told the outcome of every PUT (storage/health.py)
         self.kind = inner.kind
         self._broker = broker
-        self._children: dict[tuple[str, str], tuple[object, object]] = {}
+        self._children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
     def __repr__(self) -> str:
         return f"Metered({self.inner!r})"
@@ -47,8 +49,8 @@ class MeteredObjectStore(ObjectStore):
                 metrics.OBJECT_LATENCY.labels(self._broker, op),
             )
             self._children[(op, outcome)] = children
-        children[0].inc()  # type: ignore[attr-defined]
-        children[1].observe(time.perf_counter() - started)  # type: ignore[attr-defined]
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
 
     async def put(self, key, data, *, if_none_match=False, if_match=None):
         started = time.perf_counter()
