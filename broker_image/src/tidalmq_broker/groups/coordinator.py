@@ -623,13 +623,13 @@ class GroupShard:
             for key in self._keys.read_keys(*tp)
             if key in table
         ]
-        if doomed:
+        if doomed and table is not None:  # doomed keys are the table's
             try:
                 await self._append([(OffsetKey(group_id, t, p), None) for t, p in doomed])
             except (StorageError, CoordinatorError) as exc:
                 return _storage_code(exc), {}
             for key in doomed:
-                table.pop(key, None)  # type: ignore[union-attr]
+                table.pop(key, None)
         return ErrorCode.none, {tp: blocked.get(tp, ErrorCode.none) for tp in partitions}
 
     async def delete_group(self, group_id: str) -> int:
