@@ -12,6 +12,7 @@ run: setup
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/mypy
 	.venv/bin/lint-imports
 
 unit: setup

@@ -116,6 +116,7 @@ class Broker:
         self.broker_id = settings.broker_id
         self.incarnation = _new_incarnation()
         self._store = store
+        # None until start() makes the client (the controller's URL or the embedded one)
         self.controller: ControllerClient = controller  # type: ignore[assignment]
         self.own_controller: Controller | None = None
         self._lease_expiry = 0.0
@@ -204,7 +205,7 @@ class Broker:
             else HttpServer(authenticate, tls=tls, check_role=check_role)
         )
         self.engine: ObjectStreamEngine | None = None
-        self.partitions: PartitionManager = None  # type: ignore[assignment]
+        self.partitions: PartitionManager = None  # type: ignore[assignment]  # set by start()
         self._registered = False
         self._stopping = False
         self._gauges: asyncio.Task[None] | None = None

@@ -25,8 +25,8 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import Counter
 from tidalmq_controller import Heartbeat, HeartbeatReply
@@ -50,7 +50,7 @@ class LivenessThread(Generic[P]):
         loop: asyncio.AbstractEventLoop,
         *,
         interval_s: float,
-        prepare: Callable[[], Awaitable[tuple[Heartbeat, P] | None]],
+        prepare: Callable[[], Coroutine[Any, Any, tuple[Heartbeat, P] | None]],
         bare: Callable[[], Heartbeat],
         send: Callable[[Heartbeat], HeartbeatReply],
         on_lease: Callable[[Heartbeat, float, HeartbeatReply], None],
@@ -91,7 +91,7 @@ class LivenessThread(Generic[P]):
                     log.warning("heartbeat failed (%d in a row): %s", self._failures, exc)
 
     def beat_once(self) -> None:
-        future = asyncio.run_coroutine_threadsafe(self._prepare(), self._loop)  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(self._prepare(), self._loop)
         late = False
         try:
             prepared = future.result(self._prepare_wait)

@@ -4,10 +4,12 @@ _seconds, _bytes). Storage metrics live in storage/metrics.py."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from tidalmq_broker.server.budget import MemoryBudget
 from tidalmq_broker.server.listener import KafkaListener, RequestObserver
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -209,9 +211,7 @@ class BrokerMetrics(RequestObserver):
         )
         for kind, budget in (("request", requests), ("response", responses)):
             BUFFER_BUDGET_BYTES.labels(b, kind).set(budget.limit if budget is not None else 0)
-            BUFFERED_BYTES.labels(b, kind).set_function(
-                (lambda budget=budget: budget.used) if budget is not None else (lambda: 0)
-            )
+            BUFFERED_BYTES.labels(b, kind).set_function(_used_of(budget))
         for reason in ("max_connections", "max_connections_per_ip"):
             CONNECTIONS_REFUSED.labels(b, reason)  # present at 0
         CONNECTIONS_CLOSED.labels(b, "idle")
@@ -224,3 +224,10 @@ class BrokerMetrics(RequestObserver):
 
     def partition_opened(self, seconds: float) -> None:
         PARTITION_OPEN_SECONDS.labels(self._broker).observe(seconds)
+
+
+def _used_of(budget: MemoryBudget | None) -> Callable[[], float]:
+    """A gauge's reader of the bytes `budget` holds (0 without a budget)."""
+    if budget is None:
+        return lambda: 0
+    return lambda: budget.used

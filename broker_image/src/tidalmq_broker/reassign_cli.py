@@ -329,7 +329,7 @@ def _verify(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namespa
     leaders = admin.leaders(topics)
     brokers = set(admin.brokers())
     wanted = [e for e in entries if e.target is not None]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for e in wanted:
         status = verify_status(e, moving, replicas.get(e.tp), leaders.get(e.tp, -1), brokers)
         rows.append({"topic": e.tp.topic, "partition": e.tp.partition, "target": e.target,

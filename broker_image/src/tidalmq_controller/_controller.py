@@ -52,6 +52,7 @@ from prometheus_client import Counter, Gauge
 from tidalmq_broker.storage.api import StorageError
 from tidalmq_broker.storage.identity import (
     MISSING,
+    StoreIdentity,
     identity_problem,
     read_identity,
     write_identity,
@@ -273,7 +274,7 @@ class Controller:
         self.journal.add_applied_hook(self.leadership.on_applied)
         self.journal.add_listener(self._on_commit)
         self.static = StaticTopicManager(self, object_store)
-        self._channels: dict[int, BrokerChannel] = {}
+        self._channels: dict[int, BrokerChannel | None] = {}  # None: a protocol-1 broker
         self._acked: dict[int, int] = {}  # broker -> the version it holds (pushes, heartbeats)
         self._pushers: dict[int, asyncio.Task[None]] = {}
         self._push_wake: dict[int, asyncio.Event] = {}
@@ -439,7 +440,7 @@ class Controller:
             raise ControllerFenced(str(exc)) from exc
 
     # ---------------------------------------------------------------- brokers
-    async def register_broker(self, info: BrokerInfo, channel: BrokerChannel) -> int:
+    async def register_broker(self, info: BrokerInfo, channel: BrokerChannel | None) -> int:
         """A broker (re)joins; returns the committed version after its registration (it gets
         the metadata up to there by a push, or by fetching). A new incarnation of a known
         broker takes back its partitions with bumped epochs (fencing its previous
@@ -775,6 +776,7 @@ class Controller:
         marker (the metadata then records `store_marker`)."""
         if self._object_store is None:
             return False
+        found: StoreIdentity | None
         try:
             if new or not meta.store_marker:
                 found = await write_identity(self._object_store, meta.cluster_id)
@@ -1163,7 +1165,7 @@ class Controller:
 
     async def rebalance(
         self, *, reason: str = "rebalance", dry_run: bool = False, topics: list[str] | None = None
-    ) -> Plan:
+    ) -> Plan[TopicPartition]:
         """Minimal-move count balance over the live (not draining) brokers."""
         self._require_active()
         if not self.placeable_brokers():
@@ -1171,7 +1173,7 @@ class Controller:
         plan = await self.leadership.rebalance_plan(topics)
         if dry_run or not plan.moves:
             return plan
-        entries = [PlanEntry(m.partition, m.target) for m in plan.moves]  # type: ignore[arg-type]
+        entries = [PlanEntry(m.partition, m.target) for m in plan.moves]
         await self._commit(
             self.leadership.queue(entries, reason=reason, now_ms=int(time.time() * 1000))
         )

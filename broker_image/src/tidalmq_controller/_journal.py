@@ -91,7 +91,7 @@ class Journal:
         self._in_flight: _Open | None = None
         self._wake = asyncio.Event()
         self._committer: asyncio.Task[None] | None = None
-        self._snapshotting: asyncio.Task[None] | None = None
+        self._snapshotting: asyncio.Task[int] | None = None
         self._listeners: list[CommitListener] = []
         self._applied_hooks: list[AppliedHook] = []
         self._deposed: BaseException | None = None

@@ -297,7 +297,7 @@ class Leadership:
                 assignment[tp] = self._owner.get(tp)
         return assignment
 
-    async def rebalance_plan(self, topics: list[str] | None = None) -> Plan:
+    async def rebalance_plan(self, topics: list[str] | None = None) -> Plan[TopicPartition]:
         """Minimal-move count balance over the live (not draining) brokers, computed in a
         worker thread; moves whose partition changed meanwhile are left out."""
         brokers = self.c.placeable_brokers()
@@ -307,8 +307,7 @@ class Leadership:
         plan.moves = [
             m
             for m in plan.moves
-            if self._owner.get(m.partition) == assignment.get(m.partition)  # type: ignore[arg-type]
-            and m.target in live
+            if self._owner.get(m.partition) == assignment.get(m.partition) and m.target in live
         ]
         return plan
 
@@ -422,6 +421,7 @@ class Leadership:
                 target = min(live, key=lambda b: (len(self.by_broker.get(b, ())), b))
             changes = elect_changes(part, target)
             records.append(partition_record(tp, **changes))
+            # elect_changes' leader_epoch is an int (its dict holds fields of several types)
             epoch = int(changes["leader_epoch"])  # type: ignore[call-overload]
             if status is not None:
                 self.moves.mark(tp, Phase.ELECTING, at=wall)
@@ -482,7 +482,7 @@ class Leadership:
             for i in range(len(topic.partitions) if topic is not None else 0):
                 b = self._owner.get(TopicPartition(name, i))
                 if b in per_topic:
-                    per_topic[b][name] += 1  # type: ignore[index]
+                    per_topic[b][name] += 1
         order = sorted(live)
         out: dict[TopicPartition, int] = {}
         for tp in sorted(orphans, key=lambda t: (t.topic, t.partition)):
@@ -535,7 +535,7 @@ class Leadership:
             if not candidates:
                 continue
             if status.source in candidates:
-                out.append((status, status.source))  # type: ignore[arg-type]
+                out.append((status, status.source))
                 continue
             out.append((status, min(candidates, key=lambda b: (len(self.by_broker.get(b, ())), b))))
         return out

@@ -49,7 +49,7 @@ class CopyOnAccess(dict[str, V], Generic[V]):
         self._load(key)
         return dict.__getitem__(self, key)
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         self._load(key)
         return dict.get(self, key, default)
 
@@ -68,7 +68,7 @@ class CopyOnAccess(dict[str, V], Generic[V]):
         dict.pop(self, key, None)
         self.removed.add(key)
 
-    def pop(self, key: str, default: Any = _MISSING) -> Any:  # type: ignore[override]
+    def pop(self, key: str, default: Any = _MISSING) -> Any:
         if key in self:
             value = self[key]
             del self[key]
@@ -77,7 +77,7 @@ class CopyOnAccess(dict[str, V], Generic[V]):
             raise KeyError(key)
         return default
 
-    def setdefault(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def setdefault(self, key: str, default: Any = None) -> Any:
         if key not in self:
             self[key] = default
         return self[key]
@@ -88,7 +88,7 @@ class CopyOnAccess(dict[str, V], Generic[V]):
             k for k in self._source if k not in self.removed and not dict.__contains__(self, k)
         ]
 
-    def keys(self) -> Any:  # type: ignore[override]
+    def keys(self) -> Any:
         return self._keys()
 
     def __iter__(self) -> Iterator[str]:
@@ -97,10 +97,10 @@ class CopyOnAccess(dict[str, V], Generic[V]):
     def __len__(self) -> int:
         return len(self._keys())
 
-    def items(self) -> Any:  # type: ignore[override]
+    def items(self) -> Any:
         return [(k, self[k]) for k in self._keys()]
 
-    def values(self) -> Any:  # type: ignore[override]
+    def values(self) -> Any:
         return [self[k] for k in self._keys()]
 
     def touched(self) -> list[str]:
@@ -122,8 +122,8 @@ def scoped_records(
     work = copy.copy(image)
     topics: CopyOnAccess[TopicInfo] = CopyOnAccess(image.topics, _copy_topic)
     statics: CopyOnAccess[StaticTopicState] = CopyOnAccess(image.static_topics, _copy_static)
-    work.topics = topics  # type: ignore[assignment]
-    work.static_topics = statics  # type: ignore[assignment]
+    work.topics = topics
+    work.static_topics = statics
     mutate(work)
     records: list[Record] = []
     for name in statics.removed:

@@ -74,8 +74,8 @@ def alter(
             continue
         error = _check_name_and_mechanism(d.name, d.mechanism)
         if error is None:
-            mech = scram.BY_TYPE[d.mechanism].name
-            if mech not in image.scram_credentials.get(d.name, {}):
+            mechanism = scram.BY_TYPE[d.mechanism].name
+            if mechanism not in image.scram_credentials.get(d.name, {}):
                 error = (ErrorCode.resource_not_found,
                          "Attempt to delete a user credential that does not exist")  # fmt: skip
         if error is not None:

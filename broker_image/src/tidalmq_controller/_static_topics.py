@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import Counter, Gauge, Histogram
 from tidalmq_broker.storage.api import ObjectStoreUnavailable, PartitionFenced
@@ -305,7 +306,7 @@ class StaticTopicManager:
         name: str,
         *,
         total_queues: int | None = None,
-        brokers: list[int] | str | None = "keep",
+        brokers: list[int] | Literal["keep"] | None = "keep",
         configs: dict[str, str | None] | None = None,
         pins: dict[int, tuple[int, str]] | None = None,
     ) -> dict[str, Any]:
@@ -324,7 +325,7 @@ class StaticTopicManager:
                 self._check_move(meta, st, q, b, mode)
             self._pins[name] = dict(pins)
         if brokers != "keep":
-            new = None if brokers is None else sorted(set(brokers))  # type: ignore[arg-type]
+            new = None if brokers is None else sorted(set(brokers))
             if new is not None:
                 unknown = [b for b in new if b not in meta.brokers]
                 if unknown:
@@ -714,7 +715,9 @@ class StaticTopicManager:
             if self._reopen_leaderless(meta, name, view, now):
                 continue
             if self._view_drifted(meta, name):
-                self._start(name, self._c.update(lambda m, n=name: self.sync_view(m, n)), "view")
+                self._start(
+                    name, self._c.update(functools.partial(self.sync_view, name=name)), "view"
+                )
                 continue
             moves, reason = self._wanted_moves(meta, name, st, view)
             if moves:

@@ -30,7 +30,10 @@ def _fault(exc: Exception) -> web.Response:
 async def _body(request: web.Request) -> dict[str, Any]:
     if request.method == "GET" or not request.can_read_body:
         return {}
-    return await request.json()
+    doc = await request.json()
+    if not isinstance(doc, dict):
+        raise web.HTTPBadRequest(text="the request body must be a JSON object")
+    return doc
 
 
 def add_static_topic_routes(router: web.UrlDispatcher, controller: Controller) -> None:

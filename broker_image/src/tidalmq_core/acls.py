@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 # a resource name or host that matches any (Kafka's ResourcePattern.WILDCARD_RESOURCE)
 WILDCARD = "*"
@@ -70,7 +70,10 @@ class PermissionType(enum.IntEnum):
     ALLOW = 3
 
 
-def _code(kind: type[enum.IntEnum], value: int) -> Any:
+_Code = TypeVar("_Code", bound=enum.IntEnum)
+
+
+def _code(kind: type[_Code], value: int) -> _Code:
     """Kafka's fromCode: a code outside the enum is UNKNOWN."""
     try:
         return kind(value)
@@ -79,19 +82,19 @@ def _code(kind: type[enum.IntEnum], value: int) -> Any:
 
 
 def resource_type(code: int) -> ResourceType:
-    return _code(ResourceType, code)  # type: ignore[no-any-return]
+    return _code(ResourceType, code)
 
 
 def pattern_type(code: int) -> PatternType:
-    return _code(PatternType, code)  # type: ignore[no-any-return]
+    return _code(PatternType, code)
 
 
 def operation(code: int) -> AclOperation:
-    return _code(AclOperation, code)  # type: ignore[no-any-return]
+    return _code(AclOperation, code)
 
 
 def permission_type(code: int) -> PermissionType:
-    return _code(PermissionType, code)  # type: ignore[no-any-return]
+    return _code(PermissionType, code)
 
 
 # The operations of each resource type (Kafka's AclEntry.supportedOperations): what the

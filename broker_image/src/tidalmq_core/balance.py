@@ -15,34 +15,36 @@ so topics stay spread over the fleet.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections import Counter, defaultdict
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 P = TypeVar("P", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
-    partition: Hashable
+class Move(Generic[P]):
+    partition: P
     source: int | None  # None: the partition had no live broker
     target: int
 
 
 @dataclass(slots=True)
-class Plan:
-    assignment: dict[Hashable, int]
-    moves: list[Move] = field(default_factory=list)
+class Plan(Generic[P]):
+    assignment: dict[P, int]
+    moves: list[Move[P]] = field(default_factory=list)
 
 
 def _topic_of(partition: Hashable) -> Hashable:
-    topic = getattr(partition, "topic", None)
+    topic: Hashable | None = getattr(partition, "topic", None)
     if topic is not None:
         return topic
     if isinstance(partition, tuple) and partition:
-        return partition[0]
+        first: Hashable = partition[0]
+        return first
     return partition
 
 
@@ -105,7 +107,7 @@ def _take(
     return out
 
 
-def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -> Plan:
+def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -> Plan[P]:
     """Balance partition counts over `brokers` with the minimum number of moves.
 
     O(N log N) for N partitions (a 50,000-partition rebalance takes well under a second):
@@ -133,7 +135,7 @@ def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -
         counts[b] -= excess
 
     new = {p: b for p, b in assignment.items()}
-    moves: list[Move] = []
+    moves: list[Move[P]] = []
     # place the partitions of the most over-represented topics first
     surplus.sort(key=lambda item: (-topic_total[_topic_of(item[0])], repr(item[0])))
     for partition, source in surplus:
@@ -144,6 +146,7 @@ def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -
         topic_count[target][topic] += 1
         new[partition] = target
         moves.append(Move(partition, source, target))
+    # every partition without a broker (None) is an orphan, placed in the loop above
     return Plan(new, moves)  # type: ignore[arg-type]
 
 
@@ -190,7 +193,7 @@ _WORSE = float("inf")
 
 
 @dataclass(slots=True)
-class LoadPlan(Plan):
+class LoadPlan(Plan[P]):
     """What `balance_load` proposes and what it achieves.
 
     Broker loads are absolute, one value per load dimension in the caller's order. `cap` and
@@ -232,7 +235,7 @@ def balance_load(
     floor: float | Sequence[float] | None = None,
     max_moves: int | None = None,
     movable: Collection[P] | None = None,
-) -> LoadPlan:
+) -> LoadPlan[P]:
     """Balance per-partition load vectors (e.g. bytes in, bytes out) over `brokers`, moving as
     few partitions as possible.
 
@@ -274,7 +277,7 @@ def balance_load(
 
     # 1. partitions without a live broker: largest first, where they add the least violation
     for i in sorted((state.index[p] for p in orphans), key=lambda i: (-sum(state.u[i]), i)):
-        state.move(i, min(live, key=lambda b, i=i: state.placement_cost(i, b)))
+        state.move(i, min(live, key=functools.partial(state.placement_cost, i)))
 
     # 2. greedy moves towards the band
     budget = max_moves if max_moves is not None else len(assignment) + 1
@@ -311,7 +314,7 @@ def balance_load(
     balanced = all(state.viol(state.level[b]) <= _EPS for b in live)
     within = all(x <= h + _EPS for b in live for x, h in zip(state.level[b], state.hi, strict=True))
     return LoadPlan(
-        assignment={p: _placed(state.owner[state.index[p]]) for p in assignment},  # type: ignore[misc]
+        assignment={p: _placed(state.owner[state.index[p]]) for p in assignment},
         moves=[
             Move(state.parts[i], assignment[state.parts[i]], state.owner[i])
             for i in state.first_moved
@@ -510,7 +513,7 @@ class _LoadState:
             if c > spare:
                 return
             key = (-c, *self._tie_key(i, s, r))
-            if best is None or gain > best_gain + _EPS or key > best_key:  # type: ignore[operator]
+            if best_key is None or gain > best_gain + _EPS or key > best_key:
                 best_gain, best, best_key = max(gain, best_gain), (i, s, r), key
 
         u, pinned, shift, level = self.u, self.pinned, self._viol_shift, self.level

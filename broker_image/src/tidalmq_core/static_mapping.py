@@ -265,7 +265,12 @@ class MappingCopy:
     def leads(self, queue: int) -> bool:
         """This copy claims the leader of `queue`: its last item is unsealed and its own."""
         items = self.hosted.get(queue)
-        return bool(items) and not items[-1].sealed and items[-1].broker == self.bname
+        return (
+            items is not None
+            and bool(items)
+            and not items[-1].sealed
+            and items[-1].broker == self.bname
+        )
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("operator", help="the Kubernetes operator (Kopf)")
     op_sub = p.add_subparsers(dest="operator_command", metavar="ACTION", required=True)
     run = op_sub.add_parser(

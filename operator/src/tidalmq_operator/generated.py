@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.model import TopicPartition
@@ -95,7 +95,7 @@ def plan_status(
     return {"partitions": partitions, "report": figures}
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -130,7 +130,7 @@ def moves_to_submit(entries: Iterable[PlanEntry], meta: ClusterMetadata) -> list
             else None
         )
         if part is not None:
-            if part.moving and (part.target_replicas or [None])[0] == e.target:
+            if part.moving and part.target_replicas and part.target_replicas[0] == e.target:
                 continue
             if not part.moving and part.leader == e.target:
                 continue

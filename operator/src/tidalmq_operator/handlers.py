@@ -45,13 +45,13 @@ from tidalmq_operator.models import (
     parse,
 )
 from tidalmq_operator.planning import PlannerFailed, PlannerJob, cleanup, run_name, run_planner
+from tidalmq_operator.progress import now_iso
 from tidalmq_operator.runtime import (
     ControllerInactive,
     OperatorRuntime,
     ReassignmentRun,
     TopicWish,
     condition,
-    now_iso,
 )
 from tidalmq_operator.settings import GROUP, VERSION
 
@@ -62,7 +62,8 @@ PLURAL = "partitionreassignments"
 
 
 def runtime_of(memo: Any) -> OperatorRuntime:
-    return memo["runtime"]
+    runtime: OperatorRuntime = memo["runtime"]
+    return runtime
 
 
 # ---------------------------------------------------------------------------- controller
@@ -310,7 +311,7 @@ def _moving_to(controller: Any, entry: PlanEntry) -> bool:
     if topic is None or entry.tp.partition >= len(topic.partitions):
         return False
     part = topic.partitions[entry.tp.partition]
-    return part.moving and (part.target_replicas or [None])[0] == entry.target
+    return bool(part.moving and (part.target_replicas or [None])[0] == entry.target)
 
 
 async def _cancel_unsubmitted(rt: OperatorRuntime, name: str, body: dict[str, Any],

@@ -5,6 +5,7 @@ Events, and pod listings. The official client is synchronous, so each call runs 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import datetime
 import logging
 import os
@@ -58,9 +59,10 @@ class Kube:
 
     # ------------------------------------------------------------------ our resources
     async def get(self, plural: str, name: str) -> dict[str, Any]:
-        return await self._call(
+        doc: dict[str, Any] = await self._call(
             self.custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name
         )
+        return doc
 
     async def list(self, plural: str) -> list[dict[str, Any]]:
         result = await self._call(
@@ -69,7 +71,7 @@ class Kube:
         return list(result.get("items", []))
 
     async def create(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._call(
+        doc: dict[str, Any] = await self._call(
             self.custom.create_namespaced_custom_object,
             GROUP,
             VERSION,
@@ -77,18 +79,21 @@ class Kube:
             plural,
             body,
         )
+        return doc
 
     async def replace(self, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._call(
+        doc: dict[str, Any] = await self._call(
             self.custom.replace_namespaced_custom_object,
             GROUP, VERSION, self.namespace, plural, name, body,
         )  # fmt: skip
+        return doc
 
     async def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        return await self._call(
+        doc: dict[str, Any] = await self._call(
             self.custom.patch_namespaced_custom_object_status,
             GROUP, VERSION, self.namespace, plural, name, {"status": status},
         )  # fmt: skip
+        return doc
 
     async def remove_annotation(self, plural: str, name: str, key: str) -> None:
         """Remove one annotation of one of our resources (a merge patch: null deletes)."""
@@ -120,7 +125,7 @@ class Kube:
             {"metadata": {"labels": {key: value}}},
         )  # fmt: skip
 
-    async def pods(self, selector: str) -> list[Any]:
+    async def pods(self, selector: str) -> builtins.list[Any]:  # Kube.list shadows list here
         result = await self._call(
             self.core.list_namespaced_pod, self.namespace, label_selector=selector
         )
@@ -161,8 +166,9 @@ class Kube:
             type="Warning" if warning else "Normal",
             first_timestamp=moment,
             last_timestamp=moment,
-            # MicroTime wants exactly six fraction digits, which isoformat() drops at .000000
-            event_time=moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            # MicroTime wants exactly six fraction digits, which isoformat() drops at .000000;
+            # the models type it datetime (kubernetes >= 37 parses this string back into one)
+            event_time=moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),  # type: ignore[arg-type]
             action=reason,
             reporting_component=REPORTING_COMPONENT,
             reporting_instance=_INSTANCE,

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,7 +176,7 @@ def reassignment_row(
     return row
 
 
-def summary(rows: list[Mapping[str, Any]]) -> tuple[str, bool, str]:
+def summary(rows: Sequence[Mapping[str, Any]]) -> tuple[str, bool, str]:
     """(overall phase, finished, a one-line account) of a reassignment's rows."""
     count = {p: sum(1 for r in rows if r.get("phase") == p) for p in FINISHED}
     done, cancelled, failed = (count[Phase.DONE.value], count[Phase.CANCELLED.value],

@@ -588,9 +588,9 @@ class OperatorRuntime:
         """The status of one tracked reassignment (rows and Events: progress.py's rules)."""
         by_tp_active = {m.tp: m for m in active}
         by_tp_recent: dict[TopicPartition, MoveStatus] = {}
-        for m in recent:
-            if m.started >= run.submitted - 0.5:
-                by_tp_recent[m.tp] = m
+        for move in recent:
+            if move.started >= run.submitted - 0.5:
+                by_tp_recent[move.tp] = move
         rows = []
         for entry in run.entries:
             m = by_tp_active.get(entry.tp) or by_tp_recent.get(entry.tp)

@@ -62,13 +62,15 @@ class StaticTopicWish:
 
 
 def _runtime(memo: Any) -> OperatorRuntime:
-    return memo["runtime"]
+    runtime: OperatorRuntime = memo["runtime"]
+    return runtime
 
 
 def _wishes(memo: Any) -> dict[str, StaticTopicWish]:
     if "static_topics" not in memo:
         memo["static_topics"] = {}
-    return memo["static_topics"]
+    wishes: dict[str, StaticTopicWish] = memo["static_topics"]
+    return wishes
 
 
 def _pins(spec: StaticTopicSpec) -> dict[int, tuple[int, str]]:

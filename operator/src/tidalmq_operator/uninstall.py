@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from tidalmq_operator.settings import GROUP, VERSION
 
@@ -96,14 +96,16 @@ class Cluster:
 
     def pod_names(self, selector: str) -> list[str]:
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
-        return [p.metadata.name for p in pods.items]
+        return [p.metadata.name for p in pods.items if p.metadata is not None and p.metadata.name]
 
     def resources(self, plural: str) -> list[dict[str, Any]]:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            result = self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, plural
+            # custom objects come back as the API's JSON (typed `object` by the client)
+            result = cast(
+                "dict[str, Any]",
+                self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural),
             )
         except ApiException as exc:
             if exc.status == 404:  # the CRD is not installed: nothing of that kind
@@ -121,8 +123,11 @@ class Cluster:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, plural, name
+            return cast(
+                "dict[str, Any]",
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, plural, name
+                ),
             )
         except ApiException as exc:
             if exc.status == 404:

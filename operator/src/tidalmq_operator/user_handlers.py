@@ -29,6 +29,7 @@ from typing import Any
 import kopf
 from tidalmq_controller import ScramDeletion, ScramUpsertion
 from tidalmq_core import scram
+from tidalmq_core.acls import AclBinding
 
 from tidalmq_operator import users
 from tidalmq_operator.kube import Conflict, NotFound
@@ -56,7 +57,8 @@ class UserNotReady(Exception):
 
 
 def _runtime(memo: Any) -> OperatorRuntime:
-    return memo["runtime"]
+    runtime: OperatorRuntime = memo["runtime"]
+    return runtime
 
 
 def _ref(name: str, uid: str | None) -> dict[str, Any]:
@@ -84,6 +86,12 @@ async def _set_status(rt: OperatorRuntime, name: str, gen: int | None, ready: bo
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 async def reconcile_user(spec: Any, name: str, meta: Any, memo: Any, status: Any = None,
                          **_: Any) -> None:  # fmt: skip
+    await _reconcile_user(spec, name, meta, memo, status)
+
+
+async def _reconcile_user(spec: Any, name: str, meta: Any, memo: Any, status: Any) -> None:
+    """The User's reconcile (the handlers above and the periodic resync below run it; Kopf's
+    decorators type the handler as Kopf's callback, which the resync cannot call by type)."""
     rt = _runtime(memo)
     gen, uid = meta.get("generation"), meta.get("uid")
     ref = _ref(name, uid)
@@ -131,7 +139,7 @@ async def resync_user(spec: Any, name: str, meta: Any, memo: Any, status: Any = 
     if _runtime(memo).controller is None:
         return
     try:
-        await reconcile_user(spec=spec, name=name, meta=meta, memo=memo, status=status)
+        await _reconcile_user(spec, name, meta, memo, status)
     except kopf.TemporaryError:
         pass  # in the status and an Event already; the next pass tries again
 
@@ -263,7 +271,7 @@ async def _clients_ca(rt: OperatorRuntime) -> users.KeyPair:
 
 # ---------------------------------------------------------------------------- ACLs
 async def _reconcile_acls(controller: Any, name: str,
-                          desired: list[users.AclBinding]) -> users.AclDiff:  # fmt: skip
+                          desired: list[AclBinding]) -> users.AclDiff:  # fmt: skip
     current = users.bindings_of_principal(controller.metadata.acls, users.principal_of(name))
     diff = users.acl_diff(desired, current)
     if diff.delete:

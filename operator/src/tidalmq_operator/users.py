@@ -315,6 +315,8 @@ def new_clients_ca(common_name: str = "TidalMQ clients CA") -> KeyPair:
 
 def issue_client_cert(ca: KeyPair, user: str, days: int = CERT_DAYS) -> KeyPair:
     """A client certificate with subject CN=<user>, signed by the clients CA."""
+    # a CA's key signs (new_clients_ca makes an EC one); the loaders' types also admit keys that
+    # cannot (DH, X25519), whence the two ignores below
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     key = ec.generate_private_key(ec.SECP256R1())

@@ -52,7 +52,7 @@ def from_bootstrap(
 def from_file(path: str | Path) -> ClusterView:
     entries = parse_plan(Path(path).read_text())
     assignment = {(e.tp.topic, e.tp.partition): e.target for e in entries if e.target is not None}
-    return ClusterView(assignment, sorted(set(assignment.values())), f"file {path}")  # type: ignore[arg-type]
+    return ClusterView(assignment, sorted(set(assignment.values())), f"file {path}")
 
 
 def from_controller(

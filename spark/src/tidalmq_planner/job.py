@@ -54,7 +54,7 @@ log = logging.getLogger("tidalmq_planner")
 
 @dataclass(slots=True)
 class PlanResult:
-    plan: LoadPlan
+    plan: LoadPlan[TopicPartition]
     report: Report
     profiles: pd.DataFrame
     written: dict[str, str] = field(default_factory=dict)
@@ -175,13 +175,14 @@ def cluster_view(req: PlanRequest, grid: Grid | None) -> sources.ClusterView:
 
 def balance(
     req: PlanRequest, profiles: pd.DataFrame, view: sources.ClusterView
-) -> tuple[LoadPlan, dict[TopicPartition, int], list[int], list[str]]:
+) -> tuple[LoadPlan[TopicPartition], dict[TopicPartition, int], list[int], list[str]]:
     notes: list[str] = []
     stat = req.statistic
     load: dict[TopicPartition, tuple[float, float]] = {}
     assignment: dict[TopicPartition, int | None] = {}
     known = dict(view.assignment)
     authoritative = bool(known)
+    row: Any  # a profile row: its fields are what the frame holds
     for row in profiles.itertuples(index=False):
         tp = TopicPartition(str(row.topic), int(row.partition))
         load[tp] = (
@@ -226,13 +227,16 @@ def balance(
 
 
 def project(
-    profiles: pd.DataFrame, plan: LoadPlan, current: dict[TopicPartition, int], stat: str
+    profiles: pd.DataFrame,
+    plan: LoadPlan[TopicPartition],
+    current: dict[TopicPartition, int],
+    stat: str,
 ) -> list[BrokerProjection]:
     """Per-broker load before and after: the balanced statistic (sum over partitions) and the
     busiest hour of the summed hourly profiles (the daily seasonality)."""
     index = {(str(t), int(p)): i for i, (t, p) in enumerate(zip(profiles["topic"], profiles["partition"], strict=True))}  # fmt: skip
     hourly = {
-        m: np.stack(profiles[f"{m}_hourly"].to_numpy()) if len(profiles) else np.zeros((0, 24))
+        m: np.stack(list(profiles[f"{m}_hourly"])) if len(profiles) else np.zeros((0, 24))
         for m in ("bytes_in", "bytes_out")
     }
     stat_cols = {
@@ -242,8 +246,8 @@ def project(
     for b in plan.brokers:
         rows = {}
         for label, assignment in (("before", current), ("after", plan.assignment)):
-            idx = [index[(tp.topic, tp.partition)] for tp, x in assignment.items()  # type: ignore[union-attr]
-                   if x == b and (tp.topic, tp.partition) in index]  # type: ignore[union-attr]  # fmt: skip
+            idx = [index[(tp.topic, tp.partition)] for tp, x in assignment.items()
+                   if x == b and (tp.topic, tp.partition) in index]  # fmt: skip
             vals = {}
             for m in ("bytes_in", "bytes_out"):
                 vals[m] = float(stat_cols[m][idx].sum()) if idx else 0.0

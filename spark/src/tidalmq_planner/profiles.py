@@ -9,6 +9,7 @@ a partition with no point at all has zero load.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -87,7 +88,8 @@ def profile_frame(batch: pd.DataFrame) -> pd.DataFrame:
         for stat in STATS:
             columns[f"{metric}_{stat}"] = np.zeros(len(batch))
         columns[f"{metric}_hourly"] = np.zeros((len(batch), HOURS))
-    for (start, step), idx in groups.items():
+    for grid, idx in groups.items():
+        start, step = cast("tuple[int, int]", grid)
         for metric in METRICS:
             values = _matrix(batch[metric].iloc[idx])
             summary = summarize(values, hour_of_day(int(start), int(step), values.shape[1]))

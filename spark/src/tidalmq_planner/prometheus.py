@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -73,9 +73,12 @@ def shard_patterns(shards: int) -> list[str | None]:
     if shards <= 1:
         return [None]
     digits = 1 if shards <= 10 else 2
-    return [f".*{i:0{digits}d}" if digits == 2 else f".*{i}" for i in range(10**digits)] + (
-        ["[0-9]"] if digits == 2 else []  # one-digit partitions under two-digit shards
-    )
+    patterns: list[str | None] = [
+        f".*{i:0{digits}d}" if digits == 2 else f".*{i}" for i in range(10**digits)
+    ]
+    if digits == 2:
+        patterns.append("[0-9]")  # one-digit partitions under two-digit shards
+    return patterns
 
 
 def plan_tasks(
@@ -136,7 +139,8 @@ def fetch_chunk(task: ChunkTask, client: Any | None = None) -> pd.DataFrame:
 def fetch_batches(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """The mapInPandas function of the fetch stage: task rows in, chunk rows out."""
     for batch in batches:
-        for record in batch.to_dict("records"):
+        records = cast("list[dict[str, Any]]", batch.to_dict("records"))  # columns: by name
+        for record in records:
             task = ChunkTask(**record)
             frame = fetch_chunk(task)
             log.info("fetched %s points %d+%d: %d series", task.metric, task.first,

@@ -61,12 +61,12 @@ def imbalance_of(values: Sequence[float]) -> float:
     return max(values) / mean if mean > 0 else 1.0
 
 
-def moved_plan(plan: LoadPlan) -> dict[TopicPartition, int]:
-    return {m.partition: m.target for m in plan.moves}  # type: ignore[misc]
+def moved_plan(plan: LoadPlan[TopicPartition]) -> dict[TopicPartition, int]:
+    return {m.partition: m.target for m in plan.moves}
 
 
-def rollback_plan(plan: LoadPlan) -> dict[TopicPartition, int]:
-    return {m.partition: m.source for m in plan.moves if m.source is not None}  # type: ignore[misc]
+def rollback_plan(plan: LoadPlan[TopicPartition]) -> dict[TopicPartition, int]:
+    return {m.partition: m.source for m in plan.moves if m.source is not None}
 
 
 def reassignment_resource(
@@ -204,7 +204,7 @@ def chart(report: Report, path: Path) -> Path:
 
 def write_outputs(
     report: Report,
-    plan: LoadPlan,
+    plan: LoadPlan[TopicPartition],
     *,
     out: Path | None,
     report_dir: Path | None,

@@ -44,7 +44,8 @@ class Spec:
 
 
 def topics(spec: Spec, rng: np.random.Generator) -> list[tuple[str, int]]:
-    out, total = [], 0
+    out: list[tuple[str, int]] = []
+    total = 0
     while total < spec.partitions:
         n = int(rng.choice([6, 12, 12, 24, 24, 48, 96]))
         n = min(n, spec.partitions - total)
@@ -80,18 +81,18 @@ def generate(spec: Spec, path: Path, batch: int = 256) -> Path:
         for lo in range(0, len(rows), batch):
             part = rows[lo : lo + batch]
             k = len(part)
-            base = np.array([r[3] for r in part])[:, None]
-            amp = np.array([r[4] for r in part])[:, None]
-            phase = np.array([r[5] for r in part])[:, None]
-            dip = np.array([r[6] for r in part])[:, None]
-            fanout = np.array([r[7] for r in part])[:, None]
-            season = 1 + amp * np.sin(day_phase[None, :] - phase)
-            season *= 1 - dip * weekend[None, :]
+            bases = np.array([r[3] for r in part])[:, None]
+            amps = np.array([r[4] for r in part])[:, None]
+            phases = np.array([r[5] for r in part])[:, None]
+            dips = np.array([r[6] for r in part])[:, None]
+            fanouts = np.array([r[7] for r in part])[:, None]
+            season = 1 + amps * np.sin(day_phase[None, :] - phases)
+            season *= 1 - dips * weekend[None, :]
             noise = rng.lognormal(0.0, 0.15, size=(k, spec.points))
             bursts = np.where(rng.random((k, spec.points)) < 0.002, rng.uniform(2, 5, (k, spec.points)), 1.0)  # fmt: skip
-            bytes_in = (base * season * noise * bursts).astype(np.float32)
+            bytes_in = (bases * season * noise * bursts).astype(np.float32)
             lag = rng.lognormal(0.0, 0.1, size=(k, spec.points))
-            bytes_out = (bytes_in * fanout * lag).astype(np.float32)
+            bytes_out = (bytes_in * fanouts * lag).astype(np.float32)
             gaps = rng.random((k, spec.points)) < 0.005
             bytes_in[gaps] = np.nan
             bytes_out[gaps] = np.nan

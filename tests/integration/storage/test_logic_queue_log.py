@@ -114,6 +114,9 @@ async def test_idempotent_producers_continue_on_the_new_physical_queue(cluster: 
     # ... the next one is accepted, then the overtaken one
     assert (await log.append(idem(10))).base_offset == 10
     assert (await log.append(idem(12))).base_offset == 12
+    # DescribeProducers lists it with the sequence it continues from
+    (producer,) = log.active_producers()
+    assert (producer.producer_id, producer.last_sequence) == (PID, 13)
     # once the producer appended here, a real gap is the usual fatal error
     with pytest.raises(OutOfOrderSequence):
         await log.append(idem(20))

@@ -167,6 +167,16 @@ async def test_a_token_is_checked_before_the_body_is_read(served: Served) -> Non
             assert resp.status == 400  # with the token it gets as far as the parser
 
 
+async def test_a_body_that_is_not_a_json_object_is_refused_in_one_line(served: Served) -> None:
+    """JSON, but not an object: 400 with one line, from the controller's RPC and from the static
+    topics' routes alike (not an error inside a handler)."""
+    version = served.controller.metadata.version
+    for path in ("/v1/brokers/register", "/v1/static-topics/describe"):
+        status, doc = await served.call("POST", path, [1, 2], TOKEN)
+        assert (status, doc) == (400, "the request body must be a JSON object"), path
+    assert served.controller.metadata.version == version
+
+
 async def test_a_brokers_token_acts_for_that_broker_only(served: Served) -> None:
     one, zero = broker_token(TOKEN, 1), broker_token(TOKEN, 0)
     broker = BrokerSide(1)

@@ -31,6 +31,7 @@ from tidalmq_core.metadata import NO_LEADER, BrokerInfo, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import PlanEntry
 from tidalmq_core.static_mapping import TotalQueuesFixed
+from tidalmq_operator.static_topics import StaticTopicWish, static_topic_status_of
 
 from tests.support.fake_broker import updated
 from tests.support.leaders import walked_leaders
@@ -280,6 +281,10 @@ async def test_an_interrupted_remap_blocks_updates_until_repair(env, monkeypatch
     described = c.static.describe("orders")
     assert not described["consistent"]
     assert any("different epochs" in p for p in described["problems"])
+    # the operator's StaticTopic status says so (it raised here while the copies disagreed)
+    status = static_topic_status_of(c, StaticTopicWish("orders", "orders", 3, 1))
+    reasons = {cond["type"]: cond["reason"] for cond in status["conditions"]}
+    assert reasons["Reconciling"] == reasons["Ready"] == "CopiesDisagree"
     assert kafka_leaders(c)[0] == NO_LEADER  # queue 0 is blocked: nobody writes it
     with pytest.raises(StaticTopicError, match=r"copies disagree.*repair"):
         await c.static.remap("orders", {1: (2, "strict")})

@@ -175,7 +175,7 @@ def _topic_configs(topic: TopicInfo, include_synonyms: bool) -> list[dict[str, A
     for name, value in sorted(topic.effective_configs().items()):
         overridden = name in topic.configs or name in fixed
         source = DYNAMIC_TOPIC_CONFIG if overridden else DEFAULT_CONFIG
-        synonyms = [(value, source)] if overridden else []
+        synonyms: list[tuple[str | None, int]] = [(value, source)] if overridden else []
         synonyms.append((TOPIC_CONFIG_DEFAULTS[name], DEFAULT_CONFIG))
         out.append(_entry(name, value, source, synonyms,
                           read_only=name in READ_ONLY_TOPIC_CONFIGS or name in fixed,

@@ -124,6 +124,7 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
             total = await _read_all(parts, max_bytes, conn, committed)
             continue
         waits = [
+            # waitable: the partitions with a log
             asyncio.ensure_future(fp.plog.wait_for_data(fp.offset, remaining, committed=committed))  # type: ignore[union-attr]
             for fp in waitable
         ]

@@ -102,19 +102,19 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
         if isinstance(outcome, asyncio.Future):
             if not outcome.done():
                 outcome.add_done_callback(_log_failure)
-                part: ProducePartition = (
+                answered: ProducePartition = (
                     index, ErrorCode.request_timed_out.value, -1, -1, -1,
                     "the append was not durable within the request timeout",
                 )  # fmt: skip
             elif outcome.exception() is not None:
-                exc = outcome.exception()
-                assert exc is not None
-                code = error_code(exc)
-                part = (index, code.value, -1, -1, -1, error_message(exc))
+                failure = outcome.exception()
+                assert failure is not None
+                code = error_code(failure)
+                answered = (index, code.value, -1, -1, -1, error_message(failure))
                 broker.metrics.produce_errors(topic_name, code.name)
             else:
                 result = outcome.result()
-                part = (
+                answered = (
                     index, 0, result.base_offset, result.log_append_time_ms,
                     result.log_start_offset, message,
                 )  # fmt: skip
@@ -123,8 +123,8 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                         topic_name, index, size, result.last_offset - result.base_offset + 1
                     )
         else:
-            part = (index, outcome.value, -1, -1, -1, message)
-        by_topic.setdefault(topic_name, []).append(part)
+            answered = (index, outcome.value, -1, -1, -1, message)
+        by_topic.setdefault(topic_name, []).append(answered)
     return encode_produce_response(request.api_version, list(by_topic.items()))
 
 

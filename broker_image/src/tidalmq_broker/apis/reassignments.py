@@ -43,7 +43,7 @@ async def handle_alter_reassignments(broker: Broker, request: Request, conn: Con
     # v1 (KIP-860): a client may forbid changing the replication factor; it is always 1 here
     rf_fixed = not getattr(body, "allow_replication_factor_change", True)
     entries: list[PlanEntry] = []
-    early: dict[TopicPartition, tuple[ErrorCode, str]] = {}
+    early: dict[TopicPartition, tuple[ErrorCode, str | None]] = {}
     for t in body.topics:
         for p in t.partitions:
             tp = TopicPartition(t.name, p.partition_index)

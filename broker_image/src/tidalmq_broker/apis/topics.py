@@ -156,11 +156,11 @@ async def handle_delete_topics(broker: Broker, request: Request, conn: Connectio
     authorizer = broker.authorizer
     every = authorizer.allows(conn, AclOperation.DELETE, ResourceType.CLUSTER, CLUSTER_NAME)
     refused: dict[str, bool] = {}  # name -> whether the client may know it (DESCRIBE)
-    for name in counts:
+    for counted in counts:
         if not every and not authorizer.allows(conn, AclOperation.DELETE, ResourceType.TOPIC,
-                                               name):  # fmt: skip
-            refused[name] = authorizer.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC,
-                                              name)  # fmt: skip
+                                               counted):  # fmt: skip
+            refused[counted] = authorizer.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC,
+                                                 counted)  # fmt: skip
     for name, tid in zip(names, ids, strict=True):
         # by name: a topic the client may describe is known to be missing, as in Kafka
         if name in refused and tid is None and refused[name] and name not in meta.topics:

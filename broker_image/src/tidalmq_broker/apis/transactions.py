@@ -148,6 +148,7 @@ async def handle_add_offsets_to_txn(broker: Broker, request: Request, conn: Conn
     """The group's `__consumer_offsets` partition joins the transaction: its marker settles
     the offsets TxnOffsetCommit stores pending there."""
     b = request.body
+    code: int
     if not _may(broker, conn, AclOperation.WRITE, _TXN, b.transactional_id):
         code = ErrorCode.transactional_id_authorization_failed
     elif not _may(broker, conn, AclOperation.READ, ResourceType.GROUP, b.group_id):
@@ -189,7 +190,7 @@ async def handle_txn_offset_commit(broker: Broker, request: Request, conn: Conne
     version = request.api_version
     wanted = [(t.name, p) for t in b.topics for p in t.partitions]
 
-    def answer(codes: dict[tuple[str, int], int]) -> dict[str, Any]:
+    def answer(codes: dict[tuple[str, Any], int]) -> dict[str, Any]:  # (topic, its partition)
         topics: dict[str, list[dict[str, Any]]] = {}
         for (name, p), code in codes.items():
             topics.setdefault(name, []).append(

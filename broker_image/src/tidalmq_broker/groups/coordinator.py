@@ -589,13 +589,15 @@ class GroupShard:
                 for tp, (_, v) in sorted(ranked.items())
             }
         for tp in partitions:
-            value = next(
+            committed = next(
                 (table[k] for k in self._keys.read_keys(*tp) if k in table), None
             )  # Double-Read-Check for static topics: the newest key that has one
-            if value is None:
+            if committed is None:
                 out[tp] = CommittedOffset(-1, -1, "")
             else:
-                out[tp] = CommittedOffset(value.offset, value.leader_epoch, value.metadata)
+                out[tp] = CommittedOffset(
+                    committed.offset, committed.leader_epoch, committed.metadata
+                )
         return out
 
     async def delete_offsets(
@@ -621,13 +623,13 @@ class GroupShard:
             for key in self._keys.read_keys(*tp)
             if key in table
         ]
-        if doomed:
+        if doomed and table is not None:  # doomed keys are the table's
             try:
                 await self._append([(OffsetKey(group_id, t, p), None) for t, p in doomed])
             except (StorageError, CoordinatorError) as exc:
                 return _storage_code(exc), {}
             for key in doomed:
-                table.pop(key, None)  # type: ignore[union-attr]
+                table.pop(key, None)
         return ErrorCode.none, {tp: blocked.get(tp, ErrorCode.none) for tp in partitions}
 
     async def delete_group(self, group_id: str) -> int:

@@ -69,7 +69,7 @@ def _call(controller: Target, path: str, body: dict[str, Any] | None = None) -> 
         raise Failure(f"the controller at {base} answered {exc.code} {exc.reason}") from exc
     if "fault" in doc:
         raise Failure(doc["fault"]["message"])
-    return doc  # type: ignore[no-any-return]
+    return doc
 
 
 def _controller(args: argparse.Namespace) -> Target:

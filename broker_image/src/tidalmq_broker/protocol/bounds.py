@@ -40,6 +40,7 @@ from functools import cache
 from typing import Any
 
 from kio.serial._introspect import get_field_tag
+from kio.static.protocol import RequestPayload
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -87,7 +88,7 @@ class _Plan:
     min_size: int  # bytes of the shortest valid encoding (at least 1: no zero-size elements)
 
 
-def check_request(schema: type, frame: bytes | memoryview) -> bytes | memoryview:
+def check_request(schema: type[RequestPayload], frame: bytes | memoryview) -> bytes | memoryview:
     """Walk a request frame (without its size prefix, header included) for `schema`, a kio
     request class. Returns `frame`, or a copy without unknown tagged fields. Raises FrameBoundsError.
     """
@@ -98,7 +99,7 @@ def check_request(schema: type, frame: bytes | memoryview) -> bytes | memoryview
     return _without(frame, drop)
 
 
-def request_end(schema: type, frame: bytes | memoryview) -> int:
+def request_end(schema: type[RequestPayload], frame: bytes | memoryview) -> int:
     """Where the walk of a frame without unknown tagged fields ends: the offset after the body's
     last field, which must be where kio's decoder ends too (tests compare the two)."""
     drop: list[tuple[int, int, bytes]] = []
@@ -108,13 +109,13 @@ def request_end(schema: type, frame: bytes | memoryview) -> int:
     return end
 
 
-def prepare(schema: type) -> None:
+def prepare(schema: type[RequestPayload]) -> None:
     """Compile the walk of a request class ahead of its first request (raises TypeError for a
     field type the walk has no bound for)."""
     _walkers(schema)
 
 
-def _walk_request(schema: type, frame: bytes | memoryview, drop: list[Any]) -> int:
+def _walk_request(schema: type[RequestPayload], frame: bytes | memoryview, drop: list[Any]) -> int:
     header, body = _walkers(schema)
     end = len(frame)
     try:
@@ -124,8 +125,9 @@ def _walk_request(schema: type, frame: bytes | memoryview, drop: list[Any]) -> i
 
 
 @cache
-def _walkers(schema: type) -> tuple[Walk, Walk]:
-    return _compile(_plan(schema.__header_schema__, True)), _compile(_plan(schema, False))
+def _walkers(schema: type[RequestPayload]) -> tuple[Walk, Walk]:
+    header: type = schema.__header_schema__  # a class: hashable, whatever its instances are
+    return _compile(_plan(header, True)), _compile(_plan(schema, False))
 
 
 # ---------------------------------------------------------------------------------- the walk
@@ -368,7 +370,7 @@ def _field_op(
     prefix = 1 if compact else 4
     if typing.get_origin(inner) is tuple:
         element_nullable, element = _nullable(typing.get_args(inner)[0])
-        if dataclasses.is_dataclass(element):
+        if isinstance(element, type) and dataclasses.is_dataclass(element):
             return (_ARRAY_ENTITY, name, nullable, compact, _plan(element, False)), prefix
         if kafka_type in _FIXED_WIDTH:
             return (_ARRAY_FIXED, name, nullable, compact, _FIXED_WIDTH[kafka_type]), prefix
@@ -376,7 +378,7 @@ def _field_op(
             string = _Plan(((_STRING, name, element_nullable, compact, False),), prefix // 2 or 1)
             return (_ARRAY_STRING, name, nullable, compact, string), prefix  # 1 or 2 bytes each
         raise TypeError(f"{cls.__qualname__}.{name}: no bound for arrays of {kafka_type}")
-    if dataclasses.is_dataclass(inner):
+    if isinstance(inner, type) and dataclasses.is_dataclass(inner):
         plan = _plan(inner, False)
         return (_ENTITY, name, nullable, plan), 1 if nullable else plan.min_size  # null: marker
     if kafka_type in _FIXED_WIDTH:

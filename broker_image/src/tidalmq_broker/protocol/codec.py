@@ -20,6 +20,7 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import DecodeError
 from kio.static.constants import EntityType
+from kio.static.protocol import RequestPayload, ResponsePayload
 
 from tidalmq_broker.protocol.bounds import FrameBoundsError, check_request
 from tidalmq_broker.protocol.entities import build
@@ -120,6 +121,11 @@ def encode_response_parts(
     back as a list of buffers to write in order, its record sets not copied."""
     if not isinstance(body, EncodedBody):
         return encode_response(api_key, api_version, correlation_id, body)
+    return _framed(correlation_id, body)
+
+
+def _framed(correlation_id: int, body: EncodedBody) -> list[bytes | memoryview]:
+    """A body already in wire format behind its response header and size prefix."""
     if body.flexible:
         head = _HEADER_V1.pack(body.size + 5, correlation_id, 0)
     else:
@@ -130,7 +136,7 @@ def encode_response_parts(
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
     """Serialise a response (a kio dataclass, or a dict built into one) with its size prefix."""
     if isinstance(body, EncodedBody):
-        return b"".join(encode_response_parts(api_key, api_version, correlation_id, body))
+        return b"".join(_framed(correlation_id, body))
     schema = response_schema(api_key, api_version)
     if not isinstance(body, schema):
         body = build(schema, body)
@@ -213,21 +219,21 @@ def schema_versions(api_key: int) -> tuple[int, int] | None:
 
 
 @cache
-def _request_schema(api_key: int, api_version: int) -> type:
+def _request_schema(api_key: int, api_version: int) -> type[RequestPayload]:
     return load_request_schema(api_key, api_version)
 
 
 @cache
-def response_schema(api_key: int, api_version: int) -> type:
+def response_schema(api_key: int, api_version: int) -> type[ResponsePayload]:
     return load_response_schema(api_key, api_version)
 
 
 @cache
-def _readers(schema: type) -> tuple[Any, Any]:
+def _readers(schema: type[RequestPayload]) -> tuple[Any, Any]:
     return entity_reader(schema.__header_schema__), entity_reader(schema)
 
 
 @cache
-def _writers(schema: type) -> tuple[type, Any, Any]:
+def _writers(schema: type[ResponsePayload]) -> tuple[type, Any, Any]:
     header_schema = schema.__header_schema__
     return header_schema, entity_writer(header_schema), entity_writer(schema)

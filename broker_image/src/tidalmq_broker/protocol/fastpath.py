@@ -17,6 +17,7 @@ import datetime
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -230,6 +231,10 @@ class _Reader:
             if shift > 28:
                 raise MalformedProduce("varint longer than 5 bytes")
 
+    @overload
+    def string(self, flexible: bool, nullable: Literal[False]) -> str: ...
+    @overload
+    def string(self, flexible: bool, nullable: bool) -> str | None: ...
     def string(self, flexible: bool, nullable: bool) -> str | None:
         n = self.uvarint() - 1 if flexible else self.int16()
         if n < 0:
@@ -282,7 +287,7 @@ def decode_produce_request(
                 partitions.append(ProducePartitionData(index, records))
             if flexible:
                 r.skip_tags()
-            topics.append(ProduceTopicData(name, partitions))  # type: ignore[arg-type]
+            topics.append(ProduceTopicData(name, partitions))
         if flexible:
             r.skip_tags()
     except (struct.error, UnicodeDecodeError) as exc:

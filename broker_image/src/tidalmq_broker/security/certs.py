@@ -132,6 +132,7 @@ def ensure_ca(cert_path: Path, key_path: Path, common_name: str) -> Issued:
     if cert_path.exists() and key_path.exists():
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        # the key this module wrote: an EC key (the loader's type admits any private key)
         return Issued(key, cert)  # type: ignore[arg-type]
     ca = new_ca(common_name)
     write_private(key_path, ca.key_pem())

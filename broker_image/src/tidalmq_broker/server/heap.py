@@ -44,7 +44,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
         fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
         fn.argtypes = [ctypes.c_size_t]
         fn.restype = ctypes.c_int
-        return fn  # type: ignore[no-any-return]
+        return fn
     return None  # not glibc: its allocator has its own policy
 
 

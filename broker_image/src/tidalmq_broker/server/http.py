@@ -126,7 +126,8 @@ class HttpServer:
         await self._site.start()
         server = self._site._server
         assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        # an asyncio or a uvloop Server (AbstractServer declares no sockets, both have them)
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -401,7 +401,7 @@ class KafkaListener:
                 if tls is not None:  # a failed handshake is one rate-limited line
                     tls.sslobject_class = handshake_reporting(endpoint.name, _tls_failed)
                 server = await loop.create_server(
-                    lambda e=endpoint: self._new_protocol(e),  # type: ignore[misc]
+                    lambda e=endpoint: self._new_protocol(e),
                     endpoint.host or None, endpoint.port, reuse_address=True, ssl=tls,
                     ssl_handshake_timeout=self._limits.tls_handshake_timeout_s if tls else None,
                     backlog=1024,
@@ -760,11 +760,12 @@ class KafkaListener:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             conn.inflight_bytes += size
-            task.add_done_callback(lambda _t, n=size: self._answered(conn, n))
+            task.add_done_callback(functools.partial(self._answered, conn, size))
             await responses.put(task)
             del task  # an idle connection keeps no answered request
 
-    def _answered(self, conn: Connection, size: int) -> None:
+    def _answered(self, conn: Connection, size: int, _task: object = None) -> None:
+        """A request of `size` bytes answered (called as its task's done callback)."""
         conn.inflight_bytes -= size
         if conn._room is not None:
             _resolve(conn._room)

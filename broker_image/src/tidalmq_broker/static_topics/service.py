@@ -42,6 +42,7 @@ from tidalmq_broker.groups.coordinator import OffsetKeys
 from tidalmq_broker.partitions import LeaderNotAvailable, NotLeader, UnknownPartition
 from tidalmq_broker.protocol import records
 from tidalmq_broker.storage.api import (
+    ActiveProducer,
     AppendResult,
     InvalidRecord,
     OffsetOutOfRange,
@@ -268,6 +269,11 @@ class LogicQueueLog:
 
     def stats(self) -> PartitionStats:
         return PartitionStats(self.log_start_offset, self.high_watermark)
+
+    def active_producers(self) -> list[ActiveProducer]:
+        """The producers of the writable physical queue (DescribeProducers): those that wrote
+        only before the last remap are adopted from older queues at their next append."""
+        return self._plog.active_producers()
 
     # ------------------------------------------------------------------ append
     async def append(

@@ -10,9 +10,9 @@ written after its last checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from tidalmq_core.model import TopicPartition
 
@@ -347,5 +347,5 @@ LeaseCheck = Callable[[], bool]
 """Called at the moment of acknowledgement; False means this broker may no longer acknowledge
 (its controller lease lapsed). The engine then fails the appends with PartitionFenced."""
 
-OnFenced = Callable[[TopicPartition], Awaitable[None]]
+OnFenced = Callable[[TopicPartition], Coroutine[Any, Any, None]]
 """Called when the engine learns it lost a partition (a failed If-Match on its checkpoint)."""

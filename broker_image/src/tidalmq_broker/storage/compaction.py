@@ -103,11 +103,17 @@ def segment_entries(key: str, sources: list[IndexEntry], granule_bytes: int) -> 
     max_ts = -1
     for e in sources:
         if first is not None and position - start + e.size > granule_bytes:
+            # last is set whenever first is
             out.append(
                 IndexEntry(
-                    first.base_offset, last.last_offset, key, start, position - start, max_ts
+                    first.base_offset,
+                    last.last_offset,  # type: ignore[union-attr]
+                    key,
+                    start,
+                    position - start,
+                    max_ts,
                 )
-            )  # type: ignore[union-attr]
+            )
             first, start, max_ts = None, position, -1
         if first is None:
             first = e
@@ -116,8 +122,15 @@ def segment_entries(key: str, sources: list[IndexEntry], granule_bytes: int) -> 
         position += e.size
     if first is not None:
         out.append(
-            IndexEntry(first.base_offset, last.last_offset, key, start, position - start, max_ts)
-        )  # type: ignore[union-attr]
+            IndexEntry(
+                first.base_offset,
+                last.last_offset,  # type: ignore[union-attr]  # set whenever first is
+                key,
+                start,
+                position - start,
+                max_ts,
+            )
+        )
     return out
 
 

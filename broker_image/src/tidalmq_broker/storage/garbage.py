@@ -15,6 +15,7 @@ handed to the periodic sweep.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from tidalmq_broker.storage.checkpoint import Checkpoint
@@ -28,7 +29,7 @@ def wal_garbage(
     *,
     now_s: float,
     grace_s: float,
-    keep: set[str] = frozenset(),  # type: ignore[assignment]
+    keep: AbstractSet[str] = frozenset(),
 ) -> list[str]:
     referenced: set[str] = set()
     min_position: dict[tuple[str, str], int] = {}

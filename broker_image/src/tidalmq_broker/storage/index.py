@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from tidalmq_broker.storage.keys import WAL_ROOT
 
@@ -43,9 +44,9 @@ class IndexEntry:
         ]
 
     @classmethod
-    def from_json(cls, raw: list[object]) -> IndexEntry:
+    def from_json(cls, raw: list[Any]) -> IndexEntry:
         base, last, key, position, size, max_ts = raw
-        return cls(int(base), int(last), str(key), int(position), int(size), int(max_ts))  # type: ignore[arg-type]
+        return cls(int(base), int(last), str(key), int(position), int(size), int(max_ts))
 
 
 class OffsetIndex:

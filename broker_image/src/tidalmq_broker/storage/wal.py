@@ -15,6 +15,7 @@ import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tidalmq_broker.storage.api import StorageError
 
@@ -70,7 +71,7 @@ def encode_wal_object(
     """The object as parts to store one after the other (ObjectStore.put takes them as they
     are): the header and index, then every group's buffers themselves, not copied. Also its
     entries (absolute positions)."""
-    index: list[list[object]] = []
+    index: list[list[Any]] = []
     rel = 0
     for g in groups:
         start = rel
@@ -110,15 +111,15 @@ def decode_wal_index(prefix: bytes) -> list[WalEntry]:
     return _entries_from_index(index, need)
 
 
-def _entries_from_index(index: list[list[object]], data_start: int) -> list[WalEntry]:
+def _entries_from_index(index: list[list[Any]], data_start: int) -> list[WalEntry]:
     out = []
     for raw in index:
         topic, topic_id, partition, epoch, base, last, rel, size, max_ts, producers = raw
         out.append(
             WalEntry(
-                str(topic), str(topic_id), int(partition), int(epoch), int(base), int(last),  # type: ignore[arg-type]
-                data_start + int(rel), int(size), int(max_ts),  # type: ignore[arg-type]
-                [tuple(p) for p in producers],  # type: ignore[misc,union-attr]
+                str(topic), str(topic_id), int(partition), int(epoch), int(base), int(last),
+                data_start + int(rel), int(size), int(max_ts),
+                [tuple(p) for p in producers],
             )
         )  # fmt: skip
     return out

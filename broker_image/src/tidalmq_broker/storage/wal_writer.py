@@ -119,7 +119,7 @@ class WalWriter:
             loop = asyncio.get_running_loop()
             delay = self._last_flush_started + self._config.flush_interval_ms / 1000 - loop.time()
             if delay <= 0:
-                self._timer = loop.call_soon(self._on_timer)  # type: ignore[assignment]
+                self._timer = loop.call_soon(self._on_timer)
             else:
                 self._timer = loop.call_later(delay, self._on_timer)
 

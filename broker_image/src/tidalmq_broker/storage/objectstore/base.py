@@ -13,6 +13,7 @@ ranges) hand the pieces over instead of copying them into one blob on the event 
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -124,7 +125,7 @@ class ObjectStore(abc.ABC):
         """Every key starting with `prefix` (and greater than start_after), in key order."""
 
     @abc.abstractmethod
-    async def delete(self, keys: list[str]) -> None:
+    async def delete(self, keys: builtins.list[str]) -> None:
         """Delete the keys; missing keys are not an error."""
 
     async def close(self) -> None:  # noqa: B027 - optional for backends

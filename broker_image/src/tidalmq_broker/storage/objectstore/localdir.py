@@ -39,6 +39,7 @@ parent creates it again and retries.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import ctypes
 import errno
@@ -99,7 +100,7 @@ def _load_syncfs() -> Callable[[int], int] | None:
         return None
     fn.argtypes = [ctypes.c_int]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 # Looked up at every batch (tests replace it to inject failures); None: fsync file by file.
@@ -327,7 +328,7 @@ class LocalDirObjectStore(ObjectStore):
                     self._fds[i] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             return self._fds[i]
 
-    async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
+    async def _run(self, fn, *args):
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, fn, *args)
@@ -517,6 +518,7 @@ class LocalDirObjectStore(ObjectStore):
             for i in written:  # 3. the names
                 op = ops[i]
                 try:
+                    # written: those whose temporary file was made (tmps[i] set)
                     self._place(op, tmps[i], changed)  # type: ignore[arg-type]
                     placed.append(i)
                     if not op.if_none_match:
@@ -535,10 +537,10 @@ class LocalDirObjectStore(ObjectStore):
                         out[i] = exc
                     self._dirs.difference_update(changed)  # sync their parents next time
         finally:
-            for tmp in tmps:
-                if tmp is not None:
+            for leftover in tmps:
+                if leftover is not None:
                     with contextlib.suppress(OSError):  # best effort: the result stands
-                        os.unlink(tmp)
+                        os.unlink(leftover)
         return out
 
     def _place(self, op: _Put, tmp: str, changed: set[str]) -> None:
@@ -712,7 +714,7 @@ class LocalDirObjectStore(ObjectStore):
     async def list(self, prefix: str, start_after: str | None = None) -> list[ObjectInfo]:
         return await self._run(self._list_sync, prefix, start_after)
 
-    def _list_sync(self, prefix: str, start_after: str | None) -> list[ObjectInfo]:
+    def _list_sync(self, prefix: str, start_after: str | None) -> builtins.list[ObjectInfo]:
         base_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = self.root / base_rel if base_rel else self.root
         out: list[ObjectInfo] = []
@@ -740,7 +742,7 @@ class LocalDirObjectStore(ObjectStore):
         fail: the threads are gone), then lets the threads go once their jobs are done."""
         q = self._queues.get(asyncio.get_running_loop())
         if q is not None:
-            queued = (*q.small.waiting, *q.large.waiting, *q.reads)
+            queued: tuple[_Put | _Read, ...] = (*q.small.waiting, *q.large.waiting, *q.reads)
             waiting = [op.future for op in queued]
             if waiting:
                 await asyncio.wait(waiting)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import time
+
+from prometheus_client import Counter, Histogram
 
 from tidalmq_broker.storage import metrics
 from tidalmq_broker.storage.health import WriteHealth
@@ -32,7 +35,7 @@ class MeteredObjectStore(ObjectStore):
         self.health = health  # told the outcome of every PUT (storage/health.py)
         self.kind = inner.kind
         self._broker = broker
-        self._children: dict[tuple[str, str], tuple[object, object]] = {}
+        self._children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
     def __repr__(self) -> str:
         return f"Metered({self.inner!r})"
@@ -46,10 +49,10 @@ class MeteredObjectStore(ObjectStore):
                 metrics.OBJECT_LATENCY.labels(self._broker, op),
             )
             self._children[(op, outcome)] = children
-        children[0].inc()  # type: ignore[attr-defined]
-        children[1].observe(time.perf_counter() - started)  # type: ignore[attr-defined]
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
 
-    async def put(self, key, data, *, if_none_match=False, if_match=None):  # type: ignore[no-untyped-def]
+    async def put(self, key, data, *, if_none_match=False, if_match=None):
         started = time.perf_counter()
         try:
             etag = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
@@ -109,7 +112,7 @@ class MeteredObjectStore(ObjectStore):
         self._record("list", started, None)
         return out
 
-    async def delete(self, keys: list[str]) -> None:
+    async def delete(self, keys: builtins.list[str]) -> None:
         started = time.perf_counter()
         try:
             await self.inner.delete(keys)

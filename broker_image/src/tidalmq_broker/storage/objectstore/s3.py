@@ -12,6 +12,7 @@ on the event loop.
 from __future__ import annotations
 
 import asyncio
+import builtins
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -101,7 +102,7 @@ class S3ObjectStore(ObjectStore):
     def _strip(self, full_key: str) -> str:
         return full_key[len(self.prefix) + 1 :] if self.prefix else full_key
 
-    async def _call(self, what: str, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def _call(self, what: str, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
@@ -132,7 +133,8 @@ class S3ObjectStore(ObjectStore):
             params["IfMatch"] = if_match
 
         def call() -> Any:
-            return self._client.put_object(Body=_body(data), **params)
+            # botocore takes a bytearray as it takes bytes (see _body); the stubs list bytes only
+            return self._client.put_object(Body=_body(data), **params)  # type: ignore[arg-type]
 
         try:
             response = await self._call(f"PUT {key}", call)
@@ -200,12 +202,12 @@ class S3ObjectStore(ObjectStore):
 
         return await self._call(f"LIST {prefix}", call)
 
-    async def delete(self, keys: list[str]) -> None:
+    async def delete(self, keys: builtins.list[str]) -> None:
         full = [self._full(k) for k in keys]
         for i in range(0, len(full), 1000):
             chunk = full[i : i + 1000]
 
-            def call(chunk: list[str] = chunk) -> list[dict[str, Any]]:
+            def call(chunk: list[str] = chunk) -> list[Any]:
                 response = self._client.delete_objects(
                     Bucket=self.bucket,
                     Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
