@@ -14,10 +14,10 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from tidalmq_broker.protocol import records as rb
 from tidalmq_broker.storage.aborted_txns import AbortedTxn, AbortedTxns
 from tidalmq_broker.storage.cleaner import (
-    ActiveProducer,
     CleanedGroup,
     CleanRound,
     OffsetMap,
+    ProducerLastBatch,
     TxnTracker,
     clean_group,
     cleanable_range,
@@ -102,7 +102,7 @@ def clean(
     *,
     now: int = T0,
     retention: int = DAY,
-    active: dict[int, ActiveProducer] | None = None,
+    active: dict[int, ProducerLastBatch] | None = None,
     capacity: int = 10_000,
     start: int = 0,
 ) -> tuple[CleanedGroup, OffsetMap, bool]:
@@ -182,6 +182,15 @@ def test_records_past_the_map_end_are_kept_and_a_full_map_ends_the_pass() -> Non
         (4, b"a", b"3"),
         (5, b"c", b"3"),
     ]
+
+
+def test_the_map_stops_at_the_first_uncleanable_offset() -> None:
+    log = Log()
+    log.data([(b"a", b"1")])
+    log.data([(b"a", b"2")], producer_id=3, epoch=0, sequence=0, transactional=True)  # open
+    offset_map = OffsetMap(100)
+    assert not map_batches(log.buf(), offset_map, TxnTracker([]), 0, end=1)
+    assert offset_map.latest_offset == 0 and offset_map.get(b"a") == 0
 
 
 def test_an_empty_map_takes_a_batch_larger_than_its_capacity() -> None:
@@ -284,7 +293,7 @@ def test_the_last_batch_of_an_active_producer_stays_as_an_empty_header() -> None
     log.data([(b"a", b"1")], producer_id=7, epoch=2, sequence=0)
     last = log.data([(b"a", b"2"), (b"b", b"2")], producer_id=7, epoch=2, sequence=1)
     log.data([(b"a", b"3"), (b"b", b"3")])
-    active = {7: ActiveProducer(epoch=2, last_data_offset=last + 1)}
+    active = {7: ProducerLastBatch(epoch=2, last_data_offset=last + 1)}
     out, _, _ = clean(log.buf(), [], active=active)
     assert read(out.batches) == [(3, b"a", b"3"), (4, b"b", b"3")]
     empty = headers(out.batches)[0]
@@ -300,7 +309,7 @@ def test_a_producer_with_no_data_left_keeps_its_marker_at_its_epoch() -> None:
     log.data([(b"a", b"1")], producer_id=8, epoch=1, sequence=0, transactional=True)
     marker = log.marker(rb.CONTROL_COMMIT, 8, epoch=1)
     log.data([(b"a", b"2")])
-    active = {8: ActiveProducer(epoch=1, last_data_offset=None)}
+    active = {8: ProducerLastBatch(epoch=1, last_data_offset=None)}
     first, _, _ = clean(log.buf(), [], active=active)
     second, _, _ = clean(b"".join(first.batches), [], active=active, now=T0 + 2 * DAY)
     third, _, _ = clean(b"".join(second.batches), [], active=active, now=T0 + 4 * DAY)

@@ -141,12 +141,19 @@ class TxnTracker:
 
 
 def map_batches(
-    buf: bytes | bytearray | memoryview, offset_map: OffsetMap, tracker: TxnTracker, start: int
+    buf: bytes | bytearray | memoryview,
+    offset_map: OffsetMap,
+    tracker: TxnTracker,
+    start: int,
+    end: int | None = None,
 ) -> bool:
     """Map the keys of the batches in `buf` (consecutive batches of the dirty range) at or past
-    `start`. Returns True when the map is full: it then ends at the last batch mapped whole,
-    and the caller stops reading."""
+    `start` and wholly below `end` (the first uncleanable offset, a batch boundary). Returns
+    True when the map is full: it then ends at the last batch mapped whole, and the caller
+    stops reading."""
     for header in iter_headers(buf):
+        if end is not None and header.last_offset >= end:
+            return False
         if header.is_control:
             tracker.on_control(header, control_type(buf, header))
         elif not tracker.on_data(header):
@@ -163,9 +170,9 @@ def map_batches(
 
 
 @dataclass(frozen=True, slots=True)
-class ActiveProducer:
-    """What the cleaner must keep of a producer id that has not expired: the batch holding its
-    last data offset, or, if it has none, its marker at its current epoch."""
+class ProducerLastBatch:
+    """What the cleaner must keep of a producer id that has not expired (Kafka's LastRecord):
+    the batch holding its last data offset, or, if it has none, its marker at its epoch."""
 
     epoch: int
     last_data_offset: int | None
@@ -176,7 +183,7 @@ class CleanRound:
     offset_map: OffsetMap
     now_ms: int
     delete_retention_ms: int
-    active_producers: Mapping[int, ActiveProducer]
+    active_producers: Mapping[int, ProducerLastBatch]
     last_offset: int  # of the group: its batch stays, so the output covers the same offsets
 
 

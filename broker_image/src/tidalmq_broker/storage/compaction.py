@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tidalmq_broker.storage.api import PartitionConfig
 from tidalmq_broker.storage.index import IndexEntry
 
 DEFAULT_GRANULE_BYTES = 256 * 1024
@@ -90,6 +91,12 @@ def plan_segments(
     if current:
         plans.append(current)
     return plans
+
+
+def merge_max_age_ms(config: PartitionConfig) -> int:
+    """The age past which a segment is no longer merged with new WAL ranges: half of
+    retention.ms, so merging never keeps data from retention for long (-1: no limit)."""
+    return config.retention_ms // 2 if config.retention_ms >= 0 else -1
 
 
 def may_merge(
