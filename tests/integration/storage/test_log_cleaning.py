@@ -190,3 +190,23 @@ async def test_a_pass_that_loses_its_partition_midway_commits_nothing(cluster: C
     end = log2.high_watermark
     assert (await log2.append(rb.build_batch([(b"k0", b"after")]))).base_offset == end
     assert cluster.fenced == []
+
+
+async def test_the_engines_compaction_pass_cleans_compacted_partitions_only(
+    cluster: Cluster,
+) -> None:
+    engine = await cluster.engine(1, compaction_min_ranges=8)
+    plain = TopicPartition("events", 0)
+    logs = {
+        TP: await engine.open_partition(TP, TOPIC_ID, 1, COMPACT),
+        plain: await engine.open_partition(plain, TOPIC_ID, 1, PartitionConfig(segment_bytes=2048)),
+    }
+    for i in range(60):  # 60 updates of 3 keys, each in its own WAL range
+        for log in logs.values():
+            await log.append(rb.build_batch([(b"k%d" % (i % 3), b"v%d-%s" % (i, b"x" * 80))]))
+    await engine.compact_all()  # WAL ranges into segments, then the cleaner
+    assert all(log.index.wal_ranges() == 0 for log in logs.values())
+    compacted, kept = await read_rows(logs[TP]), await read_rows(logs[plain])
+    assert len(kept) == 60  # cleanup.policy=delete: untouched
+    assert len(compacted) < 30 and compacted[-1] == kept[-1]  # superseded updates are gone
+    assert {key for _, key, _ in compacted} == {b"k0", b"k1", b"k2"}
