@@ -210,3 +210,25 @@ async def test_the_engines_compaction_pass_cleans_compacted_partitions_only(
     assert len(kept) == 60  # cleanup.policy=delete: untouched
     assert len(compacted) < 30 and compacted[-1] == kept[-1]  # superseded updates are gone
     assert {key for _, key, _ in compacted} == {b"k0", b"k1", b"k2"}
+
+
+async def test_a_segment_the_cleaner_cannot_parse_leaves_the_partition_uncleaned(
+    cluster: Cluster,
+) -> None:
+    engine = await cluster.engine(1)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, COMPACT)
+    await write_table(log)
+    await engine.compact_partition(log, force=True)
+    first = log.index[0]
+    store = cluster.inspector()
+    try:  # the first segment's bytes rot in the store
+        size = len(await store.get(first.key))
+        await store.put(first.key, [b"\0" * size])
+    finally:
+        await store.close()
+    cleaner = LogCleaner(engine)
+    outcome = await cleaner.clean(log)
+    assert outcome.uncleanable and "magic" in outcome.uncleanable
+    assert outcome.groups_cleaned == 0 and not cleaner.wanted(log)
+    assert (await cleaner.clean(log)).bytes_read == 0  # not retried on every pass
+    assert log.index.entries[0] == first and cluster.fenced == []

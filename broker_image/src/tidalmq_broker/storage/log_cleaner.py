@@ -19,6 +19,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tidalmq_broker.protocol.records import InvalidRecordBatch
 from tidalmq_broker.storage import keys
 from tidalmq_broker.storage.api import ObjectStoreUnavailable
 from tidalmq_broker.storage.cleaner import (
@@ -60,6 +61,7 @@ class CleanPass:
     bytes_read: int = 0
     bytes_written: int = 0
     stats: CleanStats = field(default_factory=CleanStats)
+    uncleanable: str | None = None  # why the partition's data cannot be cleaned
 
 
 class LogCleaner:
@@ -69,10 +71,13 @@ class LogCleaner:
         # where each open partition's next pass starts mapping (the checkpoint does not keep
         # it yet); the entry goes with the Partition object when it is closed
         self._first_dirty: weakref.WeakKeyDictionary[Partition, int] = weakref.WeakKeyDictionary()
+        # partitions holding a batch the cleaner cannot parse: left alone until reopened
+        # (Kafka's uncleanable partitions), not retried and logged on every pass
+        self._uncleanable: weakref.WeakSet[Partition] = weakref.WeakSet()
 
     def wanted(self, p: Partition) -> bool:
         """A cheap test first: compacted, with segments at or past the first dirty offset."""
-        if not p.config.compacted:
+        if not p.config.compacted or p in self._uncleanable:
             return False
         i = len(p.index) - 1
         while i >= 0 and p.index[i].in_wal:
@@ -82,8 +87,17 @@ class LogCleaner:
     async def clean(self, p: Partition, *, now_ms: int | None = None) -> CleanPass:
         """One pass over `p`, if anything is cleanable."""
         outcome = CleanPass()
-        if not p.config.compacted:
+        if not p.config.compacted or p in self._uncleanable:
             return outcome
+        try:
+            await self._pass(p, now_ms, outcome)
+        except InvalidRecordBatch as exc:
+            self._uncleanable.add(p)
+            outcome.uncleanable = str(exc)
+            log.warning("%s: cannot be cleaned until it is reopened: %s", p.tp, exc)
+        return outcome
+
+    async def _pass(self, p: Partition, now_ms: int | None, outcome: CleanPass) -> None:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         cfg = p.config
         entries = p.index.entries
@@ -98,7 +112,7 @@ class LogCleaner:
             now_ms=now,
         )
         if cleanable is None:
-            return outcome
+            return
         outcome.start, end = cleanable
         offset_map = OffsetMap(self.map_keys)
         dirty = [
@@ -112,7 +126,7 @@ class LogCleaner:
                 outcome.map_full = True
                 break
         if offset_map.latest_offset < outcome.start:
-            return outcome  # nothing but control batches or aborted data to map yet
+            return  # nothing but control batches or aborted data to map yet
         outcome.end = offset_map.latest_offset + 1
         last_batches = {
             pid: ProducerLastBatch(epoch, last_data)
@@ -135,7 +149,6 @@ class LogCleaner:
             outcome.stats.markers_removed, outcome.bytes_read, outcome.bytes_written,
             100 * offset_map.utilization, "; raced, stopped" if outcome.raced else "",
         )  # fmt: skip
-        return outcome
 
     async def _clean_group(
         self,
