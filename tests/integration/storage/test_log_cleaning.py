@@ -232,3 +232,56 @@ async def test_a_segment_the_cleaner_cannot_parse_leaves_the_partition_uncleaned
     assert outcome.groups_cleaned == 0 and not cleaner.wanted(log)
     assert (await cleaner.clean(log)).bytes_read == 0  # not retried on every pass
     assert log.index.entries[0] == first and cluster.fenced == []
+
+
+async def test_a_pass_raced_by_delete_records_drops_its_segment_and_keeps_the_log(
+    cluster: Cluster,
+) -> None:
+    engine = await cluster.engine(1)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, COMPACT)
+    rows, _ = await write_table(log)
+    await engine.compact_partition(log, force=True)
+    objects = await segment_objects(cluster)
+    store = cluster.stores[0]
+    held: list[str] = []
+    store.gate = asyncio.Event()
+    store.gate_match = lambda key: "/segments/" in key and not held.append(key)
+    cleaning = asyncio.create_task(LogCleaner(engine).clean(log))
+    for _ in range(500):
+        if held:
+            break
+        await asyncio.sleep(0.02)
+    assert held
+    start = log.index[1].base_offset  # inside the group being cleaned
+    assert await log.delete_records_before(start) == start
+    store.gate.set()
+    outcome = await asyncio.wait_for(cleaning, 20)
+    assert outcome.raced and outcome.groups_cleaned == 0
+    assert held[0] not in await segment_objects(cluster)  # its new segment was deleted
+    assert await segment_objects(cluster) <= objects
+    assert await read_rows(log) == [r for r in rows if r[0] >= start]
+    # the next pass starts over from the new log start
+    again = await LogCleaner(engine).clean(log)
+    assert again.start == start and again.groups_cleaned >= 1 and not again.raced
+
+
+async def test_an_idempotent_retry_after_cleaning_is_answered_as_a_duplicate(
+    cluster: Cluster,
+) -> None:
+    engine1 = await cluster.engine(1)
+    log1 = await engine1.open_partition(TP, TOPIC_ID, 1, COMPACT)
+    sent = [
+        rb.build_batch([(b"k", b"v%d-%s" % (i, b"x" * 200))], producer_id=7, producer_epoch=0,
+                       base_sequence=i)
+        for i in range(12)
+    ]  # fmt: skip
+    offsets = [(await log1.append(b)).base_offset for b in sent]
+    await engine1.compact_partition(log1, force=True)
+    assert (await LogCleaner(engine1).clean(log1)).stats.superseded > 0
+    await engine1.close_partition(TP)
+    engine2 = await cluster.engine(2)
+    log2 = await engine2.open_partition(TP, TOPIC_ID, 2, COMPACT)
+    # the producer did not hear back about its last batch and sends it again
+    assert (await log2.append(sent[-1])).base_offset == offsets[-1]
+    assert log2.high_watermark == offsets[-1] + 1  # nothing written twice
+    assert await read_rows(log2) == [(offsets[-1], b"k", b"v11-" + b"x" * 200)]
