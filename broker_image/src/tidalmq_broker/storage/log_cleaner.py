@@ -8,11 +8,13 @@ partitions whose `cleanup.policy` includes `compact`; only the broker that has a
 cleans it (only it can commit its checkpoint). What is not built yet (docs/compaction.md,
 "Status"): the first dirty offset lives in memory only (a new owner cleans from the log start
 once), no dirty-ratio or max-lag scheduling (a partition is cleaned when new segments arrived
-since its last pass), no metrics beyond one log line per pass.
+since its last pass), no metrics beyond one log line per pass. Parsing and filtering records run in a worker thread
+(one at a time: the engine's compaction pass cleans one partition at a time).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import weakref
@@ -122,7 +124,9 @@ class LogCleaner:
         for key, first, stop in read_plan(dirty):
             data = await self._engine.store.get(key, first, stop)
             outcome.bytes_read += len(data)
-            if map_batches(data, offset_map, tracker, outcome.start, end):
+            # record parsing runs in a worker thread: the event loop (Produce, Fetch) keeps
+            # its turn every GIL switch interval instead of waiting for a whole segment
+            if await asyncio.to_thread(map_batches, data, offset_map, tracker, outcome.start, end):
                 outcome.map_full = True
                 break
         if offset_map.latest_offset < outcome.start:
@@ -168,7 +172,7 @@ class LogCleaner:
         outcome.bytes_read += len(data)
         tracker = TxnTracker(p.aborted_txns.overlapping_entries(first, last))
         rnd = CleanRound(offset_map, now, p.config.delete_retention_ms, last_batches, last)
-        cleaned = clean_group(data, tracker, rnd)
+        cleaned = await asyncio.to_thread(clean_group, data, tracker, rnd)
         _add(outcome.stats, cleaned.stats)
         if not cleaned.changed and not cleaned.emptied_aborts:
             outcome.groups_skipped += 1
