@@ -285,3 +285,35 @@ async def test_an_idempotent_retry_after_cleaning_is_answered_as_a_duplicate(
     assert (await log2.append(sent[-1])).base_offset == offsets[-1]
     assert log2.high_watermark == offsets[-1] + 1  # nothing written twice
     assert await read_rows(log2) == [(offsets[-1], b"k", b"v11-" + b"x" * 200)]
+
+
+async def test_an_aborted_transaction_leaves_the_index_once_its_data_is_gone(
+    cluster: Cluster,
+) -> None:
+    engine = await cluster.engine(1)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, COMPACT)
+    txn = rb.TRANSACTIONAL_FLAG
+    await log.append(
+        rb.build_batch(
+            [(b"a", b"no")], producer_id=5, producer_epoch=0, base_sequence=0, attributes=txn
+        )
+    )
+    await log.write_txn_marker(5, 0, commit=False, coordinator_epoch=0)
+    await log.append(
+        rb.build_batch(
+            [(b"a", b"yes")], producer_id=5, producer_epoch=0, base_sequence=1, attributes=txn
+        )
+    )
+    await log.write_txn_marker(5, 0, commit=True, coordinator_epoch=0)
+    for i in range(30):  # enough to close the segment that holds the transactions
+        await log.append(rb.build_batch([(b"k%d" % (i % 3), b"x" * 200)]))
+    await engine.compact_partition(log, force=True)
+    assert len(log.aborted_txns) == 1
+    first = await LogCleaner(engine).clean(log)  # the aborted data goes, its marker stays
+    assert first.stats.aborted == 1 and len(log.aborted_txns) == 1
+    second = await LogCleaner(engine).clean(log)  # no data left: the index entry goes
+    assert second.groups_cleaned >= 1 and len(log.aborted_txns) == 0
+    # the marker waits for its horizon, and nothing is rewritten meanwhile
+    third = await LogCleaner(engine).clean(log)
+    assert third.groups_cleaned == 0 and third.groups_skipped >= 1
+    assert [v for _, k, v in await read_rows(log) if k == b"a"] == [b"yes"]
