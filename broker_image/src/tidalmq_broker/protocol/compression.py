@@ -38,7 +38,7 @@ def decompress(codec: int, data: bytes | memoryview) -> bytes:
         raise CorruptCompressedData(f"{name} data does not decompress: {exc}") from exc
 
 
-def compress(codec: int, data: bytes | memoryview) -> bytes:
+def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
     """`data` compressed as Kafka's Java producer writes `codec`: gzip; snappy in xerial's
     framing; an LZ4 frame of independent 64 KiB blocks (what KafkaLZ4BlockOutputStream writes
     and KafkaLZ4BlockInputStream reads); a zstd frame."""

@@ -205,5 +205,5 @@ class LogCleaner:
 
 
 def _add(total: CleanStats, more: CleanStats) -> None:
-    for name in CleanStats.__slots__:  # type: ignore[attr-defined]
+    for name in CleanStats.__slots__:
         setattr(total, name, getattr(total, name) + getattr(more, name))
