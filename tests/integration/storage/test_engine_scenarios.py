@@ -644,3 +644,35 @@ async def test_crash_under_concurrent_load_loses_no_acknowledged_append(cluster:
         assert sorted(got) == list(range(log2.high_watermark))  # contiguous
         for offset, tag in acked[i]:
             assert tag in got[offset], f"acknowledged {tag!r} at {offset} of {tp} is lost"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="suspected defect 1 of docs/compaction.md section 4, confirmed: swap_index commits "
+    "after close() over the clean checkpoint, and the next owner's first write is fenced",
+)
+async def test_a_wal_pass_that_outlives_close_does_not_fence_the_next_owner(
+    cluster: Cluster,
+) -> None:
+    engine1 = await cluster.engine(1)
+    log1 = await engine1.open_partition(TP, TOPIC_ID, 1, CFG)
+    for i in range(20):
+        await log1.append(batch(2, tag=b"m%d" % i))
+    store1 = cluster.stores[0]
+    held: list[str] = []
+    store1.gate = asyncio.Event()
+    store1.gate_match = lambda key: "/segments/" in key and not held.append(key)
+    compacting = asyncio.create_task(engine1.compact_partition(log1, force=True))
+    for _ in range(500):  # until the segment's PUT is held
+        if held:
+            break
+        await asyncio.sleep(0.02)
+    assert held and not compacting.done()
+    await engine1.close_partition(TP)  # moved away: the clean checkpoint is written now
+    engine2 = await cluster.engine(2)
+    log2 = await engine2.open_partition(TP, TOPIC_ID, 2, CFG)
+    store1.gate.set()
+    await asyncio.gather(compacting, return_exceptions=True)
+    # the new owner writes: its checkpoint's If-Match is on the clean one it opened
+    assert (await log2.append(batch(1))).base_offset == 40
+    assert cluster.fenced == []

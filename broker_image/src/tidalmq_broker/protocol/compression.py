@@ -1,6 +1,7 @@
 """Decompression of record batch bodies, for the few places that must look inside a batch a
-client compressed (ListOffsets by timestamp). The broker never re-encodes: what it stores and
-serves stays the producer's bytes."""
+client compressed (ListOffsets by timestamp, the log cleaner), and compression for the one place
+that re-encodes: the log cleaner, which rebuilds a batch it dropped records from with the codec
+the producer chose (docs/compaction.md). Everything else stores and serves the producer's bytes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ COMPRESSION_NAMES = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", Z
 # versions, then blocks of (int32 length, raw snappy). librdkafka sends raw snappy.
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = len(_XERIAL_MAGIC) + 8
+_XERIAL_VERSIONS = struct.pack(">ii", 1, 1)  # version, compatible version
+_XERIAL_BLOCK = 32 * 1024  # SnappyOutputStream's default block size
 
 
 class CorruptCompressedData(ValueError):
@@ -33,6 +36,34 @@ def decompress(codec: int, data: bytes | memoryview) -> bytes:
     except Exception as exc:  # each library has its own errors (OSError, ZstdError, ...)
         name = COMPRESSION_NAMES[codec]
         raise CorruptCompressedData(f"{name} data does not decompress: {exc}") from exc
+
+
+def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
+    """`data` compressed as Kafka's Java producer writes `codec`: gzip; snappy in xerial's
+    framing; an LZ4 frame of independent 64 KiB blocks (what KafkaLZ4BlockOutputStream writes
+    and KafkaLZ4BlockInputStream reads); a zstd frame."""
+    if codec == NONE:
+        return bytes(data)
+    if codec == GZIP:
+        return gzip.compress(bytes(data), mtime=0)
+    if codec == SNAPPY:
+        raw = bytes(data)
+        out = bytearray(_XERIAL_MAGIC + _XERIAL_VERSIONS)
+        for start in range(0, len(raw), _XERIAL_BLOCK):
+            block = snappy.compress(raw[start : start + _XERIAL_BLOCK])
+            out += struct.pack(">i", len(block)) + block
+        return bytes(out)
+    if codec == LZ4:
+        return lz4.frame.compress(
+            bytes(data),
+            block_size=lz4.frame.BLOCKSIZE_MAX64KB,
+            block_linked=False,
+            content_checksum=False,
+            store_size=False,
+        )
+    if codec == ZSTD:
+        return zstandard.ZstdCompressor().compress(bytes(data))
+    raise CorruptCompressedData(f"compression type {codec} is not one of Kafka's")
 
 
 def _decompress(codec: int, data: bytes | memoryview) -> bytes:

@@ -18,7 +18,9 @@ Layout of a v2 batch (all big-endian), from Kafka's DefaultRecordBatch:
     61 records...
 
 The broker only ever rewrites baseOffset and partitionLeaderEpoch, neither of which the CRC covers,
-so a batch's records and checksum stay byte-for-byte what the producer sent.
+so a batch's records and checksum stay byte-for-byte what the producer sent. The one exception is
+the log cleaner of compacted topics, as in Kafka: `rebuild_batch` and `empty_batch` re-encode a
+batch it dropped records from, keeping its offsets, producer fields and codec.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from tidalmq_broker.protocol.compression import CorruptCompressedData, decompress
+from tidalmq_broker.protocol.compression import CorruptCompressedData, compress, decompress
 
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength
@@ -46,6 +48,11 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
+DELETE_HORIZON_FLAG = 0x40  # KIP-534: baseTimestamp is the batch's delete horizon
+
+# The key of a control record: int16 version, int16 type (Kafka's ControlRecordType)
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
 
 
 class InvalidRecordBatch(ValueError):
@@ -90,6 +97,11 @@ class BatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & CONTROL_FLAG)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """The time after which the cleaner may drop this batch's tombstones or marker."""
+        return self.base_timestamp if self.attributes & DELETE_HORIZON_FLAG else None
 
     @property
     def has_producer_id(self) -> bool:
@@ -273,6 +285,161 @@ def iter_record_timestamps(
         raise InvalidRecordBatch(
             f"records of the batch at offset {header.base_offset} are truncated"
         ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSlice:
+    """One record of a batch as the cleaner sees it: its offset, timestamp, key, whether it has
+    a value, and its encoded bytes after the timestamp delta (offset delta, key, value, headers),
+    which a rebuilt batch copies unchanged."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    has_value: bool
+    attributes: int
+    rest: bytes
+
+
+def iter_record_slices(
+    batch: bytes | bytearray | memoryview, header: BatchHeader
+) -> Iterator[RecordSlice]:
+    """Every record of a batch, compressed or not, checked against the bytes that arrived: a
+    record whose declared length, key or value runs past its end, a count that does not match,
+    or trailing bytes raise InvalidRecordBatch."""
+    records = memoryview(batch)[header.position + HEADER_SIZE : header.position + header.size]
+    try:
+        body = (
+            memoryview(decompress(header.compression, records)) if header.compression else records
+        )
+    except CorruptCompressedData as exc:
+        raise InvalidRecordBatch(str(exc)) from exc
+    where = f"records of the batch at offset {header.base_offset}"
+    pos = 0
+    try:
+        for _ in range(header.record_count):
+            length, pos = _read_varint(body, pos)
+            end = pos + length
+            if length < 1 or end > len(body):
+                raise InvalidRecordBatch(f"{where} declare a record of {length} bytes")
+            attributes = body[pos]
+            timestamp_delta, rest_start = _read_varint(body, pos + 1)
+            offset_delta, p = _read_varint(body, rest_start)
+            key_length, p = _read_varint(body, p)
+            key = None
+            if key_length >= 0:
+                if p + key_length > end:
+                    raise InvalidRecordBatch(f"{where} have a key past its record's end")
+                key = bytes(body[p : p + key_length])
+                p += key_length
+            value_length, p = _read_varint(body, p)
+            if p + max(value_length, 0) > end:
+                raise InvalidRecordBatch(f"{where} have a value past its record's end")
+            if offset_delta < 0 or offset_delta > header.last_offset_delta:
+                raise InvalidRecordBatch(f"{where} hold offset delta {offset_delta}")
+            yield RecordSlice(
+                header.base_offset + offset_delta,
+                header.base_timestamp + timestamp_delta,
+                key,
+                value_length >= 0,
+                attributes,
+                bytes(body[rest_start:end]),
+            )
+            pos = end
+    except IndexError:
+        raise InvalidRecordBatch(f"{where} are truncated") from None
+    if pos != len(body):
+        raise InvalidRecordBatch(f"{where} are followed by {len(body) - pos} stray bytes")
+
+
+def control_type(batch: bytes | bytearray | memoryview, header: BatchHeader) -> int | None:
+    """CONTROL_ABORT or CONTROL_COMMIT for a marker batch; None for an empty control batch (one
+    the cleaner already emptied) or an unknown control type."""
+    for record in iter_record_slices(batch, header):
+        if record.key is None or len(record.key) < 4:
+            raise InvalidRecordBatch(f"control record at offset {record.offset} has no type")
+        kind = int.from_bytes(record.key[2:4], "big", signed=True)
+        return kind if kind in (CONTROL_ABORT, CONTROL_COMMIT) else None
+    return None
+
+
+def rebuild_batch(
+    header: BatchHeader, kept: list[RecordSlice], *, delete_horizon_ms: int | None = None
+) -> bytes:
+    """The batch of `header` holding only the records `kept` (at least one), as Kafka's cleaner
+    rebuilds it: same base offset, last offset delta, producer id, epoch, base sequence, leader
+    epoch, attributes and codec, so offsets and sequences never change. With a delete horizon,
+    the base timestamp becomes the horizon and the records' timestamp deltas are re-encoded from
+    it (they may go negative); their timestamps stay what they were."""
+    if not kept:
+        raise ValueError("a rebuilt batch keeps at least one record; use empty_batch")
+    attributes = header.attributes
+    base_timestamp = header.base_timestamp
+    if delete_horizon_ms is not None:
+        attributes |= DELETE_HORIZON_FLAG
+        base_timestamp = delete_horizon_ms
+    body = bytearray()
+    for record in kept:
+        timestamp_delta = _varint(record.timestamp - base_timestamp)
+        body += _varint(1 + len(timestamp_delta) + len(record.rest))
+        body.append(record.attributes)
+        body += timestamp_delta
+        body += record.rest
+    if attributes & TIMESTAMP_TYPE_MASK:
+        max_timestamp = header.max_timestamp  # LogAppendTime: the broker's time for all
+    else:
+        max_timestamp = max(record.timestamp for record in kept)
+    return _assemble(
+        header,
+        attributes,
+        base_timestamp,
+        max_timestamp,
+        len(kept),
+        compress(header.compression, body) if header.compression else bytes(body),
+    )
+
+
+def empty_batch(header: BatchHeader) -> bytes:
+    """The header of `header`'s batch with no records (Kafka's writeEmptyHeader): the cleaner
+    keeps it where a batch's last offset and producer sequence must survive."""
+    attributes = header.attributes & (TIMESTAMP_TYPE_MASK | TRANSACTIONAL_FLAG | CONTROL_FLAG)
+    return _assemble(header, attributes, header.max_timestamp, header.max_timestamp, 0, b"")
+
+
+def _assemble(
+    header: BatchHeader,
+    attributes: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    count: int,
+    records: bytes,
+) -> bytes:
+    after_crc = (
+        struct.pack(
+            ">hiqqqhii",
+            attributes,
+            header.last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            count,
+        )
+        + records
+    )
+    crc = crc32c.crc32c(after_crc)
+    return (
+        struct.pack(
+            ">qiibI",
+            header.base_offset,
+            4 + 1 + 4 + len(after_crc),
+            header.partition_leader_epoch,
+            MAGIC_V2,
+            crc,
+        )
+        + after_crc
+    )
 
 
 def _varint(value: int) -> bytes:

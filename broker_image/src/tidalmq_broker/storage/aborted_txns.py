@@ -45,12 +45,25 @@ class AbortedTxns:
     def overlapping(self, start: int, end: int) -> list[tuple[int, int]]:
         """(producer id, first offset) of the aborted transactions with data in
         [start, end], by first offset (what FetchResponse.AbortedTransactions carries)."""
-        i = bisect.bisect_left(self._lasts, start)
-        found = [
-            (e.producer_id, e.first_offset) for e in self._entries[i:] if e.first_offset <= end
-        ]
+        found = [(e.producer_id, e.first_offset) for e in self.overlapping_entries(start, end)]
         found.sort(key=lambda pf: (pf[1], pf[0]))
         return found
+
+    def overlapping_entries(self, start: int, end: int) -> list[AbortedTxn]:
+        """The entries of the aborted transactions with data or marker in [start, end], by
+        marker offset (what the log cleaner's transaction tracker reads)."""
+        i = bisect.bisect_left(self._lasts, start)
+        return [e for e in self._entries[i:] if e.first_offset <= end]
+
+    def remove(self, entries: list[AbortedTxn]) -> int:
+        """Forget `entries` (transactions whose abort marker the log cleaner removed, or kept
+        with no data left to filter); returns how many were present."""
+        gone = set(entries)
+        kept = [e for e in self._entries if e not in gone]
+        removed = len(self._entries) - len(kept)
+        self._entries = kept
+        self._lasts = [e.last_offset for e in kept]
+        return removed
 
     def drop_before(self, offset: int) -> int:
         """Forget the transactions that ended below `offset` (the new log start)."""

@@ -116,6 +116,15 @@ class PartitionConfig:
     max_message_bytes: int = 1024 * 1024 + 12  # max.message.bytes (one batch)
     segment_bytes: int = 64 * 1024 * 1024  # segment.bytes: target size of compacted segments
     message_timestamp_type: str = "CreateTime"  # message.timestamp.type
+    # The log cleaner's (docs/compaction.md). No topic config reaches these yet: CreateTopics
+    # and AlterConfigs still refuse `compact` until the cleaner runs on its own schedule.
+    cleanup_policy: frozenset[str] = frozenset({"delete"})  # cleanup.policy
+    delete_retention_ms: int = 24 * 3600 * 1000  # delete.retention.ms: tombstones and markers
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+
+    @property
+    def compacted(self) -> bool:
+        return "compact" in self.cleanup_policy
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tidalmq_broker.storage.api import PartitionConfig
 from tidalmq_broker.storage.index import IndexEntry
 
 DEFAULT_GRANULE_BYTES = 256 * 1024
@@ -76,10 +77,9 @@ def plan_segments(
         if (
             not current
             and segment
-            and segment_size < segment_bytes // 2
+            and may_merge(segment, segment_size, segment_bytes, now_ms, merge_max_age_ms)
             and segment_size + e.size <= segment_bytes
             and segment_size <= max(run_after[i], segment_bytes // 8)
-            and (merge_max_age_ms < 0 or segment[0].max_timestamp >= now_ms - merge_max_age_ms)
         ):
             current, size = list(segment), segment_size
         segment, segment_size = [], 0
@@ -91,6 +91,51 @@ def plan_segments(
     if current:
         plans.append(current)
     return plans
+
+
+def merge_max_age_ms(config: PartitionConfig) -> int:
+    """The age past which a segment is no longer merged with new WAL ranges: half of
+    retention.ms, so merging never keeps data from retention for long (-1: no limit)."""
+    return config.retention_ms // 2 if config.retention_ms >= 0 else -1
+
+
+def may_merge(
+    segment: list[IndexEntry],
+    segment_size: int,
+    segment_bytes: int,
+    now_ms: int,
+    merge_max_age_ms: int,
+) -> bool:
+    """Whether a segment directly before a WAL run is small and young enough for the next
+    WAL pass to rewrite it together with that run (plan_segments' rule, which active_start
+    shares so the log cleaner and the WAL pass never disagree about what is still active)."""
+    return segment_size < segment_bytes // 2 and (
+        merge_max_age_ms < 0 or segment[0].max_timestamp >= now_ms - merge_max_age_ms
+    )
+
+
+def active_start(
+    entries: list[IndexEntry], segment_bytes: int, *, now_ms: int, merge_max_age_ms: int
+) -> int | None:
+    """The first offset of a partition's active part, which the log cleaner never touches
+    (Kafka's active segment): its first WAL range, or the segment just before it (the last
+    segment if no range is in the WAL) while a WAL pass may still merge new ranges into it.
+    None for an empty index."""
+    if not entries:
+        return None
+    first_wal = next((i for i, e in enumerate(entries) if e.in_wal), len(entries))
+    if first_wal == 0:
+        return entries[0].base_offset
+    start = first_wal - 1
+    while start > 0 and entries[start - 1].key == entries[first_wal - 1].key:
+        start -= 1
+    segment = entries[start:first_wal]
+    size = sum(e.size for e in segment)
+    if may_merge(segment, size, segment_bytes, now_ms, merge_max_age_ms):
+        return segment[0].base_offset
+    if first_wal < len(entries):
+        return entries[first_wal].base_offset
+    return entries[-1].last_offset + 1
 
 
 def segment_entries(key: str, sources: list[IndexEntry], granule_bytes: int) -> list[IndexEntry]:

@@ -42,6 +42,7 @@ from tidalmq_broker.storage.cache import TailCache
 from tidalmq_broker.storage.checkpoint import Checkpoint, CheckpointStore
 from tidalmq_broker.storage.compaction import (
     CompactionPolicy,
+    merge_max_age_ms,
     plan_segments,
     segment_entries,
     should_compact,
@@ -50,6 +51,7 @@ from tidalmq_broker.storage.garbage import OwnWalTracker, segment_garbage, wal_g
 from tidalmq_broker.storage.health import WriteHealth, probe_key
 from tidalmq_broker.storage.identity import identity_problem, read_identity
 from tidalmq_broker.storage.index import IndexEntry
+from tidalmq_broker.storage.log_cleaner import LogCleaner
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.objectstore.metered import MeteredObjectStore
 from tidalmq_broker.storage.partition import Partition, State
@@ -112,6 +114,7 @@ class ObjectStreamEngine:
         self.writer.before_put = self._store_new_partitions
         self.writer.on_timeout = self.write_health.failed
         self.tracker = OwnWalTracker()
+        self.cleaner = LogCleaner(self)  # compacted topics (docs/compaction.md)
         self._lease_check = lease_check
         self._on_fenced = on_fenced
         self._owns_store = owns_store
@@ -706,6 +709,7 @@ class ObjectStreamEngine:
 
     async def compact_all(self) -> None:
         await self._each_partition(self.compact_partition, _PARALLEL_COMPACTIONS, _holds_data)
+        await self._each_partition(self.cleaner.clean, _PARALLEL_COMPACTIONS, self.cleaner.wanted)
 
     async def apply_retention_all(self) -> None:
         await self._each_partition(self.apply_retention, wanted=_holds_data)
@@ -724,12 +728,11 @@ class ObjectStreamEngine:
         if not should_compact(entries, p.wal_age_s(), policy):
             return 0
         written = 0
-        retention_ms = p.config.retention_ms
         plans = plan_segments(
             entries,
             policy.segment_bytes,
             now_ms=int(time.time() * 1000),
-            merge_max_age_ms=retention_ms // 2 if retention_ms >= 0 else -1,
+            merge_max_age_ms=merge_max_age_ms(p.config),
         )
         reads = asyncio.Semaphore(8)
 

@@ -33,7 +33,7 @@ from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.protocol import records
 from tidalmq_broker.storage import metrics
-from tidalmq_broker.storage.aborted_txns import AbortedTxns
+from tidalmq_broker.storage.aborted_txns import AbortedTxn, AbortedTxns
 from tidalmq_broker.storage.api import (
     ActiveProducer,
     AppendResult,
@@ -798,6 +798,38 @@ class Partition:
                 raise
             if not self._index.wal_ranges():
                 self._wal_since = None
+            return True
+
+    def producer_last_batches(self) -> dict[int, tuple[int, int | None]]:
+        """(epoch, last data offset or None) of each durable producer: the batches the log
+        cleaner keeps so their sequences survive (docs/compaction.md)."""
+        return {
+            pid: (e.epoch, e.batches[-1].last_offset if e.batches else None)
+            for pid, e in self._durable_producers.producers.items()
+        }
+
+    async def replace_cleaned(
+        self, old: list[IndexEntry], new: list[IndexEntry], emptied_aborts: list[AbortedTxn]
+    ) -> bool:
+        """Swap a group of segments for the log cleaner's cleaned copy, forget the aborted
+        transactions it left no data of, and commit both in one checkpoint PUT. False, with
+        nothing changed, unless the partition is still open here under a valid lease and the
+        run is unchanged (the caller deletes its segment)."""
+        async with self._cp_lock:
+            if self._state is not State.OPEN or not self._engine.lease_ok():
+                return False
+            if not self._index.replace(old, new):
+                return False
+            aborted = self._aborted.copy()
+            self._aborted.remove(emptied_aborts)
+            self._cache.drop_before(new[-1].last_offset + 1)  # never serve or copy pre-clean bytes
+            self._version += 1
+            try:
+                await self._commit_locked(force=True)
+            except ObjectStoreUnavailable:
+                self._index.replace(new, old)
+                self._aborted = aborted
+                raise
             return True
 
     async def advance_log_start(self, offset: int) -> list[str]:
