@@ -646,11 +646,6 @@ async def test_crash_under_concurrent_load_loses_no_acknowledged_append(cluster:
             assert tag in got[offset], f"acknowledged {tag!r} at {offset} of {tp} is lost"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="suspected defect 1 of docs/compaction.md section 4, confirmed: swap_index commits "
-    "after close() over the clean checkpoint, and the next owner's first write is fenced",
-)
 async def test_a_wal_pass_that_outlives_close_does_not_fence_the_next_owner(
     cluster: Cluster,
 ) -> None:

@@ -786,8 +786,12 @@ class Partition:
 
     async def swap_index(self, old: list[IndexEntry], new: list[IndexEntry]) -> bool:
         """Replace compacted WAL ranges by segment ranges and commit; False if the index moved
-        on meanwhile (the caller deletes its segment)."""
+        on meanwhile, or the partition is no longer open here under a valid lease (a pass that
+        outlived close() must not commit over the clean checkpoint the next owner opened:
+        that fenced the next owner's first write). The caller deletes its segment."""
         async with self._cp_lock:
+            if self._state is not State.OPEN or not self._engine.lease_ok():
+                return False
             if not self._index.replace(old, new):
                 return False
             self._version += 1
