@@ -346,7 +346,7 @@ def main() -> int:
         "wait* is the longest produce->ack time of a record sent during the move; *between moves* "
         "the longest wait outside moves, the producer's baseline. With 20 moves, p99 is the "
         "largest of 20. The last columns split the move on the controller's clock: from the "
-        "request to the controller recording the target (seed 000 step 1: a metadata commit), and "
+        "request to the controller recording the target (a move's first step: a metadata commit), and "
         "from there to the target serving (close, election, open).",
         "",
         "| partition size | moves | move start -> first ack p50 | p99 | max | longest record wait p50 | p99 | between moves | request -> recorded p50 / p99 | recorded -> opened p50 / p99 |",

@@ -1,4 +1,4 @@
-"""Benchmark: static topics (seed 002) - how long a logic queue is unavailable while it is
+"""Benchmark: static topics - how long a logic queue is unavailable while it is
 remapped under load, and how fast a consumer reads across remap boundaries.
 
     .venv/bin/python bench/static_topic.py                       # local-directory object store

@@ -100,7 +100,7 @@ def partition_config(topic: TopicInfo) -> PartitionConfig:
 
 
 class LogicQueues(Protocol):
-    """Static topics (seed 002): the logs of the logic queues this broker leads."""
+    """Static topics: the logs of the logic queues this broker leads."""
 
     def get_log(self, tp: TopicPartition) -> PartitionLog | None:
         """None when `tp.topic` is not a static topic (raises for its hidden physical topic)."""

@@ -9,7 +9,7 @@ appended with everything else decided meanwhile as one batch), waits for the com
 answers, and publishes committed batches to the brokers, each of which gets the batches after
 the version it holds (a snapshot only when it is too far behind).
 
-Moves follow seed 000: the target is recorded (queued: the source still serves); the move's
+Moves follow the move protocol (docs/control-plane.md): the target is recorded (queued: the source still serves); the move's
 wave asks the source to close (leader none); the source closes cleanly and reports it at the
 move's epoch; the target is elected with epoch + 1 and opens the partition. A source that does
 not close within the election timeout (from the durable start of the close) is fenced: its lease

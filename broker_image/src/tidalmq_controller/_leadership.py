@@ -5,7 +5,7 @@ partitions move, which have no leader, which lost data), kept up to date from th
 the records as they are applied, so every decision costs O(what changed) or O(what it moves),
 never a walk over the cluster.
 
-Moves (seed 000 with Kafka's bookkeeping) run in waves: `queue` records targets (the sources
+Moves (the move protocol with Kafka's bookkeeping) run in waves: `queue` records targets (the sources
 keep serving); `tick` starts queued moves while each broker has fewer than
 `max_moves_per_broker` moves in flight as source or target, all the moves it starts in one
 step going into one batch; sources close them, the controller elects the targets in one batch

@@ -1,4 +1,4 @@
-"""The controller RPC (seed 004: the controller decides and pushes, brokers report).
+"""The controller RPC (the controller decides and pushes, brokers report).
 
 Brokers call the controller: register, heartbeat (what opened and closed since the last answered
 heartbeat), report closed, opened and lost partitions (many per request), fetch the metadata

@@ -1,4 +1,4 @@
-"""The controller's half of static topics (seed 002): create, remap, repair, clean up.
+"""The controller's half of static topics: create, remap, repair, clean up.
 
 A static topic `T` lives in the cluster metadata as three things, always changed together in one
 commit: the mapping copies (`ClusterMetadata.static_topics[T]`, the source of truth), the hidden

@@ -179,12 +179,12 @@ class DataLoss:
 @dataclass(slots=True)
 class PartitionState:
     """Leadership of one partition. `leader` is NO_LEADER while a move closes the source
-    (seed 000 step 1: the target is recorded, nobody is elected yet)."""
+    (a move's first step: the target is recorded, nobody is elected yet)."""
 
     leader: int
     leader_epoch: int
     replicas: list[int]  # the assigned broker (one: data is in object storage)
-    # reassignment bookkeeping (seeds 001/003): original and target replica sets, when moving
+    # reassignment bookkeeping (as Kafka's): original and target replica sets, when moving
     original_replicas: list[int] | None = None
     target_replicas: list[int] | None = None
     move_started_ms: int | None = None
@@ -283,7 +283,7 @@ class ClusterMetadata:
     pending_deletions: list[tuple[str, str]] = field(default_factory=list)
     # dynamic broker config overrides: broker id (as a string) or CLUSTER_DEFAULT -> name -> value
     broker_configs: dict[str, dict[str, str]] = field(default_factory=dict)
-    # static topics (seed 002) by Kafka name: their queue mapping copies
+    # static topics by Kafka name: their queue mapping copies
     static_topics: dict[str, StaticTopicState] = field(default_factory=dict)
     # True once the controller wrote the object store's identity marker (cluster/identity) for
     # this cluster. False in documents older than the marker: write it now (an upgrade), it

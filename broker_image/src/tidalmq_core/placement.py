@@ -1,4 +1,4 @@
-"""Placement of partitions on brokers (seed 004: partition i on broker i mod n)."""
+"""Placement of partitions on brokers (partition i on broker i mod n)."""
 
 from __future__ import annotations
 

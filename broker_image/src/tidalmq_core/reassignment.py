@@ -1,11 +1,11 @@
 """Partition reassignment: the plan format, its validation, and the state machine of one move.
 
-The plan is Kafka's reassignment JSON (seed 001):
+The plan is Kafka's reassignment JSON:
     {"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [2]}]}
 A TidalMQ partition has exactly one replica (its data is in object storage), so a replica list
 names the one broker that should lead it.
 
-The move of one partition follows seed 000, with Kafka's bookkeeping (seeds 001/003: ORS, the
+The move of one partition follows the move protocol, with Kafka's bookkeeping (ORS, the
 original replica set; TRS, the target; AR = TRS - ORS adding; RR = ORS - TRS removing):
 
     PENDING   recorded, nothing asked yet

@@ -1,4 +1,4 @@
-"""Static topics (seed 002): fixed logic queues made of physical queues by logic-offset range.
+"""Static topics: fixed logic queues made of physical queues by logic-offset range.
 
 Names follow the seed. A *physical queue* is a stream written by one broker: in TidalMQ a
 partition of the hidden topic `__sq.<name>`, created on the broker that writes it and never
@@ -49,7 +49,7 @@ class MappingError(ValueError):
 
 
 class MappingConflict(MappingError):
-    """The copies disagree (seed 002's Global Epoch Check): updates are refused until repair."""
+    """The copies disagree (the global epoch check): updates are refused until repair."""
 
     def __init__(self, problems: Sequence[str]) -> None:
         self.problems = list(problems)

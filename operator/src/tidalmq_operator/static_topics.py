@@ -1,4 +1,4 @@
-"""Kopf handlers for StaticTopic resources (seed 002): fixed logic queues over physical queues.
+"""Kopf handlers for StaticTopic resources: fixed logic queues over physical queues.
 
 - create / resume / spec update: create the static topic through the controller, or apply the
   changed spec: `brokers` (logic queues leave brokers outside the set and spread over it),

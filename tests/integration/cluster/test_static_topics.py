@@ -1,4 +1,4 @@
-"""Static topics (seed 002) on a three-broker cluster on the real S3 server, with confluent-kafka:
+"""Static topics on a three-broker cluster on the real S3 server, with confluent-kafka:
 keyed records keep their logic queue while every queue is remapped (both orders), a broker is
 added and one drained, and a broker is killed; a consumer group reads every acknowledged record
 once, at the offset its producer was told, in strictly increasing logic offsets, and resumes from

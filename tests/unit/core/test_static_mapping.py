@@ -1,4 +1,4 @@
-"""The static-topic mapping algebra (seed 002): offset translation across items, time search,
+"""The static-topic mapping algebra: offset translation across items, time search,
 the global epoch check, cleanup, and both switch orders including a crash between steps."""
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class CoordinatorError(Exception):
 
 
 class OffsetKeys:
-    """Where committed offsets are stored. The identity, except for static topics (seed 002),
+    """Where committed offsets are stored. The identity, except for static topics,
     whose offsets go under the physical queue leading the logic queue at commit time and are
     read with Double-Read-Check (see tidalmq_broker.static_topics.service)."""
 

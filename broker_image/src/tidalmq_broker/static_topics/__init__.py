@@ -1,4 +1,4 @@
-"""Static topics (seed 002): a fixed number of logic queues over remappable physical queues.
+"""Static topics: a fixed number of logic queues over remappable physical queues.
 
 The brokers' half: `service` (Produce, Fetch, ListOffsets and committed offsets on logic
 queues); `cli`: `tidalmq static-topic`. The controller's half (create, remap, repair, cleanup)

@@ -1,4 +1,4 @@
-"""`tidalmq static-topic`: describe, list, create, remap and repair static topics (seed 002).
+"""`tidalmq static-topic`: describe, list, create, remap and repair static topics.
 
 `describe` works through the Kafka protocol (`--bootstrap-server`, any broker: the mapping is in
 every broker's metadata, exposed as read-only `static.*` topic configs) or through the controller

@@ -1,4 +1,4 @@
-"""The brokers' half of static topics (seed 002): Kafka APIs on logic queues.
+"""The brokers' half of static topics: Kafka APIs on logic queues.
 
 The broker leading logic queue q of static topic T (the broker of q's writable physical queue)
 serves it through `LogicQueueLog`, a `PartitionLog` over the mapping, so the Produce, Fetch,

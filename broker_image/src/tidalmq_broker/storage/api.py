@@ -335,7 +335,7 @@ class StreamEngine(Protocol):
         ...
 
     async def close_partition(self, tp: TopicPartition) -> None:
-        """Seed 000 steps 3-4: stop appending, wait for in-flight appends, force the flush,
+        """The close of a move (steps 3-4): stop appending, wait for in-flight appends, force the flush,
         write the checkpoint with the clean-shutdown flag, forget the partition."""
         ...
 

@@ -1,4 +1,4 @@
-"""The partition checkpoint (the "meta stream" of seed 000) and its fenced store.
+"""The partition checkpoint (the partition's metadata stream) and its fenced store.
 
 A checkpoint is the complete durable state of a partition up to `next_offset`: leader epoch,
 owner broker and incarnation, log start offset, the offset index, idempotent-producer state, the

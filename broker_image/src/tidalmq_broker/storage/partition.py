@@ -395,7 +395,7 @@ class Partition:
         return self._producers.producers.get(producer_id)
 
     def adopt_producer(self, producer_id: int, entry: ProducerEntry) -> bool:
-        """Double-Read-Check of idempotent-producer state (static topics, seed 002): a producer
+        """Double-Read-Check of idempotent-producer state (static topics): a producer
         unknown here continues from the state the previous physical queue of its logic queue
         kept (`entry`, its batches translated into this partition's offsets: a retry of a batch
         written there is then answered as a duplicate instead of written twice). Nothing is
@@ -866,7 +866,7 @@ class Partition:
 
     # ---------------------------------------------------------------- close
     async def close(self) -> None:
-        """Seed 000 steps 3-4: stop appending, drain, force the flush, clean checkpoint."""
+        """The close of a move (steps 3-4): stop appending, drain, force the flush, clean checkpoint."""
         if self._state in (State.CLOSED, State.FENCED):
             return
         self._closing = True

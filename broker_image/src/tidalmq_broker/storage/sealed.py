@@ -1,6 +1,6 @@
 """Partitions that no broker has open: sealing them, compacting them, reading them.
 
-Static topics (seed 002) stop writing a physical queue for good when a logic queue is remapped:
+Static topics stop writing a physical queue for good when a logic queue is remapped:
 its partition is *sealed*. Its data stays where it is in object storage and is read from there
 by whichever broker leads the logic queue now (a remote read). Three operations, none of which
 needs the partition open anywhere:

@@ -1,0 +1,24 @@
+"""Code, docs and resources speak the domain's words (topics, partitions, moves, static topics),
+never the names of the documents a design came from ("seed 002"): a reader has no such document."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ["broker_image/src", "operator/src", "spark/src", "charts", "crds", "docs", "README.md"]
+ORIGIN_NAME = re.compile(r"\bseeds? \d{3}\b", re.IGNORECASE)
+
+
+def test_no_origin_document_is_named() -> None:
+    found = []
+    for entry in SCANNED:
+        base = ROOT / entry
+        for path in [base] if base.is_file() else sorted(base.rglob("*")):
+            if not path.is_file() or path.suffix not in {".py", ".md", ".yaml", ".tpl", ".txt"}:
+                continue
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if ORIGIN_NAME.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "origin documents named instead of the domain's words:\n" + "\n".join(found)
