@@ -166,6 +166,7 @@ class OperatorRuntime:
         self.planners: dict[str, asyncio.Task[None]] = {}
         self._resource_locks: dict[str, asyncio.Lock] = {}
         self._last_status: dict[tuple[str, str], Any] = {}
+        self._patch_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._publish_lock = asyncio.Lock()
         self.active = asyncio.Event()
         # monotonic time since which a partition (topic, index) has had no leader
@@ -381,7 +382,19 @@ class OperatorRuntime:
                 await self._patch("partitionreassignments", run.resource, status)
 
     async def _patch(self, plural: str, name: str, status: dict[str, Any]) -> None:
+        # one publish at a time per resource: the status timer and a reconcile handler publish
+        # concurrently, and an older status patched last would stay (the cache of the last
+        # status would say the newer one is there)
         key = (plural, name)
+        lock = self._patch_locks.get(key)
+        if lock is None:
+            lock = self._patch_locks[key] = asyncio.Lock()
+        async with lock:
+            await self._patch_locked(key, plural, name, status)
+
+    async def _patch_locked(
+        self, key: tuple[str, str], plural: str, name: str, status: dict[str, Any]
+    ) -> None:
         comparable = {k: v for k, v in status.items() if k != "conditions"}
         comparable["conditions"] = [
             {k: v for k, v in c.items() if k != "lastTransitionTime"}
@@ -573,6 +586,7 @@ class OperatorRuntime:
         """A resource was deleted: drop what was announced for it and its gauges."""
         self._loss_watch.pop((plural, resource), None)
         self._last_status.pop((plural, resource), None)
+        self._patch_locks.pop((plural, resource), None)
         kind = "Topic" if plural == "topics" else "StaticTopic"
         clear_gauges(kind, resource)
 
