@@ -5,6 +5,7 @@ restart."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -26,6 +27,11 @@ def confluent(bootstrap: str, security: Path, user: str, password: str) -> dict[
     return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL",
             "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
             "ssl.ca.location": str(security / "ca.pem")}  # fmt: skip
+
+
+def tidalmq(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tidalmq_broker.cli", *args],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 
 def reassign(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -65,6 +71,15 @@ def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDis
         assert plain.returncode == 1 and "connection failed" in plain.stderr, plain.stderr
         view = sources.from_bootstrap(first, command_config=str(props))
         assert {(topic, 0), (topic, 1)} <= set(view.assignment) and view.brokers == [0, 1]
+        # ... and `tidalmq static-topic describe --bootstrap-server` (the mapping over Kafka)
+        made = tidalmq("static-topic", "create", "ledger", "--queues", "2", "--data-dir", str(data))
+        assert made.returncode == 0, made.stderr
+        described = tidalmq("static-topic", "describe", "ledger", "--bootstrap-server", second,
+                            "--command-config", str(props), "--output", "json")  # fmt: skip
+        assert described.returncode == 0, described.stderr
+        assert json.loads(described.stdout)["totalQueues"] == 2
+        bare = tidalmq("static-topic", "describe", "ledger", "--bootstrap-server", second)
+        assert bare.returncode == 1 and bare.stderr.count("\n") == 1, bare.stderr
         # a user made through broker 0 logs in at broker 1 only: the controller pushed it
         run_tool("kafka-configs", "--command-config", str(props), "--alter", "--add-config",
                  "SCRAM-SHA-512=[password=bob-secret]", "--entity-type", "users",

@@ -90,6 +90,9 @@ def _where(p: argparse.ArgumentParser, *, kafka: bool = False) -> None:
     if kafka:
         p.add_argument("--bootstrap-server", type=bootstrap_servers, metavar="HOST:PORT",
                        help="any broker (Kafka protocol)")  # fmt: skip
+        p.add_argument("--command-config", metavar="FILE",
+                       help="Kafka client properties for --bootstrap-server (security.protocol, "
+                            "ssl.*, sasl.*), as Kafka's tools take them")  # fmt: skip
     p.add_argument("--controller-url", type=http_url,
                    default=os.environ.get("TIDALMQ_CONTROLLER_URL"),
                    help="the controller's HTTP API (default: $TIDALMQ_CONTROLLER_URL or the local "
@@ -133,13 +136,18 @@ def _post(args: argparse.Namespace, path: str, body: dict[str, Any]) -> Any:
     return doc.get("result", doc)
 
 
-def _describe_over_kafka(bootstrap: str, name: str) -> dict[str, Any]:
+def _describe_over_kafka(bootstrap: str, name: str, command_config: str | None) -> dict[str, Any]:
+    from tidalmq_core import client_properties
     from tidalmq_core.static_description import MAPPING_KEY
 
     from tidalmq_broker.admin_client import AdminClient, AdminError
 
     try:
-        with AdminClient(bootstrap) as admin:
+        security = client_properties.from_file(command_config)
+    except client_properties.ClientConfigError as exc:
+        raise CliError(f"--command-config: {exc}") from exc
+    try:
+        with AdminClient(bootstrap, security=security) as admin:
             resp = admin.call(32, 4, {
                 "resources": [{"resource_type": TOPIC_RESOURCE, "resource_name": name,
                                "configuration_keys": [MAPPING_KEY]}],
@@ -199,7 +207,9 @@ def format_description(d: dict[str, Any]) -> str:
 def _describe(args: argparse.Namespace) -> int:
     def run(args: argparse.Namespace) -> None:
         if args.bootstrap_server:
-            d = _describe_over_kafka(args.bootstrap_server, args.name)
+            d = _describe_over_kafka(args.bootstrap_server, args.name, args.command_config)
+        elif args.command_config:
+            raise CliError("--command-config goes with --bootstrap-server")
         else:
             d = _post(args, "/v1/static-topics/describe", {"name": args.name})
         if args.json or wants_json(args):
