@@ -125,11 +125,11 @@ async def test_every_version_runs_a_transaction_through() -> None:
     assert await fetch_offset(True) == (ErrorCode.unstable_offset_commit, -1)
     assert await fetch_offset(False) == (ErrorCode.none, -1)  # not committed yet
     pid5 = shard.txns["t5"].producer_id
-    groups.complete_txn(shard.txns["t4"].producer_id, False)  # t4 aborted: its offset dropped
+    await groups.complete_txn(shard.txns["t4"].producer_id, False)  # t4 aborted: its offset dropped
     assert await fetch_offset(True) == (ErrorCode.unstable_offset_commit, -1)  # t5's still open
-    groups.complete_txn(pid5, True)
+    await groups.complete_txn(pid5, True)
     for pid in [shard.txns[f"t{i}"].producer_id for i in range(4)]:
-        groups.complete_txn(pid, False)
+        await groups.complete_txn(pid, False)
     assert await fetch_offset(True) == (ErrorCode.none, 5)
     described = await call(b, 65, 0, {"transactional_ids": ["t5", "nope"]})
     t5, nope = described["transaction_states"]

@@ -5,12 +5,16 @@ the log alone. Real partition logs and real markers (`write_txn_marker`)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from kio.schema.errors import ErrorCode
 from tidalmq_broker.groups.coordinator import CommittedOffset, GroupSettings, GroupShard
+from tidalmq_broker.groups.records import OffsetKey, TxnOffsetKey, decode_key
+from tidalmq_broker.protocol.records import BatchHeader, iter_complete_headers, iter_records
 from tidalmq_broker.storage.api import PartitionConfig, PartitionLog
 from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.log_cleaner import LogCleaner
@@ -46,7 +50,7 @@ class Offsets:
         """What WriteTxnMarkers does on this partition: the marker, then its listener."""
         assert self.plog is not None
         await self.plog.write_txn_marker(pid, 0, commit=commit, coordinator_epoch=1)
-        shard.complete_txn(pid, commit)
+        await shard.complete_txn(pid, commit)
 
 
 @pytest.fixture
@@ -67,7 +71,7 @@ async def test_markers_settle_pending_offsets_live_and_on_replay(offsets: Offset
     shard = await offsets.reload()
     for pid, partition, offset in ((COMMITTED, 0, 10), (ABORTED, 1, 20), (OPEN, 2, 30)):
         results = await shard.txn_commit(
-            group_id="g", producer_id=pid, generation=-1, member_id="", group_instance_id=None,
+            group_id="g", producer_id=pid, producer_epoch=0, generation=-1, member_id="", group_instance_id=None,
             offsets={("orders", partition): CommittedOffset(offset, -1, None)},
         )  # fmt: skip
         assert set(results.values()) == {0}
@@ -86,13 +90,6 @@ async def test_markers_settle_pending_offsets_live_and_on_replay(offsets: Offset
     assert offset_of(await offsets.reload(), 2) == 30
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="suspected defect 3 of docs/compaction.md section 9, confirmed: the pending "
-    "TxnOffsetKey record (in a non-transactional batch) outlives its commit marker and the "
-    "group's tombstones under compaction; replay leaves it pending and the producer's next "
-    "commit marker resurrects the deleted group's offset (step 7 materialises it first)",
-)
 async def test_a_deleted_groups_transactional_offset_stays_deleted_after_compaction(
     offsets: Offsets,
 ) -> None:
@@ -104,7 +101,7 @@ async def test_a_deleted_groups_transactional_offset_stays_deleted_after_compact
 
     async def txn_commit(shard: GroupShard, group: str, offset: int) -> None:
         await shard.txn_commit(
-            group_id=group, producer_id=COMMITTED, generation=-1, member_id="",
+            group_id=group, producer_id=COMMITTED, producer_epoch=0, generation=-1, member_id="",
             group_instance_id=None, offsets={("orders", 0): CommittedOffset(offset, -1, None)},
         )  # fmt: skip
         await offsets.marker(shard, COMMITTED, True)
@@ -120,9 +117,85 @@ async def test_a_deleted_groups_transactional_offset_stays_deleted_after_compact
     # the first pass keeps the tombstones and sets their horizon; one past it drops them
     await LogCleaner(offsets.engine).clean(plog, now_ms=now + 3 * DAY)
     later = await LogCleaner(offsets.engine).clean(plog, now_ms=now + 5 * DAY)
-    assert later.stats.tombstones_expired == 2  # the group's and its offset's
+    # the group's, its offset's and the settled transactional offset's
+    assert later.stats.tombstones_expired == 3
     again = await offsets.reload()
     # the same producer's next transaction, for another group on this partition
     await txn_commit(again, "h", 99)
     assert offset_of(again, 0) == -1, "the deleted group's offset came back"
     assert not again.has_pending("g", "orders", 0)
+
+
+async def records_of(plog: PartitionLog) -> list[tuple[BatchHeader, bytes | None, bytes | None]]:
+    """Every record of the log with its batch's header (markers included)."""
+    result = await plog.read(plog.log_start_offset, 1 << 20)
+    return [
+        (header, key, value)
+        for header in iter_complete_headers(result.records)
+        for _, key, value in iter_records(result.records, header)
+    ]
+
+
+async def test_transactional_offsets_are_transactional_batches_of_their_producer(
+    offsets: Offsets,
+) -> None:
+    shard = await offsets.reload()
+    plog = offsets.plog
+    assert plog is not None
+
+    async def commit(group: str, epoch: int) -> set[int]:
+        results = await shard.txn_commit(
+            group_id=group, producer_id=COMMITTED, producer_epoch=epoch, generation=-1,
+            member_id="", group_instance_id=None,
+            offsets={("orders", 0): CommittedOffset(7, -1, None)},
+        )  # fmt: skip
+        return set(results.values())
+
+    # two commits of one producer at once take consecutive sequences
+    assert await asyncio.gather(commit("g", 0), commit("h", 0)) == [{0}, {0}]
+    data = [(h, k) for h, k, _ in await records_of(plog)]
+    assert [(h.producer_id, h.producer_epoch, h.base_sequence) for h, _ in data] == [
+        (COMMITTED, 0, 0), (COMMITTED, 0, 1)]  # fmt: skip
+    assert all(h.is_transactional and not h.is_control for h, _ in data)
+    assert plog.last_stable_offset == 0  # the open transaction holds it, as for any data
+    await offsets.marker(shard, COMMITTED, True)
+    assert plog.last_stable_offset == plog.high_watermark
+    assert offset_of(shard, 0) == 7
+    # the settled offsets written as plain records: the offset and a tombstone for the pending
+    after = await records_of(plog)
+    plain = [(decode_key(k), v) for h, k, v in after if not h.is_control and not h.has_producer_id]
+    assert {k for k, v in plain if v is None} == {
+        TxnOffsetKey(COMMITTED, g, "orders", 0) for g in ("g", "h")}  # fmt: skip
+    assert {k for k, v in plain if v is not None} == {
+        OffsetKey(g, "orders", 0) for g in ("g", "h")}  # fmt: skip
+    # a producer fenced by a newer epoch (its marker was written with the bumped epoch)
+    await plog.write_txn_marker(COMMITTED, 1, commit=False, coordinator_epoch=1)
+    assert await commit("g", 0) == {ErrorCode.producer_fenced}
+    assert await commit("g", 1) == {0}  # the new epoch starts its sequence again
+
+
+async def test_a_coordinator_stopped_between_a_marker_and_its_records_writes_them_on_load(
+    offsets: Offsets,
+) -> None:
+    offsets.config = PartitionConfig(
+        cleanup_policy=frozenset({"compact"}), retention_ms=1000, segment_bytes=1024
+    )
+    shard = await offsets.reload()
+    await shard.txn_commit(
+        group_id="g", producer_id=COMMITTED, producer_epoch=0, generation=-1, member_id="",
+        group_instance_id=None, offsets={("orders", 0): CommittedOffset(10, -1, None)},
+    )  # fmt: skip
+    plog = offsets.plog
+    assert isinstance(plog, Partition)
+    # the marker is written, and the coordinator goes before its listener runs
+    await plog.write_txn_marker(COMMITTED, 0, commit=True, coordinator_epoch=1)
+    again = await offsets.reload()
+    assert offset_of(again, 0) == 10 and not again.has_pending("g", "orders", 0)
+    assert await again.delete_group("g") == 0
+    plog = offsets.plog
+    assert isinstance(plog, Partition)
+    await offsets.engine.compact_partition(plog, force=True)
+    now = int(time.time() * 1000)
+    await LogCleaner(offsets.engine).clean(plog, now_ms=now + 3 * DAY)
+    await LogCleaner(offsets.engine).clean(plog, now_ms=now + 5 * DAY)
+    assert offset_of(await offsets.reload(), 0) == -1, "the deleted group's offset came back"

@@ -220,6 +220,7 @@ async def handle_txn_offset_commit(broker: Broker, request: Request, conn: Conne
             results = await shard.txn_commit(
                 group_id=b.group_id,
                 producer_id=b.producer_id,
+                producer_epoch=b.producer_epoch,
                 generation=getattr(b, "generation_id", -1),
                 member_id=getattr(b, "member_id", ""),
                 group_instance_id=getattr(b, "group_instance_id", None),

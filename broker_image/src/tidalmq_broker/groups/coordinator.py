@@ -41,8 +41,13 @@ from tidalmq_broker.groups.records import (
     marker_is_commit,
     partition_for_group,
 )
-from tidalmq_broker.protocol.records import build_batch, iter_complete_headers, iter_records
-from tidalmq_broker.storage.api import PartitionLog, StorageError
+from tidalmq_broker.protocol.records import (
+    TRANSACTIONAL_FLAG,
+    build_batch,
+    iter_complete_headers,
+    iter_records,
+)
+from tidalmq_broker.storage.api import InvalidProducerEpoch, PartitionLog, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +109,8 @@ class GroupShard:
         self.offsets: dict[str, dict[tuple[str, int], OffsetValue]] = {}
         # offsets of open transactions (TxnOffsetCommit), by producer id, until their marker
         self.pending: dict[int, dict[TxnOffsetKey, OffsetValue]] = {}
+        # settled by a marker, their outcome not yet written as plain records (_materialise)
+        self._unmaterialised: set[TxnOffsetKey] = set()
         self.loaded = asyncio.Event()
         self._closed = False
         self._records_since_snapshot = 0
@@ -126,6 +133,7 @@ class GroupShard:
         started = time.perf_counter()
         live: dict[Key, Value] = {}
         open_txns: dict[int, set[TxnOffsetKey]] = {}  # pending offsets by producer id
+        unmaterialised: set[TxnOffsetKey] = set()  # settled, no tombstone after the marker
         offset = self._log.log_start_offset
         count = 0
         while offset < self._log.high_watermark and not self._closed:
@@ -140,12 +148,17 @@ class GroupShard:
                     if header.is_control:  # a transaction's marker settles its offsets
                         commit = marker_is_commit(raw_key)
                         if commit is not None:
-                            _settle(live, open_txns.pop(header.producer_id, set()), commit)
+                            settled = open_txns.pop(header.producer_id, set())
+                            _settle(live, settled, commit)
+                            unmaterialised |= settled
                         continue
                     key = decode_key(raw_key)
-                    if isinstance(key, TxnOffsetKey):
-                        open_txns.setdefault(key.producer_id, set()).add(key)
                     value = decode_value(key, raw_value)
+                    if isinstance(key, TxnOffsetKey):
+                        if value is None:
+                            unmaterialised.discard(key)
+                        else:
+                            open_txns.setdefault(key.producer_id, set()).add(key)
                     if value is None:
                         live.pop(key, None)
                     else:
@@ -162,6 +175,9 @@ class GroupShard:
                 self.pending.setdefault(key.producer_id, {})[key] = value
         self._durable = live
         self._records_since_snapshot = count
+        # a coordinator stopped between a marker and the records that materialise it
+        self._unmaterialised = unmaterialised
+        await self._materialise()
         self.loaded.set()
         self._ticker = asyncio.create_task(self._tick(), name=f"groups tick {self.partition}")
         log.info(
@@ -524,6 +540,7 @@ class GroupShard:
         *,
         group_id: str,
         producer_id: int,
+        producer_epoch: int,
         generation: int,
         member_id: str,
         group_instance_id: str | None,
@@ -531,8 +548,11 @@ class GroupShard:
     ) -> dict[tuple[str, int], int]:
         """TxnOffsetCommit: the offsets are stored pending, and become the group's committed
         offsets only when the transaction's commit marker reaches this partition (an abort
-        drops them). KIP-447: a member id and generation, when given, must be the group's
-        current ones, so a producer whose consumer lost its partitions is fenced."""
+        drops them). As in Kafka they are written as a transactional batch of the producer, so
+        the partition's markers, last stable offset and aborted index govern them, and the log
+        cleaner keeps a commit marker while its offsets remain. KIP-447: a member id and
+        generation, when given, must be the group's current ones, so a producer whose consumer
+        lost its partitions is fenced."""
         group = self.groups.get(group_id)
         if generation >= 0 or member_id:
             if group is None or member_id not in group.members:
@@ -548,7 +568,10 @@ class GroupShard:
         )
         if to_write:
             try:
-                await self._append(to_write)
+                await self._append(to_write, producer=(producer_id, producer_epoch))
+            except InvalidProducerEpoch as exc:
+                log.info("group %s: transactional offset commit fenced: %s", group_id, exc)
+                return dict.fromkeys(offsets, ErrorCode.producer_fenced)
             except (StorageError, CoordinatorError) as exc:
                 log.warning("group %s: transactional offset commit failed: %s", group_id, exc)
                 return dict.fromkeys(offsets, _storage_code(exc))
@@ -558,12 +581,59 @@ class GroupShard:
                 table[key] = value
         return results
 
-    def complete_txn(self, producer_id: int, commit: bool) -> None:
+    async def complete_txn(self, producer_id: int, commit: bool) -> None:
         """The transaction's marker is durable in this partition: its pending offsets become
-        committed (or are dropped), in memory and in the durable state, as replay would."""
-        settled = _settle(self._durable, set(self.pending.pop(producer_id, {})), commit)
+        committed (or are dropped), in memory and in the durable state, as replay would; then
+        that outcome is written as plain records (`_materialise`)."""
+        keys = set(self.pending.pop(producer_id, {}))
+        settled = _settle(self._durable, keys, commit)
         for key, value in settled:
             self.offsets.setdefault(key.group, {})[(key.topic, key.partition)] = value
+        if keys:
+            self._unmaterialised |= keys
+            await self._materialise()
+
+    async def _materialise(self) -> None:
+        """Write what markers settled as plain records: each settled offset's current value
+        under its OffsetKey and a tombstone for its TxnOffsetKey. Under compaction the pending
+        record then goes, its marker with it, and the offset lives on under the key that a
+        later commit or a group deletion supersedes; without this, a deleted group's offset
+        comes back once its tombstones expire (docs/compaction.md, defect 3).
+
+        Appends are held and drained first, as for a snapshot, so the values written are the
+        log's latest: a deletion in flight cannot be overtaken by the offset it deletes. A
+        failure keeps the keys for the next marker or the next load."""
+        async with self._snapshot_lock:
+            if self._closed or not self._unmaterialised:
+                return
+            self._appends_open.clear()
+            try:
+                await self._appends_drained.wait()
+                keys, self._unmaterialised = self._unmaterialised, set()
+                records: list[tuple[Key, Value | None]] = []
+                for key in sorted(keys, key=_txn_key_order):
+                    if key not in self._durable:  # pending again: its next marker settles it
+                        records.append((key, None))
+                    committed = OffsetKey(key.group, key.topic, key.partition)
+                    value = self._durable.get(committed)
+                    if value is not None:
+                        records.append((committed, value))
+                try:
+                    if records and not self._closed:
+                        batch = build_batch(
+                            [(encode_key(k), encode_value(v)) for k, v in records],
+                            timestamp_ms=_now_ms(),
+                        )
+                        await self._log.append(batch, acks=-1)
+                        self._records_since_snapshot += len(records)
+                except StorageError as exc:
+                    self._unmaterialised |= keys
+                    log.warning(
+                        "%s-%d: writing %d settled transactional offsets failed: %s",
+                        OFFSETS_TOPIC, self.partition, len(keys), exc,
+                    )  # fmt: skip
+            finally:
+                self._appends_open.set()
 
     def has_pending(self, group_id: str, topic: str, partition: int) -> bool:
         """An open transaction holds an offset for it (OffsetFetch with require_stable)."""
@@ -682,16 +752,36 @@ class GroupShard:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _append(self, records: list[tuple[Key, Value | None]]) -> None:
+    async def _append(
+        self,
+        records: list[tuple[Key, Value | None]],
+        *,
+        producer: tuple[int, int] | None = None,
+    ) -> None:
         """Append `records` durably and record them in the durable state. Waits while a
-        snapshot is being written (it must not trim a record it did not include)."""
+        snapshot is being written (it must not trim a record it did not include).
+        `producer` (id, epoch): write a transactional batch of that producer."""
         while not self._appends_open.is_set():
             await self._appends_open.wait()
         if self._closed:
             raise CoordinatorError(ErrorCode.not_coordinator)
-        batch = build_batch(
-            [(encode_key(k), encode_value(v)) for k, v in records], timestamp_ms=_now_ms()
-        )
+        encoded: list[tuple[bytes | None, bytes | None]] = [
+            (encode_key(k), encode_value(v)) for k, v in records
+        ]
+        if producer is None:
+            batch = build_batch(encoded, timestamp_ms=_now_ms())
+        else:
+            # the sequence is read and used with no suspension in between, so concurrent
+            # commits of one producer take consecutive sequences in the order they append
+            producer_id, epoch = producer
+            batch = build_batch(
+                encoded,
+                timestamp_ms=_now_ms(),
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                base_sequence=_next_sequence(self._log, producer_id, epoch),
+                attributes=TRANSACTIONAL_FLAG,
+            )
         self._appends_in_flight += 1
         self._appends_drained.clear()
         try:
@@ -842,7 +932,7 @@ class GroupCoordinator:
             return
         shard = self._shards.get(tp.partition)
         if shard is not None:
-            shard.complete_txn(producer_id, commit)
+            await shard.complete_txn(producer_id, commit)
 
     async def close(self) -> None:
         for task in self._loads.values():
@@ -888,6 +978,22 @@ def _settle(
             live[committed] = value
             settled.append((committed, value))
     return settled
+
+
+def _txn_key_order(key: TxnOffsetKey) -> tuple[str, str, int, int]:
+    return key.group, key.topic, key.partition, key.producer_id
+
+
+def _next_sequence(plog: PartitionLog, producer_id: int, epoch: int) -> int:
+    """The sequence the partition expects next from the producer at `epoch` (0 when it knows
+    none at that epoch). The coordinator writes a producer's transactional offsets itself, so
+    it continues the producer's sequence on this partition as Kafka's coordinator appends do
+    (which skip the check instead)."""
+    entry_of = getattr(plog, "producer_entry", None)
+    entry = entry_of(producer_id) if entry_of is not None else None
+    if entry is None or entry.epoch != epoch or not entry.batches:
+        return 0
+    return int(entry.batches[-1].last_seq + 1) % (1 << 31)
 
 
 def _storage_code(exc: Exception) -> int:
