@@ -317,3 +317,22 @@ async def test_an_aborted_transaction_leaves_the_index_once_its_data_is_gone(
     third = await LogCleaner(engine).clean(log)
     assert third.groups_cleaned == 0 and third.groups_skipped >= 1
     assert [v for _, k, v in await read_rows(log) if k == b"a"] == [b"yes"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "deleted"), [({"compact"}, 0), ({"compact", "delete"}, 1), ({"delete"}, 1)]
+)
+async def test_retention_by_time_applies_only_to_a_policy_with_delete(
+    cluster: Cluster, policy: set[str], deleted: int
+) -> None:
+    engine = await cluster.engine(1)
+    config = PartitionConfig(cleanup_policy=frozenset(policy), retention_ms=3600_000)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, config)
+    old = int(time.time() * 1000) - 2 * 3600_000
+    for i in range(3):
+        await log.append(rb.build_batch([(b"k%d" % i, b"old")], timestamp_ms=old))
+    await engine.compact_partition(log, force=True)
+    await log.append(rb.build_batch([(b"k0", b"new")], timestamp_ms=int(time.time() * 1000)))
+    await engine.compact_partition(log, force=True)
+    assert await engine.apply_retention(log) == deleted
+    assert log.log_start_offset == (0 if deleted == 0 else 3)

@@ -775,8 +775,12 @@ class ObjectStreamEngine:
             log.warning("could not delete %s (the sweep will): %s", object_keys, exc)
 
     async def apply_retention(self, p: Partition) -> int:
-        """Drop expired segments; returns how many segment objects were deleted."""
+        """Drop expired segments; returns how many segment objects were deleted. As in Kafka,
+        `retention.ms` and `retention.bytes` apply only to a `cleanup.policy` with `delete`: a
+        compact-only log keeps every key's latest record however old (docs/compaction.md)."""
         cfg = p.config
+        if "delete" not in cfg.cleanup_policy:
+            return 0
         new_start = retention_log_start(
             p.index.entries,
             now_ms=int(time.time() * 1000),
