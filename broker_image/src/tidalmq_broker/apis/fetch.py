@@ -3,7 +3,7 @@
 Authorized as Kafka does, per topic: Fetch READ, ListOffsets and OffsetForLeaderEpoch DESCRIBE,
 DeleteRecords DELETE (TOPIC_AUTHORIZATION_FAILED for each partition of a topic refused, whether
 or not it exists). No client deletes records of an internal topic (INVALID_TOPIC_EXCEPTION, as
-Kafka answers).
+Kafka answers), nor of a topic whose `cleanup.policy` lacks `delete` (POLICY_VIOLATION).
 
 A Fetch reads no more than its connection may still take (`Connection.response_room()`: what is
 left of the connection's cap on responses its client has not read, and of the broker's response
@@ -293,6 +293,17 @@ async def handle_offset_for_leader_epoch(broker: Broker, request: Request, conn:
     return {"throttle_time": 0, "topics": topics}
 
 
+def _policy_deletes(broker: Broker, topic: str) -> bool:
+    """Kafka refuses DeleteRecords with POLICY_VIOLATION on a partition whose
+    `cleanup.policy` lacks `delete` (`Partition.deleteRecordsOnLeader`): a compacted log's
+    start moves only by the cleaner."""
+    info = broker.metadata.topics.get(topic)
+    if info is None:
+        return True  # the partition lookup answered already
+    policy = info.effective_configs().get("cleanup.policy", "delete")
+    return "delete" in {item.strip() for item in policy.split(",")}
+
+
 @api(21, "DeleteRecords", 0, 2)
 async def handle_delete_records(broker: Broker, request: Request, conn: Connection) -> Any:
     topics = []
@@ -313,7 +324,9 @@ async def handle_delete_records(broker: Broker, request: Request, conn: Connecti
             try:
                 plog = broker.partitions.get_log(TopicPartition(topic.name, p.partition_index))
                 target = plog.high_watermark if p.offset == -1 else p.offset
-                if target > plog.high_watermark or target < 0:
+                if not _policy_deletes(broker, topic.name):
+                    out["error_code"] = ErrorCode.policy_violation
+                elif target > plog.high_watermark or target < 0:
                     out["error_code"] = ErrorCode.offset_out_of_range
                 else:
                     out["low_watermark"] = await plog.delete_records_before(target)
