@@ -396,32 +396,3 @@ async def test_list_offsets_tiered_lookups_as_kafka_without_remote_storage() -> 
     for version in (9, 10, 11):  # nothing is tiered: Kafka's (-1, -1, epoch -1)
         assert await lookup(version, -5) == (ErrorCode.none, -1, -1, -1), version
     assert await lookup(11, -6) == (ErrorCode.none, -1, -1, -1)  # nothing waits for upload
-
-
-# ---------------------------------------------------------------- DeleteRecords and cleanup.policy
-async def test_delete_records_is_refused_on_a_topic_whose_policy_lacks_delete() -> None:
-    """Kafka's Partition.deleteRecordsOnLeader: POLICY_VIOLATION unless cleanup.policy has
-    delete (the validator refuses `compact` today; the metadata here is built directly)."""
-    b = broker(allow(ResourceType.TOPIC, "*", AclOperation.DELETE))
-    for name, policy in (("table", "compact"), ("window", "compact,delete"), ("orders", None)):
-        info = TopicInfo(name, str(uuid.uuid4()), [PartitionState(0, 0, [0])])
-        if policy is not None:
-            info.configs["cleanup.policy"] = policy
-        b.metadata.topics[name] = info
-    starts: dict[str, int] = {}
-
-    class Log:
-        def __init__(self, topic: str) -> None:
-            self.topic, self.log_start_offset, self.high_watermark = topic, 0, 9
-
-        async def delete_records_before(self, offset: int) -> int:
-            starts[self.topic] = offset
-            return offset
-
-    b.partitions = SimpleNamespace(get_log=lambda tp: Log(tp.topic))
-    answer = await call(b, 21, 2, {"timeout": 1000, "topics": [
-        {"name": n, "partitions": [{"partition_index": 0, "offset": 4}]}
-        for n in ("table", "window", "orders")]})  # fmt: skip
-    codes = {t["name"]: t["partitions"][0]["error_code"] for t in answer["topics"]}
-    assert codes == {"table": ErrorCode.policy_violation, "window": 0, "orders": 0}
-    assert starts == {"window": 4, "orders": 4}  # the compact-only log was not touched

@@ -249,6 +249,11 @@ class TopicInfo:
     def effective_configs(self) -> dict[str, str]:
         return {**TOPIC_CONFIG_DEFAULTS, **self.configs, **self.fixed_configs}
 
+    def cleanup_policy(self) -> frozenset[str]:
+        """`cleanup.policy` as a set of its items: {"delete"}, {"compact"} or both."""
+        items = self.effective_configs()["cleanup.policy"].split(",")
+        return frozenset(item.strip() for item in items if item.strip())
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -298,10 +298,7 @@ def _policy_deletes(broker: Broker, topic: str) -> bool:
     `cleanup.policy` lacks `delete` (`Partition.deleteRecordsOnLeader`): a compacted log's
     start moves only by the cleaner."""
     info = broker.metadata.topics.get(topic)
-    if info is None:
-        return True  # the partition lookup answered already
-    policy = info.effective_configs().get("cleanup.policy", "delete")
-    return "delete" in {item.strip() for item in policy.split(",")}
+    return info is None or "delete" in info.cleanup_policy()  # None: the lookup answered
 
 
 @api(21, "DeleteRecords", 0, 2)

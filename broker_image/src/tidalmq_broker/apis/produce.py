@@ -3,7 +3,8 @@
 As in Kafka: a topic the client may not WRITE to answers TOPIC_AUTHORIZATION_FAILED for each of
 its partitions (whether or not it exists), and no client appends to an internal topic
 (INVALID_TOPIC_EXCEPTION "Cannot append to internal topic"): only the group coordinator writes
-`__consumer_offsets`.
+`__consumer_offsets`. A compacted topic refuses records without a key (INVALID_RECORD, with
+Kafka's message; the batches are decompressed for that check on compacted topics only).
 
 Transactional batches (docs/transactions.md) need the request's transactional id and WRITE on
 it (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition otherwise, as Kafka answers); the
@@ -70,6 +71,8 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                     entries.append((topic.name, part.index, ErrorCode.invalid_topic_exception,
                                     f"Cannot append to internal topic {topic.name}", 0))  # fmt: skip
                 continue
+            info = broker.metadata.topics.get(topic.name)
+            compacted = info is not None and "compact" in info.cleanup_policy()
             for part in topic.partition_data:
                 try:
                     plog = broker.partitions.get_log(TopicPartition(topic.name, part.index))
@@ -80,6 +83,12 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                     entries.append(
                         (topic.name, part.index, ErrorCode.corrupt_message, "no records", 0)
                     )
+                    continue
+                refused = (
+                    _keyless_refusal(topic.name, part.index, part.records) if compacted else None
+                )
+                if refused is not None:
+                    entries.append((topic.name, part.index, ErrorCode.invalid_record, refused, 0))
                     continue
                 # the records are a view of this request's own frame buffer (when large
                 # enough to have one): the log patches offsets in place instead of copying
@@ -130,6 +139,26 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
 
 _MAGIC = 16  # of a batch: after base offset, length and partition leader epoch
 _ATTRIBUTES = 21  # of a v2 batch: int16 after the magic and crc
+
+
+def _keyless_refusal(topic: str, partition: int, data: bytes | memoryview) -> str | None:
+    """Kafka's answer (LogValidator.validateKey) to records without a key on a compacted topic:
+    INVALID_RECORD with this message. None when every record has a key, or when the batches
+    are malformed (the append then says how)."""
+    try:
+        keyless = records.keyless_records(data)
+    except (records.InvalidRecordBatch, records.UnsupportedMagic):
+        return None
+    if not keyless:
+        return None
+    reason = (
+        f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
+    )
+    errors = [f"RecordError(batchIndex={i}, message='{reason}')" for i in keyless[:3]]
+    return (
+        f"One or more records have been rejected due to {len(keyless)} record errors in total, "
+        f"and only showing the first three errors at most: [{', '.join(errors)}]"
+    )
 
 
 def _has_transactional(body: Any) -> bool:

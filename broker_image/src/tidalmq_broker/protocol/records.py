@@ -352,6 +352,18 @@ def iter_record_slices(
         raise InvalidRecordBatch(f"{where} are followed by {len(body) - pos} stray bytes")
 
 
+def keyless_records(data: bytes | bytearray | memoryview) -> list[int]:
+    """The index in its batch of every record without a key in `data` (a Produce request's
+    batches, compressed or not): what a compacted topic refuses. Raises InvalidRecordBatch
+    (and UnsupportedMagic) for batches the append would refuse anyway."""
+    return [
+        index
+        for header in iter_headers(data)
+        for index, record in enumerate(iter_record_slices(data, header))
+        if record.key is None
+    ]
+
+
 def control_type(batch: bytes | bytearray | memoryview, header: BatchHeader) -> int | None:
     """CONTROL_ABORT or CONTROL_COMMIT for a marker batch; None for an empty control batch (one
     the cleaner already emptied) or an unknown control type."""
