@@ -171,3 +171,18 @@ async def test_a_rebalancing_group_keeps_its_generation(offsets: Offsets) -> Non
     assert group.generation == 1 and list(group.members) == [first.member_id]
     assert group.members[first.member_id].assignment == b"all"
     reloaded.close()
+
+
+async def test_a_compacted_log_is_not_snapshotted(offsets: Offsets) -> None:
+    """The log cleaner keeps a compacted `__consumer_offsets` short (docs/compaction.md step
+    7): no snapshot rewrites its live keys or trims it."""
+    settings = GroupSettings(snapshot_after_records=2)
+    plog = await offsets.open()
+    plog.config = PartitionConfig(cleanup_policy=frozenset({"compact"}))  # type: ignore[misc]
+    shard = GroupShard(0, plog, settings)
+    await shard.load()
+    for i in range(6):
+        await _commit(shard, "g", i, 100 + i)
+    assert not shard._background
+    assert plog.log_start_offset == 0 and plog.high_watermark == 6
+    shard.close()

@@ -205,3 +205,16 @@ async def test_idle_transactional_ids_expire_with_a_tombstone_that_replay_honour
     # an expired id starts again with a new producer id
     new_pid, new_epoch = await again.init_producer_id("idle", 30_000, None)
     assert new_pid != idle_pid and new_epoch == 0
+
+
+async def test_a_compacted_log_is_not_snapshotted(h: Harness) -> None:
+    """The log cleaner keeps a compacted transaction state log short (docs/compaction.md step
+    7): no snapshot rewrites it or trims it."""
+    shard = await h.open()
+    shard._settings = dataclasses.replace(SETTINGS, snapshot_after_records=2)
+    plog = shard._log
+    plog.config = PartitionConfig(cleanup_policy=frozenset({"compact"}))  # type: ignore[misc]
+    for i in range(6):
+        await shard.init_producer_id(f"s{i}", 30_000, None)
+    assert shard._snapshotting is None
+    assert plog.log_start_offset == 0 and plog.high_watermark == 6

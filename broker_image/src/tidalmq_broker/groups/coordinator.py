@@ -58,7 +58,8 @@ class GroupSettings:
     max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
     initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
     max_metadata_bytes: int = 4096  # offset.metadata.max.bytes
-    snapshot_after_records: int = 20_000  # rewrite live keys and trim the log after this many
+    # rewrite live keys and trim the log after this many (not on a compacted log)
+    snapshot_after_records: int = 20_000
     tick_s: float = 0.1
 
 
@@ -796,7 +797,10 @@ class GroupShard:
             if not self._appends_in_flight:
                 self._appends_drained.set()
         self._records_since_snapshot += len(records)
-        if self._records_since_snapshot >= self._settings.snapshot_after_records:
+        if (
+            self._records_since_snapshot >= self._settings.snapshot_after_records
+            and not self._log.config.compacted  # the log cleaner keeps a compacted log short
+        ):
             self._records_since_snapshot = 0
             self._spawn(self._snapshot())
 

@@ -55,7 +55,8 @@ class TxnSettings:
     id_expiration_ms: int = 604_800_000
     id_expiration_check_interval_s: float = 3600.0
     # rewrite every transactional id's state and trim the log before it after this many records,
-    # so replay stays short (the group coordinator's snapshots; compaction will do it later)
+    # so replay stays short (as the group coordinator does); not on a compacted log, which the
+    # log cleaner keeps short
     snapshot_after_records: int = 20_000
 
 
@@ -415,8 +416,10 @@ class TxnShard:
             if not self._writes_in_flight:
                 self._writes_drained.set()
         self._records_since_snapshot += len(records)
-        if self._records_since_snapshot >= self._settings.snapshot_after_records and (
-            self._snapshotting is None or self._snapshotting.done()
+        if (
+            self._records_since_snapshot >= self._settings.snapshot_after_records
+            and not self._log.config.compacted  # the log cleaner keeps a compacted log short
+            and (self._snapshotting is None or self._snapshotting.done())
         ):
             self._records_since_snapshot = 0
             self._snapshotting = asyncio.create_task(
