@@ -1140,6 +1140,28 @@ class KafkaCluster:
         self._save_state()
         self._wait_started([node], since_restart=True)
 
+    def stop_all(self, timeout: float = 60.0) -> None:
+        """A full outage that keeps every node's data and ports: SIGTERM to every broker at once
+        (controlled shutdown needs the controller), then to the controllers; ``start_all``
+        brings the same cluster back."""
+        brokers = [n for n in self.nodes.values() if n.is_broker and not n.is_controller]
+        self._terminate(brokers, timeout)
+        self._terminate([n for n in self.nodes.values() if n not in brokers], timeout)
+        self._save_state()
+
+    def start_all(self) -> None:
+        """Every node of a cluster stopped by ``stop_all`` again, on its old ports and data;
+        returns once each reports 'Kafka Server started' since this start."""
+        nodes = list(self.nodes.values())
+        if any(n.running() for n in nodes):
+            raise RuntimeError("start_all: some nodes are running")
+        offsets = {n.node_id: n.server_log.stat().st_size if n.server_log.exists() else 0
+                   for n in nodes}  # fmt: skip
+        for node in nodes:
+            self._launch(node)
+        self._save_state()
+        self._wait_started(nodes, offsets=offsets)
+
     def stop(self, timeout: float = 60.0) -> None:
         """Stop brokers first (controlled shutdown needs the controller), then controllers."""
         brokers = [n for n in self.nodes.values() if n.is_broker and not n.is_controller]
@@ -1280,8 +1302,15 @@ class KafkaCluster:
             )
         node.pid = node.process.pid
 
-    def _wait_started(self, nodes: Sequence[KafkaNode], since_restart: bool = False) -> None:
-        offsets = {n.node_id: 0 for n in nodes}
+    def _wait_started(
+        self,
+        nodes: Sequence[KafkaNode],
+        since_restart: bool = False,
+        offsets: dict[int, int] | None = None,
+    ) -> None:
+        """Until each node logged STARTED_MARKER past its server.log offset (``offsets``; with
+        ``since_restart`` the current size; else 0) and its port answers."""
+        offsets = dict(offsets) if offsets is not None else {n.node_id: 0 for n in nodes}
         if since_restart:
             offsets = {
                 n.node_id: n.server_log.stat().st_size if n.server_log.exists() else 0
