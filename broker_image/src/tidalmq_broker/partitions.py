@@ -126,6 +126,7 @@ class PartitionManager:
         # wishes changed since take_changed (None: all of them, after a snapshot or a release)
         self._wishes_changed: set[TopicPartition] | None = None
         self._known_topics: dict[str, int] = {}  # name -> partition count, last snapshot
+        self._has_metadata = False  # no snapshot applied yet (a broker just started)
         # partitions to look at, in order (each once), those being looked at now, those woken
         # again meanwhile; the worker pool; pending retries
         self._queue: deque[TopicPartition] = deque()
@@ -259,6 +260,10 @@ class PartitionManager:
         if wish is None:
             if 0 <= tp.partition < self._known_topics.get(tp.topic, 0):
                 raise NotLeader(f"{tp} is led by another broker")
+            if not self._has_metadata:
+                # just started, the controller's snapshot not here yet: not "unknown" (Kafka's
+                # brokers serve clients only once they caught up with the metadata)
+                raise NotLeader(f"{tp}: this broker has no metadata yet")
             raise UnknownPartition(f"{tp} does not exist")
         problem = getattr(self._engine, "store_problem", None)
         if problem is not None:
@@ -324,6 +329,7 @@ class PartitionManager:
                         part.created, part.end_offset_floor, part.accepted_from,
                     )  # fmt: skip
         self._known_topics = {t.name: len(t.partitions) for t in meta.topics.values()}
+        self._has_metadata = True
         touched = set(wishes) | set(self._wishes) | set(self._engine.partitions())
         self._wishes = wishes
         self._wishes_changed = None
