@@ -46,7 +46,6 @@ import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
 from tidalmq_broker.apis.metadata import TopicEncodings
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
-from tidalmq_broker.apis.txn_markers import MarkerListener
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
@@ -70,6 +69,7 @@ from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.topic_data import delete_topic_data
 from tidalmq_broker.transactions.coordinator import TransactionCoordinator, TxnSettings
+from tidalmq_broker.transactions.marker_writes import MarkerListener
 from tidalmq_broker.transactions.markers import (
     MarkerChannel,
     markers_doc,
@@ -150,7 +150,7 @@ class Broker:
             lambda: self.controller.allocate_producer_id(),
             lambda: self.controller.ensure_transaction_state_topic(),
         )
-        # told of every transaction marker written here (apis/txn_markers.py)
+        # told of every transaction marker written here (transactions/marker_writes.py)
         self.txn_marker_listeners: list[MarkerListener] = [self.groups.on_txn_marker]
         # every listener, TLS and SASL setting is checked here, before anything starts
         self._listeners, self._endpoints = build_endpoints(settings, self._scram_credential)
