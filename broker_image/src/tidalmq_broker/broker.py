@@ -44,13 +44,13 @@ from tidalmq_core.static_mapping import is_physical_topic
 
 import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
 from tidalmq_broker.apis.api_versions import api_versions_body
-from tidalmq_broker.apis.metadata import TopicEncodings
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.partitions import PartitionManager
 from tidalmq_broker.protocol.codec import preload_schemas
+from tidalmq_broker.protocol.metadata_response import TopicEncodings
 from tidalmq_broker.security import SecurityConfigError
 from tidalmq_broker.security.endpoints import (
     advertised_endpoints,
