@@ -32,34 +32,6 @@ PACKAGES = (
 # (remove it from here when you break it). Each is held only by imports under TYPE_CHECKING (the
 # runtime graph has no cycle at all: test_no_cycle_at_import_time).
 ALLOWED_CYCLES: tuple[frozenset[str], ...] = (
-    # The Kafka API handlers annotate their first argument as broker.Broker, and broker.py imports
-    # the handlers' package to register them, the registry to dispatch, and two helpers
-    # (apis.api_versions.api_versions_body, apis.metadata.TopicEncodings). To break: the Broker
-    # receives its API table from its constructor's caller (serve.py, the tests), and
-    # TopicEncodings moves below it (protocol/).
-    frozenset(
-        {
-            "tidalmq_broker.apis",
-            "tidalmq_broker.apis.acls",
-            "tidalmq_broker.apis.api_versions",
-            "tidalmq_broker.apis.configs",
-            "tidalmq_broker.apis.fetch",
-            "tidalmq_broker.apis.groups",
-            "tidalmq_broker.apis.leaders",
-            "tidalmq_broker.apis.log_dirs",
-            "tidalmq_broker.apis.metadata",
-            "tidalmq_broker.apis.produce",
-            "tidalmq_broker.apis.producer_ids",
-            "tidalmq_broker.apis.reassignments",
-            "tidalmq_broker.apis.registry",
-            "tidalmq_broker.apis.sasl",
-            "tidalmq_broker.apis.scram_credentials",
-            "tidalmq_broker.apis.topics",
-            "tidalmq_broker.apis.transactions",
-            "tidalmq_broker.apis.txn_markers",
-            "tidalmq_broker.broker",
-        }
-    ),
     # The storage engine builds its partitions (runtime import) and a partition names its engine
     # as ObjectStreamEngine (type only); the log cleaner and the WAL writer name the engine and the
     # partition the same way. To break: a Protocol of what a partition uses of its engine, owned
