@@ -15,7 +15,7 @@ from typing import Any
 import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.apis.api_versions import api_versions_body
-from tidalmq_broker.apis.metadata import AutoCreation, TopicEncodings, auto_creation
+from tidalmq_broker.apis.metadata import AutoCreation, auto_creation
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import (
     decode_request,
@@ -23,6 +23,7 @@ from tidalmq_broker.protocol.codec import (
     encode_request,
     encode_response,
 )
+from tidalmq_broker.protocol.metadata_response import TopicEncodings
 from tidalmq_broker.security.authorizer import Authorizer
 from tidalmq_broker.settings import BrokerSettings
 from tidalmq_controller import HttpControllerClient

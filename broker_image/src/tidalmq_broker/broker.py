@@ -42,16 +42,13 @@ from tidalmq_core.records import MetadataDelta, RecordError, apply_batch
 from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import is_physical_topic
 
-import tidalmq_broker.apis  # noqa: F401  (registers every API handler)
-from tidalmq_broker.apis.api_versions import api_versions_body
-from tidalmq_broker.apis.metadata import TopicEncodings
-from tidalmq_broker.apis.registry import REGISTRY, supported_versions
-from tidalmq_broker.apis.txn_markers import MarkerListener
+from tidalmq_broker.apis.registry import ApiTable
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.partitions import PartitionManager
 from tidalmq_broker.protocol.codec import preload_schemas
+from tidalmq_broker.protocol.metadata_response import TopicEncodings
 from tidalmq_broker.security import SecurityConfigError
 from tidalmq_broker.security.endpoints import (
     advertised_endpoints,
@@ -70,6 +67,7 @@ from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.topic_data import delete_topic_data
 from tidalmq_broker.transactions.coordinator import TransactionCoordinator, TxnSettings
+from tidalmq_broker.transactions.marker_writes import MarkerListener
 from tidalmq_broker.transactions.markers import (
     MarkerChannel,
     markers_doc,
@@ -109,11 +107,13 @@ class Broker:
         self,
         settings: BrokerSettings,
         *,
+        apis: ApiTable,
         store: ObjectStore | None = None,
         controller: ControllerClient | None = None,
     ) -> None:
         self.settings = settings
         self.broker_id = settings.broker_id
+        self._apis = apis  # the Kafka APIs served (tidalmq_broker.apis.KAFKA_APIS)
         self.incarnation = _new_incarnation()
         self._store = store
         # None until start() makes the client (the controller's URL or the embedded one)
@@ -126,7 +126,7 @@ class Broker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metadata = ClusterMetadata(cluster_id="", version=-1)
         self.metadata_encodings = TopicEncodings()  # Metadata responses' pieces, kept encoded
-        self.metrics = BrokerMetrics(self.broker_id, {k: s.name for k, s in REGISTRY.items()})
+        self.metrics = BrokerMetrics(self.broker_id, {k: s.name for k, s in apis.specs.items()})
         self.groups = GroupCoordinator(
             GroupSettings(
                 min_session_timeout_ms=settings.group_min_session_timeout_ms,
@@ -150,7 +150,7 @@ class Broker:
             lambda: self.controller.allocate_producer_id(),
             lambda: self.controller.ensure_transaction_state_topic(),
         )
-        # told of every transaction marker written here (apis/txn_markers.py)
+        # told of every transaction marker written here (transactions/marker_writes.py)
         self.txn_marker_listeners: list[MarkerListener] = [self.groups.on_txn_marker]
         # every listener, TLS and SASL setting is checked here, before anything starts
         self._listeners, self._endpoints = build_endpoints(settings, self._scram_credential)
@@ -181,8 +181,8 @@ class Broker:
         self.advertised: list[Endpoint] = []  # what clients are told, once bound
         self.listener = KafkaListener(
             self._dispatch,
-            supported_versions,
-            lambda: api_versions_body(_unsupported_version()),
+            apis.supported_versions,
+            apis.api_versions_error_body,
             limits=listener_limits(settings),
             observer=self.metrics,
         )
@@ -304,7 +304,7 @@ class Broker:
         self._spawn(self._publish_partition_metrics(), "partition metrics")
         # the schemas of every served version, off the event loop (a request would import
         # them on it, the first of each version)
-        self._spawn(asyncio.to_thread(preload_schemas, supported_versions()), "schemas")
+        self._spawn(asyncio.to_thread(preload_schemas, self._apis.supported_versions()), "schemas")
         bound = [f"{name}:{port}" for name, port in ports.items()]
         log.log(
             logging.INFO if self.authorizer.enabled else logging.WARNING,
@@ -756,7 +756,7 @@ class Broker:
 
     # ------------------------------------------------------------------ internals
     def _dispatch(self, api_key: int) -> Any:
-        spec = REGISTRY.get(api_key)
+        spec = self._apis.specs.get(api_key)
         if spec is None:
             return None
         handler = spec.handler
@@ -847,9 +847,3 @@ def listener_limits(settings: BrokerSettings) -> ListenerLimits:
 
 def _new_incarnation() -> str:
     return f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:8]}"
-
-
-def _unsupported_version() -> Any:
-    from kio.schema.errors import ErrorCode
-
-    return ErrorCode.unsupported_version

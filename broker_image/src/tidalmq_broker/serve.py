@@ -48,6 +48,7 @@ async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None
     """Serve until SIGTERM/SIGINT/SIGHUP (or the parent's exit, with --parent-pid), then stop
     cleanly, within --stop-deadline-s of the signal (Shutdown exits the process then)."""
     from tidalmq_broker import lifecycle
+    from tidalmq_broker.apis import KAFKA_APIS
     from tidalmq_broker.broker import Broker
     from tidalmq_broker.security.endpoints import describe_authorization
 
@@ -60,7 +61,7 @@ async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None
         background.append(
             asyncio.create_task(lifecycle.watch_parent(settings.parent_pid, shutdown))
         )
-    broker = Broker(settings)
+    broker = Broker(settings, apis=KAFKA_APIS)
     starting = asyncio.create_task(broker.start(), name="broker start")
     stop = asyncio.create_task(shutdown.wait(), name="stop signal")
     await asyncio.wait([starting, stop], return_when=asyncio.FIRST_COMPLETED)

@@ -29,7 +29,7 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
   and stores them (`_acls.py`).
 """
 
-from tidalmq_controller._controller import Controller, ControllerSettings
+from tidalmq_controller._controller import Controller
 from tidalmq_controller._errors import (
     ControllerError,
     ControllerFenced,
@@ -62,6 +62,7 @@ from tidalmq_controller._scram_credentials import (
     ScramUpsertion,
     parse_bootstrap,
 )
+from tidalmq_controller._settings import ControllerSettings
 from tidalmq_controller._static_topics import StaticTopicError
 from tidalmq_controller._topics import NewTopic, TopicResult
 

@@ -18,10 +18,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from tidalmq_core.balance import Plan, balance_counts
-from tidalmq_core.metadata import NO_LEADER, DataLoss, PartitionState
+from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, DataLoss, PartitionState
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import (
     Phase,
@@ -35,16 +35,33 @@ from tidalmq_core.reassignment import (
 from tidalmq_core.records import MetadataDelta, Record, floors_record, partition_record
 from tidalmq_core.static_mapping import PHYSICAL_PREFIX
 
+from tidalmq_controller._journal import Journal
+from tidalmq_controller._membership import Membership
 from tidalmq_controller._moves import MoveStatus, MoveTracker, Release, SourceView
+from tidalmq_controller._settings import ControllerSettings
 
-if TYPE_CHECKING:
-    from tidalmq_controller._controller import Controller
+
+class LeadershipHost(Protocol):
+    """What leadership reads and calls of the controller that hosts it (the controller is one;
+    naming this instead of the Controller class keeps _controller.py -> _leadership.py one-way)."""
+
+    settings: ControllerSettings
+    journal: Journal
+    membership: Membership
+
+    @property
+    def image(self) -> ClusterMetadata: ...
+
+    def placeable_brokers(self) -> list[int]: ...
+
+    def emit(self, reason: str, message: str, fields: dict[str, Any]) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
 
 class Leadership:
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: LeadershipHost) -> None:
         self.c = controller
         self.moves = MoveTracker()
         self._owner: dict[TopicPartition, int | None] = {}  # replicas[0] (target if moving)

@@ -42,9 +42,9 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 from tidalmq_broker.storage.api import ObjectStoreUnavailable, PartitionFenced
@@ -82,8 +82,10 @@ from tidalmq_core.topics import (
     validate_topic_name,
 )
 
-if TYPE_CHECKING:
-    from tidalmq_controller._controller import Controller
+from tidalmq_controller._errors import NoBrokers, TopicAlreadyExists, UnknownTopic
+from tidalmq_controller._membership import BrokerLiveness, Membership
+from tidalmq_controller._settings import ControllerSettings
+from tidalmq_controller._topics import TopicResult
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +116,34 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _errors() -> Any:
-    from tidalmq_controller import _controller as ctl
+class StaticTopicsHost(Protocol):
+    """What the static-topic manager reads and calls of the controller that hosts it (the
+    controller is one; naming this instead of the Controller class keeps _controller.py ->
+    _static_topics.py one-way)."""
 
-    return ctl
+    settings: ControllerSettings
+    membership: Membership
+
+    @property
+    def metadata(self) -> ClusterMetadata: ...
+
+    async def update(self, mutate: Callable[[ClusterMetadata], object]) -> int: ...
+
+    async def alter_topic_configs(
+        self, name: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
+    ) -> TopicResult: ...
+
+    def known_high_watermarks(self) -> dict[TopicPartition, int]: ...
+
+    def broker_liveness(self) -> dict[int, BrokerLiveness]: ...
+
+    def deferred(self, tp: TopicPartition) -> bool: ...
+
+    def wake(self) -> None: ...
+
+    def fence_broker(self, broker_id: int, reason: str) -> None: ...
+
+    def emit(self, reason: str, message: str, fields: dict[str, Any]) -> None: ...
 
 
 class StaticTopicError(Exception):
@@ -157,7 +183,7 @@ class _Op:
 
 
 class StaticTopicManager:
-    def __init__(self, controller: Controller, store: ObjectStore | None) -> None:
+    def __init__(self, controller: StaticTopicsHost, store: ObjectStore | None) -> None:
         self._c = controller
         self._store = store
         self._locks: dict[str, asyncio.Lock] = {}
@@ -193,7 +219,7 @@ class StaticTopicManager:
     def _state(self, meta: ClusterMetadata, name: str) -> StaticTopicState:
         st = meta.static_topics.get(name)
         if st is None:
-            raise _errors().UnknownTopic(f"static topic {name!r} does not exist")
+            raise UnknownTopic(f"static topic {name!r} does not exist")
         return st
 
     @staticmethod
@@ -249,7 +275,6 @@ class StaticTopicManager:
         jump: int | None = None,
     ) -> dict[str, Any]:
         self._require_store()
-        ctl = _errors()
         validate_topic_name(name)
         validate_partition_count(total_queues)
         checked = validate_configs(dict(configs or {}))
@@ -258,7 +283,7 @@ class StaticTopicManager:
         if name.startswith("__"):
             raise InvalidTopic(f"topic {name!r}: names starting with '__' are internal")
         if name in meta.topics or name in meta.static_topics or phys_name in meta.topics:
-            raise ctl.TopicAlreadyExists(f"topic {name!r} already exists")
+            raise TopicAlreadyExists(f"topic {name!r} already exists")
         alive = [b for b, info in meta.brokers.items() if info.state == "alive"]
         if brokers is not None:
             brokers = sorted(set(brokers))
@@ -271,13 +296,13 @@ class StaticTopicManager:
                 )
         placeable = [b for b in (brokers if brokers is not None else alive) if b in alive]
         if not placeable:
-            raise ctl.NoBrokers("no live broker to place the logic queues on")
+            raise NoBrokers("no live broker to place the logic queues on")
         placement = place_partitions(placeable, total_queues)
         now = _now_ms()
 
         def mutate(m: ClusterMetadata) -> None:
             if name in m.topics or phys_name in m.topics:
-                raise ctl.TopicAlreadyExists(f"topic {name!r} already exists")
+                raise TopicAlreadyExists(f"topic {name!r} already exists")
             st = initial_mapping(
                 name, total_queues, placement, brokers=brokers, now_ms=now,
                 copy_brokers=brokers if brokers is not None else alive,

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from tidalmq_core.metadata import INTERNAL_TOPICS, ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.placement import place_partitions
@@ -40,9 +41,26 @@ from tidalmq_controller._errors import (
     TopicAlreadyExists,
     UnknownTopic,
 )
+from tidalmq_controller._journal import Journal
+from tidalmq_controller._membership import Membership
 
-if TYPE_CHECKING:
-    from tidalmq_controller._controller import Controller
+
+class TopicsHost(Protocol):
+    """What the topics manager reads and calls of the controller that hosts it (the controller is one;
+    naming this instead of the Controller class keeps _controller.py -> _topics.py one-way)."""
+
+    journal: Journal
+    membership: Membership
+    # deletes a deleted topic's data from object storage: (topic, topic id) -> objects deleted
+    topic_data_deleter: Callable[[str, str], Awaitable[int]] | None
+
+    @property
+    def image(self) -> ClusterMetadata: ...
+
+    def placeable_brokers(self) -> list[int]: ...
+
+    def emit(self, reason: str, message: str, fields: dict[str, Any]) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +86,7 @@ class TopicResult:
 
 
 class Topics:
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: TopicsHost) -> None:
         self.c = controller
         self._cleaning: asyncio.Task[None] | None = None
 

@@ -22,7 +22,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,10 @@ from tidalmq_planner.history import (
 )
 from tidalmq_planner.options import STATISTICS, PlanRequest, options, request_from_args
 from tidalmq_planner.profiles import PROFILE_SPARK_SCHEMA, profile_batches, profile_row_groups
+from tidalmq_planner.publish import publish_configmap
 from tidalmq_planner.report import (
     BrokerProjection,
+    PlanResult,
     Report,
     format_table,
     imbalance_of,
@@ -50,30 +51,6 @@ from tidalmq_planner.report import (
 )
 
 log = logging.getLogger("tidalmq_planner")
-
-
-@dataclass(slots=True)
-class PlanResult:
-    plan: LoadPlan[TopicPartition]
-    report: Report
-    profiles: pd.DataFrame
-    written: dict[str, str] = field(default_factory=dict)
-
-    def summary(self) -> dict[str, Any]:
-        r = self.report
-        return {
-            "moves": r.moves,
-            "lowerBound": r.lower_bound,
-            "partitions": r.partitions,
-            "brokers": [b.broker for b in r.brokers],
-            "imbalanceBefore": r.imbalance_before,
-            "imbalanceAfter": r.imbalance_after,
-            "withinThreshold": r.within_threshold,
-            "balanced": r.balanced,
-            "stopped": r.stopped,
-            "timings": r.timings_s,
-            "written": self.written,
-        }
 
 
 # ------------------------------------------------------------------------------- spark
@@ -338,8 +315,6 @@ def run(req: PlanRequest, spark: Any | None = None) -> PlanResult:
     )  # fmt: skip
     result = PlanResult(plan, report, profiles, written)
     if req.configmap:
-        from tidalmq_planner.publish import publish_configmap
-
         publish_configmap(req.configmap, req.namespace, result)
         written["configmap"] = f"{req.namespace or ''}/{req.configmap}"
     return result

@@ -19,14 +19,11 @@ import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tidalmq_core.reassignment import format_plan
 
-from tidalmq_planner.report import format_table, moved_plan
-
-if TYPE_CHECKING:
-    from tidalmq_planner.job import PlanResult
+from tidalmq_planner.report import PlanResult, format_table, moved_plan
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LIMIT = 900 * 1024

@@ -7,11 +7,14 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidalmq_core.balance import LoadPlan
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import format_plan
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DIMENSIONS = ("bytes_in", "bytes_out")
 
@@ -54,6 +57,33 @@ class Report:
         from dataclasses import asdict
 
         return asdict(self)
+
+
+@dataclass(slots=True)
+class PlanResult:
+    """What a planning run hands back: the plan, its report, the partition profiles it was
+    computed from, and where the outputs were written (the driver publishes it, publish.py)."""
+
+    plan: LoadPlan[TopicPartition]
+    report: Report
+    profiles: pd.DataFrame
+    written: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        r = self.report
+        return {
+            "moves": r.moves,
+            "lowerBound": r.lower_bound,
+            "partitions": r.partitions,
+            "brokers": [b.broker for b in r.brokers],
+            "imbalanceBefore": r.imbalance_before,
+            "imbalanceAfter": r.imbalance_after,
+            "withinThreshold": r.within_threshold,
+            "balanced": r.balanced,
+            "stopped": r.stopped,
+            "timings": r.timings_s,
+            "written": self.written,
+        }
 
 
 def imbalance_of(values: Sequence[float]) -> float:

@@ -6,6 +6,7 @@ so a deposed controller can only push history the broker already has."""
 
 from __future__ import annotations
 
+from tidalmq_broker.apis import KAFKA_APIS
 from tidalmq_broker.broker import Broker
 from tidalmq_broker.settings import BrokerSettings
 from tidalmq_core import snapshots
@@ -29,7 +30,7 @@ class Applied:
 
 
 def broker_at(version: int) -> tuple[Broker, Applied]:
-    broker = Broker(BrokerSettings(broker_id=0))
+    broker = Broker(BrokerSettings(broker_id=0), apis=KAFKA_APIS)
     applied = Applied()
     broker.partitions = applied  # type: ignore[assignment]
     image = ClusterMetadata(cluster_id="c", controller_epoch=1, version=version)

@@ -105,7 +105,7 @@ def test_plan_status_matches_the_crd_shape() -> None:
 
 
 def test_plan_status_takes_the_planners_own_summary() -> None:
-    """The planner's summary.json (tidalmq_planner.job.PlanResult.summary) gives the imbalance per
+    """The planner's summary.json (tidalmq_planner.report.PlanResult.summary) gives the imbalance per
     balanced dimension: the headline is the worst one, the rest is kept per dimension."""
     summary = {"moves": 1, "imbalanceBefore": {"bytes_in": 1.9, "bytes_out": 1.0},
                "imbalanceAfter": {"bytes_in": 1.02, "bytes_out": 1.05}, "withinThreshold": True}  # fmt: skip

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
-from tidalmq_broker.apis.metadata import TopicEncodings
 from tidalmq_broker.protocol.codec import decode_response, encode_response, encode_response_parts
 from tidalmq_broker.protocol.metadata_response import (
+    TopicEncodings,
     encode_metadata_response,
     topic_head,
     topic_tail,

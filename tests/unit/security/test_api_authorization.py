@@ -12,7 +12,6 @@ from typing import Any
 
 import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
 from kio.schema.errors import ErrorCode
-from tidalmq_broker.apis.metadata import TopicEncodings
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import (
     decode_request,
@@ -21,6 +20,7 @@ from tidalmq_broker.protocol.codec import (
     encode_response_parts,
 )
 from tidalmq_broker.protocol.fastpath import EncodedBody
+from tidalmq_broker.protocol.metadata_response import TopicEncodings
 from tidalmq_broker.security.authorizer import Authorizer
 from tidalmq_broker.storage.api import ActiveProducer
 from tidalmq_controller import TopicResult, UnknownTopic

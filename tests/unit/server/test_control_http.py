@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
+from tidalmq_broker.apis import KAFKA_APIS
 from tidalmq_broker.broker import Broker
 from tidalmq_broker.security import SecurityConfigError
 from tidalmq_broker.server.http import HealthServer, HttpServer
@@ -91,14 +92,20 @@ async def test_with_credentials_the_brokers_own_token_and_its_secret_are_accepte
 
 def test_a_broker_with_a_remote_controller_needs_its_token() -> None:
     with pytest.raises(SecurityConfigError, match="needs the control-plane token"):
-        Broker(BrokerSettings(controller_url="http://127.0.0.1:9690"))
+        Broker(BrokerSettings(controller_url="http://127.0.0.1:9690"), apis=KAFKA_APIS)
     with pytest.raises(SecurityConfigError, match="broker 1's token, and this is broker 0"):
-        Broker(BrokerSettings(controller_url="http://x:1", control_token=broker_token(SECRET, 1)))
+        Broker(
+            BrokerSettings(controller_url="http://x:1", control_token=broker_token(SECRET, 1)),
+            apis=KAFKA_APIS,
+        )
     with pytest.raises(SecurityConfigError, match="too short"):
-        Broker(BrokerSettings(controller_url="http://x:1", control_token="short"))
-    broker = Broker(BrokerSettings(controller_url="http://x:1", control_token=SECRET))
+        Broker(BrokerSettings(controller_url="http://x:1", control_token="short"), apis=KAFKA_APIS)
+    broker = Broker(
+        BrokerSettings(controller_url="http://x:1", control_token=SECRET), apis=KAFKA_APIS
+    )
     assert broker._control is not None and broker._control.token == broker_token(SECRET, 0)
-    Broker(BrokerSettings())  # a standalone broker needs none (its control calls are refused)
+    # a standalone broker needs none (its control calls are refused)
+    Broker(BrokerSettings(), apis=KAFKA_APIS)
 
 
 def test_settings_keep_the_token_out_of_repr_and_say_where_control_calls_go() -> None:

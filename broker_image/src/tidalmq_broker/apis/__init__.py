@@ -1,4 +1,7 @@
-"""Kafka API handlers, one module per API family. Importing this package registers them all."""
+"""Kafka API handlers, one module per API family. Importing this package registers them all;
+`KAFKA_APIS` is the table a Broker is built with (apis/registry.py)."""
+
+from kio.schema.errors import ErrorCode
 
 from tidalmq_broker.apis import (  # noqa: F401
     acls,
@@ -16,4 +19,10 @@ from tidalmq_broker.apis import (  # noqa: F401
     scram_credentials,
     topics,
     txn_markers,
+)
+from tidalmq_broker.apis.api_versions import api_versions_body
+from tidalmq_broker.apis.registry import REGISTRY, ApiTable, supported_versions
+
+KAFKA_APIS = ApiTable(
+    REGISTRY, supported_versions, lambda: api_versions_body(ErrorCode.unsupported_version)
 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -24,7 +23,6 @@ from tidalmq_core.metadata import (
     ClusterMetadata,
     TopicInfo,
 )
-from tidalmq_core.records import MetadataDelta
 from tidalmq_core.static_mapping import is_physical_topic
 from tidalmq_core.topics import InvalidTopic, validate_topic_name
 
@@ -32,9 +30,7 @@ from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.metadata_response import (
     NO_OPERATIONS,
-    Partition,
     encode_metadata_response,
-    encode_partitions,
     topic_head,
     topic_tail,
 )
@@ -93,90 +89,6 @@ def topic_body(
         "is_internal": topic.internal,
         "partitions": partitions,
     }
-
-
-_LEADER_NOT_AVAILABLE = ErrorCode.leader_not_available.value
-_LISTENER_NOT_FOUND = ErrorCode.listener_not_found.value
-
-
-class TopicEncodings:
-    """Topics' partitions as MetadataResponse writes them, kept per chunk of `CHUNK`
-    partitions until the metadata they describe changes: the broker tells it what each
-    metadata update changed (`changed`), so a chunk is encoded again only when one of its
-    partitions (or its topic) changed, whatever the size of the cluster. Kept per response
-    version and per set of brokers the client cannot reach (listeners)."""
-
-    CHUNK = 512
-
-    def __init__(self) -> None:
-        # topic -> chunk index -> (version, unreachable brokers) -> encoded partitions
-        self._topics: dict[str, dict[int, dict[tuple[int, frozenset[int]], bytes]]] = {}
-        self._image: ClusterMetadata | None = None  # the image the chunks describe
-
-    def clear(self) -> None:
-        self._topics.clear()
-
-    def changed(self, delta: MetadataDelta) -> None:
-        """What a metadata update changed in the image (in place)."""
-        if delta.brokers:  # a leader's listeners may have changed: cheap to start over
-            self._topics.clear()
-            return
-        for names in (delta.topics, delta.removed_topics, delta.static_topics):
-            for name in names:
-                self._topics.pop(name, None)
-        for tp in delta.partitions:
-            chunks = self._topics.get(tp.topic)
-            if chunks is not None:
-                chunks.pop(tp.partition // self.CHUNK, None)
-
-    def topic(
-        self,
-        meta: ClusterMetadata,
-        topic: TopicInfo,
-        version: int,
-        unreachable: frozenset[int],
-        operations: int = NO_OPERATIONS,
-    ) -> list[bytes]:
-        """The whole topic struct of `meta`'s `topic`, as buffers (with the client's authorized
-        `operations` on it, when it asked for them)."""
-        if meta is not self._image:  # another image (a snapshot replaced ours): start over
-            self._topics.clear()
-            self._image = meta
-        n = len(topic.partitions)
-        out = [
-            topic_head(version, 0, topic.name, uuid.UUID(topic.topic_id).bytes, topic.internal, n)
-        ]
-        chunks = self._topics.setdefault(topic.name, {})
-        key = (version, unreachable)
-        for c in range((n + self.CHUNK - 1) // self.CHUNK):
-            encoded = chunks.setdefault(c, {})
-            block = encoded.get(key)
-            if block is None:
-                start = c * self.CHUNK
-                block = encode_partitions(
-                    version, _partitions(topic, start, min(n, start + self.CHUNK), version,
-                                         unreachable)
-                )  # fmt: skip
-                encoded[key] = block
-            out.append(block)
-        out.append(topic_tail(version, operations))
-        return out
-
-
-def _partitions(
-    topic: TopicInfo, start: int, end: int, version: int, unreachable: frozenset[int]
-) -> Iterator[Partition]:
-    parts = topic.partitions
-    for index in range(start, end):
-        part = parts[index]
-        leader = part.leader
-        if leader == NO_LEADER:
-            yield (_LEADER_NOT_AVAILABLE, index, leader, part.leader_epoch, part.replicas, ())
-        elif leader in unreachable:
-            code = _LISTENER_NOT_FOUND if version >= 6 else _LEADER_NOT_AVAILABLE
-            yield (code, index, NO_LEADER, part.leader_epoch, part.replicas, ())
-        else:
-            yield (0, index, leader, part.leader_epoch, part.replicas, (leader,))
 
 
 class AutoCreation(enum.Enum):
@@ -274,7 +186,7 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
                 )
             meta = broker.metadata
     unreachable = frozenset(unreachable_brokers(meta, conn.listener))
-    encodings: TopicEncodings = broker.metadata_encodings
+    encodings = broker.metadata_encodings
     operations = version >= 8 and getattr(body, "include_topic_authorized_operations", False)
     topics: list[list[bytes]] = []
     for name, by_id in wanted:

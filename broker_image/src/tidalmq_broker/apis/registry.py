@@ -1,18 +1,24 @@
-"""Which Kafka APIs the broker serves, at which versions, and by which handler."""
+"""Which Kafka APIs the broker serves, at which versions, and by which handler.
+
+The registry sits below the broker: it names no Broker (a handler's first argument is the broker
+serving the request, `Any` here; each handler annotates it). The broker is handed the table
+(`ApiTable`, `tidalmq_broker.apis.KAFKA_APIS`) by whoever builds it, so broker.py imports no
+handler (docs/import-graph.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tidalmq_broker.protocol.codec import Request, schema_versions
 
 if TYPE_CHECKING:
-    from tidalmq_broker.broker import Broker
     from tidalmq_broker.server.listener import Connection
 
-Handler = Callable[["Broker", Request, "Connection"], Awaitable[Any]]
+Handler = Callable[[Any, Request, "Connection"], Awaitable[Any]]
+"""(the broker serving the request, the request, its connection) -> the response body."""
+H = TypeVar("H", bound=Handler)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +34,10 @@ REGISTRY: dict[int, ApiSpec] = {}
 _SUPPORTED: dict[int, tuple[int, int]] = {}  # derived from REGISTRY; read on every request
 
 
-def api(key: int, name: str, min_version: int, max_version: int) -> Callable[[Handler], Handler]:
+def api(key: int, name: str, min_version: int, max_version: int) -> Callable[[H], H]:
     """Register a handler for versions min..max of an API (capped by what kio can decode)."""
 
-    def register(handler: Handler) -> Handler:
+    def register(handler: H) -> H:
         known = schema_versions(key)
         if known is None:
             raise RuntimeError(f"kio has no schema for api {key} ({name})")
@@ -51,3 +57,13 @@ def supported_versions() -> dict[int, tuple[int, int]]:
     """api key -> (min, max) version served. The listener asks on every request, so this is
     one shared dict kept up to date by `api`: callers must not modify it."""
     return _SUPPORTED
+
+
+@dataclass(frozen=True, slots=True)
+class ApiTable:
+    """What a broker serves on its Kafka listeners: the handlers by API key, the versions of each
+    (asked on every request), and ApiVersions' answer to a version it does not serve."""
+
+    specs: Mapping[int, ApiSpec]
+    supported_versions: Callable[[], dict[int, tuple[int, int]]]
+    api_versions_error_body: Callable[[], dict[str, Any]]

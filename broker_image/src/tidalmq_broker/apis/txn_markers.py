@@ -3,61 +3,25 @@ producer's transaction on its partitions with a commit or abort marker (docs/tra
 
 Only the coordinator sends it (Kafka's brokers to each other): CLUSTER_ACTION on the cluster is
 required when the authorizer is on (CLUSTER_AUTHORIZATION_FAILED for every partition otherwise).
-Each partition's answer comes once its marker is durable. `write_markers` is the same path for a
-coordinator in this process, and `broker.txn_marker_listeners` are told of every marker written
-(the group coordinator materialises a transaction's pending offsets on `__consumer_offsets`).
+Each partition's answer comes once its marker is durable. The writing itself is
+transactions/marker_writes.py, the same path for a coordinator in this process; it tells
+`broker.txn_marker_listeners` of every marker written.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
-from tidalmq_core.model import TopicPartition
 
-from tidalmq_broker.apis.errors import error_code
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
+from tidalmq_broker.transactions.marker_writes import answer, write_markers
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
     from tidalmq_broker.server.listener import Connection
-
-log = logging.getLogger(__name__)
-
-MarkerListener = Callable[[TopicPartition, int, int, bool], Awaitable[None]]
-"""Called after a marker is durable: (partition, producer id, producer epoch, committed)."""
-
-
-class MarkerTopic(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def partition_indexes(self) -> Sequence[int]: ...
-
-
-class Marker(Protocol):
-    """One entry of WriteTxnMarkersRequest.Markers (kio's class has these attributes)."""
-
-    @property
-    def producer_id(self) -> int: ...
-
-    @property
-    def producer_epoch(self) -> int: ...
-
-    @property
-    def transaction_result(self) -> bool: ...
-
-    @property
-    def topics(self) -> Sequence[MarkerTopic]: ...
-
-    @property
-    def coordinator_epoch(self) -> int: ...
 
 
 @api(27, "WriteTxnMarkers", 1, 2)
@@ -67,72 +31,6 @@ async def handle_write_txn_markers(broker: Broker, request: Request, conn: Conne
         conn, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME
     ):
         return {
-            "markers": _answer(markers, lambda _m, _t, _p: ErrorCode.cluster_authorization_failed)
+            "markers": answer(markers, lambda _m, _t, _p: ErrorCode.cluster_authorization_failed)
         }
     return {"markers": await write_markers(broker, markers)}
-
-
-async def write_markers(broker: Broker, markers: Sequence[Marker]) -> list[dict[str, Any]]:
-    """Write every marker on the partitions this broker leads; the response's `markers`.
-    The appends start in request order (one partition's markers stay in that order) and are
-    awaited together."""
-    outcomes: dict[tuple[int, str, int], asyncio.Future[None] | ErrorCode] = {}
-    for i, marker in enumerate(markers):
-        for topic in marker.topics:
-            for index in topic.partition_indexes:
-                tp = TopicPartition(topic.name, index)
-                try:
-                    plog = broker.partitions.get_log(tp)
-                except Exception as exc:
-                    outcomes[(i, topic.name, index)] = error_code(exc)
-                    continue
-                outcomes[(i, topic.name, index)] = asyncio.ensure_future(
-                    _write(broker, plog, tp, marker)
-                )
-    pending = [o for o in outcomes.values() if isinstance(o, asyncio.Future)]
-    if pending:
-        await asyncio.wait(pending)
-
-    def code(i: int, topic: str, index: int) -> ErrorCode:
-        outcome = outcomes[(i, topic, index)]
-        if isinstance(outcome, ErrorCode):
-            return outcome
-        exc = outcome.exception()
-        return ErrorCode.none if exc is None else error_code(exc)
-
-    return _answer(markers, lambda i, t, p: code(i, t, p))
-
-
-async def _write(broker: Broker, plog: Any, tp: TopicPartition, marker: Marker) -> None:
-    await plog.write_txn_marker(
-        marker.producer_id,
-        marker.producer_epoch,
-        commit=marker.transaction_result,
-        coordinator_epoch=marker.coordinator_epoch,
-    )
-    for listener in broker.txn_marker_listeners:
-        try:
-            await listener(tp, marker.producer_id, marker.producer_epoch, marker.transaction_result)
-        except Exception:  # the marker is written: the coordinator must not write it again
-            log.exception("%s: a transaction marker listener failed", tp)
-
-
-def _answer(
-    markers: Sequence[Marker], code: Callable[[int, str, int], ErrorCode]
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "producer_id": m.producer_id,
-            "topics": [
-                {
-                    "name": t.name,
-                    "partitions": [
-                        {"partition_index": p, "error_code": code(i, t.name, p)}
-                        for p in t.partition_indexes
-                    ],
-                }
-                for t in m.topics
-            ],
-        }
-        for i, m in enumerate(markers)
-    ]

@@ -5,7 +5,7 @@ a rebalance (each NOT_LEADER error makes a client refresh). Built through kio's 
 response describing 50,000 partitions cost the broker 0.6 s of event-loop time, during which it
 answered nothing else, heartbeats included. Here a topic is written straight from the metadata
 image with `struct` (about a microsecond per partition), in chunks of partitions that the broker
-keeps encoded until the metadata they describe changes (see apis/metadata.py), so a repeated
+keeps encoded until the metadata they describe changes (`TopicEncodings`), so a repeated
 request costs little more than joining bytes.
 
 The layout follows Kafka's MetadataResponse.json: partitions carry leader_epoch from v7 and
@@ -20,7 +20,12 @@ tests/unit/protocol/test_metadata_response.py checks every version against kio.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+
+from kio.schema.errors import ErrorCode
+from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, TopicInfo
+from tidalmq_core.records import MetadataDelta
 
 from tidalmq_broker.protocol.fastpath import EncodedBody
 
@@ -163,3 +168,87 @@ def encode_metadata_response(
         end += _NO_TAGS
     parts.append(end)
     return EncodedBody(parts, flexible)
+
+
+_LEADER_NOT_AVAILABLE = ErrorCode.leader_not_available.value
+_LISTENER_NOT_FOUND = ErrorCode.listener_not_found.value
+
+
+class TopicEncodings:
+    """Topics' partitions as MetadataResponse writes them, kept per chunk of `CHUNK`
+    partitions until the metadata they describe changes: the broker tells it what each
+    metadata update changed (`changed`), so a chunk is encoded again only when one of its
+    partitions (or its topic) changed, whatever the size of the cluster. Kept per response
+    version and per set of brokers the client cannot reach (listeners)."""
+
+    CHUNK = 512
+
+    def __init__(self) -> None:
+        # topic -> chunk index -> (version, unreachable brokers) -> encoded partitions
+        self._topics: dict[str, dict[int, dict[tuple[int, frozenset[int]], bytes]]] = {}
+        self._image: ClusterMetadata | None = None  # the image the chunks describe
+
+    def clear(self) -> None:
+        self._topics.clear()
+
+    def changed(self, delta: MetadataDelta) -> None:
+        """What a metadata update changed in the image (in place)."""
+        if delta.brokers:  # a leader's listeners may have changed: cheap to start over
+            self._topics.clear()
+            return
+        for names in (delta.topics, delta.removed_topics, delta.static_topics):
+            for name in names:
+                self._topics.pop(name, None)
+        for tp in delta.partitions:
+            chunks = self._topics.get(tp.topic)
+            if chunks is not None:
+                chunks.pop(tp.partition // self.CHUNK, None)
+
+    def topic(
+        self,
+        meta: ClusterMetadata,
+        topic: TopicInfo,
+        version: int,
+        unreachable: frozenset[int],
+        operations: int = NO_OPERATIONS,
+    ) -> list[bytes]:
+        """The whole topic struct of `meta`'s `topic`, as buffers (with the client's authorized
+        `operations` on it, when it asked for them)."""
+        if meta is not self._image:  # another image (a snapshot replaced ours): start over
+            self._topics.clear()
+            self._image = meta
+        n = len(topic.partitions)
+        out = [
+            topic_head(version, 0, topic.name, uuid.UUID(topic.topic_id).bytes, topic.internal, n)
+        ]
+        chunks = self._topics.setdefault(topic.name, {})
+        key = (version, unreachable)
+        for c in range((n + self.CHUNK - 1) // self.CHUNK):
+            encoded = chunks.setdefault(c, {})
+            block = encoded.get(key)
+            if block is None:
+                start = c * self.CHUNK
+                block = encode_partitions(
+                    version, _partitions(topic, start, min(n, start + self.CHUNK), version,
+                                         unreachable)
+                )  # fmt: skip
+                encoded[key] = block
+            out.append(block)
+        out.append(topic_tail(version, operations))
+        return out
+
+
+def _partitions(
+    topic: TopicInfo, start: int, end: int, version: int, unreachable: frozenset[int]
+) -> Iterator[Partition]:
+    parts = topic.partitions
+    for index in range(start, end):
+        part = parts[index]
+        leader = part.leader
+        if leader == NO_LEADER:
+            yield (_LEADER_NOT_AVAILABLE, index, leader, part.leader_epoch, part.replicas, ())
+        elif leader in unreachable:
+            code = _LISTENER_NOT_FOUND if version >= 6 else _LEADER_NOT_AVAILABLE
+            yield (code, index, NO_LEADER, part.leader_epoch, part.replicas, ())
+        else:
+            yield (0, index, leader, part.leader_epoch, part.replicas, (leader,))

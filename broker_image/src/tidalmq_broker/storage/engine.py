@@ -108,7 +108,7 @@ class ObjectStreamEngine:
         self.store: ObjectStore = MeteredObjectStore(store, self.broker_label, self.write_health)
         self.checkpoints = CheckpointStore(self.store)
         self.cache = TailCache(self.config.cache_bytes)
-        self.writer = WalWriter(
+        self.writer: WalWriter[Partition] = WalWriter(
             self.store, self.broker_label, self.incarnation, self.config, self._flush_completed
         )
         self.writer.before_put = self._store_new_partitions
@@ -306,7 +306,7 @@ class ObjectStreamEngine:
 
     async def _cancel_everything(self, error: BaseException) -> None:
         left = self.writer.abandon(error)
-        by_partition: dict[int, tuple[Partition, list[PendingAppend]]] = {}
+        by_partition: dict[int, tuple[Partition, list[PendingAppend[Partition]]]] = {}
         for a in left:
             by_partition.setdefault(id(a.partition), (a.partition, []))[1].append(a)
         for p, appends in by_partition.values():
@@ -319,13 +319,13 @@ class ObjectStreamEngine:
         self._update_gauges()
 
     # ---------------------------------------------------------------- WAL completion
-    def _flush_completed(self, flush: Flush) -> None:
+    def _flush_completed(self, flush: Flush[Partition]) -> None:
         if flush.error is None:
             self.tracker.written(flush.seq, flush.key, {p.tracker_key for p, _, _ in flush.groups})
             for p, entry, views in flush.groups:
                 p.flush_completed(entry, flush.key, views, None)
             return
-        groups: dict[int, tuple[Partition, list[tuple[PendingAppend, memoryview]]]] = {}
+        groups: dict[int, tuple[Partition, list[tuple[PendingAppend[Partition], memoryview]]]] = {}
         for a in flush.appends:
             groups.setdefault(id(a.partition), (a.partition, []))[1].append((a, memoryview(b"")))
         for p, views in groups.values():
@@ -652,7 +652,7 @@ class ObjectStreamEngine:
         if self._on_fenced is not None:
             self.spawn(self._on_fenced(p.tp), f"on-fenced {p.tp}")
 
-    async def _store_new_partitions(self, flush: Flush) -> None:
+    async def _store_new_partitions(self, flush: Flush[Partition]) -> None:
         """Before a WAL object holding data of partitions not stored yet is written: store
         their first checkpoints (all at once), so no record is acknowledged, or visible, before
         its partition's checkpoint exists. A failure fails the flush (the producers retry)."""

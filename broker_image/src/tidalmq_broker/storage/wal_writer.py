@@ -21,7 +21,9 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
+
+from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.storage import metrics
 from tidalmq_broker.storage.api import ObjectStoreUnavailable, StorageConfig
@@ -29,18 +31,34 @@ from tidalmq_broker.storage.keys import wal_key
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
 from tidalmq_broker.storage.wal import ProducerBatch, WalEntry, WalGroup, encode_wal_object
 
-if TYPE_CHECKING:
-    from tidalmq_broker.storage.partition import Partition
-
 log = logging.getLogger(__name__)
 
 _PUT_ATTEMPTS = 3
 _PUT_BACKOFF_S = (0.05, 0.25)
 
 
+class WalSource(Protocol):
+    """What the writer reads of a partition whose appends it gathers (storage/partition.py's
+    Partition is one). The writer hands the partitions back as it got them (`Flush.groups`,
+    typed by P), so it never names the Partition class: partition.py imports this module, and
+    this module does not import it (docs/import-graph.md)."""
+
+    @property
+    def tp(self) -> TopicPartition: ...
+
+    @property
+    def topic_id(self) -> str: ...
+
+    @property
+    def leader_epoch(self) -> int: ...
+
+
+P = TypeVar("P", bound=WalSource)
+
+
 @dataclass(slots=True, eq=False)
-class PendingAppend:
-    partition: Partition
+class PendingAppend(Generic[P]):
+    partition: P
     # the batches with final offsets (a view: the request's own); emptied when a flush takes
     # a read-only view of them, from then on the one reference to the bytes
     data: bytearray | memoryview
@@ -52,10 +70,10 @@ class PendingAppend:
 
 
 @dataclass(slots=True, eq=False)
-class Flush:
+class Flush(Generic[P]):
     seq: int
     key: str
-    appends: list[PendingAppend]
+    appends: list[PendingAppend[P]]
     started: float
     size: int = 0
     done: bool = False
@@ -64,29 +82,29 @@ class Flush:
     parts: list[bytes | bytearray | memoryview] = field(default_factory=list)
     entries: list[WalEntry] = field(default_factory=list)
     # per partition: (its WalEntry, [(append, read-only view of its bytes)])
-    groups: list[tuple[Partition, WalEntry | None, list[tuple[PendingAppend, memoryview]]]] = field(
+    groups: list[tuple[P, WalEntry | None, list[tuple[PendingAppend[P], memoryview]]]] = field(
         default_factory=list
     )
 
 
-class WalWriter:
+class WalWriter(Generic[P]):
     def __init__(
         self,
         store: ObjectStore,
         broker: str,
         incarnation: str,
         config: StorageConfig,
-        on_complete: Callable[[Flush], None],
+        on_complete: Callable[[Flush[P]], None],
     ) -> None:
         self._store = store
         self._broker = broker
         self._incarnation = incarnation
         self._config = config
         self._on_complete = on_complete
-        self._pending: list[PendingAppend] = []
+        self._pending: list[PendingAppend[P]] = []
         self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
-        self._inflight: deque[Flush] = deque()
+        self._inflight: deque[Flush[P]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_seq = 0
         self.completed_seq = -1  # every flush up to here has been completed (ok or failed)
@@ -95,7 +113,7 @@ class WalWriter:
         self._idle = asyncio.Event()
         self._idle.set()
         # awaited before each flush's PUT (the engine stores new partitions' first checkpoints)
-        self.before_put: Callable[[Flush], Awaitable[None]] | None = None
+        self.before_put: Callable[[Flush[P]], Awaitable[None]] | None = None
         # told when a flush ran out of time (the store's write health, storage/health.py)
         self.on_timeout: Callable[[BaseException], None] | None = None
 
@@ -104,7 +122,7 @@ class WalWriter:
     def pending_bytes(self) -> int:
         return self._pending_bytes
 
-    def enqueue(self, append: PendingAppend) -> None:
+    def enqueue(self, append: PendingAppend[P]) -> None:
         if self._closed:
             raise ObjectStoreUnavailable("the WAL writer is stopped")
         self._pending.append(append)
@@ -123,7 +141,7 @@ class WalWriter:
             else:
                 self._timer = loop.call_later(delay, self._on_timer)
 
-    def remove_pending(self, partition: Partition) -> list[PendingAppend]:
+    def remove_pending(self, partition: P) -> list[PendingAppend[P]]:
         """Take a partition's not-yet-flushed appends out (it is rolling back)."""
         removed = [a for a in self._pending if a.partition is partition]
         if removed:
@@ -173,12 +191,12 @@ class WalWriter:
             )
 
     # ---------------------------------------------------------------- one flush
-    def _encode(self, flush: Flush) -> None:
-        by_partition: dict[int, list[PendingAppend]] = {}
+    def _encode(self, flush: Flush[P]) -> None:
+        by_partition: dict[int, list[PendingAppend[P]]] = {}
         for a in flush.appends:
             by_partition.setdefault(id(a.partition), []).append(a)
         groups: list[WalGroup] = []
-        views_by_group: list[list[tuple[PendingAppend, memoryview]]] = []
+        views_by_group: list[list[tuple[PendingAppend[P], memoryview]]] = []
         for appends in by_partition.values():
             p = appends[0].partition
             producers: list[ProducerBatch] = []
@@ -201,7 +219,7 @@ class WalWriter:
         for views, entry in zip(views_by_group, entries, strict=True):
             flush.groups.append((views[0][0].partition, entry, views))
 
-    async def _write(self, flush: Flush) -> None:
+    async def _write(self, flush: Flush[P]) -> None:
         timeout_s = self._config.flush_timeout_ms / 1000
         try:
             self._encode(flush)
@@ -244,7 +262,7 @@ class WalWriter:
             if not self._closed:
                 self._complete_in_order()
 
-    async def _put_with_retries(self, flush: Flush) -> None:
+    async def _put_with_retries(self, flush: Flush[P]) -> None:
         for attempt in range(_PUT_ATTEMPTS):
             try:
                 await self._store.put(flush.key, flush.parts, if_none_match=True)
@@ -277,7 +295,7 @@ class WalWriter:
         self._check_idle()
 
     # ---------------------------------------------------------------- shutdown
-    def abandon(self, error: BaseException) -> list[PendingAppend]:
+    def abandon(self, error: BaseException) -> list[PendingAppend[P]]:
         """Stop at once: cancel PUTs, return every append not completed (the caller fails
         them). Used by stop() after draining and by crash simulation."""
         self._closed = True

@@ -18,21 +18,28 @@ import asyncio
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
-from tidalmq_core.metadata import NO_LEADER
+from tidalmq_controller import ControllerClient
+from tidalmq_core.metadata import NO_LEADER, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 
-from tidalmq_broker.apis.txn_markers import write_markers
 from tidalmq_broker.transactions.coordinator import Marker
-
-if TYPE_CHECKING:
-    from tidalmq_broker.broker import Broker
+from tidalmq_broker.transactions.marker_writes import MarkerHost, write_markers
 
 log = logging.getLogger(__name__)
 
 MAX_MARKERS_PER_CALL = 10_000  # a control call carrying more is refused (bounded input)
+
+
+class MarkerSenderHost(MarkerHost, Protocol):
+    """What the coordinator's marker sender uses of its broker (the Broker is one): who leads
+    which partition, its own id, and the controller that forwards markers to other leaders."""
+
+    broker_id: int
+    metadata: ClusterMetadata
+    controller: ControllerClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +59,7 @@ class _Entry:
     topics: tuple[_Topic, ...]
 
 
-async def write_all_here(broker: Broker, markers: list[Marker]) -> dict[TopicPartition, int]:
+async def write_all_here(broker: MarkerHost, markers: list[Marker]) -> dict[TopicPartition, int]:
     """Append markers to partitions this broker leads, through WriteTxnMarkers' own path
     (`write_markers`: the same checks, and its listeners, e.g. the group coordinator settling
     a transaction's offsets); the Kafka error code of each partition."""
@@ -105,7 +112,7 @@ def markers_from(doc: Any) -> list[Marker]:
 class MarkerChannel:
     """The coordinator's MarkerSender: each marker to its partition's current leader."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: MarkerSenderHost) -> None:
         self._broker = broker
 
     async def __call__(self, markers: list[Marker]) -> dict[TopicPartition, int]:

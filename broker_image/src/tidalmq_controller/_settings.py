@@ -1,0 +1,57 @@
+"""The controller's settings (timeouts, leases, wave sizes): one frozen value the controller and
+its managers (leadership, topics, static topics) read; it imports nothing of the controller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    heartbeat_interval_s: float = 1.0
+    lease_s: float = 4.0  # a broker acknowledges writes only this long after a heartbeat it sent
+    session_timeout_s: float = 6.0  # silent this long: dead (must exceed lease + clock margin)
+    clock_margin_s: float = 0.5
+    election_timeout_s: float = 10.0  # a source that has not closed by then is fenced
+    # an elected broker that has not opened its partition by then hands it on (back to the
+    # move's source if it is live, else to the least loaded live broker); generous, because
+    # opening after a broker died replays that broker's WAL objects
+    open_timeout_s: float = 30.0
+    auto_rebalance: bool = True  # fair share to joining brokers
+    # the controller shares its process with its only broker: a broker's new incarnation means
+    # the old one is gone with the old process, so its partitions need not wait for a lease
+    embedded: bool = False
+    offsets_topic_partitions: int = 16
+    # transaction.state.log.num.partitions (Kafka's default): __transaction_state is created on
+    # the first transactional request (ensure_transaction_state_topic), not with the cluster
+    transaction_state_partitions: int = 50
+    tick_s: float = 0.05
+    # how often the object store's identity marker is read (a wiped or foreign store is noticed)
+    identity_check_interval_s: float = 5.0
+    # the brokers' acknowledged high watermarks are committed as end-offset floors this often
+    # (and with every other commit, and at a clean stop)
+    floor_commit_interval_s: float = 10.0
+    # moves in flight (closing or opening) per broker, as source or target: a rebalance of
+    # thousands of partitions runs in waves of at most this many per broker
+    max_moves_per_broker: int = 4000
+    # moves one step of the controller starts at most (bounded work per step)
+    max_moves_per_step: int = 2000
+    # a snapshot is written once the records since the last one reach its size (at least this)
+    snapshot_min_bytes: int = 8 * 1024 * 1024
+
+    @property
+    def role_window_s(self) -> float:
+        """A lease is granted only while the controller confirmed its role in the metadata log
+        (its next version still free, or a commit) within this window. A deposed controller
+        that has not noticed yet therefore grants nothing later than this after its successor's
+        first commit, which bounds every lease it handed out (see `start`). Several heartbeats
+        long (the log is checked every heartbeat interval), and no shorter than a lease."""
+        return max(3 * self.heartbeat_interval_s, self.lease_s)
+
+    def __post_init__(self) -> None:
+        if self.session_timeout_s <= self.lease_s + self.clock_margin_s:
+            raise ValueError(
+                f"session timeout {self.session_timeout_s}s must exceed the lease "
+                f"{self.lease_s}s plus the clock margin {self.clock_margin_s}s, or a broker "
+                "declared dead could still acknowledge writes"
+            )
