@@ -19,7 +19,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tidalmq_broker.protocol.records import InvalidRecordBatch
 from tidalmq_broker.storage import keys
@@ -40,8 +40,20 @@ from tidalmq_broker.storage.compaction import active_start, merge_max_age_ms, re
 from tidalmq_broker.storage.index import IndexEntry
 
 if TYPE_CHECKING:
-    from tidalmq_broker.storage.engine import ObjectStreamEngine
+    from tidalmq_broker.storage.api import StorageConfig
+    from tidalmq_broker.storage.objectstore.base import ObjectStore
     from tidalmq_broker.storage.partition import Partition
+
+
+class CleanerHost(Protocol):
+    """What the cleaner uses of the engine that runs it (storage/engine.py's
+    ObjectStreamEngine): named here, so the cleaner does not import the engine."""
+
+    config: StorageConfig
+    store: ObjectStore
+
+    async def delete_objects(self, object_keys: list[str], kind: str, path: str) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +79,7 @@ class CleanPass:
 
 
 class LogCleaner:
-    def __init__(self, engine: ObjectStreamEngine, map_keys: int = DEFAULT_MAP_KEYS) -> None:
+    def __init__(self, engine: CleanerHost, map_keys: int = DEFAULT_MAP_KEYS) -> None:
         self._engine = engine
         self.map_keys = map_keys
         # where each open partition's next pass starts mapping (the checkpoint does not keep

@@ -25,8 +25,8 @@ import enum
 import logging
 import struct
 import time
-from collections.abc import Awaitable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import crc32c
 from tidalmq_core.model import TopicPartition
@@ -68,7 +68,41 @@ from tidalmq_broker.storage.wal import ProducerBatch, WalEntry
 from tidalmq_broker.storage.wal_writer import PendingAppend
 
 if TYPE_CHECKING:
-    from tidalmq_broker.storage.engine import ObjectStreamEngine
+    from tidalmq_broker.storage.api import StorageConfig
+    from tidalmq_broker.storage.cache import TailCache
+    from tidalmq_broker.storage.checkpoint import CheckpointStore
+    from tidalmq_broker.storage.health import WriteHealth
+    from tidalmq_broker.storage.metrics import BrokerMetrics
+    from tidalmq_broker.storage.objectstore.base import ObjectStore
+    from tidalmq_broker.storage.wal_writer import WalWriter
+
+
+class PartitionHost(Protocol):
+    """What a partition uses of the engine that holds it (storage/engine.py's
+    ObjectStreamEngine is the one): named here, so the partition does not import the engine."""
+
+    broker_label: str
+    incarnation: str
+    config: StorageConfig
+    m: BrokerMetrics
+    store: ObjectStore
+    checkpoints: CheckpointStore
+    cache: TailCache
+    writer: WalWriter[Partition]
+    write_health: WriteHealth
+    store_problem: str | None
+
+    @property
+    def write_problem(self) -> str | None: ...
+    def checkpoint_key(self, tp: TopicPartition, topic_id: str) -> str: ...
+    def lease_ok(self) -> bool: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
+    def high_watermark_advanced(self, tp: TopicPartition) -> None: ...
+    def partition_fenced(self, p: Partition) -> None: ...
+    def first_stored(self, p: Partition) -> None: ...
+    def checkpoint_committed(self, p: Partition, cp: Checkpoint) -> None: ...
+    async def delete_objects(self, object_keys: list[str], kind: str, path: str) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +124,7 @@ class Partition:
 
     def __init__(
         self,
-        engine: ObjectStreamEngine,
+        engine: PartitionHost,
         tp: TopicPartition,
         topic_id: str,
         leader_epoch: int,
