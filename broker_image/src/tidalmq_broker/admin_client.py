@@ -98,14 +98,18 @@ class AdminClient:
         s = self._security
         resp = self._roundtrip(sock, 17, 1, {"mechanism": s.mechanism})
         if int(resp.error_code):
-            raise AdminError(f"SASL mechanism {s.mechanism} refused by the broker "
-                             f"(it offers {', '.join(resp.mechanisms)})")  # fmt: skip
+            raise AdminError(
+                f"SASL mechanism {s.mechanism} refused by the broker "
+                f"(it offers {', '.join(resp.mechanisms)})"
+            )
 
         def step(token: bytes) -> bytes:
             resp = self._roundtrip(sock, 36, 2, {"auth_bytes": token})
             if int(resp.error_code):
-                raise AdminError(f"SASL/{s.mechanism} authentication of {s.username!r} failed: "
-                                 f"{resp.error_message or int(resp.error_code)}")  # fmt: skip
+                raise AdminError(
+                    f"SASL/{s.mechanism} authentication of {s.username!r} failed: "
+                    f"{resp.error_message or int(resp.error_code)}"
+                )
             return bytes(resp.auth_bytes or b"")
 
         if s.mechanism == "PLAIN":
@@ -177,10 +181,14 @@ class AdminClient:
             by_topic.setdefault(tp.topic, []).append(
                 {"partition_index": tp.partition, "replicas": None if target is None else [target]}
             )
-        resp = self.call(45, 0, {
-            "timeout": timeout_ms,
-            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
-        })  # fmt: skip
+        resp = self.call(
+            45,
+            0,
+            {
+                "timeout": timeout_ms,
+                "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
+            },
+        )
         if resp.error_code != 0:
             raise AdminError(f"{resp.error_code.name}: {resp.error_message}")
         return {

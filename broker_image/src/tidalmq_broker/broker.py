@@ -196,9 +196,12 @@ class Broker:
         own = self.broker_id
         check_role = functools.partial(may_call_broker, broker_id=own) if tls else None
         self.http = HealthServer(
-            self._readiness, authenticate, before_scrape=lambda: self.metrics.publish_led(None),
-            tls=tls if settings.control_port < 0 else None, check_role=check_role,
-        )  # fmt: skip
+            self._readiness,
+            authenticate,
+            before_scrape=lambda: self.metrics.publish_led(None),
+            tls=tls if settings.control_port < 0 else None,
+            check_role=check_role,
+        )
         self.control = (
             self.http
             if settings.control_port < 0
@@ -285,8 +288,11 @@ class Broker:
             if created:
                 log.info("SCRAM credentials bootstrapped: %s", ", ".join(created))
         elif self._scram_bootstrap:
-            log.warning("--scram-bootstrap is applied by the controller, and this broker uses "
-                        "the one at %s: give it there", s.controller_url)  # fmt: skip
+            log.warning(
+                "--scram-bootstrap is applied by the controller, and this broker uses "
+                "the one at %s: give it there",
+                s.controller_url,
+            )
         self._reporter = asyncio.create_task(self._report_loop(), name="partition reports")
         await self._register_until_done()
         self._liveness = LivenessThread(
@@ -309,9 +315,13 @@ class Broker:
         log.log(
             logging.INFO if self.authorizer.enabled else logging.WARNING,
             "broker %d serving Kafka on %s (advertised %s), http on %s:%d; %s",
-            self.broker_id, ",".join(bound), describe(self.advertised), s.http_host,
-            self.http.port, describe_authorization(s, self.authorizer),
-        )  # fmt: skip
+            self.broker_id,
+            ",".join(bound),
+            describe(self.advertised),
+            s.http_host,
+            self.http.port,
+            describe_authorization(s, self.authorizer),
+        )
 
     def _scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
         """The SASL listeners' credential lookup: this broker's metadata image."""
@@ -332,9 +342,10 @@ class Broker:
             # cleanly here and opens there), so clients see a move, not a failure
             try:
                 drained = await self.controller.drain_broker(
-                    self.broker_id, timeout_s=self._stop_budget(deadline),
+                    self.broker_id,
+                    timeout_s=self._stop_budget(deadline),
                     incarnation=self.incarnation,
-                )  # fmt: skip
+                )
                 log.info("broker %d drained: %s", self.broker_id, drained)
             except Exception as exc:
                 log.warning("drain through the controller failed (%s); closing locally", exc)
@@ -434,8 +445,11 @@ class Broker:
             try:
                 apply_batch(self.metadata, records, version, delta)
             except (RecordError, KeyError, TypeError, ValueError) as exc:
-                log.error("metadata batch %d could not be applied (%s); asking for a snapshot",
-                          version, exc)  # fmt: skip
+                log.error(
+                    "metadata batch %d could not be applied (%s); asking for a snapshot",
+                    version,
+                    exc,
+                )
                 self.metadata = ClusterMetadata(cluster_id="", version=-1)
                 self.authorizer.load(self.metadata.acls)
                 return -1
@@ -571,9 +585,14 @@ class Broker:
         else:
             changes = pending = self.partitions.open_changes()
         beat = Heartbeat(
-            self.broker_id, self.incarnation, self.metadata.version, changes, full=full,
-            hwm=hwm, floors=floors,
-        )  # fmt: skip
+            self.broker_id,
+            self.incarnation,
+            self.metadata.version,
+            changes,
+            full=full,
+            hwm=hwm,
+            floors=floors,
+        )
         news = _BeatNews(
             pending, floors, looked, looked - set(current), everything, self._floors_generation
         )
@@ -700,8 +719,17 @@ class Broker:
             if self.metrics.partition_not_lost(tp.topic, tp.partition):
                 self.metrics.partitions_lost(len(self.partitions.lost_partitions()))
             self.metrics.partition_led(tp.topic, tp.partition, epoch)
-        self._reports.append(report_doc(kind, tp, epoch, topic_id=topic_id,
-                                        high_watermark=high_watermark, loss=loss, stored=stored))  # fmt: skip
+        self._reports.append(
+            report_doc(
+                kind,
+                tp,
+                epoch,
+                topic_id=topic_id,
+                high_watermark=high_watermark,
+                loss=loss,
+                stored=stored,
+            )
+        )
         self._reports_wake.set()
 
     async def _report_loop(self) -> None:
@@ -793,8 +821,11 @@ class Broker:
         if not self.partitions.is_settled():
             busy.append("opening partitions")
         lost = self.partitions.lost_partitions()
-        offsets = [tp.partition for tp in self.partitions.leading()
-                   if tp.topic == OFFSETS_TOPIC and tp not in lost]  # fmt: skip
+        offsets = [
+            tp.partition
+            for tp in self.partitions.leading()
+            if tp.topic == OFFSETS_TOPIC and tp not in lost
+        ]
         loaded = {s.partition for s in self.groups.shards()}
         if not set(offsets) <= loaded:
             busy.append("loading consumer groups")

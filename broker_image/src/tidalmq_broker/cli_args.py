@@ -19,9 +19,16 @@ from typing import Any
 from tidalmq_core.cli_values import bootstrap_servers, http_url, id_list, split_address
 
 __all__ = [
-    "HelpFormatter", "Parser", "add_output", "bootstrap_servers", "http_url", "id_list",
-    "print_json", "split_address", "wants_json",
-]  # fmt: skip
+    "HelpFormatter",
+    "Parser",
+    "add_output",
+    "bootstrap_servers",
+    "http_url",
+    "id_list",
+    "print_json",
+    "split_address",
+    "wants_json",
+]
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -37,8 +44,15 @@ class HelpFormatter(argparse.HelpFormatter):
             if any(line[:1].isspace() for line in lines):
                 out.append("\n".join(indent + line for line in lines))
             else:
-                out.append(textwrap.fill(" ".join(lines), width, initial_indent=indent, break_on_hyphens=False,
-                                         subsequent_indent=indent))  # fmt: skip
+                out.append(
+                    textwrap.fill(
+                        " ".join(lines),
+                        width,
+                        initial_indent=indent,
+                        break_on_hyphens=False,
+                        subsequent_indent=indent,
+                    )
+                )
         return "\n\n".join(out)
 
     def _get_help_string(self, action: argparse.Action) -> str:

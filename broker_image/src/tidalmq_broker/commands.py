@@ -10,7 +10,9 @@ from collections.abc import Callable
 BUILTIN_NAMES = frozenset({"broker", "drain", "local", "reassign", "static-topic", "recover"})
 
 
-def builtin_commands(command: str | None = None) -> list[Callable[[argparse._SubParsersAction], None]]:  # fmt: skip
+def builtin_commands(
+    command: str | None = None,
+) -> list[Callable[[argparse._SubParsersAction], None]]:
     """The registrations of the built-in sub-commands; `command`: the one about to run. The
     broker's flags come from its settings (and the storage engine's defaults): built only when
     `broker` runs, any other command lists it by its help line."""
@@ -20,9 +22,13 @@ def builtin_commands(command: str | None = None) -> list[Callable[[argparse._Sub
 
     broker = _register_broker if command == "broker" else _list_broker
     return [
-        broker, _register_drain, _register_local, reassign_cli.register,
-        static_topic_cli.register, recover.register,
-    ]  # fmt: skip
+        broker,
+        _register_drain,
+        _register_local,
+        reassign_cli.register,
+        static_topic_cli.register,
+        recover.register,
+    ]
 
 
 def _register_drain(sub: argparse._SubParsersAction) -> None:
@@ -36,10 +42,19 @@ def _register_drain(sub: argparse._SubParsersAction) -> None:
     )
     from tidalmq_broker.cli_args import http_url
 
-    p.add_argument("--http-url", type=http_url, default="", help="the broker's control port (default: from "
-                   "TIDALMQ_CONTROL_HOST/HTTP_HOST and TIDALMQ_CONTROL_PORT/HTTP_PORT)")  # fmt: skip
-    p.add_argument("--control-token-file", default="", help="the broker's control token "
-                   "(default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
+    p.add_argument(
+        "--http-url",
+        type=http_url,
+        default="",
+        help="the broker's control port (default: from "
+        "TIDALMQ_CONTROL_HOST/HTTP_HOST and TIDALMQ_CONTROL_PORT/HTTP_PORT)",
+    )
+    p.add_argument(
+        "--control-token-file",
+        default="",
+        help="the broker's control token "
+        "(default: TIDALMQ_CONTROL_TOKEN_FILE or TIDALMQ_CONTROL_TOKEN)",
+    )
     p.add_argument("--timeout", type=float, default=50.0, help="seconds to wait")
     p.set_defaults(handler=_run_drain)
 
@@ -58,8 +73,9 @@ def _run_drain(args: argparse.Namespace) -> int:
     overrides = {"control_token_file": args.control_token_file, "control_token": ""}
     settings = from_sources(**(overrides if args.control_token_file else {}))
     if not args.http_url and settings.http_port <= 0:
-        print("drain: give --http-url (or TIDALMQ_HTTP_PORT, as the broker has it)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "drain: give --http-url (or TIDALMQ_HTTP_PORT, as the broker has it)", file=sys.stderr
+        )
         return 2
     try:
         credentials = settings.control_credentials()
@@ -68,8 +84,11 @@ def _run_drain(args: argparse.Namespace) -> int:
         print(f"drain: {exc}", file=sys.stderr)
         return 2
     if credentials is None:
-        print("drain: the broker's control token is needed (TIDALMQ_CONTROL_TOKEN_FILE, "
-              "TIDALMQ_CONTROL_TOKEN or --control-token-file)", file=sys.stderr)  # fmt: skip
+        print(
+            "drain: the broker's control token is needed (TIDALMQ_CONTROL_TOKEN_FILE, "
+            "TIDALMQ_CONTROL_TOKEN or --control-token-file)",
+            file=sys.stderr,
+        )
         return 2
     url = (args.http_url or settings.control_url()).rstrip("/")
     req = urllib.request.Request(
@@ -134,10 +153,20 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
         description="Start the controller, the brokers and a local object store; print the "
         "bootstrap address and a live table of brokers; stay in the foreground until Ctrl-C.",
     )
-    up.add_argument("--brokers", type=int, default=3, help="number of brokers of a new cluster "
-                    "(default 3; a restart brings back the brokers the cluster has)")  # fmt: skip
-    up.add_argument("--port", type=int, default=9092, help="the bootstrap port (default 9092): "
-                    "brokers get the ports from here up, lowest free first")  # fmt: skip
+    up.add_argument(
+        "--brokers",
+        type=int,
+        default=3,
+        help="number of brokers of a new cluster "
+        "(default 3; a restart brings back the brokers the cluster has)",
+    )
+    up.add_argument(
+        "--port",
+        type=int,
+        default=9092,
+        help="the bootstrap port (default 9092): "
+        "brokers get the ports from here up, lowest free first",
+    )
     up.add_argument("--controller-port", type=int, default=9690, help="controller HTTP port")
     up.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
     up.add_argument("--storage-url", default="", help="object store (default: DATA_DIR/objects)")
@@ -190,8 +219,11 @@ def _register_local_changes(local_sub: argparse._SubParsersAction) -> None:
         "the partitions rebalancing onto it (moves done / total, the rate) until they are all "
         "there or --timeout runs out (exit 1 then: the moves go on in the background).",
     )
-    add.add_argument("--no-wait", action="store_true",
-                     help="return once the broker serves, without waiting for the moves")  # fmt: skip
+    add.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return once the broker serves, without waiting for the moves",
+    )
     remove = local_sub.add_parser(
         "remove-broker",
         help="drain a broker (its partitions move, with progress), then stop it; a dead or "
@@ -208,8 +240,13 @@ def _register_local_changes(local_sub: argparse._SubParsersAction) -> None:
     )
     kill.add_argument("broker_id", type=int, metavar="N", help="the broker's id")
     for cmd in (add, remove):
-        cmd.add_argument("--timeout", type=float, default=DEFAULT_MOVE_TIMEOUT_S, metavar="S",
-                         help="seconds to wait for the moves")  # fmt: skip
+        cmd.add_argument(
+            "--timeout",
+            type=float,
+            default=DEFAULT_MOVE_TIMEOUT_S,
+            metavar="S",
+            help="seconds to wait for the moves",
+        )
     for name, cmd in (("add-broker", add), ("remove-broker", remove), ("kill-broker", kill)):
         add_output(cmd, CHANGE_KEYS[name])
         _data_dir(cmd)

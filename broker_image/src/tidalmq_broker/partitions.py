@@ -157,10 +157,16 @@ class PartitionManager:
         wish = self._wishes.get(plog.tp)
         if wish is None or plog.leader_epoch != wish.epoch:
             return
-        task = asyncio.ensure_future(self._report(
-            "opened", plog.tp, wish.epoch, topic_id=wish.topic_id,
-            high_watermark=plog.high_watermark, stored=True,
-        ))  # fmt: skip
+        task = asyncio.ensure_future(
+            self._report(
+                "opened",
+                plog.tp,
+                wish.epoch,
+                topic_id=wish.topic_id,
+                high_watermark=plog.high_watermark,
+                stored=True,
+            )
+        )
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     def open_changes(self) -> dict[TopicPartition, int | None]:
@@ -325,9 +331,13 @@ class PartitionManager:
             for index, part in enumerate(topic.partitions):
                 if part.leader == self._broker_id:
                     wishes[TopicPartition(topic.name, index)] = Wish(
-                        topic.topic_id, part.leader_epoch, config,
-                        part.created, part.end_offset_floor, part.accepted_from,
-                    )  # fmt: skip
+                        topic.topic_id,
+                        part.leader_epoch,
+                        config,
+                        part.created,
+                        part.end_offset_floor,
+                        part.accepted_from,
+                    )
         self._known_topics = {t.name: len(t.partitions) for t in meta.topics.values()}
         self._has_metadata = True
         touched = set(wishes) | set(self._wishes) | set(self._engine.partitions())
@@ -365,8 +375,14 @@ class PartitionManager:
             part = topic.partitions[tp.partition]
             wish = None
             if part.leader == self._broker_id:
-                wish = Wish(topic.topic_id, part.leader_epoch, partition_config(topic),
-                            part.created, part.end_offset_floor, part.accepted_from)  # fmt: skip
+                wish = Wish(
+                    topic.topic_id,
+                    part.leader_epoch,
+                    partition_config(topic),
+                    part.created,
+                    part.end_offset_floor,
+                    part.accepted_from,
+                )
             self._adopt(tp, wish)
 
     def _adopt_topic(self, topic: TopicInfo) -> None:
@@ -383,8 +399,17 @@ class PartitionManager:
                 continue
             if config is None:
                 config = partition_config(topic)
-            self._adopt(tp, Wish(topic.topic_id, part.leader_epoch, config, part.created,
-                                 part.end_offset_floor, part.accepted_from))  # fmt: skip
+            self._adopt(
+                tp,
+                Wish(
+                    topic.topic_id,
+                    part.leader_epoch,
+                    config,
+                    part.created,
+                    part.end_offset_floor,
+                    part.accepted_from,
+                ),
+            )
 
     def _adopt(self, tp: TopicPartition, new: Wish | None) -> None:
         old = self._wishes.get(tp)
@@ -437,8 +462,10 @@ class PartitionManager:
         self._queue.append(tp)
         self._ready.set()
         if not self._pool:
-            self._pool = [asyncio.create_task(self._worker(), name=f"partition worker {i}")
-                          for i in range(WORKERS)]  # fmt: skip
+            self._pool = [
+                asyncio.create_task(self._worker(), name=f"partition worker {i}")
+                for i in range(WORKERS)
+            ]
 
     def _wake_later(self, tp: TopicPartition, delay_s: float) -> None:
         old = self._retries.pop(tp, None)
@@ -457,8 +484,12 @@ class PartitionManager:
         while not self._stopping:
             if not self._queue:
                 if not self._busy and (self._round["opened"] or self._round["closed"]):
-                    log.info("partitions: %d opened, %d closed in %.2fs", self._round["opened"],
-                             self._round["closed"], time.monotonic() - self._round_started)  # fmt: skip
+                    log.info(
+                        "partitions: %d opened, %d closed in %.2fs",
+                        self._round["opened"],
+                        self._round["closed"],
+                        time.monotonic() - self._round_started,
+                    )
                     self._round = {"opened": 0, "closed": 0}
                 self._ready.clear()
                 await self._ready.wait()
@@ -507,8 +538,12 @@ class PartitionManager:
             # its way and wakes the partition at once), or a write raced our open: an earlier
             # owner's late clean close, which a fresh read takes in. Look again, slowly.
             delay = max(backoff, FENCED_RETRY_S)
-            log.info("%s: fenced (%s); trying again in %.1fs unless newer metadata comes first",
-                     tp, exc, delay)  # fmt: skip
+            log.info(
+                "%s: fenced (%s); trying again in %.1fs unless newer metadata comes first",
+                tp,
+                exc,
+                delay,
+            )
             self._backoff[tp] = min(delay * 2, FENCED_RETRY_MAX_S)
             self._wake_later(tp, delay)
             return
@@ -553,9 +588,14 @@ class PartitionManager:
             started = time.perf_counter()
             try:
                 plog = await self._engine.open_partition(
-                    tp, wish.topic_id, wish.epoch, wish.config, created=wish.created,
-                    end_offset_floor=wish.end_offset_floor, accepted_from=wish.accepted_from,
-                )  # fmt: skip
+                    tp,
+                    wish.topic_id,
+                    wish.epoch,
+                    wish.config,
+                    created=wish.created,
+                    end_offset_floor=wish.end_offset_floor,
+                    accepted_from=wish.accepted_from,
+                )
             except PartitionDataLost as exc:
                 await self._mark_lost(tp, wish, exc)
                 return
@@ -564,17 +604,23 @@ class PartitionManager:
             self.open_seconds.append(time.perf_counter() - started)
             del self.open_seconds[:-1000]
             log.debug(
-                "%s: open at epoch %d in %.0f ms", tp, wish.epoch,
+                "%s: open at epoch %d in %.0f ms",
+                tp,
+                wish.epoch,
                 (time.perf_counter() - started) * 1000,
-            )  # fmt: skip
+            )
             self._round["opened"] += 1
             self._open_changes[tp] = wish.epoch
             for hook in self._hooks:
                 await hook(tp, plog)
             await self._report(
-                "opened", tp, wish.epoch, topic_id=wish.topic_id,
-                high_watermark=plog.high_watermark, stored=not getattr(plog, "unstored", False),
-            )  # fmt: skip
+                "opened",
+                tp,
+                wish.epoch,
+                topic_id=wish.topic_id,
+                high_watermark=plog.high_watermark,
+                stored=not getattr(plog, "unstored", False),
+            )
             return
         if plog.config != wish.config:
             await self._engine.update_config(tp, wish.config)
@@ -604,9 +650,14 @@ class PartitionManager:
         log.warning(
             "%s: DATA LOST, not serving it: %s (%d acknowledged offsets missing: %d-%d). "
             "`tidalmq recover --accept-data-loss %s` continues it at offset %d",
-            tp, loss.reason, loss.missing_offsets, loss.found_end, loss.expected_end,
-            tp.topic, max(loss.expected_end, loss.found_end),
-        )  # fmt: skip
+            tp,
+            loss.reason,
+            loss.missing_offsets,
+            loss.found_end,
+            loss.expected_end,
+            tp.topic,
+            max(loss.expected_end, loss.found_end),
+        )
         await self._report("lost", tp, wish.epoch, topic_id=wish.topic_id, loss=loss)
 
     async def _close(self, tp: TopicPartition) -> None:
@@ -621,8 +672,10 @@ class PartitionManager:
         self._round["closed"] += 1
         detail: dict[str, object] = {}
         if plog is not None:
-            detail = {"topic_id": getattr(plog, "topic_id", None),
-                      "high_watermark": plog.high_watermark}  # fmt: skip
+            detail = {
+                "topic_id": getattr(plog, "topic_id", None),
+                "high_watermark": plog.high_watermark,
+            }
         await self._report("closed", tp, epoch, **detail)
 
     async def stop(self) -> None:

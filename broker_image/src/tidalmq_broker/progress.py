@@ -26,9 +26,11 @@ def line(done: int, total: int, elapsed_s: float, what: str = "partitions moved"
 
 class Progress:
     def __init__(
-        self, stream: TextIO | None = None, what: str = "partitions moved",
+        self,
+        stream: TextIO | None = None,
+        what: str = "partitions moved",
         started: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`started`: time.monotonic() when the change began (the rate counts from there)."""
         self.stream = stream or sys.stdout
         self.what = what

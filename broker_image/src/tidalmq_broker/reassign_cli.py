@@ -55,29 +55,50 @@ def register(sub: argparse._SubParsersAction) -> None:
     mode.add_argument("--verify", action="store_true", help="check whether the moves finished")
     mode.add_argument("--cancel", action="store_true", help="cancel moves still in progress")
     mode.add_argument("--list", action="store_true", help="list moves in progress")
-    p.add_argument("--bootstrap-server", required=True, type=bootstrap_servers,
-                   metavar="HOST:PORT", help="any broker (several: comma-separated)")  # fmt: skip
+    p.add_argument(
+        "--bootstrap-server",
+        required=True,
+        type=bootstrap_servers,
+        metavar="HOST:PORT",
+        help="any broker (several: comma-separated)",
+    )
     p.add_argument("--reassignment-json-file", help="the plan (Kafka's reassignment JSON)")
     p.add_argument("--topics-to-move-json-file", help="--generate: topics to spread")
-    p.add_argument("--broker-list", type=id_list, metavar="IDS",
-                   help="--generate: comma-separated broker ids")  # fmt: skip
+    p.add_argument(
+        "--broker-list", type=id_list, metavar="IDS", help="--generate: comma-separated broker ids"
+    )
     p.add_argument(
         "--wait", action="store_true", help="--execute: wait until done, showing progress"
     )
-    p.add_argument("--timeout", type=_timeout_ms, default=None, metavar="MS",
-                   help="milliseconds, like Kafka's (a value ending in s is seconds): how long "
-                        f"the controller may take to start the moves (default {DEFAULT_TIMEOUT_MS}), "
-                        f"and how long --wait waits (default {DEFAULT_WAIT_S:.0f}s)")  # fmt: skip
-    p.add_argument("--throttle", type=int, default=-1,
-                   help="accepted for compatibility; moves copy no data, so there is nothing to throttle")  # fmt: skip
+    p.add_argument(
+        "--timeout",
+        type=_timeout_ms,
+        default=None,
+        metavar="MS",
+        help="milliseconds, like Kafka's (a value ending in s is seconds): how long "
+        f"the controller may take to start the moves (default {DEFAULT_TIMEOUT_MS}), "
+        f"and how long --wait waits (default {DEFAULT_WAIT_S:.0f}s)",
+    )
+    p.add_argument(
+        "--throttle",
+        type=int,
+        default=-1,
+        help="accepted for compatibility; moves copy no data, so there is nothing to throttle",
+    )
     p.add_argument("--additional", action="store_true", help="accepted for compatibility")
     p.add_argument("--preserve-throttles", action="store_true", help="accepted for compatibility")
-    p.add_argument("--command-config", metavar="FILE",
-                   help="Kafka client properties (security.protocol, sasl.mechanism, "
-                        "sasl.jaas.config, ssl.truststore.location, ssl.keystore.location: PEM) "
-                        "to reach a TLS or SASL listener")  # fmt: skip
-    p.add_argument("--disable-rack-aware", action="store_true",
-                   help="accepted for compatibility: --generate does not place by rack")  # fmt: skip
+    p.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="Kafka client properties (security.protocol, sasl.mechanism, "
+        "sasl.jaas.config, ssl.truststore.location, ssl.keystore.location: PEM) "
+        "to reach a TLS or SASL listener",
+    )
+    p.add_argument(
+        "--disable-rack-aware",
+        action="store_true",
+        help="accepted for compatibility: --generate does not place by rack",
+    )
     p.add_argument("plan_file", nargs="?", help="the plan (same as --reassignment-json-file)")
     add_output(p, JSON_KEYS)
     p.set_defaults(handler=run)
@@ -213,8 +234,13 @@ def _generate(admin: AdminClient, args: argparse.Namespace) -> int:
     plan = balance_counts(current, brokers)
     proposed = {tp: b for tp, b in plan.assignment.items() if b is not None}
     if wants_json(args):
-        print_json({"current": json.loads(format_plan(current)),
-                    "proposed": json.loads(format_plan(proposed)), "moves": len(plan.moves)})  # fmt: skip
+        print_json(
+            {
+                "current": json.loads(format_plan(current)),
+                "proposed": json.loads(format_plan(proposed)),
+                "moves": len(plan.moves),
+            }
+        )
         return 0
     print("Current partition replica assignment")
     print(format_plan(current))
@@ -259,24 +285,30 @@ def _execute(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namesp
     failed = {tp: r for tp, r in results.items() if r[0] != 0}
     started = [tp for tp in sorted(results) if tp not in failed]
     if as_json:
-        print_json({
-            "current": json.loads(format_plan(rollback)),
-            "started": [str(tp) for tp in started],
-            "failed": {str(tp): message or str(code) for tp, (code, message) in failed.items()},
-        })  # fmt: skip
+        print_json(
+            {
+                "current": json.loads(format_plan(rollback)),
+                "started": [str(tp) for tp in started],
+                "failed": {str(tp): message or str(code) for tp, (code, message) in failed.items()},
+            }
+        )
     else:
         for tp, (code, message) in sorted(failed.items()):
             print(f"Error reassigning {tp}: {message or code}", file=sys.stderr)
         if started:
-            print(f"Successfully started partition reassignment{'s' if len(started) != 1 else ''} "
-                  f"for {', '.join(str(tp) for tp in started)}")  # fmt: skip
+            print(
+                f"Successfully started partition reassignment{'s' if len(started) != 1 else ''} "
+                f"for {', '.join(str(tp) for tp in started)}"
+            )
     if failed:
         return EXIT_FAILED
     if args.wait:
         wait_s = DEFAULT_WAIT_S if args.timeout is None else args.timeout / 1000
         if args.timeout is not None and args.timeout < 1000:
-            _note(f"--timeout is in milliseconds like Kafka's: waiting {wait_s:.3f}s "
-                  "(write e.g. 120s for seconds)")  # fmt: skip
+            _note(
+                f"--timeout is in milliseconds like Kafka's: waiting {wait_s:.3f}s "
+                "(write e.g. 120s for seconds)"
+            )
         return _wait(admin, entries, wait_s, sys.stderr if as_json else sys.stdout)
     return 0
 
@@ -302,9 +334,12 @@ def _wait(admin: AdminClient, entries: list[PlanEntry], timeout_s: float, stream
 
 
 def verify_status(
-    entry: PlanEntry, moving: dict[TopicPartition, Any], replicas: list[int] | None,
-    leader: int, brokers: set[int],
-) -> str:  # fmt: skip
+    entry: PlanEntry,
+    moving: dict[TopicPartition, Any],
+    replicas: list[int] | None,
+    leader: int,
+    brokers: set[int],
+) -> str:
     """One partition of --verify: completed, in_progress, opening, not_started or target_gone
     (its target broker is no longer in the cluster: removed, so the move cannot complete)."""
     if entry.tp in moving:
@@ -332,9 +367,16 @@ def _verify(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namespa
     rows: list[dict[str, Any]] = []
     for e in wanted:
         status = verify_status(e, moving, replicas.get(e.tp), leaders.get(e.tp, -1), brokers)
-        rows.append({"topic": e.tp.topic, "partition": e.tp.partition, "target": e.target,
-                     "status": status, "replicas": replicas.get(e.tp),
-                     "leader": leaders.get(e.tp, -1)})  # fmt: skip
+        rows.append(
+            {
+                "topic": e.tp.topic,
+                "partition": e.tp.partition,
+                "target": e.target,
+                "status": status,
+                "replicas": replicas.get(e.tp),
+                "leader": leaders.get(e.tp, -1),
+            }
+        )
     done = sum(r["status"] == "completed" for r in rows)
     in_flight = sum(r["status"] in ("in_progress", "opening") for r in rows)
     code = 0 if done == len(wanted) else EXIT_FAILED
@@ -355,18 +397,26 @@ def _verify(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namespa
         elif status == "completed":
             print(f"Reassignment of partition {e.tp} is completed.")
         elif status == "opening":
-            print(f"Reassignment of partition {e.tp} is still in progress (opening on "
-                  f"broker {e.target}).")  # fmt: skip
+            print(
+                f"Reassignment of partition {e.tp} is still in progress (opening on "
+                f"broker {e.target})."
+            )
             details.append(f"  {e.tp}: elected on broker {e.target}, opening")
         elif status == "target_gone":
-            print(f"Reassignment of partition {e.tp} cannot complete: its target broker "
-                  f"{e.target} is not in the cluster (removed?); brokers: {sorted(brokers)}; "
-                  f"replica set is {row['replicas']}.")  # fmt: skip
+            print(
+                f"Reassignment of partition {e.tp} cannot complete: its target broker "
+                f"{e.target} is not in the cluster (removed?); brokers: {sorted(brokers)}; "
+                f"replica set is {row['replicas']}."
+            )
         else:
-            print(f"There is no active reassignment of partition {e.tp}, but replica set is "
-                  f"{row['replicas']} rather than {[e.target]}.")  # fmt: skip
-    print(f"\nProgress: {bar(done, len(wanted))} {done}/{len(wanted)} partitions moved, "
-          f"{in_flight} in flight")  # fmt: skip
+            print(
+                f"There is no active reassignment of partition {e.tp}, but replica set is "
+                f"{row['replicas']} rather than {[e.target]}."
+            )
+    print(
+        f"\nProgress: {bar(done, len(wanted))} {done}/{len(wanted)} partitions moved, "
+        f"{in_flight} in flight"
+    )
     for line in details:
         print(line)
     return code
@@ -382,19 +432,30 @@ def _cancel(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namespa
     elif not targets:
         print("None of the specified partition reassignments are active.")
     else:
-        print(f"Successfully cancelled partition reassignment{'s' if len(cancelled) != 1 else ''} "
-              f"for: {', '.join(str(tp) for tp in cancelled)}")  # fmt: skip
+        print(
+            f"Successfully cancelled partition reassignment{'s' if len(cancelled) != 1 else ''} "
+            f"for: {', '.join(str(tp) for tp in cancelled)}"
+        )
     return 0 if len(cancelled) == len(targets) else EXIT_FAILED
 
 
 def _list(admin: AdminClient, args: argparse.Namespace) -> int:
     moving = admin.list_reassignments()
     if wants_json(args):
-        print_json({"reassignments": [
-            {"topic": tp.topic, "partition": tp.partition, "replicas": rs, "adding": ar,
-             "removing": rr}
-            for tp, (rs, ar, rr) in sorted(moving.items())
-        ]})  # fmt: skip
+        print_json(
+            {
+                "reassignments": [
+                    {
+                        "topic": tp.topic,
+                        "partition": tp.partition,
+                        "replicas": rs,
+                        "adding": ar,
+                        "removing": rr,
+                    }
+                    for tp, (rs, ar, rr) in sorted(moving.items())
+                ]
+            }
+        )
         return 0
     if not moving:
         print("No partition reassignments found.")

@@ -73,10 +73,16 @@ async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None
             gc.freeze()  # everything alive after start-up is never scanned again
         first = broker.advertised[0]
         also = "".join(f", {e.name} on {e.host}:{e.port}" for e in broker.advertised[1:])
-        print(f"TidalMQ broker {settings.broker_id} serving on {first.host}:{first.port}"
-              f"{f' ({first.name}{also})' if also else ''}", flush=True)  # fmt: skip
-        print(f"TidalMQ broker {settings.broker_id}: "
-              f"{describe_authorization(settings, broker.authorizer)}", flush=True)  # fmt: skip
+        print(
+            f"TidalMQ broker {settings.broker_id} serving on {first.host}:{first.port}"
+            f"{f' ({first.name}{also})' if also else ''}",
+            flush=True,
+        )
+        print(
+            f"TidalMQ broker {settings.broker_id}: "
+            f"{describe_authorization(settings, broker.authorizer)}",
+            flush=True,
+        )
         await stop
     else:  # asked to stop while starting (e.g. still registering with the controller)
         starting.cancel()

@@ -92,9 +92,11 @@ class BrokerSettings:
     )
     connection_failed_authentication_delay_ms: int = field(
         default=100,
-        metadata={"help": "Kafka's connection.failed.authentication.delay.ms: close a connection "
-                  "that failed to authenticate this long after its answer"},
-    )  # fmt: skip
+        metadata={
+            "help": "Kafka's connection.failed.authentication.delay.ms: close a connection "
+            "that failed to authenticate this long after its answer"
+        },
+    )
     authorizer: str = field(
         default="auto",
         metadata={
@@ -163,9 +165,11 @@ class BrokerSettings:
     )
     control_tls_ca_file: str = field(
         default="",
-        metadata={"help": "control-plane mTLS: the cluster CA's certificate (PEM), never the "
-                  "Kafka clients' CA"},
-    )  # fmt: skip
+        metadata={
+            "help": "control-plane mTLS: the cluster CA's certificate (PEM), never the "
+            "Kafka clients' CA"
+        },
+    )
     storage_url: str = field(
         default="file://./.tidalmq/objects",
         metadata={"help": "object store: file:///dir or s3://bucket/prefix?endpoint_url=..."},

@@ -39,19 +39,38 @@ log = logging.getLogger(__name__)
 
 OPEN = frozenset({"/healthz", "/metrics"})
 # the body names a broker id: a broker's token acts for its own id only
-BROKER_SELF = frozenset({
-    "/v1/brokers/register", "/v1/brokers/heartbeat", "/v1/brokers/drain", "/v1/brokers/remove",
-    "/v1/partitions/reports", "/v1/partitions/closed", "/v1/partitions/opened",
-    "/v1/partitions/lost",
-})  # fmt: skip
+BROKER_SELF = frozenset(
+    {
+        "/v1/brokers/register",
+        "/v1/brokers/heartbeat",
+        "/v1/brokers/drain",
+        "/v1/brokers/remove",
+        "/v1/partitions/reports",
+        "/v1/partitions/closed",
+        "/v1/partitions/opened",
+        "/v1/partitions/lost",
+    }
+)
 # a broker's own needs and the admin requests it forwards for its Kafka clients
-BROKER_FORWARDED = frozenset({
-    "/v1/metadata", "/v1/metadata/updates", "/v1/producer-ids",
-    "/v1/topics/create", "/v1/topics/delete", "/v1/topics/partitions", "/v1/topics/configs",
-    "/v1/brokers/configs", "/v1/scram-credentials/alter", "/v1/acls/create", "/v1/acls/delete",
-    "/v1/reassignments/alter", "/v1/reassignments/list",
-    "/v1/transactions/state-topic", "/v1/transactions/markers",
-})  # fmt: skip
+BROKER_FORWARDED = frozenset(
+    {
+        "/v1/metadata",
+        "/v1/metadata/updates",
+        "/v1/producer-ids",
+        "/v1/topics/create",
+        "/v1/topics/delete",
+        "/v1/topics/partitions",
+        "/v1/topics/configs",
+        "/v1/brokers/configs",
+        "/v1/scram-credentials/alter",
+        "/v1/acls/create",
+        "/v1/acls/delete",
+        "/v1/reassignments/alter",
+        "/v1/reassignments/list",
+        "/v1/transactions/state-topic",
+        "/v1/transactions/markers",
+    }
+)
 
 # the request key of who called (aiohttp's typed key where it has one: 3.12 and later)
 PRINCIPAL: Any = (
@@ -74,9 +93,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _refuse(request: Any, status: int, reason: str, why: str) -> web.Response:
     REFUSALS.labels(reason).inc()
-    REFUSAL_LOG.warning(log, "control call refused (%d): %s %s from %s: %s", status,
-                        request.method, request.path, getattr(request, "remote", None) or "?",
-                        why)  # fmt: skip
+    REFUSAL_LOG.warning(
+        log,
+        "control call refused (%d): %s %s from %s: %s",
+        status,
+        request.method,
+        request.path,
+        getattr(request, "remote", None) or "?",
+        why,
+    )
     if status == 401:
         needs = "a client certificate" if reason == "no_certificate" else "the control token"
         return web.json_response(

@@ -175,8 +175,9 @@ class Leadership:
         O(partitions). A static topic's Kafka view is not counted, and of its physical queues
         only the writable ones (its sealed queues have no leader on purpose)."""
         meta = self.c.image
-        out: dict[int, int] = {b: len(held) for b, held in self.by_broker.items()
-                               if b is not None and held}  # fmt: skip
+        out: dict[int, int] = {
+            b: len(held) for b, held in self.by_broker.items() if b is not None and held
+        }
         for tp in self.leaderless:
             owner = self._owner.get(tp)
             if owner is not None:

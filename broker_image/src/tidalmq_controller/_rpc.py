@@ -81,13 +81,23 @@ _LIVENESS_PATHS = frozenset({"/v1/brokers/heartbeat", "/healthz", "/metrics"})
 _ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
     for cls in (
-        ctl.ControllerError, ctl.TopicAlreadyExists, ctl.UnknownTopic, ctl.NoBrokers,
-        ctl.ControllerFenced, ctl.UnknownBroker, ctl.InvalidReplicaAssignment, ctl.ForeignStore,
+        ctl.ControllerError,
+        ctl.TopicAlreadyExists,
+        ctl.UnknownTopic,
+        ctl.NoBrokers,
+        ctl.ControllerFenced,
+        ctl.UnknownBroker,
+        ctl.InvalidReplicaAssignment,
+        ctl.ForeignStore,
         InternalTopic,
-        InvalidTopic, InvalidPartitions, InvalidConfig,
-        StaticConfig, InvalidPlan, NoReassignmentInProgress,
+        InvalidTopic,
+        InvalidPartitions,
+        InvalidConfig,
+        StaticConfig,
+        InvalidPlan,
+        NoReassignmentInProgress,
     )
-}  # fmt: skip
+}
 
 
 class ControllerUnavailable(ctl.ControllerError):
@@ -129,18 +139,28 @@ def decode_error(doc: dict[str, str] | None) -> Exception | None:
 
 
 def _filter_doc(f: AclBindingFilter) -> list[Any]:
-    return [int(f.resource_type), f.name, int(f.pattern_type), f.principal, f.host,
-            int(f.operation), int(f.permission)]  # fmt: skip
+    return [
+        int(f.resource_type),
+        f.name,
+        int(f.pattern_type),
+        f.principal,
+        f.host,
+        int(f.operation),
+        int(f.permission),
+    ]
 
 
 def _filter_from(doc: list[Any]) -> AclBindingFilter:
     rt, name, pt, principal, host, op, perm = doc
     return AclBindingFilter(
-        acls.resource_type(int(rt)), None if name is None else str(name),
-        acls.pattern_type(int(pt)), None if principal is None else str(principal),
-        None if host is None else str(host), acls.operation(int(op)),
+        acls.resource_type(int(rt)),
+        None if name is None else str(name),
+        acls.pattern_type(int(pt)),
+        None if principal is None else str(principal),
+        None if host is None else str(host),
+        acls.operation(int(op)),
         acls.permission_type(int(perm)),
-    )  # fmt: skip
+    )
 
 
 def _b64(data: bytes) -> str:
@@ -156,13 +176,23 @@ def _tp_doc(tp: TopicPartition) -> dict[str, Any]:
 
 
 def _result_doc(r: ctl.TopicResult) -> dict[str, Any]:
-    return {"name": r.name, "error": encode_error(r.error), "topic_id": r.topic_id,
-            "num_partitions": r.num_partitions, "configs": r.configs}  # fmt: skip
+    return {
+        "name": r.name,
+        "error": encode_error(r.error),
+        "topic_id": r.topic_id,
+        "num_partitions": r.num_partitions,
+        "configs": r.configs,
+    }
 
 
 def _result(doc: dict[str, Any]) -> ctl.TopicResult:
-    return ctl.TopicResult(doc["name"], decode_error(doc["error"]), doc["topic_id"],
-                           doc["num_partitions"], doc["configs"])  # fmt: skip
+    return ctl.TopicResult(
+        doc["name"],
+        decode_error(doc["error"]),
+        doc["topic_id"],
+        doc["num_partitions"],
+        doc["configs"],
+    )
 
 
 Floors = dict[TopicPartition, tuple[str, int]]  # (topic id, high watermark) that changed
@@ -177,8 +207,12 @@ def _floors(doc: list[list[Any]] | None) -> Floors:
 
 
 def _accepted_doc(a: ctl.AcceptedLoss) -> dict[str, Any]:
-    return {"partition": a.partition, "continues_at": a.continues_at, "given_up": a.given_up,
-            "loss": None if a.loss is None else a.loss.to_json()}  # fmt: skip
+    return {
+        "partition": a.partition,
+        "continues_at": a.continues_at,
+        "given_up": a.given_up,
+        "loss": None if a.loss is None else a.loss.to_json(),
+    }
 
 
 def _pairs(doc: list[list[Any]] | None) -> dict[TopicPartition, int | None]:
@@ -191,11 +225,15 @@ def _pairs_doc(changes: dict[TopicPartition, int | None]) -> list[list[Any]]:
 
 def heartbeat_doc(beat: Heartbeat) -> dict[str, Any]:
     return {
-        "broker_id": beat.broker_id, "incarnation": beat.incarnation,
-        "applied_version": beat.applied_version, "protocol": PROTOCOL, "full": beat.full,
-        "open": _pairs_doc(beat.open), "hwm": _pairs_doc(beat.hwm),
+        "broker_id": beat.broker_id,
+        "incarnation": beat.incarnation,
+        "applied_version": beat.applied_version,
+        "protocol": PROTOCOL,
+        "full": beat.full,
+        "open": _pairs_doc(beat.open),
+        "hwm": _pairs_doc(beat.hwm),
         "floors": _floors_doc(beat.floors),
-    }  # fmt: skip
+    }
 
 
 def heartbeat_from(doc: dict[str, Any]) -> Heartbeat:
@@ -203,21 +241,36 @@ def heartbeat_from(doc: dict[str, Any]) -> Heartbeat:
     it has open."""
     full = bool(doc.get("full", True)) if doc.get("protocol") else True
     return Heartbeat(
-        int(doc["broker_id"]), str(doc["incarnation"]), int(doc["applied_version"]),
-        _pairs(doc.get("open")), full=full, hwm=_pairs(doc.get("hwm")),
+        int(doc["broker_id"]),
+        str(doc["incarnation"]),
+        int(doc["applied_version"]),
+        _pairs(doc.get("open")),
+        full=full,
+        hwm=_pairs(doc.get("hwm")),
         floors=_floors(doc.get("floors")),
-    )  # fmt: skip
+    )
 
 
-def report_doc(kind: str, tp: TopicPartition, epoch: int, *, topic_id: str | None = None,
-               high_watermark: int | None = None, loss: DataLoss | None = None,
-               stored: bool = True) -> dict[str, Any]:  # fmt: skip
+def report_doc(
+    kind: str,
+    tp: TopicPartition,
+    epoch: int,
+    *,
+    topic_id: str | None = None,
+    high_watermark: int | None = None,
+    loss: DataLoss | None = None,
+    stored: bool = True,
+) -> dict[str, Any]:
     """One partition report. `stored`: an opened partition's checkpoint is in the store (a new
     one's is written with its first data, and reported opened again then). Keys without a value
     are left out (None, stored True: what `Controller.partitions_reported` assumes when absent):
     a creation's reports are thousands at a time."""
-    doc: dict[str, Any] = {"kind": kind, "topic": tp.topic, "partition": tp.partition,
-                           "epoch": epoch}  # fmt: skip
+    doc: dict[str, Any] = {
+        "kind": kind,
+        "topic": tp.topic,
+        "partition": tp.partition,
+        "epoch": epoch,
+    }
     if topic_id is not None:
         doc["topic_id"] = topic_id
     if high_watermark is not None:
@@ -240,26 +293,46 @@ class ControllerClient(Protocol):
     async def report(self, broker_id: int, reports: list[dict[str, Any]]) -> None: ...
     async def fetch_update(self, since: int) -> updates.MetadataUpdate: ...
     async def fetch_metadata(self) -> ClusterMetadata: ...
-    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False,
-                            wait_s: float = 0.0) -> list[ctl.TopicResult]: ...  # fmt: skip
+    async def create_topics(
+        self, topics: list[ctl.NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
+    ) -> list[ctl.TopicResult]: ...
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]: ...
-    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False,
-                                assignment: list[int] | None = None) -> ctl.TopicResult: ...  # fmt: skip
-    async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
-                                  incremental: bool, validate_only: bool) -> ctl.TopicResult: ...  # fmt: skip
-    async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
-                                   incremental: bool, validate_only: bool) -> Exception | None: ...  # fmt: skip
+    async def create_partitions(
+        self,
+        name: str,
+        total: int,
+        *,
+        validate_only: bool = False,
+        assignment: list[int] | None = None,
+    ) -> ctl.TopicResult: ...
+    async def alter_topic_configs(
+        self, name: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
+    ) -> ctl.TopicResult: ...
+    async def alter_broker_configs(
+        self, scope: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
+    ) -> Exception | None: ...
     async def allocate_producer_id(self) -> int: ...
     async def ensure_transaction_state_topic(self) -> None: ...
     async def forward_txn_markers(self, broker_id: int, doc: dict[str, Any]) -> dict[str, Any]: ...
-    async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]: ...  # fmt: skip
-    async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]: ...  # fmt: skip
-    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0,
-                           incarnation: str | None = None) -> bool: ...  # fmt: skip
+    async def alter_reassignments(
+        self, entries: list[PlanEntry]
+    ) -> dict[TopicPartition, Exception | None]: ...
+    async def list_reassignments(
+        self, tps: list[TopicPartition] | None = None
+    ) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]: ...
+    async def drain_broker(
+        self, broker_id: int, *, timeout_s: float = 60.0, incarnation: str | None = None
+    ) -> bool: ...
     async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None: ...
-    async def alter_scram_credentials(self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]) -> tuple[list[ScramAlterResult], int]: ...  # fmt: skip
-    async def create_acls(self, bindings: list[AclBinding]) -> tuple[list[AclCreateResult], int]: ...  # fmt: skip
-    async def delete_acls(self, filters: list[AclBindingFilter]) -> tuple[list[AclDeleteResult], int]: ...  # fmt: skip
+    async def alter_scram_credentials(
+        self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]
+    ) -> tuple[list[ScramAlterResult], int]: ...
+    async def create_acls(
+        self, bindings: list[AclBinding]
+    ) -> tuple[list[AclCreateResult], int]: ...
+    async def delete_acls(
+        self, filters: list[AclBindingFilter]
+    ) -> tuple[list[AclDeleteResult], int]: ...
 
 
 class LocalControllerClient:
@@ -287,8 +360,9 @@ class LocalControllerClient:
     async def fetch_metadata(self) -> ClusterMetadata:
         return self.controller.snapshot()
 
-    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False,
-                            wait_s: float = 0.0) -> list[ctl.TopicResult]:  # fmt: skip
+    async def create_topics(
+        self, topics: list[ctl.NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
+    ) -> list[ctl.TopicResult]:
         return await self.controller.create_topics(
             topics, validate_only=validate_only, wait_s=wait_s
         )
@@ -296,20 +370,28 @@ class LocalControllerClient:
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
         return await self.controller.delete_topics(names)
 
-    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False,
-                                assignment: list[int] | None = None) -> ctl.TopicResult:  # fmt: skip
+    async def create_partitions(
+        self,
+        name: str,
+        total: int,
+        *,
+        validate_only: bool = False,
+        assignment: list[int] | None = None,
+    ) -> ctl.TopicResult:
         return await self.controller.create_partitions(
             name, total, validate_only=validate_only, assignment=assignment
         )
 
-    async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
-                                  incremental: bool, validate_only: bool) -> ctl.TopicResult:  # fmt: skip
+    async def alter_topic_configs(
+        self, name: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
+    ) -> ctl.TopicResult:
         return await self.controller.alter_topic_configs(
             name, changes, incremental=incremental, validate_only=validate_only
         )
 
-    async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
-                                   incremental: bool, validate_only: bool) -> Exception | None:  # fmt: skip
+    async def alter_broker_configs(
+        self, scope: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
+    ) -> Exception | None:
         return await self.controller.alter_broker_configs(
             scope, changes, incremental=incremental, validate_only=validate_only
         )
@@ -324,14 +406,19 @@ class LocalControllerClient:
         # an embedded controller serves one broker, which leads every partition it can reach
         raise ControllerUnavailable(f"no channel to broker {broker_id} from an embedded controller")
 
-    async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]:  # fmt: skip
+    async def alter_reassignments(
+        self, entries: list[PlanEntry]
+    ) -> dict[TopicPartition, Exception | None]:
         return await self.controller.alter_reassignments(entries)
 
-    async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]:  # fmt: skip
+    async def list_reassignments(
+        self, tps: list[TopicPartition] | None = None
+    ) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]:
         return self.controller.list_reassignments(tps)
 
-    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0,
-                           incarnation: str | None = None) -> bool:  # fmt: skip
+    async def drain_broker(
+        self, broker_id: int, *, timeout_s: float = 60.0, incarnation: str | None = None
+    ) -> bool:
         return await self.controller.drain_broker(
             broker_id, timeout_s=timeout_s, incarnation=incarnation
         )
@@ -339,13 +426,17 @@ class LocalControllerClient:
     async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
         await self.controller.remove_broker(broker_id, incarnation=incarnation)
 
-    async def alter_scram_credentials(self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]) -> tuple[list[ScramAlterResult], int]:  # fmt: skip
+    async def alter_scram_credentials(
+        self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]
+    ) -> tuple[list[ScramAlterResult], int]:
         return await self.controller.alter_scram_credentials(deletions, upsertions)
 
-    async def create_acls(self, bindings: list[AclBinding]) -> tuple[list[AclCreateResult], int]:  # fmt: skip
+    async def create_acls(self, bindings: list[AclBinding]) -> tuple[list[AclCreateResult], int]:
         return await self.controller.create_acls(bindings)
 
-    async def delete_acls(self, filters: list[AclBindingFilter]) -> tuple[list[AclDeleteResult], int]:  # fmt: skip
+    async def delete_acls(
+        self, filters: list[AclBindingFilter]
+    ) -> tuple[list[AclDeleteResult], int]:
         return await self.controller.delete_acls(filters)
 
 
@@ -372,16 +463,19 @@ class HttpControllerClient:
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout, headers=self._headers,
+                timeout=self._timeout,
+                headers=self._headers,
                 connector=aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True),
-            )  # fmt: skip
+            )
         return self._session
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
 
-    async def _call(self, path: str, body: dict[str, Any] | None = None, *, timeout_s: float | None = None) -> Any:  # fmt: skip
+    async def _call(
+        self, path: str, body: dict[str, Any] | None = None, *, timeout_s: float | None = None
+    ) -> Any:
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
         try:
             async with self._open().post(
@@ -422,17 +516,21 @@ class HttpControllerClient:
             if conn is None:
                 host = url.hostname or "127.0.0.1"
                 if url.scheme == "https":
-                    conn = http.client.HTTPSConnection(host, url.port or 443,
-                                                       timeout=self.HEARTBEAT_TIMEOUT_S,
-                                                       context=self._ssl)  # fmt: skip
+                    conn = http.client.HTTPSConnection(
+                        host, url.port or 443, timeout=self.HEARTBEAT_TIMEOUT_S, context=self._ssl
+                    )
                 else:
                     conn = http.client.HTTPConnection(
                         host, url.port or 80, timeout=self.HEARTBEAT_TIMEOUT_S
                     )
                 self._beat_conn = conn
             try:
-                conn.request("POST", url.path.rstrip("/") + "/v1/brokers/heartbeat", body,
-                             {"Content-Type": "application/json", **self._headers})  # fmt: skip
+                conn.request(
+                    "POST",
+                    url.path.rstrip("/") + "/v1/brokers/heartbeat",
+                    body,
+                    {"Content-Type": "application/json", **self._headers},
+                )
                 resp = conn.getresponse()
                 data = resp.read()
                 if resp.status in (401, 403):
@@ -476,45 +574,86 @@ class HttpControllerClient:
         doc: dict[str, Any] = await self._call("/v1/data-loss")
         return doc
 
-    async def accept_data_loss(self, topic: str, partitions: list[int] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    async def accept_data_loss(
+        self, topic: str, partitions: list[int] | None = None
+    ) -> list[dict[str, Any]]:
         doc = await self._call("/v1/data-loss/accept", {"topic": topic, "partitions": partitions})
         return list(doc["accepted"])
 
     async def fetch_metadata(self) -> ClusterMetadata:
         return ClusterMetadata.from_json((await self._call("/v1/metadata"))["metadata"])
 
-    async def create_topics(self, topics: list[ctl.NewTopic], *, validate_only: bool = False,
-                            wait_s: float = 0.0) -> list[ctl.TopicResult]:  # fmt: skip
-        doc = await self._call("/v1/topics/create", {
-            "validate_only": validate_only, "wait_s": wait_s,
-            "topics": [{"name": t.name, "num_partitions": t.num_partitions, "configs": t.configs,
-                        "assignment": t.assignment} for t in topics],
-        }, timeout_s=wait_s + 10.0 if wait_s > 0 else None)  # fmt: skip
+    async def create_topics(
+        self, topics: list[ctl.NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
+    ) -> list[ctl.TopicResult]:
+        doc = await self._call(
+            "/v1/topics/create",
+            {
+                "validate_only": validate_only,
+                "wait_s": wait_s,
+                "topics": [
+                    {
+                        "name": t.name,
+                        "num_partitions": t.num_partitions,
+                        "configs": t.configs,
+                        "assignment": t.assignment,
+                    }
+                    for t in topics
+                ],
+            },
+            timeout_s=wait_s + 10.0 if wait_s > 0 else None,
+        )
         return [_result(r) for r in doc["results"]]
 
     async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
         doc = await self._call("/v1/topics/delete", {"names": names})
         return [_result(r) for r in doc["results"]]
 
-    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False,
-                                assignment: list[int] | None = None) -> ctl.TopicResult:  # fmt: skip
-        doc = await self._call("/v1/topics/partitions", {"name": name, "total": total, "validate_only": validate_only, "assignment": assignment})  # fmt: skip
+    async def create_partitions(
+        self,
+        name: str,
+        total: int,
+        *,
+        validate_only: bool = False,
+        assignment: list[int] | None = None,
+    ) -> ctl.TopicResult:
+        doc = await self._call(
+            "/v1/topics/partitions",
+            {
+                "name": name,
+                "total": total,
+                "validate_only": validate_only,
+                "assignment": assignment,
+            },
+        )
         return _result(doc["result"])
 
-    async def alter_topic_configs(self, name: str, changes: dict[str, str | None], *,
-                                  incremental: bool, validate_only: bool) -> ctl.TopicResult:  # fmt: skip
-        doc = await self._call("/v1/topics/configs", {
-            "name": name, "changes": changes, "incremental": incremental,
-            "validate_only": validate_only,
-        })  # fmt: skip
+    async def alter_topic_configs(
+        self, name: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
+    ) -> ctl.TopicResult:
+        doc = await self._call(
+            "/v1/topics/configs",
+            {
+                "name": name,
+                "changes": changes,
+                "incremental": incremental,
+                "validate_only": validate_only,
+            },
+        )
         return _result(doc["result"])
 
-    async def alter_broker_configs(self, scope: str, changes: dict[str, str | None], *,
-                                   incremental: bool, validate_only: bool) -> Exception | None:  # fmt: skip
-        doc = await self._call("/v1/brokers/configs", {
-            "scope": scope, "changes": changes, "incremental": incremental,
-            "validate_only": validate_only,
-        })  # fmt: skip
+    async def alter_broker_configs(
+        self, scope: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
+    ) -> Exception | None:
+        doc = await self._call(
+            "/v1/brokers/configs",
+            {
+                "scope": scope,
+                "changes": changes,
+                "incremental": incremental,
+                "validate_only": validate_only,
+            },
+        )
         return decode_error(doc["error"])
 
     async def allocate_producer_id(self) -> int:
@@ -526,53 +665,89 @@ class HttpControllerClient:
     async def forward_txn_markers(self, broker_id: int, doc: dict[str, Any]) -> dict[str, Any]:
         """Markers for the partitions broker `broker_id` leads, through the controller (which
         holds every broker's control token; brokers hold only their own)."""
-        return dict(await self._call("/v1/transactions/markers", {"broker_id": broker_id,
-                                                                  "markers": doc}))  # fmt: skip
+        return dict(
+            await self._call("/v1/transactions/markers", {"broker_id": broker_id, "markers": doc})
+        )
 
-    async def alter_reassignments(self, entries: list[PlanEntry]) -> dict[TopicPartition, Exception | None]:  # fmt: skip
-        doc = await self._call("/v1/reassignments/alter", {
-            "entries": [{**_tp_doc(e.tp), "target": e.target} for e in entries]
-        })  # fmt: skip
+    async def alter_reassignments(
+        self, entries: list[PlanEntry]
+    ) -> dict[TopicPartition, Exception | None]:
+        doc = await self._call(
+            "/v1/reassignments/alter",
+            {"entries": [{**_tp_doc(e.tp), "target": e.target} for e in entries]},
+        )
         return {_tp(r): decode_error(r["error"]) for r in doc["results"]}
 
-    async def list_reassignments(self, tps: list[TopicPartition] | None = None) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]:  # fmt: skip
-        doc = await self._call("/v1/reassignments/list", {
-            "partitions": None if tps is None else [_tp_doc(tp) for tp in tps]
-        })  # fmt: skip
+    async def list_reassignments(
+        self, tps: list[TopicPartition] | None = None
+    ) -> list[tuple[TopicPartition, list[int], list[int], list[int]]]:
+        doc = await self._call(
+            "/v1/reassignments/list",
+            {"partitions": None if tps is None else [_tp_doc(tp) for tp in tps]},
+        )
         return [(_tp(r), r["replicas"], r["adding"], r["removing"]) for r in doc["reassignments"]]
 
-    async def drain_broker(self, broker_id: int, *, timeout_s: float = 60.0,
-                           incarnation: str | None = None) -> bool:  # fmt: skip
-        doc = await self._call("/v1/brokers/drain", {
-            "broker_id": broker_id, "timeout_s": timeout_s, "incarnation": incarnation,
-        }, timeout_s=timeout_s + 5)  # fmt: skip
+    async def drain_broker(
+        self, broker_id: int, *, timeout_s: float = 60.0, incarnation: str | None = None
+    ) -> bool:
+        doc = await self._call(
+            "/v1/brokers/drain",
+            {
+                "broker_id": broker_id,
+                "timeout_s": timeout_s,
+                "incarnation": incarnation,
+            },
+            timeout_s=timeout_s + 5,
+        )
         return bool(doc["drained"])
 
     async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
         await self._call("/v1/brokers/remove", {"broker_id": broker_id, "incarnation": incarnation})
 
-    async def alter_scram_credentials(self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]) -> tuple[list[ScramAlterResult], int]:  # fmt: skip
-        doc = await self._call("/v1/scram-credentials/alter", {
-            "deletions": [{"name": d.name, "mechanism": d.mechanism} for d in deletions],
-            "upsertions": [{"name": u.name, "mechanism": u.mechanism, "iterations": u.iterations,
-                            "salt": _b64(u.salt), "salted_password": _b64(u.salted_password)}
-                           for u in upsertions],
-        })  # fmt: skip
-        results = [ScramAlterResult(r["user"], int(r["error_code"]), r.get("error_message"))
-                   for r in doc["results"]]  # fmt: skip
+    async def alter_scram_credentials(
+        self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]
+    ) -> tuple[list[ScramAlterResult], int]:
+        doc = await self._call(
+            "/v1/scram-credentials/alter",
+            {
+                "deletions": [{"name": d.name, "mechanism": d.mechanism} for d in deletions],
+                "upsertions": [
+                    {
+                        "name": u.name,
+                        "mechanism": u.mechanism,
+                        "iterations": u.iterations,
+                        "salt": _b64(u.salt),
+                        "salted_password": _b64(u.salted_password),
+                    }
+                    for u in upsertions
+                ],
+            },
+        )
+        results = [
+            ScramAlterResult(r["user"], int(r["error_code"]), r.get("error_message"))
+            for r in doc["results"]
+        ]
         return results, int(doc["version"])
 
-    async def create_acls(self, bindings: list[AclBinding]) -> tuple[list[AclCreateResult], int]:  # fmt: skip
+    async def create_acls(self, bindings: list[AclBinding]) -> tuple[list[AclCreateResult], int]:
         doc = await self._call("/v1/acls/create", {"bindings": [b.to_json() for b in bindings]})
-        results = [AclCreateResult(int(r["error_code"]), r.get("error_message"))
-                   for r in doc["results"]]  # fmt: skip
+        results = [
+            AclCreateResult(int(r["error_code"]), r.get("error_message")) for r in doc["results"]
+        ]
         return results, int(doc["version"])
 
-    async def delete_acls(self, filters: list[AclBindingFilter]) -> tuple[list[AclDeleteResult], int]:  # fmt: skip
+    async def delete_acls(
+        self, filters: list[AclBindingFilter]
+    ) -> tuple[list[AclDeleteResult], int]:
         doc = await self._call("/v1/acls/delete", {"filters": [_filter_doc(f) for f in filters]})
-        results = [AclDeleteResult(int(r["error_code"]), r.get("error_message"),
-                                   [AclBinding.from_json(b) for b in r["deleted"]])
-                   for r in doc["results"]]  # fmt: skip
+        results = [
+            AclDeleteResult(
+                int(r["error_code"]),
+                r.get("error_message"),
+                [AclBinding.from_json(b) for b in r["deleted"]],
+            )
+            for r in doc["results"]
+        ]
         return results, int(doc["version"])
 
 
@@ -876,11 +1051,15 @@ class ControllerServer:
 
     async def _data_loss(self, request: web.Request) -> web.Response:
         lost = self.controller.lost_partitions()
-        return self._ok({
-            "store_problem": self.controller.store_problem,
-            "lost": [{**_tp_doc(tp), **loss.to_json(), "missing_offsets": loss.missing_offsets}
-                     for tp, loss in sorted(lost.items())],
-        })  # fmt: skip
+        return self._ok(
+            {
+                "store_problem": self.controller.store_problem,
+                "lost": [
+                    {**_tp_doc(tp), **loss.to_json(), "missing_offsets": loss.missing_offsets}
+                    for tp, loss in sorted(lost.items())
+                ],
+            }
+        )
 
     async def _accept_data_loss(self, request: web.Request) -> web.Response:
         b = await self._body(request)
@@ -898,9 +1077,15 @@ class ControllerServer:
 
     async def _create_topics(self, request: web.Request) -> web.Response:
         b = await self._body(request)
-        topics = [ctl.NewTopic(t["name"], int(t["num_partitions"]), dict(t.get("configs") or {}),
-                               assignment=t.get("assignment"))
-                  for t in b["topics"]]  # fmt: skip
+        topics = [
+            ctl.NewTopic(
+                t["name"],
+                int(t["num_partitions"]),
+                dict(t.get("configs") or {}),
+                assignment=t.get("assignment"),
+            )
+            for t in b["topics"]
+        ]
         try:
             results = await self.controller.create_topics(
                 topics,
@@ -922,9 +1107,11 @@ class ControllerServer:
         b = await self._body(request)
         try:
             r = await self.controller.create_partitions(
-                b["name"], int(b["total"]), validate_only=bool(b.get("validate_only")),
+                b["name"],
+                int(b["total"]),
+                validate_only=bool(b.get("validate_only")),
                 assignment=b.get("assignment"),
-            )  # fmt: skip
+            )
         except ctl.ControllerError as exc:
             return self._fault(exc)
         return self._ok({"result": _result_doc(r)})
@@ -933,9 +1120,11 @@ class ControllerServer:
         b = await self._body(request)
         try:
             r = await self.controller.alter_topic_configs(
-                b["name"], b["changes"], incremental=bool(b["incremental"]),
+                b["name"],
+                b["changes"],
+                incremental=bool(b["incremental"]),
                 validate_only=bool(b["validate_only"]),
-            )  # fmt: skip
+            )
         except ctl.ControllerError as exc:
             return self._fault(exc)
         return self._ok({"result": _result_doc(r)})
@@ -944,9 +1133,11 @@ class ControllerServer:
         b = await self._body(request)
         try:
             error = await self.controller.alter_broker_configs(
-                str(b["scope"]), b["changes"], incremental=bool(b["incremental"]),
+                str(b["scope"]),
+                b["changes"],
+                incremental=bool(b["incremental"]),
                 validate_only=bool(b["validate_only"]),
-            )  # fmt: skip
+            )
         except ctl.ControllerError as exc:
             return self._fault(exc)
         return self._ok({"error": encode_error(error)})
@@ -955,18 +1146,28 @@ class ControllerServer:
         b = await self._body(request)
         deletions = [ScramDeletion(str(d["name"]), int(d["mechanism"])) for d in b["deletions"]]
         upsertions = [
-            ScramUpsertion(str(u["name"]), int(u["mechanism"]), int(u["iterations"]),
-                           base64.b64decode(u["salt"]), base64.b64decode(u["salted_password"]))
+            ScramUpsertion(
+                str(u["name"]),
+                int(u["mechanism"]),
+                int(u["iterations"]),
+                base64.b64decode(u["salt"]),
+                base64.b64decode(u["salted_password"]),
+            )
             for u in b["upsertions"]
-        ]  # fmt: skip
+        ]
         try:
             results, version = await self.controller.alter_scram_credentials(deletions, upsertions)
         except ctl.ControllerError as exc:
             return self._fault(exc)
-        return self._ok({"version": version, "results": [
-            {"user": r.user, "error_code": r.error_code, "error_message": r.error_message}
-            for r in results
-        ]})  # fmt: skip
+        return self._ok(
+            {
+                "version": version,
+                "results": [
+                    {"user": r.user, "error_code": r.error_code, "error_message": r.error_message}
+                    for r in results
+                ],
+            }
+        )
 
     async def _create_acls(self, request: web.Request) -> web.Response:
         b = await self._body(request)
@@ -975,9 +1176,14 @@ class ControllerServer:
             results, version = await self.controller.create_acls(bindings)
         except ctl.ControllerError as exc:
             return self._fault(exc)
-        return self._ok({"version": version, "results": [
-            {"error_code": r.error_code, "error_message": r.error_message} for r in results
-        ]})  # fmt: skip
+        return self._ok(
+            {
+                "version": version,
+                "results": [
+                    {"error_code": r.error_code, "error_message": r.error_message} for r in results
+                ],
+            }
+        )
 
     async def _delete_acls(self, request: web.Request) -> web.Response:
         b = await self._body(request)
@@ -986,10 +1192,19 @@ class ControllerServer:
             results, version = await self.controller.delete_acls(filters)
         except ctl.ControllerError as exc:
             return self._fault(exc)
-        return self._ok({"version": version, "results": [
-            {"error_code": r.error_code, "error_message": r.error_message,
-             "deleted": [d.to_json() for d in r.deleted]} for r in results
-        ]})  # fmt: skip
+        return self._ok(
+            {
+                "version": version,
+                "results": [
+                    {
+                        "error_code": r.error_code,
+                        "error_message": r.error_message,
+                        "deleted": [d.to_json() for d in r.deleted],
+                    }
+                    for r in results
+                ],
+            }
+        )
 
     async def _producer_id(self, request: web.Request) -> web.Response:
         try:
@@ -1041,24 +1256,37 @@ class ControllerServer:
         b = await self._body(request)
         tps = None if b.get("partitions") is None else [_tp(d) for d in b["partitions"]]
         rows = self.controller.list_reassignments(tps)
-        return self._ok({"reassignments": [
-            {**_tp_doc(tp), "replicas": rs, "adding": ar, "removing": rr} for tp, rs, ar, rr in rows
-        ]})  # fmt: skip
+        return self._ok(
+            {
+                "reassignments": [
+                    {**_tp_doc(tp), "replicas": rs, "adding": ar, "removing": rr}
+                    for tp, rs, ar, rr in rows
+                ]
+            }
+        )
 
     async def _moves(self, request: web.Request) -> web.Response:
         active, recent = self.controller.move_statuses()
-        return self._ok({"active": [m.to_json() for m in active],
-                         "recent": [m.to_json() for m in recent]})  # fmt: skip
+        return self._ok(
+            {"active": [m.to_json() for m in active], "recent": [m.to_json() for m in recent]}
+        )
 
     async def _rebalance(self, request: web.Request) -> web.Response:
         b = await self._body(request)
         try:
-            plan = await self.controller.rebalance(reason=b.get("reason", "requested"),
-                                                   dry_run=bool(b.get("dry_run")))  # fmt: skip
+            plan = await self.controller.rebalance(
+                reason=b.get("reason", "requested"), dry_run=bool(b.get("dry_run"))
+            )
         except ctl.ControllerError as exc:
             return self._fault(exc)
-        return self._ok({"moves": [{**_tp_doc(m.partition), "source": m.source, "target": m.target}
-                                   for m in plan.moves]})  # fmt: skip
+        return self._ok(
+            {
+                "moves": [
+                    {**_tp_doc(m.partition), "source": m.source, "target": m.target}
+                    for m in plan.moves
+                ]
+            }
+        )
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return self._ok({"status": "ok", "version": self.controller.metadata.version})

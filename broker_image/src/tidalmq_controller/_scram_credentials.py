@@ -48,7 +48,10 @@ class ScramAlterResult:
     error_message: str | None = None
 
 
-_DUPLICATE = (ErrorCode.duplicate_resource, "A user credential cannot be altered twice in the same request")  # fmt: skip
+_DUPLICATE = (
+    ErrorCode.duplicate_resource,
+    "A user credential cannot be altered twice in the same request",
+)
 
 
 def _check_name_and_mechanism(name: str, mechanism: int) -> tuple[ErrorCode, str] | None:
@@ -76,8 +79,10 @@ def alter(
         if error is None:
             mechanism = scram.BY_TYPE[d.mechanism].name
             if mechanism not in image.scram_credentials.get(d.name, {}):
-                error = (ErrorCode.resource_not_found,
-                         "Attempt to delete a user credential that does not exist")  # fmt: skip
+                error = (
+                    ErrorCode.resource_not_found,
+                    "Attempt to delete a user credential that does not exist",
+                )
         if error is not None:
             errors[d.name] = error
             continue

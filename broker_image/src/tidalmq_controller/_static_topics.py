@@ -90,26 +90,30 @@ from tidalmq_controller._topics import TopicResult
 log = logging.getLogger(__name__)
 
 REMAPS = Counter(
-    "tidalmq_static_remaps_total", "Logic queues remapped, by order and outcome",
+    "tidalmq_static_remaps_total",
+    "Logic queues remapped, by order and outcome",
     ["topic", "mode", "outcome"],
-)  # fmt: skip
+)
 REMAP_SECONDS = Histogram(
     "tidalmq_static_remap_seconds",
     "Remap request until the new physical queue is served (the logic queue's unavailability)",
-    ["mode"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-)  # fmt: skip
+    ["mode"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 SEALS = Counter(
     "tidalmq_static_seals_total", "Physical queues sealed, by how", ["how"]
 )  # closed by its broker / recovered from the WAL of a dead or fenced broker
 JUMP = Counter(
     "tidalmq_static_logic_offsets_skipped_total",
-    "Logic offsets skipped by availability-order remaps (the bounded jump)", ["topic"],
-)  # fmt: skip
+    "Logic offsets skipped by availability-order remaps (the bounded jump)",
+    ["topic"],
+)
 EPOCH = Gauge("tidalmq_static_topic_epoch", "Epoch of a static topic's mapping", ["topic"])
 INCONSISTENT = Gauge(
     "tidalmq_static_topic_inconsistent",
-    "1 while a static topic's mapping copies disagree (updates refused until repair)", ["topic"],
-)  # fmt: skip
+    "1 while a static topic's mapping copies disagree (updates refused until repair)",
+    ["topic"],
+)
 
 
 def _now_ms() -> int:
@@ -304,26 +308,45 @@ class StaticTopicManager:
             if name in m.topics or phys_name in m.topics:
                 raise TopicAlreadyExists(f"topic {name!r} already exists")
             st = initial_mapping(
-                name, total_queues, placement, brokers=brokers, now_ms=now,
+                name,
+                total_queues,
+                placement,
+                brokers=brokers,
+                now_ms=now,
                 copy_brokers=brokers if brokers is not None else alive,
-            )  # fmt: skip
+            )
             if jump is not None:
                 st.jump = max(int(jump), 0)
             m.static_topics[name] = st
             m.topics[phys_name] = TopicInfo(
-                phys_name, str(uuid.uuid4()), [PartitionState(b, 0, [b]) for b in placement],
-                dict(checked), internal=True, kind="physical",
-            )  # fmt: skip
+                phys_name,
+                str(uuid.uuid4()),
+                [PartitionState(b, 0, [b]) for b in placement],
+                dict(checked),
+                internal=True,
+                kind="physical",
+            )
             m.topics[name] = TopicInfo(
-                name, str(uuid.uuid4()), [PartitionState(b, 0, [b]) for b in placement],
-                dict(checked), internal=False, kind="static",
-            )  # fmt: skip
+                name,
+                str(uuid.uuid4()),
+                [PartitionState(b, 0, [b]) for b in placement],
+                dict(checked),
+                internal=False,
+                kind="static",
+            )
 
         await self._c.update(mutate)
-        log.info("static topic %s created: %d logic queues on brokers %s", name, total_queues,
-                 sorted(set(placement)))  # fmt: skip
-        self._c.emit("StaticTopicCreated", f"static topic {name}: {total_queues} logic queues",
-                     {"topic": name})  # fmt: skip
+        log.info(
+            "static topic %s created: %d logic queues on brokers %s",
+            name,
+            total_queues,
+            sorted(set(placement)),
+        )
+        self._c.emit(
+            "StaticTopicCreated",
+            f"static topic {name}: {total_queues} logic queues",
+            {"topic": name},
+        )
         return self.describe(name)
 
     async def update(
@@ -436,8 +459,9 @@ class StaticTopicManager:
         for q, (b, mode) in moves.items():
             old = olds[q]
             assert old is not None
-            op.records[q] = RemapRecord(name, q, old.broker, b, mode, op.reason, started,
-                                        old_physical=old.queue)  # fmt: skip
+            op.records[q] = RemapRecord(
+                name, q, old.broker, b, mode, op.reason, started, old_physical=old.queue
+            )
         hwms = self._c.known_high_watermarks()
         now = _now_ms()
         for old in olds.values():
@@ -454,16 +478,20 @@ class StaticTopicManager:
                 if mode == "available":
                     pid = self._new_physical(phys, b)
                     known = hwms.get(TopicPartition(phys_name, old.queue), old.start_offset)
-                    switch_new(st, q, b, pid, known_end=known, now_ms=now,
-                               target_epoch=target_epoch)  # fmt: skip
+                    switch_new(
+                        st, q, b, pid, known_end=known, now_ms=now, target_epoch=target_epoch
+                    )
                     self._expect_open(op.records[q], phys_name, pid)
             self.sync_view(m, name)
 
         version = await self._c.update(c1)
         self._switched(op, "available")
-        log.info("static topic %s: remapping %s (%s)", name,
-                 {q: f"{olds[q].broker}->{b} {mode}" for q, (b, mode) in moves.items()},  # type: ignore[union-attr]
-                 op.reason)  # fmt: skip
+        log.info(
+            "static topic %s: remapping %s (%s)",
+            name,
+            {q: f"{olds[q].broker}->{b} {mode}" for q, (b, mode) in moves.items()},  # type: ignore[union-attr]
+            op.reason,
+        )
         sealed = await self._seal_all(name, [old.queue for old in olds.values()], version)  # type: ignore[union-attr]
         for q in moves:
             old = olds[q]
@@ -480,8 +508,15 @@ class StaticTopicManager:
                 old = olds[q]
                 assert old is not None
                 result = sealed[old.queue]
-                block_old(st, q, old.gen, end_offset=result.end_offset,
-                          time_of_end=result.time_of_end, now_ms=now, target_epoch=target_epoch)  # fmt: skip
+                block_old(
+                    st,
+                    q,
+                    old.gen,
+                    end_offset=result.end_offset,
+                    time_of_end=result.time_of_end,
+                    now_ms=now,
+                    target_epoch=target_epoch,
+                )
                 part = phys.partitions[old.queue]
                 part.leader = NO_LEADER
                 part.leader_epoch = max(part.leader_epoch, result.checkpoint.leader_epoch)
@@ -500,8 +535,15 @@ class StaticTopicManager:
                 return pid
 
             before = st.view()
-            complete(st, ends={}, targets=strict, allocate=allocate, now_ms=now,
-                     target_epoch=target_epoch, copy_brokers=self._copy_brokers(m, st))  # fmt: skip
+            complete(
+                st,
+                ends={},
+                targets=strict,
+                allocate=allocate,
+                now_ms=now,
+                target_epoch=target_epoch,
+                copy_brokers=self._copy_brokers(m, st),
+            )
             after = st.view()
             for q in moves:
                 items = after.items(q)
@@ -518,9 +560,11 @@ class StaticTopicManager:
         for rec in op.records.values():
             self.history.append(rec)
             REMAPS.labels(name, rec.mode, "ok").inc()
-            self._c.emit("StaticQueueRemapped",
-                         f"{name} queue {rec.queue}: broker {rec.source} -> {rec.target} ({rec.mode})",
-                         {"topic": name, "queue": rec.queue, "target": rec.target})  # fmt: skip
+            self._c.emit(
+                "StaticQueueRemapped",
+                f"{name} queue {rec.queue}: broker {rec.source} -> {rec.target} ({rec.mode})",
+                {"topic": name, "queue": rec.queue, "target": rec.target},
+            )
         for old in olds.values():
             assert old is not None
             self._spawn(self._compact(name, old.queue), f"compact sealed {phys_name}-{old.queue}")
@@ -591,8 +635,13 @@ class StaticTopicManager:
                 self._closed.pop(tp, None)
                 await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
                 continue
-            log.info("%s sealed at offset %d (%s%s)", tp, result.end_offset, why,
-                     ", WAL tail replayed" if result.recovered else "")  # fmt: skip
+            log.info(
+                "%s sealed at offset %d (%s%s)",
+                tp,
+                result.end_offset,
+                why,
+                ", WAL tail replayed" if result.recovered else "",
+            )
             SEALS.labels("recovered" if result.recovered else "closed").inc()
             return result
         raise StaticTopicError(f"{tp} kept changing while being sealed")
@@ -705,15 +754,24 @@ class StaticTopicManager:
                 phys.partitions[pid].leader_epoch = max(
                     phys.partitions[pid].leader_epoch, result.checkpoint.leader_epoch
                 )
-            complete(st, ends=ends, targets=targets,
-                     allocate=lambda q, b: self._new_physical(phys, b), now_ms=now,
-                     target_epoch=target_epoch, copy_brokers=self._copy_brokers(m, st))  # fmt: skip
+            complete(
+                st,
+                ends=ends,
+                targets=targets,
+                allocate=lambda q, b: self._new_physical(phys, b),
+                now_ms=now,
+                target_epoch=target_epoch,
+                copy_brokers=self._copy_brokers(m, st),
+            )
             self.sync_view(m, name)
 
         await self._c.update(finish_it)
         log.warning("static topic %s repaired: every copy at epoch %d", name, target_epoch)
-        self._c.emit("StaticTopicRepaired", f"{name}: copies rewritten at epoch {target_epoch}",
-                     {"topic": name})  # fmt: skip
+        self._c.emit(
+            "StaticTopicRepaired",
+            f"{name}: copies rewritten at epoch {target_epoch}",
+            {"topic": name},
+        )
 
     # ------------------------------------------------------------------ the loop
     def tick(self) -> None:
@@ -870,8 +928,9 @@ class StaticTopicManager:
         if not view.consistent:
             return
         retention = int(topic.config("retention.ms") or -1)
-        doomed = expired_items(view, now_ms=_now_ms(), retention_ms=retention,
-                               empty_grace_ms=self.empty_item_grace_ms)  # fmt: skip
+        doomed = expired_items(
+            view, now_ms=_now_ms(), retention_ms=retention, empty_grace_ms=self.empty_item_grace_ms
+        )
         if not doomed:
             return
 

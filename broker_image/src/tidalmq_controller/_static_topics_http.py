@@ -46,9 +46,12 @@ def add_static_topic_routes(router: web.UrlDispatcher, controller: Controller) -
         b = await _body(request)
         try:
             result = await manager.create(
-                b["name"], int(b["total_queues"]), brokers=b.get("brokers"),
-                configs=b.get("configs") or {}, jump=b.get("jump"),
-            )  # fmt: skip
+                b["name"],
+                int(b["total_queues"]),
+                brokers=b.get("brokers"),
+                configs=b.get("configs") or {},
+                jump=b.get("jump"),
+            )
         except Exception as exc:
             return _fault(exc)
         return web.json_response({"result": result})

@@ -190,10 +190,13 @@ class Topics:
             return TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")), []
         current = len(topic.partitions)
         if topic.internal:
-            return TopicResult(name, InternalTopic(
-                f"Cannot add partitions to internal topic {name}: the group coordinator finds "
-                "a group's offsets by hashing its id over the partition count"
-            )), []  # fmt: skip
+            return TopicResult(
+                name,
+                InternalTopic(
+                    f"Cannot add partitions to internal topic {name}: the group coordinator finds "
+                    "a group's offsets by hashing its id over the partition count"
+                ),
+            ), []
         try:
             if topic.pinned:
                 raise InvalidPartitions(
@@ -228,7 +231,9 @@ class Topics:
         if topic is None:
             return TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")), []
         if topic.internal:
-            return TopicResult(name, InternalTopic(f"Cannot alter the configs of internal topic {name}")), []  # fmt: skip
+            return TopicResult(
+                name, InternalTopic(f"Cannot alter the configs of internal topic {name}")
+            ), []
         merged: dict[str, str | None] = dict(topic.configs) if incremental else {}
         merged.update(changes)
         try:

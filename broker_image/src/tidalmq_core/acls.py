@@ -102,23 +102,35 @@ def permission_type(code: int) -> PermissionType:
 # DescribeTopicPartitions are made of.
 SUPPORTED_OPERATIONS: dict[ResourceType, tuple[AclOperation, ...]] = {
     ResourceType.TOPIC: (
-        AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DESCRIBE,
-        AclOperation.DELETE, AclOperation.ALTER, AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.READ,
+        AclOperation.WRITE,
+        AclOperation.CREATE,
+        AclOperation.DESCRIBE,
+        AclOperation.DELETE,
+        AclOperation.ALTER,
+        AclOperation.DESCRIBE_CONFIGS,
         AclOperation.ALTER_CONFIGS,
     ),
     ResourceType.GROUP: (
-        AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE,
-        AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS,
+        AclOperation.READ,
+        AclOperation.DESCRIBE,
+        AclOperation.DELETE,
+        AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.ALTER_CONFIGS,
     ),
     ResourceType.CLUSTER: (
-        AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS,
-        AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER,
+        AclOperation.CREATE,
+        AclOperation.CLUSTER_ACTION,
+        AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.ALTER_CONFIGS,
+        AclOperation.IDEMPOTENT_WRITE,
+        AclOperation.ALTER,
         AclOperation.DESCRIBE,
     ),
     ResourceType.TRANSACTIONAL_ID: (AclOperation.DESCRIBE, AclOperation.WRITE),
     ResourceType.DELEGATION_TOKEN: (AclOperation.DESCRIBE,),
     ResourceType.USER: (AclOperation.CREATE_TOKENS, AclOperation.DESCRIBE_TOKENS),
-}  # fmt: skip
+}
 
 
 def parse_principal(text: str) -> tuple[str, str]:
@@ -146,14 +158,28 @@ class AclBinding:
     permission: PermissionType
 
     def to_json(self) -> list[Any]:
-        return [int(self.resource_type), self.name, int(self.pattern_type), self.principal,
-                self.host, int(self.operation), int(self.permission)]  # fmt: skip
+        return [
+            int(self.resource_type),
+            self.name,
+            int(self.pattern_type),
+            self.principal,
+            self.host,
+            int(self.operation),
+            int(self.permission),
+        ]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> AclBinding:
         rt, name, pt, principal, host, op, perm = data
-        return cls(resource_type(int(rt)), str(name), pattern_type(int(pt)), str(principal),
-                   str(host), operation(int(op)), permission_type(int(perm)))  # fmt: skip
+        return cls(
+            resource_type(int(rt)),
+            str(name),
+            pattern_type(int(pt)),
+            str(principal),
+            str(host),
+            operation(int(op)),
+            permission_type(int(perm)),
+        )
 
     def __str__(self) -> str:
         return (

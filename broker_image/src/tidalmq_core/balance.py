@@ -517,8 +517,14 @@ class _LoadState:
                 best_gain, best, best_key = max(gain, best_gain), (i, s, r), key
 
         u, pinned, shift, level = self.u, self.pinned, self._viol_shift, self.level
-        over = [b for b in outside if any(x > h + _EPS for x, h in zip(level[b], self.hi, strict=True))]  # fmt: skip
-        under = [b for b in outside if any(x < lo - _EPS for x, lo in zip(level[b], self.lo, strict=True))]  # fmt: skip
+        over = [
+            b for b in outside if any(x > h + _EPS for x, h in zip(level[b], self.hi, strict=True))
+        ]
+        under = [
+            b
+            for b in outside
+            if any(x < lo - _EPS for x, lo in zip(level[b], self.lo, strict=True))
+        ]
         for s in over:
             # what s sheds does not depend on the receiver
             ls = level[s]

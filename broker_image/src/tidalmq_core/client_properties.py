@@ -108,8 +108,11 @@ class ClientSecurity:
         """The same settings in librdkafka's names (confluent-kafka)."""
         out = {"security.protocol": self.protocol}
         if self.sasl:
-            out |= {"sasl.mechanism": self.mechanism, "sasl.username": self.username,
-                    "sasl.password": self.password}  # fmt: skip
+            out |= {
+                "sasl.mechanism": self.mechanism,
+                "sasl.username": self.username,
+                "sasl.password": self.password,
+            }
         if self.tls:
             if self.ca_file:
                 out["ssl.ca.location"] = self.ca_file
@@ -160,11 +163,16 @@ def from_properties(props: Mapping[str, str]) -> ClientSecurity:
     key = props.get("ssl.key.location", "") or cert
     algorithm = props.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
     return ClientSecurity(
-        protocol=protocol, mechanism=mechanism, username=username, password=password,
-        ca_file=ca, cert_file=cert, key_file=key if cert else "",
+        protocol=protocol,
+        mechanism=mechanism,
+        username=username,
+        password=password,
+        ca_file=ca,
+        cert_file=cert,
+        key_file=key if cert else "",
         key_password=props.get("ssl.key.password", ""),
         check_hostname=algorithm not in ("", "none"),
-    )  # fmt: skip
+    )
 
 
 def from_file(path: str | None) -> ClientSecurity:

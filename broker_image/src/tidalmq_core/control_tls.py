@@ -180,7 +180,9 @@ class ControlTls:
     ca_file: str
 
     @classmethod
-    def from_files(cls, cert_file: str = "", key_file: str = "", ca_file: str = "") -> ControlTls | None:  # fmt: skip
+    def from_files(
+        cls, cert_file: str = "", key_file: str = "", ca_file: str = ""
+    ) -> ControlTls | None:
         """The setting, or None when none of the files is given (control plane without TLS);
         raises ControlTlsError when only some are."""
         given = {"cert": cert_file, "key": key_file, "ca": ca_file}
@@ -190,8 +192,9 @@ class ControlTls:
         if missing:
             raise ControlTlsError(
                 "control-plane TLS needs its certificate, key and CA files: "
-                + ", ".join(f"--control-tls-{k}-file" for k in missing) + " not given"
-            )  # fmt: skip
+                + ", ".join(f"--control-tls-{k}-file" for k in missing)
+                + " not given"
+            )
         tls = cls(cert_file, key_file, ca_file)
         tls.client_context()  # the files are read now: a bad one stops the process at start
         return tls
@@ -238,8 +241,11 @@ class ControlTls:
 
     def env(self) -> dict[str, str]:
         """The environment that hands this setting to a child process."""
-        return {ENV_CERT_FILE: self.cert_file, ENV_KEY_FILE: self.key_file,
-                ENV_CA_FILE: self.ca_file}  # fmt: skip
+        return {
+            ENV_CERT_FILE: self.cert_file,
+            ENV_KEY_FILE: self.key_file,
+            ENV_CA_FILE: self.ca_file,
+        }
 
 
 def scheme(tls: ControlTls | None) -> str:

@@ -86,9 +86,11 @@ class Endpoint:
     def from_json(cls, data: list[Any] | dict[str, Any]) -> Endpoint:
         if isinstance(data, dict):
             return cls(
-                str(data["name"]), str(data["host"]), int(data["port"]),
+                str(data["name"]),
+                str(data["host"]),
+                int(data["port"]),
                 str(data.get("security_protocol", PLAINTEXT)),
-            )  # fmt: skip
+            )
         name, host, port, protocol = data
         return cls(str(name), str(host), int(port), str(protocol))
 

@@ -225,8 +225,14 @@ def elect_changes(part: PartitionState, target: int | None = None) -> dict[str, 
     if not part.moving or part.target_replicas is None:
         raise NoReassignmentInProgress("partition is not moving")
     to = part.target_replicas[0] if target is None else target
-    return {"replicas": [to], "leader": to, "leader_epoch": part.leader_epoch + 1,
-            "original_replicas": None, "target_replicas": None, "move_started_ms": None}  # fmt: skip
+    return {
+        "replicas": [to],
+        "leader": to,
+        "leader_epoch": part.leader_epoch + 1,
+        "original_replicas": None,
+        "target_replicas": None,
+        "move_started_ms": None,
+    }
 
 
 def cancel_changes(part: PartitionState) -> dict[str, object]:
@@ -238,8 +244,14 @@ def cancel_changes(part: PartitionState) -> dict[str, object]:
     if part.leader != NO_LEADER:
         return {"original_replicas": None, "target_replicas": None, "move_started_ms": None}
     original = part.original_replicas[0]
-    return {"replicas": [original], "leader": original, "leader_epoch": part.leader_epoch + 1,
-            "original_replicas": None, "target_replicas": None, "move_started_ms": None}  # fmt: skip
+    return {
+        "replicas": [original],
+        "leader": original,
+        "leader_epoch": part.leader_epoch + 1,
+        "original_replicas": None,
+        "target_replicas": None,
+        "move_started_ms": None,
+    }
 
 
 def adding_removing(part: PartitionState) -> tuple[list[int], list[int], list[int]]:

@@ -27,15 +27,17 @@ def describe(meta: ClusterMetadata, name: str) -> dict[str, Any]:
         items = view.items(q)
         last = items[-1] if items else None
         part = topic.partitions[q] if topic is not None and q < len(topic.partitions) else None
-        queues.append({
-            "queue": q,
-            "broker": last.broker if last else NO_LEADER,
-            "leader": part.leader if part else NO_LEADER,
-            "gen": last.gen if last else 0,
-            "items": len(items),
-            "logicOffset": last.logic_offset if last else -1,
-            "physicalQueue": last.queue if last else -1,
-        })  # fmt: skip
+        queues.append(
+            {
+                "queue": q,
+                "broker": last.broker if last else NO_LEADER,
+                "leader": part.leader if part else NO_LEADER,
+                "gen": last.gen if last else 0,
+                "items": len(items),
+                "logicOffset": last.logic_offset if last else -1,
+                "physicalQueue": last.queue if last else -1,
+            }
+        )
     return {
         "name": name,
         "totalQueues": st.total_queues,
@@ -72,8 +74,17 @@ def static_topic_configs(
     if keys is not None and MAPPING_KEY in keys:
         values[MAPPING_KEY] = json.dumps(d, separators=(",", ":"))
     return [
-        {"name": k, "value": v, "read_only": True, "is_default": False, "config_source": 5,
-         "is_sensitive": False, "synonyms": [], "config_type": 2, "documentation": None}
+        {
+            "name": k,
+            "value": v,
+            "read_only": True,
+            "is_default": False,
+            "config_source": 5,
+            "is_sensitive": False,
+            "synonyms": [],
+            "config_type": 2,
+            "documentation": None,
+        }
         for k, v in values.items()
         if keys is None or k in keys
-    ]  # fmt: skip
+    ]

@@ -110,11 +110,16 @@ class MappingItem:
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
-            "queue": self.queue, "broker": self.broker, "gen": self.gen,
-            "logicOffset": self.logic_offset, "startOffset": self.start_offset,
-            "endOffset": self.end_offset, "timeOfStart": self.time_of_start,
-            "timeOfEnd": self.time_of_end, "updateTime": self.update_time,
-        }  # fmt: skip
+            "queue": self.queue,
+            "broker": self.broker,
+            "gen": self.gen,
+            "logicOffset": self.logic_offset,
+            "startOffset": self.start_offset,
+            "endOffset": self.end_offset,
+            "timeOfStart": self.time_of_start,
+            "timeOfEnd": self.time_of_end,
+            "updateTime": self.update_time,
+        }
         if self.tentative_offset >= 0:
             doc["tentativeOffset"] = self.tentative_offset
         return doc
@@ -538,9 +543,15 @@ def switch_new(
         raise MappingError(f"logic queue {queue} is already on broker {target}")
     tentative = old.logic_end(max(known_end, old.start_offset)) + state.jump
     new = MappingItem(
-        new_queue, target, old.gen + 1, UNDECIDED, 0,
-        time_of_start=now_ms, update_time=now_ms, tentative_offset=tentative,
-    )  # fmt: skip
+        new_queue,
+        target,
+        old.gen + 1,
+        UNDECIDED,
+        0,
+        time_of_start=now_ms,
+        update_time=now_ms,
+        tentative_offset=tentative,
+    )
     copy_ = _copy_of(state, target, target_epoch)
     copy_.hosted[queue] = [*(i.copy() for i in items), new]
     copy_.epoch = target_epoch
@@ -589,9 +600,14 @@ def block_old(
 
 
 def switch_strict(
-    state: StaticTopicState, queue: int, target: int, new_queue: int, *, now_ms: int,
+    state: StaticTopicState,
+    queue: int,
+    target: int,
+    new_queue: int,
+    *,
+    now_ms: int,
     target_epoch: int,
-) -> MappingItem:  # fmt: skip
+) -> MappingItem:
     """Strict order, step 2: after block_old, the new physical queue on `target` continues at
     exactly the logic offset where the old one ended (no hole)."""
     items = _leader_copy_items(state, queue)
@@ -599,9 +615,14 @@ def switch_strict(
     if not old.sealed:
         raise MappingError(f"logic queue {queue}: gen {old.gen} is not blocked yet")
     new = MappingItem(
-        new_queue, target, old.gen + 1, old.logic_end(), 0,
-        time_of_start=now_ms, update_time=now_ms,
-    )  # fmt: skip
+        new_queue,
+        target,
+        old.gen + 1,
+        old.logic_end(),
+        0,
+        time_of_start=now_ms,
+        update_time=now_ms,
+    )
     copy_ = _copy_of(state, target, target_epoch)
     copy_.hosted[queue] = [*(i.copy() for i in items), new]
     copy_.epoch = target_epoch
@@ -787,8 +808,15 @@ def complete(
             if item.sealed or item.queue not in ends:
                 continue
             end, time_of_end = ends[item.queue]
-            block_old(state, q, item.gen, end_offset=end, time_of_end=time_of_end,
-                      now_ms=now_ms, target_epoch=target_epoch)  # fmt: skip
+            block_old(
+                state,
+                q,
+                item.gen,
+                end_offset=end,
+                time_of_end=time_of_end,
+                now_ms=now_ms,
+                target_epoch=target_epoch,
+            )
     work = pending_work(state.view())
     if work["seal"]:
         missing = ", ".join(f"queue {q} gen {i.gen} (physical {i.queue})" for q, i in work["seal"])

@@ -101,14 +101,25 @@ class Problem:
 
 
 def partition_problem(
-    index: int, part: PartitionState, meta: ClusterMetadata, not_alive: Mapping[int, str],
-    leaderless_for: float | None, grace_s: float,
-) -> Problem | None:  # fmt: skip
+    index: int,
+    part: PartitionState,
+    meta: ClusterMetadata,
+    not_alive: Mapping[int, str],
+    leaderless_for: float | None,
+    grace_s: float,
+) -> Problem | None:
     """The problem of one partition, if any (`leaderless_for`: seconds it has had no leader)."""
     lost = getattr(part, "lost", None)
     if lost is not None:
-        return Problem(index, DATA_LOST, lost.broker, lost.reason, lost.missing_offsets,
-                       lost.expected_end, lost.found_end)  # fmt: skip
+        return Problem(
+            index,
+            DATA_LOST,
+            lost.broker,
+            lost.reason,
+            lost.missing_offsets,
+            lost.expected_end,
+            lost.found_end,
+        )
     if part.leader != NO_LEADER:
         why = broker_state(meta, not_alive, part.leader)
         if why is not None:
@@ -142,12 +153,15 @@ def verdict(
         missing = sum(p.missing_offsets for p in lost)
         detail = ", ".join(
             f"{p.partition}: {p.missing_offsets} missing (expected end {p.expected_end}, found "
-            f"{p.found_end})" for p in sorted(lost, key=lambda p: p.partition)[:8]
-        )  # fmt: skip
+            f"{p.found_end})"
+            for p in sorted(lost, key=lambda p: p.partition)[:8]
+        )
         more = "; ..." if len(lost) > 8 else ""
-        parts.append(f"data lost in {naming((p.partition for p in lost), noun)}, {missing} "
-                     f"acknowledged offsets missing ({detail}{more}); accept the loss with the "
-                     "annotation tidalmq.io/accept-data-loss")  # fmt: skip
+        parts.append(
+            f"data lost in {naming((p.partition for p in lost), noun)}, {missing} "
+            f"acknowledged offsets missing ({detail}{more}); accept the loss with the "
+            "annotation tidalmq.io/accept-data-loss"
+        )
     dead = [p for p in problems if p.kind == BROKER_NOT_ALIVE]
     if dead:
         kinds.append(BROKER_NOT_ALIVE)
@@ -155,8 +169,10 @@ def verdict(
         for p in dead:
             by_broker.setdefault(p.broker if p.broker is not None else -1, []).append(p)
         for broker, ps in sorted(by_broker.items()):
-            parts.append(f"{naming((p.partition for p in ps), noun)} on broker {broker}, which "
-                         f"is not alive ({ps[0].why})")  # fmt: skip
+            parts.append(
+                f"{naming((p.partition for p in ps), noun)} on broker {broker}, which "
+                f"is not alive ({ps[0].why})"
+            )
     leaderless = [p for p in problems if p.kind == LEADERLESS]
     if leaderless:
         kinds.append(LEADERLESS)
@@ -173,7 +189,11 @@ def row_fields(problem: Problem | None, store_problem: str | None) -> dict[str, 
         return {"problem": STORE_LOST} if store_problem else {}
     out: dict[str, Any] = {"problem": problem.kind}
     if problem.kind == DATA_LOST:
-        out.update(lost=True, missingOffsets=problem.missing_offsets,
-                   expectedEnd=problem.expected_end, foundEnd=problem.found_end,
-                   lostReason=problem.why)  # fmt: skip
+        out.update(
+            lost=True,
+            missingOffsets=problem.missing_offsets,
+            expectedEnd=problem.expected_end,
+            foundEnd=problem.found_end,
+            lostReason=problem.why,
+        )
     return out

@@ -40,9 +40,12 @@ class Step(enum.Enum):
 
 
 def next_step(
-    spec: ReassignmentSpec, status: Mapping[str, Any] | None, *, planner_running: bool,
+    spec: ReassignmentSpec,
+    status: Mapping[str, Any] | None,
+    *,
+    planner_running: bool,
     tracked: bool,
-) -> Step:  # fmt: skip
+) -> Step:
     status = status or {}
     phase = status.get("phase")
     if phase in TERMINAL:

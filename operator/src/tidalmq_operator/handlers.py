@@ -67,8 +67,13 @@ def runtime_of(memo: Any) -> OperatorRuntime:
 
 
 # ---------------------------------------------------------------------------- controller
-@kopf.daemon(GROUP, VERSION, "clusterstates", cancellation_timeout=30.0,
-             when=lambda name, memo, **_: name == runtime_of(memo).settings.cluster_state_name)  # fmt: skip
+@kopf.daemon(
+    GROUP,
+    VERSION,
+    "clusterstates",
+    cancellation_timeout=30.0,
+    when=lambda name, memo, **_: name == runtime_of(memo).settings.cluster_state_name,
+)
 async def controller_daemon(stopped: Any, memo: Any, **_: Any) -> None:
     """Kopf stops daemons while peering pauses this replica: the controller runs on one
     replica at a time, and the controller epoch fences any overlap."""
@@ -93,12 +98,19 @@ async def reconcile_topic(spec: Any, name: str, meta: Any, memo: Any, **_: Any) 
         kafka_name = topic.kafka_name(name)
         configs = topic.validated_configs()
     except (SpecError, ValueError) as exc:
-        rt.topics[name] = TopicWish(name, spec.get("topicName") or name, 0, generation,
-                                    ("InvalidSpec", str(exc)))  # fmt: skip
+        rt.topics[name] = TopicWish(
+            name, spec.get("topicName") or name, 0, generation, ("InvalidSpec", str(exc))
+        )
         raise kopf.PermanentError(f"invalid spec: {exc}") from exc
     previous = rt.topics.get(name)
-    wish = TopicWish(name, kafka_name, topic.partitions, generation, uid=meta.get("uid"),
-                     annotation_error=previous.annotation_error if previous else None)  # fmt: skip
+    wish = TopicWish(
+        name,
+        kafka_name,
+        topic.partitions,
+        generation,
+        uid=meta.get("uid"),
+        annotation_error=previous.annotation_error if previous else None,
+    )
     owner = next(
         (w for w in rt.topics.values() if w.kafka_name == kafka_name and w.resource != name), None
     )
@@ -123,9 +135,11 @@ async def reconcile_topic(spec: Any, name: str, meta: Any, memo: Any, **_: Any) 
     else:
         current = len(existing.partitions)
         if topic.partitions < current:
-            wish.error = ("PartitionsCannotShrink",
-                          f"spec.partitions {topic.partitions} < {current}: Kafka topics can only "
-                          "grow; create a new topic to have fewer partitions")  # fmt: skip
+            wish.error = (
+                "PartitionsCannotShrink",
+                f"spec.partitions {topic.partitions} < {current}: Kafka topics can only "
+                "grow; create a new topic to have fewer partitions",
+            )
         else:
             wish.error = None
             if topic.partitions > current:
@@ -166,8 +180,9 @@ async def delete_topic(spec: Any, name: str, memo: Any, **_: Any) -> None:
 # ---------------------------------------------------------------------------- reassignments
 @kopf.on.resume(GROUP, VERSION, "partitionreassignments")
 @kopf.on.create(GROUP, VERSION, "partitionreassignments")
-async def start_reassignment(spec: Any, name: str, meta: Any, status: Any, memo: Any,
-                             patch: Any, **_: Any) -> None:  # fmt: skip
+async def start_reassignment(
+    spec: Any, name: str, meta: Any, status: Any, memo: Any, patch: Any, **_: Any
+) -> None:
     rt = runtime_of(memo)
     phase = (status or {}).get("phase")
     if phase in TERMINAL:
@@ -218,9 +233,16 @@ async def start_reassignment(spec: Any, name: str, meta: Any, status: Any, memo:
             raise kopf.PermanentError(f"refused: {exc}") from exc
         # Running is written here, before the publisher tracks the run, so that it never
         # overwrites a status the publisher already wrote (Kopf patches after the handler)
-        await rt.kube.patch_status(PLURAL, name, {"phase": "Running", "progress": f"0/{len(entries)}",
-                                                  "startTime": now_iso(submitted),
-                                                  "observedGeneration": meta.get("generation")})  # fmt: skip
+        await rt.kube.patch_status(
+            PLURAL,
+            name,
+            {
+                "phase": "Running",
+                "progress": f"0/{len(entries)}",
+                "startTime": now_iso(submitted),
+                "observedGeneration": meta.get("generation"),
+            },
+        )
         rt.reassignments[name] = _run_of(name, meta, entries, submitted, status)
     await rt.kube.event(_ref(name, meta.get("uid")), "Started", f"moving {len(entries)} partitions")
 
@@ -230,8 +252,9 @@ def _running(status: Any, **_: Any) -> bool:
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=2.0, initial_delay=2.0, when=_running)
-async def adopt_running_reassignment(spec: Any, name: str, meta: Any, status: Any, memo: Any,
-                                     **_: Any) -> None:  # fmt: skip
+async def adopt_running_reassignment(
+    spec: Any, name: str, meta: Any, status: Any, memo: Any, **_: Any
+) -> None:
     """Level-based tracking: a Running reassignment that this replica does not track is taken
     over from its spec (or generated plan) and status. It happens when an operator stopped right
     after a create handler had submitted the moves and Kopf had recorded that handler as done:
@@ -249,8 +272,11 @@ async def adopt_running_reassignment(spec: Any, name: str, meta: Any, status: An
         body = {"metadata": dict(meta), "spec": dict(spec), "status": dict(status or {})}
         if name not in rt.reassignments:
             _track(rt, name, body)
-            log.info("PartitionReassignment %s: tracking its moves (taken over from an earlier "
-                     "operator)", name)  # fmt: skip
+            log.info(
+                "PartitionReassignment %s: tracking its moves (taken over from an earlier "
+                "operator)",
+                name,
+            )
 
 
 @kopf.on.field(GROUP, VERSION, "partitionreassignments", field="spec.cancel")
@@ -301,8 +327,11 @@ async def cancel_reassignment_of(rt: OperatorRuntime, name: str) -> None:
         if ours:
             await controller.alter_reassignments([PlanEntry(e.tp, None) for e in ours])
         log.info("PartitionReassignment %s: cancelled %d moves in flight", name, len(ours))
-        await rt.kube.event(_ref(name, meta.get("uid")), "Cancelling",
-                            f"rolling back {len(ours)} moves in flight; moves already done stay")  # fmt: skip
+        await rt.kube.event(
+            _ref(name, meta.get("uid")),
+            "Cancelling",
+            f"rolling back {len(ours)} moves in flight; moves already done stay",
+        )
 
 
 def _moving_to(controller: Any, entry: PlanEntry) -> bool:
@@ -314,8 +343,9 @@ def _moving_to(controller: Any, entry: PlanEntry) -> bool:
     return bool(part.moving and (part.target_replicas or [None])[0] == entry.target)
 
 
-async def _cancel_unsubmitted(rt: OperatorRuntime, name: str, body: dict[str, Any],
-                              spec: ReassignmentSpec) -> None:  # fmt: skip
+async def _cancel_unsubmitted(
+    rt: OperatorRuntime, name: str, body: dict[str, Any], spec: ReassignmentSpec
+) -> None:
     meta = body.get("metadata") or {}
     gen = meta.get("generation")
     try:
@@ -323,11 +353,27 @@ async def _cancel_unsubmitted(rt: OperatorRuntime, name: str, body: dict[str, An
     except SpecError:
         entries = []
     message = "cancelled before any move was submitted: nothing was moved"
-    rows = [{"topic": e.tp.topic, "partition": e.tp.partition, "target": e.target,
-             "phase": "Cancelled", "message": "never submitted"} for e in entries]  # fmt: skip
-    await _set_status(rt, name, body, condition("Complete", True, "Cancelled", message, gen),
-                      phase="Cancelled", progress=f"0/{len(entries)}", partitions=rows,
-                      completionTime=now_iso(), observedGeneration=gen)  # fmt: skip
+    rows = [
+        {
+            "topic": e.tp.topic,
+            "partition": e.tp.partition,
+            "target": e.target,
+            "phase": "Cancelled",
+            "message": "never submitted",
+        }
+        for e in entries
+    ]
+    await _set_status(
+        rt,
+        name,
+        body,
+        condition("Complete", True, "Cancelled", message, gen),
+        phase="Cancelled",
+        progress=f"0/{len(entries)}",
+        partitions=rows,
+        completionTime=now_iso(),
+        observedGeneration=gen,
+    )
     await rt.kube.event(_ref(name, meta.get("uid")), "Cancelled", message)
     log.info("PartitionReassignment %s: %s", name, message)
 
@@ -342,8 +388,11 @@ def _track(rt: OperatorRuntime, name: str, body: dict[str, Any]) -> Reassignment
     spec = parse(ReassignmentSpec, body.get("spec") or {})
     generated = spec.generate is not None and spec.partitions is None
     entries = plan_entries(status.get("plan")) if generated else spec.entries()
-    submitted = (_parse_time(status.get("startTime"))
-                 or _parse_time(meta.get("creationTimestamp")) or time.time())  # fmt: skip
+    submitted = (
+        _parse_time(status.get("startTime"))
+        or _parse_time(meta.get("creationTimestamp"))
+        or time.time()
+    )
     planned = [c for c in status.get("conditions", []) if c.get("type") == "Planned"]
     run = _run_of(name, meta, entries, submitted, status, planned if generated else None)
     run.cancel_requested = spec.cancel
@@ -383,11 +432,23 @@ async def submit_moves(controller: Any, entries: list[PlanEntry]) -> None:
         raise InvalidPlan("; ".join(f"{k}: {v}" for k, v in bad.items()))
 
 
-def _run_of(name: str, meta: Any, entries: list[PlanEntry], submitted: float, status: Any,
-            conditions: list[dict[str, Any]] | None = None) -> ReassignmentRun:  # fmt: skip
+def _run_of(
+    name: str,
+    meta: Any,
+    entries: list[PlanEntry],
+    submitted: float,
+    status: Any,
+    conditions: list[dict[str, Any]] | None = None,
+) -> ReassignmentRun:
     """The progress tracking of submitted moves (the runtime's publisher writes status)."""
-    run = ReassignmentRun(name, entries, submitted, meta.get("generation"), uid=meta.get("uid"),
-                          conditions=list(conditions or []))  # fmt: skip
+    run = ReassignmentRun(
+        name,
+        entries,
+        submitted,
+        meta.get("generation"),
+        uid=meta.get("uid"),
+        conditions=list(conditions or []),
+    )
     for row in (status or {}).get("partitions", []):  # what an earlier operator already reported
         tp = TopicPartition(row["topic"], int(row["partition"]))
         run.rows[tp] = dict(row)
@@ -397,32 +458,49 @@ def _run_of(name: str, meta: Any, entries: list[PlanEntry], submitted: float, st
 
 # ---------------------------------------------------------------------------- generated plans
 def _ref(name: str, uid: str | None) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PartitionReassignment",
-            "metadata": {"name": name, "uid": uid}}  # fmt: skip
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "PartitionReassignment",
+        "metadata": {"name": name, "uid": uid},
+    }
 
 
-def planner_job(rt: OperatorRuntime, name: str, uid: str | None,
-                generate: GenerateSpec | None) -> PlannerJob:  # fmt: skip
+def planner_job(
+    rt: OperatorRuntime, name: str, uid: str | None, generate: GenerateSpec | None
+) -> PlannerJob:
     """The planner run of a resource. Its name depends on the resource only (uid, no clock), so
     a restarted operator finds (attaches to) the driver pod of its earlier launch."""
     s = rt.settings
     return PlannerJob.from_settings(
-        name=run_name(name, uid or "", when=0.0), namespace=s.namespace, image=s.spark_image,
-        service_account=s.spark_service_account, prometheus_url=s.prometheus_url,
-        bootstrap_servers=s.bootstrap_servers or None, generate=generate, resource_name=name,
+        name=run_name(name, uid or "", when=0.0),
+        namespace=s.namespace,
+        image=s.spark_image,
+        service_account=s.spark_service_account,
+        prometheus_url=s.prometheus_url,
+        bootstrap_servers=s.bootstrap_servers or None,
+        generate=generate,
+        resource_name=name,
         spark_submit=s.spark_submit,
-    )  # fmt: skip
+    )
 
 
 def _planner_unconfigured(rt: OperatorRuntime) -> str | None:
     s = rt.settings
-    missing = [env for env, value in (("TIDALMQ_SPARK_IMAGE", s.spark_image),
-                                      ("TIDALMQ_SPARK_SERVICE_ACCOUNT", s.spark_service_account),
-                                      ("TIDALMQ_PROMETHEUS_URL", s.prometheus_url)) if not value]  # fmt: skip
+    missing = [
+        env
+        for env, value in (
+            ("TIDALMQ_SPARK_IMAGE", s.spark_image),
+            ("TIDALMQ_SPARK_SERVICE_ACCOUNT", s.spark_service_account),
+            ("TIDALMQ_PROMETHEUS_URL", s.prometheus_url),
+        )
+        if not value
+    ]
     if not missing:
         return None
-    return (f"the planner is not configured ({', '.join(missing)} unset; the chart sets them with "
-            "spark.enabled and operator.prometheusUrl)")  # fmt: skip
+    return (
+        f"the planner is not configured ({', '.join(missing)} unset; the chart sets them with "
+        "spark.enabled and operator.prometheusUrl)"
+    )
 
 
 async def stop_planner(rt: OperatorRuntime, name: str, uid: str | None) -> None:
@@ -434,8 +512,13 @@ async def stop_planner(rt: OperatorRuntime, name: str, uid: str | None) -> None:
     await cleanup(planner_job(rt, name, uid, None), rt.kube.core)
 
 
-async def _set_status(rt: OperatorRuntime, name: str, current: dict[str, Any],
-                      *new_conditions: dict[str, Any], **fields: Any) -> None:  # fmt: skip
+async def _set_status(
+    rt: OperatorRuntime,
+    name: str,
+    current: dict[str, Any],
+    *new_conditions: dict[str, Any],
+    **fields: Any,
+) -> None:
     conditions = (current.get("status") or {}).get("conditions")
     for c in new_conditions:
         conditions = with_condition(conditions, c)
@@ -458,30 +541,56 @@ async def reconcile_generated(rt: OperatorRuntime, name: str) -> None:
         spec = parse(ReassignmentSpec, body.get("spec") or {})
         status = body.get("status") or {}
         task = rt.planners.get(name)
-        step = next_step(spec, status, planner_running=task is not None and not task.done(),
-                         tracked=name in rt.reassignments)  # fmt: skip
+        step = next_step(
+            spec,
+            status,
+            planner_running=task is not None and not task.done(),
+            tracked=name in rt.reassignments,
+        )
         log.info("PartitionReassignment %s (generated): %s", name, step.value)
         ref = _ref(name, uid)
         plan = status.get("plan") or {}
         if step is Step.CANCEL:
             await stop_planner(rt, name, uid)
             message = "cancelled before any move: nothing was moved"
-            await _set_status(rt, name, body, condition("Complete", True, "Cancelled", message, gen),
-                              phase="Cancelled", completionTime=now_iso(), observedGeneration=gen)  # fmt: skip
+            await _set_status(
+                rt,
+                name,
+                body,
+                condition("Complete", True, "Cancelled", message, gen),
+                phase="Cancelled",
+                completionTime=now_iso(),
+                observedGeneration=gen,
+            )
             await rt.kube.event(ref, "Cancelled", message)
         elif step is Step.PLAN:
             problem = _planner_unconfigured(rt)
             if problem is not None:
-                await _set_status(rt, name, body, condition("Planned", False, "PlannerFailed", problem, gen),
-                                  _failed(problem, meta), phase="Failed", observedGeneration=gen)  # fmt: skip
+                await _set_status(
+                    rt,
+                    name,
+                    body,
+                    condition("Planned", False, "PlannerFailed", problem, gen),
+                    _failed(problem, meta),
+                    phase="Failed",
+                    observedGeneration=gen,
+                )
                 await rt.kube.event(ref, "PlannerFailed", problem, warning=True)
                 return
             g = spec.generate or GenerateSpec()
-            message = (f"planning from {g.window} of traffic history (step {g.step}, "
-                       f"threshold {g.threshold}{f', at most {g.max_moves} moves' if g.max_moves is not None else ''})")  # fmt: skip
-            await _set_status(rt, name, body, condition("Planned", False, "Planning", message, gen),
-                              condition("Complete", False, "Planning", "no plan yet", gen),
-                              phase="Planning", observedGeneration=gen)  # fmt: skip
+            message = (
+                f"planning from {g.window} of traffic history (step {g.step}, "
+                f"threshold {g.threshold}{f', at most {g.max_moves} moves' if g.max_moves is not None else ''})"
+            )
+            await _set_status(
+                rt,
+                name,
+                body,
+                condition("Planned", False, "Planning", message, gen),
+                condition("Complete", False, "Planning", "no plan yet", gen),
+                phase="Planning",
+                observedGeneration=gen,
+            )
             await rt.kube.event(ref, "Planning", message)
             rt.planners[name] = asyncio.create_task(
                 _planner_task(rt, name, uid, spec.generate, gen), name=f"planner-{name}"
@@ -491,9 +600,16 @@ async def reconcile_generated(rt: OperatorRuntime, name: str) -> None:
                 await _set_status(rt, name, body, phase="AwaitingApproval")
         elif step is Step.COMPLETE_EMPTY:
             message = f"already balanced: {plan_summary(plan)}; nothing to move"
-            await _set_status(rt, name, body, condition("Complete", True, "AlreadyBalanced", message, gen),
-                              phase="Completed", progress="0/0", completionTime=now_iso(),
-                              observedGeneration=gen)  # fmt: skip
+            await _set_status(
+                rt,
+                name,
+                body,
+                condition("Complete", True, "AlreadyBalanced", message, gen),
+                phase="Completed",
+                progress="0/0",
+                completionTime=now_iso(),
+                observedGeneration=gen,
+            )
             await rt.kube.event(ref, "AlreadyBalanced", message)
         elif step is Step.EXECUTE:
             controller = rt.require_controller()
@@ -506,24 +622,38 @@ async def reconcile_generated(rt: OperatorRuntime, name: str) -> None:
                 await submit_moves(controller, entries)
             except InvalidPlan as exc:
                 message = f"the plan does not fit the cluster now: {exc}"
-                await _set_status(rt, name, body, _failed(message, meta), phase="Failed",
-                                  completionTime=now_iso(), observedGeneration=gen)  # fmt: skip
+                await _set_status(
+                    rt,
+                    name,
+                    body,
+                    _failed(message, meta),
+                    phase="Failed",
+                    completionTime=now_iso(),
+                    observedGeneration=gen,
+                )
                 await rt.kube.event(ref, "Refused", message, warning=True)
                 return
             planned = [c for c in status.get("conditions", []) if c.get("type") == "Planned"]
             rt.reassignments[name] = _run_of(name, meta, entries, submitted, status, planned)
             how = "spec.autoApprove" if spec.auto_approve and not spec.approved else "approved"
-            await _set_status(rt, name, body,
-                              condition("Complete", False, "Running", f"0 of {len(entries)} moved", gen),
-                              phase="Running", progress=f"0/{len(entries)}",
-                              startTime=now_iso(submitted), observedGeneration=gen)  # fmt: skip
+            await _set_status(
+                rt,
+                name,
+                body,
+                condition("Complete", False, "Running", f"0 of {len(entries)} moved", gen),
+                phase="Running",
+                progress=f"0/{len(entries)}",
+                startTime=now_iso(submitted),
+                observedGeneration=gen,
+            )
             await rt.kube.event(ref, "Started", f"moving {len(entries)} partitions ({how})")
         elif step is Step.WATCH:
             _track(rt, name, body)
 
 
-async def _planner_task(rt: OperatorRuntime, name: str, uid: str | None,
-                        generate: GenerateSpec | None, gen: int | None) -> None:  # fmt: skip
+async def _planner_task(
+    rt: OperatorRuntime, name: str, uid: str | None, generate: GenerateSpec | None, gen: int | None
+) -> None:
     """One planner run in the background: progress in status and Events, then the plan in
     status.plan (or Failed). Cancelled by spec.cancel or deletion (stop_planner cleans up) or
     by the operator's shutdown (the driver keeps running; a restarted operator attaches)."""
@@ -542,8 +672,15 @@ async def _planner_task(rt: OperatorRuntime, name: str, uid: str | None,
         await _set_status(rt, name, current, condition("Planned", False, phase, message, gen))
 
     try:
-        outcome = await run_planner(job, rt.kube.core, progress=progress, keep=True, attach=True,
-                                    timeout_s=s.planner_timeout_s, poll_s=s.planner_poll_s)  # fmt: skip
+        outcome = await run_planner(
+            job,
+            rt.kube.core,
+            progress=progress,
+            keep=True,
+            attach=True,
+            timeout_s=s.planner_timeout_s,
+            poll_s=s.planner_poll_s,
+        )
     except PlannerFailed as exc:
         async with rt.resource_lock(name):
             if rt.planners.get(name) is asyncio.current_task():
@@ -554,10 +691,15 @@ async def _planner_task(rt: OperatorRuntime, name: str, uid: str | None,
             except NotFound:
                 return
             message = f"the planner failed: {exc}"
-            await _set_status(rt, name, current,
-                              condition("Planned", False, "PlannerFailed", str(exc), gen),
-                              condition("Complete", False, "Failed", message, gen),
-                              phase="Failed", completionTime=now_iso())  # fmt: skip
+            await _set_status(
+                rt,
+                name,
+                current,
+                condition("Planned", False, "PlannerFailed", str(exc), gen),
+                condition("Complete", False, "Failed", message, gen),
+                phase="Failed",
+                completionTime=now_iso(),
+            )
             await rt.kube.event(ref, "PlannerFailed", message, warning=True)
         return
     except asyncio.CancelledError:
@@ -581,11 +723,22 @@ async def _planner_task(rt: OperatorRuntime, name: str, uid: str | None,
         plan = plan_status(outcome.entries, outcome.summary, outcome.report)
         summary = plan_summary(plan)
         moves = len(plan["partitions"])
-        await _set_status(rt, name, current,
-                          condition("Planned", True, "Planned", f"{summary} ({outcome.seconds:.0f} s)", gen),
-                          condition("Complete", False, "AwaitingApproval",
-                                    "waiting for spec.approved: true" if moves else "nothing to move", gen),
-                          plan=plan, phase="AwaitingApproval", progress=f"0/{moves}")  # fmt: skip
+        await _set_status(
+            rt,
+            name,
+            current,
+            condition("Planned", True, "Planned", f"{summary} ({outcome.seconds:.0f} s)", gen),
+            condition(
+                "Complete",
+                False,
+                "AwaitingApproval",
+                "waiting for spec.approved: true" if moves else "nothing to move",
+                gen,
+            ),
+            plan=plan,
+            phase="AwaitingApproval",
+            progress=f"0/{moves}",
+        )
         await rt.kube.event(ref, "Planned", summary)
         await cleanup(job, rt.kube.core)  # only now: a restart before the plan is stored attaches
     await _reconcile_soon(rt, name)
@@ -615,9 +768,12 @@ async def broker_pod_event(
     kind = event.get("type")
     if kind == "DELETED":
         involved = {"apiVersion": "v1", "kind": "Pod", "metadata": dict(meta)}
-        await rt.kube.event(involved, "BrokerGone",
-                            "broker pod deleted; if it did not drain, its partitions move "
-                            "elsewhere once its lease expires")  # fmt: skip
+        await rt.kube.event(
+            involved,
+            "BrokerGone",
+            "broker pod deleted; if it did not drain, its partitions move "
+            "elsewhere once its lease expires",
+        )
     elif meta.get("deletionTimestamp"):
         log.info("broker pod %s terminating: it drains through its preStop hook", name)
 

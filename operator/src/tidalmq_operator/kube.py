@@ -84,23 +84,38 @@ class Kube:
     async def replace(self, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         doc: dict[str, Any] = await self._call(
             self.custom.replace_namespaced_custom_object,
-            GROUP, VERSION, self.namespace, plural, name, body,
-        )  # fmt: skip
+            GROUP,
+            VERSION,
+            self.namespace,
+            plural,
+            name,
+            body,
+        )
         return doc
 
     async def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         doc: dict[str, Any] = await self._call(
             self.custom.patch_namespaced_custom_object_status,
-            GROUP, VERSION, self.namespace, plural, name, {"status": status},
-        )  # fmt: skip
+            GROUP,
+            VERSION,
+            self.namespace,
+            plural,
+            name,
+            {"status": status},
+        )
         return doc
 
     async def remove_annotation(self, plural: str, name: str, key: str) -> None:
         """Remove one annotation of one of our resources (a merge patch: null deletes)."""
         await self._call(
             self.custom.patch_namespaced_custom_object,
-            GROUP, VERSION, self.namespace, plural, name, {"metadata": {"annotations": {key: None}}},
-        )  # fmt: skip
+            GROUP,
+            VERSION,
+            self.namespace,
+            plural,
+            name,
+            {"metadata": {"annotations": {key: None}}},
+        )
 
     # ------------------------------------------------------------------ secrets (User resources)
     async def get_secret(self, name: str) -> dict[str, Any]:
@@ -121,9 +136,11 @@ class Kube:
     async def label_pod(self, name: str, key: str, value: str | None) -> None:
         """Set (or with None remove) one label of a pod."""
         await self._call(
-            self.core.patch_namespaced_pod, name, self.namespace,
+            self.core.patch_namespaced_pod,
+            name,
+            self.namespace,
             {"metadata": {"labels": {key: value}}},
-        )  # fmt: skip
+        )
 
     async def pods(self, selector: str) -> builtins.list[Any]:  # Kube.list shadows list here
         result = await self._call(

@@ -26,20 +26,30 @@ log = logging.getLogger(__name__)
 async def _ensure_objects(kube: Kube, settings: OperatorSettings) -> None:
     """The ClusterState the controller daemon runs on, and the peering object."""
     try:
-        await kube.create("clusterstates", {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterState",
-            "metadata": {"name": settings.cluster_state_name},
-            "spec": {"clusterId": new_cluster_id()},
-        })  # fmt: skip
+        await kube.create(
+            "clusterstates",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ClusterState",
+                "metadata": {"name": settings.cluster_state_name},
+                "spec": {"clusterId": new_cluster_id()},
+            },
+        )
     except Conflict:
         pass
     try:
         await asyncio.to_thread(
-            kube.custom.create_namespaced_custom_object, "kopf.dev", "v1", kube.namespace,
+            kube.custom.create_namespaced_custom_object,
+            "kopf.dev",
+            "v1",
+            kube.namespace,
             "kopfpeerings",
-            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
-             "metadata": {"name": settings.peering_name}},
-        )  # fmt: skip
+            {
+                "apiVersion": "kopf.dev/v1",
+                "kind": "KopfPeering",
+                "metadata": {"name": settings.peering_name},
+            },
+        )
     except Exception as exc:  # exists already (409) or created by the chart
         log.debug("peering object: %s", exc)
 

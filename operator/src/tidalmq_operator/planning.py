@@ -149,13 +149,19 @@ def run_name(resource_name: str, uid: str = "", when: float | None = None) -> st
 def planner_args(job: PlannerJob) -> list[str]:
     """The arguments of the planner job inside the driver (tidalmq_planner.job.main)."""
     args = [
-        "--prometheus", job.prometheus_url,
-        "--window", job.window,
-        "--step", job.step,
-        "--threshold", repr(float(job.threshold)),
-        "--configmap", job.configmap,
-        "--namespace", job.namespace,
-    ]  # fmt: skip
+        "--prometheus",
+        job.prometheus_url,
+        "--window",
+        job.window,
+        "--step",
+        job.step,
+        "--threshold",
+        repr(float(job.threshold)),
+        "--configmap",
+        job.configmap,
+        "--namespace",
+        job.namespace,
+    ]
     if job.resource_name:
         args += ["--name", job.resource_name]
     if job.bootstrap_servers:
@@ -208,10 +214,13 @@ def submit_command(job: PlannerJob, *, in_cluster: bool | None = None) -> list[s
     conf.update(job.extra_conf)
     cmd = [
         job.spark_submit,
-        "--master", f"k8s://{job.api_server}",
-        "--deploy-mode", "cluster",
-        "--name", job.name,
-    ]  # fmt: skip
+        "--master",
+        f"k8s://{job.api_server}",
+        "--deploy-mode",
+        "cluster",
+        "--name",
+        job.name,
+    ]
     for key in sorted(conf):
         cmd += ["--conf", f"{key}={conf[key]}"]
     return [*cmd, job.job_file, *planner_args(job)]
@@ -337,9 +346,12 @@ async def cleanup(job: PlannerJob, core: Any) -> None:
 
 
 async def _submit(
-    job: PlannerJob, core: Any, progress: Progress | None, timeout_s: float,
+    job: PlannerJob,
+    core: Any,
+    progress: Progress | None,
+    timeout_s: float,
     command: Sequence[str] | None,
-) -> None:  # fmt: skip
+) -> None:
     """Start clean (no leftovers of an earlier run of this name) and spark-submit the driver."""
     await cleanup(job, core)
     if command is None and job.spark_submit == SUBMIT_IN_POD:

@@ -48,9 +48,14 @@ from tidalmq_core.reassignment import Phase, PlanEntry
 
 FINISHED = frozenset({Phase.DONE.value, Phase.CANCELLED.value, Phase.FAILED.value})
 _RANK = {
-    Phase.PENDING.value: 0, Phase.CLOSING.value: 1, Phase.ELECTING.value: 2,
-    Phase.OPENING.value: 3, Phase.DONE.value: 4, Phase.CANCELLED.value: 4, Phase.FAILED.value: 4,
-}  # fmt: skip
+    Phase.PENDING.value: 0,
+    Phase.CLOSING.value: 1,
+    Phase.ELECTING.value: 2,
+    Phase.OPENING.value: 3,
+    Phase.DONE.value: 4,
+    Phase.CANCELLED.value: 4,
+    Phase.FAILED.value: 4,
+}
 RESUMED_NOTE = "timed again from the operator restart"
 MEASURED_NOTE = "opened across an operator restart: unavailableMs measured by the new operator"
 UNMEASURED_NOTE = "finished while no operator watched: its unavailability was not measured"
@@ -90,28 +95,47 @@ def steps_of(m: MoveStatus) -> list[Step]:
     src = "no broker" if m.source is None else f"broker {m.source}"
     out = [Step(Phase.CLOSING.value, m.started, f"{tp}: {src} closes it for broker {m.target}")]
     if m.closed is not None:
-        out.append(Step(Phase.ELECTING.value, m.closed,
-                        f"{tp}: released by {src}; electing broker {m.target}"))  # fmt: skip
+        out.append(
+            Step(
+                Phase.ELECTING.value,
+                m.closed,
+                f"{tp}: released by {src}; electing broker {m.target}",
+            )
+        )
     if m.elected is not None:
         epoch = f" at epoch {m.epoch}" if m.epoch is not None else ""
-        out.append(Step(Phase.OPENING.value, m.elected,
-                        f"{tp}: broker {m.target} elected{epoch}, opening it"))  # fmt: skip
+        out.append(
+            Step(
+                Phase.OPENING.value,
+                m.elected,
+                f"{tp}: broker {m.target} elected{epoch}, opening it",
+            )
+        )
     if m.phase is Phase.DONE:
         took = (
             f" (unavailable {m.unavailable_s * 1000:.0f} ms)" if m.unavailable_s is not None else ""
         )
-        out.append(Step(Phase.DONE.value, m.opened or m.finished,
-                        f"{tp}: served by broker {m.target}{took}"))  # fmt: skip
+        out.append(
+            Step(
+                Phase.DONE.value, m.opened or m.finished, f"{tp}: served by broker {m.target}{took}"
+            )
+        )
     elif m.phase is Phase.CANCELLED:
-        out.append(Step(Phase.CANCELLED.value, m.finished,
-                        f"{tp}: {m.reason or 'cancelled'} (broker {m.source})"))  # fmt: skip
+        out.append(
+            Step(
+                Phase.CANCELLED.value,
+                m.finished,
+                f"{tp}: {m.reason or 'cancelled'} (broker {m.source})",
+            )
+        )
     elif m.phase is Phase.FAILED:
         out.append(Step(Phase.FAILED.value, m.finished, f"{tp}: failed: {m.reason}"))
     return out
 
 
-def steps_to_emit(m: MoveStatus | None, row_phase: str, last_emitted: str | None,
-                  tp: str) -> list[Step]:  # fmt: skip
+def steps_to_emit(
+    m: MoveStatus | None, row_phase: str, last_emitted: str | None, tp: str
+) -> list[Step]:
     """The steps of one row not announced yet (after `last_emitted`), oldest first."""
     if rank(last_emitted) >= rank(Phase.DONE.value):
         return []
@@ -124,26 +148,38 @@ def steps_to_emit(m: MoveStatus | None, row_phase: str, last_emitted: str | None
 
 
 def reassignment_row(
-    entry: PlanEntry, m: MoveStatus | None, previous: Mapping[str, Any] | None,
-    part: PartitionState | None, *, cancel_requested: bool, opened: bool | None = None,
-    seen_unopened: bool = False, now: float | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    entry: PlanEntry,
+    m: MoveStatus | None,
+    previous: Mapping[str, Any] | None,
+    part: PartitionState | None,
+    *,
+    cancel_requested: bool,
+    opened: bool | None = None,
+    seen_unopened: bool = False,
+    now: float | None = None,
+) -> dict[str, Any]:
     """One row of status.partitions (see the module docstring for the rules). For a move the
     controller does not track: `opened` says whether its target reports the partition open at
     its current epoch (None: unknown), `seen_unopened` that this operator saw it elected and
     not open yet (then `now` is when it is first seen open)."""
-    base: dict[str, Any] = {"topic": entry.tp.topic, "partition": entry.tp.partition,
-                            "target": entry.target}  # fmt: skip
+    base: dict[str, Any] = {
+        "topic": entry.tp.topic,
+        "partition": entry.tp.partition,
+        "target": entry.target,
+    }
     before = dict(previous or {})
     if before.get("phase") in FINISHED:
         return {**before, **base}
     if m is not None:
         row = {
-            **base, "source": m.source if m.source is not None else -1, "phase": m.phase.value,
-            "startTime": now_iso(m.started), "endTime": now_iso(m.finished) if m.finished else None,
+            **base,
+            "source": m.source if m.source is not None else -1,
+            "phase": m.phase.value,
+            "startTime": now_iso(m.started),
+            "endTime": now_iso(m.finished) if m.finished else None,
             "unavailableMs": round(m.unavailable_s * 1000) if m.unavailable_s is not None else None,
             "message": m.reason or None,
-        }  # fmt: skip
+        }
         earlier = before.get("startTime")
         if earlier:  # reported by an earlier operator: the row's start does not move
             if earlier < row["startTime"]:  # the new tracker timed the move from the restart
@@ -179,8 +215,11 @@ def reassignment_row(
 def summary(rows: Sequence[Mapping[str, Any]]) -> tuple[str, bool, str]:
     """(overall phase, finished, a one-line account) of a reassignment's rows."""
     count = {p: sum(1 for r in rows if r.get("phase") == p) for p in FINISHED}
-    done, cancelled, failed = (count[Phase.DONE.value], count[Phase.CANCELLED.value],
-                               count[Phase.FAILED.value])  # fmt: skip
+    done, cancelled, failed = (
+        count[Phase.DONE.value],
+        count[Phase.CANCELLED.value],
+        count[Phase.FAILED.value],
+    )
     finished = done + cancelled + failed == len(rows)
     if not finished:
         overall = "Running"
@@ -196,7 +235,10 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> tuple[str, bool, str]:
     if failed:
         text += f", {failed} failed"
         # the reasons, so that `kubectl get` (the Message column) says why
-        why = [f"{r.get('topic')}-{r.get('partition')}: {r.get('message') or 'no reason given'}"
-               for r in rows if r.get("phase") == Phase.FAILED.value]  # fmt: skip
+        why = [
+            f"{r.get('topic')}-{r.get('partition')}: {r.get('message') or 'no reason given'}"
+            for r in rows
+            if r.get("phase") == Phase.FAILED.value
+        ]
         text += " (" + "; ".join(why[:5]) + ("; ..." if len(why) > 5 else "") + ")"
     return overall, finished, text

@@ -108,8 +108,11 @@ async def apply_annotation(
 ) -> None:
     """One attempt (the timer calls it every second while the annotation is there)."""
     wish = target.wish
-    ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": target.kind,
-           "metadata": {"name": target.resource, "uid": uid}}  # fmt: skip
+    ref = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": target.kind,
+        "metadata": {"name": target.resource, "uid": uid},
+    }
     controller = rt.controller
     if controller is None or wish.kafka_name not in (
         controller.metadata.static_topics if target.static else controller.metadata.topics
@@ -118,15 +121,26 @@ async def apply_annotation(
     try:
         chosen = parse_partitions(value, target.count(), target.noun)
     except InvalidValue as exc:
-        await _refuse(rt, target, ref, value, "InvalidAnnotation",
-                      f'{ACCEPT_ANNOTATION}="{value}" ignored: {exc}')  # fmt: skip
+        await _refuse(
+            rt,
+            target,
+            ref,
+            value,
+            "InvalidAnnotation",
+            f'{ACCEPT_ANNOTATION}="{value}" ignored: {exc}',
+        )
         return
     topic, partitions = target.controller_call(chosen)
     accept = getattr(controller, "accept_data_loss", None)
     if accept is None:
-        await _refuse(rt, target, ref, value, "DataLossNotAccepted",
-                      f'{ACCEPT_ANNOTATION}="{value}" not applied: this controller cannot accept '
-                      "data loss")  # fmt: skip
+        await _refuse(
+            rt,
+            target,
+            ref,
+            value,
+            "DataLossNotAccepted",
+            f'{ACCEPT_ANNOTATION}="{value}" not applied: this controller cannot accept data loss',
+        )
         return
     if partitions == []:
         recovered: list[int] = []
@@ -134,25 +148,41 @@ async def apply_annotation(
         try:
             recovered = await accept(topic, partitions)
         except Exception as exc:  # a foreign store, the topic gone...
-            await _refuse(rt, target, ref, value, "DataLossNotAccepted",
-                          f'{ACCEPT_ANNOTATION}="{value}" not applied: {exc}')  # fmt: skip
+            await _refuse(
+                rt,
+                target,
+                ref,
+                value,
+                "DataLossNotAccepted",
+                f'{ACCEPT_ANNOTATION}="{value}" not applied: {exc}',
+            )
             return
     wish.annotation_error = None
     await rt.kube.remove_annotation(target.plural, target.resource, ACCEPT_ANNOTATION)
     if recovered:
-        log.warning("%s %s: data loss accepted for %s of %s (annotation %s=%r)", target.kind,
-                    target.resource, naming(recovered), topic, ACCEPT_ANNOTATION, value)  # fmt: skip
+        log.warning(
+            "%s %s: data loss accepted for %s of %s (annotation %s=%r)",
+            target.kind,
+            target.resource,
+            naming(recovered),
+            topic,
+            ACCEPT_ANNOTATION,
+            value,
+        )
         if not target.static:  # the DataLossAccepted Event now (static topics: their timer)
             await rt.publish()
     else:
         which = "" if chosen is None else f" among {naming(chosen, target.noun)}"
-        await rt.kube.event(ref, "NothingToAccept",
-                            f'{ACCEPT_ANNOTATION}="{value}": no lost {target.noun}{which}; '
-                            "annotation removed")  # fmt: skip
+        await rt.kube.event(
+            ref,
+            "NothingToAccept",
+            f'{ACCEPT_ANNOTATION}="{value}": no lost {target.noun}{which}; annotation removed',
+        )
 
 
-async def _refuse(rt: OperatorRuntime, target: Target, ref: dict[str, Any], value: str,
-                  reason: str, message: str) -> None:  # fmt: skip
+async def _refuse(
+    rt: OperatorRuntime, target: Target, ref: dict[str, Any], value: str, reason: str, message: str
+) -> None:
     """Keep the annotation, say why in the Error condition and (once per value and reason)
     in a warning Event."""
     before = target.wish.annotation_error
@@ -180,8 +210,9 @@ async def accept_topic_data_loss(name: str, meta: Any, memo: Any, **_: Any) -> N
     await _on_timer("topics", name, meta, memo)
 
 
-@kopf.timer(GROUP, VERSION, "statictopics", interval=1.0,
-            annotations={ACCEPT_ANNOTATION: kopf.PRESENT})  # fmt: skip
+@kopf.timer(
+    GROUP, VERSION, "statictopics", interval=1.0, annotations={ACCEPT_ANNOTATION: kopf.PRESENT}
+)
 async def accept_static_topic_data_loss(name: str, meta: Any, memo: Any, **_: Any) -> None:
     await _on_timer("statictopics", name, meta, memo)
 

@@ -84,8 +84,14 @@ ACCEPT_ANNOTATION = "tidalmq.io/accept-data-loss"
 def condition(
     kind: str, status: bool, reason: str, message: str, generation: int | None
 ) -> dict[str, Any]:
-    return {"type": kind, "status": "True" if status else "False", "reason": reason,
-            "message": message, "lastTransitionTime": now_iso(), "observedGeneration": generation}  # fmt: skip
+    return {
+        "type": kind,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now_iso(),
+        "observedGeneration": generation,
+    }
 
 
 def merge_conditions(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -205,15 +211,17 @@ class OperatorRuntime:
         controller = Controller(
             self.metadata_log,
             ControllerSettings(
-                heartbeat_interval_s=s.heartbeat_interval_s, lease_s=s.lease_s,
-                session_timeout_s=s.session_timeout_s, election_timeout_s=s.election_timeout_s,
+                heartbeat_interval_s=s.heartbeat_interval_s,
+                lease_s=s.lease_s,
+                session_timeout_s=s.session_timeout_s,
+                election_timeout_s=s.election_timeout_s,
                 offsets_topic_partitions=s.offsets_topic_partitions,
                 transaction_state_partitions=s.transaction_state_partitions,
                 max_moves_per_broker=s.max_moves_per_broker,
             ),
             topic_data_deleter=functools.partial(delete_topic_data, store) if store else None,
             object_store=store,
-        )  # fmt: skip
+        )
         while True:
             try:
                 await controller.start()
@@ -272,13 +280,20 @@ class OperatorRuntime:
             log.info("controller stopped on this replica")
 
     async def _metadata_lost(self, why: str, reason: str = "MetadataLost") -> None:
-        log.error("%s: %s; the controller does not start (looking again in %ds)", reason, why,
-                  METADATA_RETRY_S)  # fmt: skip
+        log.error(
+            "%s: %s; the controller does not start (looking again in %ds)",
+            reason,
+            why,
+            METADATA_RETRY_S,
+        )
         METADATA_LOST.set(1 if reason == "MetadataLost" else 0)
         assert self.metadata_log is not None
         await self.metadata_log.condition("Ready", False, reason, why)
-        involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "ClusterState",
-                    "metadata": {"name": self.settings.cluster_state_name}}  # fmt: skip
+        involved = {
+            "apiVersion": "tidalmq.io/v1alpha1",
+            "kind": "ClusterState",
+            "metadata": {"name": self.settings.cluster_state_name},
+        }
         try:
             await self.kube.event(involved, reason, why, warning=True, at=time.time())
         except Exception as exc:
@@ -323,8 +338,11 @@ class OperatorRuntime:
     # ------------------------------------------------------------------ publishing
     def _on_controller_event(self, reason: str, message: str, fields: dict[str, Any]) -> None:
         warning = reason in ("BrokerDead", "BrokerFenced") or bool(fields.get("warning"))
-        involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "ClusterState",
-                    "metadata": {"name": self.settings.cluster_state_name}}  # fmt: skip
+        involved = {
+            "apiVersion": "tidalmq.io/v1alpha1",
+            "kind": "ClusterState",
+            "metadata": {"name": self.settings.cluster_state_name},
+        }
         task = asyncio.create_task(
             self.kube.event(involved, reason, message, warning=warning, at=time.time())
         )
@@ -357,23 +375,35 @@ class OperatorRuntime:
                 self._availability_key, self._full_at = key, now
             dirty, self._dirty = self._dirty, set()
             for wish in list(self.topics.values()):
-                stamp = (wish.kafka_name, wish.partitions, wish.generation, wish.error,
-                         wish.annotation_error)  # fmt: skip
+                stamp = (
+                    wish.kafka_name,
+                    wish.partitions,
+                    wish.generation,
+                    wish.error,
+                    wish.annotation_error,
+                )
                 name = wish.kafka_name
-                if not (full or name in dirty or name in self._settling
-                        or self._stamps.get(wish.resource) != stamp):  # fmt: skip
+                if not (
+                    full
+                    or name in dirty
+                    or name in self._settling
+                    or self._stamps.get(wish.resource) != stamp
+                ):
                     continue
                 self._stamps[wish.resource] = stamp
                 status = self._topic_status(meta, wish, av)
-                if any(c["type"] == "Reconciling" and c["status"] == "True"
-                       for c in status.get("conditions", [])):  # fmt: skip
+                if any(
+                    c["type"] == "Reconciling" and c["status"] == "True"
+                    for c in status.get("conditions", [])
+                ):
                     self._settling.add(name)
                 else:
                     self._settling.discard(name)
                 await self.watch_losses("topics", wish.resource, "partition")
                 await self._patch("topics", wish.resource, status)
-                await self.announce_losses("topics", wish.resource, wish.uid, wish.kafka_name,
-                                           status, "partition")  # fmt: skip
+                await self.announce_losses(
+                    "topics", wish.resource, wish.uid, wish.kafka_name, status, "partition"
+                )
             active, recent = controller.move_statuses()
             for run in list(self.reassignments.values()):
                 if run.finished:
@@ -441,8 +471,9 @@ class OperatorRuntime:
             return out
         for i, part in enumerate(info.partitions):
             waited = self.leaderless_for(topic, i, part.leader == NO_LEADER, av.now)
-            problem = partition_problem(i, part, av.meta, av.not_alive, waited,
-                                        self.leaderless_grace_s)  # fmt: skip
+            problem = partition_problem(
+                i, part, av.meta, av.not_alive, waited, self.leaderless_grace_s
+            )
             if problem is not None:
                 out[i] = problem
         return out
@@ -461,8 +492,15 @@ class OperatorRuntime:
             reason, message = wish.annotation_error
             conditions.append(condition("Error", True, reason, message, gen))
         if topic is None:
-            conditions.append(condition("Ready", False, wish.error[0] if wish.error else "Creating",
-                                        "the topic does not exist yet", gen))  # fmt: skip
+            conditions.append(
+                condition(
+                    "Ready",
+                    False,
+                    wish.error[0] if wish.error else "Creating",
+                    "the topic does not exist yet",
+                    gen,
+                )
+            )
             status["conditions"] = conditions
             return status
         problems = self.problems_of(wish.kafka_name, av) if av is not None else {}
@@ -471,15 +509,29 @@ class OperatorRuntime:
         listed = (
             range(count)
             if count <= MAX_STATUS_ROWS
-            else sorted({*problems, *(i for i, p in enumerate(topic.partitions)
-                                      if p.moving or p.leader == NO_LEADER)})[:MAX_STATUS_ROWS]
-        )  # fmt: skip
+            else sorted(
+                {
+                    *problems,
+                    *(
+                        i
+                        for i, p in enumerate(topic.partitions)
+                        if p.moving or p.leader == NO_LEADER
+                    ),
+                }
+            )[:MAX_STATUS_ROWS]
+        )
         parts = []
         for i in listed:
             p = topic.partitions[i]
-            parts.append({"partition": i, "broker": p.leader if p.leader != NO_LEADER else None,
-                          "epoch": p.leader_epoch, "moving": p.moving,
-                          **row_fields(problems.get(i), store_problem)})  # fmt: skip
+            parts.append(
+                {
+                    "partition": i,
+                    "broker": p.leader if p.leader != NO_LEADER else None,
+                    "epoch": p.leader_epoch,
+                    "moving": p.moving,
+                    **row_fields(problems.get(i), store_problem),
+                }
+            )
         status.update(topicId=topic.topic_id, partitionCount=count, partitions=parts)
         leaderless = sum(1 for p in topic.partitions if p.leader == NO_LEADER)
         moving = sum(1 for p in topic.partitions if p.moving)
@@ -493,13 +545,23 @@ class OperatorRuntime:
         if wish.error is None and wish.annotation_error is None:
             conditions.append(condition("Error", False, "None", "", gen))
         if leaderless or moving:
-            conditions.append(condition("Reconciling", True, "PartitionsMoving",
-                                        f"{moving} moving, {leaderless} without a leader", gen))  # fmt: skip
+            conditions.append(
+                condition(
+                    "Reconciling",
+                    True,
+                    "PartitionsMoving",
+                    f"{moving} moving, {leaderless} without a leader",
+                    gen,
+                )
+            )
         else:
             conditions.append(condition("Reconciling", False, "Settled", "", gen))
         v = verdict(problems.values(), store_problem)
-        conditions.append(condition("Degraded", v.degraded, v.reason if v.degraded else "AllServed",
-                                    v.message, gen))  # fmt: skip
+        conditions.append(
+            condition(
+                "Degraded", v.degraded, v.reason if v.degraded else "AllServed", v.message, gen
+            )
+        )
         ready = (
             wish.error is None and not v.degraded and not leaderless and count == wish.partitions
         )
@@ -513,14 +575,24 @@ class OperatorRuntime:
             reason, message = "PartitionsMoving", f"{leaderless} partitions without a leader"
         conditions.append(condition("Ready", ready, reason, message, gen))
         status["conditions"] = conditions
-        set_gauges("Topic", wish.resource, wish.kafka_name, problems.values(),
-                   v.reason if v.degraded else None)  # fmt: skip
+        set_gauges(
+            "Topic",
+            wish.resource,
+            wish.kafka_name,
+            problems.values(),
+            v.reason if v.degraded else None,
+        )
         return status
 
     async def announce_losses(
-        self, plural: str, resource: str, uid: str | None, topic: str, status: dict[str, Any],
+        self,
+        plural: str,
+        resource: str,
+        uid: str | None,
+        topic: str,
+        status: dict[str, Any],
         noun: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Events on the resource for what its status now says compared with what was
         announced: `DataLost` (warning) once per newly lost partition, `DataLossAccepted`
         (warning: offsets were given up) when a lost one serves again, `StoreLost` (warning)
@@ -531,8 +603,11 @@ class OperatorRuntime:
         lost = lost_in(status, noun)
         store_problem = store_problem_in(status)
         kind = "Topic" if plural == "topics" else "StaticTopic"
-        ref = {"apiVersion": "tidalmq.io/v1alpha1", "kind": kind,
-               "metadata": {"name": resource, "uid": uid}}  # fmt: skip
+        ref = {
+            "apiVersion": "tidalmq.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": resource, "uid": uid},
+        }
         new = {i: p for i, p in lost.items() if i not in watch.lost}
         if new:
             missing = sum(p.missing_offsets for p in new.values())
@@ -540,10 +615,12 @@ class OperatorRuntime:
                 f"{noun} {p.partition}: offsets {p.found_end} to {(p.expected_end or 0) - 1} "
                 f"missing ({p.missing_offsets}; {p.why or 'data missing'})"
                 for p in sorted(new.values(), key=lambda p: p.partition)[:20]
-            )  # fmt: skip
-            message = (f"{topic}: data lost in {naming(new, noun)}, {missing} acknowledged offsets "
-                       f"missing: {detail}. The {noun}s refuse to serve until the loss is accepted "
-                       f"(annotate {kind} {resource} with {ACCEPT_ANNOTATION}=true)")  # fmt: skip
+            )
+            message = (
+                f"{topic}: data lost in {naming(new, noun)}, {missing} acknowledged offsets "
+                f"missing: {detail}. The {noun}s refuse to serve until the loss is accepted "
+                f"(annotate {kind} {resource} with {ACCEPT_ANNOTATION}=true)"
+            )
             await self.kube.event(ref, DATA_LOST, message, warning=True)
         # served again: a row without the loss (not a row gone with its topic)
         rows = status.get("partitions" if noun == "partition" else "queues") or []
@@ -555,15 +632,18 @@ class OperatorRuntime:
                 f"{noun} {p.partition}: offsets {p.found_end} to {(p.expected_end or 0) - 1} "
                 f"given up, continues at {p.expected_end}"
                 for p in sorted(gone.values(), key=lambda p: p.partition)[:20]
-            )  # fmt: skip
-            message = (f"{topic}: loss accepted for {naming(gone, noun)}, {given_up} offsets given "
-                       f"up: {detail}")  # fmt: skip
+            )
+            message = (
+                f"{topic}: loss accepted for {naming(gone, noun)}, {given_up} offsets given "
+                f"up: {detail}"
+            )
             await self.kube.event(ref, "DataLossAccepted", message, warning=True)
         if store_problem and not watch.store_problem:
             await self.kube.event(ref, STORE_LOST, f"{topic}: {store_problem}", warning=True)
         elif watch.store_problem and not store_problem:
-            await self.kube.event(ref, "StoreRecovered",
-                                  f"{topic}: the object store is this cluster's again")  # fmt: skip
+            await self.kube.event(
+                ref, "StoreRecovered", f"{topic}: the object store is this cluster's again"
+            )
         watch.lost = {**{i: p for i, p in watch.lost.items() if i not in shown}, **lost}
         watch.store_problem = store_problem
 
@@ -596,9 +676,12 @@ class OperatorRuntime:
         return live is not None and live.open_partitions.get(tp) == epoch
 
     async def _reassignment_status(
-        self, run: ReassignmentRun, active: list[MoveStatus], recent: list[MoveStatus],
+        self,
+        run: ReassignmentRun,
+        active: list[MoveStatus],
+        recent: list[MoveStatus],
         meta: ClusterMetadata,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """The status of one tracked reassignment (rows and Events: progress.py's rules)."""
         by_tp_active = {m.tp: m for m in active}
         by_tp_recent: dict[TopicPartition, MoveStatus] = {}
@@ -609,39 +692,70 @@ class OperatorRuntime:
         for entry in run.entries:
             m = by_tp_active.get(entry.tp) or by_tp_recent.get(entry.tp)
             topic = meta.topics.get(entry.tp.topic)
-            part = (topic.partitions[entry.tp.partition]
-                    if topic is not None and entry.tp.partition < len(topic.partitions) else None)  # fmt: skip
+            part = (
+                topic.partitions[entry.tp.partition]
+                if topic is not None and entry.tp.partition < len(topic.partitions)
+                else None
+            )
             opened = None
             if m is None and part is not None and part.leader == entry.target:
                 opened = self._reports_open(entry.target, entry.tp, part.leader_epoch)
-            row = reassignment_row(entry, m, run.rows.get(entry.tp), part,
-                                   cancel_requested=run.cancel_requested, opened=opened,
-                                   seen_unopened=entry.tp in run.unopened, now=time.time())  # fmt: skip
+            row = reassignment_row(
+                entry,
+                m,
+                run.rows.get(entry.tp),
+                part,
+                cancel_requested=run.cancel_requested,
+                opened=opened,
+                seen_unopened=entry.tp in run.unopened,
+                now=time.time(),
+            )
             if opened is False:
                 run.unopened.add(entry.tp)
             run.rows[entry.tp] = row
             for step in steps_to_emit(m, row["phase"], run.emitted.get(entry.tp), str(entry.tp)):
-                await self._event(run, f"Partition{step.phase}", step.message, at=step.at,
-                                  warning=step.phase == Phase.FAILED.value)  # fmt: skip
+                await self._event(
+                    run,
+                    f"Partition{step.phase}",
+                    step.message,
+                    at=step.at,
+                    warning=step.phase == Phase.FAILED.value,
+                )
                 run.emitted[entry.tp] = step.phase
             rows.append(row)
         overall, finished, account = summary(rows)
         done = sum(1 for r in rows if r["phase"] == Phase.DONE.value)
         status: dict[str, Any] = {
-            "phase": overall, "progress": f"{done}/{len(rows)}", "partitions": rows,
-            "observedGeneration": run.generation, "startTime": now_iso(run.submitted),
-            "conditions": [*run.conditions, condition("Complete", finished, overall, account, run.generation)],
-        }  # fmt: skip
+            "phase": overall,
+            "progress": f"{done}/{len(rows)}",
+            "partitions": rows,
+            "observedGeneration": run.generation,
+            "startTime": now_iso(run.submitted),
+            "conditions": [
+                *run.conditions,
+                condition("Complete", finished, overall, account, run.generation),
+            ],
+        }
         if finished:
             status["completionTime"] = now_iso()
             run.finished = True
             await self._event(run, overall, account, warning=overall == "Failed")
         return status
 
-    async def _event(self, run: ReassignmentRun, reason: str, message: str, *,
-                     at: float | None = None, warning: bool = False) -> None:  # fmt: skip
-        involved = {"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-                    "metadata": {"name": run.resource, "uid": run.uid}}  # fmt: skip
+    async def _event(
+        self,
+        run: ReassignmentRun,
+        reason: str,
+        message: str,
+        *,
+        at: float | None = None,
+        warning: bool = False,
+    ) -> None:
+        involved = {
+            "apiVersion": "tidalmq.io/v1alpha1",
+            "kind": "PartitionReassignment",
+            "metadata": {"name": run.resource, "uid": run.uid},
+        }
         await self.kube.event(involved, reason, message, at=at, warning=warning)
 
 
@@ -657,9 +771,14 @@ def lost_in(status: dict[str, Any], noun: str) -> dict[int, Problem]:
     for row in status.get(key) or []:
         if row.get("lost"):
             i = int(row[field_name])
-            out[i] = Problem(i, DATA_LOST, missing_offsets=int(row.get("missingOffsets") or 0),
-                             expected_end=row.get("expectedEnd"), found_end=row.get("foundEnd"),
-                             why=str(row.get("lostReason") or ""))  # fmt: skip
+            out[i] = Problem(
+                i,
+                DATA_LOST,
+                missing_offsets=int(row.get("missingOffsets") or 0),
+                expected_end=row.get("expectedEnd"),
+                found_end=row.get("foundEnd"),
+                why=str(row.get("lostReason") or ""),
+            )
     return out
 
 
@@ -677,8 +796,9 @@ def store_problem_in(status: dict[str, Any]) -> str | None:
 _GAUGED: dict[tuple[str, str], tuple[str, str | None]] = {}
 
 
-def set_gauges(kind: str, resource: str, topic: str, problems: Iterable[Problem],
-               reason: str | None) -> None:  # fmt: skip
+def set_gauges(
+    kind: str, resource: str, topic: str, problems: Iterable[Problem], reason: str | None
+) -> None:
     """The operator's metrics of one resource: its lost partitions and its Degraded reason."""
     lost = sum(1 for p in problems if p.kind == DATA_LOST)
     before = _GAUGED.get((kind, resource))

@@ -91,9 +91,14 @@ async def reconcile_static_topic(spec: Any, name: str, meta: Any, memo: Any, **_
     generation = meta.get("generation")
     kafka_name = spec.get("topicName") or name
     previous = wishes.get(name)
-    wish = StaticTopicWish(name, kafka_name, int(spec.get("totalQueues") or 0), generation,
-                           uid=meta.get("uid"),
-                           annotation_error=previous.annotation_error if previous else None)  # fmt: skip
+    wish = StaticTopicWish(
+        name,
+        kafka_name,
+        int(spec.get("totalQueues") or 0),
+        generation,
+        uid=meta.get("uid"),
+        annotation_error=previous.annotation_error if previous else None,
+    )
     wishes[name] = wish
     try:
         parsed: StaticTopicSpec = parse(StaticTopicSpec, spec)
@@ -111,10 +116,16 @@ async def reconcile_static_topic(spec: Any, name: str, meta: Any, memo: Any, **_
         if kafka_name not in controller.metadata.static_topics:
             if kafka_name in controller.metadata.topics:
                 raise StaticTopicError(f"a topic named {kafka_name!r} exists and is not static")
-            await manager.create(kafka_name, parsed.total_queues, brokers=parsed.brokers,
-                                 configs=configs)  # fmt: skip
-        await manager.update(kafka_name, total_queues=parsed.total_queues,
-                             brokers=parsed.brokers, configs=configs, pins=pins)  # fmt: skip
+            await manager.create(
+                kafka_name, parsed.total_queues, brokers=parsed.brokers, configs=configs
+            )
+        await manager.update(
+            kafka_name,
+            total_queues=parsed.total_queues,
+            brokers=parsed.brokers,
+            configs=configs,
+            pins=pins,
+        )
         wish.error = None
     except TotalQueuesFixed as exc:
         wish.error = ("TotalQueuesImmutable", str(exc))
@@ -143,8 +154,9 @@ async def publish_static_topic(rt: OperatorRuntime, wish: StaticTopicWish) -> No
     status = static_topic_status_of(controller, wish, rt)
     await rt.watch_losses(PLURAL, wish.resource, "logic queue")
     await rt._patch(PLURAL, wish.resource, status)
-    await rt.announce_losses(PLURAL, wish.resource, wish.uid, wish.kafka_name, status,
-                             "logic queue")  # fmt: skip
+    await rt.announce_losses(
+        PLURAL, wish.resource, wish.uid, wish.kafka_name, status, "logic queue"
+    )
 
 
 def queue_problems(rt: OperatorRuntime, name: str, av: Availability) -> dict[int, Problem]:
@@ -167,10 +179,15 @@ def queue_problems(rt: OperatorRuntime, name: str, av: Availability) -> dict[int
                 if loss is not None:
                     lost.append(loss)
         if lost:
-            out[q] = Problem(q, DATA_LOST, lost[0].broker,
-                             "; ".join(sorted({x.reason for x in lost})),
-                             sum(x.missing_offsets for x in lost),
-                             max(x.expected_end for x in lost), min(x.found_end for x in lost))  # fmt: skip
+            out[q] = Problem(
+                q,
+                DATA_LOST,
+                lost[0].broker,
+                "; ".join(sorted({x.reason for x in lost})),
+                sum(x.missing_offsets for x in lost),
+                max(x.expected_end for x in lost),
+                min(x.found_end for x in lost),
+            )
             continue
         writable = view.leader(q)
         why = broker_state(meta, av.not_alive, writable.broker) if writable is not None else None
@@ -209,23 +226,33 @@ def static_topic_status_of(
     store_problem = av.store_problem if av is not None else None
     status["epoch"] = d["epoch"]
     status["queues"] = [
-        {**{k: q[k] for k in ("queue", "broker", "gen", "items", "logicOffset")},
-         **row_fields(unserved.get(q["queue"]), store_problem)}
+        {
+            **{k: q[k] for k in ("queue", "broker", "gen", "items", "logicOffset")},
+            **row_fields(unserved.get(q["queue"]), store_problem),
+        }
         for q in d["queues"]
-    ]  # fmt: skip
+    ]
     status["mapping"] = d["mapping"]
     leaderless = [q["queue"] for q in d["queues"] if q["leader"] < 0]
     disagreement = "; ".join(d["problems"] + d["ignored"])  # what the copies' epoch check says
     if not d["consistent"]:
         conditions.append(condition("Reconciling", True, "CopiesDisagree", disagreement, gen))
     elif d["busy"] or leaderless:
-        conditions.append(condition("Reconciling", True, "Remapping",
-                                    f"logic queues without a leader: {leaderless}", gen))  # fmt: skip
+        conditions.append(
+            condition(
+                "Reconciling",
+                True,
+                "Remapping",
+                f"logic queues without a leader: {leaderless}",
+                gen,
+            )
+        )
     else:
         conditions.append(condition("Reconciling", False, "Settled", "", gen))
     v = verdict(unserved.values(), store_problem, "logic queue")
-    conditions.append(condition("Degraded", v.degraded, v.reason if v.degraded else "AllServed",
-                                v.message, gen))  # fmt: skip
+    conditions.append(
+        condition("Degraded", v.degraded, v.reason if v.degraded else "AllServed", v.message, gen)
+    )
     ready = d["consistent"] and not leaderless and not v.degraded
     if ready:
         reason, message = "Serving", f"{d['totalQueues']} logic queues served, epoch {d['epoch']}"
@@ -237,8 +264,13 @@ def static_topic_status_of(
         reason, message = "Remapping", f"logic queues without a leader: {leaderless}"
     conditions.append(condition("Ready", ready, reason, message, gen))
     status["conditions"] = conditions
-    set_gauges("StaticTopic", wish.resource, wish.kafka_name, unserved.values(),
-               v.reason if v.degraded else None)  # fmt: skip
+    set_gauges(
+        "StaticTopic",
+        wish.resource,
+        wish.kafka_name,
+        unserved.values(),
+        v.reason if v.degraded else None,
+    )
     return status
 
 

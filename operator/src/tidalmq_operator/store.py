@@ -72,8 +72,11 @@ class ClusterStateLog:
             loaded.snapshot = snapshots.encode_bytes(meta)
             loaded.snapshot_version = meta.version
             self._legacy = True
-            log.info("metadata: reading the ClusterState's document (version %d) as the first "
-                     "snapshot of the metadata log", meta.version)  # fmt: skip
+            log.info(
+                "metadata: reading the ClusterState's document (version %d) as the first "
+                "snapshot of the metadata log",
+                meta.version,
+            )
         head = int(pointer.get("head", 0))
         if loaded.head < head:
             raise MetadataLost(
@@ -112,14 +115,19 @@ class ClusterStateLog:
             f"ClusterState {self._name} keeps changing; could not claim epoch {epoch}"
         )
 
-    async def _replace(self, obj: dict[str, Any], annotations: dict[str, str],
-                       spec: dict[str, Any] | None = None) -> None:  # fmt: skip
+    async def _replace(
+        self, obj: dict[str, Any], annotations: dict[str, str], spec: dict[str, Any] | None = None
+    ) -> None:
         """Replace the resource as read, with these annotations (and spec), naming the
         resourceVersion read: raises Conflict if it changed meanwhile."""
         meta = dict(obj["metadata"])
         meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterState", "metadata": meta,
-                "spec": spec if spec is not None else (obj.get("spec") or {})}  # fmt: skip
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ClusterState",
+            "metadata": meta,
+            "spec": spec if spec is not None else (obj.get("spec") or {}),
+        }
         await self._kube.replace(PLURAL, self._name, body)
 
     async def append(self, batch: Batch) -> None:
@@ -155,13 +163,17 @@ class ClusterStateLog:
                 raise LogConflict(f"ClusterState {self._name} was claimed by another controller")
             pointer = _pointer(obj)
             spec = dict(obj.get("spec") or {})
-            if (int(pointer.get("head", 0)) >= self._head
-                    and int(pointer.get("snapshot", 0)) >= self._snapshot
-                    and not (drop_document and "document" in spec)):  # fmt: skip
+            if (
+                int(pointer.get("head", 0)) >= self._head
+                and int(pointer.get("snapshot", 0)) >= self._snapshot
+                and not (drop_document and "document" in spec)
+            ):
                 return
-            new = {"head": max(self._head, int(pointer.get("head", 0))),
-                   "snapshot": max(self._snapshot, int(pointer.get("snapshot", 0))),
-                   "prefix": self.inner.prefix}  # fmt: skip
+            new = {
+                "head": max(self._head, int(pointer.get("head", 0))),
+                "snapshot": max(self._snapshot, int(pointer.get("snapshot", 0))),
+                "prefix": self.inner.prefix,
+            }
             if drop_document:
                 spec.pop("document", None)
             try:
@@ -180,8 +192,13 @@ class ClusterStateLog:
             since = (previous or {}).get("lastTransitionTime")
             if previous is None or previous.get("status") != flag or since is None:
                 since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            old[kind] = {"type": kind, "status": flag, "reason": reason, "message": message[:1000],
-                         "lastTransitionTime": since}  # fmt: skip
+            old[kind] = {
+                "type": kind,
+                "status": flag,
+                "reason": reason,
+                "message": message[:1000],
+                "lastTransitionTime": since,
+            }
             await self._kube.patch_status(PLURAL, self._name, {"conditions": list(old.values())})
         except Exception as exc:  # cosmetic: the log and the Event say it too
             log.debug("ClusterState condition not updated: %s", exc)
@@ -189,10 +206,16 @@ class ClusterStateLog:
     async def status(self, meta: ClusterMetadata) -> None:
         """The printer columns (cosmetic: failures are ignored)."""
         try:
-            await self._kube.patch_status(PLURAL, self._name, {
-                "version": meta.version, "controllerEpoch": meta.controller_epoch,
-                "brokers": len(meta.live_brokers()), "topics": len(meta.topics),
-            })  # fmt: skip
+            await self._kube.patch_status(
+                PLURAL,
+                self._name,
+                {
+                    "version": meta.version,
+                    "controllerEpoch": meta.controller_epoch,
+                    "brokers": len(meta.live_brokers()),
+                    "topics": len(meta.topics),
+                },
+            )
         except Exception as exc:
             log.debug("ClusterState status not updated: %s", exc)
 

@@ -115,9 +115,14 @@ class Cluster:
 
     def patch(self, plural: str, name: str, patch: list[dict[str, Any]]) -> None:
         self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, plural, name, patch,
+            GROUP,
+            VERSION,
+            self.namespace,
+            plural,
+            name,
+            patch,
             _content_type="application/json-patch+json",
-        )  # fmt: skip
+        )
 
     def get(self, plural: str, name: str) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException

@@ -62,12 +62,23 @@ def _runtime(memo: Any) -> OperatorRuntime:
 
 
 def _ref(name: str, uid: str | None) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "User",
-            "metadata": {"name": name, "uid": uid}}  # fmt: skip
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "User",
+        "metadata": {"name": name, "uid": uid},
+    }
 
 
-async def _set_status(rt: OperatorRuntime, name: str, gen: int | None, ready: bool, reason: str,
-                      message: str, current: Any = None, **fields: Any) -> None:  # fmt: skip
+async def _set_status(
+    rt: OperatorRuntime,
+    name: str,
+    gen: int | None,
+    ready: bool,
+    reason: str,
+    message: str,
+    current: Any = None,
+    **fields: Any,
+) -> None:
     """Patch the User's status; nothing when `current` (the status read with the resource)
     says the same already. lastTransitionTime moves only when Ready's status does."""
     new = condition("Ready", ready, reason, message, gen)
@@ -84,8 +95,9 @@ async def _set_status(rt: OperatorRuntime, name: str, gen: int | None, ready: bo
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-async def reconcile_user(spec: Any, name: str, meta: Any, memo: Any, status: Any = None,
-                         **_: Any) -> None:  # fmt: skip
+async def reconcile_user(
+    spec: Any, name: str, meta: Any, memo: Any, status: Any = None, **_: Any
+) -> None:
     await _reconcile_user(spec, name, meta, memo, status)
 
 
@@ -115,18 +127,30 @@ async def _reconcile_user(spec: Any, name: str, meta: Any, memo: Any, status: An
             raise kopf.TemporaryError(f"{exc.reason}: {exc}", delay=RETRY_REFUSED_S) from exc
     how = user.mechanism or "TLS client certificate"
     message = f"{how} credentials in Secret {name}; {len(desired)} ACL bindings"
-    await _set_status(rt, name, gen, True, "Ready", message, status, secret=name,
-                      username=name, principal=users.principal_of(name))  # fmt: skip
+    await _set_status(
+        rt,
+        name,
+        gen,
+        True,
+        "Ready",
+        message,
+        status,
+        secret=name,
+        username=name,
+        principal=users.principal_of(name),
+    )
     if changed:
         await rt.kube.event(ref, "CredentialsWritten", f"{how} credentials in Secret {name}")
     if not diff.empty:
-        await rt.kube.event(ref, "AclsUpdated",
-                            f"{len(diff.create)} ACL bindings added, {len(diff.delete)} removed")  # fmt: skip
+        await rt.kube.event(
+            ref, "AclsUpdated", f"{len(diff.create)} ACL bindings added, {len(diff.delete)} removed"
+        )
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_S, initial_delay=RESYNC_S)
-async def resync_user(spec: Any, name: str, meta: Any, memo: Any, status: Any = None,
-                      **_: Any) -> None:  # fmt: skip
+async def resync_user(
+    spec: Any, name: str, meta: Any, memo: Any, status: Any = None, **_: Any
+) -> None:
     """Level-based repair of drift, every RESYNC_S: bindings of the principal added or removed
     with kafka-acls, a password changed in the Secret spec.authentication.password names, a
     certificate coming due, the User's Secret deleted by hand. The same reconcile, which writes
@@ -157,8 +181,13 @@ def _owned_by(secret: dict[str, Any], uid: str | None) -> bool:
     return any(r.get("uid") == uid for r in refs)
 
 
-async def _write_secret(rt: OperatorRuntime, name: str, uid: str | None,
-                        existing: dict[str, Any] | None, data: dict[str, str]) -> bool:  # fmt: skip
+async def _write_secret(
+    rt: OperatorRuntime,
+    name: str,
+    uid: str | None,
+    existing: dict[str, Any] | None,
+    data: dict[str, str],
+) -> bool:
     """Create or update the User's Secret; False when it already holds exactly `data`."""
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "User", "name": name, "uid": uid}
     body = users.secret_body(name, rt.kube.namespace, owner, data)
@@ -166,14 +195,18 @@ async def _write_secret(rt: OperatorRuntime, name: str, uid: str | None,
         await rt.kube.create_secret(body)
         return True
     if not _owned_by(existing, uid):
-        raise UserNotReady("SecretExists", f"Secret {name} exists and does not belong to this "
-                           "User: delete or rename it")  # fmt: skip
+        raise UserNotReady(
+            "SecretExists",
+            f"Secret {name} exists and does not belong to this User: delete or rename it",
+        )
     if users.decoded(existing.get("data")) == data:
         return False
     # a strategic merge patch: keys of another authentication type are removed (null)
     stale = {k: None for k in (existing.get("data") or {}) if k not in data}
-    await rt.kube.patch_secret(name, {"data": {**body["data"], **stale},
-                                      "metadata": {"labels": body["metadata"]["labels"]}})  # fmt: skip
+    await rt.kube.patch_secret(
+        name,
+        {"data": {**body["data"], **stale}, "metadata": {"labels": body["metadata"]["labels"]}},
+    )
     return True
 
 
@@ -184,13 +217,16 @@ async def _password(rt: OperatorRuntime, user: users.UserSpec, existing: dict[st
     secret = await _read_secret(rt, ref.name)
     data = users.decoded((secret or {}).get("data"))
     if ref.key not in data or not data[ref.key]:
-        raise UserNotReady("PasswordSecretMissing",
-                           f"spec.authentication.password: Secret {ref.name} has no key {ref.key!r}")  # fmt: skip
+        raise UserNotReady(
+            "PasswordSecretMissing",
+            f"spec.authentication.password: Secret {ref.name} has no key {ref.key!r}",
+        )
     return data[ref.key]
 
 
-async def _alter_scram(controller: Any, deletions: list[ScramDeletion],
-                       upsertions: list[ScramUpsertion]) -> None:  # fmt: skip
+async def _alter_scram(
+    controller: Any, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]
+) -> None:
     if not deletions and not upsertions:
         return
     results, _ = await controller.alter_scram_credentials(deletions, upsertions)
@@ -201,13 +237,16 @@ async def _alter_scram(controller: Any, deletions: list[ScramDeletion],
         )
 
 
-async def _reconcile_credentials(rt: OperatorRuntime, controller: Any, name: str,
-                                 uid: str | None, user: users.UserSpec) -> bool:  # fmt: skip
+async def _reconcile_credentials(
+    rt: OperatorRuntime, controller: Any, name: str, uid: str | None, user: users.UserSpec
+) -> bool:
     """The user's credential in the cluster and its Secret; True when anything was written."""
     secret = await _read_secret(rt, name)
     if secret is not None and not _owned_by(secret, uid):
-        raise UserNotReady("SecretExists", f"Secret {name} exists and does not belong to this "
-                           "User: delete or rename it")  # fmt: skip
+        raise UserNotReady(
+            "SecretExists",
+            f"Secret {name} exists and does not belong to this User: delete or rename it",
+        )
     existing = users.decoded((secret or {}).get("data"))
     stored = dict(controller.metadata.scram_credentials.get(name, {}))
     mech_name = user.mechanism
@@ -221,8 +260,9 @@ async def _reconcile_credentials(rt: OperatorRuntime, controller: Any, name: str
             scram.password_matches, mech, credential, password
         ):
             salt = secrets.token_bytes(32)
-            salted = await asyncio.to_thread(scram.hi, password.encode(), salt,
-                                             scram.DEFAULT_ITERATIONS, mech.hash)  # fmt: skip
+            salted = await asyncio.to_thread(
+                scram.hi, password.encode(), salt, scram.DEFAULT_ITERATIONS, mech.hash
+            )
             upsertions.append(
                 ScramUpsertion(name, mech.type, scram.DEFAULT_ITERATIONS, salt, salted)
             )
@@ -254,12 +294,21 @@ async def _clients_ca(rt: OperatorRuntime) -> users.KeyPair:
                 raise UserNotReady("ClientsCaInvalid", f"Secret {name} needs tls.crt and tls.key")
             return users.KeyPair(data["tls.key"].encode(), data["tls.crt"].encode())
         ca = await asyncio.to_thread(users.new_clients_ca)
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-                "metadata": {"name": name, "namespace": rt.kube.namespace,
-                             "labels": {"app.kubernetes.io/managed-by": "tidalmq-operator"}},
-                "data": {"tls.crt": base64.b64encode(ca.cert_pem).decode(),
-                         "tls.key": base64.b64encode(ca.key_pem).decode(),
-                         "ca.crt": base64.b64encode(ca.cert_pem).decode()}}  # fmt: skip
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {
+                "name": name,
+                "namespace": rt.kube.namespace,
+                "labels": {"app.kubernetes.io/managed-by": "tidalmq-operator"},
+            },
+            "data": {
+                "tls.crt": base64.b64encode(ca.cert_pem).decode(),
+                "tls.key": base64.b64encode(ca.key_pem).decode(),
+                "ca.crt": base64.b64encode(ca.cert_pem).decode(),
+            },
+        }
         try:
             await rt.kube.create_secret(body)
             log.info("generated the clients CA in Secret %s", name)
@@ -270,8 +319,7 @@ async def _clients_ca(rt: OperatorRuntime) -> users.KeyPair:
 
 
 # ---------------------------------------------------------------------------- ACLs
-async def _reconcile_acls(controller: Any, name: str,
-                          desired: list[AclBinding]) -> users.AclDiff:  # fmt: skip
+async def _reconcile_acls(controller: Any, name: str, desired: list[AclBinding]) -> users.AclDiff:
     current = users.bindings_of_principal(controller.metadata.acls, users.principal_of(name))
     diff = users.acl_diff(desired, current)
     if diff.delete:
@@ -281,8 +329,11 @@ async def _reconcile_acls(controller: Any, name: str,
             raise UserNotReady("AclRefused", "; ".join(str(m) for m in refused))
     if diff.create:
         created, _ = await controller.create_acls(diff.create)
-        refused = [f"{b}: {r.error_message}" for b, r in zip(diff.create, created, strict=True)
-                   if r.error_code]  # fmt: skip
+        refused = [
+            f"{b}: {r.error_message}"
+            for b, r in zip(diff.create, created, strict=True)
+            if r.error_code
+        ]
         if refused:
             raise UserNotReady("AclRefused", "; ".join(refused))
     return diff

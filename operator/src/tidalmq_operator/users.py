@@ -174,8 +174,15 @@ def bindings_of(name: str, user: UserSpec) -> list[AclBinding]:
                 raise SpecError(
                     f"{where}.operations: {text} does not apply to a {rule.resource.type}"
                 )
-            binding = AclBinding(rtype, resource_name, PATTERN_TYPES[rule.resource.pattern_type],
-                                 principal_of(name), rule.host, op, PERMISSIONS[rule.type])  # fmt: skip
+            binding = AclBinding(
+                rtype,
+                resource_name,
+                PATTERN_TYPES[rule.resource.pattern_type],
+                principal_of(name),
+                rule.host,
+                op,
+                PERMISSIONS[rule.type],
+            )
             out[binding] = None
     return list(out)
 
@@ -195,8 +202,10 @@ def acl_diff(desired: list[AclBinding], current: list[AclBinding]) -> AclDiff:
     """What to create and delete so that the principal's bindings are exactly `desired`."""
     have = set(current)
     want = set(desired)
-    return AclDiff(create=[b for b in desired if b not in have],
-                   delete=[b for b in dict.fromkeys(current) if b not in want])  # fmt: skip
+    return AclDiff(
+        create=[b for b in desired if b not in have],
+        delete=[b for b in dict.fromkeys(current) if b not in want],
+    )
 
 
 def bindings_of_principal(acls: dict[str, AclBinding], principal: str) -> list[AclBinding]:
@@ -205,8 +214,9 @@ def bindings_of_principal(acls: dict[str, AclBinding], principal: str) -> list[A
 
 def exact_filter(b: AclBinding) -> AclBindingFilter:
     """A DeleteAcls filter that matches this one binding and nothing else."""
-    return AclBindingFilter(b.resource_type, b.name, b.pattern_type, b.principal, b.host,
-                            b.operation, b.permission)  # fmt: skip
+    return AclBindingFilter(
+        b.resource_type, b.name, b.pattern_type, b.principal, b.host, b.operation, b.permission
+    )
 
 
 def principal_filter(principal: str) -> AclBindingFilter:
@@ -226,8 +236,10 @@ def jaas_config(user: str, password: str) -> str:
     def quoted(s: str) -> str:
         return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
-    return (f"org.apache.kafka.common.security.scram.ScramLoginModule required "
-            f"username={quoted(user)} password={quoted(password)};")  # fmt: skip
+    return (
+        f"org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f"username={quoted(user)} password={quoted(password)};"
+    )
 
 
 def scram_secret_data(user: str, mechanism: str, password: str) -> dict[str, str]:
@@ -251,13 +263,27 @@ def tls_secret_data(user: str, key_pem: bytes, cert_pem: bytes, ca_pem: bytes) -
     }
 
 
-def secret_body(name: str, namespace: str, owner: dict[str, Any], data: dict[str, str],
-                labels: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+def secret_body(
+    name: str,
+    namespace: str,
+    owner: dict[str, Any],
+    data: dict[str, str],
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """A Secret owned by the User (ownerReferences: it is deleted with it)."""
-    labels = {"app.kubernetes.io/managed-by": "tidalmq-operator", "tidalmq.io/user": name,
-              **(labels or {})}  # fmt: skip
-    owner_ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["name"],
-                 "uid": owner["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    labels = {
+        "app.kubernetes.io/managed-by": "tidalmq-operator",
+        "tidalmq.io/user": name,
+        **(labels or {}),
+    }
+    owner_ref = {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["name"],
+        "uid": owner["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -284,8 +310,9 @@ class KeyPair:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())  # fmt: skip
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _validity(days: int) -> tuple[datetime.datetime, datetime.datetime]:
@@ -299,17 +326,31 @@ def new_clients_ca(common_name: str = "TidalMQ clients CA") -> KeyPair:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     start, end = _validity(CA_DAYS)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(start).not_valid_after(end)
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
-    )  # fmt: skip
+    )
     return KeyPair(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
 
 
@@ -324,19 +365,25 @@ def issue_client_cert(ca: KeyPair, user: str, days: int = CERT_DAYS) -> KeyPair:
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, user)]))
-        .issuer_name(ca_cert.subject).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
-                       critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
+            critical=False,
+        )
         .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     return KeyPair(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
 
 
-def cert_still_good(cert_pem: str, ca_pem: bytes, user: str,
-                    now: datetime.datetime | None = None) -> bool:  # fmt: skip
+def cert_still_good(
+    cert_pem: str, ca_pem: bytes, user: str, now: datetime.datetime | None = None
+) -> bool:
     """Whether a User's certificate can be kept: CN=<user>, issued by this CA, not due."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem.encode())

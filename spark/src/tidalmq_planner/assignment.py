@@ -34,10 +34,13 @@ def from_bootstrap(
     from confluent_kafka.admin import AdminClient
     from tidalmq_core.client_properties import from_file
 
-    admin = AdminClient({
-        "bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000),
-        **from_file(command_config).librdkafka(),
-    })  # fmt: skip
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "socket.timeout.ms": int(timeout_s * 1000),
+            **from_file(command_config).librdkafka(),
+        }
+    )
     meta = admin.list_topics(timeout=timeout_s)
     assignment: Assignment = {}
     for name, topic in meta.topics.items():

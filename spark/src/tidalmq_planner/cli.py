@@ -31,8 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     options(p)
     # --output as every tidalmq command has it (the broker's cli_args, which the planner may not
     # import); --json is its older name
-    p.add_argument("--output", choices=("text", "json"), default="text",
-                   help="text for people, json for scripts (keys: see below)")  # fmt: skip
+    p.add_argument(
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="text for people, json for scripts (keys: see below)",
+    )
     p.add_argument("--json", action="store_true", help="the same as --output json")
     p.set_defaults(handler=_run)
 

@@ -98,9 +98,13 @@ def history_frame(
     shards = req.shards or (1 if partitions <= 1000 else 10 if partitions <= 20_000 else 100)
     rate_window = parse_duration(req.rate_window) if req.rate_window else max(2 * grid.step, 60)
     tasks = prometheus.plan_tasks(
-        req.prometheus, grid, rate_window_s=rate_window, topics=req.topics, shards=shards,
+        req.prometheus,
+        grid,
+        rate_window_s=rate_window,
+        topics=req.topics,
+        shards=shards,
         points_per_chunk=req.chunk_points,
-    )  # fmt: skip
+    )
     log.warning("fetching %d range-query chunks from %s as Spark tasks", len(tasks), req.prometheus)
     task_df = spark.createDataFrame(prometheus.tasks_frame(tasks)).repartition(len(tasks))
     chunks = task_df.mapInPandas(prometheus.fetch_batches, prometheus.CHUNK_SPARK_SCHEMA)
@@ -192,9 +196,14 @@ def balance(
         wanted = set(req.topics)
         movable = [tp for tp in assignment if tp.topic in wanted]
     plan = balance_load(
-        assignment, load, brokers, threshold=req.threshold, floor=req.floor,
-        max_moves=req.max_moves, movable=movable,
-    )  # fmt: skip
+        assignment,
+        load,
+        brokers,
+        threshold=req.threshold,
+        floor=req.floor,
+        max_moves=req.max_moves,
+        movable=movable,
+    )
     if plan.cap[0] > req.threshold + 1e-9 or plan.cap[1] > req.threshold + 1e-9:
         notes.append(
             f"one partition alone is above the threshold: the best reachable max/mean is "
@@ -211,7 +220,10 @@ def project(
 ) -> list[BrokerProjection]:
     """Per-broker load before and after: the balanced statistic (sum over partitions) and the
     busiest hour of the summed hourly profiles (the daily seasonality)."""
-    index = {(str(t), int(p)): i for i, (t, p) in enumerate(zip(profiles["topic"], profiles["partition"], strict=True))}  # fmt: skip
+    index = {
+        (str(t), int(p)): i
+        for i, (t, p) in enumerate(zip(profiles["topic"], profiles["partition"], strict=True))
+    }
     hourly = {
         m: np.stack(list(profiles[f"{m}_hourly"])) if len(profiles) else np.zeros((0, 24))
         for m in ("bytes_in", "bytes_out")
@@ -223,8 +235,11 @@ def project(
     for b in plan.brokers:
         rows = {}
         for label, assignment in (("before", current), ("after", plan.assignment)):
-            idx = [index[(tp.topic, tp.partition)] for tp, x in assignment.items()
-                   if x == b and (tp.topic, tp.partition) in index]  # fmt: skip
+            idx = [
+                index[(tp.topic, tp.partition)]
+                for tp, x in assignment.items()
+                if x == b and (tp.topic, tp.partition) in index
+            ]
             vals = {}
             for m in ("bytes_in", "bytes_out"):
                 vals[m] = float(stat_cols[m][idx].sum()) if idx else 0.0
@@ -256,8 +271,12 @@ def run(req: PlanRequest, spark: Any | None = None) -> PlanResult:
         )
     view = cluster_view(req, grid)
     timings["assignment"] = time.perf_counter() - started
-    log.warning("current assignment: %d partitions on brokers %s (from %s)",
-                len(view.assignment), view.brokers, view.source)  # fmt: skip
+    log.warning(
+        "current assignment: %d partitions on brokers %s (from %s)",
+        len(view.assignment),
+        view.brokers,
+        view.source,
+    )
 
     t = time.perf_counter()
     own = spark is None
@@ -307,12 +326,14 @@ def run(req: PlanRequest, spark: Any | None = None) -> PlanResult:
     timings["total"] = time.perf_counter() - started
     name = req.name or f"planned-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     written = write_outputs(
-        report, plan,
+        report,
+        plan,
         out=Path(req.out) if req.out else None,
         report_dir=Path(req.report_dir) if req.report_dir else None,
         yaml_path=Path(req.yaml) if req.yaml else None,
-        name=name, namespace=req.namespace,
-    )  # fmt: skip
+        name=name,
+        namespace=req.namespace,
+    )
     result = PlanResult(plan, report, profiles, written)
     if req.configmap:
         publish_configmap(req.configmap, req.namespace, result)
@@ -323,8 +344,11 @@ def run(req: PlanRequest, spark: Any | None = None) -> PlanResult:
 def main(argv: Sequence[str] | None = None) -> int:
     """spark-submit entry point (the master comes from spark-submit)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    parser = argparse.ArgumentParser(prog="tidalmq_planner.job", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="tidalmq_planner.job",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     options(parser)
     result = run(request_from_args(parser.parse_args(argv)))
     print(format_table(result.report), flush=True)

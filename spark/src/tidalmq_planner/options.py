@@ -53,32 +53,53 @@ def options(p: argparse.ArgumentParser) -> None:
     src.add_argument("--rate-window", help="rate() range (default max(2 x step, 1m))")
     src.add_argument("--topics", help="comma-separated: fetch and move only these topics")
     cur = p.add_argument_group("current assignment (default: from Prometheus or the history)")
-    cur.add_argument("--bootstrap-server", metavar="HOST:PORT", type=bootstrap_servers,
-                     help="read it from the cluster")  # fmt: skip
-    cur.add_argument("--command-config", metavar="FILE",
-                     help="with --bootstrap-server: Kafka client properties (security.protocol, "
-                          "SASL, PEM stores) for a TLS or SASL listener")  # fmt: skip
-    cur.add_argument("--controller-url", metavar="URL", type=http_url,
-                     help="read it from the controller")  # fmt: skip
+    cur.add_argument(
+        "--bootstrap-server",
+        metavar="HOST:PORT",
+        type=bootstrap_servers,
+        help="read it from the cluster",
+    )
+    cur.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="with --bootstrap-server: Kafka client properties (security.protocol, "
+        "SASL, PEM stores) for a TLS or SASL listener",
+    )
+    cur.add_argument(
+        "--controller-url", metavar="URL", type=http_url, help="read it from the controller"
+    )
     cur.add_argument("--assignment", metavar="FILE", help="a Kafka-format assignment JSON")
-    cur.add_argument("--brokers", type=id_list, metavar="IDS",
-                     help="comma-separated broker ids to balance onto")  # fmt: skip
+    cur.add_argument(
+        "--brokers", type=id_list, metavar="IDS", help="comma-separated broker ids to balance onto"
+    )
     goal = p.add_argument_group("goal")
-    goal.add_argument("--threshold", type=float, default=1.10,
-                      help="max broker load / mean to reach (default 1.1)")  # fmt: skip
-    goal.add_argument("--floor", type=float,
-                      help="min broker load / mean to reach (default 2 - threshold; 0: none)")  # fmt: skip
+    goal.add_argument(
+        "--threshold",
+        type=float,
+        default=1.10,
+        help="max broker load / mean to reach (default 1.1)",
+    )
+    goal.add_argument(
+        "--floor",
+        type=float,
+        help="min broker load / mean to reach (default 2 - threshold; 0: none)",
+    )
     goal.add_argument("--max-moves", type=int, help="move budget")
-    goal.add_argument("--statistic", choices=STATISTICS, default="mean",
-                      help="which load to balance (default mean)")  # fmt: skip
+    goal.add_argument(
+        "--statistic",
+        choices=STATISTICS,
+        default="mean",
+        help="which load to balance (default mean)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--out", metavar="FILE", help="the plan, Kafka's reassignment JSON")
     out.add_argument("--report-dir", metavar="DIR", help="report, chart, plan, rollback, YAML")
     out.add_argument("--yaml", metavar="FILE", help="the plan as a PartitionReassignment")
     out.add_argument("--name", default="", help="the PartitionReassignment's name")
     out.add_argument("--namespace", help="its namespace (and the ConfigMap's)")
-    out.add_argument("--configmap", metavar="NAME",
-                     help="(in a pod) write the result into this ConfigMap")  # fmt: skip
+    out.add_argument(
+        "--configmap", metavar="NAME", help="(in a pod) write the result into this ConfigMap"
+    )
     run_ = p.add_argument_group("spark")
     run_.add_argument("--master", help="Spark master (tidalmq plan: local[*])")
     run_.add_argument("--shards", type=int, default=0, help="partition shards per query (1/10/100)")
@@ -93,15 +114,31 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         return [int(x) for x in given.split(",") if x.strip()] if given else None
 
     return PlanRequest(
-        prometheus=args.prometheus, history=args.history, save_history=args.save_history,
-        window=args.window, step=args.step, end=args.end, rate_window=args.rate_window,
-        threshold=args.threshold, floor=args.floor, max_moves=args.max_moves,
+        prometheus=args.prometheus,
+        history=args.history,
+        save_history=args.save_history,
+        window=args.window,
+        step=args.step,
+        end=args.end,
+        rate_window=args.rate_window,
+        threshold=args.threshold,
+        floor=args.floor,
+        max_moves=args.max_moves,
         statistic=args.statistic,
         topics=[t.strip() for t in args.topics.split(",") if t.strip()] if args.topics else None,
-        bootstrap_server=args.bootstrap_server, command_config=args.command_config,
+        bootstrap_server=args.bootstrap_server,
+        command_config=args.command_config,
         controller_url=args.controller_url,
-        assignment_file=args.assignment, brokers=ints(args.brokers), out=args.out,
-        report_dir=args.report_dir, yaml=args.yaml, name=args.name, namespace=args.namespace,
-        configmap=args.configmap, master=args.master, shards=args.shards,
-        chunk_points=args.chunk_points, driver_memory=args.driver_memory,
-    )  # fmt: skip
+        assignment_file=args.assignment,
+        brokers=ints(args.brokers),
+        out=args.out,
+        report_dir=args.report_dir,
+        yaml=args.yaml,
+        name=args.name,
+        namespace=args.namespace,
+        configmap=args.configmap,
+        master=args.master,
+        shards=args.shards,
+        chunk_points=args.chunk_points,
+        driver_memory=args.driver_memory,
+    )

@@ -66,8 +66,13 @@ def summarize(values: np.ndarray, hours: np.ndarray) -> dict[str, np.ndarray]:
     hour_sum = (filled @ onehot).astype(np.float64)
     hour_count = present.astype(np.float32) @ onehot
     hourly = np.where(hour_count > 0, hour_sum / np.maximum(hour_count, 1), 0.0)
-    return {"mean": mean, "p95": p95, "peak": peak.astype(np.float64), "hourly": hourly,
-            "samples": counts}  # fmt: skip
+    return {
+        "mean": mean,
+        "p95": p95,
+        "peak": peak.astype(np.float64),
+        "hourly": hourly,
+        "samples": counts,
+    }
 
 
 def profile_frame(batch: pd.DataFrame) -> pd.DataFrame:

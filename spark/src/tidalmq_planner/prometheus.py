@@ -115,7 +115,13 @@ def fetch_chunk(task: ChunkTask, client: Any | None = None) -> pd.DataFrame:
         end_time=datetime.fromtimestamp(end, UTC),
         step=f"{task.step}s",
     )
-    rows: dict[str, list[Any]] = {"topic": [], "partition": [], "metric": [], "first": [], "values": []}  # fmt: skip
+    rows: dict[str, list[Any]] = {
+        "topic": [],
+        "partition": [],
+        "metric": [],
+        "first": [],
+        "values": [],
+    }
     for series in result:
         labels = series.get("metric", {})
         try:
@@ -143,8 +149,13 @@ def fetch_batches(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for record in records:
             task = ChunkTask(**record)
             frame = fetch_chunk(task)
-            log.info("fetched %s points %d+%d: %d series", task.metric, task.first,
-                     task.points, len(frame))  # fmt: skip
+            log.info(
+                "fetched %s points %d+%d: %d series",
+                task.metric,
+                task.first,
+                task.points,
+                len(frame),
+            )
             yield frame
 
 
@@ -158,8 +169,9 @@ def assemble(grid: Grid, assignment: dict[tuple[str, int], int]) -> Any:
     def build(frame: pd.DataFrame) -> pd.DataFrame:
         topic, partition = str(frame["topic"].iloc[0]), int(frame["partition"].iloc[0])
         arrays = {m: np.full(grid.points, np.nan, dtype=np.float32) for m in SERIES}
-        for metric, first, values in zip(frame["metric"], frame["first"], frame["values"],
-                                         strict=True):  # fmt: skip
+        for metric, first, values in zip(
+            frame["metric"], frame["first"], frame["values"], strict=True
+        ):
             v = np.asarray(values, dtype=np.float32)
             arrays[metric][int(first) : int(first) + v.size] = v
         return pd.DataFrame(

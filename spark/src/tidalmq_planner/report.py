@@ -211,8 +211,13 @@ def chart(report: Report, path: Path) -> Path:
         ax.bar([i + width / 2 for i in x], after, width, label="proposed", color="#4f81bd")
         mean = sum(after) / len(after) if after else 0.0
         ax.axhline(mean, color="black", linewidth=0.8, linestyle="--", label="mean")
-        ax.axhline(mean * report.cap[dim], color="grey", linewidth=0.8, linestyle=":",
-                   label=f"cap ({report.cap[dim]:.2f} x mean)")  # fmt: skip
+        ax.axhline(
+            mean * report.cap[dim],
+            color="grey",
+            linewidth=0.8,
+            linestyle=":",
+            label=f"cap ({report.cap[dim]:.2f} x mean)",
+        )
         ax.set_ylabel(f"{label}, {report.statistic} (MiB/s)")
         ax.set_title(
             f"{label}: max/mean {report.imbalance_before[dim]:.2f} -> {report.imbalance_after[dim]:.2f}"

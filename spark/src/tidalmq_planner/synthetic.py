@@ -89,7 +89,9 @@ def generate(spec: Spec, path: Path, batch: int = 256) -> Path:
             season = 1 + amps * np.sin(day_phase[None, :] - phases)
             season *= 1 - dips * weekend[None, :]
             noise = rng.lognormal(0.0, 0.15, size=(k, spec.points))
-            bursts = np.where(rng.random((k, spec.points)) < 0.002, rng.uniform(2, 5, (k, spec.points)), 1.0)  # fmt: skip
+            bursts = np.where(
+                rng.random((k, spec.points)) < 0.002, rng.uniform(2, 5, (k, spec.points)), 1.0
+            )
             bytes_in = (bases * season * noise * bursts).astype(np.float32)
             lag = rng.lognormal(0.0, 0.1, size=(k, spec.points))
             bytes_out = (bytes_in * fanouts * lag).astype(np.float32)

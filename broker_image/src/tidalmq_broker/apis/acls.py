@@ -51,10 +51,14 @@ def _refusal(broker: Broker, conn: Connection, op: AclOperation) -> tuple[ErrorC
 
 def _filter(f: Any) -> AclBindingFilter:
     return AclBindingFilter(
-        resource_type(f.resource_type_filter), f.resource_name_filter,
-        pattern_type(f.pattern_type_filter), f.principal_filter, f.host_filter,
-        operation(f.operation), permission_type(f.permission_type),
-    )  # fmt: skip
+        resource_type(f.resource_type_filter),
+        f.resource_name_filter,
+        pattern_type(f.pattern_type_filter),
+        f.principal_filter,
+        f.host_filter,
+        operation(f.operation),
+        permission_type(f.permission_type),
+    )
 
 
 @api(29, "DescribeAcls", 1, 3)
@@ -64,28 +68,43 @@ async def handle_describe_acls(broker: Broker, request: Request, conn: Connectio
         return _described(*refused)
     f = _filter(request.body)
     if f.unknown() is not None:
-        return _described(ErrorCode.invalid_request,
-                          "DescribeAclsRequest contains UNKNOWN elements")  # fmt: skip
+        return _described(
+            ErrorCode.invalid_request, "DescribeAclsRequest contains UNKNOWN elements"
+        )
     by_pattern: dict[tuple[ResourceType, str, PatternType], list[AclBinding]] = {}
     for _, binding in sorted(broker.metadata.acls.items()):
         if f.matches(binding):
             key = (binding.resource_type, binding.name, binding.pattern_type)
             by_pattern.setdefault(key, []).append(binding)
     resources = [
-        {"resource_type": rt, "resource_name": name, "pattern_type": pt, "acls": [
-            {"principal": b.principal, "host": b.host, "operation": b.operation,
-             "permission_type": b.permission} for b in bindings
-        ]}
+        {
+            "resource_type": rt,
+            "resource_name": name,
+            "pattern_type": pt,
+            "acls": [
+                {
+                    "principal": b.principal,
+                    "host": b.host,
+                    "operation": b.operation,
+                    "permission_type": b.permission,
+                }
+                for b in bindings
+            ],
+        }
         for (rt, name, pt), bindings in sorted(by_pattern.items())
-    ]  # fmt: skip
+    ]
     return _described(ErrorCode.none, None, resources)
 
 
 def _described(
     code: ErrorCode, message: str | None, resources: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    return {"throttle_time": 0, "error_code": code, "error_message": message,
-            "resources": resources or []}  # fmt: skip
+    return {
+        "throttle_time": 0,
+        "error_code": code,
+        "error_message": message,
+        "resources": resources or [],
+    }
 
 
 @api(30, "CreateAcls", 1, 3)
@@ -95,11 +114,17 @@ async def handle_create_acls(broker: Broker, request: Request, conn: Connection)
     if refused is not None:
         return _created([refused] * len(creations))
     bindings = [
-        AclBinding(resource_type(c.resource_type), c.resource_name,
-                   pattern_type(c.resource_pattern_type), c.principal, c.host,
-                   operation(c.operation), permission_type(c.permission_type))
+        AclBinding(
+            resource_type(c.resource_type),
+            c.resource_name,
+            pattern_type(c.resource_pattern_type),
+            c.principal,
+            c.host,
+            operation(c.operation),
+            permission_type(c.permission_type),
+        )
         for c in creations
-    ]  # fmt: skip
+    ]
     if not bindings:
         return _created([])
     try:
@@ -111,9 +136,10 @@ async def handle_create_acls(broker: Broker, request: Request, conn: Connection)
 
 
 def _created(results: list[tuple[ErrorCode, str | None]]) -> dict[str, Any]:
-    return {"throttle_time": 0, "results": [
-        {"error_code": code, "error_message": message} for code, message in results
-    ]}  # fmt: skip
+    return {
+        "throttle_time": 0,
+        "results": [{"error_code": code, "error_message": message} for code, message in results],
+    }
 
 
 @api(31, "DeleteAcls", 1, 3)
@@ -129,11 +155,16 @@ async def handle_delete_acls(broker: Broker, request: Request, conn: Connection)
     except Exception as exc:
         return _deleted([_filter_failed(error_code(exc), error_message(exc))] * len(filters))
     await broker.wait_metadata(version, _APPLIED_WAIT_S)
-    return _deleted([
-        {"error_code": ErrorCode(r.error_code), "error_message": r.error_message,
-         "matching_acls": [_matching(b) for b in r.deleted]}
-        for r in results
-    ])  # fmt: skip
+    return _deleted(
+        [
+            {
+                "error_code": ErrorCode(r.error_code),
+                "error_message": r.error_message,
+                "matching_acls": [_matching(b) for b in r.deleted],
+            }
+            for r in results
+        ]
+    )
 
 
 def _filter_failed(code: ErrorCode, message: str | None) -> dict[str, Any]:
@@ -141,9 +172,17 @@ def _filter_failed(code: ErrorCode, message: str | None) -> dict[str, Any]:
 
 
 def _matching(b: AclBinding) -> dict[str, Any]:
-    return {"error_code": ErrorCode.none, "error_message": None, "resource_type": b.resource_type,
-            "resource_name": b.name, "pattern_type": b.pattern_type, "principal": b.principal,
-            "host": b.host, "operation": b.operation, "permission_type": b.permission}  # fmt: skip
+    return {
+        "error_code": ErrorCode.none,
+        "error_message": None,
+        "resource_type": b.resource_type,
+        "resource_name": b.name,
+        "pattern_type": b.pattern_type,
+        "principal": b.principal,
+        "host": b.host,
+        "operation": b.operation,
+        "permission_type": b.permission,
+    }
 
 
 def _deleted(results: list[dict[str, Any]]) -> dict[str, Any]:

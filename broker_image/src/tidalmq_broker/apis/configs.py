@@ -117,9 +117,12 @@ FIXED_BROKER_CONFIGS = {
 SENSITIVE_CONFIGS = frozenset({"ssl.key.password"})
 # the list configs APPEND and SUBTRACT apply to (the static broker ones cannot be altered)
 _LIST_TOPIC_CONFIGS = frozenset(
-    {"cleanup.policy", "leader.replication.throttled.replicas",
-     "follower.replication.throttled.replicas"}
-)  # fmt: skip
+    {
+        "cleanup.policy",
+        "leader.replication.throttled.replicas",
+        "follower.replication.throttled.replicas",
+    }
+)
 # static settings Kafka reports with a null value (a default) when not set
 _UNSET_IS_NULL = frozenset(
     {"broker.rack", "ssl.keystore.location", "ssl.truststore.location", *SENSITIVE_CONFIGS}
@@ -160,13 +163,18 @@ def _entry(
     if sensitive:
         value, synonyms = None, [(None, s) for _, s in synonyms]
     return {
-        "name": name, "value": value, "read_only": read_only,
-        "is_default": source == DEFAULT_CONFIG, "config_source": source,
+        "name": name,
+        "value": value,
+        "read_only": read_only,
+        "is_default": source == DEFAULT_CONFIG,
+        "config_source": source,
         "is_sensitive": sensitive,
         "synonyms": [{"name": name, "value": v, "source": s} for v, s in synonyms]
-        if include_synonyms else [],
-        "config_type": _config_type(name), "documentation": None,
-    }  # fmt: skip
+        if include_synonyms
+        else [],
+        "config_type": _config_type(name),
+        "documentation": None,
+    }
 
 
 def _topic_configs(topic: TopicInfo, include_synonyms: bool) -> list[dict[str, Any]]:
@@ -177,9 +185,16 @@ def _topic_configs(topic: TopicInfo, include_synonyms: bool) -> list[dict[str, A
         source = DYNAMIC_TOPIC_CONFIG if overridden else DEFAULT_CONFIG
         synonyms: list[tuple[str | None, int]] = [(value, source)] if overridden else []
         synonyms.append((TOPIC_CONFIG_DEFAULTS[name], DEFAULT_CONFIG))
-        out.append(_entry(name, value, source, synonyms,
-                          read_only=name in READ_ONLY_TOPIC_CONFIGS or name in fixed,
-                          include_synonyms=include_synonyms))  # fmt: skip
+        out.append(
+            _entry(
+                name,
+                value,
+                source,
+                synonyms,
+                read_only=name in READ_ONLY_TOPIC_CONFIGS or name in fixed,
+                include_synonyms=include_synonyms,
+            )
+        )
     return out
 
 
@@ -203,11 +218,16 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
     cluster = meta.broker_configs.get(CLUSTER_DEFAULT, {})
     if scope == CLUSTER_DEFAULT:
         return [
-            _entry(name, value, DYNAMIC_DEFAULT_BROKER_CONFIG,
-                   [(value, DYNAMIC_DEFAULT_BROKER_CONFIG)], read_only=False,
-                   include_synonyms=include_synonyms)
+            _entry(
+                name,
+                value,
+                DYNAMIC_DEFAULT_BROKER_CONFIG,
+                [(value, DYNAMIC_DEFAULT_BROKER_CONFIG)],
+                read_only=False,
+                include_synonyms=include_synonyms,
+            )
             for name, value in sorted(cluster.items())
-        ]  # fmt: skip
+        ]
     own = meta.broker_configs.get(scope, {})
     out: list[dict[str, Any]] = []
     value: str | None
@@ -220,19 +240,42 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
     for name in sorted({*configs, *FIXED_BROKER_CONFIGS}):
         if name in FIXED_BROKER_CONFIGS:
             value = FIXED_BROKER_CONFIGS[name]
-            out.append(_entry(name, value, DEFAULT_CONFIG, [(value, DEFAULT_CONFIG)],
-                              read_only=True, include_synonyms=include_synonyms))  # fmt: skip
+            out.append(
+                _entry(
+                    name,
+                    value,
+                    DEFAULT_CONFIG,
+                    [(value, DEFAULT_CONFIG)],
+                    read_only=True,
+                    include_synonyms=include_synonyms,
+                )
+            )
             continue
         if name not in DYNAMIC_BROKER_CONFIG_DEFAULTS:
             # static: read-only, as Kafka reports what only a restart changes
             value = configs[name]
             if name in _UNSET_IS_NULL and not value:
-                out.append(_entry(name, None, DEFAULT_CONFIG, [(None, DEFAULT_CONFIG)],
-                                  read_only=True, include_synonyms=include_synonyms))  # fmt: skip
+                out.append(
+                    _entry(
+                        name,
+                        None,
+                        DEFAULT_CONFIG,
+                        [(None, DEFAULT_CONFIG)],
+                        read_only=True,
+                        include_synonyms=include_synonyms,
+                    )
+                )
                 continue
-            out.append(_entry(name, value, STATIC_BROKER_CONFIG,
-                              [(value, STATIC_BROKER_CONFIG)], read_only=True,
-                              include_synonyms=include_synonyms))  # fmt: skip
+            out.append(
+                _entry(
+                    name,
+                    value,
+                    STATIC_BROKER_CONFIG,
+                    [(value, STATIC_BROKER_CONFIG)],
+                    read_only=True,
+                    include_synonyms=include_synonyms,
+                )
+            )
             continue
         synonyms: list[tuple[str | None, int]] = []
         if name in own:
@@ -241,8 +284,11 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
             synonyms.append((cluster[name], DYNAMIC_DEFAULT_BROKER_CONFIG))
         synonyms.append((DYNAMIC_BROKER_CONFIG_DEFAULTS[name], DEFAULT_CONFIG))
         value, source = synonyms[0]
-        out.append(_entry(name, value, source, synonyms, read_only=False,
-                          include_synonyms=include_synonyms))  # fmt: skip
+        out.append(
+            _entry(
+                name, value, source, synonyms, read_only=False, include_synonyms=include_synonyms
+            )
+        )
     return out
 
 
@@ -253,9 +299,13 @@ async def handle_describe_configs(broker: Broker, request: Request, conn: Connec
     results = []
     for res in body.resources:
         keys = set(res.configuration_keys) if res.configuration_keys else None
-        out: dict[str, Any] = {"resource_type": res.resource_type,
-                               "resource_name": res.resource_name, "configs": [],
-                               "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
+        out: dict[str, Any] = {
+            "resource_type": res.resource_type,
+            "resource_name": res.resource_name,
+            "configs": [],
+            "error_code": ErrorCode.none,
+            "error_message": None,
+        }
         configs: list[dict[str, Any]] = []
         refused = _refused(
             broker, conn, AclOperation.DESCRIBE_CONFIGS, res.resource_type, res.resource_name
@@ -321,9 +371,12 @@ async def _alter(
 ) -> list[dict[str, Any]]:
     responses = []
     for res in resources:
-        out: dict[str, Any] = {"resource_type": res.resource_type,
-                               "resource_name": res.resource_name,
-                               "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
+        out: dict[str, Any] = {
+            "resource_type": res.resource_type,
+            "resource_name": res.resource_name,
+            "error_code": ErrorCode.none,
+            "error_message": None,
+        }
         refused = _refused(
             broker, conn, AclOperation.ALTER_CONFIGS, res.resource_type, res.resource_name
         )
@@ -343,9 +396,11 @@ async def _alter(
             bad = bad or _fixed_config_change(topic, changes)
             if bad is None:
                 r = await broker.controller.alter_topic_configs(
-                    res.resource_name, changes, incremental=incremental,
+                    res.resource_name,
+                    changes,
+                    incremental=incremental,
                     validate_only=validate_only,
-                )  # fmt: skip
+                )
                 error = r.error
         elif res.resource_type == BROKER:
             changes, bad = _changes(res, {})
@@ -361,9 +416,11 @@ async def _alter(
                     pass
                 if error is None:
                     error = await broker.controller.alter_broker_configs(
-                        res.resource_name, changes, incremental=incremental,
+                        res.resource_name,
+                        changes,
+                        incremental=incremental,
                         validate_only=validate_only,
-                    )  # fmt: skip
+                    )
         else:
             bad = f"resource type {res.resource_type} cannot be altered: only topics and brokers"
             out["error_code"] = ErrorCode.invalid_request
@@ -413,11 +470,16 @@ def _config_resources(broker: Broker, conn: Connection, types: set[int]) -> list
     meta = broker.metadata
     out: list[dict[str, Any]] = []
     if BROKER in types:  # as Kafka: the brokers reachable on the client's listener
-        out += [{"resource_name": str(b["node_id"]), "resource_type": BROKER}
-                for b in brokers_body(meta, conn.listener)]  # fmt: skip
+        out += [
+            {"resource_name": str(b["node_id"]), "resource_type": BROKER}
+            for b in brokers_body(meta, conn.listener)
+        ]
     if TOPIC in types:  # every topic, Kafka's internal ones included (not our hidden queues)
-        out += [{"resource_name": t.name, "resource_type": TOPIC}
-                for t in sorted(meta.topics.values(), key=lambda t: t.name) if t.listed]  # fmt: skip
+        out += [
+            {"resource_name": t.name, "resource_type": TOPIC}
+            for t in sorted(meta.topics.values(), key=lambda t: t.name)
+            if t.listed
+        ]
     return out
 
 

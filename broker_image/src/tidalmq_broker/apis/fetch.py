@@ -63,9 +63,17 @@ READ_COMMITTED = 1  # isolation_level: only below the last stable offset (docs/t
 
 class _FetchPartition:
     __slots__ = (
-        "aborted", "error", "hw", "index", "lso", "max_bytes", "offset", "plog", "records",
+        "aborted",
+        "error",
+        "hw",
+        "index",
+        "lso",
+        "max_bytes",
+        "offset",
+        "plog",
+        "records",
         "topic",
-    )  # fmt: skip
+    )
 
     def __init__(self, topic: str, index: int, offset: int, max_bytes: int) -> None:
         self.topic = topic
@@ -139,11 +147,15 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
     for fp in parts:
         by_topic.setdefault(fp.topic, []).append(
             (
-                fp.index, fp.error.value, fp.hw, fp.lso,
+                fp.index,
+                fp.error.value,
+                fp.hw,
+                fp.lso,
                 fp.plog.log_start_offset if fp.plog else -1,
-                fp.aborted if fp.error == ErrorCode.none else None, fp.records,
+                fp.aborted if fp.error == ErrorCode.none else None,
+                fp.records,
             )
-        )  # fmt: skip
+        )
         if fp.records:
             broker.metrics.fetched(fp.topic, fp.index, len(fp.records))
     return encode_fetch_response(request.api_version, list(by_topic.items()))
@@ -215,8 +227,12 @@ async def handle_list_offsets(broker: Broker, request: Request, conn: Connection
             conn, AclOperation.DESCRIBE, ResourceType.TOPIC, topic.name
         )
         for p in topic.partitions:
-            out: dict[str, Any] = {"partition_index": p.partition_index, "timestamp": -1,
-                                   "offset": -1, "leader_epoch": -1}  # fmt: skip
+            out: dict[str, Any] = {
+                "partition_index": p.partition_index,
+                "timestamp": -1,
+                "offset": -1,
+                "leader_epoch": -1,
+            }
             if not described:
                 out["error_code"] = ErrorCode.topic_authorization_failed
                 partitions.append(out)
@@ -260,8 +276,9 @@ async def handle_offset_for_leader_epoch(broker: Broker, request: Request, conn:
     ends no earlier than the high watermark: its position is always valid."""
     topics = []
     authorizer = broker.authorizer
-    replica = authorizer.allows(conn, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER,
-                                CLUSTER_NAME)  # fmt: skip
+    replica = authorizer.allows(
+        conn, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME
+    )
     for topic in request.body.topics:
         partitions = []
         described = replica or authorizer.allows(
@@ -310,8 +327,10 @@ async def handle_delete_records(broker: Broker, request: Request, conn: Connecti
         if not broker.authorizer.allows(conn, AclOperation.DELETE, ResourceType.TOPIC, topic.name):
             refused = ErrorCode.topic_authorization_failed, None
         elif topic.name in INTERNAL_TOPICS:
-            refused = (ErrorCode.invalid_topic_exception,
-                       f"Cannot delete records of internal topic {topic.name}")  # fmt: skip
+            refused = (
+                ErrorCode.invalid_topic_exception,
+                f"Cannot delete records of internal topic {topic.name}",
+            )
         for p in topic.partitions:
             out: dict[str, Any] = {"partition_index": p.partition_index, "low_watermark": -1}
             if refused is not None:

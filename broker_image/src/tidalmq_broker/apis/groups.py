@@ -68,13 +68,25 @@ def _found(
             )
     else:
         return _find(broker, key, key_type, conn.listener)
-    return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": code,
-            "error_message": message}  # fmt: skip
+    return {
+        "key": key,
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+        "error_code": code,
+        "error_message": message,
+    }
 
 
 def _find(broker: Broker, key: str, key_type: int, listener: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"key": key, "node_id": -1, "host": "", "port": -1,
-                           "error_code": ErrorCode.none, "error_message": None}  # fmt: skip
+    out: dict[str, Any] = {
+        "key": key,
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+        "error_code": ErrorCode.none,
+        "error_message": None,
+    }
     if key_type not in (GROUP_KEY, TRANSACTION_KEY):
         out["error_code"] = ErrorCode.invalid_request
         out["error_message"] = f"TidalMQ has no coordinators of key type {key_type}"
@@ -136,14 +148,27 @@ def _shard(broker: Broker, group_id: str) -> GroupShard:
 async def handle_join_group(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
     if not _may(broker, conn, AclOperation.READ, _GROUP, b.group_id):
-        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed,
-                "generation_id": -1, "protocol_name": None, "leader": "", "member_id": "",
-                "members": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.group_authorization_failed,
+            "generation_id": -1,
+            "protocol_name": None,
+            "leader": "",
+            "member_id": "",
+            "members": [],
+        }
     try:
         shard = _shard(broker, b.group_id)
     except CoordinatorError as exc:
-        return {"throttle_time": 0, "error_code": exc.code, "generation_id": -1,
-                "protocol_name": None, "leader": "", "member_id": b.member_id, "members": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": exc.code,
+            "generation_id": -1,
+            "protocol_name": None,
+            "leader": "",
+            "member_id": b.member_id,
+            "members": [],
+        }
     session_ms = int(b.session_timeout.total_seconds() * 1000)
     rebalance = getattr(b, "rebalance_timeout", None)
     rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance is not None else session_ms
@@ -178,8 +203,11 @@ async def handle_join_group(broker: Broker, request: Request, conn: Connection) 
 async def handle_sync_group(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
     if not _may(broker, conn, AclOperation.READ, _GROUP, b.group_id):
-        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed,
-                "assignment": b""}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.group_authorization_failed,
+            "assignment": b"",
+        }
     try:
         shard = _shard(broker, b.group_id)
     except CoordinatorError as exc:
@@ -192,8 +220,13 @@ async def handle_sync_group(broker: Broker, request: Request, conn: Connection) 
         protocol_name=getattr(b, "protocol_name", None),
         assignments={a.member_id: a.assignment for a in b.assignments},
     )
-    return {"throttle_time": 0, "error_code": code, "protocol_type": ptype,
-            "protocol_name": pname, "assignment": assignment}  # fmt: skip
+    return {
+        "throttle_time": 0,
+        "error_code": code,
+        "protocol_type": ptype,
+        "protocol_name": pname,
+        "assignment": assignment,
+    }
 
 
 @api(12, "Heartbeat", 0, 4)
@@ -212,8 +245,11 @@ async def handle_heartbeat(broker: Broker, request: Request, conn: Connection) -
 async def handle_leave_group(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
     if not _may(broker, conn, AclOperation.READ, _GROUP, b.group_id):
-        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed,
-                "members": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.group_authorization_failed,
+            "members": [],
+        }
     if request.api_version >= 3:
         members = [(m.member_id, m.group_instance_id) for m in b.members]
     else:
@@ -247,8 +283,11 @@ async def handle_offset_commit(broker: Broker, request: Request, conn: Connectio
         for p in t.partitions:
             key = (t.name, p.partition_index)
             if not topic_ok:
-                refused[key] = (ErrorCode.topic_authorization_failed if group_ok
-                                else ErrorCode.group_authorization_failed)  # fmt: skip
+                refused[key] = (
+                    ErrorCode.topic_authorization_failed
+                    if group_ok
+                    else ErrorCode.group_authorization_failed
+                )
                 continue
             if topic is None or p.partition_index >= len(topic.partitions):
                 unknown.add(key)
@@ -281,8 +320,10 @@ async def handle_offset_commit(broker: Broker, request: Request, conn: Connectio
                     "error_code": codes[(t.name, p.partition_index)],
                 }
             )
-    return {"throttle_time": 0,
-            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip
+    return {
+        "throttle_time": 0,
+        "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
+    }
 
 
 def _fetch_group_offsets(
@@ -297,11 +338,25 @@ def _fetch_group_offsets(
     transaction answers UNSTABLE_OFFSET_COMMIT (the client retries) instead of the older one."""
     if not _may(broker, conn, AclOperation.DESCRIBE, _GROUP, group_id):
         # v1 has no error of its own: each partition named carries it
-        denied = [{"name": t.name, "partitions": [_offset_error(i, ErrorCode.group_authorization_failed)
-                                                  for i in t.partition_indexes]}
-                  for t in topics or ()] if version < 2 else []  # fmt: skip
-        return {"group_id": group_id, "topics": denied,
-                "error_code": ErrorCode.group_authorization_failed}  # fmt: skip
+        denied = (
+            [
+                {
+                    "name": t.name,
+                    "partitions": [
+                        _offset_error(i, ErrorCode.group_authorization_failed)
+                        for i in t.partition_indexes
+                    ],
+                }
+                for t in topics or ()
+            ]
+            if version < 2
+            else []
+        )
+        return {
+            "group_id": group_id,
+            "topics": denied,
+            "error_code": ErrorCode.group_authorization_failed,
+        }
     try:
         shard = _shard(broker, group_id)
     except CoordinatorError as exc:
@@ -319,8 +374,9 @@ def _fetch_group_offsets(
     found = shard.fetch_offsets(group_id, wanted)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for t in refused:
-        by_topic[t.name] = [_offset_error(i, ErrorCode.topic_authorization_failed)
-                            for i in t.partition_indexes]  # fmt: skip
+        by_topic[t.name] = [
+            _offset_error(i, ErrorCode.topic_authorization_failed) for i in t.partition_indexes
+        ]
     for (topic, partition), c in found.items():
         if wanted is None and not _may(broker, conn, AclOperation.DESCRIBE, _TOPIC, topic):
             continue  # every offset asked for: topics the client may not see are left out
@@ -329,18 +385,30 @@ def _fetch_group_offsets(
                 _offset_error(partition, ErrorCode.unstable_offset_commit)
             )
             continue
-        by_topic.setdefault(topic, []).append({
-            "partition_index": partition, "committed_offset": c.offset,
-            "committed_leader_epoch": c.leader_epoch, "metadata": c.metadata,
-            "error_code": ErrorCode.none,
-        })  # fmt: skip
-    return {"group_id": group_id, "error_code": ErrorCode.none,
-            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip
+        by_topic.setdefault(topic, []).append(
+            {
+                "partition_index": partition,
+                "committed_offset": c.offset,
+                "committed_leader_epoch": c.leader_epoch,
+                "metadata": c.metadata,
+                "error_code": ErrorCode.none,
+            }
+        )
+    return {
+        "group_id": group_id,
+        "error_code": ErrorCode.none,
+        "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
+    }
 
 
 def _offset_error(index: int, code: ErrorCode) -> dict[str, Any]:
-    return {"partition_index": index, "committed_offset": -1, "committed_leader_epoch": -1,
-            "metadata": "", "error_code": code}  # fmt: skip
+    return {
+        "partition_index": index,
+        "committed_offset": -1,
+        "committed_leader_epoch": -1,
+        "metadata": "",
+        "error_code": code,
+    }
 
 
 @api(9, "OffsetFetch", 1, 8)
@@ -349,10 +417,13 @@ async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection
     version = request.api_version
     stable = bool(getattr(b, "require_stable", False))
     if version >= 8:
-        return {"throttle_time": 0, "groups": [
-            _fetch_group_offsets(broker, conn, g.group_id, g.topics, version, stable)
-            for g in b.groups
-        ]}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "groups": [
+                _fetch_group_offsets(broker, conn, g.group_id, g.topics, version, stable)
+                for g in b.groups
+            ],
+        }
     one = _fetch_group_offsets(broker, conn, b.group_id, b.topics, version, stable)
     return {"throttle_time": 0, "topics": one["topics"], "error_code": one["error_code"]}
 
@@ -370,13 +441,18 @@ async def handle_list_groups(broker: Broker, request: Request, conn: Connection)
             for group in shard.list_groups():
                 if states and group.state.value.lower() not in states:
                     continue
-                if not every and not _may(broker, conn, AclOperation.DESCRIBE, _GROUP,
-                                          group.group_id):  # fmt: skip
+                if not every and not _may(
+                    broker, conn, AclOperation.DESCRIBE, _GROUP, group.group_id
+                ):
                     continue
-                groups.append({"group_id": group.group_id,
-                               "protocol_type": group.protocol_type or "",
-                               "group_state": group.state.value,
-                               "group_type": CLASSIC_GROUP_TYPE})  # fmt: skip
+                groups.append(
+                    {
+                        "group_id": group.group_id,
+                        "protocol_type": group.protocol_type or "",
+                        "group_state": group.state.value,
+                        "group_type": CLASSIC_GROUP_TYPE,
+                    }
+                )
     return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
 
 
@@ -385,9 +461,14 @@ async def handle_describe_groups(broker: Broker, request: Request, conn: Connect
     out = []
     operations = request.api_version >= 3 and request.body.include_authorized_operations
     for group_id in request.body.groups:
-        entry: dict[str, Any] = {"group_id": group_id, "group_state": GroupState.DEAD.value,
-                                 "protocol_type": "", "protocol_data": "", "members": [],
-                                 "error_code": ErrorCode.none}  # fmt: skip
+        entry: dict[str, Any] = {
+            "group_id": group_id,
+            "group_state": GroupState.DEAD.value,
+            "protocol_type": "",
+            "protocol_data": "",
+            "members": [],
+            "error_code": ErrorCode.none,
+        }
         if not _may(broker, conn, AclOperation.DESCRIBE, _GROUP, group_id):
             entry.update(group_state="", error_code=ErrorCode.group_authorization_failed)
             out.append(entry)
@@ -440,8 +521,11 @@ async def handle_delete_groups(broker: Broker, request: Request, conn: Connectio
 async def handle_offset_delete(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
     if not _may(broker, conn, AclOperation.DELETE, _GROUP, b.group_id):
-        return {"error_code": ErrorCode.group_authorization_failed, "throttle_time": 0,
-                "topics": []}  # fmt: skip
+        return {
+            "error_code": ErrorCode.group_authorization_failed,
+            "throttle_time": 0,
+            "topics": [],
+        }
     wanted = []
     refused: dict[tuple[str, int], ErrorCode] = {}
     for t in b.topics:
@@ -459,5 +543,8 @@ async def handle_offset_delete(broker: Broker, request: Request, conn: Connectio
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, partition), code in per.items():
         by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": code})
-    return {"error_code": top, "throttle_time": 0,
-            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip
+    return {
+        "error_code": top,
+        "throttle_time": 0,
+        "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
+    }

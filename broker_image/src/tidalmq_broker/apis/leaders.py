@@ -33,14 +33,24 @@ async def handle_elect_leaders(broker: Broker, request: Request, conn: Connectio
     if not broker.authorizer.allows(conn, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
         # as Kafka: ALTER on the cluster, refused for the request and each partition named
         denied = [
-            {"topic": t.topic, "partition_result": [
-                {"partition_id": i, "error_code": ErrorCode.cluster_authorization_failed,
-                 "error_message": "Cluster authorization failed."} for i in t.partitions
-            ]}
+            {
+                "topic": t.topic,
+                "partition_result": [
+                    {
+                        "partition_id": i,
+                        "error_code": ErrorCode.cluster_authorization_failed,
+                        "error_message": "Cluster authorization failed.",
+                    }
+                    for i in t.partitions
+                ],
+            }
             for t in body.topic_partitions or ()
-        ]  # fmt: skip
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "replica_election_results": denied}  # fmt: skip
+        ]
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "replica_election_results": denied,
+        }
     if body.topic_partitions is None:  # every partition (of the topics Metadata lists)
         wanted = [
             (name, list(range(len(topic.partitions))))

@@ -32,8 +32,11 @@ async def handle_describe_log_dirs(broker: Broker, request: Request, conn: Conne
     if not broker.authorizer.allows(
         conn, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME
     ):  # as Kafka: DESCRIBE on the cluster
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "results": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "results": [],
+        }
     wanted: dict[str, set[int]] | None = None
     if request.body.topics is not None:
         wanted = {}
@@ -48,9 +51,13 @@ async def handle_describe_log_dirs(broker: Broker, request: Request, conn: Conne
         except Exception:  # closed between leading() and here: not in this directory now
             continue
         by_topic.setdefault(tp.topic, []).append(
-            {"partition_index": tp.partition, "partition_size": size, "offset_lag": 0,
-             "is_future_key": False}
-        )  # fmt: skip
+            {
+                "partition_index": tp.partition,
+                "partition_size": size,
+                "offset_lag": 0,
+                "is_future_key": False,
+            }
+        )
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,

@@ -51,8 +51,16 @@ def brokers_body(meta: ClusterMetadata, listener: str = PLAINTEXT) -> list[dict[
         endpoint = b.endpoint(listener)
         if b.state == "dead" or endpoint is None:
             continue
-        out.append({"node_id": b.broker_id, "broker_id": b.broker_id, "host": endpoint.host,
-                    "port": endpoint.port, "rack": b.rack, "is_fenced": False})  # fmt: skip
+        out.append(
+            {
+                "node_id": b.broker_id,
+                "broker_id": b.broker_id,
+                "host": endpoint.host,
+                "port": endpoint.port,
+                "rack": b.rack,
+                "is_fenced": False,
+            }
+        )
     return out
 
 
@@ -155,8 +163,9 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
     if version < 4:
         allow_create = True
     allow_create = allow_create and broker.settings.auto_create_topics and not every
-    missing = [n for n, _ in wanted
-               if n not in meta.topics and not n.startswith("\0") and n not in denied]  # fmt: skip
+    missing = [
+        n for n, _ in wanted if n not in meta.topics and not n.startswith("\0") and n not in denied
+    ]
     creating: set[str] = set()  # answered LEADER_NOT_AVAILABLE until they are in the metadata
     if missing and allow_create:
         if not authorizer.allows(conn, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME):
@@ -193,8 +202,12 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
         if name in denied:
             # no id for a name, no name for an id: nothing the client may not see
             tname, tid = (None, by_id) if by_id else (name, _NULL_UUID)
-            topics.append([topic_head(version, denied[name].value, tname, tid.bytes, False, 0),
-                           topic_tail(version)])  # fmt: skip
+            topics.append(
+                [
+                    topic_head(version, denied[name].value, tname, tid.bytes, False, 0),
+                    topic_tail(version),
+                ]
+            )
             continue
         topic = meta.topics.get(name)
         ops = NO_OPERATIONS
@@ -224,9 +237,13 @@ async def handle_metadata(broker: Broker, request: Request, conn: Connection) ->
         (b["node_id"], b["host"], b["port"], b["rack"]) for b in brokers_body(meta, conn.listener)
     ]
     return encode_metadata_response(
-        version, brokers, meta.cluster_id, broker.controller_id_for_clients(), topics,
+        version,
+        brokers,
+        meta.cluster_id,
+        broker.controller_id_for_clients(),
+        topics,
         cluster_authorized_operations=cluster_operations,
-    )  # fmt: skip
+    )
 
 
 def _cluster_operations(broker: Broker, conn: Connection) -> int:
@@ -295,8 +312,11 @@ async def handle_describe_topic_partitions(
         }
     if cursor is not None:
         names = names[names.index(cursor.topic_name) :]
-    denied = [n for n in names
-              if not authorizer.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC, n)]  # fmt: skip
+    denied = [
+        n
+        for n in names
+        if not authorizer.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC, n)
+    ]
     if denied:
         names = [n for n in names if n not in set(denied)]
         if not body.topics:
@@ -335,5 +355,10 @@ async def handle_describe_topic_partitions(
 
 
 def _unknown_topic(name: str, code: ErrorCode) -> dict[str, Any]:
-    return {"error_code": code, "name": name, "topic_id": _NULL_UUID, "is_internal": False,
-            "partitions": []}  # fmt: skip
+    return {
+        "error_code": code,
+        "name": name,
+        "topic_id": _NULL_UUID,
+        "is_internal": False,
+        "partitions": [],
+    }

@@ -55,21 +55,34 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
         for topic in body.topic_data:
             for part in topic.partition_data:
                 entries.append(
-                    (topic.name, part.index, ErrorCode.transactional_id_authorization_failed,
-                     None, 0)
-                )  # fmt: skip
+                    (
+                        topic.name,
+                        part.index,
+                        ErrorCode.transactional_id_authorization_failed,
+                        None,
+                        0,
+                    )
+                )
     else:
         authorizer = broker.authorizer
         for topic in body.topic_data:
             if not authorizer.allows(conn, AclOperation.WRITE, ResourceType.TOPIC, topic.name):
                 for part in topic.partition_data:
-                    entries.append((topic.name, part.index,
-                                    ErrorCode.topic_authorization_failed, None, 0))  # fmt: skip
+                    entries.append(
+                        (topic.name, part.index, ErrorCode.topic_authorization_failed, None, 0)
+                    )
                 continue
             if topic.name in INTERNAL_TOPICS:
                 for part in topic.partition_data:
-                    entries.append((topic.name, part.index, ErrorCode.invalid_topic_exception,
-                                    f"Cannot append to internal topic {topic.name}", 0))  # fmt: skip
+                    entries.append(
+                        (
+                            topic.name,
+                            part.index,
+                            ErrorCode.invalid_topic_exception,
+                            f"Cannot append to internal topic {topic.name}",
+                            0,
+                        )
+                    )
                 continue
             info = broker.metadata.topics.get(topic.name)
             compacted = info is not None and "compact" in info.cleanup_policy()
@@ -112,9 +125,13 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             if not outcome.done():
                 outcome.add_done_callback(_log_failure)
                 answered: ProducePartition = (
-                    index, ErrorCode.request_timed_out.value, -1, -1, -1,
+                    index,
+                    ErrorCode.request_timed_out.value,
+                    -1,
+                    -1,
+                    -1,
                     "the append was not durable within the request timeout",
-                )  # fmt: skip
+                )
             elif outcome.exception() is not None:
                 failure = outcome.exception()
                 assert failure is not None
@@ -124,9 +141,13 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             else:
                 result = outcome.result()
                 answered = (
-                    index, 0, result.base_offset, result.log_append_time_ms,
-                    result.log_start_offset, message,
-                )  # fmt: skip
+                    index,
+                    0,
+                    result.base_offset,
+                    result.log_append_time_ms,
+                    result.log_start_offset,
+                    message,
+                )
                 if not result.duplicate:
                     broker.metrics.produced(
                         topic_name, index, size, result.last_offset - result.base_offset + 1

@@ -38,8 +38,12 @@ async def handle_init_producer_id(broker: Broker, request: Request, conn: Connec
     if body.transactional_id is not None and not authorizer.allows(
         conn, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id
     ):
-        return {"throttle_time": 0, "error_code": ErrorCode.transactional_id_authorization_failed,
-                "producer_id": -1, "producer_epoch": -1}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.transactional_id_authorization_failed,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
     if (
         body.transactional_id is None
         and not authorizer.allows(
@@ -47,8 +51,12 @@ async def handle_init_producer_id(broker: Broker, request: Request, conn: Connec
         )
         and not authorizer.allows_by_resource_type(conn, AclOperation.WRITE, ResourceType.TOPIC)
     ):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "producer_id": -1, "producer_epoch": -1}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
     if body.transactional_id is not None:
         return await _init_transactional(broker, request)
     current_id = getattr(body, "producer_id", -1)
@@ -56,15 +64,27 @@ async def handle_init_producer_id(broker: Broker, request: Request, conn: Connec
     if current_id >= 0 and 0 <= current_epoch < 32766:
         # KIP-360: a producer bumps its epoch to recover from a sequence error; the partitions
         # see the new epoch and expect sequences from 0 again
-        return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": current_id,
-                "producer_epoch": current_epoch + 1}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "producer_id": current_id,
+            "producer_epoch": current_epoch + 1,
+        }
     try:
         producer_id = await broker.controller.allocate_producer_id()
     except Exception as exc:
-        return {"throttle_time": 0, "error_code": error_code(exc), "producer_id": -1,
-                "producer_epoch": -1}  # fmt: skip
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": producer_id,
-            "producer_epoch": 0}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": error_code(exc),
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "producer_id": producer_id,
+        "producer_epoch": 0,
+    }
 
 
 async def _init_transactional(broker: Broker, request: Request) -> dict[str, Any]:
@@ -75,8 +95,12 @@ async def _init_transactional(broker: Broker, request: Request) -> dict[str, Any
         int(timeout.total_seconds() * 1000) if hasattr(timeout, "total_seconds") else timeout
     )
     expected = (getattr(body, "producer_id", -1), getattr(body, "producer_epoch", -1))
-    out: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none,
-                           "producer_id": -1, "producer_epoch": -1}  # fmt: skip
+    out: dict[str, Any] = {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "producer_id": -1,
+        "producer_epoch": -1,
+    }
     try:
         shard = broker.transactions.shard(tid)
         out["producer_id"], out["producer_epoch"] = await shard.init_producer_id(
@@ -98,8 +122,12 @@ async def handle_describe_producers(broker: Broker, request: Request, conn: Conn
         partitions = []
         readable = broker.authorizer.allows(conn, AclOperation.READ, ResourceType.TOPIC, topic.name)
         for index in topic.partition_indexes:
-            out: dict[str, Any] = {"partition_index": index, "error_code": ErrorCode.none,
-                                   "error_message": None, "active_producers": []}  # fmt: skip
+            out: dict[str, Any] = {
+                "partition_index": index,
+                "error_code": ErrorCode.none,
+                "error_message": None,
+                "active_producers": [],
+            }
             if not readable:
                 out["error_code"] = ErrorCode.topic_authorization_failed
                 out["error_message"] = "Topic authorization failed."
@@ -111,12 +139,16 @@ async def handle_describe_producers(broker: Broker, request: Request, conn: Conn
                 out["error_code"], out["error_message"] = error_code(exc), error_message(exc)
             else:
                 out["active_producers"] = [
-                    {"producer_id": p.producer_id, "producer_epoch": p.epoch,
-                     "last_sequence": p.last_sequence, "last_timestamp": p.last_timestamp_ms,
-                     "coordinator_epoch": p.coordinator_epoch,
-                     "current_txn_start_offset": p.current_txn_start_offset}
+                    {
+                        "producer_id": p.producer_id,
+                        "producer_epoch": p.epoch,
+                        "last_sequence": p.last_sequence,
+                        "last_timestamp": p.last_timestamp_ms,
+                        "coordinator_epoch": p.coordinator_epoch,
+                        "current_txn_start_offset": p.current_txn_start_offset,
+                    }
                     for p in plog.active_producers()
-                ]  # fmt: skip
+                ]
             partitions.append(out)
         topics.append({"name": topic.name, "partitions": partitions})
     return {"throttle_time": 0, "topics": topics}

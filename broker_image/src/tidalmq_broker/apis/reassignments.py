@@ -35,11 +35,25 @@ async def handle_alter_reassignments(broker: Broker, request: Request, conn: Con
     body = request.body
     if not broker.authorizer.allows(conn, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
         denied = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
-        return {"throttle_time": 0, "error_code": denied[0], "error_message": denied[1],
-                "responses": [{"name": t.name, "partitions": [
-                    {"partition_index": p.partition_index, "error_code": denied[0],
-                     "error_message": denied[1]} for p in t.partitions
-                ]} for t in body.topics]}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": denied[0],
+            "error_message": denied[1],
+            "responses": [
+                {
+                    "name": t.name,
+                    "partitions": [
+                        {
+                            "partition_index": p.partition_index,
+                            "error_code": denied[0],
+                            "error_message": denied[1],
+                        }
+                        for p in t.partitions
+                    ],
+                }
+                for t in body.topics
+            ],
+        }
     # v1 (KIP-860): a client may forbid changing the replication factor; it is always 1 here
     rf_fixed = not getattr(body, "allow_replication_factor_change", True)
     entries: list[PlanEntry] = []
@@ -72,11 +86,16 @@ async def handle_alter_reassignments(broker: Broker, request: Request, conn: Con
                 code, message = (
                     (ErrorCode.none, None) if err is None else (_code(err), error_message(err))
                 )
-            parts.append({"partition_index": p.partition_index, "error_code": code,
-                          "error_message": message})  # fmt: skip
+            parts.append(
+                {"partition_index": p.partition_index, "error_code": code, "error_message": message}
+            )
         responses.append({"name": t.name, "partitions": parts})
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
-            "responses": responses}  # fmt: skip
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "error_message": None,
+        "responses": responses,
+    }
 
 
 @api(46, "ListPartitionReassignments", 0, 0)
@@ -85,17 +104,29 @@ async def handle_list_reassignments(broker: Broker, request: Request, conn: Conn
     if not broker.authorizer.allows(
         conn, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME
     ):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "error_message": "Cluster authorization failed.", "topics": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "error_message": "Cluster authorization failed.",
+            "topics": [],
+        }
     wanted = None
     if body.topics is not None:
         wanted = [TopicPartition(t.name, i) for t in body.topics for i in t.partition_indexes]
     rows = await broker.controller.list_reassignments(wanted)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for tp, replicas, adding, removing in rows:
-        by_topic.setdefault(tp.topic, []).append({
-            "partition_index": tp.partition, "replicas": replicas,
-            "adding_replicas": adding, "removing_replicas": removing,
-        })  # fmt: skip
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
-            "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}  # fmt: skip
+        by_topic.setdefault(tp.topic, []).append(
+            {
+                "partition_index": tp.partition,
+                "replicas": replicas,
+                "adding_replicas": adding,
+                "removing_replicas": removing,
+            }
+        )
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "error_message": None,
+        "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
+    }

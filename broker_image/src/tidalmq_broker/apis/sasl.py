@@ -35,8 +35,12 @@ async def handle_sasl_handshake(broker: Broker, request: Request, conn: Connecti
         conn.close_after_response = True
         return {"error_code": ErrorCode.illegal_sasl_state, "mechanisms": enabled}
     if not started:
-        log_failure(conn.peer, conn.listener, sasl,
-                    f"mechanism {mechanism!r} is not enabled (sasl.enabled.mechanisms)")  # fmt: skip
+        log_failure(
+            conn.peer,
+            conn.listener,
+            sasl,
+            f"mechanism {mechanism!r} is not enabled (sasl.enabled.mechanisms)",
+        )
         conn.close_after_response = True  # Kafka answers, then closes
         return {"error_code": ErrorCode.unsupported_sasl_mechanism, "mechanisms": enabled}
     return {"error_code": ErrorCode.none, "mechanisms": enabled}
@@ -46,12 +50,15 @@ async def handle_sasl_handshake(broker: Broker, request: Request, conn: Connecti
 async def handle_sasl_authenticate(broker: Broker, request: Request, conn: Connection) -> Any:
     sasl = conn.sasl
     if sasl is None or conn.authenticated:
-        return _answer(ErrorCode.illegal_sasl_state,
-                       "SaslAuthenticate request received after successful authentication")  # fmt: skip
+        return _answer(
+            ErrorCode.illegal_sasl_state,
+            "SaslAuthenticate request received after successful authentication",
+        )
     if sasl.state != sasl.AUTHENTICATE:
         # before a v1 SaslHandshake (or after a v0 one): Kafka closes without an answer
-        log_failure(conn.peer, conn.listener, sasl,
-                    f"unexpected SaslAuthenticate in state {sasl.state}")  # fmt: skip
+        log_failure(
+            conn.peer, conn.listener, sasl, f"unexpected SaslAuthenticate in state {sasl.state}"
+        )
         conn.close_after_response = True
         return None
     try:
@@ -73,5 +80,9 @@ async def handle_sasl_authenticate(broker: Broker, request: Request, conn: Conne
 
 def _answer(code: ErrorCode, message: str | None, token: bytes = b"") -> dict[str, Any]:
     # session_lifetime 0: the session never expires, so clients never re-authenticate (KIP-368)
-    return {"error_code": code, "error_message": message, "auth_bytes": token,
-            "session_lifetime": 0}  # fmt: skip
+    return {
+        "error_code": code,
+        "error_message": message,
+        "auth_bytes": token,
+        "session_lifetime": 0,
+    }

@@ -45,8 +45,12 @@ async def handle_describe_user_scram_credentials(
     if not broker.authorizer.allows(
         conn, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME
     ):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "error_message": _DENIED, "results": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "error_message": _DENIED,
+            "results": [],
+        }
     credentials = broker.metadata.scram_credentials
     users = request.body.users
     duplicate: dict[str, bool] = {}
@@ -59,9 +63,14 @@ async def handle_describe_user_scram_credentials(
     results = []
     for user, twice in duplicate.items():
         if twice:
-            results.append(_described(user, ErrorCode.duplicate_resource,
-                                      "Cannot describe SCRAM credentials for the same user twice "
-                                      f"in a single request: {user}"))  # fmt: skip
+            results.append(
+                _described(
+                    user,
+                    ErrorCode.duplicate_resource,
+                    "Cannot describe SCRAM credentials for the same user twice "
+                    f"in a single request: {user}",
+                )
+            )
             continue
         infos = [
             {"mechanism": scram.MECHANISMS[m].type, "iterations": c.iterations}
@@ -71,18 +80,30 @@ async def handle_describe_user_scram_credentials(
         if infos:
             results.append(_described(user, ErrorCode.none, None, infos))
         else:
-            results.append(_described(user, ErrorCode.resource_not_found,
-                                      "Attempt to describe a user credential that does not "
-                                      f"exist: {user}"))  # fmt: skip
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
-            "results": results}  # fmt: skip
+            results.append(
+                _described(
+                    user,
+                    ErrorCode.resource_not_found,
+                    f"Attempt to describe a user credential that does not exist: {user}",
+                )
+            )
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "error_message": None,
+        "results": results,
+    }
 
 
 def _described(
     user: str, code: ErrorCode, message: str | None, infos: list[dict[str, int]] | None = None
 ) -> dict[str, Any]:
-    return {"user": user, "error_code": code, "error_message": message,
-            "credential_infos": infos or []}  # fmt: skip
+    return {
+        "user": user,
+        "error_code": code,
+        "error_message": message,
+        "credential_infos": infos or [],
+    }
 
 
 @api(51, "AlterUserScramCredentials", 0, 0)
@@ -92,31 +113,47 @@ async def handle_alter_user_scram_credentials(
     body = request.body
     deletions = [ScramDeletion(d.name, int(d.mechanism)) for d in body.deletions]
     upsertions = [
-        ScramUpsertion(u.name, int(u.mechanism), int(u.iterations), bytes(u.salt),
-                       bytes(u.salted_password))
+        ScramUpsertion(
+            u.name, int(u.mechanism), int(u.iterations), bytes(u.salt), bytes(u.salted_password)
+        )
         for u in body.upsertions
-    ]  # fmt: skip
+    ]
     if not deletions and not upsertions:
         return {"throttle_time": 0, "results": []}
     if not broker.authorizer.allows(conn, AclOperation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
         names = dict.fromkeys([d.name for d in deletions] + [u.name for u in upsertions])
-        return {"throttle_time": 0, "results": [
-            {"user": n, "error_code": ErrorCode.cluster_authorization_failed,
-             "error_message": _DENIED} for n in names
-        ]}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "results": [
+                {
+                    "user": n,
+                    "error_code": ErrorCode.cluster_authorization_failed,
+                    "error_message": _DENIED,
+                }
+                for n in names
+            ],
+        }
     try:
         results, version = await broker.controller.alter_scram_credentials(deletions, upsertions)
     except Exception as exc:  # the controller unreachable or not active: every user fails
         code, message = error_code(exc), error_message(exc)
         names = dict.fromkeys([d.name for d in deletions] + [u.name for u in upsertions])
-        return {"throttle_time": 0, "results": [
-            {"user": n, "error_code": code, "error_message": message} for n in names
-        ]}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "results": [{"user": n, "error_code": code, "error_message": message} for n in names],
+        }
     await broker.wait_metadata(version, _APPLIED_WAIT_S)
-    return {"throttle_time": 0, "results": [
-        {"user": r.user, "error_code": ErrorCode(r.error_code), "error_message": r.error_message}
-        for r in results
-    ]}  # fmt: skip
+    return {
+        "throttle_time": 0,
+        "results": [
+            {
+                "user": r.user,
+                "error_code": ErrorCode(r.error_code),
+                "error_message": r.error_message,
+            }
+            for r in results
+        ],
+    }
 
 
 @api(48, "DescribeClientQuotas", 0, 1)
@@ -124,7 +161,10 @@ async def handle_describe_client_quotas(broker: Broker, request: Request, conn: 
     if not broker.authorizer.allows(
         conn, AclOperation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME
     ):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "error_message": _DENIED, "entries": None}  # fmt: skip
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
-            "entries": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "error_message": _DENIED,
+            "entries": None,
+        }
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "entries": []}

@@ -43,8 +43,9 @@ async def handle_create_topics(broker: Broker, request: Request, conn: Connectio
     authorizer = broker.authorizer
     every = authorizer.allows(conn, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
     for t in body.topics:
-        if not every and not authorizer.allows(conn, AclOperation.CREATE, ResourceType.TOPIC,
-                                               t.name):  # fmt: skip
+        if not every and not authorizer.allows(
+            conn, AclOperation.CREATE, ResourceType.TOPIC, t.name
+        ):
             early[t.name] = (ErrorCode.topic_authorization_failed, "Authorization failed.")
             continue
         if t.assignments:
@@ -82,29 +83,52 @@ async def handle_create_topics(broker: Broker, request: Request, conn: Connectio
     for t in body.topics:
         if t.name in early:
             code, msg = early[t.name]
-            topics.append({"name": t.name, "topic_id": uuid.UUID(int=0), "error_code": code,
-                           "error_message": msg, "configs": None})  # fmt: skip
+            topics.append(
+                {
+                    "name": t.name,
+                    "topic_id": uuid.UUID(int=0),
+                    "error_code": code,
+                    "error_message": msg,
+                    "configs": None,
+                }
+            )
             continue
         r = results[t.name]
         if r.error is not None:
-            topics.append({"name": t.name, "topic_id": uuid.UUID(int=0),
-                           "error_code": error_code(r.error), "error_message": error_message(r.error),
-                           "configs": None})  # fmt: skip
-        elif not authorizer.allows(conn, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC,
-                                   t.name):  # fmt: skip
-            topics.append({
-                "name": t.name, "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
-                "error_code": ErrorCode.none, "error_message": None, "num_partitions": -1,
-                "replication_factor": -1, "configs": [],
-                "topic_config_error_code": ErrorCode.topic_authorization_failed,
-            })  # fmt: skip
+            topics.append(
+                {
+                    "name": t.name,
+                    "topic_id": uuid.UUID(int=0),
+                    "error_code": error_code(r.error),
+                    "error_message": error_message(r.error),
+                    "configs": None,
+                }
+            )
+        elif not authorizer.allows(conn, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, t.name):
+            topics.append(
+                {
+                    "name": t.name,
+                    "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
+                    "error_code": ErrorCode.none,
+                    "error_message": None,
+                    "num_partitions": -1,
+                    "replication_factor": -1,
+                    "configs": [],
+                    "topic_config_error_code": ErrorCode.topic_authorization_failed,
+                }
+            )
         else:
-            topics.append({
-                "name": t.name, "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
-                "error_code": ErrorCode.none, "error_message": None,
-                "num_partitions": r.num_partitions, "replication_factor": 1,
-                "configs": _config_entries(r.configs),
-            })  # fmt: skip
+            topics.append(
+                {
+                    "name": t.name,
+                    "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
+                    "error_code": ErrorCode.none,
+                    "error_message": None,
+                    "num_partitions": r.num_partitions,
+                    "replication_factor": 1,
+                    "configs": _config_entries(r.configs),
+                }
+            )
     return {"throttle_time": 0, "topics": topics}
 
 
@@ -121,12 +145,17 @@ def _single_replicas(lists: list[list[int]]) -> str | None:
 def _placement(t: Any) -> tuple[list[int], tuple[ErrorCode, str] | None]:
     """The broker of each partition from CreateTopics' replica assignment, or the error."""
     if t.num_partitions != -1 or t.replication_factor != -1:
-        return [], (ErrorCode.invalid_request, "Both numPartitions or replicationFactor and "
-                    "replicasAssignments were set. Both cannot be used at the same time.")  # fmt: skip
+        return [], (
+            ErrorCode.invalid_request,
+            "Both numPartitions or replicationFactor and "
+            "replicasAssignments were set. Both cannot be used at the same time.",
+        )
     by_index = {a.partition_index: list(a.broker_ids) for a in t.assignments}
     if sorted(by_index) != list(range(len(t.assignments))):
-        return [], (ErrorCode.invalid_replica_assignment,
-                    "partitions in the replica assignment must be numbered 0..n-1")  # fmt: skip
+        return [], (
+            ErrorCode.invalid_replica_assignment,
+            "partitions in the replica assignment must be numbered 0..n-1",
+        )
     lists = [by_index[i] for i in range(len(by_index))]
     problem = _single_replicas(lists)
     if problem is not None:
@@ -157,10 +186,12 @@ async def handle_delete_topics(broker: Broker, request: Request, conn: Connectio
     every = authorizer.allows(conn, AclOperation.DELETE, ResourceType.CLUSTER, CLUSTER_NAME)
     refused: dict[str, bool] = {}  # name -> whether the client may know it (DESCRIBE)
     for counted in counts:
-        if not every and not authorizer.allows(conn, AclOperation.DELETE, ResourceType.TOPIC,
-                                               counted):  # fmt: skip
-            refused[counted] = authorizer.allows(conn, AclOperation.DESCRIBE, ResourceType.TOPIC,
-                                                 counted)  # fmt: skip
+        if not every and not authorizer.allows(
+            conn, AclOperation.DELETE, ResourceType.TOPIC, counted
+        ):
+            refused[counted] = authorizer.allows(
+                conn, AclOperation.DESCRIBE, ResourceType.TOPIC, counted
+            )
     for name, tid in zip(names, ids, strict=True):
         # by name: a topic the client may describe is known to be missing, as in Kafka
         if name in refused and tid is None and refused[name] and name not in meta.topics:
@@ -170,14 +201,25 @@ async def handle_delete_topics(broker: Broker, request: Request, conn: Connectio
     responses = []
     for name, tid in zip(names, ids, strict=True):
         if name is None:
-            responses.append({"name": None, "topic_id": tid, "error_code": ErrorCode.unknown_topic_id,
-                              "error_message": "unknown topic id"})  # fmt: skip
+            responses.append(
+                {
+                    "name": None,
+                    "topic_id": tid,
+                    "error_code": ErrorCode.unknown_topic_id,
+                    "error_message": "unknown topic id",
+                }
+            )
             continue
         if name in refused and counts[name] == 1:
             described = refused[name] or tid is None  # by id: no name for a topic not described
-            responses.append({"name": name if described else None, "topic_id": tid or uuid.UUID(int=0),
-                              "error_code": ErrorCode.topic_authorization_failed,
-                              "error_message": None})  # fmt: skip
+            responses.append(
+                {
+                    "name": name if described else None,
+                    "topic_id": tid or uuid.UUID(int=0),
+                    "error_code": ErrorCode.topic_authorization_failed,
+                    "error_message": None,
+                }
+            )
             continue
         if counts[name] > 1:
             duplicate = {
@@ -189,12 +231,14 @@ async def handle_delete_topics(broker: Broker, request: Request, conn: Connectio
             responses.append(duplicate)
             continue
         r = results[name]
-        responses.append({
-            "name": name,
-            "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
-            "error_code": error_code(r.error) if r.error else ErrorCode.none,
-            "error_message": error_message(r.error) if r.error else None,
-        })  # fmt: skip
+        responses.append(
+            {
+                "name": name,
+                "topic_id": uuid.UUID(r.topic_id) if r.topic_id else uuid.UUID(int=0),
+                "error_code": error_code(r.error) if r.error else ErrorCode.none,
+                "error_message": error_message(r.error) if r.error else None,
+            }
+        )
     return {"throttle_time": 0, "responses": responses}
 
 
@@ -204,24 +248,36 @@ async def handle_create_partitions(broker: Broker, request: Request, conn: Conne
     results = []
     for t in body.topics:
         if not broker.authorizer.allows(conn, AclOperation.ALTER, ResourceType.TOPIC, t.name):
-            results.append({"name": t.name, "error_code": ErrorCode.topic_authorization_failed,
-                            "error_message": None})  # fmt: skip
+            results.append(
+                {
+                    "name": t.name,
+                    "error_code": ErrorCode.topic_authorization_failed,
+                    "error_message": None,
+                }
+            )
             continue
         owners = None
         if t.assignments:
             lists = [list(a.broker_ids) for a in t.assignments]
             problem = _single_replicas(lists)
             if problem is not None:
-                results.append({"name": t.name, "error_code": ErrorCode.invalid_replica_assignment,
-                                "error_message": problem})  # fmt: skip
+                results.append(
+                    {
+                        "name": t.name,
+                        "error_code": ErrorCode.invalid_replica_assignment,
+                        "error_message": problem,
+                    }
+                )
                 continue
             owners = [r[0] for r in lists]
         r = await broker.controller.create_partitions(
             t.name, t.count, validate_only=body.validate_only, assignment=owners
         )
-        results.append({
-            "name": t.name,
-            "error_code": error_code(r.error) if r.error else ErrorCode.none,
-            "error_message": error_message(r.error) if r.error else None,
-        })  # fmt: skip
+        results.append(
+            {
+                "name": t.name,
+                "error_code": error_code(r.error) if r.error else ErrorCode.none,
+                "error_message": error_message(r.error) if r.error else None,
+            }
+        )
     return {"throttle_time": 0, "results": results}

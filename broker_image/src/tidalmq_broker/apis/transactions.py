@@ -71,24 +71,40 @@ async def handle_add_partitions_to_txn(broker: Broker, request: Request, conn: C
         return await _add_partitions_batched(broker, body, conn)
     topics = {t.name: set(t.partitions) for t in body.v3_and_below_topics}
     codes = await _add_partitions(
-        broker, conn, body.v3_and_below_transactional_id, body.v3_and_below_producer_id,
-        body.v3_and_below_producer_epoch, topics, verify_only=False,
-    )  # fmt: skip
+        broker,
+        conn,
+        body.v3_and_below_transactional_id,
+        body.v3_and_below_producer_id,
+        body.v3_and_below_producer_epoch,
+        topics,
+        verify_only=False,
+    )
     return {"throttle_time": 0, "results_by_topic_v3_and_below": _topic_results(codes, version)}
 
 
 async def _add_partitions_batched(broker: Broker, body: Any, conn: Connection) -> Any:
     """v4+ (KIP-890): from a partition leader, several transactions, possibly verify-only."""
     if not _may(broker, conn, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "results_by_transaction": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "results_by_transaction": [],
+        }
     results = []
     for t in body.transactions:
         topics = {x.name: set(x.partitions) for x in t.topics}
-        codes = await _add_partitions(broker, conn, t.transactional_id, t.producer_id,
-                                      t.producer_epoch, topics, verify_only=t.verify_only)  # fmt: skip
-        results.append({"transactional_id": t.transactional_id,
-                        "topic_results": _topic_results(codes, 5)})  # fmt: skip
+        codes = await _add_partitions(
+            broker,
+            conn,
+            t.transactional_id,
+            t.producer_id,
+            t.producer_epoch,
+            topics,
+            verify_only=t.verify_only,
+        )
+        results.append(
+            {"transactional_id": t.transactional_id, "topic_results": _topic_results(codes, 5)}
+        )
     return {"throttle_time": 0, "error_code": ErrorCode.none, "results_by_transaction": results}
 
 
@@ -134,8 +150,9 @@ async def _add_partitions(
     try:
         shard = broker.transactions.shard(transactional_id)
         if verify_only:
-            return dict(shard.verify_partitions(transactional_id, producer_id, producer_epoch,
-                                                wanted))  # fmt: skip
+            return dict(
+                shard.verify_partitions(transactional_id, producer_id, producer_epoch, wanted)
+            )
         await shard.add_partitions(transactional_id, producer_id, producer_epoch, wanted)
     except (TxnError, CoordinatorError) as exc:
         return dict.fromkeys(wanted, exc.code)
@@ -157,8 +174,9 @@ async def handle_add_offsets_to_txn(broker: Broker, request: Request, conn: Conn
         try:
             partition = (OFFSETS_TOPIC, broker.groups.partition_for(b.group_id))
             shard = broker.transactions.shard(b.transactional_id)
-            await shard.add_partitions(b.transactional_id, b.producer_id, b.producer_epoch,
-                                       {partition})  # fmt: skip
+            await shard.add_partitions(
+                b.transactional_id, b.producer_id, b.producer_epoch, {partition}
+            )
             code = ErrorCode.none
         except (TxnError, CoordinatorError) as exc:
             code = fenced_code(exc.code, request.api_version, 2)
@@ -196,8 +214,10 @@ async def handle_txn_offset_commit(broker: Broker, request: Request, conn: Conne
             topics.setdefault(name, []).append(
                 {"partition_index": p.partition_index, "error_code": fenced_code(code, version, 3)}
             )
-        return {"throttle_time": 0,
-                "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()],
+        }
 
     if not _may(broker, conn, AclOperation.WRITE, _TXN, b.transactional_id):
         return answer(dict.fromkeys(wanted, ErrorCode.transactional_id_authorization_failed))
@@ -309,19 +329,34 @@ async def handle_list_transactions(broker: Broker, request: Request, conn: Conne
     body = request.body
     raw_pattern = getattr(body, "transactional_id_pattern", None)
     if raw_pattern is not None and len(raw_pattern) > MAX_PATTERN_CHARS:
-        return {"throttle_time": 0, "error_code": ErrorCode.invalid_request,
-                "unknown_state_filters": [], "transaction_states": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.invalid_request,
+            "unknown_state_filters": [],
+            "transaction_states": [],
+        }
     try:
         unknown, keep = list_filter(body, int(datetime.datetime.now().timestamp() * 1000))
     except re.error:
-        return {"throttle_time": 0, "error_code": ErrorCode.invalid_regular_expression,
-                "unknown_state_filters": [], "transaction_states": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.invalid_regular_expression,
+            "unknown_state_filters": [],
+            "transaction_states": [],
+        }
     states = [
-        {"transactional_id": m.transactional_id, "producer_id": m.producer_id,
-         "transaction_state": m.state.value}
+        {
+            "transactional_id": m.transactional_id,
+            "producer_id": m.producer_id,
+            "transaction_state": m.state.value,
+        }
         for shard in broker.transactions.shards()
         for m in list(shard.txns.values())
         if keep(m) and _may(broker, conn, AclOperation.DESCRIBE, _TXN, m.transactional_id)
-    ]  # fmt: skip
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "unknown_state_filters": unknown,
-            "transaction_states": states}  # fmt: skip
+    ]
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "unknown_state_filters": unknown,
+        "transaction_states": states,
+    }

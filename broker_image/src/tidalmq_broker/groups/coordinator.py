@@ -183,9 +183,13 @@ class GroupShard:
         self._ticker = asyncio.create_task(self._tick(), name=f"groups tick {self.partition}")
         log.info(
             "%s-%d: loaded %d groups and %d offset groups from %d records in %.0f ms",
-            OFFSETS_TOPIC, self.partition, len(self.groups), len(self.offsets), count,
+            OFFSETS_TOPIC,
+            self.partition,
+            len(self.groups),
+            len(self.offsets),
+            count,
             (time.perf_counter() - started) * 1000,
-        )  # fmt: skip
+        )
 
     def close(self) -> None:
         """The partition left this broker: fail everyone waiting with NOT_COORDINATOR."""
@@ -337,9 +341,12 @@ class GroupShard:
         group.state = GroupState.COMPLETING_REBALANCE
         log.info(
             "group %s: generation %d with %d members, protocol %s, leader %s",
-            group.group_id, group.generation, len(group.members), group.protocol_name,
+            group.group_id,
+            group.generation,
+            len(group.members),
+            group.protocol_name,
             group.leader,
-        )  # fmt: skip
+        )
         for member in group.members.values():
             member.touch(now)
             member.is_new = False
@@ -631,8 +638,11 @@ class GroupShard:
                     self._unmaterialised |= keys
                     log.warning(
                         "%s-%d: writing %d settled transactional offsets failed: %s",
-                        OFFSETS_TOPIC, self.partition, len(keys), exc,
-                    )  # fmt: skip
+                        OFFSETS_TOPIC,
+                        self.partition,
+                        len(keys),
+                        exc,
+                    )
             finally:
                 self._appends_open.set()
 
@@ -836,8 +846,11 @@ class GroupShard:
             await self._log.delete_records_before(start)
             log.info(
                 "%s-%d: snapshot of %d keys, log trimmed before %d",
-                OFFSETS_TOPIC, self.partition, len(live), start,
-            )  # fmt: skip
+                OFFSETS_TOPIC,
+                self.partition,
+                len(live),
+                start,
+            )
         except StorageError as exc:
             log.warning("%s-%d: snapshot failed: %s", OFFSETS_TOPIC, self.partition, exc)
 
@@ -1015,13 +1028,18 @@ def _group_value(group: Group) -> GroupValue:
         state_timestamp_ms=group.state_timestamp_ms,
         members=tuple(
             MemberValue(
-                m.member_id, m.group_instance_id, m.client_id, m.client_host,
-                m.session_timeout_ms, m.rebalance_timeout_ms,
-                m.metadata_for(group.protocol_name), m.assignment,
+                m.member_id,
+                m.group_instance_id,
+                m.client_id,
+                m.client_host,
+                m.session_timeout_ms,
+                m.rebalance_timeout_ms,
+                m.metadata_for(group.protocol_name),
+                m.assignment,
             )
             for m in group.members.values()
         ),
-    )  # fmt: skip
+    )
 
 
 def _group_from_value(group_id: str, value: GroupValue, now: float) -> Group:

@@ -65,8 +65,10 @@ def local_command(args: argparse.Namespace) -> int:
             if wants_json(args):
                 print_json({"broker": args.broker_id, "killed": True})
             else:
-                print(f"broker {args.broker_id} killed (SIGKILL); the controller fails its "
-                      "partitions over (`tidalmq local status` shows them)")  # fmt: skip
+                print(
+                    f"broker {args.broker_id} killed (SIGKILL); the controller fails its "
+                    "partitions over (`tidalmq local status` shows them)"
+                )
             return 0
         stream = sys.stderr if wants_json(args) else sys.stdout
         if action == "add-broker":
@@ -111,9 +113,13 @@ class Client:
 
         try:
             return request(
-                self.base, f"/v1/local/{action}", self.token, body, timeout_s=timeout_s,
+                self.base,
+                f"/v1/local/{action}",
+                self.token,
+                body,
+                timeout_s=timeout_s,
                 tls=self.tls,
-            )  # fmt: skip
+            )
         except urllib.error.HTTPError as exc:
             try:
                 message = json.loads(exc.read()).get("error") or str(exc)
@@ -175,8 +181,10 @@ class ChangeResult:
         where = f" on {self.address}" if self.address else ""
         onto = "onto it" if self.action == "added" else "off it"
         if self.finished:
-            return (f"broker {self.broker} {self.action}{where}: {self.moves.total} partitions "
-                    f"moved {onto} in {self.elapsed_s:.1f}s")  # fmt: skip
+            return (
+                f"broker {self.broker} {self.action}{where}: {self.moves.total} partitions "
+                f"moved {onto} in {self.elapsed_s:.1f}s"
+            )
         left = self.moves.remaining
         return (
             f"broker {self.broker} {self.action}{where}, but {left} of {self.moves.total} "
@@ -193,7 +201,9 @@ def _count(row: dict[str, Any] | None, key: str) -> int:
     return int(row.get(key, 0)) if row else 0
 
 
-def add_broker(client: Client, timeout_s: float, stream: TextIO, *, wait: bool = True) -> ChangeResult:  # fmt: skip
+def add_broker(
+    client: Client, timeout_s: float, stream: TextIO, *, wait: bool = True
+) -> ChangeResult:
     """Start a broker, then follow the moves onto it (the rebalance of its join, queued before
     `local up` answers) until none is left or the timeout runs out. A replacement takes a dead
     broker's id: what moved onto that one before does not count."""
@@ -209,10 +219,12 @@ def add_broker(client: Client, timeout_s: float, stream: TextIO, *, wait: bool =
     address = str((_row(client.status(), broker) or {}).get("address", ""))
     finished = True
     if wait:
-        finished = _follow(client, moves, look, started, started + timeout_s, stream,
-                           "partitions moved onto it")  # fmt: skip
-    return ChangeResult("added", broker, moves, finished, time.monotonic() - started, timeout_s,
-                        address)  # fmt: skip
+        finished = _follow(
+            client, moves, look, started, started + timeout_s, stream, "partitions moved onto it"
+        )
+    return ChangeResult(
+        "added", broker, moves, finished, time.monotonic() - started, timeout_s, address
+    )
 
 
 def remove_broker(client: Client, broker: int, timeout_s: float, stream: TextIO) -> ChangeResult:
@@ -229,8 +241,11 @@ def remove_broker(client: Client, broker: int, timeout_s: float, stream: TextIO)
 
     def remove() -> None:
         try:
-            client.post("remove-broker", {"broker_id": broker, "drain_timeout_s": timeout_s},
-                        timeout_s=timeout_s + STOP_ALLOWANCE_S)  # fmt: skip
+            client.post(
+                "remove-broker",
+                {"broker_id": broker, "drain_timeout_s": timeout_s},
+                timeout_s=timeout_s + STOP_ALLOWANCE_S,
+            )
             outcome.append(None)
         except BaseException as exc:  # handed to the main thread
             outcome.append(exc)
@@ -246,8 +261,16 @@ def remove_broker(client: Client, broker: int, timeout_s: float, stream: TextIO)
         left = max(_count(row, "partitions"), _count(row, "moves_out"))
         return _count(row, "moved_out") - moved_before, left
 
-    _follow(client, moves, look, started, started + timeout_s + STOP_ALLOWANCE_S, stream,
-            "partitions moved off it", until=lambda: not worker.is_alive())  # fmt: skip
+    _follow(
+        client,
+        moves,
+        look,
+        started,
+        started + timeout_s + STOP_ALLOWANCE_S,
+        stream,
+        "partitions moved off it",
+        until=lambda: not worker.is_alive(),
+    )
     worker.join(timeout=1.0)
     if outcome and outcome[0] is not None:
         raise outcome[0]
@@ -261,10 +284,15 @@ def remove_broker(client: Client, broker: int, timeout_s: float, stream: TextIO)
 
 
 def _follow(
-    client: Client, moves: MoveCount, look: Callable[[dict[str, Any]], tuple[int, int]],
-    started: float, deadline: float, stream: TextIO, what: str,
+    client: Client,
+    moves: MoveCount,
+    look: Callable[[dict[str, Any]], tuple[int, int]],
+    started: float,
+    deadline: float,
+    stream: TextIO,
+    what: str,
     until: Callable[[], bool] | None = None,
-) -> bool:  # fmt: skip
+) -> bool:
     """Polls the status, showing the progress line, until nothing remains (and `until()`, if
     given, says so) or the deadline. True when finished."""
     from tidalmq_broker.progress import Progress
@@ -306,8 +334,10 @@ def format_table(status: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"OBJECT STORE LOST: {status['store_problem']}")
     lost = status.get("lost") or []
     if lost:
-        lines.append(f"LOST PARTITIONS: {len(lost)} (data missing from the object store; "
-                     "`tidalmq recover --accept-data-loss TOPIC` continues them without it)")  # fmt: skip
+        lines.append(
+            f"LOST PARTITIONS: {len(lost)} (data missing from the object store; "
+            "`tidalmq recover --accept-data-loss TOPIC` continues them without it)"
+        )
         lines.append(
             f"  {'PARTITION':<30} {'EXPECTED END':>12} {'FOUND END':>10} {'MISSING':>8}  REASON"
         )

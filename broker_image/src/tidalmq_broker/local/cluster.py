@@ -299,13 +299,27 @@ class LocalCluster:
         else:
             check_port_free(self.host, port, f"broker {broker_id}", "--port")
         cmd = [
-            sys.executable, "-m", "tidalmq_broker.cli", "broker",
-            "--broker-id", str(broker_id), "--host", self.host, "--port", str(port),
-            "--http-port", str(http_port), "--storage-url", self.storage_url,
-            "--controller-url", self.controller_url,
-            "--drain-on-stop", "false",  # remove_broker drains; Ctrl-C keeps the assignment
-            "--stop-deadline-s", str(BROKER_STOP_DEADLINE_S),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "tidalmq_broker.cli",
+            "broker",
+            "--broker-id",
+            str(broker_id),
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+            "--storage-url",
+            self.storage_url,
+            "--controller-url",
+            self.controller_url,
+            "--drain-on-stop",
+            "false",  # remove_broker drains; Ctrl-C keeps the assignment
+            "--stop-deadline-s",
+            str(BROKER_STOP_DEADLINE_S),
+        ]
         if self.security is not None:
             cmd += self.security.broker_args(self.host, port)
         tls_env = {}
@@ -319,8 +333,13 @@ class LocalCluster:
         if threading.current_thread() is threading.main_thread():
             cmd += ["--parent-pid", str(os.getpid())]
         # each broker holds its own token only: it can act for no other broker
-        env = {**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env,
-               ENV_TOKEN: self.auth.broker_token(broker_id), **tls_env}  # fmt: skip
+        env = {
+            **os.environ,
+            "TIDALMQ_LOG_FORMAT": "text",
+            **self.broker_env,
+            ENV_TOKEN: self.auth.broker_token(broker_id),
+            **tls_env,
+        }
         env.pop(ENV_TOKEN_FILE, None)
         env.update(allocator_env(cmd[3:], env))  # the broker's allocator, without a re-exec
         with log_path.open("ab") as out:
@@ -374,9 +393,12 @@ class LocalCluster:
         return b
 
     async def remove_broker(
-        self, broker_id: int, *, drain_timeout_s: float = 120.0,
+        self,
+        broker_id: int,
+        *,
+        drain_timeout_s: float = 120.0,
         stop_timeout_s: float = STOP_TIMEOUT_S,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Drain (partitions move to the others), stop the process, forget the broker. A broker
         whose process is gone (killed, or declared dead) is forgotten at once: its partitions
         were failed over, or are now."""
@@ -396,10 +418,12 @@ class LocalCluster:
             return
         meta = self.controller.metadata
         others = [
-            o for o in self.brokers.values()
-            if o.broker_id != broker_id and o.alive()
+            o
+            for o in self.brokers.values()
+            if o.broker_id != broker_id
+            and o.alive()
             and getattr(meta.brokers.get(o.broker_id), "state", None) == "alive"
-        ]  # fmt: skip
+        ]
         if not others:
             raise RemoveRefused(
                 f"broker {broker_id} is the last broker: its partitions would have nowhere to "
@@ -408,8 +432,12 @@ class LocalCluster:
         b.state = "draining"
         drained = await self.controller.drain_broker(broker_id, timeout_s=drain_timeout_s)
         if not drained:
-            log.warning("broker %d still leads partitions after %.0fs of draining; stopping it "
-                        "anyway (they move once it is gone)", broker_id, drain_timeout_s)  # fmt: skip
+            log.warning(
+                "broker %d still leads partitions after %.0fs of draining; stopping it "
+                "anyway (they move once it is gone)",
+                broker_id,
+                drain_timeout_s,
+            )
         b.state = "stopping"
         b.proc.send_signal(signal.SIGTERM)
         try:
@@ -478,32 +506,40 @@ class LocalCluster:
         # the controller's own count: what `tidalmq reassign --list` lists
         moving, opening = self.controller.move_counts() if self.controller else (0, 0)
         lost = [
-            {"topic": tp.topic, "partition": tp.partition, **loss.to_json(),
-             "missing_offsets": loss.missing_offsets}
+            {
+                "topic": tp.topic,
+                "partition": tp.partition,
+                **loss.to_json(),
+                "missing_offsets": loss.missing_offsets,
+            }
             for tp, loss in (self.controller.lost_partitions() if self.controller else {}).items()
-        ]  # fmt: skip
+        ]
         rows = []
         for broker_id in sorted(set(meta.brokers) | set(self.brokers)):
             info = meta.brokers.get(broker_id)
             proc = self.brokers.get(broker_id)
             state = info.state if info else "unregistered"
-            rows.append({
-                "broker": broker_id,
-                "state": state,
-                # wall time it was declared dead (None: before this start, or not dead)
-                "dead_since": self.dead_since.get(broker_id) if state == "dead" else None,
-                "process": (proc.state if proc and proc.alive() else (proc.state if proc else "-")),
-                "address": f"{info.host}:{info.port}" if info else "-",
-                "partitions": led.get(broker_id, 0),
-                "moves_in": moves_in.get(broker_id, 0),
-                "moves_out": moves_out.get(broker_id, 0),
-                "moved_in": moved_in.get(broker_id, 0),
-                "moved_out": moved_out.get(broker_id, 0),
-                "pid": proc.proc.pid if proc else None,
-                "http_port": proc.http_port if proc else None,  # /metrics, /healthz
-                # its control endpoints (with mTLS on a port of their own, HTTPS)
-                "control_url": info.control_url if info else None,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "broker": broker_id,
+                    "state": state,
+                    # wall time it was declared dead (None: before this start, or not dead)
+                    "dead_since": self.dead_since.get(broker_id) if state == "dead" else None,
+                    "process": (
+                        proc.state if proc and proc.alive() else (proc.state if proc else "-")
+                    ),
+                    "address": f"{info.host}:{info.port}" if info else "-",
+                    "partitions": led.get(broker_id, 0),
+                    "moves_in": moves_in.get(broker_id, 0),
+                    "moves_out": moves_out.get(broker_id, 0),
+                    "moved_in": moved_in.get(broker_id, 0),
+                    "moved_out": moved_out.get(broker_id, 0),
+                    "pid": proc.proc.pid if proc else None,
+                    "http_port": proc.http_port if proc else None,  # /metrics, /healthz
+                    # its control endpoints (with mTLS on a port of their own, HTTPS)
+                    "control_url": info.control_url if info else None,
+                }
+            )
         return {
             "bootstrap": self.bootstrap,
             "controller": self.controller_url,
@@ -597,10 +633,16 @@ async def migrate_metadata(partition_store: ObjectStore, metadata_store: ObjectS
     except ObjectNotFound:
         return False
     await metadata_store.put(METADATA_KEY, data, if_none_match=True)
-    log.warning("moved the cluster metadata of an older local cluster from the object store to "
-                "the data directory (%r)", metadata_store)  # fmt: skip
-    print("local cluster metadata copied from the object store into the data directory "
-          "(it is kept there from now on)", flush=True)  # fmt: skip
+    log.warning(
+        "moved the cluster metadata of an older local cluster from the object store to "
+        "the data directory (%r)",
+        metadata_store,
+    )
+    print(
+        "local cluster metadata copied from the object store into the data directory "
+        "(it is kept there from now on)",
+        flush=True,
+    )
     return True
 
 

@@ -126,17 +126,25 @@ def find_controller(
 
 
 def request(
-    base: str, path: str, token: str, body: dict[str, Any] | None = None, *,
-    method: str = "POST", timeout_s: float = 60.0, tls: ControlTls | None = None,
-) -> Any:  # fmt: skip
+    base: str,
+    path: str,
+    token: str,
+    body: dict[str, Any] | None = None,
+    *,
+    method: str = "POST",
+    timeout_s: float = 60.0,
+    tls: ControlTls | None = None,
+) -> Any:
     """Call the controller (over HTTPS with `tls`'s client certificate when `base` is https);
     its JSON answer. A refused token or certificate or an unreachable controller raise
     ControlError; another HTTP error is raised as it is (the caller reads its body)."""
     data = None if method == "GET" else json.dumps(body or {}).encode()
     req = urllib.request.Request(
-        base + path, data=data, method=method,
+        base + path,
+        data=data,
+        method=method,
         headers={"Content-Type": "application/json", **authorization(token)},
-    )  # fmt: skip
+    )
     context = None
     if base.startswith("https:"):
         if tls is None:

@@ -33,21 +33,40 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="list lost partitions; --accept-data-loss continues them without the lost data",
         description=__doc__,
     )
-    p.add_argument("--accept-data-loss", metavar="TOPIC", default="",
-                   help="accept the loss of TOPIC's lost partitions (they serve again)")  # fmt: skip
-    p.add_argument("--partitions", type=id_list, default=None, metavar="IDS",
-                   help="only these partitions: 0,1,...")  # fmt: skip
+    p.add_argument(
+        "--accept-data-loss",
+        metavar="TOPIC",
+        default="",
+        help="accept the loss of TOPIC's lost partitions (they serve again)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=id_list,
+        default=None,
+        metavar="IDS",
+        help="only these partitions: 0,1,...",
+    )
     p.add_argument("--all", action="store_true", help="accept the loss of every lost partition")
-    p.add_argument("--controller-url", type=http_url, default="",
-                   help="the controller (default: the local cluster's)")  # fmt: skip
-    p.add_argument("--control-token-file", default="",
-                   help="the cluster's control token, with --controller-url (default: "
-                        "$TIDALMQ_CONTROL_TOKEN_FILE or $TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
+    p.add_argument(
+        "--controller-url",
+        type=http_url,
+        default="",
+        help="the controller (default: the local cluster's)",
+    )
+    p.add_argument(
+        "--control-token-file",
+        default="",
+        help="the cluster's control token, with --controller-url (default: "
+        "$TIDALMQ_CONTROL_TOKEN_FILE or $TIDALMQ_CONTROL_TOKEN)",
+    )
     p.add_argument("--data-dir", default="", help=DATA_DIR_HELP)
-    add_output(p, '{"lost": [{"topic", "partition", "expected_end", "found_end", '
-               '"missing_offsets", "reason", ...}], "store_problem"} (a dry run); with '
-               '--accept-data-loss or --all: {"accepted": [{"topic", "partition", '
-               '"continues_at", "given_up", "loss"}]}')  # fmt: skip
+    add_output(
+        p,
+        '{"lost": [{"topic", "partition", "expected_end", "found_end", '
+        '"missing_offsets", "reason", ...}], "store_problem"} (a dry run); with '
+        '--accept-data-loss or --all: {"accepted": [{"topic", "partition", '
+        '"continues_at", "given_up", "loss"}]}',
+    )
     p.set_defaults(handler=run_recover)
 
 
@@ -106,10 +125,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{'PARTITION':<30} {'EXPECTED END':>12} {'FOUND END':>10} {'MISSING':>8}  REASON")
         for row in lost:
             name = f"{row['topic']}-{row['partition']}"
-            print(f"{name:<30} {row['expected_end']:>12} {row['found_end']:>10} "
-                  f"{row['missing_offsets']:>8}  {row['reason']}")  # fmt: skip
-        print("dry run: `tidalmq recover --accept-data-loss TOPIC` continues them without the "
-              "lost data")  # fmt: skip
+            print(
+                f"{name:<30} {row['expected_end']:>12} {row['found_end']:>10} "
+                f"{row['missing_offsets']:>8}  {row['reason']}"
+            )
+        print(
+            "dry run: `tidalmq recover --accept-data-loss TOPIC` continues them without the "
+            "lost data"
+        )
         return 0
     partitions: list[int] | None = args.partitions
     if args.all:
@@ -134,6 +157,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.output != "json":
         for r in results:
             reason = r["loss"]["reason"] if r.get("loss") else "object store wiped"
-            print(f"recovered {r['topic']}-{r['partition']}: continues at offset "
-                  f"{r['continues_at']}; {r['given_up']} offsets given up ({reason})")  # fmt: skip
+            print(
+                f"recovered {r['topic']}-{r['partition']}: continues at offset "
+                f"{r['continues_at']}; {r['given_up']} offsets given up ({reason})"
+            )
     return 0

@@ -59,30 +59,37 @@ class LocalSecurity:
         """A broker's flags: one SASL_SSL listener on its port, ACLs enforced, admin their
         super user."""
         return [
-            "--listeners", f"SASL_SSL://{host}:{port}",
-            "--ssl-keystore-location", str(self.keystore),
-            "--sasl-enabled-mechanisms", MECHANISMS,
-            "--authorizer", "acl",
-            "--super-users", f"User:{ADMIN}",
-        ]  # fmt: skip
+            "--listeners",
+            f"SASL_SSL://{host}:{port}",
+            "--ssl-keystore-location",
+            str(self.keystore),
+            "--sasl-enabled-mechanisms",
+            MECHANISMS,
+            "--authorizer",
+            "acl",
+            "--super-users",
+            f"User:{ADMIN}",
+        ]
 
     def how_to_connect(self, bootstrap: str) -> str:
         first = bootstrap.split(",")[0]
-        return "\n".join([
-            f"security: SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN), CA {self.ca}",
-            f"  user {ADMIN}, password in {self.password_file}",
-            f"  Kafka tools: kafka-topics --bootstrap-server {first} "
-            f"--command-config {self.client_properties} --list",
-            f"  confluent-kafka: {{'bootstrap.servers': '{bootstrap}', "
-            "'security.protocol': 'SASL_SSL', 'sasl.mechanism': 'SCRAM-SHA-512', "
-            f"'sasl.username': '{ADMIN}', 'sasl.password': open('{self.password_file}')"
-            f".read().strip(), 'ssl.ca.location': '{self.ca}'}}",
-            "  more users: kafka-configs --bootstrap-server ... --command-config ... --alter "
-            "--add-config 'SCRAM-SHA-512=[password=...]' --entity-type users --entity-name NAME",
-            f"  ACLs are enforced ({ADMIN} is the super user); grant others with kafka-acls "
-            "--bootstrap-server ... --command-config ... --add --allow-principal User:NAME "
-            "--producer --topic T (or --consumer --topic T --group G)",
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"security: SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN), CA {self.ca}",
+                f"  user {ADMIN}, password in {self.password_file}",
+                f"  Kafka tools: kafka-topics --bootstrap-server {first} "
+                f"--command-config {self.client_properties} --list",
+                f"  confluent-kafka: {{'bootstrap.servers': '{bootstrap}', "
+                "'security.protocol': 'SASL_SSL', 'sasl.mechanism': 'SCRAM-SHA-512', "
+                f"'sasl.username': '{ADMIN}', 'sasl.password': open('{self.password_file}')"
+                f".read().strip(), 'ssl.ca.location': '{self.ca}'}}",
+                "  more users: kafka-configs --bootstrap-server ... --command-config ... --alter "
+                "--add-config 'SCRAM-SHA-512=[password=...]' --entity-type users --entity-name NAME",
+                f"  ACLs are enforced ({ADMIN} is the super user); grant others with kafka-acls "
+                "--bootstrap-server ... --command-config ... --add --allow-principal User:NAME "
+                "--producer --topic T (or --consumer --topic T --group G)",
+            ]
+        )
 
 
 def prepare(data_dir: Path, host: str) -> LocalSecurity:
@@ -105,14 +112,16 @@ def prepare(data_dir: Path, host: str) -> LocalSecurity:
         "org.apache.kafka.common.security.scram.ScramLoginModule required "
         f'username="{ADMIN}" password="{password}";'
     )
-    properties = "\n".join([
-        "# Kafka clients of this local cluster: kafka-topics ... --command-config THIS_FILE",
-        "security.protocol=SASL_SSL",
-        f"sasl.mechanism={MECHANISM}",
-        f"sasl.jaas.config={jaas}",
-        "ssl.truststore.type=PEM",
-        f"ssl.truststore.location={ca_cert}",
-        "",
-    ])  # fmt: skip
+    properties = "\n".join(
+        [
+            "# Kafka clients of this local cluster: kafka-topics ... --command-config THIS_FILE",
+            "security.protocol=SASL_SSL",
+            f"sasl.mechanism={MECHANISM}",
+            f"sasl.jaas.config={jaas}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={ca_cert}",
+            "",
+        ]
+    )
     certs.write_private(security.client_properties, properties.encode())
     return security

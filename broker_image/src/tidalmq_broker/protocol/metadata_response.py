@@ -229,9 +229,9 @@ class TopicEncodings:
             if block is None:
                 start = c * self.CHUNK
                 block = encode_partitions(
-                    version, _partitions(topic, start, min(n, start + self.CHUNK), version,
-                                         unreachable)
-                )  # fmt: skip
+                    version,
+                    _partitions(topic, start, min(n, start + self.CHUNK), version, unreachable),
+                )
                 encoded[key] = block
             out.append(block)
         out.append(topic_tail(version, operations))

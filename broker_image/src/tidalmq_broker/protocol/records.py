@@ -122,8 +122,21 @@ def read_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Batch
             f"{len(buf) - position} bytes, a v2 header needs {HEADER_SIZE}"
         )
     fields = _HEADER.unpack_from(buf, position)
-    (base_offset, batch_length, leader_epoch, magic, crc, attributes, last_delta, base_ts,
-     max_ts, producer_id, producer_epoch, base_seq, count) = fields  # fmt: skip
+    (
+        base_offset,
+        batch_length,
+        leader_epoch,
+        magic,
+        crc,
+        attributes,
+        last_delta,
+        base_ts,
+        max_ts,
+        producer_id,
+        producer_epoch,
+        base_seq,
+        count,
+    ) = fields
     if magic != MAGIC_V2:
         raise UnsupportedMagic(f"record batch magic {magic} is not supported (only v2)")
     size = batch_length + LOG_OVERHEAD
@@ -137,9 +150,21 @@ def read_header(buf: bytes | bytearray | memoryview, position: int = 0) -> Batch
     if count < 0 or last_delta < 0:
         raise InvalidRecordBatch(f"record batch has negative count {count} or delta {last_delta}")
     return BatchHeader(
-        position, size, base_offset, leader_epoch, magic, crc, attributes, last_delta,
-        base_ts, max_ts, producer_id, producer_epoch, base_seq, count,
-    )  # fmt: skip
+        position,
+        size,
+        base_offset,
+        leader_epoch,
+        magic,
+        crc,
+        attributes,
+        last_delta,
+        base_ts,
+        max_ts,
+        producer_id,
+        producer_epoch,
+        base_seq,
+        count,
+    )
 
 
 def crc_matches(buf: bytes | bytearray | memoryview, header: BatchHeader) -> bool:

@@ -51,9 +51,14 @@ CACHE_ENTRIES = 100_000
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 _IMPLIES_DESCRIBE = frozenset(
-    {AclOperation.DESCRIBE, AclOperation.READ, AclOperation.WRITE, AclOperation.DELETE,
-     AclOperation.ALTER}
-)  # fmt: skip
+    {
+        AclOperation.DESCRIBE,
+        AclOperation.READ,
+        AclOperation.WRITE,
+        AclOperation.DELETE,
+        AclOperation.ALTER,
+    }
+)
 _IMPLIES_DESCRIBE_CONFIGS = frozenset({AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS})
 _HARDCODE = "hardcode"  # the name Kafka's authorizeByResourceType tries first
 
@@ -153,8 +158,12 @@ class Authorizer:
         for b in bindings:
             if b.permission not in (PermissionType.ALLOW, PermissionType.DENY):
                 continue
-            entry = _Entry(b.principal, b.host if b.host == WILDCARD else canonical_host(b.host),
-                           b.operation, b.permission == PermissionType.ALLOW)  # fmt: skip
+            entry = _Entry(
+                b.principal,
+                b.host if b.host == WILDCARD else canonical_host(b.host),
+                b.operation,
+                b.permission == PermissionType.ALLOW,
+            )
             if b.pattern_type == PatternType.LITERAL:
                 literal.setdefault(b.resource_type, {}).setdefault(b.name, []).append(entry)
             elif b.pattern_type == PatternType.PREFIXED:
@@ -162,8 +171,9 @@ class Authorizer:
         index = {}
         for rt in set(literal) | set(prefixed):
             by_prefix = prefixed.get(rt, {})
-            index[rt] = _ByType(literal.get(rt, {}), by_prefix,
-                                tuple(sorted({len(n) for n in by_prefix})))  # fmt: skip
+            index[rt] = _ByType(
+                literal.get(rt, {}), by_prefix, tuple(sorted({len(n) for n in by_prefix}))
+            )
         self._index = index
         self._bindings = bindings
         self._cache = {}
@@ -281,5 +291,7 @@ class Authorizer:
         if not self.enabled:
             return "off"
         users = ",".join(sorted(self.super_users)) or "none"
-        return (f"on (ACLs; super users {users}; allow.everyone.if.no.acl.found="
-                f"{str(self.allow_everyone_if_no_acl_found).lower()})")  # fmt: skip
+        return (
+            f"on (ACLs; super users {users}; allow.everyone.if.no.acl.found="
+            f"{str(self.allow_everyone_if_no_acl_found).lower()})"
+        )

@@ -40,9 +40,14 @@ class Issued:
 def _name(dn: dict[str, str] | str) -> x509.Name:
     if isinstance(dn, str):
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dn)])
-    oids = {"CN": NameOID.COMMON_NAME, "O": NameOID.ORGANIZATION_NAME,
-            "OU": NameOID.ORGANIZATIONAL_UNIT_NAME, "C": NameOID.COUNTRY_NAME,
-            "L": NameOID.LOCALITY_NAME, "ST": NameOID.STATE_OR_PROVINCE_NAME}  # fmt: skip
+    oids = {
+        "CN": NameOID.COMMON_NAME,
+        "O": NameOID.ORGANIZATION_NAME,
+        "OU": NameOID.ORGANIZATIONAL_UNIT_NAME,
+        "C": NameOID.COUNTRY_NAME,
+        "L": NameOID.LOCALITY_NAME,
+        "ST": NameOID.STATE_OR_PROVINCE_NAME,
+    }
     # written most general first (C, O, OU, CN), as certificates usually are
     return x509.Name([x509.NameAttribute(oids[k], v) for k, v in dn.items()])
 

@@ -97,10 +97,10 @@ def broker_listeners(endpoints: list[Endpoint]) -> tuple[str, int, list[Endpoint
 
 def describe(endpoints: list[Endpoint] | list[ListenerSpec]) -> str:
     return ",".join(
-        f"{e.name}://{e.host}:{e.port}" + ("" if e.name == e.security_protocol else
-                                            f" ({e.security_protocol})")
+        f"{e.name}://{e.host}:{e.port}"
+        + ("" if e.name == e.security_protocol else f" ({e.security_protocol})")
         for e in endpoints
-    )  # fmt: skip
+    )
 
 
 AUTHORIZERS = ("auto", "acl", "none")
@@ -136,7 +136,7 @@ def describe_authorization(s: BrokerSettings, authorizer: Authorizer) -> str:
     if authorizer.enabled:
         why = "authorizer=acl" if mode == "acl" else "authorizer=auto: a listener is not PLAINTEXT"
         return f"authorization {authorizer.describe()} [{why}]"
-    why = ("authorizer=none" if mode == "none"
-           else "authorizer=auto: PLAINTEXT listeners only")  # fmt: skip
-    return (f"authorization OFF [{why}]: every client may do anything; --authorizer acl "
-            "enforces ACLs")  # fmt: skip
+    why = "authorizer=none" if mode == "none" else "authorizer=auto: PLAINTEXT listeners only"
+    return (
+        f"authorization OFF [{why}]: every client may do anything; --authorizer acl enforces ACLs"
+    )

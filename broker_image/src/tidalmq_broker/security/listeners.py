@@ -105,8 +105,10 @@ def parse_listeners(text: str, protocols: dict[str, str], setting: str) -> list[
     names = [s.name for s in specs]
     for name in names:
         if names.count(name) > 1:
-            raise ListenerConfigError(f"{setting}: each listener must have a different name "
-                                      f"({name} is given {names.count(name)} times)")  # fmt: skip
+            raise ListenerConfigError(
+                f"{setting}: each listener must have a different name "
+                f"({name} is given {names.count(name)} times)"
+            )
     return specs
 
 
@@ -161,8 +163,10 @@ def resolve(
         ports = [b.port for b in bind if b.port]
         for p in ports:
             if ports.count(p) > 1:
-                raise ListenerConfigError(f"listeners: each listener must have a different port "
-                                          f"({p} is given {ports.count(p)} times)")  # fmt: skip
+                raise ListenerConfigError(
+                    f"listeners: each listener must have a different port "
+                    f"({p} is given {ports.count(p)} times)"
+                )
         if advertised_listeners.strip():
             advertised = parse_listeners(advertised_listeners, protocols, "advertised.listeners")
         else:

@@ -201,9 +201,7 @@ class ScramServer(_Mechanism):
             raise self._fail("invalid client-first message")
         user = _sasl_name_to_user(m.group("saslname"))
         self.user = user
-        extensions = dict(
-            item.split("=", 1) for item in m.group("ext").split(",") if "=" in item
-        )  # fmt: skip
+        extensions = dict(item.split("=", 1) for item in m.group("ext").split(",") if "=" in item)
         if extensions.get("tokenauth", "").lower() == "true":
             raise self._fail("delegation token authentication (not supported)")
         authzid = m.group("authzid")
@@ -315,6 +313,12 @@ def log_failure(peer: str, listener: str, sasl: SaslAuthenticator, reason: str) 
     """One rate-limited line per failed authentication (who, from where, why)."""
     who = f" of {sasl.user!r}" if sasl.user is not None else ""
     failures.record(
-        listener, "sasl", "SASL/%s authentication%s from %s on listener %s failed: %s",
-        sasl.mechanism_name, who, peer, listener, reason,
-    )  # fmt: skip
+        listener,
+        "sasl",
+        "SASL/%s authentication%s from %s on listener %s failed: %s",
+        sasl.mechanism_name,
+        who,
+        peer,
+        listener,
+        reason,
+    )

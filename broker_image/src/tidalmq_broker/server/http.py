@@ -51,8 +51,15 @@ def _no_token_configured(header: str | None) -> tuple[bool, str]:
 
 def _refuse(request: web.Request, status: int, reason: str, why: str) -> web.Response:
     REFUSALS.labels(reason).inc()
-    REFUSAL_LOG.warning(log, "control call refused (%d): %s %s from %s: %s", status,
-                        request.method, request.path, request.remote or "?", why)  # fmt: skip
+    REFUSAL_LOG.warning(
+        log,
+        "control call refused (%d): %s %s from %s: %s",
+        status,
+        request.method,
+        request.path,
+        request.remote or "?",
+        why,
+    )
     if status == 403:
         return web.json_response({"error": f"forbidden: {why}"}, status=403)
     needs = "a client certificate" if reason == "no_certificate" else "the broker's control token"

@@ -344,10 +344,10 @@ class KafkaListener:
         self._accepting = True
         self._scratch = SharedScratch()  # one read buffer for every connection
         self.request_budget = (
-            MemoryBudget("request", limits.queued_max_request_bytes,
-                         slack=limits.max_request_bytes)
-            if limits.queued_max_request_bytes > 0 else None
-        )  # fmt: skip
+            MemoryBudget("request", limits.queued_max_request_bytes, slack=limits.max_request_bytes)
+            if limits.queued_max_request_bytes > 0
+            else None
+        )
         self.response_budget = (
             MemoryBudget("response", limits.queued_max_response_bytes)
             if limits.queued_max_response_bytes > 0
@@ -402,10 +402,13 @@ class KafkaListener:
                     tls.sslobject_class = handshake_reporting(endpoint.name, _tls_failed)
                 server = await loop.create_server(
                     lambda e=endpoint: self._new_protocol(e),
-                    endpoint.host or None, endpoint.port, reuse_address=True, ssl=tls,
+                    endpoint.host or None,
+                    endpoint.port,
+                    reuse_address=True,
+                    ssl=tls,
                     ssl_handshake_timeout=self._limits.tls_handshake_timeout_s if tls else None,
                     backlog=1024,
-                )  # fmt: skip
+                )
                 self._servers.append((endpoint, server))
         except BaseException:
             for _, server in self._servers:
@@ -518,11 +521,13 @@ class KafkaListener:
     async def _on_connection(self, proto: FrameProtocol, endpoint: ListenerEndpoint) -> None:
         peer = proto.peer()
         conn = Connection(
-            peer=peer, listener=endpoint.name, security_protocol=endpoint.security_protocol,
+            peer=peer,
+            listener=endpoint.name,
+            security_protocol=endpoint.security_protocol,
             host=canonical_host(peer.rsplit(":", 1)[0]),
             _responses=self.response_budget,
             _max_response_bytes=self._limits.max_response_bytes_per_connection,
-        )  # fmt: skip
+        )
         proto._on_drained = lambda: _settle(conn, proto)  # cleared when the connection is lost
         conn._on_mute = lambda muted: self._mute(proto, muted)  # cleared by _closed
         # told (resume_writing) each time the transport's buffer is empty again, not only
@@ -548,10 +553,19 @@ class KafkaListener:
                 msg = "closing connection from %s: request size %d outside 1..%d"
                 REQUEST_ERRORS.warning(log, msg, conn.peer, exc.size, limit)
             else:
-                msg = ("closing connection from %s on listener %s: a frame of %d bytes before "
-                       "authentication (at most %d: sasl.server.max.receive.size)")  # fmt: skip
-                failures.record(conn.listener, "unauthenticated_request", msg, conn.peer,
-                                conn.listener, exc.size, SASL_MAX_RECEIVE_BYTES)  # fmt: skip
+                msg = (
+                    "closing connection from %s on listener %s: a frame of %d bytes before "
+                    "authentication (at most %d: sasl.server.max.receive.size)"
+                )
+                failures.record(
+                    conn.listener,
+                    "unauthenticated_request",
+                    msg,
+                    conn.peer,
+                    conn.listener,
+                    exc.size,
+                    SASL_MAX_RECEIVE_BYTES,
+                )
         except asyncio.CancelledError:
             sender.cancel()
             self._closed(conn, responses)
@@ -683,10 +697,13 @@ class KafkaListener:
             REQUEST_ERRORS.warning(log, msg, conn.peer, exc)
             return False
         if api_key not in PRE_AUTHENTICATION_APIS:
-            msg = ("closing connection from %s on listener %s: unexpected Kafka request of api "
-                   "key %d during SASL handshake (not authenticated)")  # fmt: skip
-            failures.record(conn.listener, "unauthenticated_request", msg, conn.peer,
-                            conn.listener, api_key)  # fmt: skip
+            msg = (
+                "closing connection from %s on listener %s: unexpected Kafka request of api "
+                "key %d during SASL handshake (not authenticated)"
+            )
+            failures.record(
+                conn.listener, "unauthenticated_request", msg, conn.peer, conn.listener, api_key
+            )
             return False
         request = await self._decode(frame, conn, responses)
         if isinstance(request, bool):

@@ -42,8 +42,10 @@ class CliError(Exception):
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "static-topic", help="static topics: fixed logic queues over remappable physical queues", description=__doc__,
-    )  # fmt: skip
+        "static-topic",
+        help="static topics: fixed logic queues over remappable physical queues",
+        description=__doc__,
+    )
     cmds = p.add_subparsers(dest="static_command", metavar="ACTION", required=True)
 
     d = cmds.add_parser("describe", help="logic queues, their broker, gen and items; the mapping")
@@ -61,10 +63,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = cmds.add_parser("create", help="create a static topic")
     c.add_argument("name")
     c.add_argument("--queues", type=int, required=True, help="number of logic queues (fixed)")
-    c.add_argument("--brokers", type=id_list, metavar="IDS",
-                   help="comma-separated broker ids that may host it (default all)")  # fmt: skip
-    c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                   help="a topic config (repeatable)")  # fmt: skip
+    c.add_argument(
+        "--brokers",
+        type=id_list,
+        metavar="IDS",
+        help="comma-separated broker ids that may host it (default all)",
+    )
+    c.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a topic config (repeatable)",
+    )
     c.add_argument("--jump", type=int, help="availability remaps: largest logic-offset jump")
     _where(c)
     add_output(c, DESCRIPTION_KEYS)
@@ -72,11 +83,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     r = cmds.add_parser("remap", help="move logic queues to other brokers (no data moves)")
     r.add_argument("name")
-    r.add_argument("--move", action="append", required=True, metavar="QUEUE:BROKER[:MODE]",
-                   help="mode strict (block old, then switch) or available (switch new first)")  # fmt: skip
+    r.add_argument(
+        "--move",
+        action="append",
+        required=True,
+        metavar="QUEUE:BROKER[:MODE]",
+        help="mode strict (block old, then switch) or available (switch new first)",
+    )
     _where(r)
-    add_output(r, '{"remaps": [{"queue", "source", "target", "mode", "old_physical", '
-               '"new_physical", "opened_ms", "jump"}]}')  # fmt: skip
+    add_output(
+        r,
+        '{"remaps": [{"queue", "source", "target", "mode", "old_physical", '
+        '"new_physical", "opened_ms", "jump"}]}',
+    )
     r.set_defaults(handler=_remap)
 
     rp = cmds.add_parser("repair", help="finish an interrupted remap (copies at different epochs)")
@@ -88,20 +107,36 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _where(p: argparse.ArgumentParser, *, kafka: bool = False) -> None:
     if kafka:
-        p.add_argument("--bootstrap-server", type=bootstrap_servers, metavar="HOST:PORT",
-                       help="any broker (Kafka protocol)")  # fmt: skip
-        p.add_argument("--command-config", metavar="FILE",
-                       help="Kafka client properties for --bootstrap-server (security.protocol, "
-                            "ssl.*, sasl.*), as Kafka's tools take them")  # fmt: skip
-    p.add_argument("--controller-url", type=http_url,
-                   default=os.environ.get("TIDALMQ_CONTROLLER_URL"),
-                   help="the controller's HTTP API (default: $TIDALMQ_CONTROLLER_URL or the local "
-                        "cluster's)")  # fmt: skip
-    p.add_argument("--control-token-file", default="",
-                   help="the cluster's control token, with --controller-url (default: "
-                        "$TIDALMQ_CONTROL_TOKEN_FILE or $TIDALMQ_CONTROL_TOKEN)")  # fmt: skip
-    p.add_argument("--data-dir", default="", help="the local cluster's data directory (default: "
-                   "$TIDALMQ_DATA_DIR, else ~/.tidalmq/local)")  # fmt: skip
+        p.add_argument(
+            "--bootstrap-server",
+            type=bootstrap_servers,
+            metavar="HOST:PORT",
+            help="any broker (Kafka protocol)",
+        )
+        p.add_argument(
+            "--command-config",
+            metavar="FILE",
+            help="Kafka client properties for --bootstrap-server (security.protocol, "
+            "ssl.*, sasl.*), as Kafka's tools take them",
+        )
+    p.add_argument(
+        "--controller-url",
+        type=http_url,
+        default=os.environ.get("TIDALMQ_CONTROLLER_URL"),
+        help="the controller's HTTP API (default: $TIDALMQ_CONTROLLER_URL or the local cluster's)",
+    )
+    p.add_argument(
+        "--control-token-file",
+        default="",
+        help="the cluster's control token, with --controller-url (default: "
+        "$TIDALMQ_CONTROL_TOKEN_FILE or $TIDALMQ_CONTROL_TOKEN)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default="",
+        help="the local cluster's data directory (default: "
+        "$TIDALMQ_DATA_DIR, else ~/.tidalmq/local)",
+    )
 
 
 # ------------------------------------------------------------------------------ transports
@@ -148,11 +183,21 @@ def _describe_over_kafka(bootstrap: str, name: str, command_config: str | None) 
         raise CliError(f"--command-config: {exc}") from exc
     try:
         with AdminClient(bootstrap, security=security) as admin:
-            resp = admin.call(32, 4, {
-                "resources": [{"resource_type": TOPIC_RESOURCE, "resource_name": name,
-                               "configuration_keys": [MAPPING_KEY]}],
-                "include_synonyms": False, "include_documentation": False,
-            })  # fmt: skip
+            resp = admin.call(
+                32,
+                4,
+                {
+                    "resources": [
+                        {
+                            "resource_type": TOPIC_RESOURCE,
+                            "resource_name": name,
+                            "configuration_keys": [MAPPING_KEY],
+                        }
+                    ],
+                    "include_synonyms": False,
+                    "include_documentation": False,
+                },
+            )
     except AdminError as exc:
         raise CliError(str(exc)) from exc
     (result,) = resp.results
@@ -239,10 +284,17 @@ def _create(args: argparse.Namespace) -> int:
             if not sep:
                 raise CliError(f"--config {item!r}: expected KEY=VALUE")
             configs[key] = value
-        d = _post(args, "/v1/static-topics/create", {
-            "name": args.name, "total_queues": args.queues, "brokers": args.brokers,
-            "configs": configs, "jump": args.jump,
-        })  # fmt: skip
+        d = _post(
+            args,
+            "/v1/static-topics/create",
+            {
+                "name": args.name,
+                "total_queues": args.queues,
+                "brokers": args.brokers,
+                "configs": configs,
+                "jump": args.jump,
+            },
+        )
         _show(args, d)
 
     return _run(run, args)
@@ -266,9 +318,11 @@ def _remap(args: argparse.Namespace) -> int:
         for r in records:
             opened = f"{r['opened_ms']:.0f} ms" if r["opened_ms"] is not None else "not yet"
             jump = f", logic offsets jumped by {r['jump']}" if r["jump"] else ""
-            print(f"queue {r['queue']}: broker {r['source']} -> {r['target']} ({r['mode']}), "
-                  f"physical queue {r['old_physical']} -> {r['new_physical']}, served after "
-                  f"{opened}{jump}")  # fmt: skip
+            print(
+                f"queue {r['queue']}: broker {r['source']} -> {r['target']} ({r['mode']}), "
+                f"physical queue {r['old_physical']} -> {r['new_physical']}, served after "
+                f"{opened}{jump}"
+            )
         if not records:
             print("nothing to do: every queue is already there")
 

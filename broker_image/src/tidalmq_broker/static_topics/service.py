@@ -157,9 +157,11 @@ class StaticTopicService(OffsetKeys):
         reader = self._readers.get(key)
         if reader is None:
             reader = ClosedPartitionReader(
-                self._store, TopicPartition(topic, item.queue), topic_id,
+                self._store,
+                TopicPartition(topic, item.queue),
+                topic_id,
                 read_ahead_bytes=self._read_ahead,
-            )  # fmt: skip
+            )
             self._readers[key] = reader
             while len(self._readers) > _READERS:
                 self._readers.popitem(last=False)
@@ -327,9 +329,10 @@ class LogicQueueLog:
             h for h in headers if h.has_producer_id and h.base_sequence != records.NO_SEQUENCE
         ]
         wanted = {
-            h.producer_id for h in idempotent
+            h.producer_id
+            for h in idempotent
             if h.base_sequence != 0 and entry_of(h.producer_id) is None
-        }  # fmt: skip
+        }
         leader = self._leader
         for item in list(reversed(self._items[:-1]))[:_PRODUCER_LOOKBACK]:
             if not wanted:
@@ -356,8 +359,10 @@ class LogicQueueLog:
                 continue
             if any(b.last_offset >= leader.start_offset for b in entry.batches):
                 continue  # it appended here already: the ordinary checks apply
-            if any(b.first_seq == h.base_sequence and b.last_seq == h.last_sequence
-                   for b in entry.batches):  # fmt: skip
+            if any(
+                b.first_seq == h.base_sequence and b.last_seq == h.last_sequence
+                for b in entry.batches
+            ):
                 continue  # a retry of a batch the older queue has: answered as a duplicate
             expected = (entry.batches[-1].last_seq + 1) % _SEQUENCE_SPACE
             if h.base_sequence != expected:
@@ -377,9 +382,12 @@ class LogicQueueLog:
         if not committed:
             return result
         return ReadResult(
-            result.records, result.high_watermark, result.log_start_offset,
-            result.high_watermark, [],
-        )  # fmt: skip
+            result.records,
+            result.high_watermark,
+            result.log_start_offset,
+            result.high_watermark,
+            [],
+        )
 
     async def _read(self, offset: int, max_bytes: int) -> ReadResult:
         items = self._items

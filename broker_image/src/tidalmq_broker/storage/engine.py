@@ -213,8 +213,12 @@ class ObjectStreamEngine:
             self._loops.append(
                 asyncio.get_running_loop().create_task(self._probe_loop(), name="storage-probe")
             )
-        log.info("storage engine started: broker %s incarnation %s on %r",
-                 self.broker_label, self.incarnation, self.raw_store)  # fmt: skip
+        log.info(
+            "storage engine started: broker %s incarnation %s on %r",
+            self.broker_label,
+            self.incarnation,
+            self.raw_store,
+        )
 
     def _loop(
         self, name: str, interval_s: float, fn: Callable[[], Awaitable[object]]
@@ -429,8 +433,12 @@ class ObjectStreamEngine:
                 etag = await self.checkpoints.commit(key, fresh, None)
                 metrics.RECOVERIES.labels(self.broker_label, "new").inc()
                 if start:
-                    log.warning("%s: created again at offset %d after an accepted data loss "
-                                "(epoch %d)", tp, start, epoch)  # fmt: skip
+                    log.warning(
+                        "%s: created again at offset %d after an accepted data loss (epoch %d)",
+                        tp,
+                        start,
+                        epoch,
+                    )
                 else:
                     log.info("%s: created (epoch %d)", tp, epoch)
                 return Partition(self, tp, topic_id, epoch, config, fresh, etag)
@@ -465,24 +473,36 @@ class ObjectStreamEngine:
             log.info(
                 "%s: recovered offsets %d-%d from %d WAL objects of broker %s/%s in %.3fs "
                 "(%d entries skipped)",
-                tp, cp.next_offset, next_offset - 1, tail.objects_scanned, cp.owner_broker,
-                cp.owner_incarnation, time.monotonic() - started, tail.skipped,
-            )  # fmt: skip
+                tp,
+                cp.next_offset,
+                next_offset - 1,
+                tail.objects_scanned,
+                cp.owner_broker,
+                cp.owner_incarnation,
+                time.monotonic() - started,
+                tail.skipped,
+            )
         log_start = cp.log_start_offset
         if accepted_from is not None and next_offset < accepted_from:
             # an operator accepted the loss of [next_offset, accepted_from): continue after it,
             # so no offset is ever reused with other data
-            log.warning("%s: log ends at %d; continuing at %d after an accepted data loss",
-                        tp, next_offset, accepted_from)  # fmt: skip
+            log.warning(
+                "%s: log ends at %d; continuing at %d after an accepted data loss",
+                tp,
+                next_offset,
+                accepted_from,
+            )
             next_offset = log_start = accepted_from
             index = []
             producers.truncate_from(next_offset)
             aborted.drop_before(next_offset)
         elif next_offset < floor:
             raise PartitionDataLost(
-                tp, expected_end=floor, found_end=next_offset,
+                tp,
+                expected_end=floor,
+                found_end=next_offset,
                 reason=f"checkpoint ends at {next_offset}, expected at least {floor}",
-            )  # fmt: skip
+            )
         mine = Checkpoint(
             topic=tp.topic,
             topic_id=topic_id,
@@ -505,12 +525,25 @@ class ObjectStreamEngine:
             # writes it until we do, so our checkpoint (the new epoch) is stored before our
             # first data, with If-Match on the one we read (writer.before_put), not now: a
             # rebalance of thousands of partitions costs each target one read per partition.
-            log.info("%s: opened (clean, epoch %d -> %d, offsets %d-%d; stored with its first "
-                     "data)", tp, cp.leader_epoch, epoch, log_start, next_offset)  # fmt: skip
+            log.info(
+                "%s: opened (clean, epoch %d -> %d, offsets %d-%d; stored with its first data)",
+                tp,
+                cp.leader_epoch,
+                epoch,
+                log_start,
+                next_offset,
+            )
             return Partition(self, tp, topic_id, epoch, config, mine, etag, epoch_stored=False)
         etag = await self.checkpoints.commit(key, mine, etag)
-        log.info("%s: opened (%s, epoch %d -> %d, offsets %d-%d)",
-                 tp, kind, cp.leader_epoch, epoch, log_start, next_offset)  # fmt: skip
+        log.info(
+            "%s: opened (%s, epoch %d -> %d, offsets %d-%d)",
+            tp,
+            kind,
+            cp.leader_epoch,
+            epoch,
+            log_start,
+            next_offset,
+        )
         return Partition(self, tp, topic_id, epoch, config, mine, etag)
 
     def _open_new(
@@ -583,8 +616,11 @@ class ObjectStreamEngine:
         self.store_problem = problem
         metrics.STORE_LOST.labels(self.broker_label).set(0 if problem is None else 1)
         if problem is not None:
-            log.warning("object store lost (%s): every partition stops serving; nothing is "
-                        "read from or written into the store", problem)  # fmt: skip
+            log.warning(
+                "object store lost (%s): every partition stops serving; nothing is "
+                "read from or written into the store",
+                problem,
+            )
             error = StoreLost(problem)
             # drop every open partition without writing (no checkpoint, no WAL, no ack): when the
             # store is back they open again through the usual checks
@@ -743,8 +779,9 @@ class ObjectStreamEngine:
         for sources in plans:
             # the segment is the sources' bytes one after the other: the store writes the parts
             # as they are (no copy into one segment buffer on the event loop)
-            parts = [part for got in await asyncio.gather(*(read(e) for e in sources))
-                     for part in got]  # fmt: skip
+            parts = [
+                part for got in await asyncio.gather(*(read(e) for e in sources)) for part in got
+            ]
             size = sum(len(part) for part in parts)
             key = keys.segment_key(p.tp, p.topic_id, sources[0].base_offset)
             await self.store.put(key, parts, if_none_match=True)
@@ -810,9 +847,10 @@ class ObjectStreamEngine:
                 return key, None if loaded is None else loaded[0]
 
         cp_keys = [
-            o.key for o in partition_objects
+            o.key
+            for o in partition_objects
             if (pk := keys.parse_partition_key(o.key)) is not None and pk.kind == "checkpoint"
-        ]  # fmt: skip
+        ]
         checkpoints = {k: cp for k, cp in await asyncio.gather(*(load(k) for k in cp_keys)) if cp}
         wal = wal_garbage(
             wal_objects,

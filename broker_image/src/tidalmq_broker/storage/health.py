@@ -58,8 +58,9 @@ class WriteHealth:
         if self.failing_since is None:
             return
         took = self.last_ok - self.failing_since
-        log.warning("object store takes writes again after %.1fs (%d failed PUTs)",
-                    took, self.failures)  # fmt: skip
+        log.warning(
+            "object store takes writes again after %.1fs (%d failed PUTs)", took, self.failures
+        )
         self.failing_since = None
         self.failures = 0
         self.last_error = ""
@@ -73,8 +74,11 @@ class WriteHealth:
             return
         self.failing_since = self._clock()
         self._recovered = asyncio.Event()
-        log.warning("object store write failed: %s; appends are refused (KAFKA_STORAGE_ERROR) "
-                    "and /readyz says not ready until a write succeeds", self.last_error)  # fmt: skip
+        log.warning(
+            "object store write failed: %s; appends are refused (KAFKA_STORAGE_ERROR) "
+            "and /readyz says not ready until a write succeeds",
+            self.last_error,
+        )
         self._changed(self.problem)
 
     def idle_for(self) -> float:

@@ -158,13 +158,24 @@ class LogCleaner:
             "%s: cleaned [%d, %d)%s: %d groups rewritten, %d unchanged; %d of %d records kept "
             "(%d superseded, %d expired tombstones, %d aborted, %d keyless, %d markers); "
             "%d bytes read, %d written; map %.0f%% full%s",
-            p.tp, outcome.start, outcome.end, " (map full)" if outcome.map_full else "",
-            outcome.groups_cleaned, outcome.groups_skipped, outcome.stats.records_kept,
-            outcome.stats.records_read, outcome.stats.superseded,
-            outcome.stats.tombstones_expired, outcome.stats.aborted, outcome.stats.keyless,
-            outcome.stats.markers_removed, outcome.bytes_read, outcome.bytes_written,
-            100 * offset_map.utilization, "; raced, stopped" if outcome.raced else "",
-        )  # fmt: skip
+            p.tp,
+            outcome.start,
+            outcome.end,
+            " (map full)" if outcome.map_full else "",
+            outcome.groups_cleaned,
+            outcome.groups_skipped,
+            outcome.stats.records_kept,
+            outcome.stats.records_read,
+            outcome.stats.superseded,
+            outcome.stats.tombstones_expired,
+            outcome.stats.aborted,
+            outcome.stats.keyless,
+            outcome.stats.markers_removed,
+            outcome.bytes_read,
+            outcome.bytes_written,
+            100 * offset_map.utilization,
+            "; raced, stopped" if outcome.raced else "",
+        )
 
     async def _clean_group(
         self,

@@ -316,9 +316,12 @@ class Partition:
                 if h.has_producer_id and h.base_sequence != records.NO_SEQUENCE:
                     pid = h.producer_id
                     found = self._producers.check(
-                        pid, h.producer_epoch, h.base_sequence, h.last_sequence,
+                        pid,
+                        h.producer_epoch,
+                        h.base_sequence,
+                        h.last_sequence,
                         h.is_transactional,
-                    )  # fmt: skip
+                    )
                     if found is not None:
                         duplicate = found
                         break
@@ -333,8 +336,13 @@ class Partition:
                         transactional=h.is_transactional,
                     )
                     row: ProducerBatch = (
-                        pid, h.producer_epoch, h.base_sequence, h.last_sequence, offset, last
-                    )  # fmt: skip
+                        pid,
+                        h.producer_epoch,
+                        h.base_sequence,
+                        h.last_sequence,
+                        offset,
+                        last,
+                    )
                     producers.append((*row, TRANSACTIONAL) if h.is_transactional else row)
                 offset += h.last_offset_delta + 1
         except StorageError:
@@ -689,8 +697,9 @@ class Partition:
             return bytes(out)
         # the index still names an object the store does not have: the data is gone (a wiped
         # or damaged store), never an empty read
-        log.warning("%s: object %s holding offset %d is missing from the store", self._tp,
-                    missing, offset)  # fmt: skip
+        log.warning(
+            "%s: object %s holding offset %d is missing from the store", self._tp, missing, offset
+        )
         raise ObjectStoreUnavailable(
             f"{self._tp}: the object holding offset {offset} ({missing}) is missing from the store"
         )
@@ -931,8 +940,9 @@ class Partition:
                     if attempt == 2:
                         log.warning(
                             "%s: clean checkpoint failed (%s); the next owner recovers from the WAL",
-                            self._tp, exc,
-                        )  # fmt: skip
+                            self._tp,
+                            exc,
+                        )
                     else:
                         await asyncio.sleep(0.2 * (attempt + 1))
         except PartitionFenced:

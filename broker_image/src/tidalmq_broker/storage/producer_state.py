@@ -245,10 +245,16 @@ class ProducerStateTable:
         """(producer id, epoch, last sequence or -1, last seen ms or -1, coordinator epoch or
         -1, first offset of the ongoing transaction or -1) per producer."""
         return [
-            (pid, e.epoch, e.batches[-1].last_seq if e.batches else -1, e.last_seen_ms or -1,
-             e.coordinator_epoch, e.txn_first_offset)
+            (
+                pid,
+                e.epoch,
+                e.batches[-1].last_seq if e.batches else -1,
+                e.last_seen_ms or -1,
+                e.coordinator_epoch,
+                e.txn_first_offset,
+            )
             for pid, e in sorted(self.producers.items())
-        ]  # fmt: skip
+        ]
 
     def copy(self) -> ProducerStateTable:
         clone = ProducerStateTable()
@@ -259,9 +265,13 @@ class ProducerStateTable:
     # ---------------------------------------------------------------- persistence
     def to_json(self) -> dict[str, object]:
         return {
-            str(pid): [e.epoch, e.last_seen_ms, [[b.first_seq, b.last_seq, b.base_offset, b.last_offset] for b in e.batches]]
+            str(pid): [
+                e.epoch,
+                e.last_seen_ms,
+                [[b.first_seq, b.last_seq, b.base_offset, b.last_offset] for b in e.batches],
+            ]
             for pid, e in self.producers.items()
-        }  # fmt: skip
+        }
 
     def txn_to_json(self) -> dict[str, list[int]]:
         """The checkpoint's `transactions`: [first offset of the ongoing transaction or -1,

@@ -77,8 +77,13 @@ async def recover_tail(store: ObjectStore, cp: Checkpoint) -> RecoveredTail:
                 tail.skipped += 1
                 log.info(
                     "recovery of %s-%d skips %s offsets %d-%d (expected %d)",
-                    cp.topic, cp.partition, obj.key, e.base_offset, e.last_offset, tail.next_offset,
-                )  # fmt: skip
+                    cp.topic,
+                    cp.partition,
+                    obj.key,
+                    e.base_offset,
+                    e.last_offset,
+                    tail.next_offset,
+                )
                 continue
             tail.entries.append(
                 IndexEntry(

@@ -79,9 +79,15 @@ async def seal_partition(
     if loaded is None:
         # never opened (the switch came before its broker created it): an empty sealed log
         empty = Checkpoint(
-            tp.topic, topic_id, tp.partition, min_epoch, SEALED_OWNER, SEALED_OWNER, -1,
+            tp.topic,
+            topic_id,
+            tp.partition,
+            min_epoch,
+            SEALED_OWNER,
+            SEALED_OWNER,
+            -1,
             clean_shutdown=True,
-        )  # fmt: skip
+        )
         try:
             await cps.commit(key, empty, None)
             return SealResult(empty, False)
@@ -104,9 +110,13 @@ async def seal_partition(
         next_offset = tail.next_offset
         log.info(
             "%s: sealing after an unclean stop of broker %s: recovered offsets %d-%d from %d "
-            "WAL objects", tp, cp.owner_broker, cp.next_offset, next_offset - 1,
+            "WAL objects",
+            tp,
+            cp.owner_broker,
+            cp.next_offset,
+            next_offset - 1,
             tail.objects_scanned,
-        )  # fmt: skip
+        )
     sealed = Checkpoint(
         topic=tp.topic,
         topic_id=topic_id,

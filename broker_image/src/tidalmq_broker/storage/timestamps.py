@@ -31,8 +31,10 @@ def first_record_at(
         except records.InvalidRecordBatch as exc:
             log.warning(
                 "%s: cannot read the records of the batch at %d (%s); answering with the batch",
-                where, h.base_offset, exc,
-            )  # fmt: skip
+                where,
+                h.base_offset,
+                exc,
+            )
             return TimestampLookup(max(h.base_offset, log_start), h.max_timestamp)
     return None
 
@@ -81,7 +83,9 @@ def _max_record(data: bytes | memoryview, log_start: int, where: object) -> Time
         except records.InvalidRecordBatch as exc:
             log.warning(
                 "%s: cannot read the records of the batch at %d (%s); answering with the batch",
-                where, h.base_offset, exc,
-            )  # fmt: skip
+                where,
+                h.base_offset,
+                exc,
+            )
             best = TimestampLookup(max(h.base_offset, log_start), h.max_timestamp)
     return best

@@ -78,9 +78,19 @@ def encode_wal_object(
         for buf in g.buffers:
             rel += len(buf)
         index.append(
-            [g.topic, g.topic_id, g.partition, g.leader_epoch, g.base_offset, g.last_offset,
-             start, rel - start, g.max_timestamp, g.producers]
-        )  # fmt: skip
+            [
+                g.topic,
+                g.topic_id,
+                g.partition,
+                g.leader_epoch,
+                g.base_offset,
+                g.last_offset,
+                start,
+                rel - start,
+                g.max_timestamp,
+                g.producers,
+            ]
+        )
     index_bytes = json.dumps(index, separators=(",", ":")).encode()
     parts: list[bytes | bytearray | memoryview] = [
         _HEADER.pack(MAGIC, VERSION, len(index_bytes)) + index_bytes
@@ -117,9 +127,16 @@ def _entries_from_index(index: list[list[Any]], data_start: int) -> list[WalEntr
         topic, topic_id, partition, epoch, base, last, rel, size, max_ts, producers = raw
         out.append(
             WalEntry(
-                str(topic), str(topic_id), int(partition), int(epoch), int(base), int(last),
-                data_start + int(rel), int(size), int(max_ts),
+                str(topic),
+                str(topic_id),
+                int(partition),
+                int(epoch),
+                int(base),
+                int(last),
+                data_start + int(rel),
+                int(size),
+                int(max_ts),
                 [tuple(p) for p in producers],
             )
-        )  # fmt: skip
+        )
     return out

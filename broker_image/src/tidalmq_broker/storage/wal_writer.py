@@ -208,11 +208,17 @@ class WalWriter(Generic[P]):
                 a.data = bytearray()  # the view holds the bytes now: one reference to them
             groups.append(
                 WalGroup(
-                    p.tp.topic, p.topic_id, p.tp.partition, p.leader_epoch,
-                    appends[0].base_offset, appends[-1].last_offset,
-                    max(a.max_timestamp for a in appends), [v for _, v in views], producers,
+                    p.tp.topic,
+                    p.topic_id,
+                    p.tp.partition,
+                    p.leader_epoch,
+                    appends[0].base_offset,
+                    appends[-1].last_offset,
+                    max(a.max_timestamp for a in appends),
+                    [v for _, v in views],
+                    producers,
                 )
-            )  # fmt: skip
+            )
             views_by_group.append(views)
         parts, entries = encode_wal_object(groups)
         flush.parts, flush.entries, flush.size = parts, entries, sum(len(b) for b in parts)

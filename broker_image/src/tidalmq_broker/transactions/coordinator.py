@@ -146,9 +146,12 @@ class TxnShard:
         self._ticker = asyncio.create_task(self._tick(), name=f"txn timeouts {self.partition}")
         (log.info if count else log.debug)(
             "%s-%d: loaded %d transactional ids from %d records in %.0f ms",
-            TXN_STATE_TOPIC, self.partition, len(self.txns), count,
+            TXN_STATE_TOPIC,
+            self.partition,
+            len(self.txns),
+            count,
             (time.perf_counter() - started) * 1000,
-        )  # fmt: skip
+        )
 
     def close(self) -> None:
         self._closed = True
@@ -249,11 +252,14 @@ class TxnShard:
         commit = meta.state is TxnState.PREPARE_COMMIT
         pending = {
             TopicPartition(t, p): Marker(
-                TopicPartition(t, p), meta.producer_id, meta.producer_epoch, commit,
+                TopicPartition(t, p),
+                meta.producer_id,
+                meta.producer_epoch,
+                commit,
                 self.coordinator_epoch,
             )
             for t, p in meta.partitions
-        }  # fmt: skip
+        }
         backoff = self._settings.marker_backoff_s
         while pending and not self._closed:
             try:
@@ -264,12 +270,19 @@ class TxnShard:
             for tp, code in results.items():
                 if code == ErrorCode.none:
                     pending.pop(tp, None)
-                elif code in (ErrorCode.unknown_topic_or_partition, ErrorCode.invalid_producer_epoch,
-                              ErrorCode.transaction_coordinator_fenced):  # fmt: skip
+                elif code in (
+                    ErrorCode.unknown_topic_or_partition,
+                    ErrorCode.invalid_producer_epoch,
+                    ErrorCode.transaction_coordinator_fenced,
+                ):
                     # the partition is gone, or a newer epoch/coordinator already wrote past
                     # this transaction: no marker of ours can ever be written there
-                    log.warning("%s: marker for %s not written: %s", transactional_id, tp,
-                                ErrorCode(code).name)  # fmt: skip
+                    log.warning(
+                        "%s: marker for %s not written: %s",
+                        transactional_id,
+                        tp,
+                        ErrorCode(code).name,
+                    )
                     pending.pop(tp, None)
             if pending:
                 await asyncio.sleep(backoff)
@@ -309,8 +322,9 @@ class TxnShard:
                 try:
                     await self.expire_ids()
                 except Exception:
-                    log.exception("%s-%d: expiring transactional ids failed",
-                                  TXN_STATE_TOPIC, self.partition)  # fmt: skip
+                    log.exception(
+                        "%s-%d: expiring transactional ids failed", TXN_STATE_TOPIC, self.partition
+                    )
 
     async def abort_expired(self) -> list[str]:
         """Abort (bumping the epoch) every ongoing transaction past its timeout."""
@@ -363,8 +377,12 @@ class TxnShard:
                         self.txns.pop(t, None)
                     removed.extend(ids)
             except TxnError as exc:
-                log.warning("%s-%d: expiring transactional ids failed: %s",
-                            TXN_STATE_TOPIC, self.partition, exc)  # fmt: skip
+                log.warning(
+                    "%s-%d: expiring transactional ids failed: %s",
+                    TXN_STATE_TOPIC,
+                    self.partition,
+                    exc,
+                )
                 break
             finally:
                 for tid, lock in held:
@@ -373,8 +391,13 @@ class TxnShard:
                         # nobody waits for it (asyncio.Lock keeps its waiters there): drop it
                         self._locks.pop(tid, None)
         if removed:
-            log.info("%s-%d: %d transactional ids expired (no change for %d ms)",
-                     TXN_STATE_TOPIC, self.partition, len(removed), expiration)  # fmt: skip
+            log.info(
+                "%s-%d: %d transactional ids expired (no change for %d ms)",
+                TXN_STATE_TOPIC,
+                self.partition,
+                len(removed),
+                expiration,
+            )
         return removed
 
     # ------------------------------------------------------------------ persistence
@@ -408,8 +431,12 @@ class TxnShard:
         try:
             await self._log.append(batch, acks=-1)
         except StorageError as exc:
-            log.warning("%s-%d: logging the transaction state failed: %s",
-                        TXN_STATE_TOPIC, self.partition, exc)  # fmt: skip
+            log.warning(
+                "%s-%d: logging the transaction state failed: %s",
+                TXN_STATE_TOPIC,
+                self.partition,
+                exc,
+            )
             raise TxnError(ErrorCode.coordinator_not_available) from exc
         finally:
             self._writes_in_flight -= 1
@@ -446,8 +473,13 @@ class TxnShard:
                 if i == 0:
                     start = result.base_offset
             await self._log.delete_records_before(start)
-            log.info("%s-%d: snapshot of %d transactional ids, log trimmed before %d",
-                     TXN_STATE_TOPIC, self.partition, len(live), start)  # fmt: skip
+            log.info(
+                "%s-%d: snapshot of %d transactional ids, log trimmed before %d",
+                TXN_STATE_TOPIC,
+                self.partition,
+                len(live),
+                start,
+            )
         except StorageError as exc:
             log.warning("%s-%d: snapshot failed: %s", TXN_STATE_TOPIC, self.partition, exc)
         finally:

@@ -64,10 +64,15 @@ async def write_all_here(broker: MarkerHost, markers: list[Marker]) -> dict[Topi
     (`write_markers`: the same checks, and its listeners, e.g. the group coordinator settling
     a transaction's offsets); the Kafka error code of each partition."""
     entries = [
-        _Entry(m.producer_id, m.producer_epoch, m.commit, m.coordinator_epoch,
-               (_Topic(m.tp.topic, (m.tp.partition,)),))
+        _Entry(
+            m.producer_id,
+            m.producer_epoch,
+            m.commit,
+            m.coordinator_epoch,
+            (_Topic(m.tp.topic, (m.tp.partition,)),),
+        )
         for m in markers
-    ]  # fmt: skip
+    ]
     answer = await write_markers(broker, entries)
     return {
         TopicPartition(t["name"], p["partition_index"]): int(p["error_code"])
@@ -80,12 +85,17 @@ async def write_all_here(broker: MarkerHost, markers: list[Marker]) -> dict[Topi
 def markers_doc(markers: list[Marker]) -> dict[str, Any]:
     return {
         "markers": [
-            {"topic": m.tp.topic, "partition": m.tp.partition, "producer_id": m.producer_id,
-             "producer_epoch": m.producer_epoch, "commit": m.commit,
-             "coordinator_epoch": m.coordinator_epoch}
+            {
+                "topic": m.tp.topic,
+                "partition": m.tp.partition,
+                "producer_id": m.producer_id,
+                "producer_epoch": m.producer_epoch,
+                "commit": m.commit,
+                "coordinator_epoch": m.coordinator_epoch,
+            }
             for m in markers
         ]
-    }  # fmt: skip
+    }
 
 
 def markers_from(doc: Any) -> list[Marker]:
