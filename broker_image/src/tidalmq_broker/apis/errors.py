@@ -42,6 +42,7 @@ _CODES: list[tuple[type[BaseException], ErrorCode]] = [
     (storage.RecordTooLarge, ErrorCode.message_too_large),
     (storage.InvalidRecord, ErrorCode.invalid_record),
     (storage.OutOfOrderSequence, ErrorCode.out_of_order_sequence_number),
+    (storage.ProducerCatchingUp, ErrorCode.not_leader_or_follower),
     (storage.InvalidProducerEpoch, ErrorCode.invalid_producer_epoch),
     (storage.UnknownProducerId, ErrorCode.unknown_producer_id),
     (storage.InvalidTxnState, ErrorCode.invalid_txn_state),

@@ -86,6 +86,13 @@ class OutOfOrderSequence(StorageError):
     """Idempotent producer sequence gap (OUT_OF_ORDER_SEQUENCE_NUMBER)."""
 
 
+class ProducerCatchingUp(StorageError):
+    """A batch ahead of the next sequence from a producer that has not appended to this
+    partition since it was opened here: its earlier batches are on their way (answered
+    NOT_LEADER_OR_FOLLOWER, retriable: the client retries them in order). See
+    Partition.start_append."""
+
+
 class InvalidProducerEpoch(StorageError):
     """A producer epoch older than the one the partition knows (INVALID_PRODUCER_EPOCH)."""
 

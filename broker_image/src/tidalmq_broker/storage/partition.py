@@ -41,10 +41,12 @@ from tidalmq_broker.storage.api import (
     InvalidRecord,
     ObjectStoreUnavailable,
     OffsetOutOfRange,
+    OutOfOrderSequence,
     PartitionClosing,
     PartitionConfig,
     PartitionFenced,
     PartitionStats,
+    ProducerCatchingUp,
     ReadResult,
     RecordTooLarge,
     StorageError,
@@ -153,6 +155,8 @@ class Partition:
         self._durable_producers = ProducerStateTable.from_json(checkpoint.producers)  # type: ignore[arg-type]
         self._durable_producers.load_txn_json(checkpoint.transactions)
         self._producers = self._durable_producers.copy()
+        # producer ids with a batch appended (or answered as a duplicate) since this open
+        self._appended_here: set[int] = set()
         self._aborted = AbortedTxns.from_json(checkpoint.aborted_txns)
         # first offset of the oldest durable ongoing transaction (None: the LSO is the HWM)
         self._first_unstable = self._durable_producers.first_unstable_offset()
@@ -345,11 +349,17 @@ class Partition:
                     )
                     producers.append((*row, TRANSACTIONAL) if h.is_transactional else row)
                 offset += h.last_offset_delta + 1
+        except OutOfOrderSequence as exc:
+            self._undo_producers(undo)
+            self._catching_up(h, exc)
+            raise
         except StorageError:
             self._undo_producers(undo)
             raise
+        self._appended_here.update(p[0] for p in producers)
         if duplicate is not None:
             self._undo_producers(undo)
+            self._appended_here.add(h.producer_id)
             self._engine.m.duplicate_batches.inc()
             return self._duplicate(duplicate)
 
@@ -371,6 +381,29 @@ class Partition:
         future = self._enqueue(buf, base, offset - 1, max_ts, producers, acks)
         result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
         return self._acknowledged(result, future)
+
+    def _catching_up(self, h: records.BatchHeader, exc: OutOfOrderSequence) -> None:
+        """Raise ProducerCatchingUp instead of `exc` for a batch ahead of the next sequence
+        from a producer with nothing appended here since this open. After a failover a client
+        sends its unacknowledged batches to the new owner pipelined; the first ones are
+        refused while the partition still opens (LEADER_NOT_AVAILABLE), and a later one that
+        arrives once it is open is ahead of the log. OUT_OF_ORDER_SEQUENCE_NUMBER then makes
+        librdkafka bump its epoch and send every unacknowledged batch again as new records,
+        writing twice one that the old owner had made durable. A retriable answer makes it
+        retry them in order instead. Only until the producer's first batch is appended (or
+        answered as a duplicate) here: a gap after that is a gap."""
+        entry = self._producers.producers.get(h.producer_id)
+        if entry is None or entry.epoch != h.producer_epoch or not entry.batches:
+            return
+        if h.producer_id in self._appended_here:
+            return
+        expected = (entry.batches[-1].last_seq + 1) % (1 << 31)
+        ahead = (h.base_sequence - expected) % (1 << 31)
+        if 0 < ahead < (1 << 30):
+            raise ProducerCatchingUp(
+                f"{self._tp}: producer {h.producer_id} sent sequence {h.base_sequence}, "
+                f"{expected} is next (its earlier batches are on their way)"
+            ) from exc
 
     def _enqueue(
         self,
@@ -559,6 +592,7 @@ class Partition:
         try:
             self._next_offset = self._hwm
             self._producers = self._durable_producers.copy()
+            self._appended_here.clear()  # its producers resend what failed, pipelined
             delay = 0.1
             committed = False
             while self._state is State.RECOVERING:
