@@ -7,7 +7,6 @@ batch is appended or answered as a duplicate there: later, a gap is a gap."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,13 @@ from tidalmq_broker.storage.api import (
     OutOfOrderSequence,
     PartitionConfig,
     ProducerCatchingUp,
-    StorageConfig,
 )
 from tidalmq_broker.storage.engine import ObjectStreamEngine
-from tidalmq_broker.storage.objectstore import LocalDirObjectStore
 from tidalmq_core.model import TopicPartition
 
+from tests.unit.storage.test_transactions import engine
+
 TP = TopicPartition("t", 0)
-CONFIG = StorageConfig(flush_interval_ms=2, checkpoint_interval_s=3600)
 PID = 42
 
 
@@ -39,30 +37,15 @@ def idem(seq: int, n: int = 2) -> bytes:
     )
 
 
-@pytest.fixture
-async def engines(tmp_path: Path) -> AsyncIterator[list[ObjectStreamEngine]]:
-    made: list[ObjectStreamEngine] = []
-    yield made
-    for e in made:
-        await e.stop()
-
-
-async def engine(root: Path, made: list[ObjectStreamEngine], broker: int) -> ObjectStreamEngine:
-    e = ObjectStreamEngine(LocalDirObjectStore(root), broker, CONFIG)
-    await e.start()
-    made.append(e)
-    return e
-
-
 async def test_a_batch_ahead_right_after_a_failover_is_retriable(
     tmp_path: Path, engines: list[ObjectStreamEngine]
 ) -> None:
-    e1 = await engine(tmp_path / "objects", engines, 1)
+    e1 = await engine(tmp_path, engines, 1)
     p1 = await e1.open_partition(TP, "id", 1, PartitionConfig())
     await p1.append(idem(0))
     await p1.append(idem(2))  # durable; say its acknowledgement was lost with the owner
     await e1.abandon()  # kill -9
-    e2 = await engine(tmp_path / "objects", engines, 2)
+    e2 = await engine(tmp_path, engines, 2)
     p2 = await e2.open_partition(TP, "id", 2, PartitionConfig())  # recovers 0-3
     # the batch after the unacknowledged ones arrives first (they were refused while opening)
     with pytest.raises(ProducerCatchingUp) as early:

@@ -4,7 +4,6 @@ the last stable offset, read_committed reads, markers, fencing, and recovery aft
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -133,14 +132,6 @@ def txn(pid: int, epoch: int, seq: int, n: int = 2, *, transactional: bool = Tru
 
 def batch_offsets(data: bytes) -> list[tuple[int, int, bool]]:
     return [(h.base_offset, h.last_offset, h.is_control) for h in records.iter_headers(data)]
-
-
-@pytest.fixture
-async def engines(tmp_path: Path) -> AsyncIterator[list[ObjectStreamEngine]]:
-    made: list[ObjectStreamEngine] = []
-    yield made
-    for e in made:
-        await e.stop()
 
 
 async def engine(tmp_path: Path, made: list[ObjectStreamEngine], broker: int) -> ObjectStreamEngine:
