@@ -392,14 +392,12 @@ class Partition:
         writing twice one that the old owner had made durable. A retriable answer makes it
         retry them in order instead. Only until the producer's first batch is appended (or
         answered as a duplicate) here: a gap after that is a gap."""
-        entry = self._producers.producers.get(h.producer_id)
-        if entry is None or entry.epoch != h.producer_epoch or not entry.batches:
-            return
         if h.producer_id in self._appended_here:
             return
-        expected = (entry.batches[-1].last_seq + 1) % (1 << 31)
-        ahead = (h.base_sequence - expected) % (1 << 31)
-        if 0 < ahead < (1 << 30):
+        expected = self._producers.next_sequence_if_ahead(
+            h.producer_id, h.producer_epoch, h.base_sequence
+        )
+        if expected is not None:
             raise ProducerCatchingUp(
                 f"{self._tp}: producer {h.producer_id} sent sequence {h.base_sequence}, "
                 f"{expected} is next (its earlier batches are on their way)"

@@ -82,6 +82,10 @@ class CompletedTxn:
     aborted: bool
 
 
+def _next_sequence(entry: ProducerEntry) -> int:
+    return (entry.batches[-1].last_seq + 1) % _SEQ_MOD
+
+
 class ProducerStateTable:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
@@ -136,12 +140,21 @@ class ProducerStateTable:
                     f"producer {producer_id} expected sequence 0, got {first_seq}"
                 )
             return None
-        expected = (entry.batches[-1].last_seq + 1) % _SEQ_MOD
+        expected = _next_sequence(entry)
         if first_seq != expected:
             raise OutOfOrderSequence(
                 f"producer {producer_id} epoch {epoch}: expected sequence {expected}, got {first_seq}"
             )
         return None
+
+    def next_sequence_if_ahead(self, producer_id: int, epoch: int, first_seq: int) -> int | None:
+        """The producer's next sequence when `first_seq` is ahead of it (at the same epoch),
+        else None: the gap of a batch whose predecessors have not arrived yet."""
+        entry = self.producers.get(producer_id)
+        if entry is None or entry.epoch != epoch or not entry.batches:
+            return None
+        expected = _next_sequence(entry)
+        return expected if 0 < (first_seq - expected) % _SEQ_MOD < _SEQ_MOD // 2 else None
 
     def apply(
         self,
