@@ -154,6 +154,10 @@ build_project_images() {
   docker_cli build --network host -q -f "$ctx/spark/Dockerfile" \
     --build-arg "BASE_IMAGE=$PROJECT_BASE_IMAGE" --build-arg "PYSPARK_VERSION=$PYSPARK_VERSION" \
     -t "$SPARK_IMAGE" "$ctx" >/dev/null
+  # The tags moved to the new builds: the images they named before are dangling now. Each
+  # rebuild of a changed tree left ~4.5 GB of them behind (89 images, 33 GB after a day of CI
+  # runs, and a full disk); the build cache is in the tagged images' layers and is kept.
+  docker_cli image prune -f >/dev/null
 }
 
 # MinIO (the chart's in-cluster object store): the binary the integration tests use, on the base.
