@@ -47,6 +47,8 @@ sys.path.insert(0, str(REPO))
 from tidalmq_broker.storage.objectstore import localdir as new_localdir  # noqa: E402
 from tidalmq_broker.storage.objectstore.base import ObjectStore  # noqa: E402
 
+from bench.cache import cache_dir  # noqa: E402
+
 LOCALDIR = "broker_image/src/tidalmq_broker/storage/objectstore/localdir.py"
 # the last version with a thread job (temp file, fsync, lock, rename, fsync of the directory) per put
 BEFORE_GROUP_COMMIT = "0e45afcafd8ff2060aa39bafa9a72696018057d8"
@@ -299,7 +301,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (the median shown)")
     parser.add_argument("--no-wal", dest="wal", action="store_false")
     parser.add_argument("--no-lone", dest="lone", action="store_false")
-    cache = os.environ.get("TIDALMQ_CACHE_DIR") or os.path.expanduser("~/.cache/tidalmq")
+    cache = str(cache_dir())
     parser.add_argument(
         "--dir",
         default=os.path.join(cache, "bench-localdir"),

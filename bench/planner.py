@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT / "broker_image" / "src"))
 
 from tidalmq_planner.synthetic import Spec, cached  # noqa: E402
 
+from bench.cache import cache_dir  # noqa: E402
+
 
 def loadavg() -> str:
     one, five, fifteen = os.getloadavg()
@@ -57,7 +59,7 @@ def main() -> int:
 
     spec = Spec(partitions=args.partitions, brokers=args.brokers, days=args.days, step_s=args.step)
     t0 = time.perf_counter()
-    cache = Path(os.environ.get("TIDALMQ_CACHE_DIR") or ROOT / ".cache") / "planner-bench"
+    cache = cache_dir() / "planner-bench"
     history = cached(spec, cache)
     gen_s = time.perf_counter() - t0
     size_mb = history.stat().st_size / 1e6

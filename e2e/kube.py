@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from bench.cache import cache_dir
+
 E2E_DIR = Path(__file__).resolve().parent
 REPO_DIR = E2E_DIR.parent
 
@@ -77,7 +79,7 @@ def logs_dir() -> Path:
     try:
         cache = Path(script_settings("CACHE_DIR")["CACHE_DIR"])
     except (CommandError, KeyError, OSError):
-        cache = Path(os.environ.get("TIDALMQ_CACHE_DIR") or REPO_DIR / ".cache")
+        cache = cache_dir()
     return cache / "logs"
 
 

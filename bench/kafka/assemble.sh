@@ -3,7 +3,7 @@
 # log4j2 runtime) from Maven Central into one flat classpath directory, and prints that
 # directory's path on stdout.
 #
-#   bench/kafka/assemble.sh            -> ${TIDALMQ_CACHE_DIR:-<repo>/.cache}/kafka/<version>
+#   bench/kafka/assemble.sh            -> ${TIDALMQ_CACHE_DIR:-~/.cache/tidalmq}/kafka/<version>
 #   KAFKA_VERSION=4.3.0 bench/kafka/assemble.sh   (another 4.x release)
 #
 # The result is cached: a stamp file records the hash of pom.xml and the version, so a second
@@ -17,7 +17,7 @@ repo=$(cd "$here/../.." && pwd)
 pom="$here/pom.xml"
 default_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom" | head -n1)
 version=${KAFKA_VERSION:-$default_version}
-cache_root=${TIDALMQ_CACHE_DIR:-$repo/.cache}
+cache_root=${TIDALMQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tidalmq}
 dest="$cache_root/kafka/$version"
 stamp="$dest/.assembled"
 want="version=$version pom=$(sha256sum "$pom" | cut -d' ' -f1)"

@@ -45,6 +45,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Self
 
+from bench.cache import cache_dir
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 ASSEMBLE_SCRIPT = HERE / "assemble.sh"
@@ -91,7 +93,7 @@ def pinned_version() -> str:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("TIDALMQ_CACHE_DIR") or REPO_ROOT / ".cache")
+    return cache_dir()
 
 
 # --------------------------------------------------------------------------------------------

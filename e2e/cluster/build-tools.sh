@@ -24,7 +24,7 @@
 # built first. Each tool is still its own `go build`, so a test that needs only helm gets it
 # without waiting for Kubernetes.
 #
-# Everything lands under ${TIDALMQ_CACHE_DIR:-<repo>/.cache}: go/mod (GOMODCACHE), go/build
+# Everything lands under ${TIDALMQ_CACHE_DIR:-~/.cache/tidalmq}: go/mod (GOMODCACHE), go/build
 # (GOCACHE), src/ (wrapper modules) and bin/<tool>-<version>/ (results, each with a .done stamp
 # written last; MinIO: the file bin/minio-<version>), so a second run only checks the stamps.
 #

@@ -7,7 +7,7 @@ REPO_DIR=$(cd "$E2E_DIR/.." && pwd)
 # shellcheck source=../versions.env
 source "$E2E_DIR/versions.env"
 
-CACHE_DIR=${TIDALMQ_CACHE_DIR:-$REPO_DIR/.cache}
+CACHE_DIR=${TIDALMQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tidalmq}
 # Cluster data (certificates, etcd, kubelet, logs): removed by `down`.
 STATE_DIR=${TIDALMQ_E2E_STATE_DIR:-/var/lib/tidalmq-e2e}
 # Sockets and PID files.

@@ -1,5 +1,5 @@
 """The helm binary the chart tests run: the version pinned in e2e/versions.env, built from the Go
-module proxy by `e2e/cluster/build-tools.sh helm` into `${TIDALMQ_CACHE_DIR:-<repo>/.cache}` on
+module proxy by `e2e/cluster/build-tools.sh helm` into `${TIDALMQ_CACHE_DIR:-~/.cache/tidalmq}` on
 first use (a few minutes; the script's lock makes a test wait for a build already running, e.g.
 the background prebuild of `make test`), or the one named by TIDALMQ_HELM.
 
@@ -18,12 +18,10 @@ from typing import Any
 
 import yaml
 
+from bench.cache import cache_dir
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tidalmq"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TIDALMQ_CACHE_DIR") or REPO / ".cache")
 
 
 def pinned_version() -> str:

@@ -1,7 +1,7 @@
 """A real Kubernetes API server (etcd + kube-apiserver, no nodes) for operator integration tests.
 
 The binaries are the ones the end-to-end cluster uses, built from the Go module proxy by
-`e2e/cluster/build-tools.sh etcd kubernetes` into `${TIDALMQ_CACHE_DIR:-<repo>/.cache}` (built on
+`e2e/cluster/build-tools.sh etcd kubernetes` into `${TIDALMQ_CACHE_DIR:-~/.cache/tidalmq}` (built on
 first use; the script's locks make a session wait for a build already running, e.g. the
 background prebuild of `make test`). Authentication is a static token; authorization is
 AlwaysAllow: these tests exercise the operator's logic against the real API (CRD validation,
@@ -24,11 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.cache import cache_dir
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TIDALMQ_CACHE_DIR", REPO / ".cache"))
 
 
 def _versions() -> dict[str, str]:

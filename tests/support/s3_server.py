@@ -7,7 +7,7 @@ Which server (decided once, deterministically, never silently skipped):
   server mode.
 
 MinIO is built from its Go module at a pinned version into
-`${TIDALMQ_CACHE_DIR:-<repo>/.cache}/bin/minio-<version>` by `e2e/cluster/build-tools.sh minio`
+`${TIDALMQ_CACHE_DIR:-~/.cache/tidalmq}/bin/minio-<version>` by `e2e/cluster/build-tools.sh minio`
 (module and build caches under the same directory, shared with the other Go tools; the build
 holds a file lock, so a session waits for a build already running, e.g. the background prebuild
 of `make test`, instead of starting another). If the chosen server cannot be built or started,
@@ -35,16 +35,14 @@ from pathlib import Path
 import boto3
 import pytest
 
+from bench.cache import cache_dir
+
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"  # last published commit (Feb 2026)
 ACCESS_KEY = "tidalmq-test"
 SECRET_KEY = "tidalmq-test-secret"
 REGION = "us-east-1"
 BUCKET = "tidalmq-test"
 _REPO = Path(__file__).resolve().parents[2]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TIDALMQ_CACHE_DIR") or _REPO / ".cache")
 
 
 class S3ServerError(RuntimeError):
