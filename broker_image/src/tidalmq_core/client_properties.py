@@ -12,11 +12,23 @@ mTLS; `ssl.keystore.type=PEM`), `ssl.key.password`, `ssl.endpoint.identification
 `ssl.key.location`), so one file serves both kinds of client. JKS and PKCS12 stores, GSSAPI and
 OAUTHBEARER are refused with one line naming the setting.
 
+Kafka's config providers (KIP-297, KIP-632, KIP-887) resolve `${provider:path:key}` references in
+values, so a properties file can point at credentials mounted from a Secret instead of holding
+them: `config.providers=dir` with `config.providers.dir.class=
+org.apache.kafka.common.config.provider.DirectoryConfigProvider` reads the file `key` of the
+directory `path` (`${dir:/etc/creds:password}`); FileConfigProvider reads the property `key` of
+the properties file `path`; EnvVarConfigProvider the environment variable (`${env:NAME}`).
+`config.providers.NAME.param.allowed.paths` (KIP-993) limits the paths a provider may read. A
+reference to a provider that is not declared, a class we do not have, a missing file or key,
+or a path outside the allowed ones is a one-line error naming the setting (Kafka leaves an
+unresolved reference in place, and the setting then fails further on, less clearly).
+
 Pure: stdlib only (ssl for the context), imports nothing of ours.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
 from collections.abc import Mapping
@@ -27,6 +39,13 @@ PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 MAX_FILE_BYTES = 1 << 20
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+# Kafka's ConfigTransformer pattern: ${provider:[path:]key}
+_REFERENCE = re.compile(r"\$\{([^}]*?):(?:([^}]*?):)?([^}]*?)\}")
+_PROVIDER_CLASSES = {
+    "org.apache.kafka.common.config.provider.DirectoryConfigProvider": "dir",
+    "org.apache.kafka.common.config.provider.FileConfigProvider": "file",
+    "org.apache.kafka.common.config.provider.EnvVarConfigProvider": "env",
+}
 
 
 class ClientConfigError(ValueError):
@@ -55,14 +74,96 @@ def parse_properties(text: str) -> dict[str, str]:
     return out
 
 
-def read_properties(path: str) -> dict[str, str]:
+def _read_text(path: str, what: str) -> str:
     try:
-        data = Path(path).read_bytes()[: MAX_FILE_BYTES + 1]
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ClientConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if len(data) > MAX_FILE_BYTES:
-        raise ClientConfigError(f"{path}: larger than 1 MiB, not a client properties file")
-    return parse_properties(data.decode("utf-8", errors="replace"))
+        raise ClientConfigError(f"{path}: larger than 1 MiB, not {what}")
+    return data.decode("utf-8", errors="replace")
+
+
+def read_properties(path: str) -> dict[str, str]:
+    """A properties file, its config provider references resolved (`resolve_providers`)."""
+    return resolve_providers(parse_properties(_read_text(path, "a client properties file")))
+
+
+@dataclass(frozen=True, slots=True)
+class _Provider:
+    name: str
+    kind: str  # dir, file or env
+    allowed: tuple[Path, ...] | None  # param.allowed.paths (None: any path)
+
+    def lookup(self, setting: str, path: str, key: str) -> str:
+        if self.kind == "env":
+            if key not in os.environ:
+                raise ClientConfigError(f"{setting}: environment variable {key} is not set")
+            return os.environ[key]
+        if not path:
+            raise ClientConfigError(f"{setting}: ${{{self.name}:PATH:KEY}} needs a path")
+        target = Path(path)
+        if not target.is_absolute():
+            raise ClientConfigError(f"{setting}: {path} is not an absolute path")
+        if self.allowed is not None:
+            real = Path(os.path.realpath(target))
+            if not any(real == a or a in real.parents for a in self.allowed):
+                raise ClientConfigError(
+                    f"{setting}: {path} is not under config.providers.{self.name}"
+                    ".param.allowed.paths"
+                )
+        if self.kind == "dir":
+            if "/" in key or key in ("", ".", ".."):
+                raise ClientConfigError(f"{setting}: {key!r} is not a file name")
+            return _read_text(str(target / key), f"a value for {setting}")
+        values = parse_properties(_read_text(path, "a properties file"))
+        if key not in values:
+            raise ClientConfigError(f"{setting}: {path} has no property {key}")
+        return values[key]
+
+
+def _providers(props: Mapping[str, str]) -> dict[str, _Provider]:
+    out: dict[str, _Provider] = {}
+    for name in filter(None, (n.strip() for n in props.get("config.providers", "").split(","))):
+        cls = props.get(f"config.providers.{name}.class", "").strip()
+        if cls not in _PROVIDER_CLASSES:
+            raise ClientConfigError(
+                f"config.providers.{name}.class={cls or '(not set)'}: one of "
+                + ", ".join(sorted(_PROVIDER_CLASSES))
+            )
+        allowed_raw = props.get(f"config.providers.{name}.param.allowed.paths")
+        allowed = None
+        if allowed_raw is not None:
+            allowed = tuple(
+                Path(os.path.realpath(p.strip())) for p in allowed_raw.split(",") if p.strip()
+            )
+        out[name] = _Provider(name, _PROVIDER_CLASSES[cls], allowed)
+    return out
+
+
+def resolve_providers(props: Mapping[str, str]) -> dict[str, str]:
+    """`props` with every `${provider:path:key}` reference replaced by what its declared config
+    provider reads (Kafka's semantics; the `config.providers*` settings stay as they are)."""
+    providers = _providers(props)
+    out: dict[str, str] = {}
+    for setting, value in props.items():
+        if setting.startswith("config.providers"):
+            out[setting] = value
+            continue
+
+        def replace(m: re.Match[str], setting: str = setting) -> str:
+            name, path, key = m.group(1), m.group(2) or "", m.group(3)
+            provider = providers.get(name)
+            if provider is None:
+                raise ClientConfigError(
+                    f"{setting}: {m.group(0)} names config provider {name!r}, which "
+                    "config.providers does not declare"
+                )
+            return provider.lookup(setting, path, key)
+
+        out[setting] = _REFERENCE.sub(replace, value)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

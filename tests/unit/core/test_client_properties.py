@@ -13,6 +13,7 @@ from tidalmq_core.client_properties import (
     from_file,
     from_properties,
     parse_properties,
+    resolve_providers,
 )
 
 JAVA = r"""
@@ -101,3 +102,86 @@ def test_the_scram_client_against_rfc_7677() -> None:
         scram.ScramClient(scram.SCRAM_SHA_256, "u", "p", nonce="abc").final(b"r=xyz,s=AA==,i=4096")
     with pytest.raises(ValueError, match="iterations"):
         scram.ScramClient(scram.SCRAM_SHA_256, "u", "p", nonce="abc").final(b"r=abcd,s=AA==,i=1")
+
+
+DIR = "org.apache.kafka.common.config.provider.DirectoryConfigProvider"
+FILE = "org.apache.kafka.common.config.provider.FileConfigProvider"
+ENV = "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
+
+
+def test_config_providers_read_credentials_from_mounted_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a User's Secret mounted as a directory (one file per key), as Kubernetes mounts it
+    creds = tmp_path / "user"
+    creds.mkdir()
+    (creds / "sasl.jaas.config").write_text(
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="planner" '
+        'password="s3cr=t";'
+    )
+    (tmp_path / "more.properties").write_text("mechanism=SCRAM-SHA-512\n")
+    monkeypatch.setenv("CA_PATH", "/etc/ca.crt")
+    path = tmp_path / "client.properties"
+    path.write_text(
+        "security.protocol=SASL_SSL\n"
+        "config.providers=dir, file,env\n"
+        f"config.providers.dir.class={DIR}\n"
+        f"config.providers.file.class={FILE}\n"
+        f"config.providers.env.class={ENV}\n"
+        f"sasl.jaas.config=${{dir:{creds}:sasl.jaas.config}}\n"
+        f"sasl.mechanism=${{file:{tmp_path}/more.properties:mechanism}}\n"
+        "ssl.ca.location=${env:CA_PATH}\n"
+    )
+    s = from_file(str(path))
+    assert (s.protocol, s.mechanism, s.username, s.password, s.ca_file) == (
+        "SASL_SSL", "SCRAM-SHA-512", "planner", "s3cr=t", "/etc/ca.crt",
+    )  # fmt: skip
+
+
+def test_allowed_paths_bound_what_a_provider_reads(tmp_path: Path) -> None:
+    allowed, other = tmp_path / "allowed", tmp_path / "other"
+    for d in (allowed, other):
+        d.mkdir()
+        (d / "password").write_text("pw")
+    base = {
+        "config.providers": "dir",
+        "config.providers.dir.class": DIR,
+        "config.providers.dir.param.allowed.paths": str(allowed),
+    }
+    assert resolve_providers({**base, "x": f"${{dir:{allowed}:password}}"})["x"] == "pw"
+    with pytest.raises(ClientConfigError, match=r"allowed\.paths"):
+        resolve_providers({**base, "x": f"${{dir:{other}:password}}"})
+    # a symlink out of the allowed directory is outside it too
+    (allowed / "escape").symlink_to(other)
+    with pytest.raises(ClientConfigError, match=r"allowed\.paths"):
+        resolve_providers({**base, "x": f"${{dir:{allowed}/escape:password}}"})
+    with pytest.raises(ClientConfigError, match="not a file name"):
+        resolve_providers({**base, "x": f"${{dir:{allowed}:../other/password}}"})
+
+
+@pytest.mark.parametrize(
+    ("props", "message"),
+    [
+        ({"x": "${dir:/etc:password}"}, "config.providers does not declare"),
+        ({"config.providers": "vault", "config.providers.vault.class": "com.example.Vault"},
+         "config.providers.vault.class=com.example.Vault: one of"),
+        ({"config.providers": "d"}, r"config.providers.d.class=\(not set\)"),
+        ({"config.providers": "env", "config.providers.env.class": ENV,
+          "x": "${env:TIDALMQ_SURELY_UNSET_VARIABLE}"}, "TIDALMQ_SURELY_UNSET_VARIABLE is not set"),
+        ({"config.providers": "d", "config.providers.d.class": DIR, "x": "${d:relative:k}"},
+         "not an absolute path"),
+        ({"config.providers": "f", "config.providers.f.class": FILE, "x": "${f:/nonexistent/p:k}"},
+         "cannot read /nonexistent/p"),
+    ],
+)  # fmt: skip
+def test_provider_errors_are_one_line_naming_the_setting(
+    props: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ClientConfigError, match=message) as info:
+        resolve_providers(props)
+    assert "\n" not in str(info.value)
+
+
+def test_values_without_references_are_untouched() -> None:
+    props = {"a": "$notareference", "b": "${unterminated", "config.providers": ""}
+    assert resolve_providers(props) == props
