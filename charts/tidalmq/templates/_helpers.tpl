@@ -325,3 +325,8 @@ podIP reach brokers by IP, which no generated certificate names: use tls.existin
     (printf "%s.%s.svc.%s" $headless $ns $domain) (printf "%s.%s.svc.%s" $bootstrap $ns $domain)
     (printf "%s.%s.svc" $bootstrap $ns) (printf "%s.%s" $bootstrap $ns) $bootstrap | toJson }}
 {{- end }}
+
+{{/* The planner's User (and its Secret) on a secured Kafka listener. */}}
+{{- define "tidalmq.plannerUser" -}}
+{{- printf "%s-planner" (include "tidalmq.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

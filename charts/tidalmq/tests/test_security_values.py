@@ -257,3 +257,59 @@ def test_operator_may_write_users_secrets_by_name_only() -> None:
     ours = {res for r in role["rules"] if "tidalmq.io" in r["apiGroups"] for res in r["resources"]}
     assert {"users", "users/status", "users/finalizers"} <= ours
     assert _secret_verbs(render({"users": {"enabled": False}})) == set()
+
+
+PLANNER_ENV = ("TIDALMQ_KAFKA_SECURITY_PROTOCOL", "TIDALMQ_PLANNER_USER_SECRET",
+               "TIDALMQ_BROKER_CA_SECRET")  # fmt: skip
+
+
+def operator_env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
+
+
+@pytest.mark.parametrize(
+    ("tls", "sasl", "auth", "protocol"),
+    [(True, True, "scram-sha-512", "SASL_SSL"), (True, False, "tls", "SSL"),
+     (False, True, "scram-sha-512", "SASL_PLAINTEXT")],
+)  # fmt: skip
+def test_the_planner_has_its_own_user_on_a_secured_listener(
+    tls: bool, sasl: bool, auth: str, protocol: str
+) -> None:
+    docs = render({"listeners": {"tls": {"enabled": tls}, "sasl": {"enabled": sasl}}})
+    user = find(docs, "User", f"{FULL}-planner")
+    assert user["spec"]["authentication"] == {"type": auth}
+    # Metadata of every topic and nothing else
+    assert user["spec"]["authorization"]["acls"] == [
+        {"resource": {"type": "topic", "name": "*"}, "operations": ["Describe"]}
+    ]
+    env = operator_env(docs)
+    assert env["TIDALMQ_KAFKA_SECURITY_PROTOCOL"] == protocol
+    assert env["TIDALMQ_PLANNER_USER_SECRET"] == f"{FULL}-planner"
+    if tls:
+        assert env["TIDALMQ_BROKER_CA_SECRET"] == BROKER_TLS
+        # the Secret the operator reads the CA from has it (the chart generated it)
+        assert "ca.crt" in find(docs, "Secret", BROKER_TLS)["data"]
+    else:
+        assert "TIDALMQ_BROKER_CA_SECRET" not in env
+    # the operator may read both Secrets and write the run's client Secret
+    assert {"get", "create", "delete"} <= _secret_verbs(docs)
+
+
+def test_sha256_only_listeners_give_the_planner_a_sha256_user() -> None:
+    docs = render({"listeners": {"sasl": {"enabled": True, "mechanisms": ["SCRAM-SHA-256"]}}})
+    assert find(docs, "User", f"{FULL}-planner")["spec"]["authentication"]["type"] == (
+        "scram-sha-256"
+    )
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"listeners": {"sasl": {"enabled": True}}, "users": {"enabled": False}},
+     {"listeners": {"sasl": {"enabled": True}}, "spark": {"enabled": False}}],
+)  # fmt: skip
+def test_no_planner_user_without_a_secured_listener_users_and_spark(
+    values: dict[str, Any],
+) -> None:
+    docs = render(values)
+    assert not find_all(docs, "User")
+    assert not set(PLANNER_ENV) & set(operator_env(docs))

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("helm")
 NAMESPACED = {
     "ServiceAccount", "Role", "RoleBinding", "Deployment", "StatefulSet", "Service",
     "HorizontalPodAutoscaler", "PodDisruptionBudget", "Secret", "KopfPeering", "Pod",
-    "ServiceMonitor", "Job", "NetworkPolicy",
+    "ServiceMonitor", "Job", "NetworkPolicy", "User",
 }  # fmt: skip
 
 

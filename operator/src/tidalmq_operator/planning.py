@@ -38,6 +38,15 @@ derived from the resource only (`run_name(name, uid, when=0)`) makes a restarted
 its planner instead of running it twice. `cleanup(job, core)` deletes the driver pod and the
 result ConfigMap (after `keep=True`, once the plan is stored; or to stop a run).
 
+On a secured Kafka listener (`security_protocol` other than PLAINTEXT) the driver reads the
+current assignment as the planner's own User (`client_user_secret`, the User resource's Secret:
+SCRAM credentials or a tls client certificate), trusting the brokers' CA (`broker_ca_secret`,
+key ca.crt). Before submitting, the run writes a Secret `<name>-client` with those credentials
+and a Kafka client properties file (`client_secret_data`) that reads them through Kafka's
+DirectoryConfigProvider, and Spark mounts it in the driver only
+(`spark.kubernetes.driver.secrets.*`): the driver gets `--command-config`, the executors (which
+never talk to Kafka) get nothing. The Secret goes with the run's other objects.
+
 A run that fails raises PlannerFailed with a message for the resource's conditions (the driver
 pod's termination reason and exit code; the operator's Role has no pods/log, so logs are not
 read). Requirements: the Spark image (`spark_submit="pod"`) or a local `spark-submit` (Java 17
@@ -70,12 +79,20 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RUN_LABEL = "tidalmq.io/planner-run"
 SUBMIT_IN_POD = "pod"  # PlannerJob.spark_submit: run spark-submit in a pod of the Spark image
 SUBMIT_TIMEOUT_S = 300
+CLIENT_DIR = "/etc/tidalmq/planner-client"  # where the driver mounts the run's client Secret
+DIRECTORY_PROVIDER = "org.apache.kafka.common.config.provider.DirectoryConfigProvider"
+SECURE_PROTOCOLS = ("SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
 Progress = Callable[[str, str], Awaitable[None] | None]
 
 
 class PlannerFailed(RuntimeError):
     """The planner run did not produce a plan; the message says why (for status conditions)."""
+
+
+class PlannerNotReady(RuntimeError):
+    """Something the run needs does not exist yet (the planner User's Secret right after an
+    install): the operator tries the run again shortly instead of failing the resource."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +103,11 @@ class PlannerJob:
     service_account: str
     prometheus_url: str
     bootstrap_servers: str | None = None
+    # the Kafka listener's protocol; other than PLAINTEXT, the driver connects as the planner's
+    # User (its Secret's name) trusting the brokers' CA (a Secret with ca.crt)
+    security_protocol: str = "PLAINTEXT"
+    client_user_secret: str = ""
+    broker_ca_secret: str = ""
     resource_name: str = ""  # the PartitionReassignment the plan is for (annotations only)
     window: str = "7d"
     step: str = "1m"
@@ -127,6 +149,68 @@ class PlannerJob:
     def submit_pod(self) -> str:
         return f"{self.name}-submit"
 
+    @property
+    def client_secret(self) -> str:
+        """The run's Kafka client Secret (credentials and client.properties), secured only."""
+        return f"{self.name}-client"
+
+    @property
+    def secured(self) -> bool:
+        return self.security_protocol.upper() in SECURE_PROTOCOLS
+
+
+def client_secret_data(
+    protocol: str, user: Mapping[str, str], broker_ca: str | None, *, mount: str = CLIENT_DIR
+) -> dict[str, str]:
+    """The files of a run's client Secret: `client.properties` for `--command-config` (Kafka's
+    names, the credentials read from the mounted files through DirectoryConfigProvider, so the
+    file itself holds no secret) and the credentials of the planner's User Secret `user`
+    (SCRAM: sasl.mechanism and sasl.jaas.config; tls: user.crt and user.key), plus the brokers'
+    CA for TLS; `mount` is where the driver mounts the Secret. Raises PlannerFailed naming what
+    is missing."""
+    protocol = protocol.upper()
+    if protocol not in SECURE_PROTOCOLS:
+        raise PlannerFailed(f"no client Secret for the {protocol} protocol")
+    lines = [
+        "# Kafka client properties of a planner run, written by the operator",
+        f"security.protocol={protocol}",
+        "config.providers=dir",
+        f"config.providers.dir.class={DIRECTORY_PROVIDER}",
+        f"config.providers.dir.param.allowed.paths={mount}",
+    ]
+    data: dict[str, str] = {}
+    if protocol.startswith("SASL_"):
+        missing = [k for k in ("sasl.mechanism", "sasl.jaas.config") if not user.get(k)]
+        if missing:
+            raise PlannerFailed(
+                f"the planner's User Secret has no {', '.join(missing)}: a SASL listener "
+                "needs a scram-sha-512 or scram-sha-256 User"
+            )
+        data["sasl.jaas.config"] = user["sasl.jaas.config"]
+        lines += [
+            f"sasl.mechanism={user['sasl.mechanism']}",
+            f"sasl.jaas.config=${{dir:{mount}:sasl.jaas.config}}",
+        ]
+    elif protocol == "SSL":
+        missing = [k for k in ("user.crt", "user.key") if not user.get(k)]
+        if missing:
+            raise PlannerFailed(
+                f"the planner's User Secret has no {', '.join(missing)}: an SSL listener with "
+                "client authentication needs a tls User"
+            )
+        data["user.crt"], data["user.key"] = user["user.crt"], user["user.key"]
+        lines += [
+            f"ssl.certificate.location={mount}/user.crt",
+            f"ssl.key.location={mount}/user.key",
+        ]
+    if protocol.endswith("SSL"):
+        if not broker_ca:
+            raise PlannerFailed("the brokers' TLS Secret has no ca.crt for the planner to trust")
+        data["broker-ca.crt"] = broker_ca
+        lines += ["ssl.truststore.type=PEM", f"ssl.truststore.location={mount}/broker-ca.crt"]
+    data["client.properties"] = "\n".join(lines) + "\n"
+    return data
+
 
 @dataclass(slots=True)
 class PlannerOutcome:
@@ -166,6 +250,8 @@ def planner_args(job: PlannerJob) -> list[str]:
         args += ["--name", job.resource_name]
     if job.bootstrap_servers:
         args += ["--bootstrap-server", job.bootstrap_servers]
+        if job.secured:
+            args += ["--command-config", f"{CLIENT_DIR}/client.properties"]
     if job.max_moves is not None:
         args += ["--max-moves", str(job.max_moves)]
     if job.topics:
@@ -208,6 +294,8 @@ def submit_command(job: PlannerJob, *, in_cluster: bool | None = None) -> list[s
     for key, value in labels.items():
         conf[f"spark.kubernetes.driver.label.{key}"] = value
         conf[f"spark.kubernetes.executor.label.{key}"] = value
+    if job.secured and job.bootstrap_servers:
+        conf[f"spark.kubernetes.driver.secrets.{job.client_secret}"] = CLIENT_DIR
     if in_cluster:
         conf["spark.kubernetes.authenticate.submission.caCertFile"] = str(SA_DIR / "ca.crt")
         conf["spark.kubernetes.authenticate.submission.oauthTokenFile"] = str(SA_DIR / "token")
@@ -343,6 +431,55 @@ async def cleanup(job: PlannerJob, core: Any) -> None:
     await _delete_quietly(core.delete_namespaced_pod, job.submit_pod, job.namespace)
     await _delete_quietly(core.delete_namespaced_pod, job.driver_pod, job.namespace)
     await _delete_quietly(core.delete_namespaced_config_map, job.configmap, job.namespace)
+    if job.secured:
+        await _delete_quietly(core.delete_namespaced_secret, job.client_secret, job.namespace)
+
+
+async def _secret_data(core: Any, name: str, namespace: str, what: str) -> dict[str, str]:
+    try:
+        secret = await _call(core.read_namespaced_secret, name, namespace)
+    except Exception as exc:
+        if _status_code(exc) == 404:
+            raise PlannerNotReady(f"{what} Secret {name} does not exist yet") from exc
+        raise
+    data = _field(secret, "data") or {}
+    return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+
+async def write_client_secret(job: PlannerJob, core: Any) -> None:
+    """Create the run's client Secret from the planner's User Secret and the brokers' CA."""
+    if not job.client_user_secret:
+        raise PlannerFailed(
+            f"the Kafka listener is {job.security_protocol} and the planner has no User "
+            "(TIDALMQ_PLANNER_USER_SECRET)"
+        )
+    user = await _secret_data(core, job.client_user_secret, job.namespace, "the planner's User")
+    ca = None
+    if job.security_protocol.upper().endswith("SSL"):
+        if not job.broker_ca_secret:
+            raise PlannerFailed("TLS listener and no TIDALMQ_BROKER_CA_SECRET for the planner")
+        ca = (
+            await _secret_data(core, job.broker_ca_secret, job.namespace, "the brokers' TLS")
+        ).get("ca.crt")
+    data = client_secret_data(job.security_protocol, user, ca)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": job.client_secret,
+            "labels": {
+                "app.kubernetes.io/part-of": "tidalmq",
+                "app.kubernetes.io/component": "planner",
+                RUN_LABEL: job.name,
+            },
+        },
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+    }
+    try:
+        await _call(core.create_namespaced_secret, job.namespace, body)
+    except Exception as exc:
+        raise PlannerFailed(f"cannot create the planner's client Secret: {exc}") from exc
 
 
 async def _submit(
@@ -354,6 +491,8 @@ async def _submit(
 ) -> None:
     """Start clean (no leftovers of an earlier run of this name) and spark-submit the driver."""
     await cleanup(job, core)
+    if job.secured and job.bootstrap_servers:
+        await write_client_secret(job, core)
     if command is None and job.spark_submit == SUBMIT_IN_POD:
         await _submit_in_pod(job, core, progress, min(timeout_s, SUBMIT_TIMEOUT_S))
         return
@@ -365,11 +504,12 @@ async def _submit(
         )
     except OSError as exc:
         raise PlannerFailed(f"cannot run {cmd[0]}: {exc}") from exc
+    submit_timeout_s = min(timeout_s, SUBMIT_TIMEOUT_S)
     try:
-        output, _ = await asyncio.wait_for(proc.communicate(), timeout=min(timeout_s, 300))
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=submit_timeout_s)
     except TimeoutError as exc:
         proc.kill()
-        raise PlannerFailed("spark-submit did not return within 300 s") from exc
+        raise PlannerFailed(f"spark-submit did not return within {submit_timeout_s:.0f} s") from exc
     except asyncio.CancelledError:
         proc.kill()
         raise

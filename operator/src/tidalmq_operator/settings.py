@@ -50,6 +50,11 @@ class OperatorSettings:
     spark_service_account: str = ""
     prometheus_url: str = ""
     bootstrap_servers: str = ""
+    # the brokers' Kafka listener protocol; secured, the planner's driver connects as the User
+    # whose Secret is planner_user_secret, trusting the CA in broker_ca_secret (key ca.crt)
+    kafka_security_protocol: str = "PLAINTEXT"
+    planner_user_secret: str = ""
+    broker_ca_secret: str = ""
     spark_submit: str = "spark-submit"
     planner_timeout_s: float = 1800.0
     planner_poll_s: float = 5.0
@@ -107,6 +112,9 @@ class OperatorSettings:
             spark_service_account=get("SPARK_SERVICE_ACCOUNT", ""),
             prometheus_url=get("PROMETHEUS_URL", ""),
             bootstrap_servers=get("BOOTSTRAP_SERVERS", ""),
+            kafka_security_protocol=get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
+            planner_user_secret=get("PLANNER_USER_SECRET", ""),
+            broker_ca_secret=get("BROKER_CA_SECRET", ""),
             spark_submit=get("SPARK_SUBMIT", "spark-submit"),
             planner_timeout_s=float(get("PLANNER_TIMEOUT_S", "1800")),
             planner_poll_s=float(get("PLANNER_POLL_S", "5")),

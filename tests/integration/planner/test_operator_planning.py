@@ -7,6 +7,7 @@ the Spark image is the end-to-end test's."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from tidalmq_operator.planning import PlannerFailed, PlannerJob, run_planner
+from tidalmq_operator.planning import PlannerFailed, PlannerJob, PlannerNotReady, run_planner
 
 from tests.support.kube_apiserver import ApiServer
 
@@ -175,8 +176,10 @@ async def test_spark_submit_failures_fail_the_run(core: Any, tmp_path: Path) -> 
 @pytest.mark.timeout(120)
 async def test_a_driver_that_never_finishes_times_out(core: Any, tmp_path: Path) -> None:
     job = job_for(core)
-    with pytest.raises(PlannerFailed, match="did not finish within"):
-        await run_planner(job, core, command=submit(tmp_path, job), poll_s=0.2, timeout_s=3)
+    # the stand-in spark-submit (a Python importing the Kubernetes client) needs a few seconds on
+    # a loaded machine: 3 s timed the submission out instead of the driver
+    with pytest.raises(PlannerFailed, match="the planner did not finish within 8 s"):
+        await run_planner(job, core, command=submit(tmp_path, job), poll_s=0.2, timeout_s=8)
     assert not exists(core.read_namespaced_pod, job.driver_pod, job.namespace)
 
 
@@ -233,3 +236,60 @@ async def test_spark_submit_in_a_pod_of_the_spark_image(core: Any) -> None:
         await run_planner(job, core, poll_s=0.2)
     await submitting
     assert not exists(core.read_namespaced_pod, job.submit_pod, job.namespace)
+
+
+def secret(name: str, data: dict[str, str]) -> dict[str, Any]:
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}
+
+
+@pytest.mark.timeout(120)
+async def test_a_secured_run_gives_its_driver_a_client_secret_and_removes_it(
+    core: Any, tmp_path: Path
+) -> None:
+    ns = core.test_namespace
+    jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="p" password="pw";'
+    core.create_namespaced_secret(ns, secret("tidalmq-planner", {
+        "username": "p", "password": "pw", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": jaas}))  # fmt: skip
+    core.create_namespaced_secret(ns, secret("tidalmq-broker-tls", {
+        "ca.crt": "BROKER CA", "tls.crt": "CERT", "tls.key": "BROKER KEY"}))  # fmt: skip
+    job = dataclasses.replace(
+        job_for(core), bootstrap_servers="tidalmq-bootstrap:9092", security_protocol="SASL_SSL",
+        client_user_secret="tidalmq-planner", broker_ca_secret="tidalmq-broker-tls",
+    )  # fmt: skip
+    seen: dict[str, str] = {}
+
+    async def driver() -> None:
+        # what the driver pod would mount: the run's Secret exists while the driver runs
+        for _ in range(300):
+            try:
+                got = await asyncio.to_thread(core.read_namespaced_secret, job.client_secret, ns)
+                break
+            except ApiException as exc:
+                assert exc.status == 404
+                await asyncio.sleep(0.1)
+        seen.update({k: base64.b64decode(v).decode() for k, v in got.data.items()})
+        await play_driver(core, job)
+
+    played = asyncio.create_task(driver())
+    outcome = await run_planner(job, core, command=submit(tmp_path, job), poll_s=0.2)
+    await played
+    assert len(outcome.entries) == 2
+    # the credentials and the CA, never the brokers' key; the properties hold no password
+    assert set(seen) == {"client.properties", "sasl.jaas.config", "broker-ca.crt"}
+    assert seen["sasl.jaas.config"] == jaas and seen["broker-ca.crt"] == "BROKER CA"
+    assert "pw" not in seen["client.properties"]
+    assert "security.protocol=SASL_SSL" in seen["client.properties"]
+    assert not exists(core.read_namespaced_secret, job.client_secret, ns)
+
+
+@pytest.mark.timeout(60)
+async def test_a_secured_run_waits_for_its_users_secret(core: Any, tmp_path: Path) -> None:
+    job = dataclasses.replace(
+        job_for(core), bootstrap_servers="tidalmq-bootstrap:9092", security_protocol="SASL_PLAINTEXT",
+        client_user_secret="tidalmq-planner",
+    )  # fmt: skip
+    with pytest.raises(PlannerNotReady, match="Secret tidalmq-planner does not exist yet"):
+        await run_planner(job, core, command=submit(tmp_path, job), poll_s=0.2)
+    assert not exists(core.read_namespaced_pod, job.driver_pod, job.namespace)

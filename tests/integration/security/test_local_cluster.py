@@ -14,7 +14,19 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+from tidalmq_operator import users
+from tidalmq_operator.planning import client_secret_data
 from tidalmq_planner import assignment as sources
 
 from bench.kafka.harness import KafkaDist, run_tool
@@ -80,6 +92,34 @@ def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDis
         assert json.loads(described.stdout)["totalQueues"] == 2
         bare = tidalmq("static-topic", "describe", "ledger", "--bootstrap-server", second)
         assert bare.returncode == 1 and bare.stderr.count("\n") == 1, bare.stderr
+        # the planner's driver on Kubernetes: its own User (SCRAM, Describe on every topic), the
+        # client Secret the operator writes for a run, mounted as files, read through Kafka's
+        # DirectoryConfigProvider; without the ACL it sees no topic
+        admin = AdminClient(confluent(first, security, "admin", password))
+        scram = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        upsert = UserScramCredentialUpsertion("planner", scram, b"planner-secret")
+        for future in admin.alter_user_scram_credentials([upsert]).values():
+            future.result(30)
+        mount = tmp_path / "planner-client"
+        mount.mkdir()
+        planner_user = {"sasl.mechanism": "SCRAM-SHA-512",
+                        "sasl.jaas.config": users.jaas_config("planner", "planner-secret")}  # fmt: skip
+        ca_pem = (security / "ca.pem").read_text()
+        for name, text in client_secret_data(
+            "SASL_SSL", planner_user, ca_pem, mount=str(mount)
+        ).items():
+            (mount / name).write_text(text)
+        planner_props = str(mount / "client.properties")
+        assert "planner-secret" not in (mount / "client.properties").read_text()
+        assert not {(topic, 0)} & set(
+            sources.from_bootstrap(first, command_config=planner_props).assignment
+        )
+        describe = AclBinding(ResourceType.TOPIC, "*", ResourcePatternType.LITERAL, "User:planner",
+                              "*", AclOperation.DESCRIBE, AclPermissionType.ALLOW)  # fmt: skip
+        for future in admin.create_acls([describe]).values():
+            future.result(30)
+        view = sources.from_bootstrap(first, command_config=planner_props)
+        assert {(topic, 0), (topic, 1)} <= set(view.assignment) and view.brokers == [0, 1]
         # a user made through broker 0 logs in at broker 1 only: the controller pushed it
         run_tool("kafka-configs", "--command-config", str(props), "--alter", "--add-config",
                  "SCRAM-SHA-512=[password=bob-secret]", "--entity-type", "users",

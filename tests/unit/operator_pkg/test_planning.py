@@ -6,13 +6,18 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from tidalmq_core.client_properties import from_file
+from tidalmq_operator import users
 from tidalmq_operator.models import GenerateSpec
 from tidalmq_operator.planning import (
+    CLIENT_DIR,
     PlannerFailed,
     PlannerJob,
+    client_secret_data,
     read_result,
     run_name,
     submit_command,
@@ -126,3 +131,74 @@ def test_read_result_plain_and_compressed() -> None:
     assert plan == PLAN
     with pytest.raises(PlannerFailed, match=r"no plan\.json"):
         read_result({"data": {"summary.json": "{}"}})
+
+
+SCRAM_USER = {
+    "username": "tidalmq-planner",
+    "password": 'pw"x',
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.jaas.config": users.jaas_config("tidalmq-planner", 'pw"x'),
+}
+
+
+def test_a_plaintext_run_mounts_no_client_secret() -> None:
+    cmd = submit_command(job(), in_cluster=False)
+    assert not [k for k in confs(cmd) if k.startswith("spark.kubernetes.driver.secrets.")]
+    assert "--command-config" not in cmd
+
+
+def test_a_secured_run_mounts_its_client_secret_in_the_driver_only() -> None:
+    j = job(security_protocol="SASL_SSL", client_user_secret="tidalmq-planner")
+    cmd = submit_command(j, in_cluster=False)
+    c = confs(cmd)
+    assert c["spark.kubernetes.driver.secrets.tpr-rebalance-1a2b3c4d-client"] == CLIENT_DIR
+    assert not [k for k in c if k.startswith("spark.kubernetes.executor.secrets.")]
+    assert cmd[cmd.index("--command-config") + 1] == f"{CLIENT_DIR}/client.properties"
+
+
+@pytest.mark.parametrize("protocol", ["SASL_SSL", "SASL_PLAINTEXT"])
+def test_scram_client_properties_read_the_mounted_credentials(
+    protocol: str, tmp_path: Path
+) -> None:
+    ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    data = client_secret_data(protocol, SCRAM_USER, ca, mount=str(tmp_path))
+    assert "pw" not in data["client.properties"]  # the credentials stay in their own file
+    for name, text in data.items():  # as the kubelet mounts a Secret: a file per key
+        (tmp_path / name).write_text(text)
+    security = from_file(str(tmp_path / "client.properties"))
+    assert (security.protocol, security.mechanism) == (protocol, "SCRAM-SHA-512")
+    assert (security.username, security.password) == ("tidalmq-planner", 'pw"x')
+    if protocol == "SASL_SSL":
+        assert security.ca_file == str(tmp_path / "broker-ca.crt")
+    else:
+        assert "broker-ca.crt" not in data and not security.tls
+
+
+def test_tls_client_properties_carry_the_users_certificate(tmp_path: Path) -> None:
+    user = {"username": "p", "user.crt": "CERT", "user.key": "KEY", "ca.crt": "CLIENTS CA"}
+    data = client_secret_data("SSL", user, "BROKER CA", mount=str(tmp_path))
+    assert set(data) == {"client.properties", "user.crt", "user.key", "broker-ca.crt"}
+    for name, text in data.items():
+        (tmp_path / name).write_text(text)
+    security = from_file(str(tmp_path / "client.properties"))
+    assert security.protocol == "SSL"
+    assert security.cert_file == str(tmp_path / "user.crt")
+    assert security.key_file == str(tmp_path / "user.key")
+    assert security.ca_file == str(tmp_path / "broker-ca.crt")
+
+
+@pytest.mark.parametrize(
+    ("protocol", "user", "ca", "message"),
+    [
+        ("SASL_SSL", {"username": "p", "user.crt": "C", "user.key": "K"}, "CA",
+         "needs a scram-sha-512 or scram-sha-256 User"),
+        ("SSL", SCRAM_USER, "CA", "needs a tls User"),
+        ("SASL_SSL", SCRAM_USER, None, "no ca.crt"),
+        ("PLAINTEXT", SCRAM_USER, None, "no client Secret for the PLAINTEXT protocol"),
+    ],
+)  # fmt: skip
+def test_client_secret_data_names_what_is_missing(
+    protocol: str, user: dict[str, str], ca: str | None, message: str
+) -> None:
+    with pytest.raises(PlannerFailed, match=message):
+        client_secret_data(protocol, user, ca)
