@@ -58,6 +58,7 @@ from tidalmq_broker.security.endpoints import (
     describe,
     describe_authorization,
 )
+from tidalmq_broker.security.tls import CertificateReloader
 from tidalmq_broker.server.http import HealthServer, HttpServer
 from tidalmq_broker.server.listener import KafkaListener, ListenerLimits
 from tidalmq_broker.settings import BrokerSettings
@@ -153,7 +154,10 @@ class Broker:
         # told of every transaction marker written here (transactions/marker_writes.py)
         self.txn_marker_listeners: list[MarkerListener] = [self.groups.on_txn_marker]
         # every listener, TLS and SASL setting is checked here, before anything starts
-        self._listeners, self._endpoints = build_endpoints(settings, self._scram_credential)
+        self.tls_reloaders: list[CertificateReloader] = []  # renewed certificates, no restart
+        self._listeners, self._endpoints = build_endpoints(
+            settings, self._scram_credential, self.tls_reloaders
+        )
         try:  # the users an embedded controller creates at start if absent
             self._scram_bootstrap = parse_bootstrap(
                 settings.scram_bootstrap, settings.scram_bootstrap_file
@@ -252,6 +256,10 @@ class Broker:
         self.partitions.add_report(self._report_partition)
         self.engine.on_store_state = self._store_state_changed
         await self.listener.start_endpoints(self._endpoints)
+        if self.tls_reloaders:
+            self.metrics.watch_tls(list(self.tls_reloaders))
+            if s.ssl_reload_interval_ms > 0:
+                self._spawn(self._reload_certificates(), "TLS certificate reloads")
         ports = self.listener.ports
         if s.port == 0 and not s.listeners:
             s.port = self.listener.port
@@ -651,6 +659,20 @@ class Broker:
             log.warning("metadata catch-up failed: %s", exc)
         finally:
             self._catching_up = False
+
+    async def _reload_certificates(self) -> None:
+        """Renewed keystore/truststore files are served to new connections without a restart
+        (security/tls.py, CertificateReloader)."""
+        interval = self.settings.ssl_reload_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            for reloader in self.tls_reloaders:
+                failures = reloader.failures
+                # a few file stats; the rare reload parses a PEM file or two (milliseconds)
+                if reloader.check():
+                    self.metrics.tls_reload(reloader.name, ok=True)
+                elif reloader.failures != failures:
+                    self.metrics.tls_reload(reloader.name, ok=False)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -4,8 +4,9 @@ _seconds, _bytes). Storage metrics live in storage/metrics.py."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -224,6 +225,40 @@ class BrokerMetrics(RequestObserver):
 
     def partition_opened(self, seconds: float) -> None:
         PARTITION_OPEN_SECONDS.labels(self._broker).observe(seconds)
+
+    def watch_tls(self, listeners: list[TlsListenerState]) -> None:
+        """The expiry of each TLS listener's certificate, read at each scrape."""
+        for state in listeners:
+            TLS_CERTIFICATE_EXPIRY.labels(self._broker, state.name).set_function(_expiry_of(state))
+            for result in ("ok", "failed"):
+                TLS_CERTIFICATE_RELOADS.labels(self._broker, state.name, result)  # present at 0
+
+    def tls_reload(self, listener: str, ok: bool) -> None:
+        TLS_CERTIFICATE_RELOADS.labels(self._broker, listener, "ok" if ok else "failed").inc()
+
+
+TLS_CERTIFICATE_EXPIRY = Gauge(
+    "tidalmq_tls_certificate_expiry_timestamp_seconds",
+    "When the certificate a TLS listener serves expires (Unix time; renewed files are reloaded "
+    "every ssl.reload.interval.ms)",
+    ["broker", "listener"],
+)
+TLS_CERTIFICATE_RELOADS = Counter(
+    "tidalmq_tls_certificate_reloads_total",
+    "TLS listener certificate reloads after their files changed (result: ok, or failed: the "
+    "files could not be loaded and the old certificate is still served)",
+    ["broker", "listener", "result"],
+)
+
+
+class TlsListenerState(Protocol):
+    name: str
+    not_after: float | None
+
+
+def _expiry_of(state: TlsListenerState) -> Callable[[], float]:
+    """A gauge's reader of a TLS listener's certificate expiry (NaN when unknown)."""
+    return lambda: state.not_after if state.not_after is not None else math.nan
 
 
 def _used_of(budget: MemoryBudget | None) -> Callable[[], float]:

@@ -64,6 +64,13 @@ class BrokerSettings:
         default="",
         metadata={"help": "PEM file with the broker's private key and certificate chain"},
     )
+    ssl_keystore_key_location: str = field(
+        default="",
+        metadata={
+            "help": "PEM file with the private key alone (e.g. a Kubernetes TLS Secret's "
+            "tls.key); ssl.keystore.location then holds the certificate chain"
+        },
+    )
     ssl_key_password: str = field(
         default="",
         repr=False,  # secrets stay out of logs and tracebacks
@@ -81,6 +88,13 @@ class BrokerSettings:
     )
     ssl_cipher_suites: str = field(
         default="", metadata={"help": "OpenSSL cipher list for TLSv1.2 (empty: OpenSSL's)"}
+    )
+    ssl_reload_interval_ms: int = field(
+        default=60_000,
+        metadata={
+            "help": "how often the listeners look for renewed keystore/truststore files "
+            "(reloaded without a restart; 0: never)"
+        },
     )
     ssl_principal_mapping_rules: str = field(
         default="DEFAULT",

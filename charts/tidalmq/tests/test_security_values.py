@@ -3,8 +3,8 @@ resources"): listeners.tls / listeners.sasl choose the Kafka listener's protocol
 certificates come from the chart's generated Secrets or tls.existingSecret, the clients CA is
 what brokers trust and the operator signs tls Users with, authorization.* reach the brokers, and
 users.enabled gives the operator its Secret rights. Checked against the code that reads them:
-the rendered environment (and the generated certificates, written as the keystore init
-container writes them) is fed to the broker's own settings, listener and TLS setup."""
+the rendered environment (and the generated certificates, written as the Secret volume
+lays them out) is fed to the broker's own settings, listener and TLS setup."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from tests.support.helm import (
 BROKER_TLS = f"{FULL}-broker-tls"
 CLIENTS_CA = f"{FULL}-clients-ca"
 SECURITY_ENV = ("TIDALMQ_LISTENERS", "TIDALMQ_ADVERTISED_LISTENERS", "TIDALMQ_SSL_KEYSTORE_LOCATION",
+                "TIDALMQ_SSL_KEYSTORE_KEY_LOCATION",
                 "TIDALMQ_SSL_TRUSTSTORE_LOCATION", "TIDALMQ_SSL_CLIENT_AUTH",
                 "TIDALMQ_SASL_ENABLED_MECHANISMS", "TIDALMQ_SUPER_USERS")  # fmt: skip
 
@@ -77,11 +78,15 @@ def mounts(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 def with_files(env: dict[str, str], docs: list[dict[str, Any]], tmp: Path) -> dict[str, str]:
     """The env with the keystore and truststore paths pointing at files made of the rendered
-    Secrets, exactly as the init container and the Secret volume lay them out."""
+    Secrets, exactly as the Secret volumes lay them out."""
     tls = secret_data(docs, BROKER_TLS)
-    keystore = tmp / "broker.pem"
-    keystore.write_text(tls["tls.key"] + tls["tls.crt"])  # the init container's `cat`
-    env = dict(env, TIDALMQ_SSL_KEYSTORE_LOCATION=str(keystore))
+    (tmp / "tls.crt").write_text(tls["tls.crt"])
+    (tmp / "tls.key").write_text(tls["tls.key"])
+    env = dict(
+        env,
+        TIDALMQ_SSL_KEYSTORE_LOCATION=str(tmp / "tls.crt"),
+        TIDALMQ_SSL_KEYSTORE_KEY_LOCATION=str(tmp / "tls.key"),
+    )
     if "TIDALMQ_SSL_TRUSTSTORE_LOCATION" in env:
         ca = tmp / "ca.crt"
         ca.write_text(secret_data(docs, CLIENTS_CA)["tls.crt"])
@@ -166,28 +171,24 @@ def test_generated_certificates(tmp_path: Path) -> None:
     assert ca["tls.crt"] != tls["ca.crt"], "clients and brokers have CAs of their own"
 
 
-def test_volumes_and_keystore_init_container() -> None:
+def test_the_broker_reads_its_tls_secret_as_mounted() -> None:
     docs = render({"listeners": {"tls": {"enabled": True}}})
     spec = pod_spec(find(docs, "StatefulSet", STS))
-    (init,) = spec["initContainers"]
-    assert (
-        init["name"] == "keystore"
-        and init["image"] == container(find(docs, "StatefulSet", STS), "broker")["image"]
-    )
-    assert (
-        "cat /etc/tidalmq/tls/tls.key /etc/tidalmq/tls/tls.crt > /etc/tidalmq/keystore/broker.pem"
-        in init["command"][2]
-    )
-    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    # no copy of the key made at start: a renewed Secret reaches the broker's files
+    assert "initContainers" not in spec
     v = volumes(docs)
     assert v["tls"]["secret"]["secretName"] == BROKER_TLS
-    assert v["keystore"]["emptyDir"]["medium"] == "Memory"
+    assert "keystore" not in v
     # the brokers get the clients CA's certificate, never its key
     assert v["clients-ca"]["secret"] == {"secretName": CLIENTS_CA, "defaultMode": 0o444,
                                          "items": [{"key": "tls.crt", "path": "ca.crt"}]}  # fmt: skip
-    assert mounts(docs)["keystore"] == "/etc/tidalmq/keystore"
+    broker = container(find(docs, "StatefulSet", STS), "broker")
+    (tls_mount,) = [m for m in broker["volumeMounts"] if m["name"] == "tls"]
+    # a subPath mount would never see an update
+    assert tls_mount == {"name": "tls", "mountPath": "/etc/tidalmq/tls", "readOnly": True}
     env = broker_env(docs)
-    assert env["TIDALMQ_SSL_KEYSTORE_LOCATION"] == "/etc/tidalmq/keystore/broker.pem"
+    assert env["TIDALMQ_SSL_KEYSTORE_LOCATION"] == "/etc/tidalmq/tls/tls.crt"
+    assert env["TIDALMQ_SSL_KEYSTORE_KEY_LOCATION"] == "/etc/tidalmq/tls/tls.key"
     assert env["TIDALMQ_SSL_TRUSTSTORE_LOCATION"] == "/etc/tidalmq/clients-ca/ca.crt"
 
 

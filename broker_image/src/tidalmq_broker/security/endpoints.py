@@ -16,7 +16,7 @@ from tidalmq_broker.security.authorizer import Authorizer, parse_super_users
 from tidalmq_broker.security.listeners import PLAINTEXT, Listeners, ListenerSpec, resolve
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.security.sasl import Credentials, SaslConfig, parse_mechanisms
-from tidalmq_broker.security.tls import TlsSettings, server_context
+from tidalmq_broker.security.tls import CertificateReloader, TlsSettings
 from tidalmq_broker.server.listener import ListenerEndpoint
 from tidalmq_broker.settings import BrokerSettings
 
@@ -36,6 +36,7 @@ def listeners_of(s: BrokerSettings) -> Listeners:
 def tls_settings(s: BrokerSettings) -> TlsSettings:
     return TlsSettings(
         keystore_location=s.ssl_keystore_location,
+        key_location=s.ssl_keystore_key_location,
         key_password=s.ssl_key_password,
         truststore_location=s.ssl_truststore_location,
         client_auth=s.ssl_client_auth,
@@ -45,9 +46,12 @@ def tls_settings(s: BrokerSettings) -> TlsSettings:
 
 
 def build_endpoints(
-    s: BrokerSettings, credentials: Credentials
+    s: BrokerSettings,
+    credentials: Credentials,
+    reloaders: list[CertificateReloader] | None = None,
 ) -> tuple[Listeners, list[ListenerEndpoint]]:
-    """The listeners of `s` and an endpoint to bind for each. Raises SecurityConfigError."""
+    """The listeners of `s` and an endpoint to bind for each; the TLS listeners' certificate
+    reloaders are appended to `reloaders`. Raises SecurityConfigError."""
     listeners = listeners_of(s)
     try:
         mapper = PrincipalMapper(s.ssl_principal_mapping_rules)
@@ -63,9 +67,14 @@ def build_endpoints(
     endpoints = []
     for spec in listeners.bind:
         # KIP-684: ssl.client.auth is for SSL listeners; SASL_SSL clients authenticate by SASL
-        context = (
-            server_context(tls, client_auth="none" if spec.sasl else None) if spec.tls else None
-        )
+        context = None
+        if spec.tls:
+            reloader = CertificateReloader(
+                spec.name, tls, client_auth="none" if spec.sasl else None
+            )
+            context = reloader.context
+            if reloaders is not None:
+                reloaders.append(reloader)
         endpoints.append(
             ListenerEndpoint(
                 name=spec.name,

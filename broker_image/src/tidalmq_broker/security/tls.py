@@ -8,6 +8,12 @@ TLSv1.3 by default (nothing older is offered whatever it says). `ssl.client.auth
 none | requested | required; as in Kafka (KIP-684) it applies to SSL listeners, while SASL_SSL
 listeners authenticate clients by SASL and ask for no certificate.
 
+Certificates are reloaded without a restart (`CertificateReloader`): every
+`ssl.reload.interval.ms` (default 60 s) the broker looks at the keystore and truststore files,
+and when one changed (a renewal by cert-manager, a Kubernetes Secret updated under its mount)
+it builds a new context from them; new connections get it, open ones keep theirs. A file that
+cannot be loaded keeps the old context and is reported (log, metric) until it can.
+
 A client certificate's principal is `User:` and its subject DN as Java's
 X500Principal.getName() writes it (RFC 2253: most specific attribute first, the keywords CN, C,
 L, ST, O, OU, DC, UID and STREET, any other attribute as its OID and `#` and the hex of its DER
@@ -16,7 +22,10 @@ value), mapped by `ssl.principal.mapping.rules` (security/principal.py).
 
 from __future__ import annotations
 
+import logging
+import os
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +36,9 @@ from tidalmq_broker.security import SecurityConfigError
 
 CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _PROTOCOLS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+
+
+log = logging.getLogger(__name__)
 
 
 class TlsConfigError(SecurityConfigError):
@@ -41,6 +53,9 @@ class TlsSettings:
     client_auth: str = "none"  # none | requested | required
     enabled_protocols: str = "TLSv1.2,TLSv1.3"
     cipher_suites: str = ""  # OpenSSL cipher list for TLSv1.2 (empty: OpenSSL's defaults)
+    # the private key in a file of its own (a Kubernetes TLS Secret's tls.key); the keystore
+    # then holds the certificate chain only
+    key_location: str = ""
 
 
 def server_context(settings: TlsSettings, *, client_auth: str | None = None) -> ssl.SSLContext:
@@ -73,11 +88,17 @@ def server_context(settings: TlsSettings, *, client_auth: str | None = None) -> 
         except ssl.SSLError as exc:
             raise TlsConfigError(f"ssl.cipher.suites: {exc}") from exc
     try:
-        ctx.load_cert_chain(settings.keystore_location, password=settings.key_password or None)
+        ctx.load_cert_chain(
+            settings.keystore_location,
+            settings.key_location or None,
+            password=settings.key_password or None,
+        )
     except (OSError, ssl.SSLError) as exc:
+        where = f"ssl.keystore.location {settings.keystore_location!r}"
+        if settings.key_location:
+            where += f" with ssl.keystore.key.location {settings.key_location!r}"
         raise TlsConfigError(
-            f"ssl.keystore.location {settings.keystore_location!r}: cannot load a private key "
-            f"and certificate chain from it ({exc})"
+            f"{where}: cannot load a private key and certificate chain from it ({exc})"
         ) from exc
     if settings.truststore_location:
         try:
@@ -94,6 +115,98 @@ def server_context(settings: TlsSettings, *, client_auth: str | None = None) -> 
         )
     ctx.verify_mode = CLIENT_AUTH[auth]
     return ctx
+
+
+def certificate_not_after(path: str) -> float | None:
+    """The expiry (Unix seconds) of the first certificate of a PEM file, None if it has none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)
+        start = data.find(b"-----BEGIN CERTIFICATE-----")
+        if start < 0:
+            return None
+        cert = x509.load_pem_x509_certificate(data[start:])
+    except (OSError, ValueError):
+        return None
+    return cert.not_valid_after_utc.timestamp()
+
+
+def _stamp(path: str) -> tuple[int, int, int, int] | None:
+    """What changes when a file is replaced or rewritten (a Secret's mount swaps a symlink)."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)  # follows the links, as the loader does
+    except OSError:
+        return (-1, -1, -1, -1)
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class CertificateReloader:
+    """A listener's TLS context that follows its files.
+
+    `context` is what the listener binds. Its SNI callback, which OpenSSL calls on every
+    ClientHello (with or without a server name), hands the handshake to the newest context, so
+    a reload needs nothing of the listener; `check()` (the broker calls it every
+    `ssl.reload.interval.ms`) rebuilds that context when the keystore or truststore changed."""
+
+    def __init__(self, name: str, settings: TlsSettings, *, client_auth: str | None = None) -> None:
+        self.name = name
+        self._settings = settings
+        self._client_auth = client_auth
+        self._stamps = self._files()
+        self.context = server_context(settings, client_auth=client_auth)
+        self._current = self.context
+        self.context.sni_callback = self._pick
+        self.reloads = 0
+        self.failures = 0
+        self.last_error = ""
+        self.not_after = certificate_not_after(settings.keystore_location)
+
+    def _files(self) -> tuple[tuple[int, int, int, int] | None, ...]:
+        s = self._settings
+        return (_stamp(s.keystore_location), _stamp(s.key_location), _stamp(s.truststore_location))
+
+    def _pick(
+        self, obj: ssl.SSLObject | ssl.SSLSocket, _name: str | None, ctx: ssl.SSLContext
+    ) -> None:
+        current = self._current
+        if current is not ctx:
+            obj.context = current
+
+    @property
+    def current(self) -> ssl.SSLContext:
+        return self._current
+
+    def check(self) -> bool:
+        """Reload when a file changed; True when a new context was put in place."""
+        stamps = self._files()
+        if stamps == self._stamps:
+            return False
+        try:
+            fresh = server_context(self._settings, client_auth=self._client_auth)
+        except TlsConfigError as exc:
+            # a half-written file (cert and key copied one after the other) is normal for a
+            # moment: keep serving with the old context and try again at the next check
+            if str(exc) != self.last_error:
+                log.warning(
+                    "listener %s: TLS files changed but cannot be loaded: %s", self.name, exc
+                )
+            self.failures += 1
+            self.last_error = str(exc)
+            return False
+        self._stamps = stamps
+        self._current = fresh
+        self.reloads += 1
+        self.last_error = ""
+        self.not_after = certificate_not_after(self._settings.keystore_location)
+        expires = (
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.not_after))
+            if self.not_after is not None
+            else "unknown"
+        )
+        log.info("listener %s: TLS certificates reloaded (expires %s)", self.name, expires)
+        return True
 
 
 # Java's X500Principal RFC 2253 keywords (sun.security.x509.AVAKeyword, RFC2253 standard)
