@@ -34,22 +34,25 @@ def test_java_consumers_share_rebalance_and_commit(tidalmq: BrokerProcess, tmp_p
         deadline = time.monotonic() + 120
         while not hold.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        if hold.exists():
-            # the live group: one member (A) with every partition, nothing left to read
-            described = tool("kafka-consumer-groups", "--describe", "--group", group, bootstrap=b)
-            rows = parse_table(described, "GROUP")
-            assert sorted(int(r["PARTITION"]) for r in rows) == list(range(PARTITIONS)), described
-            assert {r["CLIENT-ID"] for r in rows} == {"group-protocol-check-a"}, described
-            assert all(r["LAG"] == "0" for r in rows), described
-            assert sum(int(r["CURRENT-OFFSET"]) for r in rows) == 600, described
-            state = tool("kafka-consumer-groups", "--describe", "--state", "--group", group,
-                         bootstrap=b)  # fmt: skip
-            (row,) = parse_table(state, "GROUP")
-            assert (row["STATE"], row["#MEMBERS"], row["ASSIGNMENT-STRATEGY"]) == (
-                "Stable", "1", "uniform"), state  # fmt: skip
-            listed = tool("kafka-groups", "--list", "--group-type", "consumer", bootstrap=b)
-            assert group in listed.split(), listed
-            hold.unlink()
+        if not hold.exists():
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"the check did not reach the live group: {out}\n{err[-3000:]}")
+        # the live group: one member (A) with every partition, nothing left to read
+        described = tool("kafka-consumer-groups", "--describe", "--group", group, bootstrap=b)
+        rows = parse_table(described, "GROUP")
+        assert sorted(int(r["PARTITION"]) for r in rows) == list(range(PARTITIONS)), described
+        assert {r["CLIENT-ID"] for r in rows} == {"group-protocol-check-a"}, described
+        assert all(r["LAG"] == "0" for r in rows), described
+        assert sum(int(r["CURRENT-OFFSET"]) for r in rows) == 600, described
+        state = tool("kafka-consumer-groups", "--describe", "--state", "--group", group,
+                     bootstrap=b)  # fmt: skip
+        (row,) = parse_table(state, "GROUP")
+        assert (row["STATE"], row["#MEMBERS"], row["ASSIGNMENT-STRATEGY"]) == (
+            "Stable", "1", "uniform"), state  # fmt: skip
+        listed = tool("kafka-groups", "--list", "--group-type", "consumer", bootstrap=b)
+        assert group in listed.split(), listed
+        hold.unlink()
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

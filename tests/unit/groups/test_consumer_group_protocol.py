@@ -163,6 +163,30 @@ async def test_offsets_are_committed_by_members_at_their_epoch() -> None:
     assert c.groups.validate_offsets("g", "", -1) == ErrorCode.none  # empty: admin commits
 
 
+async def test_a_commit_at_an_older_epoch_is_taken_for_partitions_held_since() -> None:
+    """KIP-1251: the member's heartbeat moved it on while its commit was on its way."""
+    c = Coordinator()
+    await c.beat("a", 0)
+    await c.beat("b", 0)
+    ra = await c.beat("a", 1)
+    kept = _parts(ra.assignment)
+    await c.beat("a", 1, owned={T1: frozenset(kept)})  # a now at epoch 2, holding `kept`
+    await c.beat("b", 2)
+    held = {(T1, p) for p in kept}
+    assert c.groups.validate_offsets("g", "a", 1, held) == ErrorCode.none
+    assert c.groups.validate_offsets("g", "a", 1, None) == ErrorCode.stale_member_epoch
+    # b got its partitions at epoch 2: a commit of them at epoch 1 is not its own
+    b_parts = {(T1, p) for p in _parts(c.groups.groups["g"].members["b"].assigned)}
+    assert c.groups.validate_offsets("g", "b", 2, b_parts) == ErrorCode.none
+    await c.beat("a", -1)
+    rb = await c.beat("b", 2)
+    assert rb.member_epoch == 3
+    assert c.groups.validate_offsets("g", "b", 2, b_parts) == ErrorCode.none
+    new = {(T1, p) for p in kept}
+    assert c.groups.validate_offsets("g", "b", 2, new) == ErrorCode.stale_member_epoch
+    assert c.groups.validate_offsets("g", "b", 4, b_parts) == ErrorCode.stale_member_epoch
+
+
 async def test_session_timeout_removes_a_member() -> None:
     c = Coordinator()
     await c.beat("a", 0)

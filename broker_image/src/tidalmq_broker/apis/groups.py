@@ -11,6 +11,7 @@ DELETE on each group; OffsetDelete DELETE on the group and READ on each topic.
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -304,6 +305,11 @@ async def handle_offset_commit(broker: Broker, request: Request, conn: Connectio
                 generation=b.generation_id_or_member_epoch,
                 member_id=b.member_id,
                 offsets=offsets,
+                topic_ids={
+                    t.name: str(uuid.UUID(meta.topics[t.name].topic_id))
+                    for t in b.topics
+                    if t.name in meta.topics and meta.topics[t.name].topic_id
+                },
             )
             if offsets
             else {}

@@ -54,12 +54,25 @@ class ConsumerMember:
     state: MemberState = MemberState.STABLE
     assigned: Assignment = field(default_factory=dict)  # what it owns (or may own now)
     revoking: Assignment = field(default_factory=dict)  # what it must give up, not yet confirmed
+    # the member epoch at which it got each partition it holds (KIP-1251: a commit at an older
+    # epoch is still its own for partitions it held since then)
+    partition_epochs: dict[tuple[str, int], int] = field(default_factory=dict)
     # not stored: a loaded member gets a full session
     session_deadline: float = 0.0
     revocation_deadline: float = 0.0  # 0: nothing being revoked
 
     def owns(self) -> set[tuple[str, int]]:
         return _pairs(self.assigned) | _pairs(self.revoking)
+
+    def held_since(self, epoch: int, partitions: set[tuple[str, int]]) -> bool:
+        """It has held every one of `partitions` since member epoch `epoch` or before."""
+        return all(self.partition_epochs.get(tp, epoch + 1) <= epoch for tp in partitions)
+
+    def stamp(self) -> None:
+        """Record the epoch of partitions just given (kept ones keep theirs)."""
+        self.partition_epochs = {
+            tp: self.partition_epochs.get(tp, self.epoch) for tp in sorted(_pairs(self.assigned))
+        }
 
 
 @dataclass(slots=True)
@@ -130,6 +143,7 @@ def reconcile(group: ConsumerGroup, member: ConsumerMember) -> bool:
         if lost:
             member.assigned = _assignment(_pairs(member.assigned) - lost)
             member.revoking = _assignment(_pairs(member.revoking) | lost)
+            member.stamp()
         return before != (member.epoch, member.state, member.assigned, member.revoking)
     if member.epoch == group.assignment_epoch and member.state is MemberState.STABLE:
         return False
@@ -139,6 +153,7 @@ def reconcile(group: ConsumerGroup, member: ConsumerMember) -> bool:
         member.assigned = _assignment(current & wanted)
         member.revoking = _assignment(lost)
         member.state = MemberState.UNREVOKED_PARTITIONS
+        member.stamp()
         return True
     busy = group.owned_by_others(member.member_id)
     gained = wanted - current
@@ -147,6 +162,7 @@ def reconcile(group: ConsumerGroup, member: ConsumerMember) -> bool:
         member.epoch = group.assignment_epoch
     member.assigned = _assignment(current | (gained - busy))
     member.state = MemberState.UNRELEASED_PARTITIONS if gained & busy else MemberState.STABLE
+    member.stamp()
     return before != (member.epoch, member.state, member.assigned, member.revoking)
 
 

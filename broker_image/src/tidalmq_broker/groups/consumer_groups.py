@@ -137,12 +137,13 @@ class ConsumerGroups:
         if request.member_epoch == 0:
             group, member = self._join(group, request, now)
         else:
-            member = group.members.get(request.member_id) if group is not None else None
-            if group is None or member is None:
+            known = group.members.get(request.member_id) if group is not None else None
+            if group is None or known is None:
                 raise HeartbeatError(
                     ErrorCode.unknown_member_id,
                     f"Member {request.member_id} is not a member of group {request.group_id}.",
                 )
+            member = known
             _check_epoch(member, request)
             _update_subscription(group, member, request)
         member.session_deadline = now + self.settings.session_timeout_ms / 1000
@@ -203,7 +204,7 @@ class ConsumerGroups:
                 group.target[member_id] = target
             member.epoch, member.previous_epoch = previous.previous_epoch, previous.previous_epoch
             member.state, member.assigned = previous.state, previous.assigned
-            member.revoking = previous.revoking
+            member.revoking, member.partition_epochs = previous.revoking, previous.partition_epochs
             group.members[member_id] = member
             if _subscription(previous) != _subscription(member):
                 group.epoch += 1
@@ -311,18 +312,29 @@ class ConsumerGroups:
         self.groups.pop(group_id, None)
         self._stored.pop(group_id, None)
 
-    def validate_offsets(self, group_id: str, member_id: str, epoch: int) -> int:
+    def validate_offsets(
+        self,
+        group_id: str,
+        member_id: str,
+        epoch: int,
+        partitions: set[tuple[str, int]] | None = None,
+    ) -> int:
         """OffsetCommit/OffsetFetch/TxnOffsetCommit by a member: it must be one, at its
-        current epoch. A commit with no member (epoch < 0) is allowed only in an empty group."""
+        current epoch. A commit with no member (epoch < 0) is allowed only in an empty group.
+        A commit of `partitions` (topic id, partition) at an older epoch is accepted when the
+        member has held each of them since that epoch (KIP-1251, Kafka 4.3): its heartbeat moved
+        it on while the commit was on its way."""
         group = self.groups[group_id]
         if epoch < 0 and not member_id and not group.members:
             return ErrorCode.none
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
-        if epoch != member.epoch:
-            return ErrorCode.stale_member_epoch
-        return ErrorCode.none
+        if epoch == member.epoch:
+            return ErrorCode.none
+        if 0 <= epoch < member.epoch and partitions and member.held_since(epoch, partitions):
+            return ErrorCode.none
+        return ErrorCode.stale_member_epoch
 
 
 def _validate(request: Heartbeat, assignors: Mapping[str, object]) -> None:
@@ -440,6 +452,7 @@ def group_document(group: ConsumerGroup) -> dict[str, Any]:
                 "state": m.state.value,
                 "assigned": _assignment_doc(m.assigned),
                 "revoking": _assignment_doc(m.revoking),
+                "since": [[t, p, e] for (t, p), e in sorted(m.partition_epochs.items())],
             }
             for m in group.members.values()
         ],
@@ -471,5 +484,6 @@ def group_from_document(group_id: str, doc: dict[str, Any]) -> ConsumerGroup:
             state=MemberState(m["state"]),
             assigned=_assignment_of(m["assigned"]),
             revoking=_assignment_of(m["revoking"]),
+            partition_epochs={(str(t), int(p)): int(e) for t, p, e in m["since"]},
         )
     return group

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -505,9 +505,17 @@ class GroupShard:
         generation: int,
         member_id: str,
         offsets: dict[tuple[str, int], CommittedOffset],
+        topic_ids: Mapping[str, str] | None = None,
     ) -> dict[tuple[str, int], int]:
+        """`topic_ids` (name -> id): lets a consumer-group member commit at an older epoch
+        partitions it has held since (validate_offsets)."""
         if group_id in self.consumer.groups:
-            code = self.consumer.validate_offsets(group_id, member_id, generation)
+            held = (
+                {(topic_ids[t], p) for t, p in offsets if t in topic_ids}
+                if topic_ids is not None
+                else None
+            )
+            code = self.consumer.validate_offsets(group_id, member_id, generation, held)
             if code != ErrorCode.none:
                 return dict.fromkeys(offsets, code)
             return await self._write_offsets(group_id, offsets)
@@ -724,11 +732,9 @@ class GroupShard:
         if group is None and table is None and consumer_group is None:
             return ErrorCode.group_id_not_found, {}
         if consumer_group is not None and consumer_group.members:
-            subscribed = {
-                n for m in consumer_group.members.values() for n in m.subscribed_topic_names
-            }
+            names = {n for m in consumer_group.members.values() for n in m.subscribed_topic_names}
             blocked = {
-                tp: ErrorCode.group_subscribed_to_topic for tp in partitions if tp[0] in subscribed
+                tp: ErrorCode.group_subscribed_to_topic for tp in partitions if tp[0] in names
             }
         elif group is not None and group.state not in (GroupState.EMPTY, GroupState.DEAD):
             subscribed = _subscribed_topics(group)
