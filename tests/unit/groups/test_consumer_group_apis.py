@@ -78,6 +78,7 @@ async def test_a_member_joins_and_the_group_is_described(broker: Any) -> None:
     (tp,) = member["assignment"]["topic_partitions"]
     assert tp["topic_name"] == "orders" and list(tp["partitions"]) == [0, 1, 2]
     assert nope["error_code"] == ErrorCode.group_id_not_found
+    assert nope["error_message"] == "Group nope not found."
 
     listed = await call(broker, 16, 5, {"states_filter": [], "types_filter": ["consumer"]})
     assert {(x["group_id"], x["group_type"], x["group_state"]) for x in listed["groups"]} == {
@@ -101,6 +102,14 @@ async def test_members_commit_and_fetch_offsets_at_their_epoch(broker: Any) -> N
                 {"partition_index": 0, "committed_offset": 5, "committed_leader_epoch": -1,
                  "committed_metadata": None}]}],
         }  # fmt: skip
+
+    # an admin commit makes an (empty) classic group: not a consumer group, says Describe
+    admin = {**commit(-1), "group_id": "classic", "member_id": ""}
+    assert (await call(broker, 8, 9, admin))["topics"][0]["partitions"][0]["error_code"] == 0
+    (classic,) = (await call(broker, 69, 1, {"group_ids": ["classic"],
+                                             "include_authorized_operations": False}))["groups"]  # fmt: skip
+    assert classic["error_code"] == ErrorCode.group_id_not_found
+    assert classic["error_message"] == "Group classic is not a consumer group"
 
     ok = await call(broker, 8, 9, commit(1))
     assert ok["topics"][0]["partitions"][0]["error_code"] == ErrorCode.none

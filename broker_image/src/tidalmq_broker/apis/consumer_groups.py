@@ -158,14 +158,20 @@ async def handle_consumer_group_describe(broker: Broker, request: Request, conn:
             entry["error_code"] = ErrorCode.group_authorization_failed
             continue
         try:
-            group = broker.groups.shard(group_id).consumer_group(group_id)
+            shard = broker.groups.shard(group_id)
         except CoordinatorError as exc:
             entry["error_code"] = exc.code
             continue
+        group = shard.consumer_group(group_id)
         if group is None:
-            # a classic group, or none: the admin client then asks DescribeGroups
+            # a classic group, or none (Kafka's messages): the admin client then asks
+            # DescribeGroups
             entry["error_code"] = ErrorCode.group_id_not_found
-            entry["error_message"] = f"Group {group_id} is not a consumer group."
+            entry["error_message"] = (
+                f"Group {group_id} is not a consumer group"
+                if shard.describe(group_id) is not None
+                else f"Group {group_id} not found."
+            )
             continue
         entry.update(
             group_state=group.state().value,
