@@ -55,6 +55,7 @@ SERVER_LOG4J = HERE / "log4j2-server.properties"
 TOOLS_LOG4J = HERE / "log4j2-tools.properties"
 JAVA_CLIENT_SOURCE = HERE / "java" / "ClientCheck.java"
 JAVA_ACL_CHECK_SOURCE = HERE / "java" / "AclCheck.java"
+JAVA_GROUP_PROTOCOL_SOURCE = HERE / "java" / "GroupProtocolCheck.java"
 
 # JVM flags of Kafka's own kafka-run-class.sh (KAFKA_JVM_PERFORMANCE_OPTS).
 JVM_PERFORMANCE_OPTS = (

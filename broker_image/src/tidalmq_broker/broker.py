@@ -43,6 +43,7 @@ from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import is_physical_topic
 
 from tidalmq_broker.apis.registry import ApiTable
+from tidalmq_broker.groups.consumer_groups import ConsumerGroupSettings
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
@@ -132,6 +133,11 @@ class Broker:
             GroupSettings(
                 min_session_timeout_ms=settings.group_min_session_timeout_ms,
                 initial_rebalance_delay_ms=settings.group_initial_rebalance_delay_ms,
+                consumer=ConsumerGroupSettings(
+                    session_timeout_ms=settings.group_consumer_session_timeout_ms,
+                    heartbeat_interval_ms=settings.group_consumer_heartbeat_interval_ms,
+                    assignors=settings.group_consumer_assignors,
+                ),
             ),
             self._offsets_partitions,
         )

@@ -378,6 +378,18 @@ class BrokerSettings:
     group_min_session_timeout_ms: int = field(
         default=6000, metadata={"help": "group.min.session.timeout.ms"}
     )
+    group_consumer_session_timeout_ms: int = field(
+        default=45_000,
+        metadata={"help": "group.consumer.session.timeout.ms (consumer groups, KIP-848)"},
+    )
+    group_consumer_heartbeat_interval_ms: int = field(
+        default=5_000,
+        metadata={"help": "group.consumer.heartbeat.interval.ms (consumer groups, KIP-848)"},
+    )
+    group_consumer_assignors: str = field(
+        default="uniform,range",
+        metadata={"help": "group.consumer.assignors: server-side assignors, the first the default"},
+    )
     shutdown_timeout_s: float = field(
         default=25.0, metadata={"help": "how long SIGTERM waits for in-flight requests"}
     )
@@ -486,6 +498,9 @@ class BrokerSettings:
             "transaction.state.log.num.partitions": str(self.transaction_state_partitions),
             "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
             "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
+            "group.consumer.session.timeout.ms": str(self.group_consumer_session_timeout_ms),
+            "group.consumer.heartbeat.interval.ms": str(self.group_consumer_heartbeat_interval_ms),
+            "group.consumer.assignors": self.group_consumer_assignors,
             "socket.request.max.bytes": str(self.max_request_bytes),
             "max.connections": str(self.max_connections),
             "max.connections.per.ip": str(self.max_connections_per_ip),

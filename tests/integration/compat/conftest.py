@@ -34,7 +34,11 @@ def tidalmq(
     """One TidalMQ broker (with its embedded controller) on the S3 server."""
     logs = tmp_path_factory.mktemp("compat-broker")
     broker = BrokerProcess(
-        s3_server.url(prefix=s3_server.unique_prefix("compat")), logs, env=s3_server.env()
+        s3_server.url(prefix=s3_server.unique_prefix("compat")),
+        logs,
+        # consumer-protocol members (KIP-848) heartbeat every half second, not Kafka's 5 s, so
+        # a rebalance completes within a test's time; no other test uses that protocol
+        env={**s3_server.env(), "TIDALMQ_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS": "500"},
     )
     broker.start(timeout_s=120)
     try:

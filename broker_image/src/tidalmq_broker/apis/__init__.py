@@ -7,6 +7,7 @@ from tidalmq_broker.apis import (  # noqa: F401
     acls,
     api_versions,
     configs,
+    consumer_groups,
     fetch,
     groups,
     leaders,

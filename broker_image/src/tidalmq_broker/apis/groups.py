@@ -11,6 +11,7 @@ DELETE on each group; OffsetDelete DELETE on the group and READ on each topic.
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -18,6 +19,7 @@ from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import NO_LEADER, OFFSETS_TOPIC, TXN_STATE_TOPIC
 
 from tidalmq_broker.apis.registry import api
+from tidalmq_broker.groups.consumer_group import CONSUMER_PROTOCOL
 from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError, GroupShard
 from tidalmq_broker.groups.group import GroupState
 from tidalmq_broker.protocol.codec import Request
@@ -269,7 +271,8 @@ async def handle_leave_group(broker: Broker, request: Request, conn: Connection)
     }
 
 
-@api(8, "OffsetCommit", 2, 8)
+# v9: the same fields, sent by members of consumer groups (KIP-848) with their member epoch
+@api(8, "OffsetCommit", 2, 9)
 async def handle_offset_commit(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
     offsets: dict[tuple[str, int], CommittedOffset] = {}
@@ -302,6 +305,11 @@ async def handle_offset_commit(broker: Broker, request: Request, conn: Connectio
                 generation=b.generation_id_or_member_epoch,
                 member_id=b.member_id,
                 offsets=offsets,
+                topic_ids={
+                    t.name: str(uuid.UUID(meta.topics[t.name].topic_id))
+                    for t in b.topics
+                    if t.name in meta.topics and meta.topics[t.name].topic_id
+                },
             )
             if offsets
             else {}
@@ -333,6 +341,7 @@ def _fetch_group_offsets(
     topics: Any,
     version: int,
     require_stable: bool = False,
+    member: tuple[str | None, int] = (None, -1),
 ) -> dict[str, Any]:
     """`require_stable` (v7+, KIP-447): a partition with an offset pending in an open
     transaction answers UNSTABLE_OFFSET_COMMIT (the client retries) instead of the older one."""
@@ -361,6 +370,9 @@ def _fetch_group_offsets(
         shard = _shard(broker, group_id)
     except CoordinatorError as exc:
         return {"group_id": group_id, "topics": [], "error_code": exc.code}
+    code = shard.validate_offset_fetch(group_id, *member)
+    if code != ErrorCode.none:
+        return {"group_id": group_id, "topics": [], "error_code": code}
     wanted = None
     refused: list[Any] = []
     if topics is not None:
@@ -411,7 +423,8 @@ def _offset_error(index: int, code: ErrorCode) -> dict[str, Any]:
     }
 
 
-@api(9, "OffsetFetch", 1, 8)
+# v9: a consumer group's member names itself and its epoch (KIP-848)
+@api(9, "OffsetFetch", 1, 9)
 async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection) -> Any:
     b = request.body
     version = request.api_version
@@ -420,7 +433,15 @@ async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection
         return {
             "throttle_time": 0,
             "groups": [
-                _fetch_group_offsets(broker, conn, g.group_id, g.topics, version, stable)
+                _fetch_group_offsets(
+                    broker,
+                    conn,
+                    g.group_id,
+                    g.topics,
+                    version,
+                    stable,
+                    member=(getattr(g, "member_id", None), getattr(g, "member_epoch", -1)),
+                )
                 for g in b.groups
             ],
         }
@@ -430,29 +451,38 @@ async def handle_offset_fetch(broker: Broker, request: Request, conn: Connection
 
 @api(16, "ListGroups", 0, 5)
 async def handle_list_groups(broker: Broker, request: Request, conn: Connection) -> Any:
-    """Every group is a classic one (JoinGroup/SyncGroup); filters match case-insensitively,
-    as in Kafka, so `kafka-groups --list --group-type classic` and the like work."""
+    """Classic groups (JoinGroup/SyncGroup) and consumer groups (KIP-848, type `consumer`);
+    filters match case-insensitively, as in Kafka, so `kafka-groups --list --group-type
+    classic` and the like work."""
     states = {s.lower() for s in getattr(request.body, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(request.body, "types_filter", ()) or ()}
+    listed: list[tuple[str, str, str, str]] = []  # id, protocol type, state, group type
+    for shard in broker.groups.shards():
+        if not types or CLASSIC_GROUP_TYPE in types:
+            listed += [
+                (g.group_id, g.protocol_type or "", g.state.value, CLASSIC_GROUP_TYPE)
+                for g in shard.list_groups()
+            ]
+        if not types or CONSUMER_PROTOCOL in types:
+            listed += [
+                (g.group_id, CONSUMER_PROTOCOL, g.state().value, CONSUMER_PROTOCOL)
+                for g in shard.consumer.groups.values()
+            ]
     groups = []
     every = _may(broker, conn, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
-    if not types or CLASSIC_GROUP_TYPE in types:
-        for shard in broker.groups.shards():
-            for group in shard.list_groups():
-                if states and group.state.value.lower() not in states:
-                    continue
-                if not every and not _may(
-                    broker, conn, AclOperation.DESCRIBE, _GROUP, group.group_id
-                ):
-                    continue
-                groups.append(
-                    {
-                        "group_id": group.group_id,
-                        "protocol_type": group.protocol_type or "",
-                        "group_state": group.state.value,
-                        "group_type": CLASSIC_GROUP_TYPE,
-                    }
-                )
+    for group_id, protocol_type, state, group_type in listed:
+        if states and state.lower() not in states:
+            continue
+        if not every and not _may(broker, conn, AclOperation.DESCRIBE, _GROUP, group_id):
+            continue
+        groups.append(
+            {
+                "group_id": group_id,
+                "protocol_type": protocol_type,
+                "group_state": state,
+                "group_type": group_type,
+            }
+        )
     return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
 
 
@@ -491,7 +521,11 @@ async def handle_describe_groups(broker: Broker, request: Request, conn: Connect
             )
         elif request.api_version >= 6:  # KIP-1043: a group that does not exist is an error
             entry["error_code"] = ErrorCode.group_id_not_found
-            entry["error_message"] = f"Group {group_id} not found."
+            entry["error_message"] = (
+                f"Group {group_id} is not a classic group."
+                if _shard(broker, group_id).consumer_group(group_id) is not None
+                else f"Group {group_id} not found."
+            )
         if operations and entry["error_code"] == ErrorCode.none:
             entry["authorized_operations"] = broker.authorizer.authorized_operations(
                 conn, _GROUP, group_id

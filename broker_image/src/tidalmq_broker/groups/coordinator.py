@@ -16,16 +16,26 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.metadata import OFFSETS_TOPIC
 from tidalmq_core.model import TopicPartition
 
+from tidalmq_broker.groups.consumer_group import ConsumerGroup
+from tidalmq_broker.groups.consumer_groups import (
+    ConsumerGroups,
+    ConsumerGroupSettings,
+    Heartbeat,
+    HeartbeatResult,
+    TopicInfo,
+    group_document,
+)
 from tidalmq_broker.groups.group import Group, GroupState, JoinResult, Member
 from tidalmq_broker.groups.records import (
+    ConsumerGroupValue,
     GroupKey,
     GroupValue,
     Key,
@@ -61,6 +71,7 @@ class GroupSettings:
     # rewrite live keys and trim the log after this many (not on a compacted log)
     snapshot_after_records: int = 20_000
     tick_s: float = 0.1
+    consumer: ConsumerGroupSettings = field(default_factory=ConsumerGroupSettings)  # KIP-848
 
 
 class CoordinatorError(Exception):
@@ -106,7 +117,9 @@ class GroupShard:
         self._keys = keys or OffsetKeys()
         self._log = plog
         self._settings = settings
-        self.groups: dict[str, Group] = {}
+        self.groups: dict[str, Group] = {}  # classic groups
+        # groups of the consumer group protocol (KIP-848); a group id names one kind or the other
+        self.consumer = ConsumerGroups(settings.consumer, self._store_consumer_group)
         self.offsets: dict[str, dict[tuple[str, int], OffsetValue]] = {}
         # offsets of open transactions (TxnOffsetCommit), by producer id, until their marker
         self.pending: dict[int, dict[TxnOffsetKey, OffsetValue]] = {}
@@ -172,6 +185,8 @@ class GroupShard:
                 self.offsets.setdefault(key.group, {})[(key.topic, key.partition)] = value
             elif isinstance(key, GroupKey) and isinstance(value, GroupValue):
                 self.groups[key.group] = _group_from_value(key.group, value, now)
+            elif isinstance(key, GroupKey) and isinstance(value, ConsumerGroupValue):
+                self.consumer.load(key.group, value.document, now)
             elif isinstance(key, TxnOffsetKey) and isinstance(value, OffsetValue):
                 self.pending.setdefault(key.producer_id, {})[key] = value
         self._durable = live
@@ -221,6 +236,11 @@ class GroupShard:
             return JoinResult(error=ErrorCode.invalid_session_timeout, member_id=member_id)
         if rebalance_timeout_ms < 0:
             rebalance_timeout_ms = session_timeout_ms
+        consumer_group = self.consumer.groups.get(group_id)
+        if consumer_group is not None:
+            if consumer_group.members:  # as Kafka with no migration between the protocols
+                return JoinResult(error=ErrorCode.inconsistent_group_protocol, member_id=member_id)
+            self.consumer.forget(group_id)  # an empty consumer group becomes a classic one
         group = self.groups.get(group_id)
         if group is None:
             if member_id:
@@ -485,7 +505,20 @@ class GroupShard:
         generation: int,
         member_id: str,
         offsets: dict[tuple[str, int], CommittedOffset],
+        topic_ids: Mapping[str, str] | None = None,
     ) -> dict[tuple[str, int], int]:
+        """`topic_ids` (name -> id): lets a consumer-group member commit at an older epoch
+        partitions it has held since (validate_offsets)."""
+        if group_id in self.consumer.groups:
+            held = (
+                {(topic_ids[t], p) for t, p in offsets if t in topic_ids}
+                if topic_ids is not None
+                else None
+            )
+            code = self.consumer.validate_offsets(group_id, member_id, generation, held)
+            if code != ErrorCode.none:
+                return dict.fromkeys(offsets, code)
+            return await self._write_offsets(group_id, offsets)
         group = self.groups.get(group_id)
         generic_commit = generation < 0 and not member_id
         if group is None:
@@ -503,6 +536,11 @@ class GroupShard:
             if generation != group.generation:
                 return dict.fromkeys(offsets, ErrorCode.illegal_generation)
             group.members[member_id].touch(self._now())
+        return await self._write_offsets(group_id, offsets)
+
+    async def _write_offsets(
+        self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset]
+    ) -> dict[tuple[str, int], int]:
         results, to_write = self._offset_records(
             offsets, lambda topic, partition: OffsetKey(group_id, topic, partition)
         )
@@ -562,7 +600,11 @@ class GroupShard:
         generation, when given, must be the group's current ones, so a producer whose consumer
         lost its partitions is fenced."""
         group = self.groups.get(group_id)
-        if generation >= 0 or member_id:
+        if group_id in self.consumer.groups and (generation >= 0 or member_id):
+            code = self.consumer.validate_offsets(group_id, member_id, generation)
+            if code != ErrorCode.none:
+                return dict.fromkeys(offsets, code)
+        elif generation >= 0 or member_id:
             if group is None or member_id not in group.members:
                 return dict.fromkeys(offsets, ErrorCode.unknown_member_id)
             member = group.members[member_id]
@@ -686,9 +728,15 @@ class GroupShard:
     ) -> tuple[int, dict[tuple[str, int], int]]:
         group = self.groups.get(group_id)
         table = self.offsets.get(group_id)
-        if group is None and table is None:
+        consumer_group = self.consumer.groups.get(group_id)
+        if group is None and table is None and consumer_group is None:
             return ErrorCode.group_id_not_found, {}
-        if group is not None and group.state not in (GroupState.EMPTY, GroupState.DEAD):
+        if consumer_group is not None and consumer_group.members:
+            names = {n for m in consumer_group.members.values() for n in m.subscribed_topic_names}
+            blocked = {
+                tp: ErrorCode.group_subscribed_to_topic for tp in partitions if tp[0] in names
+            }
+        elif group is not None and group.state not in (GroupState.EMPTY, GroupState.DEAD):
             subscribed = _subscribed_topics(group)
             if subscribed is None:
                 return ErrorCode.non_empty_group, {}
@@ -716,9 +764,12 @@ class GroupShard:
     async def delete_group(self, group_id: str) -> int:
         group = self.groups.get(group_id)
         table = self.offsets.get(group_id)
-        if group is None and table is None:
+        consumer_group = self.consumer.groups.get(group_id)
+        if group is None and table is None and consumer_group is None:
             return ErrorCode.group_id_not_found
-        if group is not None and not group.is_empty():
+        if (group is not None and not group.is_empty()) or (
+            consumer_group is not None and consumer_group.members
+        ):
             return ErrorCode.non_empty_group
         records: list[tuple[Key, Value | None]] = [(GroupKey(group_id), None)]
         records += [(OffsetKey(group_id, t, p), None) for (t, p) in (table or {})]
@@ -727,6 +778,7 @@ class GroupShard:
         except (StorageError, CoordinatorError) as exc:
             return _storage_code(exc)
         self.groups.pop(group_id, None)
+        self.consumer.forget(group_id)
         self.offsets.pop(group_id, None)
         return ErrorCode.none
 
@@ -735,15 +787,53 @@ class GroupShard:
         groups = list(self.groups.values())
         # groups that exist only through committed offsets (simple consumers, admin resets)
         for group_id in self.offsets:
-            if group_id not in self.groups:
+            if group_id not in self.groups and group_id not in self.consumer.groups:
                 groups.append(Group(group_id))
         return groups
 
     def describe(self, group_id: str) -> Group | None:
+        """A classic group (None for a consumer group: DescribeGroups does not describe
+        those, as in Kafka)."""
+        if group_id in self.consumer.groups:
+            return None
         group = self.groups.get(group_id)
         if group is None and group_id in self.offsets:
             return Group(group_id)
         return group
+
+    # ------------------------------------------------------------------ consumer groups
+    async def consumer_heartbeat(
+        self, request: Heartbeat, topics: dict[str, TopicInfo]
+    ) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat (KIP-848). A classic group of that id with members is
+        another kind of group (GROUP_ID_NOT_FOUND, as Kafka); an empty one becomes a consumer
+        group, keeping its offsets."""
+        classic = self.groups.get(request.group_id)
+        if classic is not None:
+            if classic.members or classic.state is not GroupState.EMPTY:
+                return HeartbeatResult(
+                    error=ErrorCode.group_id_not_found,
+                    message=f"Group {request.group_id} is not a consumer group.",
+                    member_epoch=-1,
+                )
+            del self.groups[request.group_id]
+        try:
+            return await self.consumer.heartbeat(request, topics, self._now())
+        except (StorageError, CoordinatorError) as exc:
+            log.warning("group %s: storing the group failed: %s", request.group_id, exc)
+            return HeartbeatResult(error=_storage_code(exc), member_epoch=-1)
+
+    def consumer_group(self, group_id: str) -> ConsumerGroup | None:
+        return self.consumer.groups.get(group_id)
+
+    def validate_offset_fetch(self, group_id: str, member_id: str | None, epoch: int) -> int:
+        """OffsetFetch v9 from a member of a consumer group: a member at its epoch."""
+        if group_id not in self.consumer.groups or (member_id is None and epoch < 0):
+            return ErrorCode.none
+        return self.consumer.validate_offsets(group_id, member_id or "", epoch)
+
+    async def _store_consumer_group(self, group: ConsumerGroup) -> None:
+        await self._append([(GroupKey(group.group_id), ConsumerGroupValue(group_document(group)))])
 
     # ------------------------------------------------------------------ persistence
     async def _persist_group(self, group: Group) -> None:
@@ -864,6 +954,8 @@ class GroupShard:
                 log.exception("%s-%d: group timer failed", OFFSETS_TOPIC, self.partition)
 
     def _expire(self, now: float) -> None:
+        for consumer_group in self.consumer.expire(now):
+            self._spawn(self._store_expired(consumer_group))
         for group in list(self.groups.values()):
             for member_id, deadline in list(group.pending_members.items()):
                 if now >= deadline:
@@ -880,6 +972,12 @@ class GroupShard:
                     self._maybe_complete_join(group, deadline_passed=True)
                 else:
                     self._maybe_complete_join(group)
+
+    async def _store_expired(self, group: ConsumerGroup) -> None:
+        try:
+            await self.consumer.store_if_changed(group)
+        except (StorageError, CoordinatorError) as exc:
+            log.warning("group %s: storing a departure failed: %s", group.group_id, exc)
 
     @staticmethod
     def _now() -> float:

@@ -70,8 +70,17 @@ class GroupValue:
     state_timestamp_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupValue:
+    """A group of the consumer group protocol (KIP-848), stored whole under its GroupKey (a
+    group id is one kind of group or the other): the document of
+    groups/consumer_groups.py's `group_document`, which also reads it back."""
+
+    document: dict[str, Any]
+
+
 Key = OffsetKey | GroupKey | TxnOffsetKey
-Value = OffsetValue | GroupValue
+Value = OffsetValue | GroupValue | ConsumerGroupValue
 
 
 def encode_key(key: Key) -> bytes:
@@ -108,6 +117,8 @@ def encode_value(value: Value | None) -> bytes | None:
             "m": value.metadata,
             "ts": value.commit_timestamp_ms,
         }
+    elif isinstance(value, ConsumerGroupValue):
+        doc = {"v": FORMAT, "type": "consumer", "group": value.document}
     else:
         doc = {
             "v": FORMAT,
@@ -139,6 +150,8 @@ def decode_value(key: Key, data: bytes | None) -> Value | None:
     doc = json.loads(data)
     if isinstance(key, OffsetKey | TxnOffsetKey):
         return OffsetValue(int(doc["o"]), int(doc["e"]), doc["m"], int(doc["ts"]))
+    if doc.get("type") == "consumer":
+        return ConsumerGroupValue(doc["group"])
     return GroupValue(
         protocol_type=doc["pt"],
         generation=int(doc["gen"]),
