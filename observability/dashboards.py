@@ -9,12 +9,17 @@ from grafanalib import core as g
 from observability.panels import RATE, Panel, Query, Row, Variable, dashboard
 
 
+def _selector(metric: str, match: str) -> str:
+    return f"{metric}{{{match}}}" if match else metric
+
+
 def _rate(metric: str, by: str, match: str = "") -> str:
-    return f"sum by ({by}) (rate({metric}{{{match}}}[{RATE}]))"
+    return f"sum by ({by}) (rate({_selector(metric, match)}[{RATE}]))"
 
 
 def _quantile(q: float, metric: str, by: str, match: str = "") -> str:
-    return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{match}}}[{RATE}])))"
+    bucket = _selector(f"{metric}_bucket", match)
+    return f"histogram_quantile({q}, sum by ({by}, le) (rate({bucket}[{RATE}])))"
 
 
 B = 'broker=~"$broker"'
@@ -454,17 +459,7 @@ def moves() -> g.Dashboard:
                         "(after a move) or unclean (recovered after a failure).",
                         [Query(_rate("tidalmq_storage_partition_opens_total", "kind"), "{{kind}}")],
                         unit="ops",
-                    ),
-                    Panel(
-                        "Partition open time p99",
-                        "Time to open a partition (read the checkpoint, fence, recover).",
-                        [
-                            Query(
-                                _quantile(0.99, "tidalmq_partition_open_seconds", "broker"),
-                                "broker {{broker}}",
-                            )
-                        ],
-                        unit="s",
+                        width=24,
                     ),
                 ],
             ),
