@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make run    set up and start the embedded local cluster (foreground, Ctrl-C stops it)
 #   make test   set up and run the whole test suite (lint, unit, chart, integration, end-to-end)
-.PHONY: run test setup lint unit chart crds integration e2e bench
+.PHONY: run test setup lint unit chart crds monitoring integration e2e bench
 
 setup:
 	./.ci/setup
@@ -23,6 +23,11 @@ unit: setup
 chart: setup
 	e2e/cluster/build-tools.sh helm
 	.venv/bin/pytest charts/tidalmq/tests
+
+# The chart's Grafana dashboards and Prometheus alerts (charts/tidalmq/monitoring/) are generated
+# from observability/: change the code, run this, commit both (a chart test compares them).
+monitoring: setup
+	.venv/bin/python -m observability.generate
 
 # crds/ is the source of truth; the chart ships identical copies (a chart test checks them).
 crds:

@@ -22,6 +22,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,10 @@ class PrometheusServer:
             tmp.write_text(json.dumps([{"targets": hosts, "labels": {}}]))
             tmp.replace(path)  # atomic: discovery never reads half a file
 
-    def start(self, jobs: dict[str, list[str]], timeout_s: float = 60.0) -> None:
+    def start(
+        self, jobs: dict[str, list[str]], timeout_s: float = 60.0, rule_files: Sequence[Path] = ()
+    ) -> None:
+        """`rule_files`: Prometheus rules files to load (evaluated every scrape interval)."""
         binary = prometheus_binary()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.set_targets(jobs)
@@ -118,9 +122,11 @@ class PrometheusServer:
             for job, targets in jobs.items()
         )
         config = self.workdir / "prometheus.yml"
+        rules = "".join(f"\n  - {json.dumps(str(p))}" for p in rule_files)
         config.write_text(
             f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
-            f"scrape_configs:{scrape_configs}"
+            + (f"rule_files:{rules}\n" if rules else "")
+            + f"scrape_configs:{scrape_configs}"
         )
         self.port = _free_port()
         cmd = [
@@ -175,6 +181,14 @@ class PrometheusServer:
         if at is not None:
             params["time"] = f"{at:.3f}"
         return self._api("query", params)["result"]
+
+    def rules(self) -> list[dict[str, Any]]:
+        """Every loaded rule, with its group's name, its health and its last evaluation's error."""
+        groups = self._api("rules", {})["groups"]
+        return [{**rule, "group": g["name"]} for g in groups for rule in g["rules"]]
+
+    def metric_names(self) -> set[str]:
+        return set(self._api("label/__name__/values", {}))
 
     def targets_up(self) -> dict[str, bool]:
         data = self._api("targets", {"state": "active"})

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("helm")
 NAMESPACED = {
     "ServiceAccount", "Role", "RoleBinding", "Deployment", "StatefulSet", "Service",
     "HorizontalPodAutoscaler", "PodDisruptionBudget", "Secret", "KopfPeering", "Pod",
-    "ServiceMonitor", "Job", "NetworkPolicy", "User",
+    "ServiceMonitor", "Job", "NetworkPolicy", "User", "ConfigMap", "PrometheusRule",
 }  # fmt: skip
 
 
@@ -56,7 +56,7 @@ def test_every_object_has_the_standard_labels_and_namespace(values_file: str | N
             assert f"app.kubernetes.io/{key}" in labels, f"{where} lacks app.kubernetes.io/{key}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/component"] in {
-            "broker", "operator", "object-store", "planner", "test", "uninstall",
+            "broker", "operator", "object-store", "planner", "test", "uninstall", "monitoring",
         }, where  # fmt: skip
         if doc["kind"] in NAMESPACED:
             assert doc["metadata"]["namespace"] == NAMESPACE, where
