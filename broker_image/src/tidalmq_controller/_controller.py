@@ -913,9 +913,10 @@ class Controller:
             if name in self.image.topics
             for i in range(first_partition, len(self.image.topics[name].partitions))
         }
-        # new partitions: none is open yet (reports come on this loop, after this); those
-        # that were are found by the check once a second
-        waiter = _OpenWaiter(pending)
+        # reports that came while the records were being committed (the image had them
+        # already) struck nothing off: look once now, O(new partitions), rather than leave
+        # them to the check once a second
+        waiter = _OpenWaiter({tp for tp in pending if not self._open_at_epoch(tp)})
         if not waiter.pending:
             return True
         self._open_waiters.append(waiter)
