@@ -214,10 +214,15 @@ def assemble_streams(version: str | None = None) -> KafkaDist:
 
 
 def streams_count_command(
-    bootstrap: str, input_topic: str, output_topic: str, app_id: str, state_dir: Path
+    bootstrap: str,
+    input_topic: str,
+    output_topic: str,
+    app_id: str,
+    state_dir: Path,
+    guarantee: str = "exactly_once_v2",
 ) -> list[str]:
-    """The word-counting Kafka Streams application with exactly_once_v2
-    (java/StreamsCount.java, a single-file source program), as a command line."""
+    """The word-counting Kafka Streams application (java/StreamsCount.java, a single-file
+    source program) with processing.guarantee `guarantee`, as a command line."""
     dist, streams = assemble(), assemble_streams()
     return [
         java_executable(),
@@ -232,6 +237,7 @@ def streams_count_command(
         output_topic,
         app_id,
         str(state_dir),
+        guarantee,
     ]
 
 

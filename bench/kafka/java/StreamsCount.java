@@ -19,24 +19,30 @@ import org.apache.kafka.streams.kstream.Produced;
  *
  * Run as a single-file source program with the Kafka and Kafka Streams classpaths:
  *   java -cp 'kafka/lib/*:kafka-streams/lib/*' StreamsCount.java BOOTSTRAP INPUT OUTPUT APP_ID STATE_DIR
+ * (a sixth argument names another processing.guarantee, at_least_once, to compare)
  * Prints RUNNING once the application runs, and runs until killed (SIGTERM closes it).
  */
 public class StreamsCount {
     public static void main(String[] args) throws Exception {
-        if (args.length != 5) {
-            System.err.println("usage: StreamsCount BOOTSTRAP INPUT OUTPUT APP_ID STATE_DIR");
+        if (args.length != 5 && args.length != 6) {
+            System.err.println(
+                "usage: StreamsCount BOOTSTRAP INPUT OUTPUT APP_ID STATE_DIR [GUARANTEE]");
             System.exit(2);
         }
         Properties props = new Properties();
         props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, args[3]);
         props.put(StreamsConfig.STATE_DIR_CONFIG, args[4]);
-        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
+        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG,
+            args.length == 6 ? args[5] : StreamsConfig.EXACTLY_ONCE_V2);
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
         props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 200);
         props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
         props.put(StreamsConfig.topicPrefix("cleanup.policy"), "delete");
         props.put(StreamsConfig.consumerPrefix("auto.offset.reset"), "earliest");
+        // a killed instance leaves the group within 6 s (the broker's minimum), not 45 s
+        props.put(StreamsConfig.consumerPrefix("session.timeout.ms"), 6000);
+        props.put(StreamsConfig.consumerPrefix("heartbeat.interval.ms"), 1000);
 
         StreamsBuilder builder = new StreamsBuilder();
         builder.stream(args[1], Consumed.with(Serdes.String(), Serdes.String()))
