@@ -173,10 +173,8 @@ def _append(
     """The append of one partition's records, behind KIP-890's verification when they open
     the producer's transaction there. The append is enqueued now unless it must wait for the
     coordinator's answer (then in arrival order among those that waited)."""
-    verifier = broker.txn_verifier
-    header = None
-    if verifier is not None and transactional_id is not None:
-        header = _transactional_header(data)
+    verifier = broker.txn_verifier if transactional_id is not None else None
+    header = _transactional_header(data) if verifier is not None else None
     if header is None or verifier is None or transactional_id is None:
         return asyncio.ensure_future(plog.append(data, acks=acks, owned=True))
     pid, epoch = header.producer_id, header.producer_epoch
