@@ -258,6 +258,9 @@ def run_producer(bootstrap: str, topic: str, index: int, stop: threading.Event, 
                 with h.lock:
                     h.committed.extend(sent)
             else:
+                # written first (abort_transaction alone drops what is still queued in the
+                # client): the aborted records are in the log, followed by the abort marker
+                assert p.flush(30) == 0, "records of a transaction to abort not acknowledged"
                 p.abort_transaction(30)
                 with h.lock:
                     h.aborted.extend(sent)
