@@ -5,6 +5,8 @@
 #
 #   bench/kafka/assemble.sh            -> ${TIDALMQ_CACHE_DIR:-~/.cache/tidalmq}/kafka/<version>
 #   KAFKA_VERSION=4.3.0 bench/kafka/assemble.sh   (another 4.x release)
+#   KAFKA_PART=streams KAFKA_POM=bench/kafka/streams/pom.xml bench/kafka/assemble.sh
+#       -> .../kafka/<version>-streams: an extra classpath used beside the main one (Streams)
 #
 # The result is cached: a stamp file records the hash of pom.xml and the version, so a second
 # run costs milliseconds and runs no Maven at all. Concurrent runs (the lead and the
@@ -14,11 +16,12 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-pom="$here/pom.xml"
+pom="${KAFKA_POM:-$here/pom.xml}"
+part=${KAFKA_PART:-}
 default_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom" | head -n1)
 version=${KAFKA_VERSION:-$default_version}
 cache_root=${TIDALMQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tidalmq}
-dest="$cache_root/kafka/$version"
+dest="$cache_root/kafka/$version${part:+-$part}"
 stamp="$dest/.assembled"
 want="version=$version pom=$(sha256sum "$pom" | cut -d' ' -f1)"
 
@@ -34,7 +37,7 @@ for cmd in mvn java flock; do
 done
 
 mkdir -p "$cache_root/kafka"
-exec 9>"$cache_root/kafka/.assemble-$version.lock"
+exec 9>"$cache_root/kafka/.assemble-$version${part:+-$part}.lock"
 flock 9
 # Another process may have finished while this one waited for the lock.
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -42,9 +45,9 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 
-log "resolving Apache Kafka $version from Maven Central into $dest"
+log "resolving Apache Kafka $version${part:+ ($part)} from Maven Central into $dest"
 start=$(date +%s)
-tmp=$(mktemp -d "$cache_root/kafka/.assemble-$version.XXXXXX")
+tmp=$(mktemp -d "$cache_root/kafka/.assemble-$version${part:+-$part}.XXXXXX")
 chmod 755 "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 mvn_args=(-B -q -f "$pom" "-Dkafka.version=$version" "-Dkafka.out=$tmp/lib")
@@ -58,11 +61,16 @@ if ! mvn "${mvn_args[@]}" generate-resources >"$tmp/mvn.log" 2>&1; then
 fi
 
 # Sanity: the jars every later step relies on must be there.
-for jar in "kafka_2.13-$version" "kafka-server-$version" "kafka-tools-$version" \
-  "kafka-clients-$version" "kafka-storage-$version" "kafka-metadata-$version"; do
+if [ -n "$part" ]; then
+  expected=("kafka-$part-$version")
+else
+  expected=("kafka_2.13-$version" "kafka-server-$version" "kafka-tools-$version"
+    "kafka-clients-$version" "kafka-storage-$version" "kafka-metadata-$version")
+fi
+for jar in "${expected[@]}"; do
   [ -f "$tmp/lib/$jar.jar" ] || { log "expected $jar.jar in the resolved classpath"; exit 1; }
 done
-ls "$tmp/lib"/log4j-core-*.jar "$tmp/lib"/log4j-slf4j-impl-*.jar >/dev/null
+[ -n "$part" ] || ls "$tmp/lib"/log4j-core-*.jar "$tmp/lib"/log4j-slf4j-impl-*.jar >/dev/null
 
 printf '%s\n' "$version" >"$tmp/VERSION"
 mv "$tmp/mvn.log" "$tmp/assemble.log"

@@ -56,6 +56,8 @@ TOOLS_LOG4J = HERE / "log4j2-tools.properties"
 JAVA_CLIENT_SOURCE = HERE / "java" / "ClientCheck.java"
 JAVA_ACL_CHECK_SOURCE = HERE / "java" / "AclCheck.java"
 JAVA_GROUP_PROTOCOL_SOURCE = HERE / "java" / "GroupProtocolCheck.java"
+STREAMS_POM = HERE / "streams" / "pom.xml"
+STREAMS_COUNT_SOURCE = HERE / "java" / "StreamsCount.java"
 
 # JVM flags of Kafka's own kafka-run-class.sh (KAFKA_JVM_PERFORMANCE_OPTS).
 JVM_PERFORMANCE_OPTS = (
@@ -184,8 +186,10 @@ _assemble_lock = threading.Lock()
 
 
 @cache
-def _assemble_cached(version: str, cache_dir: str) -> KafkaDist:
+def _assemble_cached(version: str, cache_dir: str, part: str = "") -> KafkaDist:
     env = {**os.environ, "KAFKA_VERSION": version, "TIDALMQ_CACHE_DIR": cache_dir}
+    if part:  # an extra classpath beside the main one (bench/kafka/<part>/pom.xml)
+        env.update(KAFKA_PART=part, KAFKA_POM=str(HERE / part / "pom.xml"))
     proc = subprocess.run(
         ["bash", str(ASSEMBLE_SCRIPT)], env=env, capture_output=True, text=True, check=False
     )
@@ -201,6 +205,41 @@ def assemble(version: str | None = None) -> KafkaDist:
     """Resolve the pinned Kafka release into the cache (seconds when already there)."""
     with _assemble_lock:
         return _assemble_cached(version or pinned_version(), str(cache_root()))
+
+
+def assemble_streams(version: str | None = None) -> KafkaDist:
+    """Kafka Streams of the pinned release (bench/kafka/streams/pom.xml), in a classpath
+    directory of its own used beside the main one (see streams_classpath)."""
+    with _assemble_lock:
+        return _assemble_cached(version or pinned_version(), str(cache_root()), "streams")
+
+
+def streams_count_command(
+    bootstrap: str,
+    input_topic: str,
+    output_topic: str,
+    app_id: str,
+    state_dir: Path,
+    guarantee: str = "exactly_once_v2",
+) -> list[str]:
+    """The word-counting Kafka Streams application (java/StreamsCount.java, a single-file
+    source program) with processing.guarantee `guarantee`, as a command line."""
+    dist, streams = assemble(), assemble_streams()
+    return [
+        java_executable(),
+        f"-Xmx{TOOL_HEAP}",
+        *FAST_START_OPTS,
+        f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
+        "-cp",
+        f"{dist.classpath}{os.pathsep}{streams.classpath}",
+        str(STREAMS_COUNT_SOURCE),
+        bootstrap,
+        input_topic,
+        output_topic,
+        app_id,
+        str(state_dir),
+        guarantee,
+    ]
 
 
 # How a tool takes the address of the cluster it talks to.

@@ -76,6 +76,7 @@ from tidalmq_broker.transactions.markers import (
     markers_from,
     write_all_here,
 )
+from tidalmq_broker.transactions.verification import TxnVerifier, answer_control_call
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,10 @@ class Broker:
             MarkerChannel(self),
             lambda: self.controller.allocate_producer_id(),
             lambda: self.controller.ensure_transaction_state_topic(),
+        )
+        # KIP-890: transactional batches new to a partition are checked with the coordinator
+        self.txn_verifier: TxnVerifier | None = (
+            TxnVerifier(self) if settings.transaction_partition_verification_enable else None
         )
         # told of every transaction marker written here (transactions/marker_writes.py)
         self.txn_marker_listeners: list[MarkerListener] = [self.groups.on_txn_marker]
@@ -274,6 +279,7 @@ class Broker:
         self.control.app.router.add_post("/v1/metadata/updates", self._receive_update)
         self.control.app.router.add_post("/v1/drain", self._http_drain)
         self.control.app.router.add_post("/v1/transactions/markers", self._http_txn_markers)
+        self.control.app.router.add_post("/v1/transactions/verify", self._http_txn_verify)
         await self.http.start(s.http_host, s.http_port)
         if self.control is not self.http:
             await self.control.start(s.http_host, s.control_port)
@@ -508,6 +514,14 @@ class Broker:
         for entry in doc["markers"]:
             entry["error_code"] = results[TopicPartition(entry["topic"], entry["partition"])]
         return web.json_response({"results": doc["markers"]})
+
+    async def _http_txn_verify(self, request: web.Request) -> web.Response:
+        """A partition leader's verify-only question (KIP-890) for the transactions this broker
+        coordinates, relayed by the controller: answered per partition."""
+        try:
+            return web.json_response(answer_control_call(self.transactions, await request.json()))
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
 
     async def _receive_metadata(self, request: web.Request) -> web.Response:
         self.apply_metadata(ClusterMetadata.from_json(await request.json()))

@@ -358,6 +358,14 @@ class BrokerSettings:
             "often the transaction coordinator aborts transactions past their timeout"
         },
     )
+    transaction_partition_verification_enable: bool = field(
+        default=True,
+        metadata={
+            "help": "transaction.partition.verification.enable: a partition leader asks the "
+            "transaction coordinator whether a partition was added to the producer's "
+            "transaction before taking its first transactional batch there (KIP-890)"
+        },
+    )
     transactional_id_expiration_ms: int = field(
         default=604_800_000,
         metadata={
@@ -492,6 +500,9 @@ class BrokerSettings:
                 self.transaction_abort_timed_out_transaction_cleanup_interval_ms
             ),
             "transactional.id.expiration.ms": str(self.transactional_id_expiration_ms),
+            "transaction.partition.verification.enable": str(
+                self.transaction_partition_verification_enable
+            ).lower(),
             "transaction.remove.expired.transaction.cleanup.interval.ms": str(
                 self.transaction_remove_expired_transaction_cleanup_interval_ms
             ),

@@ -69,6 +69,7 @@ BROKER_FORWARDED = frozenset(
         "/v1/reassignments/list",
         "/v1/transactions/state-topic",
         "/v1/transactions/markers",
+        "/v1/transactions/verify",
     }
 )
 

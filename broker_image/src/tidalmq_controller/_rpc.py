@@ -314,6 +314,9 @@ class ControllerClient(Protocol):
     async def allocate_producer_id(self) -> int: ...
     async def ensure_transaction_state_topic(self) -> None: ...
     async def forward_txn_markers(self, broker_id: int, doc: dict[str, Any]) -> dict[str, Any]: ...
+    async def forward_txn_verification(
+        self, broker_id: int, doc: dict[str, Any]
+    ) -> dict[str, Any]: ...
     async def alter_reassignments(
         self, entries: list[PlanEntry]
     ) -> dict[TopicPartition, Exception | None]: ...
@@ -404,6 +407,9 @@ class LocalControllerClient:
 
     async def forward_txn_markers(self, broker_id: int, doc: dict[str, Any]) -> dict[str, Any]:
         # an embedded controller serves one broker, which leads every partition it can reach
+        raise ControllerUnavailable(f"no channel to broker {broker_id} from an embedded controller")
+
+    async def forward_txn_verification(self, broker_id: int, doc: dict[str, Any]) -> dict[str, Any]:
         raise ControllerUnavailable(f"no channel to broker {broker_id} from an embedded controller")
 
     async def alter_reassignments(
@@ -669,6 +675,13 @@ class HttpControllerClient:
             await self._call("/v1/transactions/markers", {"broker_id": broker_id, "markers": doc})
         )
 
+    async def forward_txn_verification(self, broker_id: int, doc: dict[str, Any]) -> dict[str, Any]:
+        """KIP-890's verify-only question to the transaction coordinator on broker
+        `broker_id`, through the controller as markers go."""
+        return dict(
+            await self._call("/v1/transactions/verify", {"broker_id": broker_id, "verify": doc})
+        )
+
     async def alter_reassignments(
         self, entries: list[PlanEntry]
     ) -> dict[TopicPartition, Exception | None]:
@@ -847,6 +860,7 @@ class ControllerServer:
         r.add_post("/v1/producer-ids", self._producer_id)
         r.add_post("/v1/transactions/state-topic", self._txn_state_topic)
         r.add_post("/v1/transactions/markers", self._txn_markers)
+        r.add_post("/v1/transactions/verify", self._txn_verify)
         r.add_post("/v1/reassignments/alter", self._alter_reassignments)
         r.add_post("/v1/reassignments/list", self._list_reassignments)
         r.add_get("/v1/moves", self._moves)
@@ -1222,15 +1236,24 @@ class ControllerServer:
     async def _txn_markers(self, request: web.Request) -> web.Response:
         """A transaction coordinator's markers for the partitions another broker leads: passed
         on to that broker's control endpoint with its token (docs/transactions.md)."""
+        return await self._to_broker(request, "/v1/transactions/markers", "markers")
+
+    async def _txn_verify(self, request: web.Request) -> web.Response:
+        """A partition leader's verify-only question (KIP-890) for the broker coordinating a
+        transactional id: passed on as markers are."""
+        return await self._to_broker(request, "/v1/transactions/verify", "verify")
+
+    async def _to_broker(self, request: web.Request, path: str, key: str) -> web.Response:
+        """The document under `key` of the request, posted to `path` on the broker it names."""
         b = await self._body(request)
         info = self.controller.image.brokers.get(int(b["broker_id"]))
         if info is None or not info.control_url or info.state == "dead":
             return self._fault(ctl.ControllerError(f"broker {b['broker_id']} is not reachable"))
         assert self._session is not None
-        url = info.control_url.rstrip("/") + "/v1/transactions/markers"
+        url = info.control_url.rstrip("/") + path
         headers = authorization(self.auth.broker_token(info.broker_id))
         try:
-            async with self._session.post(url, json=b["markers"], headers=headers) as resp:
+            async with self._session.post(url, json=b[key], headers=headers) as resp:
                 resp.raise_for_status()
                 doc = await resp.json()
         except (aiohttp.ClientError, TimeoutError) as exc:

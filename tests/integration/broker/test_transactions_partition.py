@@ -1,11 +1,17 @@
 """The partition side of transactions against a real broker process and a real client, without
-the transaction coordinator: transactional batches produced by hand, markers written with a raw
-WriteTxnMarkers request (as the coordinator sends it), and librdkafka's read_committed consumer
-sees committed records only and nothing past the last stable offset, also after a kill -9."""
+the transaction coordinator: transactional batches produced by hand (on a broker with KIP-890's
+verification off, as Kafka's transaction.partition.verification.enable=false), markers written
+with a raw WriteTxnMarkers request (as the coordinator sends it), and librdkafka's
+read_committed consumer sees committed records only and nothing past the last stable offset,
+also after a kill -9. Then the verification itself, with the coordinator: a transactional
+batch for a partition not in the producer's ongoing transaction is refused."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -22,14 +28,27 @@ pytestmark = pytest.mark.integration
 COMMITTED, OPEN, ABORTED = 5000, 5001, 5002  # producer ids
 
 
-def produce(c: RawClient, topic: str, pid: int, value: bytes, *, txn: bool = True) -> int:
-    records = build_batch([(None, value)], producer_id=pid, producer_epoch=0, base_sequence=0,
-                          attributes=TRANSACTIONAL_FLAG if txn else 0)  # fmt: skip
-    resp = c.call(0, 9, {
-        "transactional_id": f"tx-{pid}" if txn else None, "acks": -1, "timeout": 5000,
-        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": records}]}],
+@pytest.fixture
+def unverified_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs",
+                       args=["--transaction-partition-verification-enable", "false"]) as proc:  # fmt: skip
+        yield proc
+
+
+def produce_answer(c: RawClient, topic: str, pid: int, value: bytes, *, txn: bool = True,
+                   tid: str | None = None, epoch: int = 0, sequence: int = 0, partition: int = 0,
+                   version: int = 9) -> Any:  # fmt: skip
+    records = build_batch([(None, value)], producer_id=pid, producer_epoch=epoch,
+                          base_sequence=sequence, attributes=TRANSACTIONAL_FLAG if txn else 0)  # fmt: skip
+    resp = c.call(0, version, {
+        "transactional_id": (tid or f"tx-{pid}") if txn else None, "acks": -1, "timeout": 5000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": records}]}],
     })  # fmt: skip
-    part = resp.responses[0].partition_responses[0]  # type: ignore[attr-defined]
+    return resp.responses[0].partition_responses[0]  # type: ignore[attr-defined]
+
+
+def produce(c: RawClient, topic: str, pid: int, value: bytes, *, txn: bool = True) -> int:
+    part = produce_answer(c, topic, pid, value, txn=txn)
     assert part.error_code == ErrorCode.none, part
     return int(part.base_offset)
 
@@ -73,8 +92,9 @@ def consume(bootstrap: str, topic: str, isolation: str, expected: int) -> list[b
 
 
 def test_read_committed_sees_committed_records_only_before_and_after_a_kill_9(
-    local_broker: BrokerProcess,
+    unverified_broker: BrokerProcess,
 ) -> None:
+    local_broker = unverified_broker
     topic = topic_name()
     create_topic(local_broker.bootstrap, topic, 1)
     c = RawClient(local_broker.bootstrap)
@@ -101,4 +121,59 @@ def test_read_committed_sees_committed_records_only_before_and_after_a_kill_9(
     assert consume(local_broker.bootstrap, topic, "read_committed", 3) == [
         b"committed", b"open", b"plain"
     ]  # fmt: skip
+    c.close()
+
+
+def until_none(call: Any, what: str) -> Any:
+    deadline = time.monotonic() + 20
+    while True:
+        answer = call()
+        if answer.error_code == ErrorCode.none:
+            return answer
+        assert time.monotonic() < deadline, f"{what}: {answer}"
+        time.sleep(0.2)
+
+
+def test_a_batch_for_a_partition_not_in_the_transaction_is_refused(
+    local_broker: BrokerProcess,
+) -> None:
+    """KIP-890 part 1 with the coordinator in the same broker: the partition asks it before
+    taking a batch that would open the producer's transaction there."""
+    topic, tid = topic_name(), f"verified-{time.time_ns()}"
+    create_topic(local_broker.bootstrap, topic, 2)
+    c = RawClient(local_broker.bootstrap)
+    until_none(lambda: c.call(10, 3, {"key": tid, "key_type": 1}), "FindCoordinator")
+    init = until_none(lambda: c.call(22, 4, {"transactional_id": tid, "transaction_timeout": 60000,
+                                             "producer_id": -1, "producer_epoch": -1}),
+                      "InitProducerId")  # fmt: skip
+    pid, epoch = int(init.producer_id), int(init.producer_epoch)
+
+    def send(value: bytes, sequence: int, partition: int = 0, version: int = 9) -> Any:
+        return produce_answer(c, topic, pid, value, tid=tid, epoch=epoch, sequence=sequence,
+                              partition=partition, version=version)  # fmt: skip
+
+    # no AddPartitionsToTxn yet: refused, INVALID_TXN_STATE before Produce v11, then
+    # TRANSACTION_ABORTABLE (as Kafka 4.3.1 answers)
+    assert send(b"early", 0).error_code == ErrorCode.invalid_txn_state
+    assert send(b"early", 0, version=11).error_code == ErrorCode.transaction_abortable
+    add = c.call(24, 3, {"v3_and_below_transactional_id": tid, "v3_and_below_producer_id": pid,
+                         "v3_and_below_producer_epoch": epoch,
+                         "v3_and_below_topics": [{"name": topic, "partitions": [0]}]})  # fmt: skip
+    assert add.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == 0
+    first = send(b"in", 0)
+    assert (first.error_code, first.base_offset) == (ErrorCode.none, 0)
+    assert send(b"in too", 1).error_code == ErrorCode.none  # the transaction is going on there
+    assert send(b"elsewhere", 0, partition=1).error_code == ErrorCode.invalid_txn_state
+    end = c.call(26, 3, {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch,
+                         "committed": True})  # fmt: skip
+    assert end.error_code == ErrorCode.none
+    # a late batch of the ended transaction would open one that no marker closes, holding
+    # the last stable offset: refused (once the commit marker landed; before, it is part of
+    # the transaction being committed and Kafka takes it too)
+    deadline = time.monotonic() + 20
+    while latest(c, topic, 1) < 3:  # two records and the commit marker
+        assert time.monotonic() < deadline, "the commit marker did not land"
+        time.sleep(0.1)
+    assert send(b"late", 2).error_code == ErrorCode.invalid_txn_state
+    assert latest(c, topic, 1) == latest(c, topic, 0) == 3  # nothing left open
     c.close()

@@ -8,7 +8,9 @@ Kafka's message; the batches are decompressed for that check on compacted topics
 
 Transactional batches (docs/transactions.md) need the request's transactional id and WRITE on
 it (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition otherwise, as Kafka answers); the
-partitions check their producer epochs and track the transactions."""
+partitions check their producer epochs and track the transactions. A transactional batch of a
+producer with no transaction going on in its partition is first verified with the transaction
+coordinator (KIP-890, transactions/verification.py)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from tidalmq_core.acls import AclOperation, ResourceType
 from tidalmq_core.metadata import INTERNAL_TOPICS
 from tidalmq_core.model import TopicPartition
 
-from tidalmq_broker.apis.errors import error_code, error_message
+from tidalmq_broker.apis.errors import KafkaError, error_code, error_message
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol import records
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.fastpath import ProducePartition, encode_produce_response
-from tidalmq_broker.storage.api import AppendResult
+from tidalmq_broker.storage.api import AppendResult, PartitionLog
+from tidalmq_broker.transactions.verification import produce_error
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
@@ -105,7 +108,8 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                     continue
                 # the records are a view of this request's own frame buffer (when large
                 # enough to have one): the log patches offsets in place instead of copying
-                task = asyncio.ensure_future(plog.append(part.records, acks=acks, owned=True))
+                task = _append(broker, plog, part.records, acks, body.transactional_id,
+                               request.api_version)  # fmt: skip
                 entries.append((topic.name, part.index, task, None, len(part.records)))
     timeout_s = _answer_within(body.timeout.total_seconds()) if acks != 0 else None
     pending = [e[2] for e in entries if isinstance(e[2], asyncio.Future)]
@@ -156,6 +160,47 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             answered = (index, outcome.value, -1, -1, -1, message)
         by_topic.setdefault(topic_name, []).append(answered)
     return encode_produce_response(request.api_version, list(by_topic.items()))
+
+
+def _append(
+    broker: Broker,
+    plog: PartitionLog,
+    data: memoryview | bytes,
+    acks: int,
+    transactional_id: str | None,
+    version: int,
+) -> asyncio.Future[AppendResult]:
+    """The append of one partition's records, behind KIP-890's verification when they open
+    the producer's transaction there. The append is enqueued now unless it must wait for the
+    coordinator's answer (then in arrival order among those that waited)."""
+    verifier = broker.txn_verifier if transactional_id is not None else None
+    header = _transactional_header(data) if verifier is not None else None
+    if header is None or verifier is None or transactional_id is None:
+        return asyncio.ensure_future(plog.append(data, acks=acks, owned=True))
+    pid, epoch = header.producer_id, header.producer_epoch
+    if not verifier.pending(plog.tp, pid) and plog.in_transaction(pid, epoch):
+        return asyncio.ensure_future(plog.append(data, acks=acks, owned=True))
+
+    def enqueue(code: int) -> asyncio.Future[AppendResult]:
+        if code != ErrorCode.none:
+            answer, message = produce_error(code, version)
+            raise KafkaError(ErrorCode(answer), message)
+        return asyncio.ensure_future(plog.append(data, acks=acks, owned=True))
+
+    return asyncio.ensure_future(verifier.gate(plog.tp, transactional_id, pid, epoch, enqueue))
+
+
+def _transactional_header(data: memoryview | bytes) -> records.BatchHeader | None:
+    """The first batch's header when it is a transactional data batch (Kafka verifies on the
+    first batch of a partition's records, as here); None otherwise or when malformed (the
+    append then says how)."""
+    try:
+        h = records.read_header(data)
+    except (records.InvalidRecordBatch, records.UnsupportedMagic):
+        return None
+    if h.magic != records.MAGIC_V2 or not h.is_transactional or h.is_control:
+        return None
+    return h if h.producer_id >= 0 else None
 
 
 _MAGIC = 16  # of a batch: after base offset, length and partition leader epoch

@@ -272,6 +272,9 @@ class LogicQueueLog:
     def stats(self) -> PartitionStats:
         return PartitionStats(self.log_start_offset, self.high_watermark)
 
+    def in_transaction(self, producer_id: int, producer_epoch: int) -> bool:
+        return False  # static topics take no transactional batches
+
     def active_producers(self) -> list[ActiveProducer]:
         """The producers of the writable physical queue (DescribeProducers): those that wrote
         only before the last remap are adopted from older queues at their next append."""

@@ -304,6 +304,11 @@ class PartitionLog(Protocol):
         watermark (what a checkpoint persists and a new owner recovers)."""
         ...
 
+    def in_transaction(self, producer_id: int, producer_epoch: int) -> bool:
+        """Whether the producer has a transaction going on here at this epoch (appends in
+        flight included): its batches need no verification with the coordinator (KIP-890)."""
+        ...
+
 
 class StreamEngine(Protocol):
     """All partitions a broker owns, their shared WAL, cache, compaction and retention."""

@@ -467,6 +467,10 @@ class Partition:
         """What this partition knows of an idempotent producer (including appends in flight)."""
         return self._producers.producers.get(producer_id)
 
+    def in_transaction(self, producer_id: int, producer_epoch: int) -> bool:
+        entry = self._producers.producers.get(producer_id)
+        return entry is not None and entry.epoch == producer_epoch and entry.txn_first_offset >= 0
+
     def adopt_producer(self, producer_id: int, entry: ProducerEntry) -> bool:
         """Double-Read-Check of idempotent-producer state (static topics): a producer
         unknown here continues from the state the previous physical queue of its logic queue
