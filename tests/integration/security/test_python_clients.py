@@ -32,6 +32,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_broker.protocol.codec import decode_response, encode_request
 
 from tests.integration.security.conftest import ADMIN, ADMIN_PASSWORD, SecureBroker, new_topic
+from tests.support.kafka_python_reads import read_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -104,7 +105,7 @@ def test_kafka_python(secure_broker: SecureBroker, caplog: pytest.LogCaptureFixt
         producer.close()
         consumer = kafka.KafkaConsumer(topic, auto_offset_reset="earliest",
                                        consumer_timeout_ms=15000, **settings)  # type: ignore[arg-type]  # fmt: skip
-        got = [m.value for m in consumer]
+        got = [m.value for m in read_to_end(consumer, 10)]
         consumer.close()
         assert got == [f"k{i}".encode() for i in range(10)], settings["security_protocol"]
     # a wrong password: the client gives up bootstrapping, having logged Kafka's error
