@@ -108,9 +108,11 @@ def test_kafka_python(secure_broker: SecureBroker, caplog: pytest.LogCaptureFixt
         got = [m.value for m in read_to_end(consumer, 10)]
         consumer.close()
         assert got == [f"k{i}".encode() for i in range(10)], settings["security_protocol"]
-    # a wrong password: the client gives up bootstrapping, having logged Kafka's error
+    # a wrong password: the client gives up bootstrapping, having logged Kafka's error (its
+    # first attempt is refused at once; the default bootstrap timeout, 30 s, only adds retries)
     with pytest.raises(kafka.errors.KafkaError):
-        kafka.KafkaProducer(**{**sasl, "sasl_plain_password": "wrong"})  # type: ignore[arg-type]
+        kafka.KafkaProducer(**{**sasl, "sasl_plain_password": "wrong",  # type: ignore[arg-type]
+                               "bootstrap_timeout_ms": 10_000})  # fmt: skip
     assert f"SaslAuthenticationFailedError: {SCRAM_FAILED}" in caplog.text
 
 
