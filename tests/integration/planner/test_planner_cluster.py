@@ -201,7 +201,7 @@ def test_plan_from_prometheus_history_balances_bytes_in(
         executed = run([sys.executable, "-m", "tidalmq_broker.cli", "reassign",
                         "--bootstrap-server", cluster.bootstrap, "--execute",
                         "--reassignment-json-file", str(plan_file), "--wait",
-                        "--timeout", "120"], 240)  # fmt: skip
+                        "--timeout", "120s"], 240)  # fmt: skip
         assert executed.returncode == 0, executed.stdout[-3000:] + executed.stderr[-3000:]
         cluster.wait_settled()
         moved_at = time.time()
