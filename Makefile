@@ -9,11 +9,11 @@ setup:
 run: setup
 	.venv/bin/tidalmq local up --brokers 3
 
-# mypy's cache lives in the build cache when there is one (TIDALMQ_CACHE_DIR, set by .ci/run):
-# CI checks out a fresh clone each time, and a cold mypy takes 60-90 s where a warm one takes
-# ~5 s. Sharing it between clones is safe: mypy re-checks every file whose content hash differs
-# from the cached one, whatever the path or modification time.
-MYPY_CACHE_DIR ?= $(if $(TIDALMQ_CACHE_DIR),$(TIDALMQ_CACHE_DIR)/mypy-cache,.mypy_cache)
+# mypy's cache lives in the build cache (TIDALMQ_CACHE_DIR, else the same default as
+# bench/cache.py): CI checks out a fresh clone each time, and a cold mypy takes 60-120 s where a
+# warm one takes ~5 s. Sharing it between clones is safe: mypy re-checks every file whose content
+# hash differs from the cached one, whatever the path or modification time.
+MYPY_CACHE_DIR ?= $(or $(TIDALMQ_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tidalmq)/mypy-cache
 
 lint: setup
 	.venv/bin/ruff check .
