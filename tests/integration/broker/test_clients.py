@@ -25,6 +25,7 @@ from tests.integration.broker.clients import (
 )
 from tests.integration.broker.conftest import topic_name
 from tests.support.broker_process import BrokerProcess
+from tests.support.kafka_python_reads import read_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -261,7 +262,7 @@ def test_compression_codecs_round_trip_through_three_clients(
         topic, bootstrap_servers=local_broker.bootstrap, auto_offset_reset="earliest",
         consumer_timeout_ms=5000, enable_auto_commit=False,
     )  # fmt: skip
-    assert [m.value for m in kc] == values
+    assert [m.value for m in read_to_end(kc, len(values))] == values
     kc.close()
 
     async def aio_consume() -> list[bytes]:

@@ -31,6 +31,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, OffsetSpec
 from kafka import KafkaConsumer
 
+from tests.support.kafka_python_reads import read_to_end
 from tests.support.local_cluster import LocalClusterProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -383,7 +384,7 @@ def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterPro
         name, bootstrap_servers=cluster.bootstrap.split(","), auto_offset_reset="earliest",
         enable_auto_commit=False, consumer_timeout_ms=8000, group_id=None,
     )  # fmt: skip
-    seen = [(m.partition, m.offset, int(m.value)) for m in consumer]
+    seen = [(m.partition, m.offset, int(m.value)) for m in read_to_end(consumer, 401)]
     consumer.close()
     assert sorted(v for _, _, v in seen) == list(range(401))
     for partition, offset, value in seen:

@@ -35,7 +35,7 @@ PARTITIONS = 12
 HOT, COLD = 4, 1  # records per tick of a hot and a cold partition
 THRESHOLD = 1.1
 SCRAPE_S = 2.0
-LOAD_S = 60  # history before planning
+LOAD_S = 30  # history before planning: 6 points per partition at the plan's 5 s step
 RATE_WINDOW = "20s"
 
 
@@ -146,7 +146,9 @@ def test_plan_from_prometheus_history_balances_bytes_in(
             timeout_s=90,
         )
         assert all(prometheus.targets_up().values()), prometheus.targets_up()
-        time.sleep(LOAD_S)  # history to plan from
+        # history to plan from: the plan's window, and one step more so that its first point
+        # too comes after every partition's rate showed in Prometheus
+        time.sleep(LOAD_S + 5)
         before = broker_rates(prometheus)
         assert imbalance(before, brokers) > 1.5, before  # the skew is real
 
@@ -187,7 +189,7 @@ def test_plan_from_prometheus_history_balances_bytes_in(
                      "partitionreassignment.yaml"):  # fmt: skip
             assert (report_dir / name).stat().st_size > 0, name
 
-        # the history it fetched, saved for offline runs: 12 points per partition (60 s at 5 s)
+        # the history it fetched, saved for offline runs: 6 points per partition (30 s at 5 s)
         saved = pd.concat(read_row_group(f, i) for f, i in row_groups(tmp_path / "history"))
         ours = saved[saved["topic"] == TOPIC]
         assert sorted(ours["partition"]) == list(range(PARTITIONS))
@@ -201,7 +203,7 @@ def test_plan_from_prometheus_history_balances_bytes_in(
         executed = run([sys.executable, "-m", "tidalmq_broker.cli", "reassign",
                         "--bootstrap-server", cluster.bootstrap, "--execute",
                         "--reassignment-json-file", str(plan_file), "--wait",
-                        "--timeout", "120"], 240)  # fmt: skip
+                        "--timeout", "120s"], 240)  # fmt: skip
         assert executed.returncode == 0, executed.stdout[-3000:] + executed.stderr[-3000:]
         cluster.wait_settled()
         moved_at = time.time()

@@ -32,6 +32,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_broker.protocol.codec import decode_response, encode_request
 
 from tests.integration.security.conftest import ADMIN, ADMIN_PASSWORD, SecureBroker, new_topic
+from tests.support.kafka_python_reads import read_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -104,12 +105,14 @@ def test_kafka_python(secure_broker: SecureBroker, caplog: pytest.LogCaptureFixt
         producer.close()
         consumer = kafka.KafkaConsumer(topic, auto_offset_reset="earliest",
                                        consumer_timeout_ms=15000, **settings)  # type: ignore[arg-type]  # fmt: skip
-        got = [m.value for m in consumer]
+        got = [m.value for m in read_to_end(consumer, 10)]
         consumer.close()
         assert got == [f"k{i}".encode() for i in range(10)], settings["security_protocol"]
-    # a wrong password: the client gives up bootstrapping, having logged Kafka's error
+    # a wrong password: the client gives up bootstrapping, having logged Kafka's error (its
+    # first attempt is refused at once; the default bootstrap timeout, 30 s, only adds retries)
     with pytest.raises(kafka.errors.KafkaError):
-        kafka.KafkaProducer(**{**sasl, "sasl_plain_password": "wrong"})  # type: ignore[arg-type]
+        kafka.KafkaProducer(**{**sasl, "sasl_plain_password": "wrong",  # type: ignore[arg-type]
+                               "bootstrap_timeout_ms": 10_000})  # fmt: skip
     assert f"SaslAuthenticationFailedError: {SCRAM_FAILED}" in caplog.text
 
 
@@ -209,13 +212,23 @@ def test_wrong_password_is_sasl_authentication_failed(secure_broker: SecureBroke
         "SASL_SSL", **{"sasl.password": "wrong", "error_cb": errors.append}
     )
     admin = AdminClient(conf)
-    with pytest.raises(KafkaException):
-        admin.list_topics(timeout=10)
-    admin.poll(1)  # serves the error callbacks
+
+    def refused() -> bool:
+        return any(
+            e.code() == KafkaError._AUTHENTICATION and SCRAM_FAILED in e.str() for e in errors
+        )
+
+    # no metadata, until the error callback told Kafka's reason (librdkafka retries the login
+    # until list_topics' timeout: one 10 s call took the whole 10 s)
+    deadline = time.monotonic() + 10
+    while True:
+        with pytest.raises(KafkaException):
+            admin.list_topics(timeout=1)
+        admin.poll(0.1)  # serves the error callbacks
+        if refused() or time.monotonic() > deadline:
+            break
     del admin  # destroyed: no more retries with the wrong password
-    assert any(
-        e.code() == KafkaError._AUTHENTICATION and SCRAM_FAILED in e.str() for e in errors
-    ), errors
+    assert refused(), errors
     # on the wire: Kafka's error code and message, then the connection is closed
     before = _failures(secure_broker, "SASL_SSL", "sasl")
     with _sasl_ssl_socket(secure_broker) as sock:
@@ -277,20 +290,31 @@ def test_request_before_authentication_closes_the_connection(secure_broker: Secu
     assert _failures(secure_broker, "SASL_PLAINTEXT", "unauthenticated_request") >= 1
 
 
+def _refused_over_tls(broker: SecureBroker, conf: dict[str, object], timeout_s: float = 10) -> None:
+    """An AdminClient of `conf` gets no metadata, until the broker counted a refused TLS
+    handshake (a 10 s list_topics spent 10 s: librdkafka retries a refused handshake until its
+    timeout)."""
+    before = _failures(broker, "SSL", "tls")
+    admin = AdminClient(conf)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with pytest.raises(KafkaException):
+            admin.list_topics(timeout=1)
+        if _failures(broker, "SSL", "tls") > before:
+            return
+        assert time.monotonic() < deadline, f"no refused TLS handshake counted in {timeout_s} s"
+
+
 def test_untrusted_client_certificate_is_refused(secure_broker: SecureBroker) -> None:
     pki = secure_broker.pki
     before = _failures(secure_broker, "SSL", "tls")
-    errors: list[KafkaError] = []
     conf = secure_broker.confluent("SSL", **{"ssl.certificate.location": str(pki.untrusted_cert),
-                                             "ssl.key.location": str(pki.untrusted_key),
-                                             "error_cb": errors.append})  # fmt: skip
-    with pytest.raises(KafkaException):
-        AdminClient(conf).list_topics(timeout=10)
+                                             "ssl.key.location": str(pki.untrusted_key)})  # fmt: skip
+    _refused_over_tls(secure_broker, conf)
     # without a certificate at all (ssl.client.auth=required) as well
     conf_none = {k: v for k, v in secure_broker.confluent("SSL").items()
                  if k not in ("ssl.certificate.location", "ssl.key.location")}  # fmt: skip
-    with pytest.raises(KafkaException):
-        AdminClient(conf_none).list_topics(timeout=10)
+    _refused_over_tls(secure_broker, conf_none)
     ctx = ssl.create_default_context(cafile=str(pki.ca))
     ctx.load_cert_chain(str(pki.untrusted_cert), str(pki.untrusted_key))
     sock = socket.create_connection(("127.0.0.1", secure_broker.ports["SSL"]), timeout=10)

@@ -245,5 +245,13 @@ async def test_ssl_principal_from_the_client_certificate(tmp_path: Path, served:
         with pytest.raises(ssl.SSLError, match="ALERT_UNKNOWN_CA"):
             await asyncio.wait_for(c.reader.read(1), 5)
         assert len(served.principals) == 3
+        # a client speaking no TLS at all is dropped at once (OpenSSL has no alert for it), not
+        # after the listener's handshake timeout (10 s), which its waiting for an answer would
+        # otherwise take
+        c = await Client.connect(port)
+        c.writer.write(encode_request(METADATA, 12, 1, MD_REQUEST))
+        assert await c.closed()
+        c.close()
+        assert len(served.principals) == 3
     finally:
         await listener.close()

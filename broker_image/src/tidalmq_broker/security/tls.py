@@ -263,12 +263,21 @@ def subject_dn(certificate_der: bytes) -> str:
     return ",".join(rdns)
 
 
+# OpenSSL's reasons for a first record that is no TLS at all (a plaintext Kafka request, an HTTP
+# request): it writes no alert for these, so the connection can go at once.
+NOT_TLS_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL"}
+)
+
+
 def handshake_reporting(
     listener: str, report: Callable[[str, ssl.SSLError], None]
 ) -> type[ssl.SSLObject]:
     """An SSLObject class (SSLContext.sslobject_class) whose failed handshakes are reported
     with `report(listener, error)` (the event loop's TLS layer drops them silently), and whose
-    TLS alert reaches the client, as Kafka's does."""
+    TLS alert reaches the client, as Kafka's does. A client that speaks no TLS at all is
+    dropped at once, as by Kafka: it gets no alert, and waiting for its next move to send one
+    would hold a plaintext client, which waits for its answer, until the handshake timeout."""
 
     class ReportingSSLObject(ssl.SSLObject):
         _failed: ssl.SSLError | None = None
@@ -282,6 +291,8 @@ def handshake_reporting(
                 raise  # the handshake goes on
             except ssl.SSLError as exc:
                 report(listener, exc)
+                if exc.reason in NOT_TLS_REASONS:
+                    raise
                 # The event loop's TLS layer drops the connection on this error at once, and
                 # the TLS alert OpenSSL wrote for the client (unknown_ca, certificate_required,
                 # ...) with it: clients then see a connection closed during authentication
