@@ -863,13 +863,13 @@ class Broker:
         if not self.partitions.is_settled():
             busy.append("opening partitions")
         lost = self.partitions.lost_partitions()
-        offsets = [
-            tp.partition
-            for tp in self.partitions.leading()
-            if tp.topic == OFFSETS_TOPIC and tp not in lost
-        ]
+        offsets = {  # O(offsets partitions), not O(partitions led here): probes come often
+            i
+            for i in range(self._offsets_partitions())
+            if self.partitions.leads(tp := TopicPartition(OFFSETS_TOPIC, i)) and tp not in lost
+        }
         loaded = {s.partition for s in self.groups.shards()}
-        if not set(offsets) <= loaded:
+        if not offsets <= loaded:
             busy.append("loading consumer groups")
         return True, "serving" + (f" ({', '.join(busy)})" if busy else "")
 

@@ -148,6 +148,9 @@ class PartitionManager:
         self.open_seconds: list[float] = []  # recent open durations (for metrics/benchmarks)
         self.logic_queues: LogicQueues | None = None
         self._lost: dict[TopicPartition, LostPartition] = {}
+        # partitions whose wish may not be met (every woken one, until a look finds it met):
+        # is_settled looks at these, not at every partition led here
+        self._unsettled: set[TopicPartition] = set()
         # opened (epoch) or closed (None) since the last heartbeat the controller answered
         self._open_changes: dict[TopicPartition, int | None] = {}
 
@@ -298,19 +301,33 @@ class PartitionManager:
         """Partitions are being opened or closed right now (or wait their turn)."""
         return bool(self._queue or self._busy)
 
+    def _settled(self, tp: TopicPartition) -> bool:
+        wish = self._wishes.get(tp)
+        plog = self._engine.get(tp)
+        if wish is None:
+            return plog is None
+        if plog is not None and plog.leader_epoch == wish.epoch:
+            return True
+        lost = self._lost.get(tp)
+        return lost is not None and lost.attempt == wish.attempt  # until a loss is accepted
+
     def is_settled(self) -> bool:
-        for tp, wish in self._wishes.items():
-            plog = self._engine.get(tp)
-            if plog is None or plog.leader_epoch != wish.epoch:
-                lost = self._lost.get(tp)
-                if lost is not None and lost.attempt == wish.attempt:
-                    continue  # as settled as it gets until someone accepts the loss
+        """Every wish is met. O(partitions woken since the last call): every change of a wish
+        or of what the engine has open wakes the partition (apply, _adopt, fenced, wake_all),
+        and a woken one stays in `_unsettled` until a look finds it met."""
+        unsettled = self._unsettled
+        for tp in list(unsettled):
+            if not self._settled(tp):
                 return False
-        return all(tp in self._wishes for tp in self._engine.partitions())
+            unsettled.discard(tp)
+        return True
+
+    def leads(self, tp: TopicPartition) -> bool:
+        return tp in self._wishes
 
     async def wait_settled(self, timeout_s: float) -> bool:
-        """Until every wish is met (checked every few ms: a check is O(partitions here), and
-        thousands of partitions settle at once when a wave of moves lands)."""
+        """Until every wish is met (checked every few ms, each check O(partitions not yet
+        settled): thousands of partitions settle at once when a wave of moves lands)."""
         deadline = time.monotonic() + timeout_s
         while not self.is_settled():
             if time.monotonic() >= deadline:
@@ -442,6 +459,7 @@ class PartitionManager:
         if self._stopping:
             return
         self._open_changes[tp] = None
+        self._unsettled.add(tp)
         for hook in self._hooks:
             await hook(tp, None)
         if tp in self._wishes:
@@ -450,6 +468,7 @@ class PartitionManager:
     def _wake(self, tp: TopicPartition) -> None:
         if self._stopping:
             return
+        self._unsettled.add(tp)
         retry = self._retries.pop(tp, None)
         if retry is not None:
             retry.cancel()

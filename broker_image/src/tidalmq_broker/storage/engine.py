@@ -57,21 +57,19 @@ from tidalmq_broker.storage.objectstore.metered import MeteredObjectStore
 from tidalmq_broker.storage.partition import Partition, State
 from tidalmq_broker.storage.producer_state import ProducerStateTable
 from tidalmq_broker.storage.recovery import recover_tail
-from tidalmq_broker.storage.retention import retention_log_start
+from tidalmq_broker.storage.retention import oldest_segment_expiry_ms, retention_log_start
+from tidalmq_broker.storage.upkeep import (
+    CHECKPOINTS,
+    CLEANER,
+    COMPACTION,
+    RETENTION,
+    UpkeepSchedule,
+)
 from tidalmq_broker.storage.wal_writer import Flush, PendingAppend, WalWriter
 
 log = logging.getLogger(__name__)
 
 _PARALLEL_UPKEEP = 8
-
-
-def _dirty(p: Partition) -> bool:
-    return p.dirty
-
-
-def _holds_data(p: Partition) -> bool:  # nothing to compact or expire in an empty index
-    return len(p.index) > 0
-
 
 # Compaction holds a whole segment's sources (up to segment.bytes, 64 MiB by default) in memory
 # while it uploads them: views of the cache's chunks, which stay alive until the PUT returns even
@@ -119,6 +117,8 @@ class ObjectStreamEngine:
         self._on_fenced = on_fenced
         self._owns_store = owns_store
         self._partitions: dict[TopicPartition, Partition] = {}
+        # which open partitions each upkeep pass looks at next (changed or due; upkeep.py)
+        self.upkeep: UpkeepSchedule[Partition] = UpkeepSchedule()
         # partitions opened, closed or whose high watermark advanced since the broker last
         # took them (heartbeats report what changed, not every open partition each time)
         self._changed: set[TopicPartition] = set()
@@ -306,6 +306,7 @@ class ObjectStreamEngine:
         for p in self._partitions.values():
             p.abandon()
         self._partitions.clear()
+        self.upkeep = UpkeepSchedule()
         await self._cancel_everything(PartitionClosing("the storage engine was abandoned"))
 
     async def _cancel_everything(self, error: BaseException) -> None:
@@ -342,6 +343,10 @@ class ObjectStreamEngine:
     def high_watermark_advanced(self, tp: TopicPartition) -> None:
         """Called by an open partition whose high watermark moved."""
         self._changed.add(tp)
+
+    def partition_changed(self, p: Partition) -> None:
+        """Called by an open partition on every change its next checkpoint carries."""
+        self.upkeep.changed(p)
 
     def take_changed(self) -> set[TopicPartition]:
         """The partitions opened, closed, fenced or whose high watermark advanced since the
@@ -383,7 +388,7 @@ class ObjectStreamEngine:
             existing = self._partitions.get(tp)
             if existing is not None:
                 if existing.topic_id == topic_id and existing.leader_epoch == leader_epoch:
-                    existing.config = config
+                    self._set_config(existing, config)
                     return existing
                 if existing.topic_id == topic_id and leader_epoch < existing.leader_epoch:
                     raise PartitionFenced(
@@ -395,6 +400,8 @@ class ObjectStreamEngine:
             )
             self._partitions[tp] = partition
             self._changed.add(tp)
+            if len(partition.index) or partition.config.compacted:
+                self.upkeep.changed(partition)  # its passes set their deadlines
             self._update_gauges()
             return partition
 
@@ -626,6 +633,7 @@ class ObjectStreamEngine:
             # store is back they open again through the usual checks
             for p in list(self._partitions.values()):
                 p.fence(error)
+                self.upkeep.forget(p)
                 self.tracker.released(p.tracker_key)
             self._partitions.clear()
             self._update_gauges()
@@ -641,7 +649,12 @@ class ObjectStreamEngine:
         p = self._partitions.get(tp)
         if p is None:
             raise PartitionClosing(f"{tp} is not open on this broker")
-        p.config = config
+        self._set_config(p, config)
+
+    def _set_config(self, p: Partition, config: PartitionConfig) -> None:
+        if p.config != config:
+            p.config = config
+            self.upkeep.changed(p)  # retention, compaction and cleaning may be due otherwise
 
     async def close_partition(self, tp: TopicPartition) -> None:
         async with self._open_lock(tp):
@@ -657,6 +670,7 @@ class ObjectStreamEngine:
             if self._partitions.get(tp) is p:
                 del self._partitions[tp]
                 self._changed.add(tp)
+            self.upkeep.forget(p)
             self.tracker.released(p.tracker_key)
             self._update_gauges()
 
@@ -664,6 +678,7 @@ class ObjectStreamEngine:
         async with self._open_lock(tp):
             p = self._partitions.pop(tp, None)
             if p is not None:
+                self.upkeep.forget(p)
                 p.fence()  # fails whatever is pending; nothing of it matters any more
                 self.tracker.released(p.tracker_key)
             key = keys.checkpoint_key(tp, topic_id)
@@ -683,6 +698,7 @@ class ObjectStreamEngine:
         if self._partitions.get(p.tp) is p:
             del self._partitions[p.tp]
             self._changed.add(p.tp)
+        self.upkeep.forget(p)
         self.tracker.released(p.tracker_key)
         self._update_gauges()
         if self._on_fenced is not None:
@@ -715,19 +731,30 @@ class ObjectStreamEngine:
         metrics.GARBAGE_DELETED.labels(self.broker_label, kind, path).inc(len(object_keys))
 
     # ---------------------------------------------------------------- upkeep passes
+    # Each pass looks only at the partitions that changed since it last ran or whose deadline
+    # came (upkeep.py), never at every open partition: a broker with 50,000 open partitions and
+    # 200 being written does the work of 200.
     async def _each_partition(
         self,
+        name: str,
+        chosen: list[Partition],
         fn: Callable[[Partition], Awaitable[object]],
-        parallel: int = _PARALLEL_UPKEEP,
-        wanted: Callable[[Partition], bool] | None = None,
+        parallel: int,
+        then: Callable[[Partition], None],
     ) -> None:
-        """`fn` on each open partition (`wanted` ones only: a cheap test first, so a pass over
-        thousands of idle partitions does not create, schedule and lock a coroutine for each)."""
+        """`fn` on each partition of `chosen` still open here, then `then` (it says when pass
+        `name` looks at the partition again), whatever `fn` did. One not open right now (a
+        rollback in progress) is looked at again by the next pass."""
         semaphore = asyncio.Semaphore(parallel)
+
+        def here(p: Partition) -> bool:
+            return self._partitions.get(p.tp) is p
 
         async def one(p: Partition) -> None:
             async with semaphore:
                 if p.state is not State.OPEN or self.store_problem is not None:
+                    if here(p):
+                        self.upkeep.again(name, p)
                     return
                 try:
                     await fn(p)
@@ -735,20 +762,77 @@ class ObjectStreamEngine:
                     pass  # already handed back
                 except StorageError as exc:
                     log.warning("%s: %s failed: %s", p.tp, getattr(fn, "__name__", fn), exc)
+                finally:
+                    if here(p):
+                        if p.state is State.OPEN:
+                            then(p)
+                        else:
+                            self.upkeep.again(name, p)
 
-        chosen = [p for p in self._partitions.values() if wanted is None or wanted(p)]
         if chosen:
             await asyncio.gather(*(one(p) for p in chosen))
 
     async def checkpoint_all(self) -> None:
-        await self._each_partition(lambda p: p.commit_checkpoint(), wanted=_dirty)
+        chosen = [p for p in self.upkeep.take(CHECKPOINTS, 0.0) if p.dirty]
+        await self._each_partition(
+            CHECKPOINTS,
+            chosen,
+            lambda p: p.commit_checkpoint(),
+            _PARALLEL_UPKEEP,
+            self._checkpoint_again,
+        )
+
+    def _checkpoint_again(self, p: Partition) -> None:
+        if p.dirty:  # the commit failed, or something changed meanwhile
+            self.upkeep.again(CHECKPOINTS, p)
 
     async def compact_all(self) -> None:
-        await self._each_partition(self.compact_partition, _PARALLEL_COMPACTIONS, _holds_data)
-        await self._each_partition(self.cleaner.clean, _PARALLEL_COMPACTIONS, self.cleaner.wanted)
+        chosen = self.upkeep.take(COMPACTION, time.monotonic())
+        await self._each_partition(
+            COMPACTION,
+            chosen,
+            self.compact_partition,
+            _PARALLEL_COMPACTIONS,
+            self._schedule_compaction,
+        )
+        wanted = [p for p in self.upkeep.take(CLEANER, 0.0) if self.cleaner.wanted(p)]
+        await self._each_partition(
+            CLEANER, wanted, self.cleaner.clean, _PARALLEL_COMPACTIONS, self._schedule_cleaning
+        )
+
+    def _schedule_compaction(self, p: Partition) -> None:
+        """A partition with WAL ranges left is compacted when its oldest has waited
+        compaction_idle_s (sooner if it grows past the thresholds: a flush is a change)."""
+        if p.index.wal_ranges():
+            wait = max(0.0, self.config.compaction_idle_s - p.wal_age_s())
+            self.upkeep.due_at(COMPACTION, p, time.monotonic() + wait)
+
+    def _schedule_cleaning(self, p: Partition) -> None:
+        if self.cleaner.wanted(p):  # not cleanable yet (or only partly): the next pass again
+            self.upkeep.again(CLEANER, p)
 
     async def apply_retention_all(self) -> None:
-        await self._each_partition(self.apply_retention, wanted=_holds_data)
+        chosen = self.upkeep.take(RETENTION, time.time() * 1000)
+        await self._each_partition(
+            RETENTION, chosen, self.apply_retention, _PARALLEL_UPKEEP, self._schedule_retention
+        )
+
+    def _schedule_retention(self, p: Partition) -> None:
+        """Next when its oldest segment expires by time; by size, only when it grows."""
+        cfg = p.config
+        if "delete" not in cfg.cleanup_policy:
+            return
+        entries = p.index.entries
+        left = retention_log_start(
+            entries,
+            now_ms=int(time.time() * 1000),
+            retention_ms=cfg.retention_ms,
+            retention_bytes=cfg.retention_bytes,
+        )
+        if left is not None and left > p.log_start_offset:
+            self.upkeep.again(RETENTION, p)  # the pass failed: the next one tries again
+            return
+        self.upkeep.due_at(RETENTION, p, oldest_segment_expiry_ms(entries, cfg.retention_ms))
 
     async def compact_partition(self, p: Partition, *, force: bool = False) -> int:
         """Copy WAL ranges into segments; returns the number of segments written."""

@@ -100,6 +100,7 @@ class PartitionHost(Protocol):
     def lease_ok(self) -> bool: ...
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
     def high_watermark_advanced(self, tp: TopicPartition) -> None: ...
+    def partition_changed(self, p: Partition) -> None: ...
     def partition_fenced(self, p: Partition) -> None: ...
     def first_stored(self, p: Partition) -> None: ...
     def checkpoint_committed(self, p: Partition, cp: Checkpoint) -> None: ...
@@ -482,7 +483,7 @@ class Partition:
             return False
         self._producers.producers[producer_id] = entry.clone()
         self._durable_producers.producers[producer_id] = entry.clone()
-        self._version += 1
+        self._bump_version()
         return True
 
     def _undo_producers(self, undo: dict[int, ProducerEntry | None]) -> None:
@@ -546,7 +547,7 @@ class Partition:
             for append, view in views:
                 self._cache.add(append.base_offset, append.last_offset, view)
             self._hwm = entry.last_offset + 1
-            self._version += 1
+            self._bump_version()
             self._engine.high_watermark_advanced(self._tp)
             self._notify()
             lease_ok = self._engine.lease_ok()
@@ -787,6 +788,12 @@ class Partition:
         )
 
     # ---------------------------------------------------------------- checkpoints
+    def _bump_version(self) -> None:
+        """Something the next checkpoint must carry changed: the engine's upkeep passes look
+        at this partition next time (storage/upkeep.py), none walks every open partition."""
+        self._version += 1
+        self._engine.partition_changed(self)
+
     @property
     def dirty(self) -> bool:
         return self._version != self._committed_version
@@ -873,7 +880,7 @@ class Partition:
                 return False
             if not self._index.replace(old, new):
                 return False
-            self._version += 1
+            self._bump_version()
             try:
                 await self._commit_locked(force=True)
             except ObjectStoreUnavailable:
@@ -906,7 +913,7 @@ class Partition:
             aborted = self._aborted.copy()
             self._aborted.remove(emptied_aborts)
             self._cache.drop_before(new[-1].last_offset + 1)  # never serve or copy pre-clean bytes
-            self._version += 1
+            self._bump_version()
             try:
                 await self._commit_locked(force=True)
             except ObjectStoreUnavailable:
@@ -925,7 +932,7 @@ class Partition:
             dropped = self._index.drop_before(offset)
             self._cache.drop_before(offset)
             self._aborted.drop_before(offset)
-            self._version += 1
+            self._bump_version()
             await self._commit_locked(force=True)
             still = self._index.keys()
             gone = {e.key for e in dropped} - still

@@ -43,3 +43,18 @@ def retention_log_start(
         total -= size
         new_start = segment[-1].last_offset + 1
     return new_start
+
+
+def oldest_segment_expiry_ms(entries: list[IndexEntry], retention_ms: int) -> int | None:
+    """When the oldest segment expires by time (the first millisecond its newest batch is older
+    than retention.ms), or None: no segment, or no time limit. Retention drops segments from the
+    oldest only, so nothing expires by time before this. O(the oldest segment's entries)."""
+    if retention_ms < 0 or not entries or entries[0].in_wal:
+        return None
+    key = entries[0].key
+    newest = -1
+    for e in entries:
+        if e.in_wal or e.key != key:
+            break
+        newest = max(newest, e.max_timestamp)
+    return newest + retention_ms + 1
