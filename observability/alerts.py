@@ -137,6 +137,19 @@ ALERTS = (
         "with the producers, or stopped. See the Topics and consumer lag dashboard.",
     ),
     Alert(
+        "TidalMQTlsCertificateExpiring",
+        "min by (namespace, broker, listener) "
+        "(tidalmq_tls_certificate_expiry_timestamp_seconds) - time() < 14 * 86400",
+        "1h",
+        "warning",
+        "The certificate of listener {{ $labels.listener }} on broker {{ $labels.broker }} "
+        "expires within 14 days",
+        "Renewed files are reloaded without a restart (docs/security.md, \"Renewed "
+        "certificates\"): renew the brokers' TLS Secret (cert-manager, or delete the chart's "
+        "and upgrade). If it was renewed, tidalmq_tls_certificate_reloads_total "
+        '{result="failed"} says whether the new files could not be loaded.',
+    ),
+    Alert(
         "TidalMQBrokersAtMaxReplicas",
         f"max by (namespace, horizontalpodautoscaler) "
         f"(kube_horizontalpodautoscaler_status_desired_replicas{{{HPA_SELECTOR}}}) "

@@ -130,6 +130,7 @@ def test_the_alerts_cover_what_users_must_hear_about() -> None:
         "TidalMQMoveStuck": "tidalmq_controller_moves_in_flight",
         "TidalMQConsumerLagGrowing": "tidalmq_consumer_group_lag_sum_records",
         "TidalMQBrokersAtMaxReplicas": "kube_horizontalpodautoscaler_spec_max_replicas",
+        "TidalMQTlsCertificateExpiring": "tidalmq_tls_certificate_expiry_timestamp_seconds",
     }
     for name, metric in wanted.items():
         assert metric in by_name[name].expr, name
