@@ -144,7 +144,7 @@ ALERTS = (
         "warning",
         "The certificate of listener {{ $labels.listener }} on broker {{ $labels.broker }} "
         "expires within 14 days",
-        "Renewed files are reloaded without a restart (docs/security.md, \"Renewed "
+        'Renewed files are reloaded without a restart (docs/security.md, "Renewed '
         "certificates\"): renew the brokers' TLS Secret (cert-manager, or delete the chart's "
         "and upgrade). If it was renewed, tidalmq_tls_certificate_reloads_total "
         '{result="failed"} says whether the new files could not be loaded.',
