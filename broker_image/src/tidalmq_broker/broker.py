@@ -42,7 +42,9 @@ from tidalmq_core.records import MetadataDelta, RecordError, apply_batch
 from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import is_physical_topic
 
+from tidalmq_broker import consumer_lag
 from tidalmq_broker.apis.registry import ApiTable
+from tidalmq_broker.consumer_lag import ConsumerLag
 from tidalmq_broker.groups.consumer_groups import ConsumerGroupSettings
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
 from tidalmq_broker.liveness import LivenessThread
@@ -142,6 +144,14 @@ class Broker:
             ),
             self._offsets_partitions,
         )
+        # consumer lag of the groups coordinated here, computed at each scrape (consumer_lag.py)
+        self.consumer_lag = ConsumerLag(
+            self._committed_offsets,
+            self._partition_ends,
+            per_partition=settings.consumer_lag_partition_metrics,
+            max_partition_series=settings.consumer_lag_partition_series_max,
+        )
+        consumer_lag.watch(self.consumer_lag)
         self.transactions = TransactionCoordinator(
             TxnSettings(
                 max_timeout_ms=settings.transaction_max_timeout_ms,
@@ -382,6 +392,7 @@ class Broker:
         await self._flush_reports(min(5.0, self._stop_budget(deadline)))
         if self._reporter is not None:
             self._reporter.cancel()
+        consumer_lag.unwatch(self.consumer_lag)
         await self.groups.close()
         await self.transactions.close()
         if self.engine is not None:
@@ -872,6 +883,37 @@ class Broker:
         if not offsets <= loaded:
             busy.append("loading consumer groups")
         return True, "serving" + (f" ({', '.join(busy)})" if busy else "")
+
+    def _committed_offsets(self) -> dict[str, dict[tuple[str, int], int]]:
+        """The committed offsets of every group coordinated here, by the partitions clients
+        know (static topics' logic queues)."""
+        return {
+            group: {tp: c.offset for tp, c in shard.fetch_offsets(group, None).items()}
+            for shard in self.groups.shards()
+            for group in shard.offsets
+        }
+
+    def _partition_ends(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The ends of `wanted`: the high watermark of those led here, else the acknowledged
+        end the metadata holds (consumer_lag.py)."""
+        local = (
+            self.partitions.high_watermarks(
+                lambda _topic: True, [TopicPartition(t, p) for t, p in wanted]
+            )
+            if self.partitions is not None
+            else {}
+        )
+        topics = self.metadata.topics
+        out: dict[tuple[str, int], int] = {}
+        for topic, partition in wanted:
+            hwm = local.get(TopicPartition(topic, partition))
+            if hwm is not None:
+                out[(topic, partition)] = hwm
+                continue
+            info = topics.get(topic)
+            if info is not None and info.kind == "normal" and partition < len(info.partitions):
+                out[(topic, partition)] = info.partitions[partition].end_offset_floor
+        return out
 
     async def _publish_partition_metrics(self) -> None:
         """Partitions' series, a chunk every quarter second (BrokerMetrics.publish_led), so

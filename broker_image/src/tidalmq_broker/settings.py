@@ -334,6 +334,20 @@ class BrokerSettings:
         },
     )
     default_partitions: int = field(default=1, metadata={"help": "num.partitions"})
+    consumer_lag_partition_metrics: bool = field(
+        default=False,
+        metadata={
+            "help": "export tidalmq_consumer_group_lag_records per group, topic and partition "
+            "(the per-topic sums and ages are always exported; docs/metrics.md)"
+        },
+    )
+    consumer_lag_partition_series_max: int = field(
+        default=10_000,
+        metadata={
+            "help": "at most this many per-partition lag series per broker and scrape; the "
+            "rest are counted in tidalmq_consumer_group_lag_partition_series_dropped_total"
+        },
+    )
     offsets_topic_partitions: int = field(
         default=16, metadata={"help": "partitions of __consumer_offsets"}
     )
