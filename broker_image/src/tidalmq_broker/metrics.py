@@ -38,6 +38,29 @@ BYTES_OUT = Counter(
     "Record batch bytes fetched",
     ["broker", "topic", "partition"],
 )
+# Per topic and broker (bounded by topics, not partitions): what dashboards and alerts use; the
+# per-partition series above are the planner's input (docs/metrics.md, "Cardinality").
+TOPIC_BYTES_IN = Counter(
+    "tidalmq_topic_bytes_in_total", "Record batch bytes appended, per topic", ["broker", "topic"]
+)
+TOPIC_RECORDS_IN = Counter(
+    "tidalmq_topic_records_in_total", "Records appended, per topic", ["broker", "topic"]
+)
+TOPIC_BYTES_OUT = Counter(
+    "tidalmq_topic_bytes_out_total", "Record batch bytes fetched, per topic", ["broker", "topic"]
+)
+TOPIC_RECORDS_OUT = Counter(
+    "tidalmq_topic_records_out_total",
+    "Records fetched (counted from the batch headers), per topic",
+    ["broker", "topic"],
+)
+REQUEST_QUEUE_SECONDS = Histogram(
+    "tidalmq_request_queue_seconds",
+    "Time from a request taken off its connection to its handler starting (the event loop's "
+    "backlog), per API",
+    ["broker", "api"],
+    buckets=_LATENCY_BUCKETS,
+)
 LEADER_EPOCH = Gauge(
     "tidalmq_partition_leader_epoch",
     "Leader epoch of each partition this broker has open (present only while it leads it)",
@@ -105,6 +128,10 @@ class BrokerMetrics(RequestObserver):
         self._broker = str(broker_id)
         self._api_names = api_names
         self._per_api: dict[int, tuple[Any, Any, Any, Any]] = {}
+        self._queued: dict[int, Any] = {}
+        # per topic: its label children, and the partitions led here (series go with the last)
+        self._topics: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self._topic_partitions: dict[str, set[int]] = {}
         # label children per partition, resolved once (labels() is slow on the hot path)
         self._partitions: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         # partitions opened here whose series are not published yet (see publish_led)
@@ -129,6 +156,26 @@ class BrokerMetrics(RequestObserver):
         if error:
             errors.inc()
 
+    def queued(self, api_key: int, seconds: float) -> None:
+        child = self._queued.get(api_key)
+        if child is None:
+            name = self._api_names.get(api_key, str(api_key))
+            child = self._queued[api_key] = REQUEST_QUEUE_SECONDS.labels(self._broker, name)
+        child.observe(seconds)
+
+    def _topic(self, topic: str) -> tuple[Any, Any, Any, Any]:
+        children = self._topics.get(topic)
+        if children is None:
+            labels = (self._broker, topic)
+            children = (
+                TOPIC_BYTES_IN.labels(*labels),
+                TOPIC_RECORDS_IN.labels(*labels),
+                TOPIC_BYTES_OUT.labels(*labels),
+                TOPIC_RECORDS_OUT.labels(*labels),
+            )
+            self._topics[topic] = children
+        return children
+
     def _partition(self, topic: str, partition: int) -> tuple[Any, Any, Any]:
         children = self._partitions.get((topic, partition))
         if children is None:
@@ -145,15 +192,22 @@ class BrokerMetrics(RequestObserver):
         children = self._partition(topic, partition)
         children[0].inc(size)
         children[1].inc(records)
+        per_topic = self._topic(topic)
+        per_topic[0].inc(size)
+        per_topic[1].inc(records)
 
-    def fetched(self, topic: str, partition: int, size: int) -> None:
+    def fetched(self, topic: str, partition: int, size: int, records: int) -> None:
         self._partition(topic, partition)[2].inc(size)
+        per_topic = self._topic(topic)
+        per_topic[2].inc(size)
+        per_topic[3].inc(records)
 
     def partition_led(self, topic: str, partition: int, epoch: int) -> None:
         """The partition opened here: its series appear (at zero traffic too), soon: resolving
         four label sets costs about 100 us, and a rebalance opens thousands of partitions at
         once, so they are published in chunks off the path that reports the open (publish_led)."""
         self._led_pending[(topic, partition)] = epoch
+        self._topic_partitions.setdefault(topic, set()).add(partition)
 
     def publish_led(self, limit: int | None = 500) -> int:
         """Publish the series of up to `limit` (None: all) partitions opened since; how many
@@ -162,6 +216,7 @@ class BrokerMetrics(RequestObserver):
         for _ in range(count if limit is None else min(limit, count)):
             (topic, partition), epoch = self._led_pending.popitem()
             self._partition(topic, partition)
+            self._topic(topic)
             LEADER_EPOCH.labels(self._broker, topic, str(partition)).set(epoch)
         return len(self._led_pending)
 
@@ -173,6 +228,20 @@ class BrokerMetrics(RequestObserver):
         for metric in (BYTES_IN, RECORDS_IN, BYTES_OUT, LEADER_EPOCH):
             with contextlib.suppress(KeyError):
                 metric.remove(*labels)
+        led = self._topic_partitions.get(topic)
+        if led is not None:
+            led.discard(partition)
+            if not led:  # the last partition of the topic led here: its series go too
+                del self._topic_partitions[topic]
+                self._topics.pop(topic, None)
+                for metric in (
+                    TOPIC_BYTES_IN,
+                    TOPIC_RECORDS_IN,
+                    TOPIC_BYTES_OUT,
+                    TOPIC_RECORDS_OUT,
+                ):
+                    with contextlib.suppress(KeyError):
+                        metric.remove(self._broker, topic)
 
     def partition_lost(self, topic: str, partition: int, missing: int) -> None:
         self._lost.add((topic, partition))

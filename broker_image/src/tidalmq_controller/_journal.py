@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from tidalmq_core import snapshots
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.records import MetadataDelta, Record, apply_record
@@ -46,6 +46,12 @@ COMMIT_SECONDS = Histogram(
     "tidalmq_controller_metadata_commit_seconds",
     "Time to append one metadata batch to its store",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+
+QUEUE_RECORDS = Gauge(
+    "tidalmq_controller_metadata_commit_queue_records",
+    "Metadata records proposed and not yet committed (the batch being filled and the one being "
+    "stored)",
 )
 
 RING_MIN_BATCHES = 1000  # kept beyond the last snapshot, for brokers slightly behind
@@ -92,6 +98,7 @@ class Journal:
         self._wake = asyncio.Event()
         self._committer: asyncio.Task[None] | None = None
         self._snapshotting: asyncio.Task[int] | None = None
+        QUEUE_RECORDS.set_function(self.queued_records)  # the process's (newest) controller
         self._listeners: list[CommitListener] = []
         self._applied_hooks: list[AppliedHook] = []
         self._deposed: BaseException | None = None
@@ -187,6 +194,9 @@ class Journal:
         version = self.propose(records)
         await self.committed(version)
         return version
+
+    def queued_records(self) -> int:
+        return sum(len(b.records) for b in (self._open, self._in_flight) if b is not None)
 
     # ------------------------------------------------------------------ committing
     async def _commit_loop(self) -> None:

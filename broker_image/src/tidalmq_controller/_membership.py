@@ -26,7 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Counter
 from tidalmq_core.model import TopicPartition
+
+FENCINGS = Counter(
+    "tidalmq_controller_broker_fencings_total",
+    "Brokers whose lease the controller stopped renewing (a moving partition not closed within "
+    "the election timeout, or fenced by an operator action); each gives up its partitions",
+)
 
 Floors = dict[TopicPartition, tuple[str, int]]
 
@@ -230,6 +237,7 @@ class Membership:
             if live is None or live.fenced_at is not None:
                 return False
             live.fenced_at = now
+            FENCINGS.inc()
             return True
 
     def lease_end(self, broker_id: int) -> float:

@@ -22,10 +22,15 @@ def test_partition_series_follow_leadership() -> None:
     assert sample("tidalmq_partition_bytes_in_total", broker="901", **lab) == 0.0
     assert sample("tidalmq_partition_leader_epoch", broker="901", **lab) == 5.0
     a.produced("planner-metrics", 3, 1000, 10)
-    a.fetched("planner-metrics", 3, 400)
+    a.fetched("planner-metrics", 3, 400, 4)
     assert sample("tidalmq_partition_bytes_in_total", broker="901", **lab) == 1000.0
     assert sample("tidalmq_partition_records_in_total", broker="901", **lab) == 10.0
     assert sample("tidalmq_partition_bytes_out_total", broker="901", **lab) == 400.0
+    topic = {"broker": "901", "topic": "planner-metrics"}
+    assert sample("tidalmq_topic_bytes_in_total", **topic) == 1000.0
+    assert sample("tidalmq_topic_records_in_total", **topic) == 10.0
+    assert sample("tidalmq_topic_bytes_out_total", **topic) == 400.0
+    assert sample("tidalmq_topic_records_out_total", **topic) == 4.0
 
     # moved to broker 902: the old broker's series go, the new one's start from zero
     a.partition_released("planner-metrics", 3)
@@ -36,6 +41,9 @@ def test_partition_series_follow_leadership() -> None:
     assert sample("tidalmq_partition_leader_epoch", broker="901", **lab) is None
     assert sample("tidalmq_partition_bytes_in_total", broker="902", **lab) == 50.0
     assert sample("tidalmq_partition_leader_epoch", broker="902", **lab) == 6.0
+    # the topic's series go with the last of its partitions led here
+    assert sample("tidalmq_topic_bytes_in_total", **topic) is None
+    assert sample("tidalmq_topic_bytes_in_total", broker="902", topic="planner-metrics") == 50.0
     a.partition_released("planner-metrics", 3)  # twice is harmless
 
 

@@ -30,6 +30,7 @@ from tidalmq_broker.apis.errors import error_code
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.fastpath import EncodedBody, FetchPartition, encode_fetch_response
+from tidalmq_broker.protocol.records import count_records
 from tidalmq_broker.storage.api import PartitionLog
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
             )
         )
         if fp.records:
-            broker.metrics.fetched(fp.topic, fp.index, len(fp.records))
+            broker.metrics.fetched(fp.topic, fp.index, len(fp.records), count_records(fp.records))
     return encode_fetch_response(request.api_version, list(by_topic.items()))
 
 

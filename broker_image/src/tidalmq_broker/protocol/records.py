@@ -199,6 +199,24 @@ def iter_complete_headers(buf: bytes | bytearray | memoryview) -> Iterator[Batch
         position += header.size
 
 
+_ATTRIBUTES = struct.Struct(">h")
+_RECORD_COUNT = struct.Struct(">i")
+
+
+def count_records(buf: bytes | bytearray | memoryview) -> int:
+    """Records in the complete data batches of `buf` (control batches and a trailing partial
+    batch not counted), from the headers alone: the Fetch path's records-out metric."""
+    position, end, count = 0, len(buf), 0
+    while end - position >= HEADER_SIZE:
+        length = _OFFSET_AND_LENGTH.unpack_from(buf, position)[1]
+        if length < HEADER_SIZE - LOG_OVERHEAD or position + length + LOG_OVERHEAD > end:
+            break
+        if not _ATTRIBUTES.unpack_from(buf, position + 21)[0] & CONTROL_FLAG:
+            count += _RECORD_COUNT.unpack_from(buf, position + 57)[0]
+        position += length + LOG_OVERHEAD
+    return count
+
+
 def patch_base_offset(buf: bytearray | memoryview, header: BatchHeader, base_offset: int) -> None:
     _BASE_OFFSET.pack_into(buf, header.position, base_offset)
 

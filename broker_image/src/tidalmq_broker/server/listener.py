@@ -304,6 +304,9 @@ class RequestObserver:
     def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
         pass
 
+    def queued(self, api_key: int, seconds: float) -> None:
+        """A request waited `seconds` from being taken off its connection to its handler."""
+
     def connection_refused(self, reason: str) -> None:
         pass
 
@@ -754,6 +757,7 @@ class KafkaListener:
             frame = proto.frame_nowait()
             if frame is None:
                 frame = await proto.next_frame()
+            received = time.perf_counter()
             size = len(frame)
             if not conn.authenticated:
                 try:
@@ -773,7 +777,7 @@ class KafkaListener:
             conn.requests += 1
             handler = self._dispatch(request.api_key)
             assert handler is not None  # decode_request checked the key
-            task = asyncio.create_task(self._handle(handler, request, conn))
+            task = asyncio.create_task(self._handle(handler, request, conn, received))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             conn.inflight_bytes += size
@@ -789,8 +793,12 @@ class KafkaListener:
             conn._room = None
         self._release_request(size)
 
-    async def _handle(self, handler: Handler, request: Request, conn: Connection) -> _Answer:
+    async def _handle(
+        self, handler: Handler, request: Request, conn: Connection, received: float = 0.0
+    ) -> _Answer:
         started = time.perf_counter()
+        if received:
+            self._observer.queued(request.api_key, started - received)
         error = False
         charge = _Charge()
         token = _CHARGE.set(charge)
