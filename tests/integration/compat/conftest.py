@@ -61,7 +61,9 @@ def tidalmq_cluster(
         # first transactional producer, inside a test's time; timed-out transactions aborted
         # within half a second
         env={**s3_server.env(), **HOLD_MOVES_ENV, "TIDALMQ_TRANSACTION_STATE_PARTITIONS": "6",
-             "TIDALMQ_TRANSACTION_ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS": "500"},
+             "TIDALMQ_TRANSACTION_ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS": "500",
+             # per-partition consumer lag (test_metrics_and_lag.py; off by default)
+             "TIDALMQ_CONSUMER_LAG_PARTITION_METRICS": "true"},
     )  # fmt: skip
     cluster.start(timeout_s=180)
     try:

@@ -1,0 +1,193 @@
+"""docs/metrics.md against what the local cluster's processes export, and the consumer lag the
+group coordinators export against what Kafka's `kafka-consumer-groups --describe` reports."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.kafka.harness import parse_table
+from tests.integration.compat.conftest import name, tool
+from tests.support.local_cluster import LocalClusterProcess
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
+# the client library's own families (and its _created series of counters and histograms)
+LIBRARY = re.compile(r"^(python_|process_)|_created$")
+
+
+def documented() -> dict[str, tuple[str, frozenset[str], str]]:
+    """docs/metrics.md's table: name -> (type, labels, exported by)."""
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        m = re.fullmatch(r"\| `(tidalmq_\w+)` \| (\w+) \|\s*([\w, ]*?)\s*\| .* \| (\w+) \|", line)
+        if m:
+            labels = frozenset(x.strip() for x in m[3].split(",") if x.strip())
+            assert m[1] not in rows, f"{m[1]} twice in the table"
+            rows[m[1]] = (m[2], labels, m[4])
+    assert len(rows) > 50, "the table was not found"
+    return rows
+
+
+Exported = dict[str, tuple[str, set[frozenset[str]]]]
+"""family name (as documented: counters with _total) -> (type, label sets of its samples)"""
+
+
+def families(text: str) -> Exported:
+    out: Exported = {}
+    for family in text_string_to_metric_families(text):
+        if LIBRARY.search(family.name):
+            continue
+        # the parser strips counters' _total; the exposition (and the table) names them with it
+        fname = family.name + "_total" if family.type == "counter" else family.name
+        labels = {
+            frozenset(s.labels) - {"le"} for s in family.samples if not s.name.endswith("_created")
+        }
+        out[fname] = (family.type, labels)
+    return out
+
+
+def scrape(cluster: LocalClusterProcess) -> dict[str, list[Exported]]:
+    """Each process's families, by kind: the controller (`local up`) and every broker."""
+    status = cluster.status()
+    context = cluster.control_context
+    out: dict[str, list[Exported]] = {"broker": [], "controller": []}
+    with urllib.request.urlopen(
+        status["controller"] + "/metrics", timeout=10, context=context
+    ) as r:
+        out["controller"].append(families(r.read().decode()))
+    for row in status["brokers"]:
+        url = f"http://127.0.0.1:{row['http_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            out["broker"].append(families(r.read().decode()))
+    return out
+
+
+def operator_families() -> Exported:
+    """The operator's families, from its registry (it is not part of the local cluster)."""
+    from prometheus_client import REGISTRY, generate_latest
+    from tidalmq_operator import runtime
+
+    assert runtime.DEGRADED is not None  # imported: its families are in this process's registry
+    return {
+        k: v for k, v in families(generate_latest(REGISTRY).decode()).items()
+        if k.startswith("tidalmq_operator_")
+    }  # fmt: skip
+
+
+def produce(bootstrap: str, topic: str, per_partition: dict[int, int]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for partition, count in per_partition.items():
+        for i in range(count):
+            producer.produce(topic, f"v{i}".encode(), partition=partition)
+    assert producer.flush(30) == 0
+
+
+def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        consumer.commit(
+            offsets=[KafkaTopicPartition(topic, p, o) for p, o in offsets.items()],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+
+
+def lag_samples(
+    cluster: LocalClusterProcess, group: str
+) -> dict[str, dict[tuple[str, ...], float]]:
+    """The lag families' samples of `group`, from every broker (one coordinates it)."""
+    out: dict[str, dict[tuple[str, ...], float]] = {}
+    for row in cluster.status()["brokers"]:
+        url = f"http://127.0.0.1:{row['http_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.labels.get("group") == group:
+                    key = tuple(s.labels[k] for k in ("topic", "partition") if k in s.labels)
+                    out.setdefault(s.name, {})[key] = s.value
+    return out
+
+
+def test_consumer_lag_matches_kafka_consumer_groups(tidalmq_cluster: LocalClusterProcess) -> None:
+    b = tidalmq_cluster.bootstrap
+    topic, group = name("lagged"), name("lag-group")
+    admin = AdminClient({"bootstrap.servers": b})
+    admin.create_topics([NewTopic(topic, 3)])[topic].result(30)
+    produce(b, topic, {0: 12, 1: 7, 2: 3})
+    commit(b, group, topic, {0: 5, 1: 7, 2: 1})  # lag 7, 0, 2
+
+    # the coordinator sees the ends of partitions led elsewhere once the controller commits
+    # their floors (every 10 s): wait for the lag to settle at the produced ends
+    deadline = time.monotonic() + 40
+    samples: dict[str, dict[tuple[str, ...], float]] = {}
+    while time.monotonic() < deadline:
+        samples = lag_samples(tidalmq_cluster, group)
+        if samples.get("tidalmq_consumer_group_lag_sum_records", {}).get((topic,)) == 9:
+            break
+        time.sleep(0.5)
+    assert samples.get("tidalmq_consumer_group_lag_sum_records") == {(topic,): 9}, samples
+
+    described = parse_table(
+        tool("kafka-consumer-groups", "--describe", "--group", group, bootstrap=b), "GROUP"
+    )
+    kafka = {int(r["PARTITION"]): int(r["LAG"]) for r in described if r["TOPIC"] == topic}
+    assert kafka == {0: 7, 1: 0, 2: 2}, described
+    per_partition = samples["tidalmq_consumer_group_lag_records"]
+    assert {int(p): v for (_, p), v in per_partition.items()} == kafka
+    assert sum(kafka.values()) == samples["tidalmq_consumer_group_lag_sum_records"][(topic,)]
+
+    # nobody consumes: the oldest uncommitted record gets older by a second a second
+    first = lag_samples(tidalmq_cluster, group)["tidalmq_consumer_group_lag_seconds"][(topic,)]
+    time.sleep(1.5)
+    later = lag_samples(tidalmq_cluster, group)["tidalmq_consumer_group_lag_seconds"][(topic,)]
+    assert later >= first + 1.4, (first, later)
+    commit(b, group, topic, {0: 12, 2: 3})  # caught up
+    caught_up = lag_samples(tidalmq_cluster, group)
+    assert caught_up["tidalmq_consumer_group_lag_sum_records"] == {(topic,): 0}
+    assert caught_up["tidalmq_consumer_group_lag_seconds"] == {(topic,): 0}
+
+
+def test_metrics_table_matches_what_the_processes_export(
+    tidalmq_cluster: LocalClusterProcess,
+) -> None:
+    b = tidalmq_cluster.bootstrap
+    topic, group = name("scraped"), name("scrape-group")
+    produce(b, topic, {0: 3})  # auto-created: every broker API family gets its series
+    consumer = Consumer({"bootstrap.servers": b, "group.id": group,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    try:
+        consumer.subscribe([topic])
+        got, deadline = 0, time.monotonic() + 30
+        while got < 3 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            got += msg is not None and not msg.error()
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    assert got == 3
+
+    table = documented()
+    by_kind = scrape(tidalmq_cluster)
+    by_kind["operator"] = [operator_families()]
+    exported: set[str] = set()
+    for processes in by_kind.values():
+        for process in processes:
+            exported |= set(process)
+    assert sorted(exported - set(table)) == [], "exported, not in docs/metrics.md"
+    assert sorted(set(table) - exported) == [], "in docs/metrics.md, exported by nobody"
+    for metric, (kind, labels, exporter) in table.items():
+        for process in by_kind[exporter]:
+            assert metric in process, f"{metric}: not exported by the {exporter}"
+            mtype, label_sets = process[metric]
+            assert mtype == kind, f"{metric}: a {mtype}, the table says {kind}"
+            for seen in label_sets:
+                assert seen == labels, f"{metric}: labels {sorted(seen)}, table {sorted(labels)}"
