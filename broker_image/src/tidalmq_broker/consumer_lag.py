@@ -124,10 +124,10 @@ class ConsumerLag:
         room = self.max_partition_series if self.per_partition else 0
         for group, table in committed.items():
             for (topic, partition), offset in table.items():
-                end = ends.get((topic, partition))
-                if end is None:
+                known = ends.get((topic, partition))
+                if known is None:
                     continue  # a partition of an unknown (deleted, static) topic
-                lag = max(0, end - offset)
+                lag = max(0, known - offset)
                 agg = out.topics.get((group, topic))
                 if agg is None:
                     agg = out.topics[(group, topic)] = GroupTopicLag()
@@ -191,9 +191,9 @@ class _LagCollector(Collector):
         dropped_total = 0
         for source in list(self.sources):
             report = source.report()
-            for (group, topic), lag in sorted(report.topics.items()):
-                total.add_metric([group, topic], lag.records)
-                seconds.add_metric([group, topic], lag.seconds)
+            for (group, topic), agg in sorted(report.topics.items()):
+                total.add_metric([group, topic], agg.records)
+                seconds.add_metric([group, topic], agg.seconds)
             for group, topic, partition, lag in report.partitions:
                 records.add_metric([group, topic, str(partition)], lag)
             dropped_total += source.dropped_total
