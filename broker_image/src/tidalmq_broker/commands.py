@@ -205,6 +205,18 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
     add_output(status, STATUS_KEYS, legacy=("table",))
     _data_dir(status)
     status.set_defaults(handler=_run_local_command)
+    top = local_sub.add_parser(
+        "top",
+        help="a live view of the brokers' bytes and records in and out, the groups' lag and "
+        "the moves, from the metrics",
+        description="Refresh every --interval seconds until Ctrl-C: per broker the bytes and "
+        "records in and out per second, connections, partitions and moves; the consumer "
+        "groups' lag in records and age (docs/metrics.md); the moves in flight and done.",
+    )
+    top.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    _data_dir(top)
+    top.set_defaults(handler=_run_local_command)
 
 
 def _register_local_changes(local_sub: argparse._SubParsersAction) -> None:

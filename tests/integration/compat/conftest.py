@@ -62,8 +62,10 @@ def tidalmq_cluster(
         # within half a second
         env={**s3_server.env(), **HOLD_MOVES_ENV, "TIDALMQ_TRANSACTION_STATE_PARTITIONS": "6",
              "TIDALMQ_TRANSACTION_ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS": "500",
-             # per-partition consumer lag (test_metrics_and_lag.py; off by default)
-             "TIDALMQ_CONSUMER_LAG_PARTITION_METRICS": "true"},
+             # per-partition consumer lag (test_metrics_and_lag.py; off by default), and the
+             # ends of partitions led elsewhere committed every 2 s instead of 10 for its waits
+             "TIDALMQ_CONSUMER_LAG_PARTITION_METRICS": "true",
+             "TIDALMQ_FLOOR_COMMIT_INTERVAL_S": "2"},
     )  # fmt: skip
     cluster.start(timeout_s=180)
     try:

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.kafka.harness import parse_table
 from tests.integration.compat.conftest import name, tool
 from tests.support.local_cluster import LocalClusterProcess
+from tests.support.local_cluster import tidalmq as run_tidalmq
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 # the client library's own families (and its _created series of counters and histograms)
@@ -126,7 +127,7 @@ def test_consumer_lag_matches_kafka_consumer_groups(tidalmq_cluster: LocalCluste
     commit(b, group, topic, {0: 5, 1: 7, 2: 1})  # lag 7, 0, 2
 
     # the coordinator sees the ends of partitions led elsewhere once the controller commits
-    # their floors (every 10 s): wait for the lag to settle at the produced ends
+    # their floors (every 2 s here, conftest.py): wait for the lag to settle at the produced ends
     deadline = time.monotonic() + 40
     samples: dict[str, dict[tuple[str, ...], float]] = {}
     while time.monotonic() < deadline:
@@ -191,3 +192,25 @@ def test_metrics_table_matches_what_the_processes_export(
             assert mtype == kind, f"{metric}: a {mtype}, the table says {kind}"
             for seen in label_sets:
                 assert seen == labels, f"{metric}: labels {sorted(seen)}, table {sorted(labels)}"
+
+
+def test_local_top_shows_traffic_and_lag(tidalmq_cluster: LocalClusterProcess) -> None:
+    """`tidalmq local top --once`: the brokers' rates between two scrapes and a group's lag."""
+    b = tidalmq_cluster.bootstrap
+    topic, group = name("top"), name("top-group")
+    produce(b, topic, {0: 20})
+    commit(b, group, topic, {0: 0})  # the coordinator's first look: lag from now on
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:  # the floor of a partition led elsewhere: up to 2 s
+        lag = lag_samples(tidalmq_cluster, group).get("tidalmq_consumer_group_lag_sum_records")
+        if lag == {(topic,): 20}:
+            break
+        time.sleep(0.5)
+    done = run_tidalmq(
+        "local", "top", "--once", "--interval", "1", "--data-dir", str(tidalmq_cluster.data_dir)
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert [group, topic, "20"] in [r[:3] for r in rows], done.stdout
+    brokers = [r for r in rows if r and r[0].isdigit() and len(r) >= 10]
+    assert sorted(int(r[0]) for r in brokers) == [0, 1, 2], done.stdout

@@ -1,4 +1,4 @@
-"""`tidalmq local status | add-broker | remove-broker | kill-broker`: the commands that talk to a
+"""`tidalmq local status | top | add-broker | remove-broker | kill-broker`: the commands that talk to a
 running `local up` over its controller's HTTP port (local/control.py finds it and its token).
 
 add-broker and remove-broker wait for the partitions to move (onto the new broker; off the
@@ -60,6 +60,10 @@ def local_command(args: argparse.Namespace) -> int:
         action = args.local_command
         if action == "status":
             return _status(client, args)
+        if action == "top":
+            from tidalmq_broker.local import top
+
+            return top.run(client, max(args.interval, 0.1), args.once)
         if action == "kill-broker":
             client.post("kill-broker", {"broker_id": args.broker_id})
             if wants_json(args):
