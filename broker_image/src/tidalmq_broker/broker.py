@@ -151,7 +151,6 @@ class Broker:
             per_partition=settings.consumer_lag_partition_metrics,
             max_partition_series=settings.consumer_lag_partition_series_max,
         )
-        consumer_lag.watch(self.consumer_lag)
         self.transactions = TransactionCoordinator(
             TxnSettings(
                 max_timeout_ms=settings.transaction_max_timeout_ms,
@@ -267,6 +266,7 @@ class Broker:
         )
         await self.engine.start()
         self.partitions = PartitionManager(self.engine, self.broker_id)
+        consumer_lag.watch(self.consumer_lag)  # exported from now until stop()
         static = StaticTopicService(
             self.broker_id, lambda: self.metadata, self.partitions, self.engine.store
         )

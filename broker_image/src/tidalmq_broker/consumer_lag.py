@@ -16,6 +16,7 @@ elsewhere); a record appended before the coordinator first looked counts from th
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -23,6 +24,11 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
+
+from tidalmq_broker.server.ratelog import RateLimitedLog, describe
+
+log = logging.getLogger(__name__)
+_FAILURES = RateLimitedLog()
 
 HISTORY_POINTS = 32  # per partition: (time, end) pairs kept for the lag-in-seconds estimate
 
@@ -190,7 +196,11 @@ class _LagCollector(Collector):
         records, total, seconds, dropped = _families()
         dropped_total = 0
         for source in list(self.sources):
-            report = source.report()
+            try:
+                report = source.report()
+            except Exception as exc:  # never the whole scrape: this broker's lag is left out
+                _FAILURES.error(log, "computing consumer lag failed: %s", describe(exc))
+                continue
             for (group, topic), agg in sorted(report.topics.items()):
                 total.add_metric([group, topic], agg.records)
                 seconds.add_metric([group, topic], agg.seconds)

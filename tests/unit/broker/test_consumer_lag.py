@@ -129,3 +129,18 @@ def test_count_records_counts_data_batches_only() -> None:
     assert count_records(b"") == 0
     marker = build_batch([(b"\x00\x00\x00\x01", b"m")], base_offset=5, attributes=CONTROL_FLAG)
     assert count_records(data + marker) == 5  # a transaction marker is no record for clients
+
+
+def test_a_failing_lag_leaves_the_rest_of_the_scrape_alone() -> None:
+    def broken() -> dict[str, dict[tuple[str, int], int]]:
+        raise RuntimeError("shard gone")
+
+    lag = ConsumerLag(broken, lambda wanted: {})
+    consumer_lag.watch(lag)
+    try:
+        assert (
+            REGISTRY.get_sample_value("tidalmq_consumer_group_lag_partition_series_dropped_total")
+            == 0
+        )
+    finally:
+        consumer_lag.unwatch(lag)
