@@ -21,6 +21,7 @@ from typing import Protocol
 from tidalmq_core.metadata import ClusterMetadata, DataLoss, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import MetadataDelta
+from tidalmq_core.topics import cleanup_policy
 
 from tidalmq_broker.storage.api import (
     PartitionConfig,
@@ -96,6 +97,12 @@ def partition_config(topic: TopicInfo) -> PartitionConfig:
         max_message_bytes=int(c["max.message.bytes"]),
         segment_bytes=int(c["segment.bytes"]),
         message_timestamp_type=c["message.timestamp.type"],
+        segment_ms=int(c["segment.ms"]),
+        cleanup_policy=cleanup_policy(c["cleanup.policy"]),
+        delete_retention_ms=int(c["delete.retention.ms"]),
+        min_compaction_lag_ms=int(c["min.compaction.lag.ms"]),
+        max_compaction_lag_ms=int(c["max.compaction.lag.ms"]),
+        min_cleanable_dirty_ratio=float(c["min.cleanable.dirty.ratio"]),
     )
 
 

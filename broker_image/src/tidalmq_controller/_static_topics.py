@@ -281,7 +281,7 @@ class StaticTopicManager:
         self._require_store()
         validate_topic_name(name)
         validate_partition_count(total_queues)
-        checked = validate_configs(dict(configs or {}))
+        checked = validate_configs(dict(configs or {}), static=True)
         meta = self._c.metadata
         phys_name = physical_topic_name(name)
         if name.startswith("__"):
@@ -385,7 +385,11 @@ class StaticTopicManager:
 
                 await self._c.update(mutate)
         topic = self._c.metadata.topics.get(name)
-        if configs is not None and topic is not None and validate_configs(configs) != topic.configs:
+        if (
+            configs is not None
+            and topic is not None
+            and validate_configs(configs, static=True) != topic.configs
+        ):
             result = await self._c.alter_topic_configs(
                 name, dict(configs), incremental=False, validate_only=False
             )

@@ -237,7 +237,7 @@ class Topics:
         merged: dict[str, str | None] = dict(topic.configs) if incremental else {}
         merged.update(changes)
         try:
-            configs = validate_configs(merged)
+            configs = validate_configs(merged, static=topic.kind == "static")
         except ValueError as exc:
             return TopicResult(name, exc), []
         records = [topic_configs_record(name, configs)]

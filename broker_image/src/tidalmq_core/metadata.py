@@ -34,6 +34,12 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "message.timestamp.type": "CreateTime",
     "compression.type": "producer",
     "min.insync.replicas": "1",
+    # the log cleaner's (docs/compaction.md): Kafka 4.3's defaults
+    "delete.retention.ms": str(24 * 3600 * 1000),
+    "min.cleanable.dirty.ratio": "0.5",
+    "min.compaction.lag.ms": "0",
+    "max.compaction.lag.ms": str(2**63 - 1),
+    "segment.ms": str(7 * 24 * 3600 * 1000),
     # Set and cleared by kafka-reassign-partitions --throttle. TidalMQ copies no data when a
     # partition moves, so they are recorded (and reported) but limit nothing.
     "leader.replication.throttled.replicas": "",
@@ -41,13 +47,20 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
 }
 READ_ONLY_TOPIC_CONFIGS = frozenset({"min.insync.replicas"})
 
-# Configs fixed for the offsets topic, whatever its metadata says (older clusters created it with
-# no configs, so this is applied when configs are read, not when the topic is created). Its log is
-# kept short by the group coordinator's snapshots (our compaction); time or size retention would
-# delete the offsets and metadata of any group idle for longer.
+# Configs fixed for the internal topics, whatever their metadata says (older clusters created them
+# with no configs, so this is applied when configs are read, not when the topic is created). Their
+# logs are compacted by the log cleaner (docs/compaction.md), with Kafka's 100 MiB segments
+# (offsets.topic.segment.bytes, transaction.state.log.segment.bytes); time or size retention
+# would delete the offsets and metadata of any group idle for longer.
+_INTERNAL_CONFIGS = {
+    "cleanup.policy": "compact",
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+    "segment.bytes": str(100 * 1024 * 1024),
+}
 FIXED_TOPIC_CONFIGS: dict[str, dict[str, str]] = {
-    OFFSETS_TOPIC: {"cleanup.policy": "compact", "retention.ms": "-1", "retention.bytes": "-1"},
-    TXN_STATE_TOPIC: {"cleanup.policy": "compact", "retention.ms": "-1", "retention.bytes": "-1"},
+    OFFSETS_TOPIC: dict(_INTERNAL_CONFIGS),
+    TXN_STATE_TOPIC: dict(_INTERNAL_CONFIGS),
 }
 
 # Broker configs that can be changed at runtime (Kafka's dynamic broker configs TidalMQ accepts),

@@ -60,14 +60,19 @@ _INT_CONFIGS = {
     "max.message.bytes": 0,
     "segment.bytes": 14,
     "min.insync.replicas": 1,
+    "delete.retention.ms": 0,
+    "min.compaction.lag.ms": 0,
+    "max.compaction.lag.ms": 1,
+    "segment.ms": 1,
 }
+_LONG_MAX = 2**63 - 1
+CLEANUP_POLICIES = ("compact", "delete")
 # "*" or a comma-separated list of partition:broker pairs (Kafka's ThrottledReplicaListValidator)
 _THROTTLED_REPLICAS = re.compile(r"^(\*|\d+:\d+(\s*,\s*\d+:\d+)*)?$")
 _REPLICA_LIST_CONFIGS = frozenset(
     {"leader.replication.throttled.replicas", "follower.replication.throttled.replicas"}
 )
 _ENUM_CONFIGS = {
-    "cleanup.policy": {"delete"},
     "message.timestamp.type": {"CreateTime", "LogAppendTime"},
     # Kafka recompresses batches to a topic's codec; TidalMQ never re-encodes a batch, so it
     # takes only "producer" rather than accept a codec and silently not apply it
@@ -79,8 +84,10 @@ _ENUM_REASONS = {
 }
 
 
-def validate_configs(configs: dict[str, str | None]) -> dict[str, str]:
-    """Check names and values; returns the overrides to store (None values dropped)."""
+def validate_configs(configs: dict[str, str | None], *, static: bool = False) -> dict[str, str]:
+    """Check names and values; returns the overrides to store (None values dropped). `static`:
+    the configs of a static topic, whose logic queues span several physical partitions, so
+    keys cannot be compacted across them (refused, as transactions are)."""
     out: dict[str, str] = {}
     for name, value in configs.items():
         if name not in TOPIC_CONFIG_DEFAULTS:
@@ -99,6 +106,15 @@ def validate_configs(configs: dict[str, str | None]) -> dict[str, str]:
                 raise InvalidConfig(f"{name} must be an integer, got {value!r}") from None
             if number < _INT_CONFIGS[name]:
                 raise InvalidConfig(f"{name} must be at least {_INT_CONFIGS[name]}, got {number}")
+            if number > _LONG_MAX:
+                raise InvalidConfig(f"{name} must be at most {_LONG_MAX}, got {number}")
+        if name == "cleanup.policy" and "compact" in cleanup_policy(value) and static:
+            raise InvalidConfig(
+                "cleanup.policy=compact is not offered for static topics: a logic queue spans "
+                "several physical partitions, and keys are not compacted across them"
+            )
+        if name == "min.cleanable.dirty.ratio":
+            _ratio(name, value)
         if name in _ENUM_CONFIGS and value not in _ENUM_CONFIGS[name]:
             allowed = ", ".join(sorted(_ENUM_CONFIGS[name]))
             reason = f": {_ENUM_REASONS[name]}" if name in _ENUM_REASONS else ""
@@ -108,7 +124,50 @@ def validate_configs(configs: dict[str, str | None]) -> dict[str, str]:
                 f"{name} must be '*' or a list of partition:broker pairs, got {value!r}"
             )
         out[name] = value
+    _check_compaction_lags(out)
     return out
+
+
+def cleanup_policy(value: str) -> frozenset[str]:
+    """The items of a `cleanup.policy` value, checked as Kafka 4.3 does: a comma-separated
+    list of `compact` and `delete` (either order), each at most once; empty means neither
+    (infinite retention, no cleaning)."""
+    items = [item.strip() for item in value.split(",")] if value.strip() else []
+    for item in items:
+        if item not in CLEANUP_POLICIES:
+            raise InvalidConfig(
+                f"Invalid value {item} for configuration cleanup.policy: String must be one "
+                f"of: {', '.join(CLEANUP_POLICIES)}"
+            )
+    if len(set(items)) != len(items):
+        raise InvalidConfig(
+            f"Invalid value {value} for configuration cleanup.policy: Values must not be "
+            "duplicated."
+        )
+    return frozenset(items)
+
+
+def _ratio(name: str, value: str) -> None:
+    try:
+        ratio = float(value)
+    except ValueError:
+        raise InvalidConfig(f"{name} must be a number, got {value!r}") from None
+    if not 0 <= ratio <= 1:  # also refuses NaN
+        raise InvalidConfig(
+            f"Invalid value {value} for configuration {name}: Value must be "
+            + ("at least 0" if ratio < 0 else "no more than 1")
+        )
+
+
+def _check_compaction_lags(configs: dict[str, str]) -> None:
+    """Kafka's cross check (LogConfig.validateValues), against the effective values."""
+    low = int(configs.get("min.compaction.lag.ms", TOPIC_CONFIG_DEFAULTS["min.compaction.lag.ms"]))
+    high = int(configs.get("max.compaction.lag.ms", TOPIC_CONFIG_DEFAULTS["max.compaction.lag.ms"]))
+    if low > high:
+        raise InvalidConfig(
+            f"conflict topic config setting min.compaction.lag.ms ({low}) > "
+            f"max.compaction.lag.ms ({high})"
+        )
 
 
 def validate_broker_config_scope(scope: str) -> None:

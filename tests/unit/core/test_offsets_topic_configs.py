@@ -50,11 +50,21 @@ def test_describe_configs_reports_the_fixed_values() -> None:
     assert configs["retention.ms"]["value"] == "-1"
     assert configs["retention.bytes"]["value"] == "-1"
     assert configs["retention.ms"]["read_only"] and not configs["retention.ms"]["is_default"]
-    assert configs["segment.bytes"]["is_default"] and not configs["segment.bytes"]["read_only"]
+    # Kafka's offsets.topic.segment.bytes: the log cleaner's unit on the internal topics
+    assert configs["segment.bytes"]["value"] == str(100 * 1024 * 1024)
+    assert configs["segment.bytes"]["read_only"] and not configs["segment.bytes"]["is_default"]
+    assert configs["max.message.bytes"]["is_default"]
+    assert not configs["max.message.bytes"]["read_only"]
+
+
+def test_the_internal_topics_open_compacted() -> None:
+    config = partition_config(_offsets_topic())
+    assert config.compacted and "delete" not in config.cleanup_policy
+    assert config.retention_ms == -1 and config.segment_bytes == 100 * 1024 * 1024
 
 
 def test_altering_a_fixed_config_is_refused() -> None:
     topic = _offsets_topic()
     assert "fixed at -1" in (_fixed_config_change(topic, {"retention.ms": "1000"}) or "")
-    assert _fixed_config_change(topic, {"retention.ms": "-1", "segment.bytes": "1000"}) is None
+    assert _fixed_config_change(topic, {"retention.ms": "-1", "max.message.bytes": "1000"}) is None
     assert _fixed_config_change(TopicInfo("orders", "id", []), {"retention.ms": "1"}) is None

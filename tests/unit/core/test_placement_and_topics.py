@@ -50,11 +50,72 @@ def test_configs() -> None:
         {"nope": "1"},
         {"retention.ms": "soon"},
         {"retention.ms": "-5"},
-        {"cleanup.policy": "compact"},
+        {"cleanup.policy": "compacted"},
         {"min.insync.replicas": "2"},
     ):
         with pytest.raises(InvalidConfig):
             validate_configs(bad)
+
+
+@pytest.mark.parametrize(
+    "configs",
+    [
+        {"cleanup.policy": "compact"},
+        {"cleanup.policy": "compact,delete"},
+        {"cleanup.policy": "delete, compact"},
+        {"cleanup.policy": ""},  # Kafka 4.x: no policy, infinite retention
+        {"min.cleanable.dirty.ratio": "0"},
+        {"min.cleanable.dirty.ratio": "0.01"},
+        {"min.cleanable.dirty.ratio": "1"},
+        {"delete.retention.ms": "0"},
+        {"min.compaction.lag.ms": "100", "max.compaction.lag.ms": "100"},
+        {"max.compaction.lag.ms": str(2**63 - 1)},
+        {"segment.ms": "1"},
+    ],
+)
+def test_compaction_configs_kafka_accepts(configs: dict[str, str]) -> None:
+    assert validate_configs(dict(configs)) == configs
+
+
+@pytest.mark.parametrize(
+    ("configs", "message"),
+    [
+        (
+            {"cleanup.policy": "compact,shred"},
+            "Invalid value shred for configuration cleanup.policy: String must be one of: "
+            "compact, delete",
+        ),
+        ({"cleanup.policy": "compact,compact"}, "Values must not be duplicated"),
+        (
+            {"min.cleanable.dirty.ratio": "1.5"},
+            "Invalid value 1.5 for configuration min.cleanable.dirty.ratio: Value must be no "
+            "more than 1",
+        ),
+        ({"min.cleanable.dirty.ratio": "-0.1"}, "Value must be at least 0"),
+        ({"min.cleanable.dirty.ratio": "nan"}, "Value must be no more than 1"),
+        ({"min.cleanable.dirty.ratio": "half"}, "must be a number"),
+        ({"delete.retention.ms": "-1"}, "at least 0"),
+        ({"min.compaction.lag.ms": "-1"}, "at least 0"),
+        ({"max.compaction.lag.ms": "0"}, "at least 1"),
+        ({"max.compaction.lag.ms": str(2**63)}, "at most"),
+        ({"segment.ms": "0"}, "at least 1"),
+        (
+            {"min.compaction.lag.ms": "200", "max.compaction.lag.ms": "100"},
+            "conflict topic config setting min.compaction.lag.ms (200) > "
+            "max.compaction.lag.ms (100)",
+        ),
+    ],
+)
+def test_compaction_configs_kafka_refuses(configs: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidConfig) as refused:
+        validate_configs(dict(configs))
+    assert message in str(refused.value)
+
+
+def test_a_static_topic_is_never_compacted() -> None:
+    assert validate_configs({"cleanup.policy": "delete"}, static=True)
+    with pytest.raises(InvalidConfig, match="not offered for static topics"):
+        validate_configs({"cleanup.policy": "delete,compact"}, static=True)
 
 
 def test_compression_type_is_only_what_the_producer_sent() -> None:

@@ -50,6 +50,7 @@ DEFAULT_CONFIG = 5
 _BOOLEAN, _STRING, _INT, _SHORT, _LONG, _DOUBLE, _LIST, _PASSWORD = 1, 2, 3, 4, 5, 6, 7, 9
 _TYPES = {
     "cleanup.policy": _LIST,
+    "min.cleanable.dirty.ratio": _DOUBLE,
     "message.timestamp.type": _STRING,
     "compression.type": _STRING,
     "max.message.bytes": _INT,
@@ -206,8 +207,8 @@ def _fixed_config_change(topic: TopicInfo | None, changes: dict[str, str | None]
         fixed = topic.fixed_configs.get(name)
         if fixed is not None and value is not None and value != fixed:
             return (
-                f"{name} of {topic.name} is fixed at {fixed}: the group coordinator keeps "
-                "its log short with snapshots, and retention would delete committed offsets"
+                f"{name} of {topic.name} is fixed at {fixed}: the log cleaner keeps its "
+                "log short, and retention would delete committed offsets"
             )
     return None
 
