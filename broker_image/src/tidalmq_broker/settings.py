@@ -229,6 +229,14 @@ class BrokerSettings:
         default=_STORAGE.compaction_idle_s,
         metadata={"help": "... or once its oldest WAL range is this old"},
     )
+    cleaner_backoff_ms: float = field(
+        default=_STORAGE.cleaner_backoff_ms,
+        metadata={"help": "how often the log cleaner looks for compacted partitions to clean"},
+    )
+    cleaner_threads: int = field(
+        default=_STORAGE.cleaner_threads,
+        metadata={"help": "log cleaner passes at a time (0: no cleaning)"},
+    )
     index_granule_bytes: int = field(
         default=_STORAGE.index_granule_bytes,
         metadata={"help": "index entry size inside compacted segments"},

@@ -132,23 +132,27 @@ async def test_a_reader_from_the_start_sees_the_latest_value_per_key_at_its_offs
     assert await segment_objects(cluster) == named
     # nothing new since: the next pass reads nothing
     assert (await cleaner1.clean(log1)).bytes_read == 0
-    # a cleaner that does not know where the last pass ended (a new owner's) maps it all
-    # again: the cleaned segments are small now, so it merges them (dropping the empty
-    # headers that kept each old group's last offset), and then has nothing left to rewrite
-    segments = len(named)
-    assert (await LogCleaner(engine1).clean(log1)).groups_cleaned >= 1
-    assert await read_rows(log1) == got
-    assert len(await segment_objects(cluster)) < segments
-    again = await LogCleaner(engine1).clean(log1)
-    assert again.groups_cleaned == 0 and again.groups_skipped >= 1
+    # the pass's progress is the partition's: another cleaner (a new owner's) starts there
+    assert log1.cleaner_state["first_dirty"] == first.end
+    horizon = log1.cleaner_state["horizon"]  # the kept tombstones' delete horizon
+    assert 0 < horizon - time.time() * 1000 <= DAY
+    assert (await LogCleaner(engine1).clean(log1)).bytes_read == 0
+    assert await segment_objects(cluster) == named
 
-    # the next owner opens the cleaned checkpoint and reads the same
+    # the next owner opens the cleaned checkpoint, reads the same and goes on from the same
+    # first dirty offset (kept in the checkpoint): it re-cleans nothing
     await engine1.close_partition(TP)
     engine2 = await cluster.engine(2)
     log2 = await engine2.open_partition(TP, TOPIC_ID, 2, COMPACT)
     assert await read_rows(log2) == got
-    # two days later the tombstones are past their horizon: the deleted keys are gone
-    later = await LogCleaner(engine2).clean(log2, now_ms=int(time.time() * 1000) + 2 * DAY)
+    assert log2.cleaner_state == {"first_dirty": first.end, "horizon": horizon}
+    assert (await LogCleaner(engine2).clean(log2)).bytes_read == 0
+    # two days later the tombstones are past their horizon: the round picks the partition
+    # with nothing new in it, and its pass over the clean head drops the deleted keys
+    later_ms = int(time.time() * 1000) + 2 * DAY
+    assert engine2.cleaner.choose([log2], later_ms) == [log2]
+    assert engine2.cleaner.choose([log2], horizon - 1) == []
+    later = await LogCleaner(engine2).clean(log2, now_ms=later_ms)
     assert later.stats.tombstones_expired == 1  # "gone" (k1's was superseded by then)
     final = await read_rows(log2)
     assert final == expected_after(rows, aborted, first.end, tombstones=False)
@@ -204,7 +208,8 @@ async def test_the_engines_compaction_pass_cleans_compacted_partitions_only(
     for i in range(60):  # 60 updates of 3 keys, each in its own WAL range
         for log in logs.values():
             await log.append(rb.build_batch([(b"k%d" % (i % 3), b"v%d-%s" % (i, b"x" * 80))]))
-    await engine.compact_all()  # WAL ranges into segments, then the cleaner
+    await engine.compact_all()  # WAL ranges into segments
+    await engine.clean_all()  # a cleaner round
     assert all(log.index.wal_ranges() == 0 for log in logs.values())
     compacted, kept = await read_rows(logs[TP]), await read_rows(logs[plain])
     assert len(kept) == 60  # cleanup.policy=delete: untouched
@@ -311,9 +316,13 @@ async def test_an_aborted_transaction_leaves_the_index_once_its_data_is_gone(
     assert len(log.aborted_txns) == 1
     first = await LogCleaner(engine).clean(log)  # the aborted data goes, its marker stays
     assert first.stats.aborted == 1 and len(log.aborted_txns) == 1
+    # passes over the whole log again (a checkpoint without the cleaner's progress, as an
+    # older broker wrote it; a later pass with new dirty data reads the clean head the same)
+    log.set_cleaner_state({})
     second = await LogCleaner(engine).clean(log)  # no data left: the index entry goes
     assert second.groups_cleaned >= 1 and len(log.aborted_txns) == 0
     # the marker waits for its horizon, and nothing is rewritten meanwhile
+    log.set_cleaner_state({})
     third = await LogCleaner(engine).clean(log)
     assert third.groups_cleaned == 0 and third.groups_skipped >= 1
     assert [v for _, k, v in await read_rows(log) if k == b"a"] == [b"yes"]

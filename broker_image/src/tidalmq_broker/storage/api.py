@@ -123,11 +123,13 @@ class PartitionConfig:
     max_message_bytes: int = 1024 * 1024 + 12  # max.message.bytes (one batch)
     segment_bytes: int = 64 * 1024 * 1024  # segment.bytes: target size of compacted segments
     message_timestamp_type: str = "CreateTime"  # message.timestamp.type
-    # The log cleaner's (docs/compaction.md). No topic config reaches these yet: CreateTopics
-    # and AlterConfigs still refuse `compact` until the cleaner runs on its own schedule.
+    segment_ms: int = 7 * 24 * 3600 * 1000  # segment.ms: bounds the last segment's merge age
+    # the log cleaner's (docs/compaction.md)
     cleanup_policy: frozenset[str] = frozenset({"delete"})  # cleanup.policy
     delete_retention_ms: int = 24 * 3600 * 1000  # delete.retention.ms: tombstones and markers
     min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+    max_compaction_lag_ms: int = 2**63 - 1  # max.compaction.lag.ms
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
 
     @property
     def compacted(self) -> bool:
@@ -163,6 +165,11 @@ class StorageConfig:
     # without a successful PUT for this long, a few bytes are written to see that the store
     # still takes writes (readiness); every second while it does not
     store_probe_interval_ms: float = 5000.0
+    # the log cleaner of compacted topics (docs/compaction.md): a round every this often
+    # (Kafka's log.cleaner.backoff.ms), each with at most this many passes at a time
+    # (log.cleaner.threads); 0 threads turns the cleaner off (log.cleaner.enable=false)
+    cleaner_backoff_ms: float = 15000.0
+    cleaner_threads: int = 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -46,10 +46,16 @@ class Checkpoint:
     # transaction or -1, coordinator epoch]; the aborted-transactions index
     transactions: dict[str, list[int]] = field(default_factory=dict)
     aborted_txns: list[list[int]] = field(default_factory=list)
+    # the log cleaner's progress (docs/compaction.md): "first_dirty", the offset its next pass
+    # maps from, and "horizon", the earliest delete horizon (ms) of a kept tombstone or marker;
+    # empty for a partition never cleaned (and not written then: older checkpoints stay as they
+    # were, and older brokers ignore the key)
+    cleaner: dict[str, int] = field(default_factory=dict)
     written_at_ms: int = 0
     format_version: int = FORMAT_VERSION
 
     def encode(self) -> bytes:
+        extra: dict[str, object] = {"cleaner": self.cleaner} if self.cleaner else {}
         return json.dumps(
             {
                 "format_version": self.format_version,
@@ -67,6 +73,7 @@ class Checkpoint:
                 "producers": self.producers,
                 "transactions": self.transactions,
                 "aborted_txns": self.aborted_txns,
+                **extra,
             },
             separators=(",", ":"),
         ).encode()
@@ -93,6 +100,7 @@ class Checkpoint:
                 producers=raw["producers"],
                 transactions=raw.get("transactions", {}),
                 aborted_txns=raw.get("aborted_txns", []),
+                cleaner={str(k): int(v) for k, v in raw.get("cleaner", {}).items()},
                 written_at_ms=int(raw.get("written_at_ms", 0)),
                 format_version=version,
             )

@@ -389,3 +389,68 @@ def cleaned_entries(
         )
     out.append(IndexEntry(base, last, key, start, position - start, max_ts))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Cleanability:
+    """How much a partition needs a pass (Kafka's LogToClean and the cleaner manager's
+    choice): its cleanable ratio, and whether it is overdue whatever that ratio."""
+
+    ratio: float  # cleanable dirty bytes / (clean bytes + cleanable dirty bytes)
+    overdue: bool  # a record waited past max.compaction.lag.ms, or a delete horizon passed
+
+    def chosen(self, min_ratio: float) -> bool:
+        return self.overdue or self.ratio > min_ratio  # Kafka's strict comparison
+
+    @property
+    def priority(self) -> tuple[bool, float]:
+        """Sort key, lowest first: overdue partitions, then the dirtiest."""
+        return (not self.overdue, -self.ratio)
+
+
+def assess(
+    entries: list[IndexEntry],
+    cleanable: tuple[int, int] | None,
+    *,
+    first_dirty: int,
+    max_compaction_lag_ms: int,
+    horizon_ms: int | None,
+    now_ms: int,
+) -> Cleanability:
+    """The cleanability of a partition whose index is `entries` and whose cleanable range is
+    `cleanable` (cleanable_range's answer). Only segments count: WAL ranges are never cleaned.
+    Overdue by max.compaction.lag.ms when the first dirty segment entry's newest record is
+    older than that (an upper bound of its first record's age: late by at most one index
+    granule's time span)."""
+    clean = dirty = 0
+    start, end = cleanable if cleanable is not None else (first_dirty, first_dirty)
+    first_dirty_ts: int | None = None
+    for e in entries:
+        if e.in_wal:
+            break
+        if e.last_offset < start:
+            clean += e.size
+        elif e.base_offset < end:
+            dirty += e.size
+            if first_dirty_ts is None:
+                first_dirty_ts = e.max_timestamp
+    ratio = dirty / (clean + dirty) if dirty else 0.0
+    lagging = (
+        dirty > 0
+        and first_dirty_ts is not None
+        and first_dirty_ts >= 0
+        and now_ms - first_dirty_ts > max_compaction_lag_ms
+    )
+    horizon_due = horizon_ms is not None and now_ms >= horizon_ms and clean > 0
+    return Cleanability(ratio, lagging or horizon_due)
+
+
+def earliest_horizon(batches: list[bytes], now_ms: int) -> int | None:
+    """The earliest delete horizon still ahead among cleaned batches (those holding a
+    tombstone or a marker): when a pass over the clean head can next drop something."""
+    ahead = [
+        h.delete_horizon_ms
+        for h in map(read_header, batches)
+        if h.delete_horizon_ms is not None and h.delete_horizon_ms > now_ms
+    ]
+    return min(ahead, default=None)

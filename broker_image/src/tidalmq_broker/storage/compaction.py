@@ -94,9 +94,17 @@ def plan_segments(
 
 
 def merge_max_age_ms(config: PartitionConfig) -> int:
-    """The age past which a segment is no longer merged with new WAL ranges: half of
-    retention.ms, so merging never keeps data from retention for long (-1: no limit)."""
-    return config.retention_ms // 2 if config.retention_ms >= 0 else -1
+    """The age past which a segment is no longer merged with new WAL ranges (-1: no limit):
+    `segment.ms` (Kafka rolls its active segment at that age), half of retention.ms under a
+    `delete` policy, so merging never keeps data from retention for long, and for a compacted
+    topic `max.compaction.lag.ms`, so no record stays out of the cleaner's reach for longer
+    (Kafka rolls a compacted log's active segment at min(segment.ms, max.compaction.lag.ms))."""
+    bounds = [config.segment_ms]
+    if "delete" in config.cleanup_policy and config.retention_ms >= 0:
+        bounds.append(config.retention_ms // 2)
+    if config.compacted:
+        bounds.append(config.max_compaction_lag_ms)
+    return min(bounds)
 
 
 def may_merge(

@@ -205,6 +205,7 @@ class ObjectStreamEngine:
         self._loops = [
             self._loop("checkpoints", cfg.checkpoint_interval_s, self.checkpoint_all),
             self._loop("compaction", cfg.compaction_interval_s, self.compact_all),
+            self._loop("cleaner", cfg.cleaner_backoff_ms / 1000, self.clean_all),
             self._loop("retention", cfg.retention_check_interval_s, self.apply_retention_all),
             self._loop("garbage-sweep", cfg.garbage_sweep_interval_s, self.collect_garbage),
             self._loop("identity", cfg.identity_check_interval_ms / 1000, self.check_identity),
@@ -525,6 +526,8 @@ class ObjectStreamEngine:
             producers=producers.to_json(),
             transactions=producers.txn_to_json(),
             aborted_txns=aborted.to_json(),
+            # the cleaner's progress stays valid: it only ever lies below the old log end
+            cleaner=dict(cp.cleaner) if index else {},
         )
         metrics.RECOVERIES.labels(self.broker_label, kind).inc()
         if kind == "clean" and accepted_from is None:
@@ -795,10 +798,6 @@ class ObjectStreamEngine:
             _PARALLEL_COMPACTIONS,
             self._schedule_compaction,
         )
-        wanted = [p for p in self.upkeep.take(CLEANER, 0.0) if self.cleaner.wanted(p)]
-        await self._each_partition(
-            CLEANER, wanted, self.cleaner.clean, _PARALLEL_COMPACTIONS, self._schedule_cleaning
-        )
 
     def _schedule_compaction(self, p: Partition) -> None:
         """A partition with WAL ranges left is compacted when its oldest has waited
@@ -807,9 +806,29 @@ class ObjectStreamEngine:
             wait = max(0.0, self.config.compaction_idle_s - p.wal_age_s())
             self.upkeep.due_at(COMPACTION, p, time.monotonic() + wait)
 
+    async def clean_all(self) -> None:
+        """One round of the log cleaner over the compacted partitions that changed or are due
+        (upkeep.py): a pass over each that needs one (overdue first, then the dirtiest),
+        `cleaner_threads` at a time; the others are looked at again when time alone could make
+        them cleanable (LogCleaner.next_due) or on their next change."""
+        threads = self.config.cleaner_threads
+        if threads <= 0:
+            return
+        now = int(time.time() * 1000)
+        candidates = [p for p in self.upkeep.take(CLEANER, now) if self.cleaner.wanted(p)]
+        chosen = self.cleaner.choose(candidates, now)
+        picked = set(chosen)
+        for p in candidates:
+            if p not in picked:
+                self._schedule_cleaning(p)
+        for i in range(0, len(chosen), threads):  # in priority order
+            await self._each_partition(
+                CLEANER, chosen[i : i + threads], self.cleaner.clean, threads,
+                self._schedule_cleaning,
+            )  # fmt: skip
+
     def _schedule_cleaning(self, p: Partition) -> None:
-        if self.cleaner.wanted(p):  # not cleanable yet (or only partly): the next pass again
-            self.upkeep.again(CLEANER, p)
+        self.upkeep.due_at(CLEANER, p, self.cleaner.next_due(p, int(time.time() * 1000)))
 
     async def apply_retention_all(self) -> None:
         chosen = self.upkeep.take(RETENTION, time.time() * 1000)

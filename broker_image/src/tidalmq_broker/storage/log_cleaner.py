@@ -3,13 +3,15 @@ section 3): read the dirty segments into a key map, rewrite the segments from th
 to the map's end group by group with storage/cleaner.py's decisions, and swap each cleaned
 group in with one checkpoint commit (`Partition.replace_cleaned`).
 
-Run by the engine's compaction pass, after the WAL ranges were copied into segments, on the
-partitions whose `cleanup.policy` includes `compact`; only the broker that has a partition open
-cleans it (only it can commit its checkpoint). What is not built yet (docs/compaction.md,
-"Status"): the first dirty offset lives in memory only (a new owner cleans from the log start
-once), no dirty-ratio or max-lag scheduling (a partition is cleaned when new segments arrived
-since its last pass), no metrics beyond one log line per pass. Parsing and filtering records run in a worker thread
-(one at a time: the engine's compaction pass cleans one partition at a time).
+Run by the engine's cleaner loop (every `cleaner_backoff_ms`) on the partitions whose
+`cleanup.policy` includes `compact`, chosen as Kafka's cleaner manager chooses: those overdue
+(a record older than `max.compaction.lag.ms` is still dirty, or a kept tombstone's or marker's
+delete horizon passed) first, then those whose cleanable ratio exceeds
+`min.cleanable.dirty.ratio`, dirtiest first; at most `cleaner_threads` passes at a time and one
+per partition per round. Only the broker that has a partition open cleans it (only it can
+commit its checkpoint). The pass's progress (the first dirty offset, the earliest delete
+horizon ahead) goes into the partition checkpoint, so a new owner goes on where this one
+stopped. Parsing and filtering records run in a worker thread.
 """
 
 from __future__ import annotations
@@ -18,21 +20,25 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from tidalmq_broker.protocol.records import InvalidRecordBatch
-from tidalmq_broker.storage import keys
+from tidalmq_broker.storage import keys, metrics
 from tidalmq_broker.storage.api import ObjectStoreUnavailable
 from tidalmq_broker.storage.cleaner import (
+    Cleanability,
     CleanRound,
     CleanStats,
     OffsetMap,
     ProducerLastBatch,
     TxnTracker,
+    assess,
     clean_group,
     cleanable_range,
     cleaned_entries,
+    earliest_horizon,
     group_segments,
     map_batches,
 )
@@ -51,6 +57,7 @@ class CleanerHost(Protocol):
 
     config: StorageConfig
     store: ObjectStore
+    broker_label: str
 
     async def delete_objects(self, object_keys: list[str], kind: str, path: str) -> None: ...
 
@@ -71,6 +78,7 @@ class CleanPass:
     map_full: bool = False
     groups_cleaned: int = 0
     groups_skipped: int = 0  # nothing in them changed: no PUT
+    horizon: int | None = None  # the earliest delete horizon ahead in what the pass read
     raced: bool = False  # the index moved on (or the partition left us): the pass stopped
     bytes_read: int = 0
     bytes_written: int = 0
@@ -82,42 +90,89 @@ class LogCleaner:
     def __init__(self, engine: CleanerHost, map_keys: int = DEFAULT_MAP_KEYS) -> None:
         self._engine = engine
         self.map_keys = map_keys
-        # where each open partition's next pass starts mapping (the checkpoint does not keep
-        # it yet); the entry goes with the Partition object when it is closed
-        self._first_dirty: weakref.WeakKeyDictionary[Partition, int] = weakref.WeakKeyDictionary()
         # partitions holding a batch the cleaner cannot parse: left alone until reopened
         # (Kafka's uncleanable partitions), not retried and logged on every pass
         self._uncleanable: weakref.WeakSet[Partition] = weakref.WeakSet()
 
     def wanted(self, p: Partition) -> bool:
-        """A cheap test first: compacted, with segments at or past the first dirty offset."""
-        if not p.config.compacted or p in self._uncleanable:
-            return False
-        i = len(p.index) - 1
-        while i >= 0 and p.index[i].in_wal:
-            i -= 1
-        return i >= 0 and p.index[i].last_offset >= self._first_dirty.get(p, 0)
+        """A cheap test first: compacted, cleanable, with segments."""
+        return (
+            p.config.compacted
+            and p not in self._uncleanable
+            and len(p.index) > 0
+            and not p.index[0].in_wal
+        )
 
-    async def clean(self, p: Partition, *, now_ms: int | None = None) -> CleanPass:
-        """One pass over `p`, if anything is cleanable."""
-        outcome = CleanPass()
-        if not p.config.compacted or p in self._uncleanable:
-            return outcome
-        try:
-            await self._pass(p, now_ms, outcome)
-        except InvalidRecordBatch as exc:
-            self._uncleanable.add(p)
-            outcome.uncleanable = str(exc)
-            log.warning("%s: cannot be cleaned until it is reopened: %s", p.tp, exc)
-        return outcome
-
-    async def _pass(self, p: Partition, now_ms: int | None, outcome: CleanPass) -> None:
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+    def cleanability(self, p: Partition, now_ms: int) -> Cleanability:
+        """How much `p` needs a pass now (its dirty ratio; overdue or not)."""
         cfg = p.config
         entries = p.index.entries
-        cleanable = cleanable_range(
+        state = p.cleaner_state
+        cleanable = self._cleanable(p, now_ms)
+        return assess(
             entries,
-            first_dirty=self._first_dirty.get(p, 0),
+            cleanable,
+            first_dirty=max(state.get("first_dirty", 0), p.log_start_offset),
+            max_compaction_lag_ms=cfg.max_compaction_lag_ms,
+            horizon_ms=state.get("horizon"),
+            now_ms=now_ms,
+        )
+
+    def choose(self, partitions: Iterable[Partition], now_ms: int) -> list[Partition]:
+        """The partitions a round cleans, in order (Kafka's grabFilthiestCompactedLog, for
+        every cleaner thread at once): overdue first, then by dirty ratio."""
+        ranked: list[tuple[tuple[bool, float], int, Partition]] = []
+        max_ratio = 0.0
+        for i, p in enumerate(partitions):
+            if not self.wanted(p):
+                continue
+            c = self.cleanability(p, now_ms)
+            max_ratio = max(max_ratio, c.ratio)
+            if c.chosen(p.config.min_cleanable_dirty_ratio):
+                ranked.append((c.priority, i, p))
+        ranked.sort(key=lambda row: row[:2])
+        broker = self._engine.broker_label
+        metrics.CLEANER_MAX_DIRTY_RATIO.labels(broker).set(max_ratio)
+        metrics.CLEANER_CLEANABLE_PARTITIONS.labels(broker).set(len(ranked))
+        metrics.CLEANER_UNCLEANABLE_PARTITIONS.labels(broker).set(len(self._uncleanable))
+        return [p for _, _, p in ranked]
+
+    def next_due(self, p: Partition, now_ms: int) -> int | None:
+        """When the cleaner looks at `p` again without a change (ms; None: only on a change):
+        at once if a pass is wanted now (the map filled, a race); else when time alone can
+        make it cleanable: a kept tombstone's delete horizon, max.compaction.lag.ms of its
+        first dirty entry, min.compaction.lag.ms, or its last segment leaving the active part
+        (merge age). A change (a new segment, a config, an open) brings it back sooner."""
+        if not self.wanted(p):
+            return None
+        cfg = p.config
+        if self.cleanability(p, now_ms).chosen(cfg.min_cleanable_dirty_ratio):
+            return now_ms
+        state = p.cleaner_state
+        times: list[int] = []
+        if "horizon" in state:
+            times.append(state["horizon"])
+        entries = p.index.entries
+        first_dirty = max(state.get("first_dirty", 0), p.log_start_offset)
+        dirty = next((e for e in entries if not e.in_wal and e.last_offset >= first_dirty), None)
+        if dirty is not None and dirty.max_timestamp >= 0:
+            times.append(_add_ms(dirty.max_timestamp, cfg.max_compaction_lag_ms))
+            if cfg.min_compaction_lag_ms > 0:
+                times.append(_add_ms(now_ms, cfg.min_compaction_lag_ms))
+        segments = [e for e in entries if not e.in_wal]
+        if segments:
+            last_key = segments[-1].key
+            first_of_last = next(e for e in segments if e.key == last_key)
+            times.append(_add_ms(first_of_last.max_timestamp, merge_max_age_ms(cfg)))
+        ahead = [t for t in times if t > now_ms]
+        return min(ahead) if ahead else None
+
+    def _cleanable(self, p: Partition, now: int) -> tuple[int, int] | None:
+        cfg = p.config
+        entries = p.index.entries
+        return cleanable_range(
+            entries,
+            first_dirty=p.cleaner_state.get("first_dirty", 0),
             last_stable_offset=p.last_stable_offset,
             active_start=active_start(
                 entries, cfg.segment_bytes, now_ms=now, merge_max_age_ms=merge_max_age_ms(cfg)
@@ -125,25 +180,84 @@ class LogCleaner:
             min_compaction_lag_ms=cfg.min_compaction_lag_ms,
             now_ms=now,
         )
-        if cleanable is None:
-            return
-        outcome.start, end = cleanable
+
+    async def clean(self, p: Partition, *, now_ms: int | None = None) -> CleanPass:
+        """One pass over `p`, if anything is cleanable."""
+        outcome = CleanPass()
+        if not p.config.compacted or p in self._uncleanable:
+            return outcome
+        broker = self._engine.broker_label
+        started = time.monotonic()
+        result = "failed"
+        try:
+            await self._pass(p, now_ms, outcome)
+            result = (
+                "raced"
+                if outcome.raced
+                else "partial"
+                if outcome.map_full
+                else "ok"
+                if outcome.groups_cleaned
+                else "idle"
+            )
+        except InvalidRecordBatch as exc:
+            self._uncleanable.add(p)
+            outcome.uncleanable = str(exc)
+            result = "uncleanable"
+            log.warning("%s: cannot be cleaned until it is reopened: %s", p.tp, exc)
+        finally:
+            metrics.CLEANER_PASSES.labels(broker, result).inc()
+            metrics.CLEANER_PASS_SECONDS.labels(broker).observe(time.monotonic() - started)
+            metrics.CLEANER_BYTES.labels(broker, "read").inc(outcome.bytes_read)
+            metrics.CLEANER_BYTES.labels(broker, "written").inc(outcome.bytes_written)
+            metrics.CLEANER_GROUPS_SKIPPED.labels(broker).inc(outcome.groups_skipped)
+            s = outcome.stats
+            for action, count in (
+                ("kept", s.records_kept),
+                ("superseded", s.superseded),
+                ("tombstone_expired", s.tombstones_expired),
+                ("aborted", s.aborted),
+                ("keyless", s.keyless),
+                ("marker_removed", s.markers_removed),
+            ):
+                metrics.CLEANER_RECORDS.labels(broker, action).inc(count)
+        return outcome
+
+    async def _pass(self, p: Partition, now_ms: int | None, outcome: CleanPass) -> None:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        cfg = p.config
+        entries = p.index.entries
+        state = p.cleaner_state
+        cleanable = self._cleanable(p, now)
         offset_map = OffsetMap(self.map_keys)
-        dirty = [
-            e for e in entries if e.last_offset >= outcome.start and e.base_offset < end
-        ]  # segments only: the range ends at or before the first WAL range
-        tracker = TxnTracker(p.aborted_txns.overlapping_entries(outcome.start, end - 1))
-        for key, first, stop in read_plan(dirty):
-            data = await self._engine.store.get(key, first, stop)
-            outcome.bytes_read += len(data)
-            # record parsing runs in a worker thread: the event loop (Produce, Fetch) keeps
-            # its turn every GIL switch interval instead of waiting for a whole segment
-            if await asyncio.to_thread(map_batches, data, offset_map, tracker, outcome.start, end):
-                outcome.map_full = True
-                break
-        if offset_map.latest_offset < outcome.start:
-            return  # nothing but control batches or aborted data to map yet
+        if cleanable is not None:
+            outcome.start, end = cleanable
+            dirty = [
+                e for e in entries if e.last_offset >= outcome.start and e.base_offset < end
+            ]  # segments only: the range ends at or before the first WAL range
+            tracker = TxnTracker(p.aborted_txns.overlapping_entries(outcome.start, end - 1))
+            for key, first, stop in read_plan(dirty):
+                data = await self._engine.store.get(key, first, stop)
+                outcome.bytes_read += len(data)
+                # record parsing runs in a worker thread: the event loop (Produce, Fetch) keeps
+                # its turn every GIL switch interval instead of waiting for a whole segment
+                if await asyncio.to_thread(
+                    map_batches, data, offset_map, tracker, outcome.start, end
+                ):
+                    outcome.map_full = True
+                    break
+        horizon = state.get("horizon")
+        if offset_map.latest_offset < max(outcome.start, 0):
+            # nothing new mapped: a pass only for the clean head's tombstones and markers
+            # whose delete horizon passed (KIP-534), with an empty map up to the first dirty
+            # offset (the clean head holds one record per key already)
+            first_dirty = state.get("first_dirty", 0)
+            if horizon is None or now < horizon or first_dirty <= p.log_start_offset:
+                return
+            outcome.start = first_dirty
+            offset_map.update_latest_offset(first_dirty - 1)
         outcome.end = offset_map.latest_offset + 1
+        outcome.horizon = None
         last_batches = {
             pid: ProducerLastBatch(epoch, last_data)
             for pid, (epoch, last_data) in p.producer_last_batches().items()
@@ -153,7 +267,10 @@ class LogCleaner:
                 outcome.raced = True
                 break
         if not outcome.raced:
-            self._first_dirty[p] = outcome.end
+            progress = {"first_dirty": outcome.end}
+            if outcome.horizon is not None:
+                progress["horizon"] = outcome.horizon
+            p.set_cleaner_state(progress)
         log.info(
             "%s: cleaned [%d, %d)%s: %d groups rewritten, %d unchanged; %d of %d records kept "
             "(%d superseded, %d expired tombstones, %d aborted, %d keyless, %d markers); "
@@ -197,6 +314,9 @@ class LogCleaner:
         rnd = CleanRound(offset_map, now, p.config.delete_retention_ms, last_batches, last)
         cleaned = await asyncio.to_thread(clean_group, data, tracker, rnd)
         _add(outcome.stats, cleaned.stats)
+        ahead = earliest_horizon(cleaned.batches, now)
+        if ahead is not None:
+            outcome.horizon = ahead if outcome.horizon is None else min(outcome.horizon, ahead)
         if not cleaned.changed and not cleaned.emptied_aborts:
             outcome.groups_skipped += 1
             return True
@@ -225,6 +345,11 @@ class LogCleaner:
             await self._engine.store.delete([key])
         except ObjectStoreUnavailable as exc:
             log.warning("could not delete %s (the sweep will): %s", key, exc)
+
+
+def _add_ms(at: int, delay: int) -> int:
+    """`at` + `delay` ms, capped (delays such as max.compaction.lag.ms go up to 2^63 - 1)."""
+    return min(at + delay, 2**62)
 
 
 def _add(total: CleanStats, more: CleanStats) -> None:

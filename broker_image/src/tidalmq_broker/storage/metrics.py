@@ -116,3 +116,50 @@ class BrokerMetrics:
         self.duplicate_batches = DUPLICATE_BATCHES.labels(broker)
         self.cache_hit_bytes = CACHE_HIT_BYTES.labels(broker)
         self.cache_miss_bytes = CACHE_MISS_BYTES.labels(broker)
+
+
+# the log cleaner of compacted topics (docs/compaction.md section 8)
+CLEANER_PASSES = Counter(
+    "tidalmq_storage_cleaner_passes_total",
+    "Log cleaner passes by outcome (ok, partial: the key map filled, raced, idle: nothing to "
+    "rewrite, uncleanable, failed)",
+    ["broker", "outcome"],
+)
+CLEANER_BYTES = Counter(
+    "tidalmq_storage_cleaner_bytes_total",
+    "Object-store bytes the log cleaner read (read) and wrote (written)",
+    ["broker", "phase"],
+)
+CLEANER_RECORDS = Counter(
+    "tidalmq_storage_cleaner_records_total",
+    "Records the log cleaner read, by what it did with them (kept, superseded, "
+    "tombstone_expired, aborted, keyless, marker_removed)",
+    ["broker", "action"],
+)
+CLEANER_GROUPS_SKIPPED = Counter(
+    "tidalmq_storage_cleaner_groups_skipped_total",
+    "Segment groups the log cleaner left as they were (nothing in them changed: no PUT)",
+    ["broker"],
+)
+CLEANER_PASS_SECONDS = Histogram(
+    "tidalmq_storage_cleaner_pass_seconds",
+    "Duration of log cleaner passes",
+    ["broker"],
+    buckets=(0.01, 0.05, 0.25, 1.0, 5.0, 15.0, 60.0, 300.0),
+)
+CLEANER_MAX_DIRTY_RATIO = Gauge(
+    "tidalmq_storage_cleaner_max_dirty_ratio",
+    "The highest cleanable dirty ratio among this broker's compacted partitions at the last "
+    "round (Kafka's max-dirty-percent, as a fraction)",
+    ["broker"],
+)
+CLEANER_CLEANABLE_PARTITIONS = Gauge(
+    "tidalmq_storage_cleaner_cleanable_partitions",
+    "Compacted partitions the last cleaner round chose",
+    ["broker"],
+)
+CLEANER_UNCLEANABLE_PARTITIONS = Gauge(
+    "tidalmq_storage_cleaner_uncleanable_partitions",
+    "Partitions left uncleaned until reopened: a batch the cleaner cannot parse",
+    ["broker"],
+)

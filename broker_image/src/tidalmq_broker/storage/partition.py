@@ -159,6 +159,7 @@ class Partition:
         # producer ids with a batch appended (or answered as a duplicate) since this open
         self._appended_here: set[int] = set()
         self._aborted = AbortedTxns.from_json(checkpoint.aborted_txns)
+        self._cleaner_state = dict(checkpoint.cleaner)  # the log cleaner's progress
         # first offset of the oldest durable ongoing transaction (None: the LSO is the HWM)
         self._first_unstable = self._durable_producers.first_unstable_offset()
         self._cache = engine.cache.partition()
@@ -814,6 +815,7 @@ class Partition:
             producers=self._durable_producers.to_json(),
             transactions=self._durable_producers.txn_to_json(),
             aborted_txns=self._aborted.to_json(),
+            cleaner=dict(self._cleaner_state),
         )
 
     @property
@@ -897,6 +899,18 @@ class Partition:
             pid: (e.epoch, e.batches[-1].last_offset if e.batches else None)
             for pid, e in self._durable_producers.producers.items()
         }
+
+    @property
+    def cleaner_state(self) -> dict[str, int]:
+        """The log cleaner's progress as the checkpoint keeps it (Checkpoint.cleaner)."""
+        return self._cleaner_state
+
+    def set_cleaner_state(self, state: dict[str, int]) -> None:
+        """Record the log cleaner's progress; the next checkpoint carries it (a new owner
+        then starts its first pass there instead of at the log start)."""
+        if state != self._cleaner_state:
+            self._cleaner_state = dict(state)
+            self._version += 1
 
     async def replace_cleaned(
         self, old: list[IndexEntry], new: list[IndexEntry], emptied_aborts: list[AbortedTxn]
