@@ -345,3 +345,63 @@ async def test_retention_by_time_applies_only_to_a_policy_with_delete(
     await engine.compact_partition(log, force=True)
     assert await engine.apply_retention(log) == deleted
     assert log.log_start_offset == (0 if deleted == 0 else 3)
+
+
+async def test_a_pass_whose_lease_lapsed_commits_nothing(cluster: Cluster) -> None:
+    """The lease lapses while the cleaned segment is uploaded: the swap is refused (a new
+    owner may be opening the partition), the new object deleted, and the log unchanged."""
+    engine = await cluster.engine(1)
+    log = await engine.open_partition(TP, TOPIC_ID, 1, COMPACT)
+    rows, _ = await write_table(log)
+    await engine.compact_partition(log, force=True)
+    objects = await segment_objects(cluster)
+    index = list(log.index.entries)
+    lease = {"ok": True}
+    engine._lease_check = lambda: lease["ok"]  # the broker's controller lease, as it sees it
+    store = cluster.stores[0]
+    store.gate = asyncio.Event()
+    held: list[str] = []
+    store.gate_match = lambda key: "/segments/" in key and not held.append(key)
+    cleaning = asyncio.create_task(LogCleaner(engine).clean(log))
+    for _ in range(500):  # until the cleaned segment's PUT is held
+        if held:
+            break
+        await asyncio.sleep(0.02)
+    assert held and not cleaning.done()
+    lease["ok"] = False
+    store.gate.set()
+    outcome = await asyncio.wait_for(cleaning, 20)
+    assert outcome.raced and outcome.groups_cleaned == 0
+    assert log.index.entries == index and log.cleaner_state == {}
+    assert await segment_objects(cluster) == objects
+    lease["ok"] = True
+    assert await read_rows(log) == rows
+    assert cluster.fenced == []
+
+
+async def test_a_broker_killed_after_a_pass_leaves_the_next_owner_the_cleaned_log(
+    cluster: Cluster,
+) -> None:
+    """kill -9 right after a pass: the swap was committed with the cleaned group, so the next
+    owner (unclean open, WAL replay) reads the cleaned log and every acknowledged record's
+    latest value, including what was appended after the pass and never checkpointed."""
+    engine1 = await cluster.engine(1)
+    log1 = await engine1.open_partition(TP, TOPIC_ID, 1, COMPACT)
+    await write_table(log1)
+    await engine1.compact_partition(log1, force=True)
+    first = await LogCleaner(engine1).clean(log1)
+    assert first.groups_cleaned >= 1
+    cleaned = await read_rows(log1)
+    tail = (await log1.append(rb.build_batch([(b"k2", b"acknowledged")]))).base_offset
+    await engine1.abandon()  # kill -9: no close, no checkpoint since the append
+    engine2 = await cluster.engine(2)
+    log2 = await engine2.open_partition(TP, TOPIC_ID, 2, COMPACT)
+    assert await read_rows(log2) == [*cleaned, (tail, b"k2", b"acknowledged")]
+    # the pass's progress was in its last commit or is redone: never past what was cleaned
+    assert log2.cleaner_state.get("first_dirty", 0) <= first.end
+    again = await LogCleaner(engine2).clean(log2)
+    assert not again.raced
+    assert [r for r in await read_rows(log2) if r[0] < first.end] == [
+        r for r in cleaned if r[0] < first.end
+    ]
+    assert cluster.fenced == []
