@@ -7,7 +7,7 @@ then not; the same after kill -9 of the broker."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -82,13 +82,17 @@ def read_all(bootstrap: str, topic: str, end: int) -> list[Row]:
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == -191:  # _PARTITION_EOF
-                    if msg.offset() >= end:  # the high watermark: all read
+            offset, key = msg.offset(), msg.key()
+            assert offset is not None
+            error = msg.error()
+            if error is not None:
+                if error.code() == -191:  # _PARTITION_EOF
+                    if offset >= end:  # the high watermark: all read
                         return rows
                     continue
-                raise KafkaException(msg.error())
-            rows.append((msg.offset(), msg.key(), msg.value()))
+                raise KafkaException(error)
+            assert key is not None  # a compacted topic takes keyed records only
+            rows.append((offset, key, msg.value()))
         raise AssertionError(f"did not reach offset {end}: {rows[-3:]}")
     finally:
         consumer.close()
@@ -99,10 +103,10 @@ def latest(written: list[Row], *, tombstones: bool) -> list[Row]:
     return [row for row in written if last[row[1]] == row[0] and (row[2] is not None or tombstones)]
 
 
-def wait_for(what: str, check: object, timeout_s: float = 25) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 25) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
+        if check():
             return
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
@@ -130,14 +134,14 @@ def test_a_consumer_from_the_start_reads_the_latest_value_per_key(
     # tombstones too until delete.retention.ms after the pass that first kept them
     compacted = latest(written, tombstones=True)
     seen: list[list[Row]] = []
-    wait_for("the cleaner", lambda: seen.append(read_all(b, topic, end)) or seen[-1] == compacted)
+
+    def reads(expected: list[Row]) -> bool:
+        seen.append(read_all(b, topic, end))
+        return seen[-1] == expected
+
+    wait_for("the cleaner", lambda: reads(compacted))
     # ... and then a round drops the tombstones, with no new data in the partition
-    wait_for(
-        "the tombstones' delete horizon",
-        lambda: (
-            seen.append(read_all(b, topic, end)) or seen[-1] == latest(written, tombstones=False)
-        ),
-    )
+    wait_for("the tombstones' delete horizon", lambda: reads(latest(written, tombstones=False)))
     assert not {key for _, key, _ in seen[-1]} & DELETED
     metrics = compacting_broker.metrics()
     assert 'tidalmq_storage_cleaner_records_total{action="superseded",broker="0"}' in metrics
