@@ -22,17 +22,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 KEYS = 20
 UPDATES = 30
 DELETED = {b"key-3", b"key-7"}
-# the cleaner looks every 0.3 s; WAL ranges become segments after 0.3 s idle
+# the cleaner looks every 0.2 s; WAL ranges become segments after 0.3 s idle
 FAST_CLEANER = {
     "TIDALMQ_COMPACTION_INTERVAL_S": "0.2",
     "TIDALMQ_COMPACTION_IDLE_S": "0.3",
-    "TIDALMQ_CLEANER_BACKOFF_MS": "300",
+    "TIDALMQ_CLEANER_BACKOFF_MS": "200",
 }
 TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
     "segment.bytes": "4096",  # several segments: the cleaner's groups
     "segment.ms": "500",  # the last segment leaves the active part after half a second
     "min.cleanable.dirty.ratio": "0.01",
+    # long enough for the reader to see the tombstones kept between the clean and the horizon
     "delete.retention.ms": "3000",
 }
 
