@@ -8,7 +8,8 @@ import re
 from urllib.parse import urlsplit
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from tidalmq_broker.apis.registry import REGISTRY
 
 from bench.kafka.harness import console_produce, run_tool
@@ -65,14 +66,21 @@ def test_topics_create_list_describe_alter_delete(tidalmq: BrokerProcess) -> Non
                   bootstrap=b)  # fmt: skip
     assert rf.returncode != 0
     assert "InvalidReplicationFactorException" in failure(rf), failure(rf)
-    # an unknown cleanup policy: refused by the broker with INVALID_CONFIG and Kafka's text
+    # an unknown cleanup policy: kafka-topics refuses it before sending (LogConfig.validate),
+    # and the broker refuses it from any other client with INVALID_CONFIG and the same text
+    kafkas = "Invalid value shred for configuration cleanup.policy: String must be one of: " \
+        "compact, delete"  # fmt: skip
     compact = run_tool("kafka-topics", "--create", "--topic", name("cfg"),
                        "--config", "cleanup.policy=compact,shred", bootstrap=b)  # fmt: skip
-    assert compact.returncode != 0
-    assert (
-        "InvalidConfigurationException: Invalid value shred for configuration cleanup.policy: "
-        "String must be one of: compact, delete"
-    ) in failure(compact), failure(compact)
+    assert compact.returncode != 0 and kafkas in failure(compact), failure(compact)
+    admin = AdminClient({"bootstrap.servers": b})
+    refused = admin.create_topics(
+        [NewTopic(name("cfg"), 1, 1, config={"cleanup.policy": "compact,shred"})]
+    )
+    with pytest.raises(KafkaException) as invalid:
+        next(iter(refused.values())).result(15)
+    assert invalid.value.args[0].code() == KafkaError.INVALID_CONFIG
+    assert kafkas in invalid.value.args[0].str()
 
     tool("kafka-topics", "--delete", "--topic", topic, bootstrap=b)
     assert topic not in tool("kafka-topics", "--list", bootstrap=b).split()
