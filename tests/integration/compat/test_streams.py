@@ -13,26 +13,25 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from bench.kafka.harness import FAST_START_OPTS, HERE, TOOLS_LOG4J, KafkaDist, java_executable
+from bench.kafka.harness import (
+    FAST_START_OPTS,
+    HERE,
+    TOOLS_LOG4J,
+    KafkaDist,
+    assemble_streams,
+    java_executable,
+)
 from tests.integration.compat.conftest import name
 from tests.support.broker_process import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
-# Kafka Streams is not part of the assembled broker and tools classpath: its jar and RocksDB's
-# come from the local Maven repository, where bench/kafka's Maven run resolves them
-MAVEN = Path.home() / ".m2" / "repository"
-STREAMS_JARS = [
-    MAVEN / "org/apache/kafka/kafka-streams/4.3.1/kafka-streams-4.3.1.jar",
-    MAVEN / "org/rocksdb/rocksdbjni/10.1.3/rocksdbjni-10.1.3.jar",
-]
-
 
 def start(dist: KafkaDist, bootstrap: str, app: str, topics: tuple[str, str], state: Path,
           log: Path) -> subprocess.Popen[bytes]:  # fmt: skip
-    missing = [str(jar) for jar in STREAMS_JARS if not jar.exists()]
-    assert not missing, f"Kafka Streams jars not in the Maven repository: {missing}"
-    classpath = ":".join([dist.classpath, *map(str, STREAMS_JARS)])
+    # Kafka Streams and RocksDB are not in the broker and tools classpath: their own
+    # directory, assembled from bench/kafka/streams/pom.xml (the .ci/prebuild does it early)
+    classpath = ":".join([dist.classpath, assemble_streams().classpath])
     cmd = [
         java_executable(), "-Xmx256m", *FAST_START_OPTS, f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
         "-cp", classpath, str(HERE / "java" / "StreamsWordCount.java"),
