@@ -26,7 +26,7 @@ be lost (see the stream-storage note). A broker's lease covers all its partition
 way to stop it acknowledging one partition against its will is to let the whole lease run out.
 
 Liveness never waits behind the rest: heartbeats are answered by `membership` on the liveness
-thread (_rpc.py); the event loop here runs bounded steps (a wave starts at most
+thread (_rpc_server.py); the event loop here runs bounded steps (a wave starts at most
 `max_moves_per_step` moves) and never walks the cluster: the indexes of `leadership` are kept
 from the records' deltas.
 
