@@ -6,8 +6,8 @@ Each concern has its manager, which owns its state and turns decisions into meta
 topics (_static_topics.py). This class only sequences: it validates a request with the manager
 that owns it, proposes the records to the journal (_journal.py: applied to the image at once,
 appended with everything else decided meanwhile as one batch), waits for the commit before it
-answers, and publishes committed batches to the brokers, each of which gets the batches after
-the version it holds (a snapshot only when it is too far behind).
+answers, and hands committed batches to the publisher (_publishing.py), which sends each broker
+the batches after the version it holds (a snapshot only when it is too far behind).
 
 Moves follow the move protocol (docs/control-plane.md): the target is recorded (queued: the source still serves); the move's
 wave asks the source to close (leader none); the source closes cleanly and reports it at the
@@ -46,7 +46,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 from tidalmq_broker.storage.api import StorageError
@@ -114,6 +114,7 @@ from tidalmq_controller._membership import (
     Membership,
 )
 from tidalmq_controller._moves import MoveStatus, MoveTracker
+from tidalmq_controller._publishing import BrokerChannel, MetadataPublisher
 from tidalmq_controller._scoped import scoped_records
 from tidalmq_controller._settings import ControllerSettings
 from tidalmq_controller._static_topics import StaticTopicManager
@@ -154,9 +155,6 @@ STORE_LOST = Gauge(
     "tidalmq_controller_store_lost",
     "1 while the object store's identity marker is missing or names another cluster",
 )
-PUSHES = Counter(
-    "tidalmq_controller_metadata_pushes_total", "Metadata updates sent to brokers", ["kind"]
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,15 +176,6 @@ class _OpenWaiter:
     def __init__(self, pending: set[TopicPartition]) -> None:
         self.pending = pending
         self.done = asyncio.Event()
-
-
-class BrokerChannel(Protocol):
-    """How the controller reaches one broker."""
-
-    async def push_update(self, base: int, snapshot: bytes | None, batches: list[Batch]) -> int:
-        """Send the batches after `base` (with a snapshot: the snapshot, then the batches after
-        it); returns the version the broker holds afterwards."""
-        ...
 
 
 class Controller:
@@ -223,10 +212,7 @@ class Controller:
         self.journal.add_applied_hook(self.leadership.on_applied)
         self.journal.add_listener(self._on_commit)
         self.static = StaticTopicManager(self, object_store)
-        self._channels: dict[int, BrokerChannel | None] = {}  # None: a protocol-1 broker
-        self._acked: dict[int, int] = {}  # broker -> the version it holds (pushes, heartbeats)
-        self._pushers: dict[int, asyncio.Task[None]] = {}
-        self._push_wake: dict[int, asyncio.Event] = {}
+        self.publisher = MetadataPublisher(self.journal)
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, end) of the reserved block
         self._wake = asyncio.Event()
         self._open_waiters: list[_OpenWaiter] = []  # CreateTopics waiting for their opens
@@ -322,8 +308,7 @@ class Controller:
                 task.cancel()
         await self.static.stop()
         self.topics.stop()
-        for pusher in self._pushers.values():
-            pusher.cancel()
+        self.publisher.stop()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -396,8 +381,7 @@ class Controller:
         incarnation), once that incarnation's lease has certainly expired."""
         self._require_active()
         now = time.monotonic()
-        self._channels[info.broker_id] = channel
-        self._acked[info.broker_id] = -1
+        self.publisher.connect(info.broker_id, channel)
         previous = self.membership.get(info.broker_id)
         old = self.image.brokers.get(info.broker_id)
         restarted = old is not None and old.incarnation != info.incarnation
@@ -852,8 +836,7 @@ class Controller:
         if not_before > now:  # its moves too: it may still acknowledge
             self.leadership.defer_moves_from(broker_id, not_before)
         self.membership.forget(broker_id)
-        self._channels.pop(broker_id, None)
-        self._acked.pop(broker_id, None)
+        self.publisher.disconnect(broker_id)
         await self._commit(records)
         self._emit("BrokerRemoved", f"broker {broker_id} removed", {"broker": broker_id})
         self._wake.set()
@@ -1218,7 +1201,7 @@ class Controller:
                 lead.report_floor(tp, topic_id, hwm)
             live = self.membership.get(broker_id)
             if live is not None:
-                self._acked[broker_id] = max(self._acked.get(broker_id, -1), live.applied_version)
+                self.publisher.holds(broker_id, live.applied_version)
         if opened:
             lead.observe(opened, wall)
         # 1. failover: brokers silent past the session timeout (none while every broker is
@@ -1314,8 +1297,7 @@ class Controller:
     # ---------------------------------------------------------------- publishing
     def _on_commit(self, batch: Batch, delta: MetadataDelta) -> None:
         self.membership.confirm_role(self.journal.last_commit_at)
-        for broker_id in list(self._channels):
-            self._kick_pusher(broker_id)
+        self.publisher.publish()
         if delta.partitions or delta.topics or delta.removed_topics:
             LOST_PARTITIONS.set(len(self.leadership.lost))
         for listener in self._commit_listeners:
@@ -1324,63 +1306,9 @@ class Controller:
             except Exception:
                 log.exception("metadata commit listener failed")
 
-    def _kick_pusher(self, broker_id: int) -> None:
-        event = self._push_wake.setdefault(broker_id, asyncio.Event())
-        event.set()
-        pusher = self._pushers.get(broker_id)
-        if pusher is None or pusher.done():
-            self._pushers[broker_id] = asyncio.create_task(
-                self._pusher(broker_id), name=f"push to broker {broker_id}"
-            )
-
-    async def _pusher(self, broker_id: int) -> None:
-        """Send the broker what it misses, one update at a time, never waiting for it in the
-        controller's loop; heartbeats tell what it holds if a push was lost."""
-        event = self._push_wake[broker_id]
-        failures = 0
-        while True:
-            event.clear()
-            channel = self._channels.get(broker_id)
-            if channel is None:
-                return
-            have = self._acked.get(broker_id, -1)
-            committed = self.journal.committed_version
-            if have < committed:
-                batches = self.journal.batches_since(have) if have >= 0 else None
-                snapshot = None
-                base = have
-                if batches is None:
-                    snapshot = self.journal.snapshot_bytes
-                    base = self.journal.snapshot_version
-                    batches = self.journal.batches_since(base) or []
-                    PUSHES.labels("snapshot").inc()
-                else:
-                    PUSHES.labels("batches").inc()
-                try:
-                    got = await asyncio.wait_for(channel.push_update(base, snapshot, batches), 10)
-                    self._acked[broker_id] = got  # what it holds now (it refuses a wrong base)
-                    if got > have:
-                        failures = 0
-                        continue
-                    failures += 1  # no progress: it refused (or lost its state); not in a loop
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    failures += 1
-                    log.debug("metadata push to broker %d failed: %s", broker_id, exc)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(0.05 * 2**failures, 2.0)):
-                        await event.wait()
-                continue
-            await event.wait()
-
     def update_for(self, version: int) -> tuple[int, bytes | None, list[Batch]]:
         """What a broker at `version` needs: (base, snapshot or None, batches)."""
-        batches = self.journal.batches_since(version) if version >= 0 else None
-        if batches is not None:
-            return version, None, batches
-        base = self.journal.snapshot_version
-        return base, self.journal.snapshot_bytes, self.journal.batches_since(base) or []
+        return self.publisher.update_for(version)
 
     # ---------------------------------------------------------------- for static topics
     async def update(self, mutate: Callable[[ClusterMetadata], object]) -> int:
