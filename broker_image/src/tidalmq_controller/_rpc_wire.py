@@ -50,6 +50,7 @@ from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress
 from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
 from tidalmq_controller import _controller as ctl
+from tidalmq_controller._data_loss import AcceptedLoss
 from tidalmq_controller._errors import InternalTopic
 from tidalmq_controller._membership import Heartbeat
 
@@ -184,7 +185,7 @@ def _floors(doc: list[list[Any]] | None) -> Floors:
     return {TopicPartition(t, int(p)): (str(tid), int(h)) for t, p, tid, h in doc or []}
 
 
-def accepted_doc(a: ctl.AcceptedLoss) -> dict[str, Any]:
+def accepted_doc(a: AcceptedLoss) -> dict[str, Any]:
     return {
         "partition": a.partition,
         "continues_at": a.continues_at,
