@@ -36,6 +36,7 @@ from tidalmq_controller._errors import (
     InternalTopic,
     InvalidReplicaAssignment,
     NoBrokers,
+    StaticTopicError,
     TopicAlreadyExists,
     UnknownTopic,
 )
@@ -63,7 +64,6 @@ from tidalmq_controller._scram_credentials import (
     parse_bootstrap,
 )
 from tidalmq_controller._settings import ControllerSettings
-from tidalmq_controller._static_topics import StaticTopicError
 from tidalmq_controller._topics import NewTopic, TopicResult
 
 __all__ = [

@@ -46,10 +46,7 @@ from tidalmq_controller._rpc_wire import (
     tp_doc,
     tp_from,
 )
-from tidalmq_controller._scram_credentials import (
-    ScramDeletion,
-    ScramUpsertion,
-)
+from tidalmq_controller._scram_credentials import ScramDeletion, ScramUpsertion
 from tidalmq_controller._static_topics_http import add_static_topic_routes
 
 log = logging.getLogger(__name__)
