@@ -22,10 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tidalmq_broker.security.listeners import PLAINTEXT
-from tidalmq_broker.security.sasl import (
-    ANONYMOUS,
-    SaslAuthenticator,
-)
+from tidalmq_broker.security.sasl import ANONYMOUS, SaslAuthenticator
 from tidalmq_broker.server.budget import MemoryBudget
 
 _UNLIMITED = 1 << 62

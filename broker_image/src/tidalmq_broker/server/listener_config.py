@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 
 from tidalmq_broker.security.listeners import PLAINTEXT
 from tidalmq_broker.security.principal import PrincipalMapper
-from tidalmq_broker.security.sasl import (
-    SaslConfig,
-)
+from tidalmq_broker.security.sasl import SaslConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from tidalmq_broker.server.connection import (
-    Connection,
-    resolve_waiter,
-)
+from tidalmq_broker.server.connection import Connection, resolve_waiter
 from tidalmq_broker.server.framing import FrameProtocol
 
 
