@@ -105,6 +105,7 @@ from tidalmq_controller._membership import (
     Membership,
 )
 from tidalmq_controller._moves import MoveStatus, MoveTracker
+from tidalmq_controller._open_waits import OpenWaits
 from tidalmq_controller._publishing import BrokerChannel, MetadataPublisher
 from tidalmq_controller._scoped import scoped_records
 from tidalmq_controller._settings import ControllerSettings
@@ -138,16 +139,6 @@ BROKERS_DECLARED_DEAD = Counter(
     "tidalmq_controller_brokers_declared_dead_total",
     "Brokers the controller declared dead (session timed out, or killed) and failed over",
 )
-
-
-class _OpenWaiter:
-    """A CreateTopics waiting for its partitions to be open on their leaders."""
-
-    __slots__ = ("done", "pending")
-
-    def __init__(self, pending: set[TopicPartition]) -> None:
-        self.pending = pending
-        self.done = asyncio.Event()
 
 
 class Controller:
@@ -196,9 +187,9 @@ class Controller:
             active=lambda: self._active,
         )
         self.publisher = MetadataPublisher(self.journal)
+        self.open_waits = OpenWaits(lambda: self.image, self.leadership, self.membership)
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, end) of the reserved block
         self._wake = asyncio.Event()
-        self._open_waiters: list[_OpenWaiter] = []  # CreateTopics waiting for their opens
         self._loop_task: asyncio.Task[None] | None = None
         self._role_task: asyncio.Task[None] | None = None
         self._identity_task: asyncio.Task[None] | None = None
@@ -535,12 +526,7 @@ class Controller:
 
     def _observe_opened(self, broker_id: int, opened: set[TopicPartition]) -> None:
         """Partitions the broker reported open: the moves they finish, the creations waiting."""
-        for waiter in self._open_waiters:
-            for tp in opened & waiter.pending:
-                if self._open_at_epoch(tp):
-                    waiter.pending.discard(tp)
-            if not waiter.pending:
-                waiter.done.set()
+        self.open_waits.observe(opened)
         self.leadership.observe({broker_id: opened}, time.time())
         self._wake.set()
 
@@ -675,46 +661,8 @@ class Controller:
             return results
         await self._commit(records)
         created = [r.name for r in results if r.error is None]
-        await self._wait_open(created, wait_s)
+        await self.open_waits.wait(created, wait_s)
         return results
-
-    async def _wait_open(self, topics: list[str], wait_s: float, first_partition: int = 0) -> bool:
-        """Until the leaders of these topics' partitions report them open at their epoch. The
-        reports strike partitions off (O(reported)); every pending partition is checked in full
-        once a second only (an open known from a heartbeat's full report, a leader changed by
-        a move), not every few milliseconds: 6,000 of them took a third of a busy controller's
-        time."""
-        deadline = time.monotonic() + wait_s
-        pending = {
-            TopicPartition(name, i)
-            for name in topics
-            if name in self.image.topics
-            for i in range(first_partition, len(self.image.topics[name].partitions))
-        }
-        # reports that came while the records were being committed (the image had them
-        # already) struck nothing off: look once now, O(new partitions), rather than leave
-        # them to the check once a second
-        waiter = _OpenWaiter({tp for tp in pending if not self._open_at_epoch(tp)})
-        if not waiter.pending:
-            return True
-        self._open_waiters.append(waiter)
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter.done.wait(), min(remaining, 1.0))
-                waiter.pending = {tp for tp in waiter.pending if not self._open_at_epoch(tp)}
-                if not waiter.pending:
-                    return True
-        finally:
-            self._open_waiters.remove(waiter)
-
-    def _open_at_epoch(self, tp: TopicPartition) -> bool:
-        """The partition's leader reported it open at its current epoch (or it is gone)."""
-        part = self.leadership.partition(tp)
-        return part is None or self.membership.is_open(part.leader, tp, part.leader_epoch)
 
     async def delete_topics(self, names: Iterable[str]) -> list[TopicResult]:
         self._require_active()
@@ -827,7 +775,7 @@ class Controller:
         )
         if created:
             await self._commit(created)
-            await self._wait_open([TXN_STATE_TOPIC], wait_s)
+            await self.open_waits.wait([TXN_STATE_TOPIC], wait_s)
 
     async def allocate_producer_id(self) -> int:
         """A cluster-unique producer id. Blocks of ids are reserved in the metadata so no id
