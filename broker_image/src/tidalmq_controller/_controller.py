@@ -1,9 +1,11 @@
 """The controller: the single writer of cluster metadata, split by concern.
 
 Each concern has its manager, which owns its state and turns decisions into metadata records
-(tidalmq_core.records): membership and leases (_membership.py), topics and configs
-(_topics.py), partitions and moves (_leadership.py), producer ids (here: one counter), static
-topics (_static_topics.py). This class only sequences: it validates a request with the manager
+(tidalmq_core.records): membership and leases (_membership.py), brokers registering, reporting,
+draining, leaving and being fenced (_broker_lifecycle.py), topics and configs (_topics.py),
+partitions and moves (_leadership.py), data loss and the store's identity (_data_loss.py),
+producer ids (here: one counter), static topics (_static_topics.py); requests waiting for new
+partitions to open are _open_waits.py's. This class only sequences: it validates a request with the manager
 that owns it, proposes the records to the journal (_journal.py: applied to the image at once,
 appended with everything else decided meanwhile as one batch), waits for the commit before it
 answers, and hands committed batches to the publisher (_publishing.py), which sends each broker
@@ -36,6 +38,12 @@ check (is the next version of the log still free?) within a heartbeat interval, 
 lease once its role was not confirmed within the role window. Partitions without a leader are
 elected level-based: a restarted controller elects them once the leases its predecessor may have
 granted have run out (the restart guard).
+
+This module owns: the controller's lifecycle (start, stop), its loop (`_step`: one bounded round
+of decisions per wake-up), the role check, and the admin requests that are one validation and
+one commit (topics, configs, SCRAM credentials, ACLs, producer ids, reassignments, rebalance);
+its public methods for brokers and data loss delegate to their managers. Must not touch: a
+manager's state directly (ask the manager), or the metadata other than through the journal.
 """
 
 from __future__ import annotations
@@ -52,7 +60,6 @@ from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.balance import Plan
 from tidalmq_core.metadata import (
-    OFFSETS_TOPIC,
     TXN_STATE_TOPIC,
     BrokerInfo,
     ClusterMetadata,
@@ -71,18 +78,16 @@ from tidalmq_core.reassignment import (
 from tidalmq_core.records import (
     MetadataDelta,
     Record,
-    broker_record,
-    broker_removed_record,
     broker_state_record,
     cluster_record,
     epoch_record,
     marker_record,
     producer_ids_record,
 )
-from tidalmq_core.static_mapping import is_physical_topic
 
 from tidalmq_controller import _acls as acls
 from tidalmq_controller import _scram_credentials as scram_credentials
+from tidalmq_controller._broker_lifecycle import BrokerLifecycle
 from tidalmq_controller._data_loss import AcceptedLoss, DataLossManager
 from tidalmq_controller._errors import (
     ControllerError,
@@ -180,14 +185,15 @@ class Controller:
             s,
             self.journal,
             self.leadership,
-            commit=self._commit,
+            commit=self.commit,
             emit=self._emit,
             wake=self.wake,
-            spawn=self._spawn,
+            spawn=self.spawn,
             active=lambda: self._active,
         )
         self.publisher = MetadataPublisher(self.journal)
         self.open_waits = OpenWaits(lambda: self.image, self.leadership, self.membership)
+        self.brokers = BrokerLifecycle(self)
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, end) of the reserved block
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -199,7 +205,6 @@ class Controller:
         self._events: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._commit_listeners: list[Callable[[ClusterMetadata, MetadataDelta], None]] = []
         self._started_at = 0.0
-        self._failover_held = False  # hold_failover(): every broker is being stopped
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -327,11 +332,16 @@ class Controller:
     def placeable_brokers(self) -> list[int]:
         return sorted(b for b, info in self.image.brokers.items() if info.state == "alive")
 
-    def _require_active(self) -> None:
+    @property
+    def active(self) -> bool:
+        """The active controller: started, not stopped, not deposed."""
+        return self._active
+
+    def require_active(self) -> None:
         if not self._active:
             raise ControllerFenced("not the active controller (stopped, or replaced by another)")
 
-    async def _commit(self, records: list[Record]) -> int:
+    async def commit(self, records: list[Record]) -> int:
         """Propose records and wait until they are durable."""
         if not records:
             return self.journal.committed_version
@@ -340,7 +350,7 @@ class Controller:
         except Deposed as exc:
             raise ControllerFenced(str(exc)) from exc
 
-    def _propose(self, records: list[Record]) -> int:
+    def propose(self, records: list[Record]) -> int:
         if not records:
             return self.journal.committed_version
         try:
@@ -348,61 +358,10 @@ class Controller:
         except Deposed as exc:
             raise ControllerFenced(str(exc)) from exc
 
-    # ---------------------------------------------------------------- brokers
+    # ---------------------------------------------------------------- brokers: _broker_lifecycle.py
     async def register_broker(self, info: BrokerInfo, channel: BrokerChannel | None) -> int:
-        """A broker (re)joins; returns the committed version after its registration (it gets
-        the metadata up to there by a push, or by fetching). A new incarnation of a known
-        broker takes back its partitions with bumped epochs (fencing its previous
-        incarnation), once that incarnation's lease has certainly expired."""
-        self._require_active()
-        now = time.monotonic()
-        self.publisher.connect(info.broker_id, channel)
-        previous = self.membership.get(info.broker_id)
-        old = self.image.brokers.get(info.broker_id)
-        restarted = old is not None and old.incarnation != info.incarnation
-        not_before = now
-        if (
-            previous is not None
-            and previous.incarnation != info.incarnation
-            and not self.settings.embedded
-        ):
-            not_before = self.membership.lease_end(info.broker_id)
-        granted = now
-        if previous is not None and previous.incarnation == info.incarnation:
-            granted = max(now, previous.last_grant)  # its lease may run longer (inherited)
-        # A new incarnation of a draining broker drained and stopped without removing itself
-        # (killed after its preStop hook, or a rolling restart): it holds nothing and joins
-        # again. The same incarnation re-registering (a new controller) keeps draining.
-        joined = old is None or old.state == "dead" or (old.state == "draining" and restarted)
-        draining = old is not None and old.state == "draining" and not restarted
-        info.state = "draining" if draining else "alive"
-        self.membership.set(
-            info.broker_id, BrokerLiveness(info.incarnation, now, granted, known=True)
-        )
-        version = self._propose([broker_record(info)])
-        joining = self.leadership.on_join(info.broker_id, old is None or restarted, not_before, now)
-        version = max(version, self._propose(joining))
-        if OFFSETS_TOPIC not in self.image.topics:
-            _, created = self.topics.create(
-                [NewTopic(OFFSETS_TOPIC, self.settings.offsets_topic_partitions, internal=True)]
-            )
-            version = max(version, self._propose(created))
-        try:
-            await self.journal.committed(version)
-        except Deposed as exc:
-            raise ControllerFenced(str(exc)) from exc
-        self._emit(
-            "BrokerRegistered",
-            f"broker {info.broker_id} registered at {info.host}:{info.port}",
-            {"broker": info.broker_id, "incarnation": info.incarnation},
-        )
-        self._wake.set()  # static topics spread their logic queues onto the new broker
-        if joined and self.settings.auto_rebalance and len(self.placeable_brokers()) > 1:
-            # record the fair-share moves before answering, so whoever waits for the broker
-            # to join sees its partitions already on their way
-            await self._rebalance_quietly(f"broker {info.broker_id} joined")
-        self._wake.set()
-        return self.journal.committed_version
+        """A broker (re)joins; returns the committed version after its registration."""
+        return await self.brokers.register_broker(info, channel)
 
     async def heartbeat(
         self,
@@ -413,64 +372,18 @@ class Controller:
         high_watermarks: dict[TopicPartition, int] | None = None,
         floors: Floors | None = None,
     ) -> HeartbeatReply:
-        """A heartbeat with everything the broker has open (in-process callers and tests);
-        brokers over HTTP send changes only (`beat`)."""
-        return self.beat(
-            Heartbeat(
-                broker_id,
-                incarnation,
-                applied_version,
-                dict(open_partitions),
-                full=True,
-                hwm=dict(high_watermarks or {}),
-                floors=dict(floors or {}),
-            )
+        """A heartbeat with everything the broker has open (in-process callers and tests)."""
+        return await self.brokers.heartbeat(
+            broker_id, incarnation, applied_version, open_partitions, high_watermarks, floors
         )
 
     def beat(self, heartbeat: Heartbeat) -> HeartbeatReply:
         """Answer a heartbeat (from any thread)."""
-        if not self._active:
-            raise ControllerFenced("not the active controller (stopped, or replaced by another)")
-        return self.membership.heartbeat(heartbeat)
+        return self.brokers.beat(heartbeat)
 
     def partitions_reported(self, broker_id: int, reports: list[dict[str, Any]]) -> None:
-        """Brokers' reports of partitions closed, opened and lost, many at a time, in order:
-        a run of opens is looked at together (moves done, creations waited for) once."""
-        opened: set[TopicPartition] = set()
-        for r in reports:
-            tp = TopicPartition(r["topic"], int(r["partition"]))
-            epoch = int(r["epoch"])
-            hwm = r.get("high_watermark")
-            topic_id = r.get("topic_id")
-            kind = r["kind"]
-            if kind == "opened":
-                self._opened(
-                    broker_id,
-                    tp,
-                    epoch,
-                    topic_id,
-                    None if hwm is None else int(hwm),
-                    bool(r.get("stored", True)),
-                )
-                opened.add(tp)
-                continue
-            if opened:
-                self._observe_opened(broker_id, opened)
-                opened = set()
-            if kind == "closed":
-                self.partition_closed(
-                    broker_id,
-                    tp,
-                    epoch,
-                    topic_id=topic_id,
-                    high_watermark=None if hwm is None else int(hwm),
-                )
-            elif kind == "lost":
-                self._spawn(
-                    self.partition_lost_data(broker_id, tp, epoch, DataLoss.from_json(r["loss"]))
-                )
-        if opened:
-            self._observe_opened(broker_id, opened)
+        """Brokers' reports of partitions closed, opened and lost, many at a time, in order."""
+        self.brokers.partitions_reported(broker_id, reports)
 
     def partition_closed(
         self,
@@ -482,15 +395,9 @@ class Controller:
         high_watermark: int | None = None,
     ) -> None:
         """The source closed the partition cleanly (the fast path of a move)."""
-        if topic_id is not None and high_watermark is not None:
-            self.leadership.report_floor(tp, topic_id, high_watermark)
-        self.leadership.source_closed(broker_id, tp, epoch)
-        live = self.membership.get(broker_id)
-        if live is not None and live.open_partitions.get(tp) == epoch:
-            del live.open_partitions[tp]
-        if is_physical_topic(tp.topic):
-            self.static.partition_closed(broker_id, tp)
-        self._wake.set()
+        self.brokers.partition_closed(
+            broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
+        )
 
     def partition_opened(
         self,
@@ -502,33 +409,36 @@ class Controller:
         high_watermark: int | None = None,
         stored: bool = True,
     ) -> None:
-        self._opened(broker_id, tp, epoch, topic_id, high_watermark, stored)
-        self._observe_opened(broker_id, {tp})
+        self.brokers.partition_opened(
+            broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark, stored=stored
+        )
 
-    def _opened(
-        self,
-        broker_id: int,
-        tp: TopicPartition,
-        epoch: int,
-        topic_id: str | None,
-        high_watermark: int | None,
-        stored: bool,
-    ) -> None:
-        if stored:  # from now on its data must exist (a new one's checkpoint comes with its data)
-            self.leadership.report_opened(broker_id, tp, epoch, topic_id)
-        if topic_id is not None and high_watermark:
-            self.leadership.report_floor(tp, topic_id, high_watermark)
-        live = self.membership.get(broker_id)
-        if live is not None:
-            live.open_partitions[tp] = epoch
-        if is_physical_topic(tp.topic):
-            self.static.partition_opened(broker_id, tp)
+    async def drain_broker(
+        self, broker_id: int, *, timeout_s: float = 60.0, incarnation: str | None = None
+    ) -> bool:
+        """Move every partition off a broker and wait until it leads none."""
+        return await self.brokers.drain_broker(
+            broker_id, timeout_s=timeout_s, incarnation=incarnation
+        )
 
-    def _observe_opened(self, broker_id: int, opened: set[TopicPartition]) -> None:
-        """Partitions the broker reported open: the moves they finish, the creations waiting."""
-        self.open_waits.observe(opened)
-        self.leadership.observe({broker_id: opened}, time.time())
-        self._wake.set()
+    async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
+        """Forget a broker that has stopped (after a drain)."""
+        await self.brokers.remove_broker(broker_id, incarnation=incarnation)
+
+    def expect_brokers(self, broker_ids: Iterable[int], within_s: float) -> None:
+        """Known brokers starting again right now: not declared dead before `within_s`."""
+        self.brokers.expect_brokers(broker_ids, within_s)
+
+    def hold_failover(self) -> None:
+        """The hosting process is stopping every broker at once: none is declared dead."""
+        self.brokers.hold_failover()
+
+    def has_heartbeated(self, broker_id: int) -> bool:
+        return self.brokers.has_heartbeated(broker_id)
+
+    def fence_broker(self, broker_id: int, reason: str) -> None:
+        """Stop renewing a broker's lease (it gives up its partitions and re-registers)."""
+        self.brokers.fence_broker(broker_id, reason)
 
     # ---------------------------------------------------------------- data loss ([O2]): _data_loss.py
     @property
@@ -562,92 +472,6 @@ class Controller:
         records) the problem, None when the store is ours."""
         return await self.data_loss.check_identity()
 
-    def _is_current(self, broker_id: int, incarnation: str | None) -> bool:
-        """A request from an older incarnation of a broker (a pod deleted with grace period 0
-        whose replacement already registered) must not touch the new one."""
-        info = self.image.brokers.get(broker_id)
-        return info is not None and (incarnation is None or info.incarnation == incarnation)
-
-    async def drain_broker(
-        self, broker_id: int, *, timeout_s: float = 60.0, incarnation: str | None = None
-    ) -> bool:
-        """Move every partition off a broker (scale-in, remove-broker, SIGTERM) and wait until
-        it leads none. The broker takes no new partitions meanwhile."""
-        self._require_active()
-        info = self.image.brokers.get(broker_id)
-        if info is None:
-            raise UnknownBroker(f"broker {broker_id} is not registered")
-        if not self._is_current(broker_id, incarnation):
-            log.info("ignoring a drain from an old incarnation of broker %d", broker_id)
-            return True
-        if info.state != "draining":
-            await self._commit([broker_state_record(broker_id, "draining")])
-        self._emit(
-            "BrokerDraining",
-            f"moving every partition off broker {broker_id}",
-            {"broker": broker_id},
-        )
-        await self.rebalance(reason=f"draining broker {broker_id}")
-        self._wake.set()  # static topics remap the broker's logic queues (next tick)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.leadership.led_by(broker_id):
-                return True
-            await asyncio.sleep(0.05)
-        return False
-
-    async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
-        """Forget a broker that has stopped (after a drain). Partitions it still has are placed
-        elsewhere: at once when the broker itself says it stopped (its incarnation given), else
-        once its lease has certainly expired."""
-        self._require_active()
-        if broker_id not in self.image.brokers:
-            return
-        if not self._is_current(broker_id, incarnation):
-            log.info("ignoring a removal from an old incarnation of broker %d", broker_id)
-            return
-        now = time.monotonic()
-        not_before = now
-        if incarnation is None and broker_id in self.membership:
-            not_before = self.membership.lease_end(broker_id)
-        records = [broker_removed_record(broker_id)]
-        records += self.leadership.failover(
-            [broker_id], defer_until=not_before, now=now, reason=f"broker {broker_id} removed"
-        )
-        if not_before > now:  # its moves too: it may still acknowledge
-            self.leadership.defer_moves_from(broker_id, not_before)
-        self.membership.forget(broker_id)
-        self.publisher.disconnect(broker_id)
-        await self._commit(records)
-        self._emit("BrokerRemoved", f"broker {broker_id} removed", {"broker": broker_id})
-        self._wake.set()
-
-    def expect_brokers(self, broker_ids: Iterable[int], within_s: float) -> None:
-        """Known brokers that are starting again right now (the local cluster starts its own
-        processes after the controller): not declared dead, and so not failed over and then
-        rebalanced, before `within_s` from now. Only the dead declaration waits: the leases
-        of their earlier incarnations count as before."""
-        until = time.monotonic() + within_s - self.settings.session_timeout_s
-        with self.membership.lock:
-            for broker_id in broker_ids:
-                live = self.membership.get(broker_id)
-                if live is not None:
-                    live.last_heartbeat = max(live.last_heartbeat, until)
-
-    def hold_failover(self) -> None:
-        """The hosting process is stopping every broker at once (the local cluster's Ctrl-C):
-        from now on no broker is declared dead for its silence. A broker that closed its
-        partitions and exited first is not failed over onto the ones still closing; every
-        broker stays registered as it was, so the next start finds the assignment unchanged
-        (no dead broker, no moves). For the rest of this controller's life: it is stopping."""
-        self._failover_held = True
-
-    def has_heartbeated(self, broker_id: int) -> bool:
-        """The broker's registration was answered and it heartbeats since: the moves of its
-        join rebalance (recorded before that answer) are visible to whoever waits for it."""
-        live = self.membership.get(broker_id)
-        return live is not None and live.applied_version >= 0
-
     # ---------------------------------------------------------------- topics
     async def create_topics(
         self, topics: Iterable[NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
@@ -655,20 +479,20 @@ class Controller:
         """Create topics. With wait_s > 0, return once every new partition is open on its
         broker (or after wait_s): a client that produces right after creating gets no
         LEADER_NOT_AVAILABLE."""
-        self._require_active()
+        self.require_active()
         results, records = self.topics.create(list(topics))
         if validate_only or not records:
             return results
-        await self._commit(records)
+        await self.commit(records)
         created = [r.name for r in results if r.error is None]
         await self.open_waits.wait(created, wait_s)
         return results
 
     async def delete_topics(self, names: Iterable[str]) -> list[TopicResult]:
-        self._require_active()
+        self.require_active()
         results, records, doomed = self.topics.delete(list(names))
         if records:
-            await self._commit(records)
+            await self.commit(records)
             for name in doomed:
                 self.static.forget(name)
                 for status in self.leadership.moves.active():
@@ -685,20 +509,20 @@ class Controller:
         assignment: list[int] | None = None,
     ) -> TopicResult:
         """Grow a topic to `total` partitions; `assignment` names the broker of each new one."""
-        self._require_active()
+        self.require_active()
         result, records = self.topics.grow(name, total, assignment)
         if not validate_only and records:
-            await self._commit(records)
+            await self.commit(records)
         return result
 
     async def alter_topic_configs(
         self, name: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
     ) -> TopicResult:
         """Set (value) or delete (None) config overrides. Non-incremental replaces all."""
-        self._require_active()
+        self.require_active()
         result, records = self.topics.alter_configs(name, changes, incremental=incremental)
         if not validate_only and records:
-            await self._commit(records)
+            await self.commit(records)
         return result
 
     async def alter_broker_configs(
@@ -706,13 +530,13 @@ class Controller:
     ) -> Exception | None:
         """Set (value) or delete (None) dynamic broker configs of one broker (its id as a
         string) or of the cluster default (""). Non-incremental replaces the scope's configs."""
-        self._require_active()
+        self.require_active()
         try:
             records = self.topics.alter_broker_configs(scope, changes, incremental=incremental)
         except ValueError as exc:
             return exc
         if not validate_only:
-            await self._commit(records)
+            await self.commit(records)
         return None
 
     # ---------------------------------------------------------------- SCRAM credentials
@@ -723,18 +547,18 @@ class Controller:
     ) -> tuple[list[scram_credentials.ScramAlterResult], int]:
         """AlterUserScramCredentials (scram_credentials.py): the results and the version that
         holds the changes once committed."""
-        self._require_active()
+        self.require_active()
         results, records = scram_credentials.alter(self.image, deletions, upsertions)
-        return results, await self._commit(records)
+        return results, await self.commit(records)
 
     async def bootstrap_scram_credentials(
         self, users: list[scram_credentials.BootstrapUser]
     ) -> list[str]:
         """Create the bootstrap users that lack their credential; returns `user:MECHANISM` of
         those created."""
-        self._require_active()
+        self.require_active()
         records = scram_credentials.bootstrap(self.image, users)
-        await self._commit(records)
+        await self.commit(records)
         return [f"{r['user']}:{r['mech']}" for r in records]
 
     # ---------------------------------------------------------------- ACLs
@@ -743,49 +567,49 @@ class Controller:
     ) -> tuple[list[acls.AclCreateResult], int]:
         """CreateAcls (_acls.py): one result per binding and the version that holds the new
         ones once committed. Raises ControllerError for a request over Kafka's record limit."""
-        self._require_active()
+        self.require_active()
         try:
             results, records = acls.create(self.image, bindings)
         except acls.TooManyAcls as exc:
             raise ControllerError(str(exc)) from exc
-        return results, await self._commit(records)
+        return results, await self.commit(records)
 
     async def delete_acls(
         self, filters: list[AclBindingFilter]
     ) -> tuple[list[acls.AclDeleteResult], int]:
         """DeleteAcls (_acls.py): one result per filter (the bindings it matched) and the
         version without them once committed."""
-        self._require_active()
+        self.require_active()
         try:
             results, records = acls.delete(self.image, filters)
         except acls.TooManyAcls as exc:
             raise ControllerError(str(exc)) from exc
-        return results, await self._commit(records)
+        return results, await self.commit(records)
 
     # ---------------------------------------------------------------- producer ids
     async def ensure_transaction_state_topic(self, wait_s: float = 0.0) -> None:
         """Create `__transaction_state` if it does not exist (Kafka creates it on the first
         FindCoordinator or InitProducerId naming a transactional id). Clients cannot create,
         delete or alter it: it is internal."""
-        self._require_active()
+        self.require_active()
         if TXN_STATE_TOPIC in self.image.topics:
             return
         _, created = self.topics.create(
             [NewTopic(TXN_STATE_TOPIC, self.settings.transaction_state_partitions, internal=True)]
         )
         if created:
-            await self._commit(created)
+            await self.commit(created)
             await self.open_waits.wait([TXN_STATE_TOPIC], wait_s)
 
     async def allocate_producer_id(self) -> int:
         """A cluster-unique producer id. Blocks of ids are reserved in the metadata so no id
         is handed out twice across controller restarts."""
-        self._require_active()
+        self.require_active()
         nxt, end = self._producer_ids
         if nxt >= end:
             start = self.image.next_producer_id
             self._producer_ids = (start, start + PRODUCER_ID_BLOCK)  # claimed before the await
-            await self._commit([producer_ids_record(start + PRODUCER_ID_BLOCK)])
+            await self.commit([producer_ids_record(start + PRODUCER_ID_BLOCK)])
             nxt, end = self._producer_ids
         self._producer_ids = (nxt + 1, end)
         return nxt
@@ -797,7 +621,7 @@ class Controller:
         """Start (target set) or cancel (target None) moves. Per-partition errors, as Kafka's
         AlterPartitionReassignments reports them; a plan naming an unknown topic, partition or
         broker changes nothing for that entry."""
-        self._require_active()
+        self.require_active()
         results: dict[TopicPartition, Exception | None] = {}
         meta = self.image
         valid: list[PlanEntry] = []
@@ -822,7 +646,7 @@ class Controller:
                 results[entry.tp] = exc
         if valid:
             now_ms = int(time.time() * 1000)
-            await self._commit(self.leadership.queue(valid, reason="requested", now_ms=now_ms))
+            await self.commit(self.leadership.queue(valid, reason="requested", now_ms=now_ms))
             self._wake.set()
         return results
 
@@ -843,14 +667,14 @@ class Controller:
         self, *, reason: str = "rebalance", dry_run: bool = False, topics: list[str] | None = None
     ) -> Plan[TopicPartition]:
         """Minimal-move count balance over the live (not draining) brokers."""
-        self._require_active()
+        self.require_active()
         if not self.placeable_brokers():
             raise NoBrokers("no live broker to balance onto")
         plan = await self.leadership.rebalance_plan(topics)
         if dry_run or not plan.moves:
             return plan
         entries = [PlanEntry(m.partition, m.target) for m in plan.moves]
-        await self._commit(
+        await self.commit(
             self.leadership.queue(entries, reason=reason, now_ms=int(time.time() * 1000))
         )
         log.info("%s: moving %d partitions", reason, len(plan.moves))
@@ -861,12 +685,6 @@ class Controller:
         )
         self._wake.set()
         return plan
-
-    async def _rebalance_quietly(self, reason: str) -> None:
-        try:
-            await self.rebalance(reason=reason)
-        except Exception:
-            log.exception("automatic rebalance failed (%s)", reason)
 
     def leaders_per_broker(self) -> dict[int, int]:
         """Partitions each broker leads (NO_LEADER: none), without a walk of the cluster."""
@@ -952,7 +770,7 @@ class Controller:
         dead = [
             b
             for b in self.membership.silent(now, self.settings.session_timeout_s)
-            if self._broker_state(b) not in (None, "dead") and not self._failover_held
+            if self._broker_state(b) not in (None, "dead") and not self.brokers.failover_held
         ]
         if dead:
             for b in dead:
@@ -961,7 +779,7 @@ class Controller:
                 self._emit("BrokerDead", f"broker {b}: session timed out", {"broker": b})
                 records.append(broker_state_record(b, "dead"))
                 self.membership.forget(b)
-            self._propose(records)
+            self.propose(records)
             records = lead.failover(dead, defer_until=0.0, now=now, reason="session timed out")
         # 2. elections of moves whose source closed (or is fenced, or gone)
         elect, fence = lead.releases(now, wall)
@@ -990,7 +808,7 @@ class Controller:
         # 6. first openings (from now on their data must exist) and acknowledged ends
         records += lead.reports_due(now, force=bool(records))
         if records:
-            self._propose(records)
+            self.propose(records)
         lead.check_openings()
         if self.data_loss.store_problem is not None:
             return  # a wiped or foreign store: nothing below may write into it
@@ -1058,13 +876,7 @@ class Controller:
         """Commit a change written as a function of the image (it may touch topics and static
         topics only; nothing is committed if it raises); returns the committed version."""
         records = scoped_records(self.image, mutate)
-        return await self._commit(records)
-
-    def fence_broker(self, broker_id: int, reason: str) -> None:
-        """Stop renewing a broker's lease (it gives up its partitions and re-registers)."""
-        if self.membership.fence(broker_id, time.monotonic()):
-            log.warning("fencing broker %d: %s", broker_id, reason)
-            self._emit("BrokerFenced", f"broker {broker_id}: {reason}", {"broker": broker_id})
+        return await self.commit(records)
 
     def known_high_watermarks(self) -> dict[TopicPartition, int]:
         """Physical queues' high watermarks as the brokers last reported them."""
@@ -1087,7 +899,7 @@ class Controller:
             except Exception:
                 log.exception("event sink failed")
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
