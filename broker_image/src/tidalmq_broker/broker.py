@@ -63,7 +63,8 @@ from tidalmq_broker.security.endpoints import (
 )
 from tidalmq_broker.security.tls import CertificateReloader
 from tidalmq_broker.server.http import HealthServer, HttpServer
-from tidalmq_broker.server.listener import KafkaListener, ListenerLimits
+from tidalmq_broker.server.listener import KafkaListener
+from tidalmq_broker.server.listener_config import ListenerLimits
 from tidalmq_broker.settings import BrokerSettings
 from tidalmq_broker.static_topics.service import StaticTopicService
 from tidalmq_broker.storage.engine import ObjectStreamEngine

@@ -11,7 +11,8 @@ from typing import Any, Protocol
 from prometheus_client import Counter, Gauge, Histogram
 
 from tidalmq_broker.server.budget import MemoryBudget
-from tidalmq_broker.server.listener import KafkaListener, RequestObserver
+from tidalmq_broker.server.listener import KafkaListener
+from tidalmq_broker.server.listener_config import RequestObserver
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

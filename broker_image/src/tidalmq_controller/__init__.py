@@ -3,7 +3,7 @@
 This module is the controller's public facade: the names below are all that the broker, the
 local cluster and the operator use. The implementation lives in the private modules beside it,
 one per concern (`_membership`, `_topics`, `_leadership`, `_moves`, `_static_topics`, the
-metadata log in `_log` and `_journal`, the RPC in `_rpc`); `Controller` only sequences, commits
+metadata log in `_log` and `_journal`, the RPC in `_rpc_wire`, `_rpc_client` and `_rpc_server`); `Controller` only sequences, commits
 and publishes (docs/control-plane.md). Only this package imports its private modules
 (import-linter: .importlinter). What a process hosting a controller needs from the rest of
 TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hosting`.
@@ -36,6 +36,7 @@ from tidalmq_controller._errors import (
     InternalTopic,
     InvalidReplicaAssignment,
     NoBrokers,
+    StaticTopicError,
     TopicAlreadyExists,
     UnknownTopic,
 )
@@ -48,13 +49,13 @@ from tidalmq_controller._log import (
 )
 from tidalmq_controller._membership import Heartbeat, HeartbeatReply
 from tidalmq_controller._moves import MoveStatus
-from tidalmq_controller._rpc import (
+from tidalmq_controller._rpc_client import (
     ControllerClient,
-    ControllerServer,
     HttpControllerClient,
     LocalControllerClient,
-    report_doc,
 )
+from tidalmq_controller._rpc_server import ControllerServer
+from tidalmq_controller._rpc_wire import report_doc
 from tidalmq_controller._scram_credentials import (
     BootstrapUser,
     ScramAlterResult,
@@ -63,7 +64,6 @@ from tidalmq_controller._scram_credentials import (
     parse_bootstrap,
 )
 from tidalmq_controller._settings import ControllerSettings
-from tidalmq_controller._static_topics import StaticTopicError
 from tidalmq_controller._topics import NewTopic, TopicResult
 
 __all__ = [

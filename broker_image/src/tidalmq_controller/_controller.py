@@ -1,13 +1,15 @@
 """The controller: the single writer of cluster metadata, split by concern.
 
 Each concern has its manager, which owns its state and turns decisions into metadata records
-(tidalmq_core.records): membership and leases (_membership.py), topics and configs
-(_topics.py), partitions and moves (_leadership.py), producer ids (here: one counter), static
-topics (_static_topics.py). This class only sequences: it validates a request with the manager
+(tidalmq_core.records): membership and leases (_membership.py), brokers registering, reporting,
+draining, leaving and being fenced (_broker_lifecycle.py), topics and configs (_topics.py),
+partitions and moves (_leadership.py), data loss and the store's identity (_data_loss.py),
+producer ids (here: one counter), static topics (_static_topics.py); requests waiting for new
+partitions to open are _open_waits.py's. This class only sequences: it validates a request with the manager
 that owns it, proposes the records to the journal (_journal.py: applied to the image at once,
 appended with everything else decided meanwhile as one batch), waits for the commit before it
-answers, and publishes committed batches to the brokers, each of which gets the batches after
-the version it holds (a snapshot only when it is too far behind).
+answers, and hands committed batches to the publisher (_publishing.py), which sends each broker
+the batches after the version it holds (a snapshot only when it is too far behind).
 
 Moves follow the move protocol (docs/control-plane.md): the target is recorded (queued: the source still serves); the move's
 wave asks the source to close (leader none); the source closes cleanly and reports it at the
@@ -26,7 +28,7 @@ be lost (see the stream-storage note). A broker's lease covers all its partition
 way to stop it acknowledging one partition against its will is to let the whole lease run out.
 
 Liveness never waits behind the rest: heartbeats are answered by `membership` on the liveness
-thread (_rpc.py); the event loop here runs bounded steps (a wave starts at most
+thread (_rpc_server.py); the event loop here runs bounded steps (a wave starts at most
 `max_moves_per_step` moves) and never walks the cluster: the indexes of `leadership` are kept
 from the records' deltas.
 
@@ -36,6 +38,12 @@ check (is the next version of the log still free?) within a heartbeat interval, 
 lease once its role was not confirmed within the role window. Partitions without a leader are
 elected level-based: a restarted controller elects them once the leases its predecessor may have
 granted have run out (the restart guard).
+
+This module owns: the controller's lifecycle (start, stop), its loop (`_step`: one bounded round
+of decisions per wake-up), the role check, and the admin requests that are one validation and
+one commit (topics, configs, SCRAM credentials, ACLs, producer ids, reassignments, rebalance);
+its public methods for brokers and data loss delegate to their managers. Must not touch: a
+manager's state directly (ask the manager), or the metadata other than through the journal.
 """
 
 from __future__ import annotations
@@ -45,23 +53,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from prometheus_client import Counter, Gauge
-from tidalmq_broker.storage.api import StorageError
-from tidalmq_broker.storage.identity import (
-    MISSING,
-    StoreIdentity,
-    identity_problem,
-    read_identity,
-    write_identity,
-)
+from prometheus_client import Counter
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.balance import Plan
 from tidalmq_core.metadata import (
-    OFFSETS_TOPIC,
     TXN_STATE_TOPIC,
     BrokerInfo,
     ClusterMetadata,
@@ -80,19 +78,17 @@ from tidalmq_core.reassignment import (
 from tidalmq_core.records import (
     MetadataDelta,
     Record,
-    broker_record,
-    broker_removed_record,
     broker_state_record,
     cluster_record,
     epoch_record,
     marker_record,
-    partition_record,
     producer_ids_record,
 )
-from tidalmq_core.static_mapping import is_physical_topic
 
 from tidalmq_controller import _acls as acls
 from tidalmq_controller import _scram_credentials as scram_credentials
+from tidalmq_controller._broker_lifecycle import BrokerLifecycle
+from tidalmq_controller._data_loss import AcceptedLoss, DataLossManager
 from tidalmq_controller._errors import (
     ControllerError,
     ControllerFenced,
@@ -114,6 +110,8 @@ from tidalmq_controller._membership import (
     Membership,
 )
 from tidalmq_controller._moves import MoveStatus, MoveTracker
+from tidalmq_controller._open_waits import OpenWaits
+from tidalmq_controller._publishing import BrokerChannel, MetadataPublisher
 from tidalmq_controller._scoped import scoped_records
 from tidalmq_controller._settings import ControllerSettings
 from tidalmq_controller._static_topics import StaticTopicManager
@@ -142,51 +140,10 @@ log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK = 1000
 
-LOST_PARTITIONS = Gauge(
-    "tidalmq_controller_lost_partitions",
-    "Partitions whose data a broker found missing and whose loss nobody accepted yet",
-)
 BROKERS_DECLARED_DEAD = Counter(
     "tidalmq_controller_brokers_declared_dead_total",
     "Brokers the controller declared dead (session timed out, or killed) and failed over",
 )
-STORE_LOST = Gauge(
-    "tidalmq_controller_store_lost",
-    "1 while the object store's identity marker is missing or names another cluster",
-)
-PUSHES = Counter(
-    "tidalmq_controller_metadata_pushes_total", "Metadata updates sent to brokers", ["kind"]
-)
-
-
-@dataclass(frozen=True, slots=True)
-class AcceptedLoss:
-    partition: int
-    continues_at: int
-    loss: DataLoss | None
-
-    @property
-    def given_up(self) -> int:
-        return self.loss.missing_offsets if self.loss is not None else 0
-
-
-class _OpenWaiter:
-    """A CreateTopics waiting for its partitions to be open on their leaders."""
-
-    __slots__ = ("done", "pending")
-
-    def __init__(self, pending: set[TopicPartition]) -> None:
-        self.pending = pending
-        self.done = asyncio.Event()
-
-
-class BrokerChannel(Protocol):
-    """How the controller reaches one broker."""
-
-    async def push_update(self, base: int, snapshot: bytes | None, batches: list[Batch]) -> int:
-        """Send the batches after `base` (with a snapshot: the snapshot, then the batches after
-        it); returns the version the broker holds afterwards."""
-        ...
 
 
 class Controller:
@@ -223,13 +180,22 @@ class Controller:
         self.journal.add_applied_hook(self.leadership.on_applied)
         self.journal.add_listener(self._on_commit)
         self.static = StaticTopicManager(self, object_store)
-        self._channels: dict[int, BrokerChannel | None] = {}  # None: a protocol-1 broker
-        self._acked: dict[int, int] = {}  # broker -> the version it holds (pushes, heartbeats)
-        self._pushers: dict[int, asyncio.Task[None]] = {}
-        self._push_wake: dict[int, asyncio.Event] = {}
+        self.data_loss = DataLossManager(
+            object_store,
+            s,
+            self.journal,
+            self.leadership,
+            commit=self.commit,
+            emit=self._emit,
+            wake=self.wake,
+            spawn=self.spawn,
+            active=lambda: self._active,
+        )
+        self.publisher = MetadataPublisher(self.journal)
+        self.open_waits = OpenWaits(lambda: self.image, self.leadership, self.membership)
+        self.brokers = BrokerLifecycle(self)
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, end) of the reserved block
         self._wake = asyncio.Event()
-        self._open_waiters: list[_OpenWaiter] = []  # CreateTopics waiting for their opens
         self._loop_task: asyncio.Task[None] | None = None
         self._role_task: asyncio.Task[None] | None = None
         self._identity_task: asyncio.Task[None] | None = None
@@ -238,9 +204,7 @@ class Controller:
         self._replaced = False
         self._events: list[Callable[[str, str, dict[str, Any]], None]] = []
         self._commit_listeners: list[Callable[[ClusterMetadata, MetadataDelta], None]] = []
-        self._store_problem: str | None = None
         self._started_at = 0.0
-        self._failover_held = False  # hold_failover(): every broker is being stopped
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -259,7 +223,7 @@ class Controller:
         if new:
             log.info("creating new cluster %s", image.cluster_id)
         self.leadership.rebuild()
-        marker = await self._first_identity_check(image, new)
+        marker = await self.data_loss.first_identity_check(image, new)
         epoch = image.controller_epoch + 1
         try:
             await self.log_store.claim(epoch)
@@ -307,7 +271,9 @@ class Controller:
         self._loop_task = asyncio.create_task(self._run(), name="controller loop")
         self._role_task = asyncio.create_task(self._role_loop(), name="controller role check")
         if self._object_store is not None:
-            self._identity_task = asyncio.create_task(self._identity_loop(), name="store identity")
+            self._identity_task = asyncio.create_task(
+                self.data_loss.identity_loop(), name="store identity"
+            )
 
     async def stop(self) -> None:
         if self._active and not self.journal.deposed:
@@ -322,8 +288,7 @@ class Controller:
                 task.cancel()
         await self.static.stop()
         self.topics.stop()
-        for pusher in self._pushers.values():
-            pusher.cancel()
+        self.publisher.stop()
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -367,11 +332,16 @@ class Controller:
     def placeable_brokers(self) -> list[int]:
         return sorted(b for b, info in self.image.brokers.items() if info.state == "alive")
 
-    def _require_active(self) -> None:
+    @property
+    def active(self) -> bool:
+        """The active controller: started, not stopped, not deposed."""
+        return self._active
+
+    def require_active(self) -> None:
         if not self._active:
             raise ControllerFenced("not the active controller (stopped, or replaced by another)")
 
-    async def _commit(self, records: list[Record]) -> int:
+    async def commit(self, records: list[Record]) -> int:
         """Propose records and wait until they are durable."""
         if not records:
             return self.journal.committed_version
@@ -380,7 +350,7 @@ class Controller:
         except Deposed as exc:
             raise ControllerFenced(str(exc)) from exc
 
-    def _propose(self, records: list[Record]) -> int:
+    def propose(self, records: list[Record]) -> int:
         if not records:
             return self.journal.committed_version
         try:
@@ -388,62 +358,10 @@ class Controller:
         except Deposed as exc:
             raise ControllerFenced(str(exc)) from exc
 
-    # ---------------------------------------------------------------- brokers
+    # ---------------------------------------------------------------- brokers: _broker_lifecycle.py
     async def register_broker(self, info: BrokerInfo, channel: BrokerChannel | None) -> int:
-        """A broker (re)joins; returns the committed version after its registration (it gets
-        the metadata up to there by a push, or by fetching). A new incarnation of a known
-        broker takes back its partitions with bumped epochs (fencing its previous
-        incarnation), once that incarnation's lease has certainly expired."""
-        self._require_active()
-        now = time.monotonic()
-        self._channels[info.broker_id] = channel
-        self._acked[info.broker_id] = -1
-        previous = self.membership.get(info.broker_id)
-        old = self.image.brokers.get(info.broker_id)
-        restarted = old is not None and old.incarnation != info.incarnation
-        not_before = now
-        if (
-            previous is not None
-            and previous.incarnation != info.incarnation
-            and not self.settings.embedded
-        ):
-            not_before = self.membership.lease_end(info.broker_id)
-        granted = now
-        if previous is not None and previous.incarnation == info.incarnation:
-            granted = max(now, previous.last_grant)  # its lease may run longer (inherited)
-        # A new incarnation of a draining broker drained and stopped without removing itself
-        # (killed after its preStop hook, or a rolling restart): it holds nothing and joins
-        # again. The same incarnation re-registering (a new controller) keeps draining.
-        joined = old is None or old.state == "dead" or (old.state == "draining" and restarted)
-        draining = old is not None and old.state == "draining" and not restarted
-        info.state = "draining" if draining else "alive"
-        self.membership.set(
-            info.broker_id, BrokerLiveness(info.incarnation, now, granted, known=True)
-        )
-        version = self._propose([broker_record(info)])
-        joining = self.leadership.on_join(info.broker_id, old is None or restarted, not_before, now)
-        version = max(version, self._propose(joining))
-        if OFFSETS_TOPIC not in self.image.topics:
-            _, created = self.topics.create(
-                [NewTopic(OFFSETS_TOPIC, self.settings.offsets_topic_partitions, internal=True)]
-            )
-            version = max(version, self._propose(created))
-        try:
-            await self.journal.committed(version)
-        except Deposed as exc:
-            raise ControllerFenced(str(exc)) from exc
-        self._emit(
-            "BrokerRegistered",
-            f"broker {info.broker_id} registered at {info.host}:{info.port}",
-            {"broker": info.broker_id, "incarnation": info.incarnation},
-        )
-        self._wake.set()  # static topics spread their logic queues onto the new broker
-        if joined and self.settings.auto_rebalance and len(self.placeable_brokers()) > 1:
-            # record the fair-share moves before answering, so whoever waits for the broker
-            # to join sees its partitions already on their way
-            await self._rebalance_quietly(f"broker {info.broker_id} joined")
-        self._wake.set()
-        return self.journal.committed_version
+        """A broker (re)joins; returns the committed version after its registration."""
+        return await self.brokers.register_broker(info, channel)
 
     async def heartbeat(
         self,
@@ -454,64 +372,18 @@ class Controller:
         high_watermarks: dict[TopicPartition, int] | None = None,
         floors: Floors | None = None,
     ) -> HeartbeatReply:
-        """A heartbeat with everything the broker has open (in-process callers and tests);
-        brokers over HTTP send changes only (`beat`)."""
-        return self.beat(
-            Heartbeat(
-                broker_id,
-                incarnation,
-                applied_version,
-                dict(open_partitions),
-                full=True,
-                hwm=dict(high_watermarks or {}),
-                floors=dict(floors or {}),
-            )
+        """A heartbeat with everything the broker has open (in-process callers and tests)."""
+        return await self.brokers.heartbeat(
+            broker_id, incarnation, applied_version, open_partitions, high_watermarks, floors
         )
 
     def beat(self, heartbeat: Heartbeat) -> HeartbeatReply:
         """Answer a heartbeat (from any thread)."""
-        if not self._active:
-            raise ControllerFenced("not the active controller (stopped, or replaced by another)")
-        return self.membership.heartbeat(heartbeat)
+        return self.brokers.beat(heartbeat)
 
     def partitions_reported(self, broker_id: int, reports: list[dict[str, Any]]) -> None:
-        """Brokers' reports of partitions closed, opened and lost, many at a time, in order:
-        a run of opens is looked at together (moves done, creations waited for) once."""
-        opened: set[TopicPartition] = set()
-        for r in reports:
-            tp = TopicPartition(r["topic"], int(r["partition"]))
-            epoch = int(r["epoch"])
-            hwm = r.get("high_watermark")
-            topic_id = r.get("topic_id")
-            kind = r["kind"]
-            if kind == "opened":
-                self._opened(
-                    broker_id,
-                    tp,
-                    epoch,
-                    topic_id,
-                    None if hwm is None else int(hwm),
-                    bool(r.get("stored", True)),
-                )
-                opened.add(tp)
-                continue
-            if opened:
-                self._observe_opened(broker_id, opened)
-                opened = set()
-            if kind == "closed":
-                self.partition_closed(
-                    broker_id,
-                    tp,
-                    epoch,
-                    topic_id=topic_id,
-                    high_watermark=None if hwm is None else int(hwm),
-                )
-            elif kind == "lost":
-                self._spawn(
-                    self.partition_lost_data(broker_id, tp, epoch, DataLoss.from_json(r["loss"]))
-                )
-        if opened:
-            self._observe_opened(broker_id, opened)
+        """Brokers' reports of partitions closed, opened and lost, many at a time, in order."""
+        self.brokers.partitions_reported(broker_id, reports)
 
     def partition_closed(
         self,
@@ -523,15 +395,9 @@ class Controller:
         high_watermark: int | None = None,
     ) -> None:
         """The source closed the partition cleanly (the fast path of a move)."""
-        if topic_id is not None and high_watermark is not None:
-            self.leadership.report_floor(tp, topic_id, high_watermark)
-        self.leadership.source_closed(broker_id, tp, epoch)
-        live = self.membership.get(broker_id)
-        if live is not None and live.open_partitions.get(tp) == epoch:
-            del live.open_partitions[tp]
-        if is_physical_topic(tp.topic):
-            self.static.partition_closed(broker_id, tp)
-        self._wake.set()
+        self.brokers.partition_closed(
+            broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark
+        )
 
     def partition_opened(
         self,
@@ -543,346 +409,68 @@ class Controller:
         high_watermark: int | None = None,
         stored: bool = True,
     ) -> None:
-        self._opened(broker_id, tp, epoch, topic_id, high_watermark, stored)
-        self._observe_opened(broker_id, {tp})
-
-    def _opened(
-        self,
-        broker_id: int,
-        tp: TopicPartition,
-        epoch: int,
-        topic_id: str | None,
-        high_watermark: int | None,
-        stored: bool,
-    ) -> None:
-        if stored:  # from now on its data must exist (a new one's checkpoint comes with its data)
-            self.leadership.report_opened(broker_id, tp, epoch, topic_id)
-        if topic_id is not None and high_watermark:
-            self.leadership.report_floor(tp, topic_id, high_watermark)
-        live = self.membership.get(broker_id)
-        if live is not None:
-            live.open_partitions[tp] = epoch
-        if is_physical_topic(tp.topic):
-            self.static.partition_opened(broker_id, tp)
-
-    def _observe_opened(self, broker_id: int, opened: set[TopicPartition]) -> None:
-        """Partitions the broker reported open: the moves they finish, the creations waiting."""
-        for waiter in self._open_waiters:
-            for tp in opened & waiter.pending:
-                if self._open_at_epoch(tp):
-                    waiter.pending.discard(tp)
-            if not waiter.pending:
-                waiter.done.set()
-        self.leadership.observe({broker_id: opened}, time.time())
-        self._wake.set()
-
-    # ---------------------------------------------------------------- data loss ([O2])
-    @property
-    def store_problem(self) -> str | None:
-        """Why the object store must not be used (its identity marker is missing, or names
-        another cluster), or None."""
-        return self._store_problem
-
-    def lost_partitions(self, topic: str | None = None) -> dict[TopicPartition, DataLoss]:
-        """Partitions whose data a broker found missing, not accepted yet."""
-        out: dict[TopicPartition, DataLoss] = {}
-        for tp in sorted(self.leadership.lost):
-            if topic is not None and tp.topic != topic:
-                continue
-            part = self.leadership.partition(tp)
-            if part is not None and part.lost is not None:
-                out[tp] = part.lost
-        return out
-
-    async def partition_lost_data(
-        self, broker_id: int, tp: TopicPartition, epoch: int, loss: DataLoss
-    ) -> None:
-        """A broker found the partition's data missing. Recorded (the partition stays where it
-        is: moving it would not bring the data back) until someone accepts the loss."""
-        part = self.leadership.partition(tp)
-        if part is None or part.leader != broker_id or part.leader_epoch != epoch:
-            log.info(
-                "ignoring a stale data-loss report of %s at epoch %d from broker %d",
-                tp,
-                epoch,
-                broker_id,
-            )
-            return
-        if part.lost is not None:
-            return  # known
-        await self._commit(self.leadership.lost_records(tp, loss))
-        LOST_PARTITIONS.set(len(self.leadership.lost))
-        log.warning(
-            "%s: DATA LOST (broker %d: %s): acknowledged up to offset %d, the store holds up to "
-            "%d, %d offsets missing; `tidalmq recover --accept-data-loss %s` continues without them",
-            tp,
-            broker_id,
-            loss.reason,
-            loss.expected_end,
-            loss.found_end,
-            loss.missing_offsets,
-            tp.topic,
+        self.brokers.partition_opened(
+            broker_id, tp, epoch, topic_id=topic_id, high_watermark=high_watermark, stored=stored
         )
-        self._emit(
-            "DataLost",
-            f"{tp}: data lost ({loss.reason}): expected offsets up to {loss.expected_end}, found "
-            f"{loss.found_end}, {loss.missing_offsets} missing",
-            {
-                "topic": tp.topic,
-                "partition": tp.partition,
-                "expected_end": loss.expected_end,
-                "found_end": loss.found_end,
-                "missing_offsets": loss.missing_offsets,
-                "broker": broker_id,
-                "warning": True,
-            },
-        )
-
-    async def accept_data_loss(self, topic: str, partitions: list[int] | None = None) -> list[int]:
-        """Like Kafka's unclean leader election, and explicit only: each lost partition of the
-        topic (those of `partitions`; all when None) continues at its end-offset floor (never
-        reusing an offset, so committed offsets and idempotent producers stay valid). Returns
-        the partitions recovered."""
-        return [a.partition for a in await self.accept_data_loss_detailed(topic, partitions)]
-
-    async def accept_data_loss_detailed(
-        self, topic: str, partitions: list[int] | None = None
-    ) -> list[AcceptedLoss]:
-        info = self.image.topics.get(topic)
-        if info is None:
-            raise UnknownTopic(f"topic {topic} does not exist")
-        problem = self._store_problem
-        rewrite_marker = problem is not None
-        if problem is not None and problem != MISSING:
-            raise ForeignStore(
-                f"{problem}: point the cluster at its own object store (accepting a data "
-                "loss would write into another cluster's store)"
-            )
-        wanted = None if partitions is None else set(partitions)
-        chosen: list[AcceptedLoss] = []
-        for i, part in enumerate(info.partitions):
-            if wanted is not None and i not in wanted:
-                continue
-            # with the marker gone the whole store was wiped: every created partition is
-            # lost, whether its broker could report it yet or not
-            if part.lost is None and not (rewrite_marker and part.created):
-                continue
-            start = part.end_offset_floor
-            if part.lost is not None:
-                start = max(start, part.lost.expected_end, part.lost.found_end)
-            chosen.append(AcceptedLoss(i, start, part.lost))
-        if not chosen:
-            return []
-        if rewrite_marker:
-            assert self._object_store is not None
-            await write_identity(self._object_store, self.image.cluster_id, replace=True)
-            log.warning(
-                "rewrote the object store's identity marker for cluster %s", self.image.cluster_id
-            )
-        records: list[Record] = []
-        for a in chosen:
-            part = info.partitions[a.partition]
-            changes: dict[str, Any] = {
-                "lost": None,
-                "accepted_from": a.continues_at,
-                "end_offset_floor": max(part.end_offset_floor, a.continues_at),
-            }
-            if not part.moving:
-                changes["leader_epoch"] = part.leader_epoch + 1  # its broker opens it again
-            records.append(partition_record(TopicPartition(topic, a.partition), **changes))
-        if rewrite_marker:
-            records.append(marker_record(True))
-        await self._commit(records)
-        LOST_PARTITIONS.set(len(self.leadership.lost))
-        if rewrite_marker:
-            self._set_store_problem(None)
-        for a in chosen:
-            tp = TopicPartition(topic, a.partition)
-            log.warning(
-                "%s: data loss accepted: continues at offset %d (%d offsets given up)",
-                tp,
-                a.continues_at,
-                a.given_up,
-            )
-            self._emit(
-                "DataLossAccepted",
-                f"{tp}: data loss accepted; continues at offset {a.continues_at}, "
-                f"{a.given_up} offsets given up",
-                {
-                    "topic": topic,
-                    "partition": a.partition,
-                    "continues_at": a.continues_at,
-                    "given_up": a.given_up,
-                    "warning": True,
-                },
-            )
-        self._wake.set()
-        return chosen
-
-    async def _first_identity_check(self, meta: ClusterMetadata, new: bool) -> bool:
-        """At start: write the store's identity marker for a new cluster (or, once, for one
-        whose metadata predates the marker), else read it. True when the store holds our
-        marker (the metadata then records `store_marker`)."""
-        if self._object_store is None:
-            return False
-        found: StoreIdentity | None
-        try:
-            if new or not meta.store_marker:
-                found = await write_identity(self._object_store, meta.cluster_id)
-            else:
-                found = await read_identity(self._object_store)
-        except (StorageError, OSError) as exc:
-            log.warning(
-                "could not check the object store's identity marker (%s); checking again in %.0fs",
-                exc,
-                self.settings.identity_check_interval_s,
-            )
-            return meta.store_marker
-        self._set_store_problem(identity_problem(found, meta.cluster_id, meta.store_marker))
-        return found is not None and found.cluster_id == meta.cluster_id
-
-    async def _identity_loop(self) -> None:
-        while self._active:
-            await asyncio.sleep(self.settings.identity_check_interval_s)
-            try:
-                await self.check_identity()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("object store identity check failed: %s", exc)
-
-    async def check_identity(self) -> str | None:
-        """Read the store's identity marker and compare it with the metadata; returns (and
-        records) the problem, None when the store is ours."""
-        if self._object_store is None or not self._active:
-            return self._store_problem
-        meta = self.image
-        try:
-            found = await read_identity(self._object_store)
-        except (StorageError, OSError) as exc:
-            log.debug("identity check: store unavailable: %s", exc)
-            return self._store_problem  # an unreachable store is not a wiped one
-        if found is None and not meta.store_marker:  # an upgrade whose first write failed
-            found = await write_identity(self._object_store, meta.cluster_id)
-            if found.cluster_id == meta.cluster_id:
-                await self._commit([marker_record(True)])
-        problem = identity_problem(found, meta.cluster_id, self.image.store_marker)
-        self._set_store_problem(problem)
-        return problem
-
-    def _set_store_problem(self, problem: str | None) -> None:
-        if problem == self._store_problem:
-            return
-        self._store_problem = problem
-        STORE_LOST.set(0 if problem is None else 1)
-        if problem is not None:
-            log.warning("OBJECT STORE LOST: %s; nothing is written into it", problem)
-            self._emit(
-                "StoreLost", f"object store lost: {problem}", {"reason": problem, "warning": True}
-            )
-            if problem == MISSING:
-                # a wiped store: if the metadata log shares it, it went too; store what is
-                # committed again, so a restarted controller still knows what was there
-                self._spawn(self._store_metadata_again())
-        else:
-            log.warning("object store identity verified again")
-            self._emit("StoreRecovered", "object store identity verified again", {})
-
-    async def _store_metadata_again(self) -> None:
-        try:
-            version = await self.journal.write_snapshot(again=True)
-            log.warning(
-                "metadata snapshot at version %d stored again (the store was wiped)", version
-            )
-        except Exception as exc:
-            log.warning("could not store the metadata snapshot again: %s", exc)
-
-    def _is_current(self, broker_id: int, incarnation: str | None) -> bool:
-        """A request from an older incarnation of a broker (a pod deleted with grace period 0
-        whose replacement already registered) must not touch the new one."""
-        info = self.image.brokers.get(broker_id)
-        return info is not None and (incarnation is None or info.incarnation == incarnation)
 
     async def drain_broker(
         self, broker_id: int, *, timeout_s: float = 60.0, incarnation: str | None = None
     ) -> bool:
-        """Move every partition off a broker (scale-in, remove-broker, SIGTERM) and wait until
-        it leads none. The broker takes no new partitions meanwhile."""
-        self._require_active()
-        info = self.image.brokers.get(broker_id)
-        if info is None:
-            raise UnknownBroker(f"broker {broker_id} is not registered")
-        if not self._is_current(broker_id, incarnation):
-            log.info("ignoring a drain from an old incarnation of broker %d", broker_id)
-            return True
-        if info.state != "draining":
-            await self._commit([broker_state_record(broker_id, "draining")])
-        self._emit(
-            "BrokerDraining",
-            f"moving every partition off broker {broker_id}",
-            {"broker": broker_id},
+        """Move every partition off a broker and wait until it leads none."""
+        return await self.brokers.drain_broker(
+            broker_id, timeout_s=timeout_s, incarnation=incarnation
         )
-        await self.rebalance(reason=f"draining broker {broker_id}")
-        self._wake.set()  # static topics remap the broker's logic queues (next tick)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.leadership.led_by(broker_id):
-                return True
-            await asyncio.sleep(0.05)
-        return False
 
     async def remove_broker(self, broker_id: int, *, incarnation: str | None = None) -> None:
-        """Forget a broker that has stopped (after a drain). Partitions it still has are placed
-        elsewhere: at once when the broker itself says it stopped (its incarnation given), else
-        once its lease has certainly expired."""
-        self._require_active()
-        if broker_id not in self.image.brokers:
-            return
-        if not self._is_current(broker_id, incarnation):
-            log.info("ignoring a removal from an old incarnation of broker %d", broker_id)
-            return
-        now = time.monotonic()
-        not_before = now
-        if incarnation is None and broker_id in self.membership:
-            not_before = self.membership.lease_end(broker_id)
-        records = [broker_removed_record(broker_id)]
-        records += self.leadership.failover(
-            [broker_id], defer_until=not_before, now=now, reason=f"broker {broker_id} removed"
-        )
-        if not_before > now:  # its moves too: it may still acknowledge
-            self.leadership.defer_moves_from(broker_id, not_before)
-        self.membership.forget(broker_id)
-        self._channels.pop(broker_id, None)
-        self._acked.pop(broker_id, None)
-        await self._commit(records)
-        self._emit("BrokerRemoved", f"broker {broker_id} removed", {"broker": broker_id})
-        self._wake.set()
+        """Forget a broker that has stopped (after a drain)."""
+        await self.brokers.remove_broker(broker_id, incarnation=incarnation)
 
     def expect_brokers(self, broker_ids: Iterable[int], within_s: float) -> None:
-        """Known brokers that are starting again right now (the local cluster starts its own
-        processes after the controller): not declared dead, and so not failed over and then
-        rebalanced, before `within_s` from now. Only the dead declaration waits: the leases
-        of their earlier incarnations count as before."""
-        until = time.monotonic() + within_s - self.settings.session_timeout_s
-        with self.membership.lock:
-            for broker_id in broker_ids:
-                live = self.membership.get(broker_id)
-                if live is not None:
-                    live.last_heartbeat = max(live.last_heartbeat, until)
+        """Known brokers starting again right now: not declared dead before `within_s`."""
+        self.brokers.expect_brokers(broker_ids, within_s)
 
     def hold_failover(self) -> None:
-        """The hosting process is stopping every broker at once (the local cluster's Ctrl-C):
-        from now on no broker is declared dead for its silence. A broker that closed its
-        partitions and exited first is not failed over onto the ones still closing; every
-        broker stays registered as it was, so the next start finds the assignment unchanged
-        (no dead broker, no moves). For the rest of this controller's life: it is stopping."""
-        self._failover_held = True
+        """The hosting process is stopping every broker at once: none is declared dead."""
+        self.brokers.hold_failover()
 
     def has_heartbeated(self, broker_id: int) -> bool:
-        """The broker's registration was answered and it heartbeats since: the moves of its
-        join rebalance (recorded before that answer) are visible to whoever waits for it."""
-        live = self.membership.get(broker_id)
-        return live is not None and live.applied_version >= 0
+        return self.brokers.has_heartbeated(broker_id)
+
+    def fence_broker(self, broker_id: int, reason: str) -> None:
+        """Stop renewing a broker's lease (it gives up its partitions and re-registers)."""
+        self.brokers.fence_broker(broker_id, reason)
+
+    # ---------------------------------------------------------------- data loss ([O2]): _data_loss.py
+    @property
+    def store_problem(self) -> str | None:
+        """Why the object store must not be used (its identity marker is missing, or names
+        another cluster), or None."""
+        return self.data_loss.store_problem
+
+    def lost_partitions(self, topic: str | None = None) -> dict[TopicPartition, DataLoss]:
+        """Partitions whose data a broker found missing, not accepted yet."""
+        return self.data_loss.lost_partitions(topic)
+
+    async def partition_lost_data(
+        self, broker_id: int, tp: TopicPartition, epoch: int, loss: DataLoss
+    ) -> None:
+        """A broker found the partition's data missing (recorded until the loss is accepted)."""
+        await self.data_loss.partition_lost_data(broker_id, tp, epoch, loss)
+
+    async def accept_data_loss(self, topic: str, partitions: list[int] | None = None) -> list[int]:
+        """Each lost partition of the topic (those of `partitions`; all when None) continues at
+        its end-offset floor; returns the partitions recovered."""
+        return await self.data_loss.accept_data_loss(topic, partitions)
+
+    async def accept_data_loss_detailed(
+        self, topic: str, partitions: list[int] | None = None
+    ) -> list[AcceptedLoss]:
+        return await self.data_loss.accept_data_loss_detailed(topic, partitions)
+
+    async def check_identity(self) -> str | None:
+        """Read the store's identity marker and compare it with the metadata; returns (and
+        records) the problem, None when the store is ours."""
+        return await self.data_loss.check_identity()
 
     # ---------------------------------------------------------------- topics
     async def create_topics(
@@ -891,58 +479,20 @@ class Controller:
         """Create topics. With wait_s > 0, return once every new partition is open on its
         broker (or after wait_s): a client that produces right after creating gets no
         LEADER_NOT_AVAILABLE."""
-        self._require_active()
+        self.require_active()
         results, records = self.topics.create(list(topics))
         if validate_only or not records:
             return results
-        await self._commit(records)
+        await self.commit(records)
         created = [r.name for r in results if r.error is None]
-        await self._wait_open(created, wait_s)
+        await self.open_waits.wait(created, wait_s)
         return results
 
-    async def _wait_open(self, topics: list[str], wait_s: float, first_partition: int = 0) -> bool:
-        """Until the leaders of these topics' partitions report them open at their epoch. The
-        reports strike partitions off (O(reported)); every pending partition is checked in full
-        once a second only (an open known from a heartbeat's full report, a leader changed by
-        a move), not every few milliseconds: 6,000 of them took a third of a busy controller's
-        time."""
-        deadline = time.monotonic() + wait_s
-        pending = {
-            TopicPartition(name, i)
-            for name in topics
-            if name in self.image.topics
-            for i in range(first_partition, len(self.image.topics[name].partitions))
-        }
-        # reports that came while the records were being committed (the image had them
-        # already) struck nothing off: look once now, O(new partitions), rather than leave
-        # them to the check once a second
-        waiter = _OpenWaiter({tp for tp in pending if not self._open_at_epoch(tp)})
-        if not waiter.pending:
-            return True
-        self._open_waiters.append(waiter)
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter.done.wait(), min(remaining, 1.0))
-                waiter.pending = {tp for tp in waiter.pending if not self._open_at_epoch(tp)}
-                if not waiter.pending:
-                    return True
-        finally:
-            self._open_waiters.remove(waiter)
-
-    def _open_at_epoch(self, tp: TopicPartition) -> bool:
-        """The partition's leader reported it open at its current epoch (or it is gone)."""
-        part = self.leadership.partition(tp)
-        return part is None or self.membership.is_open(part.leader, tp, part.leader_epoch)
-
     async def delete_topics(self, names: Iterable[str]) -> list[TopicResult]:
-        self._require_active()
+        self.require_active()
         results, records, doomed = self.topics.delete(list(names))
         if records:
-            await self._commit(records)
+            await self.commit(records)
             for name in doomed:
                 self.static.forget(name)
                 for status in self.leadership.moves.active():
@@ -959,20 +509,20 @@ class Controller:
         assignment: list[int] | None = None,
     ) -> TopicResult:
         """Grow a topic to `total` partitions; `assignment` names the broker of each new one."""
-        self._require_active()
+        self.require_active()
         result, records = self.topics.grow(name, total, assignment)
         if not validate_only and records:
-            await self._commit(records)
+            await self.commit(records)
         return result
 
     async def alter_topic_configs(
         self, name: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
     ) -> TopicResult:
         """Set (value) or delete (None) config overrides. Non-incremental replaces all."""
-        self._require_active()
+        self.require_active()
         result, records = self.topics.alter_configs(name, changes, incremental=incremental)
         if not validate_only and records:
-            await self._commit(records)
+            await self.commit(records)
         return result
 
     async def alter_broker_configs(
@@ -980,13 +530,13 @@ class Controller:
     ) -> Exception | None:
         """Set (value) or delete (None) dynamic broker configs of one broker (its id as a
         string) or of the cluster default (""). Non-incremental replaces the scope's configs."""
-        self._require_active()
+        self.require_active()
         try:
             records = self.topics.alter_broker_configs(scope, changes, incremental=incremental)
         except ValueError as exc:
             return exc
         if not validate_only:
-            await self._commit(records)
+            await self.commit(records)
         return None
 
     # ---------------------------------------------------------------- SCRAM credentials
@@ -997,18 +547,18 @@ class Controller:
     ) -> tuple[list[scram_credentials.ScramAlterResult], int]:
         """AlterUserScramCredentials (scram_credentials.py): the results and the version that
         holds the changes once committed."""
-        self._require_active()
+        self.require_active()
         results, records = scram_credentials.alter(self.image, deletions, upsertions)
-        return results, await self._commit(records)
+        return results, await self.commit(records)
 
     async def bootstrap_scram_credentials(
         self, users: list[scram_credentials.BootstrapUser]
     ) -> list[str]:
         """Create the bootstrap users that lack their credential; returns `user:MECHANISM` of
         those created."""
-        self._require_active()
+        self.require_active()
         records = scram_credentials.bootstrap(self.image, users)
-        await self._commit(records)
+        await self.commit(records)
         return [f"{r['user']}:{r['mech']}" for r in records]
 
     # ---------------------------------------------------------------- ACLs
@@ -1017,49 +567,49 @@ class Controller:
     ) -> tuple[list[acls.AclCreateResult], int]:
         """CreateAcls (_acls.py): one result per binding and the version that holds the new
         ones once committed. Raises ControllerError for a request over Kafka's record limit."""
-        self._require_active()
+        self.require_active()
         try:
             results, records = acls.create(self.image, bindings)
         except acls.TooManyAcls as exc:
             raise ControllerError(str(exc)) from exc
-        return results, await self._commit(records)
+        return results, await self.commit(records)
 
     async def delete_acls(
         self, filters: list[AclBindingFilter]
     ) -> tuple[list[acls.AclDeleteResult], int]:
         """DeleteAcls (_acls.py): one result per filter (the bindings it matched) and the
         version without them once committed."""
-        self._require_active()
+        self.require_active()
         try:
             results, records = acls.delete(self.image, filters)
         except acls.TooManyAcls as exc:
             raise ControllerError(str(exc)) from exc
-        return results, await self._commit(records)
+        return results, await self.commit(records)
 
     # ---------------------------------------------------------------- producer ids
     async def ensure_transaction_state_topic(self, wait_s: float = 0.0) -> None:
         """Create `__transaction_state` if it does not exist (Kafka creates it on the first
         FindCoordinator or InitProducerId naming a transactional id). Clients cannot create,
         delete or alter it: it is internal."""
-        self._require_active()
+        self.require_active()
         if TXN_STATE_TOPIC in self.image.topics:
             return
         _, created = self.topics.create(
             [NewTopic(TXN_STATE_TOPIC, self.settings.transaction_state_partitions, internal=True)]
         )
         if created:
-            await self._commit(created)
-            await self._wait_open([TXN_STATE_TOPIC], wait_s)
+            await self.commit(created)
+            await self.open_waits.wait([TXN_STATE_TOPIC], wait_s)
 
     async def allocate_producer_id(self) -> int:
         """A cluster-unique producer id. Blocks of ids are reserved in the metadata so no id
         is handed out twice across controller restarts."""
-        self._require_active()
+        self.require_active()
         nxt, end = self._producer_ids
         if nxt >= end:
             start = self.image.next_producer_id
             self._producer_ids = (start, start + PRODUCER_ID_BLOCK)  # claimed before the await
-            await self._commit([producer_ids_record(start + PRODUCER_ID_BLOCK)])
+            await self.commit([producer_ids_record(start + PRODUCER_ID_BLOCK)])
             nxt, end = self._producer_ids
         self._producer_ids = (nxt + 1, end)
         return nxt
@@ -1071,7 +621,7 @@ class Controller:
         """Start (target set) or cancel (target None) moves. Per-partition errors, as Kafka's
         AlterPartitionReassignments reports them; a plan naming an unknown topic, partition or
         broker changes nothing for that entry."""
-        self._require_active()
+        self.require_active()
         results: dict[TopicPartition, Exception | None] = {}
         meta = self.image
         valid: list[PlanEntry] = []
@@ -1096,7 +646,7 @@ class Controller:
                 results[entry.tp] = exc
         if valid:
             now_ms = int(time.time() * 1000)
-            await self._commit(self.leadership.queue(valid, reason="requested", now_ms=now_ms))
+            await self.commit(self.leadership.queue(valid, reason="requested", now_ms=now_ms))
             self._wake.set()
         return results
 
@@ -1117,14 +667,14 @@ class Controller:
         self, *, reason: str = "rebalance", dry_run: bool = False, topics: list[str] | None = None
     ) -> Plan[TopicPartition]:
         """Minimal-move count balance over the live (not draining) brokers."""
-        self._require_active()
+        self.require_active()
         if not self.placeable_brokers():
             raise NoBrokers("no live broker to balance onto")
         plan = await self.leadership.rebalance_plan(topics)
         if dry_run or not plan.moves:
             return plan
         entries = [PlanEntry(m.partition, m.target) for m in plan.moves]
-        await self._commit(
+        await self.commit(
             self.leadership.queue(entries, reason=reason, now_ms=int(time.time() * 1000))
         )
         log.info("%s: moving %d partitions", reason, len(plan.moves))
@@ -1135,12 +685,6 @@ class Controller:
         )
         self._wake.set()
         return plan
-
-    async def _rebalance_quietly(self, reason: str) -> None:
-        try:
-            await self.rebalance(reason=reason)
-        except Exception:
-            log.exception("automatic rebalance failed (%s)", reason)
 
     def leaders_per_broker(self) -> dict[int, int]:
         """Partitions each broker leads (NO_LEADER: none), without a walk of the cluster."""
@@ -1218,7 +762,7 @@ class Controller:
                 lead.report_floor(tp, topic_id, hwm)
             live = self.membership.get(broker_id)
             if live is not None:
-                self._acked[broker_id] = max(self._acked.get(broker_id, -1), live.applied_version)
+                self.publisher.holds(broker_id, live.applied_version)
         if opened:
             lead.observe(opened, wall)
         # 1. failover: brokers silent past the session timeout (none while every broker is
@@ -1226,7 +770,7 @@ class Controller:
         dead = [
             b
             for b in self.membership.silent(now, self.settings.session_timeout_s)
-            if self._broker_state(b) not in (None, "dead") and not self._failover_held
+            if self._broker_state(b) not in (None, "dead") and not self.brokers.failover_held
         ]
         if dead:
             for b in dead:
@@ -1235,7 +779,7 @@ class Controller:
                 self._emit("BrokerDead", f"broker {b}: session timed out", {"broker": b})
                 records.append(broker_state_record(b, "dead"))
                 self.membership.forget(b)
-            self._propose(records)
+            self.propose(records)
             records = lead.failover(dead, defer_until=0.0, now=now, reason="session timed out")
         # 2. elections of moves whose source closed (or is fenced, or gone)
         elect, fence = lead.releases(now, wall)
@@ -1264,9 +808,9 @@ class Controller:
         # 6. first openings (from now on their data must exist) and acknowledged ends
         records += lead.reports_due(now, force=bool(records))
         if records:
-            self._propose(records)
+            self.propose(records)
         lead.check_openings()
-        if self._store_problem is not None:
+        if self.data_loss.store_problem is not None:
             return  # a wiped or foreign store: nothing below may write into it
         # 7. static topics: remaps, repairs, cleanup (each runs as its own task)
         self.static.tick()
@@ -1314,86 +858,25 @@ class Controller:
     # ---------------------------------------------------------------- publishing
     def _on_commit(self, batch: Batch, delta: MetadataDelta) -> None:
         self.membership.confirm_role(self.journal.last_commit_at)
-        for broker_id in list(self._channels):
-            self._kick_pusher(broker_id)
+        self.publisher.publish()
         if delta.partitions or delta.topics or delta.removed_topics:
-            LOST_PARTITIONS.set(len(self.leadership.lost))
+            self.data_loss.count_lost()
         for listener in self._commit_listeners:
             try:
                 listener(self.image, delta)
             except Exception:
                 log.exception("metadata commit listener failed")
 
-    def _kick_pusher(self, broker_id: int) -> None:
-        event = self._push_wake.setdefault(broker_id, asyncio.Event())
-        event.set()
-        pusher = self._pushers.get(broker_id)
-        if pusher is None or pusher.done():
-            self._pushers[broker_id] = asyncio.create_task(
-                self._pusher(broker_id), name=f"push to broker {broker_id}"
-            )
-
-    async def _pusher(self, broker_id: int) -> None:
-        """Send the broker what it misses, one update at a time, never waiting for it in the
-        controller's loop; heartbeats tell what it holds if a push was lost."""
-        event = self._push_wake[broker_id]
-        failures = 0
-        while True:
-            event.clear()
-            channel = self._channels.get(broker_id)
-            if channel is None:
-                return
-            have = self._acked.get(broker_id, -1)
-            committed = self.journal.committed_version
-            if have < committed:
-                batches = self.journal.batches_since(have) if have >= 0 else None
-                snapshot = None
-                base = have
-                if batches is None:
-                    snapshot = self.journal.snapshot_bytes
-                    base = self.journal.snapshot_version
-                    batches = self.journal.batches_since(base) or []
-                    PUSHES.labels("snapshot").inc()
-                else:
-                    PUSHES.labels("batches").inc()
-                try:
-                    got = await asyncio.wait_for(channel.push_update(base, snapshot, batches), 10)
-                    self._acked[broker_id] = got  # what it holds now (it refuses a wrong base)
-                    if got > have:
-                        failures = 0
-                        continue
-                    failures += 1  # no progress: it refused (or lost its state); not in a loop
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    failures += 1
-                    log.debug("metadata push to broker %d failed: %s", broker_id, exc)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(0.05 * 2**failures, 2.0)):
-                        await event.wait()
-                continue
-            await event.wait()
-
     def update_for(self, version: int) -> tuple[int, bytes | None, list[Batch]]:
         """What a broker at `version` needs: (base, snapshot or None, batches)."""
-        batches = self.journal.batches_since(version) if version >= 0 else None
-        if batches is not None:
-            return version, None, batches
-        base = self.journal.snapshot_version
-        return base, self.journal.snapshot_bytes, self.journal.batches_since(base) or []
+        return self.publisher.update_for(version)
 
     # ---------------------------------------------------------------- for static topics
     async def update(self, mutate: Callable[[ClusterMetadata], object]) -> int:
         """Commit a change written as a function of the image (it may touch topics and static
         topics only; nothing is committed if it raises); returns the committed version."""
         records = scoped_records(self.image, mutate)
-        return await self._commit(records)
-
-    def fence_broker(self, broker_id: int, reason: str) -> None:
-        """Stop renewing a broker's lease (it gives up its partitions and re-registers)."""
-        if self.membership.fence(broker_id, time.monotonic()):
-            log.warning("fencing broker %d: %s", broker_id, reason)
-            self._emit("BrokerFenced", f"broker {broker_id}: {reason}", {"broker": broker_id})
+        return await self.commit(records)
 
     def known_high_watermarks(self) -> dict[TopicPartition, int]:
         """Physical queues' high watermarks as the brokers last reported them."""
@@ -1416,7 +899,7 @@ class Controller:
             except Exception:
                 log.exception("event sink failed")
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 

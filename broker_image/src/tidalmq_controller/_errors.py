@@ -39,3 +39,7 @@ class InternalTopic(ControllerError):
     """An internal topic (`__consumer_offsets`, a static topic's physical queues) that no client
     may delete, grow or reconfigure, whatever its ACLs: the group coordinator finds a group's
     offsets by hashing its id over the offsets topic's partition count."""
+
+
+class StaticTopicError(Exception):
+    """A static-topic request the controller refuses; the message says why."""

@@ -1,6 +1,6 @@
 """Brokers and their leases: who is registered, who heartbeats, who may acknowledge writes.
 
-Liveness never waits: `heartbeat` runs on the controller's liveness thread (_rpc.py), apart from
+Liveness never waits: `heartbeat` runs on the controller's liveness thread (_rpc_server.py), apart from
 the event loop that commits, computes rebalances and pushes metadata, so a busy controller never
 declares a healthy broker dead. It touches only what is guarded by `lock`: the broker's
 timestamps and its inbox. What a heartbeat reports (partitions opened or closed since the last

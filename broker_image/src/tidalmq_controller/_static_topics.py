@@ -31,6 +31,14 @@ The controller never balances, drains or fails over physical queues like other p
 manager moves logic queues instead: off brokers that die (strict, sealed from object storage so
 every acknowledged record stays), drain or leave the topic's broker set, onto brokers that join
 (minimal moves), and to explicit targets (`remap`, StaticTopic `spec.remap`).
+
+This module owns: creating and updating static topics, the remap operation (C1-C3 above),
+repair, the automatic moves, pins and cleanup started from the controller's tick, and what the
+CLI and the operator read (`describe`, `remaps`). Beside it: _static_sealing.py (making a
+physical queue unwritable and sealing it), _static_view.py (the Kafka view and placement, pure
+functions), _static_topics_http.py (the routes). Must not touch: other topics' partitions and
+moves (leadership's), brokers' leases (it asks the controller to fence one), or the metadata
+outside one `update` of the controller.
 """
 
 from __future__ import annotations
@@ -47,9 +55,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
-from tidalmq_broker.storage.api import ObjectStoreUnavailable, PartitionFenced
 from tidalmq_broker.storage.objectstore.base import ObjectStore
-from tidalmq_broker.storage.sealed import SealResult, compact_sealed, seal_partition
 from tidalmq_broker.storage.topic_data import delete_partition_data
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
@@ -82,9 +88,17 @@ from tidalmq_core.topics import (
     validate_topic_name,
 )
 
-from tidalmq_controller._errors import NoBrokers, TopicAlreadyExists, UnknownTopic
+from tidalmq_controller._errors import NoBrokers, StaticTopicError, TopicAlreadyExists, UnknownTopic
 from tidalmq_controller._membership import BrokerLiveness, Membership
 from tidalmq_controller._settings import ControllerSettings
+from tidalmq_controller._static_sealing import QueueSealer
+from tidalmq_controller._static_view import (
+    copy_brokers,
+    new_physical_queue,
+    placeable_brokers,
+    sync_view,
+    view_drifted,
+)
 from tidalmq_controller._topics import TopicResult
 
 log = logging.getLogger(__name__)
@@ -100,9 +114,6 @@ REMAP_SECONDS = Histogram(
     ["mode"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
-SEALS = Counter(
-    "tidalmq_static_seals_total", "Physical queues sealed, by how", ["how"]
-)  # closed by its broker / recovered from the WAL of a dead or fenced broker
 JUMP = Counter(
     "tidalmq_static_logic_offsets_skipped_total",
     "Logic offsets skipped by availability-order remaps (the bounded jump)",
@@ -150,10 +161,6 @@ class StaticTopicsHost(Protocol):
     def emit(self, reason: str, message: str, fields: dict[str, Any]) -> None: ...
 
 
-class StaticTopicError(Exception):
-    """A static-topic request the controller refuses; the message says why."""
-
-
 @dataclass(slots=True)
 class RemapRecord:
     """One logic queue's remap, for status, the CLI and the benchmark."""
@@ -193,7 +200,7 @@ class StaticTopicManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        self._closed: dict[TopicPartition, asyncio.Event] = {}
+        self._sealer = QueueSealer(controller, store)
         self._awaiting_open: dict[TopicPartition, RemapRecord] = {}
         self._opened = asyncio.Condition()
         self._pins: dict[str, dict[int, tuple[int, str]]] = {}
@@ -209,14 +216,6 @@ class StaticTopicManager:
         self.last_error: dict[str, str] = {}
 
     # ------------------------------------------------------------------ helpers
-    def _require_store(self) -> ObjectStore:
-        if self._store is None:
-            raise StaticTopicError(
-                "static topics need the controller to reach the object store (set its storage "
-                "URL): it seals the physical queues of dead brokers there"
-            )
-        return self._store
-
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
@@ -226,47 +225,8 @@ class StaticTopicManager:
             raise UnknownTopic(f"static topic {name!r} does not exist")
         return st
 
-    @staticmethod
-    def _placeable(meta: ClusterMetadata, st: StaticTopicState) -> list[int]:
-        alive = [b for b, info in meta.brokers.items() if info.state == "alive"]
-        allowed = alive if st.brokers is None else [b for b in st.brokers if b in alive]
-        return sorted(allowed)
-
-    def _copy_brokers(self, meta: ClusterMetadata, st: StaticTopicState) -> list[int]:
-        """Brokers that keep a copy even when they host nothing (the epoch check sees them)."""
-        if st.brokers is not None:
-            return sorted(st.brokers)
-        return sorted(b for b, info in meta.brokers.items() if info.state != "dead")
-
-    @staticmethod
-    def _new_physical(phys: TopicInfo, broker: int) -> int:
-        phys.partitions.append(PartitionState(broker, 0, [broker]))
-        return len(phys.partitions) - 1
-
     # ------------------------------------------------------------------ the Kafka view
-    @staticmethod
-    def sync_view(meta: ClusterMetadata, name: str) -> None:
-        """Derive the Kafka view of static topic `name` (partition q led by the broker of its
-        writable physical queue, or by none while it switches) from the mapping and the
-        physical topic. A leader change bumps the partition's leader epoch."""
-        st = meta.static_topics[name]
-        topic = meta.topics[name]
-        phys = meta.topics[physical_topic_name(name)]
-        view = st.view()
-        while len(topic.partitions) < st.total_queues:
-            topic.partitions.append(PartitionState(NO_LEADER, 0, []))
-        for q in range(st.total_queues):
-            part = topic.partitions[q]
-            last = view.leader(q)
-            leader = NO_LEADER
-            writable = last is not None and not last.sealed and last.queue < len(phys.partitions)
-            if writable and phys.partitions[last.queue].leader == last.broker:  # type: ignore[union-attr]
-                leader = last.broker  # type: ignore[union-attr]
-            if leader != part.leader:
-                part.leader = leader
-                part.leader_epoch += 1
-            if last is not None:
-                part.replicas = [last.broker]
+    sync_view = staticmethod(sync_view)  # the operator's status tests derive views with it
 
     # ------------------------------------------------------------------ create / update
     async def create(
@@ -278,7 +238,7 @@ class StaticTopicManager:
         configs: dict[str, str | None] | None = None,
         jump: int | None = None,
     ) -> dict[str, Any]:
-        self._require_store()
+        self._sealer.require_store()
         validate_topic_name(name)
         validate_partition_count(total_queues)
         checked = validate_configs(dict(configs or {}), static=True)
@@ -430,7 +390,7 @@ class StaticTopicManager:
     ) -> list[RemapRecord]:
         """Move logic queues to other brokers (one operation); returns once every new physical
         queue is served (or `wait_open_s` passed)."""
-        self._require_store()
+        self._sealer.require_store()
         meta = self._c.metadata
         st = self._state(meta, name)
         for q, (b, mode) in moves.items():
@@ -470,7 +430,7 @@ class StaticTopicManager:
         now = _now_ms()
         for old in olds.values():
             assert old is not None
-            self._closed.pop(TopicPartition(phys_name, old.queue), None)
+            self._sealer.forget_closed(TopicPartition(phys_name, old.queue))
 
         def c1(m: ClusterMetadata) -> None:  # strict: block; available: switch new, block
             st = m.static_topics[name]
@@ -480,13 +440,13 @@ class StaticTopicManager:
                 assert old is not None
                 phys.partitions[old.queue].leader = NO_LEADER
                 if mode == "available":
-                    pid = self._new_physical(phys, b)
+                    pid = new_physical_queue(phys, b)
                     known = hwms.get(TopicPartition(phys_name, old.queue), old.start_offset)
                     switch_new(
                         st, q, b, pid, known_end=known, now_ms=now, target_epoch=target_epoch
                     )
                     self._expect_open(op.records[q], phys_name, pid)
-            self.sync_view(m, name)
+            sync_view(m, name)
 
         version = await self._c.update(c1)
         self._switched(op, "available")
@@ -496,7 +456,7 @@ class StaticTopicManager:
             {q: f"{olds[q].broker}->{b} {mode}" for q, (b, mode) in moves.items()},  # type: ignore[union-attr]
             op.reason,
         )
-        sealed = await self._seal_all(name, [old.queue for old in olds.values()], version)  # type: ignore[union-attr]
+        sealed = await self._sealer.seal_all(name, [old.queue for old in olds.values()], version)  # type: ignore[union-attr]
         for q in moves:
             old = olds[q]
             assert old is not None
@@ -534,7 +494,7 @@ class StaticTopicManager:
             phys = m.topics[phys_name]
 
             def allocate(q: int, broker: int) -> int:
-                pid = self._new_physical(phys, broker)
+                pid = new_physical_queue(phys, broker)
                 self._expect_open(op.records[q], phys_name, pid)
                 return pid
 
@@ -546,7 +506,7 @@ class StaticTopicManager:
                 allocate=allocate,
                 now_ms=now,
                 target_epoch=target_epoch,
-                copy_brokers=self._copy_brokers(m, st),
+                copy_brokers=copy_brokers(m, st),
             )
             after = st.view()
             for q in moves:
@@ -554,7 +514,7 @@ class StaticTopicManager:
                 prev = before.items(q)
                 if len(items) >= 2 and prev and not prev[-1].decided:
                     holes[q] = items[-1].logic_offset - items[-2].logic_end()
-            self.sync_view(m, name)
+            sync_view(m, name)
 
         await self._c.update(c3)
         for q, hole in holes.items():
@@ -571,7 +531,9 @@ class StaticTopicManager:
             )
         for old in olds.values():
             assert old is not None
-            self._spawn(self._compact(name, old.queue), f"compact sealed {phys_name}-{old.queue}")
+            self._spawn(
+                self._sealer.compact(name, old.queue), f"compact sealed {phys_name}-{old.queue}"
+            )
         self.last_error.pop(name, None)
 
     def _expect_open(self, rec: RemapRecord, phys_name: str, pid: int) -> None:
@@ -617,96 +579,7 @@ class StaticTopicManager:
         self._spawn(notify(), "static remap opened")
 
     def partition_closed(self, broker_id: int, tp: TopicPartition) -> None:
-        self._closed.setdefault(tp, asyncio.Event()).set()
-
-    # ------------------------------------------------------------------ sealing
-    async def _seal_all(self, name: str, queues: list[int], version: int) -> dict[int, SealResult]:
-        results = await asyncio.gather(*(self._seal(name, pid, version) for pid in queues))
-        return dict(zip(queues, results, strict=True))
-
-    async def _seal(self, name: str, pid: int, version: int) -> SealResult:
-        """Wait until nobody can write physical queue `pid` any more, then seal it. If its
-        checkpoint changes under the seal (its broker was still opening or closing it), wait
-        for that broker again and seal once more."""
-        phys_name = physical_topic_name(name)
-        tp = TopicPartition(phys_name, pid)
-        for attempt in range(20):
-            why = await self._until_unwritable(tp, version)
-            try:
-                result = await self._seal_once(tp)
-            except PartitionFenced as exc:
-                log.info("%s changed while sealing it (%s); waiting for its broker again", tp, exc)
-                self._closed.pop(tp, None)
-                await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
-                continue
-            log.info(
-                "%s sealed at offset %d (%s%s)",
-                tp,
-                result.end_offset,
-                why,
-                ", WAL tail replayed" if result.recovered else "",
-            )
-            SEALS.labels("recovered" if result.recovered else "closed").inc()
-            return result
-        raise StaticTopicError(f"{tp} kept changing while being sealed")
-
-    async def _until_unwritable(self, tp: TopicPartition, version: int) -> str:
-        """Until the physical queue's broker can no longer acknowledge a write to it: it closed
-        it (or never had it open at `version`), it is gone, or it was fenced and its lease ran
-        out (a broker that does not close it within the election timeout is fenced)."""
-        c = self._c
-        part = c.metadata.topics[tp.topic].partitions[tp.partition]
-        broker = part.replicas[0] if part.replicas else None
-        event = self._closed.setdefault(tp, asyncio.Event())
-        deadline = time.monotonic() + c.settings.election_timeout_s
-        while True:
-            info = c.metadata.brokers.get(broker) if broker is not None else None
-            live = c.broker_liveness().get(broker) if broker is not None else None
-            now = time.monotonic()
-            if info is None or info.state == "dead" or live is None:
-                return "its broker is gone"  # declared dead after the session timeout
-            if live.fenced_at is not None:
-                if now >= live.last_grant + c.settings.lease_s + c.settings.clock_margin_s:
-                    return "its broker was fenced and its lease ran out"
-            elif event.is_set() or (
-                live.applied_version >= version and tp not in live.open_partitions
-            ):
-                return "closed by its broker"
-            elif now > deadline:
-                c.fence_broker(broker, f"did not close physical queue {tp} in time")  # type: ignore[arg-type]
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.05):
-                    await event.wait()
-
-    async def _seal_once(self, tp: TopicPartition) -> SealResult:
-        store = self._require_store()
-        topic = self._c.metadata.topics[tp.topic]
-        part = topic.partitions[tp.partition]
-        delay = 0.1
-        for attempt in range(8):
-            try:
-                return await seal_partition(
-                    store, tp, topic.topic_id, min_epoch=part.leader_epoch + 1
-                )
-            except ObjectStoreUnavailable as exc:
-                if attempt == 7:
-                    raise
-                log.warning("sealing %s failed, retrying: %s", tp, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
-
-    async def _compact(self, name: str, pid: int) -> None:
-        store = self._store
-        topic = self._c.metadata.topics.get(physical_topic_name(name))
-        if store is None or topic is None:
-            return
-        segment_bytes = int(topic.config("segment.bytes") or 64 * 1024 * 1024)
-        tp = TopicPartition(topic.name, pid)
-        try:
-            await compact_sealed(store, tp, topic.topic_id, segment_bytes=segment_bytes)
-        except Exception as exc:
-            log.warning("compacting sealed %s failed (reads still work): %s", tp, exc)
+        self._sealer.closed(tp)
 
     # ------------------------------------------------------------------ repair
     async def repair(self, name: str) -> dict[str, Any]:
@@ -714,7 +587,7 @@ class StaticTopicManager:
         availability switch left open, give a successor to a sealed leader, fix undecided
         logic offsets, and rewrite every copy at one epoch above all of them. Misplaced copies
         are dropped."""
-        self._require_store()
+        self._sealer.require_store()
         async with self._lock(name):
             await self._repair_locked(name)
         return self.describe(name)
@@ -734,10 +607,10 @@ class StaticTopicManager:
             def block(m: ClusterMetadata) -> None:
                 for pid in to_seal:
                     m.topics[phys_name].partitions[pid].leader = NO_LEADER
-                self.sync_view(m, name)
+                sync_view(m, name)
 
             version = await self._c.update(block)
-            sealed = await self._seal_all(name, to_seal, version)
+            sealed = await self._sealer.seal_all(name, to_seal, version)
         else:
             sealed = {}
         ends = {pid: (r.end_offset, r.time_of_end) for pid, r in sealed.items()}
@@ -749,7 +622,7 @@ class StaticTopicManager:
             phys = m.topics[phys_name]
             for key in [k for k, c in st.copies.items() if c.bname != k]:
                 del st.copies[key]  # misplaced copies: dropped, the others rewritten
-            placeable[:] = self._placeable(m, st)
+            placeable[:] = placeable_brokers(m, st)
             targets = {}
             for q, last in pending_work(st.view())["reopen"]:
                 if last.broker not in placeable and placeable:
@@ -762,12 +635,12 @@ class StaticTopicManager:
                 st,
                 ends=ends,
                 targets=targets,
-                allocate=lambda q, b: self._new_physical(phys, b),
+                allocate=lambda q, b: new_physical_queue(phys, b),
                 now_ms=now,
                 target_epoch=target_epoch,
-                copy_brokers=self._copy_brokers(m, st),
+                copy_brokers=copy_brokers(m, st),
             )
-            self.sync_view(m, name)
+            sync_view(m, name)
 
         await self._c.update(finish_it)
         log.warning("static topic %s repaired: every copy at epoch %d", name, target_epoch)
@@ -801,14 +674,12 @@ class StaticTopicManager:
                 continue
             if self._reopen_leaderless(meta, name, view, now):
                 continue
-            if self._view_drifted(meta, name):
-                self._start(
-                    name, self._c.update(functools.partial(self.sync_view, name=name)), "view"
-                )
+            if view_drifted(meta, name):
+                self._start(name, self._c.update(functools.partial(sync_view, name=name)), "view")
                 continue
             moves, reason = self._wanted_moves(meta, name, st, view)
             if moves:
-                placeable = tuple(self._placeable(meta, st))
+                placeable = tuple(placeable_brokers(meta, st))
                 self._start(name, self._auto_op(name, moves, reason, placeable), reason)
                 continue
             if now - self._last_cleanup > self.cleanup_interval_s:
@@ -833,7 +704,7 @@ class StaticTopicManager:
     def _wanted_moves(
         self, meta: ClusterMetadata, name: str, st: StaticTopicState, view: MappingView
     ) -> tuple[dict[int, tuple[int, str]], str]:
-        placeable = self._placeable(meta, st)
+        placeable = placeable_brokers(meta, st)
         if not placeable:
             return {}, ""
         leaders = placement_of(view)
@@ -895,7 +766,7 @@ class StaticTopicManager:
                 part = m.topics[phys_name].partitions[pid]
                 part.leader = part.replicas[0]
                 part.leader_epoch += 1
-            self.sync_view(m, name)
+            sync_view(m, name)
 
         for pid in due:
             self._leaderless_since.pop(TopicPartition(phys_name, pid), None)
@@ -904,19 +775,6 @@ class StaticTopicManager:
         )
         self._start(name, self._c.update(mutate), "reopen")
         return True
-
-    def _view_drifted(self, meta: ClusterMetadata, name: str) -> bool:
-        """The Kafka view no longer matches the physical queues (the controller re-elected a
-        restarted broker's physical queue): re-derive it."""
-        probe = ClusterMetadata(meta.cluster_id)
-        for key in (name, physical_topic_name(name)):
-            if key not in meta.topics:
-                return False
-            probe.topics[key] = TopicInfo.from_json(meta.topics[key].to_json())
-        probe.static_topics[name] = meta.static_topics[name]
-        self.sync_view(probe, name)
-        before = [(p.leader, p.replicas) for p in meta.topics[name].partitions]
-        return before != [(p.leader, p.replicas) for p in probe.topics[name].partitions]
 
     async def _cleanup_locked(self, name: str) -> None:
         """The seed's cleanup of expired mapping items: delete the physical queues whose data
@@ -941,8 +799,8 @@ class StaticTopicManager:
         def drop(m: ClusterMetadata) -> None:
             st = m.static_topics[name]
             drop_items(st, doomed)
-            finish(st, copy_brokers=self._copy_brokers(m, st), target_epoch=view.epoch + 1)
-            self.sync_view(m, name)
+            finish(st, copy_brokers=copy_brokers(m, st), target_epoch=view.epoch + 1)
+            sync_view(m, name)
 
         await self._c.update(drop)  # unmapped first: no read can land on a deleted queue
         for _, item in doomed:

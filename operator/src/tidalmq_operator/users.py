@@ -39,6 +39,7 @@ from tidalmq_core.acls import (
     PermissionType,
     ResourceType,
 )
+from tidalmq_core.certs import new_ca, validity
 
 from tidalmq_operator.models import SpecError
 
@@ -315,43 +316,10 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def _validity(days: int) -> tuple[datetime.datetime, datetime.datetime]:
-    now = datetime.datetime.now(datetime.UTC)
-    return now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
-
-
 def new_clients_ca(common_name: str = "TidalMQ clients CA") -> KeyPair:
-    """The CA that signs the tls Users' certificates (ECDSA P-256, SHA-256)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    start, end = _validity(CA_DAYS)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return KeyPair(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
+    """The CA that signs the tls Users' certificates (ECDSA P-256, SHA-256; tidalmq_core.certs)."""
+    ca = new_ca(common_name, days=CA_DAYS)
+    return KeyPair(ca.key_pem(), ca.cert_pem())
 
 
 def issue_client_cert(ca: KeyPair, user: str, days: int = CERT_DAYS) -> KeyPair:
@@ -361,7 +329,7 @@ def issue_client_cert(ca: KeyPair, user: str, days: int = CERT_DAYS) -> KeyPair:
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     key = ec.generate_private_key(ec.SECP256R1())
-    start, end = _validity(days)
+    start, end = validity(days)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, user)]))

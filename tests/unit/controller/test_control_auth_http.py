@@ -25,7 +25,7 @@ from tidalmq_controller import (
     _control_auth,
 )
 from tidalmq_controller._log import MemoryMetadataLog
-from tidalmq_controller._rpc import PROTOCOL, ControlRefused
+from tidalmq_controller._rpc_wire import PROTOCOL, ControlRefused
 from tidalmq_core import updates
 from tidalmq_core.control_auth import BrokerCredentials, ControlAuth, broker_token
 from tidalmq_core.metadata import BrokerInfo

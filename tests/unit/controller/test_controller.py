@@ -107,7 +107,7 @@ async def test_create_topics_waits_for_each_partition_reported_open_at_its_epoch
     assert task.done(), "the last report did not end the wait at once"
     (result,) = task.result()
     assert result.error is None
-    assert controller._open_waiters == []  # nothing left behind
+    assert controller.open_waits.waiting == []  # nothing left behind
 
 
 async def test_create_topics_wait_also_sees_opens_from_full_heartbeats(
@@ -125,7 +125,7 @@ async def test_create_topics_wait_also_sees_opens_from_full_heartbeats(
     started = time.monotonic()
     await controller.create_topics([NewTopic("never", 2)], wait_s=0.3)
     assert 0.3 <= time.monotonic() - started < 1.5
-    assert controller._open_waiters == []  # nothing left behind
+    assert controller.open_waits.waiting == []  # nothing left behind
 
 
 async def test_move_records_target_then_elects_after_the_source_closes(

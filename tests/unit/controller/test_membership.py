@@ -239,7 +239,7 @@ async def test_heartbeats_are_answered_while_the_event_loop_is_blocked(
     replies: list[HeartbeatReply] = []
     stop = threading.Event()
 
-    def beats() -> None:  # the liveness thread's side (_rpc.py runs the same call there)
+    def beats() -> None:  # the liveness thread's side (_rpc_server.py runs the same call there)
         while not stop.is_set():
             started = time.perf_counter()
             replies.append(c.beat(Heartbeat(0, "a", 1, {tp: epoch}, full=True)))

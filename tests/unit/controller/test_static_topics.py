@@ -305,7 +305,7 @@ async def test_a_restarted_controller_repairs_on_its_own(env, monkeypatch) -> No
     async def never(*args: object, **kwargs: object) -> None:
         raise RuntimeError("controller died after switch new")
 
-    monkeypatch.setattr(c.static, "_seal_all", never)
+    monkeypatch.setattr(c.static._sealer, "seal_all", never)
     with pytest.raises(RuntimeError):
         await c.static.remap("orders", {0: (1, "available")})
     monkeypatch.undo()

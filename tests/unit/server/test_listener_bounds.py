@@ -24,13 +24,10 @@ from tidalmq_broker.protocol.codec import encode_request
 from tidalmq_broker.protocol.fastpath import EncodedBody, encode_fetch_response
 from tidalmq_broker.security import certs
 from tidalmq_broker.security.tls import TlsSettings, server_context
+from tidalmq_broker.server.connection import Connection
 from tidalmq_broker.server.framing import FrameProtocol
-from tidalmq_broker.server.listener import (
-    Connection,
-    KafkaListener,
-    ListenerEndpoint,
-    ListenerLimits,
-)
+from tidalmq_broker.server.listener import KafkaListener
+from tidalmq_broker.server.listener_config import ListenerEndpoint, ListenerLimits
 
 API_VERSIONS = encode_request(
     18, 3, 1, {"client_software_name": "t", "client_software_version": "1"}

@@ -25,7 +25,9 @@ from tidalmq_broker.security import certs
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.security.sasl import SaslConfig
 from tidalmq_broker.security.tls import TlsSettings, server_context
-from tidalmq_broker.server.listener import Connection, KafkaListener, ListenerEndpoint
+from tidalmq_broker.server.connection import Connection
+from tidalmq_broker.server.listener import KafkaListener
+from tidalmq_broker.server.listener_config import ListenerEndpoint
 from tidalmq_core import scram
 
 USERS = {("alice", "SCRAM-SHA-256"): scram.new_credential(scram.SCRAM_SHA_256, "alice-secret")}

@@ -36,7 +36,7 @@ from tidalmq_broker.security.authorizer import STANDARD_AUTHORIZER
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 TOPIC = 2
 BROKER = 4

@@ -7,7 +7,7 @@ Kafka answers), nor of a topic whose `cleanup.policy` lacks `delete` (POLICY_VIO
 
 A Fetch reads no more than its connection may still take (`Connection.response_room()`: what is
 left of the connection's cap on responses its client has not read, and of the broker's response
-budget, server/listener.py) and charges what it read to both. With no room it waits for room
+budget, server/connection.py) and charges what it read to both. With no room it waits for room
 within its max wait time (its client reads, or other responses leave the budget) and then
 answers with what fits, possibly nothing: ten consumers pipelining Fetch(50 MiB) without reading
 the answers took a broker to 18 GB; now they hold at most their caps. As Kafka does (KIP-74), a
@@ -35,7 +35,7 @@ from tidalmq_broker.storage.api import PartitionLog
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 EARLIEST = -2
 LATEST = -1

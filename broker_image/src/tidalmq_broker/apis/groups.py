@@ -27,7 +27,7 @@ from tidalmq_broker.transactions.state import TxnError
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 GROUP_KEY = 0
 CLASSIC_GROUP_TYPE = "classic"

@@ -22,7 +22,7 @@ from tidalmq_broker.settings import log_dir_name
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 UNKNOWN_VOLUME_BYTES = -1  # Kafka's value when a volume's size is not known (object storage)
 

@@ -38,7 +38,7 @@ from tidalmq_broker.server.ratelog import REQUEST_ERRORS, describe
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 log = logging.getLogger(__name__)
 _NULL_UUID = uuid.UUID(int=0)

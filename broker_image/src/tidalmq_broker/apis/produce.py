@@ -33,7 +33,7 @@ from tidalmq_broker.transactions.verification import produce_error
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 log = logging.getLogger(__name__)
 

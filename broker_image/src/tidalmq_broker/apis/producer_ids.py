@@ -28,7 +28,7 @@ from tidalmq_broker.transactions.state import TxnError
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 
 @api(22, "InitProducerId", 0, 5)

@@ -16,7 +16,7 @@ from tidalmq_broker.protocol.codec import Request
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 
 def _code(exc: Exception) -> ErrorCode:

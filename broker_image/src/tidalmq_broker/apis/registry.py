@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tidalmq_broker.protocol.codec import Request, schema_versions
 
 if TYPE_CHECKING:
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 Handler = Callable[[Any, Request, "Connection"], Awaitable[Any]]
 """(the broker serving the request, the request, its connection) -> the response body."""

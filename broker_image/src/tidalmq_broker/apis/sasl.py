@@ -18,7 +18,7 @@ from tidalmq_broker.security.sasl import SaslFailure, SaslStateError, log_failur
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 
 @api(17, "SaslHandshake", 0, 1)

@@ -31,7 +31,7 @@ from tidalmq_broker.protocol.codec import Request
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 # how long an alteration's answer waits for this broker to hold the committed change
 _APPLIED_WAIT_S = 5.0

@@ -32,7 +32,7 @@ from tidalmq_broker.transactions.state import TxnError, TxnMetadata, TxnState
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 _TXN = ResourceType.TRANSACTIONAL_ID
 MAX_PATTERN_CHARS = 1024  # ListTransactions v2's regular expression

@@ -21,7 +21,7 @@ from tidalmq_broker.transactions.marker_writes import answer, write_markers
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
-    from tidalmq_broker.server.listener import Connection
+    from tidalmq_broker.server.connection import Connection
 
 
 @api(27, "WriteTxnMarkers", 1, 2)

@@ -64,7 +64,7 @@ _HARDCODE = "hardcode"  # the name Kafka's authorizeByResourceType tries first
 
 
 class Client(Protocol):
-    """Who asks: a listener connection (server/listener.py's Connection)."""
+    """Who asks: a listener connection (server/connection.py's Connection)."""
 
     principal: str
     host: str

@@ -17,7 +17,7 @@ from tidalmq_broker.security.listeners import PLAINTEXT, Listeners, ListenerSpec
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.security.sasl import Credentials, SaslConfig, parse_mechanisms
 from tidalmq_broker.security.tls import CertificateReloader, TlsSettings
-from tidalmq_broker.server.listener import ListenerEndpoint
+from tidalmq_broker.server.listener_config import ListenerEndpoint
 from tidalmq_broker.settings import BrokerSettings
 
 

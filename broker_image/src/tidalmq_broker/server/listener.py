@@ -48,22 +48,26 @@ Bounds ([R1] item 2; docs/limits.md lists each with its default and why):
   broker-wide response budget (`queued_max_response_bytes`), which Fetch's room includes.
 A closed connection gives all of its bytes back at once; nothing of it waits for the cyclic
 garbage collector (no exception is stored, no callback keeps the protocol, no timer task).
+
+This module owns: the server sockets, accepting and refusing connections, the idle sweep,
+reading and decoding frames with their bounds, authentication before anything else is served,
+and running each request's handler. Beside it: server/connection.py (a connection's identity
+and response-byte accounting), server/responses.py (the ordered answers and their writer),
+server/listener_config.py (endpoints, limits, the metrics hook). Must not touch: what a request
+means (the Kafka API handlers, apis/) or the broker's state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
-import ipaddress
 import logging
 import ssl
 import struct
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidalmq_broker.protocol.codec import (
@@ -82,9 +86,7 @@ from tidalmq_broker.security.authorizer import canonical_host
 from tidalmq_broker.security.listeners import PLAINTEXT
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.security.sasl import (
-    ANONYMOUS,
     SaslAuthenticator,
-    SaslConfig,
     SaslFailure,
     SaslStateError,
     log_failure,
@@ -92,8 +94,30 @@ from tidalmq_broker.security.sasl import (
 from tidalmq_broker.security.tls import handshake_reporting, subject_dn
 from tidalmq_broker.server import heap
 from tidalmq_broker.server.budget import MemoryBudget
+from tidalmq_broker.server.connection import (
+    RESPONSE_CHARGE,
+    Connection,
+    ResponseCharge,
+    resolve_waiter,
+)
 from tidalmq_broker.server.framing import FrameProtocol, FrameSizeError, SharedScratch
+from tidalmq_broker.server.listener_config import (
+    ListenerEndpoint,
+    ListenerLimits,
+    RequestObserver,
+    client_address,
+)
 from tidalmq_broker.server.ratelog import CONNECTION_LIMITS, REQUEST_ERRORS, describe
+from tidalmq_broker.server.responses import (
+    CLOSE,
+    Answer,
+    CloseConnection,
+    ResponsePipeline,
+    answered_with,
+    response_size,
+    send_responses,
+    settle_written,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,20 +127,6 @@ Handler = Callable[[Request, "Connection"], Awaitable[Any]]
 response (acks=0)."""
 
 
-class _Close:
-    """What a failed handler answers: the sender closes the connection instead of writing."""
-
-
-_CLOSE = _Close()
-
-_Response = bytes | list[bytes | memoryview] | _Close | None
-"""An encoded response frame (one buffer, or several to write in order), None for none, or
-_CLOSE."""
-
-_Answer = tuple[_Response, int]
-"""A response and the bytes charged for it to the connection and the response budget."""
-
-
 SASL_HANDSHAKE_KEY = 17
 SASL_AUTHENTICATE_KEY = 36
 # what a connection that must authenticate may send before it has (Kafka's
@@ -124,205 +134,6 @@ SASL_AUTHENTICATE_KEY = 36
 PRE_AUTHENTICATION_APIS = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 SASL_MAX_RECEIVE_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
 _SIZE = struct.Struct(">i")
-_UNLIMITED = 1 << 62
-
-
-class _Charge:
-    """The response bytes one request has charged so far (its handler's, then the rest)."""
-
-    __slots__ = ("bytes",)
-
-    def __init__(self) -> None:
-        self.bytes = 0
-
-
-# the request being handled in this task (set around each handler call)
-_CHARGE: contextvars.ContextVar[_Charge | None] = contextvars.ContextVar(
-    "tidalmq_response_charge", default=None
-)
-
-
-@dataclass(slots=True, eq=False)
-class Connection:
-    peer: str
-    client_id: str | None = None
-    requests: int = 0
-    inflight_bytes: int = 0  # request bytes read and not yet answered
-    _room: asyncio.Future[None] | None = None  # the receive loop waits for requests to finish
-    listener: str = PLAINTEXT  # the listener name the client connected to
-    security_protocol: str = PLAINTEXT
-    principal: str = ANONYMOUS  # who the client is (Kafka's KafkaPrincipal, as a string)
-    host: str = ""  # the client's IP address, as ACLs name hosts (security/authorizer.py)
-    authenticated: bool = True  # False on a SASL listener until the exchange succeeded
-    sasl: SaslAuthenticator | None = None  # the exchange, on SASL listeners
-    close_after_response: bool = False  # a handler's verdict: answer, then close
-    # response bytes charged and not yet taken by the client: being built by handlers, queued,
-    # or in the transport's buffer (charge_response mutes the connection near the cap)
-    response_bytes: int = 0
-    _written: int = 0  # of response_bytes: handed to the transport, maybe still in its buffer
-    _responses: MemoryBudget | None = None  # the broker's response budget (None: unbounded)
-    _max_response_bytes: int = 0  # the cap per connection (0: none)
-    _released: list[asyncio.Future[None]] = field(default_factory=list)  # waiting for room
-    # muting (Kafka's muted channel): called with True at 3/4 of the cap, False at half
-    _on_mute: Callable[[bool], None] | None = None
-    muted: bool = False
-    closed: bool = False
-
-    def response_room(self) -> int:
-        """Response bytes this connection may still take now: what is left of its own cap and
-        of the broker's response budget (Fetch reads no more than this)."""
-        room = _UNLIMITED if self._responses is None else self._responses.room()
-        if self._max_response_bytes:
-            room = min(room, self._max_response_bytes - self.response_bytes)
-        return max(0, room)
-
-    def may_overrun(self, n: int) -> bool:
-        """Whether a response part of `n` bytes larger than response_room() may still be
-        taken (Kafka's first batch that does not fit, KIP-74): only into a connection with
-        nothing else waiting for its client (this response empty so far too), and only while
-        the budget has room for it or holds nothing at all. So a connection passes its cap by
-        one batch at most, and the budget by one batch in all."""
-        if self.response_bytes > 0:
-            return False
-        budget = self._responses
-        return budget is None or budget.used == 0 or budget.used + n <= budget.limit
-
-    def charge_response(self, n: int) -> None:
-        """Count `n` bytes of the response being built by the request handled in this task."""
-        charge = _CHARGE.get()
-        if charge is None or n <= 0 or self.closed:
-            return
-        charge.bytes += n
-        self.response_bytes += n
-        if self._responses is not None:
-            self._responses.charge(n)
-        cap = self._max_response_bytes
-        if cap and not self.muted and self.response_bytes >= cap * 3 // 4:
-            self._set_muted(True)
-
-    def release_response(self, n: int) -> None:
-        if n <= 0:
-            return
-        self.response_bytes -= n
-        if self._responses is not None:
-            self._responses.release(n)
-        if self.muted and self.response_bytes <= self._max_response_bytes // 2:
-            self._set_muted(False)
-        self._wake_room()
-
-    def _set_muted(self, muted: bool) -> None:
-        self.muted = muted
-        if self._on_mute is not None:
-            self._on_mute(muted)
-
-    def _wake_room(self) -> None:
-        waiters, self._released = self._released, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def wait_response_room(self, timeout_s: float) -> bool:
-        """Until response_room() is positive (True) or `timeout_s` passed (False): the client
-        reads what it was sent, or other connections' responses leave the budget."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        budget = self._responses
-        while self.response_room() <= 0 and not self.closed:
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._released.append(waiter)
-            callback = functools.partial(_resolve, waiter)
-            on_budget = budget is not None and budget.exhausted and budget.wait(callback)
-            try:
-                # at most 100 ms between looks: the budget wakes its waiters only while it
-                # was exhausted when they came, and room can come from either side
-                await asyncio.wait([waiter], timeout=min(left, 0.1))
-            finally:
-                if on_budget:
-                    assert budget is not None
-                    budget.forget(callback)
-                if not waiter.done():
-                    waiter.cancel()
-                    with contextlib.suppress(ValueError):
-                        self._released.remove(waiter)
-        return self.response_room() > 0
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-@dataclass(frozen=True, slots=True)
-class ListenerEndpoint:
-    """One server socket of the Kafka listener."""
-
-    name: str = PLAINTEXT
-    host: str = "127.0.0.1"
-    port: int = 9092
-    security_protocol: str = PLAINTEXT
-    ssl_context: ssl.SSLContext | None = None  # SSL and SASL_SSL
-    sasl: SaslConfig | None = None  # SASL_PLAINTEXT and SASL_SSL
-    principal_mapper: PrincipalMapper | None = None  # SSL: a certificate's DN -> principal
-
-
-@dataclass(frozen=True, slots=True)
-class ListenerLimits:
-    """The listener's bounds; the broker's defaults and why are in docs/limits.md (these are
-    the values tests and tools get without settings)."""
-
-    max_request_bytes: int = 100 * 1024 * 1024  # socket.request.max.bytes
-    max_inflight_per_connection: int = 32
-    # Requests pipelined on one connection are read only while those in flight add up to less
-    # than this (one larger request is still read when nothing else is in flight): a produce
-    # request stays in memory until its WAL object is durable, so with 32 in flight of 1 MiB
-    # each, two producers alone held ~130 MB in the broker.
-    max_inflight_bytes_per_connection: int = 16 * 1024 * 1024
-    # responses not yet taken by the client, per connection (0: no cap): the connection is
-    # muted at this many, and Fetch reads no more than what is left
-    max_response_bytes_per_connection: int = 16 * 1024 * 1024
-    queued_max_request_bytes: int = 0  # the broker-wide request budget (0: none)
-    queued_max_response_bytes: int = 0  # the broker-wide response budget (0: none)
-    max_connections: int = 0  # max.connections (0: no cap)
-    max_connections_per_ip: int = 0  # max.connections.per.ip (0: no cap)
-    # max.connections.per.ip.overrides: client address -> its own cap (resolved addresses)
-    max_connections_per_ip_overrides: Mapping[str, int] = field(default_factory=dict)
-    idle_timeout_s: float = 600.0  # connections.max.idle.ms
-    tls_handshake_timeout_s: float = 10.0  # a client that has not finished it is dropped
-    # connection.failed.authentication.delay.ms: a connection that failed to authenticate is
-    # closed this long after its answer (which then reaches the client before the close, and
-    # a password guesser waits)
-    failed_authentication_delay_s: float = 0.1
-
-
-class RequestObserver:
-    """Hook for metrics: called once per handled request, and on connections refused or
-    closed by a bound."""
-
-    def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
-        pass
-
-    def queued(self, api_key: int, seconds: float) -> None:
-        """A request waited `seconds` from being taken off its connection to its handler."""
-
-    def connection_refused(self, reason: str) -> None:
-        pass
-
-    def connection_closed(self, reason: str) -> None:
-        pass
-
-
-def client_address(host: str) -> str:
-    """The address a per-IP cap counts: IPv4 clients on a dual-stack socket count as IPv4."""
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(address)
 
 
 class KafkaListener:
@@ -531,7 +342,9 @@ class KafkaListener:
             _responses=self.response_budget,
             _max_response_bytes=self._limits.max_response_bytes_per_connection,
         )
-        proto._on_drained = lambda: _settle(conn, proto)  # cleared when the connection is lost
+        proto._on_drained = lambda: settle_written(
+            conn, proto
+        )  # cleared when the connection is lost
         conn._on_mute = lambda muted: self._mute(proto, muted)  # cleared by _closed
         # told (resume_writing) each time the transport's buffer is empty again, not only
         # below 16 KiB: the response bytes it held are then released exactly
@@ -544,8 +357,8 @@ class KafkaListener:
             conn.sasl = SaslAuthenticator(endpoint.sasl)
             conn.authenticated = False
             proto.set_max_frame(min(SASL_MAX_RECEIVE_BYTES, self._limits.max_request_bytes))
-        responses = _Pipeline(self._limits.max_inflight_per_connection)
-        sender = asyncio.create_task(self._send_loop(proto, responses, conn))
+        responses = ResponsePipeline(self._limits.max_inflight_per_connection)
+        sender = asyncio.create_task(send_responses(proto, responses, conn))
         try:
             await self._receive_loop(proto, conn, responses)
         except ConnectionError:
@@ -602,7 +415,7 @@ class KafkaListener:
             self.muted -= 1
             proto.unmute()
 
-    def _closed(self, conn: Connection, responses: _Pipeline) -> None:
+    def _closed(self, conn: Connection, responses: ResponsePipeline) -> None:
         """The connection is over: every response byte it still holds goes back to the budget
         (answers still being built give theirs back when they finish: conn.closed)."""
         if conn.closed:
@@ -644,7 +457,7 @@ class KafkaListener:
         self,
         frame: bytes | memoryview,
         conn: Connection,
-        responses: _Pipeline,
+        responses: ResponsePipeline,
     ) -> Request | bool:
         """The request in `frame`; True when it was answered already (an ApiVersions version
         we do not serve), False when the connection must close (logged)."""
@@ -655,7 +468,7 @@ class KafkaListener:
                 # KIP-511: answer in v0 so the client learns what we support
                 body = self._api_versions_error_body()
                 answer = encode_response(API_VERSIONS_KEY, 0, exc.correlation_id, body)
-                await responses.put(_answered_with(answer))
+                await responses.put(answered_with(answer))
                 return True
             REQUEST_ERRORS.warning(log, "closing connection from %s: %s", conn.peer, exc)
             return False
@@ -672,7 +485,7 @@ class KafkaListener:
         proto: FrameProtocol,
         conn: Connection,
         frame: bytes | memoryview,
-        responses: _Pipeline,
+        responses: ResponsePipeline,
     ) -> bool:
         """One frame of a connection that has not authenticated yet, handled before the next
         is read. False: close the connection (after what was queued)."""
@@ -691,7 +504,7 @@ class KafkaListener:
                 assert sasl.principal is not None
                 conn.principal = sasl.principal
                 conn.authenticated = True
-            await responses.put(_answered_with(_SIZE.pack(len(token)) + token))
+            await responses.put(answered_with(_SIZE.pack(len(token)) + token))
             return self._after_request(proto, conn) or await self._refused()
         try:
             api_key, _version, _correlation_id = peek_header(frame)
@@ -716,10 +529,10 @@ class KafkaListener:
         handler = self._dispatch(request.api_key)
         assert handler is not None
         answer = await self._handle(handler, request, conn)
-        fut: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         fut.set_result(answer)
         await responses.put(fut)
-        if isinstance(answer[0], _Close):
+        if isinstance(answer[0], CloseConnection):
             return False
         return self._after_request(proto, conn) or await self._refused()
 
@@ -745,7 +558,7 @@ class KafkaListener:
         self,
         proto: FrameProtocol,
         conn: Connection,
-        responses: _Pipeline,
+        responses: ResponsePipeline,
     ) -> None:
         limits = self._limits
         max_bytes = limits.max_inflight_bytes_per_connection
@@ -789,19 +602,19 @@ class KafkaListener:
         """A request of `size` bytes answered (called as its task's done callback)."""
         conn.inflight_bytes -= size
         if conn._room is not None:
-            _resolve(conn._room)
+            resolve_waiter(conn._room)
             conn._room = None
         self._release_request(size)
 
     async def _handle(
         self, handler: Handler, request: Request, conn: Connection, received: float = 0.0
-    ) -> _Answer:
+    ) -> Answer:
         started = time.perf_counter()
         if received:
             self._observer.queued(request.api_key, started - received)
         error = False
-        charge = _Charge()
-        token = _CHARGE.set(charge)
+        charge = ResponseCharge()
+        token = RESPONSE_CHARGE.set(charge)
         answered = False
         try:
             body = await handler(request, conn)
@@ -811,7 +624,7 @@ class KafkaListener:
             response = encode_response_parts(
                 request.api_key, request.api_version, request.correlation_id, body
             )
-            conn.charge_response(_size(response) - charge.bytes)  # what the handler did not
+            conn.charge_response(response_size(response) - charge.bytes)  # what the handler did not
             answered = True
             return response, charge.bytes
         except Exception as exc:
@@ -821,9 +634,9 @@ class KafkaListener:
             REQUEST_ERRORS.error(log, msg, *api, conn.peer, conn.client_id, describe(exc))
             log.debug("api %d v%d from %s failed", *api, conn.peer, exc_info=True)
             answered = True
-            return _CLOSE, charge.bytes
+            return CLOSE, charge.bytes
         finally:
-            _CHARGE.reset(token)
+            RESPONSE_CHARGE.reset(token)
             if not answered or conn.closed:
                 # cancelled, or nobody will send it: its bytes go back now
                 conn.release_response(charge.bytes)
@@ -831,124 +644,6 @@ class KafkaListener:
             self._observer.observe(
                 request.api_key, time.perf_counter() - started, request.size, error
             )
-
-    async def _send_loop(
-        self,
-        proto: FrameProtocol,
-        responses: _Pipeline,
-        conn: Connection,
-    ) -> None:
-        while True:
-            fut = await responses.get()
-            if fut is None:
-                return
-            data, charged = await fut
-            if isinstance(data, _Close):
-                # the handler failed unexpectedly (logged there): close, as Kafka would
-                conn.release_response(charged)
-                proto.close()
-                return
-            if data is None or proto.lost:
-                conn.release_response(charged)  # nothing to send, or nobody to send it to
-                continue
-            if proto.tls:
-                # in pieces, each while the transport is not paused: the TLS layer's buffer
-                # size leaves out what it passed on (server/framing.py)
-                try:
-                    await proto.write_tls(data if isinstance(data, list) else (data,))
-                except ConnectionError:
-                    pass  # lost: the rest is dropped, its bytes released just below
-                except BaseException:
-                    conn.release_response(charged)  # cancelled halfway: not in _written yet
-                    raise
-            elif isinstance(data, list):
-                # one write per buffer: the transport sends what the socket takes at once and
-                # copies only the rest, instead of joining megabytes of records first
-                for part in data:
-                    proto.write(part)
-            else:
-                proto.write(data)
-            del data
-            conn._written += charged
-            _settle(conn, proto)
-            if proto.write_buffer_size() > 1 << 20 or responses.empty():
-                with contextlib.suppress(ConnectionError):  # lost: the next ones are dropped
-                    await proto.drain()
-                _settle(conn, proto)
-
-
-class _Pipeline:
-    """The answers of one connection in request order, for its one writer (the receive loop)
-    and one reader (the sender): the part of asyncio.Queue the listener uses, without its
-    three deques and its event (with those, an idle connection held 4 KiB more). put_nowait
-    never refuses (the None that ends the sender)."""
-
-    __slots__ = ("_getter", "_items", "_max", "_putter")
-
-    def __init__(self, maxsize: int) -> None:
-        self._items: list[asyncio.Future[_Answer] | None] = []
-        self._max = maxsize
-        self._getter: asyncio.Future[None] | None = None
-        self._putter: asyncio.Future[None] | None = None
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def put_nowait(self, item: asyncio.Future[_Answer] | None) -> None:
-        self._items.append(item)
-        if self._getter is not None:
-            _resolve(self._getter)
-            self._getter = None
-
-    async def put(self, item: asyncio.Future[_Answer] | None) -> None:
-        while len(self._items) >= self._max:
-            self._putter = asyncio.get_running_loop().create_future()
-            try:
-                await self._putter
-            finally:
-                self._putter = None
-        self.put_nowait(item)
-
-    def get_nowait(self) -> asyncio.Future[_Answer] | None:
-        item = self._items.pop(0)
-        if self._putter is not None:
-            _resolve(self._putter)
-        return item
-
-    async def get(self) -> asyncio.Future[_Answer] | None:
-        while not self._items:
-            self._getter = asyncio.get_running_loop().create_future()
-            try:
-                await self._getter
-            finally:
-                self._getter = None
-        return self.get_nowait()
-
-
-def _settle(conn: Connection, proto: FrameProtocol) -> None:
-    """Response bytes the transport has passed on to the socket leave the connection's count
-    and the budget (what is still in its buffer stays counted)."""
-    written = conn._written
-    if not written:
-        return
-    sent = written - min(written, proto.write_buffer_size())
-    if sent:
-        conn._written = written - sent
-        conn.release_response(sent)
-
-
-def _size(response: _Response) -> int:
-    if isinstance(response, list):
-        return sum(len(part) for part in response)
-    if isinstance(response, bytes | bytearray | memoryview):
-        return len(response)
-    return 0
-
-
-def _answered_with(response: _Response) -> asyncio.Future[_Answer]:
-    fut: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
-    fut.set_result((response, 0))
-    return fut
 
 
 def _tls_failed(listener: str, exc: ssl.SSLError) -> None:
