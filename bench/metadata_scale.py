@@ -1275,6 +1275,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     out: Path = args.out.resolve()
+    if out.suffix == ".json":
+        # the page is rendered to --out and its figures kept beside it as .json: a .json page
+        # would overwrite the figures (a run then ended in a JSONDecodeError, its last part lost)
+        ap.error("--out is the results page (.md); its figures are kept beside it as .json")
     results_json = out.with_suffix(".json")
     charts = out.parent / "charts"
     if args.note:
