@@ -71,6 +71,8 @@ from typing import Any
 
 from tidalmq_core.reassignment import PlanEntry, parse_plan
 
+from tidalmq_operator.users import decoded
+
 log = logging.getLogger(__name__)
 
 JOB_FILE = "local:///opt/tidalmq/lib/python3.11/site-packages/tidalmq_planner/job.py"
@@ -442,8 +444,7 @@ async def _secret_data(core: Any, name: str, namespace: str, what: str) -> dict[
         if _status_code(exc) == 404:
             raise PlannerNotReady(f"{what} Secret {name} does not exist yet") from exc
         raise
-    data = _field(secret, "data") or {}
-    return {k: base64.b64decode(v).decode() for k, v in data.items()}
+    return decoded(_field(secret, "data"))
 
 
 async def write_client_secret(job: PlannerJob, core: Any) -> None:
