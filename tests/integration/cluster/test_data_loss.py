@@ -207,10 +207,15 @@ def test_deleted_partition_data_is_lost_until_accepted_and_continues_after_the_o
         assert list_offsets_error(cluster, p) == ErrorCode.kafka_storage_error
     assert not list((objects / "partitions").glob(f"{TOPIC}/*/*/checkpoint"))
 
-    status = json.loads(
-        cli("local", "status", "--data-dir", str(data_dir), "--output", "json").stdout
-    )
-    lost = {r["partition"]: r for r in status["lost"] if r["topic"] == TOPIC}
+    def lost_rows() -> dict[int, dict[str, Any]]:
+        status = json.loads(
+            cli("local", "status", "--data-dir", str(data_dir), "--output", "json").stdout
+        )
+        return {r["partition"]: r for r in status["lost"] if r["topic"] == TOPIC}
+
+    # a broker refuses the partition at once; its report reaches the controller a moment later
+    lost = eventually(lambda: (rows := lost_rows()) and sorted(rows) == list(range(PARTITIONS))
+                      and rows, 20, "every partition reported lost")  # fmt: skip
     assert sorted(lost) == list(range(PARTITIONS))
     for p, row in lost.items():
         assert (row["expected_end"], row["found_end"]) == (ends[p], 0)
