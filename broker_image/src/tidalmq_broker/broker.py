@@ -132,7 +132,11 @@ class Broker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metadata = ClusterMetadata(cluster_id="", version=-1)
         self.metadata_encodings = TopicEncodings()  # Metadata responses' pieces, kept encoded
-        self.metrics = BrokerMetrics(self.broker_id, {k: s.name for k, s in apis.specs.items()})
+        self.metrics = BrokerMetrics(
+            self.broker_id,
+            {k: s.name for k, s in apis.specs.items()},
+            per_partition_traffic=settings.partition_traffic_metrics,
+        )
         self.groups = GroupCoordinator(
             GroupSettings(
                 min_session_timeout_ms=settings.group_min_session_timeout_ms,

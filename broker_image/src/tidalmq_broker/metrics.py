@@ -125,9 +125,13 @@ class BrokerMetrics(RequestObserver):
     """Resolves each label set once (labels() takes a lock and hashes the values, several times
     per request otherwise)."""
 
-    def __init__(self, broker_id: int, api_names: dict[int, str]) -> None:
+    def __init__(
+        self, broker_id: int, api_names: dict[int, str], *, per_partition_traffic: bool = True
+    ) -> None:
         self._broker = str(broker_id)
         self._api_names = api_names
+        # False: no per-partition traffic series (partition_traffic_metrics); per topic only
+        self._per_partition = per_partition_traffic
         self._per_api: dict[int, tuple[Any, Any, Any, Any]] = {}
         self._queued: dict[int, Any] = {}
         # per topic: its label children, and the partitions led here (series go with the last)
@@ -190,15 +194,17 @@ class BrokerMetrics(RequestObserver):
         return children
 
     def produced(self, topic: str, partition: int, size: int, records: int) -> None:
-        children = self._partition(topic, partition)
-        children[0].inc(size)
-        children[1].inc(records)
+        if self._per_partition:
+            children = self._partition(topic, partition)
+            children[0].inc(size)
+            children[1].inc(records)
         per_topic = self._topic(topic)
         per_topic[0].inc(size)
         per_topic[1].inc(records)
 
     def fetched(self, topic: str, partition: int, size: int, records: int) -> None:
-        self._partition(topic, partition)[2].inc(size)
+        if self._per_partition:
+            self._partition(topic, partition)[2].inc(size)
         per_topic = self._topic(topic)
         per_topic[2].inc(size)
         per_topic[3].inc(records)
@@ -216,7 +222,8 @@ class BrokerMetrics(RequestObserver):
         count = len(self._led_pending)
         for _ in range(count if limit is None else min(limit, count)):
             (topic, partition), epoch = self._led_pending.popitem()
-            self._partition(topic, partition)
+            if self._per_partition:
+                self._partition(topic, partition)
             self._topic(topic)
             LEADER_EPOCH.labels(self._broker, topic, str(partition)).set(epoch)
         return len(self._led_pending)

@@ -342,6 +342,15 @@ class BrokerSettings:
         },
     )
     default_partitions: int = field(default=1, metadata={"help": "num.partitions"})
+    partition_traffic_metrics: bool = field(
+        default=True,
+        metadata={
+            "help": "export tidalmq_partition_bytes_in_total, _records_in_total and "
+            "_bytes_out_total per partition (3 series per partition led here); false bounds the "
+            "series by topics, and the planner then spreads each topic's traffic evenly over its "
+            "partitions (docs/metrics.md, Cardinality)"
+        },
+    )
     consumer_lag_partition_metrics: bool = field(
         default=False,
         metadata={

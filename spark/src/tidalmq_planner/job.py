@@ -87,13 +87,46 @@ def spark_session(master: str | None, driver_memory: str = "2g") -> Any:
     return spark
 
 
+def traffic_per_topic(req: PlanRequest, grid: Grid, view: sources.ClusterView) -> bool:
+    """Whether the history comes from the per-topic series (--traffic, or auto: the brokers
+    export no per-partition traffic series at the window's end)."""
+    from tidalmq_planner import prometheus
+
+    assert req.prometheus
+    if req.traffic == "auto":
+        per_topic = not prometheus.has_partition_traffic(
+            prometheus.connect(req.prometheus), grid.end
+        )
+    else:
+        per_topic = req.traffic == "topic"
+    if per_topic and not view.assignment:
+        raise SystemExit(
+            "per-topic traffic is spread over the partitions of the current assignment, and "
+            "there is none: give --bootstrap-server, --controller-url or --assignment"
+        )
+    return per_topic
+
+
 def history_frame(
-    spark: Any, req: PlanRequest, grid: Grid | None, view: sources.ClusterView
+    spark: Any,
+    req: PlanRequest,
+    grid: Grid | None,
+    view: sources.ClusterView,
+    notes: list[str] | None = None,
 ) -> Any:
     """Stage 2: a DataFrame of history rows (SPARK_SCHEMA), fetched from Prometheus."""
     from tidalmq_planner import prometheus
 
     assert req.prometheus and grid is not None
+    per_topic = traffic_per_topic(req, grid, view)
+    if per_topic:
+        log.warning("no per-partition traffic series: spreading each topic's traffic evenly")
+        if notes is not None:
+            notes.append(
+                "traffic read per topic (the brokers export no per-partition traffic series): "
+                "each topic's bytes are spread evenly over its partitions, so skew between one "
+                "topic's partitions is not seen"
+            )
     partitions = max(len(view.assignment), 1)
     shards = req.shards or (1 if partitions <= 1000 else 10 if partitions <= 20_000 else 100)
     rate_window = parse_duration(req.rate_window) if req.rate_window else max(2 * grid.step, 60)
@@ -104,10 +137,16 @@ def history_frame(
         topics=req.topics,
         shards=shards,
         points_per_chunk=req.chunk_points,
+        per_topic=per_topic,
     )
     log.warning("fetching %d range-query chunks from %s as Spark tasks", len(tasks), req.prometheus)
     task_df = spark.createDataFrame(prometheus.tasks_frame(tasks)).repartition(len(tasks))
     chunks = task_df.mapInPandas(prometheus.fetch_batches, prometheus.CHUNK_SPARK_SCHEMA)
+    if per_topic:
+        chunks = chunks.mapInPandas(
+            prometheus.spread_topics(prometheus.partition_counts(view.assignment)),
+            prometheus.CHUNK_SPARK_SCHEMA,
+        )
     history = chunks.groupBy("topic", "partition").applyInPandas(
         prometheus.assemble(grid, view.assignment), SPARK_SCHEMA
     )
@@ -119,7 +158,11 @@ def history_frame(
 
 
 def load_profiles(
-    spark: Any, req: PlanRequest, grid: Grid | None, view: sources.ClusterView
+    spark: Any,
+    req: PlanRequest,
+    grid: Grid | None,
+    view: sources.ClusterView,
+    notes: list[str] | None = None,
 ) -> pd.DataFrame:
     """Stages 2 and 3: one profile row per partition, collected on the driver. A history file
     is read by the tasks themselves, one Parquet row group each (its large arrays never pass
@@ -130,7 +173,7 @@ def load_profiles(
         tasks = tasks.repartition(min(len(groups), 4 * spark.sparkContext.defaultParallelism))
         profiles = tasks.mapInPandas(profile_row_groups, PROFILE_SPARK_SCHEMA)
     else:
-        history = history_frame(spark, req, grid, view)
+        history = history_frame(spark, req, grid, view, notes)
         profiles = history.mapInPandas(profile_batches, PROFILE_SPARK_SCHEMA)
     return profiles.toPandas()
 
@@ -282,9 +325,10 @@ def run(req: PlanRequest, spark: Any | None = None) -> PlanResult:
     own = spark is None
     spark = spark or spark_session(req.master, req.driver_memory)
     timings["spark_start"] = time.perf_counter() - t
+    history_notes: list[str] = []
     try:
         t = time.perf_counter()
-        profiles = load_profiles(spark, req, grid, view)
+        profiles = load_profiles(spark, req, grid, view, history_notes)
         timings["profiles"] = time.perf_counter() - t
     finally:
         if own:
@@ -293,6 +337,7 @@ def run(req: PlanRequest, spark: Any | None = None) -> PlanResult:
 
     t = time.perf_counter()
     plan, current, _brokers, notes = balance(req, profiles, view)
+    notes = history_notes + notes
     timings["balance"] = time.perf_counter() - t
     projections = project(profiles, plan, current, req.statistic)
     dims = ("bytes_in", "bytes_out")

@@ -20,6 +20,7 @@ class PlanRequest:
     step: str = "1m"
     end: float | None = None  # epoch seconds; default now
     rate_window: str | None = None  # default max(2 x step, 1m)
+    traffic: str = "auto"  # auto | partition | topic: which series the history is read from
     threshold: float = 1.10
     floor: float | None = None  # default 2 - threshold; 0 turns it off
     max_moves: int | None = None
@@ -52,6 +53,14 @@ def options(p: argparse.ArgumentParser) -> None:
     src.add_argument("--end", type=float, help="end of the window, epoch seconds (default now)")
     src.add_argument("--rate-window", help="rate() range (default max(2 x step, 1m))")
     src.add_argument("--topics", help="comma-separated: fetch and move only these topics")
+    src.add_argument(
+        "--traffic",
+        choices=("auto", "partition", "topic"),
+        default="auto",
+        help="per-partition traffic series, or per-topic ones spread evenly over each topic's "
+        "partitions (for brokers run with partition_traffic_metrics=false); auto (default): "
+        "per partition when the brokers export them",
+    )
     cur = p.add_argument_group("current assignment (default: from Prometheus or the history)")
     cur.add_argument(
         "--bootstrap-server",
@@ -121,6 +130,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         step=args.step,
         end=args.end,
         rate_window=args.rate_window,
+        traffic=args.traffic,
         threshold=args.threshold,
         floor=args.floor,
         max_moves=args.max_moves,

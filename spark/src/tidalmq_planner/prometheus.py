@@ -6,6 +6,12 @@ The brokers export, per partition they lead, `tidalmq_partition_bytes_in_total` 
 summed over brokers (a partition that moved has one series per broker it lived on), cut into
 chunks of time and of partitions (by the last digits of the partition number) so that each
 chunk is one Spark task of bounded size.
+
+A cluster whose brokers run with the per-partition traffic series off
+(`partition_traffic_metrics=false`, for large clusters) has only the per-topic families
+(`tidalmq_topic_bytes_in_total`, `_bytes_out_total`): the history is then fetched per topic and
+each topic's rate spread evenly over its partitions in the current assignment (`spread_topics`).
+Skew between the topics is kept; skew between one topic's partitions is not seen.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -29,6 +35,12 @@ SERIES = {
     "bytes_in": "tidalmq_partition_bytes_in_total",
     "bytes_out": "tidalmq_partition_bytes_out_total",
 }
+TOPIC_SERIES = {
+    "bytes_in": "tidalmq_topic_bytes_in_total",
+    "bytes_out": "tidalmq_topic_bytes_out_total",
+}
+TOPIC_ROW = -1  # the partition of a chunk row that holds a whole topic's rate
+TRAFFIC_SOURCES = ("auto", "partition", "topic")
 EPOCH_SERIES = "tidalmq_partition_leader_epoch"
 BROKERS_SERIES = "tidalmq_partitions_led"
 
@@ -90,12 +102,22 @@ def plan_tasks(
     shards: int = 1,
     points_per_chunk: int = 1440,
     timeout_s: float = 120.0,
+    per_topic: bool = False,
 ) -> list[ChunkTask]:
+    """The range queries of a window. per_topic: of the per-topic families, one row per topic
+    (partition TOPIC_ROW) for spread_topics to share out; no partition shards (a topic's row is
+    one series whatever its partition count)."""
     window = format_duration(rate_window_s)
     tasks = []
-    for metric, series in SERIES.items():
-        for shard in shard_patterns(shards):
-            query = f"sum by (topic, partition) (rate({series}{selector(topics, shard)}[{window}]))"
+    for metric in SERIES:
+        for shard in [None] if per_topic else shard_patterns(shards):
+            if per_topic:
+                series = TOPIC_SERIES[metric]
+                query = f"sum by (topic) (rate({series}{selector(topics, None)}[{window}]))"
+            else:
+                series = SERIES[metric]
+                sel = selector(topics, shard)
+                query = f"sum by (topic, partition) (rate({series}{sel}[{window}]))"
             for first, points in grid.chunks(points_per_chunk):
                 tasks.append(
                     ChunkTask(
@@ -125,7 +147,7 @@ def fetch_chunk(task: ChunkTask, client: Any | None = None) -> pd.DataFrame:
     for series in result:
         labels = series.get("metric", {})
         try:
-            topic, partition = labels["topic"], int(labels["partition"])
+            topic, partition = labels["topic"], int(labels.get("partition", TOPIC_ROW))
         except (KeyError, ValueError):
             continue
         values = np.full(task.points, np.nan, dtype=np.float32)
@@ -157,6 +179,54 @@ def fetch_batches(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
                 len(frame),
             )
             yield frame
+
+
+def spread_topics(
+    partitions: dict[str, int],
+) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    """The mapInPandas function that turns each per-topic chunk row into one row per partition
+    of the topic (`partitions`: topic -> partition count in the current assignment), each with
+    an even share of the rate. Rows of topics not in the assignment (deleted) are dropped;
+    per-partition rows pass unchanged."""
+
+    def spread(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in batches:
+            whole = frame[frame["partition"] == TOPIC_ROW]
+            out = [frame[frame["partition"] != TOPIC_ROW]]
+            for row in whole.itertuples(index=False):
+                count = partitions.get(str(row.topic), 0)
+                if count <= 0:
+                    continue
+                share = np.asarray(row.values, dtype=np.float32) / np.float32(count)
+                out.append(
+                    pd.DataFrame(
+                        {
+                            "topic": [row.topic] * count,
+                            "partition": list(range(count)),
+                            "metric": [row.metric] * count,
+                            "first": [row.first] * count,
+                            "values": [share] * count,
+                        }
+                    )
+                )
+            yield pd.concat(out, ignore_index=True)
+
+    return spread
+
+
+def partition_counts(assignment: dict[tuple[str, int], int]) -> dict[str, int]:
+    """topic -> partition count (the highest partition number + 1) of an assignment."""
+    counts: dict[str, int] = {}
+    for topic, partition in assignment:
+        counts[topic] = max(counts.get(topic, 0), partition + 1)
+    return counts
+
+
+def has_partition_traffic(client: Any, at: float | None = None) -> bool:
+    """Whether any broker exports the per-partition traffic series (at `at`, default now)."""
+    params = {"time": str(at)} if at is not None else None
+    result = client.custom_query(f"count({SERIES['bytes_in']})", params)
+    return bool(result) and float(result[0]["value"][1]) > 0
 
 
 def tasks_frame(tasks: Sequence[ChunkTask]) -> pd.DataFrame:

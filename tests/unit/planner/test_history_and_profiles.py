@@ -136,6 +136,58 @@ def test_fetch_chunk_places_samples_on_the_grid() -> None:
     )
 
 
+def test_per_topic_history_is_spread_evenly_over_each_topics_partitions() -> None:
+    """Brokers with partition_traffic_metrics=false: one query per metric and time chunk of the
+    per-topic families, each topic's rate shared evenly by its partitions."""
+    grid = Grid.ending(86400 * 3, 86400 * 2, 60)
+    tasks = prom.plan_tasks("http://p", grid, rate_window_s=120, topics=["a"], shards=10,
+                            per_topic=True)  # fmt: skip
+    assert len(tasks) == 2 * 2  # metrics x day-long chunks: no partition shards
+    assert tasks[0].query == 'sum by (topic) (rate(tidalmq_topic_bytes_in_total{topic=~"a"}[2m]))'
+    assert "tidalmq_topic_bytes_out_total" in tasks[-1].query
+
+    task = prom.ChunkTask("http://p", "bytes_in", "q", first=0, points=2, start=1000, step=60,
+                          timeout_s=5)  # fmt: skip
+    client = FakePrometheus([
+        {"metric": {"topic": "a"}, "values": [[1000, "300"], [1060, "600"]]},
+        {"metric": {"topic": "gone"}, "values": [[1000, "5"]]},
+    ], {})  # fmt: skip
+    chunk = prom.fetch_chunk(task, client)
+    assert list(chunk["partition"]) == [prom.TOPIC_ROW, prom.TOPIC_ROW]
+    counts = prom.partition_counts({("a", 0): 1, ("a", 2): 0, ("a", 1): 2, ("b", 0): 1})
+    assert counts == {"a": 3, "b": 1}
+    passthrough = pd.DataFrame({"topic": ["b"], "partition": [0], "metric": ["bytes_in"],
+                                "first": [0], "values": [np.array([7, 7], np.float32)]})  # fmt: skip
+    (spread,) = prom.spread_topics(counts)(iter([pd.concat([chunk, passthrough])]))
+    a = spread[spread["topic"] == "a"].sort_values("partition")
+    assert list(a["partition"]) == [0, 1, 2]  # "gone" (not in the assignment) is dropped
+    for values in a["values"]:
+        np.testing.assert_array_equal(values, np.array([100, 200], np.float32))
+    assert list(spread[spread["topic"] == "b"]["partition"]) == [0]
+    assert "gone" not in set(spread["topic"])
+
+
+def test_traffic_source_follows_what_the_brokers_export() -> None:
+    with_series = FakePrometheus([], {"count(tidalmq_partition_bytes_in_total)": [
+        {"metric": {}, "value": [0, "12"]}]})  # fmt: skip
+    assert prom.has_partition_traffic(with_series)
+    assert not prom.has_partition_traffic(FakePrometheus([], {}))
+
+
+def test_per_topic_traffic_needs_an_assignment_to_spread_over() -> None:
+    from tidalmq_planner import job
+    from tidalmq_planner.options import PlanRequest
+
+    grid = Grid.ending(86400, 3600, 60)
+    req = PlanRequest(prometheus="http://p", traffic="topic")
+    with pytest.raises(SystemExit, match="--bootstrap-server"):
+        job.traffic_per_topic(req, grid, sources.ClusterView({}, [], "none"))
+    view = sources.ClusterView({("a", 0): 1}, [1], "file")
+    assert job.traffic_per_topic(req, grid, view)
+    assert not job.traffic_per_topic(PlanRequest(prometheus="http://p", traffic="partition"),
+                                     grid, view)  # fmt: skip
+
+
 def test_current_assignment_follows_the_highest_epoch() -> None:
     def row(t: str, p: int, b: int, v: float) -> dict[str, Any]:
         return {"metric": {"topic": t, "partition": str(p), "broker": str(b)}, "value": [0, str(v)]}

@@ -47,6 +47,31 @@ def test_partition_series_follow_leadership() -> None:
     a.partition_released("planner-metrics", 3)  # twice is harmless
 
 
+def test_partition_traffic_series_off_leaves_the_per_topic_ones_and_the_epoch() -> None:
+    """partition_traffic_metrics=false: 3 series per partition fewer; the topic totals and the
+    leader epoch (the planner's assignment) stay."""
+    m = BrokerMetrics(905, {}, per_partition_traffic=False)
+    lab = {"broker": "905", "topic": "quiet-parts", "partition": "1"}
+    m.partition_led("quiet-parts", 1, epoch=3)
+    m.publish_led()
+    m.produced("quiet-parts", 1, 700, 7)
+    m.fetched("quiet-parts", 1, 300, 3)
+    for name in (
+        "tidalmq_partition_bytes_in_total",
+        "tidalmq_partition_records_in_total",
+        "tidalmq_partition_bytes_out_total",
+    ):
+        assert sample(name, **lab) is None, name
+    assert sample("tidalmq_partition_leader_epoch", **lab) == 3.0
+    topic = {"broker": "905", "topic": "quiet-parts"}
+    assert sample("tidalmq_topic_bytes_in_total", **topic) == 700.0
+    assert sample("tidalmq_topic_records_in_total", **topic) == 7.0
+    assert sample("tidalmq_topic_bytes_out_total", **topic) == 300.0
+    m.partition_released("quiet-parts", 1)
+    assert sample("tidalmq_partition_leader_epoch", **lab) is None
+    assert sample("tidalmq_topic_bytes_in_total", **topic) is None
+
+
 def test_series_of_partitions_released_before_publication_never_appear() -> None:
     m = BrokerMetrics(903, {})
     for p in range(1200):
