@@ -54,7 +54,7 @@ def brokers() -> g.Dashboard:
                     Panel(
                         "Bytes in",
                         "Record batch bytes appended per second, all brokers.",
-                        [Query(f"sum(rate(tidalmq_partition_bytes_in_total[{RATE}]))")],
+                        [Query(f"sum(rate(tidalmq_topic_bytes_in_total[{RATE}]))")],
                         unit="Bps",
                         kind="stat",
                         width=6,
@@ -62,7 +62,7 @@ def brokers() -> g.Dashboard:
                     Panel(
                         "Bytes out",
                         "Record batch bytes fetched per second, all brokers.",
-                        [Query(f"sum(rate(tidalmq_partition_bytes_out_total[{RATE}]))")],
+                        [Query(f"sum(rate(tidalmq_topic_bytes_out_total[{RATE}]))")],
                         unit="Bps",
                         kind="stat",
                         width=6,
@@ -78,7 +78,7 @@ def brokers() -> g.Dashboard:
                         "HPA's bytes-in metric and the planner's input).",
                         [
                             Query(
-                                _rate("tidalmq_partition_bytes_in_total", "broker", B),
+                                _rate("tidalmq_topic_bytes_in_total", "broker", B),
                                 "broker {{broker}}",
                             )
                         ],
@@ -89,7 +89,7 @@ def brokers() -> g.Dashboard:
                         "Record batch bytes fetched per second.",
                         [
                             Query(
-                                _rate("tidalmq_partition_bytes_out_total", "broker", B),
+                                _rate("tidalmq_topic_bytes_out_total", "broker", B),
                                 "broker {{broker}}",
                             )
                         ],
@@ -233,29 +233,21 @@ def topics() -> g.Dashboard:
                     Panel(
                         "Bytes in per topic",
                         "Record batch bytes appended per second.",
-                        [Query(_rate("tidalmq_partition_bytes_in_total", "topic", T), "{{topic}}")],
+                        [Query(_rate("tidalmq_topic_bytes_in_total", "topic", T), "{{topic}}")],
                         unit="Bps",
                         width=8,
                     ),
                     Panel(
                         "Records in per topic",
                         "Records appended per second.",
-                        [
-                            Query(
-                                _rate("tidalmq_partition_records_in_total", "topic", T), "{{topic}}"
-                            )
-                        ],
+                        [Query(_rate("tidalmq_topic_records_in_total", "topic", T), "{{topic}}")],
                         unit="rps",
                         width=8,
                     ),
                     Panel(
                         "Bytes out per topic",
                         "Record batch bytes fetched per second.",
-                        [
-                            Query(
-                                _rate("tidalmq_partition_bytes_out_total", "topic", T), "{{topic}}"
-                            )
-                        ],
+                        [Query(_rate("tidalmq_topic_bytes_out_total", "topic", T), "{{topic}}")],
                         unit="Bps",
                         width=8,
                     ),
@@ -447,8 +439,8 @@ def moves() -> g.Dashboard:
                         "average: what the planner's rebalance brings under its threshold.",
                         [
                             Query(
-                                f"max({_rate('tidalmq_partition_bytes_in_total', 'broker')}) / "
-                                f"avg({_rate('tidalmq_partition_bytes_in_total', 'broker')})",
+                                f"max({_rate('tidalmq_topic_bytes_in_total', 'broker')}) / "
+                                f"avg({_rate('tidalmq_topic_bytes_in_total', 'broker')})",
                                 "max / avg",
                             )
                         ],
@@ -588,10 +580,11 @@ def control_plane() -> g.Dashboard:
                     Panel(
                         "Broker bytes in (the planner's input)",
                         "The per-broker bytes-in the "
-                        "planner balances (`tidalmq plan` reads the per-partition rates).",
+                        "planner balances (it reads the per-partition rates, or these per-topic "
+                        "ones when the brokers export no per-partition series).",
                         [
                             Query(
-                                _rate("tidalmq_partition_bytes_in_total", "broker"),
+                                _rate("tidalmq_topic_bytes_in_total", "broker"),
                                 "broker {{broker}}",
                             )
                         ],
