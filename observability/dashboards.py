@@ -578,15 +578,19 @@ def control_plane() -> g.Dashboard:
                 "Planner",
                 [
                     Panel(
-                        "Broker bytes in (the planner's input)",
-                        "The per-broker bytes-in the "
-                        "planner balances (it reads the per-partition rates, or these per-topic "
-                        "ones when the brokers export no per-partition series).",
+                        "Broker bytes in and out (the planner's input)",
+                        "The per-broker bytes the planner balances (it reads the per-partition "
+                        "rates, or these per-topic ones when the brokers export no per-partition "
+                        "series); the plan's report links to the same queries.",
                         [
                             Query(
                                 _rate("tidalmq_topic_bytes_in_total", "broker"),
-                                "broker {{broker}}",
-                            )
+                                "in, broker {{broker}}",
+                            ),
+                            Query(
+                                _rate("tidalmq_topic_bytes_out_total", "broker"),
+                                "out, broker {{broker}}",
+                            ),
                         ],
                         unit="Bps",
                     ),

@@ -172,3 +172,18 @@ def test_every_metric_queried_is_one_tidalmq_exports() -> None:
         and not metric.startswith("kube_horizontalpodautoscaler_")  # kube-state-metrics'
     }
     assert not unknown, sorted(unknown)
+
+
+def test_the_plan_report_links_to_the_dashboards_own_queries() -> None:
+    """The planner's report (report.txt/json: "check: ...") names the same per-broker queries the
+    dashboards show, so its before/after projection is checked on the same curves."""
+    from tidalmq_planner.report import REPORT_QUERIES, report_links
+
+    dashboard_queries = {q for build in ALL.values() for q in queries_of(build())}
+    for name, template in REPORT_QUERIES.items():
+        assert template.format(rate="$__rate_interval") in dashboard_queries, name
+    links = report_links("http://prom:9090/", "7d", "2m")
+    assert [x["name"] for x in links] == list(REPORT_QUERIES)
+    assert links[0]["url"].startswith("http://prom:9090/graph?g0.expr=sum+by+%28broker%29")
+    assert "g0.range_input=7d" in links[0]["url"] and "%5B2m%5D" in links[0]["url"]
+    assert all(x["url"] == "" and "[2m]" in x["query"] for x in report_links(None, "7d", "2m"))

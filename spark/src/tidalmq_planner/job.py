@@ -47,6 +47,7 @@ from tidalmq_planner.report import (
     Report,
     format_table,
     imbalance_of,
+    report_links,
     write_outputs,
 )
 
@@ -367,6 +368,11 @@ def run(req: PlanRequest, spark: Any | None = None) -> PlanResult:
         cap=dict(zip(dims, plan.cap, strict=True)),
         timings_s=timings,
         notes=notes,
+        links=report_links(
+            req.prometheus if not req.history else None,
+            window,
+            req.rate_window or format_duration(max(2 * parse_duration(step), 60)),
+        ),
     )
     timings["total"] = time.perf_counter() - started
     name = req.name or f"planned-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"

@@ -18,6 +18,34 @@ if TYPE_CHECKING:
 
 DIMENSIONS = ("bytes_in", "bytes_out")
 
+_BROKER_RATE = "sum by (broker) (rate({metric}[{rate}]))"
+# The queries behind the report's per-broker figures, as the chart's dashboards show them ("Bytes
+# in per broker", "Bytes-in imbalance" and the planner's row: a test keeps them equal), so that a
+# reader checks the projection against the cluster before and after the moves.
+REPORT_QUERIES = {
+    "broker bytes in": _BROKER_RATE.format(metric="tidalmq_topic_bytes_in_total", rate="{rate}"),
+    "broker bytes out": _BROKER_RATE.format(metric="tidalmq_topic_bytes_out_total", rate="{rate}"),
+    "bytes-in imbalance (max/avg)": "max({q}) / avg({q})".format(
+        q=_BROKER_RATE.format(metric="tidalmq_topic_bytes_in_total", rate="{rate}")
+    ),
+}
+
+
+def report_links(prometheus: str | None, window: str, rate: str) -> list[dict[str, str]]:
+    """REPORT_QUERIES at the given rate window, each with a Prometheus graph link over the
+    plan's window when the history came from Prometheus."""
+    from urllib.parse import urlencode
+
+    links = []
+    for name, template in REPORT_QUERIES.items():
+        query = template.format(rate=rate)
+        url = ""
+        if prometheus:
+            params = {"g0.expr": query, "g0.tab": "0", "g0.range_input": window}
+            url = f"{prometheus.rstrip('/')}/graph?{urlencode(params)}"
+        links.append({"name": name, "query": query, "url": url})
+    return links
+
 
 @dataclass(slots=True)
 class BrokerProjection:
@@ -52,6 +80,7 @@ class Report:
     cap: dict[str, float]
     timings_s: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    links: list[dict[str, str]] = field(default_factory=list)  # report_links
 
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -191,6 +220,7 @@ def format_table(report: Report) -> str:
         f"{'' if report.balanced else f' ({report.stopped}: outside the band)'}"
     )
     lines.extend(f"note: {n}" for n in report.notes)
+    lines.extend(f"check: {x['name']}: {x['url'] or x['query']}" for x in report.links)
     return "\n".join(lines)
 
 
