@@ -79,6 +79,13 @@ class BrokerSettings:
     ssl_truststore_location: str = field(
         default="", metadata={"help": "PEM file of the CA certificates client certs must chain to"}
     )
+    ssl_crl_location: str = field(
+        default="",
+        metadata={
+            "help": "PEM file of certificate revocation lists (one per client CA): revoked "
+            "client certificates are refused; reloaded like the keystore"
+        },
+    )
     ssl_client_auth: str = field(
         default="none",
         metadata={"help": "none, requested or required: client certificates on SSL listeners"},

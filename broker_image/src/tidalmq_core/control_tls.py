@@ -38,7 +38,7 @@ mounts, or a CA rotation (the CA file then holding the old and the new CA), ther
 restart of the operator or the brokers; connections open at the renewal keep their session.
 A file that cannot be loaded (half written) keeps the previous context until the next check.
 
-Stdlib only (ssl); imports nothing of ours.
+Stdlib only (ssl), and tidalmq_core.file_stamp.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from tidalmq_core.file_stamp import Stamp, file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -249,9 +251,9 @@ class ControlTls:
         ctx.verify_mode = ssl.CERT_REQUIRED
         return expect_server(ctx, server) if server is not None else ctx
 
-    def files_stamp(self) -> tuple[tuple[int, int, int, int] | None, ...]:
+    def files_stamp(self) -> tuple[Stamp, ...]:
         """What identifies the three files' contents now (a renewal changes it)."""
-        return tuple(_stamp(f) for f in (self.cert_file, self.key_file, self.ca_file))
+        return tuple(file_stamp(f) for f in (self.cert_file, self.key_file, self.ca_file))
 
     def server_context(self) -> ssl.SSLContext:
         """A server's context: asks for a client certificate, which must verify against the
@@ -276,14 +278,6 @@ class ControlTls:
 
 def scheme(tls: ControlTls | None) -> str:
     return "https" if tls is not None else "http"
-
-
-def _stamp(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)  # follows symlinks: a Secret volume's update swaps ..data
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 class FollowingContext(ssl.SSLContext):

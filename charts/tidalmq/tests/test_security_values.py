@@ -227,9 +227,26 @@ def test_sasl_mechanisms_client_auth_authorizer_and_super_users() -> None:
     }
 
 
+def test_a_crl_secret_is_mounted_and_named_to_the_brokers() -> None:
+    assert "TIDALMQ_SSL_CRL_LOCATION" not in broker_env(
+        render({"listeners": {"tls": {"enabled": True}}})
+    )
+    docs = render({"listeners": {"tls": {"enabled": True, "crlSecret": "clients-crl"}}})
+    env = broker_env(docs)
+    assert env["TIDALMQ_SSL_CRL_LOCATION"] == "/etc/tidalmq/crl/crl.pem"
+    crl = volumes(docs)["crl"]["secret"]
+    assert crl["secretName"] == "clients-crl" and crl["items"] == [
+        {"key": "crl.pem", "path": "crl.pem"}
+    ]
+    broker = container(find(docs, "StatefulSet", f"{FULL}-broker"), "broker")
+    mounts = {m["name"]: m for m in broker["volumeMounts"]}
+    assert mounts["crl"]["mountPath"] == "/etc/tidalmq/crl" and "subPath" not in mounts["crl"]
+
+
 @pytest.mark.parametrize(
     "values, message",
     [
+        ({"listeners": {"tls": {"enabled": True, "crlSecret": "Bad_Name"}}}, "crlSecret"),
         ({"listeners": {"sasl": {"enabled": True, "mechanisms": ["GSSAPI"]}}}, "mechanisms"),
         ({"listeners": {"sasl": {"enabled": True, "mechanisms": []}}}, "mechanisms"),
         ({"listeners": {"tls": {"enabled": True, "clientAuth": "maybe"}}}, "clientAuth"),

@@ -148,3 +148,67 @@ async def test_a_new_truststore_decides_client_certificates(
         assert server.reloader.check()
         _, writer, _ = await server.connect(client)
         writer.close()
+
+
+def _crl(ca: certs.Issued, revoked: list[certs.Issued], *, next_update_s: float = 86400) -> bytes:
+    """A PEM CRL of `ca` revoking `revoked`."""
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    now = datetime.now(UTC)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca.cert.subject)
+        .last_update(now - timedelta(minutes=1))
+        .next_update(now + timedelta(seconds=next_update_s))
+    )
+    for issued in revoked:
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder()
+            .serial_number(issued.cert.serial_number)
+            .revocation_date(now - timedelta(minutes=1))
+            .build()
+        )
+    return builder.sign(ca.key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+async def test_revoked_client_certificates_are_refused_and_the_crl_is_reloaded(
+    ca: certs.Issued, tmp_path: Path
+) -> None:
+    """ssl.crl.location: a certificate the CRL revokes fails the handshake, the others pass; a
+    reissued CRL (revoking one more) is picked up without a restart."""
+    keystore, truststore, crl = (tmp_path / n for n in ("broker.pem", "clients.pem", "crl.pem"))
+    certs.write_keystore(keystore, certs.issue(ca, "broker", hosts=["localhost"]), ca)
+    clients = certs.new_ca("clients CA")
+    truststore.write_bytes(clients.cert_pem())
+    alice, mallory = (
+        certs.issue(clients, n, server=False, client=True) for n in ("alice", "mallory")
+    )
+    crl.write_bytes(_crl(clients, [mallory]))
+    settings = TlsSettings(keystore_location=str(keystore), truststore_location=str(truststore),
+                           client_auth="required", crl_location=str(crl))  # fmt: skip
+    async with Server(CertificateReloader("SSL", settings)) as server:
+        _, writer, _ = await server.connect(client_context(ca, tmp_path, me=alice))
+        writer.close()
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            await server.connect(client_context(ca, tmp_path, me=mallory))
+        crl.write_bytes(_crl(clients, [mallory, alice]))
+        assert server.reloader.check()
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            await server.connect(client_context(ca, tmp_path, me=alice))
+
+
+def test_a_crl_needs_client_certificates_and_a_readable_file(tmp_path: Path) -> None:
+    from tidalmq_broker.security.tls import TlsConfigError, server_context
+
+    ca = certs.new_ca("broker CA")
+    keystore = tmp_path / "broker.pem"
+    certs.write_keystore(keystore, certs.issue(ca, "broker", hosts=["localhost"]), ca)
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem())
+    base = {"keystore_location": str(keystore), "truststore_location": str(tmp_path / "ca.pem")}
+    with pytest.raises(TlsConfigError, match=r"needs ssl\.client\.auth"):
+        server_context(TlsSettings(**base, crl_location=str(tmp_path / "ca.pem")))
+    with pytest.raises(TlsConfigError, match=r"ssl\.crl\.location"):
+        server_context(TlsSettings(**base, client_auth="required",
+                                   crl_location=str(tmp_path / "missing.pem")))  # fmt: skip

@@ -39,6 +39,7 @@ def tls_settings(s: BrokerSettings) -> TlsSettings:
         key_location=s.ssl_keystore_key_location,
         key_password=s.ssl_key_password,
         truststore_location=s.ssl_truststore_location,
+        crl_location=s.ssl_crl_location,
         client_auth=s.ssl_client_auth,
         enabled_protocols=s.ssl_enabled_protocols,
         cipher_suites=s.ssl_cipher_suites,

@@ -9,7 +9,7 @@ none | requested | required; as in Kafka (KIP-684) it applies to SSL listeners, 
 listeners authenticate clients by SASL and ask for no certificate.
 
 Certificates are reloaded without a restart (`CertificateReloader`): every
-`ssl.reload.interval.ms` (default 60 s) the broker looks at the keystore and truststore files,
+`ssl.reload.interval.ms` (default 60 s) the broker looks at the keystore, truststore and CRL files,
 and when one changed (a renewal by cert-manager, a Kubernetes Secret updated under its mount)
 it builds a new context from them; new connections get it, open ones keep theirs. A file that
 cannot be loaded keeps the old context and is reported (log, metric) until it can.
@@ -18,12 +18,17 @@ A client certificate's principal is `User:` and its subject DN as Java's
 X500Principal.getName() writes it (RFC 2253: most specific attribute first, the keywords CN, C,
 L, ST, O, OU, DC, UID and STREET, any other attribute as its OID and `#` and the hex of its DER
 value), mapped by `ssl.principal.mapping.rules` (security/principal.py).
+
+Revocation (a TidalMQ setting: Kafka leaves it to the JVM's own properties):
+`ssl.crl.location` names a PEM file of certificate revocation lists, one per CA whose client
+certificates are accepted; a client certificate one of them revokes fails the handshake
+(OpenSSL's leaf check). A CRL past its nextUpdate refuses every client of its CA, so the file
+must be refreshed before then: it is reloaded like the keystore.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import time
 from collections.abc import Callable
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from tidalmq_core.file_stamp import Stamp, file_stamp
 
 from tidalmq_broker.security import SecurityConfigError
 
@@ -56,6 +62,8 @@ class TlsSettings:
     # the private key in a file of its own (a Kubernetes TLS Secret's tls.key); the keystore
     # then holds the certificate chain only
     key_location: str = ""
+    # PEM file of certificate revocation lists: client certificates they revoke are refused
+    crl_location: str = ""
 
 
 def server_context(settings: TlsSettings, *, client_auth: str | None = None) -> ssl.SSLContext:
@@ -113,6 +121,21 @@ def server_context(settings: TlsSettings, *, client_auth: str | None = None) -> 
             f"ssl.client.auth={auth} needs ssl.truststore.location (the CA certificates client "
             "certificates are checked against)"
         )
+    if settings.crl_location:
+        if auth == "none":
+            raise TlsConfigError(
+                "ssl.crl.location checks client certificates: it needs ssl.client.auth "
+                "requested or required"
+            )
+        try:
+            # a PEM file's CRLs join the trust store (X509_load_cert_crl_file)
+            ctx.load_verify_locations(cafile=settings.crl_location)
+        except (OSError, ssl.SSLError) as exc:
+            raise TlsConfigError(
+                f"ssl.crl.location {settings.crl_location!r}: cannot load revocation lists "
+                f"from it ({exc})"
+            ) from exc
+        ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     ctx.verify_mode = CLIENT_AUTH[auth]
     return ctx
 
@@ -129,17 +152,6 @@ def certificate_not_after(path: str) -> float | None:
     except (OSError, ValueError):
         return None
     return cert.not_valid_after_utc.timestamp()
-
-
-def _stamp(path: str) -> tuple[int, int, int, int] | None:
-    """What changes when a file is replaced or rewritten (a Secret's mount swaps a symlink)."""
-    if not path:
-        return None
-    try:
-        st = os.stat(path)  # follows the links, as the loader does
-    except OSError:
-        return (-1, -1, -1, -1)
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 class CertificateReloader:
@@ -163,9 +175,14 @@ class CertificateReloader:
         self.last_error = ""
         self.not_after = certificate_not_after(settings.keystore_location)
 
-    def _files(self) -> tuple[tuple[int, int, int, int] | None, ...]:
+    def _files(self) -> tuple[Stamp, ...]:
         s = self._settings
-        return (_stamp(s.keystore_location), _stamp(s.key_location), _stamp(s.truststore_location))
+        return (
+            file_stamp(s.keystore_location),
+            file_stamp(s.key_location),
+            file_stamp(s.truststore_location),
+            file_stamp(s.crl_location),  # CRLs are reissued before their nextUpdate
+        )
 
     def _pick(
         self, obj: ssl.SSLObject | ssl.SSLSocket, _name: str | None, ctx: ssl.SSLContext
