@@ -1,7 +1,8 @@
 """The chart with TLS and SCRAM on, on the session's Kubernetes cluster ([R1] acceptance).
 
 `listeners.tls.enabled` and `listeners.sasl.enabled` make the brokers' Kafka listener SASL_SSL
-(SCRAM-SHA-512) with certificates the chart generates, and the authorizer on. A `User` resource
+(SCRAM-SHA-512) with certificates the chart generates, and the authorizer on; the control plane
+between the operator and the brokers runs with mTLS (`controlPlane.tls.enabled`). A `User` resource
 gives a client its Secret: its password works, its ACLs are enforced (a topic outside them is
 TOPIC_AUTHORIZATION_FAILED), and deleting the User revokes it. A client without credentials, or
 speaking PLAINTEXT, is refused; the NetworkPolicies are there.
@@ -15,7 +16,10 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +70,26 @@ def create_topic(cluster: Cluster, ns: str, name: str) -> None:
     wait_until(f"Topic {name} Ready", lambda: ready(topic_status(cluster, ns, name)), timeout=180)
 
 
+def control_call_without_certificate(cluster: Cluster, ns: str) -> tuple[int, str]:
+    """A GET of the controller's data-loss report, with the cluster's admin token but no client
+    certificate, through the controller Service from the host: (HTTP status, body)."""
+    svc = cluster.kubectl_json("-n", ns, "get", "service", f"{FULL}-operator")
+    assert svc["spec"]["selector"].get("tidalmq.io/controller") == "active", svc["spec"]
+    port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "controller")
+    token = secret_data(cluster, ns, f"{FULL}-control")["admin-token"]
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # not the client under test
+    request = urllib.request.Request(
+        f"https://{svc['spec']['clusterIP']}:{port}/v1/data-loss",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=ctx) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
 def refused(conf: dict[str, Any]) -> list[int]:
     """The error codes a client with `conf` gets trying to list the topics (none: it got in)."""
     errors: list[KafkaError] = []
@@ -102,9 +126,15 @@ def test_tls_and_scram_with_user_resources(
 ) -> None:
     ns = namespace
     values = ["--set", "listeners.tls.enabled=true", "--set", "listeners.sasl.enabled=true",
-              "--set", "authorization.superUsers={User:admin}"]  # fmt: skip
+              "--set", "authorization.superUsers={User:admin}",
+              "--set", "controlPlane.tls.enabled=true"]  # fmt: skip
     with installed_release(cluster, ns, minio, *values):
         servers = bootstrap(cluster, ns)
+        # the control plane speaks mTLS (controlPlane.tls): the brokers registered and serve
+        # through it (the release is Ready), and the controller refuses a control call from a
+        # client without a certificate of the control plane's CA, even with the admin token
+        status, body = control_call_without_certificate(cluster, ns)
+        assert status in (401, 403) and "certificate" in body, (status, body)
         ca = tmp_path / "ca.crt"
         ca.write_text(secret_data(cluster, ns, f"{FULL}-broker-tls")["ca.crt"])
         tls = {"bootstrap.servers": servers, "ssl.ca.location": str(ca),
