@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -200,28 +201,40 @@ class Cluster:
         release is removed, so the brokers' and the operator's logs outlive the namespace."""
         dest.mkdir(parents=True, exist_ok=True)
         pods = self.kubectl_json("-n", namespace, "get", "pods").get("items", [])
-        for pod in pods:
-            name = pod["metadata"]["name"]
-            texts = []
-            for previous in ("--previous", ""):
-                args = [self.kubectl_bin, "-n", namespace, "logs", name, "--all-containers",
-                        "--timestamps", *([previous] if previous else [])]  # fmt: skip
-                proc = run(args, env=self.env, check=False, timeout=60)
-                if proc.returncode == 0 and proc.stdout:
-                    texts.append(
-                        f"=== {'previous instance' if previous else 'current'} ===\n{proc.stdout}"
-                    )
-            (dest / f"{name}.log").write_text("\n".join(texts) or "(no logs)\n")
+        names = [pod["metadata"]["name"] for pod in pods]
+
+        def logs(name: str, previous: bool) -> str:
+            args = [self.kubectl_bin, "-n", namespace, "logs", name, "--all-containers",
+                    "--timestamps", *(["--previous"] if previous else [])]  # fmt: skip
+            proc = run(args, env=self.env, check=False, timeout=60)
+            if proc.returncode != 0 or not proc.stdout:
+                return ""
+            return f"=== {'previous instance' if previous else 'current'} ===\n{proc.stdout}"
+
+        # every kubectl at once: after each test, one after the other they took seconds
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            texts = {
+                (name, previous): pool.submit(logs, name, previous)
+                for name in names
+                for previous in (True, False)
+            }
+            for name in names:
+                parts = [texts[(name, previous)].result() for previous in (True, False)]
+                (dest / f"{name}.log").write_text("\n".join(p for p in parts if p) or "(no logs)\n")
         return len(pods)
 
     def describe(self, namespace: str) -> str:
         """What a person would look at when a test fails: objects, pods and recent events."""
-        parts = []
-        for args in (
+        commands = (
             ("get", "all", "-o", "wide"),
             ("describe", "pods"),
             ("get", "events", "--sort-by=.lastTimestamp"),
-        ):
+        )
+
+        def show(args: tuple[str, ...]) -> str:
             proc = run([self.kubectl_bin, "-n", namespace, *args], env=self.env, check=False)
-            parts.append(f"$ kubectl -n {namespace} {' '.join(args)}\n{proc.stdout}{proc.stderr}")
+            return f"$ kubectl -n {namespace} {' '.join(args)}\n{proc.stdout}{proc.stderr}"
+
+        with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+            parts = list(pool.map(show, commands))
         return "\n".join(parts)[-12000:]
