@@ -4,7 +4,8 @@ verification off, as Kafka's transaction.partition.verification.enable=false), m
 with a raw WriteTxnMarkers request (as the coordinator sends it), and librdkafka's
 read_committed consumer sees committed records only and nothing past the last stable offset,
 also after a kill -9. Then the verification itself, with the coordinator: a transactional
-batch for a partition not in the producer's ongoing transaction is refused."""
+batch for a partition not in the producer's ongoing transaction is refused, and so are
+transactional offsets of a group not added to it (TxnOffsetCommit)."""
 
 from __future__ import annotations
 
@@ -143,10 +144,13 @@ def test_a_batch_for_a_partition_not_in_the_transaction_is_refused(
     create_topic(local_broker.bootstrap, topic, 2)
     c = RawClient(local_broker.bootstrap)
     until_none(lambda: c.call(10, 3, {"key": tid, "key_type": 1}), "FindCoordinator")
-    init = until_none(lambda: c.call(22, 4, {"transactional_id": tid, "transaction_timeout": 60000,
-                                             "producer_id": -1, "producer_epoch": -1}),
-                      "InitProducerId")  # fmt: skip
+    for _incarnation in range(2):  # the second fences the first's epoch (checked below)
+        init = until_none(lambda: c.call(22, 4, {"transactional_id": tid,
+                                                 "transaction_timeout": 60000,
+                                                 "producer_id": -1, "producer_epoch": -1}),
+                          "InitProducerId")  # fmt: skip
     pid, epoch = int(init.producer_id), int(init.producer_epoch)
+    assert epoch == 1
 
     def send(value: bytes, sequence: int, partition: int = 0, version: int = 9) -> Any:
         return produce_answer(c, topic, pid, value, tid=tid, epoch=epoch, sequence=sequence,
@@ -160,6 +164,25 @@ def test_a_batch_for_a_partition_not_in_the_transaction_is_refused(
                          "v3_and_below_producer_epoch": epoch,
                          "v3_and_below_topics": [{"name": topic, "partitions": [0]}]})  # fmt: skip
     assert add.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == 0
+    # TxnOffsetCommit is verified too (Kafka 4.x's group coordinator): refused until
+    # AddOffsetsToTxn adds the group, by version as Kafka answers, and at a stale epoch
+    group = f"group-{tid}"
+    until_none(lambda: c.call(10, 3, {"key": group, "key_type": 0}), "FindCoordinator (group)")
+
+    def commit_offset(version: int, producer_epoch: int = epoch) -> int:
+        answer = c.call(28, version, {
+            "transactional_id": tid, "group_id": group, "producer_id": pid,
+            "producer_epoch": producer_epoch, "topics": [{"name": topic, "partitions": [
+                {"partition_index": 0, "committed_offset": 2, "committed_metadata": None}]}]})  # fmt: skip
+        return int(answer.topics[0].partitions[0].error_code)
+
+    assert commit_offset(3) == ErrorCode.invalid_txn_state
+    assert commit_offset(4) == ErrorCode.transaction_abortable
+    assert commit_offset(4, epoch - 1) == ErrorCode.invalid_producer_epoch
+    add_offsets = c.call(25, 3, {"transactional_id": tid, "producer_id": pid,
+                                 "producer_epoch": epoch, "group_id": group})  # fmt: skip
+    assert add_offsets.error_code == ErrorCode.none
+    assert commit_offset(4) == ErrorCode.none
     first = send(b"in", 0)
     assert (first.error_code, first.base_offset) == (ErrorCode.none, 0)
     assert send(b"in too", 1).error_code == ErrorCode.none  # the transaction is going on there
@@ -176,4 +199,11 @@ def test_a_batch_for_a_partition_not_in_the_transaction_is_refused(
         time.sleep(0.1)
     assert send(b"late", 2).error_code == ErrorCode.invalid_txn_state
     assert latest(c, topic, 1) == latest(c, topic, 0) == 3  # nothing left open
+    # the transaction's offset became the group's at its commit marker, and a late commit of
+    # offsets in the ended transaction is refused
+    fetch = {"group_id": group, "topics": [{"name": topic, "partition_indexes": [0]}],
+             "require_stable": True}  # fmt: skip
+    committed = until_none(lambda: c.call(9, 7, fetch).topics[0].partitions[0], "OffsetFetch")
+    assert committed.committed_offset == 2
+    assert commit_offset(4) == ErrorCode.transaction_abortable
     c.close()

@@ -60,7 +60,7 @@ async def fake_broker(*bindings: Any, enabled: bool = True) -> Any:
     groups = GroupShard(0, MemoryLog(), GroupSettings())  # type: ignore[arg-type]
     await groups.load()
     return SimpleNamespace(
-        metadata=meta, authorizer=authorizer,
+        metadata=meta, authorizer=authorizer, txn_verifier=None,  # tests/unit/transactions/test_txn_offsets.py
         transactions=SimpleNamespace(shard=lambda tid: shard, shards=lambda: [shard]),
         groups=SimpleNamespace(partition_for=lambda g: 0, shard=lambda g: groups),
         _shards=(shard, groups),

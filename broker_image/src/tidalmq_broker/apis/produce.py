@@ -28,7 +28,7 @@ from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol import records
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.fastpath import ProducePartition, encode_produce_response
-from tidalmq_broker.storage.api import AppendResult, PartitionLog
+from tidalmq_broker.storage.api import UNVERIFIED, AppendResult, PartitionLog
 from tidalmq_broker.transactions.verification import produce_error
 
 if TYPE_CHECKING:
@@ -179,13 +179,18 @@ def _append(
         return asyncio.ensure_future(plog.append(data, acks=acks, owned=True))
     pid, epoch = header.producer_id, header.producer_epoch
     if not verifier.pending(plog.tp, pid) and plog.in_transaction(pid, epoch):
-        return asyncio.ensure_future(plog.append(data, acks=acks, owned=True))
+        # refused if a marker ends the transaction before the append starts (KIP-890's guard)
+        return asyncio.ensure_future(
+            plog.append(data, acks=acks, owned=True, verification=UNVERIFIED)
+        )
+    guard = plog.start_verification(pid)  # taken before the question: a marker voids it
 
     def enqueue(code: int) -> asyncio.Future[AppendResult]:
         if code != ErrorCode.none:
+            plog.end_verification(pid, guard)
             answer, message = produce_error(code, version)
             raise KafkaError(ErrorCode(answer), message)
-        return asyncio.ensure_future(plog.append(data, acks=acks, owned=True))
+        return asyncio.ensure_future(plog.append(data, acks=acks, owned=True, verification=guard))
 
     return asyncio.ensure_future(verifier.gate(plog.tp, transactional_id, pid, epoch, enqueue))
 

@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import OFFSETS_TOPIC
+from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.registry import api
-from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError
+from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError, Verify
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.transactions.state import TxnError, TxnMetadata, TxnState
+from tidalmq_broker.transactions.verification import txn_offset_commit_error
 
 if TYPE_CHECKING:
     from tidalmq_broker.broker import Broker
@@ -245,6 +247,7 @@ async def handle_txn_offset_commit(broker: Broker, request: Request, conn: Conne
                 member_id=getattr(b, "member_id", ""),
                 group_instance_id=getattr(b, "group_instance_id", None),
                 offsets=offsets,
+                verify=_verify_offsets(broker, b.transactional_id, version),
             )
         except CoordinatorError as exc:
             results = dict.fromkeys(offsets, exc.code)
@@ -252,6 +255,21 @@ async def handle_txn_offset_commit(broker: Broker, request: Request, conn: Conne
             if (name, p) not in codes:
                 codes[(name, p)] = results.get((name, p.partition_index), ErrorCode.none)
     return answer({(name, p): codes[(name, p)] for name, p in wanted})
+
+
+def _verify_offsets(broker: Broker, transactional_id: str, version: int) -> Verify | None:
+    """KIP-890 for TxnOffsetCommit: the group coordinator asks the transaction coordinator
+    whether the group's `__consumer_offsets` partition is in the producer's transaction (None
+    when `transaction.partition.verification.enable` is off)."""
+    verifier = broker.txn_verifier
+    if verifier is None:
+        return None
+
+    async def verify(tp: TopicPartition, producer_id: int, producer_epoch: int) -> int:
+        code = await verifier.ask(tp, transactional_id, producer_id, producer_epoch)
+        return txn_offset_commit_error(code, version)
+
+    return verify
 
 
 # ---------------------------------------------------------------------- describe / list

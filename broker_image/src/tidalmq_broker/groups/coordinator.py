@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,9 +57,20 @@ from tidalmq_broker.protocol.records import (
     iter_complete_headers,
     iter_records,
 )
-from tidalmq_broker.storage.api import InvalidProducerEpoch, PartitionLog, StorageError
+from tidalmq_broker.storage.api import (
+    UNVERIFIED,
+    InvalidProducerEpoch,
+    InvalidTxnState,
+    PartitionLog,
+    StorageError,
+    VerificationGuard,
+)
 
 log = logging.getLogger(__name__)
+
+# KIP-890's question to the transaction coordinator for a TxnOffsetCommit: (the group's
+# `__consumer_offsets` partition, producer id, epoch) -> its verify-only error code
+Verify = Callable[[TopicPartition, int, int], Awaitable[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -591,6 +602,7 @@ class GroupShard:
         member_id: str,
         group_instance_id: str | None,
         offsets: dict[tuple[str, int], CommittedOffset],
+        verify: Verify | None = None,
     ) -> dict[tuple[str, int], int]:
         """TxnOffsetCommit: the offsets are stored pending, and become the group's committed
         offsets only when the transaction's commit marker reaches this partition (an abort
@@ -598,7 +610,27 @@ class GroupShard:
         the partition's markers, last stable offset and aborted index govern them, and the log
         cleaner keeps a commit marker while its offsets remain. KIP-447: a member id and
         generation, when given, must be the group's current ones, so a producer whose consumer
-        lost its partitions is fenced."""
+        lost its partitions is fenced.
+
+        KIP-890 (`verify`, None when verification is off): unless the producer already has
+        offsets pending in this partition's transaction, the transaction coordinator is asked
+        first whether the producer's ongoing transaction at this epoch holds this partition
+        (AddOffsetsToTxn added it); its refusal is answered for every offset as the
+        coordinator's code (the caller maps it per version). The write then carries the
+        partition's verification guard, so a marker of the transaction landing meanwhile
+        makes it INVALID_TXN_STATE instead of opening a transaction no marker closes."""
+        guard: VerificationGuard | None = None
+        if verify is not None:
+            if self._log.in_transaction(producer_id, producer_epoch):
+                guard = UNVERIFIED  # refused too if its marker lands before the write
+            else:
+                guard = self._log.start_verification(producer_id)
+                code = await verify(
+                    TopicPartition(OFFSETS_TOPIC, self.partition), producer_id, producer_epoch
+                )
+                if code != ErrorCode.none:
+                    self._log.end_verification(producer_id, guard)
+                    return dict.fromkeys(offsets, code)
         group = self.groups.get(group_id)
         if group_id in self.consumer.groups and (generation >= 0 or member_id):
             code = self.consumer.validate_offsets(group_id, member_id, generation)
@@ -618,10 +650,15 @@ class GroupShard:
         )
         if to_write:
             try:
-                await self._append(to_write, producer=(producer_id, producer_epoch))
-            except InvalidProducerEpoch as exc:
+                await self._append(
+                    to_write, producer=(producer_id, producer_epoch), verification=guard
+                )
+            except InvalidProducerEpoch as exc:  # Kafka's answer to an older epoch here
                 log.info("group %s: transactional offset commit fenced: %s", group_id, exc)
-                return dict.fromkeys(offsets, ErrorCode.producer_fenced)
+                return dict.fromkeys(offsets, ErrorCode.invalid_producer_epoch)
+            except InvalidTxnState as exc:
+                log.info("group %s: transactional offset commit refused: %s", group_id, exc)
+                return dict.fromkeys(offsets, ErrorCode.invalid_txn_state)
             except (StorageError, CoordinatorError) as exc:
                 log.warning("group %s: transactional offset commit failed: %s", group_id, exc)
                 return dict.fromkeys(offsets, _storage_code(exc))
@@ -858,10 +895,12 @@ class GroupShard:
         records: list[tuple[Key, Value | None]],
         *,
         producer: tuple[int, int] | None = None,
+        verification: VerificationGuard | None = None,
     ) -> None:
         """Append `records` durably and record them in the durable state. Waits while a
         snapshot is being written (it must not trim a record it did not include).
-        `producer` (id, epoch): write a transactional batch of that producer."""
+        `producer` (id, epoch): write a transactional batch of that producer, behind its
+        KIP-890 `verification` guard if given."""
         while not self._appends_open.is_set():
             await self._appends_open.wait()
         if self._closed:
@@ -886,7 +925,10 @@ class GroupShard:
         self._appends_in_flight += 1
         self._appends_drained.clear()
         try:
-            await self._log.append(batch, acks=-1)
+            if verification is None:
+                await self._log.append(batch, acks=-1)
+            else:
+                await self._log.append(batch, acks=-1, verification=verification)
             for key, value in records:
                 if value is None:
                     self._durable.pop(key, None)

@@ -52,6 +52,7 @@ from tidalmq_broker.storage.api import (
     PartitionStats,
     ReadResult,
     TimestampLookup,
+    VerificationGuard,
 )
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_broker.storage.producer_state import BatchMeta, ProducerEntry
@@ -275,6 +276,12 @@ class LogicQueueLog:
     def in_transaction(self, producer_id: int, producer_epoch: int) -> bool:
         return False  # static topics take no transactional batches
 
+    def start_verification(self, producer_id: int) -> VerificationGuard:
+        return VerificationGuard()  # unused: a transactional batch is refused (append)
+
+    def end_verification(self, producer_id: int, guard: VerificationGuard) -> None:
+        return None
+
     def active_producers(self) -> list[ActiveProducer]:
         """The producers of the writable physical queue (DescribeProducers): those that wrote
         only before the last remap are adopted from older queues at their next append."""
@@ -282,8 +289,14 @@ class LogicQueueLog:
 
     # ------------------------------------------------------------------ append
     async def append(
-        self, records_: bytes | memoryview, *, acks: int = -1, owned: bool = False
+        self,
+        records_: bytes | memoryview,
+        *,
+        acks: int = -1,
+        owned: bool = False,
+        verification: VerificationGuard | None = None,
     ) -> AppendResult:
+        """`verification` is not used: static topics refuse transactional batches."""
         leader = self._leader
         if leader.sealed:
             raise PartitionClosing(f"logic queue {self._tp}: its physical queue is sealed")

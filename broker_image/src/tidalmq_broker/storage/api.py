@@ -106,6 +106,23 @@ class InvalidTxnState(StorageError):
     (INVALID_TXN_STATE)."""
 
 
+class VerificationGuard:
+    """KIP-890's verification guard, compared by identity: a partition hands one out
+    (`PartitionLog.start_verification`) when a producer with no transaction going on there
+    asks to write transactionally, before the transaction coordinator is asked whether the
+    partition is in that producer's transaction. The partition forgets it as soon as a
+    transactional batch or a marker of that producer is appended, so an append carrying it
+    after a marker ended the transaction meanwhile is refused (INVALID_TXN_STATE) instead of
+    opening a transaction no marker will close. Kafka's VerificationGuard."""
+
+    __slots__ = ()
+
+
+# Kafka's VerificationGuard.SENTINEL: an append that required verification but asked no
+# question (its producer had a transaction going on here): accepted only while it still has.
+UNVERIFIED = VerificationGuard()
+
+
 class TransactionCoordinatorFenced(StorageError):
     """A marker from a coordinator older than the last one seen for the producer id
     (TRANSACTION_COORDINATOR_FENCED)."""
@@ -249,7 +266,12 @@ class PartitionLog(Protocol):
     def config(self) -> PartitionConfig: ...
 
     async def append(
-        self, records: bytes | memoryview, *, acks: int = -1, owned: bool = False
+        self,
+        records: bytes | memoryview,
+        *,
+        acks: int = -1,
+        owned: bool = False,
+        verification: VerificationGuard | None = None,
     ) -> AppendResult:
         """Validate (sizes, CRC, magic, producer sequence), assign offsets by patching base
         offsets, enqueue into the next WAL flush. With acks != 0 returns only after the WAL
@@ -257,7 +279,10 @@ class PartitionLog(Protocol):
         A failed PUT fails the append and rolls the partition back so no offset is reused
         with other data. Raises the StorageError subclasses above. `owned`: `records` is a
         writable view the caller gives up (a request's own buffer); it is patched in place
-        instead of copied."""
+        instead of copied. `verification` (KIP-890, None when verification is off): a
+        transactional batch of a producer with no transaction going on here is appended only
+        if this is the guard `start_verification` gave and still holds (InvalidTxnState
+        otherwise)."""
         ...
 
     @property
@@ -314,6 +339,16 @@ class PartitionLog(Protocol):
     def in_transaction(self, producer_id: int, producer_epoch: int) -> bool:
         """Whether the producer has a transaction going on here at this epoch (appends in
         flight included): its batches need no verification with the coordinator (KIP-890)."""
+        ...
+
+    def start_verification(self, producer_id: int) -> VerificationGuard:
+        """The producer's verification guard (a new one unless a verification is already
+        under way), to take before asking the coordinator and to pass to `append`."""
+        ...
+
+    def end_verification(self, producer_id: int, guard: VerificationGuard) -> None:
+        """Forget `guard` if it is still the producer's (the coordinator refused: nothing
+        will append with it)."""
         ...
 
 

@@ -39,6 +39,7 @@ from tidalmq_broker.storage.api import (
     AppendResult,
     CorruptRecord,
     InvalidRecord,
+    InvalidTxnState,
     ObjectStoreUnavailable,
     OffsetOutOfRange,
     OutOfOrderSequence,
@@ -53,6 +54,7 @@ from tidalmq_broker.storage.api import (
     StoreLost,
     TimestampLookup,
     UnsupportedMessageFormat,
+    VerificationGuard,
 )
 from tidalmq_broker.storage.checkpoint import Checkpoint
 from tidalmq_broker.storage.index import IndexEntry, OffsetIndex
@@ -158,6 +160,8 @@ class Partition:
         self._producers = self._durable_producers.copy()
         # producer ids with a batch appended (or answered as a duplicate) since this open
         self._appended_here: set[int] = set()
+        # KIP-890: producer id -> the guard of its verification under way (start_verification)
+        self._verifications: dict[int, VerificationGuard] = {}
         self._aborted = AbortedTxns.from_json(checkpoint.aborted_txns)
         self._cleaner_state = dict(checkpoint.cleaner)  # the log cleaner's progress
         # first offset of the oldest durable ongoing transaction (None: the LSO is the HWM)
@@ -270,12 +274,22 @@ class Partition:
         raise PartitionClosing(f"{self._tp} is closed")
 
     async def append(
-        self, records_: bytes | memoryview, *, acks: int = -1, owned: bool = False
+        self,
+        records_: bytes | memoryview,
+        *,
+        acks: int = -1,
+        owned: bool = False,
+        verification: VerificationGuard | None = None,
     ) -> AppendResult:
-        return await self.start_append(records_, acks=acks, owned=owned)
+        return await self.start_append(records_, acks=acks, owned=owned, verification=verification)
 
     def start_append(
-        self, records_: bytes | memoryview, *, acks: int = -1, owned: bool = False
+        self,
+        records_: bytes | memoryview,
+        *,
+        acks: int = -1,
+        owned: bool = False,
+        verification: VerificationGuard | None = None,
     ) -> Awaitable[AppendResult]:
         """`append` in two steps: everything that decides the outcome (validation, producer
         sequence checks, offsets, the place in the WAL) happens now, without suspending, so
@@ -331,6 +345,8 @@ class Partition:
                     if found is not None:
                         duplicate = found
                         break
+                    if h.is_transactional and verification is not None:
+                        self._check_verified(pid, verification)
                     if pid not in undo:
                         entry = self._producers.producers.get(pid)
                         undo[pid] = None if entry is None else entry.clone()
@@ -359,6 +375,10 @@ class Partition:
             self._undo_producers(undo)
             raise
         self._appended_here.update(p[0] for p in producers)
+        if duplicate is None:
+            for h in headers:
+                if h.is_transactional:  # its transaction is going on here: the guard is done
+                    self._verifications.pop(h.producer_id, None)
         if duplicate is not None:
             self._undo_producers(undo)
             self._appended_here.add(h.producer_id)
@@ -383,6 +403,30 @@ class Partition:
         future = self._enqueue(buf, base, offset - 1, max_ts, producers, acks)
         result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
         return self._acknowledged(result, future)
+
+    def _check_verified(self, producer_id: int, guard: VerificationGuard) -> None:
+        """KIP-890's guard (Kafka's UnifiedLog): a transactional batch that would open its
+        producer's transaction here needs the guard of a verification that no transactional
+        batch or marker of the producer has ended since (the coordinator's answer may predate
+        the marker of the very transaction it verified)."""
+        entry = self._producers.producers.get(producer_id)
+        if entry is not None and entry.txn_first_offset >= 0:
+            return
+        if self._verifications.get(producer_id) is not guard:
+            raise InvalidTxnState(
+                f"{self._tp}: record of producer {producer_id} was not part of an ongoing "
+                "transaction (not verified, or its transaction ended since)"
+            )
+
+    def start_verification(self, producer_id: int) -> VerificationGuard:
+        guard = self._verifications.get(producer_id)
+        if guard is None:
+            guard = self._verifications[producer_id] = VerificationGuard()
+        return guard
+
+    def end_verification(self, producer_id: int, guard: VerificationGuard) -> None:
+        if self._verifications.get(producer_id) is guard:
+            del self._verifications[producer_id]
 
     def _catching_up(self, h: records.BatchHeader, exc: OutOfOrderSequence) -> None:
         """Raise ProducerCatchingUp instead of `exc` for a batch ahead of the next sequence
@@ -449,6 +493,7 @@ class Partition:
         self._producers.complete(
             producer_id, producer_epoch, commit, coordinator_epoch, offset, now_ms
         )
+        self._verifications.pop(producer_id, None)  # a verification begun before it is void
         kind = COMMIT_MARKER if commit else ABORT_MARKER
         row = (producer_id, producer_epoch, -1, -1, offset, offset, kind, coordinator_epoch)
         future = self._enqueue(buf, offset, offset, now_ms, [row], -1)

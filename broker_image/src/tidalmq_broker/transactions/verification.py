@@ -70,6 +70,31 @@ def produce_error(code: int, produce_version: int) -> tuple[int, str | None]:
     return code, None
 
 
+FIRST_TXN_OFFSET_COMMIT_VERSION_WITH_ABORTABLE = 4  # KIP-890
+
+
+def txn_offset_commit_error(code: int, version: int) -> int:
+    """The TxnOffsetCommit answer to a failed verification of the group's `__consumer_offsets`
+    partition, as Kafka 4.x's group coordinator gives it (AddPartitionsToTxnManager, then
+    CoordinatorOperationExceptionHelper): PRODUCER_FENCED as INVALID_PRODUCER_EPOCH;
+    TRANSACTION_ABORTABLE (AddOffsetsToTxn never added the group) as INVALID_TXN_STATE to
+    versions before 4; an unreachable coordinator (NETWORK_EXCEPTION) as the retriable
+    COORDINATOR_LOAD_IN_PROGRESS, NOT_ENOUGH_REPLICAS and REQUEST_TIMED_OUT as
+    COORDINATOR_NOT_AVAILABLE; the rest (NOT_COORDINATOR, CONCURRENT_TRANSACTIONS, ...) as
+    it came."""
+    if code == ErrorCode.producer_fenced:
+        return ErrorCode.invalid_producer_epoch
+    if code == ErrorCode.transaction_abortable:
+        if version < FIRST_TXN_OFFSET_COMMIT_VERSION_WITH_ABORTABLE:
+            return ErrorCode.invalid_txn_state
+        return code
+    if code == ErrorCode.network_exception:
+        return ErrorCode.coordinator_load_in_progress
+    if code in (ErrorCode.not_enough_replicas, ErrorCode.request_timed_out):
+        return ErrorCode.coordinator_not_available
+    return code
+
+
 def verify_here(
     coordinator: TransactionCoordinator,
     transactional_id: str,
@@ -169,7 +194,7 @@ class TxnVerifier:
         answer = queue.answers.get(producer_epoch)
         if answer is None:
             answer = queue.answers[producer_epoch] = asyncio.ensure_future(
-                self._ask(tp, transactional_id, producer_id, producer_epoch)
+                self.ask(tp, transactional_id, producer_id, producer_epoch)
             )
         previous = queue.tail
         mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -188,9 +213,11 @@ class TxnVerifier:
                 del self._queues[key]
         return await appended
 
-    async def _ask(
+    async def ask(
         self, tp: TopicPartition, transactional_id: str, producer_id: int, producer_epoch: int
     ) -> int:
+        """The coordinator's verify-only answer for one partition (NONE: it is in the
+        producer's ongoing transaction at that epoch); NETWORK_EXCEPTION when unreachable."""
         host = self._host
         wanted = {(tp.topic, tp.partition)}
         try:
