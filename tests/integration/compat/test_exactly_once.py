@@ -12,7 +12,9 @@ partition moves (each test kills one broker of its own; the cluster is shared by
   abort transactions over all partitions while one partition moves and a broker is killed;
   then no aborted record is visible, every committed record exactly once, a transaction whose
   outcome the producer could not learn is seen whole or not at all, and each producer's
-  records keep their order within a partition."""
+  records keep their order within a partition. Meanwhile a consume-transform-produce copier
+  (librdkafka, send_offsets_to_transaction) copies a topic fed throughout: its output is
+  the input, each record once and in order."""
 
 from __future__ import annotations
 
@@ -281,9 +283,65 @@ def run_producer(bootstrap: str, topic: str, index: int, stop: threading.Event, 
     p.flush(10)
 
 
-def read_all_committed(bootstrap: str, topic: str, at_least: int) -> dict[int, list[bytes]]:
+def feed(bootstrap: str, topic: str, stop: threading.Event) -> None:
+    """The copier's input: plain idempotent records `c/n`, over every partition, until `stop`."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2})
+    n = 0
+    while not stop.is_set():
+        for _ in range(5):
+            p.produce(topic, f"c/{n}".encode(), partition=n % TXN_PARTITIONS)
+            n += 1
+        p.poll(0)
+        time.sleep(0.05)  # about 100 records a second: the producers above keep their pace
+    assert p.flush(60) == 0, "input records not acknowledged"
+
+
+def run_copier(bootstrap: str, source: str, sink: str, stop: threading.Event, h: History) -> None:
+    """Consume-transform-produce with librdkafka's transactional API: each batch read from
+    `source` is written to the same partition of `sink` in a transaction that also commits the
+    consumer's positions (send_offsets_to_transaction). After any error the transaction is
+    settled (aborted, or fenced by a new incarnation, which completes or aborts it first) and
+    the consumer rewinds to the group's committed offsets, so every input record lands in the
+    sink exactly once, in order, if transactional offsets are committed with their records."""
+    group, tid = name("copier"), name("copier-txn")
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})  # fmt: skip
+    parts = [TopicPartition(source, p) for p in range(TXN_PARTITIONS)]
+    c.assign([TopicPartition(source, p, 0) for p in range(TXN_PARTITIONS)])
+    p = transactional_producer(bootstrap, tid)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        batch = [m for m in c.consume(100, 0.2) if m.error() is None]
+        if not batch:
+            if stop.is_set() and all(
+                pos.offset >= c.get_watermark_offsets(pos, timeout=10, cached=False)[1]
+                for pos in c.position(parts)
+            ):
+                break
+            continue
+        try:
+            p.begin_transaction()
+            for m in batch:
+                p.produce(sink, m.value(), partition=m.partition())
+            p.send_offsets_to_transaction(c.position(parts), c.consumer_group_metadata(), 30)
+            p.commit_transaction(30)
+        except KafkaException as exc:
+            h.errors[exc.args[0].name()] += 1
+            try:
+                p.abort_transaction(30)
+            except KafkaException:
+                p = transactional_producer(bootstrap, tid)  # fences the previous incarnation
+            committed = c.committed(parts, timeout=30)
+            c.assign([TopicPartition(source, t.partition, max(t.offset, 0)) for t in committed])
+    c.close()
+    p.flush(10)
+
+
+def read_all_committed(
+    bootstrap: str, topic: str, at_least: int, isolation: str = "read_committed"
+) -> dict[int, list[bytes]]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": name("checker-reader"),
-                  "isolation.level": "read_committed", "enable.auto.commit": False})  # fmt: skip
+                  "isolation.level": isolation, "enable.auto.commit": False})  # fmt: skip
     c.assign([TopicPartition(topic, p, 0) for p in range(TXN_PARTITIONS)])
     got: dict[int, list[bytes]] = defaultdict(list)
     deadline = time.monotonic() + 60
@@ -304,12 +362,16 @@ def test_transactions_checker_under_a_move_and_a_broker_kill_9(
     cluster: LocalClusterProcess,
 ) -> None:
     bootstrap = cluster.bootstrap
-    topic = name("checked")
+    topic, source, sink = name("checked"), name("copier-in"), name("copier-out")
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, TXN_PARTITIONS, 1)])[topic].result(30)
-    h, stop = History(), threading.Event()
+    for f in admin.create_topics([NewTopic(t, TXN_PARTITIONS, 1)
+                                  for t in (topic, source, sink)]).values():  # fmt: skip
+        f.result(30)
+    h, copier, stop = History(), History(), threading.Event()
     threads = [threading.Thread(target=run_producer, args=(bootstrap, topic, i, stop, h))
                for i in range(PRODUCERS)]  # fmt: skip
+    threads += [threading.Thread(target=feed, args=(bootstrap, source, stop)),
+                threading.Thread(target=run_copier, args=(bootstrap, source, sink, stop, copier))]  # fmt: skip
     for t in threads:
         t.start()
     time.sleep(RUN_S / 4)
@@ -356,3 +418,17 @@ def test_transactions_checker_under_a_move_and_a_broker_kill_9(
         "misplaced": misplaced[:10], "partial": partial[:3], "out of order": out_of_order[:10],
         "unexpected": unexpected[:10], "errors": dict(h.errors),
     }  # fmt: skip
+
+    # consume-transform-produce: the sink holds every input record once, in the input's order
+    inputs = read_all_committed(bootstrap, source, 1, isolation="read_uncommitted")
+    fed = sum(map(len, inputs.values()))
+    outputs = read_all_committed(bootstrap, sink, fed)
+    print(f"copier: {fed} records; client errors {dict(copier.errors)}")
+    assert fed > 100, inputs  # the input kept coming through the move and the kill
+    for partition in range(TXN_PARTITIONS):
+        copied, wanted = outputs.get(partition, []), inputs.get(partition, [])
+        assert copied == wanted, {
+            "partition": partition, "duplicates": sorted(v for v, n in Counter(copied).items() if n > 1)[:10],
+            "lost": sorted(set(wanted) - set(copied))[:10], "lengths": (len(copied), len(wanted)),
+            "errors": dict(copier.errors),
+        }  # fmt: skip
