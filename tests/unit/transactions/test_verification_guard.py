@@ -148,6 +148,12 @@ async def test_a_guard_voided_by_a_marker_refuses_the_write_and_the_lso_moves_on
     refused = plog.start_verification(pid + 1)
     plog.end_verification(pid + 1, refused)
     assert plog.start_verification(pid + 1) is not refused
+    # two requests hold one guard: the first giving it back leaves it valid for the other
+    shared = plog.start_verification(pid + 2)
+    assert plog.start_verification(pid + 2) is shared
+    plog.end_verification(pid + 2, shared)
+    await plog.append(batch(pid + 2, 0, 0), verification=shared)
+    assert plog.in_transaction(pid + 2, 0)
 
 
 async def test_a_produce_verified_before_the_marker_of_its_transaction_is_refused(

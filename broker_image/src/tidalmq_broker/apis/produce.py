@@ -185,12 +185,18 @@ def _append(
         )
     guard = plog.start_verification(pid)  # taken before the question: a marker voids it
 
+    async def append_verified() -> AppendResult:
+        try:
+            return await plog.append(data, acks=acks, owned=True, verification=guard)
+        finally:
+            plog.end_verification(pid, guard)
+
     def enqueue(code: int) -> asyncio.Future[AppendResult]:
         if code != ErrorCode.none:
             plog.end_verification(pid, guard)
             answer, message = produce_error(code, version)
             raise KafkaError(ErrorCode(answer), message)
-        return asyncio.ensure_future(plog.append(data, acks=acks, owned=True, verification=guard))
+        return asyncio.ensure_future(append_verified())
 
     return asyncio.ensure_future(verifier.gate(plog.tp, transactional_id, pid, epoch, enqueue))
 

@@ -619,18 +619,40 @@ class GroupShard:
         coordinator's code (the caller maps it per version). The write then carries the
         partition's verification guard, so a marker of the transaction landing meanwhile
         makes it INVALID_TXN_STATE instead of opening a transaction no marker closes."""
-        guard: VerificationGuard | None = None
-        if verify is not None:
-            if self._log.in_transaction(producer_id, producer_epoch):
-                guard = UNVERIFIED  # refused too if its marker lands before the write
-            else:
-                guard = self._log.start_verification(producer_id)
-                code = await verify(
-                    TopicPartition(OFFSETS_TOPIC, self.partition), producer_id, producer_epoch
-                )
-                if code != ErrorCode.none:
-                    self._log.end_verification(producer_id, guard)
-                    return dict.fromkeys(offsets, code)
+        if verify is None:
+            return await self._txn_commit(
+                group_id, producer_id, producer_epoch, generation, member_id,
+                group_instance_id, offsets, None,
+            )  # fmt: skip
+        if self._log.in_transaction(producer_id, producer_epoch):
+            return await self._txn_commit(
+                group_id, producer_id, producer_epoch, generation, member_id,
+                group_instance_id, offsets, UNVERIFIED,  # refused too if its marker lands first
+            )  # fmt: skip
+        guard = self._log.start_verification(producer_id)
+        try:
+            tp = TopicPartition(OFFSETS_TOPIC, self.partition)
+            code = await verify(tp, producer_id, producer_epoch)
+            if code != ErrorCode.none:
+                return dict.fromkeys(offsets, code)
+            return await self._txn_commit(
+                group_id, producer_id, producer_epoch, generation, member_id,
+                group_instance_id, offsets, guard,
+            )  # fmt: skip
+        finally:
+            self._log.end_verification(producer_id, guard)
+
+    async def _txn_commit(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        generation: int,
+        member_id: str,
+        group_instance_id: str | None,
+        offsets: dict[tuple[str, int], CommittedOffset],
+        guard: VerificationGuard | None,
+    ) -> dict[tuple[str, int], int]:
         group = self.groups.get(group_id)
         if group_id in self.consumer.groups and (generation >= 0 or member_id):
             code = self.consumer.validate_offsets(group_id, member_id, generation)

@@ -113,9 +113,13 @@ class VerificationGuard:
     partition is in that producer's transaction. The partition forgets it as soon as a
     transactional batch or a marker of that producer is appended, so an append carrying it
     after a marker ended the transaction meanwhile is refused (INVALID_TXN_STATE) instead of
-    opening a transaction no marker will close. Kafka's VerificationGuard."""
+    opening a transaction no marker will close. Kafka's VerificationGuard. `holders`: the
+    requests that took it and have not yet given it back (`end_verification`)."""
 
-    __slots__ = ()
+    __slots__ = ("holders",)
+
+    def __init__(self) -> None:
+        self.holders = 0
 
 
 # Kafka's VerificationGuard.SENTINEL: an append that required verification but asked no
@@ -343,12 +347,14 @@ class PartitionLog(Protocol):
 
     def start_verification(self, producer_id: int) -> VerificationGuard:
         """The producer's verification guard (a new one unless a verification is already
-        under way), to take before asking the coordinator and to pass to `append`."""
+        under way), to take before asking the coordinator and to pass to `append`. Every
+        taker gives it back with `end_verification` once its append has started (or will
+        not happen)."""
         ...
 
     def end_verification(self, producer_id: int, guard: VerificationGuard) -> None:
-        """Forget `guard` if it is still the producer's (the coordinator refused: nothing
-        will append with it)."""
+        """Give `guard` back: the partition forgets it when no request holds it any more
+        (if an append or marker has not already voided it)."""
         ...
 
 

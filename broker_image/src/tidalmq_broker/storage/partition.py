@@ -422,10 +422,12 @@ class Partition:
         guard = self._verifications.get(producer_id)
         if guard is None:
             guard = self._verifications[producer_id] = VerificationGuard()
+        guard.holders += 1
         return guard
 
     def end_verification(self, producer_id: int, guard: VerificationGuard) -> None:
-        if self._verifications.get(producer_id) is guard:
+        guard.holders -= 1
+        if guard.holders <= 0 and self._verifications.get(producer_id) is guard:
             del self._verifications[producer_id]
 
     def _catching_up(self, h: records.BatchHeader, exc: OutOfOrderSequence) -> None:
