@@ -199,3 +199,35 @@ async def test_a_coordinator_stopped_between_a_marker_and_its_records_writes_the
     await LogCleaner(offsets.engine).clean(plog, now_ms=now + 3 * DAY)
     await LogCleaner(offsets.engine).clean(plog, now_ms=now + 5 * DAY)
     assert offset_of(await offsets.reload(), 0) == -1, "the deleted group's offset came back"
+
+
+async def test_a_marker_landing_during_a_snapshot_that_trims_it_still_settles_on_reload(
+    offsets: Offsets,
+) -> None:
+    """The snapshot holds the offsets as pending, the marker lands before the snapshot's
+    first record (so the trim removes it), and the coordinator goes before the listener's
+    records: the reload must still see the committed offset and the aborted one gone."""
+    shard = await offsets.reload()
+    for pid, partition, offset in ((COMMITTED, 0, 10), (ABORTED, 1, 20), (OPEN, 2, 30)):
+        await shard.txn_commit(
+            group_id="g", producer_id=pid, producer_epoch=0, generation=-1, member_id="",
+            group_instance_id=None, offsets={("orders", partition): CommittedOffset(offset, -1, None)},
+        )  # fmt: skip
+    plog = offsets.plog
+    assert plog is not None
+    async with shard._snapshot_lock:  # a snapshot is being written
+        live = list(shard._durable.items())
+        settling = []
+        for pid, commit in ((COMMITTED, True), (ABORTED, False)):
+            await plog.write_txn_marker(pid, 0, commit=commit, coordinator_epoch=1)
+            # the listener settles in memory, then waits for the snapshot to write its records
+            settling.append(asyncio.create_task(shard.complete_txn(pid, commit)))
+        await asyncio.sleep(0.01)
+        await shard._write_snapshot(live)
+        for task in settling:  # the coordinator stops before the listener's records
+            task.cancel()
+    assert plog.log_start_offset > 0  # the markers were trimmed with the rest
+    again = await offsets.reload()
+    assert [offset_of(again, p) for p in range(3)] == [10, -1, -1]
+    assert not again.has_pending("g", "orders", 0) and not again.has_pending("g", "orders", 1)
+    assert again.has_pending("g", "orders", 2)  # the open transaction's offset waits still

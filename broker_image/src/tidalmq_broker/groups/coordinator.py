@@ -719,14 +719,7 @@ class GroupShard:
             try:
                 await self._appends_drained.wait()
                 keys, self._unmaterialised = self._unmaterialised, set()
-                records: list[tuple[Key, Value | None]] = []
-                for key in sorted(keys, key=_txn_key_order):
-                    if key not in self._durable:  # pending again: its next marker settles it
-                        records.append((key, None))
-                    committed = OffsetKey(key.group, key.topic, key.partition)
-                    value = self._durable.get(committed)
-                    if value is not None:
-                        records.append((committed, value))
+                records = self._settled_records(keys)
                 try:
                     if records and not self._closed:
                         batch = build_batch(
@@ -746,6 +739,20 @@ class GroupShard:
                     )
             finally:
                 self._appends_open.set()
+
+    def _settled_records(self, keys: set[TxnOffsetKey]) -> list[tuple[Key, Value | None]]:
+        """The plain records of what markers settled for `keys`: a tombstone for each pending
+        record (unless pending again: its next marker settles it) and the offset's current
+        value under its OffsetKey."""
+        records: list[tuple[Key, Value | None]] = []
+        for key in sorted(keys, key=_txn_key_order):
+            if key not in self._durable:
+                records.append((key, None))
+            committed = OffsetKey(key.group, key.topic, key.partition)
+            value = self._durable.get(committed)
+            if value is not None:
+                records.append((committed, value))
+        return records
 
     def has_pending(self, group_id: str, topic: str, partition: int) -> bool:
         """An open transaction holds an offset for it (OffsetFetch with require_stable)."""
@@ -997,6 +1004,20 @@ class GroupShard:
                 result = await self._log.append(batch, acks=-1)
                 if i == 0:
                     start = result.base_offset
+            # A marker that landed while the snapshot was written settled pending offsets the
+            # snapshot still holds as pending, and the trim below may remove that marker:
+            # write their outcome after the snapshot first, or a reload would keep them
+            # pending for good (or let the producer's next marker settle them its own way).
+            settled = {k for k, _ in live if isinstance(k, TxnOffsetKey) and k not in self._durable}
+            if settled:
+                records = self._settled_records(settled)
+                await self._log.append(
+                    build_batch(
+                        [(encode_key(k), encode_value(v)) for k, v in records],
+                        timestamp_ms=_now_ms(),
+                    ),
+                    acks=-1,
+                )
             await self._log.delete_records_before(start)
             log.info(
                 "%s-%d: snapshot of %d keys, log trimmed before %d",
