@@ -283,8 +283,9 @@ def run_producer(bootstrap: str, topic: str, index: int, stop: threading.Event, 
     p.flush(10)
 
 
-def feed(bootstrap: str, topic: str, stop: threading.Event) -> None:
-    """The copier's input: plain idempotent records `c/n`, over every partition, until `stop`."""
+def feed(bootstrap: str, topic: str, stop: threading.Event, fed: list[int]) -> None:
+    """The copier's input: plain idempotent records `c/n`, over every partition, until `stop`
+    (how many, appended to `fed`, once all are acknowledged)."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2})
     n = 0
     while not stop.is_set():
@@ -294,6 +295,7 @@ def feed(bootstrap: str, topic: str, stop: threading.Event) -> None:
         p.poll(0)
         time.sleep(0.05)  # about 100 records a second: the producers above keep their pace
     assert p.flush(60) == 0, "input records not acknowledged"
+    fed.append(n)
 
 
 def run_copier(bootstrap: str, source: str, sink: str, stop: threading.Event, h: History) -> None:
@@ -338,7 +340,11 @@ def run_copier(bootstrap: str, source: str, sink: str, stop: threading.Event, h:
 
 
 def read_all_committed(
-    bootstrap: str, topic: str, at_least: int, isolation: str = "read_committed"
+    bootstrap: str,
+    topic: str,
+    at_least: int,
+    isolation: str = "read_committed",
+    quiet_s: float = 2.0,
 ) -> dict[int, list[bytes]]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": name("checker-reader"),
                   "isolation.level": isolation, "enable.auto.commit": False})  # fmt: skip
@@ -352,7 +358,7 @@ def read_all_committed(
             if m is not None and m.error() is None:
                 got[m.partition()].append(m.value())
             if quiet_until is None and sum(map(len, got.values())) >= at_least:
-                quiet_until = time.monotonic() + 2.0
+                quiet_until = time.monotonic() + quiet_s
     finally:
         c.close()
     return got
@@ -367,10 +373,10 @@ def test_transactions_checker_under_a_move_and_a_broker_kill_9(
     for f in admin.create_topics([NewTopic(t, TXN_PARTITIONS, 1)
                                   for t in (topic, source, sink)]).values():  # fmt: skip
         f.result(30)
-    h, copier, stop = History(), History(), threading.Event()
+    h, copier, stop, fed = History(), History(), threading.Event(), list[int]()
     threads = [threading.Thread(target=run_producer, args=(bootstrap, topic, i, stop, h))
                for i in range(PRODUCERS)]  # fmt: skip
-    threads += [threading.Thread(target=feed, args=(bootstrap, source, stop)),
+    threads += [threading.Thread(target=feed, args=(bootstrap, source, stop, fed)),
                 threading.Thread(target=run_copier, args=(bootstrap, source, sink, stop, copier))]  # fmt: skip
     for t in threads:
         t.start()
@@ -420,11 +426,12 @@ def test_transactions_checker_under_a_move_and_a_broker_kill_9(
     }  # fmt: skip
 
     # consume-transform-produce: the sink holds every input record once, in the input's order
-    inputs = read_all_committed(bootstrap, source, 1, isolation="read_uncommitted")
-    fed = sum(map(len, inputs.values()))
-    outputs = read_all_committed(bootstrap, sink, fed)
-    print(f"copier: {fed} records; client errors {dict(copier.errors)}")
-    assert fed > 100, inputs  # the input kept coming through the move and the kill
+    assert fed and fed[0] > 100, fed  # the input kept coming through the move and the kill
+    # every input record is acknowledged: all there, no need to wait for more
+    inputs = read_all_committed(bootstrap, source, fed[0], "read_uncommitted", quiet_s=0)
+    assert sum(map(len, inputs.values())) == fed[0]
+    outputs = read_all_committed(bootstrap, sink, fed[0])
+    print(f"copier: {fed[0]} records; client errors {dict(copier.errors)}")
     for partition in range(TXN_PARTITIONS):
         copied, wanted = outputs.get(partition, []), inputs.get(partition, [])
         assert copied == wanted, {
