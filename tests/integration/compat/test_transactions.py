@@ -14,10 +14,11 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from tidalmq_broker.transactions.records import partition_for_transactional_id
 from tidalmq_core.metadata import TXN_STATE_TOPIC
 
-from tests.integration.compat.conftest import create_topic, name, tool
+from tests.integration.compat.conftest import name, tool
 from tests.support.local_cluster import LocalClusterProcess
 
 pytestmark = pytest.mark.integration
@@ -71,8 +72,10 @@ def test_transactions_commit_abort_fence_and_read_committed(
 ) -> None:
     bootstrap = tidalmq_cluster.bootstrap
     topics = [name("txn-a"), name("txn-b")]
-    for topic in topics:
-        create_topic(bootstrap, topic, PARTITIONS)
+    # one admin call (no JVM start per topic: kafka-topics is checked in its own tests)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics]).values():
+        f.result(30)
     group, tid = name("txn-group"), name("txn-id")
     source = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
 
