@@ -7,6 +7,8 @@
 #   KAFKA_VERSION=4.3.0 bench/kafka/assemble.sh   (another 4.x release)
 #   KAFKA_PART=streams KAFKA_POM=bench/kafka/streams/pom.xml bench/kafka/assemble.sh
 #       -> .../kafka/<version>-streams: an extra classpath used beside the main one (Streams)
+#   KAFKA_PART=connect-file KAFKA_POM=bench/kafka/connect-file/pom.xml bench/kafka/assemble.sh
+#       -> .../kafka/<version>-connect-file: Connect's FileStream connectors, likewise
 #
 # The result is cached: a stamp file records the hash of pom.xml and the version, so a second
 # run costs milliseconds and runs no Maven at all. Concurrent runs (the lead and the
@@ -62,7 +64,9 @@ fi
 
 # Sanity: the jars every later step relies on must be there.
 if [ -n "$part" ]; then
-  expected=("kafka-$part-$version")
+  # the part's own jar: kafka-streams-<version>, connect-file-<version>
+  expected=("$part-$version")
+  [ -f "$tmp/lib/$part-$version.jar" ] || expected=("kafka-$part-$version")
 else
   expected=("kafka_2.13-$version" "kafka-server-$version" "kafka-tools-$version"
     "kafka-clients-$version" "kafka-storage-$version" "kafka-metadata-$version")

@@ -214,6 +214,14 @@ def assemble_streams(version: str | None = None) -> KafkaDist:
         return _assemble_cached(version or pinned_version(), str(cache_root()), "streams")
 
 
+def assemble_connect_file(version: str | None = None) -> KafkaDist:
+    """Kafka Connect's FileStream connectors of the pinned release
+    (bench/kafka/connect-file/pom.xml), in a classpath directory of its own used beside the
+    main one, which carries connect-runtime."""
+    with _assemble_lock:
+        return _assemble_cached(version or pinned_version(), str(cache_root()), "connect-file")
+
+
 def streams_count_command(
     bootstrap: str,
     input_topic: str,
