@@ -1,16 +1,21 @@
 """Which compacted partitions a cleaner round picks (storage/cleaner.py's `assess`, Kafka's
 cleaner manager): the dirty ratio against min.cleanable.dirty.ratio, max.compaction.lag.ms and
 due delete horizons; the merge age that bounds a compacted log's active part; the cleaner's
-progress in the partition checkpoint."""
+progress in the partition checkpoint; when the cleaner looks at a partition again if nothing
+changes in it (LogCleaner.next_due)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from tidalmq_broker.protocol import records as rb
 from tidalmq_broker.storage.api import PartitionConfig
 from tidalmq_broker.storage.checkpoint import Checkpoint
 from tidalmq_broker.storage.cleaner import Cleanability, assess, earliest_horizon
 from tidalmq_broker.storage.compaction import merge_max_age_ms
-from tidalmq_broker.storage.index import IndexEntry
+from tidalmq_broker.storage.index import IndexEntry, OffsetIndex
+from tidalmq_broker.storage.log_cleaner import LogCleaner
+from tidalmq_core.model import TopicPartition
 
 T0 = 1_700_000_000_000
 DAY = 86_400_000
@@ -101,3 +106,71 @@ def test_the_cleaners_progress_rides_in_the_checkpoint() -> None:
     assert b'"cleaner"' not in cp.encode()  # never cleaned: the checkpoint is as before
     cp.cleaner = {"first_dirty": 120, "horizon": T0}
     assert Checkpoint.decode(cp.encode()).cleaner == {"first_dirty": 120, "horizon": T0}
+
+
+# LogCleaner.next_due: when the engine looks at a partition again if nothing changes in it
+
+
+class _Partition:
+    """What next_due reads of a partition (storage/partition.py's Partition)."""
+
+    def __init__(self, config: PartitionConfig, entries: list[IndexEntry], **state: int) -> None:
+        self.tp = TopicPartition("t", 0)
+        self.config = config
+        self.index = OffsetIndex(entries)
+        self.cleaner_state = dict(state)
+        self.log_start_offset = entries[0].base_offset if entries else 0
+        self.last_stable_offset = entries[-1].last_offset + 1 if entries else 0
+
+
+COMPACT = frozenset({"compact"})
+MERGE_AGE = 7 * DAY  # segment.ms: a compact topic has no retention bound
+
+
+def _next_due(now: int, entries: list[IndexEntry] = LOG, **kw: Any) -> int | None:
+    state = {k: kw.pop(k) for k in ("first_dirty", "horizon") if k in kw}
+    state.setdefault("first_dirty", 10)
+    kw.setdefault("cleanup_policy", COMPACT)
+    p = _Partition(PartitionConfig(**kw), entries, **state)
+    return LogCleaner(None).next_due(p, now)  # type: ignore[arg-type]  # host unused here
+
+
+def test_next_due_only_on_a_change_for_what_the_cleaner_never_takes() -> None:
+    assert _next_due(T0, cleanup_policy=frozenset({"delete"})) is None
+    assert _next_due(T0, entries=[]) is None
+    assert _next_due(T0, entries=LOG[3:]) is None  # all in the WAL: nothing to clean yet
+
+
+def test_next_due_is_now_when_a_pass_is_wanted() -> None:
+    assert _next_due(T0 + 5000, min_cleanable_dirty_ratio=0.2) == T0 + 5000
+    assert _next_due(T0 + 5000, first_dirty=0) == T0 + 5000  # never cleaned: all dirty
+
+
+def test_next_due_when_the_last_segment_leaves_the_active_part() -> None:
+    # s1 (100 dirty bytes of 400) is below the ratio; s2 becomes cleanable once the WAL pass
+    # no longer merges into it (may_merge: still merged at exactly the merge age)
+    due = _next_due(T0 + 5000)
+    assert due == T0 + 2000 + MERGE_AGE + 1
+    assert _next_due(due - 1) == due  # still active a millisecond before: the same time
+    assert _next_due(due) == due  # then 600 dirty bytes of 900: a pass at once
+
+
+def test_next_due_when_max_compaction_lag_makes_it_overdue() -> None:
+    # s1's newest record is T0 + 1000: overdue once strictly older than the lag
+    due = _next_due(T0 + 5000, max_compaction_lag_ms=60_000)
+    assert due == T0 + 1000 + 60_000 + 1
+    assert _next_due(due - 1, max_compaction_lag_ms=60_000) == due
+    assert _next_due(due, max_compaction_lag_ms=60_000) == due
+
+
+def test_next_due_at_a_kept_tombstones_delete_horizon() -> None:
+    assert _next_due(T0 + 5000, horizon=T0 + 9000) == T0 + 9000
+    assert _next_due(T0 + 9000, horizon=T0 + 9000) == T0 + 9000  # due: a pass now
+    # a horizon later than the merge age is not the next time
+    assert _next_due(T0 + 5000, horizon=T0 + 30 * DAY) == T0 + 2000 + MERGE_AGE + 1
+
+
+def test_next_due_waits_out_min_compaction_lag() -> None:
+    # everything dirty but too young: looked at again when the lag has passed from now
+    young = _next_due(T0 + 5000, first_dirty=0, min_compaction_lag_ms=DAY)
+    assert young == T0 + 5000 + DAY

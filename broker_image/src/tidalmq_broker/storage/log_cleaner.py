@@ -155,15 +155,17 @@ class LogCleaner:
         entries = p.index.entries
         first_dirty = max(state.get("first_dirty", 0), p.log_start_offset)
         dirty = next((e for e in entries if not e.in_wal and e.last_offset >= first_dirty), None)
+        # the first millisecond each makes a difference: `assess` and `may_merge` compare
+        # strictly (overdue once older than max.compaction.lag.ms; merged up to the merge age)
         if dirty is not None and dirty.max_timestamp >= 0:
-            times.append(_add_ms(dirty.max_timestamp, cfg.max_compaction_lag_ms))
+            times.append(_add_ms(dirty.max_timestamp, cfg.max_compaction_lag_ms, 1))
             if cfg.min_compaction_lag_ms > 0:
                 times.append(_add_ms(now_ms, cfg.min_compaction_lag_ms))
         segments = [e for e in entries if not e.in_wal]
         if segments:
             last_key = segments[-1].key
             first_of_last = next(e for e in segments if e.key == last_key)
-            times.append(_add_ms(first_of_last.max_timestamp, merge_max_age_ms(cfg)))
+            times.append(_add_ms(first_of_last.max_timestamp, merge_max_age_ms(cfg), 1))
         ahead = [t for t in times if t > now_ms]
         return min(ahead) if ahead else None
 
@@ -347,9 +349,10 @@ class LogCleaner:
             log.warning("could not delete %s (the sweep will): %s", key, exc)
 
 
-def _add_ms(at: int, delay: int) -> int:
-    """`at` + `delay` ms, capped (delays such as max.compaction.lag.ms go up to 2^63 - 1)."""
-    return min(at + delay, 2**62)
+def _add_ms(at: int, delay: int, extra: int = 0) -> int:
+    """`at` + `delay` (+ `extra`) ms, capped (delays such as max.compaction.lag.ms go up to
+    2^63 - 1)."""
+    return min(at + delay + extra, 2**62)
 
 
 def _add(total: CleanStats, more: CleanStats) -> None:
