@@ -66,7 +66,7 @@ import traceback
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -81,6 +81,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from bench.controller_scale import DEFAULT_MAX_MOVES, ScaleConfig, run_size  # noqa: E402
 from bench.kafka.harness import reassign_verify, reassignment_plan  # noqa: E402
 from bench.metadata_scale_report import render  # noqa: E402
+from bench.move_progress import MoveProgress  # noqa: E402
 from bench.side_by_side_systems import (  # noqa: E402
     KAFKA,
     TIDALMQ,
@@ -387,7 +388,8 @@ class MoveTracker:
     (`moved(tp, leader)`, at the time the answer arrived), sends the probe's record to the
     sampled ones then, and keeps (time, moved, sampled served) for the chart. A partition that
     leaves its new home again (a failover bouncing it) is forgotten until it comes back, and
-    counted in `left`."""
+    counted in `left`. Each poll is published whole (bench/move_progress.py): the done checks
+    of the main thread never see half of one."""
 
     def __init__(
         self,
@@ -397,23 +399,34 @@ class MoveTracker:
         sample: Collection[TP],
         started: float,
     ) -> None:
-        self.topics = set(topics)
-        self.moved = moved
-        self.sample = set(sample)
+        self.progress = MoveProgress(topics, moved, sample)
+        self.sample = self.progress.sample
         self.started = started
-        self.moved_at: dict[TP, float] = {}
-        self.leaders: dict[TP, int] = {}
-        self.led_by: Counter[int] = Counter()  # every topic's partitions, internal ones too
         self.series: list[tuple[float, int, int]] = []
         self.polls = 0
         self.poll_errors = 0
-        self.left = 0
         self.probe = ServingProbe(bootstrap)
         self._client = AdminClient(
             {"bootstrap.servers": bootstrap, "allow.auto.create.topics": False}
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def moved_at(self) -> Mapping[TP, float]:
+        return self.progress.moved_at
+
+    @property
+    def leaders(self) -> Mapping[TP, int]:
+        return self.progress.leaders
+
+    @property
+    def led_by(self) -> Counter[int]:
+        return self.progress.led_by
+
+    @property
+    def left(self) -> int:
+        return self.progress.left
 
     def start(self) -> MoveTracker:
         self._thread.start()
@@ -430,24 +443,16 @@ class MoveTracker:
                 continue
             seen = time.time()
             self.polls += 1
-            self.led_by = Counter(leaders.values())
-            ours = {tp: leader for tp, leader in leaders.items() if tp[0] in self.topics}
-            for tp, leader in ours.items():
-                there = self.moved(tp, leader)
-                if there and tp not in self.moved_at:
-                    self.moved_at[tp] = seen
-                    if tp in self.sample:
-                        self.probe.send(tp)
-                elif not there and tp in self.moved_at:
-                    del self.moved_at[tp]
-                    self.probe.forget(tp)
-                    self.left += 1
-            self.leaders = ours
+            applied = self.progress.apply(leaders, seen)
+            for tp in applied.left:
+                self.probe.forget(tp)
+            for tp in applied.arrived_sampled:
+                self.probe.send(tp)
             self.series.append((seen - self.started, len(self.moved_at), self.served()))
             self._stop.wait(max(0.2, seen - polled))
 
     def sampled_moved(self) -> set[TP]:
-        return self.sample & self.moved_at.keys()
+        return self.progress.sampled_moved()
 
     def served(self) -> int:
         return len(self.sampled_moved() & self.probe.served.keys())
@@ -855,6 +860,10 @@ def tidal_phase(
         "load_before": load_before,
         "load_after": loadavg(),
     }
+    # done must mean every sampled moved partition took a write (the tracker once published
+    # half a poll and a phase ended "done" with 0 of 728 served)
+    unserved = fig["sample"] - fig["served"] if ok else 0
+    ok = ok and not unserved
     if ok:
         seconds = max(fig["metadata_s"] or 0.0, fig["served_s"] or 0.0)
         result |= {"ok": True, "seconds": seconds}
@@ -868,6 +877,8 @@ def tidal_phase(
         why = (
             f"the request failed: {result['call_error']}"
             if action.error
+            else f"it looked done with {unserved} of {fig['sample']} sampled unserved"
+            if unserved
             else f"did not finish within {timeout_s:.0f} s"
         )
         result |= {"ok": False, "seconds": None, "failure": why}
