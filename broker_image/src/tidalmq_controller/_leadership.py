@@ -70,6 +70,8 @@ class Leadership:
         self.leaderless: set[TopicPartition] = set()
         self.lost: set[TopicPartition] = set()
         self._queued: dict[TopicPartition, None] = {}  # moves waiting for their wave, in order
+        # opening past the open timeout, not handed on yet (see stuck_openings)
+        self._overdue_openings: dict[TopicPartition, MoveStatus] = {}
         self._deferred: dict[TopicPartition, float] = {}  # elect not before (monotonic)
         # reported since the last commit: (topic id, high watermark) to raise floors from
         self._floor_reports: dict[TopicPartition, tuple[str, int]] = {}
@@ -526,8 +528,9 @@ class Leadership:
 
     def check_openings(self) -> None:
         """Moves whose target already had the partition open when elected (or whose report
-        came before the election was committed)."""
-        for status in self.moves.in_phase(Phase.OPENING):
+        came before the election was committed): each move once, as it enters Opening; a
+        report that comes later finishes it through `observe`."""
+        for status in self.moves.take_new_openings():
             if status.epoch is not None and self.c.membership.is_open(
                 status.target, status.tp, status.epoch
             ):
@@ -535,10 +538,18 @@ class Leadership:
 
     def stuck_openings(self, wall: float) -> list[tuple[MoveStatus, int]]:
         """(move, broker to hand the partition to) for targets elected more than the open
-        timeout ago that still do not report the partition open at their epoch."""
+        timeout ago that still do not report the partition open at their epoch. The moves
+        come due from a heap by election time; one that is overdue but cannot be handed on yet
+        (no other broker, the partition changed meanwhile) is looked at again every tick while
+        it stays opening: O(moves due or overdue), not O(moves)."""
         out: list[tuple[MoveStatus, int]] = []
         timeout = self.c.settings.open_timeout_s
-        for status in self.moves.in_phase(Phase.OPENING):
+        for status in self.moves.openings_elected_before(wall - timeout):
+            self._overdue_openings[status.tp] = status
+        for tp, status in list(self._overdue_openings.items()):
+            if self.moves.get(tp) is not status or status.phase is not Phase.OPENING:
+                del self._overdue_openings[tp]  # opened, handed on, cancelled or gone
+                continue
             if status.elected is None or wall - status.elected <= timeout:
                 continue
             topic = self.c.image.topics.get(status.topic)
@@ -672,6 +683,7 @@ class Leadership:
                 status.reason = reason
                 status.epoch = part.leader_epoch + 1
                 status.elected = time.time()
+                self.moves.opening_since(status)
         return records
 
     def defer_moves_from(self, broker_id: int, until: float) -> None:

@@ -21,6 +21,7 @@ closing keeps its durable start, so its election timeout does not start over).
 from __future__ import annotations
 
 import enum
+import heapq
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -130,12 +131,22 @@ class MoveStatus:
 
 
 class MoveTracker:
+    """Every move not finished, indexed by phase, so a tick looks at the moves in the phase it
+    decides on (a rebalance of the whole cluster queues thousands of pending moves: no tick
+    walks them). Two views of the opening moves cost O(what changed): `take_new_openings`
+    (entered Opening since the last call) and `openings_elected_before` (a heap by election
+    time)."""
+
     def __init__(self, keep_finished: int = 10_000) -> None:
         self._moves: dict[TopicPartition, MoveStatus] = {}
         self._finished: list[MoveStatus] = []
         self._keep = keep_finished
         self._inflight: dict[int, int] = {}  # broker -> moves in flight it is source or target of
         self._phases: dict[Phase, int] = {}
+        self._by_phase: dict[Phase, dict[TopicPartition, MoveStatus]] = {}
+        self._new_openings: dict[TopicPartition, MoveStatus] = {}
+        self._elected: list[tuple[float, int, MoveStatus]] = []  # heap: (elected, seq, move)
+        self._seq = 0
         self._gauges: dict[Phase, Any] = {}  # MOVES_IN_FLIGHT's child per phase
 
     def begin(
@@ -156,7 +167,32 @@ class MoveTracker:
         return list(self._moves.values())
 
     def in_phase(self, phase: Phase) -> list[MoveStatus]:
-        return [m for m in self._moves.values() if m.phase is phase]
+        return list(self._by_phase.get(phase, {}).values())
+
+    def take_new_openings(self) -> list[MoveStatus]:
+        """The moves that entered Opening since the last call and are still opening."""
+        fresh = [m for m in self._new_openings.values() if self._opening(m)]
+        self._new_openings = {}
+        return fresh
+
+    def opening_since(self, status: MoveStatus) -> None:
+        """`status.elected` was set: its open timeout counts from then."""
+        if status.elected is not None and self._opening(status):
+            self._seq += 1
+            heapq.heappush(self._elected, (status.elected, self._seq, status))
+
+    def openings_elected_before(self, wall: float) -> list[MoveStatus]:
+        """Opening moves elected before `wall` that were not returned before (O(those))."""
+        out: list[MoveStatus] = []
+        heap = self._elected
+        while heap and heap[0][0] < wall:
+            elected, _, status = heapq.heappop(heap)
+            if self._opening(status) and status.elected == elected:
+                out.append(status)
+        return out
+
+    def _opening(self, status: MoveStatus) -> bool:
+        return status.phase is Phase.OPENING and self._moves.get(status.tp) is status
 
     def count(self, phase: Phase) -> int:
         return self._phases.get(phase, 0)
@@ -176,6 +212,13 @@ class MoveTracker:
 
     def _count(self, status: MoveStatus, sign: int) -> None:
         n = self._phases[status.phase] = self._phases.get(status.phase, 0) + sign
+        in_phase = self._by_phase.setdefault(status.phase, {})
+        if sign > 0:
+            in_phase[status.tp] = status
+            if status.phase is Phase.OPENING:
+                self._new_openings[status.tp] = status
+        elif in_phase.get(status.tp) is status:
+            del in_phase[status.tp]
         gauge = self._gauges.get(status.phase)
         if gauge is None:  # resolving the label each time cost a rebalance a tenth of its CPU
             gauge = self._gauges[status.phase] = MOVES_IN_FLIGHT.labels(status.phase.value)
@@ -215,4 +258,6 @@ class MoveTracker:
                 MOVE_SECONDS.observe(status.unavailable_s)
         else:
             self._count(status, +1)
+            if phase is Phase.OPENING:
+                self.opening_since(status)
         return status
