@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from tidalmq_core.balance import Plan, balance_counts
+from tidalmq_core.deadlines import DeadlineQueue
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, DataLoss, PartitionState
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import (
@@ -72,7 +73,10 @@ class Leadership:
         self._queued: dict[TopicPartition, None] = {}  # moves waiting for their wave, in order
         # opening past the open timeout, not handed on yet (see stuck_openings)
         self._overdue_openings: dict[TopicPartition, MoveStatus] = {}
-        self._deferred: dict[TopicPartition, float] = {}  # elect not before (monotonic)
+        self._deferred: DeadlineQueue[TopicPartition] = DeadlineQueue()  # elect not before
+        # leaderless partitions to look at in the next election step: those that became
+        # leaderless (or stopped moving without a leader) and the last step's due ones
+        self._to_elect: set[TopicPartition] = set()
         # reported since the last commit: (topic id, high watermark) to raise floors from
         self._floor_reports: dict[TopicPartition, tuple[str, int]] = {}
         self._floors_committed_at = time.monotonic()  # the first floors wait an interval too
@@ -123,6 +127,7 @@ class Leadership:
             self._queued.pop(tp, None)
         if part.leader == NO_LEADER and not pinned:
             self.leaderless.add(tp)
+            self._to_elect.add(tp)
         else:
             self.leaderless.discard(tp)
         if part.lost is not None:
@@ -138,7 +143,8 @@ class Leadership:
         self.leaderless.discard(tp)
         self.lost.discard(tp)
         self._queued.pop(tp, None)
-        self._deferred.pop(tp, None)
+        self._deferred.cancel(tp)
+        self._to_elect.discard(tp)
         self._floor_reports.pop(tp, None)
         self._created_reports.pop(tp, None)
 
@@ -167,6 +173,7 @@ class Leadership:
                     self.leaderless.add(tp)
                 if part.lost is not None:
                     self.lost.add(tp)
+        self._to_elect |= self.leaderless
 
     def counts(self) -> dict[int | None, int]:
         return {b: len(s) for b, s in self.by_broker.items() if s}
@@ -415,7 +422,7 @@ class Leadership:
     def not_before(self, tp: TopicPartition) -> float:
         """When a partition may get a new leader without waiting for anyone: once every earlier
         owner's lease has certainly run out."""
-        return max(self._deferred.get(tp, 0.0), self.restart_guard)
+        return max(self._deferred.deadline(tp) or 0.0, self.restart_guard)
 
     def elections(
         self, elect: list[TopicPartition], due: list[TopicPartition], wall: float
@@ -450,7 +457,7 @@ class Leadership:
                 self.moves.mark(tp, Phase.OPENING, at=wall)
         homes = self._homes_for(due, live)
         for tp in due:
-            self._deferred.pop(tp, None)
+            self._deferred.cancel(tp)
             topic = self.c.image.topics.get(tp.topic)
             part = self.partition(tp)
             if topic is None or part is None or part.leader != NO_LEADER or part.moving:
@@ -474,15 +481,20 @@ class Leadership:
 
     def due_elections(self, now: float) -> list[TopicPartition]:
         """Partitions without a leader that are not moving, to elect now: the deferrals whose
-        time came, and (after the restart guard) every other such partition."""
+        time came, and (after the restart guard) every other such partition. O(due): the
+        deferrals come off a heap, the others from what became leaderless since the last step
+        plus the last step's due ones (one not elected, e.g. with no broker to take it, is
+        looked at again)."""
         if now < self.restart_guard:
             return []
-        due = [tp for tp, t in self._deferred.items() if now >= t]
+        due = dict.fromkeys(self._deferred.pop_due(now))
+        self._to_elect.update(due)
         if self.c.placeable_brokers():
-            for tp in self.leaderless:
-                if tp not in self._deferred and tp not in self.moving:
-                    due.append(tp)
-        return due
+            for tp in self._to_elect:
+                if tp in self.leaderless and tp not in self._deferred and tp not in self.moving:
+                    due[tp] = None
+            self._to_elect = set(due)
+        return list(due)
 
     def _homes_for(self, due: list[TopicPartition], live: set[int]) -> dict[TopicPartition, int]:
         """Live brokers for the due partitions whose broker is not live (fewest moves)."""
@@ -631,7 +643,7 @@ class Leadership:
                 )
             else:
                 records.append(partition_record(tp, leader=NO_LEADER))
-                self._deferred[tp] = not_before
+                self._deferred.schedule(tp, not_before)
         return records
 
     def failover(
@@ -672,7 +684,7 @@ class Leadership:
             assert part is not None
             if defer:
                 records.append(partition_record(tp, replicas=[target], leader=NO_LEADER))
-                self._deferred[tp] = defer_until
+                self._deferred.schedule(tp, defer_until)
             else:
                 records.append(
                     partition_record(
@@ -691,7 +703,7 @@ class Leadership:
         for tp in self.moving:
             part = self.partition(tp)
             if part is not None and part.original_replicas == [broker_id]:
-                self._deferred[tp] = max(self._deferred.get(tp, 0.0), until)
+                self._deferred.schedule(tp, max(self._deferred.deadline(tp) or 0.0, until))
 
     def deferred(self, tp: TopicPartition) -> bool:
         return tp in self._deferred or time.monotonic() < self.restart_guard

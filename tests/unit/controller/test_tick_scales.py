@@ -3,10 +3,11 @@
 A rebalance of a large cluster queues a quarter of its partitions at once (12,500 pending moves
 at 50,000 partitions) and runs them in waves, so the moves a tick decides on (closing, opening)
 stay few while the pending ones are many. The work of one tick's move checks (`releases`,
-`check_openings`, `stuck_openings`) is counted, not timed: the Python lines they execute
+`due_elections`, `check_openings`, `stuck_openings`) is counted, not timed: the Python lines they execute
 (sys.settrace, comprehension iterations included) with a quarter of 1,000 and of 50,000
-partitions pending and the same few moves closing and opening. Walking every move each tick
-(what `MoveTracker.in_phase` did) costs at least a line per pending move, 12,250 more at 50,000.
+partitions pending, another quarter leaderless with their elections deferred, and the same few
+moves closing and opening. Walking every move each tick (what `MoveTracker.in_phase` did) or
+every deferral (what `due_elections` did) costs at least a line per move or deferral.
 """
 
 from __future__ import annotations
@@ -49,11 +50,18 @@ def count_lines(work: Callable[[], Any]) -> int:
 
 
 def add_moves(c: Controller, partitions: int) -> None:
-    """A quarter of `partitions` pending (a queued rebalance), FEW closing, FEW opening since
-    now and FEW opening since longer than the open timeout (none of them in the image: the
-    controller's own ticks leave them alone)."""
-    moves = c.leadership.moves
+    """A quarter of `partitions` pending (a queued rebalance), a quarter without a leader whose
+    election waits for a dead broker's lease to run out (a failover), FEW closing, FEW opening
+    since now and FEW opening since longer than the open timeout (none of them in the image:
+    the controller's own ticks leave them alone)."""
+    lead = c.leadership
+    lead.restart_guard = 0.0  # a controller past its start (its guard would defer every election)
+    moves = lead.moves
     wall = time.time()
+    for i in range(partitions // 4):
+        tp = TopicPartition("failed-over", i)
+        lead.leaderless.add(tp)
+        lead._deferred.schedule(tp, time.monotonic() + 3600)
     for i in range(partitions // 4):
         moves.begin(TopicPartition("pending", i), 0, 3, Phase.PENDING)
     for i in range(FEW):
@@ -68,6 +76,7 @@ def tick_checks(c: Controller) -> None:
     lead = c.leadership
     now, wall = time.monotonic(), time.time()
     lead.releases(now, wall)
+    lead.due_elections(now)
     lead.stuck_openings(wall)
     lead.check_openings()
 

@@ -31,9 +31,9 @@ from tidalmq_broker.storage.upkeep import (
     CHECKPOINTS,
     COMPACTION,
     RETENTION,
-    DeadlineQueue,
     UpkeepSchedule,
 )
+from tidalmq_core.deadlines import DeadlineQueue
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
 
