@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
+from tidalmq_broker.protocol.records import build_batch
 from tidalmq_broker.storage.api import PartitionConfig, PartitionLog, StorageConfig
 from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore import LocalDirObjectStore
 from tidalmq_broker.transactions.coordinator import Marker, TxnSettings, TxnShard
-from tidalmq_broker.transactions.state import TxnError, TxnState
+from tidalmq_broker.transactions.records import encode_key, encode_value
+from tidalmq_broker.transactions.state import TxnError, TxnState, new_producer
 from tidalmq_core.metadata import TXN_STATE_TOPIC
 from tidalmq_core.model import TopicPartition
 
@@ -53,6 +58,7 @@ class Markers:
 
 class Harness:
     def __init__(self, root: Path) -> None:
+        self.root = root
         self.engine = ObjectStreamEngine(LocalDirObjectStore(root), 0, CONFIG)
         self.epoch = 0
         self.now = 1_000_000
@@ -218,3 +224,74 @@ async def test_a_compacted_log_is_not_snapshotted(h: Harness) -> None:
         await shard.init_producer_id(f"s{i}", 30_000, None)
     assert shard._snapshotting is None
     assert plog.log_start_offset == 0 and plog.high_watermark == 6
+
+
+IDLE_IDS = (1_000, 10_000)
+
+
+def count_lines(work: Callable[[], None]) -> int:
+    """Python lines executed by `work` (sys.settrace; comprehension iterations included)."""
+    lines = 0
+
+    def local(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return local
+
+    sys.settrace(lambda frame, event, arg: local)
+    try:
+        work()
+    finally:
+        sys.settrace(None)
+    return lines
+
+
+def check_timeouts(shard: TxnShard) -> list[str]:
+    """abort_expired with nothing due: it finishes without waiting (no write), run inline."""
+    coro = shard.abort_expired()
+    with pytest.raises(StopIteration) as done:
+        coro.send(None)
+    aborted: list[str] = done.value.value
+    return aborted
+
+
+async def test_the_timeout_check_looks_at_the_due_transactions_only(tmp_path: Path) -> None:
+    """[M1] A shard with 1,000 and with 10,000 transactional ids (replayed from its log), two
+    of them in a transaction: the timeout check costs the same (a walk over every id each
+    interval, what it did before, is a line per id), and still aborts each when it is due."""
+    work: dict[int, int] = {}
+    for n in IDLE_IDS:
+        h = Harness(tmp_path / f"ids-{n}")
+        await h.engine.start()
+        try:
+            plog = await h.engine.open_partition(TP, "txn-state", 1, PartitionConfig())
+            for first in range(0, n, 5_000):
+                metas = [
+                    new_producer(f"idle-{i}", i, 60_000, h.now)
+                    for i in range(first, min(n, first + 5_000))
+                ]
+                await plog.append(
+                    build_batch([(encode_key(m.transactional_id), encode_value(m)) for m in metas])
+                )
+            await h.engine.close_partition(TP)
+            h.epoch = 1
+            shard = await h.open()
+            assert len(shard.txns) == n
+            for tid, timeout in (("soon", 5_000), ("later", 50_000)):
+                pid, epoch = await shard.init_producer_id(tid, timeout, None)
+                await shard.add_partitions(tid, pid, epoch, {("orders", 0)})
+            h.now += 5_000
+            work[n] = count_lines(lambda shard=shard: check_timeouts(shard))
+            h.now += 1
+            assert await shard.abort_expired() == ["soon"]
+            assert await settled(shard, "soon") is TxnState.COMPLETE_ABORT
+            h.now += 100_000
+            assert await shard.abort_expired() == ["later"]
+            assert await settled(shard, "later") is TxnState.COMPLETE_ABORT
+        finally:
+            if h.shard is not None:
+                h.shard.close()
+            await h.engine.stop()
+    small, large = work[IDLE_IDS[0]], work[IDLE_IDS[1]]
+    assert large <= small + 20, (small, large)

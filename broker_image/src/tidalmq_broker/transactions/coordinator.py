@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
+from tidalmq_core.deadlines import DeadlineQueue
 from tidalmq_core.metadata import TXN_STATE_TOPIC
 from tidalmq_core.model import TopicPartition
 
@@ -102,6 +103,9 @@ class TxnShard:
         self._clock = clock
         self.coordinator_epoch = plog.leader_epoch
         self.txns: dict[str, TxnMetadata] = {}
+        # ongoing transactions by when they time out: the timeout check takes the due ones
+        # instead of walking every transactional id of the shard each interval
+        self._timeouts: DeadlineQueue[str] = DeadlineQueue()
         self.loaded = asyncio.Event()
         self._closed = False
         self._records_since_snapshot = 0
@@ -139,6 +143,8 @@ class TxnShard:
                         count += 1
                 offset = header.last_offset + 1
         self._records_since_snapshot = count
+        for meta in self.txns.values():
+            self._track(meta)
         self.loaded.set()
         for meta in self.txns.values():
             if meta.state.preparing:  # past the point of no return: finish it
@@ -329,7 +335,9 @@ class TxnShard:
     async def abort_expired(self) -> list[str]:
         """Abort (bumping the epoch) every ongoing transaction past its timeout."""
         aborted = []
-        for meta in txn.expired(list(self.txns.values()), self._clock()):
+        now = self._clock()
+        due = [m for tid in self._timeouts.pop_due(now) if (m := self.txns.get(tid)) is not None]
+        for meta in txn.expired(due, now):
             tid = meta.transactional_id
             async with self._lock(tid):
                 current = self.txns.get(tid)
@@ -339,6 +347,7 @@ class TxnShard:
                     await self._write(txn.fence_and_abort(current, self._clock()))
                 except TxnError as exc:
                     log.warning("%s: aborting the timed-out transaction failed: %s", tid, exc)
+                    self._timeouts.schedule(tid, self._clock())  # the next check tries again
                     continue
             log.info("%s: transaction timed out after %d ms: aborting", tid, meta.timeout_ms)
             self._spawn_completion(tid)
@@ -375,6 +384,7 @@ class TxnShard:
                     await self._append([(encode_key(t), None) for t in ids])
                     for t in ids:
                         self.txns.pop(t, None)
+                        self._timeouts.cancel(t)
                     removed.extend(ids)
             except TxnError as exc:
                 log.warning(
@@ -418,6 +428,14 @@ class TxnShard:
         snapshot is written (it must not trim a record it did not include)."""
         await self._append([(encode_key(meta.transactional_id), encode_value(meta))])
         self.txns[meta.transactional_id] = meta
+        self._track(meta)
+
+    def _track(self, meta: TxnMetadata) -> None:
+        """An ongoing transaction is due at the first millisecond past its timeout."""
+        if meta.state is TxnState.ONGOING:
+            self._timeouts.schedule(meta.transactional_id, meta.start_ms + meta.timeout_ms + 1)
+        else:
+            self._timeouts.cancel(meta.transactional_id)
 
     async def _append(self, records: list[tuple[bytes, bytes | None]]) -> None:
         """Append records (a None value: a tombstone) durably; TxnError if that fails."""
