@@ -1,7 +1,13 @@
 from __future__ import annotations
 
 from tidalmq_broker.storage.checkpoint import Checkpoint
-from tidalmq_broker.storage.garbage import OwnWalTracker, segment_garbage, wal_garbage
+from tidalmq_broker.storage.garbage import (
+    CheckpointRefs,
+    CheckpointRefsCache,
+    OwnWalTracker,
+    segment_garbage,
+    wal_garbage,
+)
 from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.objectstore.base import ObjectInfo
 
@@ -10,13 +16,19 @@ def obj(key: str, age: float = 100.0) -> ObjectInfo:
     return ObjectInfo(key, 10, "e", 1000.0 - age)
 
 
-def cp(
+def checkpoint(
     owner: tuple[str, str], position: int, refs: list[str] = (), partition: int = 0
 ) -> Checkpoint:  # type: ignore[assignment]
     return Checkpoint(
         "t", "id", partition, 1, owner[0], owner[1], position,
         index=[IndexEntry(i, i, k, 0, 1, 0) for i, k in enumerate(refs)],
     )  # fmt: skip
+
+
+def cp(
+    owner: tuple[str, str], position: int, refs: list[str] = (), partition: int = 0
+) -> CheckpointRefs:  # type: ignore[assignment]
+    return CheckpointRefs.of(checkpoint(owner, position, refs, partition))
 
 
 def test_wal_object_rules() -> None:
@@ -41,7 +53,7 @@ def test_segment_rules() -> None:
     prefix = "partitions/t/id/0/"
     objects = [obj(prefix + "checkpoint"), obj(prefix + "segments/1-a"), obj(prefix + "segments/2-b"),
                obj(prefix + "segments/3-c", age=1)]  # fmt: skip
-    checkpoints = {prefix + "checkpoint": cp(("1", "a"), 0, refs=[prefix + "segments/1-a"])}
+    checkpoints = [cp(("1", "a"), 0, refs=[prefix + "segments/1-a"])]
     assert segment_garbage(objects, checkpoints, now_s=1000, grace_s=10) == [
         prefix + "segments/2-b"
     ]
@@ -64,3 +76,23 @@ def test_own_tracker_hands_released_partitions_to_the_sweep() -> None:
     t.released("p0")
     assert len(t) == 0
     assert t.committed("p1", 9, set()) == []
+
+
+def test_the_sweep_reads_only_checkpoints_written_since_the_last_one() -> None:
+    """A checkpoint listed with the etag it had at the last sweep is not read again; a new or
+    rewritten one is; one no longer listed is forgotten."""
+    cache = CheckpointRefsCache()
+    a = ObjectInfo("partitions/t/id/0/checkpoint", 10, "a1", 0.0)
+    b = ObjectInfo("partitions/t/id/1/checkpoint", 10, "b1", 0.0)
+    assert cache.to_load([a, b]) == [a, b]
+    cache.put(a, checkpoint(("1", "x"), 3, refs=["wal/1/x/000000000003"]))
+    cache.put(b, checkpoint(("1", "x"), 5, partition=1))
+    assert cache.to_load([a, b]) == []  # nothing written: nothing read
+    a2 = ObjectInfo(a.key, 10, "a2", 1.0)
+    assert cache.to_load([a2, b]) == [a2]
+    cache.put(a2, checkpoint(("1", "x"), 4))
+    assert sorted(r.wal_position for r in cache.refs()) == [4, 5]
+    assert [r.wal for r in cache.refs() if r.wal_position == 4] == [frozenset()]
+    assert cache.to_load([b]) == [] and len(cache) == 1  # partition 0's checkpoint deleted
+    cache.put(b, None)  # gone between the listing and the read
+    assert cache.refs() == [] and cache.loaded == 4

@@ -47,12 +47,17 @@ from tidalmq_broker.storage.compaction import (
     segment_entries,
     should_compact,
 )
-from tidalmq_broker.storage.garbage import OwnWalTracker, segment_garbage, wal_garbage
+from tidalmq_broker.storage.garbage import (
+    CheckpointRefsCache,
+    OwnWalTracker,
+    segment_garbage,
+    wal_garbage,
+)
 from tidalmq_broker.storage.health import WriteHealth, probe_key
 from tidalmq_broker.storage.identity import identity_problem, read_identity
 from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.log_cleaner import LogCleaner
-from tidalmq_broker.storage.objectstore.base import ObjectStore
+from tidalmq_broker.storage.objectstore.base import ObjectInfo, ObjectStore
 from tidalmq_broker.storage.objectstore.metered import MeteredObjectStore
 from tidalmq_broker.storage.partition import Partition, State
 from tidalmq_broker.storage.producer_state import ProducerStateTable
@@ -112,6 +117,7 @@ class ObjectStreamEngine:
         self.writer.before_put = self._store_new_partitions
         self.writer.on_timeout = self.write_health.failed
         self.tracker = OwnWalTracker()
+        self.swept_checkpoints = CheckpointRefsCache()  # the sweep's, from one to the next
         self.cleaner = LogCleaner(self)  # compacted topics (docs/compaction.md)
         self._lease_check = lease_check
         self._on_fenced = on_fenced
@@ -944,20 +950,23 @@ class ObjectStreamEngine:
         partition_objects = await self.store.list(keys.PARTITIONS_ROOT)
         semaphore = asyncio.Semaphore(16)
 
-        async def load(key: str) -> tuple[str, Checkpoint | None]:
+        async def load(listed: ObjectInfo) -> tuple[ObjectInfo, Checkpoint | None]:
             async with semaphore:
-                loaded = await self.checkpoints.load(key)
-                return key, None if loaded is None else loaded[0]
+                loaded = await self.checkpoints.load(listed.key)
+                return listed, None if loaded is None else loaded[0]
 
-        cp_keys = [
-            o.key
+        cache = self.swept_checkpoints
+        stale = cache.to_load(
+            o
             for o in partition_objects
             if (pk := keys.parse_partition_key(o.key)) is not None and pk.kind == "checkpoint"
-        ]
-        checkpoints = {k: cp for k, cp in await asyncio.gather(*(load(k) for k in cp_keys)) if cp}
+        )
+        for listed, cp in await asyncio.gather(*(load(o) for o in stale)):
+            cache.put(listed, cp)
+        checkpoints = cache.refs()
         wal = wal_garbage(
             wal_objects,
-            checkpoints.values(),
+            checkpoints,
             now_s=now,
             grace_s=self.config.garbage_grace_s,
             keep=self.tracker.keys(),

@@ -10,6 +10,12 @@ reference it and it is older than the grace period (orphans of a compaction whos
 have data in each object and drops an object as soon as every such partition has committed a
 checkpoint that no longer needs it. Objects whose partitions left this broker before that are
 handed to the periodic sweep.
+
+The sweep lists the store and needs every checkpoint's references. `CheckpointRefs` keeps what
+it needs of one checkpoint between sweeps under the etag the listing showed: a sweep reads only
+the checkpoints written since the last one (O(partitions written), not one GET per partition of
+the cluster every interval on every broker). An unchanged etag is unchanged content, so a kept
+entry is never older than the checkpoint it stands for.
 """
 
 from __future__ import annotations
@@ -23,9 +29,64 @@ from tidalmq_broker.storage.keys import parse_partition_key, parse_wal_key
 from tidalmq_broker.storage.objectstore.base import ObjectInfo
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointRefs:
+    """What the sweep needs of one checkpoint: the objects its index references and its
+    owner's WAL position."""
+
+    wal: frozenset[str]
+    segments: frozenset[str]
+    owner: tuple[str, str]  # (broker, incarnation)
+    wal_position: int
+
+    @classmethod
+    def of(cls, cp: Checkpoint) -> CheckpointRefs:
+        return cls(
+            frozenset(e.key for e in cp.index if e.in_wal),
+            frozenset(e.key for e in cp.index if not e.in_wal),
+            (cp.owner_broker, cp.owner_incarnation),
+            cp.wal_position,
+        )
+
+
+class CheckpointRefsCache:
+    """Checkpoint key -> (the etag it was listed with, its references), from sweep to sweep."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[str, CheckpointRefs]] = {}
+        self.loaded = 0  # checkpoints read by the sweeps (tests, the benchmark)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def to_load(self, listed: Iterable[ObjectInfo]) -> list[ObjectInfo]:
+        """The listed checkpoints to read: new or written since; forgets unlisted ones."""
+        listed = list(listed)
+        present = {o.key for o in listed}
+        for key in [k for k in self._entries if k not in present]:
+            del self._entries[key]
+        out = []
+        for o in listed:
+            kept = self._entries.get(o.key)
+            if kept is None or kept[0] != o.etag:
+                out.append(o)
+        return out
+
+    def put(self, listed: ObjectInfo, cp: Checkpoint | None) -> None:
+        """`cp`: the checkpoint read after `listed` (None: it was gone)."""
+        self.loaded += 1
+        if cp is None:
+            self._entries.pop(listed.key, None)
+        else:
+            self._entries[listed.key] = (listed.etag, CheckpointRefs.of(cp))
+
+    def refs(self) -> list[CheckpointRefs]:
+        return [refs for _, refs in self._entries.values()]
+
+
 def wal_garbage(
     wal_objects: Iterable[ObjectInfo],
-    checkpoints: Iterable[Checkpoint],
+    checkpoints: Iterable[CheckpointRefs],
     *,
     now_s: float,
     grace_s: float,
@@ -34,8 +95,8 @@ def wal_garbage(
     referenced: set[str] = set()
     min_position: dict[tuple[str, str], int] = {}
     for cp in checkpoints:
-        referenced.update(e.key for e in cp.index if e.in_wal)
-        owner = (cp.owner_broker, cp.owner_incarnation)
+        referenced.update(cp.wal)
+        owner = cp.owner
         min_position[owner] = min(min_position.get(owner, cp.wal_position), cp.wal_position)
     out = []
     for obj in wal_objects:
@@ -53,15 +114,15 @@ def wal_garbage(
 
 def segment_garbage(
     partition_objects: Iterable[ObjectInfo],
-    checkpoints: dict[str, Checkpoint],
+    checkpoints: Iterable[CheckpointRefs],
     *,
     now_s: float,
     grace_s: float,
 ) -> list[str]:
-    """`checkpoints` maps checkpoint key -> checkpoint for every checkpoint listed."""
+    """`checkpoints`: the references of every checkpoint listed."""
     referenced: set[str] = set()
-    for cp in checkpoints.values():
-        referenced.update(e.key for e in cp.index if not e.in_wal)
+    for cp in checkpoints:
+        referenced.update(cp.segments)
     out = []
     for obj in partition_objects:
         pk = parse_partition_key(obj.key)
