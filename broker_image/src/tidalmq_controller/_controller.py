@@ -178,6 +178,7 @@ class Controller:
         self.leadership = Leadership(self)
         self.topics = Topics(self)
         self.journal.add_applied_hook(self.leadership.on_applied)
+        self.journal.add_applied_hook(self.topics.on_applied)
         self.journal.add_listener(self._on_commit)
         self.static = StaticTopicManager(self, object_store)
         self.data_loss = DataLossManager(

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tidalmq_core.metadata import INTERNAL_TOPICS, ClusterMetadata, PartitionState, TopicInfo
+from tidalmq_core.model import TopicPartition
 from tidalmq_core.placement import place_partitions
 from tidalmq_core.records import (
+    MetadataDelta,
     Record,
     broker_configs_record,
     deletion_record,
@@ -89,6 +91,13 @@ class Topics:
     def __init__(self, controller: TopicsHost) -> None:
         self.c = controller
         self._cleaning: asyncio.Task[None] | None = None
+        # (name, topic id) -> partition count of topics deleted since this controller started:
+        # the cleanup looks for those partitions among the brokers' open ones, not through all
+        self._deleted_partitions: dict[tuple[str, str], int] = {}
+
+    def on_applied(self, delta: MetadataDelta) -> None:
+        for name, info in delta.removed_topics.items():
+            self._deleted_partitions[(name, info.topic_id)] = len(info.partitions)
 
     def check_assignment(self, owners: list[int], count: int) -> None:
         if len(owners) != count:
@@ -274,11 +283,16 @@ class Topics:
             current = meta.topics.get(name)
             behind = False
             still_open = False
+            count = self._deleted_partitions.get((name, topic_id))
             for _, live in c.membership.items():
                 if live.applied_version < version:
                     behind = True
                     break
-                if current is None and any(tp.topic == name for tp in live.open_partitions):
+                if current is None and (
+                    any(TopicPartition(name, i) in live.open_partitions for i in range(count))
+                    if count is not None  # O(the topic's partitions)
+                    else any(tp.topic == name for tp in live.open_partitions)  # after a restart
+                ):
                     still_open = True
                     break
             if still_open or behind:
@@ -291,6 +305,7 @@ class Topics:
                     log.warning("deleting the data of topic %s failed, will retry: %s", name, exc)
                     continue
             await c.journal.commit([deletion_record(name, topic_id, pending=False)])
+            self._deleted_partitions.pop((name, topic_id), None)
             c.emit("TopicDataDeleted", f"data of topic {name} deleted", {"topic": name})
 
     def stop(self) -> None:

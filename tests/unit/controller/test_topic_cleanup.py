@@ -1,0 +1,63 @@
+"""A deleted topic's data is deleted once every live broker applied the deletion and has none
+of its partitions open; the controller looks for the topic's own partitions among the brokers'
+open ones (O(its partitions)), not through everything each broker has open, every tick."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tidalmq_controller import Controller, ControllerSettings, NewTopic
+from tidalmq_controller._log import MemoryMetadataLog
+from tidalmq_core.model import TopicPartition
+
+from tests.support.fake_broker import FakeBroker
+
+FAST = ControllerSettings(
+    heartbeat_interval_s=0.05,
+    lease_s=0.3,
+    session_timeout_s=2.0,
+    clock_margin_s=0.05,
+    offsets_topic_partitions=1,
+    tick_s=0.01,
+)
+
+
+async def wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+async def test_a_deleted_topics_data_waits_for_its_last_open_partition() -> None:
+    deleted: list[tuple[str, str]] = []
+
+    async def delete_data(name: str, topic_id: str) -> int:
+        deleted.append((name, topic_id))
+        return 0
+
+    c = Controller(MemoryMetadataLog(), FAST, topic_data_deleter=delete_data)
+    await c.start()
+    broker = FakeBroker(c, 0, reconcile=True)
+    try:
+        await broker.register()
+        await c.create_topics([NewTopic("doomed", 8), NewTopic("kept", 2)])
+        last = TopicPartition("doomed", 7)
+        await wait_for(lambda: c.membership.is_open(0, last))
+        topic_id = c.image.topics["doomed"].topic_id
+        broker.reconcile = False  # the broker is slow to close: partition 7 stays open
+        await c.delete_topics(["doomed"])
+        broker.open = {tp: e for tp, e in broker.open.items() if tp.topic != "doomed"}
+        broker.open[last] = 0
+        await wait_for(lambda: broker.version == c.journal.committed_version)
+        await asyncio.sleep(0.5)  # heartbeats and ticks: the cleanup keeps waiting
+        assert deleted == [] and c.image.pending_deletions == [("doomed", topic_id)]
+        del broker.open[last]
+        await wait_for(lambda: deleted == [("doomed", topic_id)])
+        await wait_for(lambda: not c.image.pending_deletions)
+        assert "kept" in c.image.topics
+    finally:
+        broker.silence()
+        await c.stop()
