@@ -676,8 +676,10 @@ async def test_the_role_check_never_takes_our_own_append_for_another_controllers
     async def someone_else_appended(epoch: int, next_version: int) -> bool:
         return False
 
-    monkeypatch.setattr(controller.log_store, "confirm", someone_else_appended)
+    # our append lands first: swapped in before, the controller's own periodic check could run
+    # the new confirm while the append was still in flight (a loaded machine) and depose it then
     await journal.committed(version + 1)
+    monkeypatch.setattr(controller.log_store, "confirm", someone_else_appended)
     journal.last_commit_at = float("-inf")
     await controller.check_role()
     assert journal.deposed
