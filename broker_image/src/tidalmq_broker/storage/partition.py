@@ -25,10 +25,9 @@ import enum
 import logging
 import struct
 import time
-from collections.abc import Awaitable, Coroutine, Iterator
+from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-import crc32c
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.protocol import records
@@ -56,6 +55,7 @@ from tidalmq_broker.storage.api import (
     UnsupportedMessageFormat,
     VerificationGuard,
 )
+from tidalmq_broker.storage.batch_bytes import batches_below, set_log_append_time, slice_batches
 from tidalmq_broker.storage.checkpoint import Checkpoint
 from tidalmq_broker.storage.index import IndexEntry, OffsetIndex
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound
@@ -110,10 +110,6 @@ class PartitionHost(Protocol):
 
 
 log = logging.getLogger(__name__)
-
-_ATTRS_AND_MAX_TS = 21
-_MAX_TS_POS = 35
-_CRC_POS = 17
 
 
 class State(enum.Enum):
@@ -395,7 +391,7 @@ class Partition:
             records.patch_base_offset(buf, h, offset)
             records.patch_leader_epoch(buf, h, self._epoch)
             if log_append_time:
-                _set_log_append_time(buf, h, now_ms)
+                set_log_append_time(buf, h, now_ms)
                 max_ts = now_ms
             elif h.max_timestamp > max_ts:
                 max_ts = h.max_timestamp
@@ -709,7 +705,7 @@ class Partition:
         max_bytes = max(max_bytes, 1)
         views = self._cache.lookup(offset, max_bytes)
         if views is not None:
-            first = _slice_batches(views[0], offset, max_bytes)
+            first = slice_batches(views[0], offset, max_bytes)
             data = bytes(first) if len(views) == 1 else b"".join([first, *views[1:]])
             self._engine.m.cache_hit_bytes.inc(len(data))
         else:
@@ -721,7 +717,7 @@ class Partition:
         # overlap. Without either, the batches are not even looked at.
         aborted: list[tuple[int, int]] = []
         if stable < hwm or len(self._aborted):
-            data, last = _below(data, stable)
+            data, last = batches_below(data, stable)
             if len(self._aborted):
                 aborted = self._aborted.overlapping(offset, last)
         return ReadResult(data, hwm, self._log_start, stable, aborted)
@@ -774,7 +770,7 @@ class Partition:
                 self._engine.m.cache_miss_bytes.inc(len(blob))
                 self._readahead = (first.key, blob_start, blob)
             view = memoryview(blob)[first.position - blob_start : need_end - blob_start]
-            out = _slice_batches(view, offset, max_bytes)
+            out = slice_batches(view, offset, max_bytes)
             last = None
             for last in records.iter_headers(out):  # noqa: B007 - only the last one matters
                 pass
@@ -1085,53 +1081,3 @@ def _fail(append: PendingAppend, error: BaseException) -> None:
     fut = append.future
     if fut is not None and not fut.done():
         fut.set_exception(error)
-
-
-def _set_log_append_time(buf: bytearray | memoryview, h: records.BatchHeader, now_ms: int) -> None:
-    pos = h.position
-    attributes = (
-        struct.unpack_from(">h", buf, pos + _ATTRS_AND_MAX_TS)[0] | records.TIMESTAMP_TYPE_MASK
-    )
-    struct.pack_into(">h", buf, pos + _ATTRS_AND_MAX_TS, attributes)
-    struct.pack_into(">q", buf, pos + _MAX_TS_POS, now_ms)
-    crc = crc32c.crc32c(memoryview(buf)[pos + _ATTRS_AND_MAX_TS : pos + h.size])
-    struct.pack_into(">I", buf, pos + _CRC_POS, crc)
-
-
-def _below(data: bytes, end: int) -> tuple[bytes, int]:
-    """The whole batches of `data` ending below offset `end`, and the last offset they hold
-    (-1 if none)."""
-    last = -1
-    for h in records.iter_headers(data):
-        if h.last_offset >= end:
-            return data[: h.position], last
-        last = h.last_offset
-    return data, last
-
-
-def _iter_batches(view: memoryview) -> Iterator[records.BatchHeader]:
-    return records.iter_headers(view)
-
-
-def _slice_batches(view: memoryview, offset: int, max_bytes: int) -> memoryview:
-    """The whole batches of `view` from the one holding `offset`, within max_bytes (at least
-    one batch). Fast path: the view already starts at `offset` and fits."""
-    if len(view) <= max_bytes:
-        h = records.read_header(view, 0)
-        if h.last_offset >= offset:
-            return view
-    start = None
-    end = 0
-    for h in _iter_batches(view):
-        if start is None:
-            if h.last_offset < offset:
-                continue
-            start = h.position
-            end = h.position + h.size
-            continue
-        if h.position + h.size - start > max_bytes:
-            break
-        end = h.position + h.size
-    if start is None:
-        return view[:0]
-    return view[start:end]

@@ -30,6 +30,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_broker.protocol import records
 from tidalmq_broker.storage import keys
 from tidalmq_broker.storage.api import OffsetOutOfRange, StorageError, TimestampLookup
+from tidalmq_broker.storage.batch_bytes import slice_batches
 from tidalmq_broker.storage.checkpoint import Checkpoint, CheckpointStore
 from tidalmq_broker.storage.compaction import (
     DEFAULT_GRANULE_BYTES,
@@ -39,7 +40,6 @@ from tidalmq_broker.storage.compaction import (
 )
 from tidalmq_broker.storage.index import IndexEntry, OffsetIndex
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore
-from tidalmq_broker.storage.partition import _slice_batches
 from tidalmq_broker.storage.producer_state import ProducerStateTable
 from tidalmq_broker.storage.recovery import recover_tail
 from tidalmq_broker.storage.timestamps import first_record_at, max_timestamp_record
@@ -269,7 +269,7 @@ class ClosedPartitionReader:
                 await self.refresh()  # compacted meanwhile: the index moved to segments
                 continue
             data = memoryview(b"".join(blobs[e.base_offset] for e in needed))
-            out = bytes(_slice_batches(data, offset, want))
+            out = bytes(slice_batches(data, offset, want))
             last = None
             for last in records.iter_headers(out):  # noqa: B007 - only the last one matters
                 pass
