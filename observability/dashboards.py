@@ -27,6 +27,29 @@ T = 'topic=~"$topic"'
 GT = 'group=~"$group", topic=~"$topic"'
 
 
+# Panels that stand on two dashboards, each defined once: the brokers dashboard shows them for
+# the brokers chosen ($broker), the others for the whole fleet.
+def _partitions_led_per_broker(description: str, match: str = "") -> Panel:
+    return Panel(
+        "Partitions led per broker",
+        description,
+        [
+            Query(
+                f"sum by (broker) ({_selector('tidalmq_partitions_led', match)})",
+                "broker {{broker}}",
+            )
+        ],
+    )
+
+
+def _moves_in_flight(description: str) -> Panel:
+    return Panel(
+        "Moves in flight by phase",
+        description,
+        [Query("sum by (phase) (tidalmq_controller_moves_in_flight)", "{{phase}}")],
+    )
+
+
 def brokers() -> g.Dashboard:
     return dashboard(
         "tidalmq-brokers",
@@ -95,16 +118,7 @@ def brokers() -> g.Dashboard:
                         ],
                         unit="Bps",
                     ),
-                    Panel(
-                        "Partitions led per broker",
-                        "Partitions each broker leads now.",
-                        [
-                            Query(
-                                f"sum by (broker) (tidalmq_partitions_led{{{B}}})",
-                                "broker {{broker}}",
-                            )
-                        ],
-                    ),
+                    _partitions_led_per_broker("Partitions each broker leads now.", B),
                     Panel(
                         "Requests per API",
                         "Kafka requests handled per second, by API.",
@@ -379,11 +393,7 @@ def moves() -> g.Dashboard:
             Row(
                 "Moves",
                 [
-                    Panel(
-                        "Moves in flight by phase",
-                        "Moves started and not finished.",
-                        [Query("sum by (phase) (tidalmq_controller_moves_in_flight)", "{{phase}}")],
-                    ),
+                    _moves_in_flight("Moves started and not finished."),
                     Panel(
                         "Moves finished by outcome",
                         "Moves that finished in each interval: done, cancelled, failed.",
@@ -428,11 +438,7 @@ def moves() -> g.Dashboard:
             Row(
                 "Balance",
                 [
-                    Panel(
-                        "Partitions led per broker",
-                        "How the partitions spread over brokers.",
-                        [Query("sum by (broker) (tidalmq_partitions_led)", "broker {{broker}}")],
-                    ),
+                    _partitions_led_per_broker("How the partitions spread over brokers."),
                     Panel(
                         "Bytes-in imbalance",
                         "Busiest broker's bytes in over the fleet's "
@@ -594,11 +600,7 @@ def control_plane() -> g.Dashboard:
                         ],
                         unit="Bps",
                     ),
-                    Panel(
-                        "Moves in flight",
-                        "Moves of the current reassignment, by phase.",
-                        [Query("sum by (phase) (tidalmq_controller_moves_in_flight)", "{{phase}}")],
-                    ),
+                    _moves_in_flight("Moves of the current reassignment, by phase."),
                 ],
             ),
         ],

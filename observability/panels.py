@@ -66,28 +66,27 @@ def _targets(queries: Sequence[Query]) -> list[g.Target]:
 
 
 def _panel(p: Panel, pos: g.GridPos) -> g.Panel:
+    common = {
+        "title": p.title,
+        "description": p.description,
+        "dataSource": DATASOURCE,
+        "targets": _targets(p.queries),
+        "gridPos": pos,
+    }
     if p.kind == "stat":
         return g.Stat(
-            title=p.title,
-            description=p.description,
-            dataSource=DATASOURCE,
-            targets=_targets(p.queries),
             format=p.unit,
             reduceCalc="lastNotNull",
             graphMode="none",
             thresholds=[{"color": "green", "value": None}],
-            gridPos=pos,
+            **common,
         )
     return g.TimeSeries(
-        title=p.title,
-        description=p.description,
-        dataSource=DATASOURCE,
-        targets=_targets(p.queries),
         unit=p.unit,
         legendDisplayMode="table",
         legendCalcs=["lastNotNull", "max"],
         tooltipMode="multi",
-        gridPos=pos,
+        **common,
     )
 
 
