@@ -42,6 +42,8 @@ from typing import Any
 from kio.serial._introspect import get_field_tag
 from kio.static.protocol import RequestPayload
 
+from tidalmq_broker.protocol.primitives import uvarint
+
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
@@ -300,17 +302,8 @@ def _walk_tags(buf: Any, pos: int, end: int, known: dict[int, _Plan], drop: list
             raise FrameBoundsError(f"tagged field {tag} is not {size} bytes long")
         pos = field_end
     if unknown:
-        drop.append((count_at, count_end, _encode_uvarint(count - unknown)))
+        drop.append((count_at, count_end, uvarint(count - unknown)))
     return pos
-
-
-def _encode_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _without(frame: bytes | memoryview, edits: list[tuple[int, int, bytes]]) -> bytes:

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
+from tidalmq_broker.protocol.primitives import array_length, nullable_string, string, uvarint
+
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PRODUCE_PARTITION = struct.Struct(">ihqq")  # index, error, base offset, log append time
@@ -55,32 +57,6 @@ aborted transactions as (producer id, first offset) or None (null), records or N
 _ABORTED_TXN = struct.Struct(">qq")  # producer id, first offset
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _string(text: str, flexible: bool) -> bytes:
-    raw = text.encode()
-    if flexible:
-        return _uvarint(len(raw) + 1) + raw
-    return _I16.pack(len(raw)) + raw
-
-
-def _nullable_string(text: str | None, flexible: bool) -> bytes:
-    if text is None:
-        return b"\x00" if flexible else b"\xff\xff"
-    return _string(text, flexible)
-
-
-def _array_length(n: int, flexible: bool) -> bytes:
-    return _uvarint(n + 1) if flexible else _I32.pack(n)
-
-
 def encode_produce_response(
     version: int,
     topics: Sequence[tuple[str, Sequence[ProducePartition]]],
@@ -90,17 +66,17 @@ def encode_produce_response(
     if not 3 <= version <= 11:
         raise ValueError(f"ProduceResponse v{version} is not supported by the fast path")
     flexible = version >= PRODUCE_FLEXIBLE_FROM
-    out = bytearray(_array_length(len(topics), flexible))
+    out = bytearray(array_length(len(topics), flexible))
     for name, partitions in topics:
-        out += _string(name, flexible)
-        out += _array_length(len(partitions), flexible)
+        out += string(name, flexible)
+        out += array_length(len(partitions), flexible)
         for index, error, base, append_time, log_start, message in partitions:
             out += _PRODUCE_PARTITION.pack(index, error, base, append_time)
             if version >= 5:
                 out += _I64.pack(log_start)
             if version >= 8:
-                out += _array_length(0, flexible)  # record_errors
-                out += _nullable_string(message, flexible)
+                out += array_length(0, flexible)  # record_errors
+                out += nullable_string(message, flexible)
             if flexible:
                 out += _NO_TAGS
         if flexible:
@@ -129,16 +105,16 @@ def encode_fetch_response(
         out += _FETCH_HEAD_V7.pack(throttle_time_ms, error_code, session_id)
     else:
         out += _I32.pack(throttle_time_ms)
-    out += _array_length(len(topics), flexible)
+    out += array_length(len(topics), flexible)
     for name, partitions in topics:
-        out += _string(name, flexible)
-        out += _array_length(len(partitions), flexible)
+        out += string(name, flexible)
+        out += array_length(len(partitions), flexible)
         for index, error, hw, lso, log_start, aborted, records in partitions:
             out += _FETCH_PARTITION_V4.pack(index, error, hw, lso)
             if version >= 5:
                 out += _I64.pack(log_start)
             if aborted is not None:
-                out += _array_length(len(aborted), flexible)
+                out += array_length(len(aborted), flexible)
                 for producer_id, first_offset in aborted:
                     out += _ABORTED_TXN.pack(producer_id, first_offset)
                     if flexible:
@@ -150,7 +126,7 @@ def encode_fetch_response(
             if records is None:
                 out += b"\x00" if flexible else b"\xff\xff\xff\xff"
             else:
-                out += _uvarint(len(records) + 1) if flexible else _I32.pack(len(records))
+                out += uvarint(len(records) + 1) if flexible else _I32.pack(len(records))
                 if len(records):
                     parts.append(bytes(out))
                     parts.append(records)

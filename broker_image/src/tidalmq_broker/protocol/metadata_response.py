@@ -28,6 +28,7 @@ from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, TopicInfo
 from tidalmq_core.records import MetadataDelta
 
 from tidalmq_broker.protocol.fastpath import EncodedBody
+from tidalmq_broker.protocol.primitives import array_length, nullable_string, string
 
 FLEXIBLE_FROM = 9
 _I16 = struct.Struct(">h")
@@ -42,30 +43,6 @@ Partition = tuple[int, int, int, int, Sequence[int], Sequence[int]]
 
 Broker = tuple[int, str, int, str | None]
 """(node id, host, port, rack)"""
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def array_length(n: int, flexible: bool) -> bytes:
-    return _uvarint(n + 1) if flexible else _I32.pack(n)
-
-
-def _string(text: str, flexible: bool) -> bytes:
-    raw = text.encode()
-    return (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
-
-
-def _nullable_string(text: str | None, flexible: bool) -> bytes:
-    if text is None:
-        return b"\x00" if flexible else b"\xff\xff"
-    return _string(text, flexible)
 
 
 def _int32_array(values: Sequence[int], flexible: bool) -> bytes:
@@ -101,9 +78,9 @@ def topic_head(
     flexible = version >= FLEXIBLE_FROM
     out = _I16.pack(error)
     if version >= 12:
-        out += _nullable_string(name, flexible)
+        out += nullable_string(name, flexible)
     else:
-        out += _string(name or "", flexible)
+        out += string(name or "", flexible)
     if version >= 10:
         out += topic_id
     if version >= 1:
@@ -145,14 +122,14 @@ def encode_metadata_response(
     head += array_length(len(brokers), flexible)
     for node_id, host, port, rack in brokers:
         head += _I32.pack(node_id)
-        head += _string(host, flexible)
+        head += string(host, flexible)
         head += _I32.pack(port)
         if version >= 1:
-            head += _nullable_string(rack, flexible)
+            head += nullable_string(rack, flexible)
         if flexible:
             head += _NO_TAGS
     if version >= 2:
-        head += _nullable_string(cluster_id, flexible)
+        head += nullable_string(cluster_id, flexible)
     if version >= 1:
         head += _I32.pack(controller_id)
     head += array_length(len(topics), flexible)
