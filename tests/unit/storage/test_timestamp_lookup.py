@@ -8,9 +8,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.storage.api import PartitionConfig, PartitionLog, StorageConfig
+from tidalmq_broker.protocol import records
+from tidalmq_broker.storage.api import PartitionConfig, PartitionLog, StorageConfig, TimestampLookup
 from tidalmq_broker.storage.engine import ObjectStreamEngine
+from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.objectstore import LocalDirObjectStore
+from tidalmq_broker.storage.timestamps import first_record_at, max_timestamp_record
 from tidalmq_core.model import TopicPartition
 
 from tests.support.client_batches import client_batch
@@ -80,3 +83,21 @@ async def test_max_timestamp_over_several_flushes(plog: PartitionLog) -> None:
     for ts in stamps:
         await plog.append(client_batch([ts]))  # one flush each (acks wait for durability)
     assert await _max(plog) == (1, T0 + 300)
+
+
+async def test_a_batch_whose_records_cannot_be_read_is_answered_with_the_batch() -> None:
+    """Both lookups fall back to the batch itself (its first offset at or after the log start,
+    its max timestamp) when its records are malformed, instead of failing the request."""
+    data = bytearray(client_batch([T0, T0 + 5, T0 + 9], base_offset=10))
+    header = records.read_header(data, 0)
+    data[records.HEADER_SIZE : header.size] = b"\xff" * (header.size - records.HEADER_SIZE)
+    with pytest.raises(records.InvalidRecordBatch):
+        list(records.iter_record_timestamps(data, header))
+    where = TopicPartition("t", 0)
+    assert first_record_at(data, T0 + 1, 11, where) == TimestampLookup(11, T0 + 9)
+    entry = IndexEntry(10, 12, "wal/x", 0, len(data), header.max_timestamp)
+
+    async def read(_: IndexEntry) -> bytes:
+        return bytes(data)
+
+    assert await max_timestamp_record([entry], 10, read, where) == TimestampLookup(10, T0 + 9)

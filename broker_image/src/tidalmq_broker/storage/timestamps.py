@@ -29,13 +29,7 @@ def first_record_at(
                 if offset >= log_start and timestamp >= timestamp_ms:
                     return TimestampLookup(offset, timestamp)
         except records.InvalidRecordBatch as exc:
-            log.warning(
-                "%s: cannot read the records of the batch at %d (%s); answering with the batch",
-                where,
-                h.base_offset,
-                exc,
-            )
-            return TimestampLookup(max(h.base_offset, log_start), h.max_timestamp)
+            return _whole_batch(h, log_start, where, exc)
     return None
 
 
@@ -81,11 +75,19 @@ def _max_record(data: bytes | memoryview, log_start: int, where: object) -> Time
                 if offset >= log_start and (best is None or timestamp > best.timestamp):
                     best = TimestampLookup(offset, timestamp)
         except records.InvalidRecordBatch as exc:
-            log.warning(
-                "%s: cannot read the records of the batch at %d (%s); answering with the batch",
-                where,
-                h.base_offset,
-                exc,
-            )
-            best = TimestampLookup(max(h.base_offset, log_start), h.max_timestamp)
+            best = _whole_batch(h, log_start, where, exc)
     return best
+
+
+def _whole_batch(
+    h: records.BatchHeader, log_start: int, where: object, exc: records.InvalidRecordBatch
+) -> TimestampLookup:
+    """The answer for a batch whose records cannot be read: the batch itself (its first offset
+    at or after the log start, its max timestamp), with a warning."""
+    log.warning(
+        "%s: cannot read the records of the batch at %d (%s); answering with the batch",
+        where,
+        h.base_offset,
+        exc,
+    )
+    return TimestampLookup(max(h.base_offset, log_start), h.max_timestamp)
