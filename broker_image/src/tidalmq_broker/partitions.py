@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from tidalmq_core.metadata import ClusterMetadata, DataLoss, TopicInfo
+from tidalmq_core.metadata import ClusterMetadata, DataLoss, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import MetadataDelta
 from tidalmq_core.topics import cleanup_policy
@@ -75,6 +75,18 @@ class Wish:
     created: bool = False
     end_offset_floor: int = 0
     accepted_from: int | None = None
+
+    @classmethod
+    def of(cls, topic: TopicInfo, part: PartitionState, config: PartitionConfig) -> Wish:
+        """The wish for a partition of `topic` this broker leads (`part`, its metadata)."""
+        return cls(
+            topic.topic_id,
+            part.leader_epoch,
+            config,
+            part.created,
+            part.end_offset_floor,
+            part.accepted_from,
+        )
 
     @property
     def attempt(self) -> tuple[str, int, int | None]:
@@ -354,14 +366,7 @@ class PartitionManager:
             config = partition_config(topic)
             for index, part in enumerate(topic.partitions):
                 if part.leader == self._broker_id:
-                    wishes[TopicPartition(topic.name, index)] = Wish(
-                        topic.topic_id,
-                        part.leader_epoch,
-                        config,
-                        part.created,
-                        part.end_offset_floor,
-                        part.accepted_from,
-                    )
+                    wishes[TopicPartition(topic.name, index)] = Wish.of(topic, part, config)
         self._known_topics = {t.name: len(t.partitions) for t in meta.topics.values()}
         self._has_metadata = True
         touched = set(wishes) | set(self._wishes) | set(self._engine.partitions())
@@ -399,14 +404,7 @@ class PartitionManager:
             part = topic.partitions[tp.partition]
             wish = None
             if part.leader == self._broker_id:
-                wish = Wish(
-                    topic.topic_id,
-                    part.leader_epoch,
-                    partition_config(topic),
-                    part.created,
-                    part.end_offset_floor,
-                    part.accepted_from,
-                )
+                wish = Wish.of(topic, part, partition_config(topic))
             self._adopt(tp, wish)
 
     def _adopt_topic(self, topic: TopicInfo) -> None:
@@ -423,17 +421,7 @@ class PartitionManager:
                 continue
             if config is None:
                 config = partition_config(topic)
-            self._adopt(
-                tp,
-                Wish(
-                    topic.topic_id,
-                    part.leader_epoch,
-                    config,
-                    part.created,
-                    part.end_offset_floor,
-                    part.accepted_from,
-                ),
-            )
+            self._adopt(tp, Wish.of(topic, part, config))
 
     def _adopt(self, tp: TopicPartition, new: Wish | None) -> None:
         old = self._wishes.get(tp)
