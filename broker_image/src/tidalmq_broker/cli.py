@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from tidalmq_broker import __version__
 from tidalmq_broker.cli_args import Parser
 
-Register = Callable[[argparse._SubParsersAction], None]
+# a string: argparse's _SubParsersAction is generic for type checkers only (not subscriptable at
+# run time), and this alias is evaluated at import
+Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -25,7 +28,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     parser = Parser(prog="tidalmq", description=__doc__)
     parser.add_argument("--version", action="version", version=f"tidalmq {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # the sub-parsers are Parsers; a command registers with the base class's type, which it
+    # is also given by plugins' entry points that know nothing of Parser
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="COMMAND", required=True),
+    )
     for register in builtin_commands(command):
         register(sub)
     if command not in BUILTIN_NAMES:

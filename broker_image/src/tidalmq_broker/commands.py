@@ -12,7 +12,7 @@ BUILTIN_NAMES = frozenset({"broker", "drain", "local", "reassign", "static-topic
 
 def builtin_commands(
     command: str | None = None,
-) -> list[Callable[[argparse._SubParsersAction], None]]:
+) -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     """The registrations of the built-in sub-commands; `command`: the one about to run. The
     broker's flags come from its settings (and the storage engine's defaults): built only when
     `broker` runs, any other command lists it by its help line."""
@@ -31,7 +31,7 @@ def builtin_commands(
     ]
 
 
-def _register_drain(sub: argparse._SubParsersAction) -> None:
+def _register_drain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "drain",
         help="ask a running broker to move its partitions to the others (preStop hook)",
@@ -118,7 +118,7 @@ def _run_drain(args: argparse.Namespace) -> int:
 BROKER_HELP = "run one broker (with its own controller unless --controller-url is given)"
 
 
-def _register_broker(sub: argparse._SubParsersAction) -> None:
+def _register_broker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tidalmq_broker.settings import add_arguments
 
     p = sub.add_parser(
@@ -131,7 +131,7 @@ def _register_broker(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run_broker)
 
 
-def _list_broker(sub: argparse._SubParsersAction) -> None:
+def _list_broker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser("broker", help=BROKER_HELP)
 
 
@@ -141,7 +141,7 @@ def _run_broker(args: argparse.Namespace) -> int:
     return run_broker(args)
 
 
-def _register_local(sub: argparse._SubParsersAction) -> None:
+def _register_local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tidalmq_broker.cli_args import add_output
     from tidalmq_broker.local.client import STATUS_KEYS
 
@@ -219,7 +219,7 @@ def _register_local(sub: argparse._SubParsersAction) -> None:
     top.set_defaults(handler=_run_local_command)
 
 
-def _register_local_changes(local_sub: argparse._SubParsersAction) -> None:
+def _register_local_changes(local_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tidalmq_broker.cli_args import add_output
     from tidalmq_broker.local.client import CHANGE_KEYS, DEFAULT_MOVE_TIMEOUT_S
 

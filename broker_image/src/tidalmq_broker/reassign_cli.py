@@ -43,7 +43,7 @@ JSON_KEYS = (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "reassign",
         help="move partitions between brokers (kafka-reassign-partitions compatible)",

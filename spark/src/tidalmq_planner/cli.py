@@ -16,7 +16,7 @@ import os
 import sys
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "plan",
         help="propose a rebalance from Prometheus traffic history (Spark, local mode)",

@@ -176,7 +176,8 @@ def load_profiles(
     else:
         history = history_frame(spark, req, grid, view, notes)
         profiles = history.mapInPandas(profile_batches, PROFILE_SPARK_SCHEMA)
-    return profiles.toPandas()
+    frame: pd.DataFrame = profiles.toPandas()  # pyspark's DataFrame methods return Any
+    return frame
 
 
 # ------------------------------------------------------------------------------- driver side

@@ -651,7 +651,8 @@ def _free_port() -> int:
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def run_local_cluster(args: argparse.Namespace, data: Path, shown_as: str = "") -> int:

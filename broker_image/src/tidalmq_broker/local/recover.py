@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from tidalmq_broker.local.control import Target
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "recover",
         help="list lost partitions; --accept-data-loss continues them without the lost data",
@@ -81,7 +81,7 @@ def _call(controller: Target, path: str, body: dict[str, Any] | None = None) -> 
 
     base, token, tls = controller
     try:
-        doc = request(base, path, token, body, timeout_s=60, tls=tls)
+        doc: dict[str, Any] = request(base, path, token, body, timeout_s=60, tls=tls)
     except ControlError as exc:
         raise Failure(str(exc)) from exc
     except urllib.error.HTTPError as exc:

@@ -54,13 +54,14 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
             out += struct.pack(">i", len(block)) + block
         return bytes(out)
     if codec == LZ4:
-        return lz4.frame.compress(
+        framed: bytes = lz4.frame.compress(  # lz4 ships no types
             bytes(data),
             block_size=lz4.frame.BLOCKSIZE_MAX64KB,
             block_linked=False,
             content_checksum=False,
             store_size=False,
         )
+        return framed
     if codec == ZSTD:
         return zstandard.ZstdCompressor().compress(bytes(data))
     raise CorruptCompressedData(f"compression type {codec} is not one of Kafka's")
@@ -74,7 +75,8 @@ def _decompress(codec: int, data: bytes | memoryview) -> bytes:
     if codec == SNAPPY:
         return _snappy(bytes(data))
     if codec == LZ4:
-        return lz4.frame.decompress(data)
+        raw: bytes = lz4.frame.decompress(data)  # lz4 ships no types
+        return raw
     if codec == ZSTD:
         # frames from streaming producers carry no content size: decompress as a stream
         return zstandard.ZstdDecompressor().decompressobj().decompress(data)

@@ -251,7 +251,7 @@ def _escape(value: str) -> str:
     return "".join(out)
 
 
-def _der_value(attr: x509.NameAttribute) -> str:
+def _der_value(attr: x509.NameAttribute[str | bytes]) -> str:
     """`#` and the hex of the attribute value's DER (how RFC 2253 writes unknown types)."""
     value = attr.value if isinstance(attr.value, bytes) else attr.value.encode()
     tag = getattr(getattr(attr, "_type", None), "value", 12)  # UTF8String unless told

@@ -40,7 +40,7 @@ class CliError(Exception):
     pass
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "static-topic",
         help="static topics: fixed logic queues over remappable physical queues",
@@ -205,7 +205,8 @@ def _describe_over_kafka(bootstrap: str, name: str, command_config: str | None) 
         raise CliError(f"topic {name}: {result.error_message or result.error_code.name}")
     for entry in result.configs:
         if entry.name == MAPPING_KEY:
-            return json.loads(entry.value)
+            mapping: dict[str, Any] = json.loads(entry.value)
+            return mapping
     raise CliError(f"{name} is not a static topic")
 
 

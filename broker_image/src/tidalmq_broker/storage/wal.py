@@ -107,7 +107,7 @@ def index_length(prefix: bytes) -> int:
     magic, version, n = _HEADER.unpack_from(prefix)
     if magic != MAGIC or version != VERSION:
         raise CorruptWalObject(f"not a WAL object (magic {magic!r}, version {version})")
-    return HEADER_SIZE + n
+    return HEADER_SIZE + int(n)
 
 
 def decode_wal_index(prefix: bytes) -> list[WalEntry]:

@@ -57,7 +57,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tidalmq_broker.storage.objectstore.base import (
     Content,
@@ -72,6 +72,7 @@ from tidalmq_broker.storage.objectstore.base import (
 )
 
 _LOCK_STRIPES = 64  # the lock files other processes use too: keep the stripes and their names
+_T = TypeVar("_T")
 _TMP_DIR = ".tidalmq-tmp"
 _LOCK_DIR = ".tidalmq-locks"
 _MAX_KNOWN_DIRS = 1 << 16
@@ -328,7 +329,7 @@ class LocalDirObjectStore(ObjectStore):
                     self._fds[i] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             return self._fds[i]
 
-    async def _run(self, fn, *args):
+    async def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, fn, *args)

@@ -10,6 +10,7 @@ from prometheus_client import Counter, Histogram
 from tidalmq_broker.storage import metrics
 from tidalmq_broker.storage.health import WriteHealth
 from tidalmq_broker.storage.objectstore.base import (
+    Content,
     ObjectInfo,
     ObjectNotFound,
     ObjectStore,
@@ -52,7 +53,14 @@ class MeteredObjectStore(ObjectStore):
         children[0].inc()
         children[1].observe(time.perf_counter() - started)
 
-    async def put(self, key, data, *, if_none_match=False, if_match=None):
+    async def put(
+        self,
+        key: str,
+        data: Content,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str:
         started = time.perf_counter()
         try:
             etag = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 import botocore.config
@@ -31,6 +32,7 @@ from tidalmq_broker.storage.objectstore.base import (
     validate_key,
 )
 
+_T = TypeVar("_T")
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 
@@ -102,7 +104,7 @@ class S3ObjectStore(ObjectStore):
     def _strip(self, full_key: str) -> str:
         return full_key[len(self.prefix) + 1 :] if self.prefix else full_key
 
-    async def _call(self, what: str, fn, *args, **kwargs):
+    async def _call(self, what: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from tidalmq_broker.storage import metrics
 from tidalmq_broker.storage.api import ObjectStoreUnavailable, PartitionClosing, PartitionFenced
@@ -32,7 +33,7 @@ class Flushes(Checkpoints):
         self,
         entry: WalEntry | None,
         key: str,
-        views: list[tuple[PendingAppend, memoryview]],
+        views: list[tuple[PendingAppend[Any], memoryview]],
         error: BaseException | None,
     ) -> None:
         """Called by the engine, in WAL order, for this partition's share of one flush."""
@@ -96,7 +97,7 @@ class Flushes(Checkpoints):
             if self._state is State.RECOVERING and self._recovery_task is None:
                 self._recovery_task = self._engine.spawn(self._roll_back(), f"rollback {self._tp}")
 
-    def fail_appends(self, appends: list[PendingAppend], error: BaseException) -> None:
+    def fail_appends(self, appends: list[PendingAppend[Any]], error: BaseException) -> None:
         self._inflight -= len(appends)
         for append in appends:
             _fail(append, error)
@@ -154,7 +155,7 @@ class Flushes(Checkpoints):
             self._notify()
 
 
-def _fail(append: PendingAppend, error: BaseException) -> None:
+def _fail(append: PendingAppend[Any], error: BaseException) -> None:
     fut = append.future
     if fut is not None and not fut.done():
         fut.set_exception(error)
