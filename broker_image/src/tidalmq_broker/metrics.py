@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, Summary
 
 from tidalmq_broker.server.budget import MemoryBudget
 from tidalmq_broker.server.listener import KafkaListener
@@ -24,6 +24,15 @@ REQUEST_SECONDS = Histogram(
     "tidalmq_request_seconds", "Kafka request latency", ["broker", "api"], buckets=_LATENCY_BUCKETS
 )
 REQUEST_BYTES = Counter("tidalmq_request_bytes_total", "Request bytes received", ["broker", "api"])
+# A sum and a count (a summary without quantiles), not a histogram: the figure wanted is the
+# mean per request (rate of _sum over rate of _count), observing it costs two additions, and
+# buckets fine enough for microseconds would add a dozen series per API (server/cpu.py).
+REQUEST_CPU_SECONDS = Summary(
+    "tidalmq_request_cpu_seconds",
+    "Event-loop thread CPU time per request, per API: decoding, handler and encoding (not "
+    "waiting, not the WAL flush)",
+    ["broker", "api"],
+)
 # Per partition and broker: a partition's series live on the broker that leads it, from the
 # open to the close (so a leadership change starts a new series instead of mixing two brokers).
 BYTES_IN = Counter(
@@ -134,6 +143,7 @@ class BrokerMetrics(RequestObserver):
         self._per_partition = per_partition_traffic
         self._per_api: dict[int, tuple[Any, Any, Any, Any]] = {}
         self._queued: dict[int, Any] = {}
+        self._cpu: dict[int, Any] = {}
         # per topic: its label children, and the partitions led here (series go with the last)
         self._topics: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._topic_partitions: dict[str, set[int]] = {}
@@ -160,6 +170,13 @@ class BrokerMetrics(RequestObserver):
         size.inc(request_bytes)
         if error:
             errors.inc()
+
+    def cpu(self, api_key: int, seconds: float) -> None:
+        child = self._cpu.get(api_key)
+        if child is None:
+            name = self._api_names.get(api_key, str(api_key))
+            child = self._cpu[api_key] = REQUEST_CPU_SECONDS.labels(self._broker, name)
+        child.observe(seconds)
 
     def queued(self, api_key: int, seconds: float) -> None:
         child = self._queued.get(api_key)

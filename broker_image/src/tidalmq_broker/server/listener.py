@@ -68,6 +68,7 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from time import thread_time
 from typing import Any
 
 from tidalmq_broker.protocol.codec import (
@@ -100,6 +101,7 @@ from tidalmq_broker.server.connection import (
     ResponseCharge,
     resolve_waiter,
 )
+from tidalmq_broker.server.cpu import Metered, RequestCpu
 from tidalmq_broker.server.framing import FrameProtocol, FrameSizeError, SharedScratch
 from tidalmq_broker.server.listener_config import (
     ListenerEndpoint,
@@ -571,6 +573,7 @@ class KafkaListener:
             if frame is None:
                 frame = await proto.next_frame()
             received = time.perf_counter()
+            decoding = thread_time()
             size = len(frame)
             if not conn.authenticated:
                 try:
@@ -590,16 +593,29 @@ class KafkaListener:
             conn.requests += 1
             handler = self._dispatch(request.api_key)
             assert handler is not None  # decode_request checked the key
-            task = asyncio.create_task(self._handle(handler, request, conn, received))
+            # the request's CPU: its decoding so far, then each step of its handler's task
+            cpu = RequestCpu(thread_time() - decoding)
+            task = asyncio.create_task(Metered(self._handle(handler, request, conn, received), cpu))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             conn.inflight_bytes += size
-            task.add_done_callback(functools.partial(self._answered, conn, size))
+            task.add_done_callback(
+                functools.partial(self._answered, conn, size, request.api_key, cpu)
+            )
             await responses.put(task)
             del task  # an idle connection keeps no answered request
 
-    def _answered(self, conn: Connection, size: int, _task: object = None) -> None:
-        """A request of `size` bytes answered (called as its task's done callback)."""
+    def _answered(
+        self,
+        conn: Connection,
+        size: int,
+        api_key: int,
+        cpu: RequestCpu,
+        _task: object = None,
+    ) -> None:
+        """A request of `size` bytes answered (called as its task's done callback): its
+        bytes leave the bounds, its CPU time (every step of its task) goes to the metrics."""
+        self._observer.cpu(api_key, cpu.seconds)
         conn.inflight_bytes -= size
         if conn._room is not None:
             resolve_waiter(conn._room)

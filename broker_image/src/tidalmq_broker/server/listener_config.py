@@ -69,6 +69,10 @@ class RequestObserver:
     def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
         pass
 
+    def cpu(self, api_key: int, seconds: float) -> None:
+        """A request took `seconds` of the event loop thread's CPU (its decoding and every
+        step of its handler's task, encoding its response included: server/cpu.py)."""
+
     def queued(self, api_key: int, seconds: float) -> None:
         """A request waited `seconds` from being taken off its connection to its handler."""
 
