@@ -28,7 +28,14 @@ from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol import records
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.fastpath import ProducePartition, encode_produce_response
-from tidalmq_broker.storage.api import UNVERIFIED, AppendResult, PartitionLog
+from tidalmq_broker.storage.api import (
+    UNVERIFIED,
+    Acknowledgement,
+    AppendResult,
+    ObjectStoreUnavailable,
+    PartitionLog,
+    VerificationGuard,
+)
 from tidalmq_broker.transactions.verification import produce_error
 
 if TYPE_CHECKING:
@@ -38,13 +45,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# What became of one partition of a request: refused before appending (an error code, with a
+# message or None), refused by the append (the exception), taken (the partition's
+# Acknowledgement) or going through the transaction coordinator first (a task)
+Outcome = ErrorCode | BaseException | Acknowledgement | asyncio.Future[AppendResult]
+
+
 @api(0, "Produce", 3, 11)
 async def handle_produce(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
     acks = body.acks
-    # Everything up to the creation of the append tasks runs without suspending, so requests
-    # pipelined on one connection enqueue their batches in arrival order.
-    entries: list[tuple[str, int, asyncio.Future[AppendResult] | ErrorCode, str | None, int]] = []
+    # Everything up to the first await runs without suspending, so requests pipelined on one
+    # connection append their batches in arrival order. Each partition's append is started
+    # here, synchronously (Partition.start_append): no task or coroutine per partition; the
+    # request then waits once for the WAL flushes that hold its batches.
+    entries: list[tuple[str, int, Outcome, str | None, int]] = []
     if acks not in (-1, 0, 1):
         for topic in body.topic_data:
             for part in topic.partition_data:
@@ -108,58 +123,117 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                     continue
                 # the records are a view of this request's own frame buffer (when large
                 # enough to have one): the log patches offsets in place instead of copying
-                task = _append(broker, plog, part.records, acks, body.transactional_id,
-                               request.api_version)  # fmt: skip
-                entries.append((topic.name, part.index, task, None, len(part.records)))
-    timeout_s = _answer_within(body.timeout.total_seconds()) if acks != 0 else None
-    pending = [e[2] for e in entries if isinstance(e[2], asyncio.Future)]
-    if pending:
-        if acks == 0:
-            for fut in pending:
-                fut.add_done_callback(_log_failure)
-        else:
-            await asyncio.wait(pending, timeout=timeout_s)
+                outcome = _append(broker, plog, part.records, acks, body.transactional_id,
+                                  request.api_version)  # fmt: skip
+                entries.append((topic.name, part.index, outcome, None, len(part.records)))
     if acks == 0:
+        for _, _, outcome, _, _ in entries:
+            if isinstance(outcome, asyncio.Future):
+                outcome.add_done_callback(_log_failure)
+            elif isinstance(outcome, Exception):
+                log.debug("unacknowledged append failed: %s", outcome)
         return None
+    await _all_done(_waits(entries), _answer_within(body.timeout.total_seconds()))
     # the response is written straight to wire format (protocol.fastpath): this runs for every
     # produce request, and building kio entities from dicts cost more than the append itself
     by_topic: dict[str, list[ProducePartition]] = {}
+    metrics = broker.metrics
     for topic_name, index, outcome, message, size in entries:
-        if isinstance(outcome, asyncio.Future):
-            if not outcome.done():
-                outcome.add_done_callback(_log_failure)
-                answered: ProducePartition = (
-                    index,
-                    ErrorCode.request_timed_out.value,
-                    -1,
-                    -1,
-                    -1,
-                    "the append was not durable within the request timeout",
-                )
-            elif outcome.exception() is not None:
-                failure = outcome.exception()
-                assert failure is not None
-                code = error_code(failure)
-                answered = (index, code.value, -1, -1, -1, error_message(failure))
-                broker.metrics.produce_errors(topic_name, code.name)
+        answered: ProducePartition
+        if isinstance(outcome, ErrorCode):
+            answered = (index, outcome.value, -1, -1, -1, message)
+        else:
+            result = _result(outcome)
+            if isinstance(result, BaseException):
+                code = error_code(result)
+                answered = (index, code.value, -1, -1, -1, error_message(result))
+                metrics.produce_errors(topic_name, code.name)
+            elif result is None:
+                answered = (index, ErrorCode.request_timed_out.value, -1, -1, -1,
+                            "the append was not durable within the request timeout")  # fmt: skip
             else:
-                result = outcome.result()
-                answered = (
-                    index,
-                    0,
-                    result.base_offset,
-                    result.log_append_time_ms,
-                    result.log_start_offset,
-                    message,
-                )
+                answered = (index, 0, result.base_offset, result.log_append_time_ms,
+                            result.log_start_offset, message)  # fmt: skip
                 if not result.duplicate:
-                    broker.metrics.produced(
+                    metrics.produced(
                         topic_name, index, size, result.last_offset - result.base_offset + 1
                     )
+        partitions = by_topic.get(topic_name)
+        if partitions is None:
+            by_topic[topic_name] = [answered]
         else:
-            answered = (index, outcome.value, -1, -1, -1, message)
-        by_topic.setdefault(topic_name, []).append(answered)
+            partitions.append(answered)
     return encode_produce_response(request.api_version, list(by_topic.items()))
+
+
+def _waits(entries: list[tuple[str, int, Outcome, str | None, int]]) -> list[asyncio.Future[Any]]:
+    """The futures a request still waits for: its appends' WAL flushes (and the tasks of
+    appends that went through the transaction coordinator first)."""
+    waits: list[asyncio.Future[Any]] = []
+    for _, _, outcome, _, _ in entries:
+        if isinstance(outcome, Acknowledgement):
+            durable = outcome.durable
+            if durable is not None and not durable.done():
+                waits.append(durable)
+        elif isinstance(outcome, asyncio.Future) and not outcome.done():
+            waits.append(outcome)
+    return waits
+
+
+async def _all_done(waits: list[asyncio.Future[Any]], timeout_s: float) -> None:
+    """Until every future in `waits` is done or `timeout_s` passed: one waiter and one timer
+    for the whole request, not asyncio.wait's sets and per-call callbacks. The futures are
+    never cancelled here (a flush completes them whatever the request does)."""
+    if not waits:
+        return
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    left = len(waits)
+
+    def one_done(_: asyncio.Future[Any]) -> None:
+        nonlocal left
+        left -= 1
+        if not left and not waiter.done():
+            waiter.set_result(None)
+
+    for fut in waits:
+        fut.add_done_callback(one_done)
+    timer = loop.call_later(timeout_s, _wake, waiter)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        if left:
+            for fut in waits:
+                fut.remove_done_callback(one_done)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _result(outcome: Outcome) -> AppendResult | BaseException | None:
+    """The append's offsets, why it failed, or None when it is not durable yet (timed out)."""
+    if isinstance(outcome, BaseException):
+        return outcome
+    if isinstance(outcome, Acknowledgement):
+        durable = outcome.durable
+        if durable is None:
+            return outcome.result
+        if not durable.done():
+            durable.add_done_callback(_log_failure)
+            return None
+        if durable.cancelled():
+            return ObjectStoreUnavailable("the append was cancelled")
+        failure = durable.exception()
+        return outcome.result if failure is None else failure
+    assert isinstance(outcome, asyncio.Future)
+    if not outcome.done():
+        outcome.add_done_callback(_log_failure)
+        return None
+    failure = outcome.exception()
+    return outcome.result() if failure is None else failure
 
 
 def _append(
@@ -169,20 +243,20 @@ def _append(
     acks: int,
     transactional_id: str | None,
     version: int,
-) -> asyncio.Future[AppendResult]:
-    """The append of one partition's records, behind KIP-890's verification when they open
-    the producer's transaction there. The append is enqueued now unless it must wait for the
-    coordinator's answer (then in arrival order among those that waited)."""
+) -> Outcome:
+    """Start the append of one partition's records: now (the partition's Acknowledgement, or
+    the exception that refused it), or behind KIP-890's verification when they open the
+    producer's transaction there (a task: then in arrival order among those that waited).
+    Logs without a synchronous start (static topics' logic queues) and an idempotent retry's
+    wait for the original get a task as well."""
     verifier = broker.txn_verifier if transactional_id is not None else None
     header = _transactional_header(data) if verifier is not None else None
     if header is None or verifier is None or transactional_id is None:
-        return asyncio.ensure_future(plog.append(data, acks=acks, owned=True))
+        return _start(plog, data, acks)
     pid, epoch = header.producer_id, header.producer_epoch
     if not verifier.pending(plog.tp, pid) and plog.in_transaction(pid, epoch):
         # refused if a marker ends the transaction before the append starts (KIP-890's guard)
-        return asyncio.ensure_future(
-            plog.append(data, acks=acks, owned=True, verification=UNVERIFIED)
-        )
+        return _start(plog, data, acks, UNVERIFIED)
     guard = plog.start_verification(pid)  # taken before the question: a marker voids it
 
     async def append_verified() -> AppendResult:
@@ -199,6 +273,26 @@ def _append(
         return asyncio.ensure_future(append_verified())
 
     return asyncio.ensure_future(verifier.gate(plog.tp, transactional_id, pid, epoch, enqueue))
+
+
+def _start(
+    plog: PartitionLog,
+    data: memoryview | bytes,
+    acks: int,
+    verification: VerificationGuard | None = None,
+) -> Outcome:
+    start = getattr(plog, "start_append", None)  # a Partition's (storage/partition.py)
+    if start is None:
+        return asyncio.ensure_future(
+            plog.append(data, acks=acks, owned=True, verification=verification)
+        )
+    try:
+        taken = start(data, acks=acks, owned=True, verification=verification)
+    except Exception as exc:  # refused: a StorageError says why (error_code maps it)
+        return exc
+    if isinstance(taken, Acknowledgement):
+        return taken
+    return asyncio.ensure_future(taken)  # an idempotent retry: waits for its original
 
 
 def _transactional_header(data: memoryview | bytes) -> records.BatchHeader | None:
@@ -265,6 +359,6 @@ def _answer_within(timeout_s: float) -> float:
     return timeout_s - min(1.0, timeout_s / 10)
 
 
-def _log_failure(fut: asyncio.Future[AppendResult]) -> None:
+def _log_failure(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("unacknowledged append failed: %s", fut.exception())

@@ -10,7 +10,8 @@ written after its last checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import asyncio
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -203,6 +204,24 @@ class AppendResult:
     log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
     log_start_offset: int
     duplicate: bool = False  # an idempotent retry; offsets are the original ones
+
+
+class Acknowledgement:
+    """An append a partition has taken (Partition.start_append): its offsets, known at once,
+    and `durable`, the future its WAL flush completes (None with acks=0). Awaiting it waits for
+    that and returns the offsets; the Produce handler instead waits for the futures of all of
+    a request's partitions together, without a task or a coroutine per partition."""
+
+    __slots__ = ("durable", "result")
+
+    def __init__(self, result: AppendResult, durable: asyncio.Future[None] | None) -> None:
+        self.result = result
+        self.durable = durable
+
+    def __await__(self) -> Generator[Any, None, AppendResult]:
+        if self.durable is not None:
+            yield from self.durable
+        return self.result
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable
 
 from tidalmq_broker.protocol import records
 from tidalmq_broker.storage.api import (
+    Acknowledgement,
     AppendResult,
     CorruptRecord,
     InvalidRecord,
@@ -175,7 +176,7 @@ class Appends(PartitionState):
             offset += h.last_offset_delta + 1
         future = self._enqueue(buf, base, offset - 1, max_ts, producers, acks)
         result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
-        return self._acknowledged(result, future)
+        return Acknowledgement(result, future)
 
     def _check_verified(self, producer_id: int, guard: VerificationGuard) -> None:
         """KIP-890's guard (Kafka's UnifiedLog): a transactional batch that would open its
@@ -272,14 +273,7 @@ class Appends(PartitionState):
         kind = COMMIT_MARKER if commit else ABORT_MARKER
         row = (producer_id, producer_epoch, -1, -1, offset, offset, kind, coordinator_epoch)
         future = self._enqueue(buf, offset, offset, now_ms, [row], -1)
-        return await self._acknowledged(AppendResult(offset, offset, -1, self._log_start), future)
-
-    async def _acknowledged(
-        self, result: AppendResult, future: asyncio.Future[None] | None
-    ) -> AppendResult:
-        if future is not None:
-            await future
-        return result
+        return await Acknowledgement(AppendResult(offset, offset, -1, self._log_start), future)
 
     async def _duplicate(self, original: BatchMeta) -> AppendResult:
         await self._wait_durable(original.last_offset)
