@@ -27,17 +27,16 @@ import pstats
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
-from bench.kafka.harness import producer_perf_test  # noqa: E402
-from bench.side_by_side_systems import create_topic  # noqa: E402
-from tests.support.broker_process import BrokerProcess  # noqa: E402
+from bench.kafka.harness import producer_perf_test
+from bench.side_by_side_systems import create_topic
+from tests.support.broker_process import BrokerProcess
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -146,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             f"p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms"
         )
         print(f"load average (1 min) before/after: {load_before:.2f} / {load_after:.2f}")
-        print(f"produce requests: {requests:.0f} ({args.records / max(requests, 1):.1f} records each)")
+        print(
+            f"produce requests: {requests:.0f} ({args.records / max(requests, 1):.1f} records each)"
+        )
         print(
             f"tidalmq_request_cpu_seconds{{api=Produce}}: "
             f"{metric_s / max(metered, 1) * 1e6:.0f} us per request"
@@ -176,7 +177,9 @@ def print_top(stats: pstats.Stats, requests: float, top: int) -> None:
     print(f"cProfile: {total * per:.0f} us of own time per produce request in all; top {top}:")
     print(f"{'own us/req':>10} {'cum us/req':>10} {'calls/req':>9}  function")
     for tottime, cumtime, calls, where in rows[:top]:
-        print(f"{tottime * per:10.1f} {cumtime * per:10.1f} {calls / max(requests, 1):9.2f}  {where}")
+        print(
+            f"{tottime * per:10.1f} {cumtime * per:10.1f} {calls / max(requests, 1):9.2f}  {where}"
+        )
 
 
 if __name__ == "__main__":
