@@ -211,10 +211,18 @@ class BrokerMetrics(RequestObserver):
         return children
 
     def produced(self, topic: str, partition: int, size: int, records: int) -> None:
+        self.produced_partition(topic, partition, size, records)
+        self.produced_topic(topic, size, records)
+
+    def produced_partition(self, topic: str, partition: int, size: int, records: int) -> None:
         if self._per_partition:
             children = self._partition(topic, partition)
             children[0].inc(size)
             children[1].inc(records)
+
+    def produced_topic(self, topic: str, size: int, records: int) -> None:
+        """A produce request's appends to `topic`, all partitions together (one increment
+        per request and topic, not per partition: the produce path's cost per request)."""
         per_topic = self._topic(topic)
         per_topic[0].inc(size)
         per_topic[1].inc(records)

@@ -138,6 +138,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
     # produce request, and building kio entities from dicts cost more than the append itself
     by_topic: dict[str, list[ProducePartition]] = {}
     metrics = broker.metrics
+    appended: dict[str, tuple[int, int]] = {}  # per topic: bytes and records appended
     for topic_name, index, outcome, message, size in entries:
         answered: ProducePartition
         if isinstance(outcome, ErrorCode):
@@ -155,14 +156,17 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                 answered = (index, 0, result.base_offset, result.log_append_time_ms,
                             result.log_start_offset, message)  # fmt: skip
                 if not result.duplicate:
-                    metrics.produced(
-                        topic_name, index, size, result.last_offset - result.base_offset + 1
-                    )
+                    count = result.last_offset - result.base_offset + 1
+                    metrics.produced_partition(topic_name, index, size, count)
+                    so_far = appended.get(topic_name, (0, 0))
+                    appended[topic_name] = (so_far[0] + size, so_far[1] + count)
         partitions = by_topic.get(topic_name)
         if partitions is None:
             by_topic[topic_name] = [answered]
         else:
             partitions.append(answered)
+    for topic_name, (size, count) in appended.items():
+        metrics.produced_topic(topic_name, size, count)
     return encode_produce_response(request.api_version, list(by_topic.items()))
 
 
