@@ -14,6 +14,8 @@ batches: the load of [L1]) and prints, for the produce requests of that run:
 
     .venv/bin/python bench/produce_profile.py --records 200000
     .venv/bin/python bench/produce_profile.py --records 100000 --cprofile --top 30
+    git worktree add --detach /tmp/before <commit>
+    .venv/bin/python bench/produce_profile.py --records 200000 --source /tmp/before
 
 The machine's load average is printed with the figures: on a shared machine compare runs made
 under the same conditions only.
@@ -85,8 +87,13 @@ finally:
 class ProfiledBroker(BrokerProcess):
     """The broker process, optionally under cProfile (its stats written when it stops)."""
 
-    def __init__(self, storage_url: str, log_dir: Path, profile_to: Path | None) -> None:
-        super().__init__(storage_url, log_dir, env={"TIDALMQ_LOG_LEVEL": "WARNING"})
+    def __init__(
+        self, storage_url: str, log_dir: Path, profile_to: Path | None, source: Path | None
+    ) -> None:
+        env = {"TIDALMQ_LOG_LEVEL": "WARNING"}
+        if source is not None:  # another checkout's broker (its broker_image/src first)
+            env["PYTHONPATH"] = str(source.resolve() / "broker_image" / "src")
+        super().__init__(storage_url, log_dir, env=env)
         self.profile_to = profile_to
 
     def spawn(self) -> None:
@@ -111,13 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cprofile", action="store_true", help="run the broker under cProfile")
     ap.add_argument("--top", type=int, default=25, help="functions to list (--cprofile)")
     ap.add_argument("--keep", type=Path, help="write the cProfile stats here too")
+    ap.add_argument(
+        "--source",
+        type=Path,
+        help="run the broker of this checkout (e.g. a `git worktree add --detach` of the commit "
+        "before a change), for before/after runs under the same conditions",
+    )
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="produce-profile-") as tmp:
         root = Path(tmp)
         (root / "objects").mkdir()
         prof = root / "broker.prof" if args.cprofile else None
-        broker = ProfiledBroker(f"file://{root / 'objects'}", root / "logs", prof)
+        broker = ProfiledBroker(f"file://{root / 'objects'}", root / "logs", prof, args.source)
         broker.start(timeout_s=120)
         try:
             b = broker.bootstrap
