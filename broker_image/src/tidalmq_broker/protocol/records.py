@@ -28,6 +28,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 
@@ -63,9 +64,10 @@ class UnsupportedMagic(InvalidRecordBatch):
     """A message format older than v2 (maps to UNSUPPORTED_FOR_MESSAGE_FORMAT)."""
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """The fields of one batch header, and where the batch sits in its buffer."""
+class BatchHeader(NamedTuple):
+    """The fields of one batch header, and where the batch sits in its buffer. A named tuple:
+    one is made per batch on the produce and fetch paths, and a frozen dataclass of fourteen
+    fields took ~4x as long to build (each field set through object.__setattr__)."""
 
     position: int
     size: int  # whole batch including the 12-byte log overhead
