@@ -47,7 +47,11 @@ def compacted_broker(seen: dict[str, Any]) -> Any:
             info.configs["cleanup.policy"] = policy
         b.metadata.topics[name] = info
     b.partitions = SimpleNamespace(get_log=lambda tp: Log(tp.topic, seen))
-    b.metrics = SimpleNamespace(produced=lambda *a: None, produce_errors=lambda *a: None)
+    b.metrics = SimpleNamespace(
+        produced_partition=lambda *a: None,
+        produced_topic=lambda *a: None,
+        produce_errors=lambda *a: None,
+    )
     return b
 
 

@@ -137,7 +137,6 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
     # the response is written straight to wire format (protocol.fastpath): this runs for every
     # produce request, and building kio entities from dicts cost more than the append itself
     by_topic: dict[str, list[ProducePartition]] = {}
-    metrics = broker.metrics
     appended: dict[str, tuple[int, int]] = {}  # per topic: bytes and records appended
     for topic_name, index, outcome, message, size in entries:
         answered: ProducePartition
@@ -148,7 +147,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             if isinstance(result, BaseException):
                 code = error_code(result)
                 answered = (index, code.value, -1, -1, -1, error_message(result))
-                metrics.produce_errors(topic_name, code.name)
+                broker.metrics.produce_errors(topic_name, code.name)
             elif result is None:
                 answered = (index, ErrorCode.request_timed_out.value, -1, -1, -1,
                             "the append was not durable within the request timeout")  # fmt: skip
@@ -157,7 +156,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                             result.log_start_offset, message)  # fmt: skip
                 if not result.duplicate:
                     count = result.last_offset - result.base_offset + 1
-                    metrics.produced_partition(topic_name, index, size, count)
+                    broker.metrics.produced_partition(topic_name, index, size, count)
                     so_far = appended.get(topic_name, (0, 0))
                     appended[topic_name] = (so_far[0] + size, so_far[1] + count)
         partitions = by_topic.get(topic_name)
@@ -166,7 +165,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
         else:
             partitions.append(answered)
     for topic_name, (size, count) in appended.items():
-        metrics.produced_topic(topic_name, size, count)
+        broker.metrics.produced_topic(topic_name, size, count)
     return encode_produce_response(request.api_version, list(by_topic.items()))
 
 
