@@ -284,13 +284,13 @@ def _start(
     acks: int,
     verification: VerificationGuard | None = None,
 ) -> Outcome:
+    # KIP-890's guard only when there is one (verification off: the call as before it)
+    guarded = {} if verification is None else {"verification": verification}
     start = getattr(plog, "start_append", None)  # a Partition's (storage/partition.py)
     if start is None:
-        return asyncio.ensure_future(
-            plog.append(data, acks=acks, owned=True, verification=verification)
-        )
+        return asyncio.ensure_future(plog.append(data, acks=acks, owned=True, **guarded))
     try:
-        taken = start(data, acks=acks, owned=True, verification=verification)
+        taken = start(data, acks=acks, owned=True, **guarded)
     except Exception as exc:  # refused: a StorageError says why (error_code maps it)
         return exc
     if isinstance(taken, Acknowledgement):
