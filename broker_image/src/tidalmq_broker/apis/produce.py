@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -295,7 +296,8 @@ def _start(
         return exc
     if isinstance(taken, Acknowledgement):
         return taken
-    return asyncio.ensure_future(taken)  # an idempotent retry: waits for its original
+    retry: Awaitable[AppendResult] = taken  # an idempotent retry: waits for its original
+    return asyncio.ensure_future(retry)
 
 
 def _transactional_header(data: memoryview | bytes) -> records.BatchHeader | None:
