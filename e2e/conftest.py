@@ -5,9 +5,11 @@ Which cluster (option ``--e2e-cluster`` or ``TIDALMQ_E2E_CLUSTER``):
 
 - ``local`` (default): the project's own single-node cluster of host processes
   (``e2e/cluster/cluster.sh``), built offline and started here; needs root on Linux.
-- ``kind``: a kind cluster through pytest-kind, when ``kind`` and a working Docker are available
-  (a laptop). The images are built with that Docker from public Debian bases and loaded with
-  ``kind load docker-image``.
+- ``kind``: a multi-node kind cluster through pytest-kind. By default built offline like the local
+  one: kind's own dockerd and a node image from the project's builds (``e2e/cluster/kind.sh``,
+  needs root on Linux); ``--e2e-kind-public`` uses the public kindest/node image and the Docker of
+  DOCKER_HOST instead (a laptop), with the images built FROM public Debian. Either way the
+  project's images are loaded with ``kind load docker-image``.
 - ``kubeconfig``: any existing cluster (``--e2e-kubeconfig`` or ``TIDALMQ_E2E_KUBECONFIG``); the
   images must then be pullable by it (``TIDALMQ_E2E_BROKER_IMAGE``, ``TIDALMQ_E2E_SPARK_IMAGE``),
   and metrics-server must run there.
@@ -26,6 +28,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--e2e-kubeconfig",
         default=os.environ.get("TIDALMQ_E2E_KUBECONFIG"),
         help="kubeconfig of an existing cluster, for --e2e-cluster=kubeconfig",
+    )
+    group.addoption(
+        "--e2e-kind-public",
+        action="store_true",
+        default=os.environ.get("TIDALMQ_E2E_KIND_PUBLIC", "") not in ("", "0"),
+        help="--e2e-cluster=kind with the public kindest/node image and the Docker of DOCKER_HOST "
+        "instead of the offline-built node image and kind's own dockerd (env "
+        "TIDALMQ_E2E_KIND_PUBLIC=1)",
     )
     group.addoption(
         "--e2e-keep",
@@ -123,18 +134,98 @@ def local_cluster(config: pytest.Config) -> Iterator[Cluster]:
 
 
 def kind_cluster(config: pytest.Config) -> Iterator[Cluster]:
+    """A multi-node kind cluster (e2e/cluster/kind-config.yaml) through pytest-kind.
+
+    By default everything comes from the project's own builds, with no registry: kind's own
+    dockerd and node image (e2e/cluster/kind.sh), the project's images built by images.sh and
+    copied into that dockerd for `kind load`. With --e2e-kind-public (a laptop with Docker and
+    registry access): the public kindest/node image, the Docker of DOCKER_HOST, and the images
+    built FROM public Debian."""
     from pytest_kind import KindCluster  # only needed for this choice
 
     settings = script_settings(
         "KIND_BIN", "K8S_BIN", "HELM_BIN", "BROKER_IMAGE", "SPARK_IMAGE", "METRICS_SERVER_IMAGE",
-        "CACHE_DIR",
+        "CACHE_DIR", "KIND_DOCKER_SOCK", "KIND_NODE_IMAGE",
     )  # fmt: skip
+    public = config.getoption("--e2e-kind-public")
+    logs = Path(settings["CACHE_DIR"]) / "logs"
+    images = [settings["BROKER_IMAGE"], settings["SPARK_IMAGE"], settings["METRICS_SERVER_IMAGE"]]
+    started = time.monotonic()
+    if public:
+        kind_bin, kubectl_bin, helm_bin = public_kind_tools(config, settings, logs)
+        node_image = config.getoption("--kind-image")
+    else:
+        kind_bin = str(Path(settings["KIND_BIN"]) / "kind")
+        kubectl_bin = str(Path(settings["K8S_BIN"]) / "kubectl")
+        helm_bin = str(Path(settings["HELM_BIN"]) / "helm")
+        stream(
+            config,
+            [str(CLUSTER_SCRIPTS / "build-tools.sh"), "kind", "kubernetes", "helm"],
+            logs / "build-tools.log",
+        )
+        stream(config, [str(CLUSTER_SCRIPTS / "kind.sh"), "node-image"], logs / "kind-node.log")
+        stream(config, [str(CLUSTER_SCRIPTS / "images.sh"), "build"], logs / "images.log")
+        stream(config, [str(CLUSTER_SCRIPTS / "kind.sh"), "load", *images], logs / "kind-load.log")
+        # kind and pytest-kind run `docker` with this environment: kind's own dockerd.
+        os.environ["DOCKER_HOST"] = f"unix://{settings['KIND_DOCKER_SOCK']}"
+        node_image = settings["KIND_NODE_IMAGE"]
+    built = time.monotonic()
+    kind = KindCluster(
+        config.getoption("--cluster-name"),
+        image=node_image,
+        kind_path=Path(kind_bin),
+        kubectl_path=Path(kubectl_bin),
+    )
+    kind.create(config_file=CLUSTER_SCRIPTS / "kind-config.yaml")
+    created = time.monotonic()
+    try:
+        for image in images:
+            kind.load_docker_image(image)
+        loaded = time.monotonic()
+        cluster = Cluster(
+            kind="kind",
+            kubeconfig=kind.kubeconfig_path.resolve(),
+            kubectl_bin=kubectl_bin,
+            helm_bin=helm_bin,
+            images={"broker": settings["BROKER_IMAGE"], "spark": settings["SPARK_IMAGE"]},
+        )
+        # kind has no metrics-server; its kubelets serve self-signed certificates.
+        manifest = (CLUSTER_SCRIPTS / "manifests" / "metrics-server.yaml").read_text()
+        manifest = manifest.replace("@METRICS_SERVER_IMAGE@", settings["METRICS_SERVER_IMAGE"])
+        manifest = manifest.replace(
+            "--kubelet-certificate-authority=/etc/kubelet-ca/ca.crt", "--kubelet-insecure-tls"
+        )
+        cluster.apply(manifest)
+        cluster.wait_ready("kube-system", "deployment/metrics-server")
+        nodes = len(cluster.kubectl_json("get", "nodes")["items"])
+        record_session_figures(
+            config,
+            "kind cluster",
+            {
+                "nodes": nodes,
+                "build_s": round(built - started, 1),
+                "create_s": round(created - built, 1),
+                "load_images_s": round(loaded - created, 1),
+                "ready_s": round(time.monotonic() - started, 1),
+            },
+            "build: tools and images (seconds when cached); create: `kind create cluster`; "
+            "load: `kind load docker-image` of the project's images; ready: all of it",
+        )
+        yield cluster
+    finally:
+        if not (config.getoption("--e2e-keep") or config.getoption("--keep-cluster")):
+            kind.delete()
+
+
+def public_kind_tools(
+    config: pytest.Config, settings: dict[str, str], logs: Path
+) -> tuple[str, str, str]:
+    """kind, kubectl and helm for --e2e-kind-public (from the options or PATH; the pinned versions
+    are built, which needs Go, only when missing), and the project's images built with the
+    Docker of DOCKER_HOST FROM public Debian."""
     docker_host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     if shutil.which("docker") is None or run(["docker", "info"], check=False).returncode != 0:
-        pytest.fail(f"--e2e-cluster=kind needs a working Docker (DOCKER_HOST={docker_host})")
-    build_env = {"TIDALMQ_E2E_DOCKER_HOST": docker_host, "TIDALMQ_E2E_PUBLIC_BASE": "1"}
-    logs = Path(settings["CACHE_DIR"]) / "logs"
-    # Tools from the options or PATH; the pinned versions are built (needs Go) only when missing.
+        pytest.fail(f"--e2e-kind-public needs a working Docker (DOCKER_HOST={docker_host})")
     tools = {
         "kind": config.getoption("--kind-bin") or shutil.which("kind"),
         "kubectl": config.getoption("--kind-kubectl-bin") or shutil.which("kubectl"),
@@ -152,43 +243,11 @@ def kind_cluster(config: pytest.Config) -> Iterator[Cluster]:
             config, [str(CLUSTER_SCRIPTS / "build-tools.sh"), *targets], logs / "build-tools.log"
         )
         tools.update({name: str(built[name]) for name in missing})
+    build_env = {"TIDALMQ_E2E_DOCKER_HOST": docker_host, "TIDALMQ_E2E_PUBLIC_BASE": "1"}
     stream(
         config, [str(CLUSTER_SCRIPTS / "images.sh"), "build-kind"], logs / "images.log", build_env
     )
-    kind_bin, kubectl_bin = str(tools["kind"]), str(tools["kubectl"])
-    kind = KindCluster(
-        config.getoption("--cluster-name"),
-        image=config.getoption("--kind-image"),
-        kind_path=Path(kind_bin),
-        kubectl_path=Path(kubectl_bin),
-    )
-    kind.create(config_file=CLUSTER_SCRIPTS / "kind-config.yaml")
-    try:
-        for image in (
-            settings["BROKER_IMAGE"],
-            settings["SPARK_IMAGE"],
-            settings["METRICS_SERVER_IMAGE"],
-        ):
-            kind.load_docker_image(image)
-        cluster = Cluster(
-            kind="kind",
-            kubeconfig=kind.kubeconfig_path.resolve(),
-            kubectl_bin=kubectl_bin,
-            helm_bin=str(tools["helm"]),
-            images={"broker": settings["BROKER_IMAGE"], "spark": settings["SPARK_IMAGE"]},
-        )
-        # kind has no metrics-server; its kubelets serve self-signed certificates.
-        manifest = (CLUSTER_SCRIPTS / "manifests" / "metrics-server.yaml").read_text()
-        manifest = manifest.replace("@METRICS_SERVER_IMAGE@", settings["METRICS_SERVER_IMAGE"])
-        manifest = manifest.replace(
-            "--kubelet-certificate-authority=/etc/kubelet-ca/ca.crt", "--kubelet-insecure-tls"
-        )
-        cluster.apply(manifest)
-        cluster.wait_ready("kube-system", "deployment/metrics-server")
-        yield cluster
-    finally:
-        if not (config.getoption("--e2e-keep") or config.getoption("--keep-cluster")):
-            kind.delete()
+    return str(tools["kind"]), str(tools["kubectl"]), str(tools["helm"])
 
 
 def kubeconfig_cluster(config: pytest.Config) -> Iterator[Cluster]:
@@ -275,6 +334,16 @@ def figures(request: pytest.FixtureRequest) -> RecordFigure:
         request.node.user_properties.append((name, value))
 
     return record
+
+
+def record_session_figures(
+    config: pytest.Config, name: str, values: dict[str, Any], note: str = ""
+) -> None:
+    """Figures of the session's setup (no test owns them), shown and written like a test's."""
+    store = config.stash.setdefault(FIGURES, {})
+    for key, value in values.items():
+        store.setdefault(f"session: {name}", {})[key] = {"value": value, "note": note}
+        note = ""  # once per group
 
 
 def figures_file() -> Path:

@@ -59,7 +59,7 @@ module_time() { go list -m -json "$1" | sed -n 's/.*"Time": "\(.*\)".*/\1/p'; }
 K8S_TOOLS_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 # The module's directory is named after everything that goes into its go.mod, so a version bump
 # resolves a new one (and never reuses a stale go.sum).
-K8S_TOOLS_SRC=$CACHE_DIR/src/k8s-tools-$(printf '%s\n' 2 "$KUBERNETES_VERSION" \
+K8S_TOOLS_SRC=$CACHE_DIR/src/k8s-tools-$(printf '%s\n' 3 "$KUBERNETES_VERSION" \
   "$KUBERNETES_STAGING_VERSION" "$ETCD_VERSION" "$HELM_VERSION" "$METRICS_SERVER_VERSION" \
   | sha256sum | cut -c1-12)
 
@@ -102,7 +102,7 @@ resolve_k8s_tools_module() {
     echo "	sigs.k8s.io/metrics-server $METRICS_SERVER_VERSION"
     echo ")"
     echo
-    for cmd in "${K8S_TOOLS_CMDS[@]}"; do
+    for cmd in "${K8S_TOOLS_CMDS[@]}" kubeadm; do
       echo "tool k8s.io/kubernetes/cmd/$cmd"
     done
     echo "tool go.etcd.io/etcd/server/v3"
@@ -130,13 +130,10 @@ k8s_tools_build() {
   (cd "$K8S_TOOLS_SRC" && go build -mod=readonly -trimpath -ldflags "-s -w $ldflags" -o "$out" "$@")
 }
 
-build_kubernetes() {
-  local name=kubernetes version=$KUBERNETES_VERSION
-  is_built "$name" "$version" && return 0
-  local out date major minor ldflags="" pkg cmd pkgs=()
-  out=$(bin_dir "$name" "$version")
-  mkdir -p "$out"
-  k8s_tools_module
+# kubernetes_ldflags VERSION -> the -X flags that make a Kubernetes binary report VERSION (kubeadm
+# picks its control-plane image tags from it)
+kubernetes_ldflags() {
+  local version=$1 date major minor pkg ldflags=""
   date=$(cd "$K8S_TOOLS_SRC" && module_time "k8s.io/kubernetes@$version")
   major=${version#v}; major=${major%%.*}
   minor=${version#v*.}; minor=${minor%%.*}
@@ -144,11 +141,33 @@ build_kubernetes() {
     ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
   done
+  echo "$ldflags"
+}
+
+build_kubernetes() {
+  local name=kubernetes version=$KUBERNETES_VERSION
+  is_built "$name" "$version" && return 0
+  local out cmd pkgs=()
+  out=$(bin_dir "$name" "$version")
+  mkdir -p "$out"
+  k8s_tools_module
   for cmd in "${K8S_TOOLS_CMDS[@]}"; do
     pkgs+=("k8s.io/kubernetes/cmd/$cmd")
   done
   log "kubernetes $version: go build (cold: the longest build, 10-20 min on 2 cores)"
-  k8s_tools_build "$out/" "$ldflags" "${pkgs[@]}"
+  k8s_tools_build "$out/" "$(kubernetes_ldflags "$version")" "${pkgs[@]}"
+  mark_built "$name" "$version"
+}
+
+# kubeadm (only the kind node image needs it): same module and version flags as the others.
+build_kubeadm() {
+  local name=kubeadm version=$KUBERNETES_VERSION out
+  is_built "$name" "$version" && return 0
+  out=$(bin_dir "$name" "$version")
+  mkdir -p "$out"
+  k8s_tools_module
+  log "kubeadm $version: go build"
+  k8s_tools_build "$out/kubeadm" "$(kubernetes_ldflags "$version")" k8s.io/kubernetes/cmd/kubeadm
   mark_built "$name" "$version"
 }
 
@@ -189,38 +208,52 @@ build_metrics_server() {
 
 # ---------------------------------------------------------------- CoreDNS, MinIO and the rest
 
-# The plugins the cluster's Corefile uses: the first word of each line one level inside a server
-# block of manifests/coredns.yaml's Corefile.
+# corefile_plugins FILE: the plugins a Corefile in FILE uses: the first word of each line one
+# level inside the server block that follows a `Corefile: |` line (a ConfigMap in YAML, or
+# kubeadm's Go template of one; template actions like `{{- if ... }}` are not plugins).
 corefile_plugins() {
   awk '/Corefile: \|/ { inside = 1; next }
     inside && /^[^ ]/ { exit }
     inside {
       line = $0; sub(/#.*/, "", line)
-      if (split(line, word, " ") && depth == 1 && word[1] != "}") print word[1]
+      if (split(line, word, " ") && depth == 1 && word[1] ~ /^[a-z]/) print word[1]
       depth += gsub(/\{/, "{", line) - gsub(/\}/, "}", line)
-    }' "$E2E_DIR/cluster/manifests/coredns.yaml" | sort -u
+    }' "$1" | sort -u
+}
+
+# The Corefile kubeadm installs on a kind cluster (its CoreDNS addon's template).
+kubeadm_corefile_source() {
+  echo "$GOMODCACHE/k8s.io/kubernetes@$KUBERNETES_VERSION/cmd/kubeadm/app/phases/addons/dns/manifests.go"
 }
 
 # CoreDNS' own main imports all of its ~60 plugins (cloud DNS SDKs, tracing, etcd, ...); a small
-# main of ours imports only those the Corefile uses. The plugins CoreDNS lists but this binary
+# main of ours imports only those a Corefile uses. The plugins CoreDNS lists but this binary
 # lacks are simply not registered (the Corefile may not use them); the directive order is still
 # CoreDNS' own. CoreDNS v1.12 is on Kubernetes 0.34 and etcd 3.6, so it keeps a module of its own.
-build_coredns() {
-  local name=coredns version=$COREDNS_VERSION out src plugins plugin
-  plugins=$(corefile_plugins | tr '\n' ' ')
+# coredns_build NAME PLUGINS: bin/NAME-$COREDNS_VERSION/coredns with those plugins
+coredns_build() {
+  local name=$1 plugins=$2 version=$COREDNS_VERSION out src plugin package
   out=$(bin_dir "$name" "$version")
   # The stamp records the plugins: a Corefile that uses another one rebuilds it.
   [[ -f $out/.done && $(sed -n 's/^plugins: //p' "$out/.done") == "$plugins" ]] && return 0
   src=$CACHE_DIR/src/coredns-$version-$(sha256sum <<<"$plugins" | cut -c1-8)
   mkdir -p "$out" "$src"
+  # A directive's package is named in CoreDNS' plugin.cfg (`prometheus:metrics`).
+  local cfg
+  cfg=$(cd "$src" && go mod download -json "github.com/coredns/coredns@$version" \
+    | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/plugin.cfg
+  [[ -f $cfg ]] || die "CoreDNS $version's plugin.cfg not found"
   {
-    echo "// CoreDNS with the plugins of e2e/cluster/manifests/coredns.yaml only (build-tools.sh)."
+    echo "// CoreDNS with the plugins of one Corefile only (build-tools.sh)."
     echo "package main"
     echo
     echo "import ("
     echo "	\"github.com/coredns/coredns/coremain\""
     for plugin in $plugins; do
-      echo "	_ \"github.com/coredns/coredns/plugin/$plugin\""
+      package=$(awk -F: -v name="$plugin" '$1 == name { print $2 }' "$cfg")
+      [[ -n $package ]] || die "CoreDNS $version has no plugin '$plugin'"
+      [[ $package == */* ]] || package=github.com/coredns/coredns/plugin/$package
+      echo "	_ \"$package\""
     done
     echo ")"
     echo
@@ -228,10 +261,25 @@ build_coredns() {
   } >"$src/main.go"
   printf 'module tidalmq.local/e2e/coredns\n\ngo 1.24\n\nrequire github.com/coredns/coredns %s\n' \
     "$version" >"$src/go.mod"
-  log "coredns $version: go build (plugins: $plugins)"
+  log "$name $version: go build (plugins: $plugins)"
   (cd "$src" && go mod tidy && go build -mod=readonly -trimpath \
     -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$version" -o "$out/coredns" .)
   printf 'built: %s\nplugins: %s\n' "$(date -u +%FT%TZ)" "$plugins" >"$out/.done"
+}
+
+# The host-process cluster's CoreDNS: the plugins of manifests/coredns.yaml.
+build_coredns() {
+  coredns_build coredns "$(corefile_plugins "$E2E_DIR/cluster/manifests/coredns.yaml" | tr '\n' ' ')"
+}
+
+# The kind cluster's CoreDNS: the plugins of kubeadm's Corefile (it adds `prometheus`). A tool of
+# its own, so the host-process cluster's binary (and CI's cache of it) stays as it is.
+build_coredns_kubeadm() {
+  local corefile
+  k8s_tools_module # downloads k8s.io/kubernetes, which holds kubeadm's Corefile
+  corefile=$(kubeadm_corefile_source)
+  [[ -f $corefile ]] || die "kubeadm's Corefile template not found at $corefile"
+  coredns_build coredns-kubeadm "$(corefile_plugins "$corefile" | tr '\n' ' ')"
 }
 
 # MinIO: the file bin/minio-<version> (where tests/support/s3_server.py looks), moved into place
@@ -272,6 +320,12 @@ build_kind() {
   go_install kind "$KIND_VERSION" "sigs.k8s.io/kind@$KIND_VERSION"
 }
 
+# crictl, in the kind node image (`kind load` lists the node's images with it).
+build_crictl() {
+  go_install crictl "$CRI_TOOLS_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRI_TOOLS_VERSION" \
+    "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRI_TOOLS_VERSION"
+}
+
 build_pause() {
   local name=pause version=$PAUSE_VERSION
   is_built "$name" "$version" && return 0
@@ -285,8 +339,7 @@ build_pause() {
 
 # The Docker runtime wrapper (see e2e/images/runc-nocap); its version is its source's hash.
 build_runc_nocap() {
-  local name=runc-nocap version out
-  version=$(cat "$E2E_DIR/images/runc-nocap/"*.go | sha256sum | cut -c1-12)
+  local name=runc-nocap version=$RUNC_NOCAP_VERSION out
   is_built "$name" "$version" && return 0
   out=$(bin_dir "$name" "$version")
   mkdir -p "$out"

@@ -10,6 +10,9 @@
 #   images.sh project           the base, broker and Spark images (no Kubernetes binaries
 #                               needed, so it can run while build-tools.sh compiles)
 #   images.sh import            copy every image whose ID changed into containerd (k8s.io)
+#   images.sh kind-node FILE    the images a kind node starts with (kubeadm's control plane
+#                               under the names kubeadm expects, kind's sandbox image, the pod
+#                               network daemon), saved to FILE for kind.sh's node image
 #   images.sh list              print the image references, one a line
 #   images.sh docker-stop       stop the dockerd this script started
 #
@@ -58,9 +61,6 @@ start_dockerd() {
   if docker_cli version >/dev/null 2>&1; then
     return 0
   fi
-  local wrapper
-  # shellcheck disable=SC2012  # names of our own making
-  wrapper=$(ls -d "$CACHE_DIR"/bin/runc-nocap-*/runc-nocap | head -1)
   mkdir -p "$CACHE_DIR/docker" "$DOCKER_RUN_DIR/exec"
   log "starting dockerd on $DOCKER_SOCK"
   # No bridge and no iptables rules: builds use the host network, and Docker's FORWARD policy
@@ -72,7 +72,7 @@ start_dockerd() {
     --pidfile "$DOCKER_RUN_DIR/exec/dockerd.pid" \
     --bridge none --iptables=false --ip-forward=false --ip-masq=false \
     --storage-driver overlay2 \
-    --add-runtime "runc-nocap=$wrapper" --default-runtime runc-nocap
+    --add-runtime "runc-nocap=$RUNC_NOCAP" --default-runtime runc-nocap
   wait_for dockerd 60 docker_cli version
 }
 
@@ -110,13 +110,18 @@ EOF
     "$tarball" "$BASE_IMAGE" >/dev/null
 }
 
-# build_static NAME REF BINARY: a FROM-scratch image around one static binary
-build_static() {
-  local name=$1 ref=$2 binary=$3 ctx=$IMAGES_DIR/ctx-$1
+# build_static NAME REF BINARY: a FROM-scratch image around one static binary (images/NAME)
+build_static() { build_command_image "$2" "$1" "$3"; }
+
+# build_command_image REF DOCKERFILE_DIR BINARY [BUILD_ARG...]: images/DOCKERFILE_DIR around one
+# binary (its context: that Dockerfile and the binary)
+build_command_image() {
+  local ref=$1 dir=$2 binary=$3 ctx=$IMAGES_DIR/ctx-$2
+  shift 3
   rm -rf "$ctx"
   mkdir -p "$ctx"
-  cp "$E2E_DIR/images/$name/Dockerfile" "$binary" "$ctx/"
-  docker_cli build -q -t "$ref" "$ctx" >/dev/null
+  cp "$E2E_DIR/images/$dir/Dockerfile" "$binary" "$ctx/"
+  docker_cli build -q "$@" -t "$ref" "$ctx" >/dev/null
 }
 
 # project_context DIR: the files the project's Dockerfiles copy, plus the host's CA bundle
@@ -206,6 +211,50 @@ cmd_build_kind() {
   build_project_images
 }
 
+# The images `kubeadm config images list` names, plus kind's sandbox image, each built from the
+# project's binaries: the control plane FROM scratch, kube-proxy on the node-tools image.
+kind_node_image_refs() {
+  "$KUBEADM_BIN/kubeadm" config images list --kubernetes-version "$KUBERNETES_VERSION"
+  sed -n 's/^ *sandbox_image = "\(.*\)"/\1/p' "$KIND_SRC/images/base/files/etc/containerd/config.toml"
+}
+
+cmd_kind_node() {
+  local file=$1 ref name refs=() ctx=$IMAGES_DIR/ctx-kind-cni
+  [[ -n $file ]] || die "usage: images.sh kind-node FILE"
+  "$E2E_DIR/cluster/build-tools.sh" pause kubernetes etcd coredns-kubeadm kubeadm kind
+  mkdir -p "$IMAGES_DIR"
+  start_dockerd
+  build_base
+  log "building $KIND_NODE_TOOLS_IMAGE"
+  docker_cli build --network host -q --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    -t "$KIND_NODE_TOOLS_IMAGE" "$E2E_DIR/images/kind-node-tools" >/dev/null
+  while read -r ref; do
+    name=${ref##*/}
+    name=${name%%:*}
+    log "building $ref"
+    case $name in
+      kube-apiserver | kube-controller-manager | kube-scheduler)
+        build_command_image "$ref" kube-control-plane "$K8S_BIN/$name" --build-arg "COMMAND=$name" ;;
+      etcd) build_command_image "$ref" kube-control-plane "$ETCD_BIN/etcd" --build-arg COMMAND=etcd ;;
+      kube-proxy)
+        build_command_image "$ref" kube-proxy "$K8S_BIN/kube-proxy" \
+          --build-arg "NODE_TOOLS_IMAGE=$KIND_NODE_TOOLS_IMAGE" ;;
+      coredns) build_command_image "$ref" coredns "$CACHE_DIR/bin/coredns-kubeadm-$COREDNS_VERSION/coredns" ;;
+      pause) build_command_image "$ref" pause "$CACHE_DIR/bin/pause-$PAUSE_VERSION/pause" ;;
+      *) die "no build for kubeadm's image $ref" ;;
+    esac
+    refs+=("$ref")
+  done < <(kind_node_image_refs | sort -u)
+  log "building $KIND_CNI_IMAGE"
+  rm -rf "$ctx"
+  cp -r "$E2E_DIR/images/kind-cni" "$ctx"
+  docker_cli build -q --build-arg "NODE_TOOLS_IMAGE=$KIND_NODE_TOOLS_IMAGE" -t "$KIND_CNI_IMAGE" "$ctx" >/dev/null
+  rm -rf "$ctx"
+  refs+=("$KIND_CNI_IMAGE")
+  log "saving ${#refs[@]} images to $file"
+  docker_cli save "${refs[@]}" -o "$file"
+}
+
 # Imports each image into containerd unless containerd already has that exact image ID.
 cmd_import() {
   local ref id stamp dir=$IMAGES_DIR/imported
@@ -229,9 +278,10 @@ main() {
     base) with_lock images cmd_base ;;
     project) with_lock images cmd_project ;;
     import) with_lock images cmd_import ;;
+    kind-node) with_lock images cmd_kind_node "${2:-}" ;;
     list) all_images ;;
     docker-stop) with_lock images stop_dockerd ;;
-    *) echo "usage: $0 build|build-kind|base|project|import|list|docker-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 build|build-kind|base|project|import|kind-node FILE|list|docker-stop" >&2; exit 2 ;;
   esac
 }
 

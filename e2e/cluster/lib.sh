@@ -21,12 +21,21 @@ CONTAINERD_SOCK=$RUN_DIR/containerd/containerd.sock
 DOCKER_RUN_DIR=/run/tidalmq-docker-$(printf %s "$CACHE_DIR" | sha256sum | cut -c1-8)
 DOCKER_SOCK=$DOCKER_RUN_DIR/docker.sock
 KUBECONFIG_FILE=$STATE_DIR/admin.kubeconfig
+# kind's own dockerd (kind.sh): its default runtime is runc-nocap, which kind's `docker exec
+# --privileged` needs; separate from the image builds' dockerd, whose stop must not stop a cluster.
+KIND_DOCKER_RUN_DIR=/run/tidalmq-kind-docker-$(printf %s "$CACHE_DIR" | sha256sum | cut -c1-8)
+KIND_DOCKER_SOCK=$KIND_DOCKER_RUN_DIR/docker.sock
 
 K8S_BIN=$CACHE_DIR/bin/kubernetes-$KUBERNETES_VERSION
 ETCD_BIN=$CACHE_DIR/bin/etcd-$ETCD_VERSION
 HELM_BIN=$CACHE_DIR/bin/helm-$HELM_VERSION
 KIND_BIN=$CACHE_DIR/bin/kind-$KIND_VERSION
 LOCAL_PATH_PROVISIONER_BIN=$CACHE_DIR/bin/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION
+KUBEADM_BIN=$CACHE_DIR/bin/kubeadm-$KUBERNETES_VERSION
+CRICTL_BIN=$CACHE_DIR/bin/crictl-$CRI_TOOLS_VERSION
+# The Docker runtime wrapper (e2e/images/runc-nocap): its version is its source's hash.
+RUNC_NOCAP_VERSION=$(cat "$E2E_DIR/images/runc-nocap/"*.go | sha256sum | cut -c1-12)
+RUNC_NOCAP=$CACHE_DIR/bin/runc-nocap-$RUNC_NOCAP_VERSION/runc-nocap
 # The MinIO version tests/support/s3_server.py pins (one place): v0.0.0-<date>-<commit>.
 MINIO_VERSION=$(sed -n 's/^MINIO_VERSION = "\(.*\)".*/\1/p' "$REPO_DIR/tests/support/s3_server.py")
 
@@ -61,6 +70,17 @@ CHART_APP_VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "
 BROKER_IMAGE=$IMAGE_REGISTRY/tidalmq:$CHART_APP_VERSION
 SPARK_IMAGE=$IMAGE_REGISTRY/spark:$CHART_APP_VERSION
 MINIO_IMAGE=$IMAGE_REGISTRY/minio:$MINIO_VERSION
+# The kind node image (kind.sh) is named after everything that goes into it, so a change to any
+# of those builds a new one and an unchanged tree reuses it.
+KIND_NODE_INPUTS=$(cat "$E2E_DIR/versions.env" "$E2E_DIR/cluster/kind.sh" \
+  "$E2E_DIR/cluster/manifests/kind-cni.yaml" "$E2E_DIR"/images/kind-*/* \
+  "$E2E_DIR"/images/kube-*/* | sha256sum | cut -c1-12)
+KIND_NODE_IMAGE=$IMAGE_REGISTRY/kind-node:$KUBERNETES_VERSION-$KIND_NODE_INPUTS
+# What kube-proxy and the pod network daemon run on (images/kind-node-tools), and that daemon.
+KIND_NODE_TOOLS_IMAGE=$IMAGE_REGISTRY/kind-node-tools:$DEBIAN_SUITE
+KIND_CNI_IMAGE=$IMAGE_REGISTRY/kind-cni:$(cat "$E2E_DIR"/images/kind-cni/* | sha256sum | cut -c1-12)
+# kind's module (its node image files: images/base/files), downloaded by build-tools.sh kind.
+KIND_SRC=$CACHE_DIR/go/mod/sigs.k8s.io/kind@$KIND_VERSION
 
 export PATH=$K8S_BIN:$ETCD_BIN:$HELM_BIN:$PATH
 

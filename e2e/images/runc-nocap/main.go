@@ -2,6 +2,8 @@
 // This machine's processes lack CAP_SYS_RESOURCE, so runc fails to start a container whose spec
 // asks for it (every privileged container does). Before `create` and `run`, it removes that
 // capability from the bundle's config.json, then hands over to runc with the same arguments.
+// `docker exec --privileged` (kind runs every command in its nodes so) asks for it too: before
+// `exec --process FILE`, it removes it from that process JSON as well.
 package main
 
 import (
@@ -35,12 +37,13 @@ func lookRunc() (string, error) {
 	return "", fmt.Errorf("runc not found")
 }
 
-// stripBundle edits the bundle's config.json when the command creates a container.
+// stripBundle edits the bundle's config.json when the command creates a container, and the
+// process JSON when it executes a process in one.
 func stripBundle(args []string) error {
-	command, bundle := "", "."
+	command, bundle, processFile := "", ".", ""
 	for i := 0; i < len(args); i++ {
 		switch a := args[i]; a {
-		case "create", "run":
+		case "create", "run", "exec":
 			if command == "" {
 				command = a
 			}
@@ -49,21 +52,37 @@ func stripBundle(args []string) error {
 				bundle = args[i+1]
 				i++
 			}
+		case "--process", "-p":
+			if i+1 < len(args) {
+				processFile = args[i+1]
+				i++
+			}
 		}
 	}
-	if command == "" {
-		return nil
+	switch {
+	case command == "exec" && processFile != "":
+		return stripFile(processFile, func(doc map[string]any) map[string]any { return doc })
+	case command == "create" || command == "run":
+		return stripFile(filepath.Join(bundle, "config.json"), func(doc map[string]any) map[string]any {
+			process, _ := doc["process"].(map[string]any)
+			return process
+		})
 	}
-	path := filepath.Join(bundle, "config.json")
+	return nil
+}
+
+// stripFile removes the dropped capability from every set of the process that locate finds in
+// the JSON document at path.
+func stripFile(path string, locate func(map[string]any) map[string]any) error {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	var spec map[string]any
-	if err := json.Unmarshal(raw, &spec); err != nil {
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
 		return err
 	}
-	process, _ := spec["process"].(map[string]any)
+	process := locate(doc)
 	caps, _ := process["capabilities"].(map[string]any)
 	for set, list := range caps {
 		names, _ := list.([]any)
@@ -75,7 +94,7 @@ func stripBundle(args []string) error {
 		}
 		caps[set] = kept
 	}
-	out, err := json.Marshal(spec)
+	out, err := json.Marshal(doc)
 	if err != nil {
 		return err
 	}
