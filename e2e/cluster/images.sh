@@ -26,9 +26,9 @@
 # instead (e.g. for kind on a laptop); the default starts Debian's dockerd on a socket of this
 # cache directory's own (lib.sh: DOCKER_RUN_DIR), with its data in the cache.
 #
-# Every command but `list` runs under the cache's `images` lock, so the background prebuild
-# (.ci/prebuild), cluster.sh and addon-image.sh never build at the same time or stop the dockerd
-# another one builds with.
+# Every command but `list` runs under the cache's `images` lock (with TIDALMQ_E2E_DOCKER_HOST, a
+# lock of that dockerd's own), so the background prebuild (.ci/prebuild), cluster.sh and
+# addon-image.sh never build at the same time or stop the dockerd another one builds with.
 # shellcheck disable=SC2317  # the cmd_* functions run through with_lock
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -271,16 +271,20 @@ cmd_import() {
   done < <(all_images)
 }
 
+# The lock guards the dockerd the images are built with: the default one, or another one's own.
+IMAGES_LOCK=images
+[[ -z ${TIDALMQ_E2E_DOCKER_HOST:-} ]] || IMAGES_LOCK=images-$(sha256sum <<<"$DOCKER_HOST_URL" | cut -c1-8)
+
 main() {
   case "${1:-}" in
-    build) with_lock images cmd_build ;;
-    build-kind) with_lock images cmd_build_kind ;;
-    base) with_lock images cmd_base ;;
-    project) with_lock images cmd_project ;;
-    import) with_lock images cmd_import ;;
-    kind-node) with_lock images cmd_kind_node "${2:-}" ;;
+    build) with_lock "$IMAGES_LOCK" cmd_build ;;
+    build-kind) with_lock "$IMAGES_LOCK" cmd_build_kind ;;
+    base) with_lock "$IMAGES_LOCK" cmd_base ;;
+    project) with_lock "$IMAGES_LOCK" cmd_project ;;
+    import) with_lock "$IMAGES_LOCK" cmd_import ;;
+    kind-node) with_lock "$IMAGES_LOCK" cmd_kind_node "${2:-}" ;;
     list) all_images ;;
-    docker-stop) with_lock images stop_dockerd ;;
+    docker-stop) with_lock "$IMAGES_LOCK" stop_dockerd ;;
     *) echo "usage: $0 build|build-kind|base|project|import|kind-node FILE|list|docker-stop" >&2; exit 2 ;;
   esac
 }

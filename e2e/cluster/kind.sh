@@ -133,7 +133,9 @@ cmd_node_image() {
   mkdir -p "$IMAGES_DIR" "$LOG_DIR"
   "$E2E_DIR/cluster/build-tools.sh" kind kubernetes kubeadm crictl
   with_lock kind-docker cmd_docker
-  "$E2E_DIR/cluster/images.sh" kind-node "$images"
+  # Built with kind's dockerd, which then holds them too (and the image builds' dockerd is
+  # often busy with other builds).
+  TIDALMQ_E2E_DOCKER_HOST=unix://$KIND_DOCKER_SOCK "$E2E_DIR/cluster/images.sh" kind-node "$images"
   local tarball
   tarball=$(node_rootfs)
   log "assembling the node's files"
@@ -169,10 +171,12 @@ cmd_node_image() {
     --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' \
     --change 'CMD []' \
     --change 'ENV container=docker' \
-    --change 'STOPSIGNAL SIGRTMIN+3' \
-    "$container" "$KIND_NODE_IMAGE" >/dev/null
+    "$container" "$stage-committed" >/dev/null
   kind_docker rm -f "$container" >/dev/null
-  kind_docker rmi "$stage" >/dev/null
+  # This Docker's commit takes no STOPSIGNAL: a one-line build adds it (systemd stops on it).
+  printf 'FROM %s\nSTOPSIGNAL SIGRTMIN+3\n' "$stage-committed" \
+    | DOCKER_BUILDKIT=0 kind_docker build -q -t "$KIND_NODE_IMAGE" - >/dev/null
+  kind_docker rmi "$stage-committed" "$stage" >/dev/null
   rm -f "$images"
   log "node image $KIND_NODE_IMAGE built in $((SECONDS - start)) s"
 }
