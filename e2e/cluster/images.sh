@@ -3,9 +3,9 @@
 #
 #   images.sh build             start the e2e dockerd if needed, build every image (Docker's
 #                               layer cache makes an unchanged rebuild cost seconds)
-#   images.sh build-kind        for kind on a laptop: the broker and Spark images FROM public
-#                               Debian (TIDALMQ_E2E_PUBLIC_BASE=1) and metrics-server, with the
-#                               Docker of TIDALMQ_E2E_DOCKER_HOST
+#   images.sh build-kind        for kind: the broker and Spark images and metrics-server, with
+#                               the Docker of TIDALMQ_E2E_DOCKER_HOST (kind.sh's own dockerd, or
+#                               a laptop's with TIDALMQ_E2E_PUBLIC_BASE=1: FROM public Debian)
 #   images.sh base              only the debootstrap base image
 #   images.sh project           the base, broker and Spark images (no Kubernetes binaries
 #                               needed, so it can run while build-tools.sh compiles)
@@ -207,6 +207,8 @@ cmd_project() {
 cmd_build_kind() {
   "$E2E_DIR/cluster/build-tools.sh" metrics-server
   mkdir -p "$IMAGES_DIR"
+  # kind's own dockerd (kind.sh): the project images FROM the debootstrap base, as here.
+  [[ $PROJECT_BASE_IMAGE != "$BASE_IMAGE" ]] || build_base
   build_static metrics-server "$METRICS_SERVER_IMAGE" "$CACHE_DIR/bin/metrics-server-$METRICS_SERVER_VERSION/metrics-server"
   build_project_images
 }

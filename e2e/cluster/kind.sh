@@ -5,7 +5,6 @@
 #   kind.sh docker        start kind's dockerd (lib.sh: KIND_DOCKER_SOCK) if it is not running
 #   kind.sh node-image    build $KIND_NODE_IMAGE into it, unless it is there already
 #   kind.sh rootfs        only the node's debootstrap tarball (cached; node-image builds it too)
-#   kind.sh load REF...   copy images from the image builds' dockerd into kind's (for `kind load`)
 #   kind.sh docker-stop   stop kind's dockerd (its clusters' node containers stop with it)
 #
 # Why not `kind build node-image`: it fetches the control-plane images, CoreDNS, kindnetd and the
@@ -181,26 +180,13 @@ cmd_node_image() {
   log "node image $KIND_NODE_IMAGE built in $((SECONDS - start)) s"
 }
 
-# cmd_load REF...: images of the image builds' dockerd into kind's, unless it has the same ID
-cmd_load() {
-  local ref id
-  cmd_docker
-  for ref in "$@"; do
-    id=$(docker_e2e image inspect -f '{{.Id}}' "$ref")
-    [[ $(kind_docker image inspect -f '{{.Id}}' "$ref" 2>/dev/null) == "$id" ]] && continue
-    log "copying $ref into kind's dockerd"
-    docker_e2e save "$ref" | kind_docker load >/dev/null
-  done
-}
-
 main() {
   case "${1:-}" in
     docker) with_lock kind-docker cmd_docker ;;
     node-image) with_lock kind-node-image cmd_node_image ;;
     rootfs) with_lock kind-node-image node_rootfs ;;
-    load) shift; with_lock kind-docker cmd_load "$@" ;;
     docker-stop) with_lock kind-docker cmd_docker_stop ;;
-    *) echo "usage: $0 docker|node-image|load REF...|docker-stop" >&2; exit 2 ;;
+    *) echo "usage: $0 docker|node-image|rootfs|docker-stop" >&2; exit 2 ;;
   esac
 }
 
