@@ -9,6 +9,7 @@
 #   metrics-server  metrics-server
 #   coredns         CoreDNS with only the plugins the cluster's Corefile uses
 #   minio           the MinIO server of the integration tests
+#   prometheus-adapter  the custom metrics adapter of the chart's bytes-in autoscaling
 #   local-path-provisioner  rancher's dynamic hostPath provisioner (the e2e cluster's default
 #                   StorageClass)
 #   kind, pause, runc-nocap  kind (for a laptop), the project's pause program and Docker runtime
@@ -314,6 +315,25 @@ build_local_path_provisioner() {
   go_install local-path-provisioner "$LOCAL_PATH_PROVISIONER_VERSION" \
     "github.com/rancher/local-path-provisioner@$LOCAL_PATH_PROVISIONER_VERSION" \
     "-X main.VERSION=$LOCAL_PATH_PROVISIONER_VERSION"
+}
+
+# The adapter's module pins its own Kubernetes (0.30), apart from the k8s-tools module (the
+# cluster's minor). It has no replace directives, so a wrapper module that requires only it
+# selects exactly the module graph it was released with. (`go install module@version` would do
+# the same, but it also asks the proxy for the module's version list, which the proxy refuses
+# for this module; the version itself is served.)
+build_prometheus_adapter() {
+  local name=prometheus-adapter version=$PROMETHEUS_ADAPTER_VERSION out src
+  is_built "$name" "$version" && return 0
+  out=$(bin_dir "$name" "$version")
+  src=$CACHE_DIR/src/prometheus-adapter-$version
+  mkdir -p "$out" "$src"
+  printf 'module tidalmq.local/e2e/prometheus-adapter\n\ngo 1.24\n\nrequire sigs.k8s.io/prometheus-adapter %s\n\ntool sigs.k8s.io/prometheus-adapter/cmd/adapter\n' \
+    "$version" >"$src/go.mod"
+  log "prometheus-adapter $version: go build"
+  (cd "$src" && go mod tidy && go build -mod=readonly -trimpath -ldflags "-s -w" \
+    -o "$out/adapter" sigs.k8s.io/prometheus-adapter/cmd/adapter)
+  mark_built "$name" "$version"
 }
 
 build_kind() {

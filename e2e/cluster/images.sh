@@ -17,10 +17,11 @@
 #   images.sh docker-stop       stop the dockerd this script started
 #
 # Images (explicit tags, never pulled): the debootstrap base, pause, CoreDNS, metrics-server,
-# local-path-provisioner (the cluster's default StorageClass), the TidalMQ broker/operator image
-# (broker_image/Dockerfile), the Spark image (spark/Dockerfile) and MinIO (e2e/images/minio, the
-# chart's in-cluster object store), the last three FROM the debootstrap base and named as the
-# Helm chart's defaults name them (lib.sh), so the chart installs with no image value.
+# prometheus-adapter (the chart's metrics adapter), local-path-provisioner (the cluster's default
+# StorageClass), the TidalMQ broker/operator image (broker_image/Dockerfile), the Spark image
+# (spark/Dockerfile) and MinIO (e2e/images/minio, the chart's in-cluster object store), the last
+# three FROM the debootstrap base, and these four named as the Helm chart's defaults name them
+# (lib.sh), so the chart installs with no image value.
 #
 # TIDALMQ_E2E_DOCKER_HOST=unix:///var/run/docker.sock builds with an existing Docker daemon
 # instead (e.g. for kind on a laptop); the default starts Debian's dockerd on a socket of this
@@ -53,7 +54,8 @@ fi
 
 all_images() {
   printf '%s\n' "$BASE_IMAGE" "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$METRICS_SERVER_IMAGE" \
-    "$LOCAL_PATH_PROVISIONER_IMAGE" "$BROKER_IMAGE" "$SPARK_IMAGE" "$MINIO_IMAGE"
+    "$LOCAL_PATH_PROVISIONER_IMAGE" "$BROKER_IMAGE" "$SPARK_IMAGE" "$MINIO_IMAGE" \
+    "$PROMETHEUS_ADAPTER_IMAGE"
 }
 
 start_dockerd() {
@@ -178,7 +180,8 @@ build_minio_image() {
 }
 
 cmd_build() {
-  "$E2E_DIR/cluster/build-tools.sh" pause runc-nocap coredns metrics-server local-path-provisioner minio
+  "$E2E_DIR/cluster/build-tools.sh" pause runc-nocap coredns metrics-server local-path-provisioner minio \
+    prometheus-adapter
   mkdir -p "$IMAGES_DIR"
   start_dockerd
   build_base
@@ -186,6 +189,7 @@ cmd_build() {
   build_static coredns "$COREDNS_IMAGE" "$CACHE_DIR/bin/coredns-$COREDNS_VERSION/coredns"
   build_static metrics-server "$METRICS_SERVER_IMAGE" "$CACHE_DIR/bin/metrics-server-$METRICS_SERVER_VERSION/metrics-server"
   build_static local-path-provisioner "$LOCAL_PATH_PROVISIONER_IMAGE" "$LOCAL_PATH_PROVISIONER_BIN/local-path-provisioner"
+  build_static prometheus-adapter "$PROMETHEUS_ADAPTER_IMAGE" "$PROMETHEUS_ADAPTER_BIN/adapter"
   build_minio_image
   build_project_images
   log "images built"
@@ -205,11 +209,12 @@ cmd_project() {
 }
 
 cmd_build_kind() {
-  "$E2E_DIR/cluster/build-tools.sh" metrics-server
+  "$E2E_DIR/cluster/build-tools.sh" metrics-server prometheus-adapter
   mkdir -p "$IMAGES_DIR"
   # kind's own dockerd (kind.sh): the project images FROM the debootstrap base, as here.
   [[ $PROJECT_BASE_IMAGE != "$BASE_IMAGE" ]] || build_base
   build_static metrics-server "$METRICS_SERVER_IMAGE" "$CACHE_DIR/bin/metrics-server-$METRICS_SERVER_VERSION/metrics-server"
+  build_static prometheus-adapter "$PROMETHEUS_ADAPTER_IMAGE" "$PROMETHEUS_ADAPTER_BIN/adapter"
   build_project_images
 }
 

@@ -60,6 +60,9 @@ IMAGE_REGISTRY=tidalmq.local
 PAUSE_IMAGE=$IMAGE_REGISTRY/pause:$PAUSE_VERSION
 COREDNS_IMAGE=$IMAGE_REGISTRY/coredns:$COREDNS_VERSION
 METRICS_SERVER_IMAGE=$IMAGE_REGISTRY/metrics-server:$METRICS_SERVER_VERSION
+# The chart's metricsAdapter.image default (a chart test checks the two agree).
+PROMETHEUS_ADAPTER_IMAGE=$IMAGE_REGISTRY/prometheus-adapter:$PROMETHEUS_ADAPTER_VERSION
+PROMETHEUS_ADAPTER_BIN=$CACHE_DIR/bin/prometheus-adapter-$PROMETHEUS_ADAPTER_VERSION
 BASE_IMAGE=$IMAGE_REGISTRY/debian:$DEBIAN_SUITE
 LOCAL_PATH_PROVISIONER_IMAGE=$IMAGE_REGISTRY/local-path-provisioner:$LOCAL_PATH_PROVISIONER_VERSION
 # The images the Helm chart uses by default (charts/tidalmq/values.yaml), under those very names,

@@ -330,3 +330,34 @@ podIP reach brokers by IP, which no generated certificate names: use tls.existin
 {{- define "tidalmq.plannerUser" -}}
 {{- printf "%s-planner" (include "tidalmq.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/*
+The bytes-in autoscaling pipeline (docs/autoscaling.md). The Prometheus the metrics adapter
+queries: metricsAdapter.prometheusUrl, else the planner's operator.prometheusUrl (empty: none).
+*/}}
+{{- define "tidalmq.adapterPrometheusUrl" -}}
+{{- default .Values.operator.prometheusUrl .Values.metricsAdapter.prometheusUrl }}
+{{- end }}
+
+{{/* "true" when the chart installs its metrics adapter: enabled and a Prometheus is known. */}}
+{{- define "tidalmq.metricsAdapterOn" -}}
+{{- if and .Values.metricsAdapter.enabled (include "tidalmq.adapterPrometheusUrl" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the HPA scales on bytes-in: autoscaling.bytesIn.enabled true (an adapter serves the
+metric, the chart's or one of your own), or "auto" and the chart installs its adapter.
+*/}}
+{{- define "tidalmq.bytesInAutoscaling" -}}
+{{- $on := toString .Values.autoscaling.bytesIn.enabled }}
+{{- if or (eq $on "true") (and (eq $on "auto") (include "tidalmq.metricsAdapterOn" .)) }}true{{ end }}
+{{- end }}
+
+{{- define "tidalmq.metricsAdapterName" -}}
+{{- printf "%s-metrics-adapter" (include "tidalmq.fullname" .) }}
+{{- end }}
+
+{{/* Cluster-scoped objects of the adapter: the namespace too, as the operator's ClusterRole. */}}
+{{- define "tidalmq.metricsAdapterClusterName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "tidalmq.metricsAdapterName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

@@ -27,6 +27,7 @@ HEADLESS = f"{FULL}-brokers"
 SELECTOR = "app.kubernetes.io/name=tidalmq,app.kubernetes.io/instance=rel,app.kubernetes.io/component=broker"
 
 pytestmark = pytest.mark.usefixtures("helm")
+AUTH_READER = "extension-apiserver-authentication-reader"
 
 NAMESPACED = {
     "ServiceAccount", "Role", "RoleBinding", "Deployment", "StatefulSet", "Service",
@@ -57,11 +58,17 @@ def test_every_object_has_the_standard_labels_and_namespace(values_file: str | N
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/component"] in {
             "broker", "operator", "object-store", "planner", "test", "uninstall", "monitoring",
+            "metrics-adapter",
         }, where  # fmt: skip
         if doc["kind"] in NAMESPACED:
-            assert doc["metadata"]["namespace"] == NAMESPACE, where
+            # the one exception: the metrics adapter reads the aggregation layer's front-proxy
+            # settings, which live in kube-system
+            auth_reader = doc.get("roleRef", {}).get("name") == AUTH_READER
+            assert doc["metadata"]["namespace"] == (
+                "kube-system" if auth_reader else NAMESPACE
+            ), where
         else:
-            assert doc["kind"] in {"ClusterRole", "ClusterRoleBinding"}, where
+            assert doc["kind"] in {"ClusterRole", "ClusterRoleBinding", "APIService"}, where
 
 
 @pytest.mark.parametrize("values_file", [None, "full.yaml", "aws.yaml"])
