@@ -185,6 +185,8 @@ def planner_release(
         "--set", "spark.enabled=true",
         "--set", f"spark.image.repository={s_repo}", "--set", f"spark.image.tag={s_tag}",
         "--set", f"operator.prometheusUrl=http://prometheus.{namespace}.svc:9090",
+        # the planner's Prometheus alone: the bytes-in adapter has its own test
+        "--set", "metricsAdapter.enabled=false",
     ) as installed:  # fmt: skip
         cluster.kubectl("-n", namespace, "rollout", "status", "deployment/prometheus",
                         "--timeout=180s", timeout=200)  # fmt: skip

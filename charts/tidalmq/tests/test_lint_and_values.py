@@ -90,6 +90,17 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     # an empty `from` would let everyone reach the metrics ports (NetworkPolicy's meaning of [])
     "metrics-from-no-one": ({"networkPolicy": {"metricsFrom": []}}, "metricsFrom"),
     "control-port-out-of-range": ({"broker": {"ports": {"control": 0}}}, "control"),
+    "bytes-in-sometimes": ({"autoscaling": {"bytesIn": {"enabled": "sometimes"}}}, "enabled"),
+    "adapter-url-without-scheme": (
+        {"metricsAdapter": {"prometheusUrl": "prometheus:9090"}},
+        "prometheusUrl",
+    ),
+    "rate-window-not-a-duration": ({"metricsAdapter": {"rateWindow": "1 minute"}}, "rateWindow"),
+    "series-label-not-a-label": (
+        {"metricsAdapter": {"seriesLabels": {"namespace": "namespace", "pod": "pod-name"}}},
+        "pod",
+    ),
+    "latest-adapter-tag": ({"metricsAdapter": {"image": {"tag": "latest"}}}, "tag"),
 }
 
 # Checks in templates/_helpers.tpl (tidalmq.validate): `fail` stops helm template and install;

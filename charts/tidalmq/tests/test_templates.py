@@ -64,9 +64,9 @@ def test_every_object_has_the_standard_labels_and_namespace(values_file: str | N
             # the one exception: the metrics adapter reads the aggregation layer's front-proxy
             # settings, which live in kube-system
             auth_reader = doc.get("roleRef", {}).get("name") == AUTH_READER
-            assert doc["metadata"]["namespace"] == (
-                "kube-system" if auth_reader else NAMESPACE
-            ), where
+            assert doc["metadata"]["namespace"] == ("kube-system" if auth_reader else NAMESPACE), (
+                where
+            )
         else:
             assert doc["kind"] in {"ClusterRole", "ClusterRoleBinding", "APIService"}, where
 

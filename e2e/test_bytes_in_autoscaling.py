@@ -1,0 +1,353 @@
+"""Bytes-in autoscaling end to end (docs/autoscaling.md): the chart's metrics adapter
+(prometheus-adapter, built from its Go module) serves each broker pod's produced bytes per second
+under custom.metrics.k8s.io from a real Prometheus scraping the brokers, and the chart's HPA
+scales the broker StatefulSet on it.
+
+- test_adapter_serves_bytes_in_per_broker_pod: `kubectl get --raw` of the custom metrics API
+  returns a value for every broker pod, the one receiving the records with their rate (short).
+- test_spike_of_large_records_scales_out_and_back_in_once: the acceptance of issue V1: a spike
+  of large records (few requests, many bytes) scales the fleet out on bytes-in at once, the
+  operator moves partitions onto the new brokers, and after the spike the fleet scales back in,
+  once. Figures: time from spike to the new brokers serving partitions, the HPA's decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from e2e.kube import Cluster, RecordFigure, wait_until
+from e2e.tidalmq_release import (
+    FULL,
+    STS,
+    addon_image,
+    bootstrap,
+    installed_release,
+    ready,
+    topic_status,
+)
+
+METRIC = "tidalmq_broker_bytes_in_per_second"
+SCRAPE = "5s"
+RECORD_BYTES = 256 * 1024  # large records: a few requests per second carry MiBs
+
+
+@pytest.fixture(scope="module")
+def minio(cluster: Cluster) -> str:
+    return addon_image("minio")
+
+
+@pytest.fixture(scope="module")
+def prometheus_image(cluster: Cluster) -> str:
+    return addon_image("prometheus")
+
+
+def prometheus_manifests(image: str, ns: str) -> str:
+    """A Prometheus scraping the broker pods, with the `namespace` and `pod` labels that the
+    Prometheus Operator and Kubernetes service discovery put on every series (the adapter maps
+    series to pods through them). Debian's Prometheus has no Kubernetes discovery, so it finds
+    the brokers through the SRV records of the chart's headless Service (its `http` port): each
+    names a broker pod's host name, which is its pod name."""
+    config = {
+        "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
+        "scrape_configs": [{
+            "job_name": "tidalmq-brokers",
+            "dns_sd_configs": [{"names": [f"_http._tcp.{FULL}-brokers.{ns}.svc.cluster.local"],
+                                "type": "SRV", "refresh_interval": SCRAPE}],
+            "relabel_configs": [
+                {"source_labels": ["__meta_dns_srv_record_target"], "regex": r"([^.]+)\..*",
+                 "target_label": "pod", "replacement": "$1"},
+                {"target_label": "namespace", "replacement": ns},
+            ],
+        }],
+    }  # fmt: skip
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "prometheus"},
+         "data": {"prometheus.yml": json.dumps(config, indent=1)}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "prometheus"},
+         "spec": {
+             "replicas": 1,
+             "selector": {"matchLabels": {"app": "prometheus"}},
+             "template": {
+                 # the chart's NetworkPolicies let app.kubernetes.io/name=prometheus scrape
+                 "metadata": {"labels": {"app": "prometheus",
+                                         "app.kubernetes.io/name": "prometheus"}},
+                 "spec": {
+                     "containers": [{
+                         "name": "prometheus", "image": image, "imagePullPolicy": "IfNotPresent",
+                         "args": ["--config.file=/etc/prometheus-e2e/prometheus.yml",
+                                  "--storage.tsdb.path=/prometheus",
+                                  "--web.listen-address=:9090"],
+                         "ports": [{"containerPort": 9090}],
+                         "readinessProbe": {"httpGet": {"path": "/-/ready", "port": 9090}},
+                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+                         "volumeMounts": [{"name": "config", "mountPath": "/etc/prometheus-e2e"},
+                                          {"name": "data", "mountPath": "/prometheus"}],
+                     }],
+                     "volumes": [{"name": "config", "configMap": {"name": "prometheus"}},
+                                 {"name": "data", "emptyDir": {}}],
+                 },
+             },
+         }},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "prometheus"},
+         "spec": {"selector": {"app": "prometheus"},
+                  "ports": [{"port": 9090, "targetPort": 9090}]}},
+    ]  # fmt: skip
+    return "\n---\n".join(json.dumps(o) for o in objects)
+
+
+QUANTITY = re.compile(r"^([0-9.]+)(m|k|M|G|Ki|Mi|Gi)?$")
+FACTORS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+
+
+def quantity(text: str) -> float:
+    """A Kubernetes quantity (the custom metrics API's values: "123456m", "2Mi", ...)."""
+    match = QUANTITY.match(text)
+    assert match, text
+    return float(match.group(1)) * FACTORS[match.group(2)]
+
+
+def bytes_in_per_pod(cluster: Cluster, ns: str) -> dict[str, float]:
+    """The custom metrics API's bytes-in of each broker pod, through the aggregation layer."""
+    raw = cluster.kubectl(
+        "get", "--raw", f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{ns}/pods/*/{METRIC}"
+    )
+    return {
+        item["describedObject"]["name"]: quantity(item["value"])
+        for item in json.loads(raw)["items"]
+    }
+
+
+class LargeRecords:
+    """Records of RECORD_BYTES at a fixed byte rate to one topic, until stopped."""
+
+    def __init__(self, servers: str, topic: str, bytes_per_s: int) -> None:
+        self.producer = Producer({
+            "bootstrap.servers": servers, "acks": "all", "linger.ms": 5,
+            "message.max.bytes": 4 * RECORD_BYTES, "topic.metadata.refresh.interval.ms": 2000,
+        })  # fmt: skip
+        self.topic = topic
+        self.per_tick = max(1, round(bytes_per_s / RECORD_BYTES / 10))  # 10 ticks a second
+        self.errors: list[str] = []
+        self.acked = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _done(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.errors.append(str(err))
+
+    def _run(self) -> None:
+        value = b"x" * RECORD_BYTES
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            for _ in range(self.per_tick):
+                try:
+                    self.producer.produce(self.topic, value, on_delivery=self._done)
+                except BufferError:
+                    self.producer.poll(0.05)
+            self.producer.poll(0)
+            next_at += 0.1
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def __enter__(self) -> LargeRecords:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(30)
+        self.producer.flush(60)
+
+
+def create_topic(cluster: Cluster, ns: str, name: str, partitions: int) -> None:
+    cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic",
+                              "metadata": {"name": name},
+                              "spec": {"partitions": partitions}}), ns)  # fmt: skip
+    wait_until(f"Topic {name} Ready", lambda: ready(topic_status(cluster, ns, name)), timeout=180)
+
+
+def leaders(cluster: Cluster, ns: str, topic: str) -> dict[int, int]:
+    return {p["partition"]: p["broker"] for p in topic_status(cluster, ns, topic)["partitions"]}
+
+
+def adapter_values(ns: str) -> list[str]:
+    """The adapter on the test's Prometheus: a rate window of six scrapes, a short relist."""
+    return [
+        "--set", f"metricsAdapter.prometheusUrl=http://prometheus.{ns}.svc:9090",
+        "--set", "metricsAdapter.rateWindow=30s", "--set", "metricsAdapter.relistInterval=10s",
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def prometheus(cluster: Cluster, namespace: str, prometheus_image: str) -> Iterator[None]:
+    cluster.apply(prometheus_manifests(prometheus_image, namespace), namespace)
+    yield
+
+
+@pytest.mark.timeout(600)
+def test_adapter_serves_bytes_in_per_broker_pod(
+    cluster: Cluster, namespace: str, minio: str, prometheus: None, figures: RecordFigure
+) -> None:
+    ns = namespace
+    with installed_release(cluster, ns, minio, *adapter_values(ns)):
+        api = cluster.kubectl_json("get", "apiservice", "v1beta1.custom.metrics.k8s.io")
+        assert api["spec"]["service"]["namespace"] == ns
+        wait_until(
+            "the custom metrics APIService to be Available",
+            lambda: any(c["type"] == "Available" and c["status"] == "True"
+                        for c in cluster.kubectl_json(
+                            "get", "apiservice", "v1beta1.custom.metrics.k8s.io"
+                        ).get("status", {}).get("conditions", [])),
+            timeout=120,
+        )  # fmt: skip
+        pods = {f"{STS}-0", f"{STS}-1"}
+        # every broker pod has a value before any record: 0 B/s, not "missing"
+        idle = wait_until(
+            "the adapter to serve bytes-in for both broker pods",
+            lambda: (v := bytes_in_per_pod(cluster, ns)).keys() >= pods and v,
+            timeout=120, interval=3,
+        )  # fmt: skip
+        assert all(idle[p] == 0 for p in pods), idle
+        create_topic(cluster, ns, "bytes-in", 1)
+        leader = f"{STS}-{leaders(cluster, ns, 'bytes-in')[0]}"
+        rate = 1024 * 1024
+        with LargeRecords(bootstrap(cluster, ns), "bytes-in", rate) as load:
+            started = time.monotonic()
+            served = wait_until(
+                "the adapter to serve the leader's bytes-in at about the produced rate",
+                lambda: (v := bytes_in_per_pod(cluster, ns))[leader] > 0.5 * rate and v,
+                timeout=120, interval=3,
+            )  # fmt: skip
+            figures("bytes_in_visible_s", round(time.monotonic() - started, 1),
+                    "from the first record to the adapter serving > half the produced rate "
+                    f"(scrape {SCRAPE}, rate window 30s)")  # fmt: skip
+        assert not load.errors, load.errors[:3]
+        other = (pods - {leader}).pop()
+        # the other broker leads nothing of this topic: its bytes-in stays 0
+        assert served[other] == 0, served
+        assert served[leader] < 2 * rate, served
+        figures(
+            "bytes_in_served",
+            {k: round(v) for k, v in served.items()},
+            f"B/s per broker pod, {rate} B/s produced to a partition {leader} leads",
+        )
+
+
+def hpa_state(cluster: Cluster, ns: str) -> tuple[int, float | None]:
+    """(the StatefulSet's spec.replicas, the HPA's current bytes-in per pod or None)."""
+    sts = cluster.kubectl_json("-n", ns, "get", "statefulset", STS)
+    hpa = cluster.kubectl_json("-n", ns, "get", "hpa", STS)
+    current = None
+    for metric in hpa.get("status", {}).get("currentMetrics") or []:
+        if metric.get("type") == "Pods" and metric["pods"]["metric"]["name"] == METRIC:
+            current = quantity(metric["pods"]["current"]["averageValue"])
+    return sts["spec"]["replicas"], current
+
+
+def hpa_decisions(cluster: Cluster, ns: str) -> list[str]:
+    """The HPA's SuccessfulRescale events, oldest first ("New size: 2; reason: ...")."""
+    events = cluster.kubectl_json(
+        "-n", ns, "get", "events", "--field-selector",
+        f"involvedObject.kind=HorizontalPodAutoscaler,involvedObject.name={STS}",
+    )  # fmt: skip
+    rescales = [e for e in events["items"] if e.get("reason") == "SuccessfulRescale"]
+    rescales.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return [e["message"] for e in rescales]
+
+
+TARGET = 1024 * 1024  # bytes-in per broker the HPA aims at
+SPIKE = 3 * TARGET  # the spike asks for 3 brokers; maxReplicas holds it at 2
+
+
+@pytest.mark.timeout(900)
+def test_spike_of_large_records_scales_out_and_back_in_once(
+    cluster: Cluster, namespace: str, minio: str, prometheus: None, figures: RecordFigure
+) -> None:
+    ns = namespace
+    hpa = [
+        "--set", "autoscaling.enabled=true", "--set", "broker.replicas=1",
+        "--set", "autoscaling.minReplicas=1", "--set", "autoscaling.maxReplicas=2",
+        # CPU stays a metric, at the request (250m): the spike is bytes, not requests
+        "--set", "broker.resources.requests.cpu=250m",
+        "--set", "autoscaling.targetCPUUtilizationPercentage=100",
+        "--set", f"autoscaling.bytesIn.targetAverageValue={TARGET}",
+        # the chart's scale-in, with a 20 s window instead of 5 minutes (the test's length)
+        "--set", "autoscaling.behavior.scaleDown.stabilizationWindowSeconds=20",
+        "--set", "autoscaling.behavior.scaleDown.policies[0].type=Pods",
+        "--set", "autoscaling.behavior.scaleDown.policies[0].value=1",
+        "--set", "autoscaling.behavior.scaleDown.policies[0].periodSeconds=15",
+    ]  # fmt: skip
+    with installed_release(cluster, ns, minio, *adapter_values(ns), *hpa):
+        create_topic(cluster, ns, "spike", 4)
+        wait_until(
+            "the HPA to read the idle broker's bytes-in",
+            lambda: hpa_state(cluster, ns)[1] is not None,
+            timeout=180, interval=3,
+        )  # fmt: skip
+        assert hpa_state(cluster, ns)[0] == 1
+        assert set(leaders(cluster, ns, "spike").values()) == {0}
+        with LargeRecords(bootstrap(cluster, ns), "spike", SPIKE) as load:
+            spiked = time.monotonic()
+            wait_until(
+                "the HPA to scale the brokers out on bytes-in",
+                lambda: hpa_state(cluster, ns)[0] == 2,
+                timeout=180, interval=2,
+            )  # fmt: skip
+            out_s = time.monotonic() - spiked
+            wait_until(
+                "partitions to move onto the new broker",
+                lambda: 1 in leaders(cluster, ns, "spike").values(),
+                timeout=180, interval=2,
+            )  # fmt: skip
+            serving_s = time.monotonic() - spiked
+            decisions = hpa_decisions(cluster, ns)
+        assert not load.errors, load.errors[:3]
+        assert load.acked > 0
+        # the scale-out was the bytes-in metric's doing
+        assert decisions and METRIC in decisions[-1] and "above target" in decisions[-1], decisions
+        stopped = time.monotonic()
+        sizes = [2]
+
+        def scaled_in() -> bool:
+            size = hpa_state(cluster, ns)[0]
+            if size != sizes[-1]:
+                sizes.append(size)
+            return size == 1
+
+        wait_until("the fleet to scale back in after the spike", scaled_in, timeout=300, interval=2)
+        in_s = time.monotonic() - stopped
+        # once: straight back to the minimum, no out-in-out flapping while the rate decays
+        time.sleep(30)
+        scaled_in()
+        assert sizes == [2, 1], sizes
+        assert set(leaders(cluster, ns, "spike").values()) == {0}
+        decisions = hpa_decisions(cluster, ns)
+        figures("spike_to_scale_out_s", round(out_s, 1),
+                f"{SPIKE} B/s of {RECORD_BYTES} B records against a {TARGET} B/s target: the "
+                "HPA's decision (scrape 5s, rate window 30s, HPA sync 15s)")  # fmt: skip
+        figures(
+            "spike_to_new_broker_serving_s",
+            round(serving_s, 1),
+            "until a partition is led by the new broker (pod started, registered, moved)",
+        )
+        figures(
+            "lull_to_scale_in_s",
+            round(in_s, 1),
+            "after the spike stops: rate decay + 20 s stabilization + the drain",
+        )
+        figures("hpa_decisions", decisions, "the HPA's SuccessfulRescale events")
