@@ -92,23 +92,35 @@ class PrometheusServer:
     def _targets_file(self, job: str) -> Path:
         return self.workdir / f"targets-{job}.json"
 
-    def set_targets(self, jobs: dict[str, list[str]]) -> None:
+    def set_targets(
+        self, jobs: dict[str, list[str]], labels: dict[str, dict[str, str]] | None = None
+    ) -> None:
         """Targets are host:port, or https://host:port (scraped over TLS: a job's targets are
-        all one or the other)."""
+        all one or the other). `labels`: target labels of some targets (as Kubernetes service
+        discovery gives each pod's `namespace` and `pod`), by target."""
+        labels = labels or {}
         for job, targets in jobs.items():
             path = self._targets_file(job)
             tmp = path.with_suffix(".tmp")
-            hosts = [t.removeprefix("https://") for t in targets]
-            tmp.write_text(json.dumps([{"targets": hosts, "labels": {}}]))
+            groups = [
+                {"targets": [t.removeprefix("https://")], "labels": labels.get(t, {})}
+                for t in targets
+            ]
+            tmp.write_text(json.dumps(groups))
             tmp.replace(path)  # atomic: discovery never reads half a file
 
     def start(
-        self, jobs: dict[str, list[str]], timeout_s: float = 60.0, rule_files: Sequence[Path] = ()
+        self,
+        jobs: dict[str, list[str]],
+        timeout_s: float = 60.0,
+        rule_files: Sequence[Path] = (),
+        labels: dict[str, dict[str, str]] | None = None,
     ) -> None:
-        """`rule_files`: Prometheus rules files to load (evaluated every scrape interval)."""
+        """`rule_files`: Prometheus rules files to load (evaluated every scrape interval);
+        `labels`: as for set_targets."""
         binary = prometheus_binary()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.set_targets(jobs)
+        self.set_targets(jobs, labels)
         interval = f"{int(self.scrape_interval_s * 1000)}ms"
         scrape_configs = "".join(
             f"""
