@@ -357,7 +357,17 @@ metric, the chart's or one of your own), or "auto" and the chart installs its ad
 {{- printf "%s-metrics-adapter" (include "tidalmq.fullname" .) }}
 {{- end }}
 
-{{/* Cluster-scoped objects of the adapter: the namespace too, as the operator's ClusterRole. */}}
+{{/*
+A cluster-scoped object of the adapter, named NAMESPACE-ADAPTER-SUFFIX (call with (dict "ctx" $
+"suffix" "auth-reader")). Past 63 characters the name keeps its first 54 and a hash of the whole:
+plain truncation made a long namespace's adapter names equal the operator's ClusterRole's.
+*/}}
 {{- define "tidalmq.metricsAdapterClusterName" -}}
-{{- printf "%s-%s" .Release.Namespace (include "tidalmq.metricsAdapterName" .) | trunc 63 | trimSuffix "-" }}
+{{- $name := printf "%s-%s" .ctx.Release.Namespace (include "tidalmq.metricsAdapterName" .ctx) }}
+{{- if .suffix }}{{ $name = printf "%s-%s" $name .suffix }}{{ end }}
+{{- if gt (len $name) 63 }}
+{{- printf "%s-%s" ($name | trunc 54 | trimSuffix "-") ($name | sha256sum | trunc 8) }}
+{{- else }}
+{{- $name }}
+{{- end }}
 {{- end }}

@@ -242,3 +242,18 @@ def test_adapter_container_is_locked_down(with_prometheus: list[dict[str, Any]])
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert adapter["image"] == "tidalmq.local/prometheus-adapter:v0.12.0"
     assert adapter["resources"]["requests"]["cpu"] == "50m"
+
+
+def test_cluster_scoped_names_stay_unique_in_a_long_namespace() -> None:
+    """A 50-character namespace (the e2e tests' kind): truncated to 63 characters, the adapter's
+    ClusterRole and bindings were named as the operator's, and the install failed."""
+    from tests.support.helm import run_helm, template_args
+
+    namespace = "e2e-test-spike-of-large-records-scales-out-o-572e31"
+    args = template_args({"operator": {"prometheusUrl": PROMETHEUS}})
+    args[args.index("--namespace") + 1] = namespace
+    docs = [d for d in yaml.safe_load_all(run_helm(*args).stdout) if d]
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        names = [d["metadata"]["name"] for d in find_all(docs, kind)]
+        assert len(names) == len(set(names)), names
+        assert all(len(n) <= 63 for n in names), names
