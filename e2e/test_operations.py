@@ -330,15 +330,17 @@ def test_previous_chart_upgraded_loses_nothing(
     # upgrade points the new chart at the same Secret (controlPlane.existingSecret), so the
     # brokers and the operator of both revisions hold the same tokens throughout the roll.
     control = control_secret(cluster, ns)
-    started = time.monotonic()
-    cluster.helm("install", RELEASE, str(old_chart), "--namespace", ns, "--wait",
-                 "--timeout", "6m", *values, "-f", str(tokens_through_env(control, tmp_path)),
-                 timeout=420)  # fmt: skip
-    figures("previous_chart_install_s", round(time.monotonic() - started, 1))
-    old_store = cluster.kubectl("-n", ns, "get", "deployment,statefulset", "-l",
-                                "app.kubernetes.io/component=object-store", "-o", "name").split()  # fmt: skip
-    rel = Release(ns=ns, values=values, servers=bootstrap_service(cluster, ns))
     try:
+        started = time.monotonic()
+        # inside the try: a failed install's pods' logs are saved too (a CI run once saw the
+        # previous chart's operator restart for 6 minutes, with nothing kept to say why)
+        cluster.helm("install", RELEASE, str(old_chart), "--namespace", ns, "--wait",
+                     "--timeout", "6m", *values, "-f", str(tokens_through_env(control, tmp_path)),
+                     timeout=420)  # fmt: skip
+        figures("previous_chart_install_s", round(time.monotonic() - started, 1))
+        old_store = cluster.kubectl("-n", ns, "get", "deployment,statefulset", "-l",
+                                    "app.kubernetes.io/component=object-store", "-o", "name").split()  # fmt: skip
+        rel = Release(ns=ns, values=values, servers=bootstrap_service(cluster, ns))
         with writing(cluster, rel, "across-chart-upgrade") as producer:
             started = time.monotonic()
             # the chart README's upgrade step: helm never upgrades CRDs itself
