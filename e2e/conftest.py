@@ -45,6 +45,9 @@ from e2e.kube import (
     script_settings,
 )
 
+# the process ends with the session even if a test left a client thread running
+pytest_plugins = ["tests.support.exit_guard"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("tidalmq-e2e", "TidalMQ end-to-end cluster")

@@ -8,6 +8,7 @@ pytest_plugins: list[str] = [
     "tests.support.s3_server",
     "tests.support.apache_kafka",
     "tests.support.kube_apiserver",
+    "tests.support.exit_guard",
 ]
 
 

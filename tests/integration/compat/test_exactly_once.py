@@ -22,8 +22,10 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -211,6 +213,19 @@ def test_exactly_once_v2_counts_survive_a_broker_and_an_app_kill_9(
 TXN_PARTITIONS = 3
 PRODUCERS = 3
 RUN_S = 10.0
+COPIER_CATCH_UP_S = 90.0  # after the stop, for the copier to reach the end of its input
+
+
+def assert_all_stopped(threads: list[threading.Thread], cluster: LocalClusterProcess) -> None:
+    """Every client thread has ended; otherwise the failure names each one left with where it
+    is stuck, and the cluster's state."""
+    left = [t for t in threads if t.is_alive()]
+    if left:
+        frames = sys._current_frames()
+        stacks = "\n".join(f"--- {t.name}\n" + "".join(traceback.format_stack(frames[t.ident]))
+                           for t in left if t.ident in frames)  # fmt: skip
+        raise AssertionError(f"client threads did not stop: {[t.name for t in left]}\n{stacks}\n"
+                             f"cluster: {cluster.status()}")  # fmt: skip
 
 
 @dataclass
@@ -311,8 +326,10 @@ def run_copier(bootstrap: str, source: str, sink: str, stop: threading.Event, h:
     parts = [TopicPartition(source, p) for p in range(TXN_PARTITIONS)]
     c.assign([TopicPartition(source, p, 0) for p in range(TXN_PARTITIONS)])
     p = transactional_producer(bootstrap, tid)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    stopped_at: float | None = None
+    while stopped_at is None or time.monotonic() < stopped_at + COPIER_CATCH_UP_S:
+        if stopped_at is None and stop.is_set():
+            stopped_at = time.monotonic()
         batch = [m for m in c.consume(100, 0.2) if m.error() is None]
         if not batch:
             if stop.is_set() and all(
@@ -374,10 +391,14 @@ def test_transactions_checker_under_a_move_and_a_broker_kill_9(
                                   for t in (topic, source, sink)]).values():  # fmt: skip
         f.result(30)
     h, copier, stop, fed = History(), History(), threading.Event(), list[int]()
-    threads = [threading.Thread(target=run_producer, args=(bootstrap, topic, i, stop, h))
+    # daemon threads: a client call that never returns fails this test, not the process's exit
+    threads = [threading.Thread(target=run_producer, args=(bootstrap, topic, i, stop, h),
+                                name=f"producer-{i}", daemon=True)
                for i in range(PRODUCERS)]  # fmt: skip
-    threads += [threading.Thread(target=feed, args=(bootstrap, source, stop, fed)),
-                threading.Thread(target=run_copier, args=(bootstrap, source, sink, stop, copier))]  # fmt: skip
+    threads += [threading.Thread(target=feed, args=(bootstrap, source, stop, fed), name="feed",
+                                 daemon=True),
+                threading.Thread(target=run_copier, args=(bootstrap, source, sink, stop, copier),
+                                 name="copier", daemon=True)]  # fmt: skip
     for t in threads:
         t.start()
     time.sleep(RUN_S / 4)
@@ -390,9 +411,10 @@ def test_transactions_checker_under_a_move_and_a_broker_kill_9(
     cluster.kill_broker(victim(cluster, topic))  # and a kill -9
     time.sleep(RUN_S / 2)
     stop.set()
+    deadline = time.monotonic() + COPIER_CATCH_UP_S + 60
     for t in threads:
-        t.join(90)
-    assert not any(t.is_alive() for t in threads), "a producer did not stop"
+        t.join(max(deadline - time.monotonic(), 0))
+    assert_all_stopped(threads, cluster)
     cluster.wait_settled(60)
 
     print(f"committed {len(h.committed)}, aborted {len(h.aborted)}, unknown {len(h.unknown)} "
