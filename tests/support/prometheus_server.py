@@ -6,6 +6,7 @@ never skipped).
     server.start({"tidalmq-broker": ["127.0.0.1:8081", ...], "tidalmq-controller": [...]})
     server.set_targets({...})        # file-based discovery: picked up within seconds
     server.query("sum by (broker) (rate(tidalmq_partition_bytes_in_total[20s]))")
+    server.alerts()                  # the alerts pending or firing
     server.stop()
 
 Targets are given per job; every target also gets an `instance` label as usual.
@@ -198,6 +199,11 @@ class PrometheusServer:
         """Every loaded rule, with its group's name, its health and its last evaluation's error."""
         groups = self._api("rules", {})["groups"]
         return [{**rule, "group": g["name"]} for g in groups for rule in g["rules"]]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The active alerts (/api/v1/alerts): each with its `labels` (alertname included),
+        `state` (pending or firing) and `activeAt`. An alert that resolved is no longer listed."""
+        return list(self._api("alerts", {})["alerts"])
 
     def metric_names(self) -> set[str]:
         return set(self._api("label/__name__/values", {}))

@@ -1,0 +1,244 @@
+"""The chart's alerts fire when their condition happens, and resolve when it clears: a real
+Prometheus loads the chart's own rules file (charts/tidalmq/monitoring/alerts.rules.yaml) and
+scrapes a real local cluster (one broker and the controller, the local-directory object store),
+evaluating every second. Provoked, in order:
+
+1. a consumer group stops (its offsets committed, its consumers closed) while producers go on:
+   TidalMQConsumerLagGrowing fires for that group and topic (and not while the group is caught
+   up); once the group consumes and commits again, it resolves;
+2. the object store stops taking the broker's writes (its temporary-file directory, where every
+   PUT starts, moved away: the broker's flushes and probes fail with ENOENT):
+   TidalMQObjectStoreUnwritable fires for the broker; once the directory is back, it resolves;
+3. the store's identity marker is deleted (the store lost, as when its bucket is wiped):
+   TidalMQObjectStoreLost fires.
+
+Each is read from Prometheus' /api/v1/alerts (what Alertmanager gets). The test rewrites only
+the rules' `for:` durations (minutes in the chart) to 2 s, asserting that the expressions and
+everything else stay byte-identical to the shipped file. Broker fencing is provoked in
+test_monitoring_queries.py."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from observability.alerts import ALERTS
+from observability.generate import OUT
+from tests.support.local_cluster import LocalClusterProcess
+from tests.support.prometheus_server import PrometheusServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RULES = OUT / "alerts.rules.yaml"
+SCRAPE_S = 1.0  # also the rules' evaluation interval
+SHORT_FOR = "2s"
+TOPIC = "orders"
+GROUP = "billing"
+# the broker probes an idle store every 0.5 s (5 s by default) and checks the identity marker
+# every 0.3 s: the store's failures are seen within a scrape
+ENV = {"TIDALMQ_STORE_PROBE_INTERVAL_MS": "500", "TIDALMQ_IDENTITY_CHECK_INTERVAL_MS": "300"}
+FOR_LINE = re.compile(r"^(    for: )(\S+)$", re.M)
+
+
+def without_for(doc: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in rule.items() if k != "for"} for rule in doc["groups"][0]["rules"]]
+
+
+def short_for_rules(path: Path) -> Path:
+    """The chart's rules file with every nonzero `for:` shortened to SHORT_FOR, so that an alert
+    fires seconds after its condition holds instead of minutes; nothing else changes (the
+    expressions, labels and annotations stay byte-identical: asserted)."""
+    shipped = RULES.read_text()
+    text, count = FOR_LINE.subn(
+        lambda m: m.group(1) + (m.group(2) if m.group(2) == "0m" else SHORT_FOR), shipped
+    )
+    assert count == len(ALERTS), f"{count} `for:` lines for {len(ALERTS)} alerts"
+    assert without_for(yaml.safe_load(text)) == without_for(yaml.safe_load(shipped))
+    changed = [
+        (a, b) for a, b in zip(shipped.splitlines(), text.splitlines(), strict=True) if a != b
+    ]
+    assert changed and all(FOR_LINE.match(a) and FOR_LINE.match(b) for a, b in changed)
+    path.write_text(text)
+    return path
+
+
+def active(prometheus: PrometheusServer, alertname: str, **labels: str) -> list[dict[str, Any]]:
+    return [
+        a
+        for a in prometheus.alerts()
+        if a["labels"].get("alertname") == alertname
+        and all(a["labels"].get(k) == v for k, v in labels.items())
+    ]
+
+
+def wait_alert(
+    prometheus: PrometheusServer,
+    what: Callable[[list[dict[str, Any]]], bool],
+    alertname: str,
+    timeout_s: float,
+    **labels: str,
+) -> float:
+    """Seconds until `what` holds for the alerts named `alertname` with `labels`."""
+    started = time.monotonic()
+    found: list[dict[str, Any]] = []
+    while time.monotonic() - started < timeout_s:
+        found = active(prometheus, alertname, **labels)
+        if what(found):
+            return time.monotonic() - started
+        time.sleep(0.3)
+    raise AssertionError(
+        f"{alertname} {labels}: not as expected within {timeout_s} s; active: {found}; all "
+        f"alerts: {prometheus.alerts()}"
+    )
+
+
+def firing(found: list[dict[str, Any]]) -> bool:
+    return any(a["state"] == "firing" for a in found)
+
+
+def resolved(found: list[dict[str, Any]]) -> bool:
+    return not found
+
+
+def expr_of(name: str) -> str:
+    return next(a.expr for a in ALERTS if a.name == name)
+
+
+class Producing:
+    """Producers that go on: a few records every 0.1 s until stopped."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.stopped = threading.Event()
+        self.sent = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            for i in range(10):
+                self.producer.produce(TOPIC, b"o" * 100, partition=i % 2)
+            self.sent += 10
+            self.producer.poll(0)
+            self.stopped.wait(0.1)
+
+    def __enter__(self) -> Producing:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+        assert self.producer.flush(30) == 0
+
+
+def consume_and_commit(bootstrap: str, at_least: int) -> int:
+    """The group consumes (from its committed offsets) until `at_least` records, commits and
+    leaves: it has stopped consuming."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": GROUP,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.subscribe([TOPIC])
+        seen = 0
+        deadline = time.monotonic() + 30
+        while seen < at_least and time.monotonic() < deadline:
+            seen += sum(m.error() is None for m in consumer.consume(500, timeout=0.5))
+        assert seen >= at_least, f"consumed {seen} of {at_least}"
+        consumer.commit(asynchronous=False)
+        return seen
+    finally:
+        consumer.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalClusterProcess]:
+    with LocalClusterProcess(tmp_path / "cluster", brokers=1, env=ENV) as c:
+        yield c
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
+    server = PrometheusServer(tmp_path / "prometheus", scrape_interval_s=SCRAPE_S)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(180)
+def test_lag_growing_store_unwritable_and_store_lost_fire(
+    cluster: LocalClusterProcess, prometheus: PrometheusServer, tmp_path: Path
+) -> None:
+    began = time.monotonic()
+    [broker] = cluster.status()["brokers"]
+    targets = {
+        "tidalmq-broker": [f"127.0.0.1:{broker['http_port']}"],
+        "tidalmq-controller": [cluster.controller_url.removeprefix("http://")],
+    }
+    prometheus.start(targets, rule_files=[short_for_rules(tmp_path / "alerts.rules.yaml")])
+    rules = {r["name"]: r for r in prometheus.rules()}
+    assert set(rules) == {a.name for a in ALERTS}
+    assert all(r["duration"] <= 2 for r in rules.values()), rules
+
+    # 1. a consumer group caught up, then stopped while producers go on
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(30)
+    cluster.wait_settled()
+    with Producing(cluster.bootstrap) as producing:
+        while producing.sent < 100:
+            time.sleep(0.05)
+    consume_and_commit(cluster.bootstrap, producing.sent)
+    lag = f'tidalmq_consumer_group_lag_sum_records{{group="{GROUP}", topic="{TOPIC}"}}'
+    prometheus.wait_for(lag, lambda r: bool(r) and float(r[0]["value"][1]) == 0, timeout_s=30)
+    # caught up: the alert's expression (evaluated now, at lag 0) names no series of the group
+    now = prometheus.query(expr_of("TidalMQConsumerLagGrowing"))
+    assert not [s for s in now if s["metric"].get("group") == GROUP], now
+    lag_labels = {"group": GROUP, "topic": TOPIC}
+    with Producing(cluster.bootstrap) as more:
+        lag_fired = wait_alert(prometheus, firing, "TidalMQConsumerLagGrowing", 30, **lag_labels)
+    # the producers stop; the group consumes what they produced and commits: caught up, resolved
+    consume_and_commit(cluster.bootstrap, more.sent)
+    lag_resolved = wait_alert(prometheus, resolved, "TidalMQConsumerLagGrowing", 30, **lag_labels)
+
+    # 2. the store stops taking the broker's writes: every PUT writes a temporary file first
+    objects = cluster.data_dir / "objects"
+    tmp_dir, aside = objects / ".tidalmq-tmp", objects / ".tidalmq-tmp.aside"
+    assert tmp_dir.is_dir()
+    store_labels = {"broker": str(broker["broker"])}
+    tmp_dir.rename(aside)
+    try:
+        unwritable_fired = wait_alert(
+            prometheus, firing, "TidalMQObjectStoreUnwritable", 30, **store_labels
+        )
+    finally:
+        aside.rename(tmp_dir)
+    unwritable_resolved = wait_alert(
+        prometheus, resolved, "TidalMQObjectStoreUnwritable", 30, **store_labels
+    )
+
+    # 3. the store lost: its identity marker deleted
+    marker = objects / "cluster" / "identity"
+    assert marker.is_file()
+    marker.unlink()
+    lost_fired = wait_alert(prometheus, firing, "TidalMQObjectStoreLost", 30)
+    print(
+        f"\nfiring after: lag growing {lag_fired:.1f} s (resolved {lag_resolved:.1f} s after the "
+        f"group caught up), store unwritable {unwritable_fired:.1f} s (resolved "
+        f"{unwritable_resolved:.1f} s after the store was back), store lost {lost_fired:.1f} s; "
+        f"for: {SHORT_FOR}, evaluation every {SCRAPE_S:g} s; "
+        f"{time.monotonic() - began:.1f} s in all"
+    )
