@@ -215,3 +215,51 @@ def test_a_crl_needs_client_certificates_and_a_readable_file(tmp_path: Path) -> 
         server_context(TlsSettings(**base, client_auth="required",
                                    crl_location=str(tmp_path / "missing.pem")))  # fmt: skip
 
+
+def test_an_alter_configs_of_the_keystore_path_is_a_reload_of_this_brokers_listeners() -> None:
+    """apis/configs.py: which keystore/truststore entries of a broker's AlterConfigs reload what
+    (the whole exchange, with a broker process and librdkafka, is in
+    tests/integration/security/test_certificate_reload.py)."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from kio.schema.errors import ErrorCode
+    from tidalmq_broker.apis.configs import split_tls_reloads
+
+    broker: Any = SimpleNamespace(
+        broker_id=3,
+        settings=SimpleNamespace(ssl_keystore_location="/tls/tls.crt", ssl_truststore_location=""),
+        tls_contexts={"SSL": object(), "SASL_SSL": object()},
+    )
+    keystore = "/tls/tls.crt"
+    # every TLS listener, or the one named (kafka-configs writes listener names lower-case);
+    # the rest of the changes go on to the controller; a DELETE is a success that does nothing
+    both = split_tls_reloads(broker, "3", {"ssl.keystore.location": keystore, "x.rate": "5"})
+    assert both == (frozenset({"SSL", "SASL_SSL"}), {"x.rate": "5"}, None)
+    one = split_tls_reloads(
+        broker, "3", {"listener.name.sasl_ssl.ssl.keystore.location": "/tls/../tls/tls.crt"}
+    )
+    assert one == (frozenset({"SASL_SSL"}), {}, None)
+    assert split_tls_reloads(broker, "3", {"ssl.truststore.location": None}) == (
+        frozenset(),
+        {},
+        None,
+    )
+
+    def refused(scope: str, name: str, value: str) -> tuple[ErrorCode, str]:
+        bad = split_tls_reloads(broker, scope, {name: value}).bad
+        assert bad is not None
+        return cast(tuple[ErrorCode, str], bad)
+
+    assert refused("", "ssl.keystore.location", keystore) == (
+        ErrorCode.invalid_request,
+        "Cannot update these configs at default cluster level, broker id must be specified: "
+        "[ssl.keystore.location]",
+    )
+    assert refused("4", "ssl.keystore.location", keystore)[0] == ErrorCode.invalid_request
+    code, why = refused("3", "ssl.keystore.location", "/elsewhere.pem")
+    assert code == ErrorCode.invalid_config and "/tls/tls.crt" in why and "restart" in why
+    code, why = refused("3", "ssl.truststore.location", "/ca.pem")  # none set: nothing to reload
+    assert code == ErrorCode.invalid_config and "not set" in why
+    code, why = refused("3", "listener.name.plaintext.ssl.keystore.location", keystore)
+    assert code == ErrorCode.invalid_config and "no TLS listener PLAINTEXT" in why
