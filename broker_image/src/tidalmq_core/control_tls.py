@@ -34,10 +34,10 @@ Renewed certificates are used without a restart: every context handed out is a
 `tidalmq_core.tls_reload.FollowingContext` (the mechanism the Kafka listeners reload by too),
 which makes each new connection's TLS object from the newest context built from the files, and
 looks at the files (a stat of the three) at most every `RELOAD_CHECK_INTERVAL_S` when a
-connection is made. cert-manager renewing the Secret that a pod
-mounts, or a CA rotation (the CA file then holding the old and the new CA), therefore needs no
-restart of the operator or the brokers; connections open at the renewal keep their session.
-A file that cannot be loaded (half written) keeps the previous context until the next check.
+connection is made. cert-manager renewing the Secret that a pod mounts, or a CA rotation (the CA
+file then holding the old and the new CA), therefore needs no restart of the operator or the
+brokers; connections open at the renewal keep their session. A file that cannot be loaded (half
+written) keeps the previous context until the next check.
 
 Stdlib only (ssl), and tidalmq_core.tls_reload (the contexts that follow their files).
 """
