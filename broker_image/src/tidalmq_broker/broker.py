@@ -9,6 +9,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import MetadataDelta, RecordError, apply_batch
 from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import is_physical_topic
+from tidalmq_core.tls_reload import FollowingContext
 
 from tidalmq_broker import consumer_lag
 from tidalmq_broker.apis.registry import ApiTable
@@ -61,7 +63,6 @@ from tidalmq_broker.security.endpoints import (
     describe,
     describe_authorization,
 )
-from tidalmq_broker.security.tls import CertificateReloader
 from tidalmq_broker.server.http import HealthServer, HttpServer
 from tidalmq_broker.server.listener import KafkaListener
 from tidalmq_broker.server.listener_config import ListenerLimits
@@ -179,9 +180,10 @@ class Broker:
         # told of every transaction marker written here (transactions/marker_writes.py)
         self.txn_marker_listeners: list[MarkerListener] = [self.groups.on_txn_marker]
         # every listener, TLS and SASL setting is checked here, before anything starts
-        self.tls_reloaders: list[CertificateReloader] = []  # renewed certificates, no restart
+        # each TLS listener's context, by listener name: renewed certificates, no restart
+        self.tls_contexts: dict[str, FollowingContext] = {}
         self._listeners, self._endpoints = build_endpoints(
-            settings, self._scram_credential, self.tls_reloaders
+            settings, self._scram_credential, self.tls_contexts
         )
         try:  # the users an embedded controller creates at start if absent
             self._scram_bootstrap = parse_bootstrap(
@@ -282,8 +284,8 @@ class Broker:
         self.partitions.add_report(self._report_partition)
         self.engine.on_store_state = self._store_state_changed
         await self.listener.start_endpoints(self._endpoints)
-        if self.tls_reloaders:
-            self.metrics.watch_tls(list(self.tls_reloaders))
+        if self.tls_contexts:
+            self.metrics.watch_tls(self.tls_contexts)
             if s.ssl_reload_interval_ms > 0:
                 self._spawn(self._reload_certificates(), "TLS certificate reloads")
         ports = self.listener.ports
@@ -698,17 +700,30 @@ class Broker:
 
     async def _reload_certificates(self) -> None:
         """Renewed keystore/truststore files are served to new connections without a restart
-        (security/tls.py, CertificateReloader)."""
+        (security/tls.py, listener_context)."""
         interval = self.settings.ssl_reload_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
-            for reloader in self.tls_reloaders:
-                failures = reloader.failures
-                # a few file stats; the rare reload parses a PEM file or two (milliseconds)
-                if reloader.check():
-                    self.metrics.tls_reload(reloader.name, ok=True)
-                elif reloader.failures != failures:
-                    self.metrics.tls_reload(reloader.name, ok=False)
+            self.reload_certificates()
+
+    def reload_certificates(self, listeners: Collection[str] | None = None) -> dict[str, str]:
+        """Look at the TLS files of these listeners (None: every TLS listener) now, and reload
+        those that changed: every `ssl.reload.interval.ms`, and at once on an AlterConfigs of
+        their paths (apis/configs.py). Returns why, by listener, the files cannot be loaded now
+        (the listener keeps serving its previous certificate); empty when they can."""
+        problems = {}
+        for name, context in self.tls_contexts.items():
+            if listeners is not None and name not in listeners:
+                continue
+            failures = context.failures
+            # a few file stats; the rare reload parses a PEM file or two (milliseconds)
+            if context.check():
+                self.metrics.tls_reload(name, ok=True)
+            elif context.failures != failures:
+                self.metrics.tls_reload(name, ok=False)
+            if context.last_error:
+                problems[name] = context.last_error
+        return problems
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram, Summary
@@ -328,12 +328,13 @@ class BrokerMetrics(RequestObserver):
     def partition_opened(self, seconds: float) -> None:
         PARTITION_OPEN_SECONDS.labels(self._broker).observe(seconds)
 
-    def watch_tls(self, listeners: list[TlsListenerState]) -> None:
-        """The expiry of each TLS listener's certificate, read at each scrape."""
-        for state in listeners:
-            TLS_CERTIFICATE_EXPIRY.labels(self._broker, state.name).set_function(_expiry_of(state))
+    def watch_tls(self, listeners: Mapping[str, TlsListenerState]) -> None:
+        """The expiry of each TLS listener's certificate (by listener name), read at each
+        scrape."""
+        for name, state in listeners.items():
+            TLS_CERTIFICATE_EXPIRY.labels(self._broker, name).set_function(_expiry_of(state))
             for result in ("ok", "failed"):
-                TLS_CERTIFICATE_RELOADS.labels(self._broker, state.name, result)  # present at 0
+                TLS_CERTIFICATE_RELOADS.labels(self._broker, name, result)  # present at 0
 
     def tls_reload(self, listener: str, ok: bool) -> None:
         TLS_CERTIFICATE_RELOADS.labels(self._broker, listener, "ok" if ok else "failed").inc()
@@ -354,8 +355,8 @@ TLS_CERTIFICATE_RELOADS = Counter(
 
 
 class TlsListenerState(Protocol):
-    name: str
-    not_after: float | None
+    @property
+    def not_after(self) -> float | None: ...
 
 
 def _expiry_of(state: TlsListenerState) -> Callable[[], float]:

@@ -31,31 +31,27 @@ CLI talk only to an administrator's certificate (the controller), the controller
 a broker's; anything else fails the handshake (`expect_server`).
 
 Renewed certificates are used without a restart: every context handed out is a
-`FollowingContext`, which makes each new connection's TLS object from the newest context built
-from the files, and looks at the files (a stat of the three) at most every
-`RELOAD_CHECK_INTERVAL_S` when a connection is made. cert-manager renewing the Secret that a pod
-mounts, or a CA rotation (the CA file then holding the old and the new CA), therefore needs no
-restart of the operator or the brokers; connections open at the renewal keep their session.
-A file that cannot be loaded (half written) keeps the previous context until the next check.
+`tidalmq_core.tls_reload.FollowingContext` (the mechanism the Kafka listeners reload by too),
+which makes each new connection's TLS object from the newest context built from the files, and
+looks at the files (a stat of the three) at most every `RELOAD_CHECK_INTERVAL_S` when a
+connection is made. cert-manager renewing the Secret that a pod mounts, or a CA rotation (the CA
+file then holding the old and the new CA), therefore needs no restart of the operator or the
+brokers; connections open at the renewal keep their session. A file that cannot be loaded (half
+written) keeps the previous context until the next check.
 
-Stdlib only (ssl), and tidalmq_core.file_stamp.
+Stdlib only (ssl), and tidalmq_core.tls_reload (the contexts that follow their files).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import ssl
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tidalmq_core.file_stamp import Stamp, file_stamp
-
-log = logging.getLogger(__name__)
+from tidalmq_core.tls_reload import FollowingContext
 
 RELOAD_CHECK_INTERVAL_S = 10.0  # how often, at most, a connection looks at the files
 
@@ -251,21 +247,27 @@ class ControlTls:
         ctx.verify_mode = ssl.CERT_REQUIRED
         return expect_server(ctx, server) if server is not None else ctx
 
-    def files_stamp(self) -> tuple[Stamp, ...]:
-        """What identifies the three files' contents now (a renewal changes it)."""
-        return tuple(file_stamp(f) for f in (self.cert_file, self.key_file, self.ca_file))
+    def _following(self, protocol: int, build: Callable[[], ssl.SSLContext]) -> FollowingContext:
+        return FollowingContext(
+            protocol,
+            "control-plane TLS",
+            (self.cert_file, self.key_file, self.ca_file),
+            build,
+            certificate_file=self.cert_file,
+            look_every_s=RELOAD_CHECK_INTERVAL_S,
+        )
 
-    def server_context(self) -> ssl.SSLContext:
+    def server_context(self) -> FollowingContext:
         """A server's context: asks for a client certificate, which must verify against the
         cluster CA when given; the middleware requires one on every control path. Follows the
         files (FollowingContext)."""
-        return FollowingContext(ssl.PROTOCOL_TLS_SERVER, self, self._server)
+        return self._following(ssl.PROTOCOL_TLS_SERVER, self._server)
 
-    def client_context(self, server: ServerCheck | None = None) -> ssl.SSLContext:
+    def client_context(self, server: ServerCheck | None = None) -> FollowingContext:
         """A client's context: presents this process's certificate, verifies the server's chain
         against the cluster CA and, with `server`, the role its certificate names (not its host
         name: see the module's docstring). Follows the files (FollowingContext)."""
-        return FollowingContext(ssl.PROTOCOL_TLS_CLIENT, self, lambda: self._client(server))
+        return self._following(ssl.PROTOCOL_TLS_CLIENT, lambda: self._client(server))
 
     def env(self) -> dict[str, str]:
         """The environment that hands this setting to a child process."""
@@ -278,73 +280,3 @@ class ControlTls:
 
 def scheme(tls: ControlTls | None) -> str:
     return "https" if tls is not None else "http"
-
-
-class FollowingContext(ssl.SSLContext):
-    """An SSLContext that hands every new connection to the newest context `build` made from
-    `tls`'s files: asyncio (client and server side) and aiohttp make a connection's TLS object
-    with wrap_bio, http.client with wrap_socket, so both are delegated. The files are looked at
-    (stat only) at most every `interval_s`, on a connection; a change builds a new context, and
-    a build that fails (a file half written) keeps the current one until the next look. The
-    context itself is never used for a handshake: only the one it delegates to."""
-
-    def __new__(
-        cls,
-        protocol: int,
-        tls: ControlTls,
-        build: Callable[[], ssl.SSLContext],
-        interval_s: float = RELOAD_CHECK_INTERVAL_S,
-    ) -> FollowingContext:
-        return super().__new__(cls, protocol)
-
-    def __init__(
-        self,
-        protocol: int,
-        tls: ControlTls,
-        build: Callable[[], ssl.SSLContext],
-        interval_s: float = RELOAD_CHECK_INTERVAL_S,
-    ) -> None:
-        self._tls = tls
-        self._build = build
-        self._interval_s = interval_s
-        self._lock = threading.Lock()  # clients: the event loop and the heartbeat thread
-        self._stamp = tls.files_stamp()
-        self._current = build()  # a bad file fails now (ControlTlsError), at the start
-        # what code reading this context's own settings sees (http.client reads check_hostname)
-        self.check_hostname = self._current.check_hostname
-        self.verify_mode = self._current.verify_mode
-        self._next_look = time.monotonic() + interval_s
-        self.reloads = 0
-        self.failures = 0
-
-    @property
-    def current(self) -> ssl.SSLContext:
-        """The context the next connection gets (looking at the files first if it is time)."""
-        if time.monotonic() >= self._next_look:
-            self.look()
-        return self._current
-
-    def look(self) -> bool:
-        """Look at the files now; True when a new context was put in place."""
-        with self._lock:
-            self._next_look = time.monotonic() + self._interval_s
-            stamp = self._tls.files_stamp()
-            if stamp == self._stamp:
-                return False
-            try:
-                fresh = self._build()
-            except ControlTlsError as exc:
-                self.failures += 1
-                log.warning("control-plane TLS files changed but cannot be loaded yet: %s", exc)
-                return False
-            self._stamp = stamp
-            self._current = fresh
-            self.reloads += 1
-        log.info("control-plane TLS: certificates reloaded from %s", self._tls.cert_file)
-        return True
-
-    def wrap_bio(self, *args: Any, **kwargs: Any) -> ssl.SSLObject:
-        return self.current.wrap_bio(*args, **kwargs)
-
-    def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
-        return self.current.wrap_socket(*args, **kwargs)

@@ -139,3 +139,31 @@ def test_console_tools_over_mtls(
                          + "request.timeout.ms=5000\ndefault.api.timeout.ms=10000\n")  # fmt: skip
     refused = tool("kafka-topics", "--list", bootstrap=b, config=bad_props, check=False)
     assert "SslAuthenticationException" in refused or "SSL handshake failed" in refused, refused
+
+
+def test_kafka_configs_reloads_a_listeners_keystore(
+    secure_broker: SecureBroker, apache_kafka_dist: KafkaDist, tmp_path: Path
+) -> None:
+    """Kafka's way to reload a keystore now: kafka-configs sets a listener's keystore path to
+    the path it has (docs/security.md, "Reloading now"); the tool accepts the broker's answer
+    as it does Kafka's, and another path is refused with the broker's reason. (That the reload
+    happens at once is checked in test_certificate_reload.py.)"""
+    b = secure_broker.bootstrap("SASL_SSL")
+    admin = secure_broker.java_properties(tmp_path / "admin.properties")
+    keystore = secure_broker.pki.directory / "broker.pem"
+    broker = ["--entity-type", "brokers", "--entity-name", "0"]
+    same = f"listener.name.sasl_ssl.ssl.keystore.location={keystore}"
+    out = tool("kafka-configs", "--alter", "--add-config", same, *broker, bootstrap=b, config=admin)
+    assert "Completed updating config for broker 0." in out, out
+    elsewhere = f"ssl.keystore.location={tmp_path / 'other.pem'}"
+    other = tool(
+        "kafka-configs",
+        "--alter",
+        "--add-config",
+        elsewhere,
+        *broker,
+        bootstrap=b,
+        config=admin,
+        check=False,
+    )
+    assert "InvalidConfigurationException" in other and "changes only with a restart" in other

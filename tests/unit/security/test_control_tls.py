@@ -13,7 +13,6 @@ from tidalmq_broker.security import certs
 from tidalmq_core.control_tls import (
     ControlTls,
     ControlTlsError,
-    FollowingContext,
     Role,
     common_name,
     may_call_broker,
@@ -22,6 +21,7 @@ from tidalmq_core.control_tls import (
     role_of_name,
     server_is_admin,
 )
+from tidalmq_core.tls_reload import FollowingContext
 
 
 @pytest.mark.parametrize(
@@ -178,18 +178,18 @@ async def test_renewed_certificates_are_used_by_new_connections_without_a_restar
         renewed = {"server": _renew(server_file, ca, "controller"),
                    "client": _renew(client_file, ca, "broker-1")}  # fmt: skip
         assert renewed != serials
-        assert server_ctx.look() and client_ctx.look()  # (else at the next connection 10 s on)
-        assert not server_ctx.look()  # unchanged since
+        assert server_ctx.check() and client_ctx.check()  # (else at the next connection 10 s on)
+        assert not server_ctx.check()  # unchanged since
         assert await connect() == renewed["server"]
         assert seen_by_server[-1] == renewed["client"]
         assert await asyncio.to_thread(blocking_connect) == renewed["server"]
 
         # half written: the previous certificate stays until the file can be loaded
         server_file.write_bytes(b"-----BEGIN PRIVATE KEY-----\n")
-        assert not server_ctx.look() and server_ctx.failures == 1
+        assert not server_ctx.check() and server_ctx.failures == 1
         assert await connect() == renewed["server"]
         last = _renew(server_file, ca, "controller")
-        assert server_ctx.look() and server_ctx.reloads == 2
+        assert server_ctx.check() and server_ctx.reloads == 2
         assert await connect() == last
     finally:
         server.close()

@@ -1,7 +1,8 @@
-"""Renewed certificates without a restart (security/tls.py, CertificateReloader): a TLS server
-on loopback bound to the reloader's context serves the new certificate to new connections once
-its files changed, keeps open connections as they are, keeps the old certificate while the new
-files cannot be loaded, and follows a new truststore for client certificates."""
+"""Renewed certificates without a restart (security/tls.py, listener_context: a
+tidalmq_core.tls_reload.FollowingContext): a TLS server on loopback bound to the listener's
+context serves the new certificate to new connections once its files changed, keeps open
+connections as they are, keeps the old certificate while the new files cannot be loaded, and
+follows a new truststore for client certificates."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from tidalmq_broker.security import certs
-from tidalmq_broker.security.tls import CertificateReloader, TlsSettings
+from tidalmq_broker.security.tls import TlsSettings, listener_context
+from tidalmq_core.tls_reload import FollowingContext
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -26,13 +28,13 @@ async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class Server:
-    def __init__(self, reloader: CertificateReloader) -> None:
+    def __init__(self, reloader: FollowingContext) -> None:
         self.reloader = reloader
         self.server: asyncio.Server | None = None
         self.port = 0
 
     async def __aenter__(self) -> Server:
-        self.server = await asyncio.start_server(_echo, "127.0.0.1", 0, ssl=self.reloader.context)
+        self.server = await asyncio.start_server(_echo, "127.0.0.1", 0, ssl=self.reloader)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 
@@ -78,7 +80,7 @@ def ca() -> certs.Issued:
 async def served(ca: certs.Issued, tmp_path: Path) -> AsyncIterator[tuple[Server, Path]]:
     keystore = tmp_path / "broker.pem"
     certs.write_keystore(keystore, certs.issue(ca, "broker", hosts=["localhost"]), ca)
-    reloader = CertificateReloader("SSL", TlsSettings(keystore_location=str(keystore)))
+    reloader = listener_context("SSL", TlsSettings(keystore_location=str(keystore)))
     async with Server(reloader) as server:
         yield server, keystore
 
@@ -140,7 +142,7 @@ async def test_a_new_truststore_decides_client_certificates(
         client_auth="required",
     )
     alice = certs.issue(new_clients, "alice", server=False, client=True)
-    async with Server(CertificateReloader("SSL", settings)) as server:
+    async with Server(listener_context("SSL", settings)) as server:
         client = client_context(ca, tmp_path, me=alice)
         with pytest.raises((ssl.SSLError, ConnectionError)):
             await server.connect(client)  # signed by a CA the broker does not trust yet
@@ -188,7 +190,7 @@ async def test_revoked_client_certificates_are_refused_and_the_crl_is_reloaded(
     crl.write_bytes(_crl(clients, [mallory]))
     settings = TlsSettings(keystore_location=str(keystore), truststore_location=str(truststore),
                            client_auth="required", crl_location=str(crl))  # fmt: skip
-    async with Server(CertificateReloader("SSL", settings)) as server:
+    async with Server(listener_context("SSL", settings)) as server:
         _, writer, _ = await server.connect(client_context(ca, tmp_path, me=alice))
         writer.close()
         with pytest.raises((ssl.SSLError, ConnectionError)):
@@ -212,3 +214,52 @@ def test_a_crl_needs_client_certificates_and_a_readable_file(tmp_path: Path) -> 
     with pytest.raises(TlsConfigError, match=r"ssl\.crl\.location"):
         server_context(TlsSettings(**base, client_auth="required",
                                    crl_location=str(tmp_path / "missing.pem")))  # fmt: skip
+
+
+def test_an_alter_configs_of_the_keystore_path_is_a_reload_of_this_brokers_listeners() -> None:
+    """apis/configs.py: which keystore/truststore entries of a broker's AlterConfigs reload what
+    (the whole exchange, with a broker process and librdkafka, is in
+    tests/integration/security/test_certificate_reload.py)."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from kio.schema.errors import ErrorCode
+    from tidalmq_broker.apis.configs import split_tls_reloads
+
+    broker: Any = SimpleNamespace(
+        broker_id=3,
+        settings=SimpleNamespace(ssl_keystore_location="/tls/tls.crt", ssl_truststore_location=""),
+        tls_contexts={"SSL": object(), "SASL_SSL": object()},
+    )
+    keystore = "/tls/tls.crt"
+    # every TLS listener, or the one named (kafka-configs writes listener names lower-case);
+    # the rest of the changes go on to the controller; a DELETE is a success that does nothing
+    both = split_tls_reloads(broker, "3", {"ssl.keystore.location": keystore, "x.rate": "5"})
+    assert both == (frozenset({"SSL", "SASL_SSL"}), {"x.rate": "5"}, None)
+    one = split_tls_reloads(
+        broker, "3", {"listener.name.sasl_ssl.ssl.keystore.location": "/tls/../tls/tls.crt"}
+    )
+    assert one == (frozenset({"SASL_SSL"}), {}, None)
+    assert split_tls_reloads(broker, "3", {"ssl.truststore.location": None}) == (
+        frozenset(),
+        {},
+        None,
+    )
+
+    def refused(scope: str, name: str, value: str) -> tuple[ErrorCode, str]:
+        bad = split_tls_reloads(broker, scope, {name: value}).bad
+        assert bad is not None
+        return cast(tuple[ErrorCode, str], bad)
+
+    assert refused("", "ssl.keystore.location", keystore) == (
+        ErrorCode.invalid_request,
+        "Cannot update these configs at default cluster level, broker id must be specified: "
+        "[ssl.keystore.location]",
+    )
+    assert refused("4", "ssl.keystore.location", keystore)[0] == ErrorCode.invalid_request
+    code, why = refused("3", "ssl.keystore.location", "/elsewhere.pem")
+    assert code == ErrorCode.invalid_config and "/tls/tls.crt" in why and "restart" in why
+    code, why = refused("3", "ssl.truststore.location", "/ca.pem")  # none set: nothing to reload
+    assert code == ErrorCode.invalid_config and "not set" in why
+    code, why = refused("3", "listener.name.plaintext.ssl.keystore.location", keystore)
+    assert code == ErrorCode.invalid_config and "no TLS listener PLAINTEXT" in why

@@ -3,7 +3,10 @@
 Topic configs live in the topic's metadata. A broker's configs are its static settings (flags and
 environment; a restart changes them) plus the dynamic broker configs of the cluster metadata: per
 broker or cluster-wide (`kafka-configs --entity-default`), which is what
-`kafka-reassign-partitions --throttle` sets and `--verify` clears.
+`kafka-reassign-partitions --throttle` sets and `--verify` clears. Altering a broker's keystore
+or truststore path (`ssl.keystore.location`, `listener.name.<l>.ssl.keystore.location`, ...) to
+the path it already has reloads the listeners' TLS files at once, as Kafka does
+(`split_tls_reloads`).
 
 Authorized as Kafka does (ConfigHelper, ControllerApis): describing a topic's configs needs
 DESCRIBE_CONFIGS on it, altering them ALTER_CONFIGS (TOPIC_AUTHORIZATION_FAILED); a broker's
@@ -13,7 +16,9 @@ No client alters an internal topic's configs (the controller refuses: INVALID_TO
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import os
+import re
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
@@ -145,6 +150,78 @@ def _refused(
     ):
         return ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
     return None
+
+
+# A keystore or truststore "altered" to the path it already has reloads it now, as Kafka does
+# (`kafka-configs --entity-type brokers --entity-name 0 --alter --add-config
+# listener.name.ssl.ssl.keystore.location=<the same path>`); nothing is stored (docs/security.md)
+_TLS_FILE_CONFIGS = ("ssl.keystore.location", "ssl.truststore.location")
+_LISTENER_TLS_FILE = re.compile(
+    r"listener\.name\.([^.]+)\.(ssl\.(?:keystore|truststore)\.location)"
+)
+
+
+class TlsReload(NamedTuple):
+    listeners: frozenset[str]  # the TLS listeners whose files to look at now (may be empty)
+    rest: dict[str, str | None]  # the other changes: dynamic broker configs, for the controller
+    bad: tuple[ErrorCode, str] | None
+
+
+def split_tls_reloads(broker: Broker, scope: str, changes: dict[str, str | None]) -> TlsReload:
+    """Split the keystore and truststore paths (plain or `listener.name.<l>.` prefixed) off the
+    changes of a broker's configs: each must name this broker's own path (a reload, not a
+    change: TidalMQ's paths are static settings); DELETE of one is a success that does nothing,
+    as the delete of a dynamic config that is not set."""
+    listeners: set[str] = set()
+    rest: dict[str, str | None] = {}
+    paths = {
+        "ssl.keystore.location": broker.settings.ssl_keystore_location,
+        "ssl.truststore.location": broker.settings.ssl_truststore_location,
+    }
+    for name, value in changes.items():
+        match = _LISTENER_TLS_FILE.fullmatch(name)
+        if match is not None:
+            config, wanted = match.group(2), {match.group(1).upper()}
+        elif name in _TLS_FILE_CONFIGS:
+            config, wanted = name, set(broker.tls_contexts)
+        else:
+            rest[name] = value
+            continue
+        if scope != str(broker.broker_id):
+            why = (
+                "Cannot update these configs at default cluster level, broker id must be "
+                f"specified: [{name}]"
+                if scope == CLUSTER_DEFAULT
+                else f"{name} reloads broker {scope}'s files: send the request to broker {scope}"
+            )
+            return TlsReload(frozenset(), {}, (ErrorCode.invalid_request, why))
+        if value is None:
+            continue
+        not_tls = sorted(wanted - set(broker.tls_contexts))
+        if not_tls or not wanted:
+            return TlsReload(
+                frozenset(),
+                {},
+                (
+                    ErrorCode.invalid_config,
+                    f"{name}: broker {broker.broker_id} has no TLS listener "
+                    f"{', '.join(not_tls)}".rstrip(),
+                ),
+            )
+        current = paths[config]
+        if not current or os.path.abspath(value) != os.path.abspath(current):
+            return TlsReload(
+                frozenset(),
+                {},
+                (
+                    ErrorCode.invalid_config,
+                    f"{name}: the file is {current or 'not set'} and its path changes only with "
+                    "a restart; replace the file, or alter the config to the same path to "
+                    "reload it now",
+                ),
+            )
+        listeners |= wanted
+    return TlsReload(frozenset(listeners), rest, None)
 
 
 def _config_type(name: str) -> int:
@@ -405,7 +482,16 @@ async def _alter(
                 error = r.error
         elif res.resource_type == BROKER:
             changes, bad = _changes(res, {})
-            if bad is None:
+            reload = split_tls_reloads(broker, res.resource_name, changes)
+            if bad is None and reload.bad is not None:
+                out["error_code"], out["error_message"] = reload.bad
+                responses.append(out)
+                continue
+            # only keystore/truststore entries: nothing for the controller (an empty
+            # AlterConfigs would clear the broker's dynamic configs)
+            only_tls_files = bool(changes) and not reload.rest
+            changes = reload.rest
+            if bad is None and not only_tls_files:
                 try:
                     # names of this broker's static settings get Kafka's "cannot update
                     # dynamically"; the controller checks the dynamic ones
@@ -422,6 +508,10 @@ async def _alter(
                         incremental=incremental,
                         validate_only=validate_only,
                     )
+            if bad is None and error is None and reload.listeners and not validate_only:
+                problems = broker.reload_certificates(reload.listeners)
+                if problems:  # the listeners keep serving their previous certificates
+                    bad = "; ".join(f"listener {n}: {why}" for n, why in sorted(problems.items()))
         else:
             bad = f"resource type {res.resource_type} cannot be altered: only topics and brokers"
             out["error_code"] = ErrorCode.invalid_request

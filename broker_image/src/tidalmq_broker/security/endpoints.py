@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tidalmq_core.metadata import BrokerInfo, Endpoint
+from tidalmq_core.tls_reload import FollowingContext
 
 from tidalmq_broker.security import SecurityConfigError
 from tidalmq_broker.security.authorizer import Authorizer, parse_super_users
 from tidalmq_broker.security.listeners import PLAINTEXT, Listeners, ListenerSpec, resolve
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.security.sasl import Credentials, SaslConfig, parse_mechanisms
-from tidalmq_broker.security.tls import CertificateReloader, TlsSettings
+from tidalmq_broker.security.tls import TlsSettings, listener_context
 from tidalmq_broker.server.listener_config import ListenerEndpoint
 from tidalmq_broker.settings import BrokerSettings
 
@@ -49,10 +50,11 @@ def tls_settings(s: BrokerSettings) -> TlsSettings:
 def build_endpoints(
     s: BrokerSettings,
     credentials: Credentials,
-    reloaders: list[CertificateReloader] | None = None,
+    tls_contexts: dict[str, FollowingContext] | None = None,
 ) -> tuple[Listeners, list[ListenerEndpoint]]:
-    """The listeners of `s` and an endpoint to bind for each; the TLS listeners' certificate
-    reloaders are appended to `reloaders`. Raises SecurityConfigError."""
+    """The listeners of `s` and an endpoint to bind for each; the TLS listeners' contexts, which
+    follow their files, are put in `tls_contexts` by listener name. Raises
+    SecurityConfigError."""
     listeners = listeners_of(s)
     try:
         mapper = PrincipalMapper(s.ssl_principal_mapping_rules)
@@ -70,12 +72,9 @@ def build_endpoints(
         # KIP-684: ssl.client.auth is for SSL listeners; SASL_SSL clients authenticate by SASL
         context = None
         if spec.tls:
-            reloader = CertificateReloader(
-                spec.name, tls, client_auth="none" if spec.sasl else None
-            )
-            context = reloader.context
-            if reloaders is not None:
-                reloaders.append(reloader)
+            context = listener_context(spec.name, tls, client_auth="none" if spec.sasl else None)
+            if tls_contexts is not None:
+                tls_contexts[spec.name] = context
         endpoints.append(
             ListenerEndpoint(
                 name=spec.name,

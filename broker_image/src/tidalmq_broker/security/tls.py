@@ -8,10 +8,12 @@ TLSv1.3 by default (nothing older is offered whatever it says). `ssl.client.auth
 none | requested | required; as in Kafka (KIP-684) it applies to SSL listeners, while SASL_SSL
 listeners authenticate clients by SASL and ask for no certificate.
 
-Certificates are reloaded without a restart (`CertificateReloader`): every
-`ssl.reload.interval.ms` (default 60 s) the broker looks at the keystore, truststore and CRL files,
+Certificates are reloaded without a restart (`listener_context`, a
+tidalmq_core.tls_reload.FollowingContext, the mechanism the control plane reloads by too): every
+`ssl.reload.interval.ms` (default 60 s), and at once on an AlterConfigs of the keystore's or
+truststore's path (apis/configs.py), the broker looks at the keystore, truststore and CRL files,
 and when one changed (a renewal by cert-manager, a Kubernetes Secret updated under its mount)
-it builds a new context from them; new connections get it, open ones keep theirs. A file that
+a new context is built from them; new connections get it, open ones keep theirs. A file that
 cannot be loaded keeps the old context and is reported (log, metric) until it can.
 
 A client certificate's principal is `User:` and its subject DN as Java's
@@ -28,23 +30,18 @@ must be refreshed before then: it is reloaded like the keystore.
 
 from __future__ import annotations
 
-import logging
 import ssl
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from tidalmq_core.file_stamp import Stamp, file_stamp
+from tidalmq_core.tls_reload import FollowingContext
 
 from tidalmq_broker.security import SecurityConfigError
 
 CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _PROTOCOLS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
-
-
-log = logging.getLogger(__name__)
 
 
 class TlsConfigError(SecurityConfigError):
@@ -140,90 +137,25 @@ def server_context(settings: TlsSettings, *, client_auth: str | None = None) -> 
     return ctx
 
 
-def certificate_not_after(path: str) -> float | None:
-    """The expiry (Unix seconds) of the first certificate of a PEM file, None if it has none."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(1 << 20)
-        start = data.find(b"-----BEGIN CERTIFICATE-----")
-        if start < 0:
-            return None
-        cert = x509.load_pem_x509_certificate(data[start:])
-    except (OSError, ValueError):
-        return None
-    return cert.not_valid_after_utc.timestamp()
-
-
-class CertificateReloader:
-    """A listener's TLS context that follows its files.
-
-    `context` is what the listener binds. Its SNI callback, which OpenSSL calls on every
-    ClientHello (with or without a server name), hands the handshake to the newest context, so
-    a reload needs nothing of the listener; `check()` (the broker calls it every
-    `ssl.reload.interval.ms`) rebuilds that context when the keystore or truststore changed."""
-
-    def __init__(self, name: str, settings: TlsSettings, *, client_auth: str | None = None) -> None:
-        self.name = name
-        self._settings = settings
-        self._client_auth = client_auth
-        self._stamps = self._files()
-        self.context = server_context(settings, client_auth=client_auth)
-        self._current = self.context
-        self.context.sni_callback = self._pick
-        self.reloads = 0
-        self.failures = 0
-        self.last_error = ""
-        self.not_after = certificate_not_after(settings.keystore_location)
-
-    def _files(self) -> tuple[Stamp, ...]:
-        s = self._settings
-        return (
-            file_stamp(s.keystore_location),
-            file_stamp(s.key_location),
-            file_stamp(s.truststore_location),
-            file_stamp(s.crl_location),  # CRLs are reissued before their nextUpdate
-        )
-
-    def _pick(
-        self, obj: ssl.SSLObject | ssl.SSLSocket, _name: str | None, ctx: ssl.SSLContext
-    ) -> None:
-        current = self._current
-        if current is not ctx:
-            obj.context = current
-
-    @property
-    def current(self) -> ssl.SSLContext:
-        return self._current
-
-    def check(self) -> bool:
-        """Reload when a file changed; True when a new context was put in place."""
-        stamps = self._files()
-        if stamps == self._stamps:
-            return False
-        try:
-            fresh = server_context(self._settings, client_auth=self._client_auth)
-        except TlsConfigError as exc:
-            # a half-written file (cert and key copied one after the other) is normal for a
-            # moment: keep serving with the old context and try again at the next check
-            if str(exc) != self.last_error:
-                log.warning(
-                    "listener %s: TLS files changed but cannot be loaded: %s", self.name, exc
-                )
-            self.failures += 1
-            self.last_error = str(exc)
-            return False
-        self._stamps = stamps
-        self._current = fresh
-        self.reloads += 1
-        self.last_error = ""
-        self.not_after = certificate_not_after(self._settings.keystore_location)
-        expires = (
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.not_after))
-            if self.not_after is not None
-            else "unknown"
-        )
-        log.info("listener %s: TLS certificates reloaded (expires %s)", self.name, expires)
-        return True
+def listener_context(
+    name: str, settings: TlsSettings, *, client_auth: str | None = None
+) -> FollowingContext:
+    """A TLS listener's context, following its files (tidalmq_core.tls_reload): the keystore,
+    its key, the truststore and the CRL file (CRLs are reissued before their nextUpdate). The
+    broker looks at them every `ssl.reload.interval.ms` and on an AlterConfigs of their paths
+    (`check()`); raises TlsConfigError now when they cannot be used."""
+    return FollowingContext(
+        ssl.PROTOCOL_TLS_SERVER,
+        f"listener {name}",
+        (
+            settings.keystore_location,
+            settings.key_location,
+            settings.truststore_location,
+            settings.crl_location,
+        ),
+        lambda: server_context(settings, client_auth=client_auth),
+        certificate_file=settings.keystore_location,
+    )
 
 
 # Java's X500Principal RFC 2253 keywords (sun.security.x509.AVAKeyword, RFC2253 standard)
