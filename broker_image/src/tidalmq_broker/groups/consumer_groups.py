@@ -1,7 +1,7 @@
 """The consumer groups (KIP-848) of one `__consumer_offsets` partition: ConsumerGroupHeartbeat,
 session and rebalance timeouts, and the document each group is stored as.
 
-The shard (coordinator.py) owns one ConsumerGroups beside its classic groups and hands it a way
+The shard (groups/coordinator/) owns one ConsumerGroups beside its classic groups and hands it a way
 to store a group; every change a heartbeat makes (a member joining or leaving, a new target
 assignment, a member's epoch or partitions) is stored before it is answered, as one record
 holding the whole group under the group's key, so replaying the partition rebuilds the group

@@ -3,7 +3,7 @@
 States, as Kafka names them: Empty → PreparingRebalance (members rejoin) → CompletingRebalance
 (the leader computes assignments) → Stable; any membership change goes back to
 PreparingRebalance. This module holds the data and the decisions that need no I/O; the shard in
-coordinator.py drives it from requests, timers and the log.
+groups/coordinator/ drives it from requests, timers and the log.
 """
 
 from __future__ import annotations
