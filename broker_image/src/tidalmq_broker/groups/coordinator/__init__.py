@@ -20,7 +20,8 @@ The shard is composed of one part a concern, each a module of this package:
   markers, OffsetFetch, OffsetDelete and DeleteGroups.
 - consumer_requests.py: ConsumerGroupHeartbeat (KIP-848) beside the classic groups, and the
   checks of a consumer-group member's offset requests.
-- timers.py: session, join and rebalance timeouts.
+- deadlines.py: the broker's one timer for the timeouts of every shard's groups.
+- timers.py: session, join and rebalance timeouts, checked when a group's deadline passes.
 - loading.py: the replay when the partition opens, NOT_COORDINATOR to the waiting when it closes.
 - shard.py: GroupShard, the parts composed.
 - routing.py: GroupCoordinator, which routes a group's requests to its shard and opens and drops

@@ -49,6 +49,9 @@ class ConsumerGroupRequests(ShardPersistence):
         except (StorageError, CoordinatorError) as exc:
             log.warning("group %s: storing the group failed: %s", request.group_id, exc)
             return HeartbeatResult(error=_storage_code(exc), member_epoch=-1)
+        finally:
+            # the member's session (and revocation) deadlines, set as the heartbeat was applied
+            self._watch(request.group_id)
 
     def consumer_group(self, group_id: str) -> ConsumerGroup | None:
         return self.consumer.groups.get(group_id)

@@ -95,7 +95,8 @@ class Loading(Timers):
         self._unmaterialised = unmaterialised
         await self._materialise()
         self.loaded.set()
-        self._ticker = asyncio.create_task(self._tick(), name=f"groups tick {self.partition}")
+        for group_id in [*self.groups, *self.consumer.groups]:  # loaded members' sessions
+            self._watch(group_id)
         log.info(
             "%s-%d: loaded %d groups and %d offset groups from %d records in %.0f ms",
             OFFSETS_TOPIC,
@@ -109,8 +110,7 @@ class Loading(Timers):
     def close(self) -> None:
         """The partition left this broker: fail everyone waiting with NOT_COORDINATOR."""
         self._closed = True
-        if self._ticker is not None:
-            self._ticker.cancel()
+        self._unwatch_all()
         for group in self.groups.values():
             for member in group.members.values():
                 _resolve_join(member, JoinResult(error=ErrorCode.not_coordinator))

@@ -77,6 +77,7 @@ class Membership(ShardPersistence):
                 # KIP-394: hand out the id first, so a client that never comes back is not a
                 # member the whole group waits for
                 group.pending_members[new_id] = now + session_timeout_ms / 1000
+                self._watch(group_id)
                 return JoinResult(error=ErrorCode.member_id_required, member_id=new_id)
             member_id = new_id
         elif member_id not in group.members and member_id not in group.pending_members:
@@ -124,6 +125,7 @@ class Membership(ShardPersistence):
             else:
                 self._prepare_rebalance(group, f"{member_id} rejoined")
         self._maybe_complete_join(group)
+        self._watch(group_id)  # its session, a rebalance's timeouts
         return await future
 
     def _prepare_rebalance(self, group: Group, reason: str) -> None:
@@ -144,6 +146,7 @@ class Membership(ShardPersistence):
             group.rebalance_deadline = max(
                 group.rebalance_deadline, now + group.max_rebalance_timeout_s()
             )
+        self._watch(group.group_id)
 
     def _maybe_complete_join(self, group: Group, *, deadline_passed: bool = False) -> None:
         if group.state is not GroupState.PREPARING_REBALANCE:
@@ -188,6 +191,7 @@ class Membership(ShardPersistence):
             future, member.join_future = member.join_future, None
             if future is not None:
                 _resolve(future, result)
+        self._watch(group.group_id)  # the sessions of those that were waiting in the join
 
     def _join_result(self, group: Group, member: Member, *, include_members: bool) -> JoinResult:
         members = []
@@ -296,6 +300,8 @@ class Membership(ShardPersistence):
                 continue
             self._remove_member(group, member, "left the group")
             codes.append(ErrorCode.none)
+        if group is not None:  # a pending member that left may be the one the join waited for
+            self._maybe_complete_join(group)
         return codes
 
     def _remove_member(self, group: Group, member: Member, reason: str) -> None:

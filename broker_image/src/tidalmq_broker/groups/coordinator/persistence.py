@@ -17,6 +17,7 @@ from tidalmq_broker.groups.consumer_groups import (
     ConsumerGroups,
     group_document,
 )
+from tidalmq_broker.groups.coordinator.deadlines import GroupDeadlines
 from tidalmq_broker.groups.coordinator.state import (
     CoordinatorError,
     GroupSettings,
@@ -59,8 +60,9 @@ class ShardPersistence(ShardState):
         plog: PartitionLog,
         settings: GroupSettings,
         keys: OffsetKeys | None = None,
+        deadlines: GroupDeadlines | None = None,
     ) -> None:
-        super().__init__(partition, plog, settings, keys)
+        super().__init__(partition, plog, settings, keys, deadlines)
         # groups of the consumer group protocol (KIP-848); a group id names one kind or the other
         self.consumer = ConsumerGroups(settings.consumer, self._store_consumer_group)
 

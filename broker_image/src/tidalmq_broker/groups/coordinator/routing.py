@@ -12,6 +12,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_core.metadata import OFFSETS_TOPIC
 from tidalmq_core.model import TopicPartition
 
+from tidalmq_broker.groups.coordinator.deadlines import GroupDeadlines
 from tidalmq_broker.groups.coordinator.shard import GroupShard
 from tidalmq_broker.groups.coordinator.state import (
     CoordinatorError,
@@ -33,6 +34,7 @@ class GroupCoordinator:
         self._shards: dict[int, GroupShard] = {}
         self._loads: dict[int, asyncio.Task[None]] = {}
         self.offset_keys = OffsetKeys()
+        self.deadlines = GroupDeadlines()  # one timer for the timeouts of every shard's groups
 
     def partition_for(self, group_id: str) -> int:
         n = self._offsets_partitions()
@@ -52,7 +54,7 @@ class GroupCoordinator:
             load.cancel()
         if plog is None:
             return
-        shard = GroupShard(tp.partition, plog, self._settings, self.offset_keys)
+        shard = GroupShard(tp.partition, plog, self._settings, self.offset_keys, self.deadlines)
         self._shards[tp.partition] = shard
 
         async def load_shard() -> None:
@@ -95,3 +97,4 @@ class GroupCoordinator:
         for shard in self._shards.values():
             shard.close()
         self._shards.clear()
+        self.deadlines.close()

@@ -19,6 +19,7 @@ from tidalmq_broker.groups.consumer_groups import (
     ConsumerGroups,
     ConsumerGroupSettings,
 )
+from tidalmq_broker.groups.coordinator.deadlines import GroupDeadlines
 from tidalmq_broker.groups.group import Group, JoinResult, Member
 from tidalmq_broker.groups.records import (
     Key,
@@ -42,7 +43,6 @@ class GroupSettings:
     max_metadata_bytes: int = 4096  # offset.metadata.max.bytes
     # rewrite live keys and trim the log after this many (not on a compacted log)
     snapshot_after_records: int = 20_000
-    tick_s: float = 0.1
     consumer: ConsumerGroupSettings = field(default_factory=ConsumerGroupSettings)  # KIP-848
 
 
@@ -89,6 +89,7 @@ class ShardState:
         plog: PartitionLog,
         settings: GroupSettings,
         keys: OffsetKeys | None = None,
+        deadlines: GroupDeadlines | None = None,
     ) -> None:
         self.partition = partition
         self._keys = keys or OffsetKeys()
@@ -103,7 +104,9 @@ class ShardState:
         self.loaded = asyncio.Event()
         self._closed = False
         self._records_since_snapshot = 0
-        self._ticker: asyncio.Task[None] | None = None
+        # the broker's one timer for group timeouts (the coordinator's; a shard of its own else)
+        self._deadlines = deadlines if deadlines is not None else GroupDeadlines()
+        self._watched: set[str] = set()  # ids of the groups queued in it
         # What the log holds: every live key with its last durable value. Updated by _append as
         # soon as the log acknowledges (before the caller applies the change to groups and
         # offsets), so a snapshot writes exactly what replay would rebuild, nothing less.
@@ -124,6 +127,36 @@ class ShardState:
     @staticmethod
     def _now() -> float:
         return asyncio.get_running_loop().time()
+
+    def _watch(self, group_id: str) -> None:
+        """Queue the group's next timeout in the broker's timer (deadlines.py), to be checked
+        by deadline_passed (timers.py). Called wherever a deadline of the group may have moved
+        earlier; one that moved later needs no call (the check at the earlier time finds
+        nothing due and queues the group again)."""
+        if self._closed:
+            return
+        times: list[float] = []
+        group = self.groups.get(group_id)
+        if group is not None and (at := group.next_deadline(self._now())) is not None:
+            times.append(at)
+        consumer_group = self.consumer.groups.get(group_id)
+        if consumer_group is not None and (at := self.consumer.next_deadline(consumer_group)):
+            times.append(at)
+        if times:
+            self._watched.add(group_id)
+            self._deadlines.check_by(self, group_id, min(times))
+        elif group_id in self._watched:
+            self._watched.discard(group_id)
+            self._deadlines.cancel(self, group_id)
+
+    def _unwatch_all(self) -> None:
+        for group_id in self._watched:
+            self._deadlines.cancel(self, group_id)
+        self._watched.clear()
+
+    def deadline_passed(self, group_id: str, now: float) -> None:
+        """A timeout of the group may have passed (timers.py checks)."""
+        raise NotImplementedError
 
 
 def _now_ms() -> int:
