@@ -4,7 +4,6 @@ closes."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ from tidalmq_broker.groups.coordinator.state import (
     OffsetKeys,
 )
 from tidalmq_broker.groups.records import partition_for_group
+from tidalmq_broker.internal_shards import InternalShards
 from tidalmq_broker.storage.api import PartitionLog
 
 log = logging.getLogger(__name__)
@@ -29,12 +29,16 @@ class GroupCoordinator:
     """Routes group requests to the shard of the `__consumer_offsets` partition they hash to."""
 
     def __init__(self, settings: GroupSettings, offsets_partitions: Callable[[], int]) -> None:
-        self._settings = settings
         self._offsets_partitions = offsets_partitions
-        self._shards: dict[int, GroupShard] = {}
-        self._loads: dict[int, asyncio.Task[None]] = {}
         self.offset_keys = OffsetKeys()
         self.deadlines = GroupDeadlines()  # one timer for the timeouts of every shard's groups
+        self._shards = InternalShards(
+            OFFSETS_TOPIC,
+            "groups",
+            lambda partition, plog: GroupShard(
+                partition, plog, settings, self.offset_keys, self.deadlines
+            ),
+        )
 
     def partition_for(self, group_id: str) -> int:
         n = self._offsets_partitions()
@@ -44,28 +48,7 @@ class GroupCoordinator:
 
     async def on_partition(self, tp: TopicPartition, plog: PartitionLog | None) -> None:
         """PartitionManager hook: load a shard when its partition opens, drop it on close."""
-        if tp.topic != OFFSETS_TOPIC:
-            return
-        old = self._shards.pop(tp.partition, None)
-        if old is not None:
-            old.close()
-        load = self._loads.pop(tp.partition, None)
-        if load is not None:
-            load.cancel()
-        if plog is None:
-            return
-        shard = GroupShard(tp.partition, plog, self._settings, self.offset_keys, self.deadlines)
-        self._shards[tp.partition] = shard
-
-        async def load_shard() -> None:
-            try:
-                await shard.load()
-            except Exception:
-                log.exception("%s: loading groups failed", tp)
-                if self._shards.get(tp.partition) is shard:
-                    self._shards.pop(tp.partition)
-
-        self._loads[tp.partition] = asyncio.create_task(load_shard())
+        self._shards.on_partition(tp, plog)
 
     def shard(self, group_id: str) -> GroupShard:
         if not group_id:
@@ -78,7 +61,7 @@ class GroupCoordinator:
         return shard
 
     def shards(self) -> list[GroupShard]:
-        return [s for s in self._shards.values() if s.loaded.is_set()]
+        return self._shards.loaded()
 
     async def on_txn_marker(
         self, tp: TopicPartition, producer_id: int, producer_epoch: int, commit: bool
@@ -92,9 +75,5 @@ class GroupCoordinator:
             await shard.complete_txn(producer_id, commit)
 
     async def close(self) -> None:
-        for task in self._loads.values():
-            task.cancel()
-        for shard in self._shards.values():
-            shard.close()
-        self._shards.clear()
+        self._shards.close()
         self.deadlines.close()
