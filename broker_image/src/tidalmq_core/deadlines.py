@@ -40,6 +40,13 @@ class DeadlineQueue(Generic[K]):
             self._heap = [(t, next(self._seq), k) for k, t in self._at.items()]
             heapq.heapify(self._heap)
 
+    def earliest(self) -> float | None:
+        """The earliest deadline of any key (None when there is none)."""
+        heap = self._heap
+        while heap and self._at.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)  # a replaced or cancelled deadline
+        return heap[0][0] if heap else None
+
     def cancel(self, key: K) -> None:
         self._at.pop(key, None)
 

@@ -29,7 +29,7 @@ TOPIC_ID = uuid.UUID(int=7)
 async def broker(tmp_path: Path) -> AsyncIterator[Any]:
     offsets = Offsets(tmp_path / "objects")
     await offsets.engine.start()
-    groups = GroupCoordinator(GroupSettings(tick_s=3600), lambda: 1)
+    groups = GroupCoordinator(GroupSettings(), lambda: 1)
     await groups.on_partition(TP, await offsets.open())
     for _ in range(200):
         if groups.shards():

@@ -15,7 +15,7 @@ from tidalmq_broker.groups.coordinator import CommittedOffset, GroupSettings, Gr
 
 from tests.unit.groups.test_snapshots import Offsets
 
-SETTINGS = GroupSettings(min_session_timeout_ms=10, initial_rebalance_delay_ms=0, tick_s=3600)
+SETTINGS = GroupSettings(min_session_timeout_ms=10, initial_rebalance_delay_ms=0)
 T1 = str(uuid.uuid4())
 TOPICS = {"orders": TopicInfo(T1, 3)}
 

@@ -204,6 +204,19 @@ def test_deadline_queue_pops_due_keys_in_order_and_once() -> None:
     assert len(q._heap) <= 2 * len(q) + 65
 
 
+def test_deadline_queue_s_earliest_skips_replaced_and_cancelled_deadlines() -> None:
+    q: DeadlineQueue[str] = DeadlineQueue()
+    assert q.earliest() is None
+    q.schedule("a", 1)
+    q.schedule("b", 3)
+    q.schedule("a", 4)  # the 1 is replaced
+    assert q.earliest() == 3
+    q.cancel("b")
+    assert q.earliest() == 4
+    q.pop_due(10)
+    assert q.earliest() is None
+
+
 def test_schedule_takes_changed_and_due_once() -> None:
     s: UpkeepSchedule[str] = UpkeepSchedule()
     s.changed("p")

@@ -1,7 +1,7 @@
 """The consumer groups (KIP-848) of one `__consumer_offsets` partition: ConsumerGroupHeartbeat,
 session and rebalance timeouts, and the document each group is stored as.
 
-The shard (coordinator.py) owns one ConsumerGroups beside its classic groups and hands it a way
+The shard (groups/coordinator/) owns one ConsumerGroups beside its classic groups and hands it a way
 to store a group; every change a heartbeat makes (a member joining or leaving, a new target
 assignment, a member's epoch or partitions) is stored before it is answered, as one record
 holding the whole group under the group's key, so replaying the partition rebuilds the group
@@ -274,22 +274,28 @@ class ConsumerGroups:
     def expire(self, now: float) -> list[ConsumerGroup]:
         """Members whose session ran out, or who did not give up partitions within their
         rebalance timeout, leave. Returns the groups that changed (to store)."""
-        changed = []
-        for group in self.groups.values():
-            gone = [
-                m
-                for m in group.members.values()
-                if now >= m.session_deadline
-                or (m.revocation_deadline and now >= m.revocation_deadline)
-            ]
-            for member in gone:
-                why = "session timed out" if now >= member.session_deadline else "revoking"
-                log.info("group %s: member %s removed (%s)", group.group_id, member.member_id,
-                         why)  # fmt: skip
-                group.remove(member.member_id)
-            if gone:
-                changed.append(group)
-        return changed
+        return [group for group in self.groups.values() if self.expire_group(group, now)]
+
+    @staticmethod
+    def expire_group(group: ConsumerGroup, now: float) -> bool:
+        """expire() for one group: whether a member left (the group is to be stored)."""
+        gone = [
+            m
+            for m in group.members.values()
+            if now >= m.session_deadline or (m.revocation_deadline and now >= m.revocation_deadline)
+        ]
+        for member in gone:
+            why = "session timed out" if now >= member.session_deadline else "revoking"
+            log.info("group %s: member %s removed (%s)", group.group_id, member.member_id, why)
+            group.remove(member.member_id)
+        return bool(gone)
+
+    @staticmethod
+    def next_deadline(group: ConsumerGroup) -> float | None:
+        """When a member's session or revocation may run out next (None: no member)."""
+        times = [m.session_deadline for m in group.members.values()]
+        times += [m.revocation_deadline for m in group.members.values() if m.revocation_deadline]
+        return min(times, default=None)
 
     # ------------------------------------------------------------------ storage
     async def store_if_changed(self, group: ConsumerGroup) -> None:

@@ -3,7 +3,7 @@
 States, as Kafka names them: Empty → PreparingRebalance (members rejoin) → CompletingRebalance
 (the leader computes assignments) → Stable; any membership change goes back to
 PreparingRebalance. This module holds the data and the decisions that need no I/O; the shard in
-coordinator.py drives it from requests, timers and the log.
+groups/coordinator/ drives it from requests, timers and the log.
 """
 
 from __future__ import annotations
@@ -133,6 +133,23 @@ class Group:
         if not self.members:
             return 0.0
         return max(m.rebalance_timeout_ms for m in self.members.values()) / 1000
+
+    def next_deadline(self, now: float) -> float | None:
+        """When a timeout of the group may pass next (None: it has none): a pending member's
+        (KIP-394), a member's session (but for members waiting in a join while a rebalance is
+        prepared), the rebalance's, and the initial rebalance delay while it is ahead."""
+        preparing = self.state is GroupState.PREPARING_REBALANCE
+        times = list(self.pending_members.values())
+        times += [
+            m.heartbeat_deadline
+            for m in self.members.values()
+            if not (preparing and m.join_future is not None)
+        ]
+        if preparing:
+            times.append(self.rebalance_deadline)
+            if self.initial_delay_deadline > now:
+                times.append(self.initial_delay_deadline)
+        return min(times, default=None)
 
     def described_members(self) -> list[dict[str, Any]]:
         return [

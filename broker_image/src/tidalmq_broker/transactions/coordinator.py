@@ -28,6 +28,7 @@ from tidalmq_core.deadlines import DeadlineQueue
 from tidalmq_core.metadata import TXN_STATE_TOPIC
 from tidalmq_core.model import TopicPartition
 
+from tidalmq_broker.internal_shards import InternalShards
 from tidalmq_broker.protocol.records import build_batch, iter_complete_headers, iter_records
 from tidalmq_broker.storage.api import PartitionLog, StorageError
 from tidalmq_broker.transactions import state as txn
@@ -519,10 +520,13 @@ class TransactionCoordinator:
         self._state_partitions = state_partitions
         self._create_state_topic = create_state_topic
         self._creating: asyncio.Task[None] | None = None
-        self._send_markers = send_markers
-        self._allocate = allocate_producer_id
-        self._shards: dict[int, TxnShard] = {}
-        self._loads: dict[int, asyncio.Task[None]] = {}
+        self._shards = InternalShards(
+            TXN_STATE_TOPIC,
+            "transactions",
+            lambda partition, plog: TxnShard(
+                partition, plog, settings, send_markers, allocate_producer_id
+            ),
+        )
 
     def partition_for(self, transactional_id: str) -> int:
         n = self._state_partitions()
@@ -546,28 +550,7 @@ class TransactionCoordinator:
 
     async def on_partition(self, tp: TopicPartition, plog: PartitionLog | None) -> None:
         """PartitionManager hook: load a shard when its partition opens, stop it on close."""
-        if tp.topic != TXN_STATE_TOPIC:
-            return
-        old = self._shards.pop(tp.partition, None)
-        if old is not None:
-            old.close()
-        load = self._loads.pop(tp.partition, None)
-        if load is not None:
-            load.cancel()
-        if plog is None:
-            return
-        shard = TxnShard(tp.partition, plog, self.settings, self._send_markers, self._allocate)
-        self._shards[tp.partition] = shard
-
-        async def load_shard() -> None:
-            try:
-                await shard.load()
-            except Exception:
-                log.exception("%s: loading transactions failed", tp)
-                if self._shards.get(tp.partition) is shard:
-                    self._shards.pop(tp.partition)
-
-        self._loads[tp.partition] = asyncio.create_task(load_shard())
+        self._shards.on_partition(tp, plog)
 
     def shard(self, transactional_id: str) -> TxnShard:
         if not transactional_id:
@@ -580,13 +563,9 @@ class TransactionCoordinator:
         return shard
 
     def shards(self) -> list[TxnShard]:
-        return [s for s in self._shards.values() if s.loaded.is_set()]
+        return self._shards.loaded()
 
     async def close(self) -> None:
         if self._creating is not None:
             self._creating.cancel()
-        for task in self._loads.values():
-            task.cancel()
-        for shard in self._shards.values():
-            shard.close()
-        self._shards.clear()
+        self._shards.close()
