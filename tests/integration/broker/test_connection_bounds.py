@@ -84,12 +84,14 @@ class Attack:
               f"{time.monotonic() - self.started:.1f} s, load {attacks.load_average()}")  # fmt: skip
 
 
-def check_alive_and_served(broker: BrokerProcess, probe: attacks.ProduceProbe, since: int) -> None:
+def check_alive_and_served(
+    broker: BrokerProcess, probe: attacks.ProduceProbe, since: int, bound_s: float = 2.0
+) -> None:
     assert broker.alive(), broker.tail_log()
     answered = len(probe.latencies) + len(probe.errors) - since
     assert answered > 0, probe.summary()
     assert probe.errors == [], probe.summary()
-    assert max(probe.latencies[-answered:], default=0) < 2.0, probe.summary()
+    assert max(probe.latencies[-answered:], default=0) < bound_s, probe.summary()
 
 
 async def leave(
@@ -155,10 +157,17 @@ async def idle_wave(
     label: str,
     *,
     baseline: float = 0.0,
+    opening_bound_s: float = 2.0,
 ) -> tuple[Attack, float]:
     """`count` idle connections (`open_clients`, plain or TLS) opened while a producer keeps
     being served, then closed: every one accepted, RSS under `per_connection_kib` each, back
-    to the baseline (the one given, else measured first) within 10 s. The attack and its peak."""
+    to the baseline (the one given, else measured first) within 10 s. The attack and its peak.
+
+    The producer is answered within `opening_bound_s` while the connections open, and within
+    2 s once they are open and idle. TLS gives the opening more: each handshake costs CPU in
+    the broker's event loop and in this process's (where the probe runs too), so on a loaded
+    2-core machine 2,000 of them delayed the probe 2.0-3.5 s though idle connections cost
+    nothing after."""
     attack = Attack(broker)
     async with attacks.ProduceProbe(broker.port, "probe") as probe, attack.rss:
         await asyncio.sleep(0.5)
@@ -166,7 +175,10 @@ async def idle_wave(
         mark = probe.mark()
         opened = await open_clients()
         await asyncio.sleep(1.0)
-        check_alive_and_served(broker, probe, mark)
+        check_alive_and_served(broker, probe, mark, opening_bound_s)
+        idle = probe.mark()
+        await asyncio.sleep(1.0)
+        check_alive_and_served(broker, probe, idle)
         peak = attack.rss.peak
         connections = gauge(broker.metrics(), "tidalmq_connections")
         await leave(attack, opened)

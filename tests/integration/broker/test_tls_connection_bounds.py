@@ -127,6 +127,7 @@ def test_idle_tls_connections(tls_broker: TlsBroker) -> None:
             TLS_IDLE_CONNECTIONS,
             TLS_PER_CONNECTION_KIB,
             "TLS",
+            opening_bound_s=6.0,
         )
 
     asyncio.run(run())
