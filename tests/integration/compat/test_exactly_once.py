@@ -247,9 +247,11 @@ class History:
 # times out (confluentinc/librdkafka#5456, #5511, open in 2.16). When that coordinator is gone
 # for good (kill -9: once the controller declares it dead, the Metadata response stops listing
 # it and librdkafka terminates its connection thread), nothing changes state any more and the
-# call never returns: the copier hung in it for 70 minutes in CI. Closing idle connections after
-# 1 s makes such changes, so the request asks again and finds the partition's new leader.
-COPIER_PRODUCER = {"connections.max.idle.ms": 1000}
+# call never returns: the copier hung in it for 70 minutes in CI. Closing idle connections (after
+# 3-5 s: librdkafka's jitter) makes such changes, so the request asks again and finds the
+# partition's new leader. Not shorter: the idle check ignores requests in flight, so a slow
+# answer would cost a reconnect and a retry.
+COPIER_PRODUCER = {"connections.max.idle.ms": 5000}
 
 
 def transactional_producer(
