@@ -30,6 +30,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -240,9 +241,24 @@ class History:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def transactional_producer(bootstrap: str, tid: str) -> Producer:
+# librdkafka sends TxnOffsetCommit (send_offsets_to_transaction) through the producer's
+# coordinator cache. A request that finds the cached group coordinator down waits for one of the
+# producer's broker connections to change state before it asks FindCoordinator again, and never
+# times out (confluentinc/librdkafka#5456, #5511, open in 2.16). When that coordinator is gone
+# for good (kill -9: once the controller declares it dead, the Metadata response stops listing
+# it and librdkafka terminates its connection thread), nothing changes state any more and the
+# call never returns: the copier hung in it for 70 minutes in CI. Closing idle connections (after
+# 3-5 s: librdkafka's jitter) makes such changes, so the request asks again and finds the
+# partition's new leader. Not shorter: the idle check ignores requests in flight, so a slow
+# answer would cost a reconnect and a retry.
+COPIER_PRODUCER = {"connections.max.idle.ms": 5000}
+
+
+def transactional_producer(
+    bootstrap: str, tid: str, conf: dict[str, Any] | None = None
+) -> Producer:
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2,
-                  "transaction.timeout.ms": 10_000})  # fmt: skip
+                  "transaction.timeout.ms": 10_000, **(conf or {})})  # fmt: skip
     p.init_transactions(30)
     return p
 
@@ -325,7 +341,7 @@ def run_copier(bootstrap: str, source: str, sink: str, stop: threading.Event, h:
                   "isolation.level": "read_committed"})  # fmt: skip
     parts = [TopicPartition(source, p) for p in range(TXN_PARTITIONS)]
     c.assign([TopicPartition(source, p, 0) for p in range(TXN_PARTITIONS)])
-    p = transactional_producer(bootstrap, tid)
+    p = transactional_producer(bootstrap, tid, COPIER_PRODUCER)
     stopped_at: float | None = None
     while stopped_at is None or time.monotonic() < stopped_at + COPIER_CATCH_UP_S:
         if stopped_at is None and stop.is_set():
@@ -349,7 +365,8 @@ def run_copier(bootstrap: str, source: str, sink: str, stop: threading.Event, h:
             try:
                 p.abort_transaction(30)
             except KafkaException:
-                p = transactional_producer(bootstrap, tid)  # fences the previous incarnation
+                # fences the previous incarnation
+                p = transactional_producer(bootstrap, tid, COPIER_PRODUCER)
             committed = c.committed(parts, timeout=30)
             c.assign([TopicPartition(source, t.partition, max(t.offset, 0)) for t in committed])
     c.close()
