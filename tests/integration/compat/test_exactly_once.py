@@ -439,7 +439,9 @@ def test_transactions_checker_under_a_move_and_a_broker_kill_9(
     got = read_all_committed(bootstrap, topic, len(h.committed))
     seen = Counter(v for values in got.values() for v in values)
     where = {v: p for p, values in got.items() for v in values}
-    assert len(h.committed) > 50, h  # the run did commit transactions
+    # the run did commit transactions (at least a few dozen records: a loaded machine once
+    # committed only 49 in the 10 s, producers to the killed broker waiting for its failover)
+    assert len(h.committed) > 20, h
     duplicates = sorted(v for v, n in seen.items() if n > 1)
     lost = sorted(v for v, _ in h.committed if v not in seen)
     aborted_read = sorted(v for v, _ in h.aborted if v in seen)
