@@ -1,7 +1,7 @@
 """Compacted topics end to end on TidalMQ (docs/compaction.md): the scenario of
 tests/support/compacted_topic.py (many updates per key from a real producer, tombstones, a real
 consumer from the start that sees exactly the latest value per key at the offset it was written,
-tombstones until delete.retention.ms and then not), which
+tombstones until delete.retention.ms and then not; compact,delete retention), which
 tests/integration/apache_kafka/test_compacted_topics.py also runs on the real Kafka; here also
 the broker's cleaner metrics and the same log after kill -9 of the broker."""
 
@@ -15,8 +15,10 @@ import pytest
 from tests.integration.broker.conftest import topic_name
 from tests.support.broker_process import BrokerProcess
 from tests.support.compacted_topic import (
+    COMPACT_DELETE_CONFIGS,
     TOPIC_CONFIGS,
     an_update_after_the_clean_is_the_latest,
+    compact_and_delete,
     create_compacted_topic,
     latest_value_per_key,
     read_all,
@@ -29,6 +31,7 @@ FAST_CLEANER = {
     "TIDALMQ_COMPACTION_INTERVAL_S": "0.2",
     "TIDALMQ_COMPACTION_IDLE_S": "0.3",
     "TIDALMQ_CLEANER_BACKOFF_MS": "200",
+    "TIDALMQ_RETENTION_CHECK_INTERVAL_S": "0.5",
 }
 # several segments: the cleaner's groups (Kafka 4.x refuses segment.bytes under 1 MiB, so the
 # Apache Kafka side leaves it at its default)
@@ -61,3 +64,13 @@ def test_a_consumer_from_the_start_reads_the_latest_value_per_key(
     compacting_broker.restart(crash=True)
     assert read_all(b, topic, end) == cleaned
     an_update_after_the_clean_is_the_latest(b, topic, end, cleaned)
+
+
+def test_compact_delete_retention_drops_old_segments_and_the_cleaner_the_rest(
+    compacting_broker: BrokerProcess,
+) -> None:
+    topic = topic_name()
+    create_compacted_topic(
+        compacting_broker.bootstrap, topic, {**COMPACT_DELETE_CONFIGS, "segment.bytes": "4096"}
+    )
+    compact_and_delete(compacting_broker.bootstrap, topic)
