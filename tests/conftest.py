@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# scenarios shared by the TidalMQ and the Apache Kafka tests: their failed asserts show the values
+pytest.register_assert_rewrite("tests.support.compacted_topic", "tests.support.streams_wordcount")
+
 pytest_plugins: list[str] = [
     "tests.support.s3_server",
     "tests.support.apache_kafka",

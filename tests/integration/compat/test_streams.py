@@ -1,104 +1,23 @@
 """Kafka Streams 4.3.1 on TidalMQ with its default, compacted changelog topic: WordCountDemo's
 topology counts words, and an instance restarted with its local state wiped restores the
-counts from the changelog (which Streams creates with cleanup.policy=compact) and goes on."""
+counts from the changelog (which Streams creates with cleanup.policy=compact) and goes on. The
+scenario is tests/support/streams_wordcount.py, which
+tests/integration/apache_kafka/test_streams.py also runs on the real Kafka."""
 
 from __future__ import annotations
 
-import struct
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from bench.kafka.harness import (
-    FAST_START_OPTS,
-    HERE,
-    TOOLS_LOG4J,
-    KafkaDist,
-    assemble_streams,
-    java_executable,
-)
-from tests.integration.compat.conftest import name
+from bench.kafka.harness import KafkaDist
 from tests.support.broker_process import BrokerProcess
+from tests.support.streams_wordcount import word_count_restores_from_the_changelog
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-def start(dist: KafkaDist, bootstrap: str, app: str, topics: tuple[str, str], state: Path,
-          log: Path) -> subprocess.Popen[bytes]:  # fmt: skip
-    # Kafka Streams and RocksDB are not in the broker and tools classpath: their own
-    # directory, assembled from bench/kafka/streams/pom.xml (the .ci/prebuild does it early)
-    classpath = ":".join([dist.classpath, assemble_streams().classpath])
-    cmd = [
-        java_executable(), "-Xmx256m", *FAST_START_OPTS, f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
-        "-cp", classpath, str(HERE / "java" / "StreamsWordCount.java"),
-        bootstrap, app, *topics, str(state),
-    ]  # fmt: skip
-    with log.open("a") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-
-
-def read_counts(consumer: Consumer, counts: dict[str, int], want: dict[str, int],
-                app: subprocess.Popen[bytes], log: Path) -> None:  # fmt: skip
-    deadline = time.monotonic() + 60
-    while counts != want and time.monotonic() < deadline:
-        assert app.poll() is None, f"Streams exited {app.returncode}:\n{log.read_text()[-3000:]}"
-        msg = consumer.poll(0.5)
-        if msg is None or msg.error() is not None:
-            continue
-        key, value = msg.key(), msg.value()
-        assert key is not None and value is not None
-        counts[key.decode()] = struct.unpack(">q", value)[0]
-    assert counts == want, log.read_text()[-3000:]
-
-
-def stop(app: subprocess.Popen[bytes]) -> None:
-    app.terminate()
-    try:
-        app.wait(30)
-    except subprocess.TimeoutExpired:
-        app.kill()
-        app.wait(10)
 
 
 def test_word_count_restores_its_counts_from_the_compacted_changelog(
     tidalmq: BrokerProcess, apache_kafka_dist: KafkaDist, tmp_path: Path
 ) -> None:
-    b = tidalmq.bootstrap
-    app_id = name("wordcount")
-    topics = (f"{app_id}-in", f"{app_id}-out")
-    admin = AdminClient({"bootstrap.servers": b})
-    for future in admin.create_topics([NewTopic(t, 1, 1) for t in topics]).values():
-        future.result(15)
-    log = tmp_path / "streams.log"
-    producer = Producer({"bootstrap.servers": b})
-    consumer = Consumer({"bootstrap.servers": b, "group.id": f"{app_id}-reader",
-                         "auto.offset.reset": "earliest"})  # fmt: skip
-    consumer.subscribe([topics[1]])
-    counts: dict[str, int] = {}
-    try:
-        app = start(apache_kafka_dist, b, app_id, topics, tmp_path / "state", log)
-        try:
-            for line in ("a b c", "a b", "a"):
-                producer.produce(topics[0], value=line.encode())
-            assert producer.flush(10) == 0
-            read_counts(consumer, counts, {"a": 3, "b": 2, "c": 1}, app, log)
-        finally:
-            stop(app)
-        changelog = f"{app_id}-KSTREAM-AGGREGATE-STATE-STORE-0000000003-changelog"
-        resource = ConfigResource(ConfigResource.Type.TOPIC, changelog)
-        configs = admin.describe_configs([resource])[resource].result(15)
-        assert configs["cleanup.policy"].value == "compact"
-        # a new instance with no local state: the counts come back from the changelog
-        app = start(apache_kafka_dist, b, app_id, topics, tmp_path / "state-2", log)
-        try:
-            producer.produce(topics[0], value=b"a c")
-            assert producer.flush(10) == 0
-            read_counts(consumer, counts, {"a": 4, "b": 2, "c": 2}, app, log)
-        finally:
-            stop(app)
-    finally:
-        consumer.close()
+    word_count_restores_from_the_changelog(apache_kafka_dist, tidalmq.bootstrap, tmp_path)
