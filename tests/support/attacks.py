@@ -126,6 +126,10 @@ async def call(sock: socket.socket, request: bytes, timeout_s: float = 10.0) -> 
 class Opened:
     sockets: list[socket.socket] = field(default_factory=list)
     refused: int = 0
+    # connects not established within CONNECT_WAIT_S and tried again on a new socket (a CI
+    # run once waited ~170 s for a few of 5,000 loopback connects on an idle machine: the
+    # kernel's SYN retransmission backoff)
+    connect_retries: int = 0
     tls: list[asyncio.StreamWriter] = field(default_factory=list)  # TLS connections
 
     def close(self) -> None:
@@ -137,6 +141,22 @@ class Opened:
         self.tls.clear()
 
 
+CONNECT_WAIT_S = 10.0
+
+
+async def connect_retrying(port: int, source: str, opened: Opened) -> socket.socket:
+    """connect(), tried again on a new socket if not established within CONNECT_WAIT_S (counted
+    in `opened.connect_retries`), as a Kafka client reconnects."""
+    for attempt in range(3):
+        try:
+            return await asyncio.wait_for(connect(port, source), CONNECT_WAIT_S)
+        except TimeoutError:
+            if attempt == 2:
+                raise
+            opened.connect_retries += 1
+    raise AssertionError("unreachable")
+
+
 async def idle_clients(port: int, n: int, sources: list[str], *, concurrency: int = 200) -> Opened:
     """`n` connections that each send ApiVersions (as every Kafka client does first), read the
     answer and then stay idle; spread over `sources`. One the broker closes is `refused`."""
@@ -145,7 +165,7 @@ async def idle_clients(port: int, n: int, sources: list[str], *, concurrency: in
 
     async def one(i: int) -> None:
         async with gate:
-            sock = await connect(port, sources[i % len(sources)])
+            sock = await connect_retrying(port, sources[i % len(sources)], opened)
             try:
                 await call(sock, API_VERSIONS)
             except (ConnectionError, EOFError):
@@ -168,7 +188,7 @@ async def tls_idle_clients(
 
     async def one(i: int) -> None:
         async with gate:
-            sock = await connect(port, sources[i % len(sources)])
+            sock = await connect_retrying(port, sources[i % len(sources)], opened)
             try:
                 reader, writer = await asyncio.open_connection(
                     sock=sock, ssl=context, server_hostname="localhost"

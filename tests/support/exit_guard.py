@@ -21,11 +21,25 @@ import pytest
 GRACE_S = 5.0
 
 
+def _idle_pool_worker(t: threading.Thread) -> bool:
+    """A thread pool's worker waiting for work: the interpreter's exit ends it (concurrent.futures
+    joins its workers at exit after telling them to stop); one busy with a job is a straggler."""
+    frame = sys._current_frames().get(t.ident or -1)
+    return (
+        frame is not None
+        and frame.f_code.co_name == "_worker"
+        and frame.f_code.co_filename.endswith(os.path.join("concurrent", "futures", "thread.py"))
+    )
+
+
 def _stragglers() -> list[threading.Thread]:
     return [
         t
         for t in threading.enumerate()
-        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+        if t is not threading.main_thread()
+        and not t.daemon
+        and t.is_alive()
+        and not _idle_pool_worker(t)
     ]
 
 
