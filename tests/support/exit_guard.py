@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import traceback
 
 import pytest
+
+from tests.support.threads import thread_stacks
 
 # how long the threads still running get to finish on their own after the session
 GRACE_S = 5.0
@@ -51,18 +52,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     left = _stragglers()
     if not left:
         return
-    frames = sys._current_frames()
     out = sys.__stderr__ or sys.stderr
     print(
         f"\n[exit guard] {len(left)} thread(s) left running by the tests; "
         "ending the process anyway:",
         file=out,
     )
-    for t in left:
-        print(f"--- thread {t.name!r}", file=out)
-        frame = frames.get(t.ident or -1)
-        if frame is not None:
-            print("".join(traceback.format_stack(frame)).rstrip(), file=out)
+    print(thread_stacks(left), file=out)
     out.flush()
     sys.stdout.flush()
     status = getattr(config, "_exit_guard_status", 1)

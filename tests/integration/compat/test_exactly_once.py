@@ -22,10 +22,8 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
-import traceback
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bench.kafka.harness import streams_count_command
 from tests.integration.compat.conftest import name
 from tests.support.local_cluster import LocalClusterProcess
+from tests.support.threads import thread_stacks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -222,11 +221,8 @@ def assert_all_stopped(threads: list[threading.Thread], cluster: LocalClusterPro
     is stuck, and the cluster's state."""
     left = [t for t in threads if t.is_alive()]
     if left:
-        frames = sys._current_frames()
-        stacks = "\n".join(f"--- {t.name}\n" + "".join(traceback.format_stack(frames[t.ident]))
-                           for t in left if t.ident in frames)  # fmt: skip
-        raise AssertionError(f"client threads did not stop: {[t.name for t in left]}\n{stacks}\n"
-                             f"cluster: {cluster.status()}")  # fmt: skip
+        raise AssertionError(f"client threads did not stop: {[t.name for t in left]}\n"
+                             f"{thread_stacks(left)}\ncluster: {cluster.status()}")  # fmt: skip
 
 
 @dataclass
