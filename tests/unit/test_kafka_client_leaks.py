@@ -120,6 +120,12 @@ SESSION = textwrap.dedent(
         c = Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "g"})
         c.close()
 
+    def test_keeps_only_closed_clients():
+        KEPT.append(Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "g"}))
+        KEPT[-1].close()
+        KEPT.append(Producer({"bootstrap.servers": "127.0.0.1:9"}))
+        KEPT[-1].close()
+
     def test_keeps_an_admin_client_for_a_while():
         KEPT.append(AdminClient({"bootstrap.servers": "127.0.0.1:9"}))
 
@@ -167,3 +173,4 @@ def test_a_session_names_the_tests_that_kept_a_real_client(tmp_path: Path) -> No
     assert report[3].startswith("test_clients.py::test_leaves_a_record_undelivered: left Producer")
     assert report[3].endswith("alive (still alive at the end)")
     assert "test_releases_its_clients" not in done.stdout
+    assert "test_keeps_only_closed_clients" not in done.stdout
