@@ -51,7 +51,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from observability.alerts import ALERTS
 from observability.generate import OUT
 from tests.support.local_cluster import LocalClusterProcess
-from tests.support.prometheus_server import PrometheusServer
+from tests.support.prometheus_server import PrometheusServer, prometheus_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -275,13 +275,7 @@ def two_brokers(tmp_path: Path) -> Iterator[LocalClusterProcess]:
         yield c
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
-    server = PrometheusServer(tmp_path / "prometheus", scrape_interval_s=SCRAPE_S)
-    try:
-        yield server
-    finally:
-        server.stop()
+prometheus = prometheus_fixture(SCRAPE_S)
 
 
 @pytest.mark.timeout(180)
