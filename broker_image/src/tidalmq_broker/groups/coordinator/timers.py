@@ -33,8 +33,9 @@ class Timers(Membership):
         self._watch(group_id, now)
 
     def _expire(self, group: Group, now: float) -> None:
-        """Every decision of the check is taken at `now`, the timer's time (never a second
-        reading of the clock, which may have moved on meanwhile)."""
+        """The timeouts are checked, and the join completed or not, at `now`, the timer's time
+        (the one deadline_passed then queues the next timeout from), not at a second reading
+        of the clock, which may have moved on meanwhile."""
         for member_id, deadline in list(group.pending_members.items()):
             if now >= deadline:
                 group.pending_members.pop(member_id, None)
