@@ -361,11 +361,14 @@ def tool_command(
 
 
 class ToolError(subprocess.CalledProcessError):
-    """A Kafka tool exited non-zero; the message carries the tail of its output."""
+    """A Kafka tool exited non-zero; the message carries the tails of its stdout (a Java
+    check's report) and of its stderr (its progress, the exception), each its own: a long
+    stderr does not push the report out."""
 
     def __str__(self) -> str:
-        tail = "\n".join(f"{self.stdout or ''}\n{self.stderr or ''}".strip().splitlines()[-30:])
-        return f"{super().__str__()}\n{tail}"
+        out = (self.stdout or "").strip().splitlines()[-10:]
+        err = (self.stderr or "").strip().splitlines()[-30:]
+        return "\n".join([super().__str__(), "stdout (tail):", *out, "stderr (tail):", *err])
 
 
 def run_tool(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.kafka.harness import JavaTimedOut, java_thread_stacks, run_java
+from bench.kafka.harness import JavaTimedOut, ToolError, java_thread_stacks, run_java
 
 JVM_STAND_IN = r"""
 import signal, sys, time
@@ -66,3 +66,12 @@ def test_thread_stacks_of_a_dump_keep_main_and_kafka_threads_only() -> None:
         '"kafka-producer-network-thread" #3',
         "\tat C.c",
     ]
+
+
+def test_a_failed_check_shows_its_report_and_the_tail_of_its_stderr() -> None:
+    report = '{"mode":"consume","received":640}'
+    stderr = "\n".join(f"[{i}.0 s] WARN connection to node -1 failed" for i in range(100))
+    message = str(ToolError(1, ["java", "ClientCheck.java"], report + "\n", stderr))
+    assert "returned non-zero exit status 1" in message
+    assert report in message  # not pushed out by a long stderr
+    assert "[99.0 s] WARN" in message and "[69.0 s] WARN" not in message
