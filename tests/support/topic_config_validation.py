@@ -11,9 +11,11 @@ saying why."""
 
 from __future__ import annotations
 
+import time
 import uuid
+import warnings
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -186,6 +188,26 @@ TIDALMQ_NARROWS: list[tuple[dict[str, str], str]] = [
 ]
 
 
+def describe_topic_configs(
+    admin: AdminClient, topic: str, timeout_s: float = 15
+) -> dict[str, ConfigEntry]:
+    """DescribeConfigs of a topic just created: Kafka's CreateTopics answers once its controller
+    has the topic, and a broker answers UNKNOWN_TOPIC_OR_PART until its metadata has it too."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            entries: dict[str, ConfigEntry] = admin.describe_configs([resource])[resource].result(
+                timeout_s
+            )
+            return entries
+        except KafkaException as exc:
+            unknown = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            if not unknown or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+
+
 def create_error(admin: AdminClient, configs: dict[str, str]) -> str | None:
     """CreateTopics with validate_only: None if accepted, else "ERROR_NAME: message"."""
     topic = f"config-check-{uuid.uuid4().hex[:8]}"
@@ -231,7 +253,6 @@ def check_alter_configs(bootstrap: str) -> None:
     topic = f"config-check-{uuid.uuid4().hex[:8]}"
     configs = {"internal.segment.bytes": "4096", "min.compaction.lag.ms": "1000"}
     admin.create_topics([NewTopic(topic, 1, 1, config=configs)])[topic].result(20)
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
 
     def incremental(name: str, value: str | None, op: AlterConfigOpType) -> str | None:
         change = ConfigResource(
@@ -243,10 +264,12 @@ def check_alter_configs(bootstrap: str) -> None:
 
     def replace(configs: dict[str, str]) -> str | None:
         change = ConfigResource(ConfigResource.Type.TOPIC, topic, set_config=configs)
-        return _error(admin.alter_configs([change])[change])
+        with warnings.catch_warnings():  # the deprecated AlterConfigs is what is checked here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return _error(admin.alter_configs([change])[change])
 
     def described() -> dict[str, str | None]:
-        entries = admin.describe_configs([resource])[resource].result(20)
+        entries = describe_topic_configs(admin, topic)
         return {name: entry.value for name, entry in entries.items()}
 
     set_ = AlterConfigOpType.SET

@@ -5,7 +5,8 @@ broker and on the real Kafka)."""
 from __future__ import annotations
 
 import pytest
-from tidalmq_core.metadata import TOPIC_CONFIG_DEFAULTS
+from tidalmq_broker.partitions import partition_config
+from tidalmq_core.metadata import TOPIC_CONFIG_DEFAULTS, TopicInfo
 from tidalmq_core.topics import (
     TOPIC_CONFIG_DEFS,
     InvalidConfig,
@@ -55,3 +56,10 @@ def test_the_internal_segment_size_wins_over_segment_bytes() -> None:
     assert effective_segment_bytes({**defaults, "internal.segment.bytes": "4096"}) == 4096
     # Kafka rolls on every append at a size below 1: one batch per segment, as at 1
     assert effective_segment_bytes({**defaults, "internal.segment.bytes": "-5"}) == 1
+
+
+def test_a_partition_is_cut_at_the_internal_segment_size() -> None:
+    topic = TopicInfo("t", "id", [], {"internal.segment.bytes": "4096", "retention.ms": " 1000 "})
+    config = partition_config(topic)
+    assert (config.segment_bytes, config.retention_ms) == (4096, 1000)
+    assert partition_config(TopicInfo("t", "id", [], {})).segment_bytes == 64 * 1024 * 1024
