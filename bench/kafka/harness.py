@@ -361,11 +361,14 @@ def tool_command(
 
 
 class ToolError(subprocess.CalledProcessError):
-    """A Kafka tool exited non-zero; the message carries the tail of its output."""
+    """A Kafka tool exited non-zero; the message carries the tails of its stdout (a Java
+    check's report) and of its stderr (its progress, the exception), each its own: a long
+    stderr does not push the report out."""
 
     def __str__(self) -> str:
-        tail = "\n".join(f"{self.stdout or ''}\n{self.stderr or ''}".strip().splitlines()[-30:])
-        return f"{super().__str__()}\n{tail}"
+        out = (self.stdout or "").strip().splitlines()[-10:]
+        err = (self.stderr or "").strip().splitlines()[-30:]
+        return "\n".join([super().__str__(), "stdout (tail):", *out, "stderr (tail):", *err])
 
 
 def run_tool(
@@ -820,6 +823,54 @@ def java_client_command(
     ]
 
 
+class JavaTimedOut(subprocess.TimeoutExpired):
+    """A Java check did not finish in time: the message carries where its threads were (the
+    JVM's thread dump, taken with SIGQUIT before it was killed) and the tail of what it
+    printed, as ToolError's does."""
+
+    def __str__(self) -> str:
+        out = self.stdout if isinstance(self.stdout, str) else ""
+        err = self.stderr if isinstance(self.stderr, str) else ""
+        return "\n".join([super().__str__(), *java_thread_stacks(out), "stderr (tail):",
+                          *err.strip().splitlines()[-40:]])  # fmt: skip
+
+
+def java_thread_stacks(dump: str, threads: Sequence[str] = ("main",)) -> list[str]:
+    """The stacks of `threads` (and of every thread whose name starts with "kafka-") in a
+    JVM thread dump, as lines; the rest of the output (the check's own lines) is left out."""
+    lines: list[str] = []
+    keep = False
+    for line in dump.splitlines():
+        if line.startswith('"'):  # a thread's header: "name" #1 prio=5 ...
+            name = line[1:].split('"', 1)[0]
+            keep = name in threads or name.startswith("kafka-")
+        elif not line.strip():  # a blank line ends a thread's stack
+            keep = False
+        if keep:
+            lines.append(line)
+    return lines
+
+
+def run_java(
+    cmd: list[str], *, timeout: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a JVM to completion. Past `timeout` it is asked for a thread dump (SIGQUIT, printed
+    on its stdout), killed, and JavaTimedOut says where it was stuck and what it printed until
+    then (subprocess.run's TimeoutExpired says neither)."""
+    with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGQUIT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)  # the dump takes a moment; the JVM goes on running after it
+            proc.kill()
+            out, err = proc.communicate()
+            raise JavaTimedOut(cmd, timeout, out, err) from None
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_java_client(
     *args: str,
     timeout: float = 300.0,
@@ -831,10 +882,7 @@ def run_java_client(
     the check starts from (security)."""
     cmd = java_client_command(*args, source=source)
     env = {**os.environ, "CLIENT_CHECK_CONFIG": str(command_config or "")}
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, check=False,
-        stdin=subprocess.DEVNULL, env=env,
-    )  # fmt: skip
+    proc = run_java(cmd, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise ToolError(proc.returncode, cmd, proc.stdout, proc.stderr)
     reports = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -860,7 +908,9 @@ def java_consume(
     *,
     command_config: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Consume ``count`` records in consumer group ``group`` from the earliest offset, commit."""
+    """Consume ``count`` records in consumer group ``group`` from the earliest offset, commit.
+    ``timeout_ms``: how long the consumer may go without progress (created, assigned, a new
+    record) before it stops short (ClientCheck.java)."""
     return run_java_client(
         "consume", bootstrap, topic, group, str(count), str(timeout_ms),
         command_config=command_config,

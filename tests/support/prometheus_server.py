@@ -9,6 +9,9 @@ never skipped).
     server.alerts()                  # the alerts pending or firing
     server.stop()
 
+It is a context manager (stopped on exit), and `prometheus_fixture(scrape_interval_s)` makes the
+`prometheus` fixture a test module needs (`prometheus = prometheus_fixture(1.0)`).
+
 Targets are given per job; every target also gets an `instance` label as usual.
 """
 
@@ -23,9 +26,12 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
+
+import pytest
 
 DEBIAN_PACKAGE = "prometheus"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +87,17 @@ class PrometheusServer:
         self.scrape_interval_s = scrape_interval_s
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> PrometheusServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
     @property
     def url(self) -> str:
@@ -223,3 +240,17 @@ class PrometheusServer:
                 return result
             time.sleep(1.0)
         raise PrometheusError(f"timed out waiting on {promql!r}; last result: {result}")
+
+
+def prometheus_fixture(scrape_interval_s: float) -> Callable[..., Iterator[PrometheusServer]]:
+    """A test module's `prometheus` fixture: a server in the test's tmp_path scraping every
+    `scrape_interval_s` (not started: the test starts it with its targets), stopped after."""
+
+    @pytest.fixture(name="prometheus")
+    def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
+        with PrometheusServer(
+            tmp_path / "prometheus", scrape_interval_s=scrape_interval_s
+        ) as server:
+            yield server
+
+    return prometheus

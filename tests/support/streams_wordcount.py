@@ -12,8 +12,8 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from bench.kafka.harness import (
     FAST_START_OPTS,
@@ -39,18 +39,77 @@ def start(dist: KafkaDist, bootstrap: str, app: str, topics: tuple[str, str], st
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
 
+STORE = "KSTREAM-AGGREGATE-STATE-STORE-0000000003"  # the count() store's (and its topics') name
+
+
 def read_counts(consumer: Consumer, counts: dict[str, int], want: dict[str, int],
-                app: subprocess.Popen[bytes], log: Path) -> None:  # fmt: skip
+                app: subprocess.Popen[bytes], log: Path, admin: AdminClient,
+                app_id: str) -> None:  # fmt: skip
+    """Read the output topic until the counts are `want`, 60 s at most: a wait takes 3-5 s on
+    a quiet machine, up to about 22 s measured on 2 cores at load 13-18 (the JVM's start, then
+    the group's rebalances). On a failure, says where the words stopped: the Streams log, both
+    groups and the topics' offsets."""
     deadline = time.monotonic() + 60
     while counts != want and time.monotonic() < deadline:
-        assert app.poll() is None, f"Streams exited {app.returncode}:\n{log.read_text()[-3000:]}"
+        if app.poll() is not None:
+            raise AssertionError(f"Streams exited {app.returncode}\n"
+                                 f"{diagnosis(consumer, admin, app_id, log)}")  # fmt: skip
         msg = consumer.poll(0.5)
         if msg is None or msg.error() is not None:
             continue
         key, value = msg.key(), msg.value()
         assert key is not None and value is not None
         counts[key.decode()] = struct.unpack(">q", value)[0]
-    assert counts == want, log.read_text()[-3000:]
+    assert counts == want, diagnosis(consumer, admin, app_id, log)
+
+
+def diagnosis(consumer: Consumer, admin: AdminClient, app_id: str, log: Path) -> str:
+    """What a failure needs to be understood from the CI output alone: the end of the Streams
+    log, the Streams app's and the reader's groups (state, members and their partitions,
+    committed offsets) and each topic's log start and end offsets, from input to output."""
+    lines = ["--- Streams log (end):", log.read_text()[-3000:]]
+    try:
+        positions = consumer.position(consumer.assignment())
+        lines.append(f"--- reader's assignment and positions: {_partitions(positions)}")
+    except Exception as exc:  # a diagnosis never hides the failure it explains
+        lines.append(f"--- reader's assignment and positions: {exc!r}")
+    groups = [app_id, f"{app_id}-reader"]
+    try:
+        described = admin.describe_consumer_groups(groups, request_timeout=10)
+        for group in groups:
+            d = described[group].result(15)
+            members = [
+                f"{m.client_id} {_partitions(m.assignment.topic_partitions)}" for m in d.members
+            ]
+            lines.append(f"--- group {group}: {d.state.name}, members {members}")
+            request = [ConsumerGroupTopicPartitions(group)]
+            committed = admin.list_consumer_group_offsets(request, request_timeout=10)
+            offsets = committed[group].result(15).topic_partitions or []
+            lines.append(f"    committed {[(t.topic, t.partition, t.offset) for t in offsets]}")
+    except Exception as exc:
+        lines.append(f"--- groups: {exc!r}")
+    topics = [f"{app_id}-in", f"{app_id}-{STORE}-repartition", f"{app_id}-{STORE}-changelog",
+              f"{app_id}-out"]  # fmt: skip
+    for topic in topics:
+        try:
+            meta = admin.list_topics(topic, timeout=10).topics[topic]
+            if meta.error is not None:
+                lines.append(f"--- topic {topic}: {meta.error}")
+                continue
+            tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+            ends = []
+            for tp in tps:
+                start = admin.list_offsets({tp: OffsetSpec.earliest()})[tp].result(15).offset
+                end = admin.list_offsets({tp: OffsetSpec.latest()})[tp].result(15).offset
+                ends.append(f"{tp.partition}: {start}..{end}")
+            lines.append(f"--- topic {topic}: offsets {', '.join(ends)}")
+        except Exception as exc:
+            lines.append(f"--- topic {topic}: {exc!r}")
+    return "\n".join(lines)
+
+
+def _partitions(tps: list[TopicPartition] | None) -> list[str]:
+    return [f"{tp.topic}-{tp.partition}@{tp.offset}" for tp in tps or []]
 
 
 def stop(app: subprocess.Popen[bytes]) -> None:
@@ -82,10 +141,10 @@ def word_count_restores_from_the_changelog(dist: KafkaDist, bootstrap: str, tmp_
             for line in ("a b c", "a b", "a"):
                 producer.produce(topics[0], value=line.encode())
             assert producer.flush(10) == 0
-            read_counts(consumer, counts, {"a": 3, "b": 2, "c": 1}, app, log)
+            read_counts(consumer, counts, {"a": 3, "b": 2, "c": 1}, app, log, admin, app_id)
         finally:
             stop(app)
-        changelog = f"{app_id}-KSTREAM-AGGREGATE-STATE-STORE-0000000003-changelog"
+        changelog = f"{app_id}-{STORE}-changelog"
         resource = ConfigResource(ConfigResource.Type.TOPIC, changelog)
         configs = admin.describe_configs([resource])[resource].result(15)
         assert configs["cleanup.policy"].value == "compact"
@@ -94,7 +153,7 @@ def word_count_restores_from_the_changelog(dist: KafkaDist, bootstrap: str, tmp_
         try:
             producer.produce(topics[0], value=b"a c")
             assert producer.flush(10) == 0
-            read_counts(consumer, counts, {"a": 4, "b": 2, "c": 2}, app, log)
+            read_counts(consumer, counts, {"a": 4, "b": 2, "c": 2}, app, log, admin, app_id)
         finally:
             stop(app)
     finally:

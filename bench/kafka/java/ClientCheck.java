@@ -9,8 +9,10 @@
 //   checks that each partition's offsets are contiguous, and asks the cluster (DescribeProducers)
 //   which producer ids wrote them: an idempotent producer has a producer id >= 0.
 // consume: a KafkaConsumer in consumer group GROUP (auto.offset.reset=earliest, otherwise
-//   defaults) polls until it has COUNT records or TIMEOUT_MS pass, commits synchronously, and
-//   reports what it read and what the group committed.
+//   defaults) polls until it has COUNT records or TIMEOUT_MS pass without progress (no
+//   assignment, no new record: as kafka-console-consumer's --timeout-ms), commits synchronously, and
+//   reports what it read and what the group committed. Its progress (assignments, records read
+//   every 5 s, the commit, the close) goes to stderr, seconds since it started first.
 // With the environment variable CLIENT_CHECK_CONFIG naming a properties file (a client.properties
 // as Kafka's tools take with --command-config: security.protocol, sasl.*, ssl.*), every client
 // starts from those properties.
@@ -20,6 +22,7 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -33,6 +36,7 @@ import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.DescribeProducersResult.PartitionProducerState;
 import org.apache.kafka.clients.admin.ProducerState;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
@@ -138,19 +142,45 @@ public class ClientCheck {
         int received = 0;
         Map<TopicPartition, OffsetAndMetadata> committed;
         Set<TopicPartition> assignment;
-        long deadline = System.currentTimeMillis() + timeoutMs;
+        long started = System.currentTimeMillis();
+        Progress progress = new Progress(started);
         try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(props)) {
-            consumer.subscribe(List.of(topic));
-            while (received < count && System.currentTimeMillis() < deadline) {
+            progress.say("consumer created");
+            consumer.subscribe(List.of(topic), new ConsumerRebalanceListener() {
+                public void onPartitionsRevoked(Collection<TopicPartition> partitions) {
+                    progress.say("revoked " + partitions);
+                }
+                public void onPartitionsAssigned(Collection<TopicPartition> partitions) {
+                    progress.moved();
+                    progress.say("assigned " + partitions);
+                }
+            });
+            // TIMEOUT_MS counts from the last progress (the consumer created, partitions
+            // assigned, a record read), not from the start: on a loaded machine a consumer over
+            // mTLS took 37 s to be created and had its 1,000 records 55 s after the start
+            // (bench/kafka/README.md, "Java client check")
+            progress.moved();
+            long nextReport = System.currentTimeMillis() + 5_000;
+            while (received < count && !progress.stalled(timeoutMs)) {
                 for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(500))) {
                     received++;
                     keys.add(r.key());
+                    progress.moved();
+                }
+                long now = System.currentTimeMillis();
+                if (now >= nextReport) {
+                    nextReport = now + 5_000;
+                    progress.say("received " + received + " of " + count + ", assignment "
+                            + consumer.assignment());
                 }
             }
+            progress.say("received " + received + " of " + count + "; committing");
             consumer.commitSync();
             assignment = consumer.assignment();
             committed = consumer.committed(assignment);
+            progress.say("committed " + committed + "; closing");
         }
+        progress.say("closed");
         StringBuilder commits = new StringBuilder();
         Map<Integer, Long> sorted = new TreeMap<>();
         for (Map.Entry<TopicPartition, OffsetAndMetadata> e : committed.entrySet()) {
@@ -167,6 +197,31 @@ public class ClientCheck {
                 + ",\"received\":" + received + ",\"distinct_keys\":" + keys.size()
                 + ",\"assignment\":" + assigned + ",\"committed\":{" + commits + "}}");
         return received >= count ? 0 : 1;
+    }
+
+    /** What the check is doing, on stderr with the seconds since it started (in the failure
+     * message of a check that fails or hangs: bench/kafka/harness.py). */
+    static final class Progress {
+        final long started;
+
+        long lastMoved;
+
+        Progress(long started) {
+            this.started = started;
+            this.lastMoved = started;
+        }
+
+        void moved() {
+            lastMoved = System.currentTimeMillis();
+        }
+
+        boolean stalled(long timeoutMs) {
+            return System.currentTimeMillis() - lastMoved >= timeoutMs;
+        }
+
+        void say(String what) {
+            System.err.printf("[%.1f s] %s%n", (System.currentTimeMillis() - started) / 1e3, what);
+        }
     }
 
     static String q(String s) {

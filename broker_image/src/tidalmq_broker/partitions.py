@@ -21,7 +21,7 @@ from typing import Protocol
 from tidalmq_core.metadata import ClusterMetadata, DataLoss, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import MetadataDelta
-from tidalmq_core.topics import cleanup_policy
+from tidalmq_core.topics import cleanup_policy, config_number, effective_segment_bytes
 
 from tidalmq_broker.storage.api import (
     PartitionConfig,
@@ -103,18 +103,24 @@ class LostPartition:
 
 def partition_config(topic: TopicInfo) -> PartitionConfig:
     c = topic.effective_configs()
+
+    def number(name: str) -> int:
+        return int(config_number(name, c[name]))
+
     return PartitionConfig(
-        retention_ms=int(c["retention.ms"]),
-        retention_bytes=int(c["retention.bytes"]),
-        max_message_bytes=int(c["max.message.bytes"]),
-        segment_bytes=int(c["segment.bytes"]),
-        message_timestamp_type=c["message.timestamp.type"],
-        segment_ms=int(c["segment.ms"]),
+        retention_ms=number("retention.ms"),
+        retention_bytes=number("retention.bytes"),
+        max_message_bytes=number("max.message.bytes"),
+        segment_bytes=effective_segment_bytes(c),
+        message_timestamp_type=c["message.timestamp.type"].strip(),
+        segment_ms=number("segment.ms"),
         cleanup_policy=cleanup_policy(c["cleanup.policy"]),
-        delete_retention_ms=int(c["delete.retention.ms"]),
-        min_compaction_lag_ms=int(c["min.compaction.lag.ms"]),
-        max_compaction_lag_ms=int(c["max.compaction.lag.ms"]),
-        min_cleanable_dirty_ratio=float(c["min.cleanable.dirty.ratio"]),
+        delete_retention_ms=number("delete.retention.ms"),
+        min_compaction_lag_ms=number("min.compaction.lag.ms"),
+        max_compaction_lag_ms=number("max.compaction.lag.ms"),
+        min_cleanable_dirty_ratio=float(
+            config_number("min.cleanable.dirty.ratio", c["min.cleanable.dirty.ratio"])
+        ),
     )
 
 

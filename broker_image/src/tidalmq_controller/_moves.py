@@ -148,6 +148,13 @@ class MoveTracker:
         self._elected: list[tuple[float, int, MoveStatus]] = []  # heap: (elected, seq, move)
         self._seq = 0
         self._gauges: dict[Phase, Any] = {}  # MOVES_IN_FLIGHT's child per phase
+        # every outcome's series exists from the controller's start, at 0: Prometheus'
+        # increase() sees no increase in a series that first appears at 1, so without this
+        # the first failed move never fired TidalMQMovesFailing (nor did the first done move
+        # count in TidalMQMoveStuck). Here, not at import: brokers import this module too
+        for phase in Phase:
+            if phase.finished:
+                MOVES.labels(phase.value.lower())
 
     def begin(
         self, tp: TopicPartition, source: int | None, target: int, phase: Phase = Phase.CLOSING

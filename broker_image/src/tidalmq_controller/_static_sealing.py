@@ -25,6 +25,7 @@ from tidalmq_broker.storage.sealed import SealResult, compact_sealed, seal_parti
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.static_mapping import physical_topic_name
+from tidalmq_core.topics import effective_segment_bytes
 
 from tidalmq_controller._errors import StaticTopicError
 from tidalmq_controller._membership import BrokerLiveness
@@ -155,7 +156,7 @@ class QueueSealer:
         topic = self._c.metadata.topics.get(physical_topic_name(name))
         if store is None or topic is None:
             return
-        segment_bytes = int(topic.config("segment.bytes") or 64 * 1024 * 1024)
+        segment_bytes = effective_segment_bytes(topic.effective_configs())
         tp = TopicPartition(topic.name, pid)
         try:
             await compact_sealed(store, tp, topic.topic_id, segment_bytes=segment_bytes)

@@ -83,6 +83,7 @@ from tidalmq_core.static_mapping import (
 )
 from tidalmq_core.topics import (
     InvalidTopic,
+    config_number,
     validate_configs,
     validate_partition_count,
     validate_topic_name,
@@ -789,7 +790,7 @@ class StaticTopicManager:
         view = st.view()
         if not view.consistent:
             return
-        retention = int(topic.config("retention.ms") or -1)
+        retention = int(config_number("retention.ms", topic.config("retention.ms") or "-1"))
         doomed = expired_items(
             view, now_ms=_now_ms(), retention_ms=retention, empty_grace_ms=self.empty_item_grace_ms
         )

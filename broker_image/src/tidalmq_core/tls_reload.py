@@ -81,16 +81,8 @@ class FollowingContext(ssl.SSLContext):
     cannot be loaded: at construction that is raised (a bad file stops the process at start),
     afterwards it keeps the current context."""
 
-    def __new__(
-        cls,
-        protocol: int,
-        name: str,
-        files: Sequence[str],
-        build: Callable[[], ssl.SSLContext],
-        *,
-        certificate_file: str = "",
-        look_every_s: float | None = None,
-    ) -> FollowingContext:
+    def __new__(cls, protocol: int, *args: object, **kwargs: object) -> FollowingContext:
+        # SSLContext is made by __new__ from the protocol alone; the rest is __init__'s
         return super().__new__(cls, protocol)
 
     def __init__(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
 
 from tidalmq_core.metadata import (
     CLUSTER_DEFAULT,
     DYNAMIC_BROKER_CONFIG_DEFAULTS,
-    READ_ONLY_TOPIC_CONFIGS,
     TOPIC_CONFIG_DEFAULTS,
 )
 
@@ -54,115 +57,245 @@ def validate_partition_count(count: int) -> None:
         raise InvalidPartitions(f"number of partitions {count} exceeds the limit {MAX_PARTITIONS}")
 
 
-_INT_CONFIGS = {
-    "retention.ms": -1,
-    "retention.bytes": -1,
-    "max.message.bytes": 0,
-    "segment.bytes": 14,
-    "min.insync.replicas": 1,
-    "delete.retention.ms": 0,
-    "min.compaction.lag.ms": 0,
-    "max.compaction.lag.ms": 1,
-    "segment.ms": 1,
-}
-_LONG_MAX = 2**63 - 1
+# --------------------------------------------------------------------------- topic configs
+# One definition per topic config TidalMQ knows, as Apache Kafka 4.3 defines it (its LogConfig:
+# type, range or allowed values), in Kafka's order, which is the order Kafka checks them in (the
+# first invalid one is the one reported). `only`/`why` narrow what TidalMQ takes where its design
+# differs (docs/topic-configs.md); those refusals come after Kafka's own checks, so a value Kafka
+# refuses gets Kafka's message.
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
+_LONG_MAX = LONG_MAX
+# Kafka's segment.bytes minimum since 4.0 (KIP-1030). `internal.segment.bytes`, Kafka's internal
+# override "for testing only", takes any size and wins over segment.bytes (effective_segment_bytes)
+SEGMENT_BYTES_MIN = 1024 * 1024
+INTERNAL_SEGMENT_BYTES = "internal.segment.bytes"
 CLEANUP_POLICIES = ("compact", "delete")
-# "*" or a comma-separated list of partition:broker pairs (Kafka's ThrottledReplicaListValidator)
-_THROTTLED_REPLICAS = re.compile(r"^(\*|\d+:\d+(\s*,\s*\d+:\d+)*)?$")
-_REPLICA_LIST_CONFIGS = frozenset(
-    {"leader.replication.throttled.replicas", "follower.replication.throttled.replicas"}
+# Kafka's BrokerCompressionType names, in the order its message lists them
+COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfigDef:
+    name: str
+    type: str  # Kafka's ConfigDef type: INT, LONG, DOUBLE, STRING or LIST
+    at_least: float | None = None
+    at_most: float | None = None
+    one_of: tuple[str, ...] = ()  # STRING: the value, LIST: each item
+    replicas: bool = False  # LIST of partition:broker pairs or "*" (ThrottledReplicaListValidator)
+    internal: bool = False  # Kafka's internal configs: no default, described only when set
+    only: tuple[str, ...] = ()  # what TidalMQ takes of Kafka's valid values (empty: all)
+    why: str = ""  # why TidalMQ takes only `only`
+
+
+TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
+    TopicConfigDef("segment.bytes", "INT", at_least=SEGMENT_BYTES_MIN),
+    TopicConfigDef("segment.ms", "LONG", at_least=1),
+    TopicConfigDef("retention.bytes", "LONG"),
+    TopicConfigDef("retention.ms", "LONG", at_least=-1),
+    TopicConfigDef("max.message.bytes", "INT", at_least=0),
+    TopicConfigDef("delete.retention.ms", "LONG", at_least=0),
+    TopicConfigDef("min.compaction.lag.ms", "LONG", at_least=0),
+    TopicConfigDef("max.compaction.lag.ms", "LONG", at_least=1),
+    TopicConfigDef("min.cleanable.dirty.ratio", "DOUBLE", at_least=0, at_most=1),
+    TopicConfigDef("cleanup.policy", "LIST", one_of=CLEANUP_POLICIES),
+    TopicConfigDef(
+        "min.insync.replicas",
+        "INT",
+        at_least=1,
+        only=("1",),
+        why="every partition has one durable copy in object storage",
+    ),
+    TopicConfigDef(
+        "compression.type",
+        "STRING",
+        one_of=COMPRESSION_TYPES,
+        # Kafka recompresses batches to a topic's codec; TidalMQ never re-encodes a batch, so it
+        # takes only "producer" rather than accept a codec and silently not apply it
+        only=("producer",),
+        why="TidalMQ stores batches as the producer compressed them and never recompresses; "
+        "set compression.type on the producer instead",
+    ),
+    TopicConfigDef("message.timestamp.type", "STRING", one_of=("CreateTime", "LogAppendTime")),
+    TopicConfigDef("leader.replication.throttled.replicas", "LIST", replicas=True),
+    TopicConfigDef("follower.replication.throttled.replicas", "LIST", replicas=True),
+    TopicConfigDef(INTERNAL_SEGMENT_BYTES, "INT", internal=True),
 )
-_ENUM_CONFIGS = {
-    "message.timestamp.type": {"CreateTime", "LogAppendTime"},
-    # Kafka recompresses batches to a topic's codec; TidalMQ never re-encodes a batch, so it
-    # takes only "producer" rather than accept a codec and silently not apply it
-    "compression.type": {"producer"},
-}
-_ENUM_REASONS = {
-    "compression.type": "TidalMQ stores batches as the producer compressed them and never "
-    "recompresses; set compression.type on the producer instead",
-}
+TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in TOPIC_CONFIG_DEFS}
+
+
+def _java_trim(value: str) -> str:
+    """Java's String.trim (what Kafka's ConfigDef applies before parsing): characters up to
+    U+0020 off both ends."""
+    return value.strip("".join(chr(c) for c in range(33)))
+
+
+_INTEGER = re.compile(r"[+-]?\d+")  # Java's Integer/Long.parseLong: Unicode digits too
+_DECIMAL = re.compile(r"[+-]?(NaN|Infinity|(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?[fFdD]?)", re.ASCII)
+_HEX_FLOAT = re.compile(
+    r"[+-]?0[xX]([0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+[fFdD]?"
+)
+
+
+def _parse_number(d: TopicConfigDef, raw: str) -> int | float:
+    """The value as Kafka's ConfigDef parses an INT, LONG or DOUBLE, or its refusal."""
+    text = _java_trim(raw)
+    number: int | float | None = None
+    if d.type == "DOUBLE":
+        if _DECIMAL.fullmatch(text):
+            number = float(text.rstrip("fFdD"))
+        elif _HEX_FLOAT.fullmatch(text):
+            number = float.fromhex(text.rstrip("fFdD"))
+    elif _INTEGER.fullmatch(text):
+        low, high = (INT_MIN, INT_MAX) if d.type == "INT" else (LONG_MIN, LONG_MAX)
+        number = int(text) if low <= int(text) <= high else None
+    if number is None:
+        raise InvalidConfig(
+            f"Invalid value {raw} for configuration {d.name}: Not a number of type {d.type}"
+        )
+    return number
+
+
+def _java_number(number: int | float) -> str:
+    """How Java prints the parsed value in Kafka's range messages (Double.toString)."""
+    if isinstance(number, int):
+        return str(number)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "Infinity" if number > 0 else "-Infinity"
+    if number == 0 or 1e-3 <= abs(number) < 1e7:
+        text = repr(number)
+        return text if "." in text or "e" in text else text + ".0"
+    # Java's computerized scientific notation of the shortest round-trip digits
+    shortest = Decimal(repr(abs(number))).as_tuple()
+    digits = "".join(map(str, shortest.digits)).lstrip("0")
+    exponent = len(digits) + int(shortest.exponent) - 1
+    digits = digits.rstrip("0") or "0"
+    sign = "-" if number < 0 else ""
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{exponent}"
+
+
+def _list_items(raw: str) -> list[str]:
+    """Kafka's LIST parse: empty (after trimming) is no items, else split on commas with the
+    blanks around them."""
+    text = _java_trim(raw)
+    return re.split(r"\s*,\s*", text) if text else []
+
+
+def _check_kafka(d: TopicConfigDef, raw: str) -> None:
+    """Kafka 4.3's check of one value: its type, then its range or allowed values."""
+    if d.type in ("INT", "LONG", "DOUBLE"):
+        number = _parse_number(d, raw)
+        if d.at_least is not None and number < d.at_least:
+            bound = f"at least {_java_number(d.at_least)}"
+        elif d.at_most is not None and number > d.at_most:  # NaN passes, as in Kafka
+            bound = f"no more than {_java_number(d.at_most)}"
+        else:
+            return
+        raise InvalidConfig(
+            f"Invalid value {_java_number(number)} for configuration {d.name}: "
+            f"Value must be {bound}"
+        )
+    if d.type == "STRING":
+        value = _java_trim(raw)
+        if d.one_of and value not in d.one_of:
+            raise InvalidConfig(
+                f"Invalid value {value} for configuration {d.name}: String must be one of: "
+                + ", ".join(d.one_of)
+            )
+        return
+    items = _list_items(raw)
+    if d.replicas:
+        if all(re.fullmatch(r"([0-9]+:[0-9]+)?", i.strip()) for i in items) or (
+            "".join(items).strip() == "*"
+        ):
+            return
+        raise InvalidConfig(
+            f"Invalid value [{', '.join(items)}] for configuration {d.name}: {d.name} must be "
+            "the literal '*' or a list of replicas in the following format: "
+            "[partitionId]:[brokerId],[partitionId]:[brokerId],..."
+        )
+    if any(not item for item in items):
+        raise InvalidConfig(f"Configuration '{d.name}' values must not be empty.")
+    for item in items:
+        if d.one_of and item not in d.one_of:
+            raise InvalidConfig(
+                f"Invalid value {item} for configuration {d.name}: String must be one of: "
+                + ", ".join(d.one_of)
+            )
 
 
 def validate_configs(configs: dict[str, str | None], *, static: bool = False) -> dict[str, str]:
-    """Check names and values; returns the overrides to store (None values dropped). `static`:
-    the configs of a static topic, whose logic queues span several physical partitions, so
-    keys cannot be compacted across them (refused, as transactions are)."""
-    out: dict[str, str] = {}
-    for name, value in configs.items():
-        if name not in TOPIC_CONFIG_DEFAULTS:
-            raise InvalidConfig(f"unknown topic config {name!r}")
-        if value is None:
+    """Check names and values as Kafka 4.3 does (the names first, then each value in Kafka's
+    order, then the cross checks), then what TidalMQ's design narrows; returns the overrides to
+    store (None values dropped). `static`: the configs of a static topic, whose logic queues
+    span several physical partitions, so keys cannot be compacted across them (refused, as
+    transactions are)."""
+    for name in configs:
+        if name not in TOPIC_CONFIGS:
+            raise InvalidConfig(f"Unknown topic config name: {name}")
+    given = {name: value for name, value in configs.items() if value is not None}
+    for d in TOPIC_CONFIG_DEFS:
+        if d.name in given:
+            _check_kafka(d, given[d.name])
+    _check_compaction_lags(given)
+    for d in TOPIC_CONFIG_DEFS:
+        value = given.get(d.name)
+        if value is None or not d.only:
             continue
-        if name in READ_ONLY_TOPIC_CONFIGS and value != TOPIC_CONFIG_DEFAULTS[name]:
+        value = _java_trim(value)
+        if d.type in ("INT", "LONG", "DOUBLE"):
+            allowed = _parse_number(d, value) in [_parse_number(d, v) for v in d.only]
+        else:
+            allowed = value in d.only
+        if not allowed:
             raise InvalidConfig(
-                f"{name} is fixed at {TOPIC_CONFIG_DEFAULTS[name]}: every partition has one "
-                "durable copy in object storage"
+                f"Invalid value {value} for configuration {d.name}: TidalMQ takes only "
+                f"{', '.join(d.only)}: {d.why}"
             )
-        if name in _INT_CONFIGS:
-            try:
-                number = int(value)
-            except ValueError:
-                raise InvalidConfig(f"{name} must be an integer, got {value!r}") from None
-            if number < _INT_CONFIGS[name]:
-                raise InvalidConfig(f"{name} must be at least {_INT_CONFIGS[name]}, got {number}")
-            if number > _LONG_MAX:
-                raise InvalidConfig(f"{name} must be at most {_LONG_MAX}, got {number}")
-        if name == "cleanup.policy" and "compact" in cleanup_policy(value) and static:
-            raise InvalidConfig(
-                "cleanup.policy=compact is not offered for static topics: a logic queue spans "
-                "several physical partitions, and keys are not compacted across them"
-            )
-        if name == "min.cleanable.dirty.ratio":
-            _ratio(name, value)
-        if name in _ENUM_CONFIGS and value not in _ENUM_CONFIGS[name]:
-            allowed = ", ".join(sorted(_ENUM_CONFIGS[name]))
-            reason = f": {_ENUM_REASONS[name]}" if name in _ENUM_REASONS else ""
-            raise InvalidConfig(f"{name} must be one of {allowed}; got {value!r}{reason}")
-        if name in _REPLICA_LIST_CONFIGS and not _THROTTLED_REPLICAS.match(value.strip()):
-            raise InvalidConfig(
-                f"{name} must be '*' or a list of partition:broker pairs, got {value!r}"
-            )
-        out[name] = value
-    _check_compaction_lags(out)
-    return out
+    if static and "compact" in cleanup_policy(given.get("cleanup.policy", "delete")):
+        raise InvalidConfig(
+            "cleanup.policy=compact is not offered for static topics: a logic queue spans "
+            "several physical partitions, and keys are not compacted across them"
+        )
+    return given
+
+
+def config_number(name: str, value: str) -> int | float:
+    """A stored INT, LONG or DOUBLE topic config's value, parsed as Kafka parses it (values are
+    stored as the client sent them: " 5 ", "+5" and "0.5d" are valid)."""
+    return _parse_number(TOPIC_CONFIGS[name], value)
+
+
+def effective_segment_bytes(configs: Mapping[str, str]) -> int:
+    """The size segments are cut at: `internal.segment.bytes` when set (Kafka's LogConfig
+    .segmentSize(); at least 1, as Kafka's roll on every append is a segment per batch), else
+    `segment.bytes`."""
+    internal = configs.get(INTERNAL_SEGMENT_BYTES)
+    if internal is not None:
+        return max(1, int(config_number(INTERNAL_SEGMENT_BYTES, internal)))
+    return int(config_number("segment.bytes", configs["segment.bytes"]))
 
 
 def cleanup_policy(value: str) -> frozenset[str]:
     """The items of a `cleanup.policy` value, checked as Kafka 4.3 does: a comma-separated
-    list of `compact` and `delete` (either order), each at most once; empty means neither
+    list of `compact` and `delete` (either order, repeats taken once); empty means neither
     (infinite retention, no cleaning)."""
-    items = [item.strip() for item in value.split(",")] if value.strip() else []
-    for item in items:
-        if item not in CLEANUP_POLICIES:
-            raise InvalidConfig(
-                f"Invalid value {item} for configuration cleanup.policy: String must be one "
-                f"of: {', '.join(CLEANUP_POLICIES)}"
-            )
-    if len(set(items)) != len(items):
-        raise InvalidConfig(
-            f"Invalid value {value} for configuration cleanup.policy: Values must not be "
-            "duplicated."
-        )
-    return frozenset(items)
-
-
-def _ratio(name: str, value: str) -> None:
-    try:
-        ratio = float(value)
-    except ValueError:
-        raise InvalidConfig(f"{name} must be a number, got {value!r}") from None
-    if not 0 <= ratio <= 1:  # also refuses NaN
-        raise InvalidConfig(
-            f"Invalid value {value} for configuration {name}: Value must be "
-            + ("at least 0" if ratio < 0 else "no more than 1")
-        )
+    _check_kafka(TOPIC_CONFIGS["cleanup.policy"], value)
+    return frozenset(_list_items(value))
 
 
 def _check_compaction_lags(configs: dict[str, str]) -> None:
     """Kafka's cross check (LogConfig.validateValues), against the effective values."""
-    low = int(configs.get("min.compaction.lag.ms", TOPIC_CONFIG_DEFAULTS["min.compaction.lag.ms"]))
-    high = int(configs.get("max.compaction.lag.ms", TOPIC_CONFIG_DEFAULTS["max.compaction.lag.ms"]))
+    low = config_number(
+        "min.compaction.lag.ms",
+        configs.get("min.compaction.lag.ms", TOPIC_CONFIG_DEFAULTS["min.compaction.lag.ms"]),
+    )
+    high = config_number(
+        "max.compaction.lag.ms",
+        configs.get("max.compaction.lag.ms", TOPIC_CONFIG_DEFAULTS["max.compaction.lag.ms"]),
+    )
     if low > high:
         raise InvalidConfig(
             f"conflict topic config setting min.compaction.lag.ms ({low}) > "

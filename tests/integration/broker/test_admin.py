@@ -39,7 +39,7 @@ def test_topic_lifecycle(local_broker: BrokerProcess) -> None:
         admin.create_topics([NewTopic("bad name!", 1, 1)])["bad name!"].result(30)
     with pytest.raises(KafkaException, match="replication factor"):
         admin.create_topics([NewTopic(topic + "x", 1, 3)])[topic + "x"].result(30)
-    with pytest.raises(KafkaException, match="unknown topic config"):
+    with pytest.raises(KafkaException, match="Unknown topic config name: foo"):
         admin.create_topics([NewTopic(topic + "y", 1, 1, config={"foo": "1"})])[topic + "y"].result(
             30
         )

@@ -16,6 +16,7 @@ from tests.integration.broker.conftest import topic_name
 from tests.support.broker_process import BrokerProcess
 from tests.support.compacted_topic import (
     COMPACT_DELETE_CONFIGS,
+    SMALL_SEGMENTS,
     TOPIC_CONFIGS,
     an_update_after_the_clean_is_the_latest,
     compact_and_delete,
@@ -33,9 +34,6 @@ FAST_CLEANER = {
     "TIDALMQ_CLEANER_BACKOFF_MS": "200",
     "TIDALMQ_RETENTION_CHECK_INTERVAL_S": "0.5",
 }
-# several segments: the cleaner's groups (Kafka 4.x refuses segment.bytes under 1 MiB, so the
-# Apache Kafka side leaves it at its default)
-SMALL_SEGMENTS = {**TOPIC_CONFIGS, "segment.bytes": "4096"}
 
 
 @pytest.fixture
@@ -50,7 +48,7 @@ def test_a_consumer_from_the_start_reads_the_latest_value_per_key(
 ) -> None:
     b = compacting_broker.bootstrap
     topic = topic_name()
-    create_compacted_topic(b, topic, SMALL_SEGMENTS)
+    create_compacted_topic(b, topic, {**TOPIC_CONFIGS, **SMALL_SEGMENTS})
     end, cleaned = latest_value_per_key(b, topic, drops_tombstones_without_new_data=True)
     metrics = compacting_broker.metrics()
     assert 'tidalmq_storage_cleaner_records_total{action="superseded",broker="0"}' in metrics
@@ -71,6 +69,8 @@ def test_compact_delete_retention_drops_old_segments_and_the_cleaner_the_rest(
 ) -> None:
     topic = topic_name()
     create_compacted_topic(
-        compacting_broker.bootstrap, topic, {**COMPACT_DELETE_CONFIGS, "segment.bytes": "4096"}
+        compacting_broker.bootstrap,
+        topic,
+        {**COMPACT_DELETE_CONFIGS, **SMALL_SEGMENTS},
     )
     compact_and_delete(compacting_broker.bootstrap, topic)

@@ -12,6 +12,19 @@ evaluating every second. Provoked, in order:
 3. the store's identity marker is deleted (the store lost, as when its bucket is wiped):
    TidalMQObjectStoreLost fires.
 
+With two brokers (test_move_stuck_data_lost_and_moves_failing_fire), whose session and election
+timeouts are a minute (a stopped broker stays a member and holds its move, as it would in a
+real stall), in order:
+
+4. the source broker of a move stopped (SIGSTOP) as the move starts: the move stays Closing,
+   TidalMQMoveStuck fires; the broker continued, the move finishes: it resolves;
+5. acknowledged records on a partition, moved to a broker stopped as the move starts: the source
+   closes the partition, and before the target can open it its objects are deleted from the
+   store; the target continued finds less than the metadata knows was acknowledged:
+   TidalMQPartitionDataLost fires; the loss accepted (`recover --accept-data-loss`), resolves;
+6. a topic deleted under its move (its source stopped): the move Failed,
+   TidalMQMovesFailing fires (it resolves 15 minutes later: not waited for).
+
 Each is read from Prometheus' /api/v1/alerts (what Alertmanager gets). The test rewrites only
 the rules' `for:` durations (minutes in the chart) to 2 s, asserting that the expressions and
 everything else stay byte-identical to the shipped file. Broker fencing is provoked in
@@ -19,10 +32,14 @@ test_monitoring_queries.py."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +51,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from observability.alerts import ALERTS
 from observability.generate import OUT
 from tests.support.local_cluster import LocalClusterProcess
-from tests.support.prometheus_server import PrometheusServer
+from tests.support.prometheus_server import PrometheusServer, prometheus_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,6 +63,16 @@ GROUP = "billing"
 # the broker probes an idle store every 0.5 s (5 s by default) and checks the identity marker
 # every 0.3 s: the store's failures are seen within a scrape
 ENV = {"TIDALMQ_STORE_PROBE_INTERVAL_MS": "500", "TIDALMQ_IDENTITY_CHECK_INTERVAL_MS": "300"}
+# a broker stopped with SIGSTOP stays a member for a minute (not declared dead, its move not
+# forced on by fencing it): what a stalled broker looks like before the controller gives up on
+# it. The brokers' acknowledged ends are committed as floors every half second.
+MOVES_ENV = {
+    **ENV,
+    "TIDALMQ_SESSION_TIMEOUT_S": "60",
+    "TIDALMQ_ELECTION_TIMEOUT_S": "60",
+    "TIDALMQ_FLOOR_COMMIT_INTERVAL_S": "0.5",
+}
+LEDGER = "ledger"
 FOR_LINE = re.compile(r"^(    for: )(\S+)$", re.M)
 
 
@@ -164,6 +191,78 @@ def consume_and_commit(bootstrap: str, at_least: int) -> int:
         consumer.close()
 
 
+def start_prometheus(
+    cluster: LocalClusterProcess, prometheus: PrometheusServer, tmp_path: Path
+) -> None:
+    """Prometheus scraping every broker and the controller, with the chart's rules (short
+    `for:`), every rule loaded."""
+    targets = {
+        "tidalmq-broker": [f"127.0.0.1:{b['http_port']}" for b in cluster.status()["brokers"]],
+        "tidalmq-controller": [cluster.controller_url.removeprefix("http://")],
+    }
+    prometheus.start(targets, rule_files=[short_for_rules(tmp_path / "alerts.rules.yaml")])
+    rules = {r["name"]: r for r in prometheus.rules()}
+    assert set(rules) == {a.name for a in ALERTS}
+    assert all(r["duration"] <= 2 for r in rules.values()), rules
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The broker process stopped (SIGSTOP: it neither answers nor heartbeats) until the block
+    ends."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def wait_move(
+    cluster: LocalClusterProcess, partition: int, phase: str, timeout_s: float = 30
+) -> dict[str, Any]:
+    """The move of the ledger's partition, once it is in `phase`."""
+    deadline = time.monotonic() + timeout_s
+    moving: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        moving = [
+            m
+            for m in cluster.moves()["active"]
+            if m["topic"] == LEDGER and m["partition"] == partition
+        ]
+        if moving and moving[0]["phase"] == phase:
+            return moving[0]
+        time.sleep(0.1)
+    raise AssertionError(f"{LEDGER}-{partition}: no move in {phase} within {timeout_s} s: {moving}")
+
+
+def wait_floor(
+    cluster: LocalClusterProcess, partition: int, end: int, timeout_s: float = 30
+) -> None:
+    """Until the metadata knows offsets up to `end` of the ledger's partition were acknowledged
+    (its end-offset floor)."""
+    deadline = time.monotonic() + timeout_s
+    floor = -1
+    while time.monotonic() < deadline:
+        floor = cluster.metadata()["topics"][LEDGER]["partitions"][partition]["end_offset_floor"]
+        if floor >= end:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{LEDGER}-{partition}: floor {floor}, not {end}, within {timeout_s} s")
+
+
+def produce_acknowledged(bootstrap: str, partition: int, records: int) -> None:
+    errors: list[object] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    for _ in range(records):
+        producer.produce(
+            LEDGER,
+            b"l" * 100,
+            partition=partition,
+            on_delivery=lambda e, _m: e and errors.append(e),
+        )
+    assert producer.flush(30) == 0 and not errors, errors
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalClusterProcess]:
     with LocalClusterProcess(tmp_path / "cluster", brokers=1, env=ENV) as c:
@@ -171,12 +270,12 @@ def cluster(tmp_path: Path) -> Iterator[LocalClusterProcess]:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
-    server = PrometheusServer(tmp_path / "prometheus", scrape_interval_s=SCRAPE_S)
-    try:
-        yield server
-    finally:
-        server.stop()
+def two_brokers(tmp_path: Path) -> Iterator[LocalClusterProcess]:
+    with LocalClusterProcess(tmp_path / "cluster", brokers=2, env=MOVES_ENV) as c:
+        yield c
+
+
+prometheus = prometheus_fixture(SCRAPE_S)
 
 
 @pytest.mark.timeout(180)
@@ -185,14 +284,7 @@ def test_lag_growing_store_unwritable_and_store_lost_fire(
 ) -> None:
     began = time.monotonic()
     [broker] = cluster.status()["brokers"]
-    targets = {
-        "tidalmq-broker": [f"127.0.0.1:{broker['http_port']}"],
-        "tidalmq-controller": [cluster.controller_url.removeprefix("http://")],
-    }
-    prometheus.start(targets, rule_files=[short_for_rules(tmp_path / "alerts.rules.yaml")])
-    rules = {r["name"]: r for r in prometheus.rules()}
-    assert set(rules) == {a.name for a in ALERTS}
-    assert all(r["duration"] <= 2 for r in rules.values()), rules
+    start_prometheus(cluster, prometheus, tmp_path)
 
     # 1. a consumer group caught up, then stopped while producers go on
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
@@ -240,5 +332,85 @@ def test_lag_growing_store_unwritable_and_store_lost_fire(
         f"group caught up), store unwritable {unwritable_fired:.1f} s (resolved "
         f"{unwritable_resolved:.1f} s after the store was back), store lost {lost_fired:.1f} s; "
         f"for: {SHORT_FOR}, evaluation every {SCRAPE_S:g} s; "
+        f"{time.monotonic() - began:.1f} s in all"
+    )
+
+
+@pytest.mark.timeout(180)
+def test_move_stuck_data_lost_and_moves_failing_fire(
+    two_brokers: LocalClusterProcess, prometheus: PrometheusServer, tmp_path: Path
+) -> None:
+    began = time.monotonic()
+    cluster = two_brokers
+    start_prometheus(cluster, prometheus, tmp_path)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(LEDGER, 2, 1)])[LEDGER].result(30)
+    cluster.wait_settled()
+    pids = cluster.broker_pids()
+    assert len(pids) == 2, pids
+    # the controller scraped twice: each outcome's count is there from the start, at 0 (no move
+    # finished yet), and its increase is 0: what the move alerts read
+    prometheus.wait_for(
+        "increase(tidalmq_controller_reassignments_total[10m])",
+        lambda r: (
+            sorted(s["metric"]["outcome"] for s in r) == ["cancelled", "done", "failed"]
+            and all(float(s["value"][1]) == 0 for s in r)
+        ),
+        timeout_s=30,
+    )
+
+    def other(broker: int) -> int:
+        return next(b for b in pids if b != broker)
+
+    # 4. a move whose source is stopped: it cannot close the partition, the move stays Closing
+    source = cluster.leaders(LEDGER)[0]
+    assert not active(prometheus, "TidalMQMoveStuck")
+    with stopped(pids[source]):
+        cluster.reassign({(LEDGER, 0): other(source)})
+        wait_move(cluster, 0, "Closing")
+        stuck_fired = wait_alert(prometheus, firing, "TidalMQMoveStuck", 30)
+    # the source goes on: it closes, the target opens, the move is done
+    cluster.wait_settled(30)
+    assert cluster.leaders(LEDGER)[0] == other(source)
+    stuck_resolved = wait_alert(prometheus, resolved, "TidalMQMoveStuck", 30)
+
+    # 5. acknowledged records; their objects deleted while the partition is open nowhere
+    produce_acknowledged(cluster.bootstrap, 1, 200)
+    wait_floor(cluster, 1, 200)
+    source = cluster.leaders(LEDGER)[1]
+    target = other(source)
+    topic_id = cluster.metadata()["topics"][LEDGER]["topic_id"]
+    data = cluster.data_dir / "objects" / "partitions" / LEDGER / topic_id / "1"
+    assert not active(prometheus, "TidalMQPartitionDataLost")
+    with stopped(pids[target]):
+        cluster.reassign({(LEDGER, 1): target})
+        wait_move(cluster, 1, "Opening")  # the source closed it, the target is elected
+        assert (data / "checkpoint").is_file()
+        shutil.rmtree(data)
+    # the target goes on and opens the partition: its checkpoint is gone
+    lost_fired = wait_alert(prometheus, firing, "TidalMQPartitionDataLost", 30)
+    lost = cluster._get("/v1/data-loss")["lost"]
+    assert [(p["topic"], p["partition"], p["missing_offsets"]) for p in lost] == [
+        (LEDGER, 1, 200)
+    ], lost
+    accepted = cluster._post("/v1/data-loss/accept", {"topic": LEDGER})["accepted"]
+    assert [a["partition"] for a in accepted] == [1], accepted
+    lost_resolved = wait_alert(prometheus, resolved, "TidalMQPartitionDataLost", 30)
+
+    # 6. the topic deleted under a move (its source stopped, the move Closing): the move Failed
+    source = cluster.leaders(LEDGER)[0]
+    assert not active(prometheus, "TidalMQMovesFailing")
+    with stopped(pids[source]):
+        cluster.reassign({(LEDGER, 0): other(source)})
+        wait_move(cluster, 0, "Closing")
+        cluster._post("/v1/topics/delete", {"names": [LEDGER]})
+    failed = [m for m in cluster.moves()["recent"] if m["topic"] == LEDGER and m["partition"] == 0]
+    assert failed and failed[-1]["phase"] == "Failed", failed
+    failing_fired = wait_alert(prometheus, firing, "TidalMQMovesFailing", 30)
+    print(
+        f"\nfiring after: move stuck {stuck_fired:.1f} s (resolved {stuck_resolved:.1f} s after "
+        f"the move was done), partition data lost {lost_fired:.1f} s after its target opened it "
+        f"(resolved {lost_resolved:.1f} s after the loss was accepted), moves failing "
+        f"{failing_fired:.1f} s; for: {SHORT_FOR}, evaluation every {SCRAPE_S:g} s; "
         f"{time.monotonic() - began:.1f} s in all"
     )

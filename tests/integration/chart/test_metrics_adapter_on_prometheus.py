@@ -24,7 +24,7 @@ from tests.support.helm import find, render
 from tests.support.kube_apiserver import ApiServer, binaries
 from tests.support.local_cluster import LocalClusterProcess
 from tests.support.metrics_adapter import MetricsAdapter
-from tests.support.prometheus_server import PrometheusServer
+from tests.support.prometheus_server import PrometheusServer, prometheus_fixture
 
 pytestmark = pytest.mark.integration
 
@@ -54,13 +54,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalClusterProcess]:
         yield c
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
-    server = PrometheusServer(tmp_path / "prometheus", scrape_interval_s=SCRAPE_S)
-    try:
-        yield server
-    finally:
-        server.stop()
+prometheus = prometheus_fixture(SCRAPE_S)
 
 
 def kubectl(server: ApiServer, *args: str, input: str | None = None) -> str:

@@ -28,7 +28,7 @@ from observability.dashboards import ALL
 from observability.generate import OUT
 from observability.panels import queries_of
 from tests.support.local_cluster import LocalClusterProcess
-from tests.support.prometheus_server import PrometheusServer, prometheus_binary
+from tests.support.prometheus_server import PrometheusServer, prometheus_binary, prometheus_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -66,13 +66,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalClusterProcess]:
         yield c
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
-    server = PrometheusServer(tmp_path / "prometheus", scrape_interval_s=SCRAPE_S)
-    try:
-        yield server
-    finally:
-        server.stop()
+prometheus = prometheus_fixture(SCRAPE_S)
 
 
 def traffic(cluster: LocalClusterProcess) -> None:

@@ -124,7 +124,10 @@ def test_configs_describe_and_alter_topic(tidalmq: BrokerProcess) -> None:
     bad = run_tool("kafka-configs", "--alter", *entity, "--add-config", "retention.ms=abc",
                    bootstrap=b)  # fmt: skip
     assert bad.returncode != 0
-    assert "InvalidConfigurationException: retention.ms must be an integer" in failure(bad)
+    assert (
+        "InvalidConfigurationException: Invalid value abc for configuration retention.ms: "
+        "Not a number of type LONG"
+    ) in failure(bad)
 
 
 def test_configs_describe_and_alter_broker(tidalmq: BrokerProcess) -> None:

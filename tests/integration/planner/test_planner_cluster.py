@@ -26,7 +26,7 @@ from tidalmq_planner import prometheus as prom
 from tidalmq_planner.history import read_row_group, row_groups
 
 from tests.support.local_cluster import LocalClusterProcess
-from tests.support.prometheus_server import PrometheusServer
+from tests.support.prometheus_server import PrometheusServer, prometheus_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,13 +48,7 @@ def cluster(s3_server: Any, tmp_path: Path) -> Iterator[LocalClusterProcess]:
         yield c
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
-    server = PrometheusServer(tmp_path / "prometheus", scrape_interval_s=SCRAPE_S)
-    try:
-        yield server
-    finally:
-        server.stop()
+prometheus = prometheus_fixture(SCRAPE_S)
 
 
 class SkewedProducer:

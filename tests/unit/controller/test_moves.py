@@ -7,6 +7,9 @@ counts in (from the durable start of the close, `started`)."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import subprocess
+import sys
 
 import pytest
 from tidalmq_controller._moves import MoveStatus, MoveTracker, Release, SourceView
@@ -199,3 +202,31 @@ def test_a_status_shows_no_bookkeeping() -> None:
     doc = status.to_json()
     assert doc["phase"] == "Closing" and doc["unavailable_s"] is None
     assert "recorded_version" not in doc and "closed_reported" not in doc
+
+
+def exposition(code: str) -> str:
+    """The metrics a fresh interpreter exports after `code` (this process' other tests end
+    moves of every outcome)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import prometheus_client; {code}; print(prometheus_client.generate_latest().decode())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+
+
+def test_every_outcome_is_exported_before_its_first_move() -> None:
+    """Prometheus' increase() sees nothing in a series that first appears at 1: each outcome's
+    series is there (at 0 until a move ends so) from the controller's start, so the first
+    failed move fires TidalMQMovesFailing. A process that only imports the module (a broker)
+    exports none."""
+    count = re.compile(r'^tidalmq_controller_reassignments_total\{outcome="(\w+)"\} 0\.0$', re.M)
+    controller = exposition("from tidalmq_controller._moves import MoveTracker; MoveTracker()")
+    assert sorted(count.findall(controller)) == ["cancelled", "done", "failed"], controller
+    broker = exposition("import tidalmq_controller._moves")
+    assert "tidalmq_controller_reassignments_total{" not in broker, broker

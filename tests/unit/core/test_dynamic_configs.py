@@ -29,7 +29,7 @@ def test_throttled_replica_lists(value: str) -> None:
 
 @pytest.mark.parametrize("value", ["x", "0", "0:", ":1", "0:1;1:2", "*,0:1"])
 def test_bad_throttled_replica_lists(value: str) -> None:
-    with pytest.raises(InvalidConfig, match="partition:broker"):
+    with pytest.raises(InvalidConfig, match="must be the literal '\\*' or a list of replicas"):
         validate_configs({"leader.replication.throttled.replicas": value})
 
 

@@ -85,19 +85,17 @@ def test_compaction_configs_kafka_accepts(configs: dict[str, str]) -> None:
             "Invalid value shred for configuration cleanup.policy: String must be one of: "
             "compact, delete",
         ),
-        ({"cleanup.policy": "compact,compact"}, "Values must not be duplicated"),
         (
             {"min.cleanable.dirty.ratio": "1.5"},
             "Invalid value 1.5 for configuration min.cleanable.dirty.ratio: Value must be no "
             "more than 1",
         ),
         ({"min.cleanable.dirty.ratio": "-0.1"}, "Value must be at least 0"),
-        ({"min.cleanable.dirty.ratio": "nan"}, "Value must be no more than 1"),
-        ({"min.cleanable.dirty.ratio": "half"}, "must be a number"),
+        ({"min.cleanable.dirty.ratio": "half"}, "Not a number of type DOUBLE"),
         ({"delete.retention.ms": "-1"}, "at least 0"),
         ({"min.compaction.lag.ms": "-1"}, "at least 0"),
         ({"max.compaction.lag.ms": "0"}, "at least 1"),
-        ({"max.compaction.lag.ms": str(2**63)}, "at most"),
+        ({"max.compaction.lag.ms": str(2**63)}, "Not a number of type LONG"),
         ({"segment.ms": "0"}, "at least 1"),
         (
             {"min.compaction.lag.ms": "200", "max.compaction.lag.ms": "100"},

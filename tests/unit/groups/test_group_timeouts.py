@@ -208,6 +208,46 @@ async def test_the_first_join_waits_out_the_initial_rebalance_delay(offsets: Off
     shard.close()
 
 
+class MillisecondClock:
+    """The shard's clock around the end of an initial rebalance delay as uvloop's (which counts
+    milliseconds) reads it: the timer runs its handle in the deadline's millisecond, so the
+    first reading is a hair before the deadline (the delay as a float, 1 ulp above that
+    millisecond's float, say); the clock ticks to the next millisecond before the check is
+    over, every later reading is past the deadline."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.readings = 0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        if self.readings == 1:
+            return self.deadline - 1e-9
+        return max(_now(), self.deadline + 0.001)
+
+
+async def test_the_initial_delay_ends_the_join_even_if_the_clock_ticks_during_the_check(
+    offsets: Offsets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CI failure of tests/integration/compat/test_streams.py: the test's librdkafka reader
+    was the only member of its group, the check at the end of the 200 ms delay found the clock
+    a hair short of it, and the clock had moved past it when the check queued the group's next
+    timeout: the group waited for its rebalance timeout (librdkafka's 5 min), the reader never
+    got the output topic. The join completes at the delay's end."""
+    settings = GroupSettings(min_session_timeout_ms=10, initial_rebalance_delay_ms=300)
+    shard = GroupShard(0, await offsets.open(), settings)
+    await shard.load()
+    join = asyncio.create_task(_join(shard, "g", rebalance_ms=LONG))
+    await _until(lambda: "g" in shard.groups and bool(shard.groups["g"].members))
+    group = shard.groups["g"]
+    assert group.state is GroupState.PREPARING_REBALANCE
+    monkeypatch.setattr(shard, "_now", MillisecondClock(group.initial_delay_deadline))
+    joined = await asyncio.wait_for(join, 5)  # not the rebalance timeout's minute
+    assert joined.error == ErrorCode.none and joined.generation == 1
+    assert group.state is GroupState.COMPLETING_REBALANCE
+    shard.close()
+
+
 async def test_a_consumer_group_member_whose_session_runs_out_leaves_for_good(
     offsets: Offsets,
 ) -> None:

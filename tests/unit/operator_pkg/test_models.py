@@ -30,7 +30,7 @@ def test_bad_topic_specs(spec: dict, message: str) -> None:
 
 
 def test_bad_topic_config_and_name() -> None:
-    with pytest.raises(ValueError, match="unknown topic config"):
+    with pytest.raises(ValueError, match="Unknown topic config name: nope"):
         parse(TopicSpec, {"partitions": 1, "configs": {"nope": "1"}}).validated_configs()
     with pytest.raises(ValueError, match="characters"):
         parse(TopicSpec, {"partitions": 1, "topicName": "a b"}).kafka_name("x")

@@ -30,7 +30,12 @@ from tidalmq_core.metadata import (
     TopicInfo,
 )
 from tidalmq_core.static_description import static_topic_configs
-from tidalmq_core.topics import StaticConfig, validate_broker_configs
+from tidalmq_core.topics import (
+    TOPIC_CONFIG_DEFS,
+    TOPIC_CONFIGS,
+    StaticConfig,
+    validate_broker_configs,
+)
 
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.metadata import brokers_body
@@ -53,16 +58,8 @@ STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 # config types (DescribeConfigs v3+)
 _BOOLEAN, _STRING, _INT, _SHORT, _LONG, _DOUBLE, _LIST, _PASSWORD = 1, 2, 3, 4, 5, 6, 7, 9
+# the broker configs' types (the topic configs' are in TOPIC_CONFIGS)
 _TYPES = {
-    "cleanup.policy": _LIST,
-    "min.cleanable.dirty.ratio": _DOUBLE,
-    "message.timestamp.type": _STRING,
-    "compression.type": _STRING,
-    "max.message.bytes": _INT,
-    "segment.bytes": _INT,
-    "min.insync.replicas": _INT,
-    "leader.replication.throttled.replicas": _LIST,
-    "follower.replication.throttled.replicas": _LIST,
     "broker.id": _INT,
     "node.id": _INT,
     "num.partitions": _INT,
@@ -122,13 +119,7 @@ FIXED_BROKER_CONFIGS = {
 # null whether set or not (the source still tells which)
 SENSITIVE_CONFIGS = frozenset({"ssl.key.password"})
 # the list configs APPEND and SUBTRACT apply to (the static broker ones cannot be altered)
-_LIST_TOPIC_CONFIGS = frozenset(
-    {
-        "cleanup.policy",
-        "leader.replication.throttled.replicas",
-        "follower.replication.throttled.replicas",
-    }
-)
+_LIST_TOPIC_CONFIGS = frozenset(d.name for d in TOPIC_CONFIG_DEFS if d.type == "LIST")
 # static settings Kafka reports with a null value (a default) when not set
 _UNSET_IS_NULL = frozenset(
     {"broker.rack", "ssl.keystore.location", "ssl.truststore.location", *SENSITIVE_CONFIGS}
@@ -224,7 +215,13 @@ def split_tls_reloads(broker: Broker, scope: str, changes: dict[str, str | None]
     return TlsReload(frozenset(listeners), rest, None)
 
 
+_TYPE_CODES = {"INT": _INT, "LONG": _LONG, "DOUBLE": _DOUBLE, "STRING": _STRING, "LIST": _LIST}
+
+
 def _config_type(name: str) -> int:
+    topic_config = TOPIC_CONFIGS.get(name)
+    if topic_config is not None:
+        return _TYPE_CODES[topic_config.type]
     return _TYPES.get(name, _LONG)
 
 
@@ -262,7 +259,8 @@ def _topic_configs(topic: TopicInfo, include_synonyms: bool) -> list[dict[str, A
         overridden = name in topic.configs or name in fixed
         source = DYNAMIC_TOPIC_CONFIG if overridden else DEFAULT_CONFIG
         synonyms: list[tuple[str | None, int]] = [(value, source)] if overridden else []
-        synonyms.append((TOPIC_CONFIG_DEFAULTS[name], DEFAULT_CONFIG))
+        if name in TOPIC_CONFIG_DEFAULTS:  # an internal config (set, or not listed) has none
+            synonyms.append((TOPIC_CONFIG_DEFAULTS[name], DEFAULT_CONFIG))
         out.append(
             _entry(
                 name,

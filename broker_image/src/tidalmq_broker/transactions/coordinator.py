@@ -28,8 +28,8 @@ from tidalmq_core.deadlines import DeadlineQueue
 from tidalmq_core.metadata import TXN_STATE_TOPIC
 from tidalmq_core.model import TopicPartition
 
-from tidalmq_broker.internal_shards import InternalShards
-from tidalmq_broker.protocol.records import build_batch, iter_complete_headers, iter_records
+from tidalmq_broker.internal_shards import InternalShards, replay
+from tidalmq_broker.protocol.records import build_batch
 from tidalmq_broker.storage.api import PartitionLog, StorageError
 from tidalmq_broker.transactions import state as txn
 from tidalmq_broker.transactions.records import (
@@ -124,25 +124,16 @@ class TxnShard:
     async def load(self) -> None:
         """Replay the log from its start: the latest record of each transactional id wins."""
         started = time.perf_counter()
-        offset = self._log.log_start_offset
         count = 0
-        while offset < self._log.high_watermark and not self._closed:
-            result = await self._log.read(offset, 4 * 1024 * 1024)
-            if not result.records:
-                break
-            data = result.records
-            for header in iter_complete_headers(data):
-                if not header.is_control:
-                    for rec_offset, raw_key, raw_value in iter_records(data, header):
-                        if rec_offset < offset or raw_key is None:
-                            continue
-                        tid = decode_key(raw_key)
-                        if raw_value is None:
-                            self.txns.pop(tid, None)
-                        else:
-                            self.txns[tid] = decode_value(tid, raw_value)
-                        count += 1
-                offset = header.last_offset + 1
+        async for record in replay(self._log, lambda: self._closed):
+            if record.header.is_control:
+                continue
+            tid = decode_key(record.key)
+            if record.value is None:
+                self.txns.pop(tid, None)
+            else:
+                self.txns[tid] = decode_value(tid, record.value)
+            count += 1
         self._records_since_snapshot = count
         for meta in self.txns.values():
             self._track(meta)

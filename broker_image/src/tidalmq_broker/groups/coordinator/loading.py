@@ -31,10 +31,7 @@ from tidalmq_broker.groups.records import (
     decode_value,
     marker_is_commit,
 )
-from tidalmq_broker.protocol.records import (
-    iter_complete_headers,
-    iter_records,
-)
+from tidalmq_broker.internal_shards import replay
 
 log = logging.getLogger(__name__)
 
@@ -48,37 +45,28 @@ class Loading(Timers):
         live: dict[Key, Value] = {}
         open_txns: dict[int, set[TxnOffsetKey]] = {}  # pending offsets by producer id
         unmaterialised: set[TxnOffsetKey] = set()  # settled, no tombstone after the marker
-        offset = self._log.log_start_offset
         count = 0
-        while offset < self._log.high_watermark and not self._closed:
-            result = await self._log.read(offset, 4 * 1024 * 1024)
-            if not result.records:
-                break
-            data = result.records
-            for header in iter_complete_headers(data):
-                for rec_offset, raw_key, raw_value in iter_records(data, header):
-                    if rec_offset < offset or raw_key is None:
-                        continue
-                    if header.is_control:  # a transaction's marker settles its offsets
-                        commit = marker_is_commit(raw_key)
-                        if commit is not None:
-                            settled = open_txns.pop(header.producer_id, set())
-                            _settle(live, settled, commit)
-                            unmaterialised |= settled
-                        continue
-                    key = decode_key(raw_key)
-                    value = decode_value(key, raw_value)
-                    if isinstance(key, TxnOffsetKey):
-                        if value is None:
-                            unmaterialised.discard(key)
-                        else:
-                            open_txns.setdefault(key.producer_id, set()).add(key)
-                    if value is None:
-                        live.pop(key, None)
-                    else:
-                        live[key] = value
-                    count += 1
-                offset = header.last_offset + 1
+        async for record in replay(self._log, lambda: self._closed):
+            header = record.header
+            if header.is_control:  # a transaction's marker settles its offsets
+                commit = marker_is_commit(record.key)
+                if commit is not None:
+                    settled = open_txns.pop(header.producer_id, set())
+                    _settle(live, settled, commit)
+                    unmaterialised |= settled
+                continue
+            key = decode_key(record.key)
+            value = decode_value(key, record.value)
+            if isinstance(key, TxnOffsetKey):
+                if value is None:
+                    unmaterialised.discard(key)
+                else:
+                    open_txns.setdefault(key.producer_id, set()).add(key)
+            if value is None:
+                live.pop(key, None)
+            else:
+                live[key] = value
+            count += 1
         now = asyncio.get_running_loop().time()
         for key, value in live.items():
             if isinstance(key, OffsetKey) and isinstance(value, OffsetValue):

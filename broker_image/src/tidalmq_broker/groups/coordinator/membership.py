@@ -148,11 +148,22 @@ class Membership(ShardPersistence):
             )
         self._watch(group.group_id)
 
-    def _maybe_complete_join(self, group: Group, *, deadline_passed: bool = False) -> None:
+    def _maybe_complete_join(
+        self, group: Group, *, now: float | None = None, deadline_passed: bool = False
+    ) -> None:
+        """Completes the join if every member rejoined (or the rebalance timed out) and the
+        initial delay is over. `now`: the time of the check (the timer's: its deadline's, which
+        the clock may read a hair before the handle runs), else the clock's."""
         if group.state is not GroupState.PREPARING_REBALANCE:
             return
-        now = self._now()
+        if now is None:
+            now = self._now()
         if now < group.initial_delay_deadline and not deadline_passed:
+            # The check at the delay's end is queued here, not left to the caller's _watch:
+            # that one reads the clock again, and uvloop's millisecond clock may tick past
+            # the deadline in between, so next_deadline would leave the delay out and the
+            # group would wait for its rebalance timeout (5 min for librdkafka's members)
+            self._check_by(group.group_id, group.initial_delay_deadline)
             return
         if not (group.all_members_joined() or deadline_passed):
             return

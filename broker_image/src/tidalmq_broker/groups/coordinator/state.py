@@ -128,26 +128,35 @@ class ShardState:
     def _now() -> float:
         return asyncio.get_running_loop().time()
 
-    def _watch(self, group_id: str) -> None:
+    def _watch(self, group_id: str, now: float | None = None) -> None:
         """Queue the group's next timeout in the broker's timer (deadlines.py), to be checked
         by deadline_passed (timers.py). Called wherever a deadline of the group may have moved
         earlier; one that moved later needs no call (the check at the earlier time finds
-        nothing due and queues the group again)."""
+        nothing due and queues the group again). `now`: the time of the check that calls it
+        (the clock's, read again, when None)."""
         if self._closed:
             return
         times: list[float] = []
         group = self.groups.get(group_id)
-        if group is not None and (at := group.next_deadline(self._now())) is not None:
-            times.append(at)
+        if group is not None:
+            at = group.next_deadline(self._now() if now is None else now)
+            if at is not None:
+                times.append(at)
         consumer_group = self.consumer.groups.get(group_id)
         if consumer_group is not None and (at := self.consumer.next_deadline(consumer_group)):
             times.append(at)
         if times:
-            self._watched.add(group_id)
-            self._deadlines.check_by(self, group_id, min(times))
+            self._check_by(group_id, min(times))
         elif group_id in self._watched:
             self._watched.discard(group_id)
             self._deadlines.cancel(self, group_id)
+
+    def _check_by(self, group_id: str, at: float) -> None:
+        """Have the broker's timer check the group at `at` at the latest."""
+        if self._closed:
+            return
+        self._watched.add(group_id)
+        self._deadlines.check_by(self, group_id, at)
 
     def _unwatch_all(self) -> None:
         for group_id in self._watched:

@@ -30,13 +30,16 @@ class Timers(Membership):
         consumer_group = self.consumer.groups.get(group_id)
         if consumer_group is not None and self.consumer.expire_group(consumer_group, now):
             self._spawn(self._store_expired(consumer_group))
-        self._watch(group_id)
+        self._watch(group_id, now)
 
     def _expire(self, group: Group, now: float) -> None:
+        """The timeouts are checked, and the join completed or not, at `now`, the timer's time
+        (the one deadline_passed then queues the next timeout from), not at a second reading
+        of the clock, which may have moved on meanwhile."""
         for member_id, deadline in list(group.pending_members.items()):
             if now >= deadline:
                 group.pending_members.pop(member_id, None)
-                self._maybe_complete_join(group)
+                self._maybe_complete_join(group, now=now)
         for member in list(group.members.values()):
             waiting = (
                 member.join_future is not None and group.state is GroupState.PREPARING_REBALANCE
@@ -45,9 +48,9 @@ class Timers(Membership):
                 self._remove_member(group, member, "session timed out")
         if group.state is GroupState.PREPARING_REBALANCE:
             if now >= group.rebalance_deadline:
-                self._maybe_complete_join(group, deadline_passed=True)
+                self._maybe_complete_join(group, now=now, deadline_passed=True)
             else:
-                self._maybe_complete_join(group)
+                self._maybe_complete_join(group, now=now)
 
     async def _store_expired(self, group: ConsumerGroup) -> None:
         try:
