@@ -12,6 +12,7 @@ pytest_plugins: list[str] = [
     "tests.support.apache_kafka",
     "tests.support.kube_apiserver",
     "tests.support.exit_guard",
+    "tests.support.kafka_client_leaks",
 ]
 
 

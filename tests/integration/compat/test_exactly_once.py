@@ -255,7 +255,11 @@ def transactional_producer(
 ) -> Producer:
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2,
                   "transaction.timeout.ms": 10_000, **(conf or {})})  # fmt: skip
-    p.init_transactions(30)
+    try:
+        p.init_transactions(30)
+    except BaseException:
+        del p  # not kept alive by the exception's traceback (see run_producer)
+        raise
     return p
 
 
@@ -265,64 +269,73 @@ def run_producer(bootstrap: str, topic: str, index: int, stop: threading.Event, 
     rng = random.Random(index)
     tid = name(f"checker-{index}")
     p = transactional_producer(bootstrap, tid)
-    txn = 0
-    while not stop.is_set():
-        txn += 1
-        sent = []
-        try:
-            p.begin_transaction()
-            for i in range(rng.randint(1, 6)):
-                partition = rng.randrange(TXN_PARTITIONS)
-                value = f"{index}/{txn}/{i}".encode()
-                p.produce(topic, value, partition=partition)
-                sent.append((value, partition))
-            if rng.random() < 0.8:
-                try:
-                    p.commit_transaction(30)
-                except KafkaException as exc:
+    try:
+        txn = 0
+        while not stop.is_set():
+            txn += 1
+            sent = []
+            try:
+                p.begin_transaction()
+                for i in range(rng.randint(1, 6)):
+                    partition = rng.randrange(TXN_PARTITIONS)
+                    value = f"{index}/{txn}/{i}".encode()
+                    p.produce(topic, value, partition=partition)
+                    sent.append((value, partition))
+                if rng.random() < 0.8:
+                    try:
+                        p.commit_transaction(30)
+                    except KafkaException as exc:
+                        with h.lock:
+                            h.unknown.append(sent)
+                            h.errors[exc.args[0].name()] += 1
+                        raise
                     with h.lock:
-                        h.unknown.append(sent)
-                        h.errors[exc.args[0].name()] += 1
-                    raise
-                with h.lock:
-                    h.committed.extend(sent)
-            else:
-                # written first (abort_transaction alone drops what is still queued in the
-                # client): the aborted records are in the log, followed by the abort marker
-                assert p.flush(30) == 0, "records of a transaction to abort not acknowledged"
-                p.abort_transaction(30)
-                with h.lock:
-                    h.aborted.extend(sent)
-        except KafkaException as exc:
-            error = exc.args[0]
-            with h.lock:
-                h.errors[error.name()] += 1
-                if sent and not any(sent is u for u in h.unknown):
-                    h.aborted.extend(sent)  # never committed: it must not show
-            if error.txn_requires_abort():
-                try:
+                        h.committed.extend(sent)
+                else:
+                    # written first (abort_transaction alone drops what is still queued in the
+                    # client): the aborted records are in the log, followed by the abort marker
+                    assert p.flush(30) == 0, "records of a transaction to abort not acknowledged"
                     p.abort_transaction(30)
-                    continue
-                except KafkaException:
-                    pass
-            if not error.retriable() or error.fatal():
-                p = transactional_producer(bootstrap, tid)  # fences the previous incarnation
-    p.flush(10)
+                    with h.lock:
+                        h.aborted.extend(sent)
+            except KafkaException as exc:
+                error = exc.args[0]
+                with h.lock:
+                    h.errors[error.name()] += 1
+                    if sent and not any(sent is u for u in h.unknown):
+                        h.aborted.extend(sent)  # never committed: it must not show
+                if error.txn_requires_abort():
+                    try:
+                        p.abort_transaction(30)
+                        continue
+                    except KafkaException:
+                        pass
+                if not error.retriable() or error.fatal():
+                    p = transactional_producer(bootstrap, tid)  # fences the previous incarnation
+        p.flush(10)
+    finally:
+        # A KafkaException of this loop outlived the thread (the test passed, yet CI's producer
+        # went on reconnecting to the stopped cluster until the process ended): its traceback
+        # holds this frame, and the frame its locals. Without the producer, at least.
+        del p
 
 
 def feed(bootstrap: str, topic: str, stop: threading.Event, fed: list[int]) -> None:
     """The copier's input: plain idempotent records `c/n`, over every partition, until `stop`
     (how many, appended to `fed`, once all are acknowledged)."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2})
-    n = 0
-    while not stop.is_set():
-        for _ in range(5):
-            p.produce(topic, f"c/{n}".encode(), partition=n % TXN_PARTITIONS)
-            n += 1
-        p.poll(0)
-        time.sleep(0.05)  # about 100 records a second: the producers above keep their pace
-    assert p.flush(60) == 0, "input records not acknowledged"
-    fed.append(n)
+    try:
+        n = 0
+        while not stop.is_set():
+            for _ in range(5):
+                p.produce(topic, f"c/{n}".encode(), partition=n % TXN_PARTITIONS)
+                n += 1
+            p.poll(0)
+            time.sleep(0.05)  # about 100 records a second: the producers above keep their pace
+        assert p.flush(60) == 0, "input records not acknowledged"
+        fed.append(n)
+    finally:
+        del p  # not kept alive by an exception's traceback (see run_producer)
 
 
 def run_copier(bootstrap: str, source: str, sink: str, stop: threading.Event, h: History) -> None:
@@ -333,40 +346,43 @@ def run_copier(bootstrap: str, source: str, sink: str, stop: threading.Event, h:
     the consumer rewinds to the group's committed offsets, so every input record lands in the
     sink exactly once, in order, if transactional offsets are committed with their records."""
     group, tid = name("copier"), name("copier-txn")
+    p = transactional_producer(bootstrap, tid, COPIER_PRODUCER)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
                   "isolation.level": "read_committed"})  # fmt: skip
     parts = [TopicPartition(source, p) for p in range(TXN_PARTITIONS)]
     c.assign([TopicPartition(source, p, 0) for p in range(TXN_PARTITIONS)])
-    p = transactional_producer(bootstrap, tid, COPIER_PRODUCER)
-    stopped_at: float | None = None
-    while stopped_at is None or time.monotonic() < stopped_at + COPIER_CATCH_UP_S:
-        if stopped_at is None and stop.is_set():
-            stopped_at = time.monotonic()
-        batch = [m for m in c.consume(100, 0.2) if m.error() is None]
-        if not batch:
-            if stop.is_set() and all(
-                pos.offset >= c.get_watermark_offsets(pos, timeout=10, cached=False)[1]
-                for pos in c.position(parts)
-            ):
-                break
-            continue
-        try:
-            p.begin_transaction()
-            for m in batch:
-                p.produce(sink, m.value(), partition=m.partition())
-            p.send_offsets_to_transaction(c.position(parts), c.consumer_group_metadata(), 30)
-            p.commit_transaction(30)
-        except KafkaException as exc:
-            h.errors[exc.args[0].name()] += 1
+    try:
+        stopped_at: float | None = None
+        while stopped_at is None or time.monotonic() < stopped_at + COPIER_CATCH_UP_S:
+            if stopped_at is None and stop.is_set():
+                stopped_at = time.monotonic()
+            batch = [m for m in c.consume(100, 0.2) if m.error() is None]
+            if not batch:
+                if stop.is_set() and all(
+                    pos.offset >= c.get_watermark_offsets(pos, timeout=10, cached=False)[1]
+                    for pos in c.position(parts)
+                ):
+                    break
+                continue
             try:
-                p.abort_transaction(30)
-            except KafkaException:
-                # fences the previous incarnation
-                p = transactional_producer(bootstrap, tid, COPIER_PRODUCER)
-            committed = c.committed(parts, timeout=30)
-            c.assign([TopicPartition(source, t.partition, max(t.offset, 0)) for t in committed])
-    c.close()
-    p.flush(10)
+                p.begin_transaction()
+                for m in batch:
+                    p.produce(sink, m.value(), partition=m.partition())
+                p.send_offsets_to_transaction(c.position(parts), c.consumer_group_metadata(), 30)
+                p.commit_transaction(30)
+            except KafkaException as exc:
+                h.errors[exc.args[0].name()] += 1
+                try:
+                    p.abort_transaction(30)
+                except KafkaException:
+                    # fences the previous incarnation
+                    p = transactional_producer(bootstrap, tid, COPIER_PRODUCER)
+                committed = c.committed(parts, timeout=30)
+                c.assign([TopicPartition(source, t.partition, max(t.offset, 0)) for t in committed])
+        c.close()
+        p.flush(10)
+    finally:
+        del c, p  # not kept alive by an exception's traceback (see run_producer)
 
 
 def read_all_committed(
