@@ -394,6 +394,12 @@ def check_alter_configs(bootstrap: str) -> None:
         "INVALID_CONFIG: "
         + _invalid("shred", "cleanup.policy", "String must be one of: compact, delete")
     )
+    assert incremental("remote.storage.enable", "true", set_) == (
+        "INVALID_CONFIG: Tiered Storage functionality is disabled in the broker. Topic cannot be "
+        "configured with remote log storage."
+    )
+    assert incremental("preallocate", "True", set_) is None
+    assert described()["preallocate"] == "true"
     assert incremental("internal.segment.bytes", "8192", set_) is None
     assert described()["internal.segment.bytes"] == "8192"
     assert replace({"segment.ms": "0"}) == "INVALID_CONFIG: " + _invalid(
