@@ -58,6 +58,32 @@ KAFKA_ACCEPTS: list[dict[str, str]] = [
     {"leader.replication.throttled.replicas": ""},
     {"follower.replication.throttled.replicas": "0:1, 1:2"},
     {"follower.replication.throttled.replicas": "0:1,"},
+    # Kafka's configs that mean nothing on object storage: taken, described, no effect
+    {"segment.jitter.ms": "0"},
+    {"segment.jitter.ms": "60000"},
+    {"segment.index.bytes": "4"},
+    {"flush.messages": "1"},
+    {"flush.ms": "0"},
+    {"index.interval.bytes": "0"},
+    {"file.delete.delay.ms": "0"},
+    {"preallocate": "true"},
+    {"preallocate": " FALSE "},  # Kafka's BOOLEAN: any case, trimmed
+    {"unclean.leader.election.enable": "false"},
+    # the levels of a topic codec (KIP-390)
+    {"compression.gzip.level": "-1"},
+    {"compression.gzip.level": "9"},
+    {"compression.lz4.level": "17"},
+    {"compression.zstd.level": "-131072"},
+    {"compression.zstd.level": "22"},
+    # KIP-937's bounds
+    {"message.timestamp.before.max.ms": "0"},
+    {"message.timestamp.after.max.ms": str(2**63 - 1)},
+    # tiered storage, off (as on a Kafka whose brokers do not enable it)
+    {"remote.storage.enable": "false"},
+    {"local.retention.ms": "-2"},
+    {"local.retention.bytes": "1000", "retention.bytes": "10"},
+    {"remote.log.copy.disable": "true"},
+    {"remote.log.delete.on.disable": "true"},
 ]
 
 
@@ -174,6 +200,85 @@ KAFKA_REFUSES: list[tuple[dict[str, str], str]] = [
         ),
     ),
     ({"no.such.config": "1"}, "Unknown topic config name: no.such.config"),
+    # removed in Kafka 4.0 (with the message formats before v2)
+    (
+        {"message.downconversion.enable": "true"},
+        "Unknown topic config name: message.downconversion.enable",
+    ),
+    (
+        {"segment.jitter.ms": "-1"},
+        _invalid("-1", "segment.jitter.ms", "Value must be at least 0"),
+    ),
+    (
+        {"segment.index.bytes": "3"},
+        _invalid("3", "segment.index.bytes", "Value must be at least 4"),
+    ),
+    ({"flush.messages": "0"}, _invalid("0", "flush.messages", "Value must be at least 1")),
+    ({"flush.ms": "-1"}, _invalid("-1", "flush.ms", "Value must be at least 0")),
+    (
+        {"index.interval.bytes": "-1"},
+        _invalid("-1", "index.interval.bytes", "Value must be at least 0"),
+    ),
+    (
+        {"file.delete.delay.ms": "-1"},
+        _invalid("-1", "file.delete.delay.ms", "Value must be at least 0"),
+    ),
+    (
+        {"preallocate": "yes"},
+        _invalid("yes", "preallocate", "Expected value to be either true or false"),
+    ),
+    (
+        {"unclean.leader.election.enable": "1"},
+        _invalid(
+            "1", "unclean.leader.election.enable", "Expected value to be either true or false"
+        ),
+    ),
+    (
+        {"compression.gzip.level": "0"},
+        _invalid("0", "compression.gzip.level", "Value must be between 1 and 9 or equal to -1"),
+    ),
+    (
+        {"compression.gzip.level": "10"},
+        _invalid("10", "compression.gzip.level", "Value must be between 1 and 9 or equal to -1"),
+    ),
+    (
+        {"compression.lz4.level": "18"},
+        _invalid("18", "compression.lz4.level", "Value must be no more than 17"),
+    ),
+    (
+        {"compression.zstd.level": "-131073"},
+        _invalid("-131073", "compression.zstd.level", "Value must be at least -131072"),
+    ),
+    (
+        {"message.timestamp.before.max.ms": "-1"},
+        _invalid("-1", "message.timestamp.before.max.ms", "Value must be at least 0"),
+    ),
+    (
+        {"message.timestamp.after.max.ms": "soon"},
+        _invalid("soon", "message.timestamp.after.max.ms", "Not a number of type LONG"),
+    ),
+    (
+        {"local.retention.ms": "-3"},
+        _invalid("-3", "local.retention.ms", "Value must be at least -2"),
+    ),
+    (
+        {"local.retention.bytes": "-3"},
+        _invalid("-3", "local.retention.bytes", "Value must be at least -2"),
+    ),
+    (  # Kafka without tiered storage in its brokers, which is what TidalMQ is
+        {"remote.storage.enable": "true"},
+        "Tiered Storage functionality is disabled in the broker. Topic cannot be configured "
+        "with remote log storage.",
+    ),
+    (
+        {"remote.storage.enable": "true", "remote.log.copy.disable": "true"},
+        "Tiered Storage functionality is disabled in the broker. Topic cannot be configured "
+        "with remote log storage.",
+    ),
+    (  # the values are checked before tiered storage is
+        {"remote.storage.enable": "true", "flush.ms": "-1"},
+        _invalid("-1", "flush.ms", "Value must be at least 0"),
+    ),
     # names first, then the values in Kafka's order of its definitions, whatever the request's
     ({"segment.bytes": "4096", "nope": "1"}, "Unknown topic config name: nope"),
     (
@@ -185,6 +290,8 @@ KAFKA_REFUSES: list[tuple[dict[str, str], str]] = [
 TIDALMQ_NARROWS: list[tuple[dict[str, str], str]] = [
     ({"min.insync.replicas": "2"}, "every partition has one durable copy in object storage"),
     ({"compression.type": "gzip"}, "never recompresses"),
+    ({"unclean.leader.election.enable": "true"}, "never an out-of-sync replica"),
+    ({"unclean.leader.election.enable": " True "}, "never an out-of-sync replica"),
 ]
 
 
@@ -287,6 +394,12 @@ def check_alter_configs(bootstrap: str) -> None:
         "INVALID_CONFIG: "
         + _invalid("shred", "cleanup.policy", "String must be one of: compact, delete")
     )
+    assert incremental("remote.storage.enable", "true", set_) == (
+        "INVALID_CONFIG: Tiered Storage functionality is disabled in the broker. Topic cannot be "
+        "configured with remote log storage."
+    )
+    assert incremental("preallocate", "True", set_) is None
+    assert described()["preallocate"] == "true"
     assert incremental("internal.segment.bytes", "8192", set_) is None
     assert described()["internal.segment.bytes"] == "8192"
     assert replace({"segment.ms": "0"}) == "INVALID_CONFIG: " + _invalid(
@@ -296,3 +409,42 @@ def check_alter_configs(bootstrap: str) -> None:
     after = described()
     assert after["segment.bytes"] == "2097152"
     assert "internal.segment.bytes" not in after  # AlterConfigs replaces them all
+
+
+# Kafka 4.3.1's defaults of the configs that have no effect on TidalMQ or only bound
+# timestamps, as a topic with none set describes them
+KAFKA_DEFAULTS = {
+    "segment.jitter.ms": "0",
+    "segment.index.bytes": "10485760",
+    "flush.messages": str(2**63 - 1),
+    "flush.ms": str(2**63 - 1),
+    "index.interval.bytes": "4096",
+    "file.delete.delay.ms": "60000",
+    "unclean.leader.election.enable": "false",
+    "compression.gzip.level": "-1",
+    "compression.lz4.level": "9",
+    "compression.zstd.level": "3",
+    "preallocate": "false",
+    "message.timestamp.before.max.ms": str(2**63 - 1),
+    "message.timestamp.after.max.ms": "3600000",
+    "remote.storage.enable": "false",
+    "local.retention.ms": "-2",
+    "local.retention.bytes": "-2",
+    "remote.log.copy.disable": "false",
+    "remote.log.delete.on.disable": "false",
+}
+
+
+def check_described_defaults(bootstrap: str) -> None:
+    """DescribeConfigs of a topic with no configs set shows Kafka's defaults of these configs;
+    one set is described as Kafka describes it."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = f"config-check-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(topic, 1, 1, config={"preallocate": "TRUE"})])[topic].result(20)
+    entries = describe_topic_configs(admin, topic)
+    described = {name: entries[name].value for name in KAFKA_DEFAULTS if name in entries}
+    expected = {**KAFKA_DEFAULTS, "preallocate": "true"}  # a BOOLEAN as Kafka parsed it
+    differ = {n: (described.get(n), v) for n, v in expected.items() if described.get(n) != v}
+    assert not differ, f"described, expected: {differ}"
+    assert entries["segment.jitter.ms"].is_default
+    assert not entries["preallocate"].is_default

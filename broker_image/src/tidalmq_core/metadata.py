@@ -44,6 +44,27 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     # partition moves, so they are recorded (and reported) but limit nothing.
     "leader.replication.throttled.replicas": "",
     "follower.replication.throttled.replicas": "",
+    # KIP-937's bounds on a CreateTime record's timestamp (Kafka 4's defaults: any age, at most
+    # an hour ahead)
+    "message.timestamp.before.max.ms": str(2**63 - 1),
+    "message.timestamp.after.max.ms": str(3600 * 1000),
+    # Kafka's, described and taken but with no effect here (docs/topic-configs.md)
+    "segment.jitter.ms": "0",
+    "segment.index.bytes": str(10 * 1024 * 1024),
+    "flush.messages": str(2**63 - 1),
+    "flush.ms": str(2**63 - 1),
+    "index.interval.bytes": "4096",
+    "file.delete.delay.ms": "60000",
+    "unclean.leader.election.enable": "false",
+    "compression.gzip.level": "-1",
+    "compression.lz4.level": "9",
+    "compression.zstd.level": "3",
+    "preallocate": "false",
+    "remote.storage.enable": "false",
+    "local.retention.ms": "-2",
+    "local.retention.bytes": "-2",
+    "remote.log.copy.disable": "false",
+    "remote.log.delete.on.disable": "false",
 }
 READ_ONLY_TOPIC_CONFIGS = frozenset({"min.insync.replicas"})
 

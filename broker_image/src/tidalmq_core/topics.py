@@ -78,9 +78,10 @@ COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"
 @dataclass(frozen=True, slots=True)
 class TopicConfigDef:
     name: str
-    type: str  # Kafka's ConfigDef type: INT, LONG, DOUBLE, STRING or LIST
+    type: str  # Kafka's ConfigDef type: INT, LONG, DOUBLE, BOOLEAN, STRING or LIST
     at_least: float | None = None
     at_most: float | None = None
+    or_equal: int | None = None  # a value also taken outside the range (gzip's level -1)
     one_of: tuple[str, ...] = ()  # STRING: the value, LIST: each item
     replicas: bool = False  # LIST of partition:broker pairs or "*" (ThrottledReplicaListValidator)
     internal: bool = False  # Kafka's internal configs: no default, described only when set
@@ -88,17 +89,33 @@ class TopicConfigDef:
     why: str = ""  # why TidalMQ takes only `only`
 
 
+# Kafka's other configs are each taken as Kafka takes them, with a reason for what they do here
+# in docs/topic-configs.md; the ones that mean nothing on object storage ("no effect") or only
+# with Kafka's tiered storage, which TidalMQ does not offer, change nothing but are described.
+_NO_UNCLEAN_ELECTION = (
+    "a partition's acknowledged records are in object storage, from which any broker leads "
+    "it, so there is never an out-of-sync replica to elect and lose records with"
+)
 TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
     TopicConfigDef("segment.bytes", "INT", at_least=SEGMENT_BYTES_MIN),
     TopicConfigDef("segment.ms", "LONG", at_least=1),
+    TopicConfigDef("segment.jitter.ms", "LONG", at_least=0),  # no effect
+    TopicConfigDef("segment.index.bytes", "INT", at_least=4),  # no effect
+    TopicConfigDef("flush.messages", "LONG", at_least=1),  # no effect
+    TopicConfigDef("flush.ms", "LONG", at_least=0),  # no effect
     TopicConfigDef("retention.bytes", "LONG"),
     TopicConfigDef("retention.ms", "LONG", at_least=-1),
     TopicConfigDef("max.message.bytes", "INT", at_least=0),
+    TopicConfigDef("index.interval.bytes", "INT", at_least=0),  # no effect
     TopicConfigDef("delete.retention.ms", "LONG", at_least=0),
     TopicConfigDef("min.compaction.lag.ms", "LONG", at_least=0),
     TopicConfigDef("max.compaction.lag.ms", "LONG", at_least=1),
+    TopicConfigDef("file.delete.delay.ms", "LONG", at_least=0),  # no effect
     TopicConfigDef("min.cleanable.dirty.ratio", "DOUBLE", at_least=0, at_most=1),
     TopicConfigDef("cleanup.policy", "LIST", one_of=CLEANUP_POLICIES),
+    TopicConfigDef(
+        "unclean.leader.election.enable", "BOOLEAN", only=("false",), why=_NO_UNCLEAN_ELECTION
+    ),
     TopicConfigDef(
         "min.insync.replicas",
         "INT",
@@ -116,9 +133,26 @@ TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
         why="TidalMQ stores batches as the producer compressed them and never recompresses; "
         "set compression.type on the producer instead",
     ),
+    # the levels of a topic codec: with compression.type=producer they mean nothing on Kafka
+    # either (no effect)
+    TopicConfigDef("compression.gzip.level", "INT", at_least=1, at_most=9, or_equal=-1),
+    TopicConfigDef("compression.lz4.level", "INT", at_least=1, at_most=17),
+    TopicConfigDef("compression.zstd.level", "INT", at_least=-131072, at_most=22),
+    TopicConfigDef("preallocate", "BOOLEAN"),  # no effect
     TopicConfigDef("message.timestamp.type", "STRING", one_of=("CreateTime", "LogAppendTime")),
+    # KIP-937: the range a CreateTime record's timestamp must be in (produce.timestamp_refusal)
+    TopicConfigDef("message.timestamp.before.max.ms", "LONG", at_least=0),
+    TopicConfigDef("message.timestamp.after.max.ms", "LONG", at_least=0),
     TopicConfigDef("leader.replication.throttled.replicas", "LIST", replicas=True),
     TopicConfigDef("follower.replication.throttled.replicas", "LIST", replicas=True),
+    # Kafka's tiered storage (KIP-405): TidalMQ answers as a Kafka whose brokers have it off
+    # (remote.log.storage.system.enable=false): remote.storage.enable=true is refused with
+    # that Kafka's message, and the others, which only act on a tiered topic, are taken
+    TopicConfigDef("remote.storage.enable", "BOOLEAN"),
+    TopicConfigDef("local.retention.ms", "LONG", at_least=-2),  # no effect
+    TopicConfigDef("local.retention.bytes", "LONG", at_least=-2),  # no effect
+    TopicConfigDef("remote.log.copy.disable", "BOOLEAN"),  # no effect
+    TopicConfigDef("remote.log.delete.on.disable", "BOOLEAN"),  # no effect
     TopicConfigDef(INTERNAL_SEGMENT_BYTES, "INT", internal=True),
 )
 TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in TOPIC_CONFIG_DEFS}
@@ -156,6 +190,17 @@ def _parse_number(d: TopicConfigDef, raw: str) -> int | float:
     return number
 
 
+def _parse_boolean(d: TopicConfigDef, raw: str) -> bool:
+    """Kafka's BOOLEAN parse: "true" or "false" in any case, after trimming."""
+    text = _java_trim(raw).lower()
+    if text not in ("true", "false"):
+        raise InvalidConfig(
+            f"Invalid value {raw} for configuration {d.name}: "
+            "Expected value to be either true or false"
+        )
+    return text == "true"
+
+
 def _java_number(number: int | float) -> str:
     """How Java prints the parsed value in Kafka's range messages (Double.toString)."""
     if isinstance(number, int):
@@ -185,8 +230,20 @@ def _list_items(raw: str) -> list[str]:
 
 def _check_kafka(d: TopicConfigDef, raw: str) -> None:
     """Kafka 4.3's check of one value: its type, then its range or allowed values."""
+    if d.type == "BOOLEAN":
+        _parse_boolean(d, raw)
+        return
     if d.type in ("INT", "LONG", "DOUBLE"):
         number = _parse_number(d, raw)
+        if d.or_equal is not None and d.at_least is not None and d.at_most is not None:
+            # Kafka's validator for gzip's level: a range, or one value outside it
+            if number != d.or_equal and not d.at_least <= number <= d.at_most:
+                raise InvalidConfig(
+                    f"Invalid value {_java_number(number)} for configuration {d.name}: Value "
+                    f"must be between {_java_number(int(d.at_least))} and "
+                    f"{_java_number(int(d.at_most))} or equal to {d.or_equal}"
+                )
+            return
         if d.at_least is not None and number < d.at_least:
             bound = f"at least {_java_number(d.at_least)}"
         elif d.at_most is not None and number > d.at_most:  # NaN passes, as in Kafka
@@ -240,12 +297,21 @@ def validate_configs(configs: dict[str, str | None], *, static: bool = False) ->
         if d.name in given:
             _check_kafka(d, given[d.name])
     _check_compaction_lags(given)
+    if config_flag("remote.storage.enable", given.get("remote.storage.enable", "false")):
+        # Kafka's own refusal (LogConfig.validateRemoteStorageOnlyIfSystemEnabled) on a cluster
+        # without tiered storage, which is what TidalMQ is: its one store is the object store
+        raise InvalidConfig(
+            "Tiered Storage functionality is disabled in the broker. Topic cannot be configured "
+            "with remote log storage."
+        )
     for d in TOPIC_CONFIG_DEFS:
         value = given.get(d.name)
         if value is None or not d.only:
             continue
         value = _java_trim(value)
-        if d.type in ("INT", "LONG", "DOUBLE"):
+        if d.type == "BOOLEAN":
+            allowed = _parse_boolean(d, value) in [_parse_boolean(d, v) for v in d.only]
+        elif d.type in ("INT", "LONG", "DOUBLE"):
             allowed = _parse_number(d, value) in [_parse_number(d, v) for v in d.only]
         else:
             allowed = value in d.only
@@ -254,6 +320,9 @@ def validate_configs(configs: dict[str, str | None], *, static: bool = False) ->
                 f"Invalid value {value} for configuration {d.name}: TidalMQ takes only "
                 f"{', '.join(d.only)}: {d.why}"
             )
+    for name, value in given.items():  # described as Kafka describes them: "true", "false"
+        if TOPIC_CONFIGS[name].type == "BOOLEAN":
+            given[name] = str(_parse_boolean(TOPIC_CONFIGS[name], value)).lower()
     if static and "compact" in cleanup_policy(given.get("cleanup.policy", "delete")):
         raise InvalidConfig(
             "cleanup.policy=compact is not offered for static topics: a logic queue spans "
@@ -266,6 +335,11 @@ def config_number(name: str, value: str) -> int | float:
     """A stored INT, LONG or DOUBLE topic config's value, parsed as Kafka parses it (values are
     stored as the client sent them: " 5 ", "+5" and "0.5d" are valid)."""
     return _parse_number(TOPIC_CONFIGS[name], value)
+
+
+def config_flag(name: str, value: str) -> bool:
+    """A BOOLEAN topic config's value, parsed as Kafka parses it (" TRUE " is true)."""
+    return _parse_boolean(TOPIC_CONFIGS[name], value)
 
 
 def effective_segment_bytes(configs: Mapping[str, str]) -> int:

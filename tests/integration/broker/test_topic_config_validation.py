@@ -9,7 +9,11 @@ from __future__ import annotations
 import pytest
 
 from tests.support.broker_process import BrokerProcess
-from tests.support.topic_config_validation import check_alter_configs, check_create_topics
+from tests.support.topic_config_validation import (
+    check_alter_configs,
+    check_create_topics,
+    check_described_defaults,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -20,3 +24,7 @@ def test_create_topics_validates_configs_as_kafka(local_broker: BrokerProcess) -
 
 def test_alter_configs_validate_as_kafka(local_broker: BrokerProcess) -> None:
     check_alter_configs(local_broker.bootstrap)
+
+
+def test_kafkas_defaults_are_described(local_broker: BrokerProcess) -> None:
+    check_described_defaults(local_broker.bootstrap)

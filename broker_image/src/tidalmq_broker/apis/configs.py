@@ -215,7 +215,14 @@ def split_tls_reloads(broker: Broker, scope: str, changes: dict[str, str | None]
     return TlsReload(frozenset(listeners), rest, None)
 
 
-_TYPE_CODES = {"INT": _INT, "LONG": _LONG, "DOUBLE": _DOUBLE, "STRING": _STRING, "LIST": _LIST}
+_TYPE_CODES = {
+    "INT": _INT,
+    "LONG": _LONG,
+    "DOUBLE": _DOUBLE,
+    "BOOLEAN": _BOOLEAN,
+    "STRING": _STRING,
+    "LIST": _LIST,
+}
 
 
 def _config_type(name: str) -> int:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import AclOperation, ResourceType
 from tidalmq_core.metadata import INTERNAL_TOPICS
 from tidalmq_core.model import TopicPartition
+from tidalmq_core.topics import config_number
 
 from tidalmq_broker.apis.errors import KafkaError, error_code, error_message
 from tidalmq_broker.apis.registry import api
@@ -105,6 +107,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                 continue
             info = broker.metadata.topics.get(topic.name)
             compacted = info is not None and "compact" in info.cleanup_policy()
+            bounds = None if info is None else timestamp_bounds(info.effective_configs())
             for part in topic.partition_data:
                 try:
                     plog = broker.partitions.get_log(TopicPartition(topic.name, part.index))
@@ -121,6 +124,11 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                 )
                 if refused is not None:
                     entries.append((topic.name, part.index, ErrorCode.invalid_record, refused, 0))
+                    continue
+                if bounds is not None and _timestamp_refusal(part.records, *bounds):
+                    entries.append(
+                        (topic.name, part.index, ErrorCode.invalid_timestamp, INVALID_TIMESTAMP, 0)
+                    )
                     continue
                 # the records are a view of this request's own frame buffer (when large
                 # enough to have one): the log patches offsets in place instead of copying
@@ -335,6 +343,60 @@ def _keyless_refusal(topic: str, partition: int, data: bytes | memoryview) -> st
         f"One or more records have been rejected due to {len(keyless)} record errors in total, "
         f"and only showing the first three errors at most: [{', '.join(errors)}]"
     )
+
+
+# Kafka's message (LogValidator.processRecordErrors); its per-record detail ("Timestamp T of
+# message with offset O is out of range. The timestamp should be within [A, B]") goes in the
+# response's record errors, which TidalMQ does not send (docs/topic-configs.md)
+INVALID_TIMESTAMP = "One or more records have been rejected due to invalid timestamp"
+
+
+def timestamp_bounds(configs: Mapping[str, str]) -> tuple[int, int] | None:
+    """A topic's message.timestamp.before.max.ms and after.max.ms (KIP-937), or None when its
+    records take the broker's time (LogAppendTime), which Kafka does not check."""
+    if configs["message.timestamp.type"].strip() != "CreateTime":
+        return None
+    before = int(config_number("message.timestamp.before.max.ms", configs[_BEFORE]))
+    after = int(config_number("message.timestamp.after.max.ms", configs[_AFTER]))
+    return before, after
+
+
+_BEFORE, _AFTER = "message.timestamp.before.max.ms", "message.timestamp.after.max.ms"
+_NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP: not checked
+_LONG_MAX = 2**63 - 1
+
+
+def _java_long(value: int) -> int:
+    """`value` wrapped to a Java long, as Kafka's arithmetic on timestamps is."""
+    return (value + 2**63) % 2**64 - 2**63
+
+
+def _timestamp_refusal(
+    data: bytes | memoryview, before_ms: int, after_ms: int, now_ms: int | None = None
+) -> bool:
+    """Whether a record of a CreateTime batch is older than `before_ms` or more than
+    `after_ms` ahead of the broker's clock (Kafka's LogValidator.recordHasInvalidTimestamp),
+    which Kafka refuses with INVALID_TIMESTAMP. A batch whose declared max timestamp is within
+    the upper bound is not opened when the lower bound is Kafka's default (no limit), so the
+    default check costs no decompression. False when the batches are malformed (the append
+    then says how)."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    try:
+        for header in records.iter_headers(data):
+            if header.is_control or header.attributes & records.TIMESTAMP_TYPE_MASK:
+                continue  # markers, and a producer's LogAppendTime batch: not checked here
+            if before_ms == _LONG_MAX and header.max_timestamp - now <= after_ms:
+                continue  # no record is too old (Kafka's default), none too new
+            for _, timestamp in records.iter_record_timestamps(data, header):
+                if timestamp == _NO_TIMESTAMP:
+                    continue
+                # Kafka's arithmetic, on Java longs: timestampDiff = now - timestamp
+                diff = _java_long(now - timestamp)
+                if diff > before_ms or _java_long(-diff) > after_ms:
+                    return True
+    except (records.InvalidRecordBatch, records.UnsupportedMagic):
+        return False
+    return False
 
 
 def _has_transactional(body: Any) -> bool:

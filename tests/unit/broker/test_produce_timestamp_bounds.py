@@ -1,0 +1,90 @@
+"""KIP-937's bounds on a CreateTime record's timestamp, as Kafka 4.3's LogValidator checks them
+(tidalmq_broker/apis/produce.py); tests/integration/broker/test_timestamp_bounds.py checks them
+with a real producer, on TidalMQ and on Kafka."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+from tidalmq_broker.apis.produce import _timestamp_refusal, timestamp_bounds
+from tidalmq_broker.protocol import records
+from tidalmq_core.metadata import TOPIC_CONFIG_DEFAULTS
+
+NOW = 1_800_000_000_000
+HOUR = 3_600_000
+LONG_MAX = 2**63 - 1
+
+
+def _varint(value: int) -> bytes:
+    zigzag = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while zigzag >= 0x80:
+        out.append(zigzag & 0x7F | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
+
+
+def _batch(timestamps: list[int], *, max_timestamp: int | None = None) -> bytes:
+    """An uncompressed v2 batch of records with these timestamps (the first is the batch's
+    base timestamp), declaring `max_timestamp` (the records' max unless given)."""
+    base = timestamps[0]
+    body = bytearray()
+    for delta, timestamp in enumerate(timestamps):
+        record = b"\x00" + _varint(timestamp - base) + _varint(delta) + _varint(-1)
+        record += _varint(1) + b"v" + _varint(0)
+        body += _varint(len(record)) + record
+    declared = max(timestamps) if max_timestamp is None else max_timestamp
+    count = len(timestamps)
+    after_crc = struct.pack(">hiqqqhii", 0, count - 1, base, declared, -1, -1, -1, count)
+    after_crc += bytes(body)
+    length = 4 + 1 + 4 + len(after_crc)
+    crc = crc32c.crc32c(after_crc)
+    return struct.pack(">qiibI", 0, length, -1, records.MAGIC_V2, crc) + after_crc
+
+
+def test_records_within_the_bounds_are_taken() -> None:
+    batch = _batch([NOW - HOUR, NOW, NOW + 60_000])
+    assert not _timestamp_refusal(batch, HOUR, 60_000, NOW)
+
+
+def test_a_record_older_than_before_max_is_refused_wherever_it_is_in_the_batch() -> None:
+    assert _timestamp_refusal(_batch([NOW - HOUR - 1]), HOUR, HOUR, NOW)
+    # neither the base timestamp nor the max shows it
+    assert _timestamp_refusal(_batch([NOW, NOW - 2 * HOUR, NOW]), HOUR, HOUR, NOW)
+
+
+def test_a_record_further_ahead_than_after_max_is_refused() -> None:
+    assert _timestamp_refusal(_batch([NOW, NOW + HOUR + 1]), LONG_MAX, HOUR, NOW)
+    assert not _timestamp_refusal(_batch([NOW, NOW + HOUR]), LONG_MAX, HOUR, NOW)
+    # with a bound on age the records are read: a max timestamp understated is no way round
+    assert _timestamp_refusal(_batch([NOW, NOW + 2 * HOUR], max_timestamp=NOW), HOUR, HOUR, NOW)
+
+
+def test_kafkas_defaults_take_any_age_and_an_hour_ahead() -> None:
+    before, after = timestamp_bounds(TOPIC_CONFIG_DEFAULTS) or (0, 0)
+    assert (before, after) == (LONG_MAX, HOUR)
+    assert not _timestamp_refusal(_batch([0, NOW - 50 * 365 * 24 * HOUR]), before, after, NOW)
+    assert _timestamp_refusal(_batch([NOW + HOUR + 1]), before, after, NOW)
+
+
+def test_a_record_without_timestamp_is_not_checked() -> None:
+    assert not _timestamp_refusal(_batch([-1]), 0, 0, NOW)
+
+
+def test_kafkas_long_arithmetic_is_kept() -> None:
+    # now - timestamp wraps on Java longs: a record at Long.MIN_VALUE is "in the future" and an
+    # after bound of Long.MAX_VALUE takes it
+    assert not _timestamp_refusal(_batch([-(2**63)]), 0, LONG_MAX, NOW)
+
+
+def test_log_append_time_topics_are_not_checked() -> None:
+    configs = {**TOPIC_CONFIG_DEFAULTS, "message.timestamp.type": "LogAppendTime"}
+    assert timestamp_bounds(configs) is None
+    configs = {**TOPIC_CONFIG_DEFAULTS, "message.timestamp.before.max.ms": " +5 "}
+    assert timestamp_bounds(configs) == (5, HOUR)
+
+
+def test_a_malformed_batch_is_left_to_the_append() -> None:
+    assert not _timestamp_refusal(b"\x00" * 30, 0, 0, NOW)
