@@ -10,6 +10,10 @@ from typing import Any
 HPA_SELECTOR = 'horizontalpodautoscaler=~".+-broker"'
 """kube-state-metrics' HPA series of the chart's broker HPA (named FULLNAME-broker)."""
 
+MOVE_TROUBLE = "failed|target_lost|retargeted"
+"""The move outcomes TidalMQMovesFailing fires on (tidalmq_controller._moves.TROUBLE): not done,
+not a user's cancel, not a move superseded by a new reassignment."""
+
 
 @dataclass(frozen=True)
 class Alert:
@@ -109,13 +113,19 @@ ALERTS = (
     ),
     Alert(
         "TidalMQMovesFailing",
-        "sum by (namespace) "
-        '(increase(tidalmq_controller_reassignments_total{outcome="failed"}[15m])) > 0',
+        "sum by (namespace, outcome) "
+        "(increase(tidalmq_controller_reassignments_total"
+        f'{{outcome=~"{MOVE_TROUBLE}"}}[15m])) > 0',
         "0m",
         "warning",
-        "Partition moves failed",
-        "{{ $value }} moves failed in the last 15 minutes: the PartitionReassignment's status "
-        "says why.",
+        "Partition moves ended {{ $labels.outcome }}",
+        "{{ $value }} move attempts ended {{ $labels.outcome }} in the last 15 minutes. "
+        "target_lost: the target broker went away before serving the partition (rolled back to "
+        "the source, or handed to another broker); retargeted: the target did not open the "
+        "partition within the open timeout and the move was handed on to another broker (see "
+        "the target broker's log); failed: the topic was deleted under the move. A user's "
+        "cancel does not fire this. The PartitionReassignment's status and the controller's "
+        "PartitionTargetLost / PartitionNotOpened events name the partitions.",
     ),
     Alert(
         "TidalMQStaticTopicInconsistent",

@@ -48,7 +48,7 @@ from tidalmq_controller._log import (
     ObjectStoreMetadataLog,
 )
 from tidalmq_controller._membership import Heartbeat, HeartbeatReply
-from tidalmq_controller._moves import MoveStatus
+from tidalmq_controller._moves import TROUBLE, MoveStatus, Outcome
 from tidalmq_controller._rpc_client import (
     ControllerClient,
     HttpControllerClient,
@@ -67,6 +67,7 @@ from tidalmq_controller._settings import ControllerSettings
 from tidalmq_controller._topics import NewTopic, TopicResult
 
 __all__ = [
+    "TROUBLE",
     "Batch",
     "BootstrapUser",
     "Controller",
@@ -88,6 +89,7 @@ __all__ = [
     "NewTopic",
     "NoBrokers",
     "ObjectStoreMetadataLog",
+    "Outcome",
     "ScramAlterResult",
     "ScramDeletion",
     "ScramUpsertion",

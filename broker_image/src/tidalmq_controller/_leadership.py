@@ -38,7 +38,7 @@ from tidalmq_core.static_mapping import PHYSICAL_PREFIX
 
 from tidalmq_controller._journal import Journal
 from tidalmq_controller._membership import Membership
-from tidalmq_controller._moves import MoveStatus, MoveTracker, Release, SourceView
+from tidalmq_controller._moves import MoveStatus, MoveTracker, Outcome, Release, SourceView
 from tidalmq_controller._settings import ControllerSettings
 
 
@@ -440,12 +440,26 @@ class Leadership:
                 home = part.original_replicas[0] if part.original_replicas else None
                 if home in live:  # the target went away: back home
                     records.append(partition_record(tp, **cancel_changes(part)))
+                    why = f"target broker {target} went away: rolled back to broker {home}"
                     if status is not None:
-                        self.moves.mark(tp, Phase.CANCELLED, "target broker went away", at=wall)
+                        self.moves.mark(
+                            tp, Phase.CANCELLED, why, at=wall, outcome=Outcome.TARGET_LOST
+                        )
+                    self.c.emit("PartitionTargetLost", f"{tp}: {why}", {"partition": str(tp)})
                     continue
                 if not live:
                     continue
-                target = min(live, key=lambda b: (len(self.by_broker.get(b, ())), b))
+                lost, target = target, min(live, key=lambda b: (len(self.by_broker.get(b, ())), b))
+                # neither target nor source is there: the move goes on to another broker in
+                # place (the same record); the attempt on the lost target is counted
+                why = (
+                    f"target broker {lost} and source broker {home} went away: "
+                    f"moving it to broker {target}"
+                )
+                self.moves.attempt_ended(Outcome.TARGET_LOST)
+                if status is not None:
+                    status.reason = why
+                self.c.emit("PartitionTargetLost", f"{tp}: {why}", {"partition": str(tp)})
             changes = elect_changes(part, target)
             records.append(partition_record(tp, **changes))
             # elect_changes' leader_epoch is an int (its dict holds fields of several types)
@@ -610,9 +624,11 @@ class Leadership:
                 **closing_changes(now_ms),
             }
             records.append(partition_record(tp, **changes))
-            moved = self.moves.begin(tp, old_target, new, Phase.CLOSING)
+            moved = self.moves.begin(
+                tp, old_target, new, Phase.CLOSING, replaces=Outcome.RETARGETED
+            )
             moved.reason = (
-                f"broker {old_target} did not open it within {timeout:.0f}s; "
+                f"broker {old_target} did not open it within {timeout:g}s; "
                 f"moving it to broker {new}"
             )
             moved.recorded_version = self.c.journal.next_version
@@ -661,6 +677,13 @@ class Leadership:
                 if topic is None or part is None or topic.pinned or part.moving:
                     continue  # static topics remap; moves are handled by the election step
                 orphans.append(tp)
+                status = self.moves.get(tp)
+                if status is not None and status.phase is Phase.OPENING and status.target == b:
+                    # elected there and not open yet: the move ends with its target gone (the
+                    # partition is opened elsewhere below, as a failover of its own)
+                    why = f"target broker {b} went away before it opened the partition ({reason})"
+                    self.moves.mark(tp, Phase.FAILED, why, outcome=Outcome.TARGET_LOST)
+                    self.c.emit("PartitionTargetLost", f"{tp}: {why}", {"partition": str(tp)})
         # queued moves whose source died: start them (the release step elects at once)
         for tp in list(self._queued):
             part = self.partition(tp)

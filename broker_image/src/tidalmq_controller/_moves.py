@@ -10,7 +10,16 @@ version at which the close was recorded, and whether the source reported it clos
     Electing  the source closed (or its lease ran out): the target is being elected
     Opening   the target leads at `epoch` and opens the partition
     Done      the target reported it open at `epoch`
-    Cancelled rolled back to the source; Failed: could not complete (topic deleted)
+    Cancelled rolled back to the source (a user's cancel, or its target went away before the
+              election); Failed: could not complete (topic deleted, or the target went away
+              after its election, before it opened the partition)
+
+Each end of a move *attempt* (one source, one target) is counted once, in
+`tidalmq_controller_reassignments_total{outcome}`, with an `Outcome` that says what happened, not
+only the phase it ended in: a move rolled back because its target went away is Cancelled like a
+user's cancel, but counted `target_lost`; a target that did not open in time has its move handed
+on to another broker (a new attempt replaces the record) and the old attempt is counted
+`retargeted`. docs/architecture/partition-move.md ("How a move ends") lists every path.
 
 `release` decides, from the move alone, the source's liveness and a clock, whether the target
 may be elected now, the source must be fenced, or the move waits: a unit test drives it with a
@@ -30,7 +39,12 @@ from prometheus_client import Counter, Gauge, Histogram
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase
 
-MOVES = Counter("tidalmq_controller_reassignments_total", "Partition moves by outcome", ["outcome"])
+MOVES = Counter(
+    "tidalmq_controller_reassignments_total",
+    "Partition move attempts ended, by outcome (Outcome: done, cancelled, failed, target_lost, "
+    "retargeted, superseded)",
+    ["outcome"],
+)
 MOVE_SECONDS = Histogram(
     "tidalmq_controller_reassignment_seconds",
     "Time from recording a move to the target serving (the client-visible unavailability)",
@@ -39,6 +53,26 @@ MOVE_SECONDS = Histogram(
 MOVES_IN_FLIGHT = Gauge(
     "tidalmq_controller_moves_in_flight", "Moves started and not finished, by phase", ["phase"]
 )
+
+
+class Outcome(enum.StrEnum):
+    """How one move attempt ended: the `outcome` label (bounded: these six values only)."""
+
+    DONE = "done"  # the target serves the partition
+    CANCELLED = "cancelled"  # a user's cancel (or a reassignment back to the original broker)
+    FAILED = "failed"  # the topic was deleted under the move
+    TARGET_LOST = "target_lost"  # the target broker went away before it served the partition
+    RETARGETED = "retargeted"  # the target did not open it within the open timeout: handed on
+    SUPERSEDED = "superseded"  # a new reassignment of the partition replaced a move still opening
+
+    @classmethod
+    def of(cls, phase: Phase) -> Outcome:
+        """The outcome a finished phase counts as unless the caller says otherwise."""
+        return {Phase.DONE: cls.DONE, Phase.CANCELLED: cls.CANCELLED}.get(phase, cls.FAILED)
+
+
+# the outcomes an operator must look at (TidalMQMovesFailing): not a user's cancel, not done
+TROUBLE = (Outcome.FAILED, Outcome.TARGET_LOST, Outcome.RETARGETED)
 
 
 class Release(enum.Enum):
@@ -73,6 +107,7 @@ class MoveStatus:
     opened: float | None = None
     finished: float | None = None
     epoch: int | None = None  # epoch the target was elected with
+    outcome: str = ""  # an Outcome's value once the move ended (or was replaced)
     # bookkeeping (not shown): the version that recorded the close, the source's report
     recorded_version: int = -1
     closed_reported: bool = False
@@ -152,16 +187,26 @@ class MoveTracker:
         # increase() sees no increase in a series that first appears at 1, so without this
         # the first failed move never fired TidalMQMovesFailing (nor did the first done move
         # count in TidalMQMoveStuck). Here, not at import: brokers import this module too
-        for phase in Phase:
-            if phase.finished:
-                MOVES.labels(phase.value.lower())
+        self._outcomes = {outcome: MOVES.labels(outcome.value) for outcome in Outcome}
 
     def begin(
-        self, tp: TopicPartition, source: int | None, target: int, phase: Phase = Phase.CLOSING
+        self,
+        tp: TopicPartition,
+        source: int | None,
+        target: int,
+        phase: Phase = Phase.CLOSING,
+        *,
+        replaces: Outcome = Outcome.SUPERSEDED,
     ) -> MoveStatus:
+        """A new move attempt of `tp`. One that was not finished (a target still opening) ends
+        here, counted as `replaces`: it is not listed among the finished moves (the new attempt
+        is the partition's move; its reason says why it was handed on)."""
         old = self._moves.get(tp)
         if old is not None:
             self._count(old, -1)
+            old.outcome = replaces.value
+            old.finished = time.time()
+            self._outcomes[replaces].inc()
         status = MoveStatus(tp.topic, tp.partition, source, target, phase)
         self._moves[tp] = status
         self._count(status, +1)
@@ -235,9 +280,22 @@ class MoveTracker:
                 if b is not None:
                     self._inflight[b] = self._inflight.get(b, 0) + sign
 
+    def attempt_ended(self, outcome: Outcome) -> None:
+        """A move goes on to another target in place (its record continues): the attempt on
+        the old target is counted."""
+        self._outcomes[outcome].inc()
+
     def mark(
-        self, tp: TopicPartition, phase: Phase, reason: str = "", at: float | None = None
+        self,
+        tp: TopicPartition,
+        phase: Phase,
+        reason: str = "",
+        at: float | None = None,
+        *,
+        outcome: Outcome | None = None,
     ) -> MoveStatus | None:
+        """Move `tp` to `phase`; a finished phase counts the move once, as `outcome` (by
+        default the phase's own: done, cancelled, failed)."""
         status = self._moves.get(tp)
         if status is None:
             return None
@@ -260,7 +318,9 @@ class MoveTracker:
             self._finished.append(status)
             if len(self._finished) > 2 * self._keep:
                 del self._finished[: -self._keep]
-            MOVES.labels(phase.value.lower()).inc()
+            ended = outcome if outcome is not None else Outcome.of(phase)
+            status.outcome = ended.value
+            self._outcomes[ended].inc()
             if phase is Phase.DONE and status.unavailable_s is not None:
                 MOVE_SECONDS.observe(status.unavailable_s)
         else:

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidalmq_controller import MoveStatus
+from tidalmq_controller import TROUBLE, MoveStatus
 from tidalmq_core.metadata import PartitionState
 from tidalmq_core.reassignment import Phase, PlanEntry
 
@@ -70,6 +70,7 @@ class Step:
     phase: str
     at: float | None  # when the step began (the tracker's stamp); None when only inferred
     message: str
+    warning: bool = False  # the move ended in trouble (its target lost, its topic deleted)
 
 
 def now_iso(ts: float | None = None) -> str:
@@ -120,6 +121,9 @@ def steps_of(m: MoveStatus) -> list[Step]:
                 Phase.DONE.value, m.opened or m.finished, f"{tp}: served by broker {m.target}{took}"
             )
         )
+    elif m.phase is Phase.CANCELLED and m.outcome in TROUBLE:
+        # rolled back because its target went away (the reason names both brokers)
+        out.append(Step(Phase.CANCELLED.value, m.finished, f"{tp}: {m.reason}", warning=True))
     elif m.phase is Phase.CANCELLED:
         out.append(
             Step(
@@ -129,7 +133,7 @@ def steps_of(m: MoveStatus) -> list[Step]:
             )
         )
     elif m.phase is Phase.FAILED:
-        out.append(Step(Phase.FAILED.value, m.finished, f"{tp}: failed: {m.reason}"))
+        out.append(Step(Phase.FAILED.value, m.finished, f"{tp}: failed: {m.reason}", warning=True))
     return out
 
 

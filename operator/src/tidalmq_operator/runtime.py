@@ -683,10 +683,13 @@ class OperatorRuntime:
         meta: ClusterMetadata,
     ) -> dict[str, Any]:
         """The status of one tracked reassignment (rows and Events: progress.py's rules)."""
-        by_tp_active = {m.tp: m for m in active}
+        # a failover's opening (no source: its broker died) is not a move of this
+        # reassignment; a move whose target died while opening ended Failed (target_lost)
+        # just before it, and that is what its row shows
+        by_tp_active = {m.tp: m for m in active if m.source is not None}
         by_tp_recent: dict[TopicPartition, MoveStatus] = {}
         for move in recent:
-            if move.started >= run.submitted - 0.5:
+            if move.source is not None and move.started >= run.submitted - 0.5:
                 by_tp_recent[move.tp] = move
         rows = []
         for entry in run.entries:
@@ -719,7 +722,7 @@ class OperatorRuntime:
                     f"Partition{step.phase}",
                     step.message,
                     at=step.at,
-                    warning=step.phase == Phase.FAILED.value,
+                    warning=step.warning,
                 )
                 run.emitted[entry.tp] = step.phase
             rows.append(row)

@@ -23,7 +23,9 @@ real stall), in order:
    store; the target continued finds less than the metadata knows was acknowledged:
    TidalMQPartitionDataLost fires; the loss accepted (`recover --accept-data-loss`), resolves;
 6. a topic deleted under its move (its source stopped): the move Failed,
-   TidalMQMovesFailing fires (it resolves 15 minutes later: not waited for).
+   TidalMQMovesFailing fires for outcome `failed` (it resolves 15 minutes later: not waited
+   for). Its other outcomes (`target_lost`, `retargeted`) are provoked without Prometheus in
+   tests/integration/cluster/test_move_outcomes_cluster.py.
 
 Each is read from Prometheus' /api/v1/alerts (what Alertmanager gets). The test rewrites only
 the rules' `for:` durations (minutes in the chart) to 2 s, asserting that the expressions and
@@ -353,7 +355,8 @@ def test_move_stuck_data_lost_and_moves_failing_fire(
     prometheus.wait_for(
         "increase(tidalmq_controller_reassignments_total[10m])",
         lambda r: (
-            sorted(s["metric"]["outcome"] for s in r) == ["cancelled", "done", "failed"]
+            sorted(s["metric"]["outcome"] for s in r)
+            == ["cancelled", "done", "failed", "retargeted", "superseded", "target_lost"]
             and all(float(s["value"][1]) == 0 for s in r)
         ),
         timeout_s=30,
@@ -406,7 +409,7 @@ def test_move_stuck_data_lost_and_moves_failing_fire(
         cluster._post("/v1/topics/delete", {"names": [LEDGER]})
     failed = [m for m in cluster.moves()["recent"] if m["topic"] == LEDGER and m["partition"] == 0]
     assert failed and failed[-1]["phase"] == "Failed", failed
-    failing_fired = wait_alert(prometheus, firing, "TidalMQMovesFailing", 30)
+    failing_fired = wait_alert(prometheus, firing, "TidalMQMovesFailing", 30, outcome="failed")
     print(
         f"\nfiring after: move stuck {stuck_fired:.1f} s (resolved {stuck_resolved:.1f} s after "
         f"the move was done), partition data lost {lost_fired:.1f} s after its target opened it "

@@ -227,6 +227,13 @@ def test_every_outcome_is_exported_before_its_first_move() -> None:
     exports none."""
     count = re.compile(r'^tidalmq_controller_reassignments_total\{outcome="(\w+)"\} 0\.0$', re.M)
     controller = exposition("from tidalmq_controller._moves import MoveTracker; MoveTracker()")
-    assert sorted(count.findall(controller)) == ["cancelled", "done", "failed"], controller
+    assert sorted(count.findall(controller)) == [
+        "cancelled",
+        "done",
+        "failed",
+        "retargeted",
+        "superseded",
+        "target_lost",
+    ], controller
     broker = exposition("import tidalmq_controller._moves")
     assert "tidalmq_controller_reassignments_total{" not in broker, broker

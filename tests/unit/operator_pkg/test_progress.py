@@ -66,6 +66,25 @@ def test_a_cancelled_move_goes_from_closing_to_cancelled() -> None:
     assert [s.phase for s in steps_to_emit(m, "Cancelled", "Closing", str(TP))] == ["Cancelled"]
 
 
+def test_a_move_whose_target_went_away_ends_with_a_warning_and_a_users_cancel_without() -> None:
+    """The Event of a move's end is a warning when the move ended in trouble (its target lost,
+    its topic deleted), not when a user cancelled it."""
+    users = move(Phase.CANCELLED, finished=T0 + 3, outcome="cancelled", reason="cancelled")
+    lost = move(
+        Phase.CANCELLED,
+        finished=T0 + 3,
+        outcome="target_lost",
+        reason="target broker 2 went away: rolled back to broker 0",
+    )
+    failed = move(Phase.FAILED, finished=T0 + 3, outcome="target_lost", reason="target gone")
+    assert [s.warning for s in steps_of(users)] == [False, False]
+    assert [(s.warning, s.message) for s in steps_of(lost)][-1] == (
+        True,
+        "orders-3: target broker 2 went away: rolled back to broker 0",
+    )
+    assert steps_of(failed)[-1].warning
+
+
 def test_without_a_tracked_move_the_metadata_decides_and_is_announced_once() -> None:
     todo = steps_to_emit(None, "Done", "Opening", str(TP))
     assert [(s.phase, s.at) for s in todo] == [("Done", None)]

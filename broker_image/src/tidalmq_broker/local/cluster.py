@@ -803,9 +803,9 @@ def _last_line(path: Path) -> str:
 
 
 def _controller_settings() -> ControllerSettings:
-    """Controller timing from TIDALMQ_HEARTBEAT_INTERVAL_S, TIDALMQ_SESSION_TIMEOUT_S and
-    TIDALMQ_ELECTION_TIMEOUT_S (tests hold a move half way by stopping its source broker), and
-    the partitions of __transaction_state from TIDALMQ_TRANSACTION_STATE_PARTITIONS."""
+    """Controller timing from TIDALMQ_HEARTBEAT_INTERVAL_S, TIDALMQ_SESSION_TIMEOUT_S,
+    TIDALMQ_ELECTION_TIMEOUT_S (tests hold a move half way by stopping its source broker) and
+    TIDALMQ_OPEN_TIMEOUT_S (tests hand a move on by stopping its target), and the partitions of __transaction_state from TIDALMQ_TRANSACTION_STATE_PARTITIONS."""
     d = ControllerSettings()
     env = os.environ
     identity_ms = env.get("TIDALMQ_IDENTITY_CHECK_INTERVAL_MS")
@@ -813,6 +813,7 @@ def _controller_settings() -> ControllerSettings:
         heartbeat_interval_s=float(env.get("TIDALMQ_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s)),
         session_timeout_s=float(env.get("TIDALMQ_SESSION_TIMEOUT_S", d.session_timeout_s)),
         election_timeout_s=float(env.get("TIDALMQ_ELECTION_TIMEOUT_S", d.election_timeout_s)),
+        open_timeout_s=float(env.get("TIDALMQ_OPEN_TIMEOUT_S", d.open_timeout_s)),
         identity_check_interval_s=(
             float(identity_ms) / 1000 if identity_ms else d.identity_check_interval_s
         ),
