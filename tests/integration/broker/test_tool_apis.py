@@ -224,7 +224,8 @@ def test_throttled_replica_lists_append_and_subtract(
     wrong = alter_configs(admin, TOPIC, topic, ("retention.ms", 2, "5"))
     assert wrong.error_code == ErrorCode.invalid_config
     bad = alter_configs(admin, TOPIC, topic, (name, 0, "zero:one"))
-    assert bad.error_code == ErrorCode.invalid_config and "partition:broker" in bad.error_message
+    assert bad.error_code == ErrorCode.invalid_config
+    assert "[partitionId]:[brokerId]" in bad.error_message, bad.error_message  # Kafka's words
 
 
 # ---------------------------------------------------------------- transactions
