@@ -24,6 +24,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.local_cluster import LocalClusterProcess
+from tests.support.producer_thread import ProducerThread, started_then_abandoned
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ def cluster(s3_server: Any, tmp_path: Path) -> Iterator[LocalClusterProcess]:
         yield c
 
 
-class ContinuousProducer:
+class ContinuousProducer(ProducerThread):
     """An idempotent producer writing keyed records until stopped; remembers what was acked."""
 
     def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 1500) -> None:
@@ -56,6 +57,7 @@ class ContinuousProducer:
         )  # partition -> (offset, seq)
         self.errors: list[str] = []
         self.sent = 0
+        self.flush_s = 150
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -84,43 +86,15 @@ class ContinuousProducer:
             if delay > 0:
                 time.sleep(delay)
 
-    def start(self) -> ContinuousProducer:
-        self._thread.start()
-        return self
-
     def acked_count(self) -> int:
         return sum(len(v) for v in self.acked.values())
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        remaining = self.producer.flush(150)
-        if remaining:  # their delivery callbacks hold this object and with it the producer
-            self.producer.purge()  # (a cycle the collector cannot see): released by the purge
-            self.producer.flush(1)
-        assert remaining == 0, f"{remaining} records never delivered"
-
-    def abandon(self) -> None:
-        """Stops producing without waiting for deliveries (the test failed already)."""
-        self._stop.set()
-        self._thread.join(30)
-        self.producer.purge()
-        self.producer.flush(1)
 
 
 @pytest.fixture
 def producing(cluster: LocalClusterProcess) -> Iterator[Callable[[str], ContinuousProducer]]:
     """Starts a ContinuousProducer to a topic of the cluster; one that a failed test left
     running is abandoned, not left producing to a stopped cluster for the rest of the session."""
-    started: list[ContinuousProducer] = []
-
-    def start(topic: str) -> ContinuousProducer:
-        started.append(ContinuousProducer(cluster.bootstrap, topic).start())
-        return started[-1]
-
-    yield start
-    for producer in started:
-        producer.abandon()
+    yield from started_then_abandoned(lambda topic: ContinuousProducer(cluster.bootstrap, topic))
 
 
 def create_topic(bootstrap: str, topic: str) -> None:

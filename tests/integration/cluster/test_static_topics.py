@@ -33,6 +33,7 @@ from kafka import KafkaConsumer
 
 from tests.support.kafka_python_reads import read_to_end
 from tests.support.local_cluster import LocalClusterProcess
+from tests.support.producer_thread import ProducerThread, started_then_abandoned
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -81,7 +82,7 @@ def settled(cluster: LocalClusterProcess, name: str) -> bool:
     )
 
 
-class KeyedProducer:
+class KeyedProducer(ProducerThread):
     """An idempotent producer writing keyed records until stopped; remembers what was acked."""
 
     def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 1000) -> None:
@@ -96,6 +97,7 @@ class KeyedProducer:
         self.errors: list[str] = []
         self.phase = "start"  # what the test was doing, recorded with each error
         self.sent = 0
+        self.flush_s = 170
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -125,40 +127,12 @@ class KeyedProducer:
             if delay > 0:
                 time.sleep(delay)
 
-    def start(self) -> KeyedProducer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        remaining = self.producer.flush(170)
-        if remaining:  # their delivery callbacks hold this object and with it the producer
-            self.producer.purge()  # (a cycle the collector cannot see): released by the purge
-            self.producer.flush(1)
-        assert remaining == 0, f"{remaining} records never delivered"
-
-    def abandon(self) -> None:
-        """Stops producing without waiting for deliveries (the test failed already)."""
-        self._stop.set()
-        self._thread.join(30)
-        self.producer.purge()
-        self.producer.flush(1)
-
 
 @pytest.fixture
 def producing(cluster: LocalClusterProcess) -> Iterator[Callable[[str], KeyedProducer]]:
     """Starts a KeyedProducer to a topic of the cluster; one that a failed test left running is
     abandoned, not left producing to a stopped cluster for the rest of the session."""
-    started: list[KeyedProducer] = []
-
-    def start(topic: str) -> KeyedProducer:
-        started.append(KeyedProducer(cluster.bootstrap, topic).start())
-        return started[-1]
-
-    yield start
-    for producer in started:
-        producer.abandon()
+    yield from started_then_abandoned(lambda topic: KeyedProducer(cluster.bootstrap, topic))
 
 
 _COORDINATOR_MOVING = {
