@@ -184,6 +184,14 @@ async def test_a_target_and_source_both_gone_hand_the_move_on_in_place(c: Contro
     await c.alter_reassignments([PlanEntry(TP, 1)])  # Closing: broker 0 keeps it open
     fakes[1].silence()
     fakes[0].silence()  # the source dies too: its lease runs out, the move is released
+    # Both silent since the same instant, so one failover step declares both dead. Left to
+    # their own last heartbeats, one may be declared a step before the other, and then the
+    # move is first rolled back to broker 0 (or elected on broker 1) and broker 0's failover
+    # opens the partition on broker 2 as a move of its own ("session timed out").
+    with c.membership.lock:
+        silent_since = min(c.membership.get(b).last_heartbeat for b in (0, 1))  # type: ignore[union-attr]
+        for b in (0, 1):
+            c.membership.get(b).last_heartbeat = silent_since  # type: ignore[union-attr]
     await wait_for(lambda: leader(c)[0] == 2)
     status = c.moves.get(TP)
     assert status is not None and status.target == 2 and status.phase is Phase.OPENING
