@@ -73,6 +73,78 @@ def test_produce_response_matches_kio(version: int) -> None:
     assert body.responses[1].partition_responses[0].base_offset == 1 << 40
 
 
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+def test_produce_response_tells_the_current_leader_as_kio_does(version: int) -> None:
+    """KIP-951: from v10 a partition answered NOT_LEADER_OR_FOLLOWER carries its current leader
+    (a tagged field) and the response the leaders' endpoints (another); a leader of (-1, -1) is
+    Kafka's default and not written. Older versions have no place for either."""
+    not_leader = ErrorCode.not_leader_or_follower.value
+    partitions = [
+        (0, 0, 5, -1, 0, None),
+        (1, not_leader, -1, -1, -1, None),
+        (2, not_leader, -1, -1, -1, "led élsewhere"),
+        (3, not_leader, -1, -1, -1, None),
+    ]
+    leaders = {("orders", 1): (2, 7), ("orders", 2): (3, 1 << 30), ("orders", 3): (-1, -1)}
+    endpoints = [(2, "broker-2.tidalmq.svc", 9092, "eu-west-1a"), (3, "10.0.0.3", 19092, None)]
+    fast = encode_produce_response(
+        version, [("orders", partitions)], current_leaders=leaders, node_endpoints=endpoints
+    )
+    frame = _join(encode_response_parts(0, version, 8, fast))
+    hints = version >= 10
+
+    def as_dict(p: tuple[int, int, int, int, int, str | None]) -> dict[str, object]:
+        index, error, base, _, log_start, message = p
+        out: dict[str, object] = {
+            "index": index,
+            "error_code": ErrorCode(error),
+            "base_offset": base,
+            "log_append_time": None,
+            "log_start_offset": log_start,
+            "record_errors": [],
+            "error_message": message,
+        }
+        leader = leaders.get(("orders", index))
+        if hints and leader is not None:
+            out["current_leader"] = {"leader_id": leader[0], "leader_epoch": leader[1]}
+        return out
+
+    body: dict[str, object] = {
+        "responses": [{"name": "orders", "partition_responses": [as_dict(p) for p in partitions]}],
+        "throttle_time": 0,
+    }
+    if hints:
+        body["node_endpoints"] = [
+            {"node_id": n, "host": h, "port": port, "rack": rack} for n, h, port, rack in endpoints
+        ]
+    assert frame == encode_response(0, version, 8, body)
+    _, decoded = decode_response(0, version, frame[4:])
+    answered = decoded.responses[0].partition_responses
+    if not hints:
+        assert frame == _join(
+            encode_response_parts(
+                0, version, 8, encode_produce_response(version, [("orders", partitions)])
+            )
+        )
+        return
+    assert [(p.current_leader.leader_id, p.current_leader.leader_epoch) for p in answered] == [
+        (-1, -1),
+        (2, 7),
+        (3, 1 << 30),
+        (-1, -1),
+    ]
+    assert [(e.node_id, e.host, e.port, e.rack) for e in decoded.node_endpoints] == endpoints
+
+
+def test_produce_response_without_leaders_has_no_tagged_fields() -> None:
+    """The common answer (no partition misdirected) is byte for byte what it was before KIP-951."""
+    partitions = [(0, 0, 5, -1, 0, None)]
+    plain = encode_produce_response(11, [("t", partitions)])
+    hinted = encode_produce_response(11, [("t", partitions)], current_leaders={}, node_endpoints=())
+    assert plain.parts == hinted.parts
+    assert plain.parts[0].endswith(b"\x00\x00\x00\x00\x00\x00")  # throttle 0, no tags
+
+
 @pytest.mark.parametrize("version", FETCH_VERSIONS)
 def test_fetch_response_matches_kio(version: int) -> None:
     batch = build_batch([(b"k", b"v" * 300), (None, b"w")], base_offset=40)

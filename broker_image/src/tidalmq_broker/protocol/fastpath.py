@@ -7,7 +7,8 @@ bodies are written here straight from the handlers' tuples, following Kafka's me
 (ProduceResponse.json v3-v11, FetchResponse.json v4-v12): fixed-width big-endian integers,
 int16/varint-prefixed strings, and arrays; "flexible" versions (Produce v9+, Fetch v12+) use
 compact (unsigned varint, length + 1) strings and arrays and an empty tagged-field section after
-every struct. Record sets are not copied: the body is a list of buffers that the listener writes
+every struct (Produce v10+ puts KIP-951's current leader and leader endpoints there when a
+partition is answered NOT_LEADER_OR_FOLLOWER). Record sets are not copied: the body is a list of buffers that the listener writes
 as they are. tests/unit/protocol/test_fastpath.py checks every version against kio's decoder.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import datetime
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
@@ -57,15 +58,37 @@ aborted transactions as (producer id, first offset) or None (null), records or N
 _ABORTED_TXN = struct.Struct(">qq")  # producer id, first offset
 
 
+LeaderAndEpoch = tuple[int, int]
+"""(leader id, leader epoch): a partition's current leader, as KIP-951 tells a producer"""
+
+NodeEndpoint = tuple[int, str, int, str | None]
+"""(node id, host, port, rack or None): where a current leader is reached (KIP-951)"""
+
+PRODUCE_LEADER_HINTS_FROM = 10  # KIP-951: CurrentLeader and NodeEndpoints (tagged fields)
+_LEADER_AND_EPOCH = struct.Struct(">ii")
+# the partition's tagged fields holding CurrentLeader (tag 0): one field, tag 0, 9 bytes
+# (leader id, leader epoch, the struct's own empty tagged fields)
+_CURRENT_LEADER_HEAD = b"\x01\x00\x09"
+
+
 def encode_produce_response(
     version: int,
     topics: Sequence[tuple[str, Sequence[ProducePartition]]],
     throttle_time_ms: int = 0,
+    *,
+    current_leaders: Mapping[tuple[str, int], LeaderAndEpoch] | None = None,
+    node_endpoints: Sequence[NodeEndpoint] = (),
 ) -> EncodedBody:
-    """ProduceResponse v3-v11 (the versions served)."""
+    """ProduceResponse v3-v11 (the versions served). From v10 (KIP-951), `current_leaders`
+    (by topic and partition: partitions answered NOT_LEADER_OR_FOLLOWER) and `node_endpoints`
+    (where those leaders are) go in the tagged fields; as Kafka writes them, only when they
+    differ from their defaults (leader -1 and epoch -1, no endpoints). Older versions have no
+    place for them: they are left out."""
     if not 3 <= version <= 11:
         raise ValueError(f"ProduceResponse v{version} is not supported by the fast path")
     flexible = version >= PRODUCE_FLEXIBLE_FROM
+    if version < PRODUCE_LEADER_HINTS_FROM:
+        current_leaders, node_endpoints = None, ()
     out = bytearray(array_length(len(topics), flexible))
     for name, partitions in topics:
         out += string(name, flexible)
@@ -78,11 +101,28 @@ def encode_produce_response(
                 out += array_length(0, flexible)  # record_errors
                 out += nullable_string(message, flexible)
             if flexible:
-                out += _NO_TAGS
+                leader = None if current_leaders is None else current_leaders.get((name, index))
+                if leader is None or leader == (-1, -1):
+                    out += _NO_TAGS
+                else:
+                    out += _CURRENT_LEADER_HEAD
+                    out += _LEADER_AND_EPOCH.pack(*leader)
+                    out += _NO_TAGS
         if flexible:
             out += _NO_TAGS
     out += _I32.pack(throttle_time_ms)
-    if flexible:
+    if node_endpoints:
+        endpoints = bytearray(array_length(len(node_endpoints), True))
+        for node_id, host, port, rack in node_endpoints:
+            endpoints += _I32.pack(node_id)
+            endpoints += string(host, True)
+            endpoints += _I32.pack(port)
+            endpoints += nullable_string(rack, True)
+            endpoints += _NO_TAGS
+        out += b"\x01\x00"  # one tagged field, tag 0: NodeEndpoints
+        out += uvarint(len(endpoints))
+        out += endpoints
+    elif flexible:
         out += _NO_TAGS
     return EncodedBody([bytes(out)], flexible)
 
