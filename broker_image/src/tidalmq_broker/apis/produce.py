@@ -10,7 +10,11 @@ Transactional batches (docs/transactions.md) need the request's transactional id
 it (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition otherwise, as Kafka answers); the
 partitions check their producer epochs and track the transactions. A transactional batch of a
 producer with no transaction going on in its partition is first verified with the transaction
-coordinator (KIP-890, transactions/verification.py)."""
+coordinator (KIP-890, transactions/verification.py).
+
+A partition this broker does not lead is answered NOT_LEADER_OR_FOLLOWER, from Produce v10 with
+its current leader and that leader's endpoint (KIP-951, `current_leaders`), so the producer goes
+there without asking Metadata first (docs/architecture/produce-and-fetch.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import AclOperation, ResourceType
-from tidalmq_core.metadata import INTERNAL_TOPICS
+from tidalmq_core.metadata import INTERNAL_TOPICS, NO_LEADER, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.topics import config_number
 
@@ -30,7 +34,13 @@ from tidalmq_broker.apis.errors import KafkaError, error_code, error_message
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol import records
 from tidalmq_broker.protocol.codec import Request
-from tidalmq_broker.protocol.fastpath import ProducePartition, encode_produce_response
+from tidalmq_broker.protocol.fastpath import (
+    PRODUCE_LEADER_HINTS_FROM,
+    LeaderAndEpoch,
+    NodeEndpoint,
+    ProducePartition,
+    encode_produce_response,
+)
 from tidalmq_broker.storage.api import (
     UNVERIFIED,
     Acknowledgement,
@@ -147,6 +157,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
     # produce request, and building kio entities from dicts cost more than the append itself
     by_topic: dict[str, list[ProducePartition]] = {}
     appended: dict[str, tuple[int, int]] = {}  # per topic: bytes and records appended
+    misdirected: list[tuple[str, int]] = []  # answered NOT_LEADER_OR_FOLLOWER (KIP-951)
     for topic_name, index, outcome, message, size in entries:
         answered: ProducePartition
         if isinstance(outcome, ErrorCode):
@@ -168,6 +179,8 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                     broker.metrics.produced_partition(topic_name, index, size, count)
                     so_far = appended.get(topic_name, (0, 0))
                     appended[topic_name] = (so_far[0] + size, so_far[1] + count)
+        if answered[1] == _NOT_LEADER:
+            misdirected.append((topic_name, index))
         partitions = by_topic.get(topic_name)
         if partitions is None:
             by_topic[topic_name] = [answered]
@@ -175,7 +188,46 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             partitions.append(answered)
     for topic_name, (size, count) in appended.items():
         broker.metrics.produced_topic(topic_name, size, count)
+    if misdirected and request.api_version >= PRODUCE_LEADER_HINTS_FROM:
+        leaders, endpoints = current_leaders(broker.metadata, conn.listener, misdirected)
+        return encode_produce_response(
+            request.api_version,
+            list(by_topic.items()),
+            current_leaders=leaders,
+            node_endpoints=endpoints,
+        )
     return encode_produce_response(request.api_version, list(by_topic.items()))
+
+
+_NOT_LEADER = ErrorCode.not_leader_or_follower.value
+
+
+def current_leaders(
+    meta: ClusterMetadata, listener: str, partitions: list[tuple[str, int]]
+) -> tuple[dict[tuple[str, int], LeaderAndEpoch], list[NodeEndpoint]]:
+    """KIP-951's answer to a client that sent `partitions` to a broker not leading them: each
+    one's leader and leader epoch in this broker's metadata image, and where those leaders are
+    on `listener` (the one the client is connected to), so it re-routes without a Metadata
+    request. As Kafka (KafkaApis.getCurrentLeader): a partition without a leader, or not in the
+    image, gets (-1, -1) (left out of the response); a leader that is dead or has no endpoint on
+    the listener gets its id and epoch but no endpoint (the client then asks Metadata)."""
+    leaders: dict[tuple[str, int], LeaderAndEpoch] = {}
+    endpoints: dict[int, NodeEndpoint] = {}
+    for topic_name, index in partitions:
+        topic = meta.topics.get(topic_name)
+        if topic is None or not 0 <= index < len(topic.partitions):
+            continue
+        state = topic.partitions[index]
+        if state.leader == NO_LEADER:
+            continue
+        leaders[(topic_name, index)] = (state.leader, state.leader_epoch)
+        node = meta.brokers.get(state.leader)
+        if node is None or node.state == "dead" or state.leader in endpoints:
+            continue
+        endpoint = node.endpoint(listener)
+        if endpoint is not None:
+            endpoints[state.leader] = (state.leader, endpoint.host, endpoint.port, node.rack)
+    return leaders, [endpoints[b] for b in sorted(endpoints)]
 
 
 def _waits(entries: list[tuple[str, int, Outcome, str | None, int]]) -> list[asyncio.Future[Any]]:
