@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kio.schema.errors import ErrorCode
+from tidalmq_broker.apis.produce import INVALID_TIMESTAMP, record_refusal
 from tidalmq_broker.protocol import records
 from tidalmq_broker.storage.api import AppendResult
 from tidalmq_core.acls import AclOperation, ResourceType
@@ -84,8 +85,16 @@ async def test_produce_refuses_records_without_a_key_on_a_compacted_topic() -> N
         + ", ".join(f"RecordError(batchIndex={i}, message='{reason}')" for i in (1, 2, 3))
         + "]"
     )
+    # each keyless record is named with its own message (KIP-467), for the client to tell
+    # them from the batch's other records
+    named = out["table"]["record_errors"]
+    assert [(e["batch_index"], e["batch_index_error_message"]) for e in named] == [
+        (i, reason) for i in (1, 2, 3, 4)
+    ]
     assert out["window"]["error_code"] == ErrorCode.invalid_record
+    assert len(out["window"]["record_errors"]) == 4
     assert out["orders"]["error_code"] == ErrorCode.none
+    assert not out["orders"]["record_errors"]
     assert set(seen) == {"orders"}  # nothing reached the compacted logs
     keyed = batch([b"k", b"j"])
     answer = await call(b, 0, 9, {"transactional_id": None, "acks": -1, "timeout": 1000,
@@ -105,3 +114,30 @@ async def test_delete_records_is_refused_on_a_topic_whose_policy_lacks_delete() 
     codes = {t["name"]: t["partitions"][0]["error_code"] for t in answer["topics"]}
     assert codes == {"table": ErrorCode.policy_violation, "window": 0, "orders": 0}
     assert seen == {"window": 4, "orders": 4}  # the compact-only log was not touched
+
+
+def test_only_the_first_batch_with_record_errors_is_named_as_kafka_does() -> None:
+    """Kafka's LogValidator stops at the first batch with a record error: its records (indexed
+    within that batch) are the ones named; a keyless record is one error even if its
+    timestamp is out of bounds too, and any timestamp error makes the answer INVALID_TIMESTAMP."""
+    reason = "Compacted topic cannot accept message without key in topic partition table-0."
+    data = batch([b"a", None]) + batch([None, None, None])
+    assert record_refusal("table", 0, data, True, None) == (
+        ErrorCode.invalid_record,
+        "One or more records have been rejected due to 1 record errors in total, and only "
+        f"showing the first three errors at most: [RecordError(batchIndex=1, message='{reason}')]",
+        [(1, reason)],
+    )
+    assert record_refusal("table", 0, batch([b"a", b"b"]), True, None) is None
+    now, hour = 1_800_000_000_000, 3_600_000
+    refused = record_refusal("table", 0, batch([b"a", None]), True, (hour, hour), now)
+    assert refused is not None
+    assert refused[:2] == (ErrorCode.invalid_timestamp, INVALID_TIMESTAMP)
+    assert refused[2] == [
+        (
+            0,
+            "Timestamp 1 of message with offset 0 is out of range. The timestamp should be "
+            f"within [{now - hour}, {now + hour}]",
+        ),
+        (1, reason),
+    ]

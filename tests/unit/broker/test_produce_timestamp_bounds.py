@@ -7,7 +7,8 @@ from __future__ import annotations
 import struct
 
 import crc32c
-from tidalmq_broker.apis.produce import _timestamp_refusal, timestamp_bounds
+from kio.schema.errors import ErrorCode
+from tidalmq_broker.apis.produce import INVALID_TIMESTAMP, record_refusal, timestamp_bounds
 from tidalmq_broker.protocol import records
 from tidalmq_core.metadata import TOPIC_CONFIG_DEFAULTS
 
@@ -42,6 +43,32 @@ def _batch(timestamps: list[int], *, max_timestamp: int | None = None) -> bytes:
     length = 4 + 1 + 4 + len(after_crc)
     crc = crc32c.crc32c(after_crc)
     return struct.pack(">qiibI", 0, length, -1, records.MAGIC_V2, crc) + after_crc
+
+
+def _timestamp_refusal(data: bytes, before_ms: int, after_ms: int, now_ms: int) -> bool:
+    return record_refusal("t", 0, data, False, (before_ms, after_ms), now_ms) is not None
+
+
+def test_a_refusal_names_each_record_out_of_bounds_as_kafka_does() -> None:
+    refused = record_refusal(
+        "t", 0, _batch([NOW, NOW - 2 * HOUR, NOW + 2 * HOUR]), False, (HOUR, 60_000), NOW
+    )
+    assert refused is not None
+    code, message, errors = refused
+    assert (code, message) == (ErrorCode.invalid_timestamp, INVALID_TIMESTAMP)
+    bounds = f"[{NOW - HOUR}, {NOW + 60_000}]"
+    assert errors == [
+        (
+            1,
+            f"Timestamp {NOW - 2 * HOUR} of message with offset 1 is out of range. "
+            f"The timestamp should be within {bounds}",
+        ),
+        (
+            2,
+            f"Timestamp {NOW + 2 * HOUR} of message with offset 2 is out of range. "
+            f"The timestamp should be within {bounds}",
+        ),
+    ]
 
 
 def test_records_within_the_bounds_are_taken() -> None:

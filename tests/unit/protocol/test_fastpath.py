@@ -145,6 +145,66 @@ def test_produce_response_without_leaders_has_no_tagged_fields() -> None:
     assert plain.parts[0].endswith(b"\x00\x00\x00\x00\x00\x00")  # throttle 0, no tags
 
 
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+def test_produce_response_carries_record_errors_as_kio_does(version: int) -> None:
+    """KIP-467: from v8 a partition whose batch was refused for some of its records names them
+    (batch index, message or null) next to its error message; the other partitions' record
+    errors stay empty. Older versions have no place for them."""
+    invalid_record = ErrorCode.invalid_record.value
+    partitions = [
+        (0, 0, 5, -1, 0, None),
+        (1, invalid_record, -1, -1, -1, "One or more records have been rejected"),
+        (2, ErrorCode.invalid_timestamp.value, -1, -1, -1, None),
+    ]
+    refused = {
+        ("logs", 1): [(0, "Compacted topic cannot accept message without key"), (7, "ünïcode")],
+        ("logs", 2): [(1 << 20, None)],
+    }
+    fast = encode_produce_response(version, [("logs", partitions)], record_errors=refused)
+    frame = _join(encode_response_parts(0, version, 3, fast))
+
+    def as_dict(p: tuple[int, int, int, int, int, str | None]) -> dict[str, object]:
+        index, error, base, _, log_start, message = p
+        errors = refused.get(("logs", index), []) if version >= 8 else []
+        return {
+            "index": index,
+            "error_code": ErrorCode(error),
+            "base_offset": base,
+            "log_append_time": None,
+            "log_start_offset": log_start,
+            "record_errors": [
+                {"batch_index": i, "batch_index_error_message": m} for i, m in errors
+            ],
+            "error_message": message,
+        }
+
+    body = {
+        "responses": [{"name": "logs", "partition_responses": [as_dict(p) for p in partitions]}],
+        "throttle_time": 0,
+    }
+    assert frame == encode_response(0, version, 3, body)
+    _, decoded = decode_response(0, version, frame[4:])
+    answered = decoded.responses[0].partition_responses
+    if version < 8:
+        plain = encode_produce_response(version, [("logs", partitions)])
+        assert fast.parts == plain.parts
+        return
+    named = [
+        [(e.batch_index, e.batch_index_error_message) for e in p.record_errors] for p in answered
+    ]
+    assert named == [[], *refused.values()]
+    assert answered[1].error_message == "One or more records have been rejected"
+
+
+def test_produce_response_without_record_errors_is_unchanged() -> None:
+    """No partition refused for its records: the bytes are those of a response without them."""
+    partitions = [(0, 0, 5, -1, 0, None)]
+    for version in PRODUCE_VERSIONS:
+        plain = encode_produce_response(version, [("t", partitions)])
+        empty = encode_produce_response(version, [("t", partitions)], record_errors={})
+        assert plain.parts == empty.parts
+
+
 @pytest.mark.parametrize("version", FETCH_VERSIONS)
 def test_fetch_response_matches_kio(version: int) -> None:
     batch = build_batch([(b"k", b"v" * 300), (None, b"w")], base_offset=40)

@@ -3,8 +3,11 @@
 As in Kafka: a topic the client may not WRITE to answers TOPIC_AUTHORIZATION_FAILED for each of
 its partitions (whether or not it exists), and no client appends to an internal topic
 (INVALID_TOPIC_EXCEPTION "Cannot append to internal topic"): only the group coordinator writes
-`__consumer_offsets`. A compacted topic refuses records without a key (INVALID_RECORD, with
-Kafka's message; the batches are decompressed for that check on compacted topics only).
+`__consumer_offsets`. A compacted topic refuses records without a key (INVALID_RECORD), a topic
+records whose CreateTime timestamp is out of its bounds (INVALID_TIMESTAMP, KIP-937), with
+Kafka's messages and, from Produce v8, each refused record named in the partition's
+`record_errors` (KIP-467; record_refusal). The batches are decompressed for these checks on
+compacted topics and for timestamps that may be out of bounds only.
 
 Transactional batches (docs/transactions.md) need the request's transactional id and WRITE on
 it (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition otherwise, as Kafka answers); the
@@ -39,6 +42,7 @@ from tidalmq_broker.protocol.fastpath import (
     LeaderAndEpoch,
     NodeEndpoint,
     ProducePartition,
+    RecordError,
     encode_produce_response,
 )
 from tidalmq_broker.storage.api import (
@@ -73,6 +77,8 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
     # here, synchronously (Partition.start_append): no task or coroutine per partition; the
     # request then waits once for the WAL flushes that hold its batches.
     entries: list[tuple[str, int, Outcome, str | None, int]] = []
+    # the records that made a partition's batch refused (KIP-467), only when there are some
+    refused_records: dict[tuple[str, int], list[RecordError]] | None = None
     if acks not in (-1, 0, 1):
         for topic in body.topic_data:
             for part in topic.partition_data:
@@ -129,17 +135,16 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                         (topic.name, part.index, ErrorCode.corrupt_message, "no records", 0)
                     )
                     continue
-                refused = (
-                    _keyless_refusal(topic.name, part.index, part.records) if compacted else None
-                )
-                if refused is not None:
-                    entries.append((topic.name, part.index, ErrorCode.invalid_record, refused, 0))
-                    continue
-                if bounds is not None and _timestamp_refusal(part.records, *bounds):
-                    entries.append(
-                        (topic.name, part.index, ErrorCode.invalid_timestamp, INVALID_TIMESTAMP, 0)
+                if compacted or bounds is not None:
+                    refused = record_refusal(
+                        topic.name, part.index, part.records, compacted, bounds
                     )
-                    continue
+                    if refused is not None:
+                        entries.append((topic.name, part.index, refused[0], refused[1], 0))
+                        if refused_records is None:
+                            refused_records = {}
+                        refused_records[(topic.name, part.index)] = refused[2]
+                        continue
                 # the records are a view of this request's own frame buffer (when large
                 # enough to have one): the log patches offsets in place instead of copying
                 outcome = _append(broker, plog, part.records, acks, body.transactional_id,
@@ -195,6 +200,11 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             list(by_topic.items()),
             current_leaders=leaders,
             node_endpoints=endpoints,
+            record_errors=refused_records,
+        )
+    if refused_records is not None:
+        return encode_produce_response(
+            request.api_version, list(by_topic.items()), record_errors=refused_records
         )
     return encode_produce_response(request.api_version, list(by_topic.items()))
 
@@ -377,30 +387,94 @@ _MAGIC = 16  # of a batch: after base offset, length and partition leader epoch
 _ATTRIBUTES = 21  # of a v2 batch: int16 after the magic and crc
 
 
-def _keyless_refusal(topic: str, partition: int, data: bytes | memoryview) -> str | None:
-    """Kafka's answer (LogValidator.validateKey) to records without a key on a compacted topic:
-    INVALID_RECORD with this message. None when every record has a key, or when the batches
-    are malformed (the append then says how)."""
-    try:
-        keyless = records.keyless_records(data)
-    except (records.InvalidRecordBatch, records.UnsupportedMagic):
-        return None
-    if not keyless:
-        return None
-    reason = (
+# Kafka's messages (LogValidator.processRecordErrors); each refused record's own message goes in
+# the response's record errors (KIP-467, Produce v8+)
+INVALID_TIMESTAMP = "One or more records have been rejected due to invalid timestamp"
+_MAX_LISTED = 3  # record errors repeated in an INVALID_RECORD's message, as Kafka's
+
+
+def record_refusal(
+    topic: str,
+    partition: int,
+    data: bytes | memoryview,
+    compacted: bool,
+    bounds: tuple[int, int] | None,
+    now_ms: int | None = None,
+) -> tuple[ErrorCode, str, list[RecordError]] | None:
+    """Why Kafka's LogValidator would refuse a partition's records for some of them: batch by
+    batch, a record without a key on a `compacted` topic, or else a CreateTime timestamp out of
+    `bounds` (message.timestamp.before/after.max.ms), is a record error (its index in its
+    batch and Kafka's message); the first batch with any refuses them all, INVALID_TIMESTAMP if
+    one is a timestamp's, INVALID_RECORD otherwise, with Kafka's message. None when every
+    record passes, or when the batches are malformed (the append then says how). A batch whose
+    declared max timestamp is within the upper bound is not opened for its timestamps when the
+    lower bound is Kafka's default (no limit), so the default check costs no decompression."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    keyless = (
         f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
     )
-    errors = [f"RecordError(batchIndex={i}, message='{reason}')" for i in keyless[:3]]
+    try:
+        for header in records.iter_headers(data):
+            timed = bounds is not None and not (
+                header.is_control or header.attributes & records.TIMESTAMP_TYPE_MASK
+            )  # markers, and a producer's LogAppendTime batch: not checked here
+            if timed and bounds is not None:
+                before_ms, after_ms = bounds
+                if before_ms == _LONG_MAX and header.max_timestamp - now <= after_ms:
+                    timed = False  # no record is too old (Kafka's default), none too new
+            errors: list[RecordError] = []
+            late = False  # whether a record's timestamp is out of bounds
+            if compacted:
+                for index, record in enumerate(records.iter_record_slices(data, header)):
+                    if record.key is None:
+                        errors.append((index, keyless))
+                    elif timed and bounds is not None:
+                        late_one = _timestamp_error(record.offset, record.timestamp, now, *bounds)
+                        if late_one is not None:
+                            errors.append((index, late_one))
+                            late = True
+            elif timed and bounds is not None:
+                for index, (offset, timestamp) in enumerate(
+                    records.iter_record_timestamps(data, header)
+                ):
+                    late_one = _timestamp_error(offset, timestamp, now, *bounds)
+                    if late_one is not None:
+                        errors.append((index, late_one))
+                        late = True
+            if late:
+                return ErrorCode.invalid_timestamp, INVALID_TIMESTAMP, errors
+            if errors:
+                listed = ", ".join(
+                    f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:_MAX_LISTED]
+                )
+                return (
+                    ErrorCode.invalid_record,
+                    (
+                        f"One or more records have been rejected due to {len(errors)} record errors "
+                        f"in total, and only showing the first three errors at most: [{listed}]"
+                    ),
+                    errors,
+                )
+    except (records.InvalidRecordBatch, records.UnsupportedMagic):
+        return None
+    return None
+
+
+def _timestamp_error(
+    offset: int, timestamp: int, now: int, before_ms: int, after_ms: int
+) -> str | None:
+    """Kafka's record error (LogValidator.validateTimestamp) for a CreateTime record older than
+    `before_ms` or more than `after_ms` ahead of the broker's clock, on Java longs as Kafka
+    computes it; None when it is within, or has no timestamp."""
+    if timestamp == _NO_TIMESTAMP:
+        return None
+    diff = _java_long(now - timestamp)  # Kafka's timestampDiff
+    if diff <= before_ms and _java_long(-diff) <= after_ms:
+        return None
     return (
-        f"One or more records have been rejected due to {len(keyless)} record errors in total, "
-        f"and only showing the first three errors at most: [{', '.join(errors)}]"
+        f"Timestamp {timestamp} of message with offset {offset} is out of range. The timestamp "
+        f"should be within [{_java_long(now - before_ms)}, {_java_long(now + after_ms)}]"
     )
-
-
-# Kafka's message (LogValidator.processRecordErrors); its per-record detail ("Timestamp T of
-# message with offset O is out of range. The timestamp should be within [A, B]") goes in the
-# response's record errors, which TidalMQ does not send (docs/topic-configs.md)
-INVALID_TIMESTAMP = "One or more records have been rejected due to invalid timestamp"
 
 
 def timestamp_bounds(configs: Mapping[str, str]) -> tuple[int, int] | None:
@@ -421,34 +495,6 @@ _LONG_MAX = 2**63 - 1
 def _java_long(value: int) -> int:
     """`value` wrapped to a Java long, as Kafka's arithmetic on timestamps is."""
     return (value + 2**63) % 2**64 - 2**63
-
-
-def _timestamp_refusal(
-    data: bytes | memoryview, before_ms: int, after_ms: int, now_ms: int | None = None
-) -> bool:
-    """Whether a record of a CreateTime batch is older than `before_ms` or more than
-    `after_ms` ahead of the broker's clock (Kafka's LogValidator.recordHasInvalidTimestamp),
-    which Kafka refuses with INVALID_TIMESTAMP. A batch whose declared max timestamp is within
-    the upper bound is not opened when the lower bound is Kafka's default (no limit), so the
-    default check costs no decompression. False when the batches are malformed (the append
-    then says how)."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
-    try:
-        for header in records.iter_headers(data):
-            if header.is_control or header.attributes & records.TIMESTAMP_TYPE_MASK:
-                continue  # markers, and a producer's LogAppendTime batch: not checked here
-            if before_ms == _LONG_MAX and header.max_timestamp - now <= after_ms:
-                continue  # no record is too old (Kafka's default), none too new
-            for _, timestamp in records.iter_record_timestamps(data, header):
-                if timestamp == _NO_TIMESTAMP:
-                    continue
-                # Kafka's arithmetic, on Java longs: timestampDiff = now - timestamp
-                diff = _java_long(now - timestamp)
-                if diff > before_ms or _java_long(-diff) > after_ms:
-                    return True
-    except (records.InvalidRecordBatch, records.UnsupportedMagic):
-        return False
-    return False
 
 
 def _has_transactional(body: Any) -> bool:

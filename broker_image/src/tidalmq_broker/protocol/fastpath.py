@@ -64,6 +64,11 @@ LeaderAndEpoch = tuple[int, int]
 NodeEndpoint = tuple[int, str, int, str | None]
 """(node id, host, port, rack or None): where a current leader is reached (KIP-951)"""
 
+RecordError = tuple[int, str | None]
+"""(batch index, message or None): a record that made its partition's batch refused (KIP-467)"""
+
+PRODUCE_RECORD_ERRORS_FROM = 8  # KIP-467: RecordErrors and ErrorMessage
+
 PRODUCE_LEADER_HINTS_FROM = 10  # KIP-951: CurrentLeader and NodeEndpoints (tagged fields)
 _LEADER_AND_EPOCH = struct.Struct(">ii")
 # the partition's tagged fields holding CurrentLeader (tag 0): one field, tag 0, 9 bytes
@@ -78,8 +83,11 @@ def encode_produce_response(
     *,
     current_leaders: Mapping[tuple[str, int], LeaderAndEpoch] | None = None,
     node_endpoints: Sequence[NodeEndpoint] = (),
+    record_errors: Mapping[tuple[str, int], Sequence[RecordError]] | None = None,
 ) -> EncodedBody:
-    """ProduceResponse v3-v11 (the versions served). From v10 (KIP-951), `current_leaders`
+    """ProduceResponse v3-v11 (the versions served). From v8 (KIP-467), `record_errors` (by
+    topic and partition: the records that made a partition's batch refused) go with each
+    partition's error message; older versions have neither. From v10 (KIP-951), `current_leaders`
     (by topic and partition: partitions answered NOT_LEADER_OR_FOLLOWER) and `node_endpoints`
     (where those leaders are) go in the tagged fields; as Kafka writes them, only when they
     differ from their defaults (leader -1 and epoch -1, no endpoints). Older versions have no
@@ -97,8 +105,17 @@ def encode_produce_response(
             out += _PRODUCE_PARTITION.pack(index, error, base, append_time)
             if version >= 5:
                 out += _I64.pack(log_start)
-            if version >= 8:
-                out += array_length(0, flexible)  # record_errors
+            if version >= PRODUCE_RECORD_ERRORS_FROM:
+                refused = None if record_errors is None else record_errors.get((name, index))
+                if refused is None:
+                    out += array_length(0, flexible)
+                else:
+                    out += array_length(len(refused), flexible)
+                    for batch_index, record_message in refused:
+                        out += _I32.pack(batch_index)
+                        out += nullable_string(record_message, flexible)
+                        if flexible:
+                            out += _NO_TAGS
                 out += nullable_string(message, flexible)
             if flexible:
                 leader = None if current_leaders is None else current_leaders.get((name, index))
