@@ -56,6 +56,7 @@ TOOLS_LOG4J = HERE / "log4j2-tools.properties"
 JAVA_CLIENT_SOURCE = HERE / "java" / "ClientCheck.java"
 JAVA_ACL_CHECK_SOURCE = HERE / "java" / "AclCheck.java"
 JAVA_GROUP_PROTOCOL_SOURCE = HERE / "java" / "GroupProtocolCheck.java"
+JAVA_RECORD_ERRORS_SOURCE = HERE / "java" / "RecordErrorsCheck.java"
 STREAMS_POM = HERE / "streams" / "pom.xml"
 STREAMS_COUNT_SOURCE = HERE / "java" / "StreamsCount.java"
 

@@ -77,7 +77,7 @@ async def test_produce_refuses_records_without_a_key_on_a_compacted_topic() -> N
                                   "topic_data": [{"name": n, "partition_data": [
                                       {"index": 0, "records": data}]} for n in POLICIES]})  # fmt: skip
     out = {t["name"]: t["partition_responses"][0] for t in answer["responses"]}
-    reason = "Compacted topic cannot accept message without key in topic partition table-0."
+    reason = "Compacted topic cannot accept message without key in topic partition table-0"
     assert out["table"]["error_code"] == ErrorCode.invalid_record
     assert out["table"]["error_message"] == (
         "One or more records have been rejected due to 4 record errors in total, and only "
@@ -120,7 +120,7 @@ def test_only_the_first_batch_with_record_errors_is_named_as_kafka_does() -> Non
     """Kafka's LogValidator stops at the first batch with a record error: its records (indexed
     within that batch) are the ones named; a keyless record is one error even if its
     timestamp is out of bounds too, and any timestamp error makes the answer INVALID_TIMESTAMP."""
-    reason = "Compacted topic cannot accept message without key in topic partition table-0."
+    reason = "Compacted topic cannot accept message without key in topic partition table-0"
     data = batch([b"a", None]) + batch([None, None, None])
     assert record_refusal("table", 0, data, True, None) == (
         ErrorCode.invalid_record,

@@ -411,7 +411,7 @@ def record_refusal(
     lower bound is Kafka's default (no limit), so the default check costs no decompression."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     keyless = (
-        f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
+        f"Compacted topic cannot accept message without key in topic partition {topic}-{partition}"
     )
     try:
         for header in records.iter_headers(data):
