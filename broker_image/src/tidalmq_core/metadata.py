@@ -48,8 +48,9 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     # an hour ahead)
     "message.timestamp.before.max.ms": str(2**63 - 1),
     "message.timestamp.after.max.ms": str(3600 * 1000),
-    # Kafka's, described and taken but with no effect here (docs/topic-configs.md)
+    # taken off segment.ms per segment (docs/topic-configs.md)
     "segment.jitter.ms": "0",
+    # Kafka's, described and taken but with no effect here (docs/topic-configs.md)
     "segment.index.bytes": str(10 * 1024 * 1024),
     "flush.messages": str(2**63 - 1),
     "flush.ms": str(2**63 - 1),
