@@ -482,14 +482,18 @@ def test_moves_retargeted_and_target_lost_fire(
     # timeout, and the move is handed on back to its source (outcome `retargeted`)
     with stopped(pids[target]):
         cluster.reassign({(LEDGER, 0): target})
-        wait_move(cluster, 0, "Opening", target=target)
-        elected = time.monotonic()
+        reassigned = time.monotonic()
+        # not waited for in Opening: a loaded machine could miss its 3 s; the reason says it
         handed_on = wait_move(cluster, 0, None, target=source)
-        assert handed_on["source"] == target, handed_on
+        assert (handed_on["source"], handed_on["reason"]) == (
+            target,
+            f"broker {target} did not open it within {OPEN_TIMEOUT_S}s; "
+            f"moving it to broker {source}",
+        ), handed_on
         retargeted_fired = wait_alert(
             prometheus, firing, "TidalMQMovesFailing", 30, outcome="retargeted"
         )
-        retargeted_after = time.monotonic() - elected
+        retargeted_after = time.monotonic() - reassigned
     [retargeted] = active(prometheus, "TidalMQMovesFailing", outcome="retargeted")
     assert retargeted["labels"]["severity"] == "warning", retargeted
     assert retargeted["annotations"]["summary"] == "Partition moves ended retargeted", retargeted
@@ -526,9 +530,9 @@ def test_moves_retargeted_and_target_lost_fire(
         "target_lost",
     }
     print(
-        f"\nmoves failing: retargeted fired {retargeted_after:.1f} s after the stopped target's "
-        f"election (open timeout {OPEN_TIMEOUT_S} s; {retargeted_fired:.1f} s after the move "
-        f"was handed on), target_lost {target_lost_after:.1f} s after the target was removed "
+        f"\nmoves failing: retargeted fired {retargeted_after:.1f} s after the move onto the "
+        f"stopped target (open timeout {OPEN_TIMEOUT_S} s; {retargeted_fired:.1f} s after the "
+        f"move was handed on), target_lost {target_lost_after:.1f} s after the target was removed "
         f"({target_lost_fired:.1f} s of waiting); {time.monotonic() - began:.1f} s in all"
     )
 
