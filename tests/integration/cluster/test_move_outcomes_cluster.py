@@ -12,8 +12,9 @@ stopped with SIGSTOP stays a member and holds what it holds; the open timeout is
 3. a move whose target is killed and removed while the move waits for its (stopped) source: the
    move rolls back to the source, counted `target_lost`.
 
-TidalMQMovesFailing's matcher is checked against these outcomes by a unit test, and fires on
-Prometheus in tests/integration/chart/test_alerts_fire.py (on `failed`)."""
+TidalMQMovesFailing's matcher is checked against these outcomes by a unit test, and the alert
+fires on a real Prometheus for `failed`, `retargeted` and `target_lost` (the last two provoked
+as here) in tests/integration/chart/test_alerts_fire.py."""
 
 from __future__ import annotations
 
