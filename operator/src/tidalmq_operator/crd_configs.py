@@ -27,8 +27,6 @@ from typing import Any
 from tidalmq_core.topics import (
     INT_MAX,
     INT_MIN,
-    LONG_MAX,
-    LONG_MIN,
     STATIC_CLEANUP_POLICIES,
     TOPIC_CONFIG_DEFS,
     TopicConfigDef,
@@ -108,10 +106,17 @@ def config_schema(d: TopicConfigDef, *, static: bool = False) -> dict[str, Any]:
             node["maximum"] = max(int(v) for v in d.only)
             return node
         lowest = _lowest(d)
-        # Kafka's INT is Java's int, its LONG Java's long: their bounds where the range has none
-        low, high = (INT_MIN, INT_MAX) if d.type == "INT" else (LONG_MIN, LONG_MAX)
-        node["minimum"] = low if lowest is None else _number(lowest)
-        node["maximum"] = high if d.at_most is None else _number(d.at_most)
+        # Kafka's INT is Java's int: its bounds where the range has none. Its LONG is Java's
+        # long, which is what Kubernetes' integers are already; the API server keeps a schema's
+        # bounds as float64, and 2^63-1 as a bound came out as -2^63 (refusing every value)
+        if lowest is not None:
+            node["minimum"] = _number(lowest)
+        elif d.type == "INT":
+            node["minimum"] = INT_MIN
+        if d.at_most is not None:
+            node["maximum"] = _number(d.at_most)
+        elif d.type == "INT":
+            node["maximum"] = INT_MAX
     elif d.type == "DOUBLE":
         node["type"] = "number"
         if d.at_least is not None:
