@@ -13,7 +13,6 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-
 from tidalmq_core.topics import TOPIC_CONFIG_DEFS, TOPIC_CONFIGS, validate_configs
 from tidalmq_operator import crd_configs
 from tidalmq_operator.models import TopicSpec, parse

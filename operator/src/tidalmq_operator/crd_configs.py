@@ -154,7 +154,9 @@ def configs_properties(*, static: bool = False) -> dict[str, Any]:
 def render(text: str, *, static: bool) -> str:
     """The CRD file's text with its generated block (from the BEGIN line to the END line, at
     BEGIN's indentation) written anew."""
-    import yaml  # the operator's image has it (kubernetes'); only this command needs it
+    # the operator's image has PyYAML (kubernetes' dependency), without stubs; only this command
+    # needs it
+    import yaml  # type: ignore[import-untyped]
 
     lines = text.splitlines(keepends=True)
     begin = next((i for i, line in enumerate(lines) if line.strip().startswith(BEGIN)), None)
