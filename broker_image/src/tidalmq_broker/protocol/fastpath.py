@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
-from tidalmq_broker.protocol.primitives import array_length, nullable_string, string, uvarint
+from tidalmq_broker.protocol.primitives import (
+    array_length,
+    nullable_string,
+    read_uvarint,
+    string,
+    uvarint,
+)
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -194,18 +200,8 @@ class _Reader:
         return int(value)
 
     def uvarint(self) -> int:
-        shift = result = 0
-        while True:
-            if self.pos >= len(self.buf):
-                raise MalformedProduce("varint runs past the frame")
-            byte = self.buf[self.pos]
-            self.pos += 1
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return result
-            shift += 7
-            if shift > 28:
-                raise MalformedProduce("varint longer than 5 bytes")
+        value, self.pos = read_uvarint(self.buf, self.pos, len(self.buf), MalformedProduce)
+        return value
 
     @overload
     def string(self, flexible: bool, nullable: Literal[False]) -> str: ...
