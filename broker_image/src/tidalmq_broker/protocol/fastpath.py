@@ -200,7 +200,11 @@ class _Reader:
         return int(value)
 
     def uvarint(self) -> int:
-        value, self.pos = read_uvarint(self.buf, self.pos, len(self.buf), MalformedProduce)
+        pos = self.pos
+        if pos < len(self.buf) and (byte := self.buf[pos]) < 0x80:  # one byte: most of them
+            self.pos = pos + 1
+            return int(byte)
+        value, self.pos = read_uvarint(self.buf, pos, len(self.buf), MalformedProduce)
         return value
 
     @overload
