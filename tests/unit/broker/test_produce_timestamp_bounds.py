@@ -14,6 +14,7 @@ import crc32c
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.apis.produce import _timestamp_refusal, produce_rules, timestamp_bounds
 from tidalmq_broker.protocol import records
+from tidalmq_broker.protocol.primitives import varint
 from tidalmq_broker.storage.api import AppendResult
 from tidalmq_core.acls import AclOperation, ResourceType
 from tidalmq_core.metadata import TOPIC_CONFIG_DEFAULTS, PartitionState, TopicInfo
@@ -27,25 +28,15 @@ HOUR = 3_600_000
 LONG_MAX = 2**63 - 1
 
 
-def _varint(value: int) -> bytes:
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag >= 0x80:
-        out.append(zigzag & 0x7F | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
-
-
 def _batch(timestamps: list[int], *, max_timestamp: int | None = None) -> bytes:
     """An uncompressed v2 batch of records with these timestamps (the first is the batch's
     base timestamp), declaring `max_timestamp` (the records' max unless given)."""
     base = timestamps[0]
     body = bytearray()
     for delta, timestamp in enumerate(timestamps):
-        record = b"\x00" + _varint(timestamp - base) + _varint(delta) + _varint(-1)
-        record += _varint(1) + b"v" + _varint(0)
-        body += _varint(len(record)) + record
+        record = b"\x00" + varint(timestamp - base) + varint(delta) + varint(-1)
+        record += varint(1) + b"v" + varint(0)
+        body += varint(len(record)) + record
     declared = max(timestamps) if max_timestamp is None else max_timestamp
     count = len(timestamps)
     after_crc = struct.pack(">hiqqqhii", 0, count - 1, base, declared, -1, -1, -1, count)
