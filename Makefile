@@ -36,7 +36,10 @@ monitoring: setup
 	.venv/bin/python -m observability.generate
 
 # crds/ is the source of truth; the chart ships identical copies (a chart test checks them).
-crds:
+# The Topic and StaticTopic configs schemas are generated from the broker's table of topic
+# configs (tidalmq_core/topics.py TOPIC_CONFIG_DEFS): change the table, run this, commit all.
+crds: setup
+	.venv/bin/python -m tidalmq_operator.crd_configs
 	cp crds/*.yaml charts/tidalmq/crds/
 
 integration: setup

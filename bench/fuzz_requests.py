@@ -46,12 +46,12 @@ from typing import Any
 _REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_REPO))
 
+from tests.support.attacks import load_average  # noqa: E402
 from tests.support.broker_process import BrokerProcess  # noqa: E402
 from tests.support.fuzz_broker import (  # noqa: E402
     Fuzzer,
     Report,
     cap_address_space,
-    load_average,
     prepare_topics,
     serves,
     vm_size_kb,

@@ -232,7 +232,7 @@ def test_topics_are_validated_by_the_schema(cluster: Cluster, installed: str) ->
     bad = [
         (topic("zero", {"partitions": 0}), "spec.partitions in body should be greater than or equal to 1"),
         (topic("name", {"partitions": 3, "topicName": "no spaces"}), "spec.topicName in body should match"),
-        (topic("config", {"partitions": 3, "configs": {"cleanup.policy": "compact"}}), 'supported values: "delete"'),
+        (topic("config", {"partitions": 3, "configs": {"unclean.leader.election.enable": True}}), 'supported values: "false"'),
         (topic("unknown", {"partitions": 3, "configs": {"retention.hours": 1}}), 'unknown field "spec.configs.retention.hours"'),
     ]  # fmt: skip
     for obj, message in bad:

@@ -38,12 +38,17 @@ def raise_fd_limit(wanted: int) -> int:
     return soft
 
 
-def rss_mib(pid: int) -> float:
+def proc_status_kb(pid: int, field: str) -> int:
+    """A size line of /proc/<pid>/status in KiB: "VmRSS" (resident), "VmSize" (address space)."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} for {pid}")
+
+
+def rss_mib(pid: int) -> float:
+    return proc_status_kb(pid, "VmRSS") / 1024
 
 
 def load_average() -> str:

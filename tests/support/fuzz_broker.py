@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import struct
 import subprocess
 import time
@@ -27,8 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidalmq_broker.protocol.codec import decode_response, encode_request
+from tidalmq_broker.admin_client import AdminClient
 
+from tests.support.attacks import load_average, proc_status_kb
 from tests.support.request_fuzz import GROUP, TOPICS, Case
 
 _LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (\w+)\s+(\S+): (.*)$")
@@ -39,19 +39,11 @@ REQUEST_ERROR_LOGGERS = ("tidalmq_broker.server.listener", "tidalmq_broker.apis.
 
 
 def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
+    return proc_status_kb(pid, "VmRSS")
 
 
 def vm_size_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no VmSize for {pid}")
+    return proc_status_kb(pid, "VmSize")
 
 
 def cap_address_space(pid: int, limit_bytes: int) -> None:
@@ -72,30 +64,11 @@ def address_space_limit(pid: int) -> int:
     return -1 if out == "unlimited" else int(out)
 
 
-def load_average() -> str:
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
-
-
 # ------------------------------------------------------------------------------ raw requests
 def call(bootstrap: str, api_key: int, version: int, body: dict[str, object]) -> object:
     """One request on a fresh connection, its decoded response."""
-    host, port = bootstrap.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(encode_request(api_key, version, 1, body))
-        (size,) = struct.unpack(">i", _recv(sock, 4))
-        _, response = decode_response(api_key, version, _recv(sock, size))
-    return response
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed by the broker")
-        buf += chunk
-    return buf
+    with AdminClient(bootstrap) as admin:
+        return admin.call(api_key, version, body)
 
 
 def prepare_topics(bootstrap: str) -> None:

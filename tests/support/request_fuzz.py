@@ -32,6 +32,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from kio.serial._introspect import get_field_tag
 from tidalmq_broker.protocol.codec import _request_schema, encode_request
+from tidalmq_broker.protocol.primitives import read_uvarint, uvarint
 from tidalmq_broker.protocol.records import build_batch
 
 TOPICS = ("fuzz-a", "fuzz-b")
@@ -179,14 +180,8 @@ class _Layout:
         self.slots: list[Slot] = []
 
     def uvarint(self) -> int:
-        value = shift = 0
-        while True:
-            byte = self.buf[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
+        value, self.pos = read_uvarint(self.buf, self.pos, len(self.buf))
+        return value
 
     def prefix(self, kind: str, compact: bool, width: int, path: str) -> int:
         start = self.pos
@@ -264,15 +259,6 @@ def layout(api_key: int, version: int, frame: bytes) -> list[Slot]:
 
 
 # ------------------------------------------------------------------------------- mutations
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _replace(frame: bytes, slot: Slot, prefix: bytes) -> bytes:
     return frame[: slot.offset] + prefix + frame[slot.offset + slot.width :]
 
@@ -283,7 +269,7 @@ def _count(frame: bytes, slot: Slot, rng: random.Random) -> tuple[str, bytes]:
         value = rng.choice(
             [0xFFFFFFFF, 0x7FFFFFFF, 1 << 28, 1 << 20, 65536, 0, 1, 2, 3, 1000, 34359738367]
         )
-        raw = _uvarint(value)
+        raw = uvarint(value)
         if rng.random() < 0.2:  # the same value padded to five bytes, as a sloppy client might
             raw = bytes([b | 0x80 for b in raw]) + b"\x00" if len(raw) < 5 else raw
         return f"{slot.kind}-count-varint-{value}", _replace(frame, slot, raw)
@@ -296,7 +282,7 @@ def _count(frame: bytes, slot: Slot, rng: random.Random) -> tuple[str, bytes]:
 
 def _unknown_tags(frame: bytes, slot: Slot, rng: random.Random) -> tuple[str, bytes]:
     """One or more tagged fields the schema does not know, some with a size past the frame."""
-    (count, used) = _read_uvarint(frame, slot.offset)
+    count, body_at = read_uvarint(frame, slot.offset, len(frame))
     extra = rng.randint(1, 3)
     fields = b""
     for _ in range(extra):
@@ -305,23 +291,10 @@ def _unknown_tags(frame: bytes, slot: Slot, rng: random.Random) -> tuple[str, by
         size = len(payload)
         if rng.random() < 0.2:
             size = rng.choice([size + 1, 1 << 20, 0x7FFFFFFF])
-        fields += _uvarint(tag) + _uvarint(size) + payload
-    head = _uvarint(count + extra)
-    body_at = slot.offset + used
+        fields += uvarint(tag) + uvarint(size) + payload
+    head = uvarint(count + extra)
     # new fields go first: Kafka sorts tags, but a reader must cope with any order
     return f"unknown-tags-{extra}", frame[: slot.offset] + head + fields + frame[body_at:]
-
-
-def _read_uvarint(frame: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    start = pos
-    while True:
-        byte = frame[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos - start
-        shift += 7
 
 
 def _null_marker(frame: bytes, slot: Slot, rng: random.Random) -> tuple[str, bytes]:

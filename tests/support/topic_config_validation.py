@@ -411,8 +411,8 @@ def check_alter_configs(bootstrap: str) -> None:
     assert "internal.segment.bytes" not in after  # AlterConfigs replaces them all
 
 
-# Kafka 4.3.1's defaults of the configs that have no effect on TidalMQ or only bound
-# timestamps, as a topic with none set describes them
+# Kafka 4.3.1's defaults of the configs that have no effect on TidalMQ, only bound
+# timestamps or only jitter a roll, as a topic with none set describes them
 KAFKA_DEFAULTS = {
     "segment.jitter.ms": "0",
     "segment.index.bytes": "10485760",

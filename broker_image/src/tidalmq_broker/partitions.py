@@ -114,6 +114,7 @@ def partition_config(topic: TopicInfo) -> PartitionConfig:
         segment_bytes=effective_segment_bytes(c),
         message_timestamp_type=c["message.timestamp.type"].strip(),
         segment_ms=number("segment.ms"),
+        segment_jitter_ms=number("segment.jitter.ms"),
         cleanup_policy=cleanup_policy(c["cleanup.policy"]),
         delete_retention_ms=number("delete.retention.ms"),
         min_compaction_lag_ms=number("min.compaction.lag.ms"),

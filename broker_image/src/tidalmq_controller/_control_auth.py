@@ -31,6 +31,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import Counter
+from tidalmq_broker.server.http import refuse_control_call
 from tidalmq_broker.server.ratelog import RateLimitedLog
 from tidalmq_core.control_auth import ControlAuth, Principal
 from tidalmq_core.control_tls import NO_CERTIFICATE, peercert_of, permits, role_of
@@ -93,24 +94,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _refuse(request: Any, status: int, reason: str, why: str) -> web.Response:
-    REFUSALS.labels(reason).inc()
-    REFUSAL_LOG.warning(
-        log,
-        "control call refused (%d): %s %s from %s: %s",
+    # REFUSAL_LOG is read at each call: a test may give the module a budget of its own
+    return refuse_control_call(
+        request,
         status,
-        request.method,
-        request.path,
-        getattr(request, "remote", None) or "?",
+        reason,
         why,
+        refusals=REFUSALS,
+        budget=REFUSAL_LOG,
+        logger=log,
+        token="the control token",
     )
-    if status == 401:
-        needs = "a client certificate" if reason == "no_certificate" else "the control token"
-        return web.json_response(
-            {"error": f"unauthorized: this call needs {needs}"},
-            status=401,
-            headers={"WWW-Authenticate": 'Bearer realm="tidalmq-control"'},
-        )
-    return web.json_response({"error": f"forbidden: {why}"}, status=403)
 
 
 def middleware(auth: ControlAuth, *, require_certificate: bool = False) -> Any:

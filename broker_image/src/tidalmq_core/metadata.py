@@ -48,8 +48,9 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     # an hour ahead)
     "message.timestamp.before.max.ms": str(2**63 - 1),
     "message.timestamp.after.max.ms": str(3600 * 1000),
-    # Kafka's, described and taken but with no effect here (docs/topic-configs.md)
+    # taken off segment.ms per segment (docs/topic-configs.md)
     "segment.jitter.ms": "0",
+    # Kafka's, described and taken but with no effect here (docs/topic-configs.md)
     "segment.index.bytes": str(10 * 1024 * 1024),
     "flush.messages": str(2**63 - 1),
     "flush.ms": str(2**63 - 1),
@@ -261,6 +262,14 @@ class TopicInfo:
     # each led by the broker of its leader physical queue; no storage of its own); "physical":
     # the hidden topic holding a static topic's physical queues (never moved by the controller)
     kind: str = "normal"
+    # What a broker's produce path derives from the effective configs (tidalmq_broker.apis
+    # .produce.produce_rules), with the overrides it was derived from: derived once per config
+    # change, not per request. A change replaces `configs` (a "configs" record) or the whole
+    # TopicInfo (a snapshot, a re-created topic); the overrides are compared by value, so even
+    # a change made in place is seen by the next produce.
+    produce_rules: tuple[dict[str, str], object] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def pinned(self) -> bool:

@@ -163,14 +163,7 @@ def elect_target(part: PartitionState) -> int:
     """Step 5: the source closed (or was fenced): the target leads with a higher epoch."""
     if not part.moving or part.target_replicas is None:
         raise NoReassignmentInProgress("partition is not moving")
-    target = part.target_replicas[0]
-    part.replicas = [target]
-    part.leader = target
-    part.leader_epoch += 1
-    part.original_replicas = None
-    part.target_replicas = None
-    part.move_started_ms = None
-    return target
+    return _end_move(part, part.target_replicas[0])
 
 
 def cancel_move(part: PartitionState) -> int:
@@ -178,14 +171,14 @@ def cancel_move(part: PartitionState) -> int:
     with a higher epoch (its own earlier incarnation of the partition is closed or fenced)."""
     if not part.moving or part.original_replicas is None:
         raise NoReassignmentInProgress("partition is not moving")
-    original = part.original_replicas[0]
-    part.replicas = [original]
-    part.leader = original
-    part.leader_epoch += 1
-    part.original_replicas = None
-    part.target_replicas = None
-    part.move_started_ms = None
-    return original
+    return _end_move(part, part.original_replicas[0])
+
+
+def _end_move(part: PartitionState, leader: int) -> int:
+    """`_end_move_changes` applied to the partition in place."""
+    for name, value in _end_move_changes(part, leader).items():
+        setattr(part, name, value)
+    return leader
 
 
 # ------------------------------------------------------------------ as record changes
@@ -224,15 +217,7 @@ def elect_changes(part: PartitionState, target: int | None = None) -> dict[str, 
     """The source closed (or was fenced): the target leads with a higher epoch."""
     if not part.moving or part.target_replicas is None:
         raise NoReassignmentInProgress("partition is not moving")
-    to = part.target_replicas[0] if target is None else target
-    return {
-        "replicas": [to],
-        "leader": to,
-        "leader_epoch": part.leader_epoch + 1,
-        "original_replicas": None,
-        "target_replicas": None,
-        "move_started_ms": None,
-    }
+    return _end_move_changes(part, part.target_replicas[0] if target is None else target)
 
 
 def cancel_changes(part: PartitionState) -> dict[str, object]:
@@ -243,10 +228,16 @@ def cancel_changes(part: PartitionState) -> dict[str, object]:
         raise NoReassignmentInProgress("partition is not moving")
     if part.leader != NO_LEADER:
         return {"original_replicas": None, "target_replicas": None, "move_started_ms": None}
-    original = part.original_replicas[0]
+    return _end_move_changes(part, part.original_replicas[0])
+
+
+def _end_move_changes(part: PartitionState, leader: int) -> dict[str, object]:
+    """The move is over, elected or rolled back: `leader` alone holds the partition, at a higher
+    epoch, and nothing of the move remains. The one definition both the record changes above
+    and the in-place transitions (`elect_target`, `cancel_move`) use."""
     return {
-        "replicas": [original],
-        "leader": original,
+        "replicas": [leader],
+        "leader": leader,
         "leader_epoch": part.leader_epoch + 1,
         "original_replicas": None,
         "target_replicas": None,

@@ -87,6 +87,7 @@ class TopicConfigDef:
     internal: bool = False  # Kafka's internal configs: no default, described only when set
     only: tuple[str, ...] = ()  # what TidalMQ takes of Kafka's valid values (empty: all)
     why: str = ""  # why TidalMQ takes only `only`
+    doc: str = ""  # what it does here, one or two sentences (the CRDs' descriptions)
 
 
 # Kafka's other configs are each taken as Kafka takes them, with a reason for what they do here
@@ -97,24 +98,116 @@ _NO_UNCLEAN_ELECTION = (
     "it, so there is never an out-of-sync replica to elect and lose records with"
 )
 TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
-    TopicConfigDef("segment.bytes", "INT", at_least=SEGMENT_BYTES_MIN),
-    TopicConfigDef("segment.ms", "LONG", at_least=1),
-    TopicConfigDef("segment.jitter.ms", "LONG", at_least=0),  # no effect
-    TopicConfigDef("segment.index.bytes", "INT", at_least=4),  # no effect
-    TopicConfigDef("flush.messages", "LONG", at_least=1),  # no effect
-    TopicConfigDef("flush.ms", "LONG", at_least=0),  # no effect
-    TopicConfigDef("retention.bytes", "LONG"),
-    TopicConfigDef("retention.ms", "LONG", at_least=-1),
-    TopicConfigDef("max.message.bytes", "INT", at_least=0),
-    TopicConfigDef("index.interval.bytes", "INT", at_least=0),  # no effect
-    TopicConfigDef("delete.retention.ms", "LONG", at_least=0),
-    TopicConfigDef("min.compaction.lag.ms", "LONG", at_least=0),
-    TopicConfigDef("max.compaction.lag.ms", "LONG", at_least=1),
-    TopicConfigDef("file.delete.delay.ms", "LONG", at_least=0),  # no effect
-    TopicConfigDef("min.cleanable.dirty.ratio", "DOUBLE", at_least=0, at_most=1),
-    TopicConfigDef("cleanup.policy", "LIST", one_of=CLEANUP_POLICIES),
     TopicConfigDef(
-        "unclean.leader.election.enable", "BOOLEAN", only=("false",), why=_NO_UNCLEAN_ELECTION
+        "segment.bytes",
+        "INT",
+        at_least=SEGMENT_BYTES_MIN,
+        doc="Size at which a partition's compacted segments are cut, in bytes (Kafka: the size "
+        "at which the active segment rolls).",
+    ),
+    TopicConfigDef(
+        "segment.ms",
+        "LONG",
+        at_least=1,
+        doc="Age after which a segment takes no more merges, in milliseconds (Kafka: the age "
+        "at which the active segment rolls).",
+    ),
+    TopicConfigDef(
+        "segment.jitter.ms",
+        "LONG",
+        at_least=0,
+        doc="Kafka: a random amount taken off segment.ms per segment. Taken, no effect: nothing "
+        "happens at a roll here.",
+    ),
+    TopicConfigDef(
+        "segment.index.bytes",
+        "INT",
+        at_least=4,
+        doc="Kafka: size of a segment's index files. Taken, no effect: a partition's index is in "
+        "its checkpoint in object storage.",
+    ),
+    TopicConfigDef(
+        "flush.messages",
+        "LONG",
+        at_least=1,
+        doc="Kafka: fsync the log after this many messages. Taken, no effect: a record is "
+        "acknowledged only once durable in object storage.",
+    ),
+    TopicConfigDef(
+        "flush.ms",
+        "LONG",
+        at_least=0,
+        doc="Kafka: fsync the log after this many milliseconds. Taken, no effect (as "
+        "flush.messages).",
+    ),
+    TopicConfigDef(
+        "retention.bytes",
+        "LONG",
+        doc="Bytes to keep per partition before deleting old segments (-1: no limit).",
+    ),
+    TopicConfigDef(
+        "retention.ms",
+        "LONG",
+        at_least=-1,
+        doc="Time to keep a segment, in milliseconds (-1: forever).",
+    ),
+    TopicConfigDef(
+        "max.message.bytes", "INT", at_least=0, doc="Largest record batch accepted, in bytes."
+    ),
+    TopicConfigDef(
+        "index.interval.bytes",
+        "INT",
+        at_least=0,
+        doc="Kafka: bytes between offset index entries. Taken, no effect: the index has an "
+        "entry per stored range.",
+    ),
+    TopicConfigDef(
+        "delete.retention.ms",
+        "LONG",
+        at_least=0,
+        doc="How long a compacted topic keeps tombstones (records with a key and no value), in "
+        "milliseconds.",
+    ),
+    TopicConfigDef(
+        "min.compaction.lag.ms",
+        "LONG",
+        at_least=0,
+        doc="Least time a record stays uncompacted, in milliseconds (at most "
+        "max.compaction.lag.ms).",
+    ),
+    TopicConfigDef(
+        "max.compaction.lag.ms",
+        "LONG",
+        at_least=1,
+        doc="Longest time a record may stay uncompacted, in milliseconds.",
+    ),
+    TopicConfigDef(
+        "file.delete.delay.ms",
+        "LONG",
+        at_least=0,
+        doc="Kafka: delay before a deleted segment's file is removed. Taken, no effect: a "
+        "replaced segment object goes after its grace period, the same for every topic.",
+    ),
+    TopicConfigDef(
+        "min.cleanable.dirty.ratio",
+        "DOUBLE",
+        at_least=0,
+        at_most=1,
+        doc="Share of a compacted log not yet compacted (dirty) at which it is compacted again.",
+    ),
+    TopicConfigDef(
+        "cleanup.policy",
+        "LIST",
+        one_of=CLEANUP_POLICIES,
+        doc="delete (retention by time and size), compact (the latest record per key is kept) "
+        "or both, comma-separated (empty: neither, records are kept forever).",
+    ),
+    TopicConfigDef(
+        "unclean.leader.election.enable",
+        "BOOLEAN",
+        only=("false",),
+        why=_NO_UNCLEAN_ELECTION,
+        doc="Kafka: let an out-of-sync replica lead, losing records, rather than stay unavailable.",
     ),
     TopicConfigDef(
         "min.insync.replicas",
@@ -122,6 +215,7 @@ TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
         at_least=1,
         only=("1",),
         why="every partition has one durable copy in object storage",
+        doc="Kafka: least in-sync replicas for a Produce with acks=all.",
     ),
     TopicConfigDef(
         "compression.type",
@@ -132,30 +226,127 @@ TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
         only=("producer",),
         why="TidalMQ stores batches as the producer compressed them and never recompresses; "
         "set compression.type on the producer instead",
+        doc="Kafka: the codec the broker stores batches in.",
     ),
     # the levels of a topic codec: with compression.type=producer they mean nothing on Kafka
     # either (no effect)
-    TopicConfigDef("compression.gzip.level", "INT", at_least=1, at_most=9, or_equal=-1),
-    TopicConfigDef("compression.lz4.level", "INT", at_least=1, at_most=17),
-    TopicConfigDef("compression.zstd.level", "INT", at_least=-131072, at_most=22),
-    TopicConfigDef("preallocate", "BOOLEAN"),  # no effect
-    TopicConfigDef("message.timestamp.type", "STRING", one_of=("CreateTime", "LogAppendTime")),
+    TopicConfigDef(
+        "compression.gzip.level",
+        "INT",
+        at_least=1,
+        at_most=9,
+        or_equal=-1,
+        doc="Kafka: level of the broker's recompression to gzip. Taken, no effect: TidalMQ "
+        "never recompresses.",
+    ),
+    TopicConfigDef(
+        "compression.lz4.level",
+        "INT",
+        at_least=1,
+        at_most=17,
+        doc="Kafka: level of the broker's recompression to lz4. Taken, no effect: TidalMQ "
+        "never recompresses.",
+    ),
+    TopicConfigDef(
+        "compression.zstd.level",
+        "INT",
+        at_least=-131072,
+        at_most=22,
+        doc="Kafka: level of the broker's recompression to zstd. Taken, no effect: TidalMQ "
+        "never recompresses.",
+    ),
+    TopicConfigDef(
+        "preallocate",
+        "BOOLEAN",
+        doc="Kafka: preallocate a new segment's file. Taken, no effect: there are no segment "
+        "files.",
+    ),
+    TopicConfigDef(
+        "message.timestamp.type",
+        "STRING",
+        one_of=("CreateTime", "LogAppendTime"),
+        doc="CreateTime (records keep the producer's timestamps) or LogAppendTime (the "
+        "broker's clock).",
+    ),
     # KIP-937: the range a CreateTime record's timestamp must be in (produce.timestamp_refusal)
-    TopicConfigDef("message.timestamp.before.max.ms", "LONG", at_least=0),
-    TopicConfigDef("message.timestamp.after.max.ms", "LONG", at_least=0),
-    TopicConfigDef("leader.replication.throttled.replicas", "LIST", replicas=True),
-    TopicConfigDef("follower.replication.throttled.replicas", "LIST", replicas=True),
+    TopicConfigDef(
+        "message.timestamp.before.max.ms",
+        "LONG",
+        at_least=0,
+        doc="How far behind the broker's clock a CreateTime record's timestamp may be, in "
+        "milliseconds.",
+    ),
+    TopicConfigDef(
+        "message.timestamp.after.max.ms",
+        "LONG",
+        at_least=0,
+        doc="How far ahead of the broker's clock a CreateTime record's timestamp may be, in "
+        "milliseconds.",
+    ),
+    TopicConfigDef(
+        "leader.replication.throttled.replicas",
+        "LIST",
+        replicas=True,
+        doc="Kafka: the leader replicas whose replication is throttled ('*' or "
+        "partition:broker pairs). Recorded, limit nothing: a move copies no data.",
+    ),
+    TopicConfigDef(
+        "follower.replication.throttled.replicas",
+        "LIST",
+        replicas=True,
+        doc="Kafka: the follower replicas whose replication is throttled ('*' or "
+        "partition:broker pairs). Recorded, limit nothing: a move copies no data.",
+    ),
     # Kafka's tiered storage (KIP-405): TidalMQ answers as a Kafka whose brokers have it off
     # (remote.log.storage.system.enable=false): remote.storage.enable=true is refused with
-    # that Kafka's message, and the others, which only act on a tiered topic, are taken
-    TopicConfigDef("remote.storage.enable", "BOOLEAN"),
-    TopicConfigDef("local.retention.ms", "LONG", at_least=-2),  # no effect
-    TopicConfigDef("local.retention.bytes", "LONG", at_least=-2),  # no effect
-    TopicConfigDef("remote.log.copy.disable", "BOOLEAN"),  # no effect
-    TopicConfigDef("remote.log.delete.on.disable", "BOOLEAN"),  # no effect
-    TopicConfigDef(INTERNAL_SEGMENT_BYTES, "INT", internal=True),
+    # that Kafka's message (validate_configs, before `only` is looked at), and the others,
+    # which only act on a tiered topic, are taken
+    TopicConfigDef(
+        "remote.storage.enable",
+        "BOOLEAN",
+        only=("false",),
+        why="TidalMQ has one tier, the object store, and no local log to tier from",
+        doc="Kafka: tier the topic's log to remote storage (KIP-405).",
+    ),
+    TopicConfigDef(
+        "local.retention.ms",
+        "LONG",
+        at_least=-2,
+        doc="Kafka: time a tiered topic keeps its local log (-2: retention.ms). Taken, no "
+        "effect: only acts on a tiered topic.",
+    ),
+    TopicConfigDef(
+        "local.retention.bytes",
+        "LONG",
+        at_least=-2,
+        doc="Kafka: bytes a tiered topic keeps in its local log (-2: retention.bytes). Taken, "
+        "no effect: only acts on a tiered topic.",
+    ),
+    TopicConfigDef(
+        "remote.log.copy.disable",
+        "BOOLEAN",
+        doc="Kafka: stop copying a tiered topic's segments to remote storage. Taken, no "
+        "effect: only acts on a tiered topic.",
+    ),
+    TopicConfigDef(
+        "remote.log.delete.on.disable",
+        "BOOLEAN",
+        doc="Kafka: delete the remote log when tiering is turned off. Taken, no effect: only "
+        "acts on a tiered topic.",
+    ),
+    TopicConfigDef(
+        INTERNAL_SEGMENT_BYTES,
+        "INT",
+        internal=True,
+        doc="Kafka's internal override of segment.bytes, for testing only: any size.",
+    ),
 )
 TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in TOPIC_CONFIG_DEFS}
+# what validate_configs(static=True) adds: a static topic's cleanup.policy has no compact
+STATIC_CLEANUP_POLICIES = tuple(p for p in CLEANUP_POLICIES if p != "compact")
+NO_STATIC_COMPACT = (
+    "a logic queue spans several physical partitions, and keys are not compacted across them"
+)
 
 
 def _java_trim(value: str) -> str:
@@ -325,8 +516,7 @@ def validate_configs(configs: dict[str, str | None], *, static: bool = False) ->
             given[name] = str(_parse_boolean(TOPIC_CONFIGS[name], value)).lower()
     if static and "compact" in cleanup_policy(given.get("cleanup.policy", "delete")):
         raise InvalidConfig(
-            "cleanup.policy=compact is not offered for static topics: a logic queue spans "
-            "several physical partitions, and keys are not compacted across them"
+            f"cleanup.policy=compact is not offered for static topics: {NO_STATIC_COMPACT}"
         )
     return given
 

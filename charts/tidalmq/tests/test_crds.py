@@ -5,15 +5,21 @@ admission are checked against a real API server in tests/integration/chart)."""
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
+from tidalmq_core.topics import TOPIC_CONFIG_DEFS, TOPIC_CONFIGS, validate_configs
+from tidalmq_operator import crd_configs
+from tidalmq_operator.models import TopicSpec, parse
 
 from tests.support.crd_schema import printer_column_problems, structural_problems, to_json_schema
 from tests.support.helm import CHART, REPO
+from tests.support.topic_config_validation import KAFKA_ACCEPTS, KAFKA_REFUSES, TIDALMQ_NARROWS
 
 SOURCE = REPO / "crds"
 COPIES = CHART / "crds"
@@ -111,11 +117,13 @@ def test_shared_sub_schemas_are_the_same_everywhere() -> None:
     topic = schema_of("topics.tidalmq.io")["properties"]
     static = schema_of("statictopics.tidalmq.io")["properties"]
     topic_configs = topic["spec"]["properties"]["configs"]["properties"]
-    assert topic_configs == static["spec"]["properties"]["configs"]["properties"]
-    assert set(topic_configs) == {
-        "retention.ms", "retention.bytes", "max.message.bytes", "segment.bytes",
-        "cleanup.policy", "message.timestamp.type", "compression.type",
-    }  # fmt: skip
+    static_configs = static["spec"]["properties"]["configs"]["properties"]
+    # every config of the broker's table but Kafka's internal ones, in its order; a static
+    # topic's cleanup.policy differs (no compact)
+    assert list(topic_configs) == [d.name for d in TOPIC_CONFIG_DEFS if not d.internal]
+    assert list(static_configs) == list(topic_configs)
+    differ = [n for n in topic_configs if topic_configs[n] != static_configs[n]]
+    assert differ == ["cleanup.policy"]
 
     def conditions(name: str) -> dict[str, Any]:
         node = dict(schema_of(name)["properties"]["status"]["properties"]["conditions"])
@@ -209,6 +217,11 @@ GOOD = {
         "conditions": [{"type": "Ready", "status": "True", "reason": "Serving", "message": "",
                         "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 2}],
     })),
+    "compacted topic": ("topics.tidalmq.io", resource("Topic", {"partitions": 3, "configs": {
+        "cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": 0.1, "delete.retention.ms": "3600000",
+        "min.compaction.lag.ms": 0, "unclean.leader.election.enable": False, "remote.storage.enable": False,
+        "preallocate": True, "leader.replication.throttled.replicas": "*",
+        "follower.replication.throttled.replicas": "0:1, 1:2", "compression.gzip.level": -1}})),
     "kafka reassignment json": ("partitionreassignments.tidalmq.io", resource("PartitionReassignment", {
         "version": 1, "partitions": [{"topic": "orders", "partition": 0, "replicas": [2], "log_dirs": ["any"]}],
     }, status={
@@ -264,7 +277,15 @@ BAD = {
     "topic name with space": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "topicName": "a b"}), "match"),
     "topic name too long": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "topicName": "a" * 250}), "long"),
     "unknown config": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"foo": "1"}}), "foo"),
-    "compaction": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"cleanup.policy": "compact"}}), "compact"),
+    "static topic compaction": ("statictopics.tidalmq.io", resource("StaticTopic", {"totalQueues": 1, "configs": {"cleanup.policy": "compact"}}), "match"),
+    "unknown cleanup policy": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"cleanup.policy": "compact,shred"}}), "match"),
+    "unclean election": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"unclean.leader.election.enable": True}}), "True"),
+    "tiered storage": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"remote.storage.enable": True}}), "True"),
+    "boolean as text": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"preallocate": "true"}}), "type"),
+    "two in-sync replicas": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"min.insync.replicas": 2}}), "maximum"),
+    "dirty ratio above 1": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"min.cleanable.dirty.ratio": 1.5}}), "maximum"),
+    "segment below 1 MiB": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"segment.bytes": 4096}}), "minimum"),
+    "internal config": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"internal.segment.bytes": 4096}}), "internal.segment.bytes"),
     "retention not numeric": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"retention.ms": "7d"}}), "match"),
     "retention below -1": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"retention.ms": -2}}), "minimum"),
     "bad compression": ("topics.tidalmq.io", resource("Topic", {"partitions": 1, "configs": {"compression.type": "brotli"}}), "brotli"),
@@ -313,3 +334,138 @@ def test_crd_files_parse_as_single_documents() -> None:
     for path in Path(SOURCE).glob("*.yaml"):
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         assert len(docs) == 1, path
+
+
+# ---------------------------------------------------------------------------- the configs schema
+def test_configs_schemas_are_generated_from_the_topic_config_table() -> None:
+    """Nobody edits spec.configs of the Topic and StaticTopic CRDs by hand, in crds/ or in the
+    chart's copies: `make crds` writes them from tidalmq_core.topics.TOPIC_CONFIG_DEFS."""
+    assert crd_configs.stale() == [], "run `make crds` and commit the result"
+
+
+def test_the_check_names_a_hand_edited_configs_schema(tmp_path: Path) -> None:
+    dirs = (tmp_path / "crds", tmp_path / "chart")
+    for folder in dirs:
+        folder.mkdir()
+        for name in crd_configs.FILES:
+            (folder / name).write_text((SOURCE / name).read_text())
+    assert crd_configs.stale(dirs) == []
+    edited = dirs[1] / "topics.tidalmq.io.yaml"
+    edited.write_text(edited.read_text().replace("minimum: 1048576", "minimum: 1"))
+    assert crd_configs.stale(dirs) == [edited]
+    # a hand edit of the source's generated block: the source differs from what it renders to
+    source = dirs[0] / "statictopics.tidalmq.io.yaml"
+    source.write_text(source.read_text().replace("(delete)", "(compact|delete)"))
+    assert set(crd_configs.stale(dirs)) == {source, edited}
+    broken = dirs[0] / "topics.tidalmq.io.yaml"
+    broken.write_text(broken.read_text().replace(crd_configs.END, "# the end"))
+    with pytest.raises(ValueError, match="no generated configs block"):
+        crd_configs.stale(dirs)
+
+
+def _typed(name: str, value: str) -> Any:
+    """A config value of the validation cases as a Topic's YAML would hold it: INT and LONG
+    integers, DOUBLE numbers, BOOLEAN booleans (the schema's types), or the text when it has
+    no such form (which the schema must then refuse); None when JSON cannot hold it (NaN)."""
+    d = TOPIC_CONFIGS.get(name)
+    text = value.strip()
+    if d is None or d.type in ("STRING", "LIST"):
+        return value
+    if d.type in ("INT", "LONG"):
+        # an integer Kubernetes holds (int64), else the text
+        if re.fullmatch(r"[+-]?[0-9]+", text) and -(2**63) <= int(text) < 2**63:
+            return int(text)
+        return value
+    if d.type == "BOOLEAN":
+        return text.lower() == "true" if text.lower() in ("true", "false") else value
+    try:
+        number = float(text.rstrip("dDfF"))
+    except ValueError:
+        try:
+            number = float.fromhex(text.rstrip("dDfF"))
+        except ValueError:
+            return value
+    return number if math.isfinite(number) else None
+
+
+def _schema_refusal(kind: str, configs: dict[str, Any]) -> str | None:
+    crd = {"Topic": "topics.tidalmq.io", "StaticTopic": "statictopics.tidalmq.io"}[kind]
+    spec = {"partitions": 1} if kind == "Topic" else {"totalQueues": 1}
+    try:
+        jsonschema.validate(
+            resource(kind, {**spec, "configs": configs}), to_json_schema(schema_of(crd))
+        )
+    except jsonschema.ValidationError as exc:
+        return exc.message
+    return None
+
+
+def _in_yaml(cases: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The cases a Topic can hold, typed: not those naming Kafka's internal configs (not
+    offered) or a number JSON cannot hold (NaN, Infinity)."""
+    out = []
+    for case in cases:
+        typed = {name: _typed(name, value) for name, value in case.items()}
+        internal = any(n in TOPIC_CONFIGS and TOPIC_CONFIGS[n].internal for n in typed)
+        if not internal and None not in typed.values():
+            out.append(typed)
+    return out
+
+
+ACCEPTED = _in_yaml(KAFKA_ACCEPTS)
+REFUSED = _in_yaml([c for c, _ in KAFKA_REFUSES + TIDALMQ_NARROWS])
+# What the schema cannot see, left to the operator (the broker's validation: an InvalidSpec
+# condition): gzip's level 0 (the range is -1 to 9 but 0 is not taken), the cross check of the
+# compaction lags, and a string of digits beyond a LONG (a pattern has no range)
+OPERATOR_ONLY = [{"compression.gzip.level": 0},
+                 {"min.compaction.lag.ms": 200, "max.compaction.lag.ms": 100},
+                 {"segment.ms": str(2**63)}]  # fmt: skip
+
+
+def test_the_cases_cover_every_offered_config() -> None:
+    offered = {d.name for d in TOPIC_CONFIG_DEFS if not d.internal}
+    assert len(ACCEPTED) > 40 and len(REFUSED) > 40
+    assert offered <= {n for case in ACCEPTED for n in case}
+    assert offered - {n for case in REFUSED for n in case} <= {
+        "retention.bytes", "preallocate", "remote.log.copy.disable",
+        "remote.log.delete.on.disable", "follower.replication.throttled.replicas",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("configs", ACCEPTED, ids=str)
+def test_schema_takes_what_the_broker_takes(configs: dict[str, Any]) -> None:
+    """Each value Kafka 4.3.1 takes (and TidalMQ with it) is taken by the Topic's schema too,
+    in its YAML form, and the operator hands the broker's validation the values it takes."""
+    assert _schema_refusal("Topic", configs) is None
+    parse(TopicSpec, {"partitions": 1, "configs": configs}).validated_configs()
+
+
+@pytest.mark.parametrize("configs", REFUSED, ids=str)
+def test_schema_refuses_what_the_broker_refuses(configs: dict[str, Any]) -> None:
+    """Each value Kafka or TidalMQ refuses is refused by the Topic's schema, in its YAML form,
+    or (the few the schema cannot see) by the operator, whose refusal becomes a condition."""
+    refusal = _schema_refusal("Topic", configs)
+    if configs in OPERATOR_ONLY:
+        assert refusal is None, "the schema refuses it now: take it off OPERATOR_ONLY"
+        with pytest.raises(ValueError):
+            parse(TopicSpec, {"partitions": 1, "configs": configs}).validated_configs()
+    else:
+        assert refusal is not None, f"{configs} passes the schema"
+
+
+def test_static_topic_schema_refuses_compaction_as_the_broker_does() -> None:
+    for policy in ("compact", "delete,compact", " compact , delete "):
+        assert _schema_refusal("StaticTopic", {"cleanup.policy": policy}) is not None
+        with pytest.raises(ValueError, match="not offered for static topics"):
+            validate_configs({"cleanup.policy": policy}, static=True)
+    for policy in ("delete", " delete ", ""):
+        assert _schema_refusal("StaticTopic", {"cleanup.policy": policy}) is None
+        validate_configs({"cleanup.policy": policy}, static=True)
+
+
+def test_every_config_has_a_description_from_the_table() -> None:
+    configs = schema_of("topics.tidalmq.io")["properties"]["spec"]["properties"]["configs"]
+    for d in TOPIC_CONFIG_DEFS:
+        if not d.internal:
+            assert d.doc, f"{d.name} has no doc in TOPIC_CONFIG_DEFS"
+            assert configs["properties"][d.name]["description"].startswith(d.doc)

@@ -19,6 +19,15 @@ class _Spec(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
 
+def config_text(value: Any) -> str:
+    """A config value of a Topic or StaticTopic as Kafka's text: the CRD's schema types them
+    (integers, numbers, booleans, strings; crd_configs.py), the broker takes text: booleans
+    as Kafka writes them (true, false), numbers as Python prints them (Java parses those)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 class TopicSpec(_Spec):
     topic_name: str | None = Field(default=None, alias="topicName")
     partitions: int = Field(ge=1, le=10_000)
@@ -27,7 +36,7 @@ class TopicSpec(_Spec):
     @field_validator("configs")
     @classmethod
     def _configs(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return {k: str(v) for k, v in value.items()}
+        return {k: config_text(v) for k, v in value.items()}
 
     def kafka_name(self, resource_name: str) -> str:
         name = self.topic_name or resource_name

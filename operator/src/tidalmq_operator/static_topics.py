@@ -34,7 +34,7 @@ from tidalmq_operator.availability import (
     row_fields,
     verdict,
 )
-from tidalmq_operator.models import SpecError, StaticTopicSpec, parse
+from tidalmq_operator.models import SpecError, StaticTopicSpec, config_text, parse
 from tidalmq_operator.runtime import (
     Availability,
     ControllerInactive,
@@ -110,7 +110,7 @@ async def reconcile_static_topic(spec: Any, name: str, meta: Any, memo: Any, **_
         controller = rt.require_controller()
     except ControllerInactive as exc:
         raise kopf.TemporaryError(str(exc), delay=RETRY_S) from exc
-    configs: dict[str, str | None] = {k: str(v) for k, v in parsed.configs.items()}
+    configs: dict[str, str | None] = {k: config_text(v) for k, v in parsed.configs.items()}
     manager = controller.static
     try:
         if kafka_name not in controller.metadata.static_topics:

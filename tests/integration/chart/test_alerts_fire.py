@@ -24,8 +24,23 @@ real stall), in order:
    TidalMQPartitionDataLost fires; the loss accepted (`recover --accept-data-loss`), resolves;
 6. a topic deleted under its move (its source stopped): the move Failed,
    TidalMQMovesFailing fires for outcome `failed` (it resolves 15 minutes later: not waited
-   for). Its other outcomes (`target_lost`, `retargeted`) are provoked without Prometheus in
-   tests/integration/cluster/test_move_outcomes_cluster.py.
+   for).
+
+Its other outcomes, on two such brokers with an open timeout of 3 s
+(test_moves_retargeted_and_target_lost_fire), provoked as
+tests/integration/cluster/test_move_outcomes_cluster.py does:
+
+7. a move onto a stopped target: elected, it does not open the partition within the open
+   timeout, the move is handed back to its source: TidalMQMovesFailing fires for `retargeted`;
+8. a move whose target is killed and removed while the move waits for its stopped source:
+   rolled back, TidalMQMovesFailing fires for `target_lost` (one alert per outcome).
+
+And on two such brokers (test_static_topic_inconsistent_fires):
+
+9. a static topic's logic queue remapped in availability order while its broker is stopped:
+   the new broker's mapping copy is written at the next epoch, the old physical queue cannot be
+   closed, the update cannot finish and the copies disagree: TidalMQStaticTopicInconsistent
+   fires for that topic; the broker continued, the update finishes and it resolves.
 
 Each is read from Prometheus' /api/v1/alerts (what Alertmanager gets). The test rewrites only
 the rules' `for:` durations (minutes in the chart) to 2 s, asserting that the expressions and
@@ -75,6 +90,8 @@ MOVES_ENV = {
     "TIDALMQ_FLOOR_COMMIT_INTERVAL_S": "0.5",
 }
 LEDGER = "ledger"
+OPEN_TIMEOUT_S = 3
+STATIC_TOPIC = "payments"
 FOR_LINE = re.compile(r"^(    for: )(\S+)$", re.M)
 
 
@@ -220,9 +237,14 @@ def stopped(pid: int) -> Iterator[None]:
 
 
 def wait_move(
-    cluster: LocalClusterProcess, partition: int, phase: str, timeout_s: float = 30
+    cluster: LocalClusterProcess,
+    partition: int,
+    phase: str | None,
+    timeout_s: float = 30,
+    target: int | None = None,
 ) -> dict[str, Any]:
-    """The move of the ledger's partition, once it is in `phase`."""
+    """The move of the ledger's partition, once it is in `phase` (None: any) and, if given,
+    moves to `target`."""
     deadline = time.monotonic() + timeout_s
     moving: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
@@ -231,10 +253,16 @@ def wait_move(
             for m in cluster.moves()["active"]
             if m["topic"] == LEDGER and m["partition"] == partition
         ]
-        if moving and moving[0]["phase"] == phase:
+        if (
+            moving
+            and phase in (None, moving[0]["phase"])
+            and (target is None or moving[0]["target"] == target)
+        ):
             return moving[0]
         time.sleep(0.1)
-    raise AssertionError(f"{LEDGER}-{partition}: no move in {phase} within {timeout_s} s: {moving}")
+    raise AssertionError(
+        f"{LEDGER}-{partition}: no move in {phase} (target {target}) within {timeout_s} s: {moving}"
+    )
 
 
 def wait_floor(
@@ -265,6 +293,20 @@ def produce_acknowledged(bootstrap: str, partition: int, records: int) -> None:
     assert producer.flush(30) == 0 and not errors, errors
 
 
+def wait_outcomes_at_zero(prometheus: PrometheusServer) -> None:
+    """Until the controller was scraped twice: each move outcome's count is there from the
+    start, at 0 (no move finished yet), and its increase is 0: what the move alerts read."""
+    prometheus.wait_for(
+        "increase(tidalmq_controller_reassignments_total[10m])",
+        lambda r: (
+            sorted(s["metric"]["outcome"] for s in r)
+            == ["cancelled", "done", "failed", "retargeted", "superseded", "target_lost"]
+            and all(float(s["value"][1]) == 0 for s in r)
+        ),
+        timeout_s=30,
+    )
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalClusterProcess]:
     with LocalClusterProcess(tmp_path / "cluster", brokers=1, env=ENV) as c:
@@ -274,6 +316,15 @@ def cluster(tmp_path: Path) -> Iterator[LocalClusterProcess]:
 @pytest.fixture
 def two_brokers(tmp_path: Path) -> Iterator[LocalClusterProcess]:
     with LocalClusterProcess(tmp_path / "cluster", brokers=2, env=MOVES_ENV) as c:
+        yield c
+
+
+@pytest.fixture
+def two_brokers_open_timeout(tmp_path: Path) -> Iterator[LocalClusterProcess]:
+    """Two brokers as `two_brokers`, and a target that has not opened its partition
+    OPEN_TIMEOUT_S after its election has the move handed on (`retargeted`)."""
+    env = {**MOVES_ENV, "TIDALMQ_OPEN_TIMEOUT_S": str(OPEN_TIMEOUT_S)}
+    with LocalClusterProcess(tmp_path / "cluster", brokers=2, env=env) as c:
         yield c
 
 
@@ -350,17 +401,7 @@ def test_move_stuck_data_lost_and_moves_failing_fire(
     cluster.wait_settled()
     pids = cluster.broker_pids()
     assert len(pids) == 2, pids
-    # the controller scraped twice: each outcome's count is there from the start, at 0 (no move
-    # finished yet), and its increase is 0: what the move alerts read
-    prometheus.wait_for(
-        "increase(tidalmq_controller_reassignments_total[10m])",
-        lambda r: (
-            sorted(s["metric"]["outcome"] for s in r)
-            == ["cancelled", "done", "failed", "retargeted", "superseded", "target_lost"]
-            and all(float(s["value"][1]) == 0 for s in r)
-        ),
-        timeout_s=30,
-    )
+    wait_outcomes_at_zero(prometheus)
 
     def other(broker: int) -> int:
         return next(b for b in pids if b != broker)
@@ -416,4 +457,165 @@ def test_move_stuck_data_lost_and_moves_failing_fire(
         f"(resolved {lost_resolved:.1f} s after the loss was accepted), moves failing "
         f"{failing_fired:.1f} s; for: {SHORT_FOR}, evaluation every {SCRAPE_S:g} s; "
         f"{time.monotonic() - began:.1f} s in all"
+    )
+
+
+@pytest.mark.timeout(120)
+def test_moves_retargeted_and_target_lost_fire(
+    two_brokers_open_timeout: LocalClusterProcess, prometheus: PrometheusServer, tmp_path: Path
+) -> None:
+    began = time.monotonic()
+    cluster = two_brokers_open_timeout
+    start_prometheus(cluster, prometheus, tmp_path)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(LEDGER, 1, 1)])[LEDGER].result(30)
+    del admin  # not left reconnecting to the broker killed below
+    cluster.wait_settled()
+    pids = cluster.broker_pids()
+    assert len(pids) == 2, pids
+    wait_outcomes_at_zero(prometheus)
+    assert not active(prometheus, "TidalMQMovesFailing")
+    source = cluster.leaders(LEDGER)[0]
+    target = next(b for b in pids if b != source)
+
+    # 1. a move onto a stopped target: elected, it does not open the partition within the open
+    # timeout, and the move is handed on back to its source (outcome `retargeted`)
+    with stopped(pids[target]):
+        cluster.reassign({(LEDGER, 0): target})
+        reassigned = time.monotonic()
+        # not waited for in Opening: a loaded machine could miss its 3 s; the reason says it
+        handed_on = wait_move(cluster, 0, None, target=source)
+        assert (handed_on["source"], handed_on["reason"]) == (
+            target,
+            f"broker {target} did not open it within {OPEN_TIMEOUT_S}s; "
+            f"moving it to broker {source}",
+        ), handed_on
+        retargeted_fired = wait_alert(
+            prometheus, firing, "TidalMQMovesFailing", 30, outcome="retargeted"
+        )
+        retargeted_after = time.monotonic() - reassigned
+    [retargeted] = active(prometheus, "TidalMQMovesFailing", outcome="retargeted")
+    assert retargeted["labels"]["severity"] == "warning", retargeted
+    assert retargeted["annotations"]["summary"] == "Partition moves ended retargeted", retargeted
+    # one alert per outcome: nothing ended target_lost or failed
+    assert {a["labels"]["outcome"] for a in active(prometheus, "TidalMQMovesFailing")} == {
+        "retargeted"
+    }
+    # the target goes on: the handed-on move opens the partition on its source again
+    cluster.wait_settled(30)
+    assert cluster.leaders(LEDGER)[0] == source
+
+    # 2. the target killed and removed while the move waits for its stopped source: rolled back
+    # to the source (outcome `target_lost`)
+    with stopped(pids[source]):
+        cluster.reassign({(LEDGER, 0): target})
+        wait_move(cluster, 0, "Closing", target=target)
+        cluster.kill_broker(target)
+        cluster.remove_broker(target)
+        removed = time.monotonic()
+    target_lost_fired = wait_alert(
+        prometheus, firing, "TidalMQMovesFailing", 30, outcome="target_lost"
+    )
+    target_lost_after = time.monotonic() - removed
+    lost = [m for m in cluster.moves()["recent"] if m["topic"] == LEDGER][-1]
+    assert (lost["phase"], lost["outcome"], lost["reason"]) == (
+        "Cancelled",
+        "target_lost",
+        f"target broker {target} went away: rolled back to broker {source}",
+    ), lost
+    [target_lost] = active(prometheus, "TidalMQMovesFailing", outcome="target_lost")
+    assert target_lost["labels"]["severity"] == "warning", target_lost
+    assert {a["labels"]["outcome"] for a in active(prometheus, "TidalMQMovesFailing")} == {
+        "retargeted",
+        "target_lost",
+    }
+    print(
+        f"\nmoves failing: retargeted fired {retargeted_after:.1f} s after the move onto the "
+        f"stopped target (open timeout {OPEN_TIMEOUT_S} s; {retargeted_fired:.1f} s after the "
+        f"move was handed on), target_lost {target_lost_after:.1f} s after the target was removed "
+        f"({target_lost_fired:.1f} s of waiting); {time.monotonic() - began:.1f} s in all"
+    )
+
+
+def static_queues(cluster: LocalClusterProcess) -> dict[str, Any]:
+    doc = cluster._post("/v1/static-topics/describe", {"name": STATIC_TOPIC})
+    assert "fault" not in doc, doc
+    result: dict[str, Any] = doc["result"]
+    return result
+
+
+@pytest.mark.timeout(120)
+def test_static_topic_inconsistent_fires(
+    two_brokers: LocalClusterProcess, prometheus: PrometheusServer, tmp_path: Path
+) -> None:
+    began = time.monotonic()
+    cluster = two_brokers
+    start_prometheus(cluster, prometheus, tmp_path)
+    created = cluster._post("/v1/static-topics/create", {"name": STATIC_TOPIC, "total_queues": 2})
+    assert "fault" not in created and created["result"]["consistent"], created
+    pids = cluster.broker_pids()
+    assert len(pids) == 2, pids
+    # scraped while consistent: the series is there, at 0, and the alert is not active
+    inconsistent = f'tidalmq_static_topic_inconsistent{{topic="{STATIC_TOPIC}"}}'
+    prometheus.wait_for(
+        inconsistent, lambda r: bool(r) and float(r[0]["value"][1]) == 0, timeout_s=30
+    )
+    assert not active(prometheus, "TidalMQStaticTopicInconsistent")
+    before = static_queues(cluster)
+    queue = next(q for q in before["queues"] if q["queue"] == 0)
+    old_broker = queue["broker"]
+    new_broker = next(b for b in pids if b != old_broker)
+
+    # a remap of logic queue 0 in availability order while its broker is stopped: the first
+    # commit writes the new broker's copy at epoch e + 1 (its new physical queue writable at
+    # once); the old physical queue cannot be closed, so the update cannot finish and the other
+    # copy stays at epoch e: the copies disagree
+    remapped: list[Any] = []
+    remap = threading.Thread(
+        target=lambda: remapped.append(
+            cluster._post(
+                "/v1/static-topics/remap",
+                {
+                    "name": STATIC_TOPIC,
+                    "moves": [{"queue": 0, "broker": new_broker, "mode": "available"}],
+                },
+            )
+        ),
+        daemon=True,
+    )
+    labels = {"topic": STATIC_TOPIC}
+    with stopped(pids[old_broker]):
+        remap.start()
+        started = time.monotonic()
+        fired = wait_alert(prometheus, firing, "TidalMQStaticTopicInconsistent", 30, **labels)
+        fired_after = time.monotonic() - started
+        during = static_queues(cluster)
+        assert not during["consistent"], during
+        epochs = {int(b): c["epoch"] for b, c in during["copies"].items()}
+        assert epochs == {old_broker: before["epoch"], new_broker: before["epoch"] + 1}, during
+        [alert] = active(prometheus, "TidalMQStaticTopicInconsistent", **labels)
+        assert alert["labels"]["severity"] == "warning", alert
+        assert alert["annotations"]["summary"] == (
+            f"The mapping copies of static topic {STATIC_TOPIC} disagree"
+        ), alert
+    # the old broker goes on: it closes the old physical queue, the update finishes with every
+    # copy at e + 1, and the alert resolves
+    remap.join(60)
+    assert not remap.is_alive() and remapped, "the remap did not finish"
+    assert "fault" not in remapped[0], remapped
+    [record] = remapped[0]["result"]
+    assert (record["source"], record["target"], record["mode"]) == (
+        old_broker,
+        new_broker,
+        "available",
+    ), record
+    resolved_after = wait_alert(
+        prometheus, resolved, "TidalMQStaticTopicInconsistent", 30, **labels
+    )
+    after = static_queues(cluster)
+    assert after["consistent"] and after["epoch"] == before["epoch"] + 1, after
+    print(
+        f"\nstatic topic inconsistent: fired {fired_after:.1f} s after the remap started "
+        f"({fired:.1f} s of waiting), resolved {resolved_after:.1f} s after the update "
+        f"finished; {time.monotonic() - began:.1f} s in all"
     )

@@ -93,6 +93,10 @@ def test_crds_are_established_and_structural(api: Api) -> None:
 GOOD = [
     cr("Topic", "orders", {"partitions": 24, "configs": {"retention.ms": 604800000, "compression.type": "producer"}}),
     cr("Topic", "named", {"topicName": "orders.v2", "partitions": 3, "configs": {"retention.bytes": "-1"}}),
+    cr("Topic", "word-counts-changelog", {"partitions": 3, "configs": {
+        "cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": 0.1, "delete.retention.ms": "3600000",
+        "unclean.leader.election.enable": False, "preallocate": True, "compression.zstd.level": -5,
+        "follower.replication.throttled.replicas": "0:1, 1:2"}}),
     cr("PartitionReassignment", "move", {"version": 1, "partitions": [
         {"topic": "orders", "partition": 0, "replicas": [1], "log_dirs": ["any"]},
         {"topic": "orders", "partition": 1, "replicas": [2]}]}),
@@ -111,7 +115,15 @@ BAD = [
     (cr("Topic", "space", {"partitions": 1, "topicName": "a b"}), "spec.topicName in body should match"),
     (cr("Topic", "dot", {"partitions": 1, "topicName": ".."}), "topicName cannot be '.' or '..'"),
     (cr("Topic", "unknown", {"partitions": 1, "configs": {"foo": "1"}}), 'unknown field "spec.configs.foo"'),
-    (cr("Topic", "compact", {"partitions": 1, "configs": {"cleanup.policy": "compact"}}), 'supported values: "delete"'),
+    (cr("StaticTopic", "compact", {"totalQueues": 1, "configs": {"cleanup.policy": "compact"}}),
+     "spec.configs.cleanup.policy in body should match"),
+    (cr("Topic", "unclean", {"partitions": 1, "configs": {"unclean.leader.election.enable": True}}), 'supported values: "false"'),
+    (cr("Topic", "tiered", {"partitions": 1, "configs": {"remote.storage.enable": "false"}}),
+     'spec.configs.remote.storage.enable: Invalid value: "string": spec.configs.remote.storage.enable in body must be of type boolean'),
+    (cr("Topic", "isr", {"partitions": 1, "configs": {"min.insync.replicas": 2}}),
+     "spec.configs.min.insync.replicas in body should be less than or equal to 1"),
+    (cr("Topic", "ratio", {"partitions": 1, "configs": {"min.cleanable.dirty.ratio": 1.5}}),
+     "spec.configs.min.cleanable.dirty.ratio in body should be less than or equal to 1"),
     (cr("Topic", "retention", {"partitions": 1, "configs": {"retention.ms": "1 week"}}), "spec.configs.retention.ms in body should match"),
     (cr("PartitionReassignment", "both", {"partitions": [{"topic": "a", "partition": 0, "replicas": [1]}], "generate": {}}),
      "set exactly one of spec.partitions"),
@@ -146,6 +158,8 @@ def test_good_resources_are_accepted(api: Api, ns: str) -> None:
     table = api.kubectl("-n", ns, "get", "tmt").stdout.splitlines()
     assert table[0].split() == ["NAME", "PARTITIONS", "READY", "REASON", "AGE"]
     assert table[1].split()[:2] == ["named", "3"]
+    changelog = api.get(ns, "topic", "word-counts-changelog")["spec"]["configs"]
+    assert changelog["min.cleanable.dirty.ratio"] == 0.1 and changelog["preallocate"] is True
     wide = api.kubectl("-n", ns, "get", "tpr", "-o", "wide").stdout.splitlines()[0].split()
     assert wide == ["NAME", "PHASE", "PROGRESS", "MESSAGE", "APPROVED", "CANCEL", "AGE"]
     alice = api.get(ns, "user", "alice")

@@ -12,8 +12,9 @@ stopped with SIGSTOP stays a member and holds what it holds; the open timeout is
 3. a move whose target is killed and removed while the move waits for its (stopped) source: the
    move rolls back to the source, counted `target_lost`.
 
-TidalMQMovesFailing's matcher is checked against these outcomes by a unit test, and fires on
-Prometheus in tests/integration/chart/test_alerts_fire.py (on `failed`)."""
+TidalMQMovesFailing's matcher is checked against these outcomes by a unit test, and the alert
+fires on a real Prometheus for `failed`, `retargeted` and `target_lost` (the last two provoked
+as here) in tests/integration/chart/test_alerts_fire.py."""
 
 from __future__ import annotations
 
@@ -121,10 +122,11 @@ def test_retargeted_cancelled_and_target_lost_are_counted(cluster: LocalClusterP
     before = outcomes(cluster)
     with stopped(pids[target]):
         cluster.reassign({(TOPIC, 0): target})
-        wait_move(cluster, "opening", lambda m: m["phase"] == "Opening" and m["target"] == target)
-        elected = time.monotonic()
+        reassigned = time.monotonic()
+        # the Opening phase is not waited for: a loaded machine could miss its 3 s between two
+        # polls; the handed-on move's reason says the target was elected and timed out
         handed_on = wait_move(cluster, "handed on", lambda m: m["target"] == source)
-        retargeted_after = time.monotonic() - elected
+        retargeted_after = time.monotonic() - reassigned
         assert handed_on["source"] == target
         assert handed_on["reason"] == (
             f"broker {target} did not open it within {OPEN_TIMEOUT_S}s; "
@@ -165,6 +167,6 @@ def test_retargeted_cancelled_and_target_lost_are_counted(cluster: LocalClusterP
     after.pop("done", None)  # the killed broker's internal partitions, if any, failed over
     assert after == {"target_lost": 1}, after
     print(
-        f"\nretargeted {retargeted_after:.1f} s after the election (open timeout "
+        f"\nretargeted {retargeted_after:.1f} s after the reassignment (open timeout "
         f"{OPEN_TIMEOUT_S} s); {time.monotonic() - began:.1f} s in all"
     )

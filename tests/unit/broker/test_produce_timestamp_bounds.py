@@ -5,26 +5,32 @@ with a real producer, on TidalMQ and on Kafka."""
 from __future__ import annotations
 
 import struct
+import time
+import uuid
+from types import SimpleNamespace
+from typing import Any
 
 import crc32c
 from kio.schema.errors import ErrorCode
-from tidalmq_broker.apis.produce import INVALID_TIMESTAMP, record_refusal, timestamp_bounds
+from tidalmq_broker.apis.produce import (
+    INVALID_TIMESTAMP,
+    produce_rules,
+    record_refusal,
+    timestamp_bounds,
+)
 from tidalmq_broker.protocol import records
-from tidalmq_core.metadata import TOPIC_CONFIG_DEFAULTS
+from tidalmq_broker.protocol.primitives import varint
+from tidalmq_broker.storage.api import AppendResult
+from tidalmq_core.acls import AclOperation, ResourceType
+from tidalmq_core.metadata import TOPIC_CONFIG_DEFAULTS, PartitionState, TopicInfo
+from tidalmq_core.records import apply_batch, topic_configs_record
+
+from tests.unit.security.test_api_authorization import call
+from tests.unit.test_kafka_api_gaps import allow, broker
 
 NOW = 1_800_000_000_000
 HOUR = 3_600_000
 LONG_MAX = 2**63 - 1
-
-
-def _varint(value: int) -> bytes:
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag >= 0x80:
-        out.append(zigzag & 0x7F | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
 
 
 def _batch(timestamps: list[int], *, max_timestamp: int | None = None) -> bytes:
@@ -33,9 +39,9 @@ def _batch(timestamps: list[int], *, max_timestamp: int | None = None) -> bytes:
     base = timestamps[0]
     body = bytearray()
     for delta, timestamp in enumerate(timestamps):
-        record = b"\x00" + _varint(timestamp - base) + _varint(delta) + _varint(-1)
-        record += _varint(1) + b"v" + _varint(0)
-        body += _varint(len(record)) + record
+        record = b"\x00" + varint(timestamp - base) + varint(delta) + varint(-1)
+        record += varint(1) + b"v" + varint(0)
+        body += varint(len(record)) + record
     declared = max(timestamps) if max_timestamp is None else max_timestamp
     count = len(timestamps)
     after_crc = struct.pack(">hiqqqhii", 0, count - 1, base, declared, -1, -1, -1, count)
@@ -115,3 +121,64 @@ def test_log_append_time_topics_are_not_checked() -> None:
 
 def test_a_malformed_batch_is_left_to_the_append() -> None:
     assert not _timestamp_refusal(b"\x00" * 30, 0, 0, NOW)
+
+
+def _bounded_broker(seen: list[bytes]) -> Any:
+    """A broker leading `clicks`-0 with Kafka's default bounds; its log keeps what it takes."""
+
+    class Log:
+        log_start_offset, high_watermark = 0, 0
+
+        async def append(self, data: Any, *, acks: int = -1, owned: bool = False) -> AppendResult:
+            seen.append(bytes(data))
+            return AppendResult(0, 0, -1, 0)
+
+    b = broker(allow(ResourceType.TOPIC, "*", AclOperation.ALL))
+    b.metadata.topics["clicks"] = TopicInfo(
+        "clicks", str(uuid.uuid4()), [PartitionState(0, 0, [0])]
+    )
+    b.partitions = SimpleNamespace(get_log=lambda tp: Log())
+    b.metrics = SimpleNamespace(
+        produced_partition=lambda *a: None,
+        produced_topic=lambda *a: None,
+        produce_errors=lambda *a: None,
+    )
+    return b
+
+
+async def _produce_code(b: Any, data: bytes) -> int:
+    answer = await call(b, 0, 9, {"transactional_id": None, "acks": -1, "timeout": 1000,
+                                  "topic_data": [{"name": "clicks", "partition_data": [
+                                      {"index": 0, "records": data}]}]})  # fmt: skip
+    return int(answer["responses"][0]["partition_responses"][0]["error_code"])
+
+
+async def test_a_config_change_is_seen_by_the_next_produce() -> None:
+    """The bounds are derived once per config change (produce_rules), not per request: a
+    change through a metadata update (how AlterConfigs reaches every broker), and even one
+    made in place, is what the next produce checks against."""
+    seen: list[bytes] = []
+    b = _bounded_broker(seen)
+    day_old = _batch([int(time.time() * 1000) - 24 * HOUR])
+    assert await _produce_code(b, day_old) == ErrorCode.none  # any age by default
+    topic = b.metadata.topics["clicks"]
+    assert topic.produce_rules is not None  # derived by that produce, kept for the next
+    bound = {"message.timestamp.before.max.ms": str(HOUR)}
+    apply_batch(b.metadata, [topic_configs_record("clicks", bound)], b.metadata.version + 1)
+    assert await _produce_code(b, day_old) == ErrorCode.invalid_timestamp
+    b.metadata.topics["clicks"].configs["message.timestamp.type"] = "LogAppendTime"
+    assert await _produce_code(b, day_old) == ErrorCode.none  # not checked on LogAppendTime
+    apply_batch(b.metadata, [topic_configs_record("clicks", {})], b.metadata.version + 1)
+    assert await _produce_code(b, _batch([int(time.time() * 1000) + 2 * HOUR])) == (
+        ErrorCode.invalid_timestamp  # back to Kafka's default upper bound
+    )
+    assert len(seen) == 2
+
+
+def test_produce_rules_are_kept_until_the_configs_change() -> None:
+    topic = TopicInfo("clicks", str(uuid.uuid4()), [PartitionState(0, 0, [0])])
+    rules = produce_rules(topic)
+    assert rules == (False, (LONG_MAX, HOUR))
+    assert produce_rules(topic) is rules  # not derived again
+    topic.configs = {"cleanup.policy": "compact,delete"}
+    assert produce_rules(topic) == (True, (LONG_MAX, HOUR))

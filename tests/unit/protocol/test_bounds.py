@@ -27,6 +27,7 @@ from tidalmq_broker.protocol.codec import (
     decode_request,
     encode_request,
 )
+from tidalmq_broker.protocol.primitives import uvarint
 
 from tests.support.request_fuzz import (
     cases,
@@ -44,15 +45,6 @@ def kio_end(schema: type, frame: bytes) -> int:
     _, offset = entity_reader(schema.__header_schema__)(frame, 0)
     _, used = entity_reader(schema)(frame, offset)
     return int(offset + used)
-
-
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def test_every_served_api_and_version_is_covered() -> None:

@@ -12,7 +12,7 @@ from tidalmq_broker.protocol import records as rb
 from tidalmq_broker.storage.api import PartitionConfig
 from tidalmq_broker.storage.checkpoint import Checkpoint
 from tidalmq_broker.storage.cleaner import Cleanability, assess, earliest_horizon
-from tidalmq_broker.storage.compaction import merge_max_age_ms
+from tidalmq_broker.storage.compaction import merge_max_age_ms, roll_jitter_ms
 from tidalmq_broker.storage.index import IndexEntry, OffsetIndex
 from tidalmq_broker.storage.log_cleaner import LogCleaner
 from tidalmq_core.model import TopicPartition
@@ -153,6 +153,16 @@ def test_next_due_when_the_last_segment_leaves_the_active_part() -> None:
     assert due == T0 + 2000 + MERGE_AGE + 1
     assert _next_due(due - 1) == due  # still active a millisecond before: the same time
     assert _next_due(due) == due  # then 600 dirty bytes of 900: a pass at once
+
+
+def test_next_due_when_the_last_segment_rolls_earlier_by_its_jitter() -> None:
+    # segment.jitter.ms: s2 leaves the active part its own jitter earlier (as may_merge says)
+    jitter = roll_jitter_ms("s2", DAY)
+    assert 0 < jitter < DAY
+    due = _next_due(T0 + 5000, segment_jitter_ms=DAY)
+    assert due == T0 + 2000 + MERGE_AGE - jitter + 1
+    assert _next_due(due - 1, segment_jitter_ms=DAY) == due  # still active a ms before
+    assert _next_due(due, segment_jitter_ms=DAY) == due  # then cleanable: a pass at once
 
 
 def test_next_due_when_max_compaction_lag_makes_it_overdue() -> None:

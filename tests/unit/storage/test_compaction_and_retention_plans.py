@@ -1,14 +1,20 @@
 from __future__ import annotations
 
+from tidalmq_broker.partitions import partition_config
+from tidalmq_broker.storage.api import PartitionConfig
 from tidalmq_broker.storage.compaction import (
     CompactionPolicy,
+    active_start,
     plan_segments,
     read_plan,
+    roll_jitter_bound_ms,
+    roll_jitter_ms,
     segment_entries,
     should_compact,
 )
 from tidalmq_broker.storage.index import IndexEntry
 from tidalmq_broker.storage.retention import retention_log_start, segments_in_order
+from tidalmq_core.metadata import TopicInfo
 
 
 def wal(base: int, last: int, seq: int, pos: int = 10, size: int = 100, ts: int = 0) -> IndexEntry:
@@ -103,3 +109,40 @@ def test_plan_does_not_rewrite_a_last_segment_larger_than_the_new_run() -> None:
     # below an eighth of segment_bytes a segment is always merged (idle partitions stay few)
     tiny = [seg(0, 4, "s", 0, 30, 0), wal(5, 5, 1, size=10)]
     assert [[e.base_offset for e in p] for p in plan_segments(tiny, 250)] == [[0, 5]]
+
+
+def test_segment_jitter_rolls_each_segment_earlier_by_its_own_amount() -> None:
+    """segment.jitter.ms as Kafka applies it (LogSegment.shouldRoll: rolled once older than
+    maxSegmentMs - rollJitterMs, the jitter drawn per segment below min(segment.jitter.ms,
+    segment.ms)): a segment stops taking merges that much earlier, never later."""
+    age, bound = 10_000, 4_000
+    topic = TopicInfo("t", "id", [], {"segment.ms": str(age), "segment.jitter.ms": " 4000 "})
+    assert roll_jitter_bound_ms(partition_config(topic)) == bound
+    assert roll_jitter_bound_ms(PartitionConfig(segment_ms=age, segment_jitter_ms=bound)) == bound
+    assert roll_jitter_bound_ms(PartitionConfig(segment_ms=age, segment_jitter_ms=10**9)) == age
+    jitters = {roll_jitter_ms(f"partitions/t/id/{p}/segments/s", bound) for p in range(200)}
+    assert all(0 <= j < bound for j in jitters)
+    assert len(jitters) > 150  # drawn per segment: partitions do not all roll at once
+    assert roll_jitter_ms("partitions/t/id/0/segments/s", 0) == 0  # Kafka's default: none
+    for p in range(20):
+        key = f"p{p}"
+        jitter = roll_jitter_ms(f"partitions/t/id/0/segments/{key}", bound)
+        assert jitter == roll_jitter_ms(f"partitions/t/id/0/segments/{key}", bound)  # stable
+        entries = [seg(0, 4, key, 0, 50, ts=0), wal(5, 5, 1, ts=age)]
+
+        def merged(now: int, jitter_bound: int = bound, e: list[IndexEntry] = entries) -> bool:
+            plan = plan_segments(
+                e, 250, now_ms=now, merge_max_age_ms=age, jitter_bound_ms=jitter_bound
+            )
+            # the log cleaner's view of what is still active agrees with the WAL pass
+            still_active = active_start(
+                e, 250, now_ms=now, merge_max_age_ms=age, jitter_bound_ms=jitter_bound
+            )
+            assert (still_active == 0) == (len(plan[0]) == 2)
+            return len(plan[0]) == 2
+
+        assert merged(age - jitter)  # still merged at exactly its rolling age
+        assert not merged(age - jitter + 1)  # rolled: earlier than segment.ms by its jitter
+        assert not merged(age + 1)  # never later than segment.ms
+        assert merged(age, jitter_bound=0)  # without jitter: at segment.ms, as before
+        assert not merged(age + 1, jitter_bound=0)

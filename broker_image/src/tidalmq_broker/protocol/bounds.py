@@ -42,7 +42,7 @@ from typing import Any
 from kio.serial._introspect import get_field_tag
 from kio.static.protocol import RequestPayload
 
-from tidalmq_broker.protocol.primitives import uvarint
+from tidalmq_broker.protocol.primitives import read_uvarint, uvarint
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -133,21 +133,6 @@ def _walkers(schema: type[RequestPayload]) -> tuple[Walk, Walk]:
 
 
 # ---------------------------------------------------------------------------------- the walk
-def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end:
-            raise FrameBoundsError("varint runs past the frame")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 28:
-            raise FrameBoundsError("varint longer than 5 bytes")
-
-
 def _fail(message: str) -> None:
     raise FrameBoundsError(message)
 
@@ -159,7 +144,8 @@ class _Source:
         self.lines = ["def walk(buf, pos, end, drop):"]
         self.env: dict[str, Any] = {
             "_fail": _fail,
-            "_uvarint": _uvarint,
+            "_uvarint": read_uvarint,
+            "_FrameBoundsError": FrameBoundsError,
             "_i16": _I16.unpack_from,
             "_i32": _I32.unpack_from,
             "_walk_tags": _walk_tags,
@@ -174,7 +160,7 @@ class _Source:
             self.emit(indent, f"if pos >= end: _fail({what + ' runs past the frame'!r})")
             self.emit(indent, f"{var} = buf[pos]")
             self.emit(indent, f"if {var} < 0x80: pos += 1")
-            self.emit(indent, f"else: {var}, pos = _uvarint(buf, pos, end)")
+            self.emit(indent, f"else: {var}, pos = _uvarint(buf, pos, end, _FrameBoundsError)")
             self.emit(indent, f"{var} -= 1")
         else:
             reader = "_i16" if width == 2 else "_i32"
@@ -282,15 +268,15 @@ def _compile(plan: _Plan) -> Walk:
 
 def _walk_tags(buf: Any, pos: int, end: int, known: dict[int, _Plan], drop: list[Any]) -> int:
     count_at = pos
-    count, pos = _uvarint(buf, pos, end)
+    count, pos = read_uvarint(buf, pos, end, FrameBoundsError)
     count_end = pos  # a client may pad the varint: replace the bytes it used, not a re-encoding
     if count * 2 > end - pos:
         raise FrameBoundsError(f"{count} tagged fields in {end - pos} bytes")
     unknown = 0
     for _ in range(count):
         start = pos
-        tag, pos = _uvarint(buf, pos, end)
-        size, pos = _uvarint(buf, pos, end)
+        tag, pos = read_uvarint(buf, pos, end, FrameBoundsError)
+        size, pos = read_uvarint(buf, pos, end, FrameBoundsError)
         field_end = pos + size
         if field_end > end:
             raise FrameBoundsError(f"tagged field {tag} of {size} bytes runs past the frame")

@@ -20,7 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
-from tidalmq_broker.protocol.primitives import array_length, nullable_string, string, uvarint
+from tidalmq_broker.protocol.primitives import (
+    array_length,
+    nullable_string,
+    read_uvarint,
+    string,
+    uvarint,
+)
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -251,18 +257,12 @@ class _Reader:
         return int(value)
 
     def uvarint(self) -> int:
-        shift = result = 0
-        while True:
-            if self.pos >= len(self.buf):
-                raise MalformedProduce("varint runs past the frame")
-            byte = self.buf[self.pos]
-            self.pos += 1
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return result
-            shift += 7
-            if shift > 28:
-                raise MalformedProduce("varint longer than 5 bytes")
+        pos = self.pos
+        if pos < len(self.buf) and (byte := self.buf[pos]) < 0x80:  # one byte: most of them
+            self.pos = pos + 1
+            return int(byte)
+        value, self.pos = read_uvarint(self.buf, pos, len(self.buf), MalformedProduce)
+        return value
 
     @overload
     def string(self, flexible: bool, nullable: Literal[False]) -> str: ...

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import crc32c
 
 from tidalmq_broker.protocol.compression import CorruptCompressedData, compress, decompress
+from tidalmq_broker.protocol.primitives import varint
 
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength
@@ -246,16 +247,16 @@ def build_batch(
     for delta, (key, value) in enumerate(records):
         rec = bytearray()
         rec.append(0)  # record attributes
-        rec += _varint(0)  # timestamp delta
-        rec += _varint(delta)  # offset delta
+        rec += varint(0)  # timestamp delta
+        rec += varint(delta)  # offset delta
         for field in (key, value):
             if field is None:
-                rec += _varint(-1)
+                rec += varint(-1)
             else:
-                rec += _varint(len(field))
+                rec += varint(len(field))
                 rec += field
-        rec += _varint(0)  # header count
-        body += _varint(len(rec))
+        rec += varint(0)  # header count
+        body += varint(len(rec))
         body += rec
     count = len(records)
     after_crc = struct.pack(
@@ -437,8 +438,8 @@ def rebuild_batch(
         base_timestamp = delete_horizon_ms
     body = bytearray()
     for record in kept:
-        timestamp_delta = _varint(record.timestamp - base_timestamp)
-        body += _varint(1 + len(timestamp_delta) + len(record.rest))
+        timestamp_delta = varint(record.timestamp - base_timestamp)
+        body += varint(1 + len(timestamp_delta) + len(record.rest))
         body.append(record.attributes)
         body += timestamp_delta
         body += record.rest
@@ -497,19 +498,6 @@ def _assemble(
         )
         + after_crc
     )
-
-
-def _varint(value: int) -> bytes:
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = zigzag & 0x7F
-        zigzag >>= 7
-        if zigzag:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:

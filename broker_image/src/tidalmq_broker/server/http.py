@@ -49,24 +49,51 @@ def _no_token_configured(header: str | None) -> tuple[bool, str]:
     return False, "no control token is configured here: control calls are refused"
 
 
-def _refuse(request: web.Request, status: int, reason: str, why: str) -> web.Response:
-    REFUSALS.labels(reason).inc()
-    REFUSAL_LOG.warning(
-        log,
+def refuse_control_call(
+    request: web.Request,
+    status: int,
+    reason: str,
+    why: str,
+    *,
+    refusals: Counter,
+    budget: RateLimitedLog,
+    logger: logging.Logger,
+    token: str,
+) -> web.Response:
+    """How a control server refuses a call, the broker's and the controller's
+    (tidalmq_controller._control_auth) alike: a count in `refusals` by `reason`, one line within
+    `budget` (never the token), and the answer: 403 with `why`, or 401 naming what the call needs
+    (a client certificate, or `token`) with the Bearer challenge."""
+    refusals.labels(reason).inc()
+    budget.warning(
+        logger,
         "control call refused (%d): %s %s from %s: %s",
         status,
         request.method,
         request.path,
-        request.remote or "?",
+        getattr(request, "remote", None) or "?",
         why,
     )
     if status == 403:
         return web.json_response({"error": f"forbidden: {why}"}, status=403)
-    needs = "a client certificate" if reason == "no_certificate" else "the broker's control token"
+    needs = "a client certificate" if reason == "no_certificate" else token
     return web.json_response(
         {"error": f"unauthorized: this call needs {needs}"},
         status=401,
         headers={"WWW-Authenticate": 'Bearer realm="tidalmq-control"'},
+    )
+
+
+def _refuse(request: web.Request, status: int, reason: str, why: str) -> web.Response:
+    return refuse_control_call(
+        request,
+        status,
+        reason,
+        why,
+        refusals=REFUSALS,
+        budget=REFUSAL_LOG,
+        logger=log,
+        token="the broker's control token",
     )
 
 

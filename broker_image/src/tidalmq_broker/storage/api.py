@@ -146,6 +146,7 @@ class PartitionConfig:
     segment_bytes: int = 64 * 1024 * 1024  # segment.bytes: target size of compacted segments
     message_timestamp_type: str = "CreateTime"  # message.timestamp.type
     segment_ms: int = 7 * 24 * 3600 * 1000  # segment.ms: bounds the last segment's merge age
+    segment_jitter_ms: int = 0  # segment.jitter.ms: taken off that age, per segment
     # the log cleaner's (docs/compaction.md)
     cleanup_policy: frozenset[str] = frozenset({"delete"})  # cleanup.policy
     delete_retention_ms: int = 24 * 3600 * 1000  # delete.retention.ms: tombstones and markers

@@ -10,6 +10,7 @@ a read that lands inside a granule skips at most one granule's bytes).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from tidalmq_broker.storage.api import PartitionConfig
@@ -46,13 +47,15 @@ def plan_segments(
     *,
     now_ms: int = 0,
     merge_max_age_ms: int = -1,
+    jitter_bound_ms: int = 0,
 ) -> list[list[IndexEntry]]:
     """Groups of consecutive entries, each group one new segment: every WAL entry, cut at
     `segment_bytes`. A segment smaller than half of `segment_bytes` directly before a WAL run
     is rewritten together with it, so a partition with little traffic does not collect one tiny
     segment per compaction (its object count and checkpoint stay bounded) - unless its oldest
-    batch is older than `merge_max_age_ms` (>= 0), so merging never keeps data from retention
-    for long (the engine passes half of retention.ms), or it is larger than both an eighth of
+    batch is older than `merge_max_age_ms` (>= 0) less the segment's `roll_jitter_ms`, so
+    merging never keeps data from retention for long (the engine passes half of retention.ms),
+    or it is larger than both an eighth of
     `segment_bytes` and the WAL run itself: a busy partition would otherwise rewrite its
     growing last segment on every pass (8 MB passes towards a 32 MB segment copy 80 MB and
     read most of it back from the store), while an idle one still ends with few segments."""
@@ -77,7 +80,9 @@ def plan_segments(
         if (
             not current
             and segment
-            and may_merge(segment, segment_size, segment_bytes, now_ms, merge_max_age_ms)
+            and may_merge(
+                segment, segment_size, segment_bytes, now_ms, merge_max_age_ms, jitter_bound_ms
+            )
             and segment_size + e.size <= segment_bytes
             and segment_size <= max(run_after[i], segment_bytes // 8)
         ):
@@ -107,23 +112,58 @@ def merge_max_age_ms(config: PartitionConfig) -> int:
     return min(bounds)
 
 
+def roll_jitter_bound_ms(config: PartitionConfig) -> int:
+    """The bound of the jitter taken off a segment's merge age: Kafka's
+    LogConfig.randomSegmentJitter draws it below min(segment.jitter.ms, segment.ms)."""
+    return min(config.segment_jitter_ms, config.segment_ms)
+
+
+def roll_jitter_ms(segment_key: str, jitter_bound_ms: int) -> int:
+    """The jitter of one segment, in [0, jitter_bound_ms): Kafka's segment.jitter.ms, drawn
+    per segment so the partitions of a topic do not all roll at once. Kafka draws it at
+    random when it creates the segment and keeps it with the segment; here a roll is decided
+    again by every WAL pass and log cleaner pass, on any broker, so the draw is a hash of the
+    segment's object key: spread like a random draw over segments, the same for every pass
+    (the WAL pass and the cleaner agree, a segment once rolled stays rolled)."""
+    if jitter_bound_ms <= 0:
+        return 0
+    digest = hashlib.blake2b(segment_key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % jitter_bound_ms
+
+
+def segment_merge_age_ms(merge_max_age_ms: int, segment_key: str, jitter_bound_ms: int) -> int:
+    """The age past which this segment takes no more merges (its time-based roll, Kafka's
+    `maxSegmentMs - rollJitterMs`): `merge_max_age_ms` less the segment's jitter, never below 0
+    (-1: no limit, as given)."""
+    if merge_max_age_ms < 0 or jitter_bound_ms <= 0:
+        return merge_max_age_ms
+    return max(0, merge_max_age_ms - roll_jitter_ms(segment_key, jitter_bound_ms))
+
+
 def may_merge(
     segment: list[IndexEntry],
     segment_size: int,
     segment_bytes: int,
     now_ms: int,
     merge_max_age_ms: int,
+    jitter_bound_ms: int = 0,
 ) -> bool:
     """Whether a segment directly before a WAL run is small and young enough for the next
     WAL pass to rewrite it together with that run (plan_segments' rule, which active_start
     shares so the log cleaner and the WAL pass never disagree about what is still active)."""
-    return segment_size < segment_bytes // 2 and (
-        merge_max_age_ms < 0 or segment[0].max_timestamp >= now_ms - merge_max_age_ms
-    )
+    if segment_size >= segment_bytes // 2:
+        return False
+    age = segment_merge_age_ms(merge_max_age_ms, segment[0].key, jitter_bound_ms)
+    return age < 0 or segment[0].max_timestamp >= now_ms - age
 
 
 def active_start(
-    entries: list[IndexEntry], segment_bytes: int, *, now_ms: int, merge_max_age_ms: int
+    entries: list[IndexEntry],
+    segment_bytes: int,
+    *,
+    now_ms: int,
+    merge_max_age_ms: int,
+    jitter_bound_ms: int = 0,
 ) -> int | None:
     """The first offset of a partition's active part, which the log cleaner never touches
     (Kafka's active segment): its first WAL range, or the segment just before it (the last
@@ -139,7 +179,7 @@ def active_start(
         start -= 1
     segment = entries[start:first_wal]
     size = sum(e.size for e in segment)
-    if may_merge(segment, size, segment_bytes, now_ms, merge_max_age_ms):
+    if may_merge(segment, size, segment_bytes, now_ms, merge_max_age_ms, jitter_bound_ms):
         return segment[0].base_offset
     if first_wal < len(entries):
         return entries[first_wal].base_offset

@@ -44,6 +44,7 @@ from tidalmq_broker.storage.compaction import (
     CompactionPolicy,
     merge_max_age_ms,
     plan_segments,
+    roll_jitter_bound_ms,
     segment_entries,
     should_compact,
 )
@@ -878,6 +879,7 @@ class ObjectStreamEngine:
             policy.segment_bytes,
             now_ms=int(time.time() * 1000),
             merge_max_age_ms=merge_max_age_ms(p.config),
+            jitter_bound_ms=roll_jitter_bound_ms(p.config),
         )
         reads = asyncio.Semaphore(8)
 

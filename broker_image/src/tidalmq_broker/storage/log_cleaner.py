@@ -42,7 +42,13 @@ from tidalmq_broker.storage.cleaner import (
     group_segments,
     map_batches,
 )
-from tidalmq_broker.storage.compaction import active_start, merge_max_age_ms, read_plan
+from tidalmq_broker.storage.compaction import (
+    active_start,
+    merge_max_age_ms,
+    read_plan,
+    roll_jitter_bound_ms,
+    segment_merge_age_ms,
+)
 from tidalmq_broker.storage.index import IndexEntry
 
 if TYPE_CHECKING:
@@ -165,7 +171,8 @@ class LogCleaner:
         if segments:
             last_key = segments[-1].key
             first_of_last = next(e for e in segments if e.key == last_key)
-            times.append(_add_ms(first_of_last.max_timestamp, merge_max_age_ms(cfg), 1))
+            age = segment_merge_age_ms(merge_max_age_ms(cfg), last_key, roll_jitter_bound_ms(cfg))
+            times.append(_add_ms(first_of_last.max_timestamp, age, 1))
         ahead = [t for t in times if t > now_ms]
         return min(ahead) if ahead else None
 
@@ -177,7 +184,11 @@ class LogCleaner:
             first_dirty=p.cleaner_state.get("first_dirty", 0),
             last_stable_offset=p.last_stable_offset,
             active_start=active_start(
-                entries, cfg.segment_bytes, now_ms=now, merge_max_age_ms=merge_max_age_ms(cfg)
+                entries,
+                cfg.segment_bytes,
+                now_ms=now,
+                merge_max_age_ms=merge_max_age_ms(cfg),
+                jitter_bound_ms=roll_jitter_bound_ms(cfg),
             ),
             min_compaction_lag_ms=cfg.min_compaction_lag_ms,
             now_ms=now,
