@@ -14,7 +14,9 @@ original replica set; TRS, the target; AR = TRS - ORS adding; RR = ORS - TRS rem
     ELECTING  the source reported it closed (or the election timeout fenced it)
     OPENING   the target is elected with epoch + 1 and opens the meta stream
     DONE      the target serves the partition
-    CANCELLED rolled back to the original broker (epoch + 1) before the target was elected
+    CANCELLED rolled back before the target was elected: a queued move (the source still
+              leads) only forgets its target, at the same epoch; a closing one goes back to
+              the original broker at epoch + 1 (`cancel_changes`)
     FAILED    could not complete (e.g. the topic was deleted)
 """
 
@@ -137,53 +139,10 @@ def format_plan(assignment: Mapping[TopicPartition, int]) -> str:
     )
 
 
-# ------------------------------------------------------------------------------- transitions
-def begin_move(part: PartitionState, target: int, now_ms: int) -> bool:
-    """Step 1: record the target without electing. Returns False when there is nothing to do
-    (the partition already lives on the target). A new target for a moving partition replaces
-    the old one (KIP-236: the original replicas stay the original)."""
-    if part.moving:
-        if part.target_replicas == [target]:
-            return False
-        if part.original_replicas == [target]:
-            cancel_move(part)
-            return True
-        part.target_replicas = [target]
-        return True
-    if part.replicas == [target] and part.leader == target:
-        return False
-    part.original_replicas = list(part.replicas)
-    part.target_replicas = [target]
-    part.move_started_ms = now_ms
-    part.leader = NO_LEADER
-    return True
-
-
-def elect_target(part: PartitionState) -> int:
-    """Step 5: the source closed (or was fenced): the target leads with a higher epoch."""
-    if not part.moving or part.target_replicas is None:
-        raise NoReassignmentInProgress("partition is not moving")
-    return _end_move(part, part.target_replicas[0])
-
-
-def cancel_move(part: PartitionState) -> int:
-    """Roll back a move whose target was not elected yet: the original broker leads again,
-    with a higher epoch (its own earlier incarnation of the partition is closed or fenced)."""
-    if not part.moving or part.original_replicas is None:
-        raise NoReassignmentInProgress("partition is not moving")
-    return _end_move(part, part.original_replicas[0])
-
-
-def _end_move(part: PartitionState, leader: int) -> int:
-    """`_end_move_changes` applied to the partition in place."""
-    for name, value in _end_move_changes(part, leader).items():
-        setattr(part, name, value)
-    return leader
-
-
 # ------------------------------------------------------------------ as record changes
 # The controller writes moves as partition records (tidalmq_core.records): these say which
-# fields change, without touching the partition. A move is queued first (target recorded, the
+# fields change, without touching the partition; they are the one definition of a move's
+# transitions (the controller applies them through records, and so do the tests). A move is queued first (target recorded, the
 # source still serves: moves run in waves, a capped number per broker at a time), then closing
 # (leader none: the source stops appending and closes), then elected on the target.
 
@@ -232,9 +191,8 @@ def cancel_changes(part: PartitionState) -> dict[str, object]:
 
 
 def _end_move_changes(part: PartitionState, leader: int) -> dict[str, object]:
-    """The move is over, elected or rolled back: `leader` alone holds the partition, at a higher
-    epoch, and nothing of the move remains. The one definition both the record changes above
-    and the in-place transitions (`elect_target`, `cancel_move`) use."""
+    """The move is over, elected or rolled back from closing: `leader` alone holds the
+    partition, at a higher epoch, and nothing of the move remains."""
     return {
         "replicas": [leader],
         "leader": leader,

@@ -10,13 +10,16 @@ from tidalmq_core.reassignment import (
     NoReassignmentInProgress,
     PlanEntry,
     adding_removing,
-    begin_move,
-    cancel_move,
-    elect_target,
+    cancel_changes,
+    closing,
+    closing_changes,
+    elect_changes,
     format_plan,
     parse_plan,
+    queue_changes,
     validate_plan,
 )
+from tidalmq_core.records import apply_batch, partition_record
 
 
 def cluster() -> ClusterMetadata:
@@ -88,34 +91,96 @@ def test_validate_against_cluster() -> None:
         validate_plan([PlanEntry(TopicPartition("u", 0), 1)], meta)
 
 
+TP = TopicPartition("t", 0)
+
+
+def one_partition(leader: int, epoch: int) -> tuple[ClusterMetadata, PartitionState]:
+    """A cluster whose topic "t" has one partition, led by `leader` at `epoch`."""
+    meta = ClusterMetadata(cluster_id="c")
+    part = PartitionState(leader, epoch, [leader])
+    meta.topics["t"] = TopicInfo("t", "id", [part])
+    return meta, part
+
+
+def commit(meta: ClusterMetadata, changes: dict[str, object] | None) -> None:
+    """Apply a transition's changes the way the controller does: as a partition record."""
+    assert changes is not None
+    apply_batch(meta, [partition_record(TP, **changes)], meta.version + 1)
+
+
+def start_move(meta: ClusterMetadata, part: PartitionState, target: int, now_ms: int) -> None:
+    """Queue a move and start it in the same record, as `Leadership.queue` does when the
+    brokers have room."""
+    changes = queue_changes(part, target)
+    assert changes is not None
+    commit(meta, {**changes, **closing_changes(now_ms)})
+
+
 def test_move_records_target_without_electing_then_elects_with_higher_epoch() -> None:
-    part = PartitionState(1, 7, [1])
-    assert begin_move(part, 3, now_ms=100)
-    assert part.leader == NO_LEADER and part.leader_epoch == 7
+    meta, part = one_partition(1, 7)
+    commit(meta, queue_changes(part, 3))
+    # queued: the target is recorded, the source still leads at its epoch
+    assert (part.leader, part.leader_epoch, part.replicas) == (1, 7, [1])
     assert part.original_replicas == [1] and part.target_replicas == [3]
+    assert part.moving and not closing(part)
     assert adding_removing(part) == ([3, 1], [3], [1])
-    assert elect_target(part) == 3
+    commit(meta, closing_changes(now_ms=100))
+    assert part.leader == NO_LEADER and part.leader_epoch == 7 and closing(part)
+    assert part.move_started_ms == 100
+    commit(meta, elect_changes(part))
     assert (part.leader, part.leader_epoch, part.replicas, part.moving) == (3, 8, [3], False)
+    assert part.original_replicas is None and part.move_started_ms is None
 
 
-def test_cancel_rolls_back_to_the_original_with_higher_epoch() -> None:
-    part = PartitionState(1, 7, [1])
-    begin_move(part, 3, now_ms=100)
-    assert cancel_move(part) == 1
+def test_election_may_go_to_another_broker_than_the_target() -> None:
+    # the controller hands a move whose target and source both went away to a third broker
+    meta, part = one_partition(1, 7)
+    start_move(meta, part, 3, now_ms=100)
+    commit(meta, elect_changes(part, 2))
+    assert (part.leader, part.leader_epoch, part.replicas, part.moving) == (2, 8, [2], False)
+
+
+def test_cancel_of_a_closing_move_rolls_back_to_the_original_with_higher_epoch() -> None:
+    meta, part = one_partition(1, 7)
+    start_move(meta, part, 3, now_ms=100)
+    commit(meta, cancel_changes(part))
     assert (part.leader, part.leader_epoch, part.replicas, part.moving) == (1, 8, [1], False)
+    assert part.move_started_ms is None
     with pytest.raises(NoReassignmentInProgress):
-        cancel_move(part)
+        cancel_changes(part)
+    with pytest.raises(NoReassignmentInProgress):
+        elect_changes(part)
+
+
+def test_cancel_of_a_queued_move_keeps_the_leader_and_its_epoch() -> None:
+    # Kafka's semantics: a cancelled reassignment bumps the leader epoch only when leadership
+    # changed. A queued move never took the partition from its source, so the source keeps
+    # serving at the epoch its clients and its open partition already use; a closing move did
+    # close (or fence) the source, which reopens at a higher epoch (the test above).
+    meta, part = one_partition(1, 7)
+    commit(meta, queue_changes(part, 3))
+    commit(meta, cancel_changes(part))
+    assert (part.leader, part.leader_epoch, part.replicas, part.moving) == (1, 7, [1], False)
+    assert part.original_replicas is None and part.move_started_ms is None
 
 
 def test_noop_and_retarget() -> None:
-    part = PartitionState(1, 0, [1])
-    assert not begin_move(part, 1, now_ms=0)
-    begin_move(part, 2, now_ms=0)
-    assert not begin_move(part, 2, now_ms=0)
-    assert begin_move(part, 3, now_ms=0)
-    assert part.original_replicas == [1] and part.target_replicas == [3]
-    assert begin_move(part, 1, now_ms=0)  # back to the original: a cancel
-    assert not part.moving and part.leader == 1
+    meta, part = one_partition(1, 0)
+    assert queue_changes(part, 1) is None  # already there
+    start_move(meta, part, 2, now_ms=0)
+    assert queue_changes(part, 2) is None  # already going there
+    commit(meta, queue_changes(part, 3))
+    # a new target replaces the old one; the original replicas stay the original (KIP-236)
+    assert part.original_replicas == [1] and part.target_replicas == [3] and closing(part)
+    commit(meta, queue_changes(part, 1))  # back to the original: a cancel
+    assert not part.moving and part.leader == 1 and part.leader_epoch == 1
+
+
+def test_queued_move_sent_back_to_its_original_broker_keeps_its_epoch() -> None:
+    meta, part = one_partition(1, 4)
+    commit(meta, queue_changes(part, 2))
+    commit(meta, queue_changes(part, 1))
+    assert (part.leader, part.leader_epoch, part.replicas, part.moving) == (1, 4, [1], False)
 
 
 def test_format_plan_round_trips() -> None:
