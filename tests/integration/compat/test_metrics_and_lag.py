@@ -231,6 +231,7 @@ def test_consumer_lag_of_a_static_topic_follows_its_logic_queues_through_remaps(
 
     samples = lag_settles_at(tidalmq_cluster, group, topic, {0: 7, 1: 0, 2: 2})
     assert samples["tidalmq_consumer_group_lag_sum_records"] == {(topic,): 9}
+    assert samples["tidalmq_consumer_group_lag_seconds"][(topic,)] >= 0
     assert kafka_lag(b, group, topic) == {0: 7, 1: 0, 2: 2}
     assert admin_lag(b, group, topic, 3) == {0: 7, 1: 0, 2: 2}
 
