@@ -240,6 +240,7 @@ class Broker:
         )
         self.engine: ObjectStreamEngine | None = None
         self.partitions: PartitionManager = None  # type: ignore[assignment]  # set by start()
+        self.static_topics: StaticTopicService | None = None  # set by start()
         self._registered = False
         self._stopping = False
         self._gauges: asyncio.Task[None] | None = None
@@ -278,6 +279,7 @@ class Broker:
             self.broker_id, lambda: self.metadata, self.partitions, self.engine.store
         )
         self.partitions.logic_queues = static  # Produce/Fetch/ListOffsets on logic queues
+        self.static_topics = static  # and the ends of logic queues for consumer lag
         self.groups.offset_keys = static  # committed offsets with Double-Read-Check
         self.partitions.add_hook(self.groups.on_partition)
         self.partitions.add_hook(self.transactions.on_partition)
@@ -915,7 +917,8 @@ class Broker:
 
     def _partition_ends(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The ends of `wanted`: the high watermark of those led here, else the acknowledged
-        end the metadata holds (consumer_lag.py)."""
+        end the metadata holds (consumer_lag.py); static topics' logic queues translated from
+        their leader physical queue's end (StaticTopicService.lag_ends)."""
         local = (
             self.partitions.high_watermarks(
                 lambda _topic: True, [TopicPartition(t, p) for t, p in wanted]
@@ -925,14 +928,21 @@ class Broker:
         )
         topics = self.metadata.topics
         out: dict[tuple[str, int], int] = {}
+        logic_queues: list[tuple[str, int]] = []
         for topic, partition in wanted:
             hwm = local.get(TopicPartition(topic, partition))
             if hwm is not None:
                 out[(topic, partition)] = hwm
                 continue
             info = topics.get(topic)
-            if info is not None and info.kind == "normal" and partition < len(info.partitions):
+            if info is None:
+                continue
+            if info.kind == "static":
+                logic_queues.append((topic, partition))
+            elif info.kind == "normal" and partition < len(info.partitions):
                 out[(topic, partition)] = info.partitions[partition].end_offset_floor
+        if logic_queues and self.static_topics is not None:
+            out.update(self.static_topics.lag_ends(logic_queues))
         return out
 
     async def _publish_partition_metrics(self) -> None:

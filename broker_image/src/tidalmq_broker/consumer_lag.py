@@ -5,7 +5,10 @@ committed offset is set against its partition's end: the live high watermark whe
 leads the partition, else the acknowledged end the controller last committed to the metadata
 (`end_offset_floor`, raised from the leaders' heartbeats at most every
 `floor_commit_interval_s`, 10 s): a partition led elsewhere can read up to that much too low,
-never too high. The work per scrape is O(committed partitions of the groups coordinated here).
+never too high. A static topic's logic queue ends where its leader physical queue ends, in logic
+offsets (the translation Fetch and ListOffsets use, `static_mapping.logic_high_watermark`; the
+physical end found the same way). The work per scrape is O(committed partitions of the groups
+coordinated here).
 
 Lag in seconds is the age of the oldest record the group has not committed: the time the
 partition's end first passed the committed offset, interpolated between the ends seen at
@@ -132,7 +135,7 @@ class ConsumerLag:
             for (topic, partition), offset in table.items():
                 known = ends.get((topic, partition))
                 if known is None:
-                    continue  # a partition of an unknown (deleted, static) topic
+                    continue  # a partition of an unknown (deleted) topic
                 lag = max(0, known - offset)
                 agg = out.topics.get((group, topic))
                 if agg is None:

@@ -172,6 +172,27 @@ def locate(items: Sequence[MappingItem], logic: int) -> int | None:
     return len(items) - 1
 
 
+def logic_high_watermark(items: Sequence[MappingItem], physical_end: int) -> int:
+    """The logic end of a logic queue (what Fetch and ListOffsets answer as its high watermark)
+    when its leader item's physical queue ends at `physical_end`. While the leader's logic
+    offset is undecided (an availability switch), records appended to it are not visible yet:
+    the end is the previous item's. Never below the leader's first logic offset (a physical end
+    below the item's start, e.g. a floor not raised yet, reads as an empty item).
+
+    The one translation of physical ends to logic ones: `LogicQueueLog` applies it to the live
+    high watermark, the group coordinator's consumer lag to that or to the acknowledged end the
+    metadata holds for a physical queue led elsewhere."""
+    if not items:
+        return 0
+    leader = items[-1]
+    if leader.decided:
+        return leader.to_logic(max(physical_end, leader.start_offset))
+    prev = items[-2] if len(items) >= 2 else None
+    if prev is not None and prev.sealed and prev.decided:
+        return prev.logic_end()
+    return max(prev.logic_offset if prev is not None else 0, 0)
+
+
 def earliest(items: Sequence[MappingItem], log_starts: Mapping[int, int] | None = None) -> int:
     """The first logic offset still readable: the oldest item's first record (or the first one
     its physical log start has not deleted). `log_starts` maps physical queue -> log start."""

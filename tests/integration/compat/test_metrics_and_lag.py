@@ -3,14 +3,16 @@ group coordinators export against what Kafka's `kafka-consumer-groups --describe
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.kafka.harness import parse_table
@@ -155,6 +157,111 @@ def test_consumer_lag_matches_kafka_consumer_groups(tidalmq_cluster: LocalCluste
     caught_up = lag_samples(tidalmq_cluster, group)
     assert caught_up["tidalmq_consumer_group_lag_sum_records"] == {(topic,): 0}
     assert caught_up["tidalmq_consumer_group_lag_seconds"] == {(topic,): 0}
+
+
+def control(cluster: LocalClusterProcess, path: str, body: dict[str, Any]) -> Any:
+    """A request to the controller's static-topic routes (docs/architecture/static-topics.md)."""
+    req = urllib.request.Request(
+        cluster.controller_url + path, data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json",
+                 "Authorization": f"Bearer {cluster.control_token}"}, method="POST",
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120, context=cluster.control_context) as resp:
+        doc = json.loads(resp.read())
+    assert "fault" not in doc, doc["fault"]
+    return doc["result"]
+
+
+def lag_settles_at(
+    cluster: LocalClusterProcess, group: str, topic: str, want: dict[int, int]
+) -> dict[str, dict[tuple[str, ...], float]]:
+    """The group's lag samples once its per-partition lag reads `want` (the ends of queues led
+    elsewhere arrive with the controller's floor commits, every 2 s here)."""
+    deadline = time.monotonic() + 40
+    while True:
+        samples = lag_samples(cluster, group)
+        per_partition = samples.get("tidalmq_consumer_group_lag_records", {})
+        if {int(p): v for (t, p), v in per_partition.items() if t == topic} == want:
+            return samples
+        assert time.monotonic() < deadline, (want, samples)
+        time.sleep(0.5)
+
+
+def kafka_lag(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """LAG per partition as `kafka-consumer-groups --describe` reports it."""
+    described = parse_table(
+        tool("kafka-consumer-groups", "--describe", "--group", group, bootstrap=bootstrap),
+        "GROUP",
+    )
+    return {int(r["PARTITION"]): int(r["LAG"]) for r in described if r["TOPIC"] == topic}
+
+
+def admin_lag(bootstrap: str, group: str, topic: str, queues: int) -> dict[int, int]:
+    """Latest offsets (ListOffsets) minus the group's committed offsets (OffsetFetch), from a
+    new client (one that knew the logic queues' leaders before a remap is told NOT_LEADER)."""
+    tps = [KafkaTopicPartition(topic, q) for q in range(queues)]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=30)}
+    finally:
+        consumer.close()
+    return {tp.partition: ends[tp].result(30).offset - committed[tp.partition] for tp in tps}
+
+
+def test_consumer_lag_of_a_static_topic_follows_its_logic_queues_through_remaps(
+    tidalmq_cluster: LocalClusterProcess,
+) -> None:
+    """A static topic's lag is counted in logic offsets: what Kafka's tools report, before and
+    after logic queues are remapped to other brokers (strict and available switches)."""
+    b = tidalmq_cluster.bootstrap
+    topic, group = name("static-lagged"), name("static-lag-group")
+    control(tidalmq_cluster, "/v1/static-topics/create", {"name": topic, "total_queues": 3})
+    admin = AdminClient({"bootstrap.servers": b})
+    deadline = time.monotonic() + 30  # the brokers learn of the topic asynchronously
+    while True:
+        meta = admin.list_topics(topic, timeout=30).topics[topic]
+        if meta.error is None and len(meta.partitions) == 3:
+            break
+        assert time.monotonic() < deadline, meta
+        time.sleep(0.2)
+    produce(b, topic, {0: 12, 1: 7, 2: 3})
+    commit(b, group, topic, {0: 5, 1: 7, 2: 1})  # lag 7, 0, 2
+
+    samples = lag_settles_at(tidalmq_cluster, group, topic, {0: 7, 1: 0, 2: 2})
+    assert samples["tidalmq_consumer_group_lag_sum_records"] == {(topic,): 9}
+    assert samples["tidalmq_consumer_group_lag_seconds"][(topic,)] >= 0
+    assert kafka_lag(b, group, topic) == {0: 7, 1: 0, 2: 2}
+    assert admin_lag(b, group, topic, 3) == {0: 7, 1: 0, 2: 2}
+
+    # remap queue 0 strictly (it continues at logic offset 12) and queue 2 in the available
+    # order (its new physical queue starts past a jump): each to the next broker
+    queues = control(tidalmq_cluster, "/v1/static-topics/describe", {"name": topic})["queues"]
+    brokers = sorted(int(r["broker"]) for r in tidalmq_cluster.status()["brokers"])
+    moves = [
+        {"queue": q["queue"], "broker": brokers[(brokers.index(q["broker"]) + 1) % 3],
+         "mode": "strict" if q["queue"] == 0 else "available"}
+        for q in queues if q["queue"] in (0, 2)
+    ]  # fmt: skip
+    control(tidalmq_cluster, "/v1/static-topics/remap", {"name": topic, "moves": moves})
+    after = control(tidalmq_cluster, "/v1/static-topics/describe", {"name": topic})["queues"]
+    assert {q["queue"]: q["gen"] for q in after} == {0: 1, 1: 0, 2: 1}, after
+    produce(b, topic, {0: 4, 2: 2})  # onto the new physical queues
+
+    # Kafka's view after the remaps (queue 2's end includes the jump), then the metrics agree
+    kafka = kafka_lag(b, group, topic)
+    assert kafka[0] == 7 + 4 and kafka[1] == 0 and kafka[2] >= 2 + 2, kafka
+    samples = lag_settles_at(tidalmq_cluster, group, topic, kafka)
+    assert samples["tidalmq_consumer_group_lag_sum_records"] == {(topic,): sum(kafka.values())}
+    assert admin_lag(b, group, topic, 3) == kafka
+
+    # commits after the remap (stored under the new physical queues) count too
+    ends = {q: kafka[q] + c for q, c in {0: 5, 1: 7, 2: 1}.items()}
+    commit(b, group, topic, {0: ends[0] - 1, 2: ends[2]})
+    samples = lag_settles_at(tidalmq_cluster, group, topic, {0: 1, 1: 0, 2: 0})
+    assert samples["tidalmq_consumer_group_lag_sum_records"] == {(topic,): 1}
+    assert kafka_lag(b, group, topic) == {0: 1, 1: 0, 2: 0}
 
 
 def test_metrics_table_matches_what_the_processes_export(

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from prometheus_client import REGISTRY
 from tidalmq_broker import consumer_lag
 from tidalmq_broker.consumer_lag import HISTORY_POINTS, ConsumerLag, EndHistory
 from tidalmq_broker.protocol.records import CONTROL_FLAG, build_batch, count_records
+from tidalmq_broker.static_topics.service import LogicQueueLog, StaticTopicService
+from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
+from tidalmq_core.model import TopicPartition
+from tidalmq_core.static_mapping import MappingItem, StaticTopicState, distribute
 
 
 class Clock:
@@ -144,3 +150,83 @@ def test_a_failing_lag_leaves_the_rest_of_the_scrape_alone() -> None:
         )
     finally:
         consumer_lag.unwatch(lag)
+
+
+# ------------------------------------------------------------------ static topics' logic queues
+def static_topic_metadata() -> ClusterMetadata:
+    """Static topic `ledger` with three logic queues: 0 remapped (physical queue 0 on broker 0
+    sealed at 40, then physical queue 3 on broker 1 from logic offset 40), 1 on physical queue 1
+    (broker 0), 2 on physical queue 2 (broker 1, its floor at 9)."""
+    queues = {
+        0: [MappingItem(0, 0, 0, 0, 0, 40, time_of_end=1), MappingItem(3, 1, 1, 40, 0)],
+        1: [MappingItem(1, 0, 0, 0, 0)],
+        2: [MappingItem(2, 1, 0, 0, 0)],
+    }
+    state = StaticTopicState("ledger", 3, None)
+    state.copies = distribute(queues, 3, 1, (0, 1))
+    meta = ClusterMetadata("c", version=5, static_topics={"ledger": state})
+    meta.topics["ledger"] = TopicInfo(
+        "ledger", "view-id", [PartitionState(b, 1, [b]) for b in (1, 0, 1)], kind="static"
+    )
+    floors = {0: 40, 1: 2, 2: 9, 3: 6}
+    meta.topics["__sq.ledger"] = TopicInfo(
+        "__sq.ledger", "phys-id",
+        [PartitionState(0 if q < 2 else 1, 0, [0], end_offset_floor=floors[q]) for q in range(4)],
+        internal=True, kind="physical",
+    )  # fmt: skip
+    return meta
+
+
+class OpenHere:
+    """The high watermarks of the physical queues open on this broker (PartitionManager's)."""
+
+    def __init__(self, hwms: dict[TopicPartition, int]) -> None:
+        self.hwms = hwms
+        self.asked: list[TopicPartition] = []
+
+    def high_watermarks(
+        self, wanted: object, only: list[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        self.asked += only
+        return {tp: self.hwms.get(tp) for tp in only}
+
+
+def test_logic_queue_ends_translate_the_leaders_physical_end() -> None:
+    meta = static_topic_metadata()
+    # broker 1 coordinates: physical queue 3 (logic queue 0's leader) is open here at 25
+    here = OpenHere({TopicPartition("__sq.ledger", 3): 25})
+    service = StaticTopicService(1, lambda: meta, here, None)  # type: ignore[arg-type]
+    ends = service.lag_ends([("ledger", 0), ("ledger", 1), ("ledger", 2), ("orders", 0)])
+    # 0: live 25 past logic offset 40; 1 and 2: led elsewhere, their floors; orders: not static
+    assert ends == {("ledger", 0): 65, ("ledger", 1): 2, ("ledger", 2): 9}
+    # the live end is what Fetch and ListOffsets answer on the logic queue
+    items = service.view(meta, "ledger").items(0)
+    plog = SimpleNamespace(high_watermark=25)
+    log = LogicQueueLog(service, TopicPartition("ledger", 0), 1, items, plog, "phys-id")  # type: ignore[arg-type]
+    assert log.high_watermark == ends[("ledger", 0)]
+    # only the leader physical queues of the logic queues asked about are looked at
+    assert sorted(tp.partition for tp in here.asked) == [1, 2, 3]
+
+
+def test_a_remapped_logic_queue_led_elsewhere_ends_at_least_where_its_old_queue_ended() -> None:
+    meta = static_topic_metadata()
+    meta.topics["__sq.ledger"].partitions[3].end_offset_floor = 0  # the new queue's floor
+    service = StaticTopicService(0, lambda: meta, OpenHere({}), None)  # type: ignore[arg-type]
+    assert service.lag_ends([("ledger", 0)]) == {("ledger", 0): 40}
+    meta.topics["__sq.ledger"].partitions[3].end_offset_floor = 6
+    assert service.lag_ends([("ledger", 0)]) == {("ledger", 0): 46}
+    # a sealed leader (a remap under way) ends where it was sealed, whatever its floor says
+    queues = service.view(meta, "ledger").queues
+    queues[1] = [MappingItem(1, 0, 0, 0, 0, 5, time_of_end=1)]
+    meta.static_topics["ledger"].copies = distribute(queues, 3, 2, (0, 1))
+    meta.version += 1
+    assert service.lag_ends([("ledger", 1)]) == {("ledger", 1): 5}
+
+
+def test_lag_of_a_static_topic_counts_committed_logic_offsets_against_logic_ends() -> None:
+    meta = static_topic_metadata()
+    service = StaticTopicService(1, lambda: meta, OpenHere({}), None)  # type: ignore[arg-type]
+    committed = {"g": {("ledger", 0): 30, ("ledger", 1): 2, ("ledger", 2): 4}}
+    lag = ConsumerLag(lambda: committed, service.lag_ends, clock=Clock())
+    report = lag.report()
+    assert report.topics[("g", "ledger")].records == (46 - 30) + 0 + (9 - 4)

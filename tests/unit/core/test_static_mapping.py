@@ -23,6 +23,7 @@ from tidalmq_core.static_mapping import (
     fix_new,
     initial_mapping,
     locate,
+    logic_high_watermark,
     pending_work,
     plan_placement,
     require_consistent,
@@ -62,6 +63,39 @@ def test_offsets_translate_across_items() -> None:
     assert items[2].logic_end(physical_end=10) == 1510
     with pytest.raises(MappingError):
         items[2].logic_end()  # the leader's end is only known with its high watermark
+
+
+def test_the_logic_end_is_the_leaders_physical_end_in_logic_offsets() -> None:
+    items = three_items()
+    assert logic_high_watermark(items, 10) == 1510
+    assert logic_high_watermark(items, 0) == 1500  # an empty leader: the previous item's end
+    items[2].start_offset = 40  # a physical end below the item's start reads as an empty item
+    assert logic_high_watermark(items, 0) == 1500 and logic_high_watermark(items, 45) == 1505
+    assert logic_high_watermark([], 7) == 0
+
+
+def test_the_logic_end_never_goes_back_through_a_strict_remap() -> None:
+    st = new_topic()
+    assert logic_high_watermark(require_consistent(st).items(0), 700) == 700
+    strict_switch(st, 0, 1, end=700, new_id=10)
+    items = require_consistent(st).items(0)
+    # the new physical queue is empty (its end, or a floor not raised yet, is 0): still 700
+    assert [logic_high_watermark(items, end) for end in (0, 5)] == [700, 705]
+
+
+def test_the_logic_end_through_an_available_remap_hides_the_undecided_item() -> None:
+    st = new_topic()
+    st.jump = 100
+    switch_new(st, 1, 2, 10, known_end=500, now_ms=NOW, target_epoch=1)
+    # the old physical queue still closing: the end Fetch answers stays at the old item's start
+    assert logic_high_watermark(st.view().items(1), 20) == 0
+    block_old(st, 1, 0, end_offset=530, time_of_end=NOW, now_ms=NOW, target_epoch=1)
+    # blocked: its end, whatever the undecided new item took
+    assert logic_high_watermark(st.view().items(1), 20) == 530
+    fix_new(st, 1, now_ms=NOW, target_epoch=1)
+    finish(st, target_epoch=1)
+    items = require_consistent(st).items(1)
+    assert logic_high_watermark(items, 20) == 620  # decided at 600: its records show
 
 
 def test_a_hole_left_by_a_jump_reads_from_the_next_item() -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from tidalmq_core.metadata import NO_LEADER, ClusterMetadata
@@ -33,6 +33,7 @@ from tidalmq_core.static_mapping import (
     MappingView,
     earliest,
     locate,
+    logic_high_watermark,
     physical_topic_name,
     time_candidates,
 )
@@ -182,6 +183,38 @@ class StaticTopicService(OffsetKeys):
             await reader.refresh()
         return reader
 
+    # ------------------------------------------------------------------ consumer lag
+    def lag_ends(self, wanted: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The ends of the logic queues in `wanted` (others are left out) for consumer lag
+        (docs/metrics.md): the leader item's physical end translated as Fetch and ListOffsets
+        translate it (`logic_high_watermark`). The physical end is the live high watermark
+        when the physical queue is open here, its end when sealed, else the acknowledged end
+        the metadata holds (a floor: too low by at most the floor's delay, never too high).
+        O(len(wanted)); the mapping view is cached per metadata version."""
+        meta = self._metadata()
+        out: dict[tuple[str, int], int] = {}
+        for topic, queue in wanted:
+            if topic not in meta.static_topics:
+                continue
+            phys = meta.topics.get(physical_topic_name(topic))
+            items = self.view(meta, topic).items(queue)
+            if phys is None or not items:
+                continue
+            leader = items[-1]
+            if leader.sealed:
+                end = leader.end_offset
+            else:
+                ptp = TopicPartition(phys.name, leader.queue)
+                local = self._partitions.high_watermarks(lambda _topic: True, [ptp]).get(ptp)
+                if local is not None:
+                    end = local
+                elif 0 <= leader.queue < len(phys.partitions):
+                    end = phys.partitions[leader.queue].end_offset_floor
+                else:
+                    continue
+            out[(topic, queue)] = logic_high_watermark(items, end)
+        return out
+
     # ------------------------------------------------------------------ committed offsets
     def commit_key(self, topic: str, partition: int) -> Key:
         """Where an offset commit for (topic, partition) is stored: for a logic queue, under
@@ -258,13 +291,7 @@ class LogicQueueLog:
 
     @property
     def high_watermark(self) -> int:
-        leader = self._leader
-        if leader.decided:
-            return leader.to_logic(self._plog.high_watermark)
-        prev = self._items[-2] if len(self._items) >= 2 else None
-        if prev is not None and prev.sealed and prev.decided:
-            return prev.logic_end()
-        return max(prev.logic_offset if prev is not None else 0, 0)
+        return logic_high_watermark(self._items, self._plog.high_watermark)
 
     @property
     def last_stable_offset(self) -> int:
