@@ -120,6 +120,7 @@ def test_versions_offered() -> None:
                for a in api_versions_body()["api_keys"]}  # fmt: skip
     assert offered[10] == (0, 6)  # FindCoordinator: kafka-python's api_version=(4, x) sends v6
     assert offered[74] == (0, 1)  # ListConfigResources
+    assert offered[1] == (4, 17)  # Fetch: Kafka 4.3's range (v13+ by topic id, v16 KIP-951)
     assert supported_versions()[10] == (0, 6)
 
 

@@ -7,6 +7,7 @@ through kafka-configs and the wire."""
 
 from __future__ import annotations
 
+import datetime
 import time
 import uuid
 from collections.abc import Iterator
@@ -265,3 +266,77 @@ def test_kafka_get_offsets_tiered_lookups(
                         bootstrap=broker.bootstrap, dist=apache_kafka_dist)  # fmt: skip
         assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
         assert proc.stdout.split() == expected, (time_arg, proc.stdout, proc.stderr)
+
+
+# ---------------------------------------------------------------- Fetch v13-v17 (topic ids)
+def fetch_body(version: int, topic: str | uuid.UUID, **replica: object) -> dict[str, object]:
+    """A consumer's Fetch of partition 0 from offset 0: by topic name up to v12, by id from
+    v13; `replica` sets a follower's id (ReplicaId up to v14, ReplicaState from v15)."""
+    wanted = {"topic_id": topic} if version >= 13 else {"topic": topic}
+    partition = {
+        "partition": 0,
+        "current_leader_epoch": -1,
+        "fetch_offset": 0,
+        "last_fetched_epoch": -1,
+        "log_start_offset": -1,
+        "partition_max_bytes": 1 << 20,
+    }
+    body: dict[str, object] = {
+        "max_wait": datetime.timedelta(milliseconds=100),
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [{**wanted, "partitions": [partition]}],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
+    if version >= 15:
+        body["replica_state"] = {"replica_id": replica.get("replica_id", -1), "replica_epoch": -1}
+    else:
+        body["replica_id"] = replica.get("replica_id", -1)
+    return body
+
+
+def test_fetch_by_topic_id_on_the_wire(broker: BrokerProcess) -> None:
+    """Fetch v13-v17 name topics by id (KIP-516): the broker reads the topic the id names and
+    answers with the same id, UNKNOWN_TOPIC_ID for an id that names no topic (the other topics
+    of the request still read), and refuses a follower named in v15's ReplicaState as it
+    refuses one named by v4-v14's ReplicaId."""
+    name = unique("by-id")
+    create_topic(broker.bootstrap, name, 1)
+    p = producer(broker.bootstrap)
+    p.produce(name, b"by-id", partition=0)
+    assert p.flush(30) == 0
+    with ProtocolAdmin(broker.bootstrap) as admin:
+        meta = admin.call(3, 12, {
+            "topics": [{"name": name, "topic_id": None}], "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        })  # fmt: skip
+        topic_id = meta.topics[0].topic_id
+        assert isinstance(topic_id, uuid.UUID) and topic_id.int != 0
+        unknown = uuid.uuid4()
+        for version in range(12, 18):
+            key: str | uuid.UUID = name if version < 13 else topic_id
+            answer = admin.call(1, version, fetch_body(version, key))
+            (topic,) = answer.responses
+            assert (topic.topic if version < 13 else topic.topic_id) == key, version
+            (part,) = topic.partitions
+            assert part.error_code == ErrorCode.none, (version, part)
+            assert b"by-id" in bytes(part.records) and part.high_watermark == 1, version
+            if version < 13:
+                continue
+            body = fetch_body(version, unknown)
+            body["topics"] = [*fetch_body(version, topic_id)["topics"], *body["topics"]]  # type: ignore[misc]
+            mixed = admin.call(1, version, body)
+            assert [t.topic_id for t in mixed.responses] == [topic_id, unknown], version
+            known, missing = (t.partitions[0] for t in mixed.responses)
+            assert known.error_code == ErrorCode.none and known.high_watermark == 1, version
+            assert missing.error_code == ErrorCode.unknown_topic_id, (version, missing)
+            assert missing.records is None or not bytes(missing.records)
+        for version in (14, 15, 17):
+            follower = admin.call(1, version, fetch_body(version, topic_id, replica_id=3))
+            part = follower.responses[0].partitions[0]
+            assert part.error_code == ErrorCode.not_leader_or_follower, (version, part)
+            assert follower.error_code == ErrorCode.not_leader_or_follower

@@ -1,13 +1,17 @@
-"""KIP-951 on a real two-broker local cluster: after a partition moves, a Produce v10+ sent to its
-old leader is answered NOT_LEADER_OR_FOLLOWER with the partition's current leader (id and epoch)
-and that leader's endpoint, the same ones a Metadata request advertises, so a producer re-routes
-without asking Metadata first. A Produce v9 has no place for them and gets the bare error."""
+"""KIP-951 on a real two-broker local cluster: after a partition moves, a Produce v10+ or a Fetch
+v16+ sent to its old leader is answered NOT_LEADER_OR_FOLLOWER with the partition's current leader
+(id and epoch) and that leader's endpoint, the same ones a Metadata request advertises, so a
+producer or consumer re-routes without asking Metadata first; a Fetch to the new leader with the
+old leader epoch is answered FENCED_LEADER_EPOCH with the same hints. A Produce v9 or a Fetch v15
+has no place for them and gets the bare error."""
 
 from __future__ import annotations
 
+import datetime
 import socket
 import struct
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,7 @@ from tests.support.local_cluster import LocalClusterProcess
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
 
 TOPIC = "orders"
-PRODUCE, METADATA = 0, 3
+PRODUCE, FETCH, METADATA = 0, 1, 3
 
 
 @pytest.fixture
@@ -71,6 +75,41 @@ def produce(address: tuple[str, int], version: int) -> Any:
     return call(address, PRODUCE, version, body)
 
 
+def fetch(address: tuple[str, int], version: int, topic_id: uuid.UUID, leader_epoch: int) -> Any:
+    """A consumer's Fetch (v13+: the topic by id) of partition 0 from offset 0, as a client that
+    knows `leader_epoch` (-1: none) sends it."""
+    partition = {
+        "partition": 0,
+        "current_leader_epoch": leader_epoch,
+        "fetch_offset": 0,
+        "last_fetched_epoch": -1,
+        "log_start_offset": -1,
+        "partition_max_bytes": 1 << 20,
+    }
+    body = {
+        "max_wait": datetime.timedelta(milliseconds=100),
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [{"topic_id": topic_id, "partitions": [partition]}],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
+    return call(address, FETCH, version, body)
+
+
+def hints(answer: Any) -> tuple[int, tuple[int, int], list[tuple[int, str, int, str | None]]]:
+    """A Fetch answer's (error, current leader, node endpoints) for its one partition."""
+    part = answer.responses[0].partitions[0]
+    leader = (part.current_leader.leader_id, part.current_leader.leader_epoch)
+    endpoints = [
+        (e.node_id, e.host, e.port, e.rack) for e in getattr(answer, "node_endpoints", ())
+    ]  # no such field before v16
+    return part.error_code, leader, endpoints
+
+
 def metadata(address: tuple[str, int]) -> Any:
     body = {
         "topics": [{"name": TOPIC, "topic_id": None}],
@@ -80,7 +119,9 @@ def metadata(address: tuple[str, int]) -> Any:
     return call(address, METADATA, 12, body)
 
 
-def test_produce_to_the_old_leader_names_the_new_one(cluster: LocalClusterProcess) -> None:
+def test_produce_and_fetch_to_the_old_leader_name_the_new_one(
+    cluster: LocalClusterProcess,
+) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
     cluster.wait_settled()
@@ -89,6 +130,8 @@ def test_produce_to_the_old_leader_names_the_new_one(cluster: LocalClusterProces
     assert len(brokers) == 2, brokers
     old = cluster.leaders(TOPIC)[0]
     old_address = (brokers[old].host, brokers[old].port)
+    before = metadata(old_address).topics[0]
+    topic_id, old_epoch = before.topic_id, before.partitions[0].leader_epoch
     first = produce(old_address, 11).responses[0].partition_responses[0]
     assert first.error_code == ErrorCode.none, first  # the leader takes it: no hint
     assert (first.current_leader.leader_id, first.current_leader.leader_epoch) == (-1, -1)
@@ -128,3 +171,29 @@ def test_produce_to_the_old_leader_names_the_new_one(cluster: LocalClusterProces
     old_version = produce(old_address, 9)
     part = old_version.responses[0].partition_responses[0]
     assert part.error_code == ErrorCode.not_leader_or_follower
+
+    # a consumer's Fetch v16 to the old leader: the same hints, for the same partition
+    expected_endpoint = [(new, leader.host, leader.port, leader.rack)]
+    assert hints(fetch(old_address, 16, topic_id, old_epoch)) == (
+        ErrorCode.not_leader_or_follower,
+        (new, partition.leader_epoch),
+        expected_endpoint,
+    )
+    # and to the new leader with the epoch it knew: fenced, told the current epoch
+    new_address = (answer.node_endpoints[0].host, answer.node_endpoints[0].port)
+    assert partition.leader_epoch > old_epoch
+    assert hints(fetch(new_address, 17, topic_id, old_epoch)) == (
+        ErrorCode.fenced_leader_epoch,
+        (new, partition.leader_epoch),
+        expected_endpoint,
+    )
+    # the named leader and epoch take the fetch: both records, no hints
+    read = fetch(new_address, 17, topic_id, partition.leader_epoch)
+    assert hints(read) == (ErrorCode.none, (-1, -1), [])
+    assert read.responses[0].partitions[0].high_watermark == 2
+    # Fetch v15 has the partition's tagged field but, as in Kafka, no hints: the bare error
+    assert hints(fetch(old_address, 15, topic_id, old_epoch)) == (
+        ErrorCode.not_leader_or_follower,
+        (-1, -1),
+        [],
+    )

@@ -1,9 +1,10 @@
-"""KIP-951: what a broker tells a producer about partitions it does not lead, from its metadata
-image: each partition's leader and epoch, and where each leader is on the client's listener."""
+"""KIP-951: what a broker tells a producer (Produce v10+) or a consumer (Fetch v16+) about
+partitions it does not lead, from its metadata image: each partition's leader and epoch, and where
+each leader is on the client's listener."""
 
 from __future__ import annotations
 
-from tidalmq_broker.apis.produce import current_leaders
+from tidalmq_broker.apis.leader_hints import current_leaders
 from tidalmq_core.metadata import (
     NO_LEADER,
     BrokerInfo,

@@ -4,6 +4,8 @@ Produce request decoder reads what kio's encoder writes, leaving record sets in 
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.protocol.codec import (
@@ -22,7 +24,13 @@ from tidalmq_broker.protocol.fastpath import (
 from tidalmq_broker.protocol.records import build_batch
 
 PRODUCE_VERSIONS = range(3, 12)
-FETCH_VERSIONS = range(4, 13)
+FETCH_VERSIONS = range(4, 18)
+EVENTS_ID = uuid.UUID("5f0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b")  # Fetch v13+ names topics by id
+
+
+def _topic(version: int, name: str, topic_id: uuid.UUID) -> dict[str, object]:
+    """A FetchResponse topic as kio's schema has it: by name up to v12, by id from v13."""
+    return {"topic": name} if version < 13 else {"topic_id": topic_id}
 
 
 def _join(parts: bytes | list[bytes | memoryview]) -> bytes:
@@ -214,7 +222,8 @@ def test_fetch_response_matches_kio(version: int) -> None:
         (5, ErrorCode.offset_out_of_range.value, -1, -1, -1, None, b""),
         (6, ErrorCode.not_leader_or_follower.value, -1, -1, -1, None, None),
     ]
-    fast = encode_fetch_response(version, [("events", partitions)], session_id=0)
+    key = "events" if version < 13 else EVENTS_ID
+    fast = encode_fetch_response(version, [(key, partitions)], session_id=0)
     parts = encode_response_parts(1, version, 5, fast)
     assert isinstance(parts, list)
     assert any(p is partitions[0][6] for p in parts), "records are written without a copy"
@@ -242,11 +251,18 @@ def test_fetch_response_matches_kio(version: int) -> None:
             "throttle_time": 0,
             "error_code": ErrorCode.none,
             "session_id": 0,
-            "responses": [{"topic": "events", "partitions": [as_dict(p) for p in partitions]}],
+            "responses": [
+                {
+                    **_topic(version, "events", EVENTS_ID),
+                    "partitions": [as_dict(p) for p in partitions],
+                }
+            ],
         },
     )
     assert frame == reference
     _, body = decode_response(1, version, frame[4:])
+    if version >= 13:
+        assert body.responses[0].topic_id == EVENTS_ID
     first = body.responses[0].partitions[0]
     assert bytes(first.records) == batch and first.high_watermark == 42
     second = body.responses[0].partitions[1]
@@ -255,11 +271,12 @@ def test_fetch_response_matches_kio(version: int) -> None:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("version", [4, 7, 12])
+@pytest.mark.parametrize("version", [4, 7, 12, 13, 15, 17])
 def test_fetch_error_response(version: int) -> None:
     code = ErrorCode.not_leader_or_follower
+    key = "t" if version < 13 else EVENTS_ID
     fast = encode_fetch_response(
-        version, [("t", [(3, code.value, -1, -1, -1, None, None)])], error_code=code.value
+        version, [(key, [(3, code.value, -1, -1, -1, None, None)])], error_code=code.value
     )
     _, body = decode_response(1, version, _join(encode_response_parts(1, version, 1, fast))[4:])
     part = body.responses[0].partitions[0]
@@ -268,11 +285,116 @@ def test_fetch_error_response(version: int) -> None:
         assert body.error_code == code
 
 
+@pytest.mark.parametrize("version", FETCH_VERSIONS)
+def test_fetch_response_tells_the_current_leader_as_kio_does(version: int) -> None:
+    """KIP-951 for consumers: from v16 a partition answered NOT_LEADER_OR_FOLLOWER or
+    FENCED_LEADER_EPOCH carries its current leader (the partition's tagged field 1) and the
+    response the leaders' endpoints (its tagged field 0); (-1, -1) is the default and not
+    written. Before v16 they are left out, as Kafka leaves them (v12-v15 have the partition's
+    field but Kafka fills it only from v16)."""
+    not_leader = ErrorCode.not_leader_or_follower.value
+    fenced = ErrorCode.fenced_leader_epoch.value
+    other_id = uuid.UUID(int=(1 << 127) | 12345)
+    key_a = "events" if version < 13 else EVENTS_ID
+    key_b = "audit" if version < 13 else other_id
+    batch = build_batch([(None, b"x" * 64)], base_offset=3)
+    topics = [
+        (
+            key_a,
+            [
+                (0, 0, 4, 4, 0, (), memoryview(batch)),
+                (1, not_leader, -1, -1, -1, None, b""),
+                (2, fenced, -1, -1, -1, None, b""),
+            ],
+        ),
+        (key_b, [(1, not_leader, -1, -1, -1, None, b""), (4, not_leader, -1, -1, -1, None, b"")]),
+    ]
+    leaders = {
+        (key_a, 1): (2, 7),
+        (key_a, 2): (3, 1 << 30),
+        (key_b, 1): (2, 9),
+        (key_b, 4): (-1, -1),
+    }
+    endpoints = [(2, "broker-2.tidalmq.svc", 9092, "eu-west-1a"), (3, "10.0.0.3", 19092, None)]
+    fast = encode_fetch_response(
+        version, topics, session_id=0, current_leaders=leaders, node_endpoints=endpoints
+    )
+    frame = _join(encode_response_parts(1, version, 8, fast))
+    hints = version >= 16
+
+    def as_dict(key: object, p: tuple) -> dict[str, object]:  # type: ignore[type-arg]
+        index, error, hw, lso, log_start, aborted, records = p
+        out: dict[str, object] = {
+            "partition_index": index,
+            "error_code": ErrorCode(error),
+            "high_watermark": hw,
+            "last_stable_offset": lso,
+            "log_start_offset": log_start,
+            "aborted_transactions": None if aborted is None else [],
+            "records": bytes(records),
+        }
+        leader = leaders.get((key, index))  # type: ignore[call-overload]
+        if hints and leader is not None:
+            out["current_leader"] = {"leader_id": leader[0], "leader_epoch": leader[1]}
+        return out
+
+    body: dict[str, object] = {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "session_id": 0,
+        "responses": [
+            {**_topic(version, name, tid), "partitions": [as_dict(key, p) for p in parts]}
+            for (key, parts), name, tid in zip(
+                topics, ["events", "audit"], [EVENTS_ID, other_id], strict=True
+            )
+        ],
+    }
+    if hints:
+        body["node_endpoints"] = [
+            {"node_id": n, "host": h, "port": port, "rack": rack} for n, h, port, rack in endpoints
+        ]
+    assert frame == encode_response(1, version, 8, body)
+    _, decoded = decode_response(1, version, frame[4:])
+    if not hints:
+        plain = encode_fetch_response(version, topics, session_id=0)
+        assert frame == _join(encode_response_parts(1, version, 8, plain))
+        return
+    answered = [
+        (p.partition_index, p.current_leader.leader_id, p.current_leader.leader_epoch)
+        for t in decoded.responses
+        for p in t.partitions
+    ]
+    assert answered == [(0, -1, -1), (1, 2, 7), (2, 3, 1 << 30), (1, 2, 9), (4, -1, -1)]
+    assert [(e.node_id, e.host, e.port, e.rack) for e in decoded.node_endpoints] == endpoints
+    assert bytes(decoded.responses[0].partitions[0].records) == batch
+
+
+def test_fetch_response_without_leaders_is_unchanged() -> None:
+    """The common answer (no partition misdirected) is byte for byte what it was before KIP-951:
+    a v16 response differs from a v15 one in nothing."""
+    partitions = [(0, 0, 5, 5, 0, (), b"")]
+    plain = encode_fetch_response(16, [(EVENTS_ID, partitions)])
+    hinted = encode_fetch_response(
+        16, [(EVENTS_ID, partitions)], current_leaders={}, node_endpoints=()
+    )
+    assert plain.parts == hinted.parts == encode_fetch_response(15, [(EVENTS_ID, partitions)]).parts
+    assert plain.parts[-1].endswith(b"\x00\x00\x00")  # partition, topic, response: no tags
+
+
+def test_fetch_response_names_topics_as_its_version_does() -> None:
+    """A topic name in a v13+ response, or an id before v13, is a bug of the caller, not a
+    response to send."""
+    with pytest.raises(TypeError):
+        encode_fetch_response(13, [("events", [])])
+    with pytest.raises(TypeError):
+        encode_fetch_response(12, [(EVENTS_ID, [])])
+
+
 def test_versions_outside_the_fast_path_are_refused() -> None:
     with pytest.raises(ValueError):
         encode_produce_response(2, [])
     with pytest.raises(ValueError):
-        encode_fetch_response(13, [])
+        encode_fetch_response(18, [])
 
 
 @pytest.mark.parametrize("version", PRODUCE_VERSIONS)

@@ -19,17 +19,27 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
-from tidalmq_core.metadata import INTERNAL_TOPICS
+from tidalmq_core.metadata import INTERNAL_TOPICS, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.errors import error_code
+from tidalmq_broker.apis.leader_hints import current_leaders
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
-from tidalmq_broker.protocol.fastpath import EncodedBody, FetchPartition, encode_fetch_response
+from tidalmq_broker.protocol.fastpath import (
+    FETCH_LEADER_HINTS_FROM,
+    FETCH_TOPIC_IDS_FROM,
+    EncodedBody,
+    FetchPartition,
+    FetchTopicKey,
+    LeaderAndEpoch,
+    encode_fetch_response,
+)
 from tidalmq_broker.protocol.records import count_records
 from tidalmq_broker.storage.api import PartitionLog
 
@@ -59,6 +69,7 @@ def check_leader_epoch(plog: PartitionLog, requested: int) -> ErrorCode | None:
     return ErrorCode.fenced_leader_epoch
 
 
+_NULL_UUID = uuid.UUID(int=0)
 READ_COMMITTED = 1  # isolation_level: only below the last stable offset (docs/transactions.md)
 
 
@@ -68,6 +79,7 @@ class _FetchPartition:
         "error",
         "hw",
         "index",
+        "key",
         "lso",
         "max_bytes",
         "offset",
@@ -76,8 +88,11 @@ class _FetchPartition:
         "topic",
     )
 
-    def __init__(self, topic: str, index: int, offset: int, max_bytes: int) -> None:
-        self.topic = topic
+    def __init__(
+        self, key: FetchTopicKey, topic: str, index: int, offset: int, max_bytes: int
+    ) -> None:
+        self.key = key  # how the request named the topic: its name, or its id from v13
+        self.topic = topic  # its name ("" for an unknown topic id)
         self.index = index
         self.offset = offset
         self.max_bytes = max_bytes
@@ -89,38 +104,96 @@ class _FetchPartition:
         self.aborted: list[tuple[int, int]] = []
 
 
-@api(1, "Fetch", 4, 12)
+# errors found before reading: as in Kafka (KafkaApis' "erroneous" partitions), they do not cut
+# the wait short for the partitions that are read
+_NOT_WAITED_ON = (ErrorCode.topic_authorization_failed, ErrorCode.unknown_topic_id)
+# the errors KIP-951 answers with the partition's current leader (Fetch v16+, as Kafka)
+_LEADER_HINTED = (ErrorCode.not_leader_or_follower, ErrorCode.fenced_leader_epoch)
+
+
+class _TopicNames:
+    """Topic id -> name for Fetch v13+, from the broker's metadata image. Built once per image
+    instead of the image's linear `topic_by_id` per topic and request; every hit is checked
+    against the image asked (a topic deleted and re-created under its name has a new id), a miss
+    rebuilds from it, so a stale index costs one rebuild and never a wrong answer."""
+
+    __slots__ = ("_names",)
+
+    def __init__(self) -> None:
+        self._names: dict[uuid.UUID, tuple[str, str]] = {}  # id -> (name, id as the image has it)
+
+    def name(self, meta: ClusterMetadata, topic_id: uuid.UUID | None) -> str | None:
+        if topic_id is None:
+            return None
+        known = self._names.get(topic_id)
+        if known is not None:
+            topic = meta.topics.get(known[0])
+            if topic is not None and topic.topic_id == known[1]:
+                return known[0]
+        names: dict[uuid.UUID, tuple[str, str]] = {}
+        for name, topic in meta.topics.items():
+            try:
+                names[uuid.UUID(topic.topic_id)] = (name, topic.topic_id)
+            except ValueError:  # not a UUID: no client can name it by id
+                continue
+        self._names = names
+        found = names.get(topic_id)
+        return None if found is None else found[0]
+
+
+_TOPIC_NAMES = _TopicNames()
+
+
+@api(1, "Fetch", 4, 17)
 async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
-    if body.replica_id >= 0:
-        return _fetch_error(body, ErrorCode.not_leader_or_follower, request.api_version)
+    version = request.api_version
+    by_id = version >= FETCH_TOPIC_IDS_FROM
+    # v15 (KIP-903) moved the follower's id into a tagged ReplicaState; v17 adds a follower's
+    # ReplicaDirectoryId per partition (KIP-858): no follower fetches from TidalMQ, both unread
+    replica_id = body.replica_state.replica_id if version >= 15 else body.replica_id
+    if replica_id >= 0:
+        return _fetch_error(body, ErrorCode.not_leader_or_follower, version)
     parts: list[_FetchPartition] = []
     authorizer = broker.authorizer
     for topic in body.topics:
-        readable = authorizer.allows(conn, AclOperation.READ, ResourceType.TOPIC, topic.topic)
+        key: FetchTopicKey
+        if by_id:
+            key = topic.topic_id or _NULL_UUID
+            name = _TOPIC_NAMES.name(broker.metadata, topic.topic_id)
+            if name is None:  # before authorization, as Kafka: an id names nothing to refuse
+                for p in topic.partitions:
+                    fp = _FetchPartition(key, "", p.partition, p.fetch_offset, 0)
+                    fp.error = ErrorCode.unknown_topic_id
+                    parts.append(fp)
+                continue
+        else:
+            key = name = topic.topic
+        readable = authorizer.allows(conn, AclOperation.READ, ResourceType.TOPIC, name)
         for p in topic.partitions:
-            fp = _FetchPartition(topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+            fp = _FetchPartition(key, name, p.partition, p.fetch_offset, p.partition_max_bytes)
             if not readable:
                 fp.error = ErrorCode.topic_authorization_failed
                 parts.append(fp)
                 continue
             try:
-                fp.plog = broker.partitions.get_log(TopicPartition(topic.topic, p.partition))
+                fp.plog = broker.partitions.get_log(TopicPartition(name, p.partition))
                 epoch_error = check_leader_epoch(fp.plog, getattr(p, "current_leader_epoch", -1))
                 if epoch_error is not None:
                     fp.error, fp.plog = epoch_error, None
             except Exception as exc:
                 fp.error = error_code(exc)
             parts.append(fp)
-    max_bytes = body.max_bytes if request.api_version >= 3 else 0x7FFFFFFF
+    max_bytes = body.max_bytes if version >= 3 else 0x7FFFFFFF
     deadline = time.monotonic() + body.max_wait.total_seconds()
     min_bytes = max(body.min_bytes, 1)
     committed = body.isolation_level == READ_COMMITTED
     total = await _read_all(parts, max_bytes, conn, committed)
-    # a partition's error answers at once (the client must act on it), except a refusal: as in
-    # Kafka, the partitions the client may read wait for data as usual
+    # a partition's error answers at once (the client must act on it), except one found before
+    # reading (a refusal, an unknown topic id): as in Kafka, the partitions the client may read
+    # wait for data as usual
     while total < min_bytes and not any(
-        fp.error and fp.error != ErrorCode.topic_authorization_failed for fp in parts
+        fp.error and fp.error not in _NOT_WAITED_ON for fp in parts
     ):
         remaining = deadline - time.monotonic()
         waitable = [fp for fp in parts if fp.plog is not None]
@@ -144,9 +217,15 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
                 w.cancel()
         total = await _read_all(parts, max_bytes, conn, committed)
     # written straight to wire format (protocol.fastpath), the record sets not copied again
-    by_topic: dict[str, list[FetchPartition]] = {}
+    by_topic: dict[FetchTopicKey, list[FetchPartition]] = {}
+    misdirected: list[_FetchPartition] = []
     for fp in parts:
-        by_topic.setdefault(fp.topic, []).append(
+        if fp.error:
+            if fp.error in _LEADER_HINTED:
+                misdirected.append(fp)
+        elif fp.records:
+            broker.metrics.fetched(fp.topic, fp.index, len(fp.records), count_records(fp.records))
+        by_topic.setdefault(fp.key, []).append(
             (
                 fp.index,
                 fp.error.value,
@@ -157,9 +236,30 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
                 fp.records,
             )
         )
-        if fp.records:
-            broker.metrics.fetched(fp.topic, fp.index, len(fp.records), count_records(fp.records))
-    return encode_fetch_response(request.api_version, list(by_topic.items()))
+    if misdirected and version >= FETCH_LEADER_HINTS_FROM:
+        return _with_leader_hints(broker, conn, version, list(by_topic.items()), misdirected)
+    return encode_fetch_response(version, list(by_topic.items()))
+
+
+def _with_leader_hints(
+    broker: Broker,
+    conn: Connection,
+    version: int,
+    topics: list[tuple[FetchTopicKey, list[FetchPartition]]],
+    misdirected: list[_FetchPartition],
+) -> EncodedBody:
+    """KIP-951 for a consumer: the partitions answered NOT_LEADER_OR_FOLLOWER or
+    FENCED_LEADER_EPOCH carry their current leader, the response those leaders' endpoints on
+    the client's listener (`leader_hints.current_leaders`, which Produce uses too)."""
+    by_name, endpoints = current_leaders(
+        broker.metadata, conn.listener, [(fp.topic, fp.index) for fp in misdirected]
+    )
+    leaders: dict[tuple[FetchTopicKey, int], LeaderAndEpoch] = {}
+    for fp in misdirected:
+        leader = by_name.get((fp.topic, fp.index))
+        if leader is not None:
+            leaders[(fp.key, fp.index)] = leader
+    return encode_fetch_response(version, topics, current_leaders=leaders, node_endpoints=endpoints)
 
 
 async def _read_all(
@@ -208,8 +308,12 @@ async def _read_all(
 
 
 def _fetch_error(body: Any, code: ErrorCode, version: int) -> EncodedBody:
-    topics: list[tuple[str, list[FetchPartition]]] = [
-        (t.topic, [(p.partition, code.value, -1, -1, -1, None, None) for p in t.partitions])
+    by_id = version >= FETCH_TOPIC_IDS_FROM
+    topics: list[tuple[FetchTopicKey, list[FetchPartition]]] = [
+        (
+            (t.topic_id or _NULL_UUID) if by_id else t.topic,
+            [(p.partition, code.value, -1, -1, -1, None, None) for p in t.partitions],
+        )
         for t in body.topics
     ]
     return encode_fetch_response(version, topics, error_code=code.value)

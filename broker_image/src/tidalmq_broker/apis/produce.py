@@ -16,7 +16,7 @@ producer with no transaction going on in its partition is first verified with th
 coordinator (KIP-890, transactions/verification.py).
 
 A partition this broker does not lead is answered NOT_LEADER_OR_FOLLOWER, from Produce v10 with
-its current leader and that leader's endpoint (KIP-951, `current_leaders`), so the producer goes
+its current leader and that leader's endpoint (KIP-951, `leader_hints.current_leaders`), so the producer goes
 there without asking Metadata first (docs/architecture/produce-and-fetch.md)."""
 
 from __future__ import annotations
@@ -29,18 +29,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import AclOperation, ResourceType
-from tidalmq_core.metadata import INTERNAL_TOPICS, NO_LEADER, ClusterMetadata, TopicInfo
+from tidalmq_core.metadata import INTERNAL_TOPICS, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.topics import config_number
 
 from tidalmq_broker.apis.errors import KafkaError, error_code, error_message
+from tidalmq_broker.apis.leader_hints import current_leaders
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol import records
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.fastpath import (
     PRODUCE_LEADER_HINTS_FROM,
-    LeaderAndEpoch,
-    NodeEndpoint,
     ProducePartition,
     RecordError,
     encode_produce_response,
@@ -209,34 +208,6 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
 
 
 _NOT_LEADER = ErrorCode.not_leader_or_follower.value
-
-
-def current_leaders(
-    meta: ClusterMetadata, listener: str, partitions: list[tuple[str, int]]
-) -> tuple[dict[tuple[str, int], LeaderAndEpoch], list[NodeEndpoint]]:
-    """KIP-951's answer to a client that sent `partitions` to a broker not leading them: each
-    one's leader and leader epoch in this broker's metadata image, and where those leaders are
-    on `listener` (the one the client is connected to), so it re-routes without a Metadata
-    request. As Kafka (KafkaApis.getCurrentLeader): a partition without a leader, or not in the
-    image, gets (-1, -1) (left out of the response); a leader that is dead or has no endpoint on
-    the listener gets its id and epoch but no endpoint (the client then asks Metadata)."""
-    leaders: dict[tuple[str, int], LeaderAndEpoch] = {}
-    endpoints: dict[int, NodeEndpoint] = {}
-    for topic_name, index in partitions:
-        topic = meta.topics.get(topic_name)
-        if topic is None or not 0 <= index < len(topic.partitions):
-            continue
-        state = topic.partitions[index]
-        if state.leader == NO_LEADER:
-            continue
-        leaders[(topic_name, index)] = (state.leader, state.leader_epoch)
-        node = meta.brokers.get(state.leader)
-        if node is None or node.state == "dead" or state.leader in endpoints:
-            continue
-        endpoint = node.endpoint(listener)
-        if endpoint is not None:
-            endpoints[state.leader] = (state.leader, endpoint.host, endpoint.port, node.rack)
-    return leaders, [endpoints[b] for b in sorted(endpoints)]
 
 
 def _waits(entries: list[tuple[str, int, Outcome, str | None, int]]) -> list[asyncio.Future[Any]]:

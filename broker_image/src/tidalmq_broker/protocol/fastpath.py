@@ -4,18 +4,21 @@ Every other response is described as dicts and built into kio's dataclasses (cod
 which costs tens of microseconds per partition and copies record bytes twice (into a BytesIO and
 out of it). Produce and Fetch run thousands of times a second with megabytes of records, so their
 bodies are written here straight from the handlers' tuples, following Kafka's message schemas
-(ProduceResponse.json v3-v11, FetchResponse.json v4-v12): fixed-width big-endian integers,
+(ProduceResponse.json v3-v11, FetchResponse.json v4-v17): fixed-width big-endian integers,
 int16/varint-prefixed strings, and arrays; "flexible" versions (Produce v9+, Fetch v12+) use
 compact (unsigned varint, length + 1) strings and arrays and an empty tagged-field section after
-every struct (Produce v10+ puts KIP-951's current leader and leader endpoints there when a
-partition is answered NOT_LEADER_OR_FOLLOWER). Record sets are not copied: the body is a list of buffers that the listener writes
-as they are. tests/unit/protocol/test_fastpath.py checks every version against kio's decoder.
+every struct (KIP-951's current leader and leader endpoints go there: Produce v10+ when a
+partition is answered NOT_LEADER_OR_FOLLOWER, Fetch v16+ also for FENCED_LEADER_EPOCH). Fetch
+v13+ names topics by id. Record sets are not copied: the body is a list of buffers that the
+listener writes as they are. tests/unit/protocol/test_fastpath.py checks every version against
+kio's encoder and decoder.
 """
 
 from __future__ import annotations
 
 import datetime
 import struct
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
@@ -80,6 +83,13 @@ _LEADER_AND_EPOCH = struct.Struct(">ii")
 # the partition's tagged fields holding CurrentLeader (tag 0): one field, tag 0, 9 bytes
 # (leader id, leader epoch, the struct's own empty tagged fields)
 _CURRENT_LEADER_HEAD = b"\x01\x00\x09"
+FETCH_TOPIC_IDS_FROM = 13  # topics named by id (uuid), not by name
+FETCH_LEADER_HINTS_FROM = 16  # KIP-951, as Produce v10
+# in Fetch, CurrentLeader is the partition's tag 1 (tag 0 is DivergingEpoch, never sent here)
+_FETCH_CURRENT_LEADER_HEAD = b"\x01\x01\x09"
+
+FetchTopicKey = str | uuid.UUID
+"""how a FetchResponse names a topic: by name up to v12, by topic id from v13"""
 
 
 def encode_produce_response(
@@ -135,16 +145,7 @@ def encode_produce_response(
             out += _NO_TAGS
     out += _I32.pack(throttle_time_ms)
     if node_endpoints:
-        endpoints = bytearray(array_length(len(node_endpoints), True))
-        for node_id, host, port, rack in node_endpoints:
-            endpoints += _I32.pack(node_id)
-            endpoints += string(host, True)
-            endpoints += _I32.pack(port)
-            endpoints += nullable_string(rack, True)
-            endpoints += _NO_TAGS
-        out += b"\x01\x00"  # one tagged field, tag 0: NodeEndpoints
-        out += uvarint(len(endpoints))
-        out += endpoints
+        out += _node_endpoints_tag(node_endpoints)
     elif flexible:
         out += _NO_TAGS
     return EncodedBody([bytes(out)], flexible)
@@ -152,16 +153,30 @@ def encode_produce_response(
 
 def encode_fetch_response(
     version: int,
-    topics: Sequence[tuple[str, Sequence[FetchPartition]]],
+    topics: Sequence[tuple[FetchTopicKey, Sequence[FetchPartition]]],
     *,
     error_code: int = 0,
     session_id: int = 0,
     throttle_time_ms: int = 0,
+    current_leaders: Mapping[tuple[FetchTopicKey, int], LeaderAndEpoch] | None = None,
+    node_endpoints: Sequence[NodeEndpoint] = (),
 ) -> EncodedBody:
-    """FetchResponse v4-v12 (the versions served); record sets stay separate buffers."""
-    if not 4 <= version <= 12:
+    """FetchResponse v4-v17 (the versions served); record sets stay separate buffers.
+
+    A topic is named by its name up to v12 and by its id (a `uuid.UUID`) from v13. From v16
+    (KIP-951), `current_leaders` (by topic, as named in `topics`, and partition: partitions
+    answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH) and `node_endpoints` (where those
+    leaders are) go in the tagged fields, only when they differ from their defaults, as Kafka
+    writes them; older versions leave them out (v12-v15 have the partition's field but Kafka
+    fills it only from v16)."""
+    if not 4 <= version <= 17:
         raise ValueError(f"FetchResponse v{version} is not supported by the fast path")
     flexible = version >= FETCH_FLEXIBLE_FROM
+    by_id = version >= FETCH_TOPIC_IDS_FROM
+    if version < FETCH_LEADER_HINTS_FROM or not current_leaders:
+        current_leaders = None
+    if version < FETCH_LEADER_HINTS_FROM:
+        node_endpoints = ()
     parts: list[bytes | memoryview] = []
     out = bytearray()
     if version >= 7:
@@ -169,8 +184,15 @@ def encode_fetch_response(
     else:
         out += _I32.pack(throttle_time_ms)
     out += array_length(len(topics), flexible)
-    for name, partitions in topics:
-        out += string(name, flexible)
+    for key, partitions in topics:
+        if by_id:
+            if not isinstance(key, uuid.UUID):
+                raise TypeError(f"FetchResponse v{version} names topics by id, not {key!r}")
+            out += key.bytes
+        else:
+            if not isinstance(key, str):
+                raise TypeError(f"FetchResponse v{version} names topics by name, not {key!r}")
+            out += string(key, flexible)
         out += array_length(len(partitions), flexible)
         for index, error, hw, lso, log_start, aborted, records in partitions:
             out += _FETCH_PARTITION_V4.pack(index, error, hw, lso)
@@ -195,13 +217,33 @@ def encode_fetch_response(
                     parts.append(records)
                     out = bytearray()
             if flexible:
-                out += _NO_TAGS
+                leader = None if current_leaders is None else current_leaders.get((key, index))
+                if leader is None or leader == (-1, -1):
+                    out += _NO_TAGS
+                else:
+                    out += _FETCH_CURRENT_LEADER_HEAD
+                    out += _LEADER_AND_EPOCH.pack(*leader)
+                    out += _NO_TAGS
         if flexible:
             out += _NO_TAGS
-    if flexible:
+    if node_endpoints:
+        out += _node_endpoints_tag(node_endpoints)
+    elif flexible:
         out += _NO_TAGS
     parts.append(bytes(out))
     return EncodedBody(parts, flexible)
+
+
+def _node_endpoints_tag(node_endpoints: Sequence[NodeEndpoint]) -> bytes:
+    """A response's tagged fields holding NodeEndpoints (tag 0 in Produce and Fetch alike)."""
+    endpoints = bytearray(array_length(len(node_endpoints), True))
+    for node_id, host, port, rack in node_endpoints:
+        endpoints += _I32.pack(node_id)
+        endpoints += string(host, True)
+        endpoints += _I32.pack(port)
+        endpoints += nullable_string(rack, True)
+        endpoints += _NO_TAGS
+    return b"\x01\x00" + uvarint(len(endpoints)) + endpoints  # one tagged field, tag 0
 
 
 # ------------------------------------------------------------------------------ produce requests
