@@ -38,7 +38,7 @@ class CountingControl:
     async def forward_txn_verification(self, broker_id: int, doc: dict[str, Any]) -> Any:
         self.calls += 1
         await asyncio.sleep(0.01)  # an answer takes a round trip: batches queue meanwhile
-        return answer_control_call(self.coordinator, doc)
+        return await answer_control_call(self.coordinator, doc)
 
 
 async def setup(coordinator_broker: int) -> tuple[TxnVerifier, TxnShard, CountingControl, int]:
