@@ -322,14 +322,15 @@ def _append(
     producer's transaction there (a task: then in arrival order among those that waited).
     Logs without a synchronous start (static topics' logic queues) and an idempotent retry's
     wait for the original get a task as well."""
-    # transaction version 2 (KIP-890 part 2): Produce v12 adds the partition to the transaction
-    # itself (no AddPartitionsToTxn); below v12, or at level 1, it is only verified
-    add = version >= PRODUCE_IMPLICIT_ADD_FROM and (
-        broker.metadata.feature_level(TRANSACTION_VERSION) >= TV2
-    )
-    verifier = broker.txn_partitions if add else broker.txn_verifier
-    if transactional_id is None:
-        verifier = None
+    verifier = None
+    add = False
+    if transactional_id is not None:
+        # transaction version 2 (KIP-890 part 2): Produce v12 adds the partition to the
+        # transaction itself (no AddPartitionsToTxn); below v12, or at level 1, it is verified
+        add = version >= PRODUCE_IMPLICIT_ADD_FROM and (
+            broker.metadata.feature_level(TRANSACTION_VERSION) >= TV2
+        )
+        verifier = broker.txn_partitions if add else broker.txn_verifier
     header = _transactional_header(data) if verifier is not None else None
     if header is None or verifier is None or transactional_id is None:
         return _start(plog, data, acks)
