@@ -174,8 +174,11 @@ class Broker:
             lambda: self.controller.ensure_transaction_state_topic(),
         )
         # KIP-890: transactional batches new to a partition are checked with the coordinator
+        # (part 1, unless verification is off) or added by it (part 2, transaction version 2,
+        # whatever the verification setting: the implicit add is how the partition joins)
+        self.txn_partitions = TxnVerifier(self)
         self.txn_verifier: TxnVerifier | None = (
-            TxnVerifier(self) if settings.transaction_partition_verification_enable else None
+            self.txn_partitions if settings.transaction_partition_verification_enable else None
         )
         # told of every transaction marker written here (transactions/marker_writes.py)
         self.txn_marker_listeners: list[MarkerListener] = [self.groups.on_txn_marker]
@@ -314,6 +317,7 @@ class Broker:
                     ControllerSettings(
                         offsets_topic_partitions=s.offsets_topic_partitions,
                         transaction_state_partitions=s.transaction_state_partitions,
+                        transaction_version=s.transaction_version,
                         auto_rebalance=False,
                         embedded=True,
                     ),
@@ -539,7 +543,8 @@ class Broker:
         """A partition leader's verify-only question (KIP-890) for the transactions this broker
         coordinates, relayed by the controller: answered per partition."""
         try:
-            return web.json_response(answer_control_call(self.transactions, await request.json()))
+            doc = await request.json()
+            return web.json_response(await answer_control_call(self.transactions, doc))
         except (ValueError, TypeError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
 

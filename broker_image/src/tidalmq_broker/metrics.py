@@ -76,6 +76,14 @@ LEADER_EPOCH = Gauge(
     "Leader epoch of each partition this broker has open (present only while it leads it)",
     ["broker", "topic", "partition"],
 )
+TXN_PARTITION_CHECKS = Counter(
+    "tidalmq_transaction_partition_checks_total",
+    "Questions partition leaders and group coordinators asked the transaction coordinator about "
+    "a transactional write (KIP-890): kind=verify (is the partition in the transaction: "
+    "transaction version 1) or add (add it: Produce v12 / TxnOffsetCommit v5 at "
+    "transaction.version 2)",
+    ["broker", "kind"],
+)
 PRODUCE_ERRORS = Counter(
     "tidalmq_produce_errors_total", "Produce partition errors", ["topic", "error"]
 )

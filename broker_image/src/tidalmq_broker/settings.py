@@ -382,6 +382,14 @@ class BrokerSettings:
             "__transaction_state (created on first use; an embedded controller's setting)"
         },
     )
+    transaction_version: int = field(
+        default=1,
+        metadata={
+            "help": "the cluster's finalized transaction.version feature (an embedded "
+            "controller's setting): 2 lets clients run KIP-890 part 2 transactions "
+            "(docs/transactions-v2.md)"
+        },
+    )
     transaction_max_timeout_ms: int = field(
         default=900_000,
         metadata={

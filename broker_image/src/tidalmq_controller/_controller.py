@@ -60,6 +60,7 @@ from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.balance import Plan
 from tidalmq_core.metadata import (
+    TRANSACTION_VERSION,
     TXN_STATE_TOPIC,
     BrokerInfo,
     ClusterMetadata,
@@ -81,6 +82,7 @@ from tidalmq_core.records import (
     broker_state_record,
     cluster_record,
     epoch_record,
+    feature_record,
     marker_record,
     producer_ids_record,
 )
@@ -235,6 +237,10 @@ class Controller:
         records.append(epoch_record(epoch))
         if marker and not image.store_marker:
             records.append(marker_record(True))
+        tv = self.settings.transaction_version
+        if image.feature_level(TRANSACTION_VERSION) != tv:
+            log.info("finalizing feature %s at level %d", TRANSACTION_VERSION, tv)
+            records.append(feature_record(TRANSACTION_VERSION, tv))
         try:
             await self.journal.commit(records)
         except Deposed as exc:

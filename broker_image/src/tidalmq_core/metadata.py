@@ -321,6 +321,13 @@ class TopicInfo:
         )
 
 
+# Kafka's feature names and the levels this code supports (ApiVersions' supported_features),
+# with the level a cluster has until its controller sets another (docs/transactions-v2.md).
+TRANSACTION_VERSION = "transaction.version"
+SUPPORTED_FEATURES: dict[str, tuple[int, int]] = {TRANSACTION_VERSION: (0, 2)}
+FEATURE_DEFAULTS: dict[str, int] = {TRANSACTION_VERSION: 1}
+
+
 @dataclass(slots=True)
 class ClusterMetadata:
     cluster_id: str
@@ -343,6 +350,9 @@ class ClusterMetadata:
     scram_credentials: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)
     # ACL bindings (CreateAcls/DeleteAcls, tidalmq_core.acls) by their id
     acls: dict[str, AclBinding] = field(default_factory=dict)
+    # finalized feature levels the controller set (Kafka's finalized features, KIP-584): name ->
+    # level; a feature absent here is at its default (`feature_level`)
+    features: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -361,6 +371,8 @@ class ClusterMetadata:
             out["scram_credentials"] = scram_credentials_json(self.scram_credentials)
         if self.acls:  # the same: absent when none
             out["acls"] = acls_json(self.acls)
+        if self.features:  # the same: absent when every feature is at its default
+            out["features"] = dict(sorted(self.features.items()))
         return out
 
     @classmethod
@@ -380,10 +392,15 @@ class ClusterMetadata:
             store_marker=bool(data.get("store_marker", False)),
             scram_credentials=scram_credentials_from(data.get("scram_credentials") or {}),
             acls=acls_from(data.get("acls") or []),
+            features={str(k): int(v) for k, v in (data.get("features") or {}).items()},
         )
 
     def copy(self) -> ClusterMetadata:
         return ClusterMetadata.from_json(self.to_json())
+
+    def feature_level(self, name: str) -> int:
+        """The finalized level of a feature: the controller's, or the feature's default."""
+        return self.features.get(name, FEATURE_DEFAULTS.get(name, 0))
 
     def live_brokers(self) -> list[int]:
         return sorted(b for b, info in self.brokers.items() if info.state == "alive")

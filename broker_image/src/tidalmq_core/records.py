@@ -47,6 +47,7 @@ them), so a snapshot followed by batches it may already contain replays correctl
                                                         type, principal, host, operation,
                                                         permission] (Kafka's codes)
     t="aclgone"   an ACL binding deleted                id
+    t="feature"   a finalized feature level set         name (transaction.version) level
 """
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ def epoch_record(epoch: int) -> Record:
 
 def cluster_record(cluster_id: str) -> Record:
     return {"t": "cluster", "id": cluster_id}
+
+
+def feature_record(name: str, level: int) -> Record:
+    return {"t": "feature", "name": name, "level": level}
 
 
 def broker_record(info: BrokerInfo) -> Record:
@@ -492,6 +497,11 @@ def _cluster(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
     delta.other = True
 
 
+def _feature(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
+    meta.features[str(rec["name"])] = int(rec["level"])
+    delta.other = True
+
+
 _HANDLERS = {
     "p": _partition,
     "topic": _topic,
@@ -513,6 +523,7 @@ _HANDLERS = {
     "aclgone": _acl_removed,
     "epoch": _epoch,
     "cluster": _cluster,
+    "feature": _feature,
 }
 
 

@@ -90,6 +90,8 @@ def encode(meta: ClusterMetadata) -> Iterator[bytes]:
         header["scram_credentials"] = scram_credentials_json(meta.scram_credentials)
     if meta.acls:  # the same
         header["acls"] = acls_json(meta.acls)
+    if meta.features:  # the same: absent while every feature is at its default
+        header["features"] = dict(sorted(meta.features.items()))
     yield _dumps(header).encode() + b"\n"
     for name, topic in sorted(meta.topics.items()):
         yield (
@@ -136,6 +138,7 @@ def decode(data: bytes | memoryview) -> ClusterMetadata:
             store_marker=bool(header["store_marker"]),
             scram_credentials=scram_credentials_from(header.get("scram_credentials") or {}),
             acls=acls_from(header.get("acls") or []),
+            features={str(k): int(v) for k, v in (header.get("features") or {}).items()},
         )
         counts: dict[str, int] = {}
         for line in lines[1:]:

@@ -217,6 +217,7 @@ class OperatorRuntime:
                 election_timeout_s=s.election_timeout_s,
                 offsets_topic_partitions=s.offsets_topic_partitions,
                 transaction_state_partitions=s.transaction_state_partitions,
+                transaction_version=s.transaction_version,
                 max_moves_per_broker=s.max_moves_per_broker,
             ),
             topic_data_deleter=functools.partial(delete_topic_data, store) if store else None,

@@ -38,6 +38,7 @@ class OperatorSettings:
     election_timeout_s: float = 10.0
     offsets_topic_partitions: int = 16
     transaction_state_partitions: int = 50
+    transaction_version: int = 1  # the cluster's finalized transaction.version feature
     # moves in flight per broker (as source or target): a rebalance runs in waves of this many
     max_moves_per_broker: int = 4000
     status_interval_s: float = 0.5
@@ -106,6 +107,7 @@ class OperatorSettings:
             election_timeout_s=float(get("ELECTION_TIMEOUT_S", "10.0")),
             offsets_topic_partitions=int(get("OFFSETS_TOPIC_PARTITIONS", "16")),
             transaction_state_partitions=int(get("TRANSACTION_STATE_PARTITIONS", "50")),
+            transaction_version=int(get("TRANSACTION_VERSION", "1")),
             max_moves_per_broker=int(get("MAX_MOVES_PER_BROKER", "4000")),
             leaderless_grace_s=float(get("LEADERLESS_GRACE_S", "15")),
             spark_image=get("SPARK_IMAGE", ""),

@@ -23,7 +23,7 @@ from tidalmq_broker.protocol.fastpath import (
 )
 from tidalmq_broker.protocol.records import build_batch
 
-PRODUCE_VERSIONS = range(3, 12)
+PRODUCE_VERSIONS = range(3, 13)
 FETCH_VERSIONS = range(4, 18)
 EVENTS_ID = uuid.UUID("5f0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b")  # Fetch v13+ names topics by id
 
@@ -414,7 +414,7 @@ def test_produce_request_parses_like_kio(version: int) -> None:
     }
     frame = bytearray(encode_request(0, version, 17, body, client_id="cli")[4:])
     client_id, fast = decode_produce_request(memoryview(frame), version)
-    reference = decode_request(bytes(frame), {0: (3, 11)})
+    reference = decode_request(bytes(frame), {0: (3, 12)})
     assert client_id == reference.client_id == "cli"
     ref = reference.body
     assert (fast.transactional_id, fast.acks, fast.timeout) == (

@@ -13,6 +13,7 @@ import struct
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,11 +29,15 @@ from tidalmq_broker.server.connection import Connection
 from tidalmq_broker.server.framing import FrameProtocol
 from tidalmq_broker.server.listener import KafkaListener
 from tidalmq_broker.server.listener_config import ListenerEndpoint, ListenerLimits
+from tidalmq_core.metadata import ClusterMetadata
 
 API_VERSIONS = encode_request(
     18, 3, 1, {"client_software_name": "t", "client_software_version": "1"}
 )
 RESPONSE_BYTES = 2 << 20
+
+# the handlers ApiVersions reaches read only the metadata (no cluster yet: no features)
+NO_BROKER = SimpleNamespace(metadata=ClusterMetadata("", version=-1))
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
@@ -66,7 +71,7 @@ class Served:
 
             return fetch
         spec = REGISTRY.get(api_key)
-        return None if spec is None else (lambda r, c: spec.handler(None, r, c))  # type: ignore[arg-type]
+        return None if spec is None else (lambda r, c: spec.handler(NO_BROKER, r, c))  # type: ignore[arg-type]
 
 
 FETCH = encode_request(1, 12, 7, {

@@ -11,6 +11,7 @@ import struct
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from tidalmq_broker.server.connection import Connection
 from tidalmq_broker.server.listener import KafkaListener
 from tidalmq_broker.server.listener_config import ListenerEndpoint
 from tidalmq_core import scram
+from tidalmq_core.metadata import ClusterMetadata
 
 USERS = {("alice", "SCRAM-SHA-256"): scram.new_credential(scram.SCRAM_SHA_256, "alice-secret")}
 SASL = SaslConfig(("PLAIN", "SCRAM-SHA-256"), lambda u, m: USERS.get((u, m)))
@@ -37,6 +39,9 @@ MD_REQUEST = {"topics": None, "allow_auto_topic_creation": False,
               "include_topic_authorized_operations": False}  # fmt: skip
 METADATA_BODY = {"throttle_time": 0, "brokers": [], "cluster_id": "c", "controller_id": 0,
                  "topics": [], "cluster_authorized_operations": -2147483648, "error_code": 0}  # fmt: skip
+
+# the handlers ApiVersions reaches read only the metadata (no cluster yet: no features)
+NO_BROKER = SimpleNamespace(metadata=ClusterMetadata("", version=-1))
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
@@ -64,7 +69,7 @@ class Served:
         spec = REGISTRY.get(api_key)
         if spec is None:
             return None
-        return lambda request, conn: spec.handler(None, request, conn)  # type: ignore[arg-type]
+        return lambda request, conn: spec.handler(NO_BROKER, request, conn)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore import LocalDirObjectStore
 from tidalmq_broker.transactions.coordinator import Marker, TxnSettings, TxnShard
 from tidalmq_broker.transactions.records import encode_key, encode_value
-from tidalmq_broker.transactions.state import TxnError, TxnState, new_producer
+from tidalmq_broker.transactions.state import MAX_EPOCH, TxnError, TxnState, new_producer
 from tidalmq_core.metadata import TXN_STATE_TOPIC
 from tidalmq_core.model import TopicPartition
 
@@ -295,3 +295,34 @@ async def test_the_timeout_check_looks_at_the_due_transactions_only(tmp_path: Pa
             await h.engine.stop()
     small, large = work[IDLE_IDS[0]], work[IDLE_IDS[1]]
     assert large <= small + 20, (small, large)
+
+
+async def test_tv2_ends_bump_the_epoch_and_an_overflow_survives_a_new_coordinator(
+    h: Harness,
+) -> None:
+    """Transaction version 2 at the shard: EndTxn v5 answers the bumped epoch and the markers
+    carry it; at an exhausted epoch a new producer id is allocated, the markers go out with the
+    old id at the last epoch, and a coordinator that replays Prepare* completes to the new id."""
+    shard = await h.open()
+    pid, epoch = await shard.init_producer_id("t9", 30_000, None)
+    await shard.add_partitions("t9", pid, epoch, {("orders", 0)}, tv2=True)
+    assert await shard.end_txn("t9", pid, epoch, True, tv2=True) == (pid, epoch + 1)
+    assert await settled(shard, "t9") is TxnState.COMPLETE_COMMIT
+    assert [(m.producer_id, m.producer_epoch) for m in h.markers.sent] == [(pid, epoch + 1)]
+    assert await shard.end_txn("t9", pid, epoch, True, tv2=True) == (pid, epoch + 1)  # retry
+    # the epoch runs out: pretend many transactions went by
+    await shard._write(dataclasses.replace(shard.txns["t9"], producer_epoch=MAX_EPOCH - 1))
+    await shard.add_partitions("t9", pid, MAX_EPOCH - 1, {("orders", 0)}, tv2=True)
+    h.markers.gate.clear()  # the coordinator moves before the markers are written
+    new_pid, new_epoch = await shard.end_txn("t9", pid, MAX_EPOCH - 1, False, tv2=True)
+    assert new_pid == h.next_pid and new_pid != pid and new_epoch == 0
+    h.markers.gate.set()
+    h.markers.refuse[A] = 10**6  # the old coordinator gets nowhere ...
+    again = await h.open()
+    h.markers.refuse.clear()
+    assert await settled(again, "t9") is TxnState.COMPLETE_ABORT  # ... the new one finishes
+    assert (h.markers.sent[-1].producer_id, h.markers.sent[-1].producer_epoch) == (pid, MAX_EPOCH)
+    meta = again.txns["t9"]
+    assert (meta.producer_id, meta.producer_epoch, meta.previous_producer_id) == (new_pid, 0, pid)
+    # the client's retry with the old id at the exhausted epoch is answered with the new one
+    assert await again.end_txn("t9", pid, MAX_EPOCH - 1, False, tv2=True) == (new_pid, 0)

@@ -38,7 +38,7 @@ class CountingControl:
     async def forward_txn_verification(self, broker_id: int, doc: dict[str, Any]) -> Any:
         self.calls += 1
         await asyncio.sleep(0.01)  # an answer takes a round trip: batches queue meanwhile
-        return answer_control_call(self.coordinator, doc)
+        return await answer_control_call(self.coordinator, doc)
 
 
 async def setup(coordinator_broker: int) -> tuple[TxnVerifier, TxnShard, CountingControl, int]:
@@ -124,3 +124,23 @@ async def test_a_late_batch_after_the_end_an_older_epoch_and_another_producer_ar
     assert await verifier.gate(TP, "t", pid + 1, 1, _value) == (
         ErrorCode.invalid_producer_id_mapping
     )
+
+
+async def test_a_tv2_add_joins_the_transaction_in_process_and_over_the_relay() -> None:
+    """Transaction version 2's implicit add (Produce v12, TxnOffsetCommit v5): the same gate
+    asks the coordinator to add the partition, in process or relayed to its broker (the
+    document carries `add`); a stale epoch is fenced by the add."""
+    for coordinator_broker in (0, 1):
+        verifier, shard, control, pid = await setup(coordinator_broker)
+        assert await verifier.gate(TP, "t", pid, 0, _value, add=True) == ErrorCode.none
+        assert await verifier.gate(OTHER, "t", pid, 0, _value, add=True) == ErrorCode.none
+        meta = shard.describe("t")
+        assert meta is not None and meta.state is TxnState.ONGOING
+        assert meta.partitions == {("orders", 0), ("orders", 1)} and meta.txn_version == 2
+        assert await shard.end_txn("t", pid, 0, True, tv2=True) == (pid, 1)
+        for _ in range(200):
+            if shard.txns["t"].state is TxnState.COMPLETE_COMMIT:
+                break
+            await asyncio.sleep(0.01)
+        assert await verifier.gate(TP, "t", pid, 0, _value, add=True) == ErrorCode.producer_fenced
+        assert control.calls == (3 if coordinator_broker == 1 else 0)

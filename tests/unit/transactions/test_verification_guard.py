@@ -16,11 +16,14 @@ from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
+from tidalmq_broker.apis.errors import KafkaError
 from tidalmq_broker.apis.produce import _append
+from tidalmq_broker.apis.transactions import _verify_offsets
 from tidalmq_broker.groups.coordinator import CommittedOffset, GroupSettings, GroupShard
 from tidalmq_broker.protocol.records import TRANSACTIONAL_FLAG, build_batch
 from tidalmq_broker.storage.api import (
     UNVERIFIED,
+    InvalidProducerEpoch,
     InvalidTxnState,
     PartitionConfig,
     PartitionLog,
@@ -28,9 +31,11 @@ from tidalmq_broker.storage.api import (
 from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore import LocalDirObjectStore
 from tidalmq_broker.transactions.coordinator import TxnSettings, TxnShard
+from tidalmq_broker.transactions.state import TV2, TxnState
 from tidalmq_broker.transactions.verification import TxnVerifier, txn_offset_commit_error
 from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
+    TRANSACTION_VERSION,
     TXN_STATE_TOPIC,
     ClusterMetadata,
     PartitionState,
@@ -42,6 +47,7 @@ from tests.unit.transactions.test_apis import MemoryLog, no_markers
 from tests.unit.transactions.test_coordinator import CONFIG
 
 ORDERS = TopicPartition("orders", 0)
+PAYMENTS = TopicPartition("payments", 0)
 OFFSETS = TopicPartition(OFFSETS_TOPIC, 0)
 
 
@@ -59,6 +65,9 @@ class Cluster:
         await self.engine.start()
         self.orders = await self.engine.open_partition(ORDERS, "orders", 1, PartitionConfig())
         self.offsets = await self.engine.open_partition(OFFSETS, "offsets", 1, PartitionConfig())
+        self.offsets_like = await self.engine.open_partition(
+            PAYMENTS, "payments", 1, PartitionConfig()
+        )
         pids = iter(range(9000, 9100))
 
         async def allocate() -> int:
@@ -80,9 +89,11 @@ class Cluster:
         await self.groups.load()
         self.pid, _ = await self.txn.init_producer_id("t", 60_000, None)
 
-    async def ask(self, tp: TopicPartition, tid: str, producer_id: int, epoch: int) -> int:
+    async def ask(
+        self, tp: TopicPartition, tid: str, producer_id: int, epoch: int, *, add: bool = False
+    ) -> int:
         self.questions += 1
-        code = await self._coordinator_answer(tp, tid, producer_id, epoch)
+        code = await self._coordinator_answer(tp, tid, producer_id, epoch, add=add)
         if self.before_answer is not None:
             await self.before_answer()
         return code
@@ -243,3 +254,70 @@ async def test_the_unreachable_coordinator_and_the_others_as_kafka_answers_them(
         ErrorCode.concurrent_transactions: ErrorCode.concurrent_transactions,
         ErrorCode.invalid_producer_id_mapping: ErrorCode.invalid_producer_id_mapping,
     }
+
+
+def tv2_broker(cluster: Cluster, level: int) -> Any:
+    """What Produce's path reads of a broker at `transaction.version` `level`."""
+    meta = ClusterMetadata("c", version=1)
+    meta.features[TRANSACTION_VERSION] = level
+    return SimpleNamespace(
+        metadata=meta, txn_verifier=cluster.verifier, txn_partitions=cluster.verifier
+    )
+
+
+async def test_tv2_produce_adds_the_partition_and_a_late_batch_of_the_old_epoch_is_fenced(
+    cluster: Cluster,
+) -> None:
+    """Transaction version 2 through Produce's own path: v12 at level 2 adds the partition
+    (no AddPartitionsToTxn); EndTxn v5 bumps the epoch and the marker carries it; a batch of
+    the finished transaction's epoch arriving late is refused, by the partition that had the
+    marker and by the coordinator for one that did not."""
+    pid = cluster.pid
+    broker = tv2_broker(cluster, 2)
+    await _append(broker, cluster.orders, batch(pid, 0, 0), -1, "t", 12)
+    assert cluster.orders.in_transaction(pid, 0)
+    assert cluster.txn.txns["t"].partitions == {("orders", 0)}
+    assert cluster.txn.txns["t"].txn_version == TV2
+    assert await cluster.txn.end_txn("t", pid, 0, True, tv2=True) == (pid, 1)
+    await cluster.marker(cluster.orders, commit=True, epoch=1)  # the marker at the new epoch
+    assert cluster.orders.last_stable_offset == cluster.orders.high_watermark
+    hwm = cluster.orders.high_watermark
+    # a zombie's batch of the old epoch: the coordinator fences it (the add at epoch 0) on
+    # the partition that had the marker and on one the marker never reached
+    for plog in (cluster.orders, cluster.offsets_like):
+        with pytest.raises(KafkaError) as refused:
+            await _append(broker, plog, batch(pid, 0, 1), -1, "t", 12)
+        assert refused.value.code == ErrorCode.invalid_producer_epoch
+    # and the partition itself, past the marker at the bumped epoch, by the epoch alone
+    with pytest.raises(InvalidProducerEpoch):
+        await cluster.orders.append(batch(pid, 0, 1))
+    assert cluster.orders.high_watermark == hwm
+    # the next transaction at the new epoch starts at sequence 0 and is added again
+    await _append(broker, cluster.orders, batch(pid, 1, 0), -1, "t", 12)
+    assert cluster.txn.txns["t"].state is TxnState.ONGOING
+
+
+async def test_produce_v12_at_level_1_is_only_verified(cluster: Cluster) -> None:
+    pid = cluster.pid
+    with pytest.raises(KafkaError) as refused:  # never added: not in the transaction
+        await _append(tv2_broker(cluster, 1), cluster.orders, batch(pid, 0, 0), -1, "t", 12)
+    assert refused.value.code == ErrorCode.transaction_abortable
+    assert cluster.txn.txns["t"].state is TxnState.EMPTY
+
+
+async def test_tv2_txn_offset_commit_adds_the_group_partition(cluster: Cluster) -> None:
+    """TxnOffsetCommit v5 at level 2 (no AddOffsetsToTxn): the group's partition joins."""
+    pid = cluster.pid
+    verify = _verify_offsets(tv2_broker(cluster, 2), "t", 5)
+    assert verify is not None
+    results = await cluster.groups.txn_commit(
+        group_id="g", producer_id=pid, producer_epoch=0, generation=-1, member_id="",
+        group_instance_id=None, offsets={("orders", 0): CommittedOffset(7, -1, None)},
+        verify=verify,
+    )  # fmt: skip
+    assert set(results.values()) == {ErrorCode.none}
+    assert cluster.txn.txns["t"].partitions == {(OFFSETS_TOPIC, 0)}
+    # at level 1 the same version is only verified (AddOffsetsToTxn must have added it)
+    level1 = _verify_offsets(tv2_broker(cluster, 1), "t", 5)
+    assert level1 is not None
+    assert await level1(TopicPartition("other", 0), pid, 0) == ErrorCode.transaction_abortable

@@ -13,7 +13,9 @@ Transactional batches (docs/transactions.md) need the request's transactional id
 it (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition otherwise, as Kafka answers); the
 partitions check their producer epochs and track the transactions. A transactional batch of a
 producer with no transaction going on in its partition is first verified with the transaction
-coordinator (KIP-890, transactions/verification.py).
+coordinator (KIP-890, transactions/verification.py); with transaction version 2 (Produce v12 on a
+cluster at `transaction.version` 2) the coordinator adds the partition to the transaction
+instead (docs/transactions-v2.md).
 
 A partition this broker does not lead is answered NOT_LEADER_OR_FOLLOWER, from Produce v10 with
 its current leader and that leader's endpoint (KIP-951, `leader_hints.current_leaders`), so the producer goes
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import AclOperation, ResourceType
-from tidalmq_core.metadata import INTERNAL_TOPICS, TopicInfo
+from tidalmq_core.metadata import INTERNAL_TOPICS, TRANSACTION_VERSION, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.topics import config_number
 
@@ -52,6 +54,7 @@ from tidalmq_broker.storage.api import (
     PartitionLog,
     VerificationGuard,
 )
+from tidalmq_broker.transactions.state import TV2
 from tidalmq_broker.transactions.verification import produce_error
 
 if TYPE_CHECKING:
@@ -67,7 +70,7 @@ log = logging.getLogger(__name__)
 Outcome = ErrorCode | BaseException | Acknowledgement | asyncio.Future[AppendResult]
 
 
-@api(0, "Produce", 3, 11)
+@api(0, "Produce", 3, 12)
 async def handle_produce(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
     acks = body.acks
@@ -208,6 +211,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
 
 
 _NOT_LEADER = ErrorCode.not_leader_or_follower.value
+PRODUCE_IMPLICIT_ADD_FROM = 12  # KIP-890 part 2
 
 
 def _waits(entries: list[tuple[str, int, Outcome, str | None, int]]) -> list[asyncio.Future[Any]]:
@@ -293,7 +297,15 @@ def _append(
     producer's transaction there (a task: then in arrival order among those that waited).
     Logs without a synchronous start (static topics' logic queues) and an idempotent retry's
     wait for the original get a task as well."""
-    verifier = broker.txn_verifier if transactional_id is not None else None
+    verifier = None
+    add = False
+    if transactional_id is not None:
+        # transaction version 2 (KIP-890 part 2): Produce v12 adds the partition to the
+        # transaction itself (no AddPartitionsToTxn); below v12, or at level 1, it is verified
+        add = version >= PRODUCE_IMPLICIT_ADD_FROM and (
+            broker.metadata.feature_level(TRANSACTION_VERSION) >= TV2
+        )
+        verifier = broker.txn_partitions if add else broker.txn_verifier
     header = _transactional_header(data) if verifier is not None else None
     if header is None or verifier is None or transactional_id is None:
         return _start(plog, data, acks)
@@ -316,7 +328,9 @@ def _append(
             raise KafkaError(ErrorCode(answer), message)
         return asyncio.ensure_future(append_verified())
 
-    return asyncio.ensure_future(verifier.gate(plog.tp, transactional_id, pid, epoch, enqueue))
+    return asyncio.ensure_future(
+        verifier.gate(plog.tp, transactional_id, pid, epoch, enqueue, add=add)
+    )
 
 
 def _start(

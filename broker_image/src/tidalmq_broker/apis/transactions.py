@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
-from tidalmq_core.metadata import OFFSETS_TOPIC
+from tidalmq_core.metadata import OFFSETS_TOPIC, TRANSACTION_VERSION
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError, Verify
 from tidalmq_broker.protocol.codec import Request
-from tidalmq_broker.transactions.state import TxnError, TxnMetadata, TxnState
+from tidalmq_broker.transactions.state import TV2, TxnError, TxnMetadata, TxnState
 from tidalmq_broker.transactions.verification import txn_offset_commit_error
 
 if TYPE_CHECKING:
@@ -37,7 +37,10 @@ if TYPE_CHECKING:
     from tidalmq_broker.server.connection import Connection
 
 _TXN = ResourceType.TRANSACTIONAL_ID
-MAX_PATTERN_CHARS = 1024  # ListTransactions v2's regular expression
+MAX_PATTERN_CHARS = 1024
+TXN_OFFSET_COMMIT_IMPLICIT_ADD_FROM = (
+    5  # KIP-890 part 2  # ListTransactions v2's regular expression
+)
 
 
 def _may(broker: Broker, conn: Connection, op: AclOperation, rt: ResourceType, name: str) -> bool:
@@ -188,18 +191,28 @@ async def handle_add_offsets_to_txn(broker: Broker, request: Request, conn: Conn
 # ---------------------------------------------------------------------- EndTxn
 @api(26, "EndTxn", 0, 5)
 async def handle_end_txn(broker: Broker, request: Request, conn: Connection) -> Any:
+    """EndTxn. v5 answers the producer id and epoch of the producer's next transaction: at
+    transaction.version 2 the coordinator bumps the epoch per transaction (KIP-890 part 2,
+    docs/transactions-v2.md); at level 1 they are the request's, unchanged."""
     b = request.body
     out: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none}
-    if request.api_version >= 5:  # the producer keeps its id and epoch (transaction version 1)
+    if request.api_version >= 5:  # as the request's unless answered below
         out.update(producer_id=b.producer_id, producer_epoch=b.producer_epoch)
     if not _may(broker, conn, AclOperation.WRITE, _TXN, b.transactional_id):
         out["error_code"] = ErrorCode.transactional_id_authorization_failed
         return out
+    tv2 = request.api_version >= 5 and broker.metadata.feature_level(TRANSACTION_VERSION) >= TV2
     try:
         shard = broker.transactions.shard(b.transactional_id)
-        await shard.end_txn(b.transactional_id, b.producer_id, b.producer_epoch, b.committed)
+        pid, epoch = await shard.end_txn(
+            b.transactional_id, b.producer_id, b.producer_epoch, b.committed, tv2=tv2
+        )
+        if request.api_version >= 5:
+            out.update(producer_id=pid, producer_epoch=epoch)
     except TxnError as exc:
         out["error_code"] = fenced_code(exc.code, request.api_version, 2)
+        if tv2:  # Kafka answers no producer with an error
+            out.update(producer_id=-1, producer_epoch=-1)
     return out
 
 
@@ -260,13 +273,18 @@ async def handle_txn_offset_commit(broker: Broker, request: Request, conn: Conne
 def _verify_offsets(broker: Broker, transactional_id: str, version: int) -> Verify | None:
     """KIP-890 for TxnOffsetCommit: the group coordinator asks the transaction coordinator
     whether the group's `__consumer_offsets` partition is in the producer's transaction (None
-    when `transaction.partition.verification.enable` is off)."""
-    verifier = broker.txn_verifier
+    when `transaction.partition.verification.enable` is off). With transaction version 2
+    (TxnOffsetCommit v5 at `transaction.version` 2, no AddOffsetsToTxn) it asks it to add the
+    partition instead, whatever the verification setting."""
+    add = version >= TXN_OFFSET_COMMIT_IMPLICIT_ADD_FROM and (
+        broker.metadata.feature_level(TRANSACTION_VERSION) >= TV2
+    )
+    verifier = broker.txn_partitions if add else broker.txn_verifier
     if verifier is None:
         return None
 
     async def verify(tp: TopicPartition, producer_id: int, producer_epoch: int) -> int:
-        code = await verifier.ask(tp, transactional_id, producer_id, producer_epoch)
+        code = await verifier.ask(tp, transactional_id, producer_id, producer_epoch, add=add)
         return txn_offset_commit_error(code, version)
 
     return verify

@@ -4,7 +4,7 @@ Every other response is described as dicts and built into kio's dataclasses (cod
 which costs tens of microseconds per partition and copies record bytes twice (into a BytesIO and
 out of it). Produce and Fetch run thousands of times a second with megabytes of records, so their
 bodies are written here straight from the handlers' tuples, following Kafka's message schemas
-(ProduceResponse.json v3-v11, FetchResponse.json v4-v17): fixed-width big-endian integers,
+(ProduceResponse.json v3-v12, FetchResponse.json v4-v17): fixed-width big-endian integers,
 int16/varint-prefixed strings, and arrays; "flexible" versions (Produce v9+, Fetch v12+) use
 compact (unsigned varint, length + 1) strings and arrays and an empty tagged-field section after
 every struct (KIP-951's current leader and leader endpoints go there: Produce v10+ when a
@@ -101,14 +101,14 @@ def encode_produce_response(
     node_endpoints: Sequence[NodeEndpoint] = (),
     record_errors: Mapping[tuple[str, int], Sequence[RecordError]] | None = None,
 ) -> EncodedBody:
-    """ProduceResponse v3-v11 (the versions served). From v8 (KIP-467), `record_errors` (by
+    """ProduceResponse v3-v12 (the versions served). From v8 (KIP-467), `record_errors` (by
     topic and partition: the records that made a partition's batch refused) go with each
     partition's error message; older versions have neither. From v10 (KIP-951), `current_leaders`
     (by topic and partition: partitions answered NOT_LEADER_OR_FOLLOWER) and `node_endpoints`
     (where those leaders are) go in the tagged fields; as Kafka writes them, only when they
     differ from their defaults (leader -1 and epoch -1, no endpoints). Older versions have no
     place for them: they are left out."""
-    if not 3 <= version <= 11:
+    if not 3 <= version <= 12:
         raise ValueError(f"ProduceResponse v{version} is not supported by the fast path")
     flexible = version >= PRODUCE_FLEXIBLE_FROM
     if version < PRODUCE_LEADER_HINTS_FROM:
@@ -333,12 +333,12 @@ class _Reader:
 def decode_produce_request(
     frame: bytes | memoryview, api_version: int
 ) -> tuple[str | None, ProduceRequestData]:
-    """(client id, body) of a ProduceRequest v3-v11 frame (without its size prefix).
+    """(client id, body) of a ProduceRequest v3-v12 frame (without its size prefix).
 
     Record sets are slices of `frame`, not copies: when the frame is a writable buffer of the
     connection's own, the partition log can patch offsets in place.
     """
-    if not 3 <= api_version <= 11:
+    if not 3 <= api_version <= 12:
         raise MalformedProduce(f"ProduceRequest v{api_version} is not supported by the fast path")
     flexible = api_version >= PRODUCE_FLEXIBLE_FROM
     try:

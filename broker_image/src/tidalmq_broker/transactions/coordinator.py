@@ -200,10 +200,16 @@ class TxnShard:
         producer_id: int,
         producer_epoch: int,
         partitions: set[tuple[str, int]],
+        *,
+        tv2: bool = False,
     ) -> None:
+        """AddPartitionsToTxn / AddOffsetsToTxn, or (`tv2`) the implicit add of a transaction
+        version 2 client's Produce v12 / TxnOffsetCommit v5: answered once durable."""
         async with self._lock(transactional_id):
             meta = self._get(transactional_id)
-            new = txn.add_partitions(meta, producer_id, producer_epoch, partitions, self._clock())
+            new = txn.add_partitions(
+                meta, producer_id, producer_epoch, partitions, self._clock(), tv2=tv2
+            )
             if new is not None:
                 await self._write(new)
 
@@ -218,15 +224,35 @@ class TxnShard:
         return txn.verify_partitions(meta, producer_id, producer_epoch, partitions)
 
     async def end_txn(
-        self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
-    ) -> None:
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        *,
+        tv2: bool = False,
+    ) -> tuple[int, int]:
+        """EndTxn; answers the producer id and epoch of the producer's next transaction (EndTxn
+        v5): bumped for a TV2 transaction (`tv2`: v5 at transaction.version 2), else as is."""
         async with self._lock(transactional_id):
             meta = self._get(transactional_id)
-            new = txn.prepare_end(meta, producer_id, producer_epoch, commit, self._clock())
+            next_pid = -1
+            if txn.needs_new_producer_id(meta, producer_epoch, tv2=tv2):
+                next_pid = await self._allocate()
+            new = txn.prepare_end(
+                meta,
+                producer_id,
+                producer_epoch,
+                commit,
+                self._clock(),
+                tv2=tv2,
+                next_producer_id=next_pid,
+            )
             if new is None:
-                return  # already completed that way: a retry
+                return txn.end_answer(meta)  # already completed that way: a retry
             await self._write(new)  # the point of no return
         self._spawn_completion(transactional_id)
+        return txn.end_answer(new)
 
     def describe(self, transactional_id: str) -> TxnMetadata | None:
         return self.txns.get(transactional_id)

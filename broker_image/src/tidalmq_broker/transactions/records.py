@@ -15,6 +15,9 @@ from tidalmq_broker.groups.records import partition_for_group
 from tidalmq_broker.transactions.state import TxnMetadata, TxnState
 
 FORMAT = 1
+# the value's format when it carries transaction version 2 fields (docs/transactions-v2.md);
+# values without them stay at FORMAT, so a cluster at transaction.version 1 writes what it did
+TV2_FORMAT = 2
 
 
 def partition_for_transactional_id(transactional_id: str, partitions: int) -> int:
@@ -43,11 +46,21 @@ def encode_value(meta: TxnMetadata) -> bytes:
         "start_ms": meta.start_ms,
         "update_ms": meta.update_ms,
     }
+    tv2 = {
+        "txn_version": meta.txn_version,
+        "next_pid": meta.next_producer_id,
+        "prev_pid": meta.previous_producer_id,
+    }
+    if tv2 != {"txn_version": 0, "next_pid": -1, "prev_pid": -1}:
+        doc.update(tv2, v=TV2_FORMAT)
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def decode_value(transactional_id: str, data: bytes) -> TxnMetadata:
     doc = json.loads(data)
+    if int(doc.get("v", FORMAT)) > TV2_FORMAT:
+        # written by newer code: misreading it could lose a transaction's producer id
+        raise ValueError(f"transaction state format {doc['v']} is newer than this broker's")
     return TxnMetadata(
         transactional_id=transactional_id,
         producer_id=int(doc["pid"]),
@@ -58,4 +71,7 @@ def decode_value(transactional_id: str, data: bytes) -> TxnMetadata:
         partitions=frozenset((str(t), int(p)) for t, p in doc["partitions"]),
         start_ms=int(doc["start_ms"]),
         update_ms=int(doc["update_ms"]),
+        txn_version=int(doc.get("txn_version", 0)),
+        next_producer_id=int(doc.get("next_pid", -1)),
+        previous_producer_id=int(doc.get("prev_pid", -1)),
     )

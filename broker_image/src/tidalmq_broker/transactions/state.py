@@ -9,6 +9,11 @@ makes it durable and only then makes it the current state (what replay would reb
     Prepare* -> Complete*                 (every partition has its marker)
     Complete*|Empty -> Ongoing            (the next transaction)
 
+Transaction version 2 (KIP-890 part 2, docs/transactions-v2.md): a transaction started by an
+implicit add (Produce v12, TxnOffsetCommit v5) or ended by EndTxn v5, on a cluster whose
+`transaction.version` is 2, bumps the producer epoch at Ongoing -> Prepare* (a new producer id
+at Complete* when the epoch is exhausted) and tells retries apart by the epoch.
+
 Writing Prepare* is the point of no return: from then on the markers are written, whoever
 coordinates (a new coordinator finds Prepare* when it replays the partition and resumes).
 """
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from kio.schema.errors import ErrorCode
 
 MAX_EPOCH = 32767  # Short.MaxValue: the epoch is exhausted one below it (Kafka's rule)
+TV2 = 2  # the client transaction version that bumps the epoch per transaction
 
 
 class TxnState(enum.Enum):
@@ -62,6 +68,14 @@ class TxnMetadata:
     partitions: frozenset[tuple[str, int]] = field(default_factory=frozenset)
     start_ms: int = -1  # when the ongoing transaction started
     update_ms: int = -1
+    # the client transaction version of the last transition (Kafka's clientTransactionVersion):
+    # TV2 when the transaction was started by an implicit add or ended by EndTxn v5 at
+    # transaction.version 2, 0 otherwise (versions 0 and 1 behave alike here)
+    txn_version: int = 0
+    # TV2 at an exhausted epoch: the producer id the transaction's Complete* moves to (-1: none),
+    # and the one it moved from (a retried EndTxn of the old id is recognised by it)
+    next_producer_id: int = -1
+    previous_producer_id: int = -1
 
     def expired(self, now_ms: int) -> bool:
         return self.state is TxnState.ONGOING and now_ms > self.start_ms + self.timeout_ms
@@ -130,22 +144,33 @@ def add_partitions(
     producer_epoch: int,
     partitions: set[tuple[str, int]],
     now_ms: int,
+    *,
+    tv2: bool = False,
 ) -> TxnMetadata | None:
     """The partitions join the transaction (starting it if none is open). None: nothing to log
-    (every partition is already in it)."""
+    (every partition is already in it). `tv2`: the implicit add of a TV2 client (Produce v12,
+    TxnOffsetCommit v5), which marks the transaction as TV2."""
+    if meta.state.preparing and producer_id == meta.next_producer_id >= 0:
+        # a TV2 client already has the new producer id of an epoch overflow, whose markers
+        # are still going out: retriable, as for the same producer id
+        raise TxnError(ErrorCode.concurrent_transactions)
     check_producer(meta, producer_id, producer_epoch)
     if meta.state.preparing:
         raise TxnError(ErrorCode.concurrent_transactions)
+    version = TV2 if tv2 else meta.txn_version if meta.state is TxnState.ONGOING else 0
     if meta.state is TxnState.ONGOING:
-        if partitions <= meta.partitions:
+        if partitions <= meta.partitions and version == meta.txn_version:
             return None
-        return replace(meta, partitions=meta.partitions | partitions, update_ms=now_ms)
+        return replace(
+            meta, partitions=meta.partitions | partitions, update_ms=now_ms, txn_version=version
+        )
     return replace(
         meta,
         state=TxnState.ONGOING,
         partitions=frozenset(partitions),
         start_ms=now_ms,
         update_ms=now_ms,
+        txn_version=version,
     )
 
 
@@ -168,18 +193,51 @@ def verify_partitions(
     }
 
 
+def needs_new_producer_id(meta: TxnMetadata, producer_epoch: int, *, tv2: bool) -> bool:
+    """A TV2 EndTxn of an ongoing transaction at an exhausted epoch: the caller allocates the
+    producer id Complete* moves to and passes it to `prepare_end`."""
+    return (
+        tv2
+        and meta.state is TxnState.ONGOING
+        and producer_epoch == meta.producer_epoch >= MAX_EPOCH - 1
+    )
+
+
 def prepare_end(
-    meta: TxnMetadata, producer_id: int, producer_epoch: int, commit: bool, now_ms: int
+    meta: TxnMetadata,
+    producer_id: int,
+    producer_epoch: int,
+    commit: bool,
+    now_ms: int,
+    *,
+    tv2: bool = False,
+    next_producer_id: int = -1,
 ) -> TxnMetadata | None:
     """EndTxn: Ongoing -> Prepare*. None: the same end is already complete (a retried EndTxn,
-    answered NONE)."""
-    check_producer(meta, producer_id, producer_epoch)
+    answered NONE). `tv2`: EndTxn v5 at transaction.version 2, which bumps the epoch (to
+    MAX_EPOCH with `next_producer_id` when exhausted, see `needs_new_producer_id`)."""
+    if meta.txn_version >= TV2:
+        _check_tv2_end(meta, producer_id, producer_epoch)
+    else:
+        check_producer(meta, producer_id, producer_epoch)
     state = meta.state
     if state is TxnState.ONGOING:
-        return replace(
+        prepared = replace(
             meta,
             state=TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT,
             update_ms=now_ms,
+        )
+        if not tv2:
+            return replace(prepared, txn_version=0)
+        exhausted = meta.producer_epoch >= MAX_EPOCH - 1
+        if exhausted != (next_producer_id >= 0):
+            raise ValueError("a new producer id is needed exactly when the epoch is exhausted")
+        return replace(
+            prepared,
+            producer_epoch=meta.producer_epoch + 1,
+            last_producer_epoch=meta.producer_epoch,
+            next_producer_id=next_producer_id,
+            txn_version=TV2,
         )
     if state.preparing:
         raise TxnError(ErrorCode.concurrent_transactions)
@@ -193,6 +251,36 @@ def prepare_end(
     )
 
 
+def _check_tv2_end(meta: TxnMetadata, producer_id: int, producer_epoch: int) -> None:
+    """Kafka's EndTxn check for a TV2 transaction: "same state, same epoch" is the next
+    transaction, so a retry is known by its epoch being the one before the bump (or, after an
+    epoch overflow, by the previous producer id at the exhausted epoch)."""
+    retry_on_overflow = (
+        meta.previous_producer_id == producer_id
+        and producer_epoch == MAX_EPOCH - 1
+        and meta.producer_epoch == 0
+    )
+    retry_on_bump = meta.producer_epoch == producer_epoch + 1
+    if meta.state.preparing:
+        valid = retry_on_bump
+    elif meta.state in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
+        valid = retry_on_bump or retry_on_overflow
+    else:
+        valid = producer_epoch == meta.producer_epoch
+    if meta.producer_id != producer_id and not retry_on_overflow:
+        raise TxnError(ErrorCode.invalid_producer_id_mapping)
+    if not valid:
+        raise TxnError(ErrorCode.producer_fenced)
+
+
+def end_answer(meta: TxnMetadata) -> tuple[int, int]:
+    """The producer id and epoch EndTxn v5 answers: those of the producer's next transaction
+    (after an overflow, the new producer id at epoch 0)."""
+    if meta.next_producer_id >= 0:
+        return meta.next_producer_id, 0
+    return meta.producer_id, meta.producer_epoch
+
+
 def fence_and_abort(meta: TxnMetadata, now_ms: int) -> TxnMetadata:
     """The coordinator aborts an ongoing transaction itself (it timed out, or a new incarnation
     of the producer called InitProducerId): bump the epoch, so the old producer is fenced,
@@ -200,7 +288,8 @@ def fence_and_abort(meta: TxnMetadata, now_ms: int) -> TxnMetadata:
     fences the old one afterwards)."""
     assert meta.state is TxnState.ONGOING
     bumped = bump_epoch(meta) or meta
-    return replace(bumped, state=TxnState.PREPARE_ABORT, update_ms=now_ms)
+    # aborted as a TV1 transaction: the one bump above fences the producer either way
+    return replace(bumped, state=TxnState.PREPARE_ABORT, update_ms=now_ms, txn_version=0)
 
 
 def complete(meta: TxnMetadata, now_ms: int) -> TxnMetadata:
@@ -211,7 +300,17 @@ def complete(meta: TxnMetadata, now_ms: int) -> TxnMetadata:
         if meta.state is TxnState.PREPARE_COMMIT
         else TxnState.COMPLETE_ABORT
     )
-    return replace(meta, state=state, partitions=frozenset(), start_ms=-1, update_ms=now_ms)
+    done = replace(meta, state=state, partitions=frozenset(), start_ms=-1, update_ms=now_ms)
+    if meta.next_producer_id >= 0:  # a TV2 epoch overflow: the new producer id from now on
+        return replace(
+            done,
+            producer_id=meta.next_producer_id,
+            producer_epoch=0,
+            last_producer_epoch=meta.producer_epoch,
+            previous_producer_id=meta.producer_id,
+            next_producer_id=-1,
+        )
+    return done
 
 
 def expired(metas: list[TxnMetadata], now_ms: int) -> list[TxnMetadata]:

@@ -28,6 +28,7 @@ from tidalmq_controller import ControllerClient
 from tidalmq_core.metadata import NO_LEADER, TXN_STATE_TOPIC, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 
+from tidalmq_broker.metrics import TXN_PARTITION_CHECKS
 from tidalmq_broker.transactions.coordinator import TransactionCoordinator
 from tidalmq_broker.transactions.state import TxnError
 
@@ -112,19 +113,48 @@ def verify_here(
     return {tp: int(code) for tp, code in answer.items()}
 
 
+async def add_here(
+    coordinator: TransactionCoordinator,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    partitions: set[tuple[str, int]],
+) -> dict[tuple[str, int], int]:
+    """Transaction version 2's implicit add (AddPartitionsToTxn v5 with verify_only false,
+    broker to broker): the partitions join the producer's transaction, which they start if
+    none is open, answered once the coordinator's record is durable."""
+    try:
+        shard = coordinator.shard(transactional_id)
+        await shard.add_partitions(
+            transactional_id, producer_id, producer_epoch, partitions, tv2=True
+        )
+    except TxnError as exc:
+        return dict.fromkeys(partitions, int(exc.code))
+    return dict.fromkeys(partitions, int(ErrorCode.none))
+
+
 def request_doc(
-    transactional_id: str, producer_id: int, producer_epoch: int, tps: list[TopicPartition]
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    tps: list[TopicPartition],
+    *,
+    add: bool = False,
 ) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "transactional_id": transactional_id,
         "producer_id": producer_id,
         "producer_epoch": producer_epoch,
         "partitions": [{"topic": tp.topic, "partition": tp.partition} for tp in tps],
     }
+    if add:  # absent for a verification: the document as before transaction version 2
+        doc["add"] = True
+    return doc
 
 
-def answer_control_call(coordinator: TransactionCoordinator, doc: Any) -> dict[str, Any]:
-    """The coordinator's side of a relayed verification (ValueError when malformed)."""
+async def answer_control_call(coordinator: TransactionCoordinator, doc: Any) -> dict[str, Any]:
+    """The coordinator's side of a relayed verification, or (`add`) of a TV2 implicit add
+    (ValueError when malformed)."""
     parts = doc.get("partitions") if isinstance(doc, dict) else None
     if (
         not isinstance(parts, list)
@@ -137,7 +167,10 @@ def answer_control_call(coordinator: TransactionCoordinator, doc: Any) -> dict[s
         pid, epoch = int(doc["producer_id"]), int(doc["producer_epoch"])
     except (TypeError, KeyError) as exc:
         raise ValueError(f"verify: malformed request: {exc}") from exc
-    codes = verify_here(coordinator, doc["transactional_id"], pid, epoch, wanted)
+    if doc.get("add") is True:
+        codes = await add_here(coordinator, doc["transactional_id"], pid, epoch, wanted)
+    else:
+        codes = verify_here(coordinator, doc["transactional_id"], pid, epoch, wanted)
     return {
         "results": [{"topic": t, "partition": p, "error_code": c} for (t, p), c in codes.items()]
     }
@@ -182,11 +215,15 @@ class TxnVerifier:
         producer_id: int,
         producer_epoch: int,
         enqueue: Callable[[int], Awaitable[Any]],
+        *,
+        add: bool = False,
     ) -> Any:
         """Verify (or join the verification in flight for the same partition, producer and
         epoch), then call `enqueue(code)` in arrival order among the batches that waited:
         code NONE means verified, anything else is the coordinator's refusal. `enqueue` must
-        enqueue its append before it returns (what it returns is awaited after)."""
+        enqueue its append before it returns (what it returns is awaited after). `add`: ask
+        the coordinator to add the partition (transaction version 2) rather than only check;
+        batches joining a question in flight share its kind."""
         key = (tp, producer_id)
         queue = self._queues.get(key)
         if queue is None:
@@ -194,7 +231,7 @@ class TxnVerifier:
         answer = queue.answers.get(producer_epoch)
         if answer is None:
             answer = queue.answers[producer_epoch] = asyncio.ensure_future(
-                self.ask(tp, transactional_id, producer_id, producer_epoch)
+                self.ask(tp, transactional_id, producer_id, producer_epoch, add=add)
             )
         previous = queue.tail
         mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -214,11 +251,19 @@ class TxnVerifier:
         return await appended
 
     async def ask(
-        self, tp: TopicPartition, transactional_id: str, producer_id: int, producer_epoch: int
+        self,
+        tp: TopicPartition,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        *,
+        add: bool = False,
     ) -> int:
         """The coordinator's verify-only answer for one partition (NONE: it is in the
-        producer's ongoing transaction at that epoch); NETWORK_EXCEPTION when unreachable."""
+        producer's ongoing transaction at that epoch), or with `add` its answer to adding it
+        (NONE: added, durably); NETWORK_EXCEPTION when unreachable."""
         host = self._host
+        TXN_PARTITION_CHECKS.labels(str(host.broker_id), "add" if add else "verify").inc()
         wanted = {(tp.topic, tp.partition)}
         try:
             state_partition = host.transactions.partition_for(transactional_id)
@@ -231,11 +276,16 @@ class TxnVerifier:
         if leader == NO_LEADER:
             return ErrorCode.coordinator_not_available
         if leader == host.broker_id:
-            codes = verify_here(
-                host.transactions, transactional_id, producer_id, producer_epoch, wanted
-            )
+            if add:
+                codes = await add_here(
+                    host.transactions, transactional_id, producer_id, producer_epoch, wanted
+                )
+            else:
+                codes = verify_here(
+                    host.transactions, transactional_id, producer_id, producer_epoch, wanted
+                )
             return codes[(tp.topic, tp.partition)]
-        doc = request_doc(transactional_id, producer_id, producer_epoch, [tp])
+        doc = request_doc(transactional_id, producer_id, producer_epoch, [tp], add=add)
         try:
             answer = await host.controller.forward_txn_verification(leader, doc)
             for r in answer["results"]:
