@@ -12,6 +12,7 @@ from tidalmq_broker.storage.api import (
     PartitionConfig,
     PartitionFenced,
 )
+from tidalmq_broker.storage.health import probe_key
 from tidalmq_core.model import TopicPartition
 
 from tests.integration.storage.conftest import Cluster
@@ -550,6 +551,16 @@ async def test_metrics_are_exported_per_broker(cluster: Cluster) -> None:
     assert value("tidalmq_storage_wal_flush_seconds_count") >= 1
 
 
+async def stored_versions(cluster: Cluster) -> dict[str, tuple[str, float]]:
+    """Every object in the store, by key, with what names the version written: its etag and
+    when it was written (an S3 etag is the content's hash, the same for the same bytes again)."""
+    store = cluster.inspector()
+    try:
+        return {o.key: (o.etag, o.last_modified) for o in await store.list("")}
+    finally:
+        await store.close()
+
+
 async def test_background_upkeep_leaves_an_idle_broker_with_a_constant_object_count(
     cluster: Cluster,
 ) -> None:
@@ -561,29 +572,47 @@ async def test_background_upkeep_leaves_an_idle_broker_with_a_constant_object_co
         garbage_sweep_interval_s=0.2,
         retention_check_interval_s=0.2,
         garbage_grace_s=1.0,  # the sweep may race a compaction commit; the grace covers it
+        # an idle broker overwrites its one health object (probe_key) when it has PUT nothing for
+        # this long; soon, so that it is there before the samples whatever the machine's load
+        store_probe_interval_ms=500,
     )
-    logs = [
-        await engine.open_partition(TopicPartition("idle", i), TOPIC_ID, 1, CFG) for i in range(3)
-    ]
+    tps = [TopicPartition("idle", i) for i in range(3)]
+    logs = [await engine.open_partition(tp, TOPIC_ID, 1, CFG) for tp in tps]
     for _ in range(10):
         await asyncio.gather(*(log.append(batch(1)) for log in logs))
     assert await count_objects(cluster, "wal/") >= 1
-    for _ in range(100):  # polling the store: there is no event to wait for in another broker
-        if not await count_objects(cluster, "wal/"):
+    checkpoints = {engine.checkpoint_key(tp, TOPIC_ID) for tp in tps}
+    probe = probe_key("1")
+
+    def settled(versions: dict[str, tuple[str, float]]) -> bool:
+        """One checkpoint and one segment per partition, the probe's object, nothing else (no
+        WAL, no segment a compaction has yet to delete), and no checkpoint left to commit."""
+        segments = [k for k in versions if "/segments/" in k]
+        return (
+            set(versions) == checkpoints | {probe} | set(segments)
+            and sorted(k.rsplit("/segments/", 1)[0] for k in segments)
+            == sorted(k.rsplit("/", 1)[0] for k in checkpoints)
+            and not any(engine.get(tp).dirty for tp in tps)  # type: ignore[union-attr]
+        )
+
+    versions = await stored_versions(cluster)
+    for _ in range(150):  # polling the store: there is no event to wait for in another broker
+        if settled(versions):
             break
         await asyncio.sleep(0.2)
-    assert await count_objects(cluster, "wal/") == 0, "idle WAL objects were never collected"
-    # the last compaction of a partition may still be under way (a new segment, then the old one
-    # swept): on a loaded machine it ran after the WAL was gone and showed as a 7th object
-    for _ in range(100):
-        if await count_objects(cluster, "") == 6:
-            break
-        await asyncio.sleep(0.2)
-    counts = []
+        versions = await stored_versions(cluster)
+    assert settled(versions), f"the idle broker never settled: {sorted(versions)}"
+    # idle: no object appears or goes, and no checkpoint or segment is written again (only the
+    # probe's one object is overwritten)
+    data = {k: v for k, v in versions.items() if k != probe}
+    samples = []
     for _ in range(5):
         await asyncio.sleep(0.3)
-        counts.append(await count_objects(cluster, ""))
-    assert counts == [6] * 5  # 3 checkpoints + 3 segments, and nothing more while idle
+        samples.append(await stored_versions(cluster))
+    names = [sorted(s) for s in samples]
+    assert names == [sorted(versions)] * 5, f"objects came or went while idle: {names}"
+    rewritten = [sorted(k for k in data if s.get(k) != data[k]) for s in samples]
+    assert rewritten == [[]] * 5, f"objects written again while idle: {rewritten}"
     for log in logs:
         assert [b for b, _, _ in await read_all(log)] == list(range(10))
 
