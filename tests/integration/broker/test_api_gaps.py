@@ -7,7 +7,6 @@ through kafka-configs and the wire."""
 
 from __future__ import annotations
 
-import datetime
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from tidalmq_broker.admin_client import AdminClient as ProtocolAdmin
 from bench.kafka.harness import KafkaDist, run_tool
 from tests.integration.broker.clients import create_topic, producer
 from tests.support.broker_process import BrokerProcess
+from tests.support.fetch_requests import fetch_body
 
 pytestmark = pytest.mark.integration
 
@@ -269,34 +269,6 @@ def test_kafka_get_offsets_tiered_lookups(
 
 
 # ---------------------------------------------------------------- Fetch v13-v17 (topic ids)
-def fetch_body(version: int, topic: str | uuid.UUID, **replica: object) -> dict[str, object]:
-    """A consumer's Fetch of partition 0 from offset 0: by topic name up to v12, by id from
-    v13; `replica` sets a follower's id (ReplicaId up to v14, ReplicaState from v15)."""
-    wanted = {"topic_id": topic} if version >= 13 else {"topic": topic}
-    partition = {
-        "partition": 0,
-        "current_leader_epoch": -1,
-        "fetch_offset": 0,
-        "last_fetched_epoch": -1,
-        "log_start_offset": -1,
-        "partition_max_bytes": 1 << 20,
-    }
-    body: dict[str, object] = {
-        "max_wait": datetime.timedelta(milliseconds=100),
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "isolation_level": 0,
-        "session_id": 0,
-        "session_epoch": -1,
-        "topics": [{**wanted, "partitions": [partition]}],
-        "forgotten_topics_data": [],
-        "rack_id": "",
-    }
-    if version >= 15:
-        body["replica_state"] = {"replica_id": replica.get("replica_id", -1), "replica_epoch": -1}
-    else:
-        body["replica_id"] = replica.get("replica_id", -1)
-    return body
 
 
 def test_fetch_by_topic_id_on_the_wire(broker: BrokerProcess) -> None:

@@ -7,7 +7,6 @@ has no place for them and gets the bare error."""
 
 from __future__ import annotations
 
-import datetime
 import socket
 import struct
 import time
@@ -22,6 +21,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_broker.protocol.codec import decode_response, encode_request
 from tidalmq_broker.protocol.records import build_batch
 
+from tests.support.fetch_requests import fetch_body
 from tests.support.local_cluster import LocalClusterProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120, func_only=True)]
@@ -78,26 +78,7 @@ def produce(address: tuple[str, int], version: int) -> Any:
 def fetch(address: tuple[str, int], version: int, topic_id: uuid.UUID, leader_epoch: int) -> Any:
     """A consumer's Fetch (v13+: the topic by id) of partition 0 from offset 0, as a client that
     knows `leader_epoch` (-1: none) sends it."""
-    partition = {
-        "partition": 0,
-        "current_leader_epoch": leader_epoch,
-        "fetch_offset": 0,
-        "last_fetched_epoch": -1,
-        "log_start_offset": -1,
-        "partition_max_bytes": 1 << 20,
-    }
-    body = {
-        "max_wait": datetime.timedelta(milliseconds=100),
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "isolation_level": 0,
-        "session_id": 0,
-        "session_epoch": -1,
-        "topics": [{"topic_id": topic_id, "partitions": [partition]}],
-        "forgotten_topics_data": [],
-        "rack_id": "",
-    }
-    return call(address, FETCH, version, body)
+    return call(address, FETCH, version, fetch_body(version, topic_id, leader_epoch=leader_epoch))
 
 
 def hints(answer: Any) -> tuple[int, tuple[int, int], list[tuple[int, str, int, str | None]]]:
