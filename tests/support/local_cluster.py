@@ -143,6 +143,13 @@ class LocalClusterProcess(StartedInWith):
         with urllib.request.urlopen(req, timeout=timeout_s, context=self.control_context) as resp:
             return json.loads(resp.read())
 
+    def call(self, path: str, body: dict[str, Any], timeout_s: float = 180) -> Any:
+        """A controller route's result (e.g. the static-topic routes,
+        docs/architecture/static-topics.md); a fault it answers fails the caller."""
+        doc = self._post(path, body, timeout_s)
+        assert "fault" not in doc, doc["fault"]
+        return doc["result"]
+
     def status(self) -> dict[str, Any]:
         return self._get("/v1/local/status")
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -51,20 +50,8 @@ def cluster(s3_server: Any, tmp_path: Path) -> Iterator[LocalClusterProcess]:
         yield c
 
 
-def call(cluster: LocalClusterProcess, path: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(
-        cluster.controller_url + path, data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json",
-                 "Authorization": f"Bearer {cluster.control_token}"}, method="POST",
-    )  # fmt: skip
-    with urllib.request.urlopen(req, timeout=180, context=cluster.control_context) as resp:
-        doc = json.loads(resp.read())
-    assert "fault" not in doc, doc["fault"]
-    return doc["result"]
-
-
 def describe(cluster: LocalClusterProcess, name: str) -> dict[str, Any]:
-    return call(cluster, "/v1/static-topics/describe", {"name": name})
+    return cluster.call("/v1/static-topics/describe", {"name": name})
 
 
 def wait_until(predicate: Any, timeout_s: float = 90.0, what: str = "") -> None:
@@ -193,7 +180,7 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
 ) -> None:
     name = f"orders-{uuid.uuid4().hex[:6]}"
     group = f"g-{uuid.uuid4().hex[:6]}"
-    created = call(cluster, "/v1/static-topics/create", {"name": name, "total_queues": QUEUES})
+    created = cluster.call("/v1/static-topics/create", {"name": name, "total_queues": QUEUES})
     assert created["totalQueues"] == QUEUES and created["consistent"]
     # the controller pushes the new metadata to the brokers asynchronously: wait for it
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
@@ -228,7 +215,7 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
          "mode": "strict" if q["queue"] % 2 else "available"}
         for q in queues
     ]  # fmt: skip
-    records = call(cluster, "/v1/static-topics/remap", {"name": name, "moves": moves})
+    records = cluster.call("/v1/static-topics/remap", {"name": name, "moves": moves})
     assert len(records) == QUEUES and all(r["opened_ms"] is not None for r in records)
     assert all(r["jump"] == 0 for r in records if r["mode"] == "strict")
     assert all(q["gen"] == 1 for q in describe(cluster, name)["queues"])

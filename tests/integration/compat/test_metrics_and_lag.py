@@ -3,12 +3,10 @@ group coordinators export against what Kafka's `kafka-consumer-groups --describe
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -159,19 +157,6 @@ def test_consumer_lag_matches_kafka_consumer_groups(tidalmq_cluster: LocalCluste
     assert caught_up["tidalmq_consumer_group_lag_seconds"] == {(topic,): 0}
 
 
-def control(cluster: LocalClusterProcess, path: str, body: dict[str, Any]) -> Any:
-    """A request to the controller's static-topic routes (docs/architecture/static-topics.md)."""
-    req = urllib.request.Request(
-        cluster.controller_url + path, data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json",
-                 "Authorization": f"Bearer {cluster.control_token}"}, method="POST",
-    )  # fmt: skip
-    with urllib.request.urlopen(req, timeout=120, context=cluster.control_context) as resp:
-        doc = json.loads(resp.read())
-    assert "fault" not in doc, doc["fault"]
-    return doc["result"]
-
-
 def lag_settles_at(
     cluster: LocalClusterProcess, group: str, topic: str, want: dict[int, int]
 ) -> dict[str, dict[tuple[str, ...], float]]:
@@ -217,7 +202,9 @@ def test_consumer_lag_of_a_static_topic_follows_its_logic_queues_through_remaps(
     after logic queues are remapped to other brokers (strict and available switches)."""
     b = tidalmq_cluster.bootstrap
     topic, group = name("static-lagged"), name("static-lag-group")
-    control(tidalmq_cluster, "/v1/static-topics/create", {"name": topic, "total_queues": 3})
+    tidalmq_cluster.call(
+        "/v1/static-topics/create", {"name": topic, "total_queues": 3}, timeout_s=120
+    )
     admin = AdminClient({"bootstrap.servers": b})
     deadline = time.monotonic() + 30  # the brokers learn of the topic asynchronously
     while True:
@@ -237,15 +224,19 @@ def test_consumer_lag_of_a_static_topic_follows_its_logic_queues_through_remaps(
 
     # remap queue 0 strictly (it continues at logic offset 12) and queue 2 in the available
     # order (its new physical queue starts past a jump): each to the next broker
-    queues = control(tidalmq_cluster, "/v1/static-topics/describe", {"name": topic})["queues"]
+    queues = tidalmq_cluster.call("/v1/static-topics/describe", {"name": topic}, timeout_s=120)[
+        "queues"
+    ]
     brokers = sorted(int(r["broker"]) for r in tidalmq_cluster.status()["brokers"])
     moves = [
         {"queue": q["queue"], "broker": brokers[(brokers.index(q["broker"]) + 1) % 3],
          "mode": "strict" if q["queue"] == 0 else "available"}
         for q in queues if q["queue"] in (0, 2)
     ]  # fmt: skip
-    control(tidalmq_cluster, "/v1/static-topics/remap", {"name": topic, "moves": moves})
-    after = control(tidalmq_cluster, "/v1/static-topics/describe", {"name": topic})["queues"]
+    tidalmq_cluster.call("/v1/static-topics/remap", {"name": topic, "moves": moves}, timeout_s=120)
+    after = tidalmq_cluster.call("/v1/static-topics/describe", {"name": topic}, timeout_s=120)[
+        "queues"
+    ]
     assert {q["queue"]: q["gen"] for q in after} == {0: 1, 1: 0, 2: 1}, after
     produce(b, topic, {0: 4, 2: 2})  # onto the new physical queues
 
