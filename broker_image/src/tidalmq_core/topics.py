@@ -405,7 +405,10 @@ NO_STATIC_COMPACT = (
 def _java_trim(value: str) -> str:
     """Java's String.trim (what Kafka's ConfigDef applies before parsing): characters up to
     U+0020 off both ends."""
-    return value.strip("".join(chr(c) for c in range(33)))
+    return value.strip(_JAVA_BLANKS)
+
+
+_JAVA_BLANKS = "".join(chr(c) for c in range(33))  # what String.trim takes off: U+0000..U+0020
 
 
 _INTEGER = re.compile(r"[+-]?\d+")  # Java's Integer/Long.parseLong: Unicode digits too
