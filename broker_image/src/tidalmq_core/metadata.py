@@ -16,6 +16,12 @@ from tidalmq_core.acls import AclBinding, acls_from, acls_json
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import StaticTopicState
+from tidalmq_core.topics import (
+    CLUSTER_DEFAULT,
+    TOPIC_CONFIG_DEFAULTS,
+    ProduceRules,
+    cleanup_policy,
+)
 
 NO_LEADER = -1
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -24,49 +30,6 @@ OFFSETS_TOPIC = "__consumer_offsets"
 TXN_STATE_TOPIC = "__transaction_state"
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_STATE_TOPIC})
 
-# Topic configs TidalMQ knows, with Kafka's defaults (as strings, as Kafka reports them).
-TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
-    "cleanup.policy": "delete",
-    "retention.ms": str(7 * 24 * 3600 * 1000),
-    "retention.bytes": "-1",
-    "max.message.bytes": str(1024 * 1024 + 12),
-    "segment.bytes": str(64 * 1024 * 1024),
-    "message.timestamp.type": "CreateTime",
-    "compression.type": "producer",
-    "min.insync.replicas": "1",
-    # the log cleaner's (docs/compaction.md): Kafka 4.3's defaults
-    "delete.retention.ms": str(24 * 3600 * 1000),
-    "min.cleanable.dirty.ratio": "0.5",
-    "min.compaction.lag.ms": "0",
-    "max.compaction.lag.ms": str(2**63 - 1),
-    "segment.ms": str(7 * 24 * 3600 * 1000),
-    # Set and cleared by kafka-reassign-partitions --throttle. TidalMQ copies no data when a
-    # partition moves, so they are recorded (and reported) but limit nothing.
-    "leader.replication.throttled.replicas": "",
-    "follower.replication.throttled.replicas": "",
-    # KIP-937's bounds on a CreateTime record's timestamp (Kafka 4's defaults: any age, at most
-    # an hour ahead)
-    "message.timestamp.before.max.ms": str(2**63 - 1),
-    "message.timestamp.after.max.ms": str(3600 * 1000),
-    # taken off segment.ms per segment (docs/topic-configs.md)
-    "segment.jitter.ms": "0",
-    # Kafka's, described and taken but with no effect here (docs/topic-configs.md)
-    "segment.index.bytes": str(10 * 1024 * 1024),
-    "flush.messages": str(2**63 - 1),
-    "flush.ms": str(2**63 - 1),
-    "index.interval.bytes": "4096",
-    "file.delete.delay.ms": "60000",
-    "unclean.leader.election.enable": "false",
-    "compression.gzip.level": "-1",
-    "compression.lz4.level": "9",
-    "compression.zstd.level": "3",
-    "preallocate": "false",
-    "remote.storage.enable": "false",
-    "local.retention.ms": "-2",
-    "local.retention.bytes": "-2",
-    "remote.log.copy.disable": "false",
-    "remote.log.delete.on.disable": "false",
-}
 READ_ONLY_TOPIC_CONFIGS = frozenset({"min.insync.replicas"})
 
 # Configs fixed for the internal topics, whatever their metadata says (older clusters created them
@@ -84,17 +47,6 @@ FIXED_TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     OFFSETS_TOPIC: dict(_INTERNAL_CONFIGS),
     TXN_STATE_TOPIC: dict(_INTERNAL_CONFIGS),
 }
-
-# Broker configs that can be changed at runtime (Kafka's dynamic broker configs TidalMQ accepts),
-# with Kafka's defaults. Keyed in ClusterMetadata.broker_configs by broker id, "" for the
-# cluster-wide default. The replication throttles are what kafka-reassign-partitions --throttle
-# sets; a TidalMQ move copies no data, so they are recorded and reported but limit nothing.
-DYNAMIC_BROKER_CONFIG_DEFAULTS: dict[str, str] = {
-    "leader.replication.throttled.rate": str(2**63 - 1),
-    "follower.replication.throttled.rate": str(2**63 - 1),
-    "replica.alter.log.dirs.io.max.bytes.per.second": str(2**63 - 1),
-}
-CLUSTER_DEFAULT = ""  # the broker-config scope of `kafka-configs --entity-default`
 
 
 def new_cluster_id() -> str:
@@ -262,12 +214,8 @@ class TopicInfo:
     # each led by the broker of its leader physical queue; no storage of its own); "physical":
     # the hidden topic holding a static topic's physical queues (never moved by the controller)
     kind: str = "normal"
-    # What a broker's produce path derives from the effective configs (tidalmq_broker.apis
-    # .produce.produce_rules), with the overrides it was derived from: derived once per config
-    # change, not per request. A change replaces `configs` (a "configs" record) or the whole
-    # TopicInfo (a snapshot, a re-created topic); the overrides are compared by value, so even
-    # a change made in place is seen by the next produce.
-    produce_rules: tuple[dict[str, str], object] | None = field(
+    # produce_rules() with the overrides they were derived from (None until first asked)
+    _produce_rules: tuple[dict[str, str], ProduceRules] | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
@@ -296,8 +244,22 @@ class TopicInfo:
 
     def cleanup_policy(self) -> frozenset[str]:
         """`cleanup.policy` as a set of its items: {"delete"}, {"compact"} or both."""
-        items = self.effective_configs()["cleanup.policy"].split(",")
-        return frozenset(item.strip() for item in items if item.strip())
+        return cleanup_policy(self.effective_configs()["cleanup.policy"])
+
+    def produce_rules(self) -> ProduceRules:
+        """What Produce checks this topic's records against, derived once per config change,
+        not per request: merging the defaults with the overrides and parsing the bounds cost
+        microseconds, which every produce request paid for each topic it named; comparing the
+        overrides with those the rules came from (usually none, or a few) costs far less. A
+        change replaces `configs` (a "configs" record) or the whole TopicInfo (a snapshot, a
+        re-created topic); the comparison is by value, so even a change made in place is seen
+        by the next produce."""
+        derived = self._produce_rules
+        if derived is not None and derived[0] == self.configs:
+            return derived[1]
+        rules = ProduceRules.of(self.effective_configs())
+        self._produce_rules = (dict(self.configs), rules)
+        return rules
 
     def to_json(self) -> dict[str, Any]:
         return {

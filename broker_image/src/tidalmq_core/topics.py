@@ -1,4 +1,6 @@
-"""Validation of topic names, partition counts and configs (Kafka's rules)."""
+"""Topic names, partition counts and configs: their definitions and defaults, their validation
+(Kafka's rules), and what a topic's effective configs mean for the records written to it
+(ProduceRules)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-
-from tidalmq_core.metadata import (
-    CLUSTER_DEFAULT,
-    DYNAMIC_BROKER_CONFIG_DEFAULTS,
-    TOPIC_CONFIG_DEFAULTS,
-)
+from typing import NamedTuple
 
 MAX_TOPIC_NAME_LENGTH = 249
 MAX_PARTITIONS = 10_000
@@ -55,6 +52,62 @@ def validate_partition_count(count: int) -> None:
         raise InvalidPartitions(f"number of partitions must be at least 1, got {count}")
     if count > MAX_PARTITIONS:
         raise InvalidPartitions(f"number of partitions {count} exceeds the limit {MAX_PARTITIONS}")
+
+
+# Topic configs TidalMQ knows, with Kafka's defaults (as strings, as Kafka reports them).
+TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
+    "cleanup.policy": "delete",
+    "retention.ms": str(7 * 24 * 3600 * 1000),
+    "retention.bytes": "-1",
+    "max.message.bytes": str(1024 * 1024 + 12),
+    "segment.bytes": str(64 * 1024 * 1024),
+    "message.timestamp.type": "CreateTime",
+    "compression.type": "producer",
+    "min.insync.replicas": "1",
+    # the log cleaner's (docs/compaction.md): Kafka 4.3's defaults
+    "delete.retention.ms": str(24 * 3600 * 1000),
+    "min.cleanable.dirty.ratio": "0.5",
+    "min.compaction.lag.ms": "0",
+    "max.compaction.lag.ms": str(2**63 - 1),
+    "segment.ms": str(7 * 24 * 3600 * 1000),
+    # Set and cleared by kafka-reassign-partitions --throttle. TidalMQ copies no data when a
+    # partition moves, so they are recorded (and reported) but limit nothing.
+    "leader.replication.throttled.replicas": "",
+    "follower.replication.throttled.replicas": "",
+    # KIP-937's bounds on a CreateTime record's timestamp (Kafka 4's defaults: any age, at most
+    # an hour ahead)
+    "message.timestamp.before.max.ms": str(2**63 - 1),
+    "message.timestamp.after.max.ms": str(3600 * 1000),
+    # taken off segment.ms per segment (docs/topic-configs.md)
+    "segment.jitter.ms": "0",
+    # Kafka's, described and taken but with no effect here (docs/topic-configs.md)
+    "segment.index.bytes": str(10 * 1024 * 1024),
+    "flush.messages": str(2**63 - 1),
+    "flush.ms": str(2**63 - 1),
+    "index.interval.bytes": "4096",
+    "file.delete.delay.ms": "60000",
+    "unclean.leader.election.enable": "false",
+    "compression.gzip.level": "-1",
+    "compression.lz4.level": "9",
+    "compression.zstd.level": "3",
+    "preallocate": "false",
+    "remote.storage.enable": "false",
+    "local.retention.ms": "-2",
+    "local.retention.bytes": "-2",
+    "remote.log.copy.disable": "false",
+    "remote.log.delete.on.disable": "false",
+}
+
+# Broker configs that can be changed at runtime (Kafka's dynamic broker configs TidalMQ accepts),
+# with Kafka's defaults. Keyed in ClusterMetadata.broker_configs by broker id, "" for the
+# cluster-wide default. The replication throttles are what kafka-reassign-partitions --throttle
+# sets; a TidalMQ move copies no data, so they are recorded and reported but limit nothing.
+DYNAMIC_BROKER_CONFIG_DEFAULTS: dict[str, str] = {
+    "leader.replication.throttled.rate": str(2**63 - 1),
+    "follower.replication.throttled.rate": str(2**63 - 1),
+    "replica.alter.log.dirs.io.max.bytes.per.second": str(2**63 - 1),
+}
+CLUSTER_DEFAULT = ""  # the broker-config scope of `kafka-configs --entity-default`
 
 
 # --------------------------------------------------------------------------- topic configs
@@ -352,7 +405,10 @@ NO_STATIC_COMPACT = (
 def _java_trim(value: str) -> str:
     """Java's String.trim (what Kafka's ConfigDef applies before parsing): characters up to
     U+0020 off both ends."""
-    return value.strip("".join(chr(c) for c in range(33)))
+    return value.strip(_JAVA_BLANKS)
+
+
+_JAVA_BLANKS = "".join(chr(c) for c in range(33))  # what String.trim takes off: U+0000..U+0020
 
 
 _INTEGER = re.compile(r"[+-]?\d+")  # Java's Integer/Long.parseLong: Unicode digits too
@@ -548,6 +604,34 @@ def cleanup_policy(value: str) -> frozenset[str]:
     (infinite retention, no cleaning)."""
     _check_kafka(TOPIC_CONFIGS["cleanup.policy"], value)
     return frozenset(_list_items(value))
+
+
+class ProduceRules(NamedTuple):
+    """What Produce checks a topic's records against, derived from its effective configs only
+    (TopicInfo.produce_rules keeps them until the topic's overrides change)."""
+
+    compacted: bool  # cleanup.policy has compact: keyless records are refused
+    timestamp_bounds: tuple[int, int] | None  # timestamp_bounds(configs)
+
+    @classmethod
+    def of(cls, configs: Mapping[str, str]) -> ProduceRules:
+        """The rules of a topic with these effective configs."""
+        return cls(
+            "compact" in cleanup_policy(configs["cleanup.policy"]), timestamp_bounds(configs)
+        )
+
+
+def timestamp_bounds(configs: Mapping[str, str]) -> tuple[int, int] | None:
+    """A topic's message.timestamp.before.max.ms and after.max.ms (KIP-937), or None when its
+    records take the broker's time (LogAppendTime), which Kafka does not check."""
+    if configs["message.timestamp.type"].strip() != "CreateTime":
+        return None
+    before = int(config_number(_BEFORE, configs[_BEFORE]))
+    after = int(config_number(_AFTER, configs[_AFTER]))
+    return before, after
+
+
+_BEFORE, _AFTER = "message.timestamp.before.max.ms", "message.timestamp.after.max.ms"
 
 
 def _check_compaction_lags(configs: dict[str, str]) -> None:

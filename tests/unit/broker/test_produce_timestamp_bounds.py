@@ -1,5 +1,6 @@
 """KIP-937's bounds on a CreateTime record's timestamp, as Kafka 4.3's LogValidator checks them
-(tidalmq_broker/apis/produce.py); tests/integration/broker/test_timestamp_bounds.py checks them
+(read from the configs in tidalmq_core/topics.py, checked in tidalmq_broker/apis/produce.py);
+tests/integration/broker/test_timestamp_bounds.py checks them
 with a real producer, on TidalMQ and on Kafka."""
 
 from __future__ import annotations
@@ -12,18 +13,14 @@ from typing import Any
 
 import crc32c
 from kio.schema.errors import ErrorCode
-from tidalmq_broker.apis.produce import (
-    INVALID_TIMESTAMP,
-    produce_rules,
-    record_refusal,
-    timestamp_bounds,
-)
+from tidalmq_broker.apis.produce import INVALID_TIMESTAMP, record_refusal
 from tidalmq_broker.protocol import records
 from tidalmq_broker.protocol.primitives import varint
 from tidalmq_broker.storage.api import AppendResult
 from tidalmq_core.acls import AclOperation, ResourceType
-from tidalmq_core.metadata import TOPIC_CONFIG_DEFAULTS, PartitionState, TopicInfo
+from tidalmq_core.metadata import PartitionState, TopicInfo
 from tidalmq_core.records import apply_batch, topic_configs_record
+from tidalmq_core.topics import TOPIC_CONFIG_DEFAULTS, ProduceRules, timestamp_bounds
 
 from tests.unit.security.test_api_authorization import call
 from tests.unit.test_kafka_api_gaps import allow, broker
@@ -154,7 +151,7 @@ async def _produce_code(b: Any, data: bytes) -> int:
 
 
 async def test_a_config_change_is_seen_by_the_next_produce() -> None:
-    """The bounds are derived once per config change (produce_rules), not per request: a
+    """The bounds are derived once per config change (TopicInfo.produce_rules), not per request: a
     change through a metadata update (how AlterConfigs reaches every broker), and even one
     made in place, is what the next produce checks against."""
     seen: list[bytes] = []
@@ -162,7 +159,7 @@ async def test_a_config_change_is_seen_by_the_next_produce() -> None:
     day_old = _batch([int(time.time() * 1000) - 24 * HOUR])
     assert await _produce_code(b, day_old) == ErrorCode.none  # any age by default
     topic = b.metadata.topics["clicks"]
-    assert topic.produce_rules is not None  # derived by that produce, kept for the next
+    assert topic.produce_rules() is topic.produce_rules()  # derived by that produce, kept
     bound = {"message.timestamp.before.max.ms": str(HOUR)}
     apply_batch(b.metadata, [topic_configs_record("clicks", bound)], b.metadata.version + 1)
     assert await _produce_code(b, day_old) == ErrorCode.invalid_timestamp
@@ -177,8 +174,10 @@ async def test_a_config_change_is_seen_by_the_next_produce() -> None:
 
 def test_produce_rules_are_kept_until_the_configs_change() -> None:
     topic = TopicInfo("clicks", str(uuid.uuid4()), [PartitionState(0, 0, [0])])
-    rules = produce_rules(topic)
-    assert rules == (False, (LONG_MAX, HOUR))
-    assert produce_rules(topic) is rules  # not derived again
+    rules = topic.produce_rules()
+    assert rules == ProduceRules(compacted=False, timestamp_bounds=(LONG_MAX, HOUR))
+    assert topic.produce_rules() is rules  # not derived again
     topic.configs = {"cleanup.policy": "compact,delete"}
-    assert produce_rules(topic) == (True, (LONG_MAX, HOUR))
+    assert topic.produce_rules() == ProduceRules(compacted=True, timestamp_bounds=(LONG_MAX, HOUR))
+    topic.configs["message.timestamp.type"] = "LogAppendTime"  # a change made in place
+    assert topic.produce_rules() == ProduceRules(compacted=True, timestamp_bounds=None)

@@ -4,12 +4,10 @@ throttles (broker-level rates, topic-level replica lists) and where they are kep
 from __future__ import annotations
 
 import pytest
-from tidalmq_core.metadata import (
+from tidalmq_core.metadata import ClusterMetadata
+from tidalmq_core.topics import (
     CLUSTER_DEFAULT,
     DYNAMIC_BROKER_CONFIG_DEFAULTS,
-    ClusterMetadata,
-)
-from tidalmq_core.topics import (
     InvalidConfig,
     StaticConfig,
     validate_broker_config_scope,

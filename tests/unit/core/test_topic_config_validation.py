@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 from tidalmq_broker.partitions import partition_config
-from tidalmq_core.metadata import TOPIC_CONFIG_DEFAULTS, TopicInfo
+from tidalmq_core.metadata import TopicInfo
 from tidalmq_core.topics import (
+    TOPIC_CONFIG_DEFAULTS,
     TOPIC_CONFIG_DEFS,
     TOPIC_CONFIGS,
     InvalidConfig,

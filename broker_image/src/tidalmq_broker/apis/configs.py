@@ -22,15 +22,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
-from tidalmq_core.metadata import (
-    CLUSTER_DEFAULT,
-    DYNAMIC_BROKER_CONFIG_DEFAULTS,
-    READ_ONLY_TOPIC_CONFIGS,
-    TOPIC_CONFIG_DEFAULTS,
-    TopicInfo,
-)
+from tidalmq_core.metadata import READ_ONLY_TOPIC_CONFIGS, TopicInfo
 from tidalmq_core.static_description import static_topic_configs
 from tidalmq_core.topics import (
+    CLUSTER_DEFAULT,
+    DYNAMIC_BROKER_CONFIG_DEFAULTS,
+    TOPIC_CONFIG_DEFAULTS,
     TOPIC_CONFIG_DEFS,
     TOPIC_CONFIGS,
     StaticConfig,

@@ -196,7 +196,7 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
         fp.error and fp.error not in _NOT_WAITED_ON for fp in parts
     ):
         remaining = deadline - time.monotonic()
-        waitable = [fp for fp in parts if fp.plog is not None]
+        waitable = [(fp, fp.plog) for fp in parts if fp.plog is not None]
         if remaining <= 0 or not waitable:
             break
         if conn.response_room() <= 0:
@@ -206,9 +206,8 @@ async def handle_fetch(broker: Broker, request: Request, conn: Connection) -> An
             total = await _read_all(parts, max_bytes, conn, committed)
             continue
         waits = [
-            # waitable: the partitions with a log
-            asyncio.ensure_future(fp.plog.wait_for_data(fp.offset, remaining, committed=committed))  # type: ignore[union-attr]
-            for fp in waitable
+            asyncio.ensure_future(plog.wait_for_data(fp.offset, remaining, committed=committed))
+            for fp, plog in waitable
         ]
         try:
             await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)

@@ -26,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import AclOperation, ResourceType
-from tidalmq_core.metadata import INTERNAL_TOPICS, TRANSACTION_VERSION, TopicInfo
+from tidalmq_core.metadata import INTERNAL_TOPICS, TRANSACTION_VERSION
 from tidalmq_core.model import TopicPartition
-from tidalmq_core.topics import config_number
+from tidalmq_core.topics import LONG_MAX, ProduceRules
 
 from tidalmq_broker.apis.errors import KafkaError, error_code, error_message
 from tidalmq_broker.apis.leader_hints import current_leaders
@@ -124,7 +124,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                     )
                 continue
             info = broker.metadata.topics.get(topic.name)
-            compacted, bounds = _NO_RULES if info is None else produce_rules(info)
+            compacted, bounds = _NO_RULES if info is None else info.produce_rules()
             for part in topic.partition_data:
                 try:
                     plog = broker.partitions.get_log(TopicPartition(topic.name, part.index))
@@ -401,7 +401,7 @@ def record_refusal(
             if bounds is not None:
                 if header.is_control or header.attributes & records.TIMESTAMP_TYPE_MASK:
                     pass  # markers, and a producer's LogAppendTime batch: not checked here
-                elif bounds[0] != _LONG_MAX or header.max_timestamp - now > bounds[1]:
+                elif bounds[0] != LONG_MAX or header.max_timestamp - now > bounds[1]:
                     timed = True  # else no record is too old (Kafka's default), none too new
             if not (compacted or timed):
                 continue  # the common case: nothing to open
@@ -464,43 +464,8 @@ def _timestamp_error(
     )
 
 
-class ProduceRules(NamedTuple):
-    """What Produce checks a topic's records against, derived from its effective configs."""
-
-    compacted: bool  # cleanup.policy has compact: keyless records are refused
-    timestamp_bounds: tuple[int, int] | None  # timestamp_bounds(configs)
-
-
 _NO_RULES = ProduceRules(False, None)  # a topic not (yet) in this broker's metadata
-
-
-def produce_rules(info: TopicInfo) -> ProduceRules:
-    """A topic's ProduceRules, derived once per config change and kept on its TopicInfo
-    (`produce_rules`): merging the defaults with the overrides and parsing the bounds cost
-    microseconds per topic, which every produce request paid; comparing the overrides with
-    those the rules were derived from (usually none, or a few) costs far less."""
-    derived = info.produce_rules
-    if derived is not None and derived[0] == info.configs:
-        return cast(ProduceRules, derived[1])
-    configs = info.effective_configs()
-    rules = ProduceRules("compact" in info.cleanup_policy(), timestamp_bounds(configs))
-    info.produce_rules = (dict(info.configs), rules)
-    return rules
-
-
-def timestamp_bounds(configs: Mapping[str, str]) -> tuple[int, int] | None:
-    """A topic's message.timestamp.before.max.ms and after.max.ms (KIP-937), or None when its
-    records take the broker's time (LogAppendTime), which Kafka does not check."""
-    if configs["message.timestamp.type"].strip() != "CreateTime":
-        return None
-    before = int(config_number("message.timestamp.before.max.ms", configs[_BEFORE]))
-    after = int(config_number("message.timestamp.after.max.ms", configs[_AFTER]))
-    return before, after
-
-
-_BEFORE, _AFTER = "message.timestamp.before.max.ms", "message.timestamp.after.max.ms"
 _NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP: not checked
-_LONG_MAX = 2**63 - 1
 
 
 def _java_long(value: int) -> int:
