@@ -178,7 +178,9 @@ async def test_a_config_change_is_seen_by_the_next_produce() -> None:
 def test_produce_rules_are_kept_until_the_configs_change() -> None:
     topic = TopicInfo("clicks", str(uuid.uuid4()), [PartitionState(0, 0, [0])])
     rules = produce_rules(topic)
-    assert rules == (False, (LONG_MAX, HOUR))
+    assert rules == (False, (LONG_MAX, HOUR), False)
     assert produce_rules(topic) is rules  # not derived again
     topic.configs = {"cleanup.policy": "compact,delete"}
-    assert produce_rules(topic) == (True, (LONG_MAX, HOUR))
+    assert produce_rules(topic) == (True, (LONG_MAX, HOUR), False)
+    topic.configs = {"message.timestamp.type": "LogAppendTime"}
+    assert produce_rules(topic) == (False, None, True)
