@@ -66,9 +66,16 @@ def _marked_batch(base_ms: int, max_ms: int) -> bytes:
 def _raw_produce(bootstrap: str, topic: str, batch: bytes) -> Any:
     """Produce v9 of one batch to partition 0, acks=all: the partition's response."""
     with WireClient(bootstrap, timeout_s=30) as wire:
-        answer = wire.call(0, 9, {"transactional_id": None, "acks": -1, "timeout": 20000,
-                                  "topic_data": [{"name": topic, "partition_data": [
-                                      {"index": 0, "records": batch}]}]})  # fmt: skip
+        answer = wire.call(
+            0,
+            9,
+            {
+                "transactional_id": None,
+                "acks": -1,
+                "timeout": 20000,
+                "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}],
+            },
+        )
     (topic_response,) = answer.responses
     (partition,) = topic_response.partition_responses
     return partition
@@ -76,8 +83,14 @@ def _raw_produce(bootstrap: str, topic: str, batch: bytes) -> Any:
 
 def _read(bootstrap: str, topic: str, count: int) -> list[tuple[bytes, int, int]]:
     """The first `count` records of the topic's partition 0: (value, timestamp type, timestamp)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     out: list[tuple[bytes, int, int]] = []
     try:
         consumer.subscribe([topic])
@@ -115,8 +128,9 @@ def check_log_append_time(bootstrap: str) -> None:
     ]
     for future in admin.create_topics(topics).values():
         future.result(20)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0,
-                         "message.timeout.ms": 20000})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 0, "message.timeout.ms": 20000}
+    )
     year_old = int(time.time() * 1000) - 365 * DAY_MS
     before = int(time.time() * 1000)
     _produce(producer, log_append, b"client", year_old)

@@ -24,10 +24,18 @@ TOPIC, BROKER = 2, 4
 
 
 async def _describe(b: Any, kind: int, name: str, *, documented: bool) -> dict[str, Any]:
-    answer = await call(b, 32, 4, {"resources": [{"resource_type": kind, "resource_name": name,
-                                                  "configuration_keys": None}],
-                                   "include_synonyms": False,
-                                   "include_documentation": documented})  # fmt: skip
+    answer = await call(
+        b,
+        32,
+        4,
+        {
+            "resources": [
+                {"resource_type": kind, "resource_name": name, "configuration_keys": None}
+            ],
+            "include_synonyms": False,
+            "include_documentation": documented,
+        },
+    )
     (result,) = answer["results"]
     assert result["error_code"] == 0, result
     return {c["name"]: c["documentation"] for c in result["configs"]}
@@ -69,10 +77,16 @@ def test_every_topic_config_has_documentation_that_says_what_tidalmq_narrows() -
 def test_a_static_topics_entries_are_documented_when_asked() -> None:
     meta = ClusterMetadata("c", version=1)
     placement = [0, 1]
-    meta.static_topics["events"] = initial_mapping("events", 2, placement, brokers=None,
-                                                   now_ms=1, copy_brokers=placement)  # fmt: skip
-    topic = TopicInfo("events", str(uuid.uuid4()), [PartitionState(b, 0, [b]) for b in placement],
-                      {}, kind="static")  # fmt: skip
+    meta.static_topics["events"] = initial_mapping(
+        "events", 2, placement, brokers=None, now_ms=1, copy_brokers=placement
+    )
+    topic = TopicInfo(
+        "events",
+        str(uuid.uuid4()),
+        [PartitionState(b, 0, [b]) for b in placement],
+        {},
+        kind="static",
+    )
     meta.topics["events"] = topic
     keys = {*STATIC_CONFIG_DOCS}  # static.mapping is listed only when asked for by name
     asked = static_topic_configs(meta, topic, keys, include_documentation=True)
