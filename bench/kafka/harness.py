@@ -57,6 +57,7 @@ JAVA_CLIENT_SOURCE = HERE / "java" / "ClientCheck.java"
 JAVA_ACL_CHECK_SOURCE = HERE / "java" / "AclCheck.java"
 JAVA_GROUP_PROTOCOL_SOURCE = HERE / "java" / "GroupProtocolCheck.java"
 JAVA_RECORD_ERRORS_SOURCE = HERE / "java" / "RecordErrorsCheck.java"
+JAVA_CONFIG_DOCS_SOURCE = HERE / "java" / "ConfigDocsCheck.java"
 STREAMS_POM = HERE / "streams" / "pom.xml"
 STREAMS_COUNT_SOURCE = HERE / "java" / "StreamsCount.java"
 

@@ -16,6 +16,17 @@ from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, TopicInfo
 
 STATIC_CONFIG_PREFIX = "static."
 MAPPING_KEY = "static.mapping"  # the whole description as JSON: only when asked for by name
+# what DescribeConfigs returns as each entry's documentation when asked (IncludeDocumentation)
+STATIC_CONFIG_DOCS = {
+    "static.total.queues": "Number of logic queues of the static topic. Read-only.",
+    "static.epoch": "Epoch of the static topic's mapping of logic queues to brokers. Read-only.",
+    "static.consistent": "Whether the brokers' copies of the mapping agree with it (the epoch "
+    "check). Read-only.",
+    "static.queues": "Each logic queue as queue:broker/gen<generation>/<mapping items>: the "
+    "broker holding it now, its generation and how many mapping items it has. Read-only.",
+    MAPPING_KEY: "The whole description of the static topic as JSON (its queues, mapping items "
+    "and each broker's copy); listed only when asked for by name. Read-only.",
+}
 
 
 def describe(meta: ClusterMetadata, name: str) -> dict[str, Any]:
@@ -57,9 +68,14 @@ def describe(meta: ClusterMetadata, name: str) -> dict[str, Any]:
 
 
 def static_topic_configs(
-    meta: ClusterMetadata, topic: TopicInfo, keys: set[str] | None
+    meta: ClusterMetadata,
+    topic: TopicInfo,
+    keys: set[str] | None,
+    *,
+    include_documentation: bool = False,
 ) -> list[dict[str, Any]]:
-    """DescribeConfigs entries (read-only) of a static topic; none for other topics."""
+    """DescribeConfigs entries (read-only) of a static topic; none for other topics. Each with
+    its documentation when `include_documentation`, null otherwise."""
     if topic.kind != "static" or topic.name not in meta.static_topics:
         return []
     d = describe(meta, topic.name)
@@ -83,7 +99,7 @@ def static_topic_configs(
             "is_sensitive": False,
             "synonyms": [],
             "config_type": 2,
-            "documentation": None,
+            "documentation": STATIC_CONFIG_DOCS[k] if include_documentation else None,
         }
         for k, v in values.items()
         if keys is None or k in keys

@@ -318,8 +318,9 @@ TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
         "message.timestamp.type",
         "STRING",
         one_of=("CreateTime", "LogAppendTime"),
-        doc="CreateTime (records keep the producer's timestamps) or LogAppendTime (the "
-        "broker's clock).",
+        doc="CreateTime: records keep the producer's timestamps (a batch the producer marked "
+        "LogAppendTime is stored as CreateTime). LogAppendTime: the broker marks each batch with "
+        "its clock as it appends it, and refuses a batch the producer marked so, as Kafka does.",
     ),
     # KIP-937: the range a CreateTime record's timestamp must be in (produce.timestamp_refusal)
     TopicConfigDef(
@@ -327,14 +328,14 @@ TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
         "LONG",
         at_least=0,
         doc="How far behind the broker's clock a CreateTime record's timestamp may be, in "
-        "milliseconds.",
+        "milliseconds (not checked on a LogAppendTime topic).",
     ),
     TopicConfigDef(
         "message.timestamp.after.max.ms",
         "LONG",
         at_least=0,
         doc="How far ahead of the broker's clock a CreateTime record's timestamp may be, in "
-        "milliseconds.",
+        "milliseconds (not checked on a LogAppendTime topic).",
     ),
     TopicConfigDef(
         "leader.replication.throttled.replicas",
@@ -400,6 +401,24 @@ STATIC_CLEANUP_POLICIES = tuple(p for p in CLEANUP_POLICIES if p != "compact")
 NO_STATIC_COMPACT = (
     "a logic queue spans several physical partitions, and keys are not compacted across them"
 )
+
+
+def narrowing(d: TopicConfigDef, *, static: bool = False) -> str:
+    """What TidalMQ takes of a config where that is less than Kafka takes (its `only` and
+    `why`; a static topic's cleanup.policy), as sentences; empty where it takes all Kafka
+    takes."""
+    text = f"TidalMQ takes only {', '.join(d.only)}: {d.why}." if d.only else ""
+    if static and d.name == "cleanup.policy":
+        text += f" A static topic takes only {', '.join(STATIC_CLEANUP_POLICIES)}."
+    return text.strip()
+
+
+def documentation(d: TopicConfigDef, *, static: bool = False) -> str:
+    """A config's documentation as DescribeConfigs returns it when asked
+    (IncludeDocumentation, v3+): its `doc`, then what TidalMQ narrows. The CRDs' descriptions
+    are the same sentences with Kafka's type and check between them
+    (tidalmq_operator.crd_configs.description)."""
+    return f"{d.doc} {narrowing(d, static=static)}".strip()
 
 
 def _java_trim(value: str) -> str:
@@ -612,13 +631,14 @@ class ProduceRules(NamedTuple):
 
     compacted: bool  # cleanup.policy has compact: keyless records are refused
     timestamp_bounds: tuple[int, int] | None  # timestamp_bounds(configs)
+    # message.timestamp.type=LogAppendTime: a batch its producer marked so is refused
+    log_append_time: bool
 
     @classmethod
     def of(cls, configs: Mapping[str, str]) -> ProduceRules:
         """The rules of a topic with these effective configs."""
-        return cls(
-            "compact" in cleanup_policy(configs["cleanup.policy"]), timestamp_bounds(configs)
-        )
+        bounds = timestamp_bounds(configs)
+        return cls("compact" in cleanup_policy(configs["cleanup.policy"]), bounds, bounds is None)
 
 
 def timestamp_bounds(configs: Mapping[str, str]) -> tuple[int, int] | None:

@@ -30,6 +30,7 @@ from tidalmq_core.topics import (
     STATIC_CLEANUP_POLICIES,
     TOPIC_CONFIG_DEFS,
     TopicConfigDef,
+    narrowing,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -87,11 +88,8 @@ def description(d: TopicConfigDef, *, static: bool = False) -> str:
     if d.one_of:
         check = ("one of " if d.type == "STRING" else "each of ") + ", ".join(d.one_of)
     text = f"{d.doc} {d.type}" + (f", {check}." if check else ".")
-    if d.only:
-        text += f" TidalMQ takes only {', '.join(d.only)}: {d.why}."
-    if static and d.name == "cleanup.policy":
-        text += f" A static topic takes only {', '.join(STATIC_CLEANUP_POLICIES)}."
-    return text
+    narrowed = narrowing(d, static=static)
+    return f"{text} {narrowed}" if narrowed else text
 
 
 def config_schema(d: TopicConfigDef, *, static: bool = False) -> dict[str, Any]:

@@ -175,9 +175,9 @@ async def test_a_config_change_is_seen_by_the_next_produce() -> None:
 def test_produce_rules_are_kept_until_the_configs_change() -> None:
     topic = TopicInfo("clicks", str(uuid.uuid4()), [PartitionState(0, 0, [0])])
     rules = topic.produce_rules()
-    assert rules == ProduceRules(compacted=False, timestamp_bounds=(LONG_MAX, HOUR))
+    assert rules == ProduceRules(False, (LONG_MAX, HOUR), log_append_time=False)
     assert topic.produce_rules() is rules  # not derived again
     topic.configs = {"cleanup.policy": "compact,delete"}
-    assert topic.produce_rules() == ProduceRules(compacted=True, timestamp_bounds=(LONG_MAX, HOUR))
+    assert topic.produce_rules() == ProduceRules(True, (LONG_MAX, HOUR), log_append_time=False)
     topic.configs["message.timestamp.type"] = "LogAppendTime"  # a change made in place
-    assert topic.produce_rules() == ProduceRules(compacted=True, timestamp_bounds=None)
+    assert topic.produce_rules() == ProduceRules(True, None, log_append_time=True)

@@ -31,9 +31,11 @@ from tidalmq_core.topics import (
     TOPIC_CONFIG_DEFS,
     TOPIC_CONFIGS,
     StaticConfig,
+    documentation,
     validate_broker_configs,
 )
 
+from tidalmq_broker.apis.broker_config_docs import BROKER_CONFIG_DOCS
 from tidalmq_broker.apis.errors import error_code, error_message
 from tidalmq_broker.apis.metadata import brokers_body
 from tidalmq_broker.apis.registry import api
@@ -237,6 +239,7 @@ def _entry(
     *,
     read_only: bool,
     include_synonyms: bool,
+    documentation: str | None = None,
 ) -> dict[str, Any]:
     sensitive = name in SENSITIVE_CONFIGS
     if sensitive:
@@ -252,14 +255,18 @@ def _entry(
         if include_synonyms
         else [],
         "config_type": _config_type(name),
-        "documentation": None,
+        "documentation": documentation,
     }
 
 
-def _topic_configs(topic: TopicInfo, include_synonyms: bool) -> list[dict[str, Any]]:
+def _topic_configs(
+    topic: TopicInfo, include_synonyms: bool, include_documentation: bool = False
+) -> list[dict[str, Any]]:
     out = []
     fixed = topic.fixed_configs  # reported like Kafka reports the offsets topic's own configs
+    static = topic.kind == "static"
     for name, value in sorted(topic.effective_configs().items()):
+        definition = TOPIC_CONFIGS.get(name)
         overridden = name in topic.configs or name in fixed
         source = DYNAMIC_TOPIC_CONFIG if overridden else DEFAULT_CONFIG
         synonyms: list[tuple[str | None, int]] = [(value, source)] if overridden else []
@@ -273,6 +280,9 @@ def _topic_configs(topic: TopicInfo, include_synonyms: bool) -> list[dict[str, A
                 synonyms,
                 read_only=name in READ_ONLY_TOPIC_CONFIGS or name in fixed,
                 include_synonyms=include_synonyms,
+                documentation=documentation(definition, static=static)
+                if include_documentation and definition is not None
+                else None,
             )
         )
     return out
@@ -292,8 +302,15 @@ def _fixed_config_change(topic: TopicInfo | None, changes: dict[str, str | None]
     return None
 
 
-def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[dict[str, Any]]:
-    """The configs of this broker (scope = its id) or the cluster-wide dynamic defaults."""
+def _broker_configs(
+    broker: Broker, scope: str, include_synonyms: bool, include_documentation: bool = False
+) -> list[dict[str, Any]]:
+    """The configs of this broker (scope = its id) or the cluster-wide dynamic defaults, each
+    with its documentation when `include_documentation` (null for a name without one)."""
+
+    def doc(name: str) -> str | None:
+        return BROKER_CONFIG_DOCS.get(name) if include_documentation else None
+
     meta = broker.metadata
     cluster = meta.broker_configs.get(CLUSTER_DEFAULT, {})
     if scope == CLUSTER_DEFAULT:
@@ -305,6 +322,7 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
                 [(value, DYNAMIC_DEFAULT_BROKER_CONFIG)],
                 read_only=False,
                 include_synonyms=include_synonyms,
+                documentation=doc(name),
             )
             for name, value in sorted(cluster.items())
         ]
@@ -328,6 +346,7 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
                     [(value, DEFAULT_CONFIG)],
                     read_only=True,
                     include_synonyms=include_synonyms,
+                    documentation=doc(name),
                 )
             )
             continue
@@ -343,6 +362,7 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
                         [(None, DEFAULT_CONFIG)],
                         read_only=True,
                         include_synonyms=include_synonyms,
+                        documentation=doc(name),
                     )
                 )
                 continue
@@ -354,6 +374,7 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
                     [(value, STATIC_BROKER_CONFIG)],
                     read_only=True,
                     include_synonyms=include_synonyms,
+                    documentation=doc(name),
                 )
             )
             continue
@@ -366,7 +387,13 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
         value, source = synonyms[0]
         out.append(
             _entry(
-                name, value, source, synonyms, read_only=False, include_synonyms=include_synonyms
+                name,
+                value,
+                source,
+                synonyms,
+                read_only=False,
+                include_synonyms=include_synonyms,
+                documentation=doc(name),
             )
         )
     return out
@@ -376,6 +403,8 @@ def _broker_configs(broker: Broker, scope: str, include_synonyms: bool) -> list[
 async def handle_describe_configs(broker: Broker, request: Request, conn: Connection) -> Any:
     body = request.body
     include_synonyms = getattr(body, "include_synonyms", False)
+    # v3+: each entry's documentation when asked, null otherwise (as Kafka answers)
+    include_documentation = bool(getattr(body, "include_documentation", False))
     results = []
     for res in body.resources:
         keys = set(res.configuration_keys) if res.configuration_keys else None
@@ -398,8 +427,10 @@ async def handle_describe_configs(broker: Broker, request: Request, conn: Connec
                 out["error_code"] = ErrorCode.unknown_topic_or_partition
                 out["error_message"] = f"topic {res.resource_name!r} does not exist"
             else:
-                configs = _topic_configs(topic, include_synonyms)
-                configs += static_topic_configs(broker.metadata, topic, keys)
+                configs = _topic_configs(topic, include_synonyms, include_documentation)
+                configs += static_topic_configs(
+                    broker.metadata, topic, keys, include_documentation=include_documentation
+                )
         elif res.resource_type == BROKER:
             scope = res.resource_name
             if scope not in (CLUSTER_DEFAULT, str(broker.broker_id)):
@@ -411,7 +442,7 @@ async def handle_describe_configs(broker: Broker, request: Request, conn: Connec
                     f"received {scope}"
                 )
             else:
-                configs = _broker_configs(broker, scope, include_synonyms)
+                configs = _broker_configs(broker, scope, include_synonyms, include_documentation)
         else:
             out["error_code"] = ErrorCode.invalid_request
             out["error_message"] = f"resource type {res.resource_type} is not supported"

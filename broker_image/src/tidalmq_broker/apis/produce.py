@@ -124,7 +124,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                     )
                 continue
             info = broker.metadata.topics.get(topic.name)
-            compacted, bounds = _NO_RULES if info is None else info.produce_rules()
+            compacted, bounds, log_append_time = _NO_RULES if info is None else info.produce_rules()
             for part in topic.partition_data:
                 try:
                     plog = broker.partitions.get_log(TopicPartition(topic.name, part.index))
@@ -136,9 +136,14 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                         (topic.name, part.index, ErrorCode.corrupt_message, "no records", 0)
                     )
                     continue
-                if compacted or bounds is not None:
+                if compacted or bounds is not None or log_append_time:
                     refused = record_refusal(
-                        topic.name, part.index, part.records, compacted, bounds
+                        topic.name,
+                        part.index,
+                        part.records,
+                        compacted,
+                        bounds,
+                        log_append_time=log_append_time,
                     )
                     if refused is not None:
                         entries.append((topic.name, part.index, refused[0], refused[1], 0))
@@ -384,39 +389,53 @@ def record_refusal(
     compacted: bool,
     bounds: tuple[int, int] | None,
     now_ms: int | None = None,
+    *,
+    log_append_time: bool = False,
 ) -> tuple[ErrorCode, str, list[RecordError]] | None:
     """Why Kafka's LogValidator would refuse a partition's records for some of them: batch by
     batch, a record without a key on a `compacted` topic, or else a CreateTime timestamp out of
-    `bounds` (message.timestamp.before/after.max.ms), is a record error (its index in its
-    batch and Kafka's message); the first batch with any refuses them all, INVALID_TIMESTAMP if
-    one is a timestamp's, INVALID_RECORD otherwise, with Kafka's message. None when every
-    record passes, or when the batches are malformed (the append then says how). A batch whose
+    `bounds` (message.timestamp.before/after.max.ms), or a batch the producer marked
+    LogAppendTime where Kafka takes none (misdated), is a record error (its index in its batch
+    and Kafka's message); the first batch with any refuses them all, INVALID_TIMESTAMP if one
+    is a timestamp's, INVALID_RECORD otherwise, with Kafka's message. None when every record
+    passes, or when the batches are malformed (the append then says how). A batch whose
     declared max timestamp is within the upper bound is not opened for its timestamps when the
-    lower bound is Kafka's default (no limit), so the default check costs no decompression."""
+    lower bound is Kafka's default (no limit), so the default check costs no decompression.
+
+    A batch with the LogAppendTime bit set by its producer: each of its records has the batch's
+    max timestamp (as a client reads it). On a CreateTime topic that timestamp is checked against
+    the bounds, and the partition clears the bit when it appends the batch (the records then
+    have their own timestamps); a LogAppendTime topic (`log_append_time`), or a max timestamp of
+    -1 (none), refuses every record of the batch, as Kafka does (docs/topic-configs.md)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     keyless = None  # the message for a record without a key, made when one is found
     try:
         for header in records.iter_headers(data):
+            marked = not header.is_control and bool(header.attributes & records.TIMESTAMP_TYPE_MASK)
+            misdated = marked and (log_append_time or header.max_timestamp == _NO_TIMESTAMP)
             timed = False  # whether its records' timestamps are read
-            if bounds is not None:
-                if header.is_control or header.attributes & records.TIMESTAMP_TYPE_MASK:
-                    pass  # markers, and a producer's LogAppendTime batch: not checked here
-                elif bounds[0] != LONG_MAX or header.max_timestamp - now > bounds[1]:
-                    timed = True  # else no record is too old (Kafka's default), none too new
-            if not (compacted or timed):
+            if bounds is not None and not header.is_control and not misdated:
+                # markers are not checked; a producer's LogAppendTime batch has its max
+                # timestamp for every record, so the shortcut holds for it too
+                timed = bounds[0] != LONG_MAX or header.max_timestamp - now > bounds[1]
+            if not (compacted or timed or misdated):
                 continue  # the common case: nothing to open
             errors: list[RecordError] = []
-            late = False  # whether a record's timestamp is out of bounds
-            if compacted:
+            late = False  # whether a record's timestamp is out of bounds (or misdated)
+            if compacted or misdated:
                 for index, record in enumerate(records.iter_record_slices(data, header)):
-                    if record.key is None:
+                    timestamp = header.max_timestamp if marked else record.timestamp
+                    if compacted and record.key is None:
                         keyless = keyless or (
                             "Compacted topic cannot accept message without key in topic "
                             f"partition {topic}-{partition}"
                         )
                         errors.append((index, keyless))
+                    elif misdated:
+                        errors.append((index, _misdated_error(record, timestamp)))
+                        late = True
                     elif timed and bounds is not None:
-                        late_one = _timestamp_error(record.offset, record.timestamp, now, *bounds)
+                        late_one = _timestamp_error(record.offset, timestamp, now, *bounds)
                         if late_one is not None:
                             errors.append((index, late_one))
                             late = True
@@ -447,6 +466,18 @@ def record_refusal(
     return None
 
 
+def _misdated_error(record: records.RecordSlice, timestamp: int) -> str:
+    """Kafka's record error (LogValidator.validateTimestamp) for a record of a batch its
+    producer marked LogAppendTime where that is not taken, naming the record as Kafka's
+    DefaultRecord prints itself."""
+    key = 0 if record.key is None else len(record.key)
+    return (
+        f"Invalid timestamp type in message DefaultRecord(offset={record.offset}, "
+        f"timestamp={timestamp}, key={key} bytes, value={records.value_size(record)} bytes). "
+        "Producer should not set timestamp type to LogAppendTime."
+    )
+
+
 def _timestamp_error(
     offset: int, timestamp: int, now: int, before_ms: int, after_ms: int
 ) -> str | None:
@@ -464,7 +495,7 @@ def _timestamp_error(
     )
 
 
-_NO_RULES = ProduceRules(False, None)  # a topic not (yet) in this broker's metadata
+_NO_RULES = ProduceRules(False, None, False)  # a topic not (yet) in this broker's metadata
 _NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP: not checked
 
 

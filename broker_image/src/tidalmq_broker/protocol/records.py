@@ -347,6 +347,17 @@ class RecordSlice:
     rest: bytes
 
 
+def value_size(record: RecordSlice) -> int:
+    """The length of a record's value, 0 without one (as Kafka's DefaultRecord prints it)."""
+    if not record.has_value:
+        return 0
+    view = memoryview(record.rest)
+    _, pos = _read_varint(view, 0)  # offset delta
+    key_length, pos = _read_varint(view, pos)
+    value_length, _ = _read_varint(view, pos + max(key_length, 0))
+    return value_length
+
+
 def iter_record_slices(
     batch: bytes | bytearray | memoryview, header: BatchHeader
 ) -> Iterator[RecordSlice]:

@@ -22,12 +22,26 @@ _CRC_POS = 17
 def set_log_append_time(buf: bytearray | memoryview, h: records.BatchHeader, now_ms: int) -> None:
     """Mark the batch at `h` as LogAppendTime with `now_ms` as its max timestamp (in place),
     and recompute its CRC."""
+    _set_timestamp_type(buf, h, records.TIMESTAMP_TYPE_MASK, now_ms)
+
+
+def set_create_time(buf: bytearray | memoryview, h: records.BatchHeader) -> None:
+    """Mark the batch at `h` as CreateTime (in place, its CRC recomputed), keeping its max
+    timestamp: what Kafka's LogValidator does on a CreateTime topic to a batch its producer
+    marked LogAppendTime, whose records all had that max timestamp (they get their own
+    timestamps back). A batch already CreateTime is left as it is."""
+    if h.attributes & records.TIMESTAMP_TYPE_MASK:
+        _set_timestamp_type(buf, h, 0, h.max_timestamp)
+
+
+def _set_timestamp_type(
+    buf: bytearray | memoryview, h: records.BatchHeader, bit: int, max_timestamp: int
+) -> None:
     pos = h.position
-    attributes = (
-        struct.unpack_from(">h", buf, pos + _ATTRS_AND_MAX_TS)[0] | records.TIMESTAMP_TYPE_MASK
-    )
+    attributes = struct.unpack_from(">h", buf, pos + _ATTRS_AND_MAX_TS)[0]
+    attributes = (attributes & ~records.TIMESTAMP_TYPE_MASK) | bit
     struct.pack_into(">h", buf, pos + _ATTRS_AND_MAX_TS, attributes)
-    struct.pack_into(">q", buf, pos + _MAX_TS_POS, now_ms)
+    struct.pack_into(">q", buf, pos + _MAX_TS_POS, max_timestamp)
     crc = crc32c.crc32c(memoryview(buf)[pos + _ATTRS_AND_MAX_TS : pos + h.size])
     struct.pack_into(">I", buf, pos + _CRC_POS, crc)
 

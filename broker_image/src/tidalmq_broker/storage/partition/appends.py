@@ -31,7 +31,7 @@ from tidalmq_broker.storage.api import (
     UnsupportedMessageFormat,
     VerificationGuard,
 )
-from tidalmq_broker.storage.batch_bytes import set_log_append_time
+from tidalmq_broker.storage.batch_bytes import set_create_time, set_log_append_time
 from tidalmq_broker.storage.partition.state import PartitionState, State
 from tidalmq_broker.storage.producer_state import (
     ABORT_MARKER,
@@ -171,8 +171,12 @@ class Appends(PartitionState):
             if log_append_time:
                 set_log_append_time(buf, h, now_ms)
                 max_ts = now_ms
-            elif h.max_timestamp > max_ts:
-                max_ts = h.max_timestamp
+            else:
+                # a batch its producer marked LogAppendTime becomes CreateTime here, as on
+                # Kafka (Produce checked its max timestamp against the topic's bounds)
+                set_create_time(buf, h)
+                if h.max_timestamp > max_ts:
+                    max_ts = h.max_timestamp
             offset += h.last_offset_delta + 1
         future = self._enqueue(buf, base, offset - 1, max_ts, producers, acks)
         result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
