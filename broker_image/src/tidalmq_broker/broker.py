@@ -317,7 +317,9 @@ class Broker:
                     ControllerSettings(
                         offsets_topic_partitions=s.offsets_topic_partitions,
                         transaction_state_partitions=s.transaction_state_partitions,
-                        transaction_version=s.transaction_version,
+                        transaction_version=(
+                            s.transaction_version if s.transaction_version >= 0 else None
+                        ),
                         auto_rebalance=False,
                         embedded=True,
                     ),

@@ -383,11 +383,12 @@ class BrokerSettings:
         },
     )
     transaction_version: int = field(
-        default=1,
+        default=-1,
         metadata={
-            "help": "the cluster's finalized transaction.version feature (an embedded "
-            "controller's setting): 2 lets clients run KIP-890 part 2 transactions "
-            "(docs/transactions-v2.md)"
+            "help": "the cluster's finalized transaction.version feature, set at every start "
+            "(an embedded controller's setting): 2 lets clients run KIP-890 part 2 "
+            "transactions; -1 keeps the metadata's level (1 for a new cluster; kafka-features "
+            "upgrade|downgrade changes it, docs/transactions-v2.md)"
         },
     )
     transaction_max_timeout_ms: int = field(

@@ -27,6 +27,9 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
 - ACLs (CreateAcls, DeleteAcls, docs/security.md): `ControllerClient.create_acls` /
   `delete_acls` take the bindings and filters of `tidalmq_core.acls`; the controller validates
   and stores them (`_acls.py`).
+- Finalized feature levels (UpdateFeatures, docs/transactions-v2.md): `FeatureUpdate`,
+  `UpgradeType`; `ControllerClient.update_features` checks them as Kafka does and writes the
+  `feature` records (`_features.py`).
 """
 
 from tidalmq_controller._controller import Controller
@@ -40,6 +43,7 @@ from tidalmq_controller._errors import (
     TopicAlreadyExists,
     UnknownTopic,
 )
+from tidalmq_controller._features import FeatureUpdate, UpgradeType
 from tidalmq_controller._log import (
     Batch,
     LoadedLog,
@@ -76,6 +80,7 @@ __all__ = [
     "ControllerFenced",
     "ControllerServer",
     "ControllerSettings",
+    "FeatureUpdate",
     "Heartbeat",
     "HeartbeatReply",
     "HttpControllerClient",
@@ -97,6 +102,7 @@ __all__ = [
     "TopicAlreadyExists",
     "TopicResult",
     "UnknownTopic",
+    "UpgradeType",
     "parse_bootstrap",
     "report_doc",
 ]

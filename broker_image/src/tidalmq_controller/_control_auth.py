@@ -66,6 +66,7 @@ BROKER_FORWARDED = frozenset(
         "/v1/scram-credentials/alter",
         "/v1/acls/create",
         "/v1/acls/delete",
+        "/v1/features/update",
         "/v1/reassignments/alter",
         "/v1/reassignments/list",
         "/v1/transactions/state-topic",

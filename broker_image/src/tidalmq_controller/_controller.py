@@ -88,6 +88,7 @@ from tidalmq_core.records import (
 )
 
 from tidalmq_controller import _acls as acls
+from tidalmq_controller import _features as features
 from tidalmq_controller import _scram_credentials as scram_credentials
 from tidalmq_controller._broker_lifecycle import BrokerLifecycle
 from tidalmq_controller._data_loss import AcceptedLoss, DataLossManager
@@ -237,8 +238,10 @@ class Controller:
         records.append(epoch_record(epoch))
         if marker and not image.store_marker:
             records.append(marker_record(True))
+        # a level set at start wins at every start; unset, the metadata's level stays (1 for a
+        # new cluster; UpdateFeatures changes it, _features.py)
         tv = self.settings.transaction_version
-        if image.feature_level(TRANSACTION_VERSION) != tv:
+        if tv is not None and image.feature_level(TRANSACTION_VERSION) != tv:
             log.info("finalizing feature %s at level %d", TRANSACTION_VERSION, tv)
             records.append(feature_record(TRANSACTION_VERSION, tv))
         try:
@@ -592,6 +595,20 @@ class Controller:
         except acls.TooManyAcls as exc:
             raise ControllerError(str(exc)) from exc
         return results, await self.commit(records)
+
+    # ---------------------------------------------------------------- features
+    async def update_features(
+        self, updates: list[features.FeatureUpdate], *, validate_only: bool = False
+    ) -> tuple[str | None, int]:
+        """UpdateFeatures (_features.py): (why the request is refused, or None; the version
+        that holds the new levels once committed). All or nothing, as Kafka's."""
+        self.require_active()
+        refused, records = features.update(self.image, updates)
+        if refused is not None or validate_only:
+            return refused, self.journal.committed_version
+        for r in records:
+            log.info("finalizing feature %s at level %d (UpdateFeatures)", r["name"], r["level"])
+        return None, await self.commit(records)
 
     # ---------------------------------------------------------------- producer ids
     async def ensure_transaction_state_topic(self, wait_s: float = 0.0) -> None:

@@ -34,6 +34,7 @@ from tidalmq_core.reassignment import PlanEntry
 
 from tidalmq_controller import _controller as ctl
 from tidalmq_controller._acls import AclCreateResult, AclDeleteResult
+from tidalmq_controller._features import FeatureUpdate
 from tidalmq_controller._membership import Heartbeat, HeartbeatReply
 from tidalmq_controller._rpc_wire import (
     PROTOCOL,
@@ -118,6 +119,9 @@ class ControllerClient(Protocol):
     async def delete_acls(
         self, filters: list[AclBindingFilter]
     ) -> tuple[list[AclDeleteResult], int]: ...
+    async def update_features(
+        self, updates: list[FeatureUpdate], *, validate_only: bool
+    ) -> tuple[str | None, int]: ...
 
 
 class LocalControllerClient:
@@ -226,6 +230,11 @@ class LocalControllerClient:
         self, filters: list[AclBindingFilter]
     ) -> tuple[list[AclDeleteResult], int]:
         return await self.controller.delete_acls(filters)
+
+    async def update_features(
+        self, updates: list[FeatureUpdate], *, validate_only: bool
+    ) -> tuple[str | None, int]:
+        return await self.controller.update_features(updates, validate_only=validate_only)
 
 
 class HttpControllerClient:
@@ -546,3 +555,18 @@ class HttpControllerClient:
             for r in doc["results"]
         ]
         return results, int(doc["version"])
+
+    async def update_features(
+        self, updates: list[FeatureUpdate], *, validate_only: bool
+    ) -> tuple[str | None, int]:
+        doc = await self._call(
+            "/v1/features/update",
+            {
+                "updates": [
+                    {"name": u.name, "level": u.level, "upgrade_type": u.upgrade_type}
+                    for u in updates
+                ],
+                "validate_only": validate_only,
+            },
+        )
+        return doc.get("refused"), int(doc["version"])

@@ -34,6 +34,7 @@ from tidalmq_core.reassignment import PlanEntry
 from tidalmq_controller import _controller as ctl
 from tidalmq_controller._control_auth import PRINCIPAL, refuse_other_broker
 from tidalmq_controller._control_auth import middleware as control_auth_middleware
+from tidalmq_controller._features import FeatureUpdate
 from tidalmq_controller._log import Batch
 from tidalmq_controller._rpc_wire import (
     ControllerUnavailable,
@@ -149,6 +150,7 @@ class ControllerServer:
         r.add_post("/v1/scram-credentials/alter", self._alter_scram_credentials)
         r.add_post("/v1/acls/create", self._create_acls)
         r.add_post("/v1/acls/delete", self._delete_acls)
+        r.add_post("/v1/features/update", self._update_features)
         r.add_post("/v1/producer-ids", self._producer_id)
         r.add_post("/v1/transactions/state-topic", self._txn_state_topic)
         r.add_post("/v1/transactions/markers", self._txn_markers)
@@ -511,6 +513,20 @@ class ControllerServer:
                 ],
             }
         )
+
+    async def _update_features(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        updates = [
+            FeatureUpdate(str(u["name"]), int(u["level"]), int(u["upgrade_type"]))
+            for u in b["updates"]
+        ]
+        try:
+            refused, version = await self.controller.update_features(
+                updates, validate_only=bool(b.get("validate_only", False))
+            )
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"version": version, "refused": refused})
 
     async def _producer_id(self, request: web.Request) -> web.Response:
         try:

@@ -26,9 +26,11 @@ class ControllerSettings:
     # the first transactional request (ensure_transaction_state_topic), not with the cluster
     transaction_state_partitions: int = 50
     # the cluster's finalized `transaction.version` feature (KIP-890 part 2: 2 lets clients
-    # run transactions with an epoch bump per transaction, docs/transactions-v2.md); written
-    # into the cluster metadata when the controller starts, so every broker answers the same
-    transaction_version: int = 1
+    # run transactions with an epoch bump per transaction, docs/transactions-v2.md); when set,
+    # written into the cluster metadata when the controller starts, so every broker answers the
+    # same. None: the metadata's level stays as it is (1 for a new cluster), changed only by
+    # UpdateFeatures (`kafka-features upgrade|downgrade`)
+    transaction_version: int | None = None
     tick_s: float = 0.05
     # how often the object store's identity marker is read (a wiped or foreign store is noticed)
     identity_check_interval_s: float = 5.0
@@ -53,7 +55,7 @@ class ControllerSettings:
         return max(3 * self.heartbeat_interval_s, self.lease_s)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.transaction_version <= 2:
+        if self.transaction_version is not None and not 0 <= self.transaction_version <= 2:
             raise ValueError(f"transaction.version {self.transaction_version} is not in 0..2")
         if self.session_timeout_s <= self.lease_s + self.clock_margin_s:
             raise ValueError(

@@ -38,7 +38,9 @@ class OperatorSettings:
     election_timeout_s: float = 10.0
     offsets_topic_partitions: int = 16
     transaction_state_partitions: int = 50
-    transaction_version: int = 1  # the cluster's finalized transaction.version feature
+    # the cluster's finalized transaction.version feature, set at every start; None keeps the
+    # metadata's level (1 for a new cluster; `kafka-features upgrade|downgrade` changes it)
+    transaction_version: int | None = None
     # moves in flight per broker (as source or target): a rebalance runs in waves of this many
     max_moves_per_broker: int = 4000
     status_interval_s: float = 0.5
@@ -107,7 +109,7 @@ class OperatorSettings:
             election_timeout_s=float(get("ELECTION_TIMEOUT_S", "10.0")),
             offsets_topic_partitions=int(get("OFFSETS_TOPIC_PARTITIONS", "16")),
             transaction_state_partitions=int(get("TRANSACTION_STATE_PARTITIONS", "50")),
-            transaction_version=int(get("TRANSACTION_VERSION", "1")),
+            transaction_version=int(v) if (v := get("TRANSACTION_VERSION", "")) else None,
             max_moves_per_broker=int(get("MAX_MOVES_PER_BROKER", "4000")),
             leaderless_grace_s=float(get("LEADERLESS_GRACE_S", "15")),
             spark_image=get("SPARK_IMAGE", ""),

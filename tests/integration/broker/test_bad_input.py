@@ -106,7 +106,7 @@ def test_unsupported_api_versions_version_is_answered_in_v0(local_broker: Broker
     assert corr == 7
     assert resp.error_code == ErrorCode.unsupported_version
     keys = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
-    assert keys[18] == (0, 3) and 0 in keys and 1 in keys
+    assert keys[18] == (0, 4) and 0 in keys and 1 in keys
     c.close()
 
 

@@ -112,6 +112,10 @@ def controller_calls(cluster: LocalClusterProcess, victim: int) -> list[tuple[st
         # ACLs: ALL on every topic to User:mallory; every binding deleted
         ("POST", "/v1/acls/create", {"bindings": [[2, "*", 3, "User:mallory", "*", 2, 3]]}),
         ("POST", "/v1/acls/delete", {"filters": [[1, None, 1, None, None, 1, 1]]}),
+        # transaction.version finalized at 2 behind the cluster's back
+        ("POST", "/v1/features/update", {"updates": [
+            {"name": "transaction.version", "level": 2, "upgrade_type": 1}],
+            "validate_only": False}),
         ("POST", "/v1/producer-ids", {}),
         ("POST", "/v1/transactions/state-topic", {}),
         ("POST", "/v1/transactions/markers", {"broker_id": 1 - victim, "markers": FORGED_MARKERS}),
@@ -140,7 +144,7 @@ def controller_calls(cluster: LocalClusterProcess, victim: int) -> list[tuple[st
 
 def state_of(cluster: LocalClusterProcess) -> dict[str, Any]:
     """What a forgery would change: brokers, topics and their leaders and epochs, credentials,
-    producer ids, the processes, and the addresses clients are told."""
+    feature levels, producer ids, the processes, and the addresses clients are told."""
     meta = cluster.metadata()
     status = cluster.status()
     return {
@@ -153,6 +157,7 @@ def state_of(cluster: LocalClusterProcess) -> dict[str, Any]:
         "broker_configs": meta["broker_configs"],
         "scram": meta.get("scram_credentials", {}),
         "acls": meta.get("acls", []),
+        "features": meta.get("features", {}),
         "static": meta["static_topics"],
         "producer_ids": meta["next_producer_id"],
         "processes": [(r["broker"], r["state"], r["process"], r["pid"]) for r in status["brokers"]],

@@ -51,3 +51,19 @@ async def test_api_versions_v3_answers_the_finalized_level(level: int) -> None:
     assert [(k.api_key, k.max_version) for k in v2.api_keys] == [
         (k.api_key, k.max_version) for k in r.api_keys
     ]
+
+
+async def test_api_versions_v4_lists_the_features_supported_from_level_0() -> None:
+    """KIP-1022: from v4 a supported feature whose lowest level is 0 is listed (what
+    `kafka-features describe` prints), with the same finalized level and epoch as v3."""
+    meta = ClusterMetadata("c", version=12)
+    r = await api_versions(meta, 4)
+    assert [(f.name, f.min_version, f.max_version) for f in r.supported_features] == [
+        (TRANSACTION_VERSION, 0, 2)
+    ]
+    assert [(f.name, f.max_version_level) for f in r.finalized_features] == [
+        (TRANSACTION_VERSION, 1)
+    ]
+    assert r.finalized_features_epoch == 12
+    assert (18, 0, 4) in [(k.api_key, k.min_version, k.max_version) for k in r.api_keys]
+    assert (57, 0, 2) in [(k.api_key, k.min_version, k.max_version) for k in r.api_keys]

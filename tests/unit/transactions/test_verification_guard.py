@@ -321,3 +321,24 @@ async def test_tv2_txn_offset_commit_adds_the_group_partition(cluster: Cluster) 
     level1 = _verify_offsets(tv2_broker(cluster, 1), "t", 5)
     assert level1 is not None
     assert await level1(TopicPartition("other", 0), pid, 0) == ErrorCode.transaction_abortable
+
+
+async def test_a_downgrade_to_level_1_mid_transaction_aborts_it_and_loses_nothing(
+    cluster: Cluster,
+) -> None:
+    """`kafka-features downgrade --feature transaction.version=1` while a TV2 transaction is
+    open (docs/transactions-v2.md, "What downgrade does"): the partitions it added keep taking
+    its batches (verified), a partition new to it is refused as abortable (only verified at
+    level 1, and never added), and its EndTxn v5 ends it without a bump; the client goes on at
+    its epoch and nothing of the transaction is left open."""
+    pid = cluster.pid
+    await _append(tv2_broker(cluster, 2), cluster.orders, batch(pid, 0, 0), -1, "t", 12)
+    level1 = tv2_broker(cluster, 1)
+    await _append(level1, cluster.orders, batch(pid, 0, 1), -1, "t", 12)
+    with pytest.raises(KafkaError) as refused:
+        await _append(level1, cluster.offsets_like, batch(pid, 0, 0), -1, "t", 12)
+    assert refused.value.code == ErrorCode.transaction_abortable
+    assert cluster.txn.txns["t"].partitions == {("orders", 0)}
+    assert await cluster.txn.end_txn("t", pid, 0, False, tv2=False) == (pid, 0)
+    await cluster.marker(cluster.orders, commit=False, epoch=0)
+    assert cluster.orders.last_stable_offset == cluster.orders.high_watermark

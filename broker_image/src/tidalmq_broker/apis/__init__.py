@@ -8,6 +8,7 @@ from tidalmq_broker.apis import (  # noqa: F401
     api_versions,
     configs,
     consumer_groups,
+    features,
     fetch,
     groups,
     leaders,

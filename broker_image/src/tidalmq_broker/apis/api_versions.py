@@ -29,10 +29,12 @@ def api_versions_body(error: ErrorCode = ErrorCode.none) -> dict[str, Any]:
 def feature_fields(meta: ClusterMetadata, version: int) -> dict[str, Any]:
     """ApiVersions v3+'s features (KIP-584): the levels this broker supports and the cluster's
     finalized levels, with the metadata version as their epoch (it grows with every change,
-    so a client that saw a level re-reads it). As Kafka (KAFKA-17492), a feature whose lowest
-    supported level is 0 is left out of `supported_features` below v4: older clients cannot
-    read it. The finalized levels are what clients act on (a Java producer runs transaction
-    version 2 when `transaction.version` >= 2, docs/transactions-v2.md)."""
+    so a client that saw a level re-reads it). As Kafka (KAFKA-17492, KIP-1022), a feature
+    whose lowest supported level is 0 is listed in `supported_features` only from v4: older
+    clients cannot read it (so `kafka-features describe`, which lists the supported features,
+    needs v4 to show `transaction.version`). The finalized levels are what clients act on (a
+    Java producer runs transaction version 2 when `transaction.version` >= 2,
+    docs/transactions-v2.md); `kafka-features upgrade` changes them (apis/features.py)."""
     if version < 3 or meta.version < 0:
         return {}
     return {
@@ -50,6 +52,6 @@ def feature_fields(meta: ClusterMetadata, version: int) -> dict[str, Any]:
     }
 
 
-@api(18, "ApiVersions", 0, 3)
+@api(18, "ApiVersions", 0, 4)
 async def handle_api_versions(broker: Broker, request: Request, conn: Connection) -> Any:
     return api_versions_body() | feature_fields(broker.metadata, request.api_version)

@@ -806,7 +806,8 @@ def _controller_settings() -> ControllerSettings:
     """Controller timing from TIDALMQ_HEARTBEAT_INTERVAL_S, TIDALMQ_SESSION_TIMEOUT_S,
     TIDALMQ_ELECTION_TIMEOUT_S (tests hold a move half way by stopping its source broker) and
     TIDALMQ_OPEN_TIMEOUT_S (tests hand a move on by stopping its target), the partitions of __transaction_state from TIDALMQ_TRANSACTION_STATE_PARTITIONS and the
-    cluster's transaction.version from TIDALMQ_TRANSACTION_VERSION."""
+    cluster's transaction.version from TIDALMQ_TRANSACTION_VERSION (unset: the metadata's level,
+    changed by `kafka-features upgrade|downgrade`)."""
     d = ControllerSettings()
     env = os.environ
     identity_ms = env.get("TIDALMQ_IDENTITY_CHECK_INTERVAL_MS")
@@ -825,7 +826,11 @@ def _controller_settings() -> ControllerSettings:
         transaction_state_partitions=int(
             env.get("TIDALMQ_TRANSACTION_STATE_PARTITIONS", d.transaction_state_partitions)
         ),
-        transaction_version=int(env.get("TIDALMQ_TRANSACTION_VERSION", d.transaction_version)),
+        transaction_version=(
+            int(env["TIDALMQ_TRANSACTION_VERSION"])
+            if env.get("TIDALMQ_TRANSACTION_VERSION")
+            else d.transaction_version
+        ),
         # this process starts every broker and waits for each one it stops or kills, and a
         # start stops the brokers an earlier run left (processes.py): a broker's new
         # incarnation means the old process is gone, so its partitions are its again at once

@@ -1,0 +1,106 @@
+"""Finalized feature levels: UpdateFeatures (`kafka-features upgrade|downgrade|disable`), checked
+as Kafka's controller checks it (FeatureControlManager.updateFeatures), docs/transactions-v2.md.
+
+Each update names a feature, a level and an upgrade type (1 upgrade, 2 safe downgrade, 3 unsafe
+downgrade). The request is all or nothing, as Kafka's: the first update that fails fails the
+whole request with INVALID_UPDATE_VERSION and its reason ("Invalid update version 3 for feature
+transaction.version. The controller only supports versions 0-2"), and nothing is written.
+The rules, in Kafka's order:
+
+- an unknown upgrade type is refused; so is a level below 0;
+- the level must be one this code supports (`SUPPORTED_FEATURES`; a feature it does not know
+  is "not supported" at any level);
+- a lower level than the finalized one needs a downgrade type (an upgrade that lowers is
+  refused), and a downgrade type cannot raise the level.
+
+Each accepted change is one `feature` record (the one the controller writes at start for
+`transaction.version`), so the level is in the metadata log and its snapshots, survives
+restarts and reaches every broker as any other change does. An update to the level the
+feature already has writes nothing.
+
+What downgrade means for `transaction.version` 2 -> 1 (or 0): Kafka accepts it as a safe
+downgrade (TV2 declares no dependency and no data it would lose), and so does TidalMQ: no
+record format depends on the level (a transaction's stored `txn_version` decides how its
+EndTxn is handled whatever the level is now), clients re-read the level at their next
+transaction, and a TV2 transaction open across the change ends by its EndTxn or aborts; nothing
+acknowledged is lost. Kafka's one further check, that every broker and controller supports
+the new level, is not made: TidalMQ brokers do not register their supported levels, so the
+operator raises the level only once every broker runs code that serves it (as with the start
+setting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import IntEnum
+
+from tidalmq_core.metadata import SUPPORTED_FEATURES, ClusterMetadata
+from tidalmq_core.records import Record, feature_record
+
+
+class UpgradeType(IntEnum):
+    """Kafka's FeatureUpdate.UpgradeType codes (UpdateFeatures v1+'s `upgrade_type`)."""
+
+    UNKNOWN = 0
+    UPGRADE = 1
+    SAFE_DOWNGRADE = 2
+    UNSAFE_DOWNGRADE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureUpdate:
+    name: str
+    level: int
+    upgrade_type: int = UpgradeType.UPGRADE
+
+
+def _upgrade_type(code: int) -> UpgradeType:
+    try:
+        return UpgradeType(code)
+    except ValueError:
+        return UpgradeType.UNKNOWN
+
+
+def _range(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def reason_refused(image: ClusterMetadata, update: FeatureUpdate) -> str | None:
+    """Why `update` cannot be applied to `image` (Kafka's INVALID_UPDATE_VERSION message), or
+    None."""
+    kind = _upgrade_type(update.upgrade_type)
+    if kind == UpgradeType.UNKNOWN:
+        why = "The controller does not support the given upgrade type."
+    elif update.level < 0:
+        why = "A feature version cannot be less than 0."
+    elif update.name not in SUPPORTED_FEATURES:
+        why = "The controller does not support this feature."
+    elif (
+        not SUPPORTED_FEATURES[update.name][0] <= update.level <= SUPPORTED_FEATURES[update.name][1]
+    ):
+        why = f"The controller only supports versions {_range(*SUPPORTED_FEATURES[update.name])}"
+    elif update.level < image.feature_level(update.name) and kind == UpgradeType.UPGRADE:
+        why = (
+            "Can't downgrade the version of this feature without setting the upgrade type to "
+            "either safe or unsafe downgrade."
+        )
+    elif update.level > image.feature_level(update.name) and kind != UpgradeType.UPGRADE:
+        why = "Can't downgrade to a newer version."
+    else:
+        return None
+    return f"Invalid update version {update.level} for feature {update.name}. {why}"
+
+
+def update(
+    image: ClusterMetadata, updates: Iterable[FeatureUpdate]
+) -> tuple[str | None, list[Record]]:
+    """(the first refusal, no records) or (None, the records making the changes)."""
+    records: list[Record] = []
+    for u in updates:
+        why = reason_refused(image, u)
+        if why is not None:
+            return why, []
+        if u.level != image.feature_level(u.name):
+            records.append(feature_record(u.name, u.level))
+    return None, records
