@@ -261,8 +261,9 @@ async def _reconcile_credentials(
     mech_name = user.mechanism
     deletions = [ScramDeletion(name, scram.mechanism(m).type) for m in stored if m != mech_name]
     upsertions: list[ScramUpsertion] = []
-    if mech_name is not None and existing.get("user.crt") and rt.settings.clients_crl_secret:
+    if mech_name is not None:
         # a tls User now SCRAM: its certificate would still be User:<name>, so it is revoked
+        # (the one its Secret holds and the one recorded, should the Secret be gone)
         await _revoke_certificates(rt, name, existing)
     if mech_name is not None:
         mech = scram.mechanism(mech_name)

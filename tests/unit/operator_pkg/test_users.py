@@ -457,6 +457,12 @@ async def test_the_clients_crl_lists_deleted_and_replaced_certificates(rt: FakeR
     await reconcile(rt, spec("scram-sha-512"), name="bob")
     state, listed = crl_state(rt)
     assert bob in listed and "bob" not in state.issued
+    # the same with its Secret gone meanwhile: the certificate recorded as issued is revoked
+    await reconcile(rt, spec("tls"), name="carol")
+    carol = serial_of(rt, "carol")
+    del rt.kube.secrets["carol"]
+    await reconcile(rt, spec("scram-sha-512"), name="carol")
+    assert carol in crl_state(rt)[1]
 
 
 async def test_no_crl_is_kept_without_its_secret_setting(rt: FakeRuntime) -> None:
