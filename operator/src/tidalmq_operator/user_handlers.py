@@ -265,7 +265,6 @@ async def _reconcile_credentials(
         # a tls User now SCRAM: its certificate would still be User:<name>, so it is revoked
         # (the one its Secret holds and the one recorded, should the Secret be gone)
         await _revoke_certificates(rt, name, existing)
-    if mech_name is not None:
         mech = scram.mechanism(mech_name)
         password = await _password(rt, user, existing)
         credential = stored.get(mech_name)
