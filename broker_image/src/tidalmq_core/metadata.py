@@ -252,7 +252,7 @@ class PartitionState:
         return cls(**fields, lost=None if lost is None else DataLoss.from_json(lost))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class TopicInfo:
     name: str
     topic_id: str  # UUID string
@@ -272,9 +272,30 @@ class TopicInfo:
         default=None, init=False, repr=False, compare=False
     )
 
+    def __init__(
+        self,
+        name: str,
+        topic_id: str,
+        partitions: list[PartitionState],
+        configs: dict[str, str] | None = None,
+        internal: bool = False,
+        kind: str = "normal",
+    ) -> None:
+        # the dataclass's own __init__, but setting fields past the guard below (a topic being
+        # made is not a topic changed; through __setattr__ it cost ten times as much)
+        setattr_ = object.__setattr__
+        setattr_(self, "name", name)
+        setattr_(self, "topic_id", topic_id)
+        setattr_(self, "partitions", partitions)
+        setattr_(self, "configs", {} if configs is None else configs)
+        setattr_(self, "internal", internal)
+        setattr_(self, "kind", kind)
+        setattr_(self, "produce_rules", None)
+
     def __setattr__(self, name: str, value: object) -> None:
-        # A topic's id is its identity: set once, never changed in place (a topic re-created
-        # under its name is a new TopicInfo). TopicTable's index of names by id relies on it.
+        # A topic's id is its identity: never changed in place (a topic re-created under its
+        # name is a new TopicInfo). TopicTable's index of names by id relies on it. (A copy
+        # being rebuilt, copy.deepcopy or pickle, sets it once on a new object: allowed.)
         if name == "topic_id" and hasattr(self, "topic_id"):
             raise AttributeError(f"topic {self.name}: a topic id is never changed in place")
         object.__setattr__(self, name, value)
