@@ -238,7 +238,7 @@ class TopicInfo:
         setattr_(self, "configs", {} if configs is None else configs)
         setattr_(self, "internal", internal)
         setattr_(self, "kind", kind)
-        setattr_(self, "produce_rules", None)
+        setattr_(self, "_produce_rules", None)
 
     def __setattr__(self, name: str, value: object) -> None:
         # A topic's id is its identity: never changed in place (a topic re-created under its

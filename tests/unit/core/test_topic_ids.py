@@ -275,3 +275,17 @@ def test_a_lookup_by_id_walks_no_topics() -> None:
     assert meta.topic_by_id("00000000-0000-4000-8000-000000000001") is None
     assert _WalkCountingTable.walks == 0
     assert _Id.compared <= 8, f"{_Id.compared} id comparisons for six lookups and two records"
+
+
+def test_a_new_topic_info_has_every_field_as_the_dataclass_defaults_say() -> None:
+    """TopicInfo's hand-written __init__ (past the topic-id guard) sets every field: a field
+    added to the class but not to the __init__ is missing on every new topic, found here."""
+    topic = TopicInfo("t", "id", [])
+    for f in dataclasses.fields(TopicInfo):
+        if f.name in ("name", "topic_id", "partitions"):
+            continue
+        expected = (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        )
+        assert getattr(topic, f.name) == expected, f.name
+    assert topic.produce_rules() is topic.produce_rules()  # derived once, kept
