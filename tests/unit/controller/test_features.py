@@ -6,16 +6,19 @@ registration at a level it cannot serve (docs/transactions-v2.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
+import tidalmq_broker.broker
 from kio.schema.errors import ErrorCode
+from tidalmq_broker.apis import KAFKA_APIS  # (importing it registers the handlers)
 from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import (
     decode_request,
@@ -24,6 +27,7 @@ from tidalmq_broker.protocol.codec import (
     encode_response,
 )
 from tidalmq_broker.security.authorizer import Authorizer
+from tidalmq_broker.settings import BrokerSettings
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_controller import (
     Controller,
@@ -40,7 +44,13 @@ from tidalmq_controller._features import registration_refused, update
 from tidalmq_core import snapshots
 from tidalmq_core.acls import AclBinding, AclOperation, PatternType, PermissionType, ResourceType
 from tidalmq_core.control_auth import ControlAuth, broker_token
-from tidalmq_core.metadata import TRANSACTION_VERSION, BrokerInfo, ClusterMetadata
+from tidalmq_core.metadata import (
+    PLAINTEXT,
+    TRANSACTION_VERSION,
+    BrokerInfo,
+    ClusterMetadata,
+    Endpoint,
+)
 from tidalmq_core.records import MetadataDelta, apply_record, broker_record
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
@@ -374,3 +384,38 @@ async def test_the_ranges_and_the_refusal_travel_over_http(controller: Controlle
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_a_refused_broker_retries_with_one_line_per_attempt(
+    controller: Controller, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker's own registration loop against a controller at a level its code does not
+    serve: one warning line per attempt naming Kafka's reason, no traceback, not registered."""
+    assert (await controller.update_features([FeatureUpdate(TV, 2)]))[0] is None
+    monkeypatch.setattr(tidalmq_broker.broker, "SUPPORTED_FEATURES", {TV: (0, 1)})
+    b = tidalmq_broker.broker.Broker(BrokerSettings(broker_id=5), apis=KAFKA_APIS)
+    b.advertised = [Endpoint(PLAINTEXT, "127.0.0.1", 9097, PLAINTEXT)]
+    b.controller = LocalControllerClient(controller)
+    caplog.set_level(logging.WARNING, logger="tidalmq_broker.broker")
+
+    def attempts() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "tidalmq_broker.broker"]
+
+    registering = asyncio.create_task(b._register_until_done())
+    try:
+        for _ in range(500):
+            if len(attempts()) >= 2:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        registering.cancel()
+    assert len(attempts()) >= 2
+    for record in attempts():
+        line = record.getMessage()
+        assert record.exc_info is None and "\n" not in line
+        assert line.startswith(
+            "registration with the controller failed (Unable to register because the broker "
+            f"does not support finalized version 2 of {TV}. The broker wants a version between "
+            "0 and 1, inclusive.); retrying in "
+        ), line
+    assert 5 not in controller.metadata.brokers
