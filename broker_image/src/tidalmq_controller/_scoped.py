@@ -13,7 +13,7 @@ import copy
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from tidalmq_core.metadata import ClusterMetadata, TopicInfo
+from tidalmq_core.metadata import ClusterMetadata, TopicInfo, TopicTable
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import (
     Record,
@@ -43,7 +43,7 @@ class CopyOnAccess(dict[str, V], Generic[V]):
 
     def _load(self, key: str) -> None:
         if not dict.__contains__(self, key) and key not in self.removed and key in self._source:
-            dict.__setitem__(self, key, self._copier(self._source[key]))
+            super().__setitem__(key, self._copier(self._source[key]))
 
     def __getitem__(self, key: str) -> V:
         self._load(key)
@@ -58,14 +58,15 @@ class CopyOnAccess(dict[str, V], Generic[V]):
             return True
         return isinstance(key, str) and key in self._source and key not in self.removed
 
+    # writes go through super() (a subclass's dict may keep an index: _ScopedTopics)
     def __setitem__(self, key: str, value: V) -> None:
         self.removed.discard(key)
-        dict.__setitem__(self, key, value)
+        super().__setitem__(key, value)
 
     def __delitem__(self, key: str) -> None:
         if key not in self:
             raise KeyError(key)
-        dict.pop(self, key, None)
+        super().pop(key, None)
         self.removed.add(key)
 
     def pop(self, key: str, default: Any = _MISSING) -> Any:
@@ -107,6 +108,28 @@ class CopyOnAccess(dict[str, V], Generic[V]):
         return list(dict.keys(self))
 
 
+class _ScopedTopics(CopyOnAccess[TopicInfo], TopicTable):
+    """The scoped view's topics: copied on access like any CopyOnAccess, and found by id as in
+    a TopicTable (the ones held here through its index, the others through the image's)."""
+
+    def __init__(self, source: TopicTable) -> None:
+        super().__init__(source, _copy_topic)
+        self._image_topics = source
+
+    def by_id(self, topic_id: str) -> TopicInfo | None:
+        own = TopicTable.by_id(self, topic_id)
+        if own is not None:
+            return own
+        name = self._image_topics.name_of(topic_id)
+        if name is None or name in self.removed or dict.__contains__(self, name):
+            return None  # gone from the view, or replaced here by a topic with another id
+        return self[name]
+
+    def name_of(self, topic_id: str) -> str | None:
+        topic = self.by_id(topic_id)
+        return None if topic is None else topic.name
+
+
 def _copy_topic(topic: TopicInfo) -> TopicInfo:
     return copy.deepcopy(topic)
 
@@ -120,7 +143,7 @@ def scoped_records(
 ) -> list[Record]:
     """The records of what `mutate` changes (it must touch only topics and static topics)."""
     work = copy.copy(image)
-    topics: CopyOnAccess[TopicInfo] = CopyOnAccess(image.topics, _copy_topic)
+    topics = _ScopedTopics(image.topics)
     statics: CopyOnAccess[StaticTopicState] = CopyOnAccess(image.static_topics, _copy_static)
     work.topics = topics
     work.static_topics = statics

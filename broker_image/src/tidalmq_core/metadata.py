@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from tidalmq_core.acls import AclBinding, acls_from, acls_json
 from tidalmq_core.model import TopicPartition
@@ -255,7 +256,7 @@ class PartitionState:
         return cls(**fields, lost=None if lost is None else DataLoss.from_json(lost))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class TopicInfo:
     name: str
     topic_id: str  # UUID string
@@ -270,6 +271,34 @@ class TopicInfo:
     _produce_rules: tuple[dict[str, str], ProduceRules] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+
+    def __init__(
+        self,
+        name: str,
+        topic_id: str,
+        partitions: list[PartitionState],
+        configs: dict[str, str] | None = None,
+        internal: bool = False,
+        kind: str = "normal",
+    ) -> None:
+        # the dataclass's own __init__, but setting fields past the guard below (a topic being
+        # made is not a topic changed; through __setattr__ it cost ten times as much)
+        setattr_ = object.__setattr__
+        setattr_(self, "name", name)
+        setattr_(self, "topic_id", topic_id)
+        setattr_(self, "partitions", partitions)
+        setattr_(self, "configs", {} if configs is None else configs)
+        setattr_(self, "internal", internal)
+        setattr_(self, "kind", kind)
+        setattr_(self, "_produce_rules", None)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # A topic's id is its identity: never changed in place (a topic re-created under its
+        # name is a new TopicInfo). TopicTable's index of names by id relies on it. (A copy
+        # being rebuilt, copy.deepcopy or pickle, sets it once on a new object: allowed.)
+        if name == "topic_id" and hasattr(self, "topic_id"):
+            raise AttributeError(f"topic {self.name}: a topic id is never changed in place")
+        object.__setattr__(self, name, value)
 
     @property
     def pinned(self) -> bool:
@@ -335,6 +364,119 @@ class TopicInfo:
         )
 
 
+_MISSING: Any = object()
+
+
+class TopicTable(dict[str, TopicInfo]):
+    """`ClusterMetadata.topics`: topics by name, with an index of their names by topic id that
+    every change to the table keeps (a topic set, replaced, deleted; the table built or cleared),
+    so `by_id` is O(1) and never stale: a deleted topic's id finds nothing, a topic re-created
+    under its name is found by its new id only. Each change costs O(1) index work; building a
+    table from a mapping (a snapshot or a document loaded) indexes it once, O(topics).
+
+    Nothing else can make the index diverge: every mutating dict method goes through the
+    index, `TopicInfo.topic_id` cannot change in place, and `ClusterMetadata` turns any plain
+    dict given as its topics into a table. Topic ids are unique (the controller makes them with
+    uuid4); should two topics share one anyway, the id finds one of them until both are gone."""
+
+    def __init__(self, topics: Mapping[str, TopicInfo] | Iterable[tuple[str, TopicInfo]] = ()):
+        super().__init__(topics)
+        self._names: dict[str, str] = {}  # topic id -> the name holding it
+        self._shared: dict[str, list[str]] = {}  # topic id -> the other names holding it
+        for name, topic in dict.items(self):
+            self._index(name, topic.topic_id)
+
+    def _index(self, name: str, topic_id: str) -> None:
+        holder = self._names.setdefault(topic_id, name)
+        if holder != name:
+            self._shared.setdefault(topic_id, []).append(name)
+
+    def _unindex(self, name: str, topic_id: str) -> None:
+        others = self._shared.get(topic_id)
+        if self._names.get(topic_id) == name:
+            if others:
+                self._names[topic_id] = others.pop()
+            else:
+                del self._names[topic_id]
+        elif others is not None and name in others:
+            others.remove(name)
+        if others is not None and not others:
+            del self._shared[topic_id]
+
+    def by_id(self, topic_id: str) -> TopicInfo | None:
+        """The topic with this id (its canonical UUID string), or None."""
+        name = self._names.get(topic_id)
+        if name is None:
+            return None
+        topic = dict.get(self, name)
+        return topic if topic is not None and topic.topic_id == topic_id else None
+
+    def name_of(self, topic_id: str) -> str | None:
+        """The name of the topic with this id, or None."""
+        name = self._names.get(topic_id)
+        if name is None:
+            return None
+        topic = dict.get(self, name)
+        return name if topic is not None and topic.topic_id == topic_id else None
+
+    def indexed_ids(self) -> dict[str, str]:
+        """The index as it stands (topic id -> a name holding it): for checks."""
+        return dict(self._names)
+
+    def __setitem__(self, name: str, topic: TopicInfo) -> None:
+        old = dict.get(self, name)
+        dict.__setitem__(self, name, topic)
+        if old is not None:
+            if old.topic_id == topic.topic_id:
+                return
+            self._unindex(name, old.topic_id)
+        self._index(name, topic.topic_id)
+
+    def __delitem__(self, name: str) -> None:
+        topic = dict.pop(self, name)
+        self._unindex(name, topic.topic_id)
+
+    def pop(self, name: str, default: Any = _MISSING) -> Any:
+        if dict.__contains__(self, name):
+            topic = dict.pop(self, name)
+            self._unindex(name, topic.topic_id)
+            return topic
+        if default is _MISSING:
+            raise KeyError(name)
+        return default
+
+    def popitem(self) -> tuple[str, TopicInfo]:
+        name, topic = dict.popitem(self)
+        self._unindex(name, topic.topic_id)
+        return name, topic
+
+    def setdefault(self, name: str, default: Any = None) -> Any:
+        if not dict.__contains__(self, name):
+            self[name] = default
+        return dict.__getitem__(self, name)
+
+    def update(self, *args: Any, **kwargs: TopicInfo) -> None:
+        for name, topic in dict(*args, **kwargs).items():
+            self[name] = topic
+
+    # dict's own |= would bypass the index. Its stub ties __ior__ to __or__'s overloads (a
+    # plain dict, left as it is), which no override returning the table satisfies.
+    def __ior__(self, other: Any) -> Self:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self._names.clear()
+        self._shared.clear()
+
+    def copy(self) -> TopicTable:
+        return TopicTable(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copy.copy, copy.deepcopy and pickle rebuild it
+        return (type(self), (dict(self),))
+
+
 # Kafka's feature names and the levels this code supports (ApiVersions' supported_features),
 # with the level a cluster has until its controller sets another (docs/transactions-v2.md).
 TRANSACTION_VERSION = "transaction.version"
@@ -348,7 +490,8 @@ class ClusterMetadata:
     controller_epoch: int = 0
     version: int = 0  # bumped on every committed change; brokers ignore older snapshots
     brokers: dict[int, BrokerInfo] = field(default_factory=dict)
-    topics: dict[str, TopicInfo] = field(default_factory=dict)
+    # by name, indexed by topic id (a plain dict given here or assigned later becomes a table)
+    topics: TopicTable = field(default_factory=TopicTable)
     next_producer_id: int = 1000
     # deleted topics whose data is still in object storage: (name, topic id)
     pending_deletions: list[tuple[str, str]] = field(default_factory=list)
@@ -367,6 +510,11 @@ class ClusterMetadata:
     # finalized feature levels the controller set (Kafka's finalized features, KIP-584): name ->
     # level; a feature absent here is at its default (`feature_level`)
     features: dict[str, int] = field(default_factory=dict)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "topics" and not isinstance(value, TopicTable):
+            value = TopicTable(value)
+        object.__setattr__(self, name, value)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -399,7 +547,9 @@ class ClusterMetadata:
             controller_epoch=int(data.get("controller_epoch", 0)),
             version=int(data.get("version", 0)),
             brokers={int(k): BrokerInfo.from_json(v) for k, v in data.get("brokers", {}).items()},
-            topics={k: TopicInfo.from_json(v) for k, v in data.get("topics", {}).items()},
+            topics=TopicTable(
+                (k, TopicInfo.from_json(v)) for k, v in data.get("topics", {}).items()
+            ),
             next_producer_id=int(data.get("next_producer_id", 1000)),
             pending_deletions=[(n, i) for n, i in data.get("pending_deletions", [])],
             broker_configs={str(k): dict(v) for k, v in data.get("broker_configs", {}).items()},
@@ -444,10 +594,8 @@ class ClusterMetadata:
         return out
 
     def topic_by_id(self, topic_id: str) -> TopicInfo | None:
-        for topic in self.topics.values():
-            if topic.topic_id == topic_id:
-                return topic
-        return None
+        """The topic with this id (its canonical UUID string), or None: O(1) (TopicTable)."""
+        return self.topics.by_id(topic_id)
 
 
 def scram_credentials_json(

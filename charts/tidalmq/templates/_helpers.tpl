@@ -312,6 +312,23 @@ PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. The listener is named after its prot
 {{- end }}
 
 {{/*
+The Secret of the CRL the operator keeps of the clients CA (crl.pem; docs/security.md, "Revoked
+tls Users' certificates"): with an SSL listener that asks for client certificates, Users on,
+and no listeners.tls.crlSecret of the user's (which then wins). Empty otherwise.
+*/}}
+{{- define "tidalmq.clientsCrlSecret" -}}
+{{- $l := .Values.listeners -}}
+{{- if and $l.tls.enabled (not $l.sasl.enabled) (ne $l.tls.clientAuth "none") .Values.users.enabled (not $l.tls.crlSecret) -}}
+{{- printf "%s-clients-crl" (include "tidalmq.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The CRL Secret the brokers mount: the user's listeners.tls.crlSecret or the operator's. */}}
+{{- define "tidalmq.brokerCrlSecret" -}}
+{{- default (include "tidalmq.clientsCrlSecret" .) .Values.listeners.tls.crlSecret }}
+{{- end }}
+
+{{/*
 The DNS names of the brokers' generated certificate: each broker's advertised name (a wildcard
 under the headless Service), the headless and bootstrap Services. Clients of broker.advertise
 podIP reach brokers by IP, which no generated certificate names: use tls.existingSecret then.

@@ -9,6 +9,7 @@ lays them out) is fed to the broker's own settings, listener and TLS setup."""
 from __future__ import annotations
 
 import base64
+import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from cryptography import x509
 from tidalmq_broker.security.endpoints import build_authorizer, build_endpoints
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.settings import from_sources
-from tidalmq_operator import users
+from tidalmq_operator import clients_crl, users
 
 from tests.support.helm import (
     FULL,
@@ -91,6 +92,19 @@ def with_files(env: dict[str, str], docs: list[dict[str, Any]], tmp: Path) -> di
         ca = tmp / "ca.crt"
         ca.write_text(secret_data(docs, CLIENTS_CA)["tls.crt"])
         env["TIDALMQ_SSL_TRUSTSTORE_LOCATION"] = str(ca)
+    if "TIDALMQ_SSL_CRL_LOCATION" in env:
+        # what the operator puts in FULLNAME-clients-crl at its start: an empty CRL of the CA
+        ca_data = secret_data(docs, CLIENTS_CA)
+        crl = tmp / "crl.pem"
+        crl.write_bytes(
+            clients_crl.sign_crl(
+                clients_crl.CrlState(),
+                ca_data["tls.crt"].encode(),
+                ca_data["tls.key"].encode(),
+                datetime.datetime.now(datetime.UTC),
+            )
+        )
+        env["TIDALMQ_SSL_CRL_LOCATION"] = str(crl)
     return env
 
 
@@ -228,9 +242,6 @@ def test_sasl_mechanisms_client_auth_authorizer_and_super_users() -> None:
 
 
 def test_a_crl_secret_is_mounted_and_named_to_the_brokers() -> None:
-    assert "TIDALMQ_SSL_CRL_LOCATION" not in broker_env(
-        render({"listeners": {"tls": {"enabled": True}}})
-    )
     docs = render({"listeners": {"tls": {"enabled": True, "crlSecret": "clients-crl"}}})
     env = broker_env(docs)
     assert env["TIDALMQ_SSL_CRL_LOCATION"] == "/etc/tidalmq/crl/crl.pem"
@@ -238,9 +249,52 @@ def test_a_crl_secret_is_mounted_and_named_to_the_brokers() -> None:
     assert crl["secretName"] == "clients-crl" and crl["items"] == [
         {"key": "crl.pem", "path": "crl.pem"}
     ]
+    assert "optional" not in crl  # a missing Secret holds the pod back: never no CRL at all
+    # the user's CRL wins: the operator keeps none
+    assert "TIDALMQ_CLIENTS_CRL_SECRET" not in operator_env(docs)
     broker = container(find(docs, "StatefulSet", f"{FULL}-broker"), "broker")
     mounts = {m["name"]: m for m in broker["volumeMounts"]}
     assert mounts["crl"]["mountPath"] == "/etc/tidalmq/crl" and "subPath" not in mounts["crl"]
+
+
+CLIENTS_CRL = f"{FULL}-clients-crl"
+
+
+@pytest.mark.parametrize("client_auth", ["required", "requested"])
+def test_the_operator_keeps_the_clients_crl_which_the_brokers_mount(
+    client_auth: str, tmp_path: Path
+) -> None:
+    docs = render({"listeners": {"tls": {"enabled": True, "clientAuth": client_auth}}})
+    assert operator_env(docs)["TIDALMQ_CLIENTS_CRL_SECRET"] == CLIENTS_CRL
+    env = broker_env(docs)
+    assert env["TIDALMQ_SSL_CRL_LOCATION"] == "/etc/tidalmq/crl/crl.pem"
+    crl = volumes(docs)["crl"]["secret"]
+    assert crl["secretName"] == CLIENTS_CRL and "optional" not in crl
+    assert crl["items"] == [{"key": "crl.pem", "path": "crl.pem"}]  # never revoked.json
+    assert mounts(docs)["crl"] == "/etc/tidalmq/crl"
+    # the chart makes no such Secret (it cannot sign a CRL): the operator does, at its start
+    assert CLIENTS_CRL not in {s["metadata"]["name"] for s in find_all(docs, "Secret")}
+    # the broker takes the files as the operator makes them (an empty CRL of the clients CA)
+    settings = from_sources(None, with_files(expanded(env), docs, tmp_path))
+    (endpoint,) = build_endpoints(settings, lambda u, m: None)[1]
+    assert endpoint.ssl_context is not None
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"listeners": {"tls": {"enabled": True, "clientAuth": "none"}}},  # no client certificates
+        {"listeners": {"tls": {"enabled": True}, "sasl": {"enabled": True}}},  # SASL_SSL
+        {"listeners": {"tls": {"enabled": True}}, "users": {"enabled": False}},  # no Users
+        {"listeners": {"sasl": {"enabled": True}}},
+        {},
+    ],
+)
+def test_no_operator_crl_without_client_certificates_from_users(values: dict[str, Any]) -> None:
+    docs = render(values)
+    assert "TIDALMQ_CLIENTS_CRL_SECRET" not in operator_env(docs)
+    assert "TIDALMQ_SSL_CRL_LOCATION" not in broker_env(docs)
+    assert "crl" not in volumes(docs)
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,9 @@ class OperatorSettings:
     # the Secret holding the CA that signs tls Users' certificates (tls.crt, tls.key); the
     # operator generates it when it does not exist (the chart generates it with listeners.tls)
     clients_ca_secret: str = "tidalmq-clients-ca"
+    # the Secret the operator keeps the clients CA's CRL in (crl.pem, revoked.json: clients_crl);
+    # empty: no CRL is kept (the chart sets it unless listeners.tls.crlSecret is the user's own)
+    clients_crl_secret: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -132,6 +135,7 @@ class OperatorSettings:
             control_tls_key_file=get("CONTROL_TLS_KEY_FILE", ""),
             control_tls_ca_file=get("CONTROL_TLS_CA_FILE", ""),
             clients_ca_secret=get("CLIENTS_CA_SECRET", "tidalmq-clients-ca"),
+            clients_crl_secret=get("CLIENTS_CRL_SECRET", ""),
         )
 
     def control_auth(self) -> ControlAuth:

@@ -12,8 +12,14 @@ cluster metadata the brokers authenticate and authorize against).
 - every 5 minutes (a timer): the same reconcile, so what changed outside the spec (bindings
   added with kafka-acls, a rotated password Secret, a certificate coming due, a deleted Secret)
   is put right.
-- delete (finalizer): the user's SCRAM credentials and every ACL binding of its principal go,
-  then its Secret (also owned by the User, so the garbage collector would take it too).
+- delete (finalizer): a tls User's certificates are revoked (the clients CA's CRL, below) before
+  anything else, so that the finalizer is not removed before the CRL says so; then the user's
+  SCRAM credentials and every ACL binding of its principal go, then its Secret (also owned by
+  the User, so the garbage collector would take it too).
+- the clients CA's CRL (with TIDALMQ_CLIENTS_CRL_SECRET; clients_crl.py has the pure part): a
+  certificate issued is recorded there, the one it replaces revoked, a deleted User's revoked;
+  a daemon on the ClusterState (the active replica only) makes the Secret at start, empty, and
+  signs the CRL again every day (it is valid 7), looking every CRL_CHECK_S.
 
 Registered by importing this module from `handlers.py`.
 """
@@ -22,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -31,7 +39,7 @@ from tidalmq_controller import ScramDeletion, ScramUpsertion
 from tidalmq_core import scram
 from tidalmq_core.acls import AclBinding
 
-from tidalmq_operator import users
+from tidalmq_operator import clients_crl, users
 from tidalmq_operator.kube import Conflict, NotFound
 from tidalmq_operator.models import SpecError
 from tidalmq_operator.runtime import (
@@ -48,6 +56,7 @@ PLURAL = "users"
 RETRY_S = 2.0
 RETRY_REFUSED_S = 15.0
 RESYNC_S = 300.0
+CRL_CHECK_S = 300.0
 
 
 class UserNotReady(Exception):
@@ -253,6 +262,9 @@ async def _reconcile_credentials(
     deletions = [ScramDeletion(name, scram.mechanism(m).type) for m in stored if m != mech_name]
     upsertions: list[ScramUpsertion] = []
     if mech_name is not None:
+        # a tls User now SCRAM: its certificate would still be User:<name>, so it is revoked
+        # (the one its Secret holds and the one recorded, should the Secret be gone)
+        await _revoke_certificates(rt, name, existing)
         mech = scram.mechanism(mech_name)
         password = await _password(rt, user, existing)
         credential = stored.get(mech_name)
@@ -269,10 +281,32 @@ async def _reconcile_credentials(
         data = users.scram_secret_data(name, mech_name, password)
     else:
         ca = await _clients_ca(rt)
-        if users.cert_still_good(existing.get("user.crt", ""), ca.cert_pem, name):
-            pair = users.KeyPair(existing["user.key"].encode(), existing["user.crt"].encode())
+        held = existing.get("user.crt", "")
+        # the certificate the Secret holds, if this CA issued it (another CA's is not trusted)
+        current = clients_crl.cert_ref(held) if users.issued_by(held, ca.cert_pem) else None
+        if users.cert_still_good(held, ca.cert_pem, name):
+            pair = users.KeyPair(existing["user.key"].encode(), held.encode())
+            kept = current
+            await _update_crl(
+                rt,
+                ca,
+                lambda s, now: (
+                    kept is not None and clients_crl.record_issued(s, name, kept, None, False, now)
+                ),
+            )
         else:
             pair = await asyncio.to_thread(users.issue_client_cert, ca, name)
+            new = clients_crl.cert_ref(pair.cert_pem.decode())
+            assert new is not None
+            # only coming due (CN=<name>, this CA's, not expired): the old one gets a grace
+            renewal = users.coming_due(held, ca.cert_pem, name)
+            # recorded (and the replaced one revoked) before the Secret is written: a crash
+            # between leaves a certificate nobody holds, revoked at the next issue
+            await _update_crl(
+                rt,
+                ca,
+                lambda s, now: clients_crl.record_issued(s, name, new, current, renewal, now),
+            )
         data = users.tls_secret_data(name, pair.key_pem, pair.cert_pem, ca.cert_pem)
     # one alteration per user and request (Kafka's rule): the new credential first, then the
     # other mechanism's goes, so a switch never leaves the user without one
@@ -318,6 +352,95 @@ async def _clients_ca(rt: OperatorRuntime) -> users.KeyPair:
     raise UserNotReady("ClientsCaInvalid", f"Secret {name}: could not read or create it")
 
 
+# ---------------------------------------------------------------------------- the CRL
+CrlChange = Callable[[clients_crl.CrlState, datetime.datetime], bool]
+
+
+async def _update_crl(rt: OperatorRuntime, ca: users.KeyPair, change: CrlChange) -> None:
+    """Apply `change` to the CRL's bookkeeping and sign the CRL again when anything changed or
+    it is due (clients_crl.refresh_due); nothing without TIDALMQ_CLIENTS_CRL_SECRET. The
+    Secret is read and written under one lock (the active replica alone runs handlers)."""
+    name = rt.settings.clients_crl_secret
+    if not name:
+        return
+    async with rt.resource_lock("clients-crl"):
+        secret = await _read_secret(rt, name)
+        data = users.decoded((secret or {}).get("data"))
+        state = clients_crl.loads(data.get(clients_crl.STATE_KEY, ""), ca.cert_pem)
+        now = datetime.datetime.now(datetime.UTC)
+        changed = change(state, now)
+        changed = clients_crl.drop_expired(state, now) or changed
+        crl_pem = data.get(clients_crl.CRL_KEY, "").encode()
+        if not changed and not clients_crl.refresh_due(state, crl_pem, ca.cert_pem, now):
+            return
+        crl = await asyncio.to_thread(clients_crl.sign_crl, state, ca.cert_pem, ca.key_pem, now)
+        new_data = {
+            clients_crl.CRL_KEY: base64.b64encode(crl).decode(),
+            clients_crl.STATE_KEY: base64.b64encode(clients_crl.dumps(state).encode()).decode(),
+        }
+        if secret is None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": name,
+                    "namespace": rt.kube.namespace,
+                    "labels": {"app.kubernetes.io/managed-by": "tidalmq-operator"},
+                },
+                "data": new_data,
+            }
+            try:
+                await rt.kube.create_secret(body)
+            except Conflict as exc:  # made meanwhile (another replica): the next try reads it
+                raise UserNotReady("ClientsCrlConflict", f"Secret {name} was just made") from exc
+        else:
+            await rt.kube.patch_secret(name, {"data": new_data})
+    log.info(
+        "clients CA's CRL in Secret %s signed: %d certificates listed",
+        name,
+        len(clients_crl.listed(state, now)),
+    )
+
+
+async def _revoke_certificates(rt: OperatorRuntime, name: str, existing: dict[str, str]) -> None:
+    """Revoke a User's certificates at once: the one recorded as issued, the one its Secret
+    (`existing`, decoded) holds if the clients CA issued it."""
+    if not rt.settings.clients_crl_secret:
+        return
+    ca = await _clients_ca(rt)
+    held = existing.get("user.crt", "")
+    current = clients_crl.cert_ref(held) if users.issued_by(held, ca.cert_pem) else None
+    await _update_crl(rt, ca, lambda s, now: clients_crl.revoke_user(s, name, current, now))
+
+
+@kopf.daemon(
+    GROUP,
+    VERSION,
+    "clusterstates",
+    cancellation_timeout=10.0,
+    when=lambda name, memo, **_: (
+        name == _runtime(memo).settings.cluster_state_name
+        and bool(_runtime(memo).settings.clients_crl_secret)
+    ),
+)
+async def clients_crl_daemon(stopped: Any, memo: Any, **_: Any) -> None:
+    """The CRL Secret from the start (an empty CRL: brokers refuse the clients of a CA the CRL
+    file has no CRL of, and wait for the Secret to mount it), signed again before it expires
+    (every REFRESH_AFTER; valid CRL_DAYS) and when a grace ends or an entry expires. Kopf runs
+    it on the active replica only, as the controller."""
+    rt = _runtime(memo)
+    while not stopped:
+        try:
+            ca = await _clients_ca(rt)
+            await _update_crl(rt, ca, lambda s, now: False)
+            delay = CRL_CHECK_S
+        except Exception as exc:  # the API server, a CA Secret without its key: said, retried
+            log.error("clients CA's CRL not maintained: %s", exc)
+            delay = RETRY_REFUSED_S
+        await stopped.wait(delay)
+
+
 # ---------------------------------------------------------------------------- ACLs
 async def _reconcile_acls(controller: Any, name: str, desired: list[AclBinding]) -> users.AclDiff:
     current = users.bindings_of_principal(controller.metadata.acls, users.principal_of(name))
@@ -349,6 +472,14 @@ async def delete_user(name: str, meta: Any, memo: Any, **_: Any) -> None:
     except ControllerInactive as exc:
         raise kopf.TemporaryError(str(exc), delay=RETRY_S) from exc
     async with rt.resource_lock(f"user/{name}"):
+        secret = await _read_secret(rt, name)
+        mine = secret is not None and _owned_by(secret, meta.get("uid"))
+        try:  # first: the finalizer stays until the CRL lists the certificates
+            await _revoke_certificates(
+                rt, name, users.decoded((secret or {}).get("data")) if mine else {}
+            )
+        except (UserNotReady, NotFound, Conflict) as exc:
+            raise kopf.TemporaryError(f"CRL not updated: {exc}", delay=RETRY_S) from exc
         stored = list(controller.metadata.scram_credentials.get(name, {}))
         try:
             for m in stored:  # one alteration per user and request
@@ -358,8 +489,7 @@ async def delete_user(name: str, meta: Any, memo: Any, **_: Any) -> None:
         principal = users.principal_of(name)
         if users.bindings_of_principal(controller.metadata.acls, principal):
             await controller.delete_acls([users.principal_filter(principal)])
-        secret = await _read_secret(rt, name)
-        if secret is not None and _owned_by(secret, meta.get("uid")):
+        if mine:
             try:
                 await rt.kube.delete_secret(name)
             except NotFound:

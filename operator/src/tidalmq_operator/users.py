@@ -349,6 +349,16 @@ def issue_client_cert(ca: KeyPair, user: str, days: int = CERT_DAYS) -> KeyPair:
     return KeyPair(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
 
 
+def issued_by(cert_pem: str, ca_pem: bytes) -> bool:
+    """Whether a PEM certificate is signed by this CA (what the CA's CRL can revoke)."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
+    except Exception:  # any parse or signature failure
+        return False
+    return True
+
+
 def cert_still_good(
     cert_pem: str, ca_pem: bytes, user: str, now: datetime.datetime | None = None
 ) -> bool:
@@ -364,3 +374,16 @@ def cert_still_good(
         return False
     now = now or datetime.datetime.now(datetime.UTC)
     return cert.not_valid_after_utc - now > RENEW_BEFORE
+
+
+def coming_due(
+    cert_pem: str, ca_pem: bytes, user: str, now: datetime.datetime | None = None
+) -> bool:
+    """Whether a User's certificate is replaced only because its end is near (CN=<user>, this
+    CA's, not expired): a routine renewal, after which the old one is revoked with a grace."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    if not issued_by(cert_pem, ca_pem):
+        return False
+    cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return [a.value for a in cns] == [user] and cert.not_valid_after_utc > now

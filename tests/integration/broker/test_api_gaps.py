@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.protocol.broker_version_data import BrokerVersionData
@@ -312,3 +312,38 @@ def test_fetch_by_topic_id_on_the_wire(broker: BrokerProcess) -> None:
             part = follower.responses[0].partitions[0]
             assert part.error_code == ErrorCode.not_leader_or_follower, (version, part)
             assert follower.error_code == ErrorCode.not_leader_or_follower
+
+        # deleted and created again under its name, while the broker runs (its image changes in
+        # place, its index of topics by id with it): the old id names nothing, the new one the
+        # new, empty topic
+        kafka_admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # kept while it waits
+        kafka_admin.delete_topics([name])[name].result(30)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                create_topic(broker.bootstrap, name, 1)
+                break
+            except KafkaException:  # the deletion still in progress
+                assert time.monotonic() < deadline, "the topic could not be created again"
+                time.sleep(0.2)
+        by_name = {
+            "topics": [{"name": name, "topic_id": None}],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        }
+        new_id = topic_id
+        while new_id in (topic_id, None) or new_id.int == 0:
+            assert time.monotonic() < deadline, "the broker never saw the topic created again"
+            time.sleep(0.1)
+            new_id = admin.call(3, 12, by_name).topics[0].topic_id
+        for version in (13, 17):
+            old = admin.call(1, version, fetch_body(version, topic_id)).responses[0]
+            assert old.partitions[0].error_code == ErrorCode.unknown_topic_id, (version, old)
+            while True:
+                new = admin.call(1, version, fetch_body(version, new_id)).responses[0]
+                if new.partitions[0].error_code == ErrorCode.none:
+                    break
+                assert new.partitions[0].error_code != ErrorCode.unknown_topic_id, version
+                assert time.monotonic() < deadline, (version, new)  # the partition opening
+                time.sleep(0.1)
+            assert new.topic_id == new_id and new.partitions[0].high_watermark == 0, version

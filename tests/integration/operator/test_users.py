@@ -9,7 +9,9 @@ super user (what an internal listener of a Kafka cluster is sometimes given), a 
 listener for SCRAM Users' clients, and an SSL listener that requires client certificates from
 the clients CA, with the chart's principal mapping (CN=NAME is User:NAME), for tls Users. The
 clients CA is the Secret the operator signs with, made before the broker starts (as the chart
-makes it)."""
+makes it). The operator keeps the CA's CRL in a Secret (as the chart has it do); the broker
+starts once that exists and loads it as ssl.crl.location, which the test copies from the Secret
+as the kubelet updates a Secret volume (there is no kubelet here)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ import base64
 import json
 import os
 import signal
+import socket
+import ssl
+import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -51,6 +56,7 @@ from tests.support.kube_apiserver import ApiServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 CLIENTS_CA = "test-clients-ca"
+CLIENTS_CRL = "test-clients-crl"
 
 
 @pytest.fixture
@@ -73,8 +79,12 @@ def secured(api_with_crds: ApiServer, tmp_path: Path) -> Iterator[dict[str, Any]
     certs.write_keystore(tmp_path / "broker.pem",
                          certs.issue(server_ca, "broker", hosts=["127.0.0.1"]), server_ca)  # fmt: skip
     op = OperatorProcess(api_with_crds, ns, storage, tmp_path,
-                         env={"TIDALMQ_CLIENTS_CA_SECRET": CLIENTS_CA})  # fmt: skip
+                         env={"TIDALMQ_CLIENTS_CA_SECRET": CLIENTS_CA,
+                              "TIDALMQ_CLIENTS_CRL_SECRET": CLIENTS_CRL})  # fmt: skip
     op.start()
+    d: dict[str, Any] = {"ns": ns, "operator": op, "api": api_with_crds, "tmp": tmp_path}
+    # the broker pod waits for the CRL Secret (a volume that is not optional): made at start
+    wait_for(lambda: sync_crl(d) is not None, what=f"Secret {CLIENTS_CRL} made by the operator")
     broker = BrokerProcess(storage, tmp_path / "logs", env=BROKER_ENV)
     sasl_port, ssl_port = free_port(), free_port()
     broker.args = [
@@ -86,11 +96,11 @@ def secured(api_with_crds: ApiServer, tmp_path: Path) -> Iterator[dict[str, Any]
         "--ssl-truststore-location", str(tmp_path / "clients-ca.pem"),
         "--ssl-client-auth", "required",
         "--ssl-principal-mapping-rules", "RULE:^CN=([^,]+)$/$1/,DEFAULT",  # the chart's
+        "--ssl-crl-location", str(tmp_path / "crl.pem"), "--ssl-reload-interval-ms", "200",
         "--authorizer", "acl", "--super-users", "User:ANONYMOUS",
     ]  # fmt: skip
     broker.start()
-    d = {"ns": ns, "operator": op, "broker": broker, "api": api_with_crds, "tmp": tmp_path,
-         "sasl": f"127.0.0.1:{sasl_port}", "ssl": f"127.0.0.1:{ssl_port}"}  # fmt: skip
+    d.update(broker=broker, sasl=f"127.0.0.1:{sasl_port}", ssl=f"127.0.0.1:{ssl_port}")
     try:
         yield d
     finally:
@@ -104,6 +114,48 @@ def secured(api_with_crds: ApiServer, tmp_path: Path) -> Iterator[dict[str, Any]
 def user(name: str, acls: list[dict[str, Any]], kind: str = "scram-sha-512") -> dict[str, Any]:
     return {"apiVersion": "tidalmq.io/v1alpha1", "kind": "User", "metadata": {"name": name},
             "spec": {"authentication": {"type": kind}, "authorization": {"acls": acls}}}  # fmt: skip
+
+
+def sync_crl(d: dict[str, Any]) -> bytes | None:
+    """The CRL Secret's crl.pem written to the broker's ssl.crl.location when it changed (as
+    the kubelet does: whole, by a rename); None while there is no Secret."""
+    r = d["api"].kubectl("-n", d["ns"], "get", "secret", CLIENTS_CRL, "-o", "json", check=False)
+    if r.returncode != 0:
+        return None
+    crl = base64.b64decode(json.loads(r.stdout)["data"]["crl.pem"])
+    path: Path = d["tmp"] / "crl.pem"
+    if not path.exists() or path.read_bytes() != crl:
+        (d["tmp"] / "crl.pem.new").write_bytes(crl)
+        (d["tmp"] / "crl.pem.new").rename(path)
+    return crl
+
+
+def tls_client(d: dict[str, Any], files: Path) -> str:
+    """A new TLS connection to the SSL listener with a User's certificate: 'accepted' when the
+    broker answers an ApiVersions request on it, else the TLS error it ended with."""
+    ctx = ssl.create_default_context(cafile=str(d["tmp"] / "server-ca.pem"))
+    ctx.load_cert_chain(str(files / "user.crt"), str(files / "user.key"))
+    host, port = d["ssl"].split(":")
+    try:
+        with (
+            socket.create_connection((host, int(port)), timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            # ApiVersions v0; with TLS 1.3 a refused client certificate shows on reading
+            tls.sendall(struct.pack(">ihhih", 10, 18, 0, 1, -1))
+            size = tls.recv(4)
+            return "accepted" if len(size) == 4 else "closed"
+    except (ssl.SSLError, OSError) as exc:
+        return str(exc)
+
+
+def write_certificate(d: dict[str, Any], name: str) -> Path:
+    creds = secret(d, name)
+    files = d["tmp"] / name
+    files.mkdir()
+    for key in ("user.crt", "user.key", "ca.crt"):
+        (files / key).write_text(creds[key])
+    return files
 
 
 def read(topic: str) -> dict[str, Any]:
@@ -232,13 +284,11 @@ def test_tls_user_certificate_on_a_real_broker(secured: dict[str, Any]) -> None:
     assert producer.flush(30) == 0
 
     apply(d, user("carol", [read("certs"), group_read("carol-")], kind="tls"))
-    wait_for(lambda: ready(d, "carol"), what="User carol Ready")
-    creds = secret(d, "carol")
-    files = d["tmp"] / "carol"
-    files.mkdir()
-    for key in ("user.crt", "user.key", "ca.crt"):
-        (files / key).write_text(creds[key])
-    assert creds["ca.crt"] == (d["tmp"] / "clients-ca.pem").read_text()  # the CA it was given
+    apply(d, user("dave", [read("certs"), group_read("dave-")], kind="tls"))
+    wait_for(lambda: ready(d, "carol") and ready(d, "dave"), what="Users carol and dave Ready")
+    files, dave = write_certificate(d, "carol"), write_certificate(d, "dave")
+    # the CA it was given
+    assert (files / "ca.crt").read_text() == (d["tmp"] / "clients-ca.pem").read_text()
     conf = {"bootstrap.servers": d["ssl"], "security.protocol": "SSL",
             "ssl.ca.location": str(d["tmp"] / "server-ca.pem"),
             "ssl.certificate.location": str(files / "user.crt"),
@@ -249,12 +299,26 @@ def test_tls_user_certificate_on_a_real_broker(secured: dict[str, Any]) -> None:
     assert acls_of(admin, "User:carol") == {("certs", "READ"), ("certs", "DESCRIBE"),
                                             ("carol-", "READ")}  # fmt: skip
 
-    # deleting the User removes its ACLs (a certificate cannot be revoked: no CRLs, docs)
+    assert tls_client(d, files) == "accepted"
+    # deleting the User removes its ACLs
     d["api"].kubectl("-n", d["ns"], "delete", "user", "carol", "--timeout=60s")
     assert acls_of(admin, "User:carol") == set()
-    # refused: without its group ACL the group is checked first
-    assert consume(conf, "certs", "carol-3") in (KafkaError.GROUP_AUTHORIZATION_FAILED,
-                                                 KafkaError.TOPIC_AUTHORIZATION_FAILED)  # fmt: skip
+
+    # and revokes its certificate: the CRL the operator signed before the finalizer went
+    # lists it, and once the broker has the file (the kubelet's sync, here at once) a new
+    # connection with it fails the TLS handshake, while another User's still connects
+    def refused() -> str | None:
+        sync_crl(d)
+        outcome = tls_client(d, files)
+        return outcome if "revoked" in outcome else None
+
+    revoked = wait_for(refused, timeout_s=30, what="carol's certificate refused")
+    assert "CERTIFICATE_REVOKED" in revoked.upper()
+    assert tls_client(d, dave) == "accepted"
+    dave_conf = dict(conf)
+    dave_conf["ssl.certificate.location"] = str(dave / "user.crt")
+    dave_conf["ssl.key.location"] = str(dave / "user.key")
+    assert consume(dave_conf, "certs", "dave-1") == b"hello certs"
 
 
 def test_invalid_user_is_not_ready(secured: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from tidalmq_core.acls import (
     PermissionType,
     ResourceType,
 )
-from tidalmq_operator import user_handlers, users
+from tidalmq_operator import clients_crl, user_handlers, users
 from tidalmq_operator.kube import Conflict, NotFound
 from tidalmq_operator.models import SpecError
 from tidalmq_operator.settings import OperatorSettings
@@ -382,3 +382,90 @@ async def test_resync_repairs_drift_and_writes_nothing_when_there_is_none(rt: Fa
     bad = spec("tls", acl({"type": "group", "name": "g"}, "Write"))
     await user_handlers.resync_user(spec=bad, name="alice", meta=META, memo={"runtime": rt})
     assert ready(rt)["status"] == "True"
+
+
+# ---------------------------------------------------------------------------- the clients CRL
+def crl_state(rt: FakeRuntime) -> tuple[clients_crl.CrlState, set[int]]:
+    """The CRL Secret's bookkeeping and the serials its signed CRL lists."""
+    data = users.decoded(rt.kube.secrets["clients-crl"]["data"])
+    ca = users.decoded(rt.kube.secrets["clients-ca"]["data"])["tls.crt"].encode()
+    signed = clients_crl.crl_serials(data["crl.pem"].encode(), ca)
+    assert signed is not None, "the CRL is signed by the clients CA"
+    return clients_crl.loads(data["revoked.json"], ca), signed[1]
+
+
+def serial_of(rt: FakeRuntime, name: str = "alice") -> int:
+    return x509.load_pem_x509_certificate(secret_of(rt, name)["user.crt"].encode()).serial_number
+
+
+class Stopper:
+    """Kopf's daemon flag: stopped after the first wait."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def __bool__(self) -> bool:
+        return self.waits > 0
+
+    async def wait(self, delay: float) -> None:  # Kopf's parameter is positional
+        self.waits += 1
+
+
+async def test_the_clients_crl_lists_deleted_and_replaced_certificates(rt: FakeRuntime) -> None:
+    rt.settings = OperatorSettings(clients_ca_secret="clients-ca", clients_crl_secret="clients-crl")
+    # at start: an empty CRL (and the clients CA it is of)
+    await user_handlers.clients_crl_daemon(stopped=Stopper(), memo={"runtime": rt})
+    state, listed = crl_state(rt)
+    assert listed == set() and state.issued == {} and state.number == 1
+    writes = rt.kube.writes
+    await user_handlers.clients_crl_daemon(stopped=Stopper(), memo={"runtime": rt})
+    assert rt.kube.writes == writes  # not due: not signed again
+
+    await reconcile(rt, spec("tls"))
+    first = serial_of(rt)
+    state, listed = crl_state(rt)
+    assert state.issued["alice"].serial == first and listed == set()
+    # the Secret lost: a new certificate, the lost one revoked at once
+    del rt.kube.secrets["alice"]
+    await reconcile(rt, spec("tls"))
+    second = serial_of(rt)
+    state, listed = crl_state(rt)
+    assert second != first and listed == {first} and state.issued["alice"].serial == second
+
+    # a routine renewal: the old one listed after the grace only
+    ca = users.decoded(rt.kube.secrets["clients-ca"]["data"])
+    ca_pair = users.KeyPair(ca["tls.key"].encode(), ca["tls.crt"].encode())
+    due = users.issue_client_cert(ca_pair, "alice", days=20)
+    rt.kube.secrets["alice"]["data"]["user.crt"] = base64.b64encode(due.cert_pem).decode()
+    rt.kube.secrets["alice"]["data"]["user.key"] = base64.b64encode(due.key_pem).decode()
+    await reconcile(rt, spec("tls"))
+    due_serial = x509.load_pem_x509_certificate(due.cert_pem).serial_number
+    state, listed = crl_state(rt)
+    # the recorded `second` was not in the Secret any more: revoked at once; `due` with a grace
+    assert listed == {first, second}
+    assert state.revoked[due_serial].revoked_at > datetime.datetime.now(datetime.UTC)
+
+    # deletion: the current certificate listed before the finalizer returns
+    third = serial_of(rt)
+    await user_handlers.delete_user(name="alice", meta=META, memo={"runtime": rt})
+    state, listed = crl_state(rt)
+    assert third in listed and "alice" not in state.issued
+
+    # a tls User made SCRAM: its certificate would still be User:bob, so it is revoked
+    await reconcile(rt, spec("tls"), name="bob")
+    bob = serial_of(rt, "bob")
+    await reconcile(rt, spec("scram-sha-512"), name="bob")
+    state, listed = crl_state(rt)
+    assert bob in listed and "bob" not in state.issued
+    # the same with its Secret gone meanwhile: the certificate recorded as issued is revoked
+    await reconcile(rt, spec("tls"), name="carol")
+    carol = serial_of(rt, "carol")
+    del rt.kube.secrets["carol"]
+    await reconcile(rt, spec("scram-sha-512"), name="carol")
+    assert carol in crl_state(rt)[1]
+
+
+async def test_no_crl_is_kept_without_its_secret_setting(rt: FakeRuntime) -> None:
+    await reconcile(rt, spec("tls"))
+    await user_handlers.delete_user(name="alice", meta=META, memo={"runtime": rt})
+    assert set(rt.kube.secrets) == {"clients-ca"}
