@@ -32,6 +32,7 @@ from tidalmq_core.control_auth import TokenError
 from tidalmq_core.control_tls import ControlTlsError, may_call_broker
 from tidalmq_core.metadata import (
     OFFSETS_TOPIC,
+    SUPPORTED_FEATURES,
     TXN_STATE_TOPIC,
     BrokerInfo,
     ClusterMetadata,
@@ -580,6 +581,7 @@ class Broker:
             control_url=s.control_url(self.control.port),
             incarnation=self.incarnation,
             listeners=listeners,
+            supported_features=dict(SUPPORTED_FEATURES),
         )
         version = await self.controller.register_broker(info, _LocalChannel(self))
         if self.metadata.version < version:

@@ -29,7 +29,8 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
   and stores them (`_acls.py`).
 - Finalized feature levels (UpdateFeatures, docs/transactions-v2.md): `FeatureUpdate`,
   `UpgradeType`; `ControllerClient.update_features` checks them as Kafka does and writes the
-  `feature` records (`_features.py`).
+  `feature` records (`_features.py`); a broker registers the levels it supports and is
+  refused (`UnsupportedFeatureLevel`) when a finalized one is not among them.
 """
 
 from tidalmq_controller._controller import Controller
@@ -42,6 +43,7 @@ from tidalmq_controller._errors import (
     StaticTopicError,
     TopicAlreadyExists,
     UnknownTopic,
+    UnsupportedFeatureLevel,
 )
 from tidalmq_controller._features import FeatureUpdate, UpgradeType
 from tidalmq_controller._log import (
@@ -102,6 +104,7 @@ __all__ = [
     "TopicAlreadyExists",
     "TopicResult",
     "UnknownTopic",
+    "UnsupportedFeatureLevel",
     "UpgradeType",
     "parse_bootstrap",
     "report_doc",

@@ -27,7 +27,8 @@ from tidalmq_core.records import Record, broker_record, broker_removed_record, b
 from tidalmq_core.static_mapping import is_physical_topic
 
 from tidalmq_controller._data_loss import DataLossManager
-from tidalmq_controller._errors import ControllerFenced, UnknownBroker
+from tidalmq_controller._errors import ControllerFenced, UnknownBroker, UnsupportedFeatureLevel
+from tidalmq_controller._features import registration_refused
 from tidalmq_controller._journal import Deposed, Journal
 from tidalmq_controller._leadership import Leadership
 from tidalmq_controller._membership import (
@@ -94,8 +95,14 @@ class BrokerLifecycle:
         """A broker (re)joins; returns the committed version after its registration (it gets
         the metadata up to there by a push, or by fetching). A new incarnation of a known
         broker takes back its partitions with bumped epochs (fencing its previous
-        incarnation), once that incarnation's lease has certainly expired."""
+        incarnation), once that incarnation's lease has certainly expired. A broker that does not
+        support a finalized feature level is refused (UnsupportedFeatureLevel, nothing written;
+        it retries: _features.registration_refused)."""
         self.c.require_active()
+        refused = registration_refused(self.c.image, info)
+        if refused is not None:
+            log.warning("broker %d not registered: %s", info.broker_id, refused)
+            raise UnsupportedFeatureLevel(refused)
         now = time.monotonic()
         self.c.publisher.connect(info.broker_id, channel)
         previous = self.c.membership.get(info.broker_id)

@@ -41,5 +41,10 @@ class InternalTopic(ControllerError):
     offsets by hashing its id over the offsets topic's partition count."""
 
 
+class UnsupportedFeatureLevel(ControllerError):
+    """A broker registering does not support a finalized feature level (Kafka's
+    UNSUPPORTED_VERSION to its BrokerRegistration): it is not registered; it retries."""
+
+
 class StaticTopicError(Exception):
     """A static-topic request the controller refuses; the message says why."""

@@ -10,6 +10,8 @@ The rules, in Kafka's order:
 - an unknown upgrade type is refused; so is a level below 0;
 - the level must be one this code supports (`SUPPORTED_FEATURES`; a feature it does not know
   is "not supported" at any level);
+- every registered broker must support it (the ranges it registered with: "Broker 3 only
+  supports versions 0-1", or "Broker 3 does not support this feature." when it lists only 0);
 - a lower level than the finalized one needs a downgrade type (an upgrade that lowers is
   refused), and a downgrade type cannot raise the level.
 
@@ -23,10 +25,16 @@ downgrade (TV2 declares no dependency and no data it would lose), and so does Ti
 record format depends on the level (a transaction's stored `txn_version` decides how its
 EndTxn is handled whatever the level is now), clients re-read the level at their next
 transaction, and a TV2 transaction open across the change ends by its EndTxn or aborts; nothing
-acknowledged is lost. Kafka's one further check, that every broker and controller supports
-the new level, is not made: TidalMQ brokers do not register their supported levels, so the
-operator raises the level only once every broker runs code that serves it (as with the start
-setting).
+acknowledged is lost.
+
+Kafka's further check, that every registered broker supports the new level, is made from the
+ranges brokers send when they register (`BrokerInfo.supported_features`; the controller's own
+are `SUPPORTED_FEATURES`, checked first): "Invalid update version 2 for feature
+transaction.version. Broker 3 only supports versions 0-1". The reverse check is made at
+registration (`registration_refused`): a broker whose range does not hold a finalized level is
+refused (UnsupportedFeatureLevel, Kafka's UNSUPPORTED_VERSION) and retries. What a registration
+from an older build, without ranges, means: `BrokerInfo.supported_range`;
+docs/transactions-v2.md, "Which levels the brokers support".
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
-from tidalmq_core.metadata import SUPPORTED_FEATURES, ClusterMetadata
+from tidalmq_core.metadata import SUPPORTED_FEATURES, BrokerInfo, ClusterMetadata
 from tidalmq_core.records import Record, feature_record
 
 
@@ -66,6 +74,40 @@ def _range(low: int, high: int) -> str:
     return str(low) if low == high else f"{low}-{high}"
 
 
+def _broker_refuses(image: ClusterMetadata, update: FeatureUpdate) -> str | None:
+    """Kafka's QuorumFeatures.reasonNotSupported for each registered broker, in id order: every
+    registration in the image counts, a dead or draining broker's too (Kafka checks fenced
+    brokers alike: a broker coming back runs the code it registered with)."""
+    finalized = image.feature_level(update.name)
+    for broker_id, info in sorted(image.brokers.items()):
+        low, high = info.supported_range(update.name, finalized)
+        if low <= update.level <= high:
+            continue
+        if high == 0:
+            return f"Broker {broker_id} does not support this feature."
+        return f"Broker {broker_id} only supports versions {_range(low, high)}"
+    return None
+
+
+def registration_refused(image: ClusterMetadata, info: BrokerInfo) -> str | None:
+    """Why a broker registering cannot join (Kafka's UNSUPPORTED_VERSION message to its
+    BrokerRegistration), or None: a finalized level outside the range it registers with.
+    Every feature this code knows is finalized (one without a record is at its default), and
+    a feature only the broker knows is at 0; a broker that does not list a feature supports
+    level 0 of it only. A registration without any list (a build from before it) is never
+    refused: its range always holds the finalized level (`BrokerInfo.supported_range`)."""
+    for name in sorted(set(SUPPORTED_FEATURES) | set(info.supported_features or {})):
+        finalized = image.feature_level(name)
+        low, high = info.supported_range(name, finalized)
+        if not low <= finalized <= high:
+            return (
+                f"Unable to register because the broker does not support finalized version "
+                f"{finalized} of {name}. The broker wants a version between {low} and {high}, "
+                "inclusive."
+            )
+    return None
+
+
 def reason_refused(image: ClusterMetadata, update: FeatureUpdate) -> str | None:
     """Why `update` cannot be applied to `image` (Kafka's INVALID_UPDATE_VERSION message), or
     None."""
@@ -80,6 +122,8 @@ def reason_refused(image: ClusterMetadata, update: FeatureUpdate) -> str | None:
         not SUPPORTED_FEATURES[update.name][0] <= update.level <= SUPPORTED_FEATURES[update.name][1]
     ):
         why = f"The controller only supports versions {_range(*SUPPORTED_FEATURES[update.name])}"
+    elif (broker_why := _broker_refuses(image, update)) is not None:
+        why = broker_why
     elif update.level < image.feature_level(update.name) and kind == UpgradeType.UPGRADE:
         why = (
             "Can't downgrade the version of this feature without setting the upgrade type to "

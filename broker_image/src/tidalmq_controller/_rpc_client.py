@@ -28,7 +28,7 @@ from tidalmq_core import updates
 from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.control_auth import authorization
 from tidalmq_core.control_tls import ControlTls, server_is_admin
-from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
+from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, features_json
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import PlanEntry
 
@@ -288,7 +288,10 @@ class HttpControllerClient:
         return doc
 
     async def register_broker(self, info: BrokerInfo, channel: Any) -> int:
-        doc = await self._call("/v1/brokers/register", {**info.to_json(), "protocol": PROTOCOL})
+        doc: dict[str, Any] = {**info.to_json(), "protocol": PROTOCOL}
+        if info.supported_features is not None:
+            doc["supported_features"] = features_json(info.supported_features)
+        doc = await self._call("/v1/brokers/register", doc)
         return int(doc["version"])
 
     async def beat(self, heartbeat: Heartbeat) -> HeartbeatReply:

@@ -28,7 +28,7 @@ from tidalmq_core import updates
 from tidalmq_core.acls import AclBinding
 from tidalmq_core.control_auth import ControlAuth, authorization
 from tidalmq_core.control_tls import ControlTls, server_is_broker
-from tidalmq_core.metadata import BrokerInfo, DataLoss
+from tidalmq_core.metadata import BrokerInfo, DataLoss, features_from_json
 from tidalmq_core.reassignment import PlanEntry
 
 from tidalmq_controller import _controller as ctl
@@ -256,7 +256,9 @@ class ControllerServer:
     async def _register(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         protocol = int(body.pop("protocol", 1))
+        supported = features_from_json(body.pop("supported_features", None))
         info = BrokerInfo.from_json(body)
+        info.supported_features = supported  # None: a build from before it sent them
         refused = refuse_other_broker(request, info.broker_id)
         if refused is not None:
             return refused

@@ -51,7 +51,7 @@ from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, 
 
 from tidalmq_controller import _controller as ctl
 from tidalmq_controller._data_loss import AcceptedLoss
-from tidalmq_controller._errors import InternalTopic
+from tidalmq_controller._errors import InternalTopic, UnsupportedFeatureLevel
 from tidalmq_controller._membership import Heartbeat
 
 PROTOCOL = 2  # metadata as batches of records, heartbeats of changes, batched reports
@@ -68,6 +68,7 @@ _ERRORS: dict[str, type[Exception]] = {
         ctl.UnknownBroker,
         ctl.InvalidReplicaAssignment,
         ctl.ForeignStore,
+        UnsupportedFeatureLevel,
         InternalTopic,
         InvalidTopic,
         InvalidPartitions,

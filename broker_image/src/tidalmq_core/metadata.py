@@ -96,6 +96,25 @@ class BrokerInfo:
     # host:port (empty: exactly that one; what brokers and documents older than listeners
     # mean). host:port is the first listener's endpoint either way.
     listeners: list[Endpoint] = field(default_factory=list)
+    # The feature levels the broker's code serves (name -> (lowest, highest) level, its
+    # SUPPORTED_FEATURES), sent at registration as Kafka's BrokerRegistration `features`
+    # (KIP-584). None: registered by a build from before brokers sent them (records and
+    # snapshots without the field); what that means is `supported_range`. Not in `to_json`
+    # (a reader older than the field builds BrokerInfo from every key it finds): the snapshot
+    # keeps it beside the brokers (ClusterMetadata's "broker_features").
+    supported_features: dict[str, tuple[int, int]] | None = None
+
+    def supported_range(self, name: str, finalized: int) -> tuple[int, int]:
+        """The levels of feature `name` this broker serves, for the controller's checks
+        (docs/transactions-v2.md, "Which levels the brokers support"). A feature the broker
+        does not list: level 0 only, as Kafka. A registration without any list (a build from
+        before the list): 0-1, which every TidalMQ build serves (0 and 1 behave alike, and a
+        build from before the feature behaves as 1), widened to the level finalized now,
+        which the broker is serving since it is registered: such a registration never blocks
+        the current level, and blocks any level above 1 that is not already current."""
+        if self.supported_features is None:
+            return 0, max(1, finalized)
+        return self.supported_features.get(name, (0, 0))
 
     def endpoints(self) -> list[Endpoint]:
         return list(self.listeners) or [Endpoint(PLAINTEXT, self.host, self.port, PLAINTEXT)]
@@ -109,6 +128,7 @@ class BrokerInfo:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out.pop("supported_features")  # ClusterMetadata keeps it (older readers)
         # left out when empty: a document without listeners stays readable by older readers
         out.pop("listeners")
         if self.listeners:
@@ -119,7 +139,8 @@ class BrokerInfo:
     def from_json(cls, data: dict[str, Any]) -> BrokerInfo:
         fields = dict(data)
         listeners = [Endpoint.from_json(e) for e in fields.pop("listeners", None) or []]
-        return cls(**fields, listeners=listeners)
+        supported = features_from_json(fields.pop("supported_features", None))
+        return cls(**fields, listeners=listeners, supported_features=supported)
 
     @staticmethod
     def normal_listeners(host: str, port: int, endpoints: list[Endpoint]) -> list[Endpoint]:
@@ -128,6 +149,37 @@ class BrokerInfo:
         if endpoints == [Endpoint(PLAINTEXT, host, port, PLAINTEXT)]:
             return []
         return list(endpoints)
+
+
+def features_json(features: dict[str, tuple[int, int]]) -> dict[str, list[int]]:
+    """Supported feature ranges as JSON: name -> [lowest, highest]."""
+    return {name: [low, high] for name, (low, high) in sorted(features.items())}
+
+
+def features_from_json(doc: dict[str, Any] | None) -> dict[str, tuple[int, int]] | None:
+    if doc is None:
+        return None
+    return {str(name): (int(r[0]), int(r[1])) for name, r in doc.items()}
+
+
+def brokers_features_json(brokers: dict[int, BrokerInfo]) -> dict[str, dict[str, list[int]]]:
+    """The brokers' supported feature ranges, as a snapshot keeps them: beside the brokers
+    rather than in them (a reader older than them builds BrokerInfo from every key it finds,
+    and would fail on a new one), only those of brokers that sent them."""
+    return {
+        str(k): features_json(v.supported_features)
+        for k, v in sorted(brokers.items())
+        if v.supported_features is not None
+    }
+
+
+def load_brokers_features(brokers: dict[int, BrokerInfo], doc: dict[str, Any] | None) -> None:
+    """Put back what `brokers_features_json` wrote (absent in older snapshots: every broker
+    then has None, registered by a build from before the field)."""
+    for k, v in (doc or {}).items():
+        info = brokers.get(int(k))
+        if info is not None:
+            info.supported_features = features_from_json(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,11 +535,14 @@ class ClusterMetadata:
             out["acls"] = acls_json(self.acls)
         if self.features:  # the same: absent when every feature is at its default
             out["features"] = dict(sorted(self.features.items()))
+        supported = brokers_features_json(self.brokers)
+        if supported:  # absent when no broker sent any (all registered by older builds)
+            out["broker_features"] = supported
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterMetadata:
-        return cls(
+        meta = cls(
             cluster_id=data["cluster_id"],
             controller_epoch=int(data.get("controller_epoch", 0)),
             version=int(data.get("version", 0)),
@@ -506,6 +561,8 @@ class ClusterMetadata:
             acls=acls_from(data.get("acls") or []),
             features={str(k): int(v) for k, v in (data.get("features") or {}).items()},
         )
+        load_brokers_features(meta.brokers, data.get("broker_features"))
+        return meta
 
     def copy(self) -> ClusterMetadata:
         return ClusterMetadata.from_json(self.to_json())

@@ -17,6 +17,10 @@ them), so a snapshot followed by batches it may already contain replays correctl
                                                         ls (its listeners, when it has more
                                                         than one PLAINTEXT at host:port:
                                                         [[name, host, port, protocol]...])
+                                                        sf (its supported feature levels,
+                                                        {name: [lowest, highest]}; absent
+                                                        when registered by a build from
+                                                        before them)
     t="bstate"    a broker's state changed              id state (alive | draining | dead)
     t="bgone"     a broker was removed                  id
     t="topic"     a topic created or replaced whole     name id configs internal kind
@@ -65,6 +69,8 @@ from tidalmq_core.metadata import (
     Endpoint,
     PartitionState,
     TopicInfo,
+    features_from_json,
+    features_json,
 )
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.scram import ScramCredential
@@ -118,6 +124,8 @@ def broker_record(info: BrokerInfo) -> Record:
     }
     if info.listeners:  # absent for the one PLAINTEXT listener: the record older ones wrote
         rec["ls"] = [e.to_json() for e in info.listeners]
+    if info.supported_features is not None:  # absent: a registration by an older build
+        rec["sf"] = features_json(info.supported_features)
     return rec
 
 
@@ -409,6 +417,7 @@ def _broker(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
         incarnation=rec.get("inc", ""),
         state=rec.get("state", "alive"),
         listeners=[Endpoint.from_json(e) for e in rec.get("ls") or []],
+        supported_features=features_from_json(rec.get("sf")),
     )
     delta.brokers.add(rec["id"])
 

@@ -27,6 +27,8 @@ from tidalmq_core.metadata import (
     ClusterMetadata,
     PartitionState,
     TopicInfo,
+    brokers_features_json,
+    load_brokers_features,
     scram_credentials_from,
     scram_credentials_json,
 )
@@ -92,6 +94,9 @@ def encode(meta: ClusterMetadata) -> Iterator[bytes]:
         header["acls"] = acls_json(meta.acls)
     if meta.features:  # the same: absent while every feature is at its default
         header["features"] = dict(sorted(meta.features.items()))
+    supported = brokers_features_json(meta.brokers)
+    if supported:  # the same: absent while no broker sent them (older builds)
+        header["broker_features"] = supported
     yield _dumps(header).encode() + b"\n"
     for name, topic in sorted(meta.topics.items()):
         yield (
@@ -140,6 +145,7 @@ def decode(data: bytes | memoryview) -> ClusterMetadata:
             acls=acls_from(header.get("acls") or []),
             features={str(k): int(v) for k, v in (header.get("features") or {}).items()},
         )
+        load_brokers_features(meta.brokers, header.get("broker_features"))
         counts: dict[str, int] = {}
         for line in lines[1:]:
             if not line:

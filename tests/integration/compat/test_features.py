@@ -5,7 +5,8 @@ the 3-broker local cluster: `transaction.version` switched at runtime as on Kafk
 describe shows the level at 1; `upgrade --feature transaction.version=2` finalizes 2 and every
 broker's ApiVersions answers it; Kafka's Java transactional producer then runs transaction
 version 2 (the coordinator bumped its epoch at every commit and abort, as kafka-transactions
-describe shows); an unknown feature and an unsupported level are refused with Kafka's errors as
+describe shows); every broker registered the levels it supports (0-2), which the upgrade is
+checked against; an unknown feature and an unsupported level are refused with Kafka's errors as
 the tool prints them; `upgrade` cannot lower the level, `downgrade` does. The cluster is shared
 with the package's other tests, which run at level 1: the test leaves it there."""
 
@@ -83,6 +84,9 @@ def test_kafka_features_switches_transaction_version_at_runtime(
     addresses = b.split(",")
     assert len(addresses) == 3
     every_broker_at(addresses, 1)
+    # every broker registered the levels it serves, which the upgrade below is checked against
+    meta = tidalmq_cluster.metadata()
+    assert meta["broker_features"] == {k: {TV: [0, 2]} for k in meta["brokers"]}, meta
     row = describe(b)[TV]
     assert (row["SupportedMinVersion"], row["SupportedMaxVersion"]) == ("0", "2"), row
     assert row["FinalizedVersionLevel"] == "1", row
