@@ -47,7 +47,9 @@ REQUEST_CPU_SECONDS = Summary(
 # per partition. Making those four children (each a lock, a value object and the label checks)
 # was a third of a broker's CPU for opening a creation's brand-new partitions.
 _LABELS = ("broker", "topic", "partition")
-_SOURCES: weakref.WeakSet[BrokerMetrics] = weakref.WeakSet()
+# by broker label: a broker started again in the same process (tests) replaces the earlier one's
+# series, as the labelled children it shared with it did, instead of writing them twice
+_SOURCES: weakref.WeakValueDictionary[str, BrokerMetrics] = weakref.WeakValueDictionary()
 
 
 class PartitionTraffic:
@@ -66,7 +68,7 @@ class PartitionTraffic:
     def collect(self) -> Iterator[Metric]:
         families = [CounterMetricFamily(n, doc, labels=_LABELS) for n, doc in self.FAMILIES]
         created = prometheus_metrics._use_created  # PROMETHEUS_DISABLE_CREATED_SERIES, as Counter
-        for source in list(_SOURCES):
+        for source in list(_SOURCES.values()):
             broker = source._broker
             for (topic, partition), row in list(source._partitions.items()):
                 labels = (broker, topic, str(partition))
@@ -87,7 +89,7 @@ class PartitionLeaderEpochs:
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=_LABELS)
-        for source in list(_SOURCES):
+        for source in list(_SOURCES.values()):
             broker = source._broker
             for (topic, partition), epoch in list(source._epochs.items()):
                 family.add_metric((broker, topic, str(partition)), epoch)
@@ -205,7 +207,7 @@ class BrokerMetrics(RequestObserver):
         self._lost: set[tuple[str, int]] = set()  # partitions with a missing-offsets series
         # per partition open here: its leader epoch once published (PartitionLeaderEpochs)
         self._epochs: dict[tuple[str, int], int] = {}
-        _SOURCES.add(self)
+        _SOURCES[self._broker] = self
 
     def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
         children = self._per_api.get(api_key)
