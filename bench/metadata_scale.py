@@ -43,7 +43,11 @@ finish within N s" with what it reached (partitions moved, sampled partitions se
 flight, brokers declared dead), and the run goes on to the next part. Each part's figures go to
 bench/RESULTS-metadata.json as soon as it ends (keyed by part and size, so parts can run one at
 a time); bench/RESULTS-metadata.md and bench/charts/metadata-moves-<N>.png are written from it.
-The machine's load average is printed next to every figure and kept with it.
+The machine's load average is printed next to every figure and kept with it. Before each part
+(each size), the run waits up to --settle-max s (120) for the 1-minute load average to fall
+below 1.5 or stop falling, printing what it waits for and what it reached: without this the
+TidalMQ part started at the load of 10-12 Kafka's four brokers left behind. The load at the
+start of each part is printed and kept (with the wait) whatever the wait reached.
 """
 
 from __future__ import annotations
@@ -146,6 +150,60 @@ def one_line(exc: BaseException) -> str:
 
 def load1() -> str:
     return f"load {loadavg()[0]:.1f}"
+
+
+SETTLE_LOAD = 1.5  # a part starts once the 1-minute load average is below this ...
+SETTLE_FLAT_S = 20.0  # ... or has not fallen by SETTLE_STEP over this long ...
+SETTLE_STEP = 0.2
+SETTLE_MAX_S = 120.0  # ... or after this long at most
+SETTLE_POLL_S = 5.0  # the kernel updates the load average every 5 s
+
+
+def settle_load(
+    what: str,
+    below: float = SETTLE_LOAD,
+    max_s: float = SETTLE_MAX_S,
+    flat_s: float = SETTLE_FLAT_S,
+    poll_s: float = SETTLE_POLL_S,
+    load: Callable[[], list[float]] = loadavg,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
+    """Wait (at most `max_s`) until the 1-minute load average left by the previous part (a
+    cluster's brokers just stopped: Kafka's left 10-12) is below `below` or stops falling (the
+    machine's own load, which no wait removes), so each system starts on a machine as quiet as
+    the other's. Says what it waits for and what it reached; returns that for the results."""
+    start = clock()
+    first = load()
+    history: list[tuple[float, float]] = [(start, first[0])]
+    if max_s <= 0 or first[0] < below:
+        return {"from": first, "waited_s": 0.0, "reason": "below" if max_s > 0 else "off"}
+    log(
+        f"{what}: waiting (at most {max_s:.0f} s) for the 1-minute load average {first[0]:.1f} "
+        f"to fall below {below:.1f} or stop falling (by {SETTLE_STEP} in {flat_s:.0f} s)"
+    )
+    reason = "max"
+    while clock() - start < max_s:
+        sleep(max(0.0, min(poll_s, max_s - (clock() - start))))
+        now, current = clock(), load()[0]
+        history.append((now, current))
+        if current < below:
+            reason = "below"
+            break
+        older = [value for at, value in history if at <= now - flat_s]
+        if older and older[-1] - current < SETTLE_STEP:
+            reason = "flat"
+            break
+        log(f"{what}: load {current:.1f} after {now - start:.0f} s")
+    waited = round(clock() - start, 1)
+    reached = load()
+    why = {
+        "below": f"below {below:.1f}",
+        "flat": "no longer falling (the machine's own load)",
+        "max": f"still falling after the {max_s:.0f} s allowed",
+    }[reason]
+    log(f"{what}: load {first[0]:.1f} -> {reached[0]:.1f} after {waited:.0f} s: {why}")
+    return {"from": first, "waited_s": waited, "reason": reason}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1277,6 +1335,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--producer-rate", type=int, help="its records/s (400)")
     ap.add_argument("--remove-broker", type=int, help="the scenario's broker to remove (0)")
     ap.add_argument("--label", help="how the page describes this run, e.g. 'shared machine'")
+    ap.add_argument(
+        "--settle-max",
+        type=float,
+        default=SETTLE_MAX_S,
+        help="before each part, wait at most this long for the 1-minute load average to fall "
+        f"below {SETTLE_LOAD} or stop falling (0: do not wait; default %(default)s s)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS_MD, help="results page (%(default)s)")
     ap.add_argument("--workdir", type=Path, help="where the clusters live (default: a temp dir)")
     ap.add_argument("--render", action="store_true", help="only write the page from the JSON")
@@ -1340,6 +1405,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for part in parts:
             for n in part_sizes(part, cfg):
+                settled = settle_load(f"{part} at {n}", max_s=args.settle_max)
                 started = time.time()
                 load_before = loadavg()
                 entry: dict[str, Any] = {
@@ -1351,6 +1417,7 @@ def main(argv: list[str] | None = None) -> int:
                     "timeout_s": cfg.timeout_s,
                     "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
                     "load_before": load_before,
+                    "load_settle": settled,
                     "env": env,
                 }
                 log(f"{part} at {n} partitions ... ({load1()})")

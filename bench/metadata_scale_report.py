@@ -81,7 +81,11 @@ def load_text(entry: dict[str, Any]) -> str:
     def one(load: Any) -> str:
         return "/".join(f"{x:.1f}" for x in load) if load else "?"
 
-    return f"{one(entry.get('load_before'))} -> {one(entry.get('load_after'))}"
+    text = f"{one(entry.get('load_before'))} -> {one(entry.get('load_after'))}"
+    settle = entry.get("load_settle") or {}
+    if settle.get("waited_s"):  # the part waited for the previous one's load to settle
+        text = f"{text} (after {settle['waited_s']:.0f} s from {one(settle.get('from'))})"
+    return text
 
 
 def phase(entry: dict[str, Any] | None, name: str) -> dict[str, Any] | None:

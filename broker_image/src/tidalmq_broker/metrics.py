@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Mapping
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from prometheus_client import Counter, Gauge, Histogram, Summary
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Summary
+from prometheus_client import metrics as prometheus_metrics
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tidalmq_broker.server.budget import MemoryBudget
 from tidalmq_broker.server.listener import KafkaListener
@@ -35,19 +39,64 @@ REQUEST_CPU_SECONDS = Summary(
 )
 # Per partition and broker: a partition's series live on the broker that leads it, from the
 # open to the close (so a leadership change starts a new series instead of mixing two brokers).
-BYTES_IN = Counter(
-    "tidalmq_partition_bytes_in_total",
-    "Record batch bytes appended",
-    ["broker", "topic", "partition"],
-)
-RECORDS_IN = Counter(
-    "tidalmq_partition_records_in_total", "Records appended", ["broker", "topic", "partition"]
-)
-BYTES_OUT = Counter(
-    "tidalmq_partition_bytes_out_total",
-    "Record batch bytes fetched",
-    ["broker", "topic", "partition"],
-)
+
+
+# Their values are plain numbers each BrokerMetrics keeps per partition, read at scrape time by
+# the two collectors below: the same series as prometheus_client Counters and a Gauge with
+# labels (names, help, types, labels, _total and _created samples), without a labelled child
+# per partition. Making those four children (each a lock, a value object and the label checks)
+# was a third of a broker's CPU for opening a creation's brand-new partitions.
+_LABELS = ("broker", "topic", "partition")
+# by broker label: a broker started again in the same process (tests) replaces the earlier one's
+# series, as the labelled children it shared with it did, instead of writing them twice
+_SOURCES: weakref.WeakValueDictionary[str, BrokerMetrics] = weakref.WeakValueDictionary()
+
+
+class PartitionTraffic:
+    """tidalmq_partition_bytes_in_total, _records_in_total and _bytes_out_total: bytes and
+    records appended, bytes fetched, per partition led here (the planner's input)."""
+
+    FAMILIES = (
+        ("tidalmq_partition_bytes_in", "Record batch bytes appended"),
+        ("tidalmq_partition_records_in", "Records appended"),
+        ("tidalmq_partition_bytes_out", "Record batch bytes fetched"),
+    )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter([CounterMetricFamily(n, doc, labels=_LABELS) for n, doc in self.FAMILIES])
+
+    def collect(self) -> Iterator[Metric]:
+        families = [CounterMetricFamily(n, doc, labels=_LABELS) for n, doc in self.FAMILIES]
+        created = prometheus_metrics._use_created  # PROMETHEUS_DISABLE_CREATED_SERIES, as Counter
+        for source in list(_SOURCES.values()):
+            broker = source._broker
+            for (topic, partition), row in list(source._partitions.items()):
+                labels = (broker, topic, str(partition))
+                at = row[3] if created else None
+                for i, family in enumerate(families):
+                    family.add_metric(labels, row[i], created=at)
+        return iter(families)
+
+
+class PartitionLeaderEpochs:
+    """tidalmq_partition_leader_epoch: the epoch of each partition open here."""
+
+    NAME = "tidalmq_partition_leader_epoch"
+    HELP = "Leader epoch of each partition this broker has open (present only while it leads it)"
+
+    def describe(self) -> Iterator[Metric]:
+        return iter([GaugeMetricFamily(self.NAME, self.HELP, labels=_LABELS)])
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=_LABELS)
+        for source in list(_SOURCES.values()):
+            broker = source._broker
+            for (topic, partition), epoch in list(source._epochs.items()):
+                family.add_metric((broker, topic, str(partition)), epoch)
+        return iter([family])
+
+
+REGISTRY.register(PartitionTraffic())
 # Per topic and broker (bounded by topics, not partitions): what dashboards and alerts use; the
 # per-partition series above are the planner's input (docs/metrics.md, "Cardinality").
 TOPIC_BYTES_IN = Counter(
@@ -71,11 +120,7 @@ REQUEST_QUEUE_SECONDS = Histogram(
     ["broker", "api"],
     buckets=_LATENCY_BUCKETS,
 )
-LEADER_EPOCH = Gauge(
-    "tidalmq_partition_leader_epoch",
-    "Leader epoch of each partition this broker has open (present only while it leads it)",
-    ["broker", "topic", "partition"],
-)
+REGISTRY.register(PartitionLeaderEpochs())
 TXN_PARTITION_CHECKS = Counter(
     "tidalmq_transaction_partition_checks_total",
     "Questions partition leaders and group coordinators asked the transaction coordinator about "
@@ -155,11 +200,14 @@ class BrokerMetrics(RequestObserver):
         # per topic: its label children, and the partitions led here (series go with the last)
         self._topics: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._topic_partitions: dict[str, set[int]] = {}
-        # label children per partition, resolved once (labels() is slow on the hot path)
-        self._partitions: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+        # per partition: bytes in, records in, bytes out, when its series began (PartitionTraffic)
+        self._partitions: dict[tuple[str, int], list[float]] = {}
         # partitions opened here whose series are not published yet (see publish_led)
         self._led_pending: dict[tuple[str, int], int] = {}
         self._lost: set[tuple[str, int]] = set()  # partitions with a missing-offsets series
+        # per partition open here: its leader epoch once published (PartitionLeaderEpochs)
+        self._epochs: dict[tuple[str, int], int] = {}
+        _SOURCES[self._broker] = self
 
     def observe(self, api_key: int, seconds: float, request_bytes: int, error: bool) -> None:
         children = self._per_api.get(api_key)
@@ -206,17 +254,11 @@ class BrokerMetrics(RequestObserver):
             self._topics[topic] = children
         return children
 
-    def _partition(self, topic: str, partition: int) -> tuple[Any, Any, Any]:
-        children = self._partitions.get((topic, partition))
-        if children is None:
-            labels = (self._broker, topic, str(partition))
-            children = (
-                BYTES_IN.labels(*labels),
-                RECORDS_IN.labels(*labels),
-                BYTES_OUT.labels(*labels),
-            )
-            self._partitions[(topic, partition)] = children
-        return children
+    def _partition(self, topic: str, partition: int) -> list[float]:
+        row = self._partitions.get((topic, partition))
+        if row is None:
+            row = self._partitions[(topic, partition)] = [0.0, 0.0, 0.0, time.time()]
+        return row
 
     def produced(self, topic: str, partition: int, size: int, records: int) -> None:
         self.produced_partition(topic, partition, size, records)
@@ -224,9 +266,9 @@ class BrokerMetrics(RequestObserver):
 
     def produced_partition(self, topic: str, partition: int, size: int, records: int) -> None:
         if self._per_partition:
-            children = self._partition(topic, partition)
-            children[0].inc(size)
-            children[1].inc(records)
+            row = self._partition(topic, partition)
+            row[0] += size
+            row[1] += records
 
     def produced_topic(self, topic: str, size: int, records: int) -> None:
         """A produce request's appends to `topic`, all partitions together (one increment
@@ -237,15 +279,16 @@ class BrokerMetrics(RequestObserver):
 
     def fetched(self, topic: str, partition: int, size: int, records: int) -> None:
         if self._per_partition:
-            self._partition(topic, partition)[2].inc(size)
+            self._partition(topic, partition)[2] += size
         per_topic = self._topic(topic)
         per_topic[2].inc(size)
         per_topic[3].inc(records)
 
     def partition_led(self, topic: str, partition: int, epoch: int) -> None:
-        """The partition opened here: its series appear (at zero traffic too), soon: resolving
-        four label sets costs about 100 us, and a rebalance opens thousands of partitions at
-        once, so they are published in chunks off the path that reports the open (publish_led)."""
+        """The partition opened here: its series appear (at zero traffic too), soon: a
+        rebalance opens thousands of partitions at once, so they are published in chunks off
+        the path that reports the open (publish_led; its topic's series may need label sets
+        resolved, a partition's own series are plain numbers, see PartitionTraffic)."""
         self._led_pending[(topic, partition)] = epoch
         self._topic_partitions.setdefault(topic, set()).add(partition)
 
@@ -258,17 +301,14 @@ class BrokerMetrics(RequestObserver):
             if self._per_partition:
                 self._partition(topic, partition)
             self._topic(topic)
-            LEADER_EPOCH.labels(self._broker, topic, str(partition)).set(epoch)
+            self._epochs[(topic, partition)] = epoch
         return len(self._led_pending)
 
     def partition_released(self, topic: str, partition: int) -> None:
         """The partition closed here: its series go (Prometheus marks them stale)."""
         self._led_pending.pop((topic, partition), None)
         self._partitions.pop((topic, partition), None)
-        labels = (self._broker, topic, str(partition))
-        for metric in (BYTES_IN, RECORDS_IN, BYTES_OUT, LEADER_EPOCH):
-            with contextlib.suppress(KeyError):
-                metric.remove(*labels)
+        self._epochs.pop((topic, partition), None)
         led = self._topic_partitions.get(topic)
         if led is not None:
             led.discard(partition)

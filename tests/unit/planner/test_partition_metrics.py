@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.server.http import HealthServer
 
@@ -108,3 +108,60 @@ async def test_a_scrape_publishes_the_series_still_pending_first() -> None:
     lines = [line for line in text.splitlines()
              if line.startswith("tidalmq_partition_leader_epoch{") and 'broker="904"' in line]  # fmt: skip
     assert len(lines) == 1200
+
+
+def test_partition_series_are_written_as_prometheus_client_counters_and_gauges_are() -> None:
+    """The per-partition series are read at scrape time from BrokerMetrics' own numbers (no
+    labelled child per partition): the exposition must be what labelled Counters and a Gauge
+    of prometheus_client write for the same values (names, help, types, _total and _created)."""
+    m = BrokerMetrics(905, {})
+    m.partition_led("exposed", 2, epoch=4)
+    m.publish_led(None)
+    m.produced("exposed", 2, 1000, 10)
+    m.fetched("exposed", 2, 400, 4)
+    lab = {"broker": "905", "topic": "exposed", "partition": "2"}
+
+    reference = CollectorRegistry()
+    values = {"bytes_in": 1000, "records_in": 10, "bytes_out": 400}
+    helps = {
+        "bytes_in": "Record batch bytes appended",
+        "records_in": "Records appended",
+        "bytes_out": "Record batch bytes fetched",
+    }
+    labels = ("905", "exposed", "2")
+    for what, value in values.items():
+        counter = Counter(
+            f"tidalmq_partition_{what}_total",
+            helps[what],
+            ["broker", "topic", "partition"],
+            registry=reference,
+        )
+        child = counter.labels(*labels)
+        child.inc(value)
+        created = sample(f"tidalmq_partition_{what}_created", **lab)
+        assert created is not None
+        child._created = created  # the one figure a reference cannot share: when it began
+    Gauge(
+        "tidalmq_partition_leader_epoch",
+        "Leader epoch of each partition this broker has open (present only while it leads it)",
+        ["broker", "topic", "partition"],
+        registry=reference,
+    ).labels(*labels).set(4)
+
+    def ours(text: str) -> list[str]:
+        return [
+            line
+            for line in text.splitlines()
+            if "tidalmq_partition_" in line and (line.startswith("#") or 'broker="905"' in line)
+        ]
+
+    expected = ours(generate_latest(reference).decode())
+    # three counters (a _total and a _created sample each) and the gauge
+    assert len([line for line in expected if not line.startswith("#")]) == 7
+    got = ours(generate_latest(REGISTRY).decode())
+    assert [line for line in got if not line.startswith("#")] == [
+        line for line in expected if not line.startswith("#")
+    ]
+    assert set(expected) <= set(got)
+    m.partition_released("exposed", 2)
+    assert not [line for line in ours(generate_latest(REGISTRY).decode()) if "905" in line]
