@@ -282,8 +282,7 @@ async def _reconcile_credentials(
     else:
         ca = await _clients_ca(rt)
         held = existing.get("user.crt", "")
-        # the certificate the Secret holds, if this CA issued it (another CA's is not trusted)
-        current = clients_crl.cert_ref(held) if users.issued_by(held, ca.cert_pem) else None
+        current = _held_ref(held, ca)
         if users.cert_still_good(held, ca.cert_pem, name):
             pair = users.KeyPair(existing["user.key"].encode(), held.encode())
             kept = current
@@ -328,21 +327,12 @@ async def _clients_ca(rt: OperatorRuntime) -> users.KeyPair:
                 raise UserNotReady("ClientsCaInvalid", f"Secret {name} needs tls.crt and tls.key")
             return users.KeyPair(data["tls.key"].encode(), data["tls.crt"].encode())
         ca = await asyncio.to_thread(users.new_clients_ca)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": {
-                "name": name,
-                "namespace": rt.kube.namespace,
-                "labels": {"app.kubernetes.io/managed-by": "tidalmq-operator"},
-            },
-            "data": {
-                "tls.crt": base64.b64encode(ca.cert_pem).decode(),
-                "tls.key": base64.b64encode(ca.key_pem).decode(),
-                "ca.crt": base64.b64encode(ca.cert_pem).decode(),
-            },
+        data = {
+            "tls.crt": base64.b64encode(ca.cert_pem).decode(),
+            "tls.key": base64.b64encode(ca.key_pem).decode(),
+            "ca.crt": base64.b64encode(ca.cert_pem).decode(),
         }
+        body = users.operator_secret_body(name, rt.kube.namespace, data, "kubernetes.io/tls")
         try:
             await rt.kube.create_secret(body)
             log.info("generated the clients CA in Secret %s", name)
@@ -379,19 +369,10 @@ async def _update_crl(rt: OperatorRuntime, ca: users.KeyPair, change: CrlChange)
             clients_crl.STATE_KEY: base64.b64encode(clients_crl.dumps(state).encode()).decode(),
         }
         if secret is None:
-            body = {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "Opaque",
-                "metadata": {
-                    "name": name,
-                    "namespace": rt.kube.namespace,
-                    "labels": {"app.kubernetes.io/managed-by": "tidalmq-operator"},
-                },
-                "data": new_data,
-            }
             try:
-                await rt.kube.create_secret(body)
+                await rt.kube.create_secret(
+                    users.operator_secret_body(name, rt.kube.namespace, new_data)
+                )
             except Conflict as exc:  # made meanwhile (another replica): the next try reads it
                 raise UserNotReady("ClientsCrlConflict", f"Secret {name} was just made") from exc
         else:
@@ -409,9 +390,14 @@ async def _revoke_certificates(rt: OperatorRuntime, name: str, existing: dict[st
     if not rt.settings.clients_crl_secret:
         return
     ca = await _clients_ca(rt)
-    held = existing.get("user.crt", "")
-    current = clients_crl.cert_ref(held) if users.issued_by(held, ca.cert_pem) else None
+    current = _held_ref(existing.get("user.crt", ""), ca)
     await _update_crl(rt, ca, lambda s, now: clients_crl.revoke_user(s, name, current, now))
+
+
+def _held_ref(held: str, ca: users.KeyPair) -> clients_crl.CertRef | None:
+    """The certificate a User's Secret holds (PEM, "" for none), if this CA issued it: another
+    CA's is not trusted, and not this CRL's to list."""
+    return clients_crl.cert_ref(held) if users.issued_by(held, ca.cert_pem) else None
 
 
 @kopf.daemon(

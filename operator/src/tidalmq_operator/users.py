@@ -299,6 +299,24 @@ def secret_body(
     }
 
 
+def operator_secret_body(
+    name: str, namespace: str, data: dict[str, str], secret_type: str = "Opaque"
+) -> dict[str, Any]:
+    """A Secret of the operator's own that no User owns (the clients CA, its CRL); `data` is
+    already base64, as a patch of the same Secret sends it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": secret_type,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "tidalmq-operator"},
+        },
+        "data": data,
+    }
+
+
 def decoded(secret_data: dict[str, str] | None) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (secret_data or {}).items()}
 
@@ -349,31 +367,37 @@ def issue_client_cert(ca: KeyPair, user: str, days: int = CERT_DAYS) -> KeyPair:
     return KeyPair(_key_pem(key), cert.public_bytes(serialization.Encoding.PEM))
 
 
-def issued_by(cert_pem: str, ca_pem: bytes) -> bool:
-    """Whether a PEM certificate is signed by this CA (what the CA's CRL can revoke)."""
+def _issued(cert_pem: str, ca_pem: bytes) -> x509.Certificate | None:
+    """The certificate, if this CA signed it; None on any parse or signature failure."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem.encode())
         cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
     except Exception:  # any parse or signature failure
-        return False
-    return True
+        return None
+    return cert
+
+
+def _users_cert(cert_pem: str, ca_pem: bytes, user: str) -> x509.Certificate | None:
+    """The certificate, if it is this CA's and names the User alone (CN=<user>)."""
+    cert = _issued(cert_pem, ca_pem)
+    if cert is None:
+        return None
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return cert if [a.value for a in cns] == [user] else None
+
+
+def issued_by(cert_pem: str, ca_pem: bytes) -> bool:
+    """Whether a PEM certificate is signed by this CA (what the CA's CRL can revoke)."""
+    return _issued(cert_pem, ca_pem) is not None
 
 
 def cert_still_good(
     cert_pem: str, ca_pem: bytes, user: str, now: datetime.datetime | None = None
 ) -> bool:
     """Whether a User's certificate can be kept: CN=<user>, issued by this CA, not due."""
-    try:
-        cert = x509.load_pem_x509_certificate(cert_pem.encode())
-        ca = x509.load_pem_x509_certificate(ca_pem)
-        cert.verify_directly_issued_by(ca)
-    except Exception:  # any parse or signature failure: issue a new one
-        return False
-    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    if [a.value for a in cns] != [user]:
-        return False
+    cert = _users_cert(cert_pem, ca_pem, user)
     now = now or datetime.datetime.now(datetime.UTC)
-    return cert.not_valid_after_utc - now > RENEW_BEFORE
+    return cert is not None and cert.not_valid_after_utc - now > RENEW_BEFORE
 
 
 def coming_due(
@@ -381,9 +405,6 @@ def coming_due(
 ) -> bool:
     """Whether a User's certificate is replaced only because its end is near (CN=<user>, this
     CA's, not expired): a routine renewal, after which the old one is revoked with a grace."""
+    cert = _users_cert(cert_pem, ca_pem, user)
     now = now or datetime.datetime.now(datetime.UTC)
-    if not issued_by(cert_pem, ca_pem):
-        return False
-    cert = x509.load_pem_x509_certificate(cert_pem.encode())
-    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return [a.value for a in cns] == [user] and cert.not_valid_after_utc > now
+    return cert is not None and cert.not_valid_after_utc > now
