@@ -307,10 +307,14 @@ def _broker_configs(
 ) -> list[dict[str, Any]]:
     """The configs of this broker (scope = its id) or the cluster-wide dynamic defaults, each
     with its documentation when `include_documentation` (null for a name without one)."""
+    entries = _broker_entries(broker, scope, include_synonyms)
+    if include_documentation:
+        for entry in entries:
+            entry["documentation"] = BROKER_CONFIG_DOCS.get(entry["name"])
+    return entries
 
-    def doc(name: str) -> str | None:
-        return BROKER_CONFIG_DOCS.get(name) if include_documentation else None
 
+def _broker_entries(broker: Broker, scope: str, include_synonyms: bool) -> list[dict[str, Any]]:
     meta = broker.metadata
     cluster = meta.broker_configs.get(CLUSTER_DEFAULT, {})
     if scope == CLUSTER_DEFAULT:
@@ -322,7 +326,6 @@ def _broker_configs(
                 [(value, DYNAMIC_DEFAULT_BROKER_CONFIG)],
                 read_only=False,
                 include_synonyms=include_synonyms,
-                documentation=doc(name),
             )
             for name, value in sorted(cluster.items())
         ]
@@ -346,7 +349,6 @@ def _broker_configs(
                     [(value, DEFAULT_CONFIG)],
                     read_only=True,
                     include_synonyms=include_synonyms,
-                    documentation=doc(name),
                 )
             )
             continue
@@ -362,7 +364,6 @@ def _broker_configs(
                         [(None, DEFAULT_CONFIG)],
                         read_only=True,
                         include_synonyms=include_synonyms,
-                        documentation=doc(name),
                     )
                 )
                 continue
@@ -374,7 +375,6 @@ def _broker_configs(
                     [(value, STATIC_BROKER_CONFIG)],
                     read_only=True,
                     include_synonyms=include_synonyms,
-                    documentation=doc(name),
                 )
             )
             continue
@@ -393,7 +393,6 @@ def _broker_configs(
                 synonyms,
                 read_only=False,
                 include_synonyms=include_synonyms,
-                documentation=doc(name),
             )
         )
     return out
