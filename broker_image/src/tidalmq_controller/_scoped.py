@@ -112,15 +112,16 @@ class _ScopedTopics(CopyOnAccess[TopicInfo], TopicTable):
     """The scoped view's topics: copied on access like any CopyOnAccess, and found by id as in
     a TopicTable (the ones held here through its index, the others through the image's)."""
 
+    _source: TopicTable  # the image's topics, found by id through their own index
+
     def __init__(self, source: TopicTable) -> None:
         super().__init__(source, _copy_topic)
-        self._image_topics = source
 
     def by_id(self, topic_id: str) -> TopicInfo | None:
         own = TopicTable.by_id(self, topic_id)
         if own is not None:
             return own
-        name = self._image_topics.name_of(topic_id)
+        name = self._source.name_of(topic_id)
         if name is None or name in self.removed or dict.__contains__(self, name):
             return None  # gone from the view, or replaced here by a topic with another id
         return self[name]
