@@ -29,6 +29,7 @@ from tidalmq_core.acls import (
 )
 from tidalmq_core.metadata import OFFSETS_TOPIC, BrokerInfo, ClusterMetadata
 
+from tests.support.controllers import running_controller
 from tests.support.fake_broker import FakeBroker
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
@@ -124,10 +125,8 @@ def test_at_most_kafkas_records_per_request() -> None:
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
-    await c.start()
-    yield c
-    await c.stop()
+    async with running_controller(tmp_path, SETTINGS) as c:
+        yield c
 
 
 async def test_committed_pushed_and_kept_across_a_controller_restart(

@@ -13,6 +13,7 @@ from tidalmq_controller import Controller, ControllerSettings, ObjectStoreMetada
 from tidalmq_core.metadata import BrokerInfo
 from tidalmq_core.topics import InvalidConfig
 
+from tests.support.controllers import running_controller
 from tests.support.fake_broker import FakeBroker
 
 RATE = "leader.replication.throttled.rate"
@@ -22,10 +23,8 @@ SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, 
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
-    await c.start()
-    yield c
-    await c.stop()
+    async with running_controller(tmp_path, SETTINGS) as c:
+        yield c
 
 
 async def test_set_delete_and_replace(controller: Controller, tmp_path: Path) -> None:

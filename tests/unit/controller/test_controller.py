@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
 from tidalmq_core.records import marker_record
 
+from tests.support.controllers import running_controller
 from tests.support.fake_broker import FakeBroker
 from tests.support.leaders import walked_leaders
 
@@ -36,11 +38,9 @@ FAST = ControllerSettings(
 
 
 @pytest.fixture
-async def controller(tmp_path: Path) -> Controller:
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), FAST)
-    await c.start()
-    yield c  # type: ignore[misc]
-    await c.stop()
+async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
+    async with running_controller(tmp_path, FAST) as c:
+        yield c
 
 
 async def wait_for(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]

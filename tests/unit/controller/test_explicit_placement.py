@@ -7,16 +7,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_controller import (
     Batch,
     Controller,
     ControllerSettings,
     InvalidReplicaAssignment,
     NewTopic,
-    ObjectStoreMetadataLog,
 )
 from tidalmq_core.metadata import BrokerInfo
+
+from tests.support.controllers import running_controller
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
 
@@ -28,12 +28,10 @@ class Quiet:
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
-    await c.start()
-    for b in (1, 2, 3):
-        await c.register_broker(BrokerInfo(b, "127.0.0.1", 9000 + b), Quiet())
-    yield c
-    await c.stop()
+    async with running_controller(tmp_path, SETTINGS) as c:
+        for b in (1, 2, 3):
+            await c.register_broker(BrokerInfo(b, "127.0.0.1", 9000 + b), Quiet())
+        yield c
 
 
 def owners(controller: Controller, topic: str) -> list[int]:

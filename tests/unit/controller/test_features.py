@@ -53,6 +53,8 @@ from tidalmq_core.metadata import (
 )
 from tidalmq_core.records import MetadataDelta, apply_record, broker_record
 
+from tests.support.controllers import running_controller
+
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
 TV = TRANSACTION_VERSION
 UP, SAFE, UNSAFE = UpgradeType.UPGRADE, UpgradeType.SAFE_DOWNGRADE, UpgradeType.UNSAFE_DOWNGRADE
@@ -105,10 +107,8 @@ def test_upgrades_and_downgrades_write_one_record_each_and_nothing_when_unchange
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
-    await c.start()
-    yield c
-    await c.stop()
+    async with running_controller(tmp_path, SETTINGS) as c:
+        yield c
 
 
 async def test_the_level_is_committed_and_kept_across_restarts_unless_set_at_start(

@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_controller import (
     TROUBLE,
     Controller,
     ControllerSettings,
     NewTopic,
-    ObjectStoreMetadataLog,
     Outcome,
 )
 from tidalmq_core.metadata import NO_LEADER
@@ -28,6 +26,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
 
 from observability.alerts import ALERTS, MOVE_TROUBLE
+from tests.support.controllers import running_controller
 from tests.support.fake_broker import FakeBroker
 
 TP = TopicPartition("t", 0)
@@ -71,10 +70,8 @@ class Outcomes:
 
 
 async def controller(tmp_path: Path, settings: ControllerSettings) -> AsyncIterator[Controller]:
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
-    await c.start()
-    yield c
-    await c.stop()
+    async with running_controller(tmp_path, settings) as c:
+        yield c
 
 
 @pytest.fixture

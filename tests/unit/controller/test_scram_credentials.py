@@ -22,6 +22,7 @@ from tidalmq_controller._scram_credentials import alter, bootstrap
 from tidalmq_core import scram
 from tidalmq_core.metadata import BrokerInfo, ClusterMetadata
 
+from tests.support.controllers import running_controller
 from tests.support.fake_broker import FakeBroker
 
 SETTINGS = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
@@ -105,10 +106,8 @@ def test_bootstrap_file(tmp_path: Path) -> None:
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), SETTINGS)
-    await c.start()
-    yield c
-    await c.stop()
+    async with running_controller(tmp_path, SETTINGS) as c:
+        yield c
 
 
 async def test_committed_pushed_and_kept_across_a_controller_restart(

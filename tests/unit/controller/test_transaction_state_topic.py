@@ -10,16 +10,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_controller import (
     Controller,
     InternalTopic,
     NewTopic,
-    ObjectStoreMetadataLog,
     TopicAlreadyExists,
 )
 from tidalmq_core.metadata import OFFSETS_TOPIC, TXN_STATE_TOPIC, BrokerInfo
 
+from tests.support.controllers import running_controller
 from tests.support.fake_broker import FakeBroker
 from tests.unit.controller.test_acls import SETTINGS
 
@@ -27,10 +26,8 @@ from tests.unit.controller.test_acls import SETTINGS
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
     settings = dataclasses.replace(SETTINGS, transaction_state_partitions=7)
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
-    await c.start()
-    yield c
-    await c.stop()
+    async with running_controller(tmp_path, settings) as c:
+        yield c
 
 
 async def test_created_on_demand_once_and_internal(controller: Controller) -> None:

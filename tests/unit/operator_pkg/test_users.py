@@ -18,8 +18,7 @@ import kopf
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
-from tidalmq_controller import Controller, ControllerSettings, ObjectStoreMetadataLog
+from tidalmq_controller import Controller, ControllerSettings
 from tidalmq_core import scram
 from tidalmq_core.acls import (
     AclBinding,
@@ -32,6 +31,8 @@ from tidalmq_operator import clients_crl, user_handlers, users
 from tidalmq_operator.kube import Conflict, NotFound
 from tidalmq_operator.models import SpecError
 from tidalmq_operator.settings import OperatorSettings
+
+from tests.support.controllers import running_controller
 
 TOPIC, GROUP, CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
 LITERAL, PREFIXED = PatternType.LITERAL, PatternType.PREFIXED
@@ -226,10 +227,8 @@ class FakeRuntime:
 @pytest.fixture
 async def rt(tmp_path: Path) -> AsyncIterator[FakeRuntime]:
     settings = ControllerSettings(auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01)
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
-    await c.start()
-    yield FakeRuntime(c)
-    await c.stop()
+    async with running_controller(tmp_path, settings) as c:
+        yield FakeRuntime(c)
 
 
 META = {"generation": 1, "uid": "uid-alice"}
