@@ -1,5 +1,6 @@
 """The few Kubernetes API calls the operator makes outside Kopf's handler plumbing: the
-ClusterState document (compare-and-swap on resourceVersion), status patches of our resources,
+ClusterState document and the operator's own Secrets (compare-and-swap on resourceVersion:
+Conflict when it changed since it was read), status patches of our resources,
 Events, and pod listings. The official client is synchronous, so each call runs in a thread."""
 
 from __future__ import annotations
@@ -127,7 +128,14 @@ class Kube:
         await self._call(self.core.create_namespaced_secret, self.namespace, body)
 
     async def patch_secret(self, name: str, body: dict[str, Any]) -> None:
+        """A strategic merge patch; with `metadata.resourceVersion` in `body` the API server
+        applies it only to that version (Conflict otherwise)."""
         await self._call(self.core.patch_namespaced_secret, name, self.namespace, body)
+
+    async def replace_secret(self, name: str, body: dict[str, Any]) -> None:
+        """Replace a Secret as a whole; `body` names the resourceVersion it was read at, so the
+        write is a compare-and-swap: Conflict when another writer came first."""
+        await self._call(self.core.replace_namespaced_secret, name, self.namespace, body)
 
     async def delete_secret(self, name: str) -> None:
         await self._call(self.core.delete_namespaced_secret, name, self.namespace)

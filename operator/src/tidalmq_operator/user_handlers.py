@@ -30,6 +30,7 @@ import asyncio
 import base64
 import datetime
 import logging
+import random
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +58,8 @@ RETRY_S = 2.0
 RETRY_REFUSED_S = 15.0
 RESYNC_S = 300.0
 CRL_CHECK_S = 300.0
+# compare-and-swap writes of the CRL Secret before giving up (_update_crl)
+CRL_WRITE_ATTEMPTS = 5
 
 
 class UserNotReady(Exception):
@@ -200,8 +203,15 @@ async def _write_secret(
     """Create or update the User's Secret; False when it already holds exactly `data`."""
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "User", "name": name, "uid": uid}
     body = users.secret_body(name, rt.kube.namespace, owner, data)
+    changed_meanwhile = UserNotReady(
+        "SecretConflict",
+        f"Secret {name} changed while the operator wrote it (another writer): read again",
+    )
     if existing is None:
-        await rt.kube.create_secret(body)
+        try:  # create-if-absent: whoever made it first, the next reconcile reads theirs
+            await rt.kube.create_secret(body)
+        except Conflict as exc:
+            raise changed_meanwhile from exc
         return True
     if not _owned_by(existing, uid):
         raise UserNotReady(
@@ -210,12 +220,22 @@ async def _write_secret(
         )
     if users.decoded(existing.get("data")) == data:
         return False
-    # a strategic merge patch: keys of another authentication type are removed (null)
+    # a strategic merge patch: keys of another authentication type are removed (null); it
+    # names the resourceVersion read, so a write made since (another replica issuing its own
+    # certificate) is not overwritten with what was decided from the older one
     stale = {k: None for k in (existing.get("data") or {}) if k not in data}
-    await rt.kube.patch_secret(
-        name,
-        {"data": {**body["data"], **stale}, "metadata": {"labels": body["metadata"]["labels"]}},
-    )
+    version = (existing.get("metadata") or {}).get("resourceVersion")
+    precondition = {"resourceVersion": version} if version else {}
+    try:
+        await rt.kube.patch_secret(
+            name,
+            {
+                "data": {**body["data"], **stale},
+                "metadata": {"labels": body["metadata"]["labels"], **precondition},
+            },
+        )
+    except Conflict as exc:
+        raise changed_meanwhile from exc
     return True
 
 
@@ -348,35 +368,61 @@ CrlChange = Callable[[clients_crl.CrlState, datetime.datetime], bool]
 
 async def _update_crl(rt: OperatorRuntime, ca: users.KeyPair, change: CrlChange) -> None:
     """Apply `change` to the CRL's bookkeeping and sign the CRL again when anything changed or
-    it is due (clients_crl.refresh_due); nothing without TIDALMQ_CLIENTS_CRL_SECRET. The
-    Secret is read and written under one lock (the active replica alone runs handlers)."""
+    it is due (clients_crl.refresh_due); nothing without TIDALMQ_CLIENTS_CRL_SECRET.
+
+    Every write is a compare-and-swap on the Secret's resourceVersion (the lock below orders
+    this replica's writers only; another replica, during a rollout or a peering handover,
+    writes the same Secret): the Secret is replaced naming the version read, or created only
+    if absent. On Conflict (another writer came first) it is read again and `change` applied
+    to what that writer left, so its revocations and ours both stay (the revoked set only
+    grows, but for entries past their notAfter); after CRL_WRITE_ATTEMPTS conflicts in a row
+    UserNotReady (ClientsCrlConflict) says so, and the caller retries: a finalizer stays."""
     name = rt.settings.clients_crl_secret
     if not name:
         return
     async with rt.resource_lock("clients-crl"):
-        secret = await _read_secret(rt, name)
-        data = users.decoded((secret or {}).get("data"))
-        state = clients_crl.loads(data.get(clients_crl.STATE_KEY, ""), ca.cert_pem)
-        now = datetime.datetime.now(datetime.UTC)
-        changed = change(state, now)
-        changed = clients_crl.drop_expired(state, now) or changed
-        crl_pem = data.get(clients_crl.CRL_KEY, "").encode()
-        if not changed and not clients_crl.refresh_due(state, crl_pem, ca.cert_pem, now):
-            return
-        crl = await asyncio.to_thread(clients_crl.sign_crl, state, ca.cert_pem, ca.key_pem, now)
-        new_data = {
-            clients_crl.CRL_KEY: base64.b64encode(crl).decode(),
-            clients_crl.STATE_KEY: base64.b64encode(clients_crl.dumps(state).encode()).decode(),
-        }
-        if secret is None:
+        for attempt in range(1, CRL_WRITE_ATTEMPTS + 1):
+            secret = await _read_secret(rt, name)
+            data = users.decoded((secret or {}).get("data"))
+            state = clients_crl.loads(data.get(clients_crl.STATE_KEY, ""), ca.cert_pem)
+            now = datetime.datetime.now(datetime.UTC)
+            changed = change(state, now)
+            changed = clients_crl.drop_expired(state, now) or changed
+            crl_pem = data.get(clients_crl.CRL_KEY, "").encode()
+            if not changed and not clients_crl.refresh_due(state, crl_pem, ca.cert_pem, now):
+                return
+            crl = await asyncio.to_thread(
+                clients_crl.sign_crl, state, ca.cert_pem, ca.key_pem, now
+            )
+            new_data = {
+                clients_crl.CRL_KEY: base64.b64encode(crl).decode(),
+                clients_crl.STATE_KEY: base64.b64encode(
+                    clients_crl.dumps(state).encode()
+                ).decode(),
+            }
             try:
-                await rt.kube.create_secret(
-                    users.operator_secret_body(name, rt.kube.namespace, new_data)
+                if secret is None:  # create-if-absent: 409 AlreadyExists when another made it
+                    await rt.kube.create_secret(
+                        users.operator_secret_body(name, rt.kube.namespace, new_data)
+                    )
+                else:
+                    await rt.kube.replace_secret(name, users.swapped_secret_body(secret, new_data))
+                break
+            except Conflict:
+                log.info(
+                    "Secret %s changed since it was read (another writer): read again, "
+                    "attempt %d of %d",
+                    name,
+                    attempt,
+                    CRL_WRITE_ATTEMPTS,
                 )
-            except Conflict as exc:  # made meanwhile (another replica): the next try reads it
-                raise UserNotReady("ClientsCrlConflict", f"Secret {name} was just made") from exc
+                await asyncio.sleep(random.uniform(0.05, 0.2) * attempt)
         else:
-            await rt.kube.patch_secret(name, {"data": new_data})
+            raise UserNotReady(
+                "ClientsCrlConflict",
+                f"Secret {name} changed under each of {CRL_WRITE_ATTEMPTS} writes (another "
+                "operator replica writing it?): the CRL is not updated yet, retried",
+            )
     log.info(
         "clients CA's CRL in Secret %s signed: %d certificates listed",
         name,
@@ -421,7 +467,16 @@ async def clients_crl_daemon(stopped: Any, memo: Any, **_: Any) -> None:
             ca = await _clients_ca(rt)
             await _update_crl(rt, ca, lambda s, now: False)
             delay = CRL_CHECK_S
-        except Exception as exc:  # the API server, a CA Secret without its key: said, retried
+        except UserNotReady as exc:  # a CA Secret without its key, a CRL Secret contended
+            log.error("clients CA's CRL not maintained: %s", exc)
+            involved = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ClusterState",
+                "metadata": {"name": rt.settings.cluster_state_name},
+            }
+            await rt.kube.event(involved, exc.reason, str(exc), warning=True)
+            delay = RETRY_REFUSED_S
+        except Exception as exc:  # the API server: said, retried
             log.error("clients CA's CRL not maintained: %s", exc)
             delay = RETRY_REFUSED_S
         await stopped.wait(delay)

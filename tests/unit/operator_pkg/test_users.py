@@ -10,7 +10,7 @@ import asyncio
 import base64
 import copy
 import datetime
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +167,10 @@ def test_client_certificate() -> None:
 
 # ---------------------------------------------------------------------------- the handlers
 class FakeKube:
-    """Secrets, status patches and Events in memory (the calls user_handlers makes)."""
+    """Secrets, status patches and Events in memory (the calls user_handlers makes). Like the
+    API server, each write gives the Secret a new resourceVersion, and a write naming another
+    than the current one is refused with Conflict; `before_write(name)`, when set, runs at the
+    start of each write (another writer coming first)."""
 
     def __init__(self) -> None:
         self.namespace = "ns"
@@ -176,6 +179,18 @@ class FakeKube:
         self.events: list[tuple[str, str, bool]] = []
         self.writes = 0
         self.status_patches = 0
+        self.versions = 0
+        self.before_write: Callable[[str], Awaitable[None]] | None = None
+
+    def _stored(self, name: str, body: dict[str, Any]) -> None:
+        self.versions += 1
+        body["metadata"]["resourceVersion"] = str(self.versions)
+        self.secrets[name] = body
+        self.writes += 1
+
+    async def _writing(self, name: str) -> None:
+        if self.before_write is not None:
+            await self.before_write(name)
 
     async def get_secret(self, name: str) -> dict[str, Any]:
         if name not in self.secrets:
@@ -184,19 +199,35 @@ class FakeKube:
 
     async def create_secret(self, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
+        await self._writing(name)
         if name in self.secrets:
             raise Conflict(name)
-        self.secrets[name] = copy.deepcopy(body)
-        self.writes += 1
+        self._stored(name, copy.deepcopy(body))
+
+    def _current(self, name: str, version: str | None) -> dict[str, Any]:
+        """The Secret to write over, if it is at `version` (None: any)."""
+        if name not in self.secrets:
+            raise NotFound(name)
+        secret = copy.deepcopy(self.secrets[name])
+        if version is not None and version != secret["metadata"].get("resourceVersion"):
+            raise Conflict(name)
+        return secret
+
+    async def replace_secret(self, name: str, body: dict[str, Any]) -> None:
+        await self._writing(name)
+        self._current(name, body["metadata"].get("resourceVersion"))
+        self._stored(name, copy.deepcopy(body))
 
     async def patch_secret(self, name: str, body: dict[str, Any]) -> None:
-        data = self.secrets[name].setdefault("data", {})
+        await self._writing(name)
+        secret = self._current(name, body.get("metadata", {}).get("resourceVersion"))
+        data = secret.setdefault("data", {})
         for k, v in body.get("data", {}).items():
             if v is None:
                 data.pop(k, None)
             else:
                 data[k] = v
-        self.writes += 1
+        self._stored(name, secret)
 
     async def delete_secret(self, name: str) -> None:
         self.secrets.pop(name)
@@ -462,6 +493,124 @@ async def test_the_clients_crl_lists_deleted_and_replaced_certificates(rt: FakeR
     del rt.kube.secrets["carol"]
     await reconcile(rt, spec("scram-sha-512"), name="carol")
     assert carol in crl_state(rt)[1]
+
+
+def replica_of(rt: FakeRuntime) -> FakeRuntime:
+    """A second operator replica (during a rollout, or a peering handover): the same API
+    server and cluster, its own process, so none of the first one's locks."""
+    other = FakeRuntime(rt.controller)
+    other.kube = rt.kube
+    other.settings = rt.settings
+    return other
+
+
+def first_write_of_crl(rt: FakeRuntime, writer: Callable[[], Awaitable[None]]) -> list[int]:
+    """Have `writer` (the other replica) write the CRL Secret once, just before this replica's
+    next write of it, after this replica read it; the list counts the times that happened."""
+    ran: list[int] = []
+
+    async def before_write(name: str) -> None:
+        if name == "clients-crl" and not ran:
+            ran.append(1)
+            await writer()
+
+    rt.kube.before_write = before_write
+    return ran
+
+
+async def test_concurrent_crl_writers_lose_no_revocation(rt: FakeRuntime) -> None:
+    """Two writers of the CRL Secret, each between the other's read and write: a User deleted
+    on one replica while another deletes another User, or signs the CRL again. Each write is a
+    compare-and-swap, so the second writer reads again and both revocations stay; a blind
+    overwrite would un-revoke the first one's certificate."""
+    rt.settings = OperatorSettings(clients_ca_secret="clients-ca", clients_crl_secret="clients-crl")
+    await user_handlers.clients_crl_daemon(stopped=Stopper(), memo={"runtime": rt})
+    for name in ("alice", "bob", "carol"):
+        await reconcile(rt, spec("tls"), name=name)
+    alice, bob, carol = (serial_of(rt, n) for n in ("alice", "bob", "carol"))
+    other = replica_of(rt)
+
+    # alice deleted here; bob deleted on the other replica between our read and our write
+    ran = first_write_of_crl(
+        rt,
+        lambda: user_handlers.delete_user(
+            name="bob", meta={"uid": "uid-bob"}, memo={"runtime": other}
+        ),
+    )
+    await user_handlers.delete_user(name="alice", meta=META, memo={"runtime": rt})
+    assert ran == [1]
+    state, listed = crl_state(rt)
+    assert {alice, bob} <= listed and {alice, bob} <= set(state.revoked)
+    assert set(state.issued) == {"carol"}
+
+    # the daemon here signs the CRL again (due: the one in the Secret is unreadable) while
+    # carol is deleted on the other replica: the daemon's write must not drop carol's entry
+    rt.kube.secrets["clients-crl"]["data"]["crl.pem"] = ""
+    number = state.number
+    ran = first_write_of_crl(
+        rt,
+        lambda: user_handlers.delete_user(
+            name="carol", meta={"uid": "uid-carol"}, memo={"runtime": other}
+        ),
+    )
+    await user_handlers.clients_crl_daemon(stopped=Stopper(), memo={"runtime": rt})
+    assert ran == [1]
+    state, listed = crl_state(rt)
+    assert {alice, bob, carol} <= listed and state.issued == {}
+    # carol's deletion signed a fresh CRL; the daemon, reading again, found nothing left to do
+    assert state.number == number + 1
+
+
+async def test_a_crl_secret_that_keeps_changing_fails_loudly_and_keeps_the_finalizer(
+    rt: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer ahead at every attempt: after CRL_WRITE_ATTEMPTS the deletion is retried
+    (kopf.TemporaryError, the finalizer stays) and the daemon says so in a Warning Event; the
+    other writer's revocations are all there, and ours is written once the contention ends."""
+    monkeypatch.setattr(user_handlers.random, "uniform", lambda a, b: 0.0)  # no backoff here
+    rt.settings = OperatorSettings(clients_ca_secret="clients-ca", clients_crl_secret="clients-crl")
+    await user_handlers.clients_crl_daemon(stopped=Stopper(), memo={"runtime": rt})
+    await reconcile(rt, spec("tls"))
+    alice = serial_of(rt)
+    other = replica_of(rt)
+    ca = users.decoded(rt.kube.secrets["clients-ca"]["data"])
+    ca_pair = users.KeyPair(ca["tls.key"].encode(), ca["tls.crt"].encode())
+    theirs: list[int] = []
+
+    async def another_revocation(name: str) -> None:
+        if name != "clients-crl":
+            return
+        rt.kube.before_write = None  # its own write goes through
+        cert = clients_crl.cert_ref(users.issue_client_cert(ca_pair, "eve").cert_pem.decode())
+        assert cert is not None
+        theirs.append(cert.serial)
+        await user_handlers._update_crl(
+            other, ca_pair, lambda s, now: clients_crl.revoke(s, cert, "eve", now, now)
+        )
+        rt.kube.before_write = another_revocation
+
+    rt.kube.before_write = another_revocation
+    with pytest.raises(kopf.TemporaryError, match="ClientsCrlConflict|changed under each"):
+        await user_handlers.delete_user(name="alice", meta=META, memo={"runtime": rt})
+    assert len(theirs) == user_handlers.CRL_WRITE_ATTEMPTS
+    state, listed = crl_state(rt)
+    assert set(theirs) <= listed and alice not in listed  # not yet: the finalizer stays
+
+    # the daemon has a CRL to sign, and the Secret changes under each of its writes (a writer
+    # that leaves the CRL stale: kubectl annotate, say): a Warning Event on the ClusterState
+    rt.kube.secrets["clients-crl"]["data"]["crl.pem"] = ""
+
+    async def touched(name: str) -> None:
+        rt.kube._stored(name, copy.deepcopy(rt.kube.secrets[name]))
+
+    rt.kube.before_write = touched
+    await user_handlers.clients_crl_daemon(stopped=Stopper(), memo={"runtime": rt})
+    assert ("ClientsCrlConflict", True) in {(r, w) for r, _, w in rt.kube.events}
+
+    rt.kube.before_write = None
+    await user_handlers.delete_user(name="alice", meta=META, memo={"runtime": rt})
+    state, listed = crl_state(rt)
+    assert set(theirs) | {alice} <= listed
 
 
 async def test_no_crl_is_kept_without_its_secret_setting(rt: FakeRuntime) -> None:
