@@ -20,6 +20,11 @@ bookkeeping it is made from and read back from (the Secret is the only durable s
 
 The CRL is valid `CRL_DAYS` and signed again when `REFRESH_AFTER` has passed since it was, or
 when what it must list changed (a revocation, a grace ending, an entry expiring).
+
+Every change is a function of the bookkeeping read (`revoke`, `record_issued`, `revoke_user`,
+`drop_expired`), so a writer that lost a compare-and-swap of the Secret to another applies the
+same change again to what that one wrote (user_handlers._update_crl): `revoked` only grows,
+but for entries past their notAfter.
 """
 
 from __future__ import annotations

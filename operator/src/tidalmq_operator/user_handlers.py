@@ -19,7 +19,11 @@ cluster metadata the brokers authenticate and authorize against).
 - the clients CA's CRL (with TIDALMQ_CLIENTS_CRL_SECRET; clients_crl.py has the pure part): a
   certificate issued is recorded there, the one it replaces revoked, a deleted User's revoked;
   a daemon on the ClusterState (the active replica only) makes the Secret at start, empty, and
-  signs the CRL again every day (it is valid 7), looking every CRL_CHECK_S.
+  signs the CRL again every day (it is valid 7), looking every CRL_CHECK_S. Every write of the
+  operator's own Secrets is a compare-and-swap on resourceVersion (another replica may write
+  them too): the CRL Secret replaced naming the version read and re-merged on Conflict
+  (_update_crl), the clients CA and the CRL Secret created only if absent, a User's Secret
+  patched naming the version read.
 
 Registered by importing this module from `handlers.py`.
 """
@@ -303,16 +307,12 @@ async def _reconcile_credentials(
         ca = await _clients_ca(rt)
         held = existing.get("user.crt", "")
         current = _held_ref(held, ca)
-        if users.cert_still_good(held, ca.cert_pem, name):
+        if (
+            users.cert_still_good(held, ca.cert_pem, name)
+            and current is not None
+            and await _keep_certificate(rt, ca, name, current)
+        ):
             pair = users.KeyPair(existing["user.key"].encode(), held.encode())
-            kept = current
-            await _update_crl(
-                rt,
-                ca,
-                lambda s, now: (
-                    kept is not None and clients_crl.record_issued(s, name, kept, None, False, now)
-                ),
-            )
         else:
             pair = await asyncio.to_thread(users.issue_client_cert, ca, name)
             new = clients_crl.cert_ref(pair.cert_pem.decode())
@@ -334,6 +334,23 @@ async def _reconcile_credentials(
         await _alter_scram(controller, [deletion], [])
     wrote = await _write_secret(rt, name, uid, secret, data)
     return wrote or bool(deletions or upsertions)
+
+
+async def _keep_certificate(
+    rt: OperatorRuntime, ca: users.KeyPair, name: str, held: clients_crl.CertRef
+) -> bool:
+    """Record the certificate the User's Secret holds (still good) as the one issued; False
+    when the CRL's bookkeeping has it revoked already, so that a new one is issued: another
+    replica issued its own meanwhile and revoked this one as never delivered, but this
+    replica's Secret write came first (a User left with a listed certificate otherwise)."""
+    revoked: list[bool] = []  # what the last reading of the bookkeeping said
+
+    def keep(state: clients_crl.CrlState, now: datetime.datetime) -> bool:
+        revoked[:] = [held.serial in state.revoked]
+        return not revoked[0] and clients_crl.record_issued(state, name, held, None, False, now)
+
+    await _update_crl(rt, ca, keep)
+    return not any(revoked)
 
 
 async def _clients_ca(rt: OperatorRuntime) -> users.KeyPair:
@@ -391,14 +408,10 @@ async def _update_crl(rt: OperatorRuntime, ca: users.KeyPair, change: CrlChange)
             crl_pem = data.get(clients_crl.CRL_KEY, "").encode()
             if not changed and not clients_crl.refresh_due(state, crl_pem, ca.cert_pem, now):
                 return
-            crl = await asyncio.to_thread(
-                clients_crl.sign_crl, state, ca.cert_pem, ca.key_pem, now
-            )
+            crl = await asyncio.to_thread(clients_crl.sign_crl, state, ca.cert_pem, ca.key_pem, now)
             new_data = {
                 clients_crl.CRL_KEY: base64.b64encode(crl).decode(),
-                clients_crl.STATE_KEY: base64.b64encode(
-                    clients_crl.dumps(state).encode()
-                ).decode(),
+                clients_crl.STATE_KEY: base64.b64encode(clients_crl.dumps(state).encode()).decode(),
             }
             try:
                 if secret is None:  # create-if-absent: 409 AlreadyExists when another made it
