@@ -129,13 +129,9 @@ class Kube:
 
     async def patch_secret(self, name: str, body: dict[str, Any]) -> None:
         """A strategic merge patch; with `metadata.resourceVersion` in `body` the API server
-        applies it only to that version (Conflict otherwise)."""
+        applies it only to that version, Conflict otherwise: a compare-and-swap that needs
+        the `patch` verb only (the chart's Role grants no `update` on Secrets)."""
         await self._call(self.core.patch_namespaced_secret, name, self.namespace, body)
-
-    async def replace_secret(self, name: str, body: dict[str, Any]) -> None:
-        """Replace a Secret as a whole; `body` names the resourceVersion it was read at, so the
-        write is a compare-and-swap: Conflict when another writer came first."""
-        await self._call(self.core.replace_namespaced_secret, name, self.namespace, body)
 
     async def delete_secret(self, name: str) -> None:
         await self._call(self.core.delete_namespaced_secret, name, self.namespace)

@@ -21,7 +21,7 @@ cluster metadata the brokers authenticate and authorize against).
   a daemon on the ClusterState (the active replica only) makes the Secret at start, empty, and
   signs the CRL again every day (it is valid 7), looking every CRL_CHECK_S. Every write of the
   operator's own Secrets is a compare-and-swap on resourceVersion (another replica may write
-  them too): the CRL Secret replaced naming the version read and re-merged on Conflict
+  them too): the CRL Secret patched naming the version read and re-merged on Conflict
   (_update_crl), the clients CA and the CRL Secret created only if absent, a User's Secret
   patched naming the version read.
 
@@ -389,8 +389,8 @@ async def _update_crl(rt: OperatorRuntime, ca: users.KeyPair, change: CrlChange)
 
     Every write is a compare-and-swap on the Secret's resourceVersion (the lock below orders
     this replica's writers only; another replica, during a rollout or a peering handover,
-    writes the same Secret): the Secret is replaced naming the version read, or created only
-    if absent. On Conflict (another writer came first) it is read again and `change` applied
+    writes the same Secret): a patch naming the version read, which the API server applies to
+    that version only, or a create if absent. On Conflict (another writer came first) it is read again and `change` applied
     to what that writer left, so its revocations and ours both stay (the revoked set only
     grows, but for entries past their notAfter); after CRL_WRITE_ATTEMPTS conflicts in a row
     UserNotReady (ClientsCrlConflict) says so, and the caller retries: a finalizer stays."""
@@ -418,8 +418,11 @@ async def _update_crl(rt: OperatorRuntime, ca: users.KeyPair, change: CrlChange)
                     await rt.kube.create_secret(
                         users.operator_secret_body(name, rt.kube.namespace, new_data)
                     )
-                else:
-                    await rt.kube.replace_secret(name, users.swapped_secret_body(secret, new_data))
+                else:  # the data keys set, naming the version read: 409 if it moved since
+                    version = (secret.get("metadata") or {}).get("resourceVersion")
+                    await rt.kube.patch_secret(
+                        name, {"metadata": {"resourceVersion": version}, "data": new_data}
+                    )
                 break
             except Conflict:
                 log.info(

@@ -317,28 +317,6 @@ def operator_secret_body(
     }
 
 
-def swapped_secret_body(secret: dict[str, Any], data: dict[str, str]) -> dict[str, Any]:
-    """The replacement of a Secret as read (`secret`, as the API gave it), its keys in `data`
-    (base64) set and the others kept, that names the resourceVersion read: a compare-and-swap
-    the API server refuses with 409 Conflict when another writer changed it meanwhile. Its
-    labels, annotations, owners and finalizers stay; the server keeps what the rest of the
-    metadata says (uid, managedFields)."""
-    meta = secret.get("metadata") or {}
-    kept = ("labels", "annotations", "ownerReferences", "finalizers")
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": secret.get("type") or "Opaque",
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta.get("namespace"),
-            "resourceVersion": meta["resourceVersion"],
-            **{k: meta[k] for k in kept if meta.get(k)},
-        },
-        "data": {**(secret.get("data") or {}), **data},
-    }
-
-
 def decoded(secret_data: dict[str, str] | None) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (secret_data or {}).items()}
 

@@ -1,10 +1,10 @@
 """The clients CRL Secret's compare-and-swap writes against a real kube-apiserver (no operator
 process, no broker): two operator replicas revoke certificates, the second one's write landing
-between the first one's read and write. The API server refuses the first one's replace (its
-resourceVersion is stale), it reads again and both revocations are in the Secret; a blind
+between the first one's read and write. The API server refuses the first one's patch (the
+resourceVersion it names is stale), it reads again and both revocations are in the Secret; a blind
 write (the operator before this) un-revoked the other replica's certificate. The unit tests
 (tests/unit/operator_pkg/test_users.py) cover the same against an in-memory API; this checks
-the real server's answer to the replace the operator sends (409, mapped to Conflict) and that
+the real server's answer to the patch the operator sends (409, mapped to Conflict) and that
 the Secret keeps its labels."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def namespace(kube_apiserver: ApiServer) -> Iterator[str]:
 
 class InterleavedKube(Kube):
     """A replica's API client that lets another writer run just before its first write of a
-    Secret that is there already (a replace; a patch, as the operator wrote before)."""
+    Secret that is there already (a patch)."""
 
     def __init__(self, namespace: str) -> None:
         super().__init__(namespace)
@@ -49,23 +49,16 @@ class InterleavedKube(Kube):
         self.writes = 0
         self.conflicts = 0
 
-    async def _before_write(self) -> None:
+    async def patch_secret(self, name: str, body: dict[str, Any]) -> None:
         self.writes += 1
         if self.other_writer is not None:
             writer, self.other_writer = self.other_writer, None
             await writer()
-
-    async def replace_secret(self, name: str, body: dict[str, Any]) -> None:
-        await self._before_write()
         try:
-            await super().replace_secret(name, body)
+            await super().patch_secret(name, body)
         except Conflict:
             self.conflicts += 1
             raise
-
-    async def patch_secret(self, name: str, body: dict[str, Any]) -> None:
-        await self._before_write()
-        await super().patch_secret(name, body)
 
 
 def revocation(ca: users.KeyPair, user: str) -> tuple[int, user_handlers.CrlChange]:
@@ -100,7 +93,7 @@ async def test_two_replicas_revoking_at_once_both_stay_revoked(
     signed = clients_crl.crl_serials(data[clients_crl.CRL_KEY], ca.cert_pem)
     assert signed is not None
     assert {alice, bob} <= set(state.revoked) and {alice, bob} <= signed[1]
-    # the API server refused the replace naming the version read before bob's revocation
+    # the API server refused the patch naming the version read before bob's revocation
     assert (here_kube.writes, here_kube.conflicts) == (2, 1)
     assert state.number == 3  # empty, bob's, then alice's on top of it
     assert secret["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "tidalmq-operator"}

@@ -168,7 +168,7 @@ def test_client_certificate() -> None:
 # ---------------------------------------------------------------------------- the handlers
 class FakeKube:
     """Secrets, status patches and Events in memory (the calls user_handlers makes). Like the
-    API server, each write gives the Secret a new resourceVersion, and a write naming another
+    API server, each write gives the Secret a new resourceVersion, and a patch naming another
     than the current one is refused with Conflict; `before_write(name)`, when set, runs at the
     start of each write (another writer coming first)."""
 
@@ -212,11 +212,6 @@ class FakeKube:
         if version is not None and version != secret["metadata"].get("resourceVersion"):
             raise Conflict(name)
         return secret
-
-    async def replace_secret(self, name: str, body: dict[str, Any]) -> None:
-        await self._writing(name)
-        self._current(name, body["metadata"].get("resourceVersion"))
-        self._stored(name, copy.deepcopy(body))
 
     async def patch_secret(self, name: str, body: dict[str, Any]) -> None:
         await self._writing(name)
