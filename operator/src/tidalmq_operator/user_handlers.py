@@ -390,10 +390,11 @@ async def _update_crl(rt: OperatorRuntime, ca: users.KeyPair, change: CrlChange)
     Every write is a compare-and-swap on the Secret's resourceVersion (the lock below orders
     this replica's writers only; another replica, during a rollout or a peering handover,
     writes the same Secret): a patch naming the version read, which the API server applies to
-    that version only, or a create if absent. On Conflict (another writer came first) it is read again and `change` applied
-    to what that writer left, so its revocations and ours both stay (the revoked set only
-    grows, but for entries past their notAfter); after CRL_WRITE_ATTEMPTS conflicts in a row
-    UserNotReady (ClientsCrlConflict) says so, and the caller retries: a finalizer stays."""
+    that version only, or a create if absent. On Conflict (another writer came first) it is
+    read again and `change` applied to what that writer left, so its revocations and ours
+    both stay (the revoked set only grows, but for entries past their notAfter); after
+    CRL_WRITE_ATTEMPTS conflicts in a row UserNotReady (ClientsCrlConflict) says so, and the
+    caller retries: a finalizer stays."""
     name = rt.settings.clients_crl_secret
     if not name:
         return
@@ -432,7 +433,8 @@ async def _update_crl(rt: OperatorRuntime, ca: users.KeyPair, change: CrlChange)
                     attempt,
                     CRL_WRITE_ATTEMPTS,
                 )
-                await asyncio.sleep(random.uniform(0.05, 0.2) * attempt)
+                if attempt < CRL_WRITE_ATTEMPTS:  # writers that collided: apart next time
+                    await asyncio.sleep(random.uniform(0.05, 0.2) * attempt)
         else:
             raise UserNotReady(
                 "ClientsCrlConflict",
