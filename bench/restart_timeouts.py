@@ -53,7 +53,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -64,11 +63,12 @@ from typing import Any, Protocol
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, KafkaException  # noqa: E402
 from confluent_kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from bench.kafka.harness import KafkaCluster  # noqa: E402
+from e2e.producing import PacedProducer  # noqa: E402
 from tests.support.local_cluster import LocalClusterProcess  # noqa: E402
 
 BROKERS = 3
@@ -267,9 +267,10 @@ class Outcome:
     ack_times: list[float] = field(default_factory=list)
 
 
-class SteadyProducer:
+class SteadyProducer(PacedProducer):
     """The producer of the scenario: PRODUCER_CONFIG, numbered keyed records at `rate`/s from
-    its own thread until stop(); every delivery report kept."""
+    its own thread (e2e/producing.py's fixed schedule) until stop(); every delivery report
+    kept."""
 
     def __init__(
         self, bootstrap: str, topic: str, rate: int, message_timeout_ms: int = 30_000
@@ -281,14 +282,13 @@ class SteadyProducer:
         logger.setLevel(logging.DEBUG)
         logger.propagate = False
         logger.addHandler(self.client_log)
-        self.producer = Producer(
+        super().__init__(
             {"bootstrap.servers": bootstrap, **PRODUCER_CONFIG,
-             "message.timeout.ms": message_timeout_ms, "debug": "eos,msg", "logger": logger}
+             "message.timeout.ms": message_timeout_ms, "debug": "eos,msg", "logger": logger},
+            1.0 / rate,
         )  # fmt: skip
         self.outcome = Outcome()
         self.sent = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _report(self, err: KafkaError | None, msg: Any) -> None:
         n = int(msg.value())
@@ -298,26 +298,17 @@ class SteadyProducer:
             self.outcome.acked[n] = (msg.partition(), msg.offset())
             self.outcome.ack_times.append(time.monotonic())
 
-    def _run(self) -> None:
-        interval = 1.0 / self.rate
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            n = self.sent
-            try:
-                self.producer.produce(
-                    self.topic, key=b"k%d" % (n % 64), value=b"%d" % n, on_delivery=self._report
-                )
-                self.sent += 1
-            except BufferError:
-                self.producer.poll(0.05)
-                continue
-            self.producer.poll(0)
-            next_at += interval
-            time.sleep(max(0.0, next_at - time.monotonic()))
-
-    def start(self) -> SteadyProducer:
-        self._thread.start()
-        return self
+    def _send(self) -> bool:
+        n = self.sent
+        try:
+            self.producer.produce(
+                self.topic, key=b"k%d" % (n % 64), value=b"%d" % n, on_delivery=self._report
+            )
+        except BufferError:
+            self.producer.poll(0.05)
+            return False
+        self.sent += 1
+        return True
 
     def stop(self, flush_s: float = 120.0) -> int:
         """Stop producing, flush; returns how many records were still unreported."""

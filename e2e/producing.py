@@ -5,6 +5,10 @@ a change under load ends with (nothing acknowledged lost, nothing read twice, or
 records at a fixed rate; it remembers each acknowledgement's partition and offset. `verify` /
 `verify_all` then read the topics from the start with a fresh consumer group and check each
 acknowledged record is there once, at its acknowledged offset, in order within its partition.
+
+`RecordLoad` is load and nothing more: records of one value at fixed rates, to chosen
+partitions or the partitioner's, counting acknowledgements. Both are a `PacedProducer`, the one
+fixed-rate producer thread of the end-to-end tests (and of bench/restart_timeouts.py).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -23,13 +27,41 @@ from confluent_kafka import Consumer, KafkaException, Producer
 PROBE_KEY = b"probe"
 
 
-class RateProducer:
+class PacedProducer:
+    """A confluent-kafka producer fed from its own thread on a fixed schedule until stopped:
+    `_send` once every `interval` seconds, a late step followed at once by the next (the
+    schedule is kept, not restarted). `_send` returns False when the producer's queue was full
+    and the step is to be tried again at once (the schedule does not advance). Subclasses say
+    what a step sends and how they stop."""
+
+    def __init__(self, config: Mapping[str, Any], interval: float) -> None:
+        self.producer = Producer(dict(config))
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _send(self) -> bool:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            if not self._send():
+                continue
+            self.producer.poll(0)
+            next_at += self.interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+
+class RateProducer(PacedProducer):
     """An idempotent producer at a fixed rate; remembers (produced, acked, partition, offset)."""
 
     def __init__(self, servers: str, topic: str, rate: int = 400) -> None:
-        self.topic = topic
-        self.rate = rate
-        self.producer = Producer({
+        super().__init__({
             "bootstrap.servers": servers, "enable.idempotence": True, "acks": "all",
             "linger.ms": 5, "message.timeout.ms": 300000, "retry.backoff.ms": 50,
             "topic.metadata.refresh.interval.ms": 2000,
@@ -38,44 +70,33 @@ class RateProducer:
             # to it after 20 s without a broker instead of librdkafka's 5 minutes (the chart's
             # README says the same to users)
             "metadata.recovery.rebootstrap.trigger.ms": 20000,
-        })  # fmt: skip
+        }, 1.0 / rate)  # fmt: skip
+        self.topic = topic
+        self.rate = rate
         self.records: list[tuple[float, float, int, int, int]] = []
         self.errors: list[str] = []
         self.sent = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        interval = 1.0 / self.rate
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            seq = self.sent
-            produced = time.time()
+    def _send(self) -> bool:
+        seq = self.sent
+        produced = time.time()
 
-            def done(err: Any, msg: Any, seq: int = seq, produced: float = produced) -> None:
-                if err is not None:
-                    self.errors.append(str(err))
-                else:
-                    with self._lock:
-                        self.records.append(
-                            (produced, time.time(), msg.partition(), msg.offset(), seq)
-                        )
+        def done(err: Any, msg: Any, seq: int = seq, produced: float = produced) -> None:
+            if err is not None:
+                self.errors.append(str(err))
+            else:
+                with self._lock:
+                    self.records.append((produced, time.time(), msg.partition(), msg.offset(), seq))
 
-            try:
-                self.producer.produce(self.topic, key=b"k%d" % (seq % 101), value=b"%d" % seq,
-                                      on_delivery=done)  # fmt: skip
-                self.sent += 1
-            except BufferError:
-                self.producer.poll(0.05)
-                continue
-            self.producer.poll(0)
-            next_at += interval
-            time.sleep(max(0.0, next_at - time.monotonic()))
-
-    def start(self) -> RateProducer:
-        self._thread.start()
-        return self
+        try:
+            self.producer.produce(self.topic, key=b"k%d" % (seq % 101), value=b"%d" % seq,
+                                  on_delivery=done)  # fmt: skip
+        except BufferError:
+            self.producer.poll(0.05)
+            return False
+        self.sent += 1
+        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -105,6 +126,62 @@ class RateProducer:
         """The longest any record waited for its acknowledgement (seconds)."""
         with self._lock:
             return max((acked - produced for produced, acked, *_ in self.records), default=0.0)
+
+
+class RecordLoad(PacedProducer):
+    """Records of one value at fixed rates until stopped, ten steps a second: each step,
+    `per_step[p]` records to partition p (None: where the partitioner puts them). Counts the
+    acknowledgements and keeps the errors; a record the producer's full queue refuses is not
+    sent again. Started by start() or as a context manager; stop() may be called again."""
+
+    STEP_S = 0.1
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topic: str,
+        value: bytes,
+        per_step: Mapping[int | None, int],
+    ) -> None:
+        super().__init__(config, self.STEP_S)
+        self.topic = topic
+        self.value = value
+        self.per_step = dict(per_step)
+        self.errors: list[str] = []
+        self.acked = 0
+
+    def _done(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.errors.append(str(err))
+
+    def _send(self) -> bool:
+        for partition, count in self.per_step.items():
+            for _ in range(count):
+                try:
+                    if partition is None:
+                        self.producer.produce(self.topic, self.value, on_delivery=self._done)
+                    else:
+                        self.producer.produce(
+                            self.topic, self.value, partition=partition, on_delivery=self._done
+                        )
+                except BufferError:
+                    self.producer.poll(0.05)
+        return True
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(30)
+        self.producer.flush(60)
 
 
 def verify(servers: str, topic: str, producer: RateProducer) -> None:

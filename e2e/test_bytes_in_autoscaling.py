@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 from e2e.kube import Cluster, RecordFigure, wait_until
+from e2e.producing import RecordLoad
 from e2e.tidalmq_release import (
     FULL,
     STS,
@@ -126,53 +125,20 @@ def bytes_in_per_pod(cluster: Cluster, ns: str) -> dict[str, float]:
     }
 
 
-class LargeRecords:
+def large_records(servers: str, topic: str, bytes_per_s: int) -> RecordLoad:
     """Records of RECORD_BYTES at a fixed byte rate to one topic, until stopped."""
-
-    def __init__(self, servers: str, topic: str, bytes_per_s: int) -> None:
-        self.producer = Producer({
-            "bootstrap.servers": servers, "acks": "all", "linger.ms": 5,
-            "message.max.bytes": 4 * RECORD_BYTES, "topic.metadata.refresh.interval.ms": 2000,
-        })  # fmt: skip
-        self.topic = topic
-        self.per_tick = max(1, round(bytes_per_s / RECORD_BYTES / 10))  # 10 ticks a second
-        self.errors: list[str] = []
-        self.acked = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _done(self, err: Any, _msg: Any) -> None:
-        if err is None:
-            self.acked += 1
-        else:
-            self.errors.append(str(err))
-
-    def _run(self) -> None:
-        value = b"x" * RECORD_BYTES
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            for _ in range(self.per_tick):
-                try:
-                    self.producer.produce(self.topic, value, on_delivery=self._done)
-                except BufferError:
-                    self.producer.poll(0.05)
-            self.producer.poll(0)
-            next_at += 0.1
-            time.sleep(max(0.0, next_at - time.monotonic()))
-
-    def __enter__(self) -> LargeRecords:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        self._thread.join(30)
-        self.producer.flush(60)
+    return RecordLoad(
+        {
+            "bootstrap.servers": servers,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.max.bytes": 4 * RECORD_BYTES,
+            "topic.metadata.refresh.interval.ms": 2000,
+        },
+        topic,
+        b"x" * RECORD_BYTES,
+        {None: max(1, round(bytes_per_s / RECORD_BYTES / 10))},  # 10 steps a second
+    )
 
 
 def create_topic(cluster: Cluster, ns: str, name: str, partitions: int) -> None:
@@ -271,7 +237,7 @@ def test_spike_of_large_records_scales_out_on_bytes_in_and_back_in_once(
         )  # fmt: skip
         assert hpa_state(cluster, ns)[0] == 1
         assert set(leaders(cluster, ns, "spike").values()) == {0}
-        with LargeRecords(bootstrap(cluster, ns), "spike", SPIKE) as load:
+        with large_records(bootstrap(cluster, ns), "spike", SPIKE) as load:
             spiked = time.monotonic()
             served = wait_until(
                 "the adapter to serve the broker's bytes-in above the HPA's target",

@@ -11,7 +11,6 @@ Printed figures: the planning time (request to plan), the execution time, the im
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -19,9 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 from e2e.kube import Cluster, wait_until
+from e2e.producing import RecordLoad
 from e2e.tidalmq_release import (
     FULL,
     addon_image,
@@ -104,49 +103,6 @@ def prometheus_manifests(image: str, ns: str) -> str:
     return "\n---\n".join(json.dumps(o) for o in objects)
 
 
-class PartitionLoad:
-    """Records of 1 KiB at a fixed rate per partition (produced to explicit partitions)."""
-
-    def __init__(self, servers: str, rates: dict[int, int]) -> None:
-        self.producer = Producer({"bootstrap.servers": servers, "acks": "1", "linger.ms": 20,
-                                  "topic.metadata.refresh.interval.ms": 2000})  # fmt: skip
-        self.rates = rates
-        self.errors: list[str] = []
-        self.acked = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _done(self, err: Any, _msg: Any) -> None:
-        if err is None:
-            self.acked += 1
-        else:
-            self.errors.append(str(err))
-
-    def _run(self) -> None:
-        value = b"x" * 1024
-        tick, next_at = 0.1, time.monotonic()
-        while not self._stop.is_set():
-            for partition, rate in self.rates.items():
-                for _ in range(max(1, round(rate * tick))):
-                    try:
-                        self.producer.produce(TOPIC, value, partition=partition,
-                                              on_delivery=self._done)  # fmt: skip
-                    except BufferError:
-                        self.producer.poll(0.05)
-            self.producer.poll(0)
-            next_at += tick
-            time.sleep(max(0.0, next_at - time.monotonic()))
-
-    def start(self) -> PartitionLoad:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        self.producer.flush(60)
-
-
 def prometheus_query(url: str, query: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(
         f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=10
@@ -208,8 +164,17 @@ def test_generated_plan_runs_on_spark_and_balances_the_brokers(
     assert len(brokers) == 2, leaders
     # the partitions of the first broker are hot: it carries most of the bytes
     hot = {p for p, b in leaders.items() if b == brokers[0]}
-    load = PartitionLoad(
-        bootstrap(cluster, ns), {p: HOT_RATE if p in hot else COLD_RATE for p in leaders}
+    rates = {p: HOT_RATE if p in hot else COLD_RATE for p in leaders}
+    load = RecordLoad(
+        {
+            "bootstrap.servers": bootstrap(cluster, ns),
+            "acks": "1",
+            "linger.ms": 20,
+            "topic.metadata.refresh.interval.ms": 2000,
+        },
+        TOPIC,
+        b"x" * 1024,
+        {p: max(1, round(rate * RecordLoad.STEP_S)) for p, rate in rates.items()},
     ).start()
     figures: dict[str, Any] = {}
     try:

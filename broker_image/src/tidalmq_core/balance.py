@@ -134,7 +134,7 @@ def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -
         surplus.extend((p, b) for p in _take(holding[b], excess, topic_count[b], share))
         counts[b] -= excess
 
-    new = {p: b for p, b in assignment.items()}
+    placed: dict[P, int] = {}
     moves: list[Move[P]] = []
     # place the partitions of the most over-represented topics first
     surplus.sort(key=lambda item: (-topic_total[_topic_of(item[0])], repr(item[0])))
@@ -144,10 +144,17 @@ def balance_counts(assignment: Mapping[P, int | None], brokers: Sequence[int]) -
         target = min(candidates, key=lambda b: (topic_count[b][topic], counts[b] - targets[b], b))
         counts[target] += 1
         topic_count[target][topic] += 1
-        new[partition] = target
+        placed[partition] = target
         moves.append(Move(partition, source, target))
-    # every partition without a broker (None) is an orphan, placed in the loop above
-    return Plan(new, moves)  # type: ignore[arg-type]
+    # in the assignment's order; every partition without a broker (None) is an orphan, placed
+    # in the loop above, so each partition gets a broker
+    new: dict[P, int] = {}
+    for partition, broker in assignment.items():
+        if partition in placed:
+            new[partition] = placed[partition]
+        elif broker is not None:
+            new[partition] = broker
+    return Plan(new, moves)
 
 
 def imbalance(loads: Mapping[int, float]) -> float:

@@ -5,12 +5,15 @@ document of a group."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import dataclasses
 import uuid
 from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
+from tidalmq_broker.apis.consumer_groups import MetadataTopics
 from tidalmq_broker.groups.assignors import Assignment
 from tidalmq_broker.groups.consumer_group import (
     ConsumerGroup,
@@ -26,6 +29,8 @@ from tidalmq_broker.groups.consumer_groups import (
     group_document,
     group_from_document,
 )
+from tidalmq_core.metadata import PartitionState, TopicTable
+from tidalmq_core.metadata import TopicInfo as MetadataTopic
 
 T1 = str(uuid.uuid4())
 TOPICS = {"orders": TopicInfo(T1, 4)}
@@ -262,6 +267,61 @@ async def test_the_stored_document_rebuilds_the_group() -> None:
     other = ConsumerGroups(SETTINGS, c._store)
     other.load("g", doc, now=0.0)
     assert other.groups["g"].members["a"].revocation_deadline == 30.0
+
+
+class UnwalkableTopics(TopicTable):
+    """A cluster's topic table that fails the test if anything walks it, and notes the names
+    looked up."""
+
+    def __init__(self, topics: dict[str, MetadataTopic]) -> None:
+        super().__init__(topics)
+        self.looked_up: list[str] = []
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.looked_up.append(name)
+        return super().get(name, default)
+
+    def walked(self, *args: Any) -> Any:
+        raise AssertionError("a heartbeat walked every topic of the cluster")
+
+    __iter__ = keys = values = items = __len__ = walked
+
+
+def _topic(name: str, partitions: int) -> MetadataTopic:
+    return MetadataTopic(name, str(uuid.uuid4()), [PartitionState(0, 0, [0])] * partitions)
+
+
+async def test_a_heartbeat_looks_up_only_the_subscribed_topics() -> None:
+    """At thousands of topics a heartbeat must cost O(what its group subscribes to), and still
+    see a subscribed topic created, or given partitions, after the member subscribed."""
+    table = UnwalkableTopics({f"clicks-{i}": _topic(f"clicks-{i}", 4) for i in range(5_000)})
+    dict.__setitem__(table, "orders", _topic("orders", 4))
+    orders = str(uuid.UUID(dict.__getitem__(table, "orders").topic_id))
+    groups = ConsumerGroups(SETTINGS, lambda group: asyncio.sleep(0))
+    topics = MetadataTopics(table)
+
+    def beat(member: str, epoch: int, **kw: Any) -> Any:
+        if epoch == 0:
+            kw.update(rebalance_timeout_ms=30_000, owned={})
+        return groups.heartbeat(Heartbeat("g", member, epoch, **kw), topics, 1000.0)
+
+    joined = await beat("a", 0, subscribed_topic_names=("orders", "payments"))
+    assert joined.assignment == {orders: frozenset(range(4))}
+    assert set(table.looked_up) == {"orders", "payments"}
+    table.looked_up.clear()
+    await beat("a", 1)
+    assert set(table.looked_up) == {"orders", "payments"}
+
+    table["payments"] = _topic("payments", 2)  # created after the member subscribed
+    payments = str(uuid.UUID(table["payments"].topic_id))
+    r = await beat("a", 1)
+    assert r.member_epoch == 2 and r.assignment == {orders: frozenset(range(4)),
+                                                    payments: frozenset({0, 1})}  # fmt: skip
+    grown = dataclasses.replace(table["payments"], partitions=[PartitionState(0, 0, [0])] * 3)
+    table["payments"] = grown  # given a partition more
+    r = await beat("a", 2)
+    assert r.member_epoch == 3 and r.assignment == {orders: frozenset(range(4)),
+                                                    payments: frozenset({0, 1, 2})}  # fmt: skip
 
 
 def test_settings_reject_unknown_assignors() -> None:

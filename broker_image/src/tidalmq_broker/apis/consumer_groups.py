@@ -10,10 +10,12 @@ DESCRIBE on the group. The coordinator's side is groups/consumer_groups.py
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import AclOperation, ResourceType
+from tidalmq_core.metadata import TopicInfo as MetadataTopic
 
 from tidalmq_broker.apis.registry import api
 from tidalmq_broker.groups.assignors import Assignment
@@ -28,12 +30,22 @@ if TYPE_CHECKING:
 _GROUP = ResourceType.GROUP
 
 
-def _topics(broker: Broker) -> dict[str, TopicInfo]:
-    return {
-        name: TopicInfo(str(uuid.UUID(t.topic_id)), len(t.partitions))
-        for name, t in broker.metadata.topics.items()
-        if t.topic_id
-    }
+class MetadataTopics:
+    """The broker's topics as a heartbeat looks them up (groups/consumer_groups.py `Topics`): by
+    name, one subscribed topic at a time, read from the metadata as it is now, so a topic
+    created or given partitions since the last heartbeat is seen. Never the whole table: a
+    heartbeat costs O(the group's subscriptions) whatever the number of topics."""
+
+    __slots__ = ("_topics",)
+
+    def __init__(self, topics: Mapping[str, MetadataTopic]) -> None:
+        self._topics = topics
+
+    def get(self, name: str, /) -> TopicInfo | None:
+        topic = self._topics.get(name)
+        if topic is None or not topic.topic_id:
+            return None
+        return TopicInfo(str(uuid.UUID(topic.topic_id)), len(topic.partitions))
 
 
 def _owned(topic_partitions: Any) -> Assignment | None:
@@ -99,7 +111,7 @@ async def handle_consumer_group_heartbeat(
             client_id=conn.client_id or "",
             client_host="/" + conn.peer.rsplit(":", 1)[0],
         ),
-        _topics(broker),
+        MetadataTopics(broker.metadata.topics),
     )
     if result.error != ErrorCode.none:
         return _heartbeat_error(ErrorCode(result.error), result.message)

@@ -16,6 +16,13 @@ from tidalmq_broker.protocol.codec import Request, schema_versions
 if TYPE_CHECKING:
     from tidalmq_broker.server.connection import Connection
 
+# The broker is `Any` on purpose. Naming the Broker here, even under TYPE_CHECKING, makes a
+# cycle (broker.py imports ApiTable from this module) and breaks the `registry-names-no-broker`
+# contract (import-linter counts type-only imports). A Protocol of the broker does not fit
+# either: every handler is annotated `broker: Broker`, and a callable taking a Broker is not a
+# callable taking a Protocol (parameters are contravariant), so each handler would have to take
+# a Protocol as wide as everything the handlers use of the Broker. The handlers' own annotations
+# are what mypy checks; `api` keeps each handler's type.
 Handler = Callable[[Any, Request, "Connection"], Awaitable[Any]]
 """(the broker serving the request, the request, its connection) -> the response body."""
 H = TypeVar("H", bound=Handler)

@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
@@ -52,6 +52,15 @@ class ConsumerGroupSettings:
 class TopicInfo:
     topic_id: str
     partitions: int
+
+
+class Topics(Protocol):
+    """The topics a heartbeat looks up, one by name at a time: only those the group's members
+    subscribe to, so a heartbeat costs O(the group's subscriptions), never O(topics in the
+    cluster). The broker's is apis/consumer_groups.py's `MetadataTopics`, over its metadata; a
+    topic created (or grown) since the last heartbeat is found at the next one."""
+
+    def get(self, name: str, /) -> TopicInfo | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +112,7 @@ class ConsumerGroups:
         self._default_assignor = configured[0].name
 
     # ------------------------------------------------------------------ heartbeat
-    async def heartbeat(
-        self, request: Heartbeat, topics: Mapping[str, TopicInfo], now: float
-    ) -> HeartbeatResult:
+    async def heartbeat(self, request: Heartbeat, topics: Topics, now: float) -> HeartbeatResult:
         try:
             group, member, changed = self._apply(request, topics, now)
         except HeartbeatError as exc:
@@ -128,7 +135,7 @@ class ConsumerGroups:
         )
 
     def _apply(
-        self, request: Heartbeat, topics: Mapping[str, TopicInfo], now: float
+        self, request: Heartbeat, topics: Topics, now: float
     ) -> tuple[ConsumerGroup, ConsumerMember | None, bool]:
         _validate(request, self._assignors)
         group = self.groups.get(request.group_id)
@@ -237,27 +244,27 @@ class ConsumerGroups:
                  group.epoch)  # fmt: skip
         return group
 
-    def _topics_seen(
-        self, group: ConsumerGroup, topics: Mapping[str, TopicInfo]
-    ) -> tuple[tuple[str, int], ...]:
+    def _topics_seen(self, group: ConsumerGroup, topics: Topics) -> tuple[tuple[str, int], ...]:
         names = {n for m in group.members.values() for n in m.subscribed_topic_names}
-        return tuple(
-            sorted((topics[n].topic_id, topics[n].partitions) for n in names if n in topics)
-        )
+        found = (topics.get(n) for n in names)
+        return tuple(sorted((t.topic_id, t.partitions) for t in found if t is not None))
 
     def _assign(
         self,
         group: ConsumerGroup,
-        topics: Mapping[str, TopicInfo],
+        topics: Topics,
         seen: tuple[tuple[str, int], ...],
     ) -> None:
         votes = Counter(m.server_assignor for m in group.members.values() if m.server_assignor)
         name = votes.most_common(1)[0][0] if votes else self._default_assignor
+        ids: dict[str, str] = {}  # subscribed name -> topic id, each name looked up once
+        for n in {n for m in group.members.values() for n in m.subscribed_topic_names}:
+            topic = topics.get(n)
+            if topic is not None:
+                ids[n] = topic.topic_id
         specs = {
             m.member_id: MemberSpec(
-                subscribed=frozenset(
-                    topics[n].topic_id for n in m.subscribed_topic_names if n in topics
-                ),
+                subscribed=frozenset(ids[n] for n in m.subscribed_topic_names if n in ids),
                 current=group.target.get(m.member_id, {}),
                 instance_id=m.instance_id,
             )

@@ -13,7 +13,7 @@ from tidalmq_broker.groups.consumer_group import ConsumerGroup
 from tidalmq_broker.groups.consumer_groups import (
     Heartbeat,
     HeartbeatResult,
-    TopicInfo,
+    Topics,
 )
 from tidalmq_broker.groups.coordinator.persistence import ShardPersistence
 from tidalmq_broker.groups.coordinator.state import (
@@ -29,9 +29,7 @@ log = logging.getLogger(__name__)
 class ConsumerGroupRequests(ShardPersistence):
     """ConsumerGroupHeartbeat and the checks of consumer-group members' offset requests."""
 
-    async def consumer_heartbeat(
-        self, request: Heartbeat, topics: dict[str, TopicInfo]
-    ) -> HeartbeatResult:
+    async def consumer_heartbeat(self, request: Heartbeat, topics: Topics) -> HeartbeatResult:
         """ConsumerGroupHeartbeat (KIP-848). A classic group of that id with members is
         another kind of group (GROUP_ID_NOT_FOUND, as Kafka); an empty one becomes a consumer
         group, keeping its offsets."""
