@@ -174,7 +174,7 @@ def test_a_broker_with_an_embedded_controller_says_it_in_one_line(tmp_path: Path
         [sys.executable, "-m", "tidalmq_broker.cli", "broker", "--broker-id", "1",
          "--storage-url", f"file://{tmp_path / 'objects'}", "--host", "127.0.0.1",
          "--port", "0", "--http-port", "0", "--control-port", "0"],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1, (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
