@@ -59,10 +59,13 @@ def evaluate(url: str, expr: str) -> tuple[str, int]:
 
 
 def metric_names(url: str) -> set[str]:
-    """Every metric name the Prometheus at `url` holds a series of."""
-    doc = _api(url, "label/__name__/values", {})
+    """The TidalMQ and kube-state-metrics metric names with a series now (not stale): what the
+    scraped targets export at this moment. Prometheus' list of names (/api/v1/label/__name__/
+    values) also holds series that went away, e.g. the operator's Degraded gauge of a Topic that
+    was Degraded for a moment, whose queries rightly return nothing now."""
+    doc = _api(url, "query", {"query": 'count by (__name__) ({__name__=~"(tidalmq|kube)_.+"})'})
     assert doc.get("status") == "success", doc
-    return set(doc["data"])
+    return {row["metric"]["__name__"] for row in doc["data"]["result"]}
 
 
 def rules(url: str) -> dict[str, dict[str, Any]]:
