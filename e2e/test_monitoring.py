@@ -37,7 +37,8 @@ from tests.support.monitoring_queries import (
 RULES = OUT / "alerts.rules.yaml"
 TOPIC = "monitored"
 GROUP = "dashboards"
-# Grafana's $__rate_interval at a 5 s scrape: four scrapes, plus one for a sample that lands late
+# $__rate_interval: Grafana makes it at least four scrape intervals (20 s at 5 s); 30 s, as the
+# bytes-in adapter's window, keeps two samples in it when a scrape lands late on a busy node
 RATE_INTERVAL = "30s"
 
 
