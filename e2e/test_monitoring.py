@@ -99,7 +99,7 @@ def all_up(prom: str) -> dict[str, str]:
     return found
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # the first run of a session may build the add-on images
 def test_every_dashboard_query_and_alert_runs_on_the_clusters_prometheus(
     cluster: Cluster, namespace: str, minio: str, prometheus_image: str, figures: RecordFigure
 ) -> None:
