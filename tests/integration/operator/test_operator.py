@@ -240,8 +240,13 @@ def test_topic_lifecycle(deployment: dict[str, Any]) -> None:
 
     # delete: the finalizer removes the topic and its data
     objects = d["tmp"] / "objects" / "partitions" / "orders"
-    time.sleep(6)  # a checkpoint interval, so there is stored data to delete
-    assert objects.exists()
+
+    # stored data to delete: the first checkpoint comes within a checkpoint interval (5 s), a
+    # loaded machine's later; waited for, not a fixed 6 s that a slow run could outlast
+    def stored() -> bool:
+        return objects.exists() and any(f.is_file() for f in objects.rglob("*"))
+
+    wait_for(stored, timeout_s=60, what="the topic's stored data")
     d["api"].kubectl("-n", d["ns"], "delete", "topic", "orders", "--timeout=60s")
     wait_for(lambda: not [f for f in objects.rglob("*") if f.is_file()] if objects.exists() else True,
              what="topic data deleted")  # fmt: skip
