@@ -312,11 +312,18 @@ async def test_removing_a_live_broker_waits_for_its_lease(controller: Controller
     assert time.monotonic() - t0 >= FAST.lease_s - 0.1
 
 
-async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(
-    controller: Controller,
-) -> None:
+async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(tmp_path: Path) -> None:
     """A "closed" report of an earlier close (delayed in flight) must not elect the target
     while the source has the partition open again at a newer epoch."""
+    # The election timeout (and the sessions) long enough that the source is not fenced (0.4 s
+    # with FAST: beside four busy loops it was, once) while the test looks for a wrong
+    # election; a real close must elect the target well before it.
+    settings = dataclasses.replace(FAST, election_timeout_s=3.0, session_timeout_s=5.0)
+    async with running_controller(tmp_path, settings) as controller:
+        await _late_closed_report(controller)
+
+
+async def _late_closed_report(controller: Controller) -> None:
     a, _ = await cluster_of(controller, 2)
     await controller.create_topics([NewTopic("t", 1)])
     tp = TopicPartition("t", 0)
@@ -327,11 +334,12 @@ async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(
     a.open[tp] = 1  # the source serves it again
     await controller.alter_reassignments([PlanEntry(tp, 1)])  # a second move
     controller.partition_closed(0, tp, 0)  # the first move's close, reported late
-    await asyncio.sleep(FAST.election_timeout_s / 2)
+    await asyncio.sleep(0.2)  # many ticks (10 ms): a wrong election would come within them
     assert part(controller, "t", 0).leader == NO_LEADER, "elected while the source serves it"
     controller.partition_closed(0, tp, 1)  # the real close of the second move
     del a.open[tp]
-    await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=FAST.election_timeout_s)
+    # before the election timeout could have fenced the source (3 s)
+    await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=2)
     assert not a.fenced
 
 
