@@ -43,6 +43,20 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
         yield c
 
 
+# For the tests whose moves must finish by their sources closing (none fenced): FAST's 0.4 s
+# election timeout (0.6 s sessions) raced their waits, and a loaded machine's stall of the
+# event loop fenced a source (or declared a broker dead) before it could close. A fence now
+# takes 3 s and more, after the moves these tests wait for; `assert not fenced` still catches
+# a move that went that way.
+PATIENT = dataclasses.replace(FAST, election_timeout_s=3.0, session_timeout_s=5.0)
+
+
+@pytest.fixture
+async def patient(tmp_path: Path) -> AsyncIterator[Controller]:
+    async with running_controller(tmp_path, PATIENT) as c:
+        yield c
+
+
 async def wait_for(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -137,9 +151,8 @@ async def test_create_topics_wait_also_sees_opens_from_full_heartbeats(
     assert controller.open_waits.waiting == []  # nothing left behind
 
 
-async def test_move_records_target_then_elects_after_the_source_closes(
-    controller: Controller,
-) -> None:
+async def test_move_records_target_then_elects_after_the_source_closes(patient: Controller) -> None:
+    controller = patient
     a, b = await cluster_of(controller, 2)
     fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 1)])
@@ -167,8 +180,9 @@ async def test_move_records_target_then_elects_after_the_source_closes(
     assert not fenced and not a.fenced, "elected through the timeout, not the source's report"
 
 
-async def test_heartbeat_without_the_partition_counts_as_closed(controller: Controller) -> None:
+async def test_heartbeat_without_the_partition_counts_as_closed(patient: Controller) -> None:
     """A lost "closed" report is repaired by the next heartbeat (level-based)."""
+    controller = patient
     a, _ = await cluster_of(controller, 2)
     fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 1)])
@@ -312,18 +326,10 @@ async def test_removing_a_live_broker_waits_for_its_lease(controller: Controller
     assert time.monotonic() - t0 >= FAST.lease_s - 0.1
 
 
-async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(tmp_path: Path) -> None:
+async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(patient: Controller) -> None:
     """A "closed" report of an earlier close (delayed in flight) must not elect the target
     while the source has the partition open again at a newer epoch."""
-    # The election timeout (and the sessions) long enough that the source is not fenced (0.4 s
-    # with FAST: beside four busy loops it was, once) while the test looks for a wrong
-    # election; a real close must elect the target well before it.
-    settings = dataclasses.replace(FAST, election_timeout_s=3.0, session_timeout_s=5.0)
-    async with running_controller(tmp_path, settings) as controller:
-        await _late_closed_report(controller)
-
-
-async def _late_closed_report(controller: Controller) -> None:
+    controller = patient  # with FAST's 0.4 s the source was fenced once beside four busy loops
     a, _ = await cluster_of(controller, 2)
     await controller.create_topics([NewTopic("t", 1)])
     tp = TopicPartition("t", 0)
@@ -338,7 +344,7 @@ async def _late_closed_report(controller: Controller) -> None:
     assert part(controller, "t", 0).leader == NO_LEADER, "elected while the source serves it"
     controller.partition_closed(0, tp, 1)  # the real close of the second move
     del a.open[tp]
-    # before the election timeout could have fenced the source (3 s)
+    # before the election timeout could have fenced the source (PATIENT: 3 s)
     await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=2)
     assert not a.fenced
 
@@ -596,7 +602,8 @@ async def test_a_joining_broker_gets_a_fair_share_with_minimal_moves(tmp_path: P
         await c.stop()
 
 
-async def test_drain_moves_every_partition_off_a_broker(controller: Controller) -> None:
+async def test_drain_moves_every_partition_off_a_broker(patient: Controller) -> None:
+    controller = patient
     brokers = await cluster_of(controller, 3, reconcile=True)
     fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 6)])
