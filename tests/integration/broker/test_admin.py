@@ -175,9 +175,13 @@ def test_deleting_a_topic_deletes_its_data(local_broker: BrokerProcess) -> None:
     for i in range(300):
         p.produce(topic, value=b"x" * 100, partition=i % 3)
     assert p.flush(20) == 0
-    time.sleep(6)  # a checkpoint interval: the partitions have checkpoints now
+    # checkpoints to delete: written within a checkpoint interval (5 s) of the writes, later
+    # on a loaded machine; waited for, not a fixed 6 s that a slow run could outlast
     prefix = objects / "partitions" / topic
-    assert prefix.exists() and any(prefix.rglob("checkpoint"))
+    deadline = time.monotonic() + 60
+    while not (prefix.exists() and any(prefix.rglob("checkpoint"))):
+        assert time.monotonic() < deadline, "no checkpoint of the topic within 60 s"
+        time.sleep(0.2)
     admin = AdminClient({"bootstrap.servers": local_broker.bootstrap})
     admin.delete_topics([topic])[topic].result(30)
 

@@ -7,6 +7,7 @@ restart keeps its unavailableMs; a Topic whose data vanished from the store is D
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 
 from tests.integration.operator.test_operator import (  # noqa: F401  (fixtures)
+    CONTROL_TOKEN,
     SLOW_FAILOVER,
     api_with_crds,
     apply,
@@ -242,7 +244,22 @@ def test_a_topic_whose_data_vanished_is_degraded_until_the_loss_is_accepted(
     bootstrap = d["brokers"][0].bootstrap
     ends = produce(bootstrap, "ledger", 600)
     assert set(ends) == {0, 1, 2}
-    time.sleep(12)  # the controller persists the brokers' high watermarks (floors) every 10 s
+
+    def floors() -> dict[int, int]:
+        """The end-offset floors of ledger's partitions in the controller's metadata."""
+        req = urllib.request.Request(
+            d["operator"].controller_url + "/v1/metadata",
+            headers={"Authorization": f"Bearer {CONTROL_TOKEN}"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            parts = json.loads(r.read())["metadata"]["topics"]["ledger"]["partitions"]
+        return {i: p["end_offset_floor"] for i, p in enumerate(parts)}
+
+    # the controller commits the brokers' high watermarks (floors) every 10 s: waited for in
+    # its metadata, not a fixed 12 s that a loaded machine (heartbeats late) could outlast
+    wait_for(
+        lambda: floors() == ends, timeout_s=60, what="floors at the produced ends", detail=floors
+    )
     for b in d["brokers"]:
         b.kill()
     objects = d["tmp"] / "objects"
