@@ -415,6 +415,28 @@ podIP reach brokers by IP, which no generated certificate names: use tls.existin
     (printf "%s.%s.svc" $bootstrap $ns) (printf "%s.%s" $bootstrap $ns) $bootstrap | toJson }}
 {{- end }}
 
+{{/* The bootstrap admin User (and its Secret): FULLNAME-admin. */}}
+{{- define "tidalmq.adminUser" -}}
+{{- printf "%s-admin" (include "tidalmq.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+"true" when the chart renders the bootstrap admin User (users.admin.enabled): only on a secured
+listener with users.enabled; auto: at a fresh install (no brokers' StatefulSet found, as for
+tidalmq.securityModes), or at an upgrade when the User exists already (so an upgrade never adds
+an admin credential to a running release, and keeps the one a fresh install made).
+*/}}
+{{- define "tidalmq.adminUserOn" -}}
+{{- $on := toString .Values.users.admin.enabled }}
+{{- if and .Values.users.enabled (ne (include "tidalmq.kafkaProtocol" .) "PLAINTEXT") }}
+{{- if eq $on "true" }}true
+{{- else if eq $on "auto" }}
+{{- $sts := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "tidalmq.brokerStatefulSet" .) }}
+{{- if or (not $sts) (lookup "tidalmq.io/v1alpha1" "User" .Release.Namespace (include "tidalmq.adminUser" .)) }}true{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The planner's User (and its Secret) on a secured Kafka listener. */}}
 {{- define "tidalmq.plannerUser" -}}
 {{- printf "%s-planner" (include "tidalmq.fullname" .) | trunc 63 | trimSuffix "-" }}

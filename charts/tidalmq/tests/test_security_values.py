@@ -19,6 +19,7 @@ from cryptography import x509
 from tidalmq_broker.security.endpoints import build_authorizer, build_endpoints
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.settings import from_sources
+from tidalmq_core.acls import AclOperation, ResourceType
 from tidalmq_operator import clients_crl, users
 
 from tests.support.helm import (
@@ -456,3 +457,51 @@ def test_no_planner_user_without_a_secured_listener_users_and_spark(
     docs = render(values)
     assert not find_all(docs, "User")
     assert not set(PLANNER_ENV) & set(operator_env(docs))
+
+
+# ---------------------------------------------------------------------------- the bootstrap admin
+ADMIN = f"{FULL}-admin"
+
+
+def test_a_fresh_secure_install_has_an_admin_user_allowed_everything(tmp_path: Path) -> None:
+    """users.admin.enabled auto at a fresh install on a secured listener: the User
+    FULLNAME-admin, whose ACLs (as the operator makes them, loaded in the broker's own
+    authorizer) allow every operation, and no super user in the brokers' environment (adding it
+    to a running release would roll them)."""
+    docs = render()
+    admin = find(docs, "User", ADMIN)
+    assert admin["spec"]["authentication"]["type"] == "scram-sha-512"
+    _, bindings = users.parse_user(ADMIN, admin["spec"])
+    env = with_files(expanded(broker_env(docs)), docs, tmp_path)
+    assert "TIDALMQ_SUPER_USERS" not in env
+    settings = from_sources(None, env)
+    listeners, _ = build_endpoints(settings, lambda u, m: None)
+    authorizer = build_authorizer(settings, listeners, [])
+    authorizer.load(bindings)
+    checks = [(AclOperation.CREATE, ResourceType.CLUSTER, "kafka-cluster"),
+              (AclOperation.ALTER, ResourceType.CLUSTER, "kafka-cluster"),
+              (AclOperation.WRITE, ResourceType.TOPIC, "orders"),
+              (AclOperation.DELETE, ResourceType.TOPIC, "orders"),
+              (AclOperation.READ, ResourceType.GROUP, "billing"),
+              (AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, "tx-1")]  # fmt: skip
+    for op, rt, name in checks:
+        assert authorizer.authorize(f"User:{ADMIN}", "10.0.0.1", op, rt, name), (op, rt, name)
+        assert not authorizer.authorize("User:someone", "10.0.0.1", op, rt, name), (op, rt, name)
+
+
+@pytest.mark.parametrize(
+    "values, made",
+    [(PLAINTEXT, False),
+     ({"users": {"admin": {"enabled": False}}}, False),
+     ({"users": {"enabled": False}}, False),
+     ({"listeners": {"tls": {"enabled": True}}}, True)],
+    ids=["plaintext", "admin-false", "users-off", "ssl"],
+)  # fmt: skip
+def test_the_admin_user_only_on_a_secured_listener_when_wanted(
+    values: dict[str, Any], made: bool
+) -> None:
+    docs = render(values)
+    admins = [u for u in find_all(docs, "User") if u["metadata"]["name"] == ADMIN]
+    assert bool(admins) == made
+    if made:  # an SSL listener: a tls User (a client certificate of the clients CA)
+        assert admins[0]["spec"]["authentication"]["type"] == "tls"

@@ -279,6 +279,9 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     # a fresh install with the defaults is secure: SASL_SSL and control-plane mTLS
     assert "security.protocol=SASL_SSL" in notes
     assert security_modes(api, ns) == {"tls": True, "sasl": True, "controlTls": True}
+    # and its bootstrap admin (a SCRAM User), kept by upgrades
+    admin = api.get(ns, "user", "tmq-tidalmq-admin")
+    assert admin["spec"]["authentication"]["type"] == "scram-sha-512"
     assert f"kubectl -n {ns} port-forward pod/tmq-tidalmq-broker-0 9092:9092" in notes
     assert f"kubectl -n {ns} get partitionreassignments -w" in notes
 
@@ -313,6 +316,9 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     assert api.get(ns, "secret", "tmq-tidalmq-control")["data"] == control
     assert api.get(ns, "statefulset", "tmq-tidalmq-broker")["spec"]["replicas"] == 5
     assert security_modes(api, ns) == {"tls": True, "sasl": True, "controlTls": True}
+    # and its bootstrap admin (a SCRAM User), kept by upgrades
+    admin = api.get(ns, "user", "tmq-tidalmq-admin")
+    assert admin["spec"]["authentication"]["type"] == "scram-sha-512"
 
     # A bad value never reaches the cluster.
     proc = api.helm("upgrade", release, str(CHART), "--namespace", ns, "--reuse-values",
@@ -422,7 +428,8 @@ def test_auto_keeps_what_a_release_runs_at_an_upgrade(
     explicit = ["--set", f"listeners.tls.enabled={str(running['tls']).lower()}",
                 "--set", f"listeners.sasl.enabled={str(running['sasl']).lower()}",
                 "--set", f"controlPlane.tls.enabled={str(running['controlTls']).lower()}"]  # fmt: skip
-    api.helm("install", release, str(CHART), *common, *explicit)
+    # no admin User at the install: as on a release of the chart before users.admin
+    api.helm("install", release, str(CHART), *common, *explicit, "--set", "users.admin.enabled=false")
     installed = workloads(api, ns)
     assert security_modes(api, ns) == running
 
@@ -437,6 +444,9 @@ def test_auto_keeps_what_a_release_runs_at_an_upgrade(
     secrets = set(api.kubectl("-n", ns, "get", "secret", "-o", "name").stdout.split())
     assert ("secret/tmq-tidalmq-control-tls" in secrets) == running["controlTls"]
     assert ("secret/tmq-tidalmq-broker-tls" in secrets) == running["tls"]
+    # users.admin.enabled auto never adds an admin credential to a running release
+    names = {u["metadata"]["name"] for u in api.get(ns, "user")["items"]}
+    assert "tmq-tidalmq-admin" not in names, names
 
     # an explicit value wins over what runs
     api.helm("upgrade", release, str(CHART), *common, "--set", "controlPlane.tls.enabled=true")
