@@ -287,3 +287,21 @@ def test_notes_say_where_the_control_tokens_are_and_how_to_run_admin_commands() 
     off = render_notes({"controlPlane": {"tls": {"enabled": False}}})
     assert "--controller-url http://$POD_IP:9690" in off
     assert "NetworkPolicies" not in render_notes({"networkPolicy": {"enabled": False}})
+
+
+def test_notes_say_the_security_modes_and_where_the_credentials_and_ca_are() -> None:
+    """Secure by default: NOTES name the resolved listener and control plane, how to opt out,
+    and the commands that get the admin's SCRAM credentials and the brokers' CA."""
+    notes = render_notes({})
+    assert "security.protocol=SASL_SSL" in notes
+    assert "Kafka listener SASL_SSL (SCRAM: SCRAM-SHA-512), control plane mTLS" in notes
+    assert "listeners.tls.enabled=false and listeners.sasl.enabled=false" in notes
+    admin = f"{FULL}-admin"
+    for key in ("username", "password"):
+        assert (f"kubectl -n {NAMESPACE} get secret {admin} -o jsonpath='{{.data.{key}}}' "
+                "| base64 -d") in notes  # fmt: skip
+    assert (f"kubectl -n {NAMESPACE} get secret {FULL}-broker-tls -o jsonpath='{{.data.ca\\.crt}}'"
+            " | base64 -d > ca.crt") in notes  # fmt: skip
+    plain = render_notes({"listeners": {"tls": {"enabled": False}, "sasl": {"enabled": False}}})
+    assert "security.protocol=PLAINTEXT" in plain and admin not in plain
+    assert "ca.crt" not in plain
