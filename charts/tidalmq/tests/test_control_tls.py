@@ -66,9 +66,11 @@ def test_on_by_default_at_a_fresh_install() -> None:
     """controlPlane.tls.enabled auto (the default) at a fresh install (helm template finds no
     release in a cluster): what `true` renders, the generated Secret included."""
     default, on = render(), render(ON)
-    assert find(default, "Secret", SECRET)["data"].keys() == find(on, "Secret", SECRET)["data"].keys()
+    generated = [find(docs, "Secret", SECRET)["data"].keys() for docs in (default, on)]
+    assert generated[0] == generated[1]
     for role in ("broker", "operator"):
-        assert env_of(container(pods(default)[role], role)) == env_of(container(pods(on)[role], role))
+        containers = [container(pods(docs)[role], role) for docs in (default, on)]
+        assert env_of(containers[0]) == env_of(containers[1])
         assert pod_spec(pods(default)[role])["volumes"] == pod_spec(pods(on)[role])["volumes"]
 
 

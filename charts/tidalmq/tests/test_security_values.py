@@ -455,7 +455,7 @@ def test_no_planner_user_without_a_secured_listener_users_and_spark(
     values: dict[str, Any],
 ) -> None:
     docs = render(values)
-    assert not find_all(docs, "User")
+    assert f"{FULL}-planner" not in {u["metadata"]["name"] for u in find_all(docs, "User")}
     assert not set(PLANNER_ENV) & set(operator_env(docs))
 
 

@@ -61,7 +61,7 @@ def test_every_object_has_the_standard_labels_and_namespace(values_file: str | N
             assert f"app.kubernetes.io/{key}" in labels, f"{where} lacks app.kubernetes.io/{key}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/component"] in {
-            "broker", "operator", "object-store", "planner", "test", "uninstall", "monitoring",
+            "broker", "operator", "object-store", "planner", "admin", "test", "uninstall", "monitoring",
             "metrics-adapter",
         }, where  # fmt: skip
         if doc["kind"] in NAMESPACED:

@@ -429,7 +429,9 @@ def test_auto_keeps_what_a_release_runs_at_an_upgrade(
                 "--set", f"listeners.sasl.enabled={str(running['sasl']).lower()}",
                 "--set", f"controlPlane.tls.enabled={str(running['controlTls']).lower()}"]  # fmt: skip
     # no admin User at the install: as on a release of the chart before users.admin
-    api.helm("install", release, str(CHART), *common, *explicit, "--set", "users.admin.enabled=false")
+    api.helm(
+        "install", release, str(CHART), *common, *explicit, "--set", "users.admin.enabled=false"
+    )
     installed = workloads(api, ns)
     assert security_modes(api, ns) == running
 
