@@ -18,14 +18,13 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from e2e.kube import Cluster, RecordFigure, wait_until
 from e2e.producing import RecordLoad
+from e2e.prometheus import prometheus_manifests
 from e2e.tidalmq_release import (
-    FULL,
     STS,
     addon_image,
     bootstrap,
@@ -35,7 +34,6 @@ from e2e.tidalmq_release import (
 )
 
 METRIC = "tidalmq_broker_bytes_in_per_second"
-SCRAPE = "5s"
 RECORD_BYTES = 256 * 1024  # large records: a few requests per second carry MiBs
 
 
@@ -47,60 +45,6 @@ def minio(cluster: Cluster) -> str:
 @pytest.fixture(scope="module")
 def prometheus_image(cluster: Cluster) -> str:
     return addon_image("prometheus")
-
-
-def prometheus_manifests(image: str, ns: str) -> str:
-    """A Prometheus scraping the broker pods, with the `namespace` and `pod` labels that the
-    Prometheus Operator and Kubernetes service discovery put on every series (the adapter maps
-    series to pods through them). Debian's Prometheus has no Kubernetes discovery, so it finds
-    the brokers through the SRV records of the chart's headless Service (its `http` port): each
-    names a broker pod's host name, which is its pod name."""
-    config = {
-        "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
-        "scrape_configs": [{
-            "job_name": "tidalmq-brokers",
-            "dns_sd_configs": [{"names": [f"_http._tcp.{FULL}-brokers.{ns}.svc.cluster.local"],
-                                "type": "SRV", "refresh_interval": SCRAPE}],
-            "relabel_configs": [
-                {"source_labels": ["__meta_dns_srv_record_target"], "regex": r"([^.]+)\..*",
-                 "target_label": "pod", "replacement": "$1"},
-                {"target_label": "namespace", "replacement": ns},
-            ],
-        }],
-    }  # fmt: skip
-    objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "prometheus"},
-         "data": {"prometheus.yml": json.dumps(config, indent=1)}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "prometheus"},
-         "spec": {
-             "replicas": 1,
-             "selector": {"matchLabels": {"app": "prometheus"}},
-             "template": {
-                 # the chart's NetworkPolicies let app.kubernetes.io/name=prometheus scrape
-                 "metadata": {"labels": {"app": "prometheus",
-                                         "app.kubernetes.io/name": "prometheus"}},
-                 "spec": {
-                     "containers": [{
-                         "name": "prometheus", "image": image, "imagePullPolicy": "IfNotPresent",
-                         "args": ["--config.file=/etc/prometheus-e2e/prometheus.yml",
-                                  "--storage.tsdb.path=/prometheus",
-                                  "--web.listen-address=:9090"],
-                         "ports": [{"containerPort": 9090}],
-                         "readinessProbe": {"httpGet": {"path": "/-/ready", "port": 9090}},
-                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-                         "volumeMounts": [{"name": "config", "mountPath": "/etc/prometheus-e2e"},
-                                          {"name": "data", "mountPath": "/prometheus"}],
-                     }],
-                     "volumes": [{"name": "config", "configMap": {"name": "prometheus"}},
-                                 {"name": "data", "emptyDir": {}}],
-                 },
-             },
-         }},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "prometheus"},
-         "spec": {"selector": {"app": "prometheus"},
-                  "ports": [{"port": 9090, "targetPort": 9090}]}},
-    ]  # fmt: skip
-    return "\n---\n".join(json.dumps(o) for o in objects)
 
 
 QUANTITY = re.compile(r"^([0-9.]+)(m|k|M|G|Ki|Mi|Gi)?$")

@@ -21,8 +21,8 @@ import pytest
 
 from e2e.kube import Cluster, wait_until
 from e2e.producing import RecordLoad
+from e2e.prometheus import prometheus_manifests, prometheus_url
 from e2e.tidalmq_release import (
-    FULL,
     addon_image,
     bootstrap,
     installed_release,
@@ -35,14 +35,10 @@ PARTITIONS = 8
 THRESHOLD = 1.1
 HOT_RATE = 120  # records/s of 1 KiB to each hot partition (the partitions of broker 0)
 COLD_RATE = 10  # ... and to each cold one
-SCRAPE = "5s"
 RATE_WINDOW_S = 30
 # History of the skewed load Prometheus holds before the plan is asked for: past two rate
 # windows, so the rate measured before the plan is all skewed load.
 SKEWED_HISTORY_S = 60
-BROKER_HTTP_PORT = (
-    9644  # the chart's broker.ports.http (metrics)  # for the imbalance measured afterwards
-)
 
 
 @pytest.fixture(scope="module")
@@ -53,54 +49,6 @@ def minio(cluster: Cluster) -> str:
 @pytest.fixture(scope="module")
 def prometheus_image(cluster: Cluster) -> str:
     return addon_image("prometheus")
-
-
-def prometheus_manifests(image: str, ns: str) -> str:
-    """Prometheus scraping the broker pods. Debian's Prometheus is built without Kubernetes
-    service discovery, so it finds them through DNS: the chart's headless Service of the brokers
-    (publishNotReadyAddresses) resolves to every broker pod, on the brokers' metrics port."""
-    config = {
-        "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
-        "scrape_configs": [{
-            "job_name": "tidalmq-brokers",
-            "dns_sd_configs": [{"names": [f"{FULL}-brokers.{ns}.svc.cluster.local"],
-                                "type": "A", "port": BROKER_HTTP_PORT,
-                                "refresh_interval": SCRAPE}],
-        }],
-    }  # fmt: skip
-    objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "prometheus"},
-         "data": {"prometheus.yml": json.dumps(config, indent=1)}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "prometheus"},
-         "spec": {
-             "replicas": 1,
-             "selector": {"matchLabels": {"app": "prometheus"}},
-             "template": {
-                 # the chart's NetworkPolicies let app.kubernetes.io/name=prometheus scrape
-                 "metadata": {"labels": {"app": "prometheus",
-                                         "app.kubernetes.io/name": "prometheus"}},
-                 "spec": {
-                     "containers": [{
-                         "name": "prometheus", "image": image, "imagePullPolicy": "IfNotPresent",
-                         "args": ["--config.file=/etc/prometheus-e2e/prometheus.yml",
-                                  "--storage.tsdb.path=/prometheus",
-                                  "--web.listen-address=:9090"],
-                         "ports": [{"containerPort": 9090}],
-                         "readinessProbe": {"httpGet": {"path": "/-/ready", "port": 9090}},
-                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-                         "volumeMounts": [{"name": "config", "mountPath": "/etc/prometheus-e2e"},
-                                          {"name": "data", "mountPath": "/prometheus"}],
-                     }],
-                     "volumes": [{"name": "config", "configMap": {"name": "prometheus"}},
-                                 {"name": "data", "emptyDir": {}}],
-                 },
-             },
-         }},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "prometheus"},
-         "spec": {"selector": {"app": "prometheus"},
-                  "ports": [{"port": 9090, "targetPort": 9090}]}},
-    ]  # fmt: skip
-    return "\n---\n".join(json.dumps(o) for o in objects)
 
 
 def prometheus_query(url: str, query: str) -> list[dict[str, Any]]:
@@ -144,10 +92,7 @@ def planner_release(
         # the planner's Prometheus alone: the bytes-in adapter has its own test
         "--set", "metricsAdapter.enabled=false",
     ) as installed:  # fmt: skip
-        cluster.kubectl("-n", namespace, "rollout", "status", "deployment/prometheus",
-                        "--timeout=180s", timeout=200)  # fmt: skip
-        pod = cluster.kubectl_json("-n", namespace, "get", "pods", "-l", "app=prometheus")
-        installed["prometheus"] = f"http://{pod['items'][0]['status']['podIP']}:9090"
+        installed["prometheus"] = prometheus_url(cluster, namespace)
         yield installed
 
 

@@ -323,6 +323,7 @@ class Broker:
                         ),
                         auto_rebalance=False,
                         embedded=True,
+                        controller_id=f"broker-{s.broker_id}",
                     ),
                     topic_data_deleter=functools.partial(delete_topic_data, self._store),
                     object_store=self._store,

@@ -30,6 +30,8 @@ def run_broker(args: argparse.Namespace) -> int:
         from tidalmq_broker.tuning import tune_runtime
 
         tune_runtime()
+    from tidalmq_controller import UnsupportedFinalizedLevel
+
     from tidalmq_broker.security import SecurityConfigError
 
     try:
@@ -41,6 +43,9 @@ def run_broker(args: argparse.Namespace) -> int:
     except SecurityConfigError as exc:  # listeners, TLS, SASL: one line naming the setting
         print(f"tidalmq broker {settings.broker_id}: cannot start: {exc}", file=sys.stderr)
         return 2
+    except UnsupportedFinalizedLevel as exc:  # its embedded controller: a level it lacks
+        print(f"tidalmq broker {settings.broker_id}: cannot start: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

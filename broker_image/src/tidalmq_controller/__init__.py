@@ -30,7 +30,9 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
 - Finalized feature levels (UpdateFeatures, docs/transactions-v2.md): `FeatureUpdate`,
   `UpgradeType`; `ControllerClient.update_features` checks them as Kafka does and writes the
   `feature` records (`_features.py`); a broker registers the levels it supports and is
-  refused (`UnsupportedFeatureLevel`) when a finalized one is not among them.
+  refused (`UnsupportedFeatureLevel`) when a finalized one is not among them; a controller
+  registers its own when it claims the log, and refuses to start (`UnsupportedFinalizedLevel`)
+  on a log whose finalized level its code does not support.
 """
 
 from tidalmq_controller._controller import Controller
@@ -44,6 +46,7 @@ from tidalmq_controller._errors import (
     TopicAlreadyExists,
     UnknownTopic,
     UnsupportedFeatureLevel,
+    UnsupportedFinalizedLevel,
 )
 from tidalmq_controller._features import FeatureUpdate, UpgradeType
 from tidalmq_controller._log import (
@@ -105,6 +108,7 @@ __all__ = [
     "TopicResult",
     "UnknownTopic",
     "UnsupportedFeatureLevel",
+    "UnsupportedFinalizedLevel",
     "UpgradeType",
     "parse_bootstrap",
     "report_doc",

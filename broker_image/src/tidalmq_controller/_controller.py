@@ -60,6 +60,7 @@ from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_core.acls import AclBinding, AclBindingFilter
 from tidalmq_core.balance import Plan
 from tidalmq_core.metadata import (
+    SUPPORTED_FEATURES,
     TRANSACTION_VERSION,
     TXN_STATE_TOPIC,
     BrokerInfo,
@@ -101,6 +102,7 @@ from tidalmq_controller._errors import (
     TopicAlreadyExists,
     UnknownBroker,
     UnknownTopic,
+    UnsupportedFinalizedLevel,
 )
 from tidalmq_controller._journal import Deposed, Journal
 from tidalmq_controller._leadership import Leadership
@@ -227,6 +229,9 @@ class Controller:
         if new:
             log.info("creating new cluster %s", image.cluster_id)
         self.leadership.rebuild()
+        refused = features.start_refused(image)
+        if refused is not None:  # before the claim: the controller that leads now stays
+            raise UnsupportedFinalizedLevel(refused)
         marker = await self.data_loss.first_identity_check(image, new)
         epoch = image.controller_epoch + 1
         try:
@@ -235,7 +240,8 @@ class Controller:
             raise ControllerFenced(f"another controller claimed the log: {exc}") from exc
         self.journal.start(epoch)
         records: list[Record] = [cluster_record(image.cluster_id)] if new else []
-        records.append(epoch_record(epoch))
+        # the claim registers the levels this controller supports (_features.py)
+        records.append(epoch_record(epoch, self.settings.controller_id, SUPPORTED_FEATURES))
         if marker and not image.store_marker:
             records.append(marker_record(True))
         # a level set at start wins at every start; unset, the metadata's level stays (1 for a

@@ -46,5 +46,11 @@ class UnsupportedFeatureLevel(ControllerError):
     UNSUPPORTED_VERSION to its BrokerRegistration): it is not registered; it retries."""
 
 
+class UnsupportedFinalizedLevel(ControllerError):
+    """The metadata holds a finalized feature level this controller's code does not support
+    (a newer build finalized it): it does not claim the log, so the controller that does
+    support it is not deposed. The message is one line for the operator."""
+
+
 class StaticTopicError(Exception):
     """A static-topic request the controller refuses; the message says why."""

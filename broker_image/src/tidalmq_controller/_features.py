@@ -10,6 +10,10 @@ The rules, in Kafka's order:
 - an unknown upgrade type is refused; so is a level below 0;
 - the level must be one this code supports (`SUPPORTED_FEATURES`; a feature it does not know
   is "not supported" at any level);
+- every controller that registered (each claims the log with the levels its code supports)
+  must support it ("Controller operator only supports versions 0-1"): at a failover any of
+  them may lead again, and one that does not support a finalized level refuses to start
+  (`start_refused`);
 - every registered broker must support it (the ranges it registered with: "Broker 3 only
   supports versions 0-1", or "Broker 3 does not support this feature." when it lists only 0);
 - a lower level than the finalized one needs a downgrade type (an upgrade that lowers is
@@ -89,6 +93,37 @@ def _broker_refuses(image: ClusterMetadata, update: FeatureUpdate) -> str | None
     return None
 
 
+def _controller_refuses(image: ClusterMetadata, update: FeatureUpdate) -> str | None:
+    """The same for each controller that registered the levels it supports (Kafka's
+    QuorumFeatures checks every controller of the quorum), in id order. A controller that
+    does not list a feature supports level 0 of it only, as a broker."""
+    for cid, ranges in sorted(image.controllers.items()):
+        low, high = ranges.get(update.name, (0, 0))
+        if low <= update.level <= high:
+            continue
+        if high == 0:
+            return f"Controller {cid} does not support this feature."
+        return f"Controller {cid} only supports versions {_range(low, high)}"
+    return None
+
+
+def start_refused(image: ClusterMetadata) -> str | None:
+    """Why this controller's code cannot lead a cluster whose metadata is `image`, or None: a
+    finalized level outside what it supports (a newer build finalized it). One line, for the
+    log of the process that would have hosted it."""
+    for name in sorted(set(SUPPORTED_FEATURES) | set(image.features)):
+        level = image.feature_level(name)
+        low, high = SUPPORTED_FEATURES.get(name, (0, 0))
+        if not low <= level <= high:
+            return (
+                f"the cluster's finalized version {level} of feature {name} is not supported by "
+                f"this controller (it supports {_range(low, high)}): it does not take the "
+                "controller role; run a build that supports it, or lower the level first "
+                "(kafka-features downgrade) with one"
+            )
+    return None
+
+
 def registration_refused(image: ClusterMetadata, info: BrokerInfo) -> str | None:
     """Why a broker registering cannot join (Kafka's UNSUPPORTED_VERSION message to its
     BrokerRegistration), or None: a finalized level outside the range it registers with.
@@ -122,6 +157,8 @@ def reason_refused(image: ClusterMetadata, update: FeatureUpdate) -> str | None:
         not SUPPORTED_FEATURES[update.name][0] <= update.level <= SUPPORTED_FEATURES[update.name][1]
     ):
         why = f"The controller only supports versions {_range(*SUPPORTED_FEATURES[update.name])}"
+    elif (controller_why := _controller_refuses(image, update)) is not None:
+        why = controller_why
     elif (broker_why := _broker_refuses(image, update)) is not None:
         why = broker_why
     elif update.level < image.feature_level(update.name) and kind == UpgradeType.UPGRADE:

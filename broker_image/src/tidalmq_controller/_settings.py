@@ -31,6 +31,11 @@ class ControllerSettings:
     # same. None: the metadata's level stays as it is (1 for a new cluster), changed only by
     # UpdateFeatures (`kafka-features upgrade|downgrade`)
     transaction_version: int | None = None
+    # this controller's name in the metadata: it registers the feature levels it supports under
+    # it when it claims the log, and UpdateFeatures names it when it refuses a level for it
+    # (docs/transactions-v2.md, "Which levels the controllers support"). Stable across restarts
+    # of the same controller: "local" (`tidalmq local up`), "broker-N" (embedded), "operator"
+    controller_id: str = "controller"
     tick_s: float = 0.05
     # how often the object store's identity marker is read (a wiped or foreign store is noticed)
     identity_check_interval_s: float = 5.0

@@ -173,6 +173,19 @@ def brokers_features_json(brokers: dict[int, BrokerInfo]) -> dict[str, dict[str,
     }
 
 
+def controllers_features_json(
+    controllers: dict[str, dict[str, tuple[int, int]]],
+) -> dict[str, dict[str, list[int]]]:
+    """The controllers' supported feature ranges (`ClusterMetadata.controllers`) as JSON."""
+    return {cid: features_json(ranges) for cid, ranges in sorted(controllers.items())}
+
+
+def controllers_features_from_json(
+    doc: dict[str, Any] | None,
+) -> dict[str, dict[str, tuple[int, int]]]:
+    return {str(cid): features_from_json(v) or {} for cid, v in (doc or {}).items()}
+
+
 def load_brokers_features(brokers: dict[int, BrokerInfo], doc: dict[str, Any] | None) -> None:
     """Put back what `brokers_features_json` wrote (absent in older snapshots: every broker
     then has None, registered by a build from before the field)."""
@@ -510,6 +523,11 @@ class ClusterMetadata:
     # finalized feature levels the controller set (Kafka's finalized features, KIP-584): name ->
     # level; a feature absent here is at its default (`feature_level`)
     features: dict[str, int] = field(default_factory=dict)
+    # the feature levels each controller that claimed the log supports (controller id -> name
+    # -> (lowest, highest)), from the `epoch` record it claimed with: UpdateFeatures refuses a
+    # level one of them does not support (docs/transactions-v2.md, "Which levels the
+    # controllers support"); absent in logs and snapshots from before it
+    controllers: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "topics" and not isinstance(value, TopicTable):
@@ -538,6 +556,8 @@ class ClusterMetadata:
         supported = brokers_features_json(self.brokers)
         if supported:  # absent when no broker sent any (all registered by older builds)
             out["broker_features"] = supported
+        if self.controllers:  # absent when no controller registered any (older builds)
+            out["controller_features"] = controllers_features_json(self.controllers)
         return out
 
     @classmethod
@@ -560,6 +580,7 @@ class ClusterMetadata:
             scram_credentials=scram_credentials_from(data.get("scram_credentials") or {}),
             acls=acls_from(data.get("acls") or []),
             features={str(k): int(v) for k, v in (data.get("features") or {}).items()},
+            controllers=controllers_features_from_json(data.get("controller_features")),
         )
         load_brokers_features(meta.brokers, data.get("broker_features"))
         return meta

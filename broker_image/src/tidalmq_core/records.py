@@ -12,6 +12,10 @@ below, one table per type). Applying a record is idempotent (it sets values, it 
 them), so a snapshot followed by batches it may already contain replays correctly.
 
     t="epoch"     a controller claimed the log          epoch
+                                                        cid (its id) sf (the feature levels
+                                                        it supports, {name: [lowest,
+                                                        highest]}); both absent when
+                                                        claimed by a build from before them
     t="cluster"   the first record of a new cluster     id
     t="broker"    a broker registered (all its fields)  id host port rack url inc state
                                                         ls (its listeners, when it has more
@@ -99,8 +103,18 @@ class RecordError(ValueError):
 
 
 # ------------------------------------------------------------------------------ constructors
-def epoch_record(epoch: int) -> Record:
-    return {"t": "epoch", "epoch": epoch}
+def epoch_record(
+    epoch: int,
+    controller_id: str | None = None,
+    supported_features: dict[str, tuple[int, int]] | None = None,
+) -> Record:
+    """A controller claims the log; with its id, it registers the feature levels it supports
+    (Kafka's ControllerRegistration `features`), keys older readers ignore."""
+    rec: Record = {"t": "epoch", "epoch": epoch}
+    if controller_id is not None:
+        rec["cid"] = controller_id
+        rec["sf"] = features_json(supported_features or {})
+    return rec
 
 
 def cluster_record(cluster_id: str) -> Record:
@@ -498,6 +512,8 @@ def _acl_removed(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> No
 
 def _epoch(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
     meta.controller_epoch = max(meta.controller_epoch, int(rec["epoch"]))
+    if "cid" in rec:  # its registration replaces the one it made at an earlier start
+        meta.controllers[str(rec["cid"])] = features_from_json(rec.get("sf")) or {}
     delta.other = True
 
 

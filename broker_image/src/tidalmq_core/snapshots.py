@@ -28,6 +28,8 @@ from tidalmq_core.metadata import (
     PartitionState,
     TopicInfo,
     brokers_features_json,
+    controllers_features_from_json,
+    controllers_features_json,
     load_brokers_features,
     scram_credentials_from,
     scram_credentials_json,
@@ -97,6 +99,8 @@ def encode(meta: ClusterMetadata) -> Iterator[bytes]:
     supported = brokers_features_json(meta.brokers)
     if supported:  # the same: absent while no broker sent them (older builds)
         header["broker_features"] = supported
+    if meta.controllers:  # the same: absent while no controller registered its levels
+        header["controller_features"] = controllers_features_json(meta.controllers)
     yield _dumps(header).encode() + b"\n"
     for name, topic in sorted(meta.topics.items()):
         yield (
@@ -144,6 +148,7 @@ def decode(data: bytes | memoryview) -> ClusterMetadata:
             scram_credentials=scram_credentials_from(header.get("scram_credentials") or {}),
             acls=acls_from(header.get("acls") or []),
             features={str(k): int(v) for k, v in (header.get("features") or {}).items()},
+            controllers=controllers_features_from_json(header.get("controller_features")),
         )
         load_brokers_features(meta.brokers, header.get("broker_features"))
         counts: dict[str, int] = {}

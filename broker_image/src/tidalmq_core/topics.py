@@ -156,28 +156,33 @@ TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
         "INT",
         at_least=SEGMENT_BYTES_MIN,
         doc="Size at which a partition's compacted segments are cut, in bytes (Kafka: the size "
-        "at which the active segment rolls).",
+        "at which the active segment rolls). Default: 67108864 (64 MiB; Kafka's is 1 GiB): a "
+        "compaction holds one segment in memory.",
     ),
     TopicConfigDef(
         "segment.ms",
         "LONG",
         at_least=1,
-        doc="Age after which a segment takes no more merges, in milliseconds (Kafka: the age "
-        "at which the active segment rolls).",
+        doc="Age (by its first batch's timestamp) at which a segment stops taking merges of new records, in "
+        "milliseconds, or earlier at half of retention.ms (delete policy) or at "
+        "max.compaction.lag.ms (compacted) when lower (Kafka: the age at which the active "
+        "segment rolls).",
     ),
     TopicConfigDef(
         "segment.jitter.ms",
         "LONG",
         at_least=0,
-        doc="Kafka: a random amount taken off segment.ms per segment. Taken, no effect: nothing "
-        "happens at a roll here.",
+        doc="Most milliseconds taken off the age at which a segment stops taking merges "
+        "(at most segment.ms), an amount of its own for each segment (derived from its object key, the "
+        "same on every broker), so partitions do not all cut at once (Kafka: a random amount "
+        "per segment taken off segment.ms).",
     ),
     TopicConfigDef(
         "segment.index.bytes",
         "INT",
         at_least=4,
-        doc="Kafka: size of a segment's index files. Taken, no effect: a partition's index is in "
-        "its checkpoint in object storage.",
+        doc="Kafka: size of a segment's index files, in bytes. Taken, no effect: a partition's "
+        "index is in its checkpoint in object storage.",
     ),
     TopicConfigDef(
         "flush.messages",
@@ -190,36 +195,45 @@ TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
         "flush.ms",
         "LONG",
         at_least=0,
-        doc="Kafka: fsync the log after this many milliseconds. Taken, no effect (as "
-        "flush.messages).",
+        doc="Kafka: fsync the log after this many milliseconds. Taken, no effect: a record is "
+        "acknowledged only once durable in object storage.",
     ),
     TopicConfigDef(
         "retention.bytes",
         "LONG",
-        doc="Bytes to keep per partition before deleting old segments (-1: no limit).",
+        doc="Under cleanup.policy delete: a partition's oldest segment is deleted while the "
+        "partition would still hold at least this many bytes without it (-1: no size limit). "
+        "Records not yet compacted into a segment wait for it.",
     ),
     TopicConfigDef(
         "retention.ms",
         "LONG",
         at_least=-1,
-        doc="Time to keep a segment, in milliseconds (-1: forever).",
+        doc="Under cleanup.policy delete: a segment is deleted once its newest record's "
+        "timestamp is older than this many milliseconds (-1: no time limit). Records not yet "
+        "compacted into a segment wait for it.",
     ),
     TopicConfigDef(
-        "max.message.bytes", "INT", at_least=0, doc="Largest record batch accepted, in bytes."
+        "max.message.bytes",
+        "INT",
+        at_least=0,
+        doc="Largest record batch a Produce may carry, in bytes, as the producer compressed it.",
     ),
     TopicConfigDef(
         "index.interval.bytes",
         "INT",
         at_least=0,
-        doc="Kafka: bytes between offset index entries. Taken, no effect: the index has an "
-        "entry per stored range.",
+        doc="Kafka: bytes between offset index entries. Taken, no effect: a compacted segment's "
+        "index has an entry every --index-granule-bytes, a broker setting the same for every "
+        "topic.",
     ),
     TopicConfigDef(
         "delete.retention.ms",
         "LONG",
         at_least=0,
-        doc="How long a compacted topic keeps tombstones (records with a key and no value), in "
-        "milliseconds.",
+        doc="How long a compacted topic keeps a tombstone (a record with a key and no value) and "
+        "a transaction marker whose transaction's records are all gone, once the log cleaner "
+        "has first passed over it, in milliseconds.",
     ),
     TopicConfigDef(
         "min.compaction.lag.ms",
@@ -232,21 +246,25 @@ TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
         "max.compaction.lag.ms",
         "LONG",
         at_least=1,
-        doc="Longest time a record may stay uncompacted, in milliseconds.",
+        doc="Longest time a record may wait for compaction, in milliseconds: past it its "
+        "partition is compacted whatever min.cleanable.dirty.ratio says (as soon as the log "
+        "cleaner has a free thread).",
     ),
     TopicConfigDef(
         "file.delete.delay.ms",
         "LONG",
         at_least=0,
-        doc="Kafka: delay before a deleted segment's file is removed. Taken, no effect: a "
-        "replaced segment object goes after its grace period, the same for every topic.",
+        doc="Kafka: delay before a deleted segment's file is removed, in milliseconds. Taken, no "
+        "effect: a replaced segment object goes after --garbage-grace-s, a broker setting the "
+        "same for every topic.",
     ),
     TopicConfigDef(
         "min.cleanable.dirty.ratio",
         "DOUBLE",
         at_least=0,
         at_most=1,
-        doc="Share of a compacted log not yet compacted (dirty) at which it is compacted again.",
+        doc="Share of a compacted partition's segments not yet compacted (dirty) above which the "
+        "log cleaner compacts it again.",
     ),
     TopicConfigDef(
         "cleanup.policy",
@@ -366,27 +384,27 @@ TOPIC_CONFIG_DEFS: tuple[TopicConfigDef, ...] = (
         "local.retention.ms",
         "LONG",
         at_least=-2,
-        doc="Kafka: time a tiered topic keeps its local log (-2: retention.ms). Taken, no "
-        "effect: only acts on a tiered topic.",
+        doc="Kafka: milliseconds a tiered topic keeps its local log (-2: retention.ms). Taken, "
+        "no effect: only acts on a tiered topic, and TidalMQ has no tiered topics.",
     ),
     TopicConfigDef(
         "local.retention.bytes",
         "LONG",
         at_least=-2,
         doc="Kafka: bytes a tiered topic keeps in its local log (-2: retention.bytes). Taken, "
-        "no effect: only acts on a tiered topic.",
+        "no effect: only acts on a tiered topic, and TidalMQ has no tiered topics.",
     ),
     TopicConfigDef(
         "remote.log.copy.disable",
         "BOOLEAN",
         doc="Kafka: stop copying a tiered topic's segments to remote storage. Taken, no "
-        "effect: only acts on a tiered topic.",
+        "effect: only acts on a tiered topic, and TidalMQ has no tiered topics.",
     ),
     TopicConfigDef(
         "remote.log.delete.on.disable",
         "BOOLEAN",
         doc="Kafka: delete the remote log when tiering is turned off. Taken, no effect: only "
-        "acts on a tiered topic.",
+        "acts on a tiered topic, and TidalMQ has no tiered topics.",
     ),
     TopicConfigDef(
         INTERNAL_SEGMENT_BYTES,

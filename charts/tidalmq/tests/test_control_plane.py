@@ -230,3 +230,26 @@ def test_scrape_targets_are_the_ports_prometheus_may_reach() -> None:
         # the probes go to a port of the same container (the kubelet is always allowed)
         probe = container(find(docs, kind, name), c)["livenessProbe"]["httpGet"]
         assert probe["path"] == "/healthz"
+
+
+# ------------------------------------------------------------------ finalized feature levels
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_the_transaction_version_reaches_the_operators_controller(level: int) -> None:
+    """controlPlane.features.transactionVersion, as the operator's settings read it from the
+    rendered env (0 too: not dropped as a false value), and only the operator gets it."""
+    docs = render({"controlPlane": {"features": {"transactionVersion": level}}})
+    env = env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
+    assert env["TIDALMQ_TRANSACTION_VERSION"] == str(level)
+    settings = OperatorSettings.from_env(with_pod_ip(env))
+    assert settings.transaction_version == level
+    assert "TIDALMQ_TRANSACTION_VERSION" not in env_of(
+        container(find(docs, "StatefulSet", STS), "broker")
+    )
+
+
+def test_the_transaction_version_is_unset_by_default(default: list[dict[str, Any]]) -> None:
+    """Not set: the metadata's level stays (1 for a new cluster) and kafka-features manages
+    it; a level set at start would undo every `kafka-features upgrade` at the next start."""
+    env = env_of(container(find(default, "Deployment", OPERATOR), "operator"))
+    assert "TIDALMQ_TRANSACTION_VERSION" not in env
+    assert OperatorSettings.from_env(with_pod_ip(env)).transaction_version is None

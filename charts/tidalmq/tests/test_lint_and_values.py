@@ -101,6 +101,14 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
         "pod",
     ),
     "latest-adapter-tag": ({"metricsAdapter": {"image": {"tag": "latest"}}}, "tag"),
+    "transaction-version-3": (
+        {"controlPlane": {"features": {"transactionVersion": 3}}},
+        "transactionVersion",
+    ),
+    "transaction-version-text": (
+        {"controlPlane": {"features": {"transactionVersion": "2"}}},
+        "transactionVersion",
+    ),
 }
 
 # Checks in templates/_helpers.tpl (tidalmq.validate): `fail` stops helm template and install;

@@ -25,6 +25,7 @@ from tidalmq_controller import (
     MetadataLost,
     MoveStatus,
     ObjectStoreMetadataLog,
+    UnsupportedFinalizedLevel,
     parse_bootstrap,
 )
 from tidalmq_controller.hosting import delete_topic_data, open_object_store
@@ -218,6 +219,7 @@ class OperatorRuntime:
                 offsets_topic_partitions=s.offsets_topic_partitions,
                 transaction_state_partitions=s.transaction_state_partitions,
                 transaction_version=s.transaction_version,
+                controller_id=s.controller_id,
                 max_moves_per_broker=s.max_moves_per_broker,
             ),
             topic_data_deleter=functools.partial(delete_topic_data, store) if store else None,
@@ -233,6 +235,14 @@ class OperatorRuntime:
                 await self._metadata_lost(str(exc))
             except ControllerFenced:
                 raise  # another replica holds the role: Kopf runs the daemon again later
+            except UnsupportedFinalizedLevel as exc:
+                # a newer build finalized a level this one lacks: it claims nothing (the log
+                # stays as it is) and says so, in one line, until this replica is stopped
+                await self._metadata_lost(str(exc), reason="UnsupportedFeatureLevel")
+                for _ in range(METADATA_RETRY_S * 2):
+                    if stopped:
+                        return
+                    await asyncio.sleep(0.5)
             except Exception as exc:
                 # the store unreachable, its bucket missing, ...: the same, with its reason
                 await self._metadata_lost(

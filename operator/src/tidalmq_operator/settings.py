@@ -41,6 +41,9 @@ class OperatorSettings:
     # the cluster's finalized transaction.version feature, set at every start; None keeps the
     # metadata's level (1 for a new cluster; `kafka-features upgrade|downgrade` changes it)
     transaction_version: int | None = None
+    # the controller's name in the metadata (the feature levels it supports are registered
+    # under it): one for all replicas, which run the same image (the Deployment is Recreate)
+    controller_id: str = "operator"
     # moves in flight per broker (as source or target): a rebalance runs in waves of this many
     max_moves_per_broker: int = 4000
     status_interval_s: float = 0.5
@@ -113,6 +116,7 @@ class OperatorSettings:
             offsets_topic_partitions=int(get("OFFSETS_TOPIC_PARTITIONS", "16")),
             transaction_state_partitions=int(get("TRANSACTION_STATE_PARTITIONS", "50")),
             transaction_version=int(v) if (v := get("TRANSACTION_VERSION", "")) else None,
+            controller_id=get("CONTROLLER_ID", "operator"),
             max_moves_per_broker=int(get("MAX_MOVES_PER_BROKER", "4000")),
             leaderless_grace_s=float(get("LEADERLESS_GRACE_S", "15")),
             spark_image=get("SPARK_IMAGE", ""),

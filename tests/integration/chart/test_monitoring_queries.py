@@ -8,14 +8,9 @@ metrics' HPA series, lag before the brokers export it) are named in the printed 
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,10 +19,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from observability.alerts import ALERTS
-from observability.dashboards import ALL
 from observability.generate import OUT
-from observability.panels import queries_of
 from tests.support.local_cluster import LocalClusterProcess
+from tests.support.monitoring_queries import check_queries, rule_failures, rules
 from tests.support.prometheus_server import PrometheusServer, prometheus_binary, prometheus_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,29 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RULES = OUT / "alerts.rules.yaml"
 SCRAPE_S = 1.0
 TOPIC = "monitored"
-METRIC = re.compile(r"\b((?:tidalmq|kube)_[a-z0-9_]+)\b")
-LABEL_VALUES = re.compile(r"^label_values\((\w+), (\w+)\)$")
-
-
-def runnable(expr: str) -> str:
-    """A dashboard query as Grafana sends it with every variable at All."""
-    if m := LABEL_VALUES.match(expr):
-        return f"count by ({m.group(2)}) ({m.group(1)})"
-    expr = expr.replace("$__rate_interval", f"{int(SCRAPE_S * 10)}s")
-    return re.sub(r"\$(broker|topic|group)\b", ".*", expr)
-
-
-def evaluate(prometheus: PrometheusServer, expr: str) -> tuple[str, int]:
-    """(error, series): Prometheus' error for the expression ("" when none), series returned."""
-    url = f"{prometheus.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-    try:
-        with urllib.request.urlopen(url, timeout=30) as resp:
-            doc = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        doc = json.loads(exc.read())
-    if doc.get("status") != "success":
-        return f"{doc.get('errorType')}: {doc.get('error')}", 0
-    return "", len(doc["data"]["result"])
 
 
 @pytest.fixture
@@ -122,42 +93,10 @@ def test_every_alert_and_dashboard_query_runs_on_a_real_prometheus(
     assert all(prometheus.targets_up().values()), prometheus.targets_up()
 
     # every alert is loaded, evaluated, and healthy
-    rules = {r["name"]: r for r in prometheus.rules()}
-    assert set(rules) == {a.name for a in ALERTS}
-    for name, rule in rules.items():
-        assert rule["health"] == "ok" and not rule.get("lastError"), (name, rule)
-
-    exported = prometheus.metric_names()
-    coverage: dict[str, list[str]] = {"data": [], "no data": []}
-    failures = []
-    for board_name, build in ALL.items():
-        for expr in queries_of(build()):
-            query = runnable(expr)
-            error, series = evaluate(prometheus, query)
-            if error:
-                failures.append(f"{board_name}: {query}: {error}")
-                continue
-            missing = sorted(set(METRIC.findall(query)) - exported)
-            coverage["data" if series else "no data"].append(query)
-            if bool(series) == (not missing):
-                continue
-            failures.append(
-                f"{board_name}: {query}: {series} series although "
-                + (f"{missing} are not exported" if missing else "every metric is exported")
-            )
-    alert_metrics = {m for a in ALERTS for m in METRIC.findall(a.expr)}
-    for a in ALERTS:
-        error, _ = evaluate(prometheus, a.expr)
-        if error:
-            failures.append(f"alert {a.name}: {error}")
-    assert not failures, "\n".join(failures)
-    print(
-        f"\ndashboard queries returning data: {len(coverage['data'])} of "
-        f"{len(coverage['data']) + len(coverage['no data'])}; without data (their metrics are "
-        f"not exported here):\n  " + "\n  ".join(coverage["no data"])
-        + f"\nalert metrics exported here: {sorted(alert_metrics & exported)}; not: "
-        f"{sorted(alert_metrics - exported)}"
-    )  # fmt: skip
+    assert not rule_failures(rules(prometheus.url)), rule_failures(rules(prometheus.url))
+    coverage = check_queries(prometheus.url, f"{int(SCRAPE_S * 10)}s")
+    assert not coverage.failures, "\n".join(coverage.failures)
+    print("\n" + coverage.report())
 
     # an alert fires when its condition is provoked: a broker killed is fenced
     cluster.kill_broker(1)

@@ -54,6 +54,7 @@ from tidalmq_controller import (
     ControllerServer,
     ControllerSettings,
     ObjectStoreMetadataLog,
+    UnsupportedFinalizedLevel,
 )
 from tidalmq_core.control_auth import ENV_TOKEN, ENV_TOKEN_FILE, ControlAuth
 from tidalmq_core.metadata import ClusterMetadata
@@ -678,7 +679,7 @@ def run_local_cluster(args: argparse.Namespace, data: Path, shown_as: str = "") 
         )
         tune_runtime()  # this process hosts the controller: its liveness thread answers heartbeats
         return asyncio.run(_serve(args, data, storage_url, token))
-    except (LocalUpError, ControlError, OSError) as exc:
+    except (LocalUpError, ControlError, OSError, UnsupportedFinalizedLevel) as exc:
         print(f"tidalmq local up: {exc}", file=sys.stderr, flush=True)
         return 1
 
@@ -812,6 +813,7 @@ def _controller_settings() -> ControllerSettings:
     env = os.environ
     identity_ms = env.get("TIDALMQ_IDENTITY_CHECK_INTERVAL_MS")
     return ControllerSettings(
+        controller_id="local",
         heartbeat_interval_s=float(env.get("TIDALMQ_HEARTBEAT_INTERVAL_S", d.heartbeat_interval_s)),
         session_timeout_s=float(env.get("TIDALMQ_SESSION_TIMEOUT_S", d.session_timeout_s)),
         election_timeout_s=float(env.get("TIDALMQ_ELECTION_TIMEOUT_S", d.election_timeout_s)),
