@@ -52,6 +52,7 @@ from e2e.tidalmq_release import (
     BUCKET,
     CHART,
     FULL,
+    PLAINTEXT_LISTENER,
     RELEASE,
     STS,
     addon_image,
@@ -346,6 +347,8 @@ def test_previous_chart_upgraded_loses_nothing(
             # the chart README's upgrade step: helm never upgrades CRDs itself
             cluster.kubectl("apply", "--server-side", "--force-conflicts",
                             "-f", str(CHART / "crds"))  # fmt: skip
+            # no listeners/controlPlane.tls values: their auto keeps what the previous release
+            # runs (a PLAINTEXT listener, plain HTTP control plane), which the producer relies on
             cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", ns, "--wait",
                          "--timeout", "6m", *values,
                          "--set", f"controlPlane.existingSecret={control}", timeout=420)  # fmt: skip
@@ -632,7 +635,7 @@ def test_a_lost_bucket_is_never_served_as_empty(
     metadata log lives in its own bucket (the chart's default with the in-cluster store), so it
     keeps the record of what was there."""
     ns = namespace
-    values = release_values(cluster, minio)
+    values = [*release_values(cluster, minio), *PLAINTEXT_LISTENER]
     cluster.helm("install", RELEASE, str(CHART), "--namespace", ns, "--wait",
                  "--timeout", "6m", *values, timeout=420)  # fmt: skip
     try:
@@ -740,7 +743,7 @@ def operated(cluster: Cluster, minio: str, request: pytest.FixtureRequest) -> It
     chart's default persistence), shared by the operations steps in file order."""
     ns = cluster.create_namespace(f"e2e-operations-{secrets.token_hex(3)}")
     failed_before = request.session.testsfailed
-    rel = Release(ns=ns, values=release_values(cluster, minio))
+    rel = Release(ns=ns, values=[*release_values(cluster, minio), *PLAINTEXT_LISTENER])
     try:
         started = time.monotonic()
         cluster.helm("install", RELEASE, str(CHART), "--namespace", ns, "--wait",

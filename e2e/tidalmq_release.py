@@ -61,14 +61,26 @@ def release_values(cluster: Cluster, minio: str) -> list[str]:
     ]  # fmt: skip
 
 
+# The chart's Kafka listener is SASL_SSL by default (listeners.*.enabled auto: on at a fresh
+# install); the end-to-end clients here speak PLAINTEXT, so the releases they use turn both
+# listener switches off (test_security.py turns them on again: a later --set wins). The control
+# plane keeps its default (mTLS at a fresh install): only the operator and the brokers speak it.
+# Not in release_values: test_operations installs the previous chart with those, and its schema
+# knows no listeners (its upgrade to this chart keeps PLAINTEXT by itself: auto at an upgrade).
+PLAINTEXT_LISTENER = [
+    "--set", "listeners.tls.enabled=false", "--set", "listeners.sasl.enabled=false",
+]  # fmt: skip
+
+
 @contextmanager
 def installed_release(
     cluster: Cluster, namespace: str, minio: str, *extra: str
 ) -> Iterator[dict[str, Any]]:
-    """The chart with `release_values`; `extra`: more helm arguments. Uninstalled afterwards."""
+    """The chart with `release_values` and a PLAINTEXT listener; `extra`: more helm arguments.
+    Uninstalled afterwards."""
     cluster.helm(
         "install", RELEASE, str(CHART), "--namespace", namespace, "--wait", "--timeout", "6m",
-        *release_values(cluster, minio), *extra,
+        *release_values(cluster, minio), *PLAINTEXT_LISTENER, *extra,
         timeout=420,
     )  # fmt: skip
     try:

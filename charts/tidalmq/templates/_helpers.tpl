@@ -70,8 +70,79 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (include "tidalmq.fullname" .) .Values.operator.peeringName }}
 {{- end }}
 
+{{/*
+The security modes: listeners.tls.enabled, listeners.sasl.enabled and controlPlane.tls.enabled,
+each true, false or auto (the default; docs/security.md, "Secure by default"). This is the one
+place they are read: every template takes them from here. true and false always win. auto:
+- at an upgrade: what the release runs, read (lookup) from its brokers' StatefulSet: the
+  tidalmq.io/security-modes annotation this chart writes at every render, else (a release of a
+  chart before auto) the broker container's environment (TIDALMQ_SSL_KEYSTORE_LOCATION: TLS,
+  TIDALMQ_SASL_ENABLED_MECHANISMS: SASL, TIDALMQ_CONTROL_TLS_CERT_FILE: control-plane mTLS). So
+  an upgrade never switches a running release's listener or control plane by itself;
+- at a fresh install (no such StatefulSet, which is also what `helm template` and a client-side
+  dry-run see: they have no cluster): on. The Kafka listener is then SASL_SSL (SCRAM-SHA-512),
+  with ACLs enforced (authorization.authorizer auto), and the control plane speaks mTLS. Both
+  listener switches must be auto for that: set one of them and the other's auto is off, as its
+  default was before auto (listeners.tls.enabled=true alone is still the mTLS SSL listener).
+JSON: {"controlTls": BOOL, "sasl": BOOL, "tls": BOOL} (include ... | fromJson).
+*/}}
+{{- define "tidalmq.securityModes" -}}
+{{- $tls := toString .Values.listeners.tls.enabled }}
+{{- $sasl := toString .Values.listeners.sasl.enabled }}
+{{- $control := toString .Values.controlPlane.tls.enabled }}
+{{- $running := dict }}
+{{- if has "auto" (list $tls $sasl $control) }}
+{{- $sts := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "tidalmq.brokerStatefulSet" .) }}
+{{- if $sts }}
+{{- $recorded := dig "metadata" "annotations" "tidalmq.io/security-modes" "" $sts | toString }}
+{{- $parsed := dict }}
+{{- if $recorded }}{{ $parsed = fromJson $recorded }}{{ end }}
+{{- if and (hasKey $parsed "tls") (hasKey $parsed "sasl") (hasKey $parsed "controlTls") }}
+{{- $running = $parsed }}
+{{- else }}
+{{- $env := dict }}
+{{- range $c := dig "spec" "template" "spec" "containers" (list) $sts }}
+{{- if eq $c.name "broker" }}
+{{- range $e := $c.env }}{{ $_ := set $env $e.name true }}{{ end }}
+{{- end }}
+{{- end }}
+{{- $running = dict "tls" (hasKey $env "TIDALMQ_SSL_KEYSTORE_LOCATION") "sasl" (hasKey $env "TIDALMQ_SASL_ENABLED_MECHANISMS") "controlTls" (hasKey $env "TIDALMQ_CONTROL_TLS_CERT_FILE") }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $modes := dict }}
+{{- if ne $tls "auto" }}{{ $_ := set $modes "tls" (eq $tls "true") }}
+{{- else if $running }}{{ $_ := set $modes "tls" (index $running "tls") }}
+{{- else }}{{ $_ := set $modes "tls" (eq $sasl "auto") }}
+{{- end }}
+{{- if ne $sasl "auto" }}{{ $_ := set $modes "sasl" (eq $sasl "true") }}
+{{- else if $running }}{{ $_ := set $modes "sasl" (index $running "sasl") }}
+{{- else }}{{ $_ := set $modes "sasl" (eq $tls "auto") }}
+{{- end }}
+{{- if ne $control "auto" }}{{ $_ := set $modes "controlTls" (eq $control "true") }}
+{{- else if $running }}{{ $_ := set $modes "controlTls" (index $running "controlTls") }}
+{{- else }}{{ $_ := set $modes "controlTls" true }}
+{{- end }}
+{{- $modes | toJson }}
+{{- end }}
+
+{{/* "true" when the Kafka listener has TLS (SSL or SASL_SSL), else "". */}}
+{{- define "tidalmq.listenerTls" -}}
+{{- if (include "tidalmq.securityModes" . | fromJson).tls }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the Kafka listener has SASL (SASL_PLAINTEXT or SASL_SSL), else "". */}}
+{{- define "tidalmq.listenerSasl" -}}
+{{- if (include "tidalmq.securityModes" . | fromJson).sasl }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the control plane speaks mTLS, else "". */}}
+{{- define "tidalmq.controlTls" -}}
+{{- if (include "tidalmq.securityModes" . | fromJson).controlTls }}true{{ end }}
+{{- end }}
+
 {{- define "tidalmq.controllerUrl" -}}
-{{- printf "%s://%s.%s.svc:%v" (ternary "https" "http" .Values.controlPlane.tls.enabled) (include "tidalmq.operatorName" .) .Release.Namespace .Values.operator.ports.controller }}
+{{- printf "%s://%s.%s.svc:%v" (ternary "https" "http" (eq (include "tidalmq.controlTls" .) "true")) (include "tidalmq.operatorName" .) .Release.Namespace .Values.operator.ports.controller }}
 {{- end }}
 
 {{- define "tidalmq.image" -}}
@@ -289,14 +360,15 @@ operator: the pod mounts that role's certificate and key only, and the CA's cert
 {{- end }}
 
 {{/*
-The security protocol of the brokers' Kafka listener (listeners.tls, listeners.sasl):
+The security protocol of the brokers' Kafka listener (listeners.tls, listeners.sasl, resolved by
+tidalmq.securityModes):
 PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL. The listener is named after its protocol.
 */}}
 {{- define "tidalmq.kafkaProtocol" -}}
-{{- $l := .Values.listeners }}
-{{- if and $l.tls.enabled $l.sasl.enabled }}SASL_SSL
-{{- else if $l.tls.enabled }}SSL
-{{- else if $l.sasl.enabled }}SASL_PLAINTEXT
+{{- $modes := include "tidalmq.securityModes" . | fromJson }}
+{{- if and $modes.tls $modes.sasl }}SASL_SSL
+{{- else if $modes.tls }}SSL
+{{- else if $modes.sasl }}SASL_PLAINTEXT
 {{- else }}PLAINTEXT
 {{- end }}
 {{- end }}
@@ -318,7 +390,7 @@ and no listeners.tls.crlSecret of the user's (which then wins). Empty otherwise.
 */}}
 {{- define "tidalmq.clientsCrlSecret" -}}
 {{- $l := .Values.listeners -}}
-{{- if and $l.tls.enabled (not $l.sasl.enabled) (ne $l.tls.clientAuth "none") .Values.users.enabled (not $l.tls.crlSecret) -}}
+{{- if and (eq (include "tidalmq.kafkaProtocol" .) "SSL") (ne $l.tls.clientAuth "none") .Values.users.enabled (not $l.tls.crlSecret) -}}
 {{- printf "%s-clients-crl" (include "tidalmq.fullname" .) }}
 {{- end }}
 {{- end }}
@@ -341,6 +413,28 @@ podIP reach brokers by IP, which no generated certificate names: use tls.existin
 {{- list (printf "*.%s.%s.svc.%s" $headless $ns $domain) (printf "*.%s.%s.svc" $headless $ns)
     (printf "%s.%s.svc.%s" $headless $ns $domain) (printf "%s.%s.svc.%s" $bootstrap $ns $domain)
     (printf "%s.%s.svc" $bootstrap $ns) (printf "%s.%s" $bootstrap $ns) $bootstrap | toJson }}
+{{- end }}
+
+{{/* The bootstrap admin User (and its Secret): FULLNAME-admin. */}}
+{{- define "tidalmq.adminUser" -}}
+{{- printf "%s-admin" (include "tidalmq.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+"true" when the chart renders the bootstrap admin User (users.admin.enabled): only on a secured
+listener with users.enabled; auto: at a fresh install (no brokers' StatefulSet found, as for
+tidalmq.securityModes), or at an upgrade when the User exists already (so an upgrade never adds
+an admin credential to a running release, and keeps the one a fresh install made).
+*/}}
+{{- define "tidalmq.adminUserOn" -}}
+{{- $on := toString .Values.users.admin.enabled }}
+{{- if and .Values.users.enabled (ne (include "tidalmq.kafkaProtocol" .) "PLAINTEXT") }}
+{{- if eq $on "true" }}true
+{{- else if eq $on "auto" }}
+{{- $sts := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "tidalmq.brokerStatefulSet" .) }}
+{{- if or (not $sts) (lookup "tidalmq.io/v1alpha1" "User" .Release.Namespace (include "tidalmq.adminUser" .)) }}true{{ end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* The planner's User (and its Secret) on a secured Kafka listener. */}}

@@ -125,11 +125,12 @@ def test_the_broker_reads_its_token_and_control_address_from_the_rendered_env(
     monkeypatch.setattr("socket.gethostname", lambda: f"{STS}-1")
     settings = from_sources(None, env)
     assert settings.broker_id == 1 and settings.http_host == "10.1.2.3"
-    # the controller's pushes and the preStop drain go to the control port at the pod's IP
-    assert settings.control_url() == "http://10.1.2.3:9645"
+    # the controller's pushes and the preStop drain go to the control port at the pod's IP,
+    # over mTLS by default (test_control_tls.py: the certificates)
+    assert settings.control_url() == "https://10.1.2.3:9645"
     credentials = settings.control_credentials()
     assert credentials is not None and credentials.token.startswith("broker-1.")
-    assert settings.controller_url == f"http://{OPERATOR}.{NAMESPACE}.svc:9690"
+    assert settings.controller_url == f"https://{OPERATOR}.{NAMESPACE}.svc:9690"
 
 
 def test_the_operator_reads_its_tokens_and_bind_addresses_from_the_rendered_env(

@@ -45,6 +45,7 @@ SECRET = f"{FULL}-control-tls"
 TLS_ENV = ("TIDALMQ_CONTROL_TLS_CERT_FILE", "TIDALMQ_CONTROL_TLS_KEY_FILE",
            "TIDALMQ_CONTROL_TLS_CA_FILE")  # fmt: skip
 ON = {"controlPlane": {"tls": {"enabled": True}}}
+OFF = {"controlPlane": {"tls": {"enabled": False}}}
 
 pytestmark = pytest.mark.usefixtures("helm")
 
@@ -61,8 +62,20 @@ def cn(pem: bytes) -> str:
     return str(cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
 
 
-def test_off_by_default_nothing_changes() -> None:
-    docs = render()
+def test_on_by_default_at_a_fresh_install() -> None:
+    """controlPlane.tls.enabled auto (the default) at a fresh install (helm template finds no
+    release in a cluster): what `true` renders, the generated Secret included."""
+    default, on = render(), render(ON)
+    generated = [find(docs, "Secret", SECRET)["data"].keys() for docs in (default, on)]
+    assert generated[0] == generated[1]
+    for role in ("broker", "operator"):
+        containers = [container(pods(docs)[role], role) for docs in (default, on)]
+        assert env_of(containers[0]) == env_of(containers[1])
+        assert pod_spec(pods(default)[role])["volumes"] == pod_spec(pods(on)[role])["volumes"]
+
+
+def test_false_renders_no_control_tls() -> None:
+    docs = render(OFF)
     assert not [d for d in find_all(docs, "Secret") if d["metadata"]["name"] == SECRET]
     for role, obj in pods(docs).items():
         env = env_of(container(obj, role))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from cryptography import x509
 from tidalmq_broker.security.endpoints import build_authorizer, build_endpoints
 from tidalmq_broker.security.principal import PrincipalMapper
 from tidalmq_broker.settings import from_sources
+from tidalmq_core.acls import AclOperation, ResourceType
 from tidalmq_operator import clients_crl, users
 
 from tests.support.helm import (
@@ -37,6 +39,7 @@ from tests.support.helm import (
 
 BROKER_TLS = f"{FULL}-broker-tls"
 CLIENTS_CA = f"{FULL}-clients-ca"
+PLAINTEXT = {"listeners": {"tls": {"enabled": False}, "sasl": {"enabled": False}}}
 SECURITY_ENV = ("TIDALMQ_LISTENERS", "TIDALMQ_ADVERTISED_LISTENERS", "TIDALMQ_SSL_KEYSTORE_LOCATION",
                 "TIDALMQ_SSL_KEYSTORE_KEY_LOCATION",
                 "TIDALMQ_SSL_TRUSTSTORE_LOCATION", "TIDALMQ_SSL_CLIENT_AUTH",
@@ -109,10 +112,41 @@ def with_files(env: dict[str, str], docs: list[dict[str, Any]], tmp: Path) -> di
 
 
 # ---------------------------------------------------------------------------- the default
-def test_the_default_stays_one_plaintext_listener() -> None:
+def test_a_fresh_default_install_is_sasl_ssl_with_acls_and_control_plane_mtls(
+    tmp_path: Path,
+) -> None:
+    """Secure by default (docs/security.md, "Secure by default"): the three switches are auto,
+    which at a fresh install (helm template finds no release's StatefulSet) is on: a SASL_SSL
+    listener offering SCRAM-SHA-512, ACLs enforced, the planner's SCRAM User, control-plane
+    mTLS, and the modes recorded on the StatefulSet for the next upgrade."""
     docs = render()
+    env = expanded(broker_env(docs))
+    assert env["TIDALMQ_LISTENERS"] == "SASL_SSL://0.0.0.0:9092"
+    assert env["TIDALMQ_AUTHORIZER"] == "auto"
+    settings = from_sources(None, with_files(env, docs, tmp_path))
+    listeners, endpoints = build_endpoints(settings, lambda u, m: None)
+    (endpoint,) = endpoints
+    assert (endpoint.security_protocol, endpoint.ssl_context is not None) == ("SASL_SSL", True)
+    assert endpoint.sasl is not None and endpoint.sasl.mechanisms == ("SCRAM-SHA-512",)
+    assert build_authorizer(settings, listeners, []).enabled
+    assert env["TIDALMQ_CONTROLLER_URL"].startswith("https://")
+    assert "TIDALMQ_CONTROL_TLS_CERT_FILE" in env
+    assert find(docs, "User", f"{FULL}-planner")["spec"]["authentication"]["type"] == (
+        "scram-sha-512"
+    )
+    assert modes(docs) == {"tls": True, "sasl": True, "controlTls": True}
+
+
+def modes(docs: list[dict[str, Any]]) -> dict[str, bool]:
+    """The security modes recorded on the brokers' StatefulSet (what auto keeps at an upgrade)."""
+    recorded = find(docs, "StatefulSet", STS)["metadata"]["annotations"]
+    return dict(json.loads(recorded["tidalmq.io/security-modes"]))
+
+
+def test_explicit_false_is_one_plaintext_listener_as_before() -> None:
+    docs = render(PLAINTEXT)
     env = broker_env(docs)
-    assert not [k for k in SECURITY_ENV if k in env], "the default install is unchanged"
+    assert not [k for k in SECURITY_ENV if k in env], "the PLAINTEXT listener is unchanged"
     assert env["TIDALMQ_AUTHORIZER"] == "auto"  # off on PLAINTEXT (the broker's own rule)
     assert "initContainers" not in pod_spec(find(docs, "StatefulSet", STS))
     assert not [
@@ -124,9 +158,43 @@ def test_the_default_stays_one_plaintext_listener() -> None:
         ("PLAINTEXT", "PLAINTEXT", None)
     ]
     assert not build_authorizer(settings, listeners, []).enabled
+    assert not find_all(docs, "User")
+    assert modes(docs) == {"tls": False, "sasl": False, "controlTls": True}
     # the operator knows the clients CA's Secret (it makes one at the first tls User)
     op_env = env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
     assert op_env["TIDALMQ_CLIENTS_CA_SECRET"] == CLIENTS_CA
+
+
+@pytest.mark.parametrize(
+    "values, protocol",
+    [({}, "SASL_SSL"),
+     ({"listeners": {"tls": {"enabled": "auto"}, "sasl": {"enabled": "auto"}}}, "SASL_SSL"),
+     ({"listeners": {"tls": {"enabled": True}, "sasl": {"enabled": True}}}, "SASL_SSL"),
+     # one switch set: the other's auto is off, its default before auto (so commands written
+     # for the earlier chart get what they got)
+     ({"listeners": {"tls": {"enabled": True}}}, "SSL"),
+     ({"listeners": {"sasl": {"enabled": True}}}, "SASL_PLAINTEXT"),
+     ({"listeners": {"tls": {"enabled": False}}}, "PLAINTEXT"),
+     ({"listeners": {"sasl": {"enabled": False}}}, "PLAINTEXT"),
+     ({"listeners": {"tls": {"enabled": True}, "sasl": {"enabled": "auto"}}}, "SSL"),
+     (PLAINTEXT, "PLAINTEXT")],
+    ids=["default", "auto", "both-true", "tls-true", "sasl-true", "tls-false", "sasl-false",
+         "tls-true-sasl-auto", "both-false"],
+)  # fmt: skip
+def test_auto_at_a_fresh_install(values: dict[str, Any], protocol: str) -> None:
+    docs = render(values)
+    env = broker_env(docs)
+    assert env.get("TIDALMQ_LISTENERS", "PLAINTEXT://0.0.0.0:9092") == f"{protocol}://0.0.0.0:9092"
+    assert modes(docs)["tls"] == ("SSL" in protocol)
+    assert modes(docs)["sasl"] == protocol.startswith("SASL")
+
+
+@pytest.mark.parametrize("enabled", ["auto", True, False])
+def test_each_switch_takes_auto_true_or_false(enabled: object) -> None:
+    for values in ({"listeners": {"tls": {"enabled": enabled}}},
+                   {"listeners": {"sasl": {"enabled": enabled}}},
+                   {"controlPlane": {"tls": {"enabled": enabled}}}):  # fmt: skip
+        run_helm(*template_args(values, ()))
 
 
 # ---------------------------------------------------------------------------- each combination
@@ -308,6 +376,10 @@ def test_no_operator_crl_without_client_certificates_from_users(values: dict[str
         ({"authorization": {"superUsers": ["admin"]}}, "superUsers"),
         ({"tls": {"existingSecret": "Bad_Name"}}, "existingSecret"),
         ({"users": {"enabled": "yes"}}, "users"),
+        # the three security switches: auto, true or false, nothing else
+        ({"listeners": {"tls": {"enabled": "on"}}}, "/listeners/tls/enabled"),
+        ({"listeners": {"sasl": {"enabled": "yes"}}}, "/listeners/sasl/enabled"),
+        ({"controlPlane": {"tls": {"enabled": "true"}}}, "/controlPlane/tls/enabled"),
     ],
 )
 def test_bad_security_values_are_refused(values: dict[str, Any], message: str) -> None:
@@ -376,12 +448,60 @@ def test_sha256_only_listeners_give_the_planner_a_sha256_user() -> None:
 
 @pytest.mark.parametrize(
     "values",
-    [{}, {"listeners": {"sasl": {"enabled": True}}, "users": {"enabled": False}},
+    [PLAINTEXT, {"listeners": {"sasl": {"enabled": True}}, "users": {"enabled": False}},
      {"listeners": {"sasl": {"enabled": True}}, "spark": {"enabled": False}}],
 )  # fmt: skip
 def test_no_planner_user_without_a_secured_listener_users_and_spark(
     values: dict[str, Any],
 ) -> None:
     docs = render(values)
-    assert not find_all(docs, "User")
+    assert f"{FULL}-planner" not in {u["metadata"]["name"] for u in find_all(docs, "User")}
     assert not set(PLANNER_ENV) & set(operator_env(docs))
+
+
+# ---------------------------------------------------------------------------- the bootstrap admin
+ADMIN = f"{FULL}-admin"
+
+
+def test_a_fresh_secure_install_has_an_admin_user_allowed_everything(tmp_path: Path) -> None:
+    """users.admin.enabled auto at a fresh install on a secured listener: the User
+    FULLNAME-admin, whose ACLs (as the operator makes them, loaded in the broker's own
+    authorizer) allow every operation, and no super user in the brokers' environment (adding it
+    to a running release would roll them)."""
+    docs = render()
+    admin = find(docs, "User", ADMIN)
+    assert admin["spec"]["authentication"]["type"] == "scram-sha-512"
+    _, bindings = users.parse_user(ADMIN, admin["spec"])
+    env = with_files(expanded(broker_env(docs)), docs, tmp_path)
+    assert "TIDALMQ_SUPER_USERS" not in env
+    settings = from_sources(None, env)
+    listeners, _ = build_endpoints(settings, lambda u, m: None)
+    authorizer = build_authorizer(settings, listeners, [])
+    authorizer.load(bindings)
+    checks = [(AclOperation.CREATE, ResourceType.CLUSTER, "kafka-cluster"),
+              (AclOperation.ALTER, ResourceType.CLUSTER, "kafka-cluster"),
+              (AclOperation.WRITE, ResourceType.TOPIC, "orders"),
+              (AclOperation.DELETE, ResourceType.TOPIC, "orders"),
+              (AclOperation.READ, ResourceType.GROUP, "billing"),
+              (AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, "tx-1")]  # fmt: skip
+    for op, rt, name in checks:
+        assert authorizer.authorize(f"User:{ADMIN}", "10.0.0.1", op, rt, name), (op, rt, name)
+        assert not authorizer.authorize("User:someone", "10.0.0.1", op, rt, name), (op, rt, name)
+
+
+@pytest.mark.parametrize(
+    "values, made",
+    [(PLAINTEXT, False),
+     ({"users": {"admin": {"enabled": False}}}, False),
+     ({"users": {"enabled": False}}, False),
+     ({"listeners": {"tls": {"enabled": True}}}, True)],
+    ids=["plaintext", "admin-false", "users-off", "ssl"],
+)  # fmt: skip
+def test_the_admin_user_only_on_a_secured_listener_when_wanted(
+    values: dict[str, Any], made: bool
+) -> None:
+    docs = render(values)
+    admins = [u for u in find_all(docs, "User") if u["metadata"]["name"] == ADMIN]
+    assert bool(admins) == made
+    if made:  # an SSL listener: a tls User (a client certificate of the clients CA)
+        assert admins[0]["spec"]["authentication"]["type"] == "tls"

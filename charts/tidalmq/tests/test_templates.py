@@ -24,6 +24,10 @@ from tests.support.helm import (
 )
 
 HEADLESS = f"{FULL}-brokers"
+# the Secrets a default install generates: the control tokens, the control plane's certificates,
+# the Kafka listener's certificate and the clients CA (secure by default: docs/security.md)
+GENERATED_SECRETS = [f"{FULL}-control", f"{FULL}-control-tls", f"{FULL}-broker-tls",
+                     f"{FULL}-clients-ca"]  # fmt: skip
 SELECTOR = "app.kubernetes.io/name=tidalmq,app.kubernetes.io/instance=rel,app.kubernetes.io/component=broker"
 
 pytestmark = pytest.mark.usefixtures("helm")
@@ -57,7 +61,7 @@ def test_every_object_has_the_standard_labels_and_namespace(values_file: str | N
             assert f"app.kubernetes.io/{key}" in labels, f"{where} lacks app.kubernetes.io/{key}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/component"] in {
-            "broker", "operator", "object-store", "planner", "test", "uninstall", "monitoring",
+            "broker", "operator", "object-store", "planner", "admin", "test", "uninstall", "monitoring",
             "metrics-adapter",
         }, where  # fmt: skip
         if doc["kind"] in NAMESPACED:
@@ -140,7 +144,8 @@ def test_broker_environment_contract(default: list[dict[str, Any]]) -> None:
     assert env["TIDALMQ_CONTROL_HOST"] == "$(POD_IP)"
     assert env["TIDALMQ_CONTROL_PORT"] == "9645"
     assert env["TIDALMQ_CONTROL_TOKEN_FILE"] == "/etc/tidalmq/control/broker-secret"
-    assert env["TIDALMQ_CONTROLLER_URL"] == f"http://{OPERATOR}.{NAMESPACE}.svc:9690"
+    # https: control-plane mTLS is on by default (test_control_tls.py)
+    assert env["TIDALMQ_CONTROLLER_URL"] == f"https://{OPERATOR}.{NAMESPACE}.svc:9690"
     assert env["TIDALMQ_DEFAULT_PARTITIONS"] == "3"
     assert env["TIDALMQ_AUTO_CREATE_TOPICS"] == "false"  # topics are Topic resources here
     assert env["TIDALMQ_STORAGE_URL"] == "s3://tidalmq?region=us-east-1"
@@ -466,7 +471,7 @@ def test_storage_url_from_values() -> None:
     assert env["AWS_REGION"] == "eu-central-1"
     for name, key in (("AWS_ACCESS_KEY_ID", "access-key"), ("AWS_SECRET_ACCESS_KEY", "secret-key")):
         assert env[name] == {"secretKeyRef": {"name": "acme-s3-credentials", "key": key}}
-    assert [d["metadata"]["name"] for d in find_all(docs, "Secret")] == [f"{FULL}-control"], (
+    assert [d["metadata"]["name"] for d in find_all(docs, "Secret")] == GENERATED_SECRETS, (
         "an existing Secret is used for the object store, none is created"
     )
     operator_env = env_of(container(find(docs, "Deployment", OPERATOR), "operator"))
@@ -524,7 +529,7 @@ def test_in_cluster_object_store(full: list[dict[str, Any]]) -> None:
 
 
 def test_no_object_store_objects_by_default(default: list[dict[str, Any]]) -> None:
-    assert [d["metadata"]["name"] for d in find_all(default, "Secret")] == [f"{FULL}-control"]
+    assert [d["metadata"]["name"] for d in find_all(default, "Secret")] == GENERATED_SECRETS
     assert [d["metadata"]["name"] for d in find_all(default, "Deployment")] == [OPERATOR]
     assert [d["metadata"]["name"] for d in find_all(default, "StatefulSet")] == [STS]
 

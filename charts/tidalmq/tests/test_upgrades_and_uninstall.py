@@ -88,8 +88,11 @@ def test_two_renders_give_identical_pod_templates(values: dict[str, Any]) -> Non
     secrets = [
         {d["metadata"]["name"]: d for d in find_all(docs, "Secret")} for docs in (first, second)
     ]
-    control = f"{FULL}-control"
-    assert secrets[0].pop(control)["data"] != secrets[1].pop(control)["data"], "generated"
+    # the control tokens, and the certificates of the secure defaults (the Kafka listener's
+    # CA and certificate, the clients CA, the control plane's CA and certificates)
+    for name in ("control", "control-tls", "broker-tls", "clients-ca"):
+        generated = f"{FULL}-{name}"
+        assert secrets[0].pop(generated)["data"] != secrets[1].pop(generated)["data"], name
     if values is IN_CLUSTER:
         assert secrets[0][STORE]["data"] != secrets[1][STORE]["data"], (
             "keys are generated per render"
@@ -278,5 +281,27 @@ def test_notes_say_where_the_control_tokens_are_and_how_to_run_admin_commands() 
     command = line.split("sh -c ", 1)[1].strip("'").split()
     assert command[0] == "tidalmq"
     args = build_parser().parse_args(command[1:])
-    assert (args.command, args.controller_url) == ("recover", "http://$POD_IP:9690")
+    # https: the control plane speaks mTLS by default (the CLI takes the operator's certificate
+    # from its environment); http when it is off
+    assert (args.command, args.controller_url) == ("recover", "https://$POD_IP:9690")
+    off = render_notes({"controlPlane": {"tls": {"enabled": False}}})
+    assert "--controller-url http://$POD_IP:9690" in off
     assert "NetworkPolicies" not in render_notes({"networkPolicy": {"enabled": False}})
+
+
+def test_notes_say_the_security_modes_and_where_the_credentials_and_ca_are() -> None:
+    """Secure by default: NOTES name the resolved listener and control plane, how to opt out,
+    and the commands that get the admin's SCRAM credentials and the brokers' CA."""
+    notes = render_notes({})
+    assert "security.protocol=SASL_SSL" in notes
+    assert "Kafka listener SASL_SSL (SCRAM: SCRAM-SHA-512), control plane mTLS" in notes
+    assert "listeners.tls.enabled=false and listeners.sasl.enabled=false" in notes
+    admin = f"{FULL}-admin"
+    for key in ("username", "password"):
+        assert (f"kubectl -n {NAMESPACE} get secret {admin} -o jsonpath='{{.data.{key}}}' "
+                "| base64 -d") in notes  # fmt: skip
+    assert (f"kubectl -n {NAMESPACE} get secret {FULL}-broker-tls -o jsonpath='{{.data.ca\\.crt}}'"
+            " | base64 -d > ca.crt") in notes  # fmt: skip
+    plain = render_notes({"listeners": {"tls": {"enabled": False}, "sasl": {"enabled": False}}})
+    assert "security.protocol=PLAINTEXT" in plain and admin not in plain
+    assert "ca.crt" not in plain

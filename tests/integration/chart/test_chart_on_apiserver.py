@@ -276,6 +276,12 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     ).stdout  # fmt: skip
     notes = installed.split("NOTES:", 1)[1]
     assert f"bootstrap.servers=tmq-tidalmq-bootstrap.{ns}.svc.cluster.local:9092" in notes
+    # a fresh install with the defaults is secure: SASL_SSL and control-plane mTLS
+    assert "security.protocol=SASL_SSL" in notes
+    assert security_modes(api, ns) == {"tls": True, "sasl": True, "controlTls": True}
+    # and its bootstrap admin (a SCRAM User), kept by upgrades
+    admin = api.get(ns, "user", "tmq-tidalmq-admin")
+    assert admin["spec"]["authentication"]["type"] == "scram-sha-512"
     assert f"kubectl -n {ns} port-forward pod/tmq-tidalmq-broker-0 9092:9092" in notes
     assert f"kubectl -n {ns} get partitionreassignments -w" in notes
 
@@ -309,6 +315,10 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     assert api.get(ns, "secret", "tmq-tidalmq-object-store")["data"] == secret
     assert api.get(ns, "secret", "tmq-tidalmq-control")["data"] == control
     assert api.get(ns, "statefulset", "tmq-tidalmq-broker")["spec"]["replicas"] == 5
+    assert security_modes(api, ns) == {"tls": True, "sasl": True, "controlTls": True}
+    # and its bootstrap admin (a SCRAM User), kept by upgrades
+    admin = api.get(ns, "user", "tmq-tidalmq-admin")
+    assert admin["spec"]["authentication"]["type"] == "scram-sha-512"
 
     # A bad value never reaches the cluster.
     proc = api.helm("upgrade", release, str(CHART), "--namespace", ns, "--reuse-values",
@@ -386,6 +396,63 @@ def test_an_upgrade_with_unchanged_values_changes_no_pod_template(
     assert changed[broker]["generation"] == installed[broker]["generation"] + 1
     operator = "Deployment/tmq-tidalmq-operator"
     assert changed[operator] == installed[operator], "a broker setting leaves the operator be"
+    api.helm("uninstall", release, "--namespace", ns, "--no-hooks")
+
+
+MODES = "tidalmq.io/security-modes"
+
+
+def security_modes(api: Api, ns: str) -> dict[str, bool]:
+    sts = api.get(ns, "statefulset", "tmq-tidalmq-broker")
+    return dict(json.loads(sts["metadata"]["annotations"][MODES]))
+
+
+@pytest.mark.parametrize(
+    "running",
+    [{"tls": False, "sasl": False, "controlTls": False},
+     {"tls": True, "sasl": True, "controlTls": False}],
+    ids=["plaintext-release", "sasl-ssl-release-without-control-tls"],
+)  # fmt: skip
+def test_auto_keeps_what_a_release_runs_at_an_upgrade(
+    api: Api, ns: str, running: dict[str, bool]
+) -> None:
+    """listeners.*.enabled and controlPlane.tls.enabled default to auto: on at a fresh install,
+    but an upgrade keeps what the release runs (docs/security.md, "Secure by default"). A
+    release installed with explicit values, upgraded with the defaults: read from the
+    StatefulSet's security-modes annotation, then (the annotation removed, as on a release of
+    the chart before auto) from the broker's environment, no pod template changes either time.
+    Explicit values still win at an upgrade."""
+    release = "tmq"
+    common = ["--namespace", ns, "--set", "image.tag=0.1.0-test",
+              "--set", "inClusterObjectStore.enabled=true"]  # fmt: skip
+    explicit = ["--set", f"listeners.tls.enabled={str(running['tls']).lower()}",
+                "--set", f"listeners.sasl.enabled={str(running['sasl']).lower()}",
+                "--set", f"controlPlane.tls.enabled={str(running['controlTls']).lower()}"]  # fmt: skip
+    # no admin User at the install: as on a release of the chart before users.admin
+    api.helm(
+        "install", release, str(CHART), *common, *explicit, "--set", "users.admin.enabled=false"
+    )
+    installed = workloads(api, ns)
+    assert security_modes(api, ns) == running
+
+    api.helm("upgrade", release, str(CHART), *common)  # the defaults: auto
+    assert workloads(api, ns) == installed
+    assert security_modes(api, ns) == running
+
+    api.kubectl("-n", ns, "annotate", "statefulset", "tmq-tidalmq-broker", f"{MODES}-")
+    api.helm("upgrade", release, str(CHART), *common)
+    assert workloads(api, ns) == installed, "read from the broker's environment"
+    assert security_modes(api, ns) == running
+    secrets = set(api.kubectl("-n", ns, "get", "secret", "-o", "name").stdout.split())
+    assert ("secret/tmq-tidalmq-control-tls" in secrets) == running["controlTls"]
+    assert ("secret/tmq-tidalmq-broker-tls" in secrets) == running["tls"]
+    # users.admin.enabled auto never adds an admin credential to a running release
+    names = {u["metadata"]["name"] for u in api.get(ns, "user")["items"]}
+    assert "tmq-tidalmq-admin" not in names, names
+
+    # an explicit value wins over what runs
+    api.helm("upgrade", release, str(CHART), *common, "--set", "controlPlane.tls.enabled=true")
+    assert security_modes(api, ns) == {**running, "controlTls": True}
     api.helm("uninstall", release, "--namespace", ns, "--no-hooks")
 
 
