@@ -1,0 +1,111 @@
+"""Transactions against Apache Kafka with the very programs that check TidalMQ's, so a check
+that passes only on TidalMQ shows up (docs/transactions.md "Tests").
+
+On a 2-broker KRaft cluster of its own (every topic, __transaction_state and __consumer_offsets
+with 2 replicas, min.insync.replicas 1, so one broker can die):
+
+- Kafka's Java transactional producer (bench/kafka/java/TransactionsCheck.java) commits and
+  aborts transactions with sendOffsetsToTransaction, judged as in
+  tests/integration/compat/test_transactions_v2.py.
+- The Jepsen-style checker and the consume-transform-produce copier of
+  tests/support/txn_checker.py (the same run against TidalMQ in
+  tests/integration/compat/test_exactly_once.py) while the broker leading partition 0 of the
+  checked topic is killed with kill -9."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench.kafka.harness import HERE, KafkaCluster, KafkaDist, run_java_client
+from tests.support.txn_checker import (
+    TransactionsWorkload,
+    java_transactions_problems,
+    unique,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
+
+# Few partitions for the internal topics (created on first use, inside the tests' time),
+# transactions past their timeout aborted within half a second (as the TidalMQ run's cluster),
+# and the controller fences a broker that stopped heartbeating after 3 s (default 9 s), so a
+# killed broker's partitions and coordinators move within the test's time
+BROKER_CONFIG = {
+    "transaction.state.log.num.partitions": "4",
+    "offsets.topic.num.partitions": "4",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "500",
+    "broker.heartbeat.interval.ms": "500",
+}
+CONTROLLER_CONFIG = {"broker.session.timeout.ms": "3000"}
+BEFORE_KILL_S = 4.0
+AFTER_KILL_S = 8.0
+JAVA_TRANSACTIONS = 9  # 2, 5 and 8 are aborted
+
+
+@pytest.fixture(scope="module")
+def kafka(
+    tmp_path_factory: pytest.TempPathFactory, apache_kafka_dist: KafkaDist
+) -> Iterator[KafkaCluster]:
+    cluster = KafkaCluster(
+        brokers=2,
+        dir=tmp_path_factory.mktemp("kafka-transactions"),
+        dist=apache_kafka_dist,
+        broker_heap="512m",
+        broker_config=BROKER_CONFIG,
+        controller_config=CONTROLLER_CONFIG,
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def create_topics(bootstrap: str, topics: list[str], partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(t, partitions, 2) for t in topics]).values():
+        f.result(30)
+
+
+def test_java_transactional_producer(kafka: KafkaCluster) -> None:
+    b = kafka.bootstrap
+    topic, tid, group = unique("java-txn"), unique("java-tx"), unique("java-txn-group")
+    create_topics(b, [topic], 2)
+    report = run_java_client(
+        b,
+        topic,
+        tid,
+        str(JAVA_TRANSACTIONS),
+        group,
+        source=HERE / "java" / "TransactionsCheck.java",
+        timeout=120,
+    )
+    assert not java_transactions_problems(report, JAVA_TRANSACTIONS, 2), report
+
+
+def partition_leader(bootstrap: str, topic: str, partition: int) -> int:
+    """The partition's leader, once it has one and both replicas in sync."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 30
+    while True:
+        described = admin.list_topics(topic, timeout=10).topics[topic].partitions[partition]
+        if described.leader >= 0 and len(described.isrs) == 2:
+            return int(described.leader)
+        assert time.monotonic() < deadline, described
+        time.sleep(0.2)
+
+
+def test_transactions_checker_under_a_broker_kill_9(kafka: KafkaCluster) -> None:
+    w = TransactionsWorkload(kafka.bootstrap)
+    create_topics(kafka.bootstrap, w.topics, w.partitions)
+    victim = partition_leader(kafka.bootstrap, w.topic, 0)
+    w.start()
+    time.sleep(BEFORE_KILL_S)
+    kafka.kill_node(victim)  # the other broker has every partition's second replica
+    time.sleep(AFTER_KILL_S)
+    w.stop(kafka.status)
+    w.check()
+    assert not kafka.nodes[victim].running()  # the fault did happen
