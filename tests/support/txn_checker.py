@@ -256,7 +256,7 @@ def history_problems(h: History, got: dict[int, list[bytes]]) -> dict[str, list[
             last[producer] = pos
     known = {v for v, _ in h.committed} | {v for v, _ in h.aborted}
     known |= {v for u in h.unknown for v, _ in u}
-    problems = {
+    problems: dict[str, list[Any]] = {
         "duplicates": sorted(v for v, n in seen.items() if n > 1),
         "lost": sorted(v for v, _ in h.committed if v not in seen),
         "aborted read": sorted(v for v, _ in h.aborted if v in seen),
