@@ -9,8 +9,9 @@ with 2 replicas, min.insync.replicas 1, so one broker can die):
   tests/integration/compat/test_transactions_v2.py.
 - The Jepsen-style checker and the consume-transform-produce copier of
   tests/support/txn_checker.py (the same run against TidalMQ in
-  tests/integration/compat/test_exactly_once.py) while the broker leading partition 0 of the
-  checked topic is killed with kill -9."""
+  tests/integration/compat/test_exactly_once.py) while partition 0 of the checked topic gets
+  a new leader through kafka-reassign-partitions and a preferred election, and then that
+  leader is killed with kill -9."""
 
 from __future__ import annotations
 
@@ -18,9 +19,17 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from confluent_kafka import ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench.kafka.harness import HERE, KafkaCluster, KafkaDist, run_java_client
+from bench.kafka.harness import (
+    HERE,
+    KafkaCluster,
+    KafkaDist,
+    reassign_execute,
+    reassignment_plan,
+    run_java_client,
+)
 from tests.support.txn_checker import (
     TransactionsWorkload,
     java_transactions_problems,
@@ -40,8 +49,9 @@ BROKER_CONFIG = {
     "broker.heartbeat.interval.ms": "500",
 }
 CONTROLLER_CONFIG = {"broker.session.timeout.ms": "3000"}
-BEFORE_KILL_S = 4.0
-AFTER_KILL_S = 8.0
+BEFORE_MOVE_S = 3.0
+BEFORE_KILL_S = 2.0  # after the move
+AFTER_KILL_S = 7.0
 JAVA_TRANSACTIONS = 9  # 2, 5 and 8 are aborted
 
 
@@ -98,17 +108,47 @@ def partition_leader(bootstrap: str, topic: str, partition: int) -> int:
         time.sleep(0.2)
 
 
-def test_transactions_checker_under_a_broker_kill_9(kafka: KafkaCluster) -> None:
+def move_leader(bootstrap: str, topic: str, partition: int) -> int:
+    """Moves the partition's leadership to its other replica: kafka-reassign-partitions puts
+    that replica first (both brokers hold every partition, so a reassignment can only reorder
+    them), then a preferred leader election. Returns the new leader."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    leader = partition_leader(bootstrap, topic, partition)
+    replicas = admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].replicas
+    order = [r for r in replicas if r != leader] + [leader]
+    reassign_execute(bootstrap, reassignment_plan({(topic, partition): order}))
+    deadline = time.monotonic() + 30
+    while True:  # the controller took the new order (no data to copy: it is done at once)
+        described = admin.list_topics(topic, timeout=10).topics[topic].partitions[partition]
+        if list(described.replicas) == order:
+            break
+        assert time.monotonic() < deadline, described
+        time.sleep(0.2)
+    elected = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, partition)])
+    assert all(e is None for e in elected.result(30).values()), elected.result()
+    while (now := partition_leader(bootstrap, topic, partition)) != order[0]:
+        assert time.monotonic() < deadline + 30, now
+        time.sleep(0.2)
+    return now
+
+
+def test_transactions_checker_under_a_move_and_a_broker_kill_9(kafka: KafkaCluster) -> None:
     w = TransactionsWorkload(kafka.bootstrap)
     create_topics(kafka.bootstrap, w.topics, w.partitions)
-    victim = partition_leader(kafka.bootstrap, w.topic, 0)
+    partition_leader(kafka.bootstrap, w.topic, 0)  # both replicas in sync before it starts
     w.start()
+    time.sleep(BEFORE_MOVE_S)
+    at_move = len(w.history.committed)
+    # partition 0's leadership moves in the middle of transactions ...
+    victim = move_leader(kafka.bootstrap, w.topic, 0)
     time.sleep(BEFORE_KILL_S)
-    kafka.kill_node(victim)  # the other broker has every partition's second replica
+    # ... and its new leader is killed with kill -9: it moves back to the other broker, which
+    # holds every partition's second replica, with the coordinators the victim held
+    kafka.kill_node(victim)
     at_kill = len(w.history.committed)
     time.sleep(AFTER_KILL_S)
     w.stop(kafka.status)
     w.check()
-    # the fault did happen, mid-run: transactions were committed before it and after it
+    # the faults did happen, mid-run: transactions were committed before, between and after
     assert not kafka.nodes[victim].running()
-    assert 0 < at_kill < len(w.history.committed), (at_kill, len(w.history.committed))
+    assert 0 < at_move < at_kill < len(w.history.committed), (at_move, at_kill, w.history)
