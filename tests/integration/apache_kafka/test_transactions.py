@@ -133,22 +133,32 @@ def move_leader(bootstrap: str, topic: str, partition: int) -> int:
 
 
 def test_transactions_checker_under_a_move_and_a_broker_kill_9(kafka: KafkaCluster) -> None:
+    t0 = time.monotonic()
+
+    def mark(what: str) -> None:
+        print(f"{time.monotonic() - t0:6.1f} s  {what}")
+
     w = TransactionsWorkload(kafka.bootstrap)
     create_topics(kafka.bootstrap, w.topics, w.partitions)
     partition_leader(kafka.bootstrap, w.topic, 0)  # both replicas in sync before it starts
     w.start()
+    mark("started")
     time.sleep(BEFORE_MOVE_S)
     at_move = len(w.history.committed)
     # partition 0's leadership moves in the middle of transactions ...
     victim = move_leader(kafka.bootstrap, w.topic, 0)
+    mark(f"partition 0 moved to broker {victim}")
     time.sleep(BEFORE_KILL_S)
     # ... and its new leader is killed with kill -9: it moves back to the other broker, which
     # holds every partition's second replica, with the coordinators the victim held
     kafka.kill_node(victim)
     at_kill = len(w.history.committed)
+    mark(f"broker {victim} killed")
     time.sleep(AFTER_KILL_S)
     w.stop(kafka.status)
+    mark("clients stopped")
     w.check()
+    mark("checked")
     # the faults did happen, mid-run: transactions were committed before, between and after
     assert not kafka.nodes[victim].running()
     assert 0 < at_move < at_kill < len(w.history.committed), (at_move, at_kill, w.history)
