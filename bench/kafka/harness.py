@@ -1092,6 +1092,9 @@ class KafkaCluster:
     ``listeners``: more broker listeners beside PLAINTEXT, name -> security protocol (e.g.
     ``{"SSL": "SSL", "SASL_SSL": "SASL_SSL"}``), each on a free port of every broker
     (``listener_bootstrap(name)``); their TLS and SASL settings go in ``broker_config``.
+
+    ``broker_config`` / ``controller_config``: more settings for every broker / controller (a
+    combined node of a 1-broker cluster gets both).
     """
 
     CONTROLLER_ID = 3000
@@ -1105,6 +1108,7 @@ class KafkaCluster:
         broker_heap: str = BROKER_HEAP,
         controller_heap: str = CONTROLLER_HEAP,
         broker_config: Mapping[str, str] | None = None,
+        controller_config: Mapping[str, str] | None = None,
         listeners: Mapping[str, str] | None = None,
         detach: bool = False,
         start_timeout: float = 180.0,
@@ -1118,6 +1122,7 @@ class KafkaCluster:
         self.broker_heap = broker_heap
         self.controller_heap = controller_heap
         self.broker_config = dict(broker_config or {})
+        self.controller_config = dict(controller_config or {})
         self.listeners = dict(listeners or {})
         self.detach = detach
         self.start_timeout = start_timeout
@@ -1233,6 +1238,18 @@ class KafkaCluster:
         self._terminate([self.nodes[node_id]], timeout)
         self._save_state()
 
+    def kill_node(self, node_id: int) -> None:
+        """SIGKILL one node (kill -9: no controlled shutdown, nothing flushed) and reap it;
+        ``start_node`` restarts it on its data."""
+        node = self.nodes[node_id]
+        if node.running():
+            assert node.pid is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(node.pid, signal.SIGKILL)
+        if node.process is not None:
+            node.process.wait()
+        self._save_state()
+
     def start_node(self, node_id: int) -> None:
         """Restart a stopped node on its old ports and data."""
         node = self.nodes[node_id]
@@ -1342,6 +1359,8 @@ class KafkaCluster:
                 "group.initial.rebalance.delay.ms": "0",
                 **self.broker_config,
             }
+        if node.is_controller:
+            config |= self.controller_config
         text = "".join(f"{k}={v}\n" for k, v in config.items())
         node.config_path.write_text(f"# written by bench/kafka/harness.py\n{text}")
 
