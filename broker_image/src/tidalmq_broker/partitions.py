@@ -428,15 +428,27 @@ class PartitionManager:
         name, me = topic.name, self._broker_id
         wishes, open_log = self._wishes, self._engine.get
         config: PartitionConfig | None = None
+        # A wish is immutable and compared by value: the partitions wishing alike (all of a
+        # creation's: epoch 0, nothing stored) share one, not one object each
+        alike: dict[tuple[int, bool, int, int | None], Wish] = {}
+
+        def wish_for(part: PartitionState) -> Wish:
+            nonlocal config
+            key = (part.leader_epoch, part.created, part.end_offset_floor, part.accepted_from)
+            wish = alike.get(key)
+            if wish is None:
+                if config is None:
+                    config = partition_config(topic)
+                wish = alike[key] = Wish.of(topic, part, config)
+            return wish
+
         static = topic.kind == "static"
         if not self._holds(name):
             if static:
                 return  # logic queues have no storage of their own
             for i, part in enumerate(topic.partitions):
                 if part.leader == me:
-                    if config is None:
-                        config = partition_config(topic)
-                    self._adopt(TopicPartition(name, i), Wish.of(topic, part, config))
+                    self._adopt(TopicPartition(name, i), wish_for(part))
             return
         for i, part in enumerate(topic.partitions):
             tp = TopicPartition(name, i)
@@ -444,9 +456,7 @@ class PartitionManager:
                 if tp in wishes or open_log(tp) is not None:
                     self._adopt(tp, None)
                 continue
-            if config is None:
-                config = partition_config(topic)
-            self._adopt(tp, Wish.of(topic, part, config))
+            self._adopt(tp, wish_for(part))
 
     def _adopt(self, tp: TopicPartition, new: Wish | None) -> None:
         old = self._wishes.get(tp)
