@@ -20,6 +20,9 @@ class NoPartitions:
     def partitions(self) -> list[TopicPartition]:
         return []
 
+    def has_topic(self, name: str) -> bool:
+        return False
+
 
 def test_no_metadata_yet_is_not_leader_then_unknown() -> None:
     pm = PartitionManager(NoPartitions(), 0)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tidalmq_core.metadata import ClusterMetadata, DataLoss, PartitionState, TopicInfo
-from tidalmq_core.model import TopicPartition
+from tidalmq_core.model import PartitionMap, TopicPartition
 from tidalmq_core.records import MetadataDelta
 from tidalmq_core.topics import cleanup_policy, config_number, effective_segment_bytes
 
@@ -148,7 +148,8 @@ class PartitionManager:
         self._broker_id = broker_id
         if hasattr(engine, "on_stored"):
             engine.on_stored = self._stored
-        self._wishes: dict[TopicPartition, Wish] = {}
+        # (knows the topics it holds partitions of: see _adopt_topic)
+        self._wishes: PartitionMap[Wish] = PartitionMap()
         # wishes changed since take_changed (None: all of them, after a snapshot or a release)
         self._wishes_changed: set[TopicPartition] | None = None
         self._known_topics: dict[str, int] = {}  # name -> partition count, last snapshot
@@ -366,7 +367,7 @@ class PartitionManager:
         """Adopt the wishes of a snapshot and wake the workers of every affected partition."""
         if self._stopping:
             return
-        wishes: dict[TopicPartition, Wish] = {}
+        wishes: PartitionMap[Wish] = PartitionMap()
         for topic in meta.topics.values():
             if topic.kind == "static":
                 continue  # logic queues have no storage of their own: their physical queues do
@@ -399,6 +400,8 @@ class PartitionManager:
                 self._known_topics[name] = walked[name] = len(topic.partitions)
                 self._adopt_topic(topic)
         for name, info in delta.removed_topics.items():  # as they were, beyond what exists now
+            if not self._holds(name):
+                continue  # none of its partitions is wished or open here
             for i in range(walked.get(name, 0), len(info.partitions)):
                 self._adopt(TopicPartition(name, i), None)
         for tp in delta.partitions:
@@ -414,21 +417,46 @@ class PartitionManager:
                 wish = Wish.of(topic, part, partition_config(topic))
             self._adopt(tp, wish)
 
+    def _holds(self, name: str) -> bool:
+        """Whether a partition of topic `name` is wished or open here (O(1))."""
+        return self._wishes.has_topic(name) or self._engine.has_topic(name)
+
     def _adopt_topic(self, topic: TopicInfo) -> None:
-        """Every partition of a created, replaced or grown topic (as it is now)."""
+        """Every partition of a created, replaced or grown topic (as it is now). When none of
+        its partitions is wished or open here (a creation), only those this broker leads are
+        looked at: for the others there is nothing to give up, and nothing is woken."""
         name, me = topic.name, self._broker_id
         wishes, open_log = self._wishes, self._engine.get
         config: PartitionConfig | None = None
+        # A wish is immutable and compared by value: the partitions wishing alike (all of a
+        # creation's: epoch 0, nothing stored) share one, not one object each
+        alike: dict[tuple[int, bool, int, int | None], Wish] = {}
+
+        def wish_for(part: PartitionState) -> Wish:
+            nonlocal config
+            key = (part.leader_epoch, part.created, part.end_offset_floor, part.accepted_from)
+            wish = alike.get(key)
+            if wish is None:
+                if config is None:
+                    config = partition_config(topic)
+                wish = alike[key] = Wish.of(topic, part, config)
+            return wish
+
         static = topic.kind == "static"
+        if not self._holds(name):
+            if static:
+                return  # logic queues have no storage of their own
+            for i, part in enumerate(topic.partitions):
+                if part.leader == me:
+                    self._adopt(TopicPartition(name, i), wish_for(part))
+            return
         for i, part in enumerate(topic.partitions):
             tp = TopicPartition(name, i)
             if static or part.leader != me:
                 if tp in wishes or open_log(tp) is not None:
                     self._adopt(tp, None)
                 continue
-            if config is None:
-                config = partition_config(topic)
-            self._adopt(tp, Wish.of(topic, part, config))
+            self._adopt(tp, wish_for(part))
 
     def _adopt(self, tp: TopicPartition, new: Wish | None) -> None:
         old = self._wishes.get(tp)
@@ -444,7 +472,7 @@ class PartitionManager:
     def release_all(self) -> None:
         """Give up every partition (this broker was fenced): close them, keep topic data."""
         touched = set(self._wishes) | set(self._engine.partitions())
-        self._wishes = {}
+        self._wishes = PartitionMap()
         self._wishes_changed = None
         for tp in touched:
             self._wake(tp)

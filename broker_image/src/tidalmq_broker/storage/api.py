@@ -427,6 +427,10 @@ class StreamEngine(Protocol):
 
     def partitions(self) -> list[TopicPartition]: ...
 
+    def has_topic(self, name: str) -> bool:
+        """Whether any partition of topic `name` is open here (O(1))."""
+        ...
+
     def take_changed(self) -> set[TopicPartition]:
         """Partitions opened, closed or whose high watermark advanced since the last call."""
         ...

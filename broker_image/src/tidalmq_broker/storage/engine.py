@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from tidalmq_core.model import TopicPartition
+from tidalmq_core.model import PartitionMap, TopicPartition
 
 from tidalmq_broker.storage import keys, metrics
 from tidalmq_broker.storage.aborted_txns import AbortedTxns
@@ -123,7 +123,7 @@ class ObjectStreamEngine:
         self._lease_check = lease_check
         self._on_fenced = on_fenced
         self._owns_store = owns_store
-        self._partitions: dict[TopicPartition, Partition] = {}
+        self._partitions: PartitionMap[Partition] = PartitionMap()
         # which open partitions each upkeep pass looks at next (changed or due; upkeep.py)
         self.upkeep: UpkeepSchedule[Partition] = UpkeepSchedule()
         # partitions opened, closed or whose high watermark advanced since the broker last
@@ -365,6 +365,10 @@ class ObjectStreamEngine:
     def partitions(self) -> list[TopicPartition]:
         """The partitions open here (in no particular order)."""
         return list(self._partitions)
+
+    def has_topic(self, name: str) -> bool:
+        """Whether any partition of topic `name` is open here (O(1))."""
+        return self._partitions.has_topic(name)
 
     async def open_partition(
         self,

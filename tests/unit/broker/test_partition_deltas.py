@@ -1,0 +1,147 @@
+"""[M1] A broker applies a topic's creation or deletion in O(the partitions it leads there).
+
+Creating a topic of N partitions on B brokers used to make, on every broker, a TopicPartition
+and two lookups for each of the N partitions (to find the ones wished or open here that must be
+given up); when no partition of the topic is wished or open on the broker (a creation, a topic
+it leads nothing of), only the partitions it leads are looked at (`PartitionMap.has_topic`).
+The work is counted (function calls, sys.setprofile), not timed. The other tests check that
+what must be given up still is: a replaced or deleted topic's open partitions are closed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import FrameType
+
+from tidalmq_broker.partitions import PartitionManager
+from tidalmq_broker.storage.api import StorageConfig
+from tidalmq_broker.storage.engine import ObjectStreamEngine
+from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
+from tidalmq_core.model import PartitionMap, TopicPartition
+from tidalmq_core.records import (
+    MetadataDelta,
+    apply_batch,
+    topic_record,
+    topic_removed_record,
+)
+
+LED_HERE = 10
+
+
+def led_by(partitions: int, here: set[int]) -> list[PartitionState]:
+    """Broker 0 leads the partitions in `here`, broker 1 the others."""
+    return [
+        PartitionState(
+            leader=0 if i in here else 1, leader_epoch=0, replicas=[0 if i in here else 1]
+        )
+        for i in range(partitions)
+    ]
+
+
+def count_calls(manager: PartitionManager, meta: ClusterMetadata, delta: MetadataDelta) -> int:
+    calls = 0
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal calls
+        if event in ("call", "c_call"):
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        manager.apply_delta(meta, delta)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+async def test_creation_and_deletion_cost_the_partitions_led_here(tmp_path: Path) -> None:
+    work: dict[int, tuple[int, int]] = {}
+    for n in (1_000, 50_000):
+        engine = ObjectStreamEngine(
+            LocalDirObjectStore(tmp_path / f"objects-{n}"), 0, StorageConfig()
+        )
+        await engine.start()
+        manager = PartitionManager(engine, 0)
+        try:
+            meta = ClusterMetadata(cluster_id="c", version=1)
+            manager.apply(meta)
+            here = set(range(0, n, n // LED_HERE))
+            topic = TopicInfo("orders", "id-orders", led_by(n, here))
+            delta = apply_batch(meta, [topic_record(topic)], 2)
+            created = count_calls(manager, meta, delta)
+            assert await manager.wait_settled(60)
+            assert sorted(engine.partitions()) == sorted(TopicPartition("orders", i) for i in here)
+            # a topic this broker leads nothing of, deleted
+            other = TopicInfo("payments", "id-payments", led_by(n, set()))
+            apply_batch(meta, [topic_record(other)], 3)
+            delta = apply_batch(meta, [topic_removed_record("payments")], 4)
+            deleted = count_calls(manager, meta, delta)
+            work[n] = (created, deleted)
+        finally:
+            await manager.stop()
+            await engine.stop()
+    (small_created, small_deleted), (large_created, large_deleted) = work[1_000], work[50_000]
+    # one call per partition of the topic would be 49,000 more
+    assert large_created <= small_created + 100, work
+    assert large_deleted <= small_deleted + 100, work
+
+
+async def test_replaced_and_deleted_topics_still_close_what_is_open_here(tmp_path: Path) -> None:
+    engine = ObjectStreamEngine(LocalDirObjectStore(tmp_path / "objects"), 0, StorageConfig())
+    await engine.start()
+    manager = PartitionManager(engine, 0)
+    try:
+        meta = ClusterMetadata(cluster_id="c", version=1)
+        manager.apply(meta)
+
+        def update(*records: dict[str, object]) -> None:
+            manager.apply_delta(meta, apply_batch(meta, list(records), meta.version + 1))
+
+        def open_here(name: str) -> list[int]:
+            return sorted(tp.partition for tp in engine.partitions() if tp.topic == name)
+
+        update(topic_record(TopicInfo("orders", "id-1", led_by(100, {1, 2, 3}))))
+        assert await manager.wait_settled(30)
+        assert open_here("orders") == [1, 2, 3]
+        # replaced by a new incarnation this broker leads only partition 2 of (and which is
+        # shorter: partition 3 no longer exists)
+        update(topic_record(TopicInfo("orders", "id-2", led_by(3, {2}))))
+        assert await manager.wait_settled(30)
+        assert open_here("orders") == [2]
+        assert engine.get(TopicPartition("orders", 2)).topic_id == "id-2"  # type: ignore[union-attr]
+        # deleted, and at once created again (the deletion's closes under way) led elsewhere
+        update(topic_removed_record("orders"))
+        update(topic_record(TopicInfo("orders", "id-3", led_by(10, set()))))
+        assert await manager.wait_settled(30)
+        assert open_here("orders") == []
+        assert manager.leading_count() == 0
+    finally:
+        await manager.stop()
+        await engine.stop()
+
+
+def test_partition_map_knows_its_topics() -> None:
+    m: PartitionMap[int] = PartitionMap()
+    a0, a1, b0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
+    m[a0] = 1
+    m[a0] = 2  # replaced: still one partition of a
+    m[a1] = 3
+    m.setdefault(b0, 4)
+    assert m.has_topic("a") and m.has_topic("b") and not m.has_topic("c")
+    del m[a0]
+    assert m.has_topic("a")
+    assert m.pop(a1) == 3
+    assert m.pop(a1, None) is None
+    assert not m.has_topic("a")
+    m.update({a0: 5})
+    m |= {a1: 6}
+    assert m.has_topic("a") and dict(m) == {a0: 5, a1: 6, b0: 4}
+    m.popitem()
+    m.popitem()
+    m.popitem()
+    assert not m and not m.has_topic("a") and not m.has_topic("b")
+    m[b0] = 7
+    m.clear()
+    assert not m.has_topic("b")
