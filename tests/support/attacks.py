@@ -149,12 +149,15 @@ class Opened:
 CONNECT_WAIT_S = 10.0
 
 
-async def connect_retrying(port: int, source: str, opened: Opened) -> socket.socket:
+async def connect_retrying(
+    port: int, source: str, opened: Opened, *, rcvbuf: int = 0
+) -> socket.socket:
     """connect(), tried again on a new socket if not established within CONNECT_WAIT_S (counted
-    in `opened.connect_retries`), as a Kafka client reconnects."""
+    in `opened.connect_retries`), as a Kafka client reconnects. Every attack that opens many
+    connections uses it: a connect left to the kernel's SYN backoff can wait minutes."""
     for attempt in range(3):
         try:
-            return await asyncio.wait_for(connect(port, source), CONNECT_WAIT_S)
+            return await asyncio.wait_for(connect(port, source, rcvbuf=rcvbuf), CONNECT_WAIT_S)
         except TimeoutError:
             if attempt == 2:
                 raise
@@ -218,7 +221,7 @@ async def announcers(port: int, n: int, announced: int, sources: list[str]) -> O
     header = struct.pack(">ihhi", announced, 0, 9, 1)
     loop = asyncio.get_running_loop()
     for i in range(n):
-        sock = await connect(port, sources[i % len(sources)])
+        sock = await connect_retrying(port, sources[i % len(sources)], opened)
         await loop.sock_sendall(sock, header)
         opened.sockets.append(sock)
     return opened
@@ -228,7 +231,7 @@ async def slowloris(port: int, n: int, seconds: float, sources: list[str]) -> Op
     """`n` connections sending one byte a second of a frame announcing 1 MiB, for `seconds`."""
     opened = Opened()
     for i in range(n):
-        opened.sockets.append(await connect(port, sources[i % len(sources)]))
+        opened.sockets.append(await connect_retrying(port, sources[i % len(sources)], opened))
     frame = struct.pack(">ihhi", 1 << 20, 0, 9, 7) + b"\x00" * 64
     loop = asyncio.get_running_loop()
     for second in range(int(seconds)):
@@ -267,7 +270,7 @@ async def never_reading_fetchers(
     loop = asyncio.get_running_loop()
     requests = b"".join(fetch_request(topic, max_bytes, c) for c in range(pipelined))
     for i in range(n):
-        sock = await connect(port, sources[i % len(sources)], rcvbuf=16 * 1024)
+        sock = await connect_retrying(port, sources[i % len(sources)], opened, rcvbuf=16 * 1024)
         await loop.sock_sendall(sock, requests)
         opened.sockets.append(sock)
     return opened
@@ -283,7 +286,7 @@ async def tls_never_reading_fetchers(
     opened = Opened()
     requests = b"".join(fetch_request(topic, max_bytes, c) for c in range(pipelined))
     for i in range(n):
-        sock = await connect(port, sources[i % len(sources)], rcvbuf=16 * 1024)
+        sock = await connect_retrying(port, sources[i % len(sources)], opened, rcvbuf=16 * 1024)
         _, writer = await asyncio.open_connection(sock=sock, ssl=context,
                                                   server_hostname="localhost")  # fmt: skip
         writer.write(requests)
