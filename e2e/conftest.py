@@ -44,6 +44,7 @@ from e2e.kube import (
     run,
     script_settings,
 )
+from e2e.tidalmq_release import addon_image
 
 # the process ends with the session even if a test left a client thread running
 pytest_plugins = ["tests.support.exit_guard"]
@@ -397,3 +398,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"(written to {path})")
     except OSError as exc:
         terminalreporter.write_line(f"(could not write {path}: {exc})")
+
+
+@pytest.fixture(scope="module")
+def minio(cluster: Cluster) -> str:
+    """The in-cluster MinIO image (built and loaded once the cluster is up), for the modules
+    whose releases store their data in it."""
+    return addon_image("minio")
+
+
+@pytest.fixture(scope="module")
+def prometheus_image(cluster: Cluster) -> str:
+    """The Prometheus add-on image (e2e/prometheus.py deploys it)."""
+    return addon_image("prometheus")

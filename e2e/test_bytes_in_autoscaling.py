@@ -26,7 +26,6 @@ from e2e.producing import RecordLoad
 from e2e.prometheus import prometheus_manifests
 from e2e.tidalmq_release import (
     STS,
-    addon_image,
     bootstrap,
     installed_release,
     ready,
@@ -35,16 +34,6 @@ from e2e.tidalmq_release import (
 
 METRIC = "tidalmq_broker_bytes_in_per_second"
 RECORD_BYTES = 256 * 1024  # large records: a few requests per second carry MiBs
-
-
-@pytest.fixture(scope="module")
-def minio(cluster: Cluster) -> str:
-    return addon_image("minio")
-
-
-@pytest.fixture(scope="module")
-def prometheus_image(cluster: Cluster) -> str:
-    return addon_image("prometheus")
 
 
 QUANTITY = re.compile(r"^([0-9.]+)(m|k|M|G|Ki|Mi|Gi)?$")

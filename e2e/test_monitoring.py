@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Producer
 
 from e2e.kube import Cluster, RecordFigure, wait_until
 from e2e.prometheus import SCRAPE, prometheus_manifests, prometheus_url
-from e2e.tidalmq_release import addon_image, bootstrap, installed_release, ready, topic_status
+from e2e.tidalmq_release import bootstrap, installed_release, ready, topic_status
 from observability.generate import OUT
 from tests.support.monitoring_queries import (
     check_queries,
@@ -40,16 +40,6 @@ GROUP = "dashboards"
 # $__rate_interval: Grafana makes it at least four scrape intervals (20 s at 5 s); 30 s, as the
 # bytes-in adapter's window, keeps two samples in it when a scrape lands late on a busy node
 RATE_INTERVAL = "30s"
-
-
-@pytest.fixture(scope="module")
-def minio(cluster: Cluster) -> str:
-    return addon_image("minio")
-
-
-@pytest.fixture(scope="module")
-def prometheus_image(cluster: Cluster) -> str:
-    return addon_image("prometheus")
 
 
 def leaders(cluster: Cluster, ns: str) -> dict[int, int]:

@@ -55,7 +55,6 @@ from e2e.tidalmq_release import (
     PLAINTEXT_LISTENER,
     RELEASE,
     STS,
-    addon_image,
     bootstrap,
     bootstrap_service,
     broker_pods,
@@ -89,11 +88,6 @@ KEPT_AFTER_UNINSTALL = {
 }
 # Namespaced objects Kubernetes itself puts in every namespace.
 BUILT_IN = {("serviceaccounts", "default"), ("configmaps", "kube-root-ca.crt")}
-
-
-@pytest.fixture(scope="module")
-def minio(cluster: Cluster) -> str:
-    return addon_image("minio")
 
 
 # ------------------------------------------------------------------------------ helpers

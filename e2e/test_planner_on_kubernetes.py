@@ -23,7 +23,6 @@ from e2e.kube import Cluster, wait_until
 from e2e.producing import RecordLoad
 from e2e.prometheus import prometheus_manifests, prometheus_url
 from e2e.tidalmq_release import (
-    addon_image,
     bootstrap,
     installed_release,
     ready,
@@ -39,16 +38,6 @@ RATE_WINDOW_S = 30
 # History of the skewed load Prometheus holds before the plan is asked for: past two rate
 # windows, so the rate measured before the plan is all skewed load.
 SKEWED_HISTORY_S = 60
-
-
-@pytest.fixture(scope="module")
-def minio(cluster: Cluster) -> str:
-    return addon_image("minio")
-
-
-@pytest.fixture(scope="module")
-def prometheus_image(cluster: Cluster) -> str:
-    return addon_image("prometheus")
 
 
 def prometheus_query(url: str, query: str) -> list[dict[str, Any]]:

@@ -30,7 +30,6 @@ from confluent_kafka.admin import AdminClient
 from e2e.kube import Cluster, wait_until
 from e2e.tidalmq_release import (
     FULL,
-    addon_image,
     bootstrap,
     installed_release,
     ready,
@@ -41,11 +40,6 @@ pytestmark = pytest.mark.timeout(1200)
 
 TOPIC = "orders"
 HIDDEN = "payroll"
-
-
-@pytest.fixture(scope="module")
-def minio(cluster: Cluster) -> str:
-    return addon_image("minio")
 
 
 def secret_data(cluster: Cluster, ns: str, name: str) -> dict[str, str]:

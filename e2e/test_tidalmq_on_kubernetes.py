@@ -39,7 +39,6 @@ from e2e.tidalmq_release import (
     CHART,
     RELEASE,
     STS,
-    addon_image,
     bootstrap,
     broker_pods,
     installed_release,
@@ -52,11 +51,6 @@ PARTITIONS = 24
 SCALE_IN_P99_TARGET_S = 1.0  # the target
 SCALE_IN_P99_BOUND_S = 5.0  # asserted: catches regressions on a loaded 2-core CI machine
 READY_TO_SERVING_TARGET_S = 5.0  # the target for 24 partitions, asserted
-
-
-@pytest.fixture(scope="module")
-def minio(cluster: Cluster) -> str:
-    return addon_image("minio")
 
 
 @pytest.fixture
