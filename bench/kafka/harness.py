@@ -1031,6 +1031,12 @@ class KafkaNode:
             return self.process.poll() is None
         return self.pid is not None and _pid_runs(self.pid, self.config_path)
 
+    def send_signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to the node's process; one that has just exited is no error."""
+        assert self.pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id,
@@ -1243,9 +1249,7 @@ class KafkaCluster:
         ``start_node`` restarts it on its data."""
         node = self.nodes[node_id]
         if node.running():
-            assert node.pid is not None
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(node.pid, signal.SIGKILL)
+            node.send_signal(signal.SIGKILL)
         if node.process is not None:
             node.process.wait()
         self._save_state()
@@ -1475,17 +1479,13 @@ class KafkaCluster:
     def _terminate(self, nodes: Sequence[KafkaNode], timeout: float) -> None:
         live = [n for n in nodes if n.running()]
         for node in live:
-            assert node.pid is not None
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(node.pid, signal.SIGTERM)
+            node.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for node in live:
             while node.running() and time.monotonic() < deadline:
                 time.sleep(0.1)
             if node.running():
-                assert node.pid is not None
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(node.pid, signal.SIGKILL)
+                node.send_signal(signal.SIGKILL)
             if node.process is not None:
                 node.process.wait()
 
