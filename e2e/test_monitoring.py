@@ -20,7 +20,6 @@ import json
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer
 
 from e2e.kube import Cluster, RecordFigure, wait_until
 from e2e.prometheus import SCRAPE, prometheus_manifests, prometheus_url
@@ -29,6 +28,7 @@ from observability.generate import OUT
 from tests.support.monitoring_queries import (
     check_queries,
     evaluate,
+    lagging_group,
     rule_failures,
     rules,
     targets,
@@ -52,23 +52,7 @@ def traffic(cluster: Cluster, ns: str) -> None:
                               "metadata": {"name": TOPIC}, "spec": {"partitions": 2}}), ns)  # fmt: skip
     wait_until("Topic Ready", lambda: ready(topic_status(cluster, ns, TOPIC)), timeout=180)
     servers = bootstrap(cluster, ns)
-    producer = Producer({"bootstrap.servers": servers, "linger.ms": 5})
-    for i in range(200):
-        producer.produce(TOPIC, b"x" * 100, partition=i % 2)
-    assert producer.flush(60) == 0
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": GROUP,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
-    consumer.subscribe([TOPIC])
-    seen = 0
-    deadline = time.monotonic() + 60
-    while seen < 100 and time.monotonic() < deadline:
-        seen += len(consumer.consume(100, timeout=1))
-    assert seen >= 100, seen
-    consumer.commit(asynchronous=False)
-    consumer.close()
-    for i in range(50):  # produced after the commit: the group lags
-        producer.produce(TOPIC, b"y" * 100, partition=i % 2)
-    assert producer.flush(60) == 0
+    lagging_group(servers, TOPIC, GROUP, 60)
     target = 1 - leaders(cluster, ns)[0]  # the brokers are 0 and 1 (their pods' ordinals)
     cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
                               "metadata": {"name": "move-monitored"},

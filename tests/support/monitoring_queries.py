@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
+
+from confluent_kafka import Consumer, Producer
 
 from observability.alerts import ALERTS
 from observability.dashboards import ALL
@@ -28,6 +31,28 @@ from observability.panels import queries_of
 
 METRIC = re.compile(r"\b((?:tidalmq|kube)_[a-z0-9_]+)\b")
 LABEL_VALUES = re.compile(r"^label_values\((\w+), (\w+)\)$")
+
+
+def lagging_group(bootstrap: str, topic: str, group: str, timeout_s: float) -> None:
+    """Traffic the dashboards show: 200 records into `topic`'s two partitions, `group` reads at
+    least 100 and commits, then 50 more arrive, so the group's committed offsets lag the end."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(200):
+        producer.produce(topic, b"x" * 100, partition=i % 2)
+    assert producer.flush(timeout_s) == 0
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    consumer.subscribe([topic])
+    seen = 0
+    deadline = time.monotonic() + timeout_s
+    while seen < 100 and time.monotonic() < deadline:
+        seen += len(consumer.consume(100, timeout=1))
+    assert seen >= 100, seen
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    for i in range(50):  # produced after the commit: the group lags
+        producer.produce(topic, b"y" * 100, partition=i % 2)
+    assert producer.flush(timeout_s) == 0
 
 
 def runnable(expr: str, rate_interval: str) -> str:

@@ -15,13 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from observability.alerts import ALERTS
 from observability.generate import OUT
 from tests.support.local_cluster import LocalClusterProcess
-from tests.support.monitoring_queries import check_queries, rule_failures, rules
+from tests.support.monitoring_queries import check_queries, lagging_group, rule_failures, rules
 from tests.support.prometheus_server import PrometheusServer, prometheus_binary, prometheus_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -45,23 +44,7 @@ def traffic(cluster: LocalClusterProcess) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(30)
     cluster.wait_settled()
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
-    for i in range(200):
-        producer.produce(TOPIC, b"x" * 100, partition=i % 2)
-    assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "dashboards",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
-    consumer.subscribe([TOPIC])
-    seen = 0
-    deadline = time.monotonic() + 30
-    while seen < 100 and time.monotonic() < deadline:
-        seen += len(consumer.consume(100, timeout=1))
-    assert seen >= 100
-    consumer.commit(asynchronous=False)
-    consumer.close()
-    for i in range(50):  # produced after the commit: the group lags
-        producer.produce(TOPIC, b"y" * 100, partition=i % 2)
-    assert producer.flush(30) == 0
+    lagging_group(cluster.bootstrap, TOPIC, "dashboards", 30)
     leader = cluster.leaders(TOPIC)[0]
     cluster.reassign({(TOPIC, 0): 1 - leader})
     cluster.wait_settled()
