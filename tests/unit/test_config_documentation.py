@@ -32,7 +32,8 @@ from tests.unit.test_kafka_api_gaps import CLUSTER, allow, broker
 TOPIC, BROKER = 2, 4
 
 
-async def _describe(b: Any, kind: int, name: str, *, documented: bool) -> dict[str, Any]:
+async def _configs(b: Any, kind: int, name: str, *, documented: bool) -> list[dict[str, Any]]:
+    """The configs DescribeConfigs v4 returns for one resource (without synonyms)."""
     answer = await call(
         b,
         32,
@@ -47,7 +48,14 @@ async def _describe(b: Any, kind: int, name: str, *, documented: bool) -> dict[s
     )
     (result,) = answer["results"]
     assert result["error_code"] == 0, result
-    return {c["name"]: c["documentation"] for c in result["configs"]}
+    configs: list[dict[str, Any]] = result["configs"]
+    return configs
+
+
+async def _describe(b: Any, kind: int, name: str, *, documented: bool) -> dict[str, Any]:
+    return {
+        c["name"]: c["documentation"] for c in await _configs(b, kind, name, documented=documented)
+    }
 
 
 async def test_topic_configs_are_documented_only_when_asked() -> None:
@@ -114,21 +122,10 @@ _OTHER_DEFAULT = re.compile(r"(?i)\bdefault(?!: |\.[a-z])")
 
 async def _described(b: Any, kind: int, name: str) -> dict[str, tuple[str | None, str]]:
     """{config: (value, documentation)} as a fresh broker describes `name`."""
-    answer = await call(
-        b,
-        32,
-        4,
-        {
-            "resources": [
-                {"resource_type": kind, "resource_name": name, "configuration_keys": None}
-            ],
-            "include_synonyms": False,
-            "include_documentation": True,
-        },
-    )
-    (result,) = answer["results"]
-    assert result["error_code"] == 0, result
-    return {c["name"]: (c["value"], c["documentation"]) for c in result["configs"]}
+    return {
+        c["name"]: (c["value"], c["documentation"])
+        for c in await _configs(b, kind, name, documented=True)
+    }
 
 
 def _stated_defaults(docs: dict[str, str]) -> dict[str, str]:
