@@ -11,10 +11,10 @@ import base64
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from tidalmq_core.acls import AclBinding, acls_from, acls_json
-from tidalmq_core.model import TopicPartition
+from tidalmq_core.model import IndexedDict, TopicPartition
 from tidalmq_core.scram import ScramCredential
 from tidalmq_core.static_mapping import StaticTopicState
 from tidalmq_core.topics import (
@@ -377,10 +377,7 @@ class TopicInfo:
         )
 
 
-_MISSING: Any = object()
-
-
-class TopicTable(dict[str, TopicInfo]):
+class TopicTable(IndexedDict[str, TopicInfo]):
     """`ClusterMetadata.topics`: topics by name, with an index of their names by topic id that
     every change to the table keeps (a topic set, replaced, deleted; the table built or cleared),
     so `by_id` is O(1) and never stale: a deleted topic's id finds nothing, a topic re-created
@@ -393,18 +390,17 @@ class TopicTable(dict[str, TopicInfo]):
     uuid4); should two topics share one anyway, the id finds one of them until both are gone."""
 
     def __init__(self, topics: Mapping[str, TopicInfo] | Iterable[tuple[str, TopicInfo]] = ()):
-        super().__init__(topics)
         self._names: dict[str, str] = {}  # topic id -> the name holding it
         self._shared: dict[str, list[str]] = {}  # topic id -> the other names holding it
-        for name, topic in dict.items(self):
-            self._index(name, topic.topic_id)
+        super().__init__(topics)
 
-    def _index(self, name: str, topic_id: str) -> None:
-        holder = self._names.setdefault(topic_id, name)
+    def _index(self, name: str, topic: TopicInfo) -> None:
+        holder = self._names.setdefault(topic.topic_id, name)
         if holder != name:
-            self._shared.setdefault(topic_id, []).append(name)
+            self._shared.setdefault(topic.topic_id, []).append(name)
 
-    def _unindex(self, name: str, topic_id: str) -> None:
+    def _unindex(self, name: str, topic: TopicInfo) -> None:
+        topic_id = topic.topic_id
         others = self._shared.get(topic_id)
         if self._names.get(topic_id) == name:
             if others:
@@ -415,6 +411,14 @@ class TopicTable(dict[str, TopicInfo]):
             others.remove(name)
         if others is not None and not others:
             del self._shared[topic_id]
+
+    def _replaced(self, name: str, old: TopicInfo, new: TopicInfo) -> None:
+        if old.topic_id != new.topic_id:  # the same id: the index holds it already
+            super()._replaced(name, old, new)
+
+    def _clear_index(self) -> None:
+        self._names.clear()
+        self._shared.clear()
 
     def by_id(self, topic_id: str) -> TopicInfo | None:
         """The topic with this id (its canonical UUID string), or None."""
@@ -435,59 +439,6 @@ class TopicTable(dict[str, TopicInfo]):
     def indexed_ids(self) -> dict[str, str]:
         """The index as it stands (topic id -> a name holding it): for checks."""
         return dict(self._names)
-
-    def __setitem__(self, name: str, topic: TopicInfo) -> None:
-        old = dict.get(self, name)
-        dict.__setitem__(self, name, topic)
-        if old is not None:
-            if old.topic_id == topic.topic_id:
-                return
-            self._unindex(name, old.topic_id)
-        self._index(name, topic.topic_id)
-
-    def __delitem__(self, name: str) -> None:
-        topic = dict.pop(self, name)
-        self._unindex(name, topic.topic_id)
-
-    def pop(self, name: str, default: Any = _MISSING) -> Any:
-        if dict.__contains__(self, name):
-            topic = dict.pop(self, name)
-            self._unindex(name, topic.topic_id)
-            return topic
-        if default is _MISSING:
-            raise KeyError(name)
-        return default
-
-    def popitem(self) -> tuple[str, TopicInfo]:
-        name, topic = dict.popitem(self)
-        self._unindex(name, topic.topic_id)
-        return name, topic
-
-    def setdefault(self, name: str, default: Any = None) -> Any:
-        if not dict.__contains__(self, name):
-            self[name] = default
-        return dict.__getitem__(self, name)
-
-    def update(self, *args: Any, **kwargs: TopicInfo) -> None:
-        for name, topic in dict(*args, **kwargs).items():
-            self[name] = topic
-
-    # dict's own |= would bypass the index. Its stub ties __ior__ to __or__'s overloads (a
-    # plain dict, left as it is), which no override returning the table satisfies.
-    def __ior__(self, other: Any) -> Self:  # type: ignore[override,misc]
-        self.update(other)
-        return self
-
-    def clear(self) -> None:
-        dict.clear(self)
-        self._names.clear()
-        self._shared.clear()
-
-    def copy(self) -> TopicTable:
-        return TopicTable(self)
-
-    def __reduce__(self) -> tuple[Any, ...]:  # copy.copy, copy.deepcopy and pickle rebuild it
-        return (type(self), (dict(self),))
 
 
 # Kafka's feature names and the levels this code supports (ApiVersions' supported_features),

@@ -10,6 +10,8 @@ what must be given up still is: a replaced or deleted topic's open partitions ar
 
 from __future__ import annotations
 
+import copy
+import pickle
 import sys
 from pathlib import Path
 from types import FrameType
@@ -145,3 +147,17 @@ def test_partition_map_knows_its_topics() -> None:
     m[b0] = 7
     m.clear()
     assert not m.has_topic("b")
+
+
+def test_a_copied_partition_map_has_its_own_count() -> None:
+    """Copies (copy, deepcopy, pickle, .copy()) rebuild the per-topic count from the entries:
+    changing a copy leaves the original's `has_topic` as it was, and the reverse."""
+    m: PartitionMap[int] = PartitionMap()
+    a0, b0 = TopicPartition("a", 0), TopicPartition("b", 0)
+    m[a0] = 1
+    for made in (copy.copy(m), copy.deepcopy(m), pickle.loads(pickle.dumps(m)), m.copy()):
+        assert isinstance(made, PartitionMap) and dict(made) == {a0: 1}
+        del made[a0]
+        made[b0] = 2
+        assert not made.has_topic("a") and made.has_topic("b")
+        assert m.has_topic("a") and not m.has_topic("b"), "the copy's change is its own"
