@@ -74,32 +74,78 @@ def bindings(count: int) -> list[AclBinding]:
     """`count` bindings of other principals and topics (a tenth PREFIXED), and the two that
     let alice write and read the benchmark's topic."""
     out = [
-        AclBinding(ResourceType.TOPIC, f"team{i}-" if i % 10 == 0 else f"topic-{i}",
-                   PatternType.PREFIXED if i % 10 == 0 else PatternType.LITERAL,
-                   f"User:user{i}", "*", AclOperation.WRITE, PermissionType.ALLOW)
+        AclBinding(
+            ResourceType.TOPIC,
+            f"team{i}-" if i % 10 == 0 else f"topic-{i}",
+            PatternType.PREFIXED if i % 10 == 0 else PatternType.LITERAL,
+            f"User:user{i}",
+            "*",
+            AclOperation.WRITE,
+            PermissionType.ALLOW,
+        )
         for i in range(count)
-    ]  # fmt: skip
+    ]
     for op in (AclOperation.WRITE, AclOperation.READ):
-        out.append(AclBinding(ResourceType.TOPIC, TOPIC, PatternType.LITERAL, PRINCIPAL, "*", op,
-                              PermissionType.ALLOW))  # fmt: skip
+        out.append(
+            AclBinding(
+                ResourceType.TOPIC,
+                TOPIC,
+                PatternType.LITERAL,
+                PRINCIPAL,
+                "*",
+                op,
+                PermissionType.ALLOW,
+            )
+        )
     return out
 
 
 def frames() -> tuple[bytes, bytes]:
     batch = build_batch([(b"key", b"v" * 1000)])
-    produce = encode_request(0, 9, 1, {
-        "transactional_id": None, "acks": -1, "timeout": 30000,
-        "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": batch}]}],
-    }, client_id="bench")[4:]  # fmt: skip
-    fetch = encode_request(1, 12, 2, {
-        "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
-        "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-        "topics": [{"topic": TOPIC, "partitions": [{
-            "partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
-            "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": 1 << 20,
-        }]}],
-        "forgotten_topics_data": [], "rack_id": "",
-    }, client_id="bench")[4:]  # fmt: skip
+    produce = encode_request(
+        0,
+        9,
+        1,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": 30000,
+            "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": batch}]}],
+        },
+        client_id="bench",
+    )[4:]
+    fetch = encode_request(
+        1,
+        12,
+        2,
+        {
+            "replica_id": -1,
+            "max_wait": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": [
+                {
+                    "topic": TOPIC,
+                    "partitions": [
+                        {
+                            "partition": 0,
+                            "current_leader_epoch": -1,
+                            "fetch_offset": 0,
+                            "last_fetched_epoch": -1,
+                            "log_start_offset": -1,
+                            "partition_max_bytes": 1 << 20,
+                        }
+                    ],
+                }
+            ],
+            "forgotten_topics_data": [],
+            "rack_id": "",
+        },
+        client_id="bench",
+    )[4:]
     return produce, fetch
 
 
@@ -133,14 +179,18 @@ async def run(acls: int, count: int, repeats: int) -> str:
     produce, fetch = frames()
     log = _Log(build_batch([(b"key", b"v" * 1000)]))
     partitions = SimpleNamespace(get_log=lambda tp: log)
-    modes = [("off", False, False), ("on, decision cached", True, False),
-             ("on, cache dropped every request", True, True)]  # fmt: skip
+    modes = [
+        ("off", False, False),
+        ("on, decision cached", True, False),
+        ("on, cache dropped every request", True, True),
+    ]
     brokers = {}
     for name, enabled, _ in modes:
         authorizer = Authorizer(enabled=enabled, super_users={"User:admin"})
         authorizer.load(bindings(acls))
-        brokers[name] = SimpleNamespace(partitions=partitions, authorizer=authorizer,
-                                        metrics=_Metrics())  # fmt: skip
+        brokers[name] = SimpleNamespace(
+            partitions=partitions, authorizer=authorizer, metrics=_Metrics()
+        )
     apis = (("Produce", produce, handle_produce), ("Fetch", fetch, handle_fetch))
     samples: dict[tuple[str, str], list[float]] = {}
     for name, _, drop in modes:  # warm up every path first

@@ -56,15 +56,18 @@ async def run(partitions: int, brokers: int, rounds: int, profile: bool) -> None
     meta = ClusterMetadata("bench", version=1)
     manager.apply(meta)
     prof = cProfile.Profile() if profile else None
-    print(f"{partitions:,} partitions over {brokers} brokers: this broker leads "
-          f"{len(range(0, partitions, brokers)):,}; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"{partitions:,} partitions over {brokers} brokers: this broker leads "
+        f"{len(range(0, partitions, brokers)):,}; load {os.getloadavg()[0]:.1f}"
+    )
     for n in range(rounds):
         opened.clear()
         done.clear()
         topic = TopicInfo(
-            f"t{n}", str(uuid.uuid4()),
+            f"t{n}",
+            str(uuid.uuid4()),
             [PartitionState(i % brokers, 0, [i % brokers]) for i in range(partitions)],
-        )  # fmt: skip
+        )
         record = topic_record(topic)
         want = len(range(0, partitions, brokers))
         last = n == rounds - 1
@@ -80,12 +83,14 @@ async def run(partitions: int, brokers: int, rounds: int, profile: bool) -> None
         end = time.perf_counter()
         if prof is not None and last:
             prof.disable()
-        print(f"  round {n + 1}: record applied {1000 * (applied - wall):.1f} ms, wishes "
-              f"{1000 * (wished - applied):.1f} ms, opened and reported "
-              f"{1000 * (end - wished):.1f} ms; total {1000 * (end - wall):.1f} ms, CPU "
-              f"{1000 * (time.process_time() - cpu):.1f} ms "
-              f"({1e6 * (time.process_time() - cpu) / want:.1f} us per partition led); "
-              f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+        print(
+            f"  round {n + 1}: record applied {1000 * (applied - wall):.1f} ms, wishes "
+            f"{1000 * (wished - applied):.1f} ms, opened and reported "
+            f"{1000 * (end - wished):.1f} ms; total {1000 * (end - wall):.1f} ms, CPU "
+            f"{1000 * (time.process_time() - cpu):.1f} ms "
+            f"({1e6 * (time.process_time() - cpu) / want:.1f} us per partition led); "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
         await asyncio.sleep(0.3)
     await manager.stop()
     await engine.stop()

@@ -57,6 +57,7 @@ from typing import Any
 _REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_REPO))
 
+from bench import procstat  # noqa: E402
 from tests.support.broker_process import BrokerProcess  # noqa: E402
 
 TOPIC = "bench"
@@ -81,20 +82,11 @@ class ProcSampler:
         self._thread.start()
 
     def rss_mb(self) -> float:
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return 0.0
+        return procstat.rss_bytes(self.pid) / (1 << 20)
 
     def cpu_s(self) -> float:
         try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return procstat.cpu_s(self.pid)
         except OSError:
             return 0.0
 
@@ -126,10 +118,23 @@ def profiled(pid: int, out: Path | None, name: str) -> Iterator[None]:
     out.mkdir(parents=True, exist_ok=True)
     target = out / (re.sub(r"[^\w.-]+", "_", name) + ".txt")
     proc = subprocess.Popen(
-        [exe, "record", "--pid", str(pid), "--rate", "200", "--gil", "--format", "raw",
-         "--nonblocking", "--output", str(target)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            exe,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "200",
+            "--gil",
+            "--format",
+            "raw",
+            "--nonblocking",
+            "--output",
+            str(target),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         yield
     finally:
@@ -360,10 +365,6 @@ class BackendResult:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def _load() -> str:
-    return "/".join(f"{x:.1f}" for x in os.getloadavg())
-
-
 def _split(items: list[int], n: int) -> list[list[int]]:
     return [items[i::n] for i in range(n) if items[i::n]]
 
@@ -449,7 +450,7 @@ def _produce_phase(
 ) -> tuple[Phase, list[dict[str, Any]], float]:
     """One produce phase: the phase's figures, the workers' outputs and its wall time."""
     sampler.begin_phase()
-    cpu0, t0, load0 = sampler.cpu_s(), time.monotonic(), _load()
+    cpu0, t0, load0 = sampler.cpu_s(), time.monotonic(), procstat.load_triple()
     outs = _run_producers(pool, bootstrap, args, rate, client_security)
     # the workers' windows are the measured part; broker CPU over the whole call includes
     # warm-up and drain, so scale by wall time
@@ -462,7 +463,7 @@ def _produce_phase(
     phase.broker_cpu = (sampler.cpu_s() - cpu0) / wall
     phase.client_cpu = sum(o["cpu_s"] for o in outs) / window
     phase.peak_rss_mb = sampler.phase_peak_mb
-    phase.load = f"{load0} -> {_load()}"
+    phase.load = f"{load0} -> {procstat.load_triple()}"
     return phase, outs, wall
 
 
@@ -478,11 +479,14 @@ def run_backend(
     store = ProcSampler(store_pid, interval_s=1.0) if store_pid else None
     result = BackendResult(backend)
     broker_args = [
-        "--flush-interval-ms", str(args.flush_interval_ms),
-        "--flush-bytes", str(args.flush_bytes),
-        "--cache-bytes", str(args.cache_mb << 20),
+        "--flush-interval-ms",
+        str(args.flush_interval_ms),
+        "--flush-bytes",
+        str(args.flush_bytes),
+        "--cache-bytes",
+        str(args.cache_mb << 20),
         *args.broker_arg,
-    ]  # fmt: skip
+    ]
     broker = BrokerProcess(
         storage_url, workdir / "logs", env={**env, "TIDALMQ_LOG_LEVEL": "WARNING"}, args=broker_args
     )
@@ -547,14 +551,17 @@ def run_backend(
             # 3. consume the newest ~60% of the cache's capacity (all of it is in the cache)
             marks = _watermarks(broker.bootstrap, args.partitions)
             per_part = int(
-                args.cache_mb * (1 << 20) * args.consume_fraction
-                / args.partitions / (record_bytes + _RECORD_OVERHEAD)
-            )  # fmt: skip
+                args.cache_mb
+                * (1 << 20)
+                * args.consume_fraction
+                / args.partitions
+                / (record_bytes + _RECORD_OVERHEAD)
+            )
             ranges = [(p, max(low, high - per_part), high) for p, (low, high) in enumerate(marks)]
 
             def measure_consume(name: str) -> Phase:
                 sampler.begin_phase()
-                cpu0, t0, load0 = sampler.cpu_s(), time.monotonic(), _load()
+                cpu0, t0, load0 = sampler.cpu_s(), time.monotonic(), procstat.load_triple()
                 store0 = store.cpu_s() if store else 0.0
                 c0 = broker_counters(broker)
                 assert broker.proc is not None
@@ -569,7 +576,7 @@ def run_backend(
                 phase.broker_cpu = (sampler.cpu_s() - cpu0) / wall
                 phase.client_cpu = sum(o["cpu_s"] for o in outs) / seconds
                 phase.peak_rss_mb = sampler.phase_peak_mb
-                phase.load = f"{load0} -> {_load()}"
+                phase.load = f"{load0} -> {procstat.load_triple()}"
                 hit = c1["cache_hit"] - c0["cache_hit"]
                 miss = c1["cache_miss"] - c0["cache_miss"]
                 total_mb = sum(o["bytes"] for o in outs) / 1e6
@@ -698,23 +705,30 @@ def run_security(args: argparse.Namespace, workdir: Path) -> tuple[list[Security
     ctx = mp.get_context("spawn")
     with ctx.Pool(args.producers) as pool:
         broker = BrokerProcess(f"file://{workdir / 'objects'}", workdir / "logs")
-        ports = {name: broker.port if name == "PLAINTEXT" else free_port()
-                 for name in listener_security.LISTENERS}  # fmt: skip
+        ports = {
+            name: broker.port if name == "PLAINTEXT" else free_port()
+            for name in listener_security.LISTENERS
+        }
         security_args, security_env = listener_security.tidalmq_args(ports, pki)
         broker.args = [
-            "--flush-interval-ms", str(args.flush_interval_ms),
-            "--flush-bytes", str(args.flush_bytes),
-            "--cache-bytes", str(args.cache_mb << 20),
-            *security_args, *args.broker_arg,
-        ]  # fmt: skip
+            "--flush-interval-ms",
+            str(args.flush_interval_ms),
+            "--flush-bytes",
+            str(args.flush_bytes),
+            "--cache-bytes",
+            str(args.cache_mb << 20),
+            *security_args,
+            *args.broker_arg,
+        ]
         broker.env = {**security_env, "TIDALMQ_LOG_LEVEL": "WARNING"}
         broker.start()
         try:
             assert broker.proc is not None
             _create_topic(broker.bootstrap, args.partitions)
             bootstraps = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
-            rows += _security_rows("TidalMQ (local store)", bootstraps, broker.proc.pid, pool,
-                                   args, pki)  # fmt: skip
+            rows += _security_rows(
+                "TidalMQ (local store)", bootstraps, broker.proc.pid, pool, args, pki
+            )
         finally:
             code = broker.stop()
             if code not in (0, None):
@@ -722,24 +736,29 @@ def run_security(args: argparse.Namespace, workdir: Path) -> tuple[list[Security
             # gigabytes per row: gone before Kafka's part writes as much (the disk filled here)
             shutil.rmtree(workdir / "objects", ignore_errors=True)
         kafka = KafkaCluster(
-            brokers=1, dir=workdir / "kafka", listeners=listener_security.kafka_listeners(),
+            brokers=1,
+            dir=workdir / "kafka",
+            listeners=listener_security.kafka_listeners(),
             broker_config=listener_security.kafka_config(pki),
-        )  # fmt: skip
+        )
         with kafka:
             listener_security.kafka_add_user(kafka.bootstrap)
             _create_topic(kafka.bootstrap, args.partitions)
-            bootstraps = {name: kafka.listener_bootstrap(name)
-                          for name in listener_security.LISTENERS}  # fmt: skip
+            bootstraps = {
+                name: kafka.listener_bootstrap(name) for name in listener_security.LISTENERS
+            }
             pid = kafka.broker_nodes[0].pid
             assert pid is not None
-            rows += _security_rows(f"Apache Kafka {kafka.version}", bootstraps, pid, pool, args,
-                                   pki)  # fmt: skip
+            rows += _security_rows(
+                f"Apache Kafka {kafka.version}", bootstraps, pid, pool, args, pki
+            )
             version = kafka.version
     return rows, version
 
 
-def render_security(rows: list[SecurityRow], args: argparse.Namespace, started: str,
-                    kafka_version: str) -> str:  # fmt: skip
+def render_security(
+    rows: list[SecurityRow], args: argparse.Namespace, started: str, kafka_version: str
+) -> str:
     lines = [
         f"Run {started} on {platform.node()} ({os.cpu_count()} cores, Python "
         f"{platform.python_version()}, Apache Kafka {kafka_version}), load average (1/5/15 min) "
@@ -815,9 +834,11 @@ def render(results: list[BackendResult], args: argparse.Namespace, started: str)
 
 
 def write_results(
-    path: Path, section: str, markers: tuple[str, str] = (_BEGIN, _END),
+    path: Path,
+    section: str,
+    markers: tuple[str, str] = (_BEGIN, _END),
     heading: str = "Latest run",
-) -> None:  # fmt: skip
+) -> None:
     begin, end = markers
     block = f"{begin}\n{section}\n{end}"
     if path.exists():
@@ -907,7 +928,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="--tls: measure each system's listeners this often"
-    )  # fmt: skip
+    )
     args = parser.parse_args()
 
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -921,8 +942,12 @@ def main() -> None:
         print()
         print(section)
         if not args.no_write:
-            write_results(args.results, section, (_TLS_BEGIN, _TLS_END),
-                          "Produce throughput with TLS and SASL, next to plaintext")  # fmt: skip
+            write_results(
+                args.results,
+                section,
+                (_TLS_BEGIN, _TLS_END),
+                "Produce throughput with TLS and SASL, next to plaintext",
+            )
             print(f"\nwritten to {args.results}")
         return
     results: list[BackendResult] = []

@@ -147,10 +147,13 @@ class Tls:
 
     def broker_args(self, plain_port: int) -> list[str]:
         return [
-            "--listeners", f"PLAINTEXT://127.0.0.1:{plain_port},SSL://127.0.0.1:{self.port}",
-            "--ssl-keystore-location", str(self.keystore),
-            "--allow-everyone-if-no-acl-found", "true",  # TLS turns authorization on
-        ]  # fmt: skip
+            "--listeners",
+            f"PLAINTEXT://127.0.0.1:{plain_port},SSL://127.0.0.1:{self.port}",
+            "--ssl-keystore-location",
+            str(self.keystore),
+            "--allow-everyone-if-no-acl-found",
+            "true",  # TLS turns authorization on
+        ]
 
 
 async def run_all(
@@ -159,28 +162,52 @@ async def run_all(
     idle_n = scale.idle
     idle_sources = [f"127.0.0.{i}" for i in range(10, 16)]
     runs = [
-        ("announce: 200 x 100 MiB headers",
-         lambda: attacks.announcers(broker.port, 200, 100 << 20, ["127.0.0.4"]), 3.0),
-        ("fetchers: 10 x 16 Fetch(50 MiB), never read",
-         lambda: attacks.never_reading_fetchers(broker.port, 10, "data", max_bytes=50 << 20,
-                                                pipelined=16, sources=["127.0.0.5"]), 5.0),
-        (f"idle: {idle_n} connections",
-         lambda: attacks.idle_clients(broker.port, idle_n, idle_sources), 2.0),
-        (f"idle again: {idle_n} connections",
-         lambda: attacks.idle_clients(broker.port, idle_n, idle_sources), 2.0),
-    ]  # fmt: skip
+        (
+            "announce: 200 x 100 MiB headers",
+            lambda: attacks.announcers(broker.port, 200, 100 << 20, ["127.0.0.4"]),
+            3.0,
+        ),
+        (
+            "fetchers: 10 x 16 Fetch(50 MiB), never read",
+            lambda: attacks.never_reading_fetchers(
+                broker.port, 10, "data", max_bytes=50 << 20, pipelined=16, sources=["127.0.0.5"]
+            ),
+            5.0,
+        ),
+        (
+            f"idle: {idle_n} connections",
+            lambda: attacks.idle_clients(broker.port, idle_n, idle_sources),
+            2.0,
+        ),
+        (
+            f"idle again: {idle_n} connections",
+            lambda: attacks.idle_clients(broker.port, idle_n, idle_sources),
+            2.0,
+        ),
+    ]
     if tls is not None:
         tls_sources = [f"127.0.0.{i}" for i in range(20, 26)]
-        runs.append((f"idle TLS: {scale.tls_idle} connections",
-                     lambda: attacks.tls_idle_clients(tls.port, scale.tls_idle, tls.client,
-                                                      tls_sources), 2.0))  # fmt: skip
+        runs.append(
+            (
+                f"idle TLS: {scale.tls_idle} connections",
+                lambda: attacks.tls_idle_clients(tls.port, scale.tls_idle, tls.client, tls_sources),
+                2.0,
+            )
+        )
     runs += [
-        (f"slowloris: {scale.slowloris} x 1 byte/s for {scale.slowloris_s} s",
-         lambda: attacks.slowloris(broker.port, scale.slowloris, scale.slowloris_s,
-                                   ["127.0.0.6"]), 0.5),
-        ("per-ip: 1100 connections from one address",
-         lambda: attacks.idle_clients(broker.port, 1100, ["127.0.0.7"]), 1.0),
-    ]  # fmt: skip
+        (
+            f"slowloris: {scale.slowloris} x 1 byte/s for {scale.slowloris_s} s",
+            lambda: attacks.slowloris(
+                broker.port, scale.slowloris, scale.slowloris_s, ["127.0.0.6"]
+            ),
+            0.5,
+        ),
+        (
+            "per-ip: 1100 connections from one address",
+            lambda: attacks.idle_clients(broker.port, 1100, ["127.0.0.7"]),
+            1.0,
+        ),
+    ]
     results = []
     for name, attack, hold in runs:
         if not broker.alive():
@@ -220,10 +247,19 @@ def run_tree(
         asyncio.run(attacks.fill_partition(broker.port, "data", 48 << 20))
         started = attacks.rss_mib(broker.proc.pid)
         results = asyncio.run(run_all(broker, scale, tls, start))
-        died = [ln for ln in broker.log_path.read_text(errors="replace").splitlines()
-                if re.search(r"MemoryError|memory allocation|Killed|Traceback", ln)]  # fmt: skip
-        return {"label": label, "tree": str(tree), "cap_gib": cap_gib, "rss_start": started,
-                "results": results, "last_words": died[-3:]}  # fmt: skip
+        died = [
+            ln
+            for ln in broker.log_path.read_text(errors="replace").splitlines()
+            if re.search(r"MemoryError|memory allocation|Killed|Traceback", ln)
+        ]
+        return {
+            "label": label,
+            "tree": str(tree),
+            "cap_gib": cap_gib,
+            "rss_start": started,
+            "results": results,
+            "last_words": died[-3:],
+        }
     finally:
         broker.stop()
 
@@ -236,8 +272,13 @@ def table(run: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in run["results"]:
-        after = " / ".join(f"{r['rss_after'].get(s, r['rss_after'].get(str(s), 0)):.0f}"
-                           for s in AFTER_S) if r["alive"] else "DIED"  # fmt: skip
+        after = (
+            " / ".join(
+                f"{r['rss_after'].get(s, r['rss_after'].get(str(s), 0)):.0f}" for s in AFTER_S
+            )
+            if r["alive"]
+            else "DIED"
+        )
         held = ""
         if r.get("buffered_response_mib") is not None:
             held = f"{r['buffered_response_mib']:.1f} / {r['buffered_request_mib']:.1f} MiB"
@@ -263,15 +304,25 @@ def main() -> int:
     parser.add_argument("--tree", type=Path, default=REPO, help="checkout to run the broker from")
     parser.add_argument("--label", default="this tree")
     parser.add_argument("--compare", type=Path, help="also run this tree first, as 'before'")
-    parser.add_argument("--cap-gib", type=float, default=3.0,
-                        help="address space above the broker's size at start (prlimit --as)")  # fmt: skip
+    parser.add_argument(
+        "--cap-gib",
+        type=float,
+        default=3.0,
+        help="address space above the broker's size at start (prlimit --as)",
+    )
     parser.add_argument("--quick", action="store_true", help="1,000 idle connections, not 5,000")
-    parser.add_argument("--smoke", action="store_true",
-                        help="100 idle, 100 TLS, 50 slowloris for 3 s: checks that it runs")  # fmt: skip
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="100 idle, 100 TLS, 50 slowloris for 3 s: checks that it runs",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--results", type=Path, help="write the Markdown report here")
-    parser.add_argument("--quiet-ok", action="store_true",
-                        help="run although /work/QUIET exists (whoever set it for this run)")  # fmt: skip
+    parser.add_argument(
+        "--quiet-ok",
+        action="store_true",
+        help="run although /work/QUIET exists (whoever set it for this run)",
+    )
     args = parser.parse_args()
     if os.path.exists("/work/QUIET") and not args.quiet_ok:
         print("/work/QUIET exists: a benchmark needs a quiet machine; not running", file=sys.stderr)
@@ -284,8 +335,15 @@ def main() -> int:
     runs = []
     if args.compare is not None:
         runs.append(run_tree(args.compare, "before", args.cap_gib, scale, new_flags=False))
-    runs.append(run_tree(args.tree, args.label if args.compare is None else "after",
-                         args.cap_gib, scale, new_flags=args.tree.resolve() == REPO))  # fmt: skip
+    runs.append(
+        run_tree(
+            args.tree,
+            args.label if args.compare is None else "after",
+            args.cap_gib,
+            scale,
+            new_flags=args.tree.resolve() == REPO,
+        )
+    )
     report = "".join(table(run) for run in runs)
     print(report)
     if args.json is not None:

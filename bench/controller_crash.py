@@ -67,6 +67,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from tidalmq_broker.local.control import data_dir_token  # noqa: E402
 from tidalmq_core.control_auth import authorization  # noqa: E402
 
+from bench import procstat  # noqa: E402
 from e2e.producing import RateProducer, check_read_back  # noqa: E402
 from tests.support.local_cluster import LocalClusterProcess, control_context  # noqa: E402
 
@@ -77,14 +78,6 @@ IN_FLIGHT = ("Closing", "Electing", "Opening")
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def load1() -> str:
-    return f"load {os.getloadavg()[0]:.1f}"
 
 
 def topic_layout(prefix: str, partitions: int) -> dict[str, int]:
@@ -199,14 +192,6 @@ def balanced(p: dict[str, Any], new_broker: int, brokers: int) -> bool:
     )
 
 
-def running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def wait_for(check: Callable[[], bool], timeout_s: float, interval: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -246,7 +231,7 @@ class ControllerCrash:
             else {}
         )
         self.port = free_port_range(BROKERS + 2)
-        self.figures: dict[str, Any] = {"partitions": partitions, "load_start": load()}
+        self.figures: dict[str, Any] = {"partitions": partitions, "load_start": procstat.loadavg()}
         self.producer: PartitionsProducer | None = None
         self.clusters: list[LocalClusterProcess] = []
         self.broker_pids: list[int] = []
@@ -284,7 +269,7 @@ class ControllerCrash:
         self.figures["create_s"] = round(took, 1)
         log(
             f"{self.partitions} partitions in {len(topics)} topics created in {took:.1f} s "
-            f"({load1()})"
+            f"({procstat.load1()})"
         )
         return topics
 
@@ -376,12 +361,12 @@ class ControllerCrash:
             "by_phase": dict(phases),
             "polls": len(seen),
             "acknowledged": acked,
-            "load": load(),
+            "load": procstat.loadavg(),
         }
         log(
             f"SIGKILL local up (pid {c.proc.pid}) after {len(seen)} looks at /v1/moves: "
             f"{dict(phases)} (Done: the last 1,000 at most); {acked} records acknowledged "
-            f"({load1()})"
+            f"({procstat.load1()})"
         )
 
     def restart(self, brokers: int, new_broker: int) -> LocalClusterProcess:
@@ -395,7 +380,7 @@ class ControllerCrash:
                 "since_kill_s": round(started - self.killed_at, 1),
                 "resumed": resumed,
             }
-            log(f"restarted: the new controller holds {resumed} ({load1()})")
+            log(f"restarted: the new controller holds {resumed} ({procstat.load1()})")
             try:
                 starting.result()
             except TimeoutError as exc:
@@ -418,9 +403,12 @@ class ControllerCrash:
             )
         took = time.monotonic() - started
         metrics = (
-            urllib.request.urlopen(c.controller_url + "/metrics", timeout=30,
-                                   context=c.control_context).read().decode()
-        )  # fmt: skip
+            urllib.request.urlopen(
+                c.controller_url + "/metrics", timeout=30, context=c.control_context
+            )
+            .read()
+            .decode()
+        )
         outcomes = {
             m.group(1): int(float(m.group(2)))
             for m in re.finditer(
@@ -433,12 +421,12 @@ class ControllerCrash:
             "moves_finished_by_new_controller": outcomes,
             "placement": last,
             "lost": len(lost),
-            "load": load(),
+            "load": procstat.loadavg(),
         }
         assert not lost, f"partitions reported lost after the restart: {lost[:3]}"
         log(
             f"restarted: up and settled {up:.1f} s after `local up`, every move finished by the "
-            f"metadata after {took:.1f} s; outcomes {outcomes}; leaders {last['led']} ({load1()})"
+            f"metadata after {took:.1f} s; outcomes {outcomes}; leaders {last['led']} ({procstat.load1()})"
         )
         return c
 
@@ -501,7 +489,7 @@ class ControllerCrash:
             )
         log(
             f"producer: {producer.sent} sent, {len(producer.records)} acknowledged, {read} read "
-            f"back exactly once in order; longest wait {producer.worst_wait():.1f} s ({load1()})"
+            f"back exactly once in order; longest wait {producer.worst_wait():.1f} s ({procstat.load1()})"
         )
 
     # ------------------------------------------------------------------ all of it
@@ -516,7 +504,7 @@ class ControllerCrash:
         second = self.restart(BROKERS + 1, new)
         self.read_back(second)
         self.figures["total_s"] = round(time.monotonic() - started, 1)
-        self.figures["load_end"] = load()
+        self.figures["load_end"] = procstat.loadavg()
         return self.figures
 
     def close(self) -> None:
@@ -540,7 +528,7 @@ class ControllerCrash:
                     c.proc.kill()
                     c.proc.wait(10)
         for pid in self.broker_pids:
-            if running(pid):
+            if procstat.running(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 

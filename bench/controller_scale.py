@@ -4,6 +4,11 @@
     .venv/bin/python bench/metadata_scale.py --only controller --controller-sizes 10000
     .venv/bin/python bench/controller_scale.py --partitions 100000           # one size, printed
     .venv/bin/python bench/controller_scale.py --partitions 100000 --profile # + cProfile of moves
+    # [M1]'s heartbeat item: 4 brokers, a 5th joins, then broker 0 is removed; the event loop's
+    # longest slices (CPU per callback) and heartbeat answers over HTTP, every 50 ms a broker
+    .venv/bin/python bench/controller_scale.py --partitions 50000 --brokers 4 \
+        --max-moves-per-broker 4000 --remove --no-restart --runtime-tuning \
+        --http-heartbeats --beat-interval 0.05
 
 One size runs in a process of its own (`run_size`: memory and the controller's Prometheus
 counters start from nothing), on one event loop: a real `Controller` with auto_rebalance on, on
@@ -66,7 +71,6 @@ import io
 import json
 import logging
 import math
-import os
 import pstats
 import shutil
 import subprocess
@@ -96,15 +100,21 @@ from tidalmq_controller import (  # noqa: E402
     ObjectStoreMetadataLog,
     report_doc,
 )
+from tidalmq_controller._control_auth import ControlAuth  # noqa: E402
+from tidalmq_controller._rpc_client import HttpControllerClient  # noqa: E402
+from tidalmq_controller._rpc_server import ControllerServer  # noqa: E402
 from tidalmq_core import snapshots  # noqa: E402
 from tidalmq_core.metadata import BrokerInfo  # noqa: E402
 from tidalmq_core.model import TopicPartition  # noqa: E402
+
+from bench import procstat  # noqa: E402
 
 SIZES = (10_000, 100_000, 1_000_000)
 PER_TOPIC = 10_000  # TidalMQ caps a topic at 10,000 partitions
 BROKERS = 100
 KIB = 1024
 MIB = 1 << 20
+HTTP_TOKEN = "controller-scale-bench"  # --http-heartbeats: the simulated brokers' control token
 DEFAULT_MAX_MOVES = ControllerSettings().max_moves_per_broker  # the controller's default wave
 
 
@@ -125,21 +135,33 @@ class ScaleConfig:
     # an experiment, not the controller's behaviour: gc.freeze() once the partitions exist,
     # so full collections no longer walk the image (see the GC pauses the page reports)
     gc_freeze: bool = False
+    # then broker 0 is drained and removed (remove-broker), timed like the move
+    remove: bool = False
+    # the runtime settings of a process hosting a controller (tidalmq_broker.tuning)
+    runtime_tuning: bool = False
+    # heartbeats over HTTP to the controller's liveness thread (ControllerServer), as a real
+    # broker sends them, instead of calling Controller.beat from the heartbeat thread
+    http_heartbeats: bool = False
+    # how often each simulated broker heartbeats (None: the controller's interval); shorter
+    # gives more samples of the answer time in a phase of a second or two
+    beat_interval_s: float | None = None
+
+
+def responsiveness(phase: dict[str, Any]) -> str:
+    """The longest event-loop slice and the heartbeat answers of a phase, with the load."""
+    loop, beats = phase["loop"], phase["beats"]
+    top = loop["longest"][0] if loop["longest"] else {"cpu_s": 0.0, "wall_s": 0.0, "what": "-"}
+    return (
+        f"  longest loop slice {top['cpu_s'] * 1000:.0f} ms CPU ({top['wall_s'] * 1000:.0f} ms "
+        f"wall) of {loop['callbacks']:,} callbacks: {top['what']}; heartbeats "
+        f"{beats['heartbeats']}, answer p99 {beats.get('p99_ms', 0):.1f} ms, max "
+        f"{beats.get('max_ms', 0):.1f} ms, {beats.get('over_100ms', 0)} over 100 ms; load "
+        f"{phase['load_before']} -> {phase['load_after']}"
+    )
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * KIB
-    return 0
 
 
 def counter(name: str, labels: dict[str, str] | None = None) -> float:
@@ -214,6 +236,80 @@ class RollClock:
 
     def close(self) -> None:
         snapshots.roll = self._original  # type: ignore[assignment]
+
+
+class LoopSlices:
+    """Every callback the event loop runs (asyncio's `Handle._run`: a task's step, a call_soon,
+    a timer), timed in the loop thread's CPU (time.thread_time: what it computed, not the time
+    other processes of a loaded machine took the core) and in wall time. While one runs, nothing
+    else on the loop does. Only the longest are kept, with what ran. Instrumentation only."""
+
+    KEEP = 5
+
+    def __init__(self) -> None:
+        self.longest: list[tuple[float, float, str]] = []  # (CPU s, wall s, what), longest first
+        self.count = 0
+        self._original = asyncio.events.Handle._run
+        slices = self
+
+        def _run(handle: asyncio.events.Handle) -> None:
+            cpu, wall = time.thread_time(), time.perf_counter()
+            slices._original(handle)
+            took = time.thread_time() - cpu
+            slices.count += 1
+            if len(slices.longest) < slices.KEEP or took > slices.longest[-1][0]:
+                slices._keep(took, time.perf_counter() - wall, handle)
+
+        asyncio.events.Handle._run = _run  # type: ignore[method-assign]
+
+    def _keep(self, cpu: float, wall: float, handle: asyncio.events.Handle) -> None:
+        what = repr(handle)[:160]
+        task = getattr(getattr(handle, "_callback", None), "__self__", None)
+        if isinstance(task, asyncio.Task):  # a task's step: which task, and where it began
+            what = f"task {task.get_name()!r} ({task.get_coro().__qualname__})"
+        self.longest = sorted([*self.longest, (cpu, wall, what)], reverse=True)[: self.KEEP]
+
+    def reset(self) -> None:
+        self.longest = []
+        self.count = 0
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "callbacks": self.count,
+            "longest_cpu_s": round(self.longest[0][0], 4) if self.longest else 0.0,
+            "longest": [
+                {"cpu_s": round(c, 4), "wall_s": round(w, 4), "what": what}
+                for c, w, what in self.longest
+            ],
+        }
+
+    def close(self) -> None:
+        asyncio.events.Handle._run = self._original  # type: ignore[method-assign]
+
+
+class BeatTimes:
+    """Each heartbeat's answer time as the simulated brokers' thread sees it (wall time of
+    `Controller.beat`: the GIL and the membership lock it waits for included)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.lock = threading.Lock()
+
+    def add(self, seconds: float) -> None:
+        with self.lock:
+            self.times.append(seconds)
+
+    def take(self) -> dict[str, Any]:
+        with self.lock:
+            times, self.times = sorted(self.times), []
+        if not times:
+            return {"heartbeats": 0}
+        return {
+            "heartbeats": len(times),
+            "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 2),
+            "max_ms": round(times[-1] * 1000, 2),
+            "over_100ms": sum(t > 0.1 for t in times),
+        }
 
 
 @dataclass
@@ -398,6 +494,9 @@ class SimCluster:
         self.clock = SimClock()
         self.brokers: dict[int, SimBroker] = {}
         self.fenced_replies = 0  # heartbeats answered 'fenced' (or 'not registered')
+        self.beat_times = BeatTimes()
+        # with --http-heartbeats: the controller's own HTTP server (its liveness thread) answers
+        self.http: HttpControllerClient | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat_loop, name="sim heartbeats", daemon=True)
 
@@ -422,10 +521,15 @@ class SimCluster:
             for broker in list(self.brokers.values()):
                 beat = broker.heartbeat()
                 entered = time.thread_time()
+                asked = time.perf_counter()
                 try:
-                    reply = self.controller.beat(beat)
+                    if self.http is not None:  # the real path: HTTP to the liveness thread
+                        reply = self.http.beat_blocking(beat)
+                    else:
+                        reply = self.controller.beat(beat)
                 except Exception:
                     reply = None
+                self.beat_times.add(time.perf_counter() - asked)
                 inside += time.thread_time() - entered
                 if reply is None:
                     continue
@@ -541,8 +645,10 @@ class Run:
         }
         self.gc = GcClock()
         self.rolls = RollClock()
+        self.slices = LoopSlices()
         self.sims: SimCluster | None = None
         self.controller: Controller | None = None
+        self.server: ControllerServer | None = None
         self.events: list[str] = []
 
     def settings(self) -> ControllerSettings:
@@ -575,7 +681,7 @@ class Run:
             counter("tidalmq_controller_metadata_records_total"),
             counter("tidalmq_controller_metadata_bytes_total"),
             counter("tidalmq_controller_metadata_snapshot_bytes_total"),
-            loadavg(),
+            procstat.loadavg(),
         )
 
     def since(self, m: Mark) -> dict[str, Any]:
@@ -614,7 +720,7 @@ class Run:
             if time.monotonic() > deadline:
                 return False
             if time.monotonic() > next_report:
-                log(f"  ... {what()} (load {loadavg()[0]:.1f})")
+                log(f"  ... {what()} ({procstat.load1()})")
                 next_report = time.monotonic() + 10
             await asyncio.sleep(0.05)
         return True
@@ -644,11 +750,17 @@ class Run:
     async def phases(self) -> None:
         cfg = self.cfg
         phases = self.result["phases"]
-        self.result["rss_start"] = rss_bytes()
+        self.result["rss_start"] = procstat.rss_bytes()
         c = self.controller = self.new_controller()
         c.add_event_sink(lambda reason, msg, _: self.events.append(f"{reason}: {msg}"))
         await c.start()
-        sims = self.sims = SimCluster(c, cfg.heartbeat_interval_s)
+        sims = self.sims = SimCluster(c, cfg.beat_interval_s or cfg.heartbeat_interval_s)
+        if cfg.http_heartbeats:
+            self.server = ControllerServer(c, ControlAuth([HTTP_TOKEN]))
+            await self.server.start("127.0.0.1", 0)
+            sims.http = HttpControllerClient(
+                f"http://127.0.0.1:{self.server.port}", token=HTTP_TOKEN
+            )
         sims.start()
         m = self.mark()
         for b in range(cfg.brokers):
@@ -658,7 +770,7 @@ class Run:
         idle = self.result["idle_cpu_per_s"] = await self.idle_rate(cfg.idle_s)
         log(
             f"{cfg.brokers} brokers registered in {phases['register']['seconds']:.1f} s; idle "
-            f"controller CPU {(idle or 0) * 100:.1f}% (load {loadavg()[0]:.1f})"
+            f"controller CPU {(idle or 0) * 100:.1f}% ({procstat.load1()})"
         )
         self.save()
         if not await self.create():
@@ -666,7 +778,7 @@ class Run:
         self.save()
         gc.collect()
         phases["memory"] = controller_memory(c, sims, self.total_partitions())
-        phases["memory"]["rss_growth"] = rss_bytes() - self.result["rss_before_create"]
+        phases["memory"]["rss_growth"] = procstat.rss_bytes() - self.result["rss_before_create"]
         mem = phases["memory"]
         log(
             f"controller memory {mem['per_partition']:.0f} B per partition "
@@ -692,7 +804,9 @@ class Run:
             f"{sum(r['cpu_s'] for r in snap['snapshot_rolls']):.2f} s)"
         )
         self.save()
-        await self.move()
+        if await self.move() and cfg.remove:
+            self.save()
+            await self.remove()
         self.save()
 
     def total_partitions(self) -> int:
@@ -703,7 +817,7 @@ class Run:
         c, cfg = self.controller, self.cfg
         assert c is not None
         layout = topic_layout(cfg.partitions, cfg.per_topic)
-        self.result["rss_before_create"] = rss_bytes()
+        self.result["rss_before_create"] = procstat.rss_bytes()
         profile = cProfile.Profile() if cfg.profile else None
         m = self.mark()
         if profile is not None:
@@ -721,7 +835,7 @@ class Run:
             slowest = max(slowest, time.perf_counter() - started)
             created += 1
             if created % 10 == 0:
-                log(f"  ... {created} of {len(layout)} topics (load {loadavg()[0]:.1f})")
+                log(f"  ... {created} of {len(layout)} topics ({procstat.load1()})")
         ok = created == len(layout)
         all_open = await self.wait(
             lambda: self.unopened() == 0 and self.settled(),
@@ -747,7 +861,7 @@ class Run:
             f"create: {phase['partitions_created']:,} partitions in {created} topics in "
             f"{phase['seconds']:.1f} s; {phase['batch_bytes'] / KIB:.0f} KiB of batches; "
             f"controller CPU {phase['controller_cpu_s']:.2f} s (the simulated brokers "
-            f"{phase['sim_cpu_s']:.2f} s); GC {phase['gc_s']:.2f} s (load {loadavg()[0]:.1f})"
+            f"{phase['sim_cpu_s']:.2f} s); GC {phase['gc_s']:.2f} s ({procstat.load1()})"
         )
         return bool(phase["ok"])
 
@@ -778,12 +892,17 @@ class Run:
         total = self.total_partitions()
         done_before = counter("tidalmq_controller_reassignments_total", {"outcome": "done"})
         profile = cProfile.Profile() if cfg.profile else None
+        self.slices.reset()
+        sims.beat_times.take()
         m = self.mark()
         if profile is not None:
             profile.enable()
         await sims.add(new_id)  # the join's rebalance is planned and queued before it returns
         plan = self.since(m)
-        queued = len(c.moves.active())
+        # queued in slices, the first ones may be done already
+        queued = len(c.moves.active()) + int(
+            counter("tidalmq_controller_reassignments_total", {"outcome": "done"}) - done_before
+        )
         log(
             f"  broker {new_id} registered in {plan['seconds']:.2f} s (the rebalance planned "
             f"and queued: CPU {plan['controller_cpu_s']:.2f} s); {queued:,} moves queued"
@@ -809,6 +928,8 @@ class Run:
             "fenced": sum("BrokerFenced" in e for e in self.events),
             "dead": sum("BrokerDead" in e for e in self.events),
             "heartbeats_refused": sims.fenced_replies,
+            "loop": self.slices.figures(),
+            "beats": sims.beat_times.take(),
         }
         if not finished:
             phase["failure"] = (
@@ -824,14 +945,47 @@ class Run:
             f"controller CPU {phase['controller_cpu_s']:.2f} s (the simulated brokers "
             f"{phase['sim_cpu_s']:.2f} s); GC {phase['gc_s']:.2f} s (longest pause "
             f"{phase['gc_longest_pause_s']:.2f} s); fenced {phase['fenced']}, dead "
-            f"{phase['dead']} (load {loadavg()[0]:.1f})"
+            f"{phase['dead']} ({procstat.load1()})"
         )
+        log(responsiveness(phase))
         return bool(phase["ok"])
+
+    async def remove(self) -> bool:
+        """remove-broker: broker 0 drained (every partition it leads moved elsewhere), then
+        removed, timed like the move."""
+        c, sims, cfg = self.controller, self.sims, self.cfg
+        assert c is not None and sims is not None
+        leads = len(c.leadership.by_broker.get(0, ()))
+        self.slices.reset()
+        sims.beat_times.take()
+        m = self.mark()
+        drained = await c.drain_broker(0, timeout_s=cfg.phase_timeout_s)
+        await c.remove_broker(0)
+        sims.brokers.pop(0, None)
+        finished = drained and await self.wait(
+            self.settled, lambda: f"{len(c.moves.active()):,} moves in flight", 60
+        )
+        phase = self.since(m) | {
+            "ok": finished,
+            "moved": leads,
+            "loop": self.slices.figures(),
+            "beats": sims.beat_times.take(),
+        }
+        self.result["phases"]["remove"] = phase
+        log(
+            f"remove: broker 0's {leads:,} partitions moved in {phase['seconds']:.1f} s; "
+            f"controller CPU {phase['controller_cpu_s']:.2f} s ({procstat.load1()})"
+        )
+        log(responsiveness(phase))
+        return finished
 
     async def stop(self) -> None:
         c, sims = self.controller, self.sims
         if sims is not None:
             sims.stop()
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
         if c is not None:
             await c.stop()
         self.controller = None
@@ -840,6 +994,7 @@ class Run:
     def close(self) -> None:
         self.gc.close()
         self.rolls.close()
+        self.slices.close()
         if self.cfg.gc_freeze:
             gc.unfreeze()
 
@@ -869,7 +1024,7 @@ async def restart(cfg: ScaleConfig, workdir: Path) -> dict[str, Any]:
         m = run.mark()
         c = run.new_controller()
         await c.start()
-        phase = run.since(m) | {"stored": stored, "rss": rss_bytes()}
+        phase = run.since(m) | {"stored": stored, "rss": procstat.rss_bytes()}
         # the brokers of the log are not running: keep the new controller from declaring them
         # dead (and failing a million partitions over) while it writes its snapshot below
         c.expect_brokers(list(c.image.brokers), within_s=cfg.phase_timeout_s)
@@ -1084,6 +1239,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="experiment: gc.freeze() once the partitions exist (not what the controller does)",
     )
+    ap.add_argument("--remove", action="store_true", help="then drain and remove broker 0")
+    ap.add_argument("--no-restart", action="store_true", help="skip the new controller's phases")
+    ap.add_argument(
+        "--runtime-tuning",
+        action="store_true",
+        help="the GC thresholds and thread switch interval of a process hosting a controller",
+    )
+    ap.add_argument(
+        "--http-heartbeats",
+        action="store_true",
+        help="heartbeats over HTTP to the controller's liveness thread, as real brokers send",
+    )
+    ap.add_argument(
+        "--beat-interval", type=float, help="seconds between a simulated broker's heartbeats"
+    )
     ap.add_argument("--workdir", type=Path, help="the log's directory (default: a temp dir)")
     ap.add_argument("--json", type=Path, help="write the figures there (after every phase)")
     ap.add_argument("--restart-from", type=Path, help=argparse.SUPPRESS)  # restart_in_child
@@ -1095,7 +1265,16 @@ def main(argv: list[str] | None = None) -> int:
         phase_timeout_s=args.phase_timeout,
         profile=args.profile,
         gc_freeze=args.gc_freeze,
+        remove=args.remove,
+        restart=not args.no_restart,
+        runtime_tuning=args.runtime_tuning,
+        http_heartbeats=args.http_heartbeats,
+        beat_interval_s=args.beat_interval,
     )
+    if cfg.runtime_tuning:
+        from tidalmq_broker.tuning import tune_runtime
+
+        tune_runtime()
     if args.restart_from is not None:
         phases = asyncio.run(restart(cfg, args.restart_from))
         if args.json is not None:

@@ -16,7 +16,6 @@ window, one collapsed-stack file per broker (py-spy's raw format).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -30,44 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench import procstat
 from tests.support.local_cluster import LocalClusterProcess
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """The process's CPU seconds: its live threads' run time in nanoseconds (schedstat) plus
-    what its exited threads used (utime + stime count those, in clock ticks; so do the live
-    threads, whose share is taken out)."""
-    live_ns = 0
-    live_ticks = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            live_ns += int((task / "schedstat").read_text().split()[0])
-            f = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            live_ticks += int(f[11]) + int(f[12])
-        except (OSError, IndexError, ValueError):
-            continue  # exited meanwhile
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    all_ticks = int(fields[11]) + int(fields[12])  # utime, stime
-    return live_ns / 1e9 + max(0, all_ticks - live_ticks) / TICK
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry.name))
-    return sorted(out)
 
 
 def cpu_all(pids: list[int]) -> dict[int, float]:
-    return {p: cpu_s(p) for p in pids}
+    return {p: procstat.precise_cpu_s(p) for p in pids}
 
 
 def one_run(
@@ -86,14 +53,12 @@ def one_run(
         cluster.start(timeout_s=180)
         assert cluster.proc is not None
         local = cluster.proc.pid
-        brokers = [
-            p for p in children(local) if b"broker" in Path(f"/proc/{p}/cmdline").read_bytes()
-        ]
+        brokers = [p for p in procstat.children(local) if b"broker" in procstat.cmdline(p)]
         pids = [local, *brokers]
         time.sleep(settle_s)
         before_idle = cpu_all(pids)
         time.sleep(idle_s)
-        idle = {p: (cpu_s(p) - before_idle[p]) / idle_s for p in pids}
+        idle = {p: (procstat.precise_cpu_s(p) - before_idle[p]) / idle_s for p in pids}
         client = AdminClient({"bootstrap.servers": cluster.bootstrap})
         name = f"cpu-{uuid.uuid4().hex[:6]}"
         spies = []
@@ -178,7 +143,7 @@ def main() -> None:
                 f"{r[k]:.3f}" for k in sorted(r) if k.startswith("broker") and k[6].isdigit()
             )
             + f"), controller+local up {r['controller_cpu_s']:.3f} s; answered {r['answered_s']:.2f} s,"
-            f" led {r['led_s']:.2f} s; load {os.getloadavg()[0]:.1f}",
+            f" led {r['led_s']:.2f} s; {procstat.load1()}",
             flush=True,
         )
     b = [r["brokers_cpu_s"] for r in rows]

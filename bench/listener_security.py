@@ -50,11 +50,15 @@ def client_config(listener: str, pki: Pki) -> dict[str, Any]:
 def tidalmq_args(ports: dict[str, int], pki: Pki) -> tuple[list[str], dict[str, str]]:
     """Broker flags and environment: one listener per name in `ports`."""
     args = [
-        "--listeners", ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items()),
-        "--ssl-keystore-location", str(pki.keystore),
-        "--sasl-enabled-mechanisms", MECHANISM,
-        "--allow-everyone-if-no-acl-found", "true",
-    ]  # fmt: skip
+        "--listeners",
+        ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items()),
+        "--ssl-keystore-location",
+        str(pki.keystore),
+        "--sasl-enabled-mechanisms",
+        MECHANISM,
+        "--allow-everyone-if-no-acl-found",
+        "true",
+    ]
     return args, {"TIDALMQ_SCRAM_BOOTSTRAP": f"{USER}:{MECHANISM}:{PASSWORD}"}
 
 
@@ -71,9 +75,8 @@ def kafka_config(pki: Pki) -> dict[str, str]:
         "ssl.keystore.location": str(pki.keystore),
         "ssl.client.auth": "none",
         "sasl.enabled.mechanisms": MECHANISM,
-        f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config":
-            "org.apache.kafka.common.security.scram.ScramLoginModule required;",
-    }  # fmt: skip
+        f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+    }
 
 
 def kafka_add_user(bootstrap: str) -> None:
@@ -81,7 +84,14 @@ def kafka_add_user(bootstrap: str) -> None:
     from bench.kafka.harness import run_tool
 
     run_tool(
-        "kafka-configs", "--alter", "--entity-type", "users", "--entity-name", USER,
-        "--add-config", f"{MECHANISM}=[iterations=4096,password={PASSWORD}]",
-        bootstrap=bootstrap, check=True,
-    )  # fmt: skip
+        "kafka-configs",
+        "--alter",
+        "--entity-type",
+        "users",
+        "--entity-name",
+        USER,
+        "--add-config",
+        f"{MECHANISM}=[iterations=4096,password={PASSWORD}]",
+        bootstrap=bootstrap,
+        check=True,
+    )

@@ -652,10 +652,11 @@ class ControlPlaneMetrics:
             try:
                 status = json.loads(
                     http_text(
-                        self.controller_url + "/v1/local/status", token=self.local.control_token,
+                        self.controller_url + "/v1/local/status",
+                        token=self.local.control_token,
                         context=self.local.control_context,
                     )
-                )  # fmt: skip
+                )
                 self.status = status
                 self.dead = metric_value(
                     http_text(self.controller_url + "/metrics", context=self.local.control_context),

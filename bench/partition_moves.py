@@ -48,8 +48,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def fill(bootstrap: str, topic: str, size_bytes: int) -> float:
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 10,
-                  "batch.size": 1 << 20, "compression.type": "none"})  # fmt: skip
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 10,
+            "batch.size": 1 << 20,
+            "compression.type": "none",
+        }
+    )
     payload = os.urandom(RECORD)
     started = time.monotonic()
     n = size_bytes // RECORD
@@ -76,11 +83,18 @@ class TrickleProducer:
     ) -> None:
         self.records: list[tuple[float, float, int]] = []
         self.errors = 0
-        self._p = Producer({
-            "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
-            "enable.idempotence": True, "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
-            "topic.metadata.refresh.fast.interval.ms": 10, "message.timeout.ms": 60000,
-        })  # fmt: skip
+        self._p = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "linger.ms": 0,
+                "enable.idempotence": True,
+                "retry.backoff.ms": 10,
+                "retry.backoff.max.ms": 50,
+                "topic.metadata.refresh.fast.interval.ms": 10,
+                "message.timeout.ms": 60000,
+            }
+        )
         self._topic = topic
         self._partitions = partitions
         self._interval = interval
@@ -216,22 +230,28 @@ def rebalance_onto_new_broker(cluster: LocalClusterProcess, partitions: int) -> 
     finally:
         trickle.stop()
     moved = [
-        m for m in cluster.moves()["recent"]
+        m
+        for m in cluster.moves()["recent"]
         if m["started"] >= requested - 0.5 and m["target"] == new
-    ]  # fmt: skip
+    ]
     if not moved or any(not m["opened"] for m in moved):
         raise RuntimeError(f"rebalance incomplete: {moved}")
     first_start = min(m["started"] for m in moved)
     last_open = max(m["opened"] for m in moved)
     unavail = [m["unavailable_s"] for m in moved if m["unavailable_s"] is not None]
     return {
-        "partitions": partitions, "total": total, "moved": len(moved), "new_broker": new,
+        "partitions": partitions,
+        "total": total,
+        "moved": len(moved),
+        "new_broker": new,
         "spawn_to_registered_s": registered - requested,
         "first_move_to_all_serving_s": last_open - first_start,
         "registered_to_all_serving_s": last_open - registered,
-        "move_p50_s": statistics.median(unavail), "move_p99_s": percentile(unavail, 99),
-        "producer_errors": trickle.errors, "records": len(trickle.records),
-    }  # fmt: skip
+        "move_p50_s": statistics.median(unavail),
+        "move_p99_s": percentile(unavail, 99),
+        "producer_errors": trickle.errors,
+        "records": len(trickle.records),
+    }
 
 
 def start_cluster(workdir: Path, name: str, storage: str) -> tuple[LocalClusterProcess, Any]:
@@ -241,8 +261,12 @@ def start_cluster(workdir: Path, name: str, storage: str) -> tuple[LocalClusterP
 
         s3 = start_s3_server()
         storage_url, env = s3.url(prefix=name), s3.env()
-    cluster = LocalClusterProcess(workdir / name, brokers=3, storage_url=storage_url,
-                                  env={**env, "TIDALMQ_LOG_LEVEL": "WARNING"})  # fmt: skip
+    cluster = LocalClusterProcess(
+        workdir / name,
+        brokers=3,
+        storage_url=storage_url,
+        env={**env, "TIDALMQ_LOG_LEVEL": "WARNING"},
+    )
     cluster.start()
     return cluster, s3
 
@@ -290,21 +314,29 @@ def main() -> int:
             print(f"{size_mib} MiB filled in {fill_s:.1f}s", flush=True)
             f = measure_moves(cluster, topic, args.moves)
             row = {
-                "size": f"{size_mib} MiB", "moves": len(f.to_first_ack),
-                "p50": statistics.median(f.to_first_ack), "p99": percentile(f.to_first_ack, 99),
+                "size": f"{size_mib} MiB",
+                "moves": len(f.to_first_ack),
+                "p50": statistics.median(f.to_first_ack),
+                "p99": percentile(f.to_first_ack, 99),
                 "max": max(f.to_first_ack),
-                "wait_p50": statistics.median(f.worst_wait), "wait_p99": percentile(f.worst_wait, 99),
+                "wait_p50": statistics.median(f.worst_wait),
+                "wait_p99": percentile(f.worst_wait, 99),
                 "quiet": max(f.quiet) if f.quiet else float("nan"),
-                "rec_p50": statistics.median(f.recorded), "rec_p99": percentile(f.recorded, 99),
-                "open_p50": statistics.median(f.opened), "open_p99": percentile(f.opened, 99),
-            }  # fmt: skip
+                "rec_p50": statistics.median(f.recorded),
+                "rec_p99": percentile(f.recorded, 99),
+                "open_p50": statistics.median(f.opened),
+                "open_p99": percentile(f.opened, 99),
+            }
             rows.append(row)
-            print(f"{row['size']:>9}: {row['moves']} moves; move start -> first ack on the new broker "
-                  f"p50 {ms(row['p50'])}, p99 {ms(row['p99'])}, max {ms(row['max'])}; longest record wait "
-                  f"p50 {ms(row['wait_p50'])}, p99 {ms(row['wait_p99'])} (between moves at most "
-                  f"{ms(row['quiet'])}); request -> recorded p50 {ms(row['rec_p50'])}, p99 "
-                  f"{ms(row['rec_p99'])}; recorded -> opened p50 {ms(row['open_p50'])}, p99 "
-                  f"{ms(row['open_p99'])}", flush=True)  # fmt: skip
+            print(
+                f"{row['size']:>9}: {row['moves']} moves; move start -> first ack on the new broker "
+                f"p50 {ms(row['p50'])}, p99 {ms(row['p99'])}, max {ms(row['max'])}; longest record wait "
+                f"p50 {ms(row['wait_p50'])}, p99 {ms(row['wait_p99'])} (between moves at most "
+                f"{ms(row['quiet'])}); request -> recorded p50 {ms(row['rec_p50'])}, p99 "
+                f"{ms(row['rec_p99'])}; recorded -> opened p50 {ms(row['open_p50'])}, p99 "
+                f"{ms(row['open_p99'])}",
+                flush=True,
+            )
     finally:
         stop_cluster(cluster, s3)
     cluster, s3 = start_cluster(workdir, "rebalance", args.storage)
@@ -312,11 +344,14 @@ def main() -> int:
         reb = rebalance_onto_new_broker(cluster, args.rebalance_partitions)
     finally:
         stop_cluster(cluster, s3)
-    print(f"rebalance: {reb['moved']} of {reb['total']} partitions moved onto broker "
-          f"{reb['new_broker']}; all serving {reb['registered_to_all_serving_s']:.2f} s after it "
-          f"registered ({reb['first_move_to_all_serving_s']:.2f} s from the first move's start); "
-          f"per-move p50 {ms(reb['move_p50_s'])}, p99 {ms(reb['move_p99_s'])}; producer errors "
-          f"{reb['producer_errors']}", flush=True)  # fmt: skip
+    print(
+        f"rebalance: {reb['moved']} of {reb['total']} partitions moved onto broker "
+        f"{reb['new_broker']}; all serving {reb['registered_to_all_serving_s']:.2f} s after it "
+        f"registered ({reb['first_move_to_all_serving_s']:.2f} s from the first move's start); "
+        f"per-move p50 {ms(reb['move_p50_s'])}, p99 {ms(reb['move_p99_s'])}; producer errors "
+        f"{reb['producer_errors']}",
+        flush=True,
+    )
     load_after = os.getloadavg()
     worst_p99 = max(r["p99"] for r in rows)
     worst_wait_p99 = max(r["wait_p99"] for r in rows)
@@ -351,10 +386,12 @@ def main() -> int:
         "",
         "| partition size | moves | move start -> first ack p50 | p99 | max | longest record wait p50 | p99 | between moves | request -> recorded p50 / p99 | recorded -> opened p50 / p99 |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *[f"| {r['size']} | {r['moves']} | {ms(r['p50'])} | {ms(r['p99'])} | {ms(r['max'])} | "
-          f"{ms(r['wait_p50'])} | {ms(r['wait_p99'])} | {ms(r['quiet'])} | "
-          f"{ms(r['rec_p50'])} / {ms(r['rec_p99'])} | {ms(r['open_p50'])} / {ms(r['open_p99'])} |"
-          for r in rows],
+        *[
+            f"| {r['size']} | {r['moves']} | {ms(r['p50'])} | {ms(r['p99'])} | {ms(r['max'])} | "
+            f"{ms(r['wait_p50'])} | {ms(r['wait_p99'])} | {ms(r['quiet'])} | "
+            f"{ms(r['rec_p50'])} / {ms(r['rec_p99'])} | {ms(r['open_p50'])} / {ms(r['open_p99'])} |"
+            for r in rows
+        ],
         "",
         "## A 4th broker joins a 3-broker cluster",
         "",
@@ -381,7 +418,7 @@ def main() -> int:
         f"| no growth with partition size | p50 at {rows[-1]['size']} / p50 at {rows[0]['size']} = {growth:.2f} | {verdict(growth <= 1.5)} |",
         f"| {reb['partitions']}-partition cluster rebalanced onto a 4th broker within 5 s | {reb['registered_to_all_serving_s']:.2f} s after it registered | {verdict(reb['registered_to_all_serving_s'] <= 5.0)} |",
         "",
-    ]  # fmt: skip
+    ]
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines[-6:]))
     print(f"wrote {args.out}")

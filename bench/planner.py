@@ -63,18 +63,37 @@ def main() -> int:
     history = cached(spec, cache)
     gen_s = time.perf_counter() - t0
     size_mb = history.stat().st_size / 1e6
-    print(f"history: {history} ({size_mb:.0f} MB, {spec.points} points x {spec.partitions} "
-          f"partitions x 2 metrics; ready in {gen_s:.1f} s)", flush=True)  # fmt: skip
+    print(
+        f"history: {history} ({size_mb:.0f} MB, {spec.points} points x {spec.partitions} "
+        f"partitions x 2 metrics; ready in {gen_s:.1f} s)",
+        flush=True,
+    )
 
     report_dir = args.out / "report"
     load_before = loadavg()
     cmd = [
-        sys.executable, "-m", "tidalmq_broker.cli", "plan", "--history", str(history),
-        "--brokers", ",".join(str(b) for b in range(spec.brokers)),
-        "--threshold", str(args.threshold), "--statistic", args.statistic,
-        "--out", str(args.out / "plan.json"), "--report-dir", str(report_dir),
-        "--master", f"local[{os.cpu_count() or 1}]", "--driver-memory", "3g", "--json",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "tidalmq_broker.cli",
+        "plan",
+        "--history",
+        str(history),
+        "--brokers",
+        ",".join(str(b) for b in range(spec.brokers)),
+        "--threshold",
+        str(args.threshold),
+        "--statistic",
+        args.statistic,
+        "--out",
+        str(args.out / "plan.json"),
+        "--report-dir",
+        str(report_dir),
+        "--master",
+        f"local[{os.cpu_count() or 1}]",
+        "--driver-memory",
+        "3g",
+        "--json",
+    ]
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
@@ -112,8 +131,10 @@ def main() -> int:
         print(line, flush=True)
     if args.no_results:
         return 0
-    peak = [(b["broker"], b["before"]["bytes_in_peak_hour"], b["after"]["bytes_in_peak_hour"])
-            for b in report["brokers"]]  # fmt: skip
+    peak = [
+        (b["broker"], b["before"]["bytes_in_peak_hour"], b["after"]["bytes_in_peak_hour"])
+        for b in report["brokers"]
+    ]
     mean_peak_after = sum(p[2] for p in peak) / len(peak)
     mean_peak_before = sum(p[1] for p in peak) / len(peak)
     results = ROOT / "bench" / "RESULTS-planner.md"

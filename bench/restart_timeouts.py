@@ -67,6 +67,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException  # noqa: E402
 from confluent_kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from bench import procstat  # noqa: E402
 from bench.kafka.harness import KafkaCluster  # noqa: E402
 from e2e.producing import PacedProducer  # noqa: E402
 from tests.support.local_cluster import LocalClusterProcess  # noqa: E402
@@ -82,10 +83,6 @@ PRODUCER_CONFIG: dict[str, Any] = {
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def free_port_range(count: int) -> int:
@@ -143,7 +140,9 @@ class TidalMQ:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
         deadline = time.monotonic() + 60
-        while any(_running(pid) for pid in self.broker_pids) and time.monotonic() < deadline:
+        while (
+            any(procstat.running(pid) for pid in self.broker_pids) and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
 
     def start_all(self) -> None:
@@ -161,7 +160,7 @@ class TidalMQ:
                 proc.kill()
                 proc.wait(10)
         for pid in self.broker_pids:  # by pid, never by name
-            if _running(pid):
+            if procstat.running(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -187,14 +186,6 @@ class ApacheKafka:
 
     def close(self) -> None:
         self.cluster.stop()
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # ---------------------------------------------------------------------------------- producer
@@ -283,10 +274,15 @@ class SteadyProducer(PacedProducer):
         logger.propagate = False
         logger.addHandler(self.client_log)
         super().__init__(
-            {"bootstrap.servers": bootstrap, **PRODUCER_CONFIG,
-             "message.timeout.ms": message_timeout_ms, "debug": "eos,msg", "logger": logger},
+            {
+                "bootstrap.servers": bootstrap,
+                **PRODUCER_CONFIG,
+                "message.timeout.ms": message_timeout_ms,
+                "debug": "eos,msg",
+                "logger": logger,
+            },
             1.0 / rate,
-        )  # fmt: skip
+        )
         self.outcome = Outcome()
         self.sent = 0
 
@@ -379,10 +375,17 @@ def read_topic(
 
 
 def run_round(
-    system: System, *, partitions: int, rate: int, warmup_s: float, outage_s: float,
-    after_s: float, start_estimate_s: float, pause_s: float | None = None,
+    system: System,
+    *,
+    partitions: int,
+    rate: int,
+    warmup_s: float,
+    outage_s: float,
+    after_s: float,
+    start_estimate_s: float,
+    pause_s: float | None = None,
     message_timeout_ms: int = 30_000,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """One restart of `system` under a fresh producer and topic; the round's figures."""
     topic = f"restart-{uuid.uuid4().hex[:6]}"
     create_topic(system.bootstrap, topic, partitions)
@@ -390,7 +393,7 @@ def run_round(
     time.sleep(warmup_s)
     acked_before = len(producer.outcome.acked)
     stopped_at = time.monotonic()
-    load_at_stop = load()
+    load_at_stop = procstat.loadavg()
     system.stop_all()
     down_at = time.monotonic()
     log(f"{system.name}: stopped in {down_at - stopped_at:.1f} s ({acked_before} acknowledged)")
@@ -450,7 +453,7 @@ def run_round(
         "outage_s": round(first_ack_after - stopped_at, 1) if first_ack_after else None,
         "produced_s": round(stopped_producing - stopped_at + warmup_s, 1),
         "load_at_stop": load_at_stop,
-        "load_end": load(),
+        "load_end": procstat.loadavg(),
         "timeline_since_stop": client.timeline(stopped_at),
         "samples": client.samples,
         "twice_sample": {str(n): w for n, w in list(twice.items())[:5]},
@@ -460,11 +463,16 @@ def run_round(
 
 
 SUMMARY = (
-    ("sent", "sent"), ("acknowledged", "acked"), ("failed", "failed"),
-    ("records_in_log", "in log"), ("present_twice", "twice"),
-    ("acknowledged_missing", "acked missing"), ("failed_but_present", "failed present"),
-    ("epoch_bumps", "bumps"), ("outage_s", "outage s"),
-)  # fmt: skip
+    ("sent", "sent"),
+    ("acknowledged", "acked"),
+    ("failed", "failed"),
+    ("records_in_log", "in log"),
+    ("present_twice", "twice"),
+    ("acknowledged_missing", "acked missing"),
+    ("failed_but_present", "failed present"),
+    ("epoch_bumps", "bumps"),
+    ("outage_s", "outage s"),
+)
 
 
 def summary_line(f: dict[str, Any]) -> str:
@@ -514,13 +522,21 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             system.start()
             start_estimate = min(time.monotonic() - started, args.outage / 2)
-            log(f"{name}: up at {system.bootstrap} in {start_estimate:.1f} s (load {load()})")
+            log(
+                f"{name}: up at {system.bootstrap} in {start_estimate:.1f} s (load {procstat.loadavg()})"
+            )
             for i in range(args.rounds):
                 figures = run_round(
-                    system, partitions=args.partitions, rate=args.rate, warmup_s=args.warmup,
-                    outage_s=args.outage, after_s=args.after, start_estimate_s=start_estimate,
-                    pause_s=args.pause, message_timeout_ms=args.message_timeout_ms,
-                )  # fmt: skip
+                    system,
+                    partitions=args.partitions,
+                    rate=args.rate,
+                    warmup_s=args.warmup,
+                    outage_s=args.outage,
+                    after_s=args.after,
+                    start_estimate_s=start_estimate,
+                    pause_s=args.pause,
+                    message_timeout_ms=args.message_timeout_ms,
+                )
                 figures["round"] = i + 1
                 results.append(figures)
                 log(summary_line(figures))

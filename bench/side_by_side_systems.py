@@ -320,8 +320,16 @@ def create_topic(
     else:
         # kafka-topics --replica-assignment (confluent-kafka 2.16 refuses an explicit assignment)
         spec = ",".join(":".join(map(str, replicas)) for replicas in assignment)
-        run_tool("kafka-topics", "--create", "--topic", topic, "--replica-assignment", spec,
-                 bootstrap=bootstrap, check=True)  # fmt: skip
+        run_tool(
+            "kafka-topics",
+            "--create",
+            "--topic",
+            topic,
+            "--replica-assignment",
+            spec,
+            bootstrap=bootstrap,
+            check=True,
+        )
     wait_for(
         lambda: (
             all(s[0] >= 0 for s in partition_states(bootstrap, topic).values())
@@ -427,6 +435,15 @@ class ToolRun:
         return (tail[0] if errors else tail[-1])[:300]
 
 
+def tidalmq_command() -> list[str]:
+    """The `tidalmq` command a user runs: the console script installed next to this interpreter
+    (what `pip install` makes: it imports tidalmq_broker.cli and calls main), so a move timed
+    from the command's launch includes the real command's start; `python -m` where there is
+    none."""
+    script = Path(sys.executable).with_name("tidalmq")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "tidalmq_broker.cli"]
+
+
 def run_reassign_execute(
     bootstrap: str,
     moves: Mapping[tuple[str, int], Sequence[int]],
@@ -451,15 +468,7 @@ def run_reassign_execute(
             args.append("--additional")
         if tidalmq_cli:
             tool = "tidalmq reassign"
-            cmd = [
-                sys.executable,
-                "-m",
-                "tidalmq_broker.cli",
-                "reassign",
-                "--bootstrap-server",
-                bootstrap,
-                *args,
-            ]
+            cmd = [*tidalmq_command(), "reassign", "--bootstrap-server", bootstrap, *args]
         else:
             tool = "kafka-reassign-partitions"
             cmd = tool_command("kafka-reassign-partitions", *args, bootstrap=bootstrap)

@@ -57,10 +57,14 @@ def percentile(values: list[float], q: float) -> float:
 
 def call(cluster: LocalClusterProcess, path: str, body: dict[str, Any]) -> Any:
     req = urllib.request.Request(
-        cluster.controller_url + path, data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json",
-                 "Authorization": f"Bearer {cluster.control_token}"}, method="POST",
-    )  # fmt: skip
+        cluster.controller_url + path,
+        data=json.dumps(body).encode(),
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {cluster.control_token}",
+        },
+        method="POST",
+    )
     with urllib.request.urlopen(req, timeout=300, context=cluster.control_context) as resp:
         doc = json.loads(resp.read())
     if "fault" in doc:
@@ -74,17 +78,25 @@ class Load:
     def __init__(self, bootstrap: str, topic: str, rate: int) -> None:
         self.topic = topic
         self.rate = rate
-        conf = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                "retry.backoff.ms": 10, "retry.backoff.max.ms": 50,
-                "topic.metadata.refresh.fast.interval.ms": 10, "message.timeout.ms": 120000}  # fmt: skip
+        conf = {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "retry.backoff.ms": 10,
+            "retry.backoff.max.ms": 50,
+            "topic.metadata.refresh.fast.interval.ms": 10,
+            "message.timeout.ms": 120000,
+        }
         self.bulk = Producer({**conf, "linger.ms": 5})
         self.trickle = Producer({**conf, "linger.ms": 0})
         self.waits: list[tuple[int, float, float]] = []  # (queue, produced, acked)
         self.errors = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._bulk, daemon=True),
-                         threading.Thread(target=self._trickle, daemon=True)]  # fmt: skip
+        self._threads = [
+            threading.Thread(target=self._bulk, daemon=True),
+            threading.Thread(target=self._trickle, daemon=True),
+        ]
 
     def _bulk(self) -> None:
         payload = os.urandom(RECORD)
@@ -157,9 +169,14 @@ def remap_times(cluster: LocalClusterProcess, rounds: int, rate: int) -> dict[st
             for q in queues:
                 target = brokers[(brokers.index(q["broker"]) + 1) % len(brokers)]
                 started = time.time()
-                (rec,) = call(cluster, "/v1/static-topics/remap", {
-                    "name": name, "moves": [{"queue": q["queue"], "broker": target, "mode": mode}],
-                })  # fmt: skip
+                (rec,) = call(
+                    cluster,
+                    "/v1/static-topics/remap",
+                    {
+                        "name": name,
+                        "moves": [{"queue": q["queue"], "broker": target, "mode": mode}],
+                    },
+                )
                 if rec["opened_ms"] is None:
                     raise RuntimeError(f"queue {q['queue']} was not served in time: {rec}")
                 time.sleep(1.0)  # every trickle record of the remap is acknowledged by now
@@ -174,13 +191,24 @@ def remap_times(cluster: LocalClusterProcess, rounds: int, rate: int) -> dict[st
     if load.errors:
         raise RuntimeError(f"{load.errors} records failed")
     quiet = load.quiet_waits()
-    return {"name": name, "modes": out, "quiet_p50": statistics.median(quiet),
-            "quiet_p99": percentile(quiet, 99)}  # fmt: skip
+    return {
+        "name": name,
+        "modes": out,
+        "quiet_p50": statistics.median(quiet),
+        "quiet_p99": percentile(quiet, 99),
+    }
 
 
 def fill(bootstrap: str, topic: str, queue: int, n: int) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 10,
-                  "batch.size": 1 << 20, "enable.idempotence": True})  # fmt: skip
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 10,
+            "batch.size": 1 << 20,
+            "enable.idempotence": True,
+        }
+    )
     payload = os.urandom(RECORD)
     for i in range(n):
         while True:
@@ -196,9 +224,15 @@ def fill(bootstrap: str, topic: str, queue: int, n: int) -> None:
 
 def read_all(bootstrap: str, topic: str, queue: int, expected: int) -> tuple[float, int]:
     """Seconds to read `expected` records of one logic queue from offset 0, and bytes read."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "fetch.max.bytes": 64 << 20,
-                  "max.partition.fetch.bytes": 8 << 20})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"r-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 8 << 20,
+        }
+    )
     c.assign([KafkaTP(topic, queue, 0)])
     got = 0
     size = 0
@@ -236,9 +270,14 @@ def fetch_throughput(
         if k < boundaries:
             leader = call(cluster, "/v1/static-topics/describe", {"name": name})["queues"][1]
             target = brokers[(brokers.index(leader["broker"]) + 1) % len(brokers)]
-            call(cluster, "/v1/static-topics/remap", {
-                "name": name, "moves": [{"queue": 1, "broker": target, "mode": "strict"}],
-            })  # fmt: skip
+            call(
+                cluster,
+                "/v1/static-topics/remap",
+                {
+                    "name": name,
+                    "moves": [{"queue": 1, "broker": target, "mode": "strict"}],
+                },
+            )
     items = len(call(cluster, "/v1/static-topics/describe", {"name": name})["mapping"]["1"])
     time.sleep(5)  # the sealed physical queues' compaction runs in the background
     single, across = [], []
@@ -247,8 +286,11 @@ def fetch_throughput(
         a, size1 = read_all(cluster.bootstrap, name, 1, n)
         single.append(size0 / s)
         across.append(size1 / a)
-        print(f"  one physical queue {size0 / s / 2**20:.1f} MiB/s, across {items} items "
-              f"{size1 / a / 2**20:.1f} MiB/s", flush=True)  # fmt: skip
+        print(
+            f"  one physical queue {size0 / s / 2**20:.1f} MiB/s, across {items} items "
+            f"{size1 / a / 2**20:.1f} MiB/s",
+            flush=True,
+        )
     s_med, a_med = statistics.median(single), statistics.median(across)
     return {"mib": mib, "items": items, "single": s_med, "across": a_med, "ratio": a_med / s_med}
 
@@ -274,37 +316,54 @@ def main() -> int:
 
         s3 = start_s3_server()
         storage_url, env = s3.url(prefix="static"), s3.env()
-    cluster = LocalClusterProcess(workdir / "cluster", brokers=3, storage_url=storage_url,
-                                  env={**env, "TIDALMQ_LOG_LEVEL": "WARNING",
-                                       "TIDALMQ_CACHE_BYTES": str(args.cache_mib << 20)})  # fmt: skip
+    cluster = LocalClusterProcess(
+        workdir / "cluster",
+        brokers=3,
+        storage_url=storage_url,
+        env={
+            **env,
+            "TIDALMQ_LOG_LEVEL": "WARNING",
+            "TIDALMQ_CACHE_BYTES": str(args.cache_mib << 20),
+        },
+    )
     cluster.start()
     load_before = os.getloadavg()
     try:
         remaps = remap_times(cluster, args.rounds, args.rate)
         for mode, figs in remaps["modes"].items():
             s, c = figs["server"], figs["client"]
-            print(f"{mode:>9}: {len(s)} remaps; served after p50 {statistics.median(s) * 1000:.0f} ms, "
-                  f"p99 {percentile(s, 99) * 1000:.0f} ms; client waits p50 "
-                  f"{statistics.median(c) * 1000:.0f} ms, p99 {percentile(c, 99) * 1000:.0f} ms; "
-                  f"largest jump {max(figs['jump'])}", flush=True)  # fmt: skip
+            print(
+                f"{mode:>9}: {len(s)} remaps; served after p50 {statistics.median(s) * 1000:.0f} ms, "
+                f"p99 {percentile(s, 99) * 1000:.0f} ms; client waits p50 "
+                f"{statistics.median(c) * 1000:.0f} ms, p99 {percentile(c, 99) * 1000:.0f} ms; "
+                f"largest jump {max(figs['jump'])}",
+                flush=True,
+            )
         fetch = fetch_throughput(cluster, args.mib, args.boundaries, args.repeats)
-        print(f"fetch: one physical queue {fetch['single'] / 2**20:.1f} MiB/s, across "
-              f"{fetch['items']} physical queues {fetch['across'] / 2**20:.1f} MiB/s "
-              f"= {fetch['ratio'] * 100:.0f}%", flush=True)  # fmt: skip
+        print(
+            f"fetch: one physical queue {fetch['single'] / 2**20:.1f} MiB/s, across "
+            f"{fetch['items']} physical queues {fetch['across'] / 2**20:.1f} MiB/s "
+            f"= {fetch['ratio'] * 100:.0f}%",
+            flush=True,
+        )
     finally:
         cluster.stop()
         if s3 is not None:
             s3.stop()
     load = os.getloadavg()
-    command = (f".venv/bin/python bench/static_topic.py --storage {args.storage} --rounds {args.rounds} "
-               f"--rate {args.rate} --mib {args.mib} --boundaries {args.boundaries} "
-               f"--repeats {args.repeats} --cache-mib {args.cache_mib}")  # fmt: skip
+    command = (
+        f".venv/bin/python bench/static_topic.py --storage {args.storage} --rounds {args.rounds} "
+        f"--rate {args.rate} --mib {args.mib} --boundaries {args.boundaries} "
+        f"--repeats {args.repeats} --cache-mib {args.cache_mib}"
+    )
     rows = []
     for mode, figs in remaps["modes"].items():
         s, c = figs["server"], figs["client"]
-        rows.append(f"| {mode} | {len(s)} | {statistics.median(s) * 1000:.0f} ms | "
-                    f"{percentile(s, 99) * 1000:.0f} ms | {statistics.median(c) * 1000:.0f} ms | "
-                    f"{percentile(c, 99) * 1000:.0f} ms | {max(figs['jump'])} |")  # fmt: skip
+        rows.append(
+            f"| {mode} | {len(s)} | {statistics.median(s) * 1000:.0f} ms | "
+            f"{percentile(s, 99) * 1000:.0f} ms | {statistics.median(c) * 1000:.0f} ms | "
+            f"{percentile(c, 99) * 1000:.0f} ms | {max(figs['jump'])} |"
+        )
     lines = [
         "# Static topic benchmark",
         "",
@@ -339,7 +398,7 @@ def main() -> int:
         f"| {fetch['single'] / 2**20:.1f} MiB/s | {fetch['across'] / 2**20:.1f} MiB/s | "
         f"{fetch['ratio'] * 100:.0f}% |",
         "",
-    ]  # fmt: skip
+    ]
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}")
     return 0

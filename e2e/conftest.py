@@ -47,7 +47,7 @@ from e2e.kube import (
 from e2e.tidalmq_release import addon_image
 
 # the process ends with the session even if a test left a client thread running
-pytest_plugins = ["tests.support.exit_guard"]
+pytest_plugins = ["tests.support.exit_guard", "tests.support.reruns"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -155,12 +155,24 @@ def kind_cluster(config: pytest.Config) -> Iterator[Cluster]:
     from pytest_kind import KindCluster  # only needed for this choice
 
     settings = script_settings(
-        "KIND_BIN", "K8S_BIN", "HELM_BIN", "BROKER_IMAGE", "SPARK_IMAGE", "METRICS_SERVER_IMAGE",
-        "CACHE_DIR", "KIND_DOCKER_SOCK", "KIND_NODE_IMAGE",
-    )  # fmt: skip
+        "KIND_BIN",
+        "K8S_BIN",
+        "HELM_BIN",
+        "BROKER_IMAGE",
+        "SPARK_IMAGE",
+        "METRICS_SERVER_IMAGE",
+        "KUBE_STATE_METRICS_IMAGE",
+        "CACHE_DIR",
+        "KIND_DOCKER_SOCK",
+        "KIND_NODE_IMAGE",
+    )
     public = config.getoption("--e2e-kind-public")
     logs = Path(settings["CACHE_DIR"]) / "logs"
-    images = [settings["BROKER_IMAGE"], settings["METRICS_SERVER_IMAGE"]]
+    images = [
+        settings["BROKER_IMAGE"],
+        settings["METRICS_SERVER_IMAGE"],
+        settings["KUBE_STATE_METRICS_IMAGE"],
+    ]
     # The Spark image (1.6 GB) unpacked on four nodes takes ~10 GB of disk and minutes to load:
     # only when asked for (the Spark and planner tests need it).
     if config.getoption("--e2e-kind-spark"):
@@ -218,7 +230,13 @@ def kind_cluster(config: pytest.Config) -> Iterator[Cluster]:
             "--kubelet-certificate-authority=/etc/kubelet-ca/ca.crt", "--kubelet-insecure-tls"
         )
         cluster.apply(manifest)
+        # nor kube-state-metrics (the HPA series of e2e/test_monitoring.py), as cluster.sh's
+        manifest = (CLUSTER_SCRIPTS / "manifests" / "kube-state-metrics.yaml").read_text()
+        cluster.apply(
+            manifest.replace("@KUBE_STATE_METRICS_IMAGE@", settings["KUBE_STATE_METRICS_IMAGE"])
+        )
         cluster.wait_ready("kube-system", "deployment/metrics-server")
+        cluster.wait_ready("kube-system", "deployment/kube-state-metrics")
         nodes = len(cluster.kubectl_json("get", "nodes")["items"])
         record_session_figures(
             config,
@@ -392,8 +410,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     path = figures_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-               "exitstatus": int(exitstatus), "figures": recorded}  # fmt: skip
+        doc = {
+            "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "exitstatus": int(exitstatus),
+            "figures": recorded,
+        }
         path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
         terminalreporter.write_line(f"(written to {path})")
     except OSError as exc:

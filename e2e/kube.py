@@ -161,9 +161,14 @@ class Cluster:
         failing after `timeout`. Returns the seconds it took."""
         started = time.monotonic()
         self.kubectl(
-            "delete", "namespace", name, "--ignore-not-found", f"--wait={str(wait).lower()}",
-            f"--timeout={int(timeout)}s", timeout=timeout + 30,
-        )  # fmt: skip
+            "delete",
+            "namespace",
+            name,
+            "--ignore-not-found",
+            f"--wait={str(wait).lower()}",
+            f"--timeout={int(timeout)}s",
+            timeout=timeout + 30,
+        )
         return time.monotonic() - started
 
     def helm(self, *args: str, timeout: float = 300) -> str:
@@ -186,14 +191,24 @@ class Cluster:
         """Waits for a Deployment/StatefulSet rollout or a Pod's Ready condition."""
         if kind_name.startswith(("pod/", "pods/")):
             self.kubectl(
-                "-n", namespace, "wait", "--for=condition=Ready", kind_name,
-                f"--timeout={int(timeout)}s", timeout=timeout + 10,
-            )  # fmt: skip
+                "-n",
+                namespace,
+                "wait",
+                "--for=condition=Ready",
+                kind_name,
+                f"--timeout={int(timeout)}s",
+                timeout=timeout + 10,
+            )
         else:
             self.kubectl(
-                "-n", namespace, "rollout", "status", kind_name, f"--timeout={int(timeout)}s",
+                "-n",
+                namespace,
+                "rollout",
+                "status",
+                kind_name,
+                f"--timeout={int(timeout)}s",
                 timeout=timeout + 10,
-            )  # fmt: skip
+            )
 
     def save_pod_logs(self, namespace: str, dest: Path) -> int:
         """Write the logs of every container of every pod in `namespace` (and of the previous
@@ -204,8 +219,16 @@ class Cluster:
         names = [pod["metadata"]["name"] for pod in pods]
 
         def logs(name: str, previous: bool) -> str:
-            args = [self.kubectl_bin, "-n", namespace, "logs", name, "--all-containers",
-                    "--timestamps", *(["--previous"] if previous else [])]  # fmt: skip
+            args = [
+                self.kubectl_bin,
+                "-n",
+                namespace,
+                "logs",
+                name,
+                "--all-containers",
+                "--timestamps",
+                *(["--previous"] if previous else []),
+            ]
             proc = run(args, env=self.env, check=False, timeout=60)
             if proc.returncode != 0 or not proc.stdout:
                 return ""

@@ -61,16 +61,23 @@ class RateProducer(PacedProducer):
     """An idempotent producer at a fixed rate; remembers (produced, acked, partition, offset)."""
 
     def __init__(self, servers: str, topic: str, rate: int = 400) -> None:
-        super().__init__({
-            "bootstrap.servers": servers, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 5, "message.timeout.ms": 300000, "retry.backoff.ms": 50,
-            "topic.metadata.refresh.interval.ms": 2000,
-            # brokers advertise pod IPs here (broker.advertise=podIP): a drained node replaces
-            # every broker at once, and only the bootstrap Service's IP is still valid; go back
-            # to it after 20 s without a broker instead of librdkafka's 5 minutes (the chart's
-            # README says the same to users)
-            "metadata.recovery.rebootstrap.trigger.ms": 20000,
-        }, 1.0 / rate)  # fmt: skip
+        super().__init__(
+            {
+                "bootstrap.servers": servers,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 300000,
+                "retry.backoff.ms": 50,
+                "topic.metadata.refresh.interval.ms": 2000,
+                # brokers advertise pod IPs here (broker.advertise=podIP): a drained node replaces
+                # every broker at once, and only the bootstrap Service's IP is still valid; go back
+                # to it after 20 s without a broker instead of librdkafka's 5 minutes (the chart's
+                # README says the same to users)
+                "metadata.recovery.rebootstrap.trigger.ms": 20000,
+            },
+            1.0 / rate,
+        )
         self.topic = topic
         self.rate = rate
         self.records: list[tuple[float, float, int, int, int]] = []
@@ -90,8 +97,9 @@ class RateProducer(PacedProducer):
                     self.records.append((produced, time.time(), msg.partition(), msg.offset(), seq))
 
         try:
-            self.producer.produce(self.topic, key=b"k%d" % (seq % 101), value=b"%d" % seq,
-                                  on_delivery=done)  # fmt: skip
+            self.producer.produce(
+                self.topic, key=b"k%d" % (seq % 101), value=b"%d" % seq, on_delivery=done
+            )
         except BufferError:
             self.producer.poll(0.05)
             return False
@@ -196,8 +204,14 @@ def verify_all(servers: str, producers: Mapping[str, RateProducer]) -> int:
         assert not producer.errors, (topic, producer.errors[:5])
         assert len(producer.records) == producer.sent, (topic, len(producer.records), producer.sent)
     expected = sum(p.sent for p in producers.values())
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"verify-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": servers,
+            "group.id": f"verify-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe(list(producers))
     got: dict[str, dict[int, list[tuple[int, int]]]] = {t: defaultdict(list) for t in producers}
     count, deadline, idle = 0, time.monotonic() + 300, time.monotonic()

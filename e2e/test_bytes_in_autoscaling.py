@@ -75,9 +75,17 @@ def large_records(servers: str, topic: str, bytes_per_s: int) -> RecordLoad:
 
 
 def create_topic(cluster: Cluster, ns: str, name: str, partitions: int) -> None:
-    cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic",
-                              "metadata": {"name": name},
-                              "spec": {"partitions": partitions}}), ns)  # fmt: skip
+    cluster.apply(
+        json.dumps(
+            {
+                "apiVersion": "tidalmq.io/v1alpha1",
+                "kind": "Topic",
+                "metadata": {"name": name},
+                "spec": {"partitions": partitions},
+            }
+        ),
+        ns,
+    )
     wait_until(f"Topic {name} Ready", lambda: ready(topic_status(cluster, ns, name)), timeout=180)
 
 
@@ -88,9 +96,13 @@ def leaders(cluster: Cluster, ns: str, topic: str) -> dict[int, int]:
 def adapter_values(ns: str) -> list[str]:
     """The adapter on the test's Prometheus: a rate window of six scrapes, a short relist."""
     return [
-        "--set", f"metricsAdapter.prometheusUrl=http://prometheus.{ns}.svc:9090",
-        "--set", "metricsAdapter.rateWindow=30s", "--set", "metricsAdapter.relistInterval=10s",
-    ]  # fmt: skip
+        "--set",
+        f"metricsAdapter.prometheusUrl=http://prometheus.{ns}.svc:9090",
+        "--set",
+        "metricsAdapter.rateWindow=30s",
+        "--set",
+        "metricsAdapter.relistInterval=10s",
+    ]
 
 
 @pytest.fixture
@@ -113,9 +125,13 @@ def hpa_state(cluster: Cluster, ns: str) -> tuple[int, float | None]:
 def hpa_decisions(cluster: Cluster, ns: str) -> list[str]:
     """The HPA's SuccessfulRescale events, oldest first ("New size: 2; reason: ...")."""
     events = cluster.kubectl_json(
-        "-n", ns, "get", "events", "--field-selector",
+        "-n",
+        ns,
+        "get",
+        "events",
+        "--field-selector",
         f"involvedObject.kind=HorizontalPodAutoscaler,involvedObject.name={STS}",
-    )  # fmt: skip
+    )
     rescales = [e for e in events["items"] if e.get("reason") == "SuccessfulRescale"]
     rescales.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
     return [e["message"] for e in rescales]
@@ -137,37 +153,55 @@ def test_spike_of_large_records_scales_out_on_bytes_in_and_back_in_once(
 ) -> None:
     ns = namespace
     hpa = [
-        "--set", "autoscaling.enabled=true", "--set", "broker.replicas=1",
-        "--set", "autoscaling.minReplicas=1", "--set", "autoscaling.maxReplicas=2",
+        "--set",
+        "autoscaling.enabled=true",
+        "--set",
+        "broker.replicas=1",
+        "--set",
+        "autoscaling.minReplicas=1",
+        "--set",
+        "autoscaling.maxReplicas=2",
         # CPU stays a metric, at the request (250m): the spike is bytes, not requests
-        "--set", "broker.resources.requests.cpu=250m",
-        "--set", "autoscaling.targetCPUUtilizationPercentage=100",
-        "--set", f"autoscaling.bytesIn.targetAverageValue={TARGET}",
+        "--set",
+        "broker.resources.requests.cpu=250m",
+        "--set",
+        "autoscaling.targetCPUUtilizationPercentage=100",
+        "--set",
+        f"autoscaling.bytesIn.targetAverageValue={TARGET}",
         # the chart's scale-in, with a 20 s window instead of 5 minutes (the test's length)
-        "--set", "autoscaling.behavior.scaleDown.stabilizationWindowSeconds=20",
-        "--set", "autoscaling.behavior.scaleDown.policies[0].type=Pods",
-        "--set", "autoscaling.behavior.scaleDown.policies[0].value=1",
-        "--set", "autoscaling.behavior.scaleDown.policies[0].periodSeconds=15",
-    ]  # fmt: skip
+        "--set",
+        "autoscaling.behavior.scaleDown.stabilizationWindowSeconds=20",
+        "--set",
+        "autoscaling.behavior.scaleDown.policies[0].type=Pods",
+        "--set",
+        "autoscaling.behavior.scaleDown.policies[0].value=1",
+        "--set",
+        "autoscaling.behavior.scaleDown.policies[0].periodSeconds=15",
+    ]
     with installed_release(cluster, ns, minio, *adapter_values(ns), *hpa):
         # the chart registered its adapter behind the aggregation layer, and it is Available
         api = cluster.kubectl_json("get", "apiservice", "v1beta1.custom.metrics.k8s.io")
         assert api["spec"]["service"]["namespace"] == ns
-        wait_until("the custom metrics APIService to be Available",
-                   lambda: apiservice_available(cluster), timeout=120)  # fmt: skip
+        wait_until(
+            "the custom metrics APIService to be Available",
+            lambda: apiservice_available(cluster),
+            timeout=120,
+        )
         # the idle broker pod has a value (0 B/s) through `kubectl get --raw`
         idle = wait_until(
             "the adapter to serve the broker pod's bytes-in",
             lambda: (v := bytes_in_per_pod(cluster, ns)).keys() == {f"{STS}-0"} and v,
-            timeout=120, interval=3,
-        )  # fmt: skip
+            timeout=120,
+            interval=3,
+        )
         assert idle == {f"{STS}-0": 0}, idle
         create_topic(cluster, ns, "spike", 4)
         wait_until(
             "the HPA to read the broker's bytes-in",
             lambda: hpa_state(cluster, ns)[1] is not None,
-            timeout=180, interval=3,
-        )  # fmt: skip
+            timeout=180,
+            interval=3,
+        )
         assert hpa_state(cluster, ns)[0] == 1
         assert set(leaders(cluster, ns, "spike").values()) == {0}
         with large_records(bootstrap(cluster, ns), "spike", SPIKE) as load:
@@ -175,28 +209,32 @@ def test_spike_of_large_records_scales_out_on_bytes_in_and_back_in_once(
             served = wait_until(
                 "the adapter to serve the broker's bytes-in above the HPA's target",
                 lambda: (v := bytes_in_per_pod(cluster, ns)).get(f"{STS}-0", 0) > TARGET and v,
-                timeout=120, interval=2,
-            )  # fmt: skip
+                timeout=120,
+                interval=2,
+            )
             visible_s = time.monotonic() - spiked
             assert served[f"{STS}-0"] < 2 * SPIKE, served
             wait_until(
                 "the HPA to scale the brokers out on bytes-in",
                 lambda: hpa_state(cluster, ns)[0] == 2,
-                timeout=180, interval=2,
-            )  # fmt: skip
+                timeout=180,
+                interval=2,
+            )
             out_s = time.monotonic() - spiked
             wait_until(
                 "partitions to move onto the new broker",
                 lambda: 1 in leaders(cluster, ns, "spike").values(),
-                timeout=180, interval=2,
-            )  # fmt: skip
+                timeout=180,
+                interval=2,
+            )
             moved_s = time.monotonic() - spiked
             # the new broker serves: records are appended there (its bytes-in, via the adapter)
             both = wait_until(
                 "the new broker to append records (its bytes-in through the adapter)",
                 lambda: (v := bytes_in_per_pod(cluster, ns)).get(f"{STS}-1", 0) > 0 and v,
-                timeout=120, interval=2,
-            )  # fmt: skip
+                timeout=120,
+                interval=2,
+            )
             serving_s = time.monotonic() - spiked
             decisions = hpa_decisions(cluster, ns)
         assert not load.errors, load.errors[:3]
@@ -218,8 +256,11 @@ def test_spike_of_large_records_scales_out_on_bytes_in_and_back_in_once(
         time.sleep(20)
         scaled_in()
         assert sizes == [2, 1], sizes
-        wait_until("the partitions to be led by the remaining broker",
-                   lambda: set(leaders(cluster, ns, "spike").values()) == {0}, timeout=60)  # fmt: skip
+        wait_until(
+            "the partitions to be led by the remaining broker",
+            lambda: set(leaders(cluster, ns, "spike").values()) == {0},
+            timeout=60,
+        )
         decisions = hpa_decisions(cluster, ns)
         figures(
             "bytes_in_visible_s",
@@ -231,9 +272,12 @@ def test_spike_of_large_records_scales_out_on_bytes_in_and_back_in_once(
             {k: round(v) for k, v in both.items()},
             f"B/s through kubectl get --raw, {SPIKE} B/s offered, once both serve",
         )
-        figures("spike_to_scale_out_s", round(out_s, 1),
-                f"{SPIKE} B/s of {RECORD_BYTES} B records against a {TARGET} B/s target: the "
-                "HPA's decision (HPA sync 15s)")  # fmt: skip
+        figures(
+            "spike_to_scale_out_s",
+            round(out_s, 1),
+            f"{SPIKE} B/s of {RECORD_BYTES} B records against a {TARGET} B/s target: the "
+            "HPA's decision (HPA sync 15s)",
+        )
         figures(
             "spike_to_new_broker_serving_s",
             round(serving_s, 1),

@@ -33,9 +33,13 @@ CRDS = (
 )
 # A waiting reason that means the chart (not the code in the image) is wrong.
 CHART_ERRORS = {
-    "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
-    "CreateContainerConfigError", "CreateContainerError",
-}  # fmt: skip
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+}
 
 
 def image_values(cluster: Cluster) -> list[str]:
@@ -46,17 +50,29 @@ def image_values(cluster: Cluster) -> list[str]:
 @pytest.fixture
 def installed(cluster: Cluster, namespace: str) -> Iterator[str]:
     out = cluster.helm(
-        "install", RELEASE, str(CHART), "--namespace", namespace,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        namespace,
         *image_values(cluster),
         # the local image is never pulled
-        "--set", "image.pullPolicy=IfNotPresent",
+        "--set",
+        "image.pullPolicy=IfNotPresent",
         # two brokers, no HPA: this test does not depend on metrics-server
-        "--set", "autoscaling.enabled=false", "--set", "broker.replicas=2",
+        "--set",
+        "autoscaling.enabled=false",
+        "--set",
+        "broker.replicas=2",
         # an unreachable endpoint: the chart's job ends at handing it over
-        "--set", "objectStore.endpoint=http://object-store.invalid:9000",
-        "--set", "objectStore.accessKey=e2e", "--set", "objectStore.secretKey=e2e-secret",
+        "--set",
+        "objectStore.endpoint=http://object-store.invalid:9000",
+        "--set",
+        "objectStore.accessKey=e2e",
+        "--set",
+        "objectStore.secretKey=e2e-secret",
         timeout=300,
-    )  # fmt: skip
+    )
     assert "STATUS: deployed" in out, out
     yield namespace
     # the object store is unreachable, so the operator cannot finish a Topic's finalizer (its
@@ -75,24 +91,37 @@ def test_chart_installs_its_objects(cluster: Cluster, installed: str) -> None:
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
     names = set(
         cluster.kubectl(
-            "-n", ns, "get",
+            "-n",
+            ns,
+            "get",
             "deployment,statefulset,service,pdb,role,rolebinding,serviceaccount,secret,kopfpeering,"
             "networkpolicy",
-            "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
+            "-l",
+            f"app.kubernetes.io/instance={RELEASE}",
+            "-o",
+            "name",
         ).split()
-    )  # fmt: skip
+    )
     expected = {
-        f"deployment.apps/{FULL}-operator", f"statefulset.apps/{FULL}-broker",
-        f"service/{FULL}-brokers", f"service/{FULL}-bootstrap", f"service/{FULL}-operator",
-        f"poddisruptionbudget.policy/{FULL}-broker", f"role.rbac.authorization.k8s.io/{FULL}-operator",
-        f"rolebinding.rbac.authorization.k8s.io/{FULL}-operator", f"serviceaccount/{FULL}-operator",
-        f"serviceaccount/{FULL}-spark", f"secret/{FULL}-object-store", f"kopfpeering.kopf.dev/{FULL}",
+        f"deployment.apps/{FULL}-operator",
+        f"statefulset.apps/{FULL}-broker",
+        f"service/{FULL}-brokers",
+        f"service/{FULL}-bootstrap",
+        f"service/{FULL}-operator",
+        f"poddisruptionbudget.policy/{FULL}-broker",
+        f"role.rbac.authorization.k8s.io/{FULL}-operator",
+        f"rolebinding.rbac.authorization.k8s.io/{FULL}-operator",
+        f"serviceaccount/{FULL}-operator",
+        f"serviceaccount/{FULL}-spark",
+        f"secret/{FULL}-object-store",
+        f"kopfpeering.kopf.dev/{FULL}",
         # the control plane's tokens and who may reach the control ports ([R1] item 5); whether
         # the policies are enforced depends on the network plugin: the local cluster's bridge CNI
         # does not enforce them, the tokens refuse forged calls there (tests/integration)
-        f"secret/{FULL}-control", f"networkpolicy.networking.k8s.io/{FULL}-broker",
+        f"secret/{FULL}-control",
+        f"networkpolicy.networking.k8s.io/{FULL}-broker",
         f"networkpolicy.networking.k8s.io/{FULL}-operator",
-    }  # fmt: skip
+    }
     assert expected <= names, sorted(expected - names)
     headless = cluster.kubectl_json("-n", ns, "get", "service", f"{FULL}-brokers")
     assert headless["spec"]["clusterIP"] == "None"
@@ -178,24 +207,40 @@ def can_i(
 def test_operator_rights_are_exactly_the_promised_ones(cluster: Cluster, installed: str) -> None:
     ns = installed
     granted = [
-        ("get", "topics.tidalmq.io"), ("watch", "partitionreassignments.tidalmq.io"),
-        ("patch", "topics.tidalmq.io/status"), ("update", "clusterstates.tidalmq.io"),
-        ("create", "clusterstates.tidalmq.io"), ("patch", "statictopics.tidalmq.io/status"),
-        ("update", "topics.tidalmq.io/finalizers"), ("patch", "kopfpeerings.kopf.dev"),
-        ("list", "pods"), ("watch", "pods"), ("patch", "statefulsets.apps"),
-        ("create", "events"), ("create", "pods"), ("delete", "pods"), ("create", "configmaps"),
+        ("get", "topics.tidalmq.io"),
+        ("watch", "partitionreassignments.tidalmq.io"),
+        ("patch", "topics.tidalmq.io/status"),
+        ("update", "clusterstates.tidalmq.io"),
+        ("create", "clusterstates.tidalmq.io"),
+        ("patch", "statictopics.tidalmq.io/status"),
+        ("update", "topics.tidalmq.io/finalizers"),
+        ("patch", "kopfpeerings.kopf.dev"),
+        ("list", "pods"),
+        ("watch", "pods"),
+        ("patch", "statefulsets.apps"),
+        ("create", "events"),
+        ("create", "pods"),
+        ("delete", "pods"),
+        ("create", "configmaps"),
         # the active replica labels its own pod tidalmq.io/controller=active (the controller
         # Service selects it); a Role cannot name a pod before it exists, so this is not narrowed
         ("patch", "pods"),
         # User resources: their Secrets, by name (users.enabled, the default)
-        ("patch", "users.tidalmq.io/status"), ("get", "secrets"), ("create", "secrets"),
+        ("patch", "users.tidalmq.io/status"),
+        ("get", "secrets"),
+        ("create", "secrets"),
         ("delete", "secrets"),
-    ]  # fmt: skip
+    ]
     refused = [
-        ("list", "secrets"), ("watch", "secrets"), ("delete", "statefulsets.apps"),
-        ("update", "statefulsets.apps"), ("create", "deployments.apps"), ("update", "nodes"),
-        ("create", "roles.rbac.authorization.k8s.io"), ("create", "serviceaccounts"),
-    ]  # fmt: skip
+        ("list", "secrets"),
+        ("watch", "secrets"),
+        ("delete", "statefulsets.apps"),
+        ("update", "statefulsets.apps"),
+        ("create", "deployments.apps"),
+        ("update", "nodes"),
+        ("create", "roles.rbac.authorization.k8s.io"),
+        ("create", "serviceaccounts"),
+    ]
     for verb, resource in granted:
         assert can_i(cluster, ns, verb, resource), f"the operator cannot {verb} {resource}"
     for verb, resource in refused:
@@ -230,11 +275,23 @@ def test_topics_are_validated_by_the_schema(cluster: Cluster, installed: str) ->
         }
 
     bad = [
-        (topic("zero", {"partitions": 0}), "spec.partitions in body should be greater than or equal to 1"),
-        (topic("name", {"partitions": 3, "topicName": "no spaces"}), "spec.topicName in body should match"),
-        (topic("config", {"partitions": 3, "configs": {"unclean.leader.election.enable": True}}), 'supported values: "false"'),
-        (topic("unknown", {"partitions": 3, "configs": {"retention.hours": 1}}), 'unknown field "spec.configs.retention.hours"'),
-    ]  # fmt: skip
+        (
+            topic("zero", {"partitions": 0}),
+            "spec.partitions in body should be greater than or equal to 1",
+        ),
+        (
+            topic("name", {"partitions": 3, "topicName": "no spaces"}),
+            "spec.topicName in body should match",
+        ),
+        (
+            topic("config", {"partitions": 3, "configs": {"unclean.leader.election.enable": True}}),
+            'supported values: "false"',
+        ),
+        (
+            topic("unknown", {"partitions": 3, "configs": {"retention.hours": 1}}),
+            'unknown field "spec.configs.retention.hours"',
+        ),
+    ]
     for obj, message in bad:
         proc = apply(obj)
         assert proc.returncode != 0, f"accepted {obj}"
@@ -245,8 +302,13 @@ def test_topics_are_validated_by_the_schema(cluster: Cluster, installed: str) ->
     header = cluster.kubectl("-n", ns, "get", "topics").splitlines()[0].split()
     assert header == ["NAME", "PARTITIONS", "READY", "REASON", "AGE"]
     move = {
-        "apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment", "metadata": {"name": "both"},
-        "spec": {"partitions": [{"topic": "orders", "partition": 0, "replicas": [1]}], "generate": {}},
-    }  # fmt: skip
+        "apiVersion": "tidalmq.io/v1alpha1",
+        "kind": "PartitionReassignment",
+        "metadata": {"name": "both"},
+        "spec": {
+            "partitions": [{"topic": "orders", "partition": 0, "replicas": [1]}],
+            "generate": {},
+        },
+    }
     proc = apply(move)
     assert proc.returncode != 0 and "set exactly one of spec.partitions" in proc.stderr, proc.stderr

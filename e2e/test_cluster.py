@@ -57,8 +57,12 @@ def test_pod_from_local_image_logs_and_exec(cluster: Cluster, namespace: str) ->
 
 def test_service_reached_by_dns_name(cluster: Cluster, namespace: str) -> None:
     image = cluster.images["broker"]
-    server = ["sh", "-c", "mkdir -p /tmp/www && echo tidalmq-web > /tmp/www/index.html && "
-              "exec python3 -m http.server 8080 --directory /tmp/www"]  # fmt: skip
+    server = [
+        "sh",
+        "-c",
+        "mkdir -p /tmp/www && echo tidalmq-web > /tmp/www/index.html && "
+        "exec python3 -m http.server 8080 --directory /tmp/www",
+    ]
     cluster.apply(pod("web", image, server), namespace)
     cluster.apply(
         """

@@ -24,9 +24,18 @@ def test_helm_lint(cluster: Cluster) -> None:
 def test_helm_install_and_test(cluster: Cluster, namespace: str) -> None:
     message = "installed by helm on the e2e cluster"
     out = cluster.helm(
-        "install", "smoke", str(CHART), "--namespace", namespace, "--wait", "--timeout", "4m",
-        "--set", f"message={message}", *image_values(cluster),
-    )  # fmt: skip
+        "install",
+        "smoke",
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--wait",
+        "--timeout",
+        "4m",
+        "--set",
+        f"message={message}",
+        *image_values(cluster),
+    )
     assert "STATUS: deployed" in out, out
     status = cluster.helm("status", "smoke", "--namespace", namespace, "-o", "json")
     assert '"status":"deployed"' in status.replace(" ", "")

@@ -106,8 +106,17 @@ class Release:
 
 
 def create_topic(cluster: Cluster, ns: str, name: str, partitions: int = PARTITIONS) -> None:
-    cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic",
-                              "metadata": {"name": name}, "spec": {"partitions": partitions}}), ns)  # fmt: skip
+    cluster.apply(
+        json.dumps(
+            {
+                "apiVersion": "tidalmq.io/v1alpha1",
+                "kind": "Topic",
+                "metadata": {"name": name},
+                "spec": {"partitions": partitions},
+            }
+        ),
+        ns,
+    )
     wait_until(f"Topic {name} Ready", lambda: ready(topic_status(cluster, ns, name)), timeout=180)
 
 
@@ -131,16 +140,20 @@ def writing(cluster: Cluster, rel: Release, topic: str) -> Iterator[RateProducer
 
 def identities(pods: dict[str, dict[str, Any]], component: str | None = None) -> dict[str, Any]:
     """name -> (uid, restarts) of the pods (of one component)."""
-    return {name: (p["uid"], p["restarts"]) for name, p in pods.items()
-            if component is None or p["component"] == component}  # fmt: skip
+    return {
+        name: (p["uid"], p["restarts"])
+        for name, p in pods.items()
+        if component is None or p["component"] == component
+    }
 
 
 def pod_templates(cluster: Cluster, ns: str) -> dict[str, Any]:
     """The pod templates of the release's StatefulSets and Deployments, by kind/name."""
     out = {}
     for kind in ("statefulsets", "deployments"):
-        items = cluster.kubectl_json("-n", ns, "get", kind, "-l",
-                                     f"app.kubernetes.io/instance={RELEASE}")["items"]  # fmt: skip
+        items = cluster.kubectl_json(
+            "-n", ns, "get", kind, "-l", f"app.kubernetes.io/instance={RELEASE}"
+        )["items"]
         for obj in items:
             out[f"{kind}/{obj['metadata']['name']}"] = obj["spec"]["template"]
     return out
@@ -195,8 +208,10 @@ def all_ready(
     pods = release_pods(cluster, ns)
     live = {n: p for n, p in pods.items() if not p["terminating"]}
     by_component = {c: [p for p in live.values() if p["component"] == c] for c in counts}
-    if all(len(by_component[c]) == n and all(p["ready"] for p in by_component[c])
-           for c, n in counts.items()):  # fmt: skip
+    if all(
+        len(by_component[c]) == n and all(p["ready"] for p in by_component[c])
+        for c, n in counts.items()
+    ):
         return live
     return None
 
@@ -215,8 +230,10 @@ def unschedulable(cluster: Cluster) -> list[str]:
     for pod in pods["items"]:
         for c in pod["status"].get("conditions", []):
             if c["type"] == "PodScheduled" and c["status"] == "False":
-                out.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}: "
-                           f"{c.get('reason')}: {c.get('message')}")  # fmt: skip
+                out.append(
+                    f"{pod['metadata']['namespace']}/{pod['metadata']['name']}: "
+                    f"{c.get('reason')}: {c.get('message')}"
+                )
     return out
 
 
@@ -235,11 +252,15 @@ def previous_chart(dest: Path) -> Path:
         pytest.skip("the previous chart comes from git history, which is not available here")
     proc = subprocess.run(
         ["git", "-C", str(REPO_DIR), "archive", PREVIOUS_CHART_COMMIT, "charts/tidalmq"],
-        capture_output=True, check=False, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
     if proc.returncode != 0:
-        pytest.skip(f"commit {PREVIOUS_CHART_COMMIT} (the previous chart) is not in this clone's "
-                    f"history: {proc.stderr.decode(errors='replace').strip()}")  # fmt: skip
+        pytest.skip(
+            f"commit {PREVIOUS_CHART_COMMIT} (the previous chart) is not in this clone's "
+            f"history: {proc.stderr.decode(errors='replace').strip()}"
+        )
     with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as archive:
         archive.extractall(dest, filter="data")
     return dest / "charts" / "tidalmq"
@@ -249,9 +270,16 @@ def control_secret(cluster: Cluster, ns: str) -> str:
     """A Secret with the control plane's two keys (as the chart's controlPlane.existingSecret
     wants them); its name."""
     name = "e2e-upgrade-control"
-    cluster.kubectl("-n", ns, "create", "secret", "generic", name,
-                    f"--from-literal=admin-token={secrets.token_hex(24)}",
-                    f"--from-literal=broker-secret={secrets.token_hex(24)}")  # fmt: skip
+    cluster.kubectl(
+        "-n",
+        ns,
+        "create",
+        "secret",
+        "generic",
+        name,
+        f"--from-literal=admin-token={secrets.token_hex(24)}",
+        f"--from-literal=broker-secret={secrets.token_hex(24)}",
+    )
     return name
 
 
@@ -265,9 +293,13 @@ def tokens_through_env(secret: str, dest: Path) -> Path:
 
     doc = {
         "broker": {"extraEnv": [env("TIDALMQ_CONTROL_TOKEN", "broker-secret")]},
-        "operator": {"extraEnv": [env("TIDALMQ_CONTROL_TOKEN", "admin-token"),
-                                  env("TIDALMQ_CONTROL_BROKER_SECRET", "broker-secret")]},
-    }  # fmt: skip
+        "operator": {
+            "extraEnv": [
+                env("TIDALMQ_CONTROL_TOKEN", "admin-token"),
+                env("TIDALMQ_CONTROL_BROKER_SECRET", "broker-secret"),
+            ]
+        },
+    }
     path = dest / "previous-chart-tokens.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -277,26 +309,44 @@ def external_store(cluster: Cluster, ns: str, minio: str, access: str, secret: s
     """A MinIO pod and Service of the test's own in the namespace (no chart involved); its URL."""
     labels = {"app.kubernetes.io/name": "e2e-s3"}
     pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "e2e-s3", "labels": labels},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "e2e-s3", "labels": labels},
         "spec": {
             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
-            "containers": [{
-                "name": "minio", "image": minio, "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", f"mkdir -p /data/{BUCKET} && exec minio server /data --address :9000"],
-                "env": [{"name": "MINIO_ROOT_USER", "value": access},
+            "containers": [
+                {
+                    "name": "minio",
+                    "image": minio,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": [
+                        "sh",
+                        "-c",
+                        f"mkdir -p /data/{BUCKET} && exec minio server /data --address :9000",
+                    ],
+                    "env": [
+                        {"name": "MINIO_ROOT_USER", "value": access},
                         {"name": "MINIO_ROOT_PASSWORD", "value": secret},
-                        {"name": "HOME", "value": "/tmp"}],
-                "ports": [{"name": "s3", "containerPort": 9000}],
-                "readinessProbe": {"httpGet": {"path": "/minio/health/ready", "port": 9000},
-                                   "periodSeconds": 2},
-                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-            }],
+                        {"name": "HOME", "value": "/tmp"},
+                    ],
+                    "ports": [{"name": "s3", "containerPort": 9000}],
+                    "readinessProbe": {
+                        "httpGet": {"path": "/minio/health/ready", "port": 9000},
+                        "periodSeconds": 2,
+                    },
+                    "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
             "volumes": [{"name": "data", "emptyDir": {}}],
         },
-    }  # fmt: skip
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "e2e-s3"},
-               "spec": {"selector": labels, "ports": [{"name": "s3", "port": 9000}]}}  # fmt: skip
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "e2e-s3"},
+        "spec": {"selector": labels, "ports": [{"name": "s3", "port": 9000}]},
+    }
     cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": [pod, service]}), ns)
     cluster.wait_ready(ns, "pod/e2e-s3", timeout=120)
     return f"http://e2e-s3.{ns}.svc.cluster.local:9000"
@@ -317,9 +367,13 @@ def test_previous_chart_upgraded_loses_nothing(
     endpoint = external_store(cluster, ns, minio, access, secret)
     values = [
         *release_values(cluster, minio),
-        "--set", f"objectStore.endpoint={endpoint}",
-        "--set", f"objectStore.accessKey={access}", "--set", f"objectStore.secretKey={secret}",
-    ]  # fmt: skip
+        "--set",
+        f"objectStore.endpoint={endpoint}",
+        "--set",
+        f"objectStore.accessKey={access}",
+        "--set",
+        f"objectStore.secretKey={secret}",
+    ]
     # Today's image needs control-plane tokens, which the previous chart knows nothing of: the
     # previous release gets them through its extraEnv from a Secret of the test's own, and the
     # upgrade points the new chart at the same Secret (controlPlane.existingSecret), so the
@@ -329,29 +383,71 @@ def test_previous_chart_upgraded_loses_nothing(
         started = time.monotonic()
         # inside the try: a failed install's pods' logs are saved too (a CI run once saw the
         # previous chart's operator restart for 6 minutes, with nothing kept to say why)
-        cluster.helm("install", RELEASE, str(old_chart), "--namespace", ns, "--wait",
-                     "--timeout", "6m", *values, "-f", str(tokens_through_env(control, tmp_path)),
-                     timeout=420)  # fmt: skip
+        cluster.helm(
+            "install",
+            RELEASE,
+            str(old_chart),
+            "--namespace",
+            ns,
+            "--wait",
+            "--timeout",
+            "6m",
+            *values,
+            "-f",
+            str(tokens_through_env(control, tmp_path)),
+            timeout=420,
+        )
         figures("previous_chart_install_s", round(time.monotonic() - started, 1))
-        old_store = cluster.kubectl("-n", ns, "get", "deployment,statefulset", "-l",
-                                    "app.kubernetes.io/component=object-store", "-o", "name").split()  # fmt: skip
+        old_store = cluster.kubectl(
+            "-n",
+            ns,
+            "get",
+            "deployment,statefulset",
+            "-l",
+            "app.kubernetes.io/component=object-store",
+            "-o",
+            "name",
+        ).split()
         rel = Release(ns=ns, values=values, servers=bootstrap_service(cluster, ns))
         with writing(cluster, rel, "across-chart-upgrade") as producer:
             started = time.monotonic()
             # the chart README's upgrade step: helm never upgrades CRDs itself
-            cluster.kubectl("apply", "--server-side", "--force-conflicts",
-                            "-f", str(CHART / "crds"))  # fmt: skip
+            cluster.kubectl(
+                "apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds")
+            )
             # no listeners/controlPlane.tls values: their auto keeps what the previous release
             # runs (a PLAINTEXT listener, plain HTTP control plane), which the producer relies on
-            cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", ns, "--wait",
-                         "--timeout", "6m", *values,
-                         "--set", f"controlPlane.existingSecret={control}", timeout=420)  # fmt: skip
+            cluster.helm(
+                "upgrade",
+                RELEASE,
+                str(CHART),
+                "--namespace",
+                ns,
+                "--wait",
+                "--timeout",
+                "6m",
+                *values,
+                "--set",
+                f"controlPlane.existingSecret={control}",
+                timeout=420,
+            )
             cluster.wait_ready(ns, f"statefulset/{STS}", timeout=300)
-            figures("chart_upgrade_s", round(time.monotonic() - started, 1),
-                    "CRDs applied, helm upgrade --wait, brokers rolled")  # fmt: skip
+            figures(
+                "chart_upgrade_s",
+                round(time.monotonic() - started, 1),
+                "CRDs applied, helm upgrade --wait, brokers rolled",
+            )
         figures("chart_upgrade_worst_ack_wait_s", round(producer.worst_wait(), 3))
-        new_store = cluster.kubectl("-n", ns, "get", "deployment,statefulset", "-l",
-                                    "app.kubernetes.io/component=object-store", "-o", "name").split()  # fmt: skip
+        new_store = cluster.kubectl(
+            "-n",
+            ns,
+            "get",
+            "deployment,statefulset",
+            "-l",
+            "app.kubernetes.io/component=object-store",
+            "-o",
+            "name",
+        ).split()
         figures("object_store_workloads", {"before": old_store, "after": new_store})
         assert new_store == [f"statefulset.apps/{FULL}-object-store"], (old_store, new_store)
         cluster.wait_ready(ns, f"statefulset/{FULL}-object-store", timeout=180)
@@ -385,16 +481,23 @@ def offline_settings(cluster: Cluster, minio: str) -> list[str]:
 def other_tests_pods(cluster: Cluster, ns: str) -> list[str]:
     """Pods of the other tests' namespaces (e2e-*; releases of earlier tests still going)."""
     pods = cluster.kubectl_json("get", "pods", "-A")["items"]
-    return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods
-            if p["metadata"]["namespace"].startswith("e2e-") and p["metadata"]["namespace"] != ns]  # fmt: skip
+    return [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in pods
+        if p["metadata"]["namespace"].startswith("e2e-") and p["metadata"]["namespace"] != ns
+    ]
 
 
 def leftovers(cluster: Cluster, ns: str) -> dict[str, list[str]]:
     """Every object in the namespace, by resource, but events, metrics and what Kubernetes
     itself puts in every namespace."""
-    kinds = [k for k in cluster.kubectl("api-resources", "--verbs=list", "--namespaced",
-                                        "-o", "name").split()
-             if not k.startswith("events") and not k.endswith(".metrics.k8s.io")]  # fmt: skip
+    kinds = [
+        k
+        for k in cluster.kubectl(
+            "api-resources", "--verbs=list", "--namespaced", "-o", "name"
+        ).split()
+        if not k.startswith("events") and not k.endswith(".metrics.k8s.io")
+    ]
     items = cluster.kubectl_json("-n", ns, "get", ",".join(kinds), "--ignore-not-found")["items"]
     plural = {}
     for line in cluster.kubectl("api-resources", "--namespaced", "--no-headers").splitlines():
@@ -419,17 +522,41 @@ def test_default_install_runs_four_brokers_and_uninstalls_cleanly(
     settings = offline_settings(cluster, minio)
     figures("default_install_settings", settings[1::2])
     # The node's two cores for this release alone: other tests' releases gone first.
-    wait_until("the other tests' pods gone", lambda: not other_tests_pods(cluster, ns),
-               timeout=300, interval=3)  # fmt: skip
+    wait_until(
+        "the other tests' pods gone",
+        lambda: not other_tests_pods(cluster, ns),
+        timeout=300,
+        interval=3,
+    )
     started = time.monotonic()
-    cluster.helm("install", RELEASE, str(CHART), "--namespace", ns, "--wait", "--timeout", "6m",
-                 *settings, timeout=420)  # fmt: skip
+    cluster.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--wait",
+        "--timeout",
+        "6m",
+        *settings,
+        timeout=420,
+    )
     figures("default_install_s", round(time.monotonic() - started, 1))
     # four brokers, whether the HPA (default) or the StatefulSet's replicas decide the count
     started = time.monotonic()
-    cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", ns, "--reuse-values",
-                 "--set", "autoscaling.minReplicas=4", "--set", "broker.replicas=4",
-                 timeout=300)  # fmt: skip
+    cluster.helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--reuse-values",
+        "--set",
+        "autoscaling.minReplicas=4",
+        "--set",
+        "broker.replicas=4",
+        timeout=300,
+    )
 
     def four_brokers() -> dict[str, dict[str, Any]] | None:
         stuck = unschedulable(cluster)
@@ -444,18 +571,42 @@ def test_default_install_runs_four_brokers_and_uninstalls_cleanly(
 
         # what uninstall must cope with: a Topic, a StaticTopic, a reassignment in flight
         create_topic(cluster, ns, "orders", 12)
-        cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "StaticTopic",
-                                  "metadata": {"name": "ledger"}, "spec": {"totalQueues": 4}}), ns)  # fmt: skip
-        wait_until("StaticTopic Ready", lambda: ready(
-            cluster.kubectl_json("-n", ns, "get", "statictopic", "ledger").get("status") or {}),
-            timeout=180)  # fmt: skip
+        cluster.apply(
+            json.dumps(
+                {
+                    "apiVersion": "tidalmq.io/v1alpha1",
+                    "kind": "StaticTopic",
+                    "metadata": {"name": "ledger"},
+                    "spec": {"totalQueues": 4},
+                }
+            ),
+            ns,
+        )
+        wait_until(
+            "StaticTopic Ready",
+            lambda: ready(
+                cluster.kubectl_json("-n", ns, "get", "statictopic", "ledger").get("status") or {}
+            ),
+            timeout=180,
+        )
         leaders = {
             p["partition"]: p["broker"] for p in topic_status(cluster, ns, "orders")["partitions"]
         }
-        moves = [{"topic": "orders", "partition": p, "replicas": [(b + 1) % 4]}
-                 for p, b in sorted(leaders.items())[:4]]  # fmt: skip
-        cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-                                  "metadata": {"name": "move-orders"}, "spec": {"partitions": moves}}), ns)  # fmt: skip
+        moves = [
+            {"topic": "orders", "partition": p, "replicas": [(b + 1) % 4]}
+            for p, b in sorted(leaders.items())[:4]
+        ]
+        cluster.apply(
+            json.dumps(
+                {
+                    "apiVersion": "tidalmq.io/v1alpha1",
+                    "kind": "PartitionReassignment",
+                    "metadata": {"name": "move-orders"},
+                    "spec": {"partitions": moves},
+                }
+            ),
+            ns,
+        )
     except BaseException:
         save_diagnosis(cluster, ns)
         uninstall(cluster, ns)
@@ -469,8 +620,11 @@ def test_default_install_runs_four_brokers_and_uninstalls_cleanly(
     started = time.monotonic()
     cluster.helm("uninstall", RELEASE, "--namespace", ns, "--wait", "--timeout", "3m", timeout=200)
     wait_until("the release's pods gone", lambda: not release_pods(cluster, ns), timeout=120)
-    figures("uninstall_s", round(time.monotonic() - started, 1),
-            "helm uninstall --wait (pre-delete hook included) to the last pod gone")  # fmt: skip
+    figures(
+        "uninstall_s",
+        round(time.monotonic() - started, 1),
+        "helm uninstall --wait (pre-delete hook included) to the last pod gone",
+    )
 
     def only_kept() -> dict[str, list[str]]:
         """What is left, once it is only what the README lists (the garbage collector deletes
@@ -481,8 +635,12 @@ def test_default_install_runs_four_brokers_and_uninstalls_cleanly(
             raise ValueError(f"left, and not in the chart README's list: {unexpected}")
         return left or {"(nothing)": []}
 
-    left = wait_until("only what the chart README lists left after helm uninstall", only_kept,
-                      timeout=60, interval=2)  # fmt: skip
+    left = wait_until(
+        "only what the chart README lists left after helm uninstall",
+        only_kept,
+        timeout=60,
+        interval=2,
+    )
     left.pop("(nothing)", None)
     figures("left_after_uninstall", left)
     readme = (CHART / "README.md").read_text()
@@ -492,8 +650,12 @@ def test_default_install_runs_four_brokers_and_uninstalls_cleanly(
     for obj in ("clusterroles", "clusterrolebindings"):
         named = [n for n in cluster.kubectl("get", obj, "-o", "name").split() if f"/{ns}-" in n]
         assert not named, f"cluster-wide objects of the release left: {named}"
-    finalizers = {f"{k}/{n}": cluster.kubectl("-n", ns, "get", k, n, "-o", "jsonpath={.metadata.finalizers}")
-                  for k in left if k.endswith(".tidalmq.io") for n in left[k]}  # fmt: skip
+    finalizers = {
+        f"{k}/{n}": cluster.kubectl("-n", ns, "get", k, n, "-o", "jsonpath={.metadata.finalizers}")
+        for k in left
+        if k.endswith(".tidalmq.io")
+        for n in left[k]
+    }
     assert not any(finalizers.values()), (
         f"finalizers left that no operator will remove: {finalizers}"
     )
@@ -508,9 +670,17 @@ def test_default_install_runs_four_brokers_and_uninstalls_cleanly(
         ) from exc
     figures("namespace_delete_s", round(deleted_s, 1), f"bound {NAMESPACE_DELETE_BOUND_S} s")
     # the store's claim went with the namespace, and the provisioner deleted its volume
-    wait_until("the store's PersistentVolumes deleted",
-               lambda: not [v for v in volumes.values() if v and cluster.kubectl(
-                   "get", "pv", v, "--ignore-not-found", "-o", "name")], timeout=60)  # fmt: skip
+    wait_until(
+        "the store's PersistentVolumes deleted",
+        lambda: (
+            not [
+                v
+                for v in volumes.values()
+                if v and cluster.kubectl("get", "pv", v, "--ignore-not-found", "-o", "name")
+            ]
+        ),
+        timeout=60,
+    )
 
 
 # ------------------------------------------------------------------------------ a lost store
@@ -518,8 +688,9 @@ def test_default_install_runs_four_brokers_and_uninstalls_cleanly(
 
 def produce_acked(servers: str, topic: str, count: int) -> dict[int, int]:
     """`count` acknowledged records (acks=all, idempotent); each partition's next offset."""
-    producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True,
-                         "acks": "all", "linger.ms": 5})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": servers, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+    )
     ends: dict[int, int] = {}
 
     def done(err: Any, msg: Any) -> None:
@@ -537,11 +708,13 @@ def produce_error(servers: str, topic: str, partition: int) -> Any:
     """The error of one record sent to `partition` (None if it was acknowledged). Without
     retries, so the broker's own error is what the delivery report says (a retriable error
     retried until the timeout is reported as the timeout)."""
-    producer = Producer({"bootstrap.servers": servers, "message.timeout.ms": 15000,
-                         "acks": "all", "retries": 0})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": servers, "message.timeout.ms": 15000, "acks": "all", "retries": 0}
+    )
     seen: list[Any] = []
-    producer.produce(topic, value=b"probe", partition=partition,
-                     on_delivery=lambda err, msg: seen.append(err))  # fmt: skip
+    producer.produce(
+        topic, value=b"probe", partition=partition, on_delivery=lambda err, msg: seen.append(err)
+    )
     producer.flush(30)
     return seen[0] if seen else "no delivery report"
 
@@ -557,10 +730,14 @@ def accept_the_loss(cluster: Cluster, ns: str, topic: str) -> float:
     """The documented recovery: annotate the Topic; the operator removes the annotation once
     the loss is accepted and the partitions serve again. Seconds it took."""
     started = time.monotonic()
-    cluster.kubectl("-n", ns, "annotate", "--overwrite", "topic", topic,
-                    "tidalmq.io/accept-data-loss=true")  # fmt: skip
-    wait_until(f"Topic {topic} Ready after the accepted loss",
-               lambda: ready(topic_status(cluster, ns, topic)), timeout=180)  # fmt: skip
+    cluster.kubectl(
+        "-n", ns, "annotate", "--overwrite", "topic", topic, "tidalmq.io/accept-data-loss=true"
+    )
+    wait_until(
+        f"Topic {topic} Ready after the accepted loss",
+        lambda: ready(topic_status(cluster, ns, topic)),
+        timeout=180,
+    )
     annotations = cluster.kubectl_json("-n", ns, "get", "topic", topic)["metadata"].get(
         "annotations", {}
     )
@@ -630,8 +807,18 @@ def test_a_lost_bucket_is_never_served_as_empty(
     keeps the record of what was there."""
     ns = namespace
     values = [*release_values(cluster, minio), *PLAINTEXT_LISTENER]
-    cluster.helm("install", RELEASE, str(CHART), "--namespace", ns, "--wait",
-                 "--timeout", "6m", *values, timeout=420)  # fmt: skip
+    cluster.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--wait",
+        "--timeout",
+        "6m",
+        *values,
+        timeout=420,
+    )
     try:
         servers = bootstrap_service(cluster, ns)
         create_topic(cluster, ns, "ledger", 3)
@@ -648,32 +835,50 @@ def test_a_lost_bucket_is_never_served_as_empty(
                 Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]}
             )
         started = time.monotonic()
-        c = wait_until("Topic Degraded (StoreLost)",
-                       lambda: degraded(cluster, ns, "ledger", "StoreLost"), timeout=120)  # fmt: skip
-        figures("store_wiped_detected_s", round(time.monotonic() - started, 1),
-                "bucket emptied to the Topic Degraded/StoreLost")  # fmt: skip
+        c = wait_until(
+            "Topic Degraded (StoreLost)",
+            lambda: degraded(cluster, ns, "ledger", "StoreLost"),
+            timeout=120,
+        )
+        figures(
+            "store_wiped_detected_s",
+            round(time.monotonic() - started, 1),
+            "bucket emptied to the Topic Degraded/StoreLost",
+        )
         assert "partition" in c["message"], c
         # each broker checks the marker itself (every 5 s, --identity-check-interval-ms): the
         # Topic's condition comes from the controller's own check and may be the first to know
-        wait_until("every broker stopped serving the lost store (tidalmq_store_lost 1, /readyz 503)",
-                   lambda: store_lost_everywhere(cluster, ns), timeout=30)  # fmt: skip
-        figures("store_wiped_brokers_stopped_s", round(time.monotonic() - started, 1),
-                "bucket emptied to every broker refusing the store")  # fmt: skip
+        wait_until(
+            "every broker stopped serving the lost store (tidalmq_store_lost 1, /readyz 503)",
+            lambda: store_lost_everywhere(cluster, ns),
+            timeout=30,
+        )
+        figures(
+            "store_wiped_brokers_stopped_s",
+            round(time.monotonic() - started, 1),
+            "bucket emptied to every broker refusing the store",
+        )
         # to the brokers' pod IPs: the bootstrap Service routes only to Ready brokers, and none is
         err = produce_error(bootstrap(cluster, ns), "ledger", 0)
         assert (
             err is not None
             and getattr(err, "code", lambda: None)() == KafkaError.KAFKA_STORAGE_ERROR
         ), err
-        figures("store_wiped_recovery_s", round(accept_the_loss(cluster, ns, "ledger"), 1),
-                "annotation to the Topic Ready again")  # fmt: skip
+        figures(
+            "store_wiped_recovery_s",
+            round(accept_the_loss(cluster, ns, "ledger"), 1),
+            "annotation to the Topic Ready again",
+        )
         after = produce_acked(servers, "ledger", 30)
         for p, end in after.items():
             assert end > ends[p], (
                 f"partition {p} served from {end} after {ends[p]} were acknowledged"
             )
-        wait_until("a DataLossAccepted Event",
-                   lambda: events_of(cluster, ns, "DataLossAccepted"), timeout=60)  # fmt: skip
+        wait_until(
+            "a DataLossAccepted Event",
+            lambda: events_of(cluster, ns, "DataLossAccepted"),
+            timeout=60,
+        )
         ends = {p: max(ends[p], after.get(p, 0)) for p in ends}
         time.sleep(12)
 
@@ -682,12 +887,27 @@ def test_a_lost_bucket_is_never_served_as_empty(
         # `helm upgrade --wait` would time out): checked, then the rollout is finished by hand
         # (the brokers of the old revision deleted), as an administrator who meant it would
         started = time.monotonic()
-        cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", ns, *values,
-                     "--set", "objectStore.bucket=fresh", timeout=120)  # fmt: skip
-        first = wait_until("a broker of the new revision refusing the fresh bucket",
-                           lambda: updated_brokers_refusing(cluster, ns), timeout=240)  # fmt: skip
-        figures("fresh_bucket_first_broker_refusing_s", round(time.monotonic() - started, 1),
-                "helm upgrade to a fresh bucket until its first broker refused it")  # fmt: skip
+        cluster.helm(
+            "upgrade",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            ns,
+            *values,
+            "--set",
+            "objectStore.bucket=fresh",
+            timeout=120,
+        )
+        first = wait_until(
+            "a broker of the new revision refusing the fresh bucket",
+            lambda: updated_brokers_refusing(cluster, ns),
+            timeout=240,
+        )
+        figures(
+            "fresh_bucket_first_broker_refusing_s",
+            round(time.monotonic() - started, 1),
+            "helm upgrade to a fresh bucket until its first broker refused it",
+        )
         time.sleep(10)
         sts = cluster.kubectl_json("-n", ns, "get", "statefulset", STS)
         assert sts["status"].get("updatedReplicas", 0) == len(first), (
@@ -701,13 +921,21 @@ def test_a_lost_bucket_is_never_served_as_empty(
             if p["metadata"]["labels"].get("controller-revision-hash") != revision
         ]
         cluster.kubectl("-n", ns, "delete", "pod", "--wait=false", *old)
-        wait_until("every broker on the fresh bucket refusing it",
-                   lambda: len(updated_brokers_refusing(cluster, ns)) == len(old) + len(first),
-                   timeout=240)  # fmt: skip
-        wait_until("Topic Degraded (StoreLost) on the fresh bucket",
-                   lambda: degraded(cluster, ns, "ledger", "StoreLost"), timeout=120)  # fmt: skip
-        figures("fresh_bucket_detected_s", round(time.monotonic() - started, 1),
-                "helm upgrade to a fresh bucket until every broker and the Topic say StoreLost")  # fmt: skip
+        wait_until(
+            "every broker on the fresh bucket refusing it",
+            lambda: len(updated_brokers_refusing(cluster, ns)) == len(old) + len(first),
+            timeout=240,
+        )
+        wait_until(
+            "Topic Degraded (StoreLost) on the fresh bucket",
+            lambda: degraded(cluster, ns, "ledger", "StoreLost"),
+            timeout=120,
+        )
+        figures(
+            "fresh_bucket_detected_s",
+            round(time.monotonic() - started, 1),
+            "helm upgrade to a fresh bucket until every broker and the Topic say StoreLost",
+        )
         servers = bootstrap_service(cluster, ns)
         err = produce_error(bootstrap(cluster, ns), "ledger", 1)
         assert (
@@ -715,9 +943,13 @@ def test_a_lost_bucket_is_never_served_as_empty(
             and getattr(err, "code", lambda: None)() == KafkaError.KAFKA_STORAGE_ERROR
         ), err
         accept_the_loss(cluster, ns, "ledger")
-        wait_until("every broker Ready on the fresh bucket",
-                   lambda: all(p["ready"] for p in release_pods(cluster, ns).values()
-                               if p["component"] == "broker"), timeout=120)  # fmt: skip
+        wait_until(
+            "every broker Ready on the fresh bucket",
+            lambda: all(
+                p["ready"] for p in release_pods(cluster, ns).values() if p["component"] == "broker"
+            ),
+            timeout=120,
+        )
         again = produce_acked(servers, "ledger", 30)
         for p, end in again.items():
             assert end > ends[p], (
@@ -740,8 +972,18 @@ def operated(cluster: Cluster, minio: str, request: pytest.FixtureRequest) -> It
     rel = Release(ns=ns, values=[*release_values(cluster, minio), *PLAINTEXT_LISTENER])
     try:
         started = time.monotonic()
-        cluster.helm("install", RELEASE, str(CHART), "--namespace", ns, "--wait",
-                     "--timeout", "6m", *rel.values, timeout=420)  # fmt: skip
+        cluster.helm(
+            "install",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            ns,
+            "--wait",
+            "--timeout",
+            "6m",
+            *rel.values,
+            timeout=420,
+        )
         rel.install_s = time.monotonic() - started
         rel.servers = bootstrap_service(cluster, ns)
         yield rel
@@ -766,11 +1008,31 @@ def test_upgrade_with_unchanged_values_restarts_nothing(
     with writing(cluster, rel, "unchanged-upgrade") as producer:
         started = time.monotonic()
         # the same values again, as a values file kept with the deployment would give them
-        cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", ns, "--wait",
-                     "--timeout", "5m", *rel.values, timeout=330)  # fmt: skip
+        cluster.helm(
+            "upgrade",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            ns,
+            "--wait",
+            "--timeout",
+            "5m",
+            *rel.values,
+            timeout=330,
+        )
         # and the other common way: helm's stored values
-        cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", ns, "--reuse-values",
-                     "--wait", "--timeout", "5m", timeout=330)  # fmt: skip
+        cluster.helm(
+            "upgrade",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            ns,
+            "--reuse-values",
+            "--wait",
+            "--timeout",
+            "5m",
+            timeout=330,
+        )
         figures("unchanged_upgrades_s", round(time.monotonic() - started, 1), "two helm upgrades")
         time.sleep(10)  # a changed pod template would have its first pod replaced by now
     figures("unchanged_upgrade_worst_ack_wait_s", round(producer.worst_wait(), 3))
@@ -790,13 +1052,28 @@ def test_upgrade_of_a_broker_setting_rolls_the_brokers(
     name, value = BROKER_SETTING
     with writing(cluster, rel, "setting-upgrade") as producer:
         started = time.monotonic()
-        cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", ns, "--wait",
-                     "--timeout", "6m", *rel.values,
-                     "--set", f"broker.extraEnv[0].name={name}",
-                     "--set-string", f"broker.extraEnv[0].value={value}", timeout=400)  # fmt: skip
+        cluster.helm(
+            "upgrade",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            ns,
+            "--wait",
+            "--timeout",
+            "6m",
+            *rel.values,
+            "--set",
+            f"broker.extraEnv[0].name={name}",
+            "--set-string",
+            f"broker.extraEnv[0].value={value}",
+            timeout=400,
+        )
         cluster.wait_ready(ns, f"statefulset/{STS}", timeout=300)
-        figures("setting_upgrade_rollout_s", round(time.monotonic() - started, 1),
-                "helm upgrade --wait to the brokers' rollout done")  # fmt: skip
+        figures(
+            "setting_upgrade_rollout_s",
+            round(time.monotonic() - started, 1),
+            "helm upgrade --wait to the brokers' rollout done",
+        )
     figures("setting_upgrade_worst_ack_wait_s", round(producer.worst_wait(), 3))
     after = release_pods(cluster, ns)
     assert broker_env(cluster, ns, name) == {p: [value] for p in identities(after, "broker")}
@@ -816,8 +1093,17 @@ def test_rollback_rolls_the_brokers_back(
     before = release_pods(cluster, ns)
     with writing(cluster, rel, "rollback") as producer:
         started = time.monotonic()
-        cluster.helm("rollback", RELEASE, str(rel.revision_before_change), "--namespace", ns,
-                     "--wait", "--timeout", "6m", timeout=400)  # fmt: skip
+        cluster.helm(
+            "rollback",
+            RELEASE,
+            str(rel.revision_before_change),
+            "--namespace",
+            ns,
+            "--wait",
+            "--timeout",
+            "6m",
+            timeout=400,
+        )
         cluster.wait_ready(ns, f"statefulset/{STS}", timeout=300)
         figures("rollback_rollout_s", round(time.monotonic() - started, 1))
     figures("rollback_worst_ack_wait_s", round(producer.worst_wait(), 3))
@@ -835,8 +1121,9 @@ def test_rollback_rolls_the_brokers_back(
 
 def store_pods(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
     """The object store's pods, but those being deleted."""
-    pods = cluster.kubectl_json("-n", ns, "get", "pods", "-l",
-                                "app.kubernetes.io/component=object-store")["items"]  # fmt: skip
+    pods = cluster.kubectl_json(
+        "-n", ns, "get", "pods", "-l", "app.kubernetes.io/component=object-store"
+    )["items"]
     return [p for p in pods if "deletionTimestamp" not in p["metadata"]]
 
 
@@ -866,8 +1153,9 @@ def test_object_store_pod_deleted_loses_nothing(
             return new[0] if len(pods) == 1 and new and ready(new[0]["status"]) else None
 
         back = wait_until("a new object-store pod Ready", replaced, timeout=240)
-        figures("store_pod_back_s", round(time.monotonic() - started, 1),
-                "delete to the new pod Ready")  # fmt: skip
+        figures(
+            "store_pod_back_s", round(time.monotonic() - started, 1), "delete to the new pod Ready"
+        )
         time.sleep(5)  # the brokers' flushes that waited for the store go through
     figures("store_pod_deleted_worst_ack_wait_s", round(producer.worst_wait(), 3))
     assert data_claim(back) == claim
@@ -888,19 +1176,36 @@ def test_node_drained_loses_nothing(
         started = time.monotonic()
         try:
             held = drain_until_the_budget_refuses(cluster, node, ns)
-            figures("drain_held_by_the_budget", held,
-                    "evictions respected the brokers' PDB: this broker stayed until the rest "
-                    "was evicted; then deleted past the budget (--disable-eviction)")  # fmt: skip
-            cluster.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
-                            "--force", "--disable-eviction", "--timeout=240s", timeout=270)  # fmt: skip
+            figures(
+                "drain_held_by_the_budget",
+                held,
+                "evictions respected the brokers' PDB: this broker stayed until the rest "
+                "was evicted; then deleted past the budget (--disable-eviction)",
+            )
+            cluster.kubectl(
+                "drain",
+                node,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--force",
+                "--disable-eviction",
+                "--timeout=240s",
+                timeout=270,
+            )
             figures("drain_s", round(time.monotonic() - started, 1))
         finally:
             cluster.kubectl("uncordon", node)
-        back = wait_until("every pod of the release back and Ready",
-                          lambda: all_ready(cluster, ns, component_counts(before)),
-                          timeout=360, interval=2)  # fmt: skip
-        figures("drain_to_all_ready_s", round(time.monotonic() - started, 1),
-                "drain start to every pod of the release Ready after uncordon")  # fmt: skip
+        back = wait_until(
+            "every pod of the release back and Ready",
+            lambda: all_ready(cluster, ns, component_counts(before)),
+            timeout=360,
+            interval=2,
+        )
+        figures(
+            "drain_to_all_ready_s",
+            round(time.monotonic() - started, 1),
+            "drain start to every pod of the release Ready after uncordon",
+        )
         for deployment in ("coredns", "metrics-server"):  # the next tests need them
             cluster.wait_ready("kube-system", f"deployment/{deployment}", timeout=240)
     figures("drain_worst_ack_wait_s", round(producer.worst_wait(), 3))
@@ -914,11 +1219,20 @@ def drain_until_the_budget_refuses(cluster: Cluster, node: str, ns: str) -> str:
     replacements Pending on the cordoned node); stops it there and returns the refused pod.
     --force: bare pods other tests may have left would stop the drain otherwise."""
     proc = subprocess.Popen(
-        [cluster.kubectl_bin, "drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
-         "--force", "--timeout=300s"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            cluster.kubectl_bin,
+            "drain",
+            node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--force",
+            "--timeout=300s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, **cluster.env},
-    )  # fmt: skip
+    )
     lines: list[str] = []
 
     def read() -> None:
@@ -945,8 +1259,12 @@ def drain_until_the_budget_refuses(cluster: Cluster, node: str, ns: str) -> str:
         return name if pods.get(name, {}).get("component") == "broker" and not others else None
 
     try:
-        return wait_until("the PodDisruptionBudget to hold one broker, the rest evicted",
-                          only_the_refused_one_left, timeout=240, interval=1)  # fmt: skip
+        return wait_until(
+            "the PodDisruptionBudget to hold one broker, the rest evicted",
+            only_the_refused_one_left,
+            timeout=240,
+            interval=1,
+        )
     finally:
         if proc.poll() is None:
             proc.terminate()

@@ -74,13 +74,21 @@ def planner_release(
     cluster.apply(prometheus_manifests(prometheus_image, namespace), namespace)
     s_repo, s_tag = cluster.images["spark"].rsplit(":", 1)
     with installed_release(
-        cluster, namespace, minio,
-        "--set", "spark.enabled=true",
-        "--set", f"spark.image.repository={s_repo}", "--set", f"spark.image.tag={s_tag}",
-        "--set", f"operator.prometheusUrl=http://prometheus.{namespace}.svc:9090",
+        cluster,
+        namespace,
+        minio,
+        "--set",
+        "spark.enabled=true",
+        "--set",
+        f"spark.image.repository={s_repo}",
+        "--set",
+        f"spark.image.tag={s_tag}",
+        "--set",
+        f"operator.prometheusUrl=http://prometheus.{namespace}.svc:9090",
         # the planner's Prometheus alone: the bytes-in adapter has its own test
-        "--set", "metricsAdapter.enabled=false",
-    ) as installed:  # fmt: skip
+        "--set",
+        "metricsAdapter.enabled=false",
+    ) as installed:
         installed["prometheus"] = prometheus_url(cluster, namespace)
         yield installed
 
@@ -90,8 +98,17 @@ def test_generated_plan_runs_on_spark_and_balances_the_brokers(
     cluster: Cluster, planner_release: dict[str, Any]
 ) -> None:
     ns, prom = planner_release["ns"], planner_release["prometheus"]
-    cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic",
-                              "metadata": {"name": TOPIC}, "spec": {"partitions": PARTITIONS}}), ns)  # fmt: skip
+    cluster.apply(
+        json.dumps(
+            {
+                "apiVersion": "tidalmq.io/v1alpha1",
+                "kind": "Topic",
+                "metadata": {"name": TOPIC},
+                "spec": {"partitions": PARTITIONS},
+            }
+        ),
+        ns,
+    )
     wait_until("Topic Ready", lambda: ready(topic_status(cluster, ns, TOPIC)), timeout=180)
     leaders = {p["partition"]: p["broker"] for p in topic_status(cluster, ns, TOPIC)["partitions"]}
     brokers = sorted(set(leaders.values()))
@@ -119,8 +136,12 @@ def test_generated_plan_runs_on_spark_and_balances_the_brokers(
             except OSError:  # not serving yet
                 return None
 
-        wait_until("Prometheus has the topic's bytes-in from both brokers", both_scraped,
-                   timeout=240, interval=5)  # fmt: skip
+        wait_until(
+            "Prometheus has the topic's bytes-in from both brokers",
+            both_scraped,
+            timeout=240,
+            interval=5,
+        )
         # ... and holds a minute of skewed history (the skew is there from the first sample;
         # the plan's 3-minute window reads more of it, as it accrues, when the Spark job runs)
         time.sleep(SKEWED_HISTORY_S)
@@ -128,13 +149,25 @@ def test_generated_plan_runs_on_spark_and_balances_the_brokers(
         assert figures["imbalance_measured_before"] > 1.5, figures
 
         requested = time.monotonic()
-        cluster.apply(json.dumps({
-            "apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-            "metadata": {"name": "balance"},
-            "spec": {"generate": {"window": "3m", "step": "15s", "threshold": THRESHOLD,
-                                  "topics": [TOPIC]},
-                     "autoApprove": True},
-        }), ns)  # fmt: skip
+        cluster.apply(
+            json.dumps(
+                {
+                    "apiVersion": "tidalmq.io/v1alpha1",
+                    "kind": "PartitionReassignment",
+                    "metadata": {"name": "balance"},
+                    "spec": {
+                        "generate": {
+                            "window": "3m",
+                            "step": "15s",
+                            "threshold": THRESHOLD,
+                            "topics": [TOPIC],
+                        },
+                        "autoApprove": True,
+                    },
+                }
+            ),
+            ns,
+        )
         phases: list[str] = []
 
         def planned() -> dict[str, Any] | None:
@@ -150,8 +183,9 @@ def test_generated_plan_runs_on_spark_and_balances_the_brokers(
         done = wait_until(
             "the plan executed",
             lambda: ((s := planned() or {}).get("phase") == "Completed" and s) or None,
-            timeout=300, interval=2,
-        )  # fmt: skip
+            timeout=300,
+            interval=2,
+        )
         figures["request_to_done_s"] = round(time.monotonic() - requested, 1)
         figures["phases"] = phases
 
@@ -171,9 +205,13 @@ def test_generated_plan_runs_on_spark_and_balances_the_brokers(
 
         # it ran on Spark-on-Kubernetes: the Events tell the driver pod's way to Succeeded
         events = cluster.kubectl_json(
-            "-n", ns, "get", "events", "--field-selector",
+            "-n",
+            ns,
+            "get",
+            "events",
+            "--field-selector",
             "involvedObject.kind=PartitionReassignment,involvedObject.name=balance",
-        )["items"]  # fmt: skip
+        )["items"]
         messages = " | ".join(e.get("message", "") for e in events)
         assert "-submit" in messages and "-driver is Succeeded" in messages, messages
 

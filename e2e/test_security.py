@@ -48,10 +48,14 @@ def secret_data(cluster: Cluster, ns: str, name: str) -> dict[str, str]:
 
 
 def user(name: str, acls: list[dict[str, Any]]) -> str:
-    return json.dumps({
-        "apiVersion": "tidalmq.io/v1alpha1", "kind": "User", "metadata": {"name": name},
-        "spec": {"authentication": {"type": "scram-sha-512"}, "authorization": {"acls": acls}},
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "apiVersion": "tidalmq.io/v1alpha1",
+            "kind": "User",
+            "metadata": {"name": name},
+            "spec": {"authentication": {"type": "scram-sha-512"}, "authorization": {"acls": acls}},
+        }
+    )
 
 
 def user_ready(cluster: Cluster, ns: str, name: str) -> bool:
@@ -59,8 +63,17 @@ def user_ready(cluster: Cluster, ns: str, name: str) -> bool:
 
 
 def create_topic(cluster: Cluster, ns: str, name: str) -> None:
-    cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic",
-                              "metadata": {"name": name}, "spec": {"partitions": 3}}), ns)  # fmt: skip
+    cluster.apply(
+        json.dumps(
+            {
+                "apiVersion": "tidalmq.io/v1alpha1",
+                "kind": "Topic",
+                "metadata": {"name": name},
+                "spec": {"partitions": 3},
+            }
+        ),
+        ns,
+    )
     wait_until(f"Topic {name} Ready", lambda: ready(topic_status(cluster, ns, name)), timeout=180)
 
 
@@ -119,9 +132,16 @@ def test_tls_and_scram_with_user_resources(
     cluster: Cluster, namespace: str, minio: str, tmp_path: Path
 ) -> None:
     ns = namespace
-    values = ["--set", "listeners.tls.enabled=true", "--set", "listeners.sasl.enabled=true",
-              "--set", "authorization.superUsers={User:admin}",
-              "--set", "controlPlane.tls.enabled=true"]  # fmt: skip
+    values = [
+        "--set",
+        "listeners.tls.enabled=true",
+        "--set",
+        "listeners.sasl.enabled=true",
+        "--set",
+        "authorization.superUsers={User:admin}",
+        "--set",
+        "controlPlane.tls.enabled=true",
+    ]
     with installed_release(cluster, ns, minio, *values):
         servers = bootstrap(cluster, ns)
         # the control plane speaks mTLS (controlPlane.tls): the brokers registered and serve
@@ -131,31 +151,48 @@ def test_tls_and_scram_with_user_resources(
         assert status in (401, 403) and "certificate" in body, (status, body)
         ca = tmp_path / "ca.crt"
         ca.write_text(secret_data(cluster, ns, f"{FULL}-broker-tls")["ca.crt"])
-        tls = {"bootstrap.servers": servers, "ssl.ca.location": str(ca),
-               "ssl.endpoint.identification.algorithm": "none"}  # fmt: skip
+        tls = {
+            "bootstrap.servers": servers,
+            "ssl.ca.location": str(ca),
+            "ssl.endpoint.identification.algorithm": "none",
+        }
 
         # NetworkPolicies ship with the release (not enforced by this cluster's network plugin)
         policies = cluster.kubectl("-n", ns, "get", "networkpolicy", "-o", "name").split()
         assert len(policies) >= 2, policies
 
         cluster.apply(user("admin", []), ns)
-        cluster.apply(user("alice", [
-            {"resource": {"type": "topic", "name": TOPIC},
-             "operations": ["Read", "Write", "Describe"]},
-            {"resource": {"type": "group", "name": "alice-", "patternType": "prefixed"},
-             "operations": ["Read"]},
-        ]), ns)  # fmt: skip
+        cluster.apply(
+            user(
+                "alice",
+                [
+                    {
+                        "resource": {"type": "topic", "name": TOPIC},
+                        "operations": ["Read", "Write", "Describe"],
+                    },
+                    {
+                        "resource": {"type": "group", "name": "alice-", "patternType": "prefixed"},
+                        "operations": ["Read"],
+                    },
+                ],
+            ),
+            ns,
+        )
         for name in ("admin", "alice"):
-            wait_until(f"User {name} Ready", lambda n=name: user_ready(cluster, ns, n),
-                       timeout=180)  # fmt: skip
+            wait_until(f"User {name} Ready", lambda n=name: user_ready(cluster, ns, n), timeout=180)
         create_topic(cluster, ns, TOPIC)
         create_topic(cluster, ns, HIDDEN)
 
         def sasl(name: str) -> dict[str, Any]:
             creds = secret_data(cluster, ns, name)
             assert creds["sasl.mechanism"] == "SCRAM-SHA-512", sorted(creds)
-            return {**tls, "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-                    "sasl.username": creds["username"], "sasl.password": creds["password"]}  # fmt: skip
+            return {
+                **tls,
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": creds["username"],
+                "sasl.password": creds["password"],
+            }
 
         alice, admin = sasl("alice"), sasl("admin")
         # the super user writes to both topics; alice reads hers and is refused the other
@@ -165,8 +202,9 @@ def test_tls_and_scram_with_user_resources(
         assert producer.flush(60) == 0
         producer = Producer({**alice, "acks": "all", "enable.idempotence": True})
         delivered: list[Any] = []
-        producer.produce(TOPIC, b"from alice", partition=1,
-                         on_delivery=lambda err, _m: delivered.append(err))  # fmt: skip
+        producer.produce(
+            TOPIC, b"from alice", partition=1, on_delivery=lambda err, _m: delivered.append(err)
+        )
         assert producer.flush(60) == 0 and delivered == [None], delivered
         assert consume_first(alice, TOPIC, "alice-1") in (b"hello orders", b"from alice")
         assert consume_first(alice, HIDDEN, "alice-2") == KafkaError.TOPIC_AUTHORIZATION_FAILED
@@ -178,5 +216,9 @@ def test_tls_and_scram_with_user_resources(
 
         # deleting the User revokes it
         cluster.kubectl("-n", ns, "delete", "user", "alice", "--wait=true", "--timeout=120s")
-        wait_until("alice refused", lambda: KafkaError._AUTHENTICATION in refused(alice),
-                   timeout=60, interval=2)  # fmt: skip
+        wait_until(
+            "alice refused",
+            lambda: KafkaError._AUTHENTICATION in refused(alice),
+            timeout=60,
+            interval=2,
+        )

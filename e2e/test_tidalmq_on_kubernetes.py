@@ -102,11 +102,16 @@ class ServingProbe:
     def __init__(self, servers: str, topic: str, brokers: set[int]) -> None:
         self.topic = topic
         self.brokers = brokers
-        self.producer = Producer({
-            "bootstrap.servers": servers, "acks": "all", "linger.ms": 0,
-            "message.timeout.ms": 20000, "retry.backoff.ms": 20,
-            "topic.metadata.refresh.interval.ms": 500,
-        })  # fmt: skip
+        self.producer = Producer(
+            {
+                "bootstrap.servers": servers,
+                "acks": "all",
+                "linger.ms": 0,
+                "message.timeout.ms": 20000,
+                "retry.backoff.ms": 20,
+                "topic.metadata.refresh.interval.ms": 500,
+            }
+        )
         self.served: dict[tuple[int, int], float] = {}  # (partition, broker) -> acknowledged at
         self._pending: set[tuple[int, int]] = set()
         self._stop = threading.Event()
@@ -127,8 +132,13 @@ class ServingProbe:
                 key = (p.id, p.leader)
                 if p.leader in self.brokers and key not in self.served and key not in self._pending:
                     self._pending.add(key)
-                    self.producer.produce(self.topic, key=PROBE_KEY, value=b"probe", partition=p.id,
-                                          on_delivery=lambda err, _msg, key=key: self._acked(key, err))  # fmt: skip
+                    self.producer.produce(
+                        self.topic,
+                        key=PROBE_KEY,
+                        value=b"probe",
+                        partition=p.id,
+                        on_delivery=lambda err, _msg, key=key: self._acked(key, err),
+                    )
             self.producer.poll(0.1)
 
     def start(self) -> ServingProbe:
@@ -151,10 +161,14 @@ def event_time(event: dict[str, Any]) -> float:
 def registered_at(cluster: Cluster, ns: str, broker: int, after: float) -> float:
     """When the controller registered `broker` (its first BrokerRegistered Event since `after`:
     the controller records the new broker's fair share of moves in that same step)."""
-    events = cluster.kubectl_json("-n", ns, "get", "events", "--field-selector",
-                                  "reason=BrokerRegistered")["items"]  # fmt: skip
-    times = [event_time(e) for e in events
-             if e["message"].startswith(f"broker {broker} registered") and event_time(e) >= after - 1]  # fmt: skip
+    events = cluster.kubectl_json(
+        "-n", ns, "get", "events", "--field-selector", "reason=BrokerRegistered"
+    )["items"]
+    times = [
+        event_time(e)
+        for e in events
+        if e["message"].startswith(f"broker {broker} registered") and event_time(e) >= after - 1
+    ]
     if not times:
         raise ValueError(f"no BrokerRegistered Event for broker {broker}")
     return min(times)
@@ -173,11 +187,22 @@ def cancel_after_first_done(cluster: Cluster, ns: str, name: str, timeout: float
     spec.cancel the moment its progress shows a first partition done, so that the cancel finds
     moves still in flight; returns the progress it acted on ('' if it never saw one done)."""
     watch = subprocess.Popen(
-        [cluster.kubectl_bin, "-n", ns, "get", "tpr", name, "-w",
-         "-o", 'jsonpath={.status.progress}{"\\n"}'],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            cluster.kubectl_bin,
+            "-n",
+            ns,
+            "get",
+            "tpr",
+            name,
+            "-w",
+            "-o",
+            'jsonpath={.status.progress}{"\\n"}',
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
         env={**os.environ, **cluster.env},
-    )  # fmt: skip
+    )
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(
         target=lambda: [lines.put(x) for x in watch.stdout or []], daemon=True
@@ -194,8 +219,9 @@ def cancel_after_first_done(cluster: Cluster, ns: str, name: str, timeout: float
             if progress and not progress.startswith("0/"):
                 seen = progress
                 break
-        cluster.kubectl("-n", ns, "patch", "tpr", name, "--type=merge",
-                        "-p", '{"spec": {"cancel": true}}')  # fmt: skip
+        cluster.kubectl(
+            "-n", ns, "patch", "tpr", name, "--type=merge", "-p", '{"spec": {"cancel": true}}'
+        )
     finally:
         watch.kill()
         watch.wait(10)
@@ -236,8 +262,17 @@ def test_fleet_changes_under_a_producer(
     cluster: Cluster, release: dict[str, Any], figures: RecordFigure
 ) -> None:
     ns = release["ns"]
-    cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic",
-                              "metadata": {"name": "events"}, "spec": {"partitions": PARTITIONS}}), ns)  # fmt: skip
+    cluster.apply(
+        json.dumps(
+            {
+                "apiVersion": "tidalmq.io/v1alpha1",
+                "kind": "Topic",
+                "metadata": {"name": "events"},
+                "spec": {"partitions": PARTITIONS},
+            }
+        ),
+        ns,
+    )
     wait_until("Topic Ready", lambda: ready(topic_status(cluster, ns, "events")), timeout=180)
     servers = bootstrap(cluster, ns)
     producer = RateProducer(servers, "events").start()
@@ -261,21 +296,32 @@ def test_fleet_changes_under_a_producer(
                 for p in topic_status(cluster, ns, "events")["partitions"]
             }
             received = {b: [p for p, lead in final.items() if lead == b] for b in (2, 3)}
-            wait_until("the client served by the new brokers for each partition they received",
-                       lambda: all((p, b) in probe.served for b, ps in received.items() for p in ps),
-                       timeout=60, interval=0.5)  # fmt: skip
+            wait_until(
+                "the client served by the new brokers for each partition they received",
+                lambda: all((p, b) in probe.served for b, ps in received.items() for p in ps),
+                timeout=60,
+                interval=0.5,
+            )
         finally:
             probe.stop()
         per_broker = {}
         for b, ps in received.items():
-            since = wait_until(f"broker {b}'s BrokerRegistered Event",
-                               lambda b=b: registered_at(cluster, ns, b, scaled_at), timeout=30)  # fmt: skip
-            per_broker[b] = {"partitions": len(ps),
-                             "seconds": round(max(probe.served[(p, b)] for p in ps) - since, 3)}  # fmt: skip
+            since = wait_until(
+                f"broker {b}'s BrokerRegistered Event",
+                lambda b=b: registered_at(cluster, ns, b, scaled_at),
+                timeout=30,
+            )
+            per_broker[b] = {
+                "partitions": len(ps),
+                "seconds": round(max(probe.served[(p, b)] for p in ps) - since, 3),
+            }
         ready_to_serving = max(v["seconds"] for v in per_broker.values())
-        figures("new_broker_registered_to_serving_s", ready_to_serving,
-                f"slowest new broker; target <= {READY_TO_SERVING_TARGET_S:.0f} s for "
-                f"{PARTITIONS} partitions")  # fmt: skip
+        figures(
+            "new_broker_registered_to_serving_s",
+            ready_to_serving,
+            f"slowest new broker; target <= {READY_TO_SERVING_TARGET_S:.0f} s for "
+            f"{PARTITIONS} partitions",
+        )
         figures("new_broker_registered_to_serving_by_broker", per_broker)
         # (b) 4 -> 2: the brokers drain (preStop) and their partitions move. Client-visible
         # unavailability of a partition: the longest a record produced to it during the
@@ -288,9 +334,12 @@ def test_fleet_changes_under_a_producer(
         waits = producer.worst_wait_by_partition(start, time.time() - 3)
         scale_in_p99 = p99(list(waits.values()))
         verdict = "met" if scale_in_p99 <= SCALE_IN_P99_TARGET_S else "NOT met"
-        figures("scale_in_unavailability_p99_s", scale_in_p99,
-                f"per partition, {len(waits)} partitions; target <= {SCALE_IN_P99_TARGET_S:.0f} s: "
-                f"{verdict}; asserted <= {SCALE_IN_P99_BOUND_S:.0f} s")  # fmt: skip
+        figures(
+            "scale_in_unavailability_p99_s",
+            scale_in_p99,
+            f"per partition, {len(waits)} partitions; target <= {SCALE_IN_P99_TARGET_S:.0f} s: "
+            f"{verdict}; asserted <= {SCALE_IN_P99_BOUND_S:.0f} s",
+        )
         figures("scale_in_unavailability_p50_s", statistics.median(waits.values()))
         figures("scale_in_unavailability_max_s", max(waits.values()))
         assert scale_in_p99 <= SCALE_IN_P99_BOUND_S, (
@@ -298,41 +347,74 @@ def test_fleet_changes_under_a_producer(
         )
         # (c) a broker pod deleted with grace period 0: fenced and recovered elsewhere
         cluster.kubectl("-n", ns, "delete", "pod", f"{STS}-1", "--grace-period=0", "--force")
-        wait_until("broker 1 back", lambda: len([p for p in broker_pods(cluster, ns) if pod_ready_time(p)]) == 2,
-                   timeout=240)  # fmt: skip
+        wait_until(
+            "broker 1 back",
+            lambda: len([p for p in broker_pods(cluster, ns) if pod_ready_time(p)]) == 2,
+            timeout=240,
+        )
         wait_brokers_serving(cluster, ns, "events", {0, 1})
         # (d) a reassignment of 6 partitions, and one cancelled half way
         status = topic_status(cluster, ns, "events")
-        moves = [{"topic": "events", "partition": p["partition"], "replicas": [1 - p["broker"]]}
-                 for p in status["partitions"][:6]]  # fmt: skip
-        cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-                                  "metadata": {"name": "six"}, "spec": {"partitions": moves}}), ns)  # fmt: skip
-        wait_until("six moved", lambda: tpr_status(cluster, ns, "six").get("phase") == "Completed",
-                   timeout=180)  # fmt: skip
+        moves = [
+            {"topic": "events", "partition": p["partition"], "replicas": [1 - p["broker"]]}
+            for p in status["partitions"][:6]
+        ]
+        cluster.apply(
+            json.dumps(
+                {
+                    "apiVersion": "tidalmq.io/v1alpha1",
+                    "kind": "PartitionReassignment",
+                    "metadata": {"name": "six"},
+                    "spec": {"partitions": moves},
+                }
+            ),
+            ns,
+        )
+        wait_until(
+            "six moved",
+            lambda: tpr_status(cluster, ns, "six").get("phase") == "Completed",
+            timeout=180,
+        )
         # ... and another, of 18 partitions, cancelled the moment its first partition is done
         # (moves start together but end one by one, so some are likely still in flight). Each
         # partition ends either moved (Done, on its target) or rolled back (Cancelled, on its
         # source); the status must say which, and the Topic must agree.
         status = topic_status(cluster, ns, "events")
         source = {p["partition"]: p["broker"] for p in status["partitions"]}
-        back = [{"topic": "events", "partition": p, "replicas": [1 - b]}
-                for p, b in sorted(source.items())[6:]]  # fmt: skip
-        cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-                                  "metadata": {"name": "cancelled"}, "spec": {"partitions": back}}), ns)  # fmt: skip
+        back = [
+            {"topic": "events", "partition": p, "replicas": [1 - b]}
+            for p, b in sorted(source.items())[6:]
+        ]
+        cluster.apply(
+            json.dumps(
+                {
+                    "apiVersion": "tidalmq.io/v1alpha1",
+                    "kind": "PartitionReassignment",
+                    "metadata": {"name": "cancelled"},
+                    "spec": {"partitions": back},
+                }
+            ),
+            ns,
+        )
         cancelled_at = cancel_after_first_done(cluster, ns, "cancelled")
         assert cancelled_at, "the reassignment never showed a partition done"
         outcome = wait_until(
             "the cancelled reassignment settles, its status agreeing with the Topic",
-            lambda: cancel_outcome(cluster, ns, source), timeout=180,
-        )  # fmt: skip
+            lambda: cancel_outcome(cluster, ns, source),
+            timeout=180,
+        )
         st = tpr_status(cluster, ns, "cancelled")
         assert outcome["moved"] >= 1, (outcome, st)  # the cancel came after a first Done
         complete = next(c for c in st["conditions"] if c["type"] == "Complete")
         if outcome["rolled_back"]:
             # half way: moves in flight rolled back, those done stayed done
             assert st["phase"] == "Cancelled" and complete["reason"] == "Cancelled", st
-            reasons = {e["reason"] for e in cluster.kubectl_json(
-                "-n", ns, "get", "events", "--field-selector", "involvedObject.name=cancelled")["items"]}  # fmt: skip
+            reasons = {
+                e["reason"]
+                for e in cluster.kubectl_json(
+                    "-n", ns, "get", "events", "--field-selector", "involvedObject.name=cancelled"
+                )["items"]
+            }
             assert {"Cancelling", "PartitionCancelled", "Cancelled"} <= reasons, reasons
             how = "half way"
         else:
@@ -342,15 +424,29 @@ def test_fleet_changes_under_a_producer(
         figures("cancel_half_way", {**outcome, "cancelled_at_progress": cancelled_at}, how)
         # (e) the operator pod deleted during a reassignment: it resumes
         status = topic_status(cluster, ns, "events")
-        more = [{"topic": "events", "partition": p["partition"], "replicas": [1 - p["broker"]]}
-                for p in status["partitions"][6:12]]  # fmt: skip
-        cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-                                  "metadata": {"name": "interrupted"}, "spec": {"partitions": more}}), ns)  # fmt: skip
+        more = [
+            {"topic": "events", "partition": p["partition"], "replicas": [1 - p["broker"]]}
+            for p in status["partitions"][6:12]
+        ]
+        cluster.apply(
+            json.dumps(
+                {
+                    "apiVersion": "tidalmq.io/v1alpha1",
+                    "kind": "PartitionReassignment",
+                    "metadata": {"name": "interrupted"},
+                    "spec": {"partitions": more},
+                }
+            ),
+            ns,
+        )
         cluster.kubectl(
             "-n", ns, "delete", "pod", "-l", "app.kubernetes.io/component=operator", "--wait=false"
         )
-        wait_until("interrupted completes", lambda: tpr_status(cluster, ns, "interrupted").get("phase") == "Completed",
-                   timeout=300)  # fmt: skip
+        wait_until(
+            "interrupted completes",
+            lambda: tpr_status(cluster, ns, "interrupted").get("phase") == "Completed",
+            timeout=300,
+        )
         time.sleep(5)
     finally:
         producer.stop()
@@ -370,8 +466,11 @@ def test_fleet_changes_under_a_producer(
     figures("topic_delete_objects_removed", len(stored))
     probe = Consumer({"bootstrap.servers": bootstrap(cluster, ns), "group.id": "probe"})
     try:
-        wait_until("the brokers forget the topic",
-                   lambda: "events" not in probe.list_topics(timeout=10).topics, timeout=60)  # fmt: skip
+        wait_until(
+            "the brokers forget the topic",
+            lambda: "events" not in probe.list_topics(timeout=10).topics,
+            timeout=60,
+        )
     finally:
         probe.close()
 
@@ -384,20 +483,48 @@ def test_hpa_scales_brokers_under_cpu_load(
     ns = release["ns"]
     # The chart's default behavior scales in one broker a minute after 5 minutes below target
     # (production pacing); short windows here, so that the test also sees the way back.
-    behavior = {"scaleUp": {"stabilizationWindowSeconds": 0,
-                            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 5}]},
-                "scaleDown": {"stabilizationWindowSeconds": 20,
-                              "policies": [{"type": "Pods", "value": 1, "periodSeconds": 10}]}}  # fmt: skip
+    behavior = {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 5}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": 20,
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 10}],
+        },
+    }
     values = tmp_path / "hpa-values.json"  # JSON is YAML
     values.write_text(json.dumps({"autoscaling": {"behavior": behavior}}))
     cluster.helm(
-        "upgrade", RELEASE, str(CHART), "--namespace", ns, "--reuse-values", "-f", str(values),
-        "--set", "autoscaling.enabled=true", "--set", "autoscaling.minReplicas=2",
-        "--set", "autoscaling.maxReplicas=4", "--set", "autoscaling.targetCPUUtilizationPercentage=50",
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--reuse-values",
+        "-f",
+        str(values),
+        "--set",
+        "autoscaling.enabled=true",
+        "--set",
+        "autoscaling.minReplicas=2",
+        "--set",
+        "autoscaling.maxReplicas=4",
+        "--set",
+        "autoscaling.targetCPUUtilizationPercentage=50",
         timeout=300,
-    )  # fmt: skip
-    cluster.apply(json.dumps({"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic",
-                              "metadata": {"name": "load"}, "spec": {"partitions": 12}}), ns)  # fmt: skip
+    )
+    cluster.apply(
+        json.dumps(
+            {
+                "apiVersion": "tidalmq.io/v1alpha1",
+                "kind": "Topic",
+                "metadata": {"name": "load"},
+                "spec": {"partitions": 12},
+            }
+        ),
+        ns,
+    )
     wait_until("Topic Ready", lambda: ready(topic_status(cluster, ns, "load")), timeout=180)
     servers = bootstrap(cluster, ns)
     producer = RateProducer(servers, "load", rate=3000).start()  # the CPU load
@@ -418,8 +545,9 @@ def test_hpa_scales_brokers_under_cpu_load(
                 return None
             return {b: leaders.count(b) for b in sorted(brokers)}
 
-        held = wait_until("the new brokers hold partitions", new_brokers_hold_partitions,
-                          timeout=180)  # fmt: skip
+        held = wait_until(
+            "the new brokers hold partitions", new_brokers_hold_partitions, timeout=180
+        )
         figures("hpa_partitions_by_broker", held)
     finally:
         producer.stop()

@@ -27,8 +27,11 @@ STS = f"{FULL}-broker"
 BUCKET = "tidalmq"  # objectStore.bucket of the releases installed here
 # What the operator handles, each with its finalizer: the data holders first, the ClusterState
 # (the controller's metadata, whose daemon runs the controller) last.
-CUSTOM_RESOURCES = ("topics.tidalmq.io", "statictopics.tidalmq.io",
-                    "partitionreassignments.tidalmq.io")  # fmt: skip
+CUSTOM_RESOURCES = (
+    "topics.tidalmq.io",
+    "statictopics.tidalmq.io",
+    "partitionreassignments.tidalmq.io",
+)
 CLUSTER_STATE = "clusterstates.tidalmq.io"
 FINALIZER = "tidalmq.io/finalizer"
 
@@ -48,17 +51,33 @@ def release_values(cluster: Cluster, minio: str) -> list[str]:
     repository, tag = cluster.images["broker"].rsplit(":", 1)
     m_repo, m_tag = minio.rsplit(":", 1)
     return [
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-        "--set", "inClusterObjectStore.enabled=true", "--set", f"objectStore.bucket={BUCKET}",
-        "--set", f"inClusterObjectStore.image.repository={m_repo}",
-        "--set", f"inClusterObjectStore.image.tag={m_tag}",
-        "--set", "broker.replicas=2", "--set", "broker.advertise=podIP",
-        "--set", "broker.resources.requests.cpu=100m",
-        "--set", "broker.resources.requests.memory=256Mi",
-        "--set", "autoscaling.enabled=false",
-        "--set", "broker.drainTimeoutSeconds=30",
-        "--set", "operator.resources.requests.cpu=50m",
-    ]  # fmt: skip
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
+        "--set",
+        "inClusterObjectStore.enabled=true",
+        "--set",
+        f"objectStore.bucket={BUCKET}",
+        "--set",
+        f"inClusterObjectStore.image.repository={m_repo}",
+        "--set",
+        f"inClusterObjectStore.image.tag={m_tag}",
+        "--set",
+        "broker.replicas=2",
+        "--set",
+        "broker.advertise=podIP",
+        "--set",
+        "broker.resources.requests.cpu=100m",
+        "--set",
+        "broker.resources.requests.memory=256Mi",
+        "--set",
+        "autoscaling.enabled=false",
+        "--set",
+        "broker.drainTimeoutSeconds=30",
+        "--set",
+        "operator.resources.requests.cpu=50m",
+    ]
 
 
 # The chart's Kafka listener is SASL_SSL by default (listeners.*.enabled auto: on at a fresh
@@ -68,8 +87,11 @@ def release_values(cluster: Cluster, minio: str) -> list[str]:
 # Not in release_values: test_operations installs the previous chart with those, and its schema
 # knows no listeners (its upgrade to this chart keeps PLAINTEXT by itself: auto at an upgrade).
 PLAINTEXT_LISTENER = [
-    "--set", "listeners.tls.enabled=false", "--set", "listeners.sasl.enabled=false",
-]  # fmt: skip
+    "--set",
+    "listeners.tls.enabled=false",
+    "--set",
+    "listeners.sasl.enabled=false",
+]
 
 
 @contextmanager
@@ -79,10 +101,19 @@ def installed_release(
     """The chart with `release_values` and a PLAINTEXT listener; `extra`: more helm arguments.
     Uninstalled afterwards."""
     cluster.helm(
-        "install", RELEASE, str(CHART), "--namespace", namespace, "--wait", "--timeout", "6m",
-        *release_values(cluster, minio), *PLAINTEXT_LISTENER, *extra,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--wait",
+        "--timeout",
+        "6m",
+        *release_values(cluster, minio),
+        *PLAINTEXT_LISTENER,
+        *extra,
         timeout=420,
-    )  # fmt: skip
+    )
     try:
         yield {"ns": namespace}
     finally:
@@ -133,15 +164,26 @@ def remove_custom_resources(
         cluster.kubectl("-n", ns, "delete", kind_list, "--all", "--wait=false", timeout=60)
         if through_operator:
             try:
-                wait_until(f"the operator to release every {kind_list}",
-                           lambda kind_list=kind_list: not _names(cluster, ns, kind_list),
-                           timeout=timeout, interval=1.0)  # fmt: skip
+                wait_until(
+                    f"the operator to release every {kind_list}",
+                    lambda kind_list=kind_list: not _names(cluster, ns, kind_list),
+                    timeout=timeout,
+                    interval=1.0,
+                )
                 continue
             except AssertionError:
                 stuck += _names(cluster, ns, kind_list)
         for name in _names(cluster, ns, kind_list):
-            cluster.kubectl("-n", ns, "patch", name, "--type=merge",
-                            "-p", '{"metadata": {"finalizers": null}}', check=False)  # fmt: skip
+            cluster.kubectl(
+                "-n",
+                ns,
+                "patch",
+                name,
+                "--type=merge",
+                "-p",
+                '{"metadata": {"finalizers": null}}',
+                check=False,
+            )
     if stuck:
         raise AssertionError(
             f"the operator did not release {stuck} within {timeout:.0f} s (their {FINALIZER} "
@@ -157,14 +199,17 @@ def object_store(cluster: Cluster, ns: str) -> Any:
     """An S3 client of the release's in-cluster object store (the chart's trial MinIO), with
     the credentials the chart generated."""
     secret = cluster.kubectl_json("-n", ns, "get", "secret", f"{FULL}-object-store")["data"]
-    pods = cluster.kubectl_json("-n", ns, "get", "pods", "-l",
-                                "app.kubernetes.io/component=object-store")["items"]  # fmt: skip
+    pods = cluster.kubectl_json(
+        "-n", ns, "get", "pods", "-l", "app.kubernetes.io/component=object-store"
+    )["items"]
     ip = next(p["status"]["podIP"] for p in pods if p["status"].get("podIP"))
     return boto3.client(
-        "s3", endpoint_url=f"http://{ip}:9000", region_name="us-east-1",
+        "s3",
+        endpoint_url=f"http://{ip}:9000",
+        region_name="us-east-1",
         aws_access_key_id=base64.b64decode(secret["access-key"]).decode(),
         aws_secret_access_key=base64.b64decode(secret["secret-key"]).decode(),
-    )  # fmt: skip
+    )
 
 
 def stored_objects(cluster: Cluster, ns: str, prefix: str) -> list[str]:

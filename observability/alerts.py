@@ -10,6 +10,11 @@ from typing import Any
 HPA_SELECTOR = 'horizontalpodautoscaler=~".+-broker"'
 """kube-state-metrics' HPA series of the chart's broker HPA (named FULLNAME-broker)."""
 
+BROKER_TARGET = "last_over_time(tidalmq_storage_store_unwritable[1h])"
+"""A scrape target that is a broker: every broker exports tidalmq_storage_store_unwritable from its
+start (one series, labelled with its id); a target that did in the last hour, or whose job's other
+targets do now, is a broker's."""
+
 MOVE_TROUBLE = "failed|target_lost|retargeted"
 """The move outcomes TidalMQMovesFailing fires on (tidalmq_controller._moves.TROUBLE): not done,
 not a user's cancel, not a move superseded by a new reassignment."""
@@ -98,6 +103,19 @@ ALERTS = (
         "A broker's session timed out (or it was killed) in the last 10 minutes: the "
         "controller fenced it and moved its partitions. See the controller's BrokerDead events "
         "and the broker's pod.",
+    ),
+    Alert(
+        "TidalMQBrokerUnreachable",
+        "(up == 0) and on (job, instance) group by (job, instance) "
+        f"({BROKER_TARGET}) "
+        "or (up == 0) and on (job) group by (job) (tidalmq_storage_store_unwritable)",
+        "1m",
+        "warning",
+        "The broker at {{ $labels.instance }} does not answer its scrapes",
+        "Prometheus has not scraped the broker for a minute: its process is stopped, hung or "
+        "overloaded, or its pod is unreachable. If it does not heartbeat either, the controller "
+        "declares it dead after the session timeout (TidalMQBrokerFenced) and moves its "
+        "partitions; until then they wait. See the pod's status, events and log.",
     ),
     Alert(
         "TidalMQMoveStuck",

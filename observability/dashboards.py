@@ -1,11 +1,13 @@
 """The five dashboards: brokers; topics and consumer lag; moves and rebalances; the operator,
 controller and planner; storage. Every query reads metrics the brokers, the controller and the
-operator export (docs/dashboards-and-alerts.md lists them)."""
+operator export (docs/dashboards-and-alerts.md lists them), but the broker HPA's panel:
+kube-state-metrics' series."""
 
 from __future__ import annotations
 
 from grafanalib import core as g
 
+from observability.alerts import HPA_SELECTOR
 from observability.panels import RATE, Panel, Query, Row, Variable, dashboard
 
 
@@ -15,6 +17,14 @@ def _selector(metric: str, match: str) -> str:
 
 def _rate(metric: str, by: str, match: str = "") -> str:
     return f"sum by ({by}) (rate({_selector(metric, match)}[{RATE}]))"
+
+
+def _hpa(series: str) -> str:
+    """A kube-state-metrics series of the chart's broker HPA, per release."""
+    return (
+        f"max by (namespace, horizontalpodautoscaler) "
+        f"(kube_horizontalpodautoscaler_{series}{{{HPA_SELECTOR}}})"
+    )
 
 
 def _quantile(q: float, metric: str, by: str, match: str = "") -> str:
@@ -164,6 +174,38 @@ def brokers() -> g.Dashboard:
                             ),
                         ],
                         unit="s",
+                    ),
+                ],
+            ),
+            Row(
+                "Request CPU",
+                [
+                    Panel(
+                        "CPU per request by API",
+                        "Mean event-loop thread CPU time per request: its decoding, handler and "
+                        "encoding, not its waiting, nor the WAL flushes and object-store writes "
+                        "shared by many requests (docs/performance.md).",
+                        [
+                            Query(
+                                f"{_rate('tidalmq_request_cpu_seconds_sum', 'broker, api', B)}"
+                                f" / {_rate('tidalmq_request_cpu_seconds_count', 'broker, api', B)}",
+                                "{{api}} {{broker}}",
+                            )
+                        ],
+                        unit="s",
+                    ),
+                    Panel(
+                        "Event-loop CPU in requests by API",
+                        "Share of one core each broker's event loop spends in requests, by API "
+                        "(1: the loop is busy with requests all the time; one broker process "
+                        "uses one core).",
+                        [
+                            Query(
+                                _rate("tidalmq_request_cpu_seconds_sum", "broker, api", B),
+                                "{{api}} {{broker}}",
+                            )
+                        ],
+                        unit="percentunit",
                     ),
                 ],
             ),
@@ -457,6 +499,23 @@ def moves() -> g.Dashboard:
                         "(after a move) or unclean (recovered after a failure).",
                         [Query(_rate("tidalmq_storage_partition_opens_total", "kind"), "{{kind}}")],
                         unit="ops",
+                        width=24,
+                    ),
+                ],
+            ),
+            Row(
+                "Autoscaling",
+                [
+                    Panel(
+                        "Broker autoscaler replicas",
+                        "The broker HPA's current and desired brokers against its maximum "
+                        "(TidalMQBrokersAtMaxReplicas fires when desired stays at the maximum). "
+                        "kube-state-metrics' series: empty without it.",
+                        [
+                            Query(_hpa("status_current_replicas"), "{{namespace}} current"),
+                            Query(_hpa("status_desired_replicas"), "{{namespace}} desired"),
+                            Query(_hpa("spec_max_replicas"), "{{namespace}} max"),
+                        ],
                         width=24,
                     ),
                 ],

@@ -12,6 +12,7 @@ pytest_plugins: list[str] = [
     "tests.support.apache_kafka",
     "tests.support.kube_apiserver",
     "tests.support.exit_guard",
+    "tests.support.reruns",
 ]
 # tests.support.kafka_client_leaks (which tests leave a Kafka client alive) is opt-in:
 # `pytest -p tests.support.kafka_client_leaks ...`. Registered here it once ended a whole CI

@@ -833,8 +833,14 @@ class JavaTimedOut(subprocess.TimeoutExpired):
     def __str__(self) -> str:
         out = self.stdout if isinstance(self.stdout, str) else ""
         err = self.stderr if isinstance(self.stderr, str) else ""
-        return "\n".join([super().__str__(), *java_thread_stacks(out), "stderr (tail):",
-                          *err.strip().splitlines()[-40:]])  # fmt: skip
+        return "\n".join(
+            [
+                super().__str__(),
+                *java_thread_stacks(out),
+                "stderr (tail):",
+                *err.strip().splitlines()[-40:],
+            ]
+        )
 
 
 def java_thread_stacks(dump: str, threads: Sequence[str] = ("main",)) -> list[str]:
@@ -859,8 +865,14 @@ def run_java(
     """Run a JVM to completion. Past `timeout` it is asked for a thread dump (SIGQUIT, printed
     on its stdout), killed, and JavaTimedOut says where it was stuck and what it printed until
     then (subprocess.run's TimeoutExpired says neither)."""
-    with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=env) as proc:  # fmt: skip
+    with subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -914,9 +926,14 @@ def java_consume(
     ``timeout_ms``: how long the consumer may go without progress (created, assigned, a new
     record) before it stops short (ClientCheck.java)."""
     return run_java_client(
-        "consume", bootstrap, topic, group, str(count), str(timeout_ms),
+        "consume",
+        bootstrap,
+        topic,
+        group,
+        str(count),
+        str(timeout_ms),
         command_config=command_config,
-    )  # fmt: skip
+    )
 
 
 def java_acl_check(
@@ -930,8 +947,15 @@ def java_acl_check(
     """What the Java client gets for produce, consume in ``group``, describeConfigs of ``topic``
     and createTopics of ``new_topic``: "ok" or the exception's simple name, per operation
     (java/AclCheck.java)."""
-    report = run_java_client(bootstrap, topic, group, new_topic, command_config=command_config,
-                             source=JAVA_ACL_CHECK_SOURCE, timeout=180)  # fmt: skip
+    report = run_java_client(
+        bootstrap,
+        topic,
+        group,
+        new_topic,
+        command_config=command_config,
+        source=JAVA_ACL_CHECK_SOURCE,
+        timeout=180,
+    )
     return {k: str(v) for k, v in report.items()}
 
 
@@ -1278,8 +1302,9 @@ class KafkaCluster:
         nodes = list(self.nodes.values())
         if any(n.running() for n in nodes):
             raise RuntimeError("start_all: some nodes are running")
-        offsets = {n.node_id: n.server_log.stat().st_size if n.server_log.exists() else 0
-                   for n in nodes}  # fmt: skip
+        offsets = {
+            n.node_id: n.server_log.stat().st_size if n.server_log.exists() else 0 for n in nodes
+        }
         for node in nodes:
             self._launch(node)
         self._save_state()

@@ -8,7 +8,7 @@
 #   cluster.sh kubeconfig  print the kubeconfig path
 #
 # Layout: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (Debian's),
-# kubelet and kube-proxy (iptables mode) run on the host; CoreDNS, metrics-server and
+# kubelet and kube-proxy (iptables mode) run on the host; CoreDNS, metrics-server, kube-state-metrics and
 # local-path-provisioner (dynamic hostPath PersistentVolumes, the default StorageClass
 # `local-path`, volumes under $STATE_DIR/volumes) run as pods from locally built images. Pods use a bridge CNI network. See e2e/cluster/lib.sh for the
 # network plan and ports, e2e/versions.env for the versions.
@@ -388,6 +388,7 @@ EOF
 apply_manifest() {
   sed -e "s#@COREDNS_IMAGE@#$COREDNS_IMAGE#g" \
     -e "s#@METRICS_SERVER_IMAGE@#$METRICS_SERVER_IMAGE#g" \
+    -e "s#@KUBE_STATE_METRICS_IMAGE@#$KUBE_STATE_METRICS_IMAGE#g" \
     -e "s#@LOCAL_PATH_PROVISIONER_IMAGE@#$LOCAL_PATH_PROVISIONER_IMAGE#g" \
     -e "s#@BASE_IMAGE@#$BASE_IMAGE#g" -e "s#@VOLUME_DIR@#$VOLUME_DIR#g" \
     -e "s#@DNS_SERVICE_IP@#$DNS_SERVICE_IP#g" "$1" | kubectl_admin apply -f - >/dev/null
@@ -402,13 +403,15 @@ node_ready() {
 metrics_available() { kubectl_admin top nodes; }
 
 install_addons() {
-  log "installing CoreDNS, metrics-server and local-path-provisioner (default StorageClass)"
+  log "installing CoreDNS, metrics-server, kube-state-metrics and local-path-provisioner (default StorageClass)"
   mkdir -p "$VOLUME_DIR"
   apply_manifest "$MANIFESTS/coredns.yaml"
   apply_manifest "$MANIFESTS/metrics-server.yaml"
+  apply_manifest "$MANIFESTS/kube-state-metrics.yaml"
   apply_manifest "$MANIFESTS/local-path-provisioner.yaml"
   kubectl_admin -n kube-system rollout status deployment/coredns --timeout=180s >/dev/null
   kubectl_admin -n kube-system rollout status deployment/metrics-server --timeout=180s >/dev/null
+  kubectl_admin -n kube-system rollout status deployment/kube-state-metrics --timeout=180s >/dev/null
   kubectl_admin -n local-path-storage rollout status deployment/local-path-provisioner \
     --timeout=180s >/dev/null
   wait_for "the metrics API (kubectl top nodes)" 180 metrics_available
@@ -433,7 +436,7 @@ build_everything() {
   "$E2E_DIR/cluster/images.sh" project >"$images_log" 2>&1 &
   images_pid=$!
   if ! "$E2E_DIR/cluster/build-tools.sh" pause etcd kubernetes coredns metrics-server \
-    local-path-provisioner minio helm; then
+    kube-state-metrics local-path-provisioner minio helm; then
     wait "$images_pid" || true
     die "building the binaries failed"
   fi
@@ -450,9 +453,11 @@ cmd_up() {
     build_everything
     "$E2E_DIR/cluster/images.sh" import
     "$E2E_DIR/cluster/images.sh" docker-stop
-    # A cluster kept from before the provisioner existed gets it too (apply is idempotent).
+    # A cluster kept from before the provisioner or kube-state-metrics existed gets them too
+    # (apply is idempotent).
     mkdir -p "$VOLUME_DIR"
     apply_manifest "$MANIFESTS/local-path-provisioner.yaml"
+    apply_manifest "$MANIFESTS/kube-state-metrics.yaml"
     echo "$KUBECONFIG_FILE"
     return 0
   fi

@@ -3,20 +3,23 @@
 #
 #   images.sh build             start the e2e dockerd if needed, build every image (Docker's
 #                               layer cache makes an unchanged rebuild cost seconds)
-#   images.sh build-kind        for kind: the broker and Spark images and metrics-server, with
-#                               the Docker of TIDALMQ_E2E_DOCKER_HOST (kind.sh's own dockerd, or
-#                               a laptop's with TIDALMQ_E2E_PUBLIC_BASE=1: FROM public Debian)
+#   images.sh build-kind        for kind: the broker and Spark images, metrics-server and
+#                               kube-state-metrics, with the Docker of TIDALMQ_E2E_DOCKER_HOST
+#                               (kind.sh's own dockerd, or a laptop's with
+#                               TIDALMQ_E2E_PUBLIC_BASE=1: FROM public Debian)
 #   images.sh base              only the debootstrap base image
 #   images.sh project           the base, broker and Spark images (no Kubernetes binaries
 #                               needed, so it can run while build-tools.sh compiles)
 #   images.sh import            copy every image whose ID changed into containerd (k8s.io)
 #   images.sh kind-node FILE    the images a kind node starts with (kubeadm's control plane
 #                               under the names kubeadm expects, kind's sandbox image, the pod
-#                               network daemon), saved to FILE for kind.sh's node image
+#                               network daemon, local-path-provisioner and its helper pods'
+#                               base image), saved to FILE for kind.sh's node image
 #   images.sh list              print the image references, one a line
 #   images.sh docker-stop       stop the dockerd this script started
 #
 # Images (explicit tags, never pulled): the debootstrap base, pause, CoreDNS, metrics-server,
+# kube-state-metrics (the HPA series the chart's dashboards and alerts read),
 # prometheus-adapter (the chart's metrics adapter), local-path-provisioner (the cluster's default
 # StorageClass), the TidalMQ broker/operator image (broker_image/Dockerfile), the Spark image
 # (spark/Dockerfile) and MinIO (e2e/images/minio, the chart's in-cluster object store), the last
@@ -54,7 +57,7 @@ fi
 
 all_images() {
   printf '%s\n' "$BASE_IMAGE" "$PAUSE_IMAGE" "$COREDNS_IMAGE" "$METRICS_SERVER_IMAGE" \
-    "$LOCAL_PATH_PROVISIONER_IMAGE" "$BROKER_IMAGE" "$SPARK_IMAGE" "$MINIO_IMAGE" \
+    "$KUBE_STATE_METRICS_IMAGE" "$LOCAL_PATH_PROVISIONER_IMAGE" "$BROKER_IMAGE" "$SPARK_IMAGE" "$MINIO_IMAGE" \
     "$PROMETHEUS_ADAPTER_IMAGE"
 }
 
@@ -118,7 +121,7 @@ build_static() { build_command_image "$2" "$1" "$3"; }
 # build_command_image REF DOCKERFILE_DIR BINARY [BUILD_ARG...]: images/DOCKERFILE_DIR around one
 # binary (its context: that Dockerfile and the binary)
 build_command_image() {
-  local ref=$1 dir=$2 binary=$3 ctx=$IMAGES_DIR/ctx-$2
+  local ref=$1 dir=$2 binary=$3 ctx=$CTX_PREFIX$2
   shift 3
   rm -rf "$ctx"
   mkdir -p "$ctx"
@@ -150,26 +153,39 @@ pyspark_wheel() {
   ls "$dir"/pyspark-"$PYSPARK_VERSION"-*.whl | head -1
 }
 
+# build_with_builder REF DOCKERFILE CONTEXT [BUILD_ARG...]: a two-stage project image, its
+# builder stage tagged REF's name + "-builder" first. The legacy builder keeps a build's cache in
+# the images' parent chains only, and the builder stage's images are untagged: the prune below
+# removed them after every build, so each build (four per CI run: prebuild twice, cluster.sh
+# twice) ran apt-get and pip install again, 1-4 min an image. Tagged, the stage is cached.
+build_with_builder() {
+  local ref=$1 dockerfile=$2 ctx=$3
+  shift 3
+  docker_cli build --network host -q -f "$dockerfile" --target builder "$@" \
+    -t "${ref%:*}-builder:${ref##*:}" "$ctx" >/dev/null
+  docker_cli build --network host -q -f "$dockerfile" "$@" -t "$ref" "$ctx" >/dev/null
+}
+
 build_project_images() {
-  local ctx=$IMAGES_DIR/ctx-project
+  local ctx=${CTX_PREFIX}project
   project_context "$ctx"
   log "building $BROKER_IMAGE"
-  docker_cli build --network host -q -f "$ctx/broker_image/Dockerfile" \
-    --build-arg "BASE_IMAGE=$PROJECT_BASE_IMAGE" -t "$BROKER_IMAGE" "$ctx" >/dev/null
+  build_with_builder "$BROKER_IMAGE" "$ctx/broker_image/Dockerfile" "$ctx" \
+    --build-arg "BASE_IMAGE=$PROJECT_BASE_IMAGE"
   cp "$(pyspark_wheel)" "$ctx/"
   log "building $SPARK_IMAGE"
-  docker_cli build --network host -q -f "$ctx/spark/Dockerfile" \
-    --build-arg "BASE_IMAGE=$PROJECT_BASE_IMAGE" --build-arg "PYSPARK_VERSION=$PYSPARK_VERSION" \
-    -t "$SPARK_IMAGE" "$ctx" >/dev/null
+  build_with_builder "$SPARK_IMAGE" "$ctx/spark/Dockerfile" "$ctx" \
+    --build-arg "BASE_IMAGE=$PROJECT_BASE_IMAGE" --build-arg "PYSPARK_VERSION=$PYSPARK_VERSION"
   # The tags moved to the new builds: the images they named before are dangling now. Each
   # rebuild of a changed tree left ~4.5 GB of them behind (89 images, 33 GB after a day of CI
-  # runs, and a full disk); the build cache is in the tagged images' layers and is kept.
+  # runs, and a full disk); the build cache is in the tagged images' (and builder stages')
+  # parent chains and is kept.
   docker_cli image prune -f >/dev/null
 }
 
 # MinIO (the chart's in-cluster object store): the binary the integration tests use, on the base.
 build_minio_image() {
-  local ctx=$IMAGES_DIR/ctx-minio
+  local ctx=${CTX_PREFIX}minio
   rm -rf "$ctx"
   mkdir -p "$ctx"
   cp "$E2E_DIR/images/minio/Dockerfile" "$ctx/"
@@ -180,14 +196,15 @@ build_minio_image() {
 }
 
 cmd_build() {
-  "$E2E_DIR/cluster/build-tools.sh" pause runc-nocap coredns metrics-server local-path-provisioner minio \
-    prometheus-adapter
+  "$E2E_DIR/cluster/build-tools.sh" pause runc-nocap coredns metrics-server kube-state-metrics \
+    local-path-provisioner minio prometheus-adapter
   mkdir -p "$IMAGES_DIR"
   start_dockerd
   build_base
   build_static pause "$PAUSE_IMAGE" "$CACHE_DIR/bin/pause-$PAUSE_VERSION/pause"
   build_static coredns "$COREDNS_IMAGE" "$CACHE_DIR/bin/coredns-$COREDNS_VERSION/coredns"
   build_static metrics-server "$METRICS_SERVER_IMAGE" "$CACHE_DIR/bin/metrics-server-$METRICS_SERVER_VERSION/metrics-server"
+  build_static kube-state-metrics "$KUBE_STATE_METRICS_IMAGE" "$CACHE_DIR/bin/kube-state-metrics-$KUBE_STATE_METRICS_VERSION/kube-state-metrics"
   build_static local-path-provisioner "$LOCAL_PATH_PROVISIONER_IMAGE" "$LOCAL_PATH_PROVISIONER_BIN/local-path-provisioner"
   build_static prometheus-adapter "$PROMETHEUS_ADAPTER_IMAGE" "$PROMETHEUS_ADAPTER_BIN/adapter"
   build_minio_image
@@ -209,11 +226,12 @@ cmd_project() {
 }
 
 cmd_build_kind() {
-  "$E2E_DIR/cluster/build-tools.sh" metrics-server prometheus-adapter
+  "$E2E_DIR/cluster/build-tools.sh" metrics-server kube-state-metrics prometheus-adapter
   mkdir -p "$IMAGES_DIR"
   # kind's own dockerd (kind.sh): the project images FROM the debootstrap base, as here.
   [[ $PROJECT_BASE_IMAGE != "$BASE_IMAGE" ]] || build_base
   build_static metrics-server "$METRICS_SERVER_IMAGE" "$CACHE_DIR/bin/metrics-server-$METRICS_SERVER_VERSION/metrics-server"
+  build_static kube-state-metrics "$KUBE_STATE_METRICS_IMAGE" "$CACHE_DIR/bin/kube-state-metrics-$KUBE_STATE_METRICS_VERSION/kube-state-metrics"
   build_static prometheus-adapter "$PROMETHEUS_ADAPTER_IMAGE" "$PROMETHEUS_ADAPTER_BIN/adapter"
   build_project_images
 }
@@ -226,9 +244,9 @@ kind_node_image_refs() {
 }
 
 cmd_kind_node() {
-  local file=$1 ref name refs=() ctx=$IMAGES_DIR/ctx-kind-cni
+  local file=$1 ref name refs=() ctx=${CTX_PREFIX}kind-cni
   [[ -n $file ]] || die "usage: images.sh kind-node FILE"
-  "$E2E_DIR/cluster/build-tools.sh" pause kubernetes etcd coredns-kubeadm kubeadm kind
+  "$E2E_DIR/cluster/build-tools.sh" pause kubernetes etcd coredns-kubeadm kubeadm kind local-path-provisioner
   mkdir -p "$IMAGES_DIR"
   start_dockerd
   build_base
@@ -258,6 +276,9 @@ cmd_kind_node() {
   docker_cli build -q --build-arg "NODE_TOOLS_IMAGE=$KIND_NODE_TOOLS_IMAGE" -t "$KIND_CNI_IMAGE" "$ctx" >/dev/null
   rm -rf "$ctx"
   refs+=("$KIND_CNI_IMAGE")
+  # The node's default StorageClass (kind.sh: default-storage.yaml) and its helper pods' image.
+  build_static local-path-provisioner "$LOCAL_PATH_PROVISIONER_IMAGE" "$LOCAL_PATH_PROVISIONER_BIN/local-path-provisioner"
+  refs+=("$LOCAL_PATH_PROVISIONER_IMAGE" "$BASE_IMAGE")
   log "saving ${#refs[@]} images to $file"
   docker_cli save "${refs[@]}" -o "$file"
 }
@@ -281,6 +302,11 @@ cmd_import() {
 # The lock guards the dockerd the images are built with: the default one, or another one's own.
 IMAGES_LOCK=images
 [[ -z ${TIDALMQ_E2E_DOCKER_HOST:-} ]] || IMAGES_LOCK=images-$(sha256sum <<<"$DOCKER_HOST_URL" | cut -c1-8)
+# Build contexts are per dockerd too: two dockerds' builds hold different locks and may run at
+# once (kind.sh node-image and images.sh build both build pause, CoreDNS and
+# local-path-provisioner images), so they must not share a context directory.
+CTX_PREFIX=$IMAGES_DIR/ctx-
+[[ $IMAGES_LOCK == images ]] || CTX_PREFIX=$IMAGES_DIR/ctx-${IMAGES_LOCK#images-}-
 
 main() {
   case "${1:-}" in

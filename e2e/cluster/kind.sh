@@ -15,8 +15,9 @@
 #     entrypoint, containerd's config), with two changes this machine needs: containerd's unit
 #     asks for no resource limits (a node container may not raise them: it failed on
 #     LimitNOFILE=infinity and OOMScoreAdjust=-999) and containerd restricts pods' OOM scores;
-#  3. kubelet, kubeadm, kubectl and crictl, /kind/version, and /kind/manifests/default-cni.yaml,
-#     the project's pod network daemon (kindnetd is not on the Go module proxy);
+#  3. kubelet, kubeadm, kubectl and crictl, /kind/version, /kind/manifests/default-cni.yaml (the
+#     project's pod network daemon: kindnetd is not on the Go module proxy) and
+#     /kind/manifests/default-storage.yaml (local-path-provisioner, as the host-process cluster);
 #  4. the images kubeadm expects (images.sh kind-node), imported into the node's containerd, and
 #     Docker's metadata kind relies on (ENTRYPOINT, STOPSIGNAL SIGRTMIN+3, container=docker).
 #
@@ -123,6 +124,13 @@ install_kubernetes() {
   mkdir -p "$root/kind/manifests"
   sed "s|@KIND_CNI_IMAGE@|$KIND_CNI_IMAGE|" "$E2E_DIR/cluster/manifests/kind-cni.yaml" \
     >"$root/kind/manifests/default-cni.yaml"
+  # kind applies this in place of its host-path StorageClass: the local-path-provisioner of the
+  # host-process cluster (the default StorageClass `local-path`), volumes where kind's own
+  # provisioner puts them, the helper pod on the debootstrap base image (both images are in the
+  # node's containerd: images.sh kind-node).
+  sed -e "s#@LOCAL_PATH_PROVISIONER_IMAGE@#$LOCAL_PATH_PROVISIONER_IMAGE#g" \
+    -e "s#@BASE_IMAGE@#$BASE_IMAGE#g" -e "s#@VOLUME_DIR@#/var/local-path-provisioner#g" \
+    "$E2E_DIR/cluster/manifests/local-path-provisioner.yaml" >"$root/kind/manifests/default-storage.yaml"
 }
 
 cmd_node_image() {

@@ -60,6 +60,7 @@ IMAGE_REGISTRY=tidalmq.local
 PAUSE_IMAGE=$IMAGE_REGISTRY/pause:$PAUSE_VERSION
 COREDNS_IMAGE=$IMAGE_REGISTRY/coredns:$COREDNS_VERSION
 METRICS_SERVER_IMAGE=$IMAGE_REGISTRY/metrics-server:$METRICS_SERVER_VERSION
+KUBE_STATE_METRICS_IMAGE=$IMAGE_REGISTRY/kube-state-metrics:$KUBE_STATE_METRICS_VERSION
 # The chart's metricsAdapter.image default (a chart test checks the two agree).
 PROMETHEUS_ADAPTER_IMAGE=$IMAGE_REGISTRY/prometheus-adapter:$PROMETHEUS_ADAPTER_VERSION
 PROMETHEUS_ADAPTER_BIN=$CACHE_DIR/bin/prometheus-adapter-$PROMETHEUS_ADAPTER_VERSION
@@ -75,9 +76,10 @@ SPARK_IMAGE=$IMAGE_REGISTRY/spark:$CHART_APP_VERSION
 MINIO_IMAGE=$IMAGE_REGISTRY/minio:$MINIO_VERSION
 # The kind node image (kind.sh) is named after everything that goes into it, so a change to any
 # of those builds a new one and an unchanged tree reuses it.
-KIND_NODE_INPUTS=$(cat "$E2E_DIR/versions.env" "$E2E_DIR/cluster/kind.sh" \
-  "$E2E_DIR/cluster/manifests/kind-cni.yaml" "$E2E_DIR"/images/kind-*/* \
-  "$E2E_DIR"/images/kube-*/* | sha256sum | cut -c1-12)
+KIND_NODE_INPUTS=$(cat "$E2E_DIR/versions.env" "$E2E_DIR/cluster/kind.sh" "$E2E_DIR/cluster/images.sh" \
+  "$E2E_DIR/cluster/manifests/kind-cni.yaml" "$E2E_DIR/cluster/manifests/local-path-provisioner.yaml" \
+  "$E2E_DIR"/images/kind-*/* "$E2E_DIR"/images/kube-*/* "$E2E_DIR"/images/local-path-provisioner/* \
+  | sha256sum | cut -c1-12)
 KIND_NODE_IMAGE=$IMAGE_REGISTRY/kind-node:$KUBERNETES_VERSION-$KIND_NODE_INPUTS
 # What kube-proxy and the pod network daemon run on (images/kind-node-tools), and that daemon.
 KIND_NODE_TOOLS_IMAGE=$IMAGE_REGISTRY/kind-node-tools:$DEBIAN_SUITE

@@ -190,25 +190,48 @@ async def tls_idle_clients(
     port: int, n: int, context: ssl.SSLContext, sources: list[str], *, concurrency: int = 100
 ) -> Opened:
     """idle_clients over TLS (`context` trusts the broker's certificate for "localhost"): each
-    connection does its handshake, asks ApiVersions, reads the answer and stays idle."""
+    connection does its handshake, asks ApiVersions, reads the answer and stays idle.
+
+    The whole setup (connect, handshake, ApiVersions) gets CONNECT_WAIT_S and is tried again on a
+    new socket after it, as a Kafka client does (`socket.connection.setup.timeout.ms`, 10 s) and
+    counted in `opened.connect_retries`. A CI run on an idle machine once spent 180 s opening
+    2,000 of them with every connect established at once and none refused: a connect whose last
+    ACK the listen queue dropped looks established to the client, and its ClientHello then waits
+    for the server's SYN-ACK retransmissions (1, 2, 4, ... s), which the broker never sees."""
     opened = Opened()
     gate = asyncio.Semaphore(concurrency)
 
+    async def setup(source: str) -> asyncio.StreamWriter:
+        sock = await connect(port, source)
+        try:
+            reader, writer = await asyncio.open_connection(
+                sock=sock, ssl=context, server_hostname="localhost"
+            )
+            writer.write(API_VERSIONS)
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            await reader.readexactly(size)
+        except BaseException:
+            sock.close()
+            raise
+        return writer
+
     async def one(i: int) -> None:
         async with gate:
-            sock = await connect_retrying(port, sources[i % len(sources)], opened)
-            try:
-                reader, writer = await asyncio.open_connection(
-                    sock=sock, ssl=context, server_hostname="localhost"
-                )
-                writer.write(API_VERSIONS)
-                size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 10))[0]
-                await asyncio.wait_for(reader.readexactly(size), 10)
-            except (ConnectionError, EOFError, ssl.SSLError):
-                sock.close()
-                opened.refused += 1
+            for attempt in range(3):
+                try:
+                    writer = await asyncio.wait_for(
+                        setup(sources[i % len(sources)]), CONNECT_WAIT_S
+                    )
+                except TimeoutError:
+                    if attempt == 2:
+                        raise
+                    opened.connect_retries += 1
+                    continue
+                except (ConnectionError, EOFError, ssl.SSLError):
+                    opened.refused += 1
+                    return
+                opened.tls.append(writer)
                 return
-            opened.tls.append(writer)
 
     await asyncio.gather(*(one(i) for i in range(n)))
     return opened
@@ -249,21 +272,48 @@ async def slowloris(port: int, n: int, seconds: float, sources: list[str]) -> Op
 
 
 def fetch_request(topic: str, max_bytes: int, correlation: int = 1) -> bytes:
-    return encode_request(1, 12, correlation, {
-        "replica_id": -1, "max_wait": datetime.timedelta(milliseconds=500), "min_bytes": 1,
-        "max_bytes": max_bytes, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-        "forgotten_topics_data": [], "rack_id": "",
-        "topics": [{"topic": topic, "partitions": [{
-            "partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
-            "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": max_bytes,
-        }]}],
-    })  # fmt: skip
+    return encode_request(
+        1,
+        12,
+        correlation,
+        {
+            "replica_id": -1,
+            "max_wait": datetime.timedelta(milliseconds=500),
+            "min_bytes": 1,
+            "max_bytes": max_bytes,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "forgotten_topics_data": [],
+            "rack_id": "",
+            "topics": [
+                {
+                    "topic": topic,
+                    "partitions": [
+                        {
+                            "partition": 0,
+                            "current_leader_epoch": -1,
+                            "fetch_offset": 0,
+                            "last_fetched_epoch": -1,
+                            "log_start_offset": -1,
+                            "partition_max_bytes": max_bytes,
+                        }
+                    ],
+                }
+            ],
+        },
+    )
 
 
 async def never_reading_fetchers(
-    port: int, n: int, topic: str, *, max_bytes: int = 50 << 20, pipelined: int = 16,
+    port: int,
+    n: int,
+    topic: str,
+    *,
+    max_bytes: int = 50 << 20,
+    pipelined: int = 16,
     sources: list[str],
-) -> Opened:  # fmt: skip
+) -> Opened:
     """`n` consumers that each pipeline `pipelined` Fetch(max_bytes) from offset 0 and never
     read an answer (a small receive buffer, so the kernel holds little of them)."""
     opened = Opened()
@@ -277,9 +327,15 @@ async def never_reading_fetchers(
 
 
 async def tls_never_reading_fetchers(
-    port: int, n: int, topic: str, context: ssl.SSLContext, *, max_bytes: int = 50 << 20,
-    pipelined: int = 16, sources: list[str],
-) -> Opened:  # fmt: skip
+    port: int,
+    n: int,
+    topic: str,
+    context: ssl.SSLContext,
+    *,
+    max_bytes: int = 50 << 20,
+    pipelined: int = 16,
+    sources: list[str],
+) -> Opened:
     """never_reading_fetchers over TLS (`context` trusts the broker's certificate for
     "localhost"): the client's TLS layer reads a little (its stream's 64 KiB limit) and then
     nothing more."""
@@ -287,8 +343,9 @@ async def tls_never_reading_fetchers(
     requests = b"".join(fetch_request(topic, max_bytes, c) for c in range(pipelined))
     for i in range(n):
         sock = await connect_retrying(port, sources[i % len(sources)], opened, rcvbuf=16 * 1024)
-        _, writer = await asyncio.open_connection(sock=sock, ssl=context,
-                                                  server_hostname="localhost")  # fmt: skip
+        _, writer = await asyncio.open_connection(
+            sock=sock, ssl=context, server_hostname="localhost"
+        )
         writer.write(requests)
         opened.tls.append(writer)
     return opened
@@ -298,10 +355,17 @@ async def tls_never_reading_fetchers(
 def produce_request(
     topic: str, records: bytes, correlation: int, *, timeout_ms: int = 30_000
 ) -> bytes:
-    return encode_request(0, 9, correlation, {
-        "transactional_id": None, "acks": -1, "timeout": datetime.timedelta(milliseconds=timeout_ms),
-        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": records}]}],
-    })  # fmt: skip
+    return encode_request(
+        0,
+        9,
+        correlation,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": datetime.timedelta(milliseconds=timeout_ms),
+            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": records}]}],
+        },
+    )
 
 
 def produce_error(frame: bytes) -> str:
@@ -356,9 +420,11 @@ class ProduceProbe:
         if not lat:
             return f"no acknowledged produce, errors {self.errors[-5:]}"
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-        return (f"{len(lat)} acknowledged, p50 {lat[len(lat) // 2] * 1000:.0f} ms, p99 "
-                f"{p99 * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms, {len(self.errors)} errors "
-                f"{sorted(set(self.errors))[:5]}")  # fmt: skip
+        return (
+            f"{len(lat)} acknowledged, p50 {lat[len(lat) // 2] * 1000:.0f} ms, p99 "
+            f"{p99 * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms, {len(self.errors)} errors "
+            f"{sorted(set(self.errors))[:5]}"
+        )
 
     async def _run(self) -> None:
         records = build_batch([(b"k", b"probe" * 20)])

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.processes import log_tail
 from tests.support.started import StartedInWith
 
 _SERVING = re.compile(r"serving on (\S+):(\d+)")
@@ -90,13 +91,20 @@ class BrokerProcess(StartedInWith):
             **self.env,
         }
         cmd = [
-            sys.executable, "-m", "tidalmq_broker.cli", "broker",
-            "--broker-id", str(self.broker_id),
-            "--port", str(self.port),
-            "--http-port", str(self.http_port),
-            "--storage-url", self.storage_url,
+            sys.executable,
+            "-m",
+            "tidalmq_broker.cli",
+            "broker",
+            "--broker-id",
+            str(self.broker_id),
+            "--port",
+            str(self.port),
+            "--http-port",
+            str(self.http_port),
+            "--storage-url",
+            self.storage_url,
             *self.args,
-        ]  # fmt: skip
+        ]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         log.write(f"\n===== start #{self.starts}: {' '.join(cmd)}\n".encode())
@@ -160,10 +168,7 @@ class BrokerProcess(StartedInWith):
             return resp.read().decode()
 
     def tail_log(self, lines: int = 80) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

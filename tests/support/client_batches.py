@@ -10,9 +10,14 @@ from tidalmq_broker.protocol import records as rb
 def client_batch(timestamps: list[int], *, compression: int = 0, base_offset: int = 0) -> bytes:
     """One record per timestamp, compressed with Kafka codec `compression` (0-4)."""
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=compression, is_transactional=False, producer_id=-1,
-        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
-    )  # fmt: skip
+        magic=2,
+        compression_type=compression,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
     for i, ts in enumerate(timestamps):
         builder.append(i, timestamp=ts, key=b"k%d" % i, value=b"v" * 300, headers=[])
     data = bytearray(builder.build())

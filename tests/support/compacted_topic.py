@@ -17,12 +17,13 @@ record's key is used once."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.topic_config_validation import describe_topic_configs
+from tests.support.waiting import wait_for
 
 KEYS = 20
 UPDATES = 30
@@ -30,6 +31,9 @@ ALL_KEYS = [b"key-%d" % k for k in range(KEYS)]
 DELETED = {b"key-3", b"key-7"}
 SEGMENT_MS = 500
 DELETE_RETENTION_MS = 3000
+# how long a clean may take to show, tried every half second (each try reads the whole topic)
+CLEAN_WITHIN_S = 25
+CLEAN_POLL_S = 0.5
 
 TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -49,8 +53,14 @@ SMALL_SEGMENTS = {"internal.segment.bytes": "4096"}
 Row = tuple[int, bytes, bytes | None]
 
 
-def produce(bootstrap: str, topic: str, updates: range, keys: list[bytes],
-            tombstones: set[bytes], timestamp_ms: int = 0) -> list[Row]:  # fmt: skip
+def produce(
+    bootstrap: str,
+    topic: str,
+    updates: range,
+    keys: list[bytes],
+    tombstones: set[bytes],
+    timestamp_ms: int = 0,
+) -> list[Row]:
     """Every record written (offset, key, value): rounds `updates` over `keys`, a tombstone for
     each of `tombstones`, then, segment.ms later, one record that rolls the segment. The
     updates carry `timestamp_ms` as their CreateTime (0: the producer's clock)."""
@@ -67,8 +77,7 @@ def produce(bootstrap: str, topic: str, updates: range, keys: list[bytes],
     for round_ in updates:
         for key in keys:
             value = b"v%d-%s" % (round_, b"x" * 40)
-            producer.produce(topic, key=key, value=value, on_delivery=done,
-                             timestamp=timestamp_ms)  # fmt: skip
+            producer.produce(topic, key=key, value=value, on_delivery=done, timestamp=timestamp_ms)
         producer.flush(10)  # one round per few batches: many batches, many segments
     for key in sorted(tombstones):
         producer.produce(topic, key=key, value=None, on_delivery=done)
@@ -85,8 +94,14 @@ def produce(bootstrap: str, topic: str, updates: range, keys: list[bytes],
 
 def read_all(bootstrap: str, topic: str, end: int) -> list[Row]:
     """Every record from the start up to `end`, by a consumer that commits nothing."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic,
-                         "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": topic,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         rows: list[Row] = []
@@ -114,15 +129,6 @@ def read_all(bootstrap: str, topic: str, end: int) -> list[Row]:
 def latest(written: list[Row], *, tombstones: bool) -> list[Row]:
     last = {key: offset for offset, key, _ in written}
     return [row for row in written if last[row[1]] == row[0] and (row[2] is not None or tombstones)]
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 25) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def create_compacted_topic(bootstrap: str, topic: str, configs: Mapping[str, str]) -> None:
@@ -157,17 +163,32 @@ def latest_value_per_key(
         seen.append(read_all(bootstrap, topic, end))
         return seen[-1] == expected
 
-    wait_for("the cleaner", lambda: reads(latest(written, tombstones=True)))
+    wait_for(
+        "the cleaner",
+        lambda: reads(latest(written, tombstones=True)),
+        timeout_s=CLEAN_WITHIN_S,
+        poll_s=CLEAN_POLL_S,
+    )
     kept = time.monotonic()
     if drops_tombstones_without_new_data:
-        wait_for("the tombstones' delete horizon", lambda: reads(latest(written, tombstones=False)))
+        wait_for(
+            "the tombstones' delete horizon",
+            lambda: reads(latest(written, tombstones=False)),
+            timeout_s=CLEAN_WITHIN_S,
+            poll_s=CLEAN_POLL_S,
+        )
     # the tombstones' horizon is delete.retention.ms after the clean that first kept them,
     # which was before they were read
     time.sleep(max(0.0, kept + DELETE_RETENTION_MS / 1000 - time.monotonic()))
     live = [key for key in ALL_KEYS if key not in DELETED]
     written += produce(bootstrap, topic, range(UPDATES, UPDATES + 1), live, set())
     end = written[-1][0] + 1
-    wait_for("a clean past the delete horizon", lambda: reads(latest(written, tombstones=False)))
+    wait_for(
+        "a clean past the delete horizon",
+        lambda: reads(latest(written, tombstones=False)),
+        timeout_s=CLEAN_WITHIN_S,
+        poll_s=CLEAN_POLL_S,
+    )
     assert not {key for _, key, _ in seen[-1]} & DELETED
     return end, seen[-1]
 
@@ -231,7 +252,9 @@ def compact_and_delete(bootstrap: str, topic: str) -> None:
         return 0 < start <= first_recent and rows == kept
 
     try:
-        wait_for("retention and the cleaner", cleaned)
+        wait_for(
+            "retention and the cleaner", cleaned, timeout_s=CLEAN_WITHIN_S, poll_s=CLEAN_POLL_S
+        )
     except AssertionError:
         start, rows = seen[-1]
         raise AssertionError(f"log start {start} (0 < it <= {first_recent}): {rows}") from None

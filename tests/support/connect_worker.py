@@ -50,9 +50,15 @@ class Worker:
         log4j = properties.parent / "log4j2.properties"
         log4j.write_text(LOG4J)
         cmd = [
-            java_executable(), "-Xmx256m", *FAST_START_OPTS, f"-Dlog4j2.configurationFile={log4j}",
-            "-cp", classpath, "org.apache.kafka.connect.cli.ConnectDistributed", str(properties),
-        ]  # fmt: skip
+            java_executable(),
+            "-Xmx256m",
+            *FAST_START_OPTS,
+            f"-Dlog4j2.configurationFile={log4j}",
+            "-cp",
+            classpath,
+            "org.apache.kafka.connect.cli.ConnectDistributed",
+            str(properties),
+        ]
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         with log.open("a") as out:
@@ -60,8 +66,12 @@ class Worker:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=10) as response:
             payload = response.read()
         return json.loads(payload) if payload else None
@@ -110,25 +120,27 @@ def file_round_trip_with_restart(dist: KafkaDist, bootstrap: str, tmp_path: Path
     (port,) = free_ports(1)
     properties = tmp_path / "worker.properties"
     properties.write_text(
-        "\n".join([
-            f"bootstrap.servers={bootstrap}",
-            f"group.id={group}",
-            # the records are the file's lines as they are: no JSON envelope
-            "key.converter=org.apache.kafka.connect.storage.StringConverter",
-            "value.converter=org.apache.kafka.connect.storage.StringConverter",
-            f"config.storage.topic={topics['configs']}",
-            f"offset.storage.topic={topics['offsets']}",
-            f"status.storage.topic={topics['status']}",
-            "config.storage.replication.factor=1",
-            "offset.storage.replication.factor=1",
-            "status.storage.replication.factor=1",
-            "offset.storage.partitions=2",
-            "status.storage.partitions=2",
-            "offset.flush.interval.ms=1000",
-            f"listeners=http://127.0.0.1:{port}",
-            "plugin.discovery=service_load",
-        ])
-    )  # fmt: skip
+        "\n".join(
+            [
+                f"bootstrap.servers={bootstrap}",
+                f"group.id={group}",
+                # the records are the file's lines as they are: no JSON envelope
+                "key.converter=org.apache.kafka.connect.storage.StringConverter",
+                "value.converter=org.apache.kafka.connect.storage.StringConverter",
+                f"config.storage.topic={topics['configs']}",
+                f"offset.storage.topic={topics['offsets']}",
+                f"status.storage.topic={topics['status']}",
+                "config.storage.replication.factor=1",
+                "offset.storage.replication.factor=1",
+                "status.storage.replication.factor=1",
+                "offset.storage.partitions=2",
+                "status.storage.partitions=2",
+                "offset.flush.interval.ms=1000",
+                f"listeners=http://127.0.0.1:{port}",
+                "plugin.discovery=service_load",
+            ]
+        )
+    )
     source, sink = tmp_path / "source.txt", tmp_path / "sink.txt"
     first = lines(0, 200)
     source.write_bytes(first)
@@ -147,16 +159,34 @@ def file_round_trip_with_restart(dist: KafkaDist, bootstrap: str, tmp_path: Path
             configs = admin.describe_configs([resource])[resource].result(15)
             assert configs["cleanup.policy"].value == "compact", topic
 
-        worker.request("POST", "/connectors", {"name": "file-source", "config": {
-            "connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector",
-            "tasks.max": "1", "file": str(source), "topic": data_topic,
-            "topic.creation.default.replication.factor": "1",
-            "topic.creation.default.partitions": "1",
-        }})  # fmt: skip
-        worker.request("POST", "/connectors", {"name": "file-sink", "config": {
-            "connector.class": "org.apache.kafka.connect.file.FileStreamSinkConnector",
-            "tasks.max": "1", "file": str(sink), "topics": data_topic,
-        }})  # fmt: skip
+        worker.request(
+            "POST",
+            "/connectors",
+            {
+                "name": "file-source",
+                "config": {
+                    "connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector",
+                    "tasks.max": "1",
+                    "file": str(source),
+                    "topic": data_topic,
+                    "topic.creation.default.replication.factor": "1",
+                    "topic.creation.default.partitions": "1",
+                },
+            },
+        )
+        worker.request(
+            "POST",
+            "/connectors",
+            {
+                "name": "file-sink",
+                "config": {
+                    "connector.class": "org.apache.kafka.connect.file.FileStreamSinkConnector",
+                    "tasks.max": "1",
+                    "file": str(sink),
+                    "topics": data_topic,
+                },
+            },
+        )
         worker.wait_for("the first copy", lambda: sink.exists() and sink.read_bytes(), first)
         # the source's file position, as the worker stored it in the offset topic
         worker.wait_for("stored offsets", lambda: offsets(worker, "file-source"), [len(first)])

@@ -17,8 +17,15 @@ import jsonschema
 
 TYPES = {"object", "array", "string", "integer", "number", "boolean"}
 # Not supported in apiextensions.k8s.io/v1 schemas at all.
-UNSUPPORTED = {"$ref", "$schema", "id", "definitions", "dependencies", "additionalItems",
-               "patternProperties"}  # fmt: skip
+UNSUPPORTED = {
+    "$ref",
+    "$schema",
+    "id",
+    "definitions",
+    "dependencies",
+    "additionalItems",
+    "patternProperties",
+}
 # Not allowed inside allOf/anyOf/oneOf/not (the structural "logical junctors").
 NOT_IN_JUNCTORS = {"description", "type", "default", "additionalProperties", "nullable"}
 JUNCTORS = ("allOf", "anyOf", "oneOf", "not")
@@ -108,15 +115,20 @@ def _walk(
         _walk(extra, f"{path}.additionalProperties", problems, uncorrelatable=uncorrelatable)
     if isinstance(node.get("items"), dict):
         keyed = node.get("x-kubernetes-list-type") == "map"
-        _walk(node["items"], f"{path}.items", problems,
-              uncorrelatable=uncorrelatable or not keyed)  # fmt: skip
+        _walk(node["items"], f"{path}.items", problems, uncorrelatable=uncorrelatable or not keyed)
     for junction in JUNCTORS:
         children = node.get(junction)
         if children is None:
             continue
         for i, child in enumerate(children if isinstance(children, list) else [children]):
-            _walk(child, f"{path}.{junction}[{i}]", problems, junctor=True, outside=node,
-                  uncorrelatable=uncorrelatable)  # fmt: skip
+            _walk(
+                child,
+                f"{path}.{junction}[{i}]",
+                problems,
+                junctor=True,
+                outside=node,
+                uncorrelatable=uncorrelatable,
+            )
 
 
 def _check_root_metadata(node: Any, path: str, problems: list[str]) -> None:

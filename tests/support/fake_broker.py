@@ -70,12 +70,18 @@ class FakeBroker:
         base, snapshot, batches = self.controller.update_for(self.image.version)
         await self.push_update(base, snapshot, batches)
 
-    async def register(self) -> None:
+    async def register(self, *, heartbeat: bool = True) -> None:
+        """Register and catch up, then heartbeat (unless `heartbeat` is False: a broker still
+        catching up, whose first heartbeat the test sends with `start_heartbeats`)."""
         info = BrokerInfo(
             self.broker_id, "127.0.0.1", 9000 + self.broker_id, incarnation=self.incarnation
         )
         await self.controller.register_broker(info, self)
         await self.catch_up()
+        if heartbeat:
+            self.start_heartbeats()
+
+    def start_heartbeats(self) -> None:
         self._task = asyncio.create_task(self._beat())
 
     async def _beat(self) -> None:

@@ -39,22 +39,31 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def build_tools(tools: list[str], binaries: list[Path], log_name: str) -> None:
+    """Builds `tools` with `e2e/cluster/build-tools.sh` unless every binary's directory has its
+    .done stamp (the stamps, not the binaries: a build in progress may have written some
+    already; the script's lock makes this wait for a build already running)."""
+    if all((binary.parent / ".done").exists() for binary in binaries):
+        return
+    log = cache_dir() / "logs" / log_name
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        result = subprocess.run(
+            ["bash", str(REPO / "e2e/cluster/build-tools.sh"), *tools],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TIDALMQ_CACHE_DIR": str(cache_dir())},
+        )
+    if result.returncode != 0:
+        raise RuntimeError(f"building {'/'.join(tools)} failed; see {log}")
+
+
 def binaries() -> tuple[Path, Path]:
     """(etcd, kube-apiserver), building them if needed."""
     v = _versions()
     etcd = cache_dir() / "bin" / f"etcd-{v['ETCD_VERSION']}" / "etcd"
     apiserver = cache_dir() / "bin" / f"kubernetes-{v['KUBERNETES_VERSION']}" / "kube-apiserver"
-    # The .done stamps, not the binaries: a build in progress may have written some already.
-    if not ((etcd.parent / ".done").exists() and (apiserver.parent / ".done").exists()):
-        log = cache_dir() / "logs" / "apiserver-build.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
-            result = subprocess.run(
-                ["bash", str(REPO / "e2e/cluster/build-tools.sh"), "etcd", "kubernetes"],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TIDALMQ_CACHE_DIR": str(cache_dir())},
-            )  # fmt: skip
-        if result.returncode != 0:
-            raise RuntimeError(f"building etcd/kube-apiserver failed; see {log}")
+    build_tools(["etcd", "kubernetes"], [etcd, apiserver], "apiserver-build.log")
     return etcd, apiserver
 
 
@@ -77,8 +86,12 @@ class ApiServer:
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-            capture_output=True, text=True, check=check, input=input, timeout=120,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=check,
+            input=input,
+            timeout=120,
+        )
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -98,35 +111,66 @@ def start_apiserver() -> ApiServer:
     logs = work / "logs"
     logs.mkdir()
     etcd = subprocess.Popen(
-        [str(etcd_bin), "--data-dir", str(work / "etcd"),
-         "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-         "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-         "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
-         "--unsafe-no-fsync"],
-        stdout=(logs / "etcd.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            str(etcd_bin),
+            "--data-dir",
+            str(work / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster",
+            f"default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",
+        ],
+        stdout=(logs / "etcd.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     sa_key = work / "sa.key"
     subprocess.run(
         ["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True
     )
-    subprocess.run(["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(work / "sa.pub")],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(work / "sa.pub")],
+        check=True,
+        capture_output=True,
+    )
     token = os.urandom(16).hex()
     (work / "tokens.csv").write_text(f"{token},admin,admin,system:masters\n")
     apiserver = subprocess.Popen(
-        [str(apiserver_bin), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-         "--bind-address", "127.0.0.1", "--secure-port", str(api_port),
-         "--cert-dir", str(work / "certs"), "--token-auth-file", str(work / "tokens.csv"),
-         "--authorization-mode", "AlwaysAllow",
-         "--service-account-key-file", str(work / "sa.pub"),
-         "--service-account-signing-key-file", str(sa_key),
-         "--service-account-issuer", "https://kubernetes.default.svc",
-         "--service-cluster-ip-range", "10.96.0.0/16", "--enable-priority-and-fairness=false",
-         "--disable-admission-plugins", "ServiceAccount"],
-        stdout=(logs / "apiserver.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            str(apiserver_bin),
+            "--etcd-servers",
+            f"http://127.0.0.1:{etcd_port}",
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(api_port),
+            "--cert-dir",
+            str(work / "certs"),
+            "--token-auth-file",
+            str(work / "tokens.csv"),
+            "--authorization-mode",
+            "AlwaysAllow",
+            "--service-account-key-file",
+            str(work / "sa.pub"),
+            "--service-account-signing-key-file",
+            str(sa_key),
+            "--service-account-issuer",
+            "https://kubernetes.default.svc",
+            "--service-cluster-ip-range",
+            "10.96.0.0/16",
+            "--enable-priority-and-fairness=false",
+            "--disable-admission-plugins",
+            "ServiceAccount",
+        ],
+        stdout=(logs / "apiserver.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"https://127.0.0.1:{api_port}"
     kubeconfig = work / "kubeconfig"
     kubeconfig.write_text(

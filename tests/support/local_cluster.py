@@ -18,6 +18,7 @@ from typing import Any
 
 from tidalmq_core.control_tls import ControlTls
 
+from tests.support.processes import log_tail, stop_process
 from tests.support.started import StartedInWith
 
 CLI = [sys.executable, "-m", "tidalmq_broker.cli"]
@@ -28,9 +29,14 @@ def tidalmq(
 ) -> subprocess.CompletedProcess[str]:
     """Runs `tidalmq ARGS` as a user does (its own process; from `cwd`, with `env` added)."""
     return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=timeout_s, check=False, cwd=cwd,
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        cwd=cwd,
         env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def control_tls(data_dir: Path, controller_url: str) -> ControlTls | None:
@@ -49,9 +55,15 @@ def control_context(data_dir: Path, controller_url: str) -> ssl.SSLContext | Non
 
 class LocalClusterProcess(StartedInWith):
     def __init__(
-        self, data_dir: Path, *, brokers: int = 3, storage_url: str = "",
-        env: dict[str, str] | None = None, port: int = 0, args: list[str] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        data_dir: Path,
+        *,
+        brokers: int = 3,
+        storage_url: str = "",
+        env: dict[str, str] | None = None,
+        port: int = 0,
+        args: list[str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.args = args or []  # more `local up` flags (--security sasl_ssl)
         self.brokers = brokers
@@ -72,17 +84,31 @@ class LocalClusterProcess(StartedInWith):
     def start(self, timeout_s: float = 120.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            sys.executable, "-m", "tidalmq_broker.cli", "local", "up",
-            "--brokers", str(self.brokers), "--port", str(self.port), "--controller-port", "0",
-            "--data-dir", str(self.data_dir),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "tidalmq_broker.cli",
+            "local",
+            "up",
+            "--brokers",
+            str(self.brokers),
+            "--port",
+            str(self.port),
+            "--controller-port",
+            "0",
+            "--data-dir",
+            str(self.data_dir),
+        ]
         if self.storage_url:
             cmd += ["--storage-url", self.storage_url]
         cmd += self.args
         # a restart appends to the same log: read only what this start writes
         start_at = self.log_path.stat().st_size if self.log_path.exists() else 0
-        env = {**os.environ, "TIDALMQ_GROUP_INITIAL_REBALANCE_DELAY_MS": "200",
-               "TIDALMQ_LOG_LEVEL": "INFO", **self.env}  # fmt: skip
+        env = {
+            **os.environ,
+            "TIDALMQ_GROUP_INITIAL_REBALANCE_DELAY_MS": "200",
+            "TIDALMQ_LOG_LEVEL": "INFO",
+            **self.env,
+        }
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
@@ -101,15 +127,11 @@ class LocalClusterProcess(StartedInWith):
         raise TimeoutError(f"local cluster did not start:\n{self.tail()}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc, 60, signal.SIGINT)
         if self.controller_url:  # no broker may outlive the test
-            subprocess.run(["pkill", "-9", "-f", f"controller-url {self.controller_url}"],
-                           check=False)  # fmt: skip
+            subprocess.run(
+                ["pkill", "-9", "-f", f"controller-url {self.controller_url}"], check=False
+            )
 
     # ------------------------------------------------------------------ control
     @property
@@ -136,10 +158,14 @@ class LocalClusterProcess(StartedInWith):
 
     def _post(self, path: str, body: dict[str, Any], timeout_s: float = 180) -> Any:
         req = urllib.request.Request(
-            self.controller_url + path, data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json",
-                     "Authorization": f"Bearer {self.control_token}"}, method="POST",
-        )  # fmt: skip
+            self.controller_url + path,
+            data=json.dumps(body).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {self.control_token}",
+            },
+            method="POST",
+        )
         with urllib.request.urlopen(req, timeout=timeout_s, context=self.control_context) as resp:
             return json.loads(resp.read())
 
@@ -169,9 +195,14 @@ class LocalClusterProcess(StartedInWith):
         self._post("/v1/local/kill-broker", {"broker_id": broker_id})
 
     def reassign(self, targets: dict[tuple[str, int], int | None]) -> dict[str, Any]:
-        return self._post("/v1/reassignments/alter", {"entries": [
-            {"topic": t, "partition": p, "target": b} for (t, p), b in targets.items()
-        ]})  # fmt: skip
+        return self._post(
+            "/v1/reassignments/alter",
+            {
+                "entries": [
+                    {"topic": t, "partition": p, "target": b} for (t, p), b in targets.items()
+                ]
+            },
+        )
 
     def broker_pids(self) -> dict[int, int]:
         """Broker id -> pid of each broker process `local up` runs."""
@@ -197,7 +228,4 @@ class LocalClusterProcess(StartedInWith):
         raise TimeoutError(f"cluster not settled: {self.status()}")
 
     def tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)

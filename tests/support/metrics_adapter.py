@@ -11,8 +11,6 @@ authorization of each request to it, as in a cluster.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -22,23 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.cache import cache_dir
-from tests.support.kube_apiserver import REPO, _versions
+from tests.support.kube_apiserver import _versions, build_tools
+from tests.support.processes import log_tail, stop_process
 
 
 def adapter_binary() -> Path:
     version = _versions()["PROMETHEUS_ADAPTER_VERSION"]
     binary = cache_dir() / "bin" / f"prometheus-adapter-{version}" / "adapter"
-    if not (binary.parent / ".done").exists():
-        log = cache_dir() / "logs" / "prometheus-adapter-build.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
-            result = subprocess.run(
-                ["bash", str(REPO / "e2e/cluster/build-tools.sh"), "prometheus-adapter"],
-                stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, "TIDALMQ_CACHE_DIR": str(cache_dir())},
-            )  # fmt: skip
-        if result.returncode != 0:
-            raise RuntimeError(f"building prometheus-adapter failed; see {log}")
+    build_tools(["prometheus-adapter"], [binary], "prometheus-adapter-build.log")
     return binary
 
 
@@ -77,14 +66,15 @@ class MetricsAdapter:
             f"--prometheus-url={self.prometheus_url}",
             f"--config={self.workdir / 'config.yaml'}",
             "--metrics-relist-interval=2s",
-            "--bind-address=127.0.0.1", f"--secure-port={self.port}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.port}",
             f"--cert-dir={self.workdir / 'certs'}",
             f"--lister-kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
             # the test API server has no front proxy (requestheader) settings to look up
             "--authentication-skip-lookup",
-        ]  # fmt: skip
+        ]
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
@@ -99,13 +89,7 @@ class MetricsAdapter:
         raise RuntimeError(f"the adapter was not ready within 60 s:\n{self.tail()}")
 
     def __exit__(self, *_exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 20)
 
     def get(self, path: str, *, raw: bool = False) -> Any:
         """GET a path as the API server's admin (the adapter asks the API server who that is
@@ -119,10 +103,7 @@ class MetricsAdapter:
         return body if raw else json.loads(body)
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
 
 __all__ = ["MetricsAdapter", "adapter_binary"]

@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
 from confluent_kafka import Consumer, Producer
 
 from observability.alerts import ALERTS
@@ -40,8 +41,14 @@ def lagging_group(bootstrap: str, topic: str, group: str, timeout_s: float) -> N
     for i in range(200):
         producer.produce(topic, b"x" * 100, partition=i % 2)
     assert producer.flush(timeout_s) == 0
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     seen = 0
     deadline = time.monotonic() + timeout_s
@@ -185,3 +192,37 @@ def check_queries(url: str, rate_interval: str) -> Coverage:
         if error:
             coverage.failures.append(f"alert {a.name}: {error}")
     return coverage
+
+
+FOR_LINE = re.compile(r"^(    for: )(\S+)$", re.M)
+
+
+def _without_for(doc: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in rule.items() if k != "for"} for rule in doc["groups"][0]["rules"]]
+
+
+def short_for(shipped: str, duration: str) -> str:
+    """The chart's rules file (its text) with every nonzero `for:` shortened to `duration`, so
+    that an alert fires seconds after its condition holds instead of minutes; nothing else
+    changes (the expressions, labels and annotations stay byte-identical: asserted)."""
+    text, count = FOR_LINE.subn(
+        lambda m: m.group(1) + (m.group(2) if m.group(2) == "0m" else duration), shipped
+    )
+    assert count == len(ALERTS), f"{count} `for:` lines for {len(ALERTS)} alerts"
+    assert _without_for(yaml.safe_load(text)) == _without_for(yaml.safe_load(shipped))
+    changed = [
+        (a, b) for a, b in zip(shipped.splitlines(), text.splitlines(), strict=True) if a != b
+    ]
+    assert changed and all(FOR_LINE.match(a) and FOR_LINE.match(b) for a, b in changed)
+    return text
+
+
+def active_alerts(url: str, alertname: str, **labels: str) -> list[dict[str, Any]]:
+    """The alerts named `alertname` with `labels` that are pending or firing (/api/v1/alerts,
+    what Alertmanager gets)."""
+    return [
+        a
+        for a in _api(url, "alerts", {})["data"]["alerts"]
+        if a["labels"].get("alertname") == alertname
+        and all(a["labels"].get(k) == v for k, v in labels.items())
+    ]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -32,6 +31,8 @@ from types import TracebackType
 from typing import Any
 
 import pytest
+
+from tests.support.processes import log_tail, stop_process
 
 DEBIAN_PACKAGE = "prometheus"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +56,10 @@ def prometheus_binary() -> str:
     # the project's one installer: a machine-wide lock, and an interrupted install finished first
     done = subprocess.run(
         [str(REPO_ROOT / ".ci" / "apt-install"), DEBIAN_PACKAGE],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if done.returncode != 0:
         raise PrometheusError(
             f"apt-get install {DEBIAN_PACKAGE} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
@@ -183,19 +186,10 @@ class PrometheusServer:
         raise PrometheusError(f"prometheus not ready after {timeout_s}s:\n{self.tail()}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 30)
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     # ------------------------------------------------------------------ queries
     def _api(self, path: str, params: dict[str, str]) -> Any:

@@ -46,7 +46,7 @@ def served_versions() -> dict[int, tuple[int, int]]:
 
     for module in pkgutil.iter_modules(apis.__path__):
         importlib.import_module(f"tidalmq_broker.apis.{module.name}")
-    from tidalmq_broker.apis.registry import supported_versions
+    from tidalmq_broker.apis.kafka_registry import supported_versions
 
     return dict(supported_versions())
 

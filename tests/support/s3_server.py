@@ -199,11 +199,15 @@ def start_s3_server(kind: str | None = None) -> S3Server:
     if kind == "minio":
         binary = build_minio()
         cmd = [
-            str(binary), "server", str(workdir / "data"),
-            "--address", f"127.0.0.1:{port}",
-            "--console-address", f"127.0.0.1:{_free_port()}",
+            str(binary),
+            "server",
+            str(workdir / "data"),
+            "--address",
+            f"127.0.0.1:{port}",
+            "--console-address",
+            f"127.0.0.1:{_free_port()}",
             "--quiet",
-        ]  # fmt: skip
+        ]
         env["MINIO_BROWSER"] = "off"
         # "live" answers as soon as the process listens; "ready" once it serves requests (a
         # busy machine showed CreateBucket refused with XMinioServerNotInitialized after "live")

@@ -25,16 +25,25 @@ from bench.kafka.harness import (
 )
 
 
-def start(dist: KafkaDist, bootstrap: str, app: str, topics: tuple[str, str], state: Path,
-          log: Path) -> subprocess.Popen[bytes]:  # fmt: skip
+def start(
+    dist: KafkaDist, bootstrap: str, app: str, topics: tuple[str, str], state: Path, log: Path
+) -> subprocess.Popen[bytes]:
     # Kafka Streams and RocksDB are not in the broker and tools classpath: their own
     # directory, assembled from bench/kafka/streams/pom.xml (the .ci/prebuild does it early)
     classpath = ":".join([dist.classpath, assemble_streams().classpath])
     cmd = [
-        java_executable(), "-Xmx256m", *FAST_START_OPTS, f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
-        "-cp", classpath, str(HERE / "java" / "StreamsWordCount.java"),
-        bootstrap, app, *topics, str(state),
-    ]  # fmt: skip
+        java_executable(),
+        "-Xmx256m",
+        *FAST_START_OPTS,
+        f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
+        "-cp",
+        classpath,
+        str(HERE / "java" / "StreamsWordCount.java"),
+        bootstrap,
+        app,
+        *topics,
+        str(state),
+    ]
     with log.open("a") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
@@ -42,9 +51,15 @@ def start(dist: KafkaDist, bootstrap: str, app: str, topics: tuple[str, str], st
 STORE = "KSTREAM-AGGREGATE-STATE-STORE-0000000003"  # the count() store's (and its topics') name
 
 
-def read_counts(consumer: Consumer, counts: dict[str, int], want: dict[str, int],
-                app: subprocess.Popen[bytes], log: Path, admin: AdminClient,
-                app_id: str) -> None:  # fmt: skip
+def read_counts(
+    consumer: Consumer,
+    counts: dict[str, int],
+    want: dict[str, int],
+    app: subprocess.Popen[bytes],
+    log: Path,
+    admin: AdminClient,
+    app_id: str,
+) -> None:
     """Read the output topic until the counts are `want`, 60 s at most: a wait takes 3-5 s on
     a quiet machine, up to about 22 s measured on 2 cores at load 13-18 (the JVM's start, then
     the group's rebalances). On a failure, says where the words stopped: the Streams log, both
@@ -52,8 +67,9 @@ def read_counts(consumer: Consumer, counts: dict[str, int], want: dict[str, int]
     deadline = time.monotonic() + 60
     while counts != want and time.monotonic() < deadline:
         if app.poll() is not None:
-            raise AssertionError(f"Streams exited {app.returncode}\n"
-                                 f"{diagnosis(consumer, admin, app_id, log)}")  # fmt: skip
+            raise AssertionError(
+                f"Streams exited {app.returncode}\n{diagnosis(consumer, admin, app_id, log)}"
+            )
         msg = consumer.poll(0.5)
         if msg is None or msg.error() is not None:
             continue
@@ -88,8 +104,12 @@ def diagnosis(consumer: Consumer, admin: AdminClient, app_id: str, log: Path) ->
             lines.append(f"    committed {[(t.topic, t.partition, t.offset) for t in offsets]}")
     except Exception as exc:
         lines.append(f"--- groups: {exc!r}")
-    topics = [f"{app_id}-in", f"{app_id}-{STORE}-repartition", f"{app_id}-{STORE}-changelog",
-              f"{app_id}-out"]  # fmt: skip
+    topics = [
+        f"{app_id}-in",
+        f"{app_id}-{STORE}-repartition",
+        f"{app_id}-{STORE}-changelog",
+        f"{app_id}-out",
+    ]
     for topic in topics:
         try:
             meta = admin.list_topics(topic, timeout=10).topics[topic]
@@ -131,8 +151,13 @@ def word_count_restores_from_the_changelog(dist: KafkaDist, bootstrap: str, tmp_
         future.result(15)
     log = tmp_path / "streams.log"
     producer = Producer({"bootstrap.servers": bootstrap})
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{app_id}-reader",
-                         "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{app_id}-reader",
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.subscribe([topics[1]])
     counts: dict[str, int] = {}
     try:

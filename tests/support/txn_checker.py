@@ -10,23 +10,31 @@ copier, over librdkafka (confluent-kafka); one implementation run against TidalM
 - The copier reads a topic fed throughout by an idempotent producer and writes each batch to
   the same partition of a sink in a transaction that commits its consumer positions too
   (send_offsets_to_transaction): the sink must equal the input, each record once, in order.
+- Optionally (``java_copier_log``), the same copy with Kafka's Java clients
+  (bench/kafka/java/TransactionalCopier.java, sendOffsetsToTransaction) from the same input
+  to a sink of its own, judged the same way.
 
 Use: ``w = TransactionsWorkload(bootstrap)``; create ``w.topics`` (``w.partitions`` each);
 ``w.start()``; inflict faults; ``w.stop(describe)``; ``w.check()``."""
 
 from __future__ import annotations
 
+import json
 import random
+import signal
+import subprocess
 import threading
 import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from bench.kafka.harness import HERE, java_client_command, java_thread_stacks
 from tests.support.threads import thread_stacks
 
 # How the checker reads what the producers left: only committed records may show. (Made
@@ -49,6 +57,18 @@ class History:
     unknown: list[list[tuple[bytes, int]]] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # the longest transaction, from its begin until settled (committed, aborted, or given up),
+    # and when it began (time.monotonic()): what to look at when a transaction outlived its
+    # timeout and was fenced (its producer gets _FENCED)
+    slowest: tuple[float, float] = (0.0, 0.0)
+
+    def took(self, began: float) -> None:
+        with self.lock:
+            self.slowest = max(self.slowest, (time.monotonic() - began, began))
+
+    def slowest_since(self, start: float) -> str:
+        took, began = self.slowest
+        return f"slowest transaction {took:.1f} s, begun at {began - start:.1f} s"
 
 
 # librdkafka sends TxnOffsetCommit (send_offsets_to_transaction) through the producer's
@@ -60,15 +80,39 @@ class History:
 # call never returns: the copier hung in it for 70 minutes in CI. Closing idle connections (after
 # 3-5 s: librdkafka's jitter) makes such changes, so the request asks again and finds the
 # partition's new leader. Not shorter: the idle check ignores requests in flight, so a slow
-# answer would cost a reconnect and a retry.
+# answer would cost a reconnect and a retry. The copier's producer must close idle connections:
+# tests/unit/transactions/test_copier_idle_connections.py.
 COPIER_PRODUCER = {"connections.max.idle.ms": 5000}
+
+
+def copier_producer(bootstrap: str, tid: str, conf: dict[str, Any] | None = None) -> Producer:
+    """The copier's transactional producer (COPIER_PRODUCER: the hang workaround), initialised;
+    `conf` adds settings."""
+    return transactional_producer(bootstrap, tid, {**COPIER_PRODUCER, **(conf or {})})
+
+
+# The clients' transaction timeout: longer than a transaction caught by the kill -9 takes to
+# finish. One begun just before it waits for the dead broker's coordinators to move (the
+# session timeout: 3 s on Kafka, 6 s on TidalMQ) and, for the copier's TxnOffsetCommit, for
+# the idle close that wakes it (COPIER_PRODUCER, up to 5 s more): measured up to 14.1 s (Kafka)
+# and 12.4 s (TidalMQ). At 10 s the coordinator aborted such transactions and fenced their
+# producer, which then started again; the checks passed, but the run took up to 93 s instead
+# of 40-60 s (docs/transactions.md "Against Apache Kafka").
+TRANSACTION_TIMEOUT_MS = 30_000
 
 
 def transactional_producer(
     bootstrap: str, tid: str, conf: dict[str, Any] | None = None
 ) -> Producer:
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2,
-                  "transaction.timeout.ms": 10_000, **(conf or {})})  # fmt: skip
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": tid,
+            "linger.ms": 2,
+            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+            **(conf or {}),
+        }
+    )
     try:
         p.init_transactions(30)
     except BaseException:
@@ -90,6 +134,7 @@ def run_producer(
         while not stop.is_set():
             txn += 1
             sent = []
+            began = time.monotonic()
             try:
                 p.begin_transaction()
                 for i in range(rng.randint(1, 6)):
@@ -128,6 +173,8 @@ def run_producer(
                         pass
                 if not error.retriable() or error.fatal():
                     p = transactional_producer(bootstrap, tid)  # fences the previous incarnation
+            finally:
+                h.took(began)
         p.flush(10)
     finally:
         # A KafkaException of this loop outlived the thread (the test passed, yet CI's producer
@@ -173,9 +220,15 @@ def run_copier(
     sink exactly once, in order, if transactional offsets are committed with their records.
     After `stop`, it goes on until the end of its input, for `catch_up_s` at most."""
     group, tid = unique("copier"), unique("copier-txn")
-    p = transactional_producer(bootstrap, tid, COPIER_PRODUCER)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                  "isolation.level": "read_committed"})  # fmt: skip
+    p = copier_producer(bootstrap, tid)
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
     parts = [TopicPartition(source, p) for p in range(partitions)]
     c.assign([TopicPartition(source, p, 0) for p in range(partitions)])
     try:
@@ -191,6 +244,7 @@ def run_copier(
                 ):
                     break
                 continue
+            began = time.monotonic()
             try:
                 p.begin_transaction()
                 for m in batch:
@@ -203,13 +257,91 @@ def run_copier(
                     p.abort_transaction(30)
                 except KafkaException:
                     # fences the previous incarnation
-                    p = transactional_producer(bootstrap, tid, COPIER_PRODUCER)
+                    p = copier_producer(bootstrap, tid)
                 committed = c.committed(parts, timeout=30)
                 c.assign([TopicPartition(source, t.partition, max(t.offset, 0)) for t in committed])
+            finally:
+                h.took(began)
         c.close()
         p.flush(10)
     finally:
         del c, p  # not kept alive by an exception's traceback (see run_producer)
+
+
+class JavaCopier:
+    """bench/kafka/java/TransactionalCopier.java as a child process: it prints RUNNING once it
+    reads; closing its standard input makes it copy until its input's end and print its report
+    (stderr goes to `log`)."""
+
+    def __init__(
+        self, bootstrap: str, source: str, sink: str, log: Path, group: str, tid: str
+    ) -> None:
+        self.log = log
+        self.tid = tid
+        self.running = threading.Event()
+        self.lines: list[str] = []
+        self._err = log.open("ab")
+        self.proc = subprocess.Popen(
+            java_client_command(
+                bootstrap,
+                source,
+                sink,
+                group,
+                tid,
+                source=HERE / "java" / "TransactionalCopier.java",
+            ),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.strip() == "RUNNING":
+                self.running.set()
+
+    def wait_running(self, timeout_s: float = 60.0) -> None:
+        if not self.running.wait(timeout_s):
+            self.kill()
+            raise AssertionError(f"the Java copier did not start:\n{self._tail()}")
+
+    def stop(self, timeout_s: float) -> dict[str, Any]:
+        """Closes its input and waits (`timeout_s` at most) for its report; past that, the
+        failure says where its threads were."""
+        stdin: IO[str] | None = self.proc.stdin
+        if stdin is not None:
+            stdin.close()
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGQUIT)  # a thread dump on stdout; it goes on
+            time.sleep(2)
+            self.kill()
+            self._reader.join(10)
+            stacks = "\n".join(java_thread_stacks("".join(self.lines)))
+            raise AssertionError(
+                f"the Java copier did not stop:\n{stacks}\n{self._tail()}"
+            ) from None
+        self._reader.join(10)
+        self._err.close()
+        reports = [line for line in self.lines if line.startswith("{")]
+        assert code == 0 and reports, (code, self.lines[-5:], self._tail())
+        report: dict[str, Any] = json.loads(reports[-1])
+        return report
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self._err.close()  # closing twice is harmless
+
+    def _tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
 
 
 def read_all(
@@ -222,8 +354,14 @@ def read_all(
 ) -> dict[int, list[bytes]]:
     """Every partition of `topic` from the start, until `at_least` records and then `quiet_s`
     more (60 s at most); the values per partition, in order."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("checker-reader"),
-                  "isolation.level": isolation, "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("checker-reader"),
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     got: dict[int, list[bytes]] = defaultdict(list)
     deadline = time.monotonic() + 60
@@ -285,27 +423,100 @@ class TransactionsWorkload:
     stopping: threading.Event = field(default_factory=threading.Event)
     fed: list[int] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
+    # the Java copier: its stderr goes there; None: not run
+    java_copier_log: Path | None = None
+    java_sink: str = field(default_factory=lambda: unique("java-copier-out"))
+    java_copier: JavaCopier | None = None
+    java_report: dict[str, Any] = field(default_factory=dict)
+    java_copier_fenced: bool = False  # fence_java_copier() ran
+    started_at: float = 0.0  # time.monotonic() at start()
 
     @property
     def topics(self) -> list[str]:
-        return [self.topic, self.source, self.sink]
+        java = [self.java_sink] if self.java_copier_log is not None else []
+        return [self.topic, self.source, self.sink, *java]
 
     def start(self) -> None:
         b, n = self.bootstrap, self.partitions
+        self.started_at = time.monotonic()
+        if self.java_copier_log is not None:
+            # running (a JVM compiling its source takes seconds) before the faults can start
+            self.java_copier = JavaCopier(
+                b,
+                self.source,
+                self.java_sink,
+                self.java_copier_log,
+                unique("java-copier"),
+                unique("java-copier-txn"),
+            )
+            self.java_copier.wait_running()
         self.threads = [
-            threading.Thread(target=run_producer, args=(b, self.topic, n, i, self.stopping,
-                             self.history), name=f"producer-{i}", daemon=True)
+            threading.Thread(
+                target=run_producer,
+                args=(b, self.topic, n, i, self.stopping, self.history),
+                name=f"producer-{i}",
+                daemon=True,
+            )
             for i in range(self.producers)
-        ]  # fmt: skip
+        ]
         self.threads += [
-            threading.Thread(target=feed, args=(b, self.source, n, self.stopping, self.fed),
-                             name="feed", daemon=True),
-            threading.Thread(target=run_copier, args=(b, self.source, self.sink, n,
-                             self.stopping, self.copier, self.copier_catch_up_s),
-                             name="copier", daemon=True),
-        ]  # fmt: skip
+            threading.Thread(
+                target=feed,
+                args=(b, self.source, n, self.stopping, self.fed),
+                name="feed",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=run_copier,
+                args=(
+                    b,
+                    self.source,
+                    self.sink,
+                    n,
+                    self.stopping,
+                    self.copier,
+                    self.copier_catch_up_s,
+                ),
+                name="copier",
+                daemon=True,
+            ),
+        ]
         for t in self.threads:
             t.start()
+
+    def fence_java_copier(self) -> None:
+        """Another incarnation of the Java copier's transactional id (librdkafka's
+        init_transactions) fences the copier's producer mid-copy: its next transactional call
+        fails, so does its abort (the producer is fenced), and it goes on with a new producer,
+        a path nothing showed the broker faults of these tests to take; `check` then asserts it
+        did and that the copy is still exact. The fencing producer is fenced in its turn by the
+        copier's next incarnation and does nothing more."""
+        assert self.java_copier is not None
+        p = Producer(
+            {"bootstrap.servers": self.bootstrap, "transactional.id": self.java_copier.tid}
+        )
+        p.init_transactions(30)
+        self.java_copier_fenced = True
+        del p
+
+    def wait_java_copying(self, timeout_s: float = 30.0) -> None:
+        """Until the Java copier has written to its sink (a JVM gets going slower than the
+        Python clients on a loaded machine), so that faults inflicted next land mid-copy."""
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": unique("java-progress")})
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not any(
+                c.get_watermark_offsets(
+                    TopicPartition(self.java_sink, p), timeout=10, cached=False
+                )[1]
+                for p in range(self.partitions)
+            ):
+                assert time.monotonic() < deadline, (
+                    f"the Java copier wrote nothing in {timeout_s} s"
+                )
+                time.sleep(0.2)
+        finally:
+            c.close()
 
     def stop(self, describe: Callable[[], object], join_s: float = 60.0) -> None:
         """Stops the clients and waits for every thread (the copier catching up, then `join_s`
@@ -316,14 +527,24 @@ class TransactionsWorkload:
             t.join(max(deadline - time.monotonic(), 0))
         left = [t for t in self.threads if t.is_alive()]
         if left:
-            raise AssertionError(f"client threads did not stop: {[t.name for t in left]}\n"
-                                 f"{thread_stacks(left)}\ncluster: {describe()}")  # fmt: skip
+            if self.java_copier is not None:
+                self.java_copier.kill()
+            raise AssertionError(
+                f"client threads did not stop: {[t.name for t in left]}\n"
+                f"{thread_stacks(left)}\ncluster: {describe()}"
+            )
+        if self.java_copier is not None:
+            # the input is complete now (the feed has stopped): the copy catches up and ends
+            self.java_report = self.java_copier.stop(self.copier_catch_up_s + join_s)
 
     def check(self, min_committed: int = 20, min_fed: int = 100) -> str:
         """Asserts the history and the copy; returns what ran, for the test's output."""
         h, n = self.history, self.partitions
-        summary = (f"committed {len(h.committed)}, aborted {len(h.aborted)}, unknown "
-                   f"{len(h.unknown)} records; client errors {dict(h.errors)}")  # fmt: skip
+        summary = (
+            f"committed {len(h.committed)}, aborted {len(h.aborted)}, unknown "
+            f"{len(h.unknown)} records; client errors {dict(h.errors)}; "
+            f"{h.slowest_since(self.started_at)}"
+        )
         print(summary)
         got = read_all(self.bootstrap, self.topic, n, len(h.committed), CHECKED_ISOLATION)
         # the run did commit transactions (at least a few dozen records: a loaded machine once
@@ -338,17 +559,44 @@ class TransactionsWorkload:
         inputs = read_all(self.bootstrap, self.source, n, self.fed[0], "read_uncommitted", 0)
         assert sum(map(len, inputs.values())) == self.fed[0]
         outputs = read_all(self.bootstrap, self.sink, n, self.fed[0])
-        copied_summary = f"copier: {self.fed[0]} records; client errors {dict(self.copier.errors)}"
+        copied_summary = (
+            f"copier: {self.fed[0]} records; client errors {dict(self.copier.errors)}; "
+            f"{self.copier.slowest_since(self.started_at)}"
+        )
         print(copied_summary)
-        for partition in range(n):
-            copied, wanted = outputs.get(partition, []), inputs.get(partition, [])
-            assert copied == wanted, {
+        problems = copy_problems(inputs, outputs, n)
+        assert not problems, {**problems, "errors": dict(self.copier.errors)}
+        if self.java_copier is None:
+            return f"{summary}\n{copied_summary}"
+        # the Java copier's sink, read as the checked topic is: the copies of the transactions
+        # it aborted (on purpose, and after errors) would show as duplicates, lost commits as
+        # missing records
+        java_outputs = read_all(self.bootstrap, self.java_sink, n, self.fed[0], CHECKED_ISOLATION)
+        java_summary = f"Java copier: {self.java_report}"
+        print(java_summary)
+        assert self.java_report["aborted"] > 0, self.java_report  # there was something to hide
+        if self.java_copier_fenced:  # it went on with a new producer
+            assert self.java_report["producers"] >= 2, self.java_report
+        problems = copy_problems(inputs, java_outputs, n)
+        assert not problems, {**problems, "Java copier": self.java_report}
+        return f"{summary}\n{copied_summary}\n{java_summary}"
+
+
+def copy_problems(
+    inputs: dict[int, list[bytes]], outputs: dict[int, list[bytes]], partitions: int
+) -> dict[str, Any]:
+    """Where a copier's output (read per partition, in order) differs from its input: the first
+    partition that does, with its duplicates and lost records; empty when none."""
+    for partition in range(partitions):
+        copied, wanted = outputs.get(partition, []), inputs.get(partition, [])
+        if copied != wanted:
+            return {
                 "partition": partition,
                 "duplicates": sorted(v for v, k in Counter(copied).items() if k > 1)[:10],
                 "lost": sorted(set(wanted) - set(copied))[:10],
-                "lengths": (len(copied), len(wanted)), "errors": dict(self.copier.errors),
-            }  # fmt: skip
-        return f"{summary}\n{copied_summary}"
+                "lengths": (len(copied), len(wanted)),
+            }
+    return {}
 
 
 def java_transactions_problems(

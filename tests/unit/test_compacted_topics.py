@@ -73,9 +73,19 @@ async def test_produce_refuses_records_without_a_key_on_a_compacted_topic() -> N
     seen: dict[str, Any] = {}
     b = compacted_broker(seen)
     data = batch([b"k", None, None, None, None])
-    answer = await call(b, 0, 9, {"transactional_id": None, "acks": -1, "timeout": 1000,
-                                  "topic_data": [{"name": n, "partition_data": [
-                                      {"index": 0, "records": data}]} for n in POLICIES]})  # fmt: skip
+    answer = await call(
+        b,
+        0,
+        9,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": 1000,
+            "topic_data": [
+                {"name": n, "partition_data": [{"index": 0, "records": data}]} for n in POLICIES
+            ],
+        },
+    )
     out = {t["name"]: t["partition_responses"][0] for t in answer["responses"]}
     reason = "Compacted topic cannot accept message without key in topic partition table-0"
     assert out["table"]["error_code"] == ErrorCode.invalid_record
@@ -97,9 +107,17 @@ async def test_produce_refuses_records_without_a_key_on_a_compacted_topic() -> N
     assert not out["orders"]["record_errors"]
     assert set(seen) == {"orders"}  # nothing reached the compacted logs
     keyed = batch([b"k", b"j"])
-    answer = await call(b, 0, 9, {"transactional_id": None, "acks": -1, "timeout": 1000,
-                                  "topic_data": [{"name": "table", "partition_data": [
-                                      {"index": 0, "records": keyed}]}]})  # fmt: skip
+    answer = await call(
+        b,
+        0,
+        9,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": 1000,
+            "topic_data": [{"name": "table", "partition_data": [{"index": 0, "records": keyed}]}],
+        },
+    )
     assert answer["responses"][0]["partition_responses"][0]["error_code"] == ErrorCode.none
     assert seen["table"] == keyed
 
@@ -109,8 +127,17 @@ async def test_delete_records_is_refused_on_a_topic_whose_policy_lacks_delete() 
     delete; checked after the partition lookup, so NOT_LEADER would come first."""
     seen: dict[str, Any] = {}
     b = compacted_broker(seen)
-    answer = await call(b, 21, 2, {"timeout": 1000, "topics": [
-        {"name": n, "partitions": [{"partition_index": 0, "offset": 4}]} for n in POLICIES]})  # fmt: skip
+    answer = await call(
+        b,
+        21,
+        2,
+        {
+            "timeout": 1000,
+            "topics": [
+                {"name": n, "partitions": [{"partition_index": 0, "offset": 4}]} for n in POLICIES
+            ],
+        },
+    )
     codes = {t["name"]: t["partitions"][0]["error_code"] for t in answer["topics"]}
     assert codes == {"table": ErrorCode.policy_violation, "window": 0, "orders": 0}
     assert seen == {"window": 4, "orders": 4}  # the compact-only log was not touched

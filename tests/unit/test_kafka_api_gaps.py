@@ -15,8 +15,8 @@ from typing import Any
 import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.apis.api_versions import api_versions_body
+from tidalmq_broker.apis.kafka_registry import REGISTRY, supported_versions
 from tidalmq_broker.apis.metadata import AutoCreation, auto_creation
-from tidalmq_broker.apis.registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import (
     decode_request,
     decode_response,
@@ -47,30 +47,84 @@ STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 4, 5
 # Apache Kafka 4.3.1's APIs on a broker listener (ApiKeys.apisForListener(BROKER) of
 # kafka-clients-4.3.1.jar): key -> name
 KAFKA_BROKER_APIS = {
-    0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
-    9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup",
-    14: "SyncGroup", 15: "DescribeGroups", 16: "ListGroups", 17: "SaslHandshake",
-    18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 21: "DeleteRecords",
-    22: "InitProducerId", 23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn",
-    25: "AddOffsetsToTxn", 26: "EndTxn", 27: "WriteTxnMarkers", 28: "TxnOffsetCommit",
-    29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls", 32: "DescribeConfigs",
-    33: "AlterConfigs", 34: "AlterReplicaLogDirs", 35: "DescribeLogDirs", 36: "SaslAuthenticate",
-    37: "CreatePartitions", 38: "CreateDelegationToken", 39: "RenewDelegationToken",
-    40: "ExpireDelegationToken", 41: "DescribeDelegationToken", 42: "DeleteGroups",
-    43: "ElectLeaders", 44: "IncrementalAlterConfigs", 45: "AlterPartitionReassignments",
-    46: "ListPartitionReassignments", 47: "OffsetDelete", 48: "DescribeClientQuotas",
-    49: "AlterClientQuotas", 50: "DescribeUserScramCredentials",
-    51: "AlterUserScramCredentials", 55: "DescribeQuorum", 57: "UpdateFeatures",
-    60: "DescribeCluster", 61: "DescribeProducers", 64: "UnregisterBroker",
-    65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat",
-    69: "ConsumerGroupDescribe", 71: "GetTelemetrySubscriptions", 72: "PushTelemetry",
-    74: "ListConfigResources", 75: "DescribeTopicPartitions", 76: "ShareGroupHeartbeat",
-    77: "ShareGroupDescribe", 78: "ShareFetch", 79: "ShareAcknowledge", 80: "AddRaftVoter",
-    81: "RemoveRaftVoter", 83: "InitializeShareGroupState", 84: "ReadShareGroupState",
-    85: "WriteShareGroupState", 86: "DeleteShareGroupState", 87: "ReadShareGroupStateSummary",
-    88: "StreamsGroupHeartbeat", 89: "StreamsGroupDescribe", 90: "DescribeShareGroupOffsets",
-    91: "AlterShareGroupOffsets", 92: "DeleteShareGroupOffsets",
-}  # fmt: skip
+    0: "Produce",
+    1: "Fetch",
+    2: "ListOffsets",
+    3: "Metadata",
+    8: "OffsetCommit",
+    9: "OffsetFetch",
+    10: "FindCoordinator",
+    11: "JoinGroup",
+    12: "Heartbeat",
+    13: "LeaveGroup",
+    14: "SyncGroup",
+    15: "DescribeGroups",
+    16: "ListGroups",
+    17: "SaslHandshake",
+    18: "ApiVersions",
+    19: "CreateTopics",
+    20: "DeleteTopics",
+    21: "DeleteRecords",
+    22: "InitProducerId",
+    23: "OffsetForLeaderEpoch",
+    24: "AddPartitionsToTxn",
+    25: "AddOffsetsToTxn",
+    26: "EndTxn",
+    27: "WriteTxnMarkers",
+    28: "TxnOffsetCommit",
+    29: "DescribeAcls",
+    30: "CreateAcls",
+    31: "DeleteAcls",
+    32: "DescribeConfigs",
+    33: "AlterConfigs",
+    34: "AlterReplicaLogDirs",
+    35: "DescribeLogDirs",
+    36: "SaslAuthenticate",
+    37: "CreatePartitions",
+    38: "CreateDelegationToken",
+    39: "RenewDelegationToken",
+    40: "ExpireDelegationToken",
+    41: "DescribeDelegationToken",
+    42: "DeleteGroups",
+    43: "ElectLeaders",
+    44: "IncrementalAlterConfigs",
+    45: "AlterPartitionReassignments",
+    46: "ListPartitionReassignments",
+    47: "OffsetDelete",
+    48: "DescribeClientQuotas",
+    49: "AlterClientQuotas",
+    50: "DescribeUserScramCredentials",
+    51: "AlterUserScramCredentials",
+    55: "DescribeQuorum",
+    57: "UpdateFeatures",
+    60: "DescribeCluster",
+    61: "DescribeProducers",
+    64: "UnregisterBroker",
+    65: "DescribeTransactions",
+    66: "ListTransactions",
+    68: "ConsumerGroupHeartbeat",
+    69: "ConsumerGroupDescribe",
+    71: "GetTelemetrySubscriptions",
+    72: "PushTelemetry",
+    74: "ListConfigResources",
+    75: "DescribeTopicPartitions",
+    76: "ShareGroupHeartbeat",
+    77: "ShareGroupDescribe",
+    78: "ShareFetch",
+    79: "ShareAcknowledge",
+    80: "AddRaftVoter",
+    81: "RemoveRaftVoter",
+    83: "InitializeShareGroupState",
+    84: "ReadShareGroupState",
+    85: "WriteShareGroupState",
+    86: "DeleteShareGroupState",
+    87: "ReadShareGroupStateSummary",
+    88: "StreamsGroupHeartbeat",
+    89: "StreamsGroupDescribe",
+    90: "DescribeShareGroupOffsets",
+    91: "AlterShareGroupOffsets",
+    92: "DeleteShareGroupOffsets",
+}
 
 
 def allow(rt: ResourceType, name: str, op: AclOperation) -> AclBinding:
@@ -87,23 +141,30 @@ def broker(*bindings: AclBinding, settings: BrokerSettings | None = None) -> Any
     }
     meta.topics = {
         "orders": TopicInfo("orders", str(uuid.UUID(int=1)), [PartitionState(0, 0, [0])]),
-        "__sq.hidden": TopicInfo("__sq.hidden", str(uuid.UUID(int=2)),
-                                 [PartitionState(0, 0, [0])], internal=True),
-        OFFSETS_TOPIC: TopicInfo(OFFSETS_TOPIC, str(uuid.UUID(int=3)),
-                                 [PartitionState(1, 0, [1])], internal=True),
-    }  # fmt: skip
+        "__sq.hidden": TopicInfo(
+            "__sq.hidden", str(uuid.UUID(int=2)), [PartitionState(0, 0, [0])], internal=True
+        ),
+        OFFSETS_TOPIC: TopicInfo(
+            OFFSETS_TOPIC, str(uuid.UUID(int=3)), [PartitionState(1, 0, [1])], internal=True
+        ),
+    }
     authorizer = Authorizer(enabled=True)
     authorizer.load(list(bindings))
     settings = settings or BrokerSettings(controller_url="http://ctl:9690")
     return SimpleNamespace(
-        metadata=meta, authorizer=authorizer, settings=settings, broker_id=settings.broker_id,
-        advertised=[Endpoint("PLAINTEXT", "b0", 9092)], metadata_encodings=TopicEncodings(),
+        metadata=meta,
+        authorizer=authorizer,
+        settings=settings,
+        broker_id=settings.broker_id,
+        advertised=[Endpoint("PLAINTEXT", "b0", 9092)],
+        metadata_encodings=TopicEncodings(),
         groups=SimpleNamespace(partition_for=lambda key: 0),
-    )  # fmt: skip
+    )
 
 
-BOB = SimpleNamespace(principal="User:bob", host="10.0.0.1", listener="PLAINTEXT",
-                      client_id="t", peer="10.0.0.1:5000")  # fmt: skip
+BOB = SimpleNamespace(
+    principal="User:bob", host="10.0.0.1", listener="PLAINTEXT", client_id="t", peer="10.0.0.1:5000"
+)
 
 
 async def call(b: Any, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -116,8 +177,9 @@ async def call(b: Any, api_key: int, version: int, body: dict[str, Any]) -> dict
 
 # ---------------------------------------------------------------- versions
 def test_versions_offered() -> None:
-    offered = {a["api_key"]: (a["min_version"], a["max_version"])
-               for a in api_versions_body()["api_keys"]}  # fmt: skip
+    offered = {
+        a["api_key"]: (a["min_version"], a["max_version"]) for a in api_versions_body()["api_keys"]
+    }
     assert offered[10] == (0, 6)  # FindCoordinator: kafka-python's api_version=(4, x) sends v6
     assert offered[74] == (0, 1)  # ListConfigResources
     assert offered[1] == (4, 17)  # Fetch: Kafka 4.3's range (v13+ by topic id, v16 KIP-951)
@@ -139,12 +201,17 @@ def test_readme_lists_exactly_the_apis_not_offered() -> None:
 async def test_find_coordinator_v6_batched_group_keys() -> None:
     b = broker(allow(ResourceType.GROUP, "*", AclOperation.DESCRIBE))
     for version in (4, 5, 6):
-        answer = await call(b, 10, version, {"key_type": GROUP_KEY,
-                                             "coordinator_keys": ["g1", "g2"]})  # fmt: skip
-        found = [(c["key"], c["error_code"], c["node_id"], c["host"], c["port"])
-                 for c in answer["coordinators"]]  # fmt: skip
-        assert found == [("g1", ErrorCode.none, 1, "b1", 9092),
-                         ("g2", ErrorCode.none, 1, "b1", 9092)], version  # fmt: skip
+        answer = await call(
+            b, 10, version, {"key_type": GROUP_KEY, "coordinator_keys": ["g1", "g2"]}
+        )
+        found = [
+            (c["key"], c["error_code"], c["node_id"], c["host"], c["port"])
+            for c in answer["coordinators"]
+        ]
+        assert found == [
+            ("g1", ErrorCode.none, 1, "b1", 9092),
+            ("g2", ErrorCode.none, 1, "b1", 9092),
+        ], version
     old = await call(b, 10, 3, {"key": "g1", "key_type": GROUP_KEY})
     assert (old["error_code"], old["node_id"]) == (ErrorCode.none, 1)
 
@@ -154,7 +221,10 @@ async def test_find_coordinator_share_keys_get_an_error_not_a_crash() -> None:
     b = broker()  # no CLUSTER_ACTION: as Kafka, refused first
     (c,) = (await call(b, 10, 6, share))["coordinators"]
     assert (c["error_code"], c["node_id"], c["port"]) == (
-        ErrorCode.cluster_authorization_failed, -1, -1)  # fmt: skip
+        ErrorCode.cluster_authorization_failed,
+        -1,
+        -1,
+    )
     b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.CLUSTER_ACTION))
     (c,) = (await call(b, 10, 6, share))["coordinators"]
     # Kafka without a share coordinator: INVALID_REQUEST (TidalMQ has no share groups)
@@ -189,7 +259,11 @@ async def test_list_config_resources_v1_brokers_and_topics() -> None:
     # the live brokers on the client's listener, then every topic (Kafka's internal one too,
     # not the hidden physical queues of static topics)
     assert [(r["resource_type"], r["resource_name"]) for r in every["config_resources"]] == [
-        (BROKER, "0"), (BROKER, "1"), (TOPIC, OFFSETS_TOPIC), (TOPIC, "orders")]  # fmt: skip
+        (BROKER, "0"),
+        (BROKER, "1"),
+        (TOPIC, OFFSETS_TOPIC),
+        (TOPIC, "orders"),
+    ]
     topics = await call(b, 74, 1, {"resource_types": [TOPIC]})
     assert [r["resource_name"] for r in topics["config_resources"]] == [OFFSETS_TOPIC, "orders"]
     # no group configs, client-metrics subscriptions or broker loggers to list
@@ -207,10 +281,18 @@ async def test_list_config_resources_v0_lists_client_metrics_only() -> None:
 
 # ---------------------------------------------------------------- DescribeConfigs (brokers)
 async def describe_broker(b: Any, name: str = "0") -> dict[str, dict[str, Any]]:
-    answer = await call(b, 32, 4, {"resources": [{"resource_type": BROKER, "resource_name": name,
-                                                  "configuration_keys": None}],
-                                   "include_synonyms": True,
-                                   "include_documentation": False})  # fmt: skip
+    answer = await call(
+        b,
+        32,
+        4,
+        {
+            "resources": [
+                {"resource_type": BROKER, "resource_name": name, "configuration_keys": None}
+            ],
+            "include_synonyms": True,
+            "include_documentation": False,
+        },
+    )
     (result,) = answer["results"]
     assert result["error_code"] == ErrorCode.none, result
     return {c["name"]: c for c in result["configs"]}
@@ -221,29 +303,34 @@ async def test_broker_configs_include_the_static_listener_and_role_settings() ->
         listeners="PLAINTEXT://0.0.0.0:9092,SASL_SSL://0.0.0.0:9093",
         advertised_listeners="PLAINTEXT://b0:9092,SASL_SSL://b0.example:9093",
         storage_url="s3://bucket/prefix?endpoint_url=http://minio:9000&region=x",
-        controller_url="http://ctl:9690", rack="zone-a",
-    )  # fmt: skip
-    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS),
-               settings=settings)  # fmt: skip
+        controller_url="http://ctl:9690",
+        rack="zone-a",
+    )
+    b = broker(
+        allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS), settings=settings
+    )
     configs = await describe_broker(b)
     expected = {
         "listeners": "PLAINTEXT://0.0.0.0:9092,SASL_SSL://0.0.0.0:9093",
         "advertised.listeners": "PLAINTEXT://b0:9092,SASL_SSL://b0.example:9093",
-        "listener.security.protocol.map":
-            "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
         "log.dirs": "s3://bucket/prefix",  # as DescribeLogDirs: no query, no credentials
         "process.roles": "broker",
         "broker.rack": "zone-a",
         "node.id": "0",
         "broker.id": "0",
         "auto.create.topics.enable": "true",
-    }  # fmt: skip
+    }
     for name, value in expected.items():
         c = configs[name]
         assert (c["value"], c["read_only"], c["config_source"]) == (
-            value, True, STATIC_BROKER_CONFIG), (name, c)  # fmt: skip
+            value,
+            True,
+            STATIC_BROKER_CONFIG,
+        ), (name, c)
         assert [(s["name"], s["value"], s["source"]) for s in c["synonyms"]] == [
-            (name, value, STATIC_BROKER_CONFIG)]  # fmt: skip
+            (name, value, STATIC_BROKER_CONFIG)
+        ]
     assert configs["advertised.listeners"]["config_type"] == 2  # STRING
     assert configs["process.roles"]["config_type"] == 7  # LIST
     assert configs["auto.create.topics.enable"]["config_type"] == 1  # BOOLEAN
@@ -251,8 +338,9 @@ async def test_broker_configs_include_the_static_listener_and_role_settings() ->
 
 async def test_broker_configs_defaults_of_an_embedded_controller_broker() -> None:
     settings = BrokerSettings(host="127.0.0.1", port=19092, storage_url="file:///data/objects")
-    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS),
-               settings=settings)  # fmt: skip
+    b = broker(
+        allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS), settings=settings
+    )
     b.advertised = [Endpoint("PLAINTEXT", "127.0.0.1", 19092)]
     configs = await describe_broker(b)
     assert configs["listeners"]["value"] == "PLAINTEXT://127.0.0.1:19092"
@@ -267,20 +355,31 @@ async def test_broker_configs_defaults_of_an_embedded_controller_broker() -> Non
 async def test_broker_configs_mask_the_key_password_as_kafka_masks_passwords() -> None:
     secret = "pem-key-secret-7f3a"
     grant = allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS)
-    settings = BrokerSettings(ssl_keystore_location="/etc/tidalmq/broker.pem",
-                              ssl_key_password=secret, controller_url="http://ctl:9690")  # fmt: skip
+    settings = BrokerSettings(
+        ssl_keystore_location="/etc/tidalmq/broker.pem",
+        ssl_key_password=secret,
+        controller_url="http://ctl:9690",
+    )
     b = broker(grant, settings=settings)
     for version in (1, 4):  # the oldest version kio has, and the newest
-        body = {"resources": [{"resource_type": BROKER, "resource_name": "0",
-                               "configuration_keys": None}], "include_synonyms": True,
-                "include_documentation": False}  # fmt: skip
+        body = {
+            "resources": [
+                {"resource_type": BROKER, "resource_name": "0", "configuration_keys": None}
+            ],
+            "include_synonyms": True,
+            "include_documentation": False,
+        }
         request = decode_request(encode_request(32, version, 1, body)[4:], supported_versions())
         answer = await REGISTRY[32].handler(b, request, BOB)  # type: ignore[arg-type]
         assert secret.encode() not in encode_response(32, version, 1, answer)
     configs = await describe_broker(b)
     key = configs["ssl.key.password"]
     assert (key["value"], key["is_sensitive"], key["config_source"], key["read_only"]) == (
-        None, True, STATIC_BROKER_CONFIG, True)  # fmt: skip
+        None,
+        True,
+        STATIC_BROKER_CONFIG,
+        True,
+    )
     assert [(s["value"], s["source"]) for s in key["synonyms"]] == [(None, STATIC_BROKER_CONFIG)]
     assert key["config_type"] == 9  # PASSWORD
     assert not any(c["is_sensitive"] for n, c in configs.items() if n != "ssl.key.password")
@@ -289,7 +388,10 @@ async def test_broker_configs_mask_the_key_password_as_kafka_masks_passwords() -
     # not set: Kafka's null default, still sensitive
     unset = (await describe_broker(broker(grant)))["ssl.key.password"]
     assert (unset["value"], unset["is_sensitive"], unset["config_source"]) == (
-        None, True, DEFAULT_CONFIG)  # fmt: skip
+        None,
+        True,
+        DEFAULT_CONFIG,
+    )
     assert (await describe_broker(broker(grant)))["ssl.truststore.location"]["value"] is None
 
 
@@ -299,22 +401,42 @@ async def test_broker_configs_fixed_by_the_design_are_defaults() -> None:
     for the factors); no setting changes them, so Kafka's DEFAULT_CONFIG source."""
     b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.DESCRIBE_CONFIGS))
     configs = await describe_broker(b)
-    for name, kind in (("default.replication.factor", 3), ("offsets.topic.replication.factor", 4),
-                       ("transaction.state.log.replication.factor", 4),
-                       ("transaction.state.log.min.isr", 3)):  # fmt: skip
+    for name, kind in (
+        ("default.replication.factor", 3),
+        ("offsets.topic.replication.factor", 4),
+        ("transaction.state.log.replication.factor", 4),
+        ("transaction.state.log.min.isr", 3),
+    ):
         c = configs[name]
         assert (c["value"], c["read_only"], c["config_type"], c["config_source"]) == (
-            "1", True, kind, DEFAULT_CONFIG), name  # fmt: skip
+            "1",
+            True,
+            kind,
+            DEFAULT_CONFIG,
+        ), name
     assert configs["delete.topic.enable"]["value"] == "true"
     # the group coordinator's fixed bounds, and the PEM store type, as Kafka names them
     assert configs["group.max.session.timeout.ms"]["value"] == "1800000"
     assert configs["offset.metadata.max.bytes"]["value"] == "4096"
     assert configs["ssl.truststore.type"]["value"] == "PEM"
     b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.ALTER_CONFIGS))
-    answer = await call(b, 44, 1, {"resources": [{
-        "resource_type": BROKER, "resource_name": "0", "configs": [
-            {"name": "default.replication.factor", "config_operation": 0, "value": "3"}]}],
-        "validate_only": False})  # fmt: skip
+    answer = await call(
+        b,
+        44,
+        1,
+        {
+            "resources": [
+                {
+                    "resource_type": BROKER,
+                    "resource_name": "0",
+                    "configs": [
+                        {"name": "default.replication.factor", "config_operation": 0, "value": "3"}
+                    ],
+                }
+            ],
+            "validate_only": False,
+        },
+    )
     (r,) = answer["responses"]
     assert r["error_code"] == ErrorCode.invalid_request  # as Kafka
     assert (
@@ -337,17 +459,29 @@ async def test_metadata_does_not_create_internal_or_invalid_names() -> None:
     """With CREATE on the cluster and auto.create.topics.enable on (the default), a physical
     topic's name and an invalid one are answered without reaching the controller (this
     broker has none: asking it would raise)."""
-    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.CREATE),
-               allow(ResourceType.TOPIC, "*", AclOperation.DESCRIBE))  # fmt: skip
+    b = broker(
+        allow(ResourceType.CLUSTER, CLUSTER, AclOperation.CREATE),
+        allow(ResourceType.TOPIC, "*", AclOperation.DESCRIBE),
+    )
     assert b.settings.auto_create_topics
     b.controller_id_for_clients = lambda: 0
-    answer = await call(b, 3, 12, {"topics": [{"name": "__sq.other", "topic_id": None},
-                                              {"name": "bad name", "topic_id": None}],
-                                   "allow_auto_topic_creation": True,
-                                   "include_topic_authorized_operations": False})  # fmt: skip
+    answer = await call(
+        b,
+        3,
+        12,
+        {
+            "topics": [
+                {"name": "__sq.other", "topic_id": None},
+                {"name": "bad name", "topic_id": None},
+            ],
+            "allow_auto_topic_creation": True,
+            "include_topic_authorized_operations": False,
+        },
+    )
     assert [(t["name"], t["error_code"]) for t in answer["topics"]] == [
         ("__sq.other", ErrorCode.unknown_topic_or_partition),
-        ("bad name", ErrorCode.invalid_topic_exception)]  # fmt: skip
+        ("bad name", ErrorCode.invalid_topic_exception),
+    ]
 
 
 async def test_metadata_answers_while_the_controller_is_unreachable() -> None:
@@ -357,18 +491,28 @@ async def test_metadata_answers_while_the_controller_is_unreachable() -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    b = broker(allow(ResourceType.CLUSTER, CLUSTER, AclOperation.CREATE),
-               allow(ResourceType.TOPIC, "*", AclOperation.DESCRIBE))  # fmt: skip
+    b = broker(
+        allow(ResourceType.CLUSTER, CLUSTER, AclOperation.CREATE),
+        allow(ResourceType.TOPIC, "*", AclOperation.DESCRIBE),
+    )
     b.controller_id_for_clients = lambda: 0
     b.controller = HttpControllerClient(f"http://127.0.0.1:{port}", token="t", timeout_s=2.0)
     try:
-        answer = await call(b, 3, 12, {"topics": [{"name": "new-topic", "topic_id": None}],
-                                       "allow_auto_topic_creation": True,
-                                       "include_topic_authorized_operations": False})  # fmt: skip
+        answer = await call(
+            b,
+            3,
+            12,
+            {
+                "topics": [{"name": "new-topic", "topic_id": None}],
+                "allow_auto_topic_creation": True,
+                "include_topic_authorized_operations": False,
+            },
+        )
     finally:
         await b.controller.close()
     assert [(t["name"], t["error_code"]) for t in answer["topics"]] == [
-        ("new-topic", ErrorCode.leader_not_available)]  # fmt: skip
+        ("new-topic", ErrorCode.leader_not_available)
+    ]
 
 
 # ---------------------------------------------------------------- ListOffsets v8-v11
@@ -380,10 +524,17 @@ async def test_list_offsets_tiered_lookups_as_kafka_without_remote_storage() -> 
 
     async def lookup(version: int, timestamp: int) -> tuple[int, int, int, int]:
         body: dict[str, Any] = {
-            "replica_id": -1, "isolation_level": 0,
-            "topics": [{"name": "orders", "partitions": [
-                {"partition_index": 0, "current_leader_epoch": -1, "timestamp": timestamp}]}],
-        }  # fmt: skip
+            "replica_id": -1,
+            "isolation_level": 0,
+            "topics": [
+                {
+                    "name": "orders",
+                    "partitions": [
+                        {"partition_index": 0, "current_leader_epoch": -1, "timestamp": timestamp}
+                    ],
+                }
+            ],
+        }
         if version >= 10:
             body["timeout"] = 1000
         (topic,) = (await call(b, 2, version, body))["topics"]

@@ -155,11 +155,23 @@ SESSION = textwrap.dedent(
 def test_a_session_names_the_tests_that_kept_a_real_client(tmp_path: Path) -> None:
     (tmp_path / "test_clients.py").write_text(SESSION)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "-p", "tests.support.kafka_client_leaks", "test_clients.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.support.kafka_client_leaks",
+            "test_clients.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = done.stdout.split("Kafka clients left alive by tests", 1)[1].splitlines()[1:5]
     assert report[0].startswith("test_clients.py::test_keeps_a_producer: left Producer at 0x")

@@ -18,16 +18,20 @@ def properties(path: Path) -> dict[str, str]:
 def test_a_broker_gets_the_extra_listeners_with_their_protocols(tmp_path: Path) -> None:
     pki = listener_security.make_pki(tmp_path / "pki")
     cluster = KafkaCluster(
-        1, dir=tmp_path, listeners=listener_security.kafka_listeners(),
+        1,
+        dir=tmp_path,
+        listeners=listener_security.kafka_listeners(),
         broker_config=listener_security.kafka_config(pki),
-    )  # fmt: skip
+    )
     node = KafkaNode(1, ("broker", "controller"), tmp_path / "node-1", 9101, 9102)
     node.listener_ports = {"SSL": 9103, "SASL_SSL": 9104}
     cluster.nodes[1] = node
     cluster._write_config(node)
     config = properties(node.config_path)
-    assert config["listeners"] == ("PLAINTEXT://127.0.0.1:9101,CONTROLLER://127.0.0.1:9102,"
-                                   "SSL://127.0.0.1:9103,SASL_SSL://127.0.0.1:9104")  # fmt: skip
+    assert config["listeners"] == (
+        "PLAINTEXT://127.0.0.1:9101,CONTROLLER://127.0.0.1:9102,"
+        "SSL://127.0.0.1:9103,SASL_SSL://127.0.0.1:9104"
+    )
     assert config["advertised.listeners"] == (
         "PLAINTEXT://127.0.0.1:9101,SSL://127.0.0.1:9103,SASL_SSL://127.0.0.1:9104"
     )
@@ -55,8 +59,9 @@ def test_both_brokers_clients_get_the_same_settings(tmp_path: Path) -> None:
     pki = listener_security.make_pki(tmp_path)
     assert listener_security.client_config("PLAINTEXT", pki) == {}
     assert listener_security.client_config("SSL", pki) == {
-        "security.protocol": "SSL", "ssl.ca.location": str(pki.ca),
-    }  # fmt: skip
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(pki.ca),
+    }
     sasl = listener_security.client_config("SASL_SSL", pki)
     assert sasl["sasl.mechanism"] == "SCRAM-SHA-512" and sasl["security.protocol"] == "SASL_SSL"
     args, env = listener_security.tidalmq_args({"PLAINTEXT": 1, "SSL": 2, "SASL_SSL": 3}, pki)

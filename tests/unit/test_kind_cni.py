@@ -26,9 +26,13 @@ def node(name: str, cidr: str | None, ip: str) -> dict[str, object]:
     return {
         "metadata": {"name": name},
         "spec": {"podCIDR": cidr} if cidr else {},
-        "status": {"addresses": [{"type": "Hostname", "address": name},
-                                 {"type": "InternalIP", "address": ip}]},
-    }  # fmt: skip
+        "status": {
+            "addresses": [
+                {"type": "Hostname", "address": name},
+                {"type": "InternalIP", "address": ip},
+            ]
+        },
+    }
 
 
 def test_reads_the_pod_cidr_and_the_internal_ipv4(daemon: ModuleType) -> None:
@@ -56,8 +60,11 @@ def test_cni_config_is_ptp_with_host_local_addresses_from_the_pod_cidr(daemon: M
 def test_sync_writes_this_nodes_config_and_routes_the_others(
     daemon: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    nodes = [node("cp", "10.244.0.0/24", "172.18.0.2"), node("w1", "10.244.1.0/24", "172.18.0.3"),
-             node("w2", None, "172.18.0.4")]  # fmt: skip
+    nodes = [
+        node("cp", "10.244.0.0/24", "172.18.0.2"),
+        node("w1", "10.244.1.0/24", "172.18.0.3"),
+        node("w2", None, "172.18.0.4"),
+    ]
     routes: list[tuple[str, str]] = []
     monkeypatch.setattr(daemon, "CNI_CONFIG", tmp_path / "net.d" / "10-tidalmq-kind.conflist")
     monkeypatch.setattr(daemon, "list_nodes", lambda: nodes)

@@ -32,11 +32,19 @@ def test_the_broker_command_runs_on_glibc_malloc() -> None:
     """The command re-executes itself with PYTHONMALLOC=malloc: the re-executed program sees it
     in its environment (`--help` then exits before starting anything)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
-    code = ("import os, sys, runpy; sys.argv = ['tidalmq', 'broker', '--help']; "
-            "os.environ.get('PYTHONMALLOC') and print('ALLOCATOR', os.environ['PYTHONMALLOC']); "
-            "runpy.run_module('tidalmq_broker.cli', run_name='__main__')")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60, check=False)  # fmt: skip
+    code = (
+        "import os, sys, runpy; sys.argv = ['tidalmq', 'broker', '--help']; "
+        "os.environ.get('PYTHONMALLOC') and print('ALLOCATOR', os.environ['PYTHONMALLOC']); "
+        "runpy.run_module('tidalmq_broker.cli', run_name='__main__')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert "ALLOCATOR malloc" in out.stdout
 

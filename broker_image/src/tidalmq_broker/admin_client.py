@@ -1,28 +1,48 @@
-"""A small blocking Kafka admin client over the broker's own codec, for the CLI.
+"""A small blocking Kafka admin client for the CLI.
 
 It speaks the Kafka protocol to any broker (which forwards to the controller), so the CLI works
 against TidalMQ exactly as Kafka's tools do, with no extra port. Given client properties
 (`--command-config`, tidalmq_core.client_properties) it connects with TLS and authenticates with
 SASL (PLAIN, SCRAM-SHA-256/512: SaslHandshake v1, then SaslAuthenticate v2) as Kafka's clients do.
+
+The requests `tidalmq reassign` makes (and SASL) are encoded by `admin_wire` (stdlib only);
+`call()`, for any other API, uses the broker's codec (kio), imported on its first use: a command
+that needs only the former starts without importing kio and asyncio (docs/cli.md).
 """
 
 from __future__ import annotations
 
 import socket
-import ssl
 import struct
-from typing import Any
+import sys
+from collections.abc import Callable
+from typing import Any, cast
 
 from tidalmq_core.cli_values import split_address
 from tidalmq_core.client_properties import ClientConfigError, ClientSecurity
 from tidalmq_core.model import TopicPartition
-from tidalmq_core.scram import MECHANISMS, ScramClient
 
-from tidalmq_broker.protocol.codec import decode_response, encode_request
+from tidalmq_broker import admin_wire
+
+CLIENT_ID = "tidalmq-cli"
 
 
 class AdminError(Exception):
     pass
+
+
+def _host(name: str) -> str:
+    """An ASCII host name as bytes: getaddrinfo encodes a str with the IDNA codec, whose import
+    (encodings.idna, stringprep, unicodedata) an address or a plain name does not need. (Typed
+    str: typeshed types create_connection's host so, though getaddrinfo takes bytes too.)"""
+    return cast(str, name.encode()) if name.isascii() else name
+
+
+def _is_tls_error(exc: OSError) -> bool:
+    """ssl.SSLError, without importing ssl: a connection without TLS never raises it (and the
+    CLI's start does not pay for the module: docs/cli.md)."""
+    ssl = sys.modules.get("ssl")
+    return ssl is not None and isinstance(exc, ssl.SSLError)
 
 
 class AdminClient:
@@ -64,7 +84,7 @@ class AdminClient:
                 continue
             sock: socket.socket | None = None
             try:
-                sock = socket.create_connection((name, port), self._timeout)
+                sock = socket.create_connection((_host(name), port), self._timeout)
                 if self._ssl is not None:
                     sock = self._ssl.wrap_socket(sock, server_hostname=name)
                 if self._security.sasl:
@@ -75,28 +95,62 @@ class AdminClient:
                 if sock is not None:
                     sock.close()
                 raise
-            except ssl.SSLError as exc:
-                errors.append(f"{server}: TLS handshake failed ({exc.reason or exc})")
             except OSError as exc:
-                errors.append(f"{server}: {exc}")
+                if _is_tls_error(exc):
+                    errors.append(
+                        f"{server}: TLS handshake failed ({getattr(exc, 'reason', None) or exc})"
+                    )
+                else:
+                    errors.append(f"{server}: {exc}")
             if sock is not None:
                 sock.close()
         raise AdminError("cannot reach any bootstrap server: " + "; ".join(errors))
 
     def _roundtrip(self, sock: socket.socket, api_key: int, version: int, body: Any) -> Any:
+        """One request of any API, encoded and decoded by the broker's codec (kio)."""
+        from tidalmq_broker.protocol.codec import decode_response, encode_request
+
+        return self._exchange(
+            sock,
+            lambda corr: encode_request(api_key, version, corr, body, CLIENT_ID)[4:],  # no size
+            lambda frame: decode_response(api_key, version, frame),
+        )
+
+    def _exchange(
+        self,
+        sock: socket.socket,
+        encode: Callable[[int], bytes],
+        decode: Callable[[bytes], tuple[int, Any]],
+    ) -> Any:
+        """Send the request `encode` makes (without its size) for the next correlation id, read
+        its response."""
         self._correlation += 1
-        sock.sendall(encode_request(api_key, version, self._correlation, body, "tidalmq-cli"))
+        request = encode(self._correlation)
+        sock.sendall(struct.pack(">i", len(request)) + request)
         (size,) = struct.unpack(">i", self._recv(sock, 4))
-        corr, resp = decode_response(api_key, version, self._recv(sock, size))
+        corr, resp = decode(self._recv(sock, size))
         if corr != self._correlation:
             raise AdminError("response out of order")
         return resp
+
+    def _wire(
+        self, sock: socket.socket, api: tuple[int, int], encode: Callable[[int], bytes]
+    ) -> Any:
+        """One of admin_wire's requests."""
+        try:
+            return self._exchange(sock, encode, lambda frame: admin_wire.read_response(api, frame))
+        except ValueError as exc:  # a frame that does not decode as the schema says
+            raise AdminError(f"malformed response to api {api[0]} v{api[1]}: {exc}") from exc
 
     def _authenticate(self, sock: socket.socket) -> None:
         """SASL on a new connection: SaslHandshake v1 naming the mechanism, then its tokens in
         SaslAuthenticate v2 requests (KIP-152)."""
         s = self._security
-        resp = self._roundtrip(sock, 17, 1, {"mechanism": s.mechanism})
+        resp = self._wire(
+            sock,
+            admin_wire.SASL_HANDSHAKE,
+            lambda corr: admin_wire.sasl_handshake_request(s.mechanism, corr, CLIENT_ID),
+        )
         if int(resp.error_code):
             raise AdminError(
                 f"SASL mechanism {s.mechanism} refused by the broker "
@@ -104,7 +158,11 @@ class AdminClient:
             )
 
         def step(token: bytes) -> bytes:
-            resp = self._roundtrip(sock, 36, 2, {"auth_bytes": token})
+            resp = self._wire(
+                sock,
+                admin_wire.SASL_AUTHENTICATE,
+                lambda corr: admin_wire.sasl_authenticate_request(token, corr, CLIENT_ID),
+            )
             if int(resp.error_code):
                 raise AdminError(
                     f"SASL/{s.mechanism} authentication of {s.username!r} failed: "
@@ -115,6 +173,8 @@ class AdminClient:
         if s.mechanism == "PLAIN":
             step(f"\0{s.username}\0{s.password}".encode())
             return
+        from tidalmq_core.scram import MECHANISMS, ScramClient
+
         scram = ScramClient(MECHANISMS[s.mechanism], s.username, s.password)
         server_first = step(scram.first())
         try:
@@ -123,10 +183,18 @@ class AdminClient:
             raise AdminError(f"SASL/{s.mechanism}: {exc}") from exc
 
     def call(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
+        """Any request, as the broker's codec (kio) has it: `body` a dict of its fields."""
+        return self._retrying(lambda sock: self._roundtrip(sock, api_key, version, body))
+
+    def _call_wire(self, api: tuple[int, int], encode: Callable[[int], bytes]) -> Any:
+        return self._retrying(lambda sock: self._wire(sock, api, encode))
+
+    def _retrying(self, exchange: Callable[[socket.socket], Any]) -> Any:
+        """`exchange` on the connection, once more on a new one if the first has gone."""
         for attempt in range(2):
             sock = self._connect()
             try:
-                return self._roundtrip(sock, api_key, version, body)
+                return exchange(sock)
             except OSError as exc:
                 self.close()
                 if attempt:
@@ -145,12 +213,11 @@ class AdminClient:
 
     # ------------------------------------------------------------------ APIs
     def metadata(self, topics: list[str] | None = None) -> Any:
-        body = {
-            "topics": None if topics is None else [{"name": t, "topic_id": None} for t in topics],
-            "allow_auto_topic_creation": False,
-            "include_topic_authorized_operations": False,
-        }
-        return self.call(3, 12, body)
+        """Metadata v12 of `topics` (None: all), without creating any."""
+        return self._call_wire(
+            admin_wire.METADATA,
+            lambda corr: admin_wire.metadata_request(topics, corr, CLIENT_ID),
+        )
 
     def assignment(self, topics: list[str] | None = None) -> dict[TopicPartition, list[int]]:
         md = self.metadata(topics)
@@ -176,18 +243,16 @@ class AdminClient:
     def alter_reassignments(
         self, targets: dict[TopicPartition, int | None], *, timeout_ms: int = 60000
     ) -> dict[TopicPartition, tuple[int, str | None]]:
-        by_topic: dict[str, list[dict[str, Any]]] = {}
+        by_topic: dict[str, list[tuple[int, list[int] | None]]] = {}
         for tp, target in targets.items():
             by_topic.setdefault(tp.topic, []).append(
-                {"partition_index": tp.partition, "replicas": None if target is None else [target]}
+                (tp.partition, None if target is None else [target])
             )
-        resp = self.call(
-            45,
-            0,
-            {
-                "timeout": timeout_ms,
-                "topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()],
-            },
+        resp = self._call_wire(
+            admin_wire.ALTER_PARTITION_REASSIGNMENTS,
+            lambda corr: admin_wire.alter_reassignments_request(
+                timeout_ms, by_topic, corr, CLIENT_ID
+            ),
         )
         if resp.error_code != 0:
             raise AdminError(f"{resp.error_code.name}: {resp.error_message}")
@@ -198,7 +263,10 @@ class AdminClient:
         }
 
     def list_reassignments(self) -> dict[TopicPartition, tuple[list[int], list[int], list[int]]]:
-        resp = self.call(46, 0, {"timeout": 60000, "topics": None})
+        resp = self._call_wire(
+            admin_wire.LIST_PARTITION_REASSIGNMENTS,
+            lambda corr: admin_wire.list_reassignments_request(60000, corr, CLIENT_ID),
+        )
         if resp.error_code != 0:
             raise AdminError(f"{resp.error_code.name}: {resp.error_message}")
         return {

@@ -50,6 +50,7 @@ from tidalmq_broker.apis.registry import ApiTable
 from tidalmq_broker.consumer_lag import ConsumerLag
 from tidalmq_broker.groups.consumer_groups import ConsumerGroupSettings
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
+from tidalmq_broker.lifecycle import StopSteps
 from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
 from tidalmq_broker.partitions import PartitionManager
@@ -115,7 +116,7 @@ class Broker:
         self,
         settings: BrokerSettings,
         *,
-        apis: ApiTable,
+        apis: ApiTable[Broker],
         store: ObjectStore | None = None,
         controller: ControllerClient | None = None,
     ) -> None:
@@ -247,6 +248,8 @@ class Broker:
         self.static_topics: StaticTopicService | None = None  # set by start()
         self._registered = False
         self._stopping = False
+        # the steps of stop(), timed (a slow one is logged; a forced exit names the one running)
+        self.stop_steps = StopSteps(f"broker {self.broker_id}")
         self._gauges: asyncio.Task[None] | None = None
         # high watermarks the controller has acknowledged (heartbeats send what changed since)
         self._floors_sent: dict[TopicPartition, tuple[str, int]] = {}
@@ -384,47 +387,66 @@ class Broker:
         if self._stopping:
             return
         started = time.perf_counter()
+        steps = self.stop_steps
         if self.own_controller is None and self._registered and self.settings.drain_on_stop:
             # scale-in / SIGTERM: hand every partition to the other brokers first (each closes
             # cleanly here and opens there), so clients see a move, not a failure
             try:
-                drained = await self.controller.drain_broker(
-                    self.broker_id,
-                    timeout_s=self._stop_budget(deadline),
-                    incarnation=self.incarnation,
-                )
+                with steps.step("drain through the controller"):
+                    drained = await self.controller.drain_broker(
+                        self.broker_id,
+                        timeout_s=self._stop_budget(deadline),
+                        incarnation=self.incarnation,
+                    )
                 log.info("broker %d drained: %s", self.broker_id, drained)
             except Exception as exc:
                 log.warning("drain through the controller failed (%s); closing locally", exc)
         self._stopping = True
-        await self.listener.drain(self._stop_budget(deadline))
+        with steps.step("waiting for in-flight requests"):
+            await self.listener.drain(self._stop_budget(deadline))
         if self._liveness is not None:
-            self._liveness.stop()
+            with steps.step("stopping the heartbeats"):
+                # not joined: the thread may be inside a heartbeat (2 s timeout per socket
+                # operation) or waiting for this loop to prepare one; joining here held the loop
+                # (and every close below) up to 3 s. It is a daemon thread that sends nothing
+                # once told to stop, and a heartbeat already on its way only renews a lease.
+                self._liveness.stop(timeout_s=0)
         if self._gauges is not None:
             self._gauges.cancel()
         for task in list(self._tasks):
             task.cancel()
         if self.partitions is not None:
-            await self.partitions.stop()
-        await self._flush_reports(min(5.0, self._stop_budget(deadline)))
+            with steps.step("stopping the partition workers"):
+                await self.partitions.stop()
+        with steps.step("sending the last partition reports"):
+            await self._flush_reports(min(5.0, self._stop_budget(deadline)))
         if self._reporter is not None:
             self._reporter.cancel()
         consumer_lag.unwatch(self.consumer_lag)
-        await self.groups.close()
-        await self.transactions.close()
+        with steps.step("closing the group and transaction coordinators"):
+            await self.groups.close()
+            await self.transactions.close()
         if self.engine is not None:
-            await self.engine.stop()
-        await self.listener.close()
+            # closing every partition (flush, clean checkpoint) is the stop's own work and takes
+            # what it takes: the stop deadline bounds it (a partition not closed then is
+            # recovered from the WAL by its next owner, losing nothing acknowledged)
+            with steps.step("closing the partitions (storage engine)"):
+                await self.engine.stop()
+        with steps.step("closing client connections"):
+            await self.listener.close()
         if self.own_controller is None and self._registered and self.settings.drain_on_stop:
-            with contextlib.suppress(Exception):
+            with steps.step("leaving the cluster"), contextlib.suppress(Exception):
                 await self.controller.remove_broker(self.broker_id, incarnation=self.incarnation)
         if self.own_controller is not None:
-            await self.own_controller.stop()
+            with steps.step("stopping the embedded controller"):
+                await self.own_controller.stop()
         if isinstance(self.controller, HttpControllerClient):
-            await self.controller.close()
-        if self.control is not self.http:
-            await self.control.stop()
-        await self.http.stop()
+            with steps.step("closing the controller client"):
+                await self.controller.close()
+        with steps.step("stopping the HTTP servers"):
+            if self.control is not self.http:
+                await self.control.stop()
+            await self.http.stop()
         log.info("broker %d stopped in %.2fs", self.broker_id, time.perf_counter() - started)
 
     def _stop_budget(self, deadline: float | None) -> float:
@@ -772,6 +794,10 @@ class Broker:
             await self.partitions.wait_settled(30)
             self.incarnation = _new_incarnation()
             await self._register_until_done()
+            # only now: until registered, the metadata gives it its partitions at the epochs
+            # the fenced incarnation held them at (PartitionManager.release_all)
+            if not self._stopping:
+                self.partitions.rejoin(self.metadata)
         finally:
             self._reregistering = False
 

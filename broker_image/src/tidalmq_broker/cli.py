@@ -8,22 +8,21 @@ one JSON document with --output json (each command's --help lists its keys).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable, Sequence
-from typing import cast
+from collections.abc import Sequence
+from typing import NoReturn, cast
 
 from tidalmq_broker import __version__
 from tidalmq_broker.cli_args import Parser
-
-# a string: argparse's _SubParsersAction is generic for type checkers only (not subscriptable at
-# run time), and this alias is evaluated at import
-Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+from tidalmq_broker.commands import Register
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; given the sub-command about to run, the plugins' are loaded only when it is
-    one of theirs (reading the installed packages' entry points costs more than the rest of
-    the start: docs/cli.md)."""
+def build_parser(command: str | None = None, *, every: bool = False) -> argparse.ArgumentParser:
+    """The parser; given the sub-command about to run, only that built-in command's parser is
+    built (the others are listed by their help line), and the plugins' are loaded only when it
+    is one of theirs or none is named (reading the installed packages' entry points costs more
+    than the rest of the start: docs/cli.md). `every`: every command's whole parser."""
     from tidalmq_broker.commands import BUILTIN_NAMES, builtin_commands
 
     parser = Parser(prog="tidalmq", description=__doc__)
@@ -34,9 +33,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "argparse._SubParsersAction[argparse.ArgumentParser]",
         parser.add_subparsers(dest="command", metavar="COMMAND", required=True),
     )
-    for register in builtin_commands(command):
+    for register in builtin_commands(command, every=every):
         register(sub)
-    if command not in BUILTIN_NAMES:
+    if every or command not in BUILTIN_NAMES:
         for register in _plugin_commands():
             register(sub)
     return parser
@@ -71,7 +70,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    if own and getattr(args, "exit_without_teardown", False):
+        _exit_without_teardown(int(result or 0))
     return int(result or 0)
+
+
+def _exit_without_teardown(code: int) -> NoReturn:
+    """`local up` once it stopped (brokers gone, controller stopped, data dir unlocked): exit
+    without the interpreter's teardown of the controller's heap, which took 1.5-2 s on a loaded
+    2-core machine (the main thread in C code only, no Python frame) and so overran the stop
+    deadline (10 s from Ctrl-C) after a broker had to be killed 7.5 s in; its SIGALRM, armed
+    until the exit, then ended the process with -SIGALRM instead of 0. Nothing is left to do
+    but flush what was printed and logged."""
+    import logging
+    import os
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

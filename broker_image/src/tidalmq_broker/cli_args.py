@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import textwrap
 from typing import Any
 
 # the argument types (one line naming the flag for a malformed value) are the core's, so that the
@@ -37,6 +36,8 @@ class HelpFormatter(argparse.HelpFormatter):
     says it or there is none worth saying (a flag, an empty value that the help explains)."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap  # only when a help is shown
+
         paragraphs = textwrap.dedent(text).strip("\n").split("\n\n")
         out = []
         for paragraph in paragraphs:

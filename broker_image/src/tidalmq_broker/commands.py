@@ -4,37 +4,80 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
 
-BUILTIN_NAMES = frozenset({"broker", "drain", "local", "reassign", "static-topic", "recover"})
+# a string: argparse's _SubParsersAction is generic for type checkers only (not subscriptable at
+# run time), and this alias is evaluated at import
+Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+BROKER_HELP = "run one broker (with its own controller unless --controller-url is given)"
+
+# Every built-in command: its help line (the one place it is written: `tidalmq --help` lists it,
+# and the command's own registration uses it) and the module:function that registers its parser.
+# Only the command about to run is registered: its module is imported then, and not before.
+BUILTIN: dict[str, tuple[str, str]] = {
+    "broker": (BROKER_HELP, "tidalmq_broker.commands:_register_broker"),
+    "drain": (
+        "ask a running broker to move its partitions to the others (preStop hook)",
+        "tidalmq_broker.commands:_register_drain",
+    ),
+    "local": ("the embedded local cluster", "tidalmq_broker.commands:_register_local"),
+    "reassign": (
+        "move partitions between brokers (kafka-reassign-partitions compatible)",
+        "tidalmq_broker.reassign_cli:register",
+    ),
+    "static-topic": (
+        "static topics: fixed logic queues over remappable physical queues",
+        "tidalmq_broker.static_topics.cli:register",
+    ),
+    "recover": (
+        "list lost partitions; --accept-data-loss continues them without the lost data",
+        "tidalmq_broker.local.recover:register",
+    ),
+    "controller": (
+        "the controllers the feature levels count; forget one gone for good",
+        "tidalmq_broker.controller_cli:register",
+    ),
+}
+BUILTIN_NAMES = frozenset(BUILTIN)
 
 
-def builtin_commands(
-    command: str | None = None,
-) -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
-    """The registrations of the built-in sub-commands; `command`: the one about to run. The
-    broker's flags come from its settings (and the storage engine's defaults): built only when
-    `broker` runs, any other command lists it by its help line."""
-    from tidalmq_broker import reassign_cli
-    from tidalmq_broker.local import recover
-    from tidalmq_broker.static_topics import cli as static_topic_cli
+def command_help(name: str) -> str:
+    """The help line of a built-in command (for its registration)."""
+    return BUILTIN[name][0]
 
-    broker = _register_broker if command == "broker" else _list_broker
+
+def builtin_commands(command: str | None = None, *, every: bool = False) -> list[Register]:
+    """The registrations of the built-in sub-commands; `command`: the one about to run, whose
+    whole parser is built (its module imported); any other is listed by its help line, which is
+    all `tidalmq --help` or an unknown command's error shows. `every`: all of them whole (the
+    tests that walk every parser)."""
     return [
-        broker,
-        _register_drain,
-        _register_local,
-        reassign_cli.register,
-        static_topic_cli.register,
-        recover.register,
+        _registration(name, target) if every or name == command else _listing(name, help_line)
+        for name, (help_line, target) in BUILTIN.items()
     ]
+
+
+def _registration(name: str, target: str) -> Register:
+    module_name, function = target.split(":")
+    module = importlib.import_module(module_name)
+    register: Register = getattr(module, function)
+    return register
+
+
+def _listing(name: str, help_line: str) -> Register:
+    def listing(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        sub.add_parser(name, help=help_line)
+
+    return listing
 
 
 def _register_drain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "drain",
-        help="ask a running broker to move its partitions to the others (preStop hook)",
+        help=command_help("drain"),
         description="Ask a broker (through its control port) to hand every partition to the "
         "other brokers, and wait until it leads none. Exits 0 when drained. Run in the broker's "
         "own environment (its preStop hook), it finds the broker's control address and token "
@@ -115,24 +158,17 @@ def _run_drain(args: argparse.Namespace) -> int:
     return 0 if result.get("drained") else 1
 
 
-BROKER_HELP = "run one broker (with its own controller unless --controller-url is given)"
-
-
 def _register_broker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tidalmq_broker.settings import add_arguments
 
     p = sub.add_parser(
         "broker",
-        help=BROKER_HELP,
+        help=command_help("broker"),
         description="Run one TidalMQ broker. Settings come from flags, then TIDALMQ_* "
         "environment variables, then defaults.",
     )
     add_arguments(p)
     p.set_defaults(handler=_run_broker)
-
-
-def _list_broker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("broker", help=BROKER_HELP)
 
 
 def _run_broker(args: argparse.Namespace) -> int:
@@ -145,7 +181,7 @@ def _register_local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from tidalmq_broker.cli_args import add_output
     from tidalmq_broker.local.client import STATUS_KEYS
 
-    p = sub.add_parser("local", help="the embedded local cluster")
+    p = sub.add_parser("local", help=command_help("local"))
     local_sub = p.add_subparsers(dest="local_command", metavar="ACTION", required=True)
     up = local_sub.add_parser(
         "up",
@@ -193,7 +229,7 @@ def _register_local(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "or TIDALMQ_AUTO_CREATE_TOPICS)",
     )
     _data_dir(up)
-    up.set_defaults(handler=_run_local_up)
+    up.set_defaults(handler=_run_local_up, exit_without_teardown=True)
     _register_local_changes(local_sub)
     status = local_sub.add_parser(
         "status",

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import NoReturn
 
@@ -52,7 +52,7 @@ class Shutdown:
     ) -> None:
         self.what = what
         self.deadline_s = deadline_s
-        self.on_force = on_force or _log_forced
+        self.on_force = on_force or log_forced
         self.signalled_at: float | None = None  # time.monotonic() of the first signal
         self.signal_name = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,7 +114,7 @@ class Shutdown:
         os._exit(FORCED_EXIT_CODE)
 
 
-def _log_forced(message: str) -> None:
+def log_forced(message: str) -> None:
     log.warning("%s (acknowledged data is already in the object store)", message)
 
 
@@ -156,3 +156,42 @@ async def watch_parent(parent_pid: int, shutdown: Shutdown, interval_s: float = 
             break
     log.warning("the process that started this one (pid %d) has exited: stopping", parent_pid)
     shutdown.request("parent exited")
+
+
+# A stop step slower than this is logged (at INFO) with its duration: a whole broker stop
+# usually takes 0.25-0.7 s, and a stop cut short by the deadline must say where it spent it.
+SLOW_STOP_STEP_S = 0.5
+
+
+class StopSteps:
+    """The steps of a process's clean stop, timed: each one slower than SLOW_STOP_STEP_S is
+    logged when it ends, and `describe()` tells, at a forced exit (from the signal handler:
+    it only reads), the step still running and for how long, with the slow ones before it."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.slow: list[tuple[str, float]] = []
+        self.current: tuple[str, float] | None = None  # (step, time.monotonic() it began)
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        began = time.monotonic()
+        self.current = (name, began)
+        try:
+            yield
+        finally:
+            self.current = None
+            took = time.monotonic() - began
+            if took > SLOW_STOP_STEP_S:
+                self.slow.append((name, took))
+                log.info("%s stop: %s took %.2fs", self.what, name, took)
+
+    def describe(self) -> str:
+        current = self.current
+        parts = []
+        if current is not None:
+            parts.append(f"still in {current[0]} after {time.monotonic() - current[1]:.2f}s")
+        if self.slow:
+            before = ", ".join(f"{name} {took:.2f}s" for name, took in self.slow)
+            parts.append(f"slow steps before: {before}")
+        return "; ".join(parts) or "no stop step running"

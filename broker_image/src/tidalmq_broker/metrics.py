@@ -129,6 +129,13 @@ TXN_PARTITION_CHECKS = Counter(
     "transaction.version 2)",
     ["broker", "kind"],
 )
+LEADER_HINTS = Counter(
+    "tidalmq_leader_hints_total",
+    "Partitions answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH with their current leader "
+    "named (KIP-951: Produce v10+, Fetch v16+), so the client re-routes without a Metadata "
+    "request, by API",
+    ["broker", "api"],
+)
 PRODUCE_ERRORS = Counter(
     "tidalmq_produce_errors_total", "Produce partition errors", ["topic", "error"]
 )
@@ -233,6 +240,12 @@ class BrokerMetrics(RequestObserver):
             name = self._api_names.get(api_key, str(api_key))
             child = self._cpu[api_key] = REQUEST_CPU_SECONDS.labels(self._broker, name)
         child.observe(seconds)
+
+    def leader_hints(self, api: str, partitions: int) -> None:
+        """`partitions` misdirected partitions of one `api` ("produce", "fetch") response were
+        answered with their current leader (KIP-951, apis/leader_hints.py)."""
+        if partitions:
+            LEADER_HINTS.labels(self._broker, api).inc(partitions)
 
     def queued(self, api_key: int, seconds: float) -> None:
         child = self._queued.get(api_key)

@@ -139,7 +139,7 @@ PartitionHook = Callable[[TopicPartition, PartitionLog | None], Awaitable[None]]
 PartitionReport = Callable[..., Awaitable[None]]
 """Called as (kind, partition, epoch, topic_id=..., high_watermark=..., loss=...) once the
 engine finished the step: kind "opened" or "closed" (with the partition's next offset then, its
-high watermark), or "lost" (with the DataLoss, once per detection)."""
+high watermark), or "lost" (with the DataLoss, once per detection and epoch)."""
 
 
 class PartitionManager:
@@ -154,6 +154,9 @@ class PartitionManager:
         self._wishes_changed: set[TopicPartition] | None = None
         self._known_topics: dict[str, int] = {}  # name -> partition count, last snapshot
         self._has_metadata = False  # no snapshot applied yet (a broker just started)
+        # fenced (release_all) and not registered again yet (rejoin): metadata still arrives
+        # and is followed (topics known, partitions given up), but no partition is wished
+        self._released = False
         # partitions to look at, in order (each once), those being looked at now, those woken
         # again meanwhile; the worker pool; pending retries
         self._queue: deque[TopicPartition] = deque()
@@ -377,6 +380,8 @@ class PartitionManager:
                     wishes[TopicPartition(topic.name, index)] = Wish.of(topic, part, config)
         self._known_topics = {t.name: len(t.partitions) for t in meta.topics.values()}
         self._has_metadata = True
+        if self._released:
+            wishes = PartitionMap()  # see release_all
         touched = set(wishes) | set(self._wishes) | set(self._engine.partitions())
         self._wishes = wishes
         self._wishes_changed = None
@@ -459,6 +464,8 @@ class PartitionManager:
             self._adopt(tp, wish_for(part))
 
     def _adopt(self, tp: TopicPartition, new: Wish | None) -> None:
+        if self._released:
+            new = None  # see release_all
         old = self._wishes.get(tp)
         if new is None:
             self._wishes.pop(tp, None)
@@ -470,12 +477,26 @@ class PartitionManager:
             self._wake(tp)
 
     def release_all(self) -> None:
-        """Give up every partition (this broker was fenced): close them, keep topic data."""
+        """Give up every partition (this broker was fenced): close them, keep topic data, and
+        wish none again until `rejoin`. Metadata applied meanwhile still names this broker as
+        the leader at the old epochs (the controller hands its partitions back at a new epoch
+        once the new incarnation registers): serving them at those epochs again took appends
+        that could no longer be acknowledged, and a partition that refused a producer's batch
+        (its wish gone) and then took the next one found it ahead of the sequence, answered
+        OUT_OF_ORDER_SEQUENCE_NUMBER, and librdkafka bumped the producer's epoch, sending the
+        durable but unacknowledged batches again as new records (docs/exactly-once-and-
+        restarts.md, "After a fence")."""
+        self._released = True
         touched = set(self._wishes) | set(self._engine.partitions())
         self._wishes = PartitionMap()
         self._wishes_changed = None
         for tp in touched:
             self._wake(tp)
+
+    def rejoin(self, meta: ClusterMetadata) -> None:
+        """Registered again after `release_all`: wish what `meta` gives this broker."""
+        self._released = False
+        self.apply(meta)
 
     async def fenced(self, tp: TopicPartition) -> None:
         """The engine lost `tp` to another owner's checkpoint and no longer serves it. The
@@ -676,7 +697,14 @@ class PartitionManager:
 
     async def _mark_lost(self, tp: TopicPartition, wish: Wish, exc: PartitionDataLost) -> None:
         """Keep the partition as lost (get_log answers KAFKA_STORAGE_ERROR) and tell the
-        controller, once per detection (a slow retry that finds the same is not news)."""
+        controller, once per detection and epoch: a slow retry at the same epoch that finds
+        the same is not news, but the same loss found at a new epoch is reported again. The
+        controller records a loss only at the partition's current epoch (an older one is a
+        stale report, ignored), and a broker may refuse a partition at an epoch the controller
+        has already bumped: a new incarnation's registration bumps the epochs of its
+        partitions, and a push of an earlier committed version (another broker's registration,
+        a commit of a loss) can reach it first, so it opens them at the old epoch, and then at
+        the new one. Reporting only the first refusal left such a partition unrecorded."""
         previous = self._lost.get(tp)
         loss = DataLoss(
             expected_end=exc.expected_end,
@@ -685,16 +713,20 @@ class PartitionManager:
             broker=self._broker_id,
             reason=exc.reason,
         )
-        again = previous is not None and (
+        same = previous is not None and (
             previous.loss.expected_end,
             previous.loss.found_end,
             previous.loss.reason,
         ) == (loss.expected_end, loss.found_end, loss.reason)
-        if again:
+        if same:
             assert previous is not None
-            loss = previous.loss
+            loss = previous.loss  # detected when first found
         self._lost[tp] = LostPartition(wish.attempt, loss, time.monotonic() + LOST_RETRY_S)
-        if again:
+        if same:
+            assert previous is not None
+            if previous.attempt != wish.attempt:  # a new epoch: the controller needs it
+                log.info("%s: data still lost at epoch %d; reported again", tp, wish.epoch)
+                await self._report("lost", tp, wish.epoch, topic_id=wish.topic_id, loss=loss)
             return
         log.warning(
             "%s: DATA LOST, not serving it: %s (%d acknowledged offsets missing: %d-%d). "

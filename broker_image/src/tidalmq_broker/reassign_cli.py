@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidalmq_broker.cli_args import add_output, bootstrap_servers, id_list, print_json, wants_json
+from tidalmq_broker.commands import command_help
 
 if TYPE_CHECKING:  # imported by the modes that use them: `--help` and `--list` start fast
     from tidalmq_core.model import TopicPartition
@@ -46,7 +47,7 @@ JSON_KEYS = (
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "reassign",
-        help="move partitions between brokers (kafka-reassign-partitions compatible)",
+        help=command_help("reassign"),
         description=__doc__,
     )
     mode = p.add_mutually_exclusive_group(required=True)

@@ -67,6 +67,11 @@ async def _serve_broker(settings: BrokerSettings, *, watch_parent: bool) -> None
             asyncio.create_task(lifecycle.watch_parent(settings.parent_pid, shutdown))
         )
     broker = Broker(settings, apis=KAFKA_APIS)
+
+    def forced(message: str) -> None:  # from the signal handler: the stop's step, read only
+        lifecycle.log_forced(f"{message} ({broker.stop_steps.describe()})")
+
+    shutdown.on_force = forced
     starting = asyncio.create_task(broker.start(), name="broker start")
     stop = asyncio.create_task(shutdown.wait(), name="stop signal")
     await asyncio.wait([starting, stop], return_when=asyncio.FIRST_COMPLETED)

@@ -191,6 +191,14 @@ class BrokerSettings:
             "Kafka clients' CA"
         },
     )
+    control_tls_crl_file: str = field(
+        default="",
+        metadata={
+            "help": "control-plane mTLS: the cluster CA's certificate revocation list (PEM); "
+            "a certificate it revokes is refused on either side, reloaded when it changes "
+            "(docs/security.md)"
+        },
+    )
     storage_url: str = field(
         default="file://./.tidalmq/objects",
         metadata={"help": "object store: file:///dir or s3://bucket/prefix?endpoint_url=..."},
@@ -489,7 +497,10 @@ class BrokerSettings:
     def control_tls(self) -> ControlTls | None:
         """Control-plane mTLS (None: off; raises ControlTlsError for a partial or bad setting)."""
         return ControlTls.from_files(
-            self.control_tls_cert_file, self.control_tls_key_file, self.control_tls_ca_file
+            self.control_tls_cert_file,
+            self.control_tls_key_file,
+            self.control_tls_ca_file,
+            self.control_tls_crl_file,
         )
 
     def control_url(self, bound_port: int = 0) -> str:

@@ -32,7 +32,9 @@ TidalMQ (logging, health endpoints, the object store) is `tidalmq_controller.hos
   `feature` records (`_features.py`); a broker registers the levels it supports and is
   refused (`UnsupportedFeatureLevel`) when a finalized one is not among them; a controller
   registers its own when it claims the log, and refuses to start (`UnsupportedFinalizedLevel`)
-  on a log whose finalized level its code does not support.
+  on a log whose finalized level its code does not support; a standby registers them with
+  the active controller (`StandbyRegistration`), and `tidalmq controller forget` forgets an
+  id gone for good.
 """
 
 from tidalmq_controller._controller import Controller
@@ -73,6 +75,7 @@ from tidalmq_controller._scram_credentials import (
     parse_bootstrap,
 )
 from tidalmq_controller._settings import ControllerSettings
+from tidalmq_controller._standby import StandbyRegistration
 from tidalmq_controller._topics import NewTopic, TopicResult
 
 __all__ = [
@@ -103,6 +106,7 @@ __all__ = [
     "ScramAlterResult",
     "ScramDeletion",
     "ScramUpsertion",
+    "StandbyRegistration",
     "StaticTopicError",
     "TopicAlreadyExists",
     "TopicResult",

@@ -115,6 +115,10 @@ class BrokerLifecycle:
             and not self.c.settings.embedded
         ):
             not_before = self.c.membership.lease_end(info.broker_id)
+            # its moves too: the new incarnation has nothing open, which says nothing of the
+            # one before (fenced, its lease not over, it no longer counts as fenced)
+            if not_before > now:
+                self.c.leadership.defer_moves_from(info.broker_id, not_before)
         granted = now
         if previous is not None and previous.incarnation == info.incarnation:
             granted = max(now, previous.last_grant)  # its lease may run longer (inherited)
@@ -125,7 +129,7 @@ class BrokerLifecycle:
         draining = old is not None and old.state == "draining" and not restarted
         info.state = "draining" if draining else "alive"
         self.c.membership.set(
-            info.broker_id, BrokerLiveness(info.incarnation, now, granted, known=True)
+            info.broker_id, BrokerLiveness(info.incarnation, now, granted, known=True, heard_at=now)
         )
         version = self.c.propose([broker_record(info)])
         joining = self.c.leadership.on_join(
@@ -311,7 +315,7 @@ class BrokerLifecycle:
         self.c.wake()  # static topics remap the broker's logic queues (next tick)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self.c.leadership.led_by(broker_id):
+            if not self.c.leadership.leads_anything(broker_id):
                 return True
             await asyncio.sleep(0.05)
         return False

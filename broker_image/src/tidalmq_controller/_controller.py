@@ -14,7 +14,8 @@ the batches after the version it holds (a snapshot only when it is too far behin
 Moves follow the move protocol (docs/control-plane.md): the target is recorded (queued: the source still serves); the move's
 wave asks the source to close (leader none); the source closes cleanly and reports it at the
 move's epoch; the target is elected with epoch + 1 and opens the partition. A source that does
-not close within the election timeout (from the durable start of the close) is fenced: its lease
+not close within the election timeout (from the durable start of the close; only one this
+controller has heard from, docs/control-plane.md "A controller restart") is fenced: its lease
 is not renewed, and the target is elected once that lease has certainly expired, its open
 bumping the epoch in object storage and recovering the source's unindexed WAL objects. A target
 that does not open within the open timeout hands the partition on the same way. A broker that
@@ -58,7 +59,7 @@ from typing import Any
 from prometheus_client import Counter
 from tidalmq_broker.storage.objectstore.base import ObjectStore
 from tidalmq_core.acls import AclBinding, AclBindingFilter
-from tidalmq_core.balance import Plan
+from tidalmq_core.balance import Move, Plan
 from tidalmq_core.metadata import (
     SUPPORTED_FEATURES,
     TRANSACTION_VERSION,
@@ -616,6 +617,40 @@ class Controller:
             log.info("finalizing feature %s at level %d (UpdateFeatures)", r["name"], r["level"])
         return None, await self.commit(records)
 
+    async def register_controller(
+        self, controller_id: str, supported_features: dict[str, tuple[int, int]]
+    ) -> tuple[int, bool]:
+        """A standby controller registers the feature levels it supports (_features.py,
+        `register_controller`); UpdateFeatures counts them from then on. Returns the version
+        that holds the registration and whether it was written (nothing is written when it is
+        registered with these ranges already: a standby asks again each interval at O(1))."""
+        self.require_active()
+        refused, records = features.register_controller(
+            self.image, self.settings.controller_id, controller_id, supported_features
+        )
+        if refused is not None:
+            raise ControllerError(refused)
+        if records:
+            log.info(
+                "controller %s registered, supporting %s", controller_id, records[0]["sf"] or "none"
+            )
+        return await self.commit(records), bool(records)
+
+    async def forget_controller(self, controller_id: str) -> int:
+        """Forget a controller id gone for good (_features.py, `forget_controller`)."""
+        self.require_active()
+        refused, records = features.forget_controller(
+            self.image, self.settings.controller_id, controller_id
+        )
+        if refused is not None:
+            raise ControllerError(refused)
+        log.info("controller %s forgotten: its feature levels no longer count", controller_id)
+        return await self.commit(records)
+
+    def registered_controllers(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """The controllers whose supported levels UpdateFeatures counts, by id."""
+        return {cid: dict(r) for cid, r in sorted(self.image.controllers.items())}
+
     # ---------------------------------------------------------------- producer ids
     async def ensure_transaction_state_topic(self, wait_s: float = 0.0) -> None:
         """Create `__transaction_state` if it does not exist (Kafka creates it on the first
@@ -703,10 +738,7 @@ class Controller:
         plan = await self.leadership.rebalance_plan(topics)
         if dry_run or not plan.moves:
             return plan
-        entries = [PlanEntry(m.partition, m.target) for m in plan.moves]
-        await self.commit(
-            self.leadership.queue(entries, reason=reason, now_ms=int(time.time() * 1000))
-        )
+        await self._queue_in_slices(plan, reason)
         log.info("%s: moving %d partitions", reason, len(plan.moves))
         self._emit(
             "Rebalancing",
@@ -715,6 +747,33 @@ class Controller:
         )
         self._wake.set()
         return plan
+
+    async def _queue_in_slices(self, plan: Plan[TopicPartition], reason: str) -> None:
+        """Queue a plan's moves `max_moves_per_step` at a time, yielding to the event loop
+        between slices (a join's fair share at 50,000 partitions is 10,000 moves: queued at
+        once, that was one slice of the loop of 100-300 ms). Each slice queues only the moves
+        still to make (the partition moved or failed over since the plan was computed: left
+        out). Returns once every slice is durable; the moves queued first may start
+        meanwhile."""
+        moves = plan.moves
+        step = max(1, self.settings.max_moves_per_step)
+        version = self.journal.committed_version
+        queued: list[Move[TopicPartition]] = []
+        for start in range(0, len(moves), step):
+            if start:
+                await asyncio.sleep(0)
+                self.require_active()
+            chunk = self.leadership.still_planned(moves[start : start + step])
+            entries = [PlanEntry(m.partition, m.target) for m in chunk]
+            records = self.leadership.queue(entries, reason=reason, now_ms=int(time.time() * 1000))
+            version = max(version, self.propose(records))
+            queued += chunk
+            self._wake.set()
+        plan.moves = queued
+        try:
+            await self.journal.committed(version)
+        except Deposed as exc:
+            raise ControllerFenced(str(exc)) from exc
 
     def leaders_per_broker(self) -> dict[int, int]:
         """Partitions each broker leads (NO_LEADER: none), without a walk of the cluster."""
@@ -767,6 +826,9 @@ class Controller:
                 return
             try:
                 await self._step()
+                # one step per slice of the event loop: a set wake (more to do at once) makes
+                # Event.wait return without yielding, and steps would run back to back
+                await asyncio.sleep(0)
             except ControllerFenced:
                 if not self._active:
                     log.error("controller fenced by a newer controller; stopping")
@@ -825,8 +887,15 @@ class Controller:
                     f"broker {broker_id} did not close in time",
                     {"broker": broker_id},
                 )
-        # 3. partitions without a leader, once no earlier owner can hold a lease on them
+        # 3. partitions without a leader, once no earlier owner can hold a lease on them. At
+        # most max_moves_per_step elections a step: the rest stay closing (or leaderless and
+        # due) and the next step, at once, takes them
         due = lead.due_elections(now)
+        budget = max(1, self.settings.max_moves_per_step)
+        if len(elect) + len(due) > budget:
+            elect = elect[:budget]
+            due = due[: budget - len(elect)]
+            self._wake.set()
         if elect or due:
             records += lead.elections(elect, due, wall)
         # 4. elected brokers that did not open their partition in time
@@ -836,7 +905,9 @@ class Controller:
         # 5. the next wave of queued moves
         records += lead.start_wave(int(wall * 1000))
         # 6. first openings (from now on their data must exist) and acknowledged ends
-        records += lead.reports_due(now, force=bool(records))
+        records += lead.reports_due(now, force=bool(records), limit=budget)
+        if lead.reports_pending():
+            self._wake.set()
         if records:
             self.propose(records)
         lead.check_openings()

@@ -48,7 +48,12 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from tidalmq_core.metadata import SUPPORTED_FEATURES, BrokerInfo, ClusterMetadata
-from tidalmq_core.records import Record, feature_record
+from tidalmq_core.records import (
+    Record,
+    controller_record,
+    feature_record,
+    forget_controller_record,
+)
 
 
 class UpgradeType(IntEnum):
@@ -141,6 +146,53 @@ def registration_refused(image: ClusterMetadata, info: BrokerInfo) -> str | None
                 "inclusive."
             )
     return None
+
+
+def _ranges(ranges: dict[str, tuple[int, int]]) -> str:
+    return ", ".join(f"{name} {_range(*r)}" for name, r in sorted(ranges.items())) or "none"
+
+
+def register_controller(
+    image: ClusterMetadata, active_id: str, controller_id: str, ranges: dict[str, tuple[int, int]]
+) -> tuple[str | None, list[Record]]:
+    """A controller that is not leading registers the levels it supports (KIP-919's
+    ControllerRegistration, sent by every controller at start): (a refusal, no records) or
+    (None, the record; none when it is registered with these ranges already). O(1) plus the
+    size of its ranges. Never refused for a level it lacks: it is registered so that nothing
+    is raised further above it, and it refuses to lead itself (`start_refused`). The active
+    controller's own id is refused with other ranges: two builds would share one entry (give
+    the standby an id of its own)."""
+    if not controller_id:
+        return "a controller registers with an id", []
+    for name, (low, high) in ranges.items():
+        if not 0 <= low <= high:
+            return f"a supported range of {name} is lowest <= highest, from 0: {low}-{high}", []
+    if controller_id == active_id and ranges != SUPPORTED_FEATURES:
+        return (
+            f"controller id {controller_id} is the active controller's, which supports "
+            f"{_ranges(SUPPORTED_FEATURES)} (this one: {_ranges(ranges)}): give this controller "
+            "an id of its own",
+            [],
+        )
+    if image.controllers.get(controller_id) == ranges:
+        return None, []
+    return None, [controller_record(image.controller_epoch, controller_id, ranges)]
+
+
+def forget_controller(
+    image: ClusterMetadata, active_id: str, controller_id: str
+) -> tuple[str | None, list[Record]]:
+    """A controller id gone for good no longer counts (Kafka's `kafka-metadata-quorum
+    remove-controller`): (a refusal, no records) or (None, the record). The active controller
+    is refused (it would register again at its next claim, and it is the one leading); so is
+    an id that is not registered, naming those that are. A standby still running registers
+    again at its next attempt."""
+    if controller_id == active_id:
+        return f"controller {controller_id} is the active controller: it cannot be forgotten", []
+    if controller_id not in image.controllers:
+        known = ", ".join(sorted(image.controllers)) or "none"
+        return f"no controller {controller_id} is registered (registered: {known})", []
+    return None, [forget_controller_record(image.controller_epoch, controller_id)]
 
 
 def reason_refused(image: ClusterMetadata, update: FeatureUpdate) -> str | None:

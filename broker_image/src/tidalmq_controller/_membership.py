@@ -48,6 +48,9 @@ class BrokerLiveness:
     open_partitions: dict[TopicPartition, int] = field(default_factory=dict)
     known: bool = True
     fenced_at: float | None = None
+    # monotonic: when this controller first heard from it (registration or a heartbeat); None
+    # for a broker known only from the metadata (inherited from a predecessor) and silent since
+    heard_at: float | None = None
     # high watermarks of the static topics' physical queues it has open
     high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
     # reported by the liveness thread, taken by the event loop: (full, open changes, hwm
@@ -134,6 +137,8 @@ class Membership:
                     0.0, version, epoch, True, "not registered (or declared dead): register again"
                 )
             live.last_heartbeat = now
+            if live.heard_at is None:
+                live.heard_at = now
             live.applied_version = beat.applied_version
             resync = False
             if beat.full or live.known:

@@ -88,9 +88,14 @@ class SourceView:
     registered: bool  # in the metadata and not dead
     known: bool  # its open partitions are known to this controller
     has_it_open: bool  # it reports the partition open
-    applied_version: int  # the metadata version it has applied
+    # the metadata version it has applied, as its last heartbeat said; -1 until the first
+    # heartbeat of this incarnation to this controller (a registration does not say)
+    applied_version: int
     fenced: bool
     lease_end: float  # monotonic: every lease it may hold has run out by then
+    # seconds since this controller first heard from it (its registration or its first
+    # heartbeat to this controller); None: silent since this controller started
+    heard_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -160,9 +165,23 @@ class MoveStatus:
             and not source.has_it_open
         ):
             return Release.ELECT  # it applied the close and does not have it open
-        if wall - self.started > election_timeout_s:
-            return Release.FENCE
-        return Release.WAIT
+        if wall - self.started <= election_timeout_s:
+            return Release.WAIT
+        # The timeout counts from the durable start of the close, across controller restarts;
+        # but only a source that could have closed is to blame. One silent since this
+        # controller started (down, or not through to it yet: it may not even have the close)
+        # is the session timeout's business: declared dead, its move elects at once. One that
+        # has not told this controller what it has open, or which metadata it applied (no
+        # heartbeat since it registered: a new incarnation catching up before its first
+        # one), gets to, for a timeout at most. Fencing a new incarnation then, for a close
+        # its predecessor was sent, made it register again, to be fenced again before its
+        # first heartbeat: a livelock (docs/control-plane.md, "A controller restart").
+        if source.heard_s is None:
+            return Release.WAIT
+        told = source.known and source.applied_version >= 0
+        if not told and source.heard_s <= election_timeout_s:
+            return Release.WAIT
+        return Release.FENCE
 
 
 class MoveTracker:
@@ -232,6 +251,20 @@ class MoveTracker:
         if status.elected is not None and self._opening(status):
             self._seq += 1
             heapq.heappush(self._elected, (status.elected, self._seq, status))
+
+    def opening(self, tp: TopicPartition) -> MoveStatus | None:
+        """The move of `tp` if it is opening (O(1))."""
+        return self._by_phase.get(Phase.OPENING, {}).get(tp)
+
+    def reelected(self, status: MoveStatus, epoch: int, at: float | None = None) -> None:
+        """The target of an opening move was elected again, at `epoch` (a new incarnation of it
+        took its partitions back, fencing the one elected first): the move now waits for an
+        open at that epoch, its open timeout counting from this election."""
+        status.epoch = epoch
+        status.elected = time.time() if at is None else at
+        if self._opening(status):
+            self._new_openings[status.tp] = status  # it may already be open at that epoch
+            self.opening_since(status)
 
     def openings_elected_before(self, wall: float) -> list[MoveStatus]:
         """Opening moves elected before `wall` that were not returned before (O(those))."""

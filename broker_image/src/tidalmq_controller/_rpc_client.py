@@ -559,6 +559,17 @@ class HttpControllerClient:
         ]
         return results, int(doc["version"])
 
+    async def register_controller(
+        self, controller_id: str, supported_features: dict[str, tuple[int, int]]
+    ) -> bool:
+        """A standby controller's registration (`Controller.register_controller`; the cluster
+        token only): whether the active controller wrote it now (False: it had it already)."""
+        doc = await self._call(
+            "/v1/controllers/register",
+            {"id": controller_id, "supported_features": features_json(supported_features)},
+        )
+        return bool(doc["registered_now"])
+
     async def update_features(
         self, updates: list[FeatureUpdate], *, validate_only: bool
     ) -> tuple[str | None, int]:

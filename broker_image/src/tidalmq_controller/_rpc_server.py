@@ -28,7 +28,7 @@ from tidalmq_core import updates
 from tidalmq_core.acls import AclBinding
 from tidalmq_core.control_auth import ControlAuth, authorization
 from tidalmq_core.control_tls import ControlTls, server_is_broker
-from tidalmq_core.metadata import BrokerInfo, DataLoss, features_from_json
+from tidalmq_core.metadata import BrokerInfo, DataLoss, features_from_json, features_json
 from tidalmq_core.reassignment import PlanEntry
 
 from tidalmq_controller import _controller as ctl
@@ -73,6 +73,17 @@ class HttpBrokerChannel:
             resp.raise_for_status()
             doc = await resp.json()
         return int(doc["applied"])
+
+
+def controllers_doc(controller: ctl.Controller) -> dict[str, Any]:
+    """`GET /v1/controllers`: the active controller's id and every registered controller's
+    supported feature ranges ({name: [lowest, highest]}), by id."""
+    return {
+        "active": controller.settings.controller_id,
+        "controllers": {
+            cid: features_json(r) for cid, r in controller.registered_controllers().items()
+        },
+    }
 
 
 class _Forwarded:
@@ -151,6 +162,10 @@ class ControllerServer:
         r.add_post("/v1/acls/create", self._create_acls)
         r.add_post("/v1/acls/delete", self._delete_acls)
         r.add_post("/v1/features/update", self._update_features)
+        # controllers' registrations (standbys) and forgetting one: the cluster token only
+        r.add_get("/v1/controllers", self._controllers)
+        r.add_post("/v1/controllers/register", self._register_controller)
+        r.add_post("/v1/controllers/forget", self._forget_controller)
         r.add_post("/v1/producer-ids", self._producer_id)
         r.add_post("/v1/transactions/state-topic", self._txn_state_topic)
         r.add_post("/v1/transactions/markers", self._txn_markers)
@@ -515,6 +530,35 @@ class ControllerServer:
                 ],
             }
         )
+
+    async def _controllers(self, request: web.Request) -> web.Response:
+        try:
+            self.controller.require_active()
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok(controllers_doc(self.controller))
+
+    async def _register_controller(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        try:
+            ranges = features_from_json(b.get("supported_features")) or {}
+            controller_id = str(b["id"])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:  # the standby logs it
+            return self._fault(ctl.ControllerError(f"bad registration: {exc!r}"))
+        try:
+            version, wrote = await self.controller.register_controller(controller_id, ranges)
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        doc = {"version": version, "registered_now": wrote, **controllers_doc(self.controller)}
+        return self._ok(doc)
+
+    async def _forget_controller(self, request: web.Request) -> web.Response:
+        b = await self._body(request)
+        try:
+            version = await self.controller.forget_controller(str(b.get("id", "")))
+        except ctl.ControllerError as exc:
+            return self._fault(exc)
+        return self._ok({"version": version, **controllers_doc(self.controller)})
 
     async def _update_features(self, request: web.Request) -> web.Response:
         b = await self._body(request)

@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import os
 import re
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported by ssl_context(): a plaintext client (the CLI's usual) needs no ssl
+    import ssl
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -190,6 +193,8 @@ class ClientSecurity:
 
     def ssl_context(self) -> ssl.SSLContext:
         """The TLS context of an SSL or SASL_SSL connection."""
+        import ssl
+
         ctx = ssl.create_default_context(cafile=self.ca_file or None)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.check_hostname = self.check_hostname

@@ -39,6 +39,14 @@ file then holding the old and the new CA), therefore needs no restart of the ope
 brokers; connections open at the renewal keep their session. A file that cannot be loaded (half
 written) keeps the previous context until the next check.
 
+Revocation: with a CRL file (`--control-tls-crl-file`, TIDALMQ_CONTROL_TLS_CRL_FILE; PEM, the
+cluster CA's CRL) every context, server and client, checks the peer's certificate against it
+(tidalmq_core.revocation, the Kafka listeners' `ssl.crl.location` code): a revoked broker,
+operator or admin certificate fails the handshake, whichever side presents it. The CRL file is
+followed with the other three, so a reissued CRL applies from the next connection on, without a
+restart; connections already open (a broker's kept-alive heartbeat connection) keep their
+session until they close. Missing or unloadable at start: the process does not start.
+
 Stdlib only (ssl), and tidalmq_core.tls_reload (the contexts that follow their files).
 """
 
@@ -51,6 +59,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tidalmq_core.revocation import RevocationListError, check_revocation
 from tidalmq_core.tls_reload import FollowingContext
 
 RELOAD_CHECK_INTERVAL_S = 10.0  # how often, at most, a connection looks at the files
@@ -58,6 +67,7 @@ RELOAD_CHECK_INTERVAL_S = 10.0  # how often, at most, a connection looks at the 
 ENV_CERT_FILE = "TIDALMQ_CONTROL_TLS_CERT_FILE"
 ENV_KEY_FILE = "TIDALMQ_CONTROL_TLS_KEY_FILE"
 ENV_CA_FILE = "TIDALMQ_CONTROL_TLS_CA_FILE"
+ENV_CRL_FILE = "TIDALMQ_CONTROL_TLS_CRL_FILE"
 
 NO_CERTIFICATE = "no client certificate"
 ADMIN_NAMES = frozenset({"controller", "operator", "admin"})
@@ -186,20 +196,28 @@ def peercert_of(transport: Any) -> dict[str, Any] | None:
 
 @dataclass(frozen=True, slots=True)
 class ControlTls:
-    """A process's control-plane TLS files: its certificate chain, its key, the cluster CA."""
+    """A process's control-plane TLS files: its certificate chain, its key, the cluster CA and,
+    optionally, the cluster CA's certificate revocation list (PEM): a peer certificate it revokes
+    fails the handshake, on either side."""
 
     cert_file: str
     key_file: str
     ca_file: str
+    crl_file: str = ""
 
     @classmethod
     def from_files(
-        cls, cert_file: str = "", key_file: str = "", ca_file: str = ""
+        cls, cert_file: str = "", key_file: str = "", ca_file: str = "", crl_file: str = ""
     ) -> ControlTls | None:
         """The setting, or None when none of the files is given (control plane without TLS);
-        raises ControlTlsError when only some are."""
+        raises ControlTlsError when only some of the three are, or a CRL without them."""
         given = {"cert": cert_file, "key": key_file, "ca": ca_file}
         if not any(given.values()):
+            if crl_file:
+                raise ControlTlsError(
+                    "--control-tls-crl-file is given but control-plane TLS is not (its "
+                    "certificate, key and CA files)"
+                )
             return None
         missing = [k for k, v in given.items() if not v]
         if missing:
@@ -208,7 +226,7 @@ class ControlTls:
                 + ", ".join(f"--control-tls-{k}-file" for k in missing)
                 + " not given"
             )
-        tls = cls(cert_file, key_file, ca_file)
+        tls = cls(cert_file, key_file, ca_file, crl_file)
         tls.client_context()  # the files are read now: a bad one stops the process at start
         return tls
 
@@ -216,7 +234,10 @@ class ControlTls:
     def from_env(cls, env: Mapping[str, str] | None = None) -> ControlTls | None:
         env = os.environ if env is None else env
         return cls.from_files(
-            env.get(ENV_CERT_FILE, ""), env.get(ENV_KEY_FILE, ""), env.get(ENV_CA_FILE, "")
+            env.get(ENV_CERT_FILE, ""),
+            env.get(ENV_KEY_FILE, ""),
+            env.get(ENV_CA_FILE, ""),
+            env.get(ENV_CRL_FILE, ""),
         )
 
     def _load(self, ctx: ssl.SSLContext) -> ssl.SSLContext:
@@ -234,6 +255,11 @@ class ControlTls:
             raise ControlTlsError(
                 f"control-plane TLS: cannot load the CA certificate {self.ca_file}: {exc}"
             ) from exc
+        if self.crl_file:  # the Kafka listeners' ssl.crl.location loads by the same code
+            try:
+                check_revocation(ctx, self.crl_file, "--control-tls-crl-file")
+            except RevocationListError as exc:
+                raise ControlTlsError(f"control-plane TLS: {exc}") from exc
         return ctx
 
     def _server(self) -> ssl.SSLContext:
@@ -251,7 +277,7 @@ class ControlTls:
         return FollowingContext(
             protocol,
             "control-plane TLS",
-            (self.cert_file, self.key_file, self.ca_file),
+            (self.cert_file, self.key_file, self.ca_file, self.crl_file),
             build,
             certificate_file=self.cert_file,
             look_every_s=RELOAD_CHECK_INTERVAL_S,
@@ -270,11 +296,13 @@ class ControlTls:
         return self._following(ssl.PROTOCOL_TLS_CLIENT, lambda: self._client(server))
 
     def env(self) -> dict[str, str]:
-        """The environment that hands this setting to a child process."""
+        """The environment that hands this setting to a child process (the CRL's variable set
+        empty when there is none, so that the parent's own does not leak through)."""
         return {
             ENV_CERT_FILE: self.cert_file,
             ENV_KEY_FILE: self.key_file,
             ENV_CA_FILE: self.ca_file,
+            ENV_CRL_FILE: self.crl_file,
         }
 
 

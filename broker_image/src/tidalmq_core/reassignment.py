@@ -26,10 +26,13 @@ import enum
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tidalmq_core.metadata import NO_LEADER, ClusterMetadata, PartitionState
 from tidalmq_core.model import TopicPartition
+
+if TYPE_CHECKING:  # the plan file's half (parse_plan, format_plan) is `tidalmq reassign`'s,
+    # which starts without the metadata model (docs/cli.md); the controller's half imports it
+    from tidalmq_core.metadata import ClusterMetadata, PartitionState
 
 
 class Phase(enum.StrEnum):
@@ -164,11 +167,15 @@ def queue_changes(part: PartitionState, target: int) -> dict[str, object] | None
 
 def closing_changes(now_ms: int) -> dict[str, object]:
     """Start a queued move: nobody leads until the source closed (or its lease ran out)."""
+    from tidalmq_core.metadata import NO_LEADER
+
     return {"leader": NO_LEADER, "move_started_ms": now_ms}
 
 
 def closing(part: PartitionState) -> bool:
     """A move whose source has been asked to close (not only queued)."""
+    from tidalmq_core.metadata import NO_LEADER
+
     return part.moving and part.leader == NO_LEADER
 
 
@@ -183,6 +190,8 @@ def cancel_changes(part: PartitionState) -> dict[str, object]:
     """Roll back a move whose target was not elected: a queued one just forgets its target; a
     closing one goes back to the original broker with a higher epoch (its own earlier
     incarnation of the partition is closed or fenced)."""
+    from tidalmq_core.metadata import NO_LEADER
+
     if not part.moving or part.original_replicas is None:
         raise NoReassignmentInProgress("partition is not moving")
     if part.leader != NO_LEADER:

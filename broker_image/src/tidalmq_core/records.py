@@ -11,11 +11,14 @@ Records are plain JSON objects, keyed short because there are many of them (the 
 below, one table per type). Applying a record is idempotent (it sets values, it never adds to
 them), so a snapshot followed by batches it may already contain replays correctly.
 
-    t="epoch"     a controller claimed the log          epoch
-                                                        cid (its id) sf (the feature levels
+    t="epoch"     a controller claimed the log, or      epoch (the claim's; a registration
+                  (same epoch) a standby registered     or a forget repeats the current one)
+                  its levels, or an id was forgotten    cid (its id) sf (the feature levels
                                                         it supports, {name: [lowest,
                                                         highest]}); both absent when
                                                         claimed by a build from before them
+                                                        forget (an id no longer counted;
+                                                        then no cid)
     t="cluster"   the first record of a new cluster     id
     t="broker"    a broker registered (all its fields)  id host port rack url inc state
                                                         ls (its listeners, when it has more
@@ -115,6 +118,24 @@ def epoch_record(
         rec["cid"] = controller_id
         rec["sf"] = features_json(supported_features or {})
     return rec
+
+
+def controller_record(
+    epoch: int, controller_id: str, supported_features: dict[str, tuple[int, int]]
+) -> Record:
+    """A controller that is not leading (a standby) registers the feature levels it supports
+    (KIP-919's ControllerRegistration): an `epoch` record repeating the current epoch, so a
+    reader of any earlier build loads it (an older one sets the epoch it already has, one that
+    knows `cid` registers it too; a new record type would stop both: unknown types are refused)."""
+    return epoch_record(epoch, controller_id, supported_features)
+
+
+def forget_controller_record(epoch: int, controller_id: str) -> Record:
+    """A controller id gone for good no longer counts (`tidalmq controller forget`). The same
+    `epoch` record, with `forget` and no `cid`: a build that knows `cid` but not `forget` ignores
+    it and keeps counting the id (it refuses more upgrades, never fewer); older builds set the
+    epoch they already have."""
+    return {"t": "epoch", "epoch": epoch, "forget": controller_id}
 
 
 def cluster_record(cluster_id: str) -> Record:
@@ -514,6 +535,8 @@ def _epoch(meta: ClusterMetadata, rec: Record, delta: MetadataDelta) -> None:
     meta.controller_epoch = max(meta.controller_epoch, int(rec["epoch"]))
     if "cid" in rec:  # its registration replaces the one it made at an earlier start
         meta.controllers[str(rec["cid"])] = features_from_json(rec.get("sf")) or {}
+    elif "forget" in rec:  # gone for good: its levels no longer count
+        meta.controllers.pop(str(rec["forget"]), None)
     delta.other = True
 
 

@@ -294,6 +294,38 @@ operator: the pod mounts that role's certificate and key only, and the CA's cert
   value: {{ printf "%s/tls.key" $dir | quote }}
 - name: TIDALMQ_CONTROL_TLS_CA_FILE
   value: {{ printf "%s/ca.crt" $dir | quote }}
+{{- if .Values.controlPlane.tls.crlSecret }}
+# the control plane CA's CRL (controlPlane.tls.crlSecret): revoked certificates are refused on
+# both sides; reloaded when the Secret changes
+- name: TIDALMQ_CONTROL_TLS_CRL_FILE
+  value: {{ printf "%s/crl.pem" (include "tidalmq.controlCrlDir" .) | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Where the pods find controlPlane.tls.crlSecret's crl.pem (its own volume: another Secret). */}}
+{{- define "tidalmq.controlCrlDir" -}}
+/etc/tidalmq/control-crl
+{{- end }}
+
+{{/*
+The CRL's mount and volume (for controlPlane.tls.crlSecret): the whole Secret's crl.pem
+(no subPath, so the kubelet updates it), not optional (a pod waits for the Secret rather than
+start without the revocation it was told to check).
+*/}}
+{{- define "tidalmq.controlCrlMount" -}}
+- name: control-crl
+  mountPath: {{ include "tidalmq.controlCrlDir" . }}
+  readOnly: true
+{{- end }}
+
+{{- define "tidalmq.controlCrlVolume" -}}
+- name: control-crl
+  secret:
+    secretName: {{ .Values.controlPlane.tls.crlSecret }}
+    defaultMode: 0444
+    items:
+      - key: crl.pem
+        path: crl.pem
 {{- end }}
 
 {{- define "tidalmq.controlTlsVolume" -}}
@@ -356,6 +388,9 @@ operator: the pod mounts that role's certificate and key only, and the CA's cert
 {{- end }}
 {{- if and .Values.objectStore.existingSecret .Values.objectStore.accessKey }}
 {{- fail "set either objectStore.existingSecret or objectStore.accessKey/secretKey, not both" }}
+{{- end }}
+{{- if and .Values.controlPlane.tls.crlSecret (not (include "tidalmq.controlTls" .)) }}
+{{- fail "controlPlane.tls.crlSecret needs control-plane mTLS (controlPlane.tls.enabled: true, or auto at a fresh install)" }}
 {{- end }}
 {{- end }}
 

@@ -196,10 +196,14 @@ def test_network_policies_let_only_the_operator_and_the_brokers_reach_each_other
         for p in container(find(default, "Deployment", OPERATOR), "operator")["ports"]
     }
     assert set(operator) == set(ports.values())
-    (only,) = operator[ports["controller"]]  # type: ignore[misc]
-    assert set(only) == {"podSelector"}
-    assert only["podSelector"]["matchLabels"].items() <= broker_labels.items()
-    assert not only["podSelector"]["matchLabels"].items() <= operator_labels.items()
+    # the brokers, and a standby operator replica registering its feature levels with the
+    # active one; both from the release's namespace only
+    from_brokers, from_operators = operator[ports["controller"]]  # type: ignore[misc]
+    assert set(from_brokers) == set(from_operators) == {"podSelector"}
+    assert from_brokers["podSelector"]["matchLabels"].items() <= broker_labels.items()
+    assert not from_brokers["podSelector"]["matchLabels"].items() <= operator_labels.items()
+    assert from_operators["podSelector"]["matchLabels"].items() <= operator_labels.items()
+    assert not from_operators["podSelector"]["matchLabels"].items() <= broker_labels.items()
     assert operator[ports["metrics"]] == [PROMETHEUS]
 
 

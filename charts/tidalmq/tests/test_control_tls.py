@@ -39,6 +39,8 @@ from tests.support.helm import (
     find_all,
     pod_spec,
     render,
+    run_helm,
+    template_args,
 )
 
 SECRET = f"{FULL}-control-tls"
@@ -167,3 +169,37 @@ def handshake(server: ssl.SSLContext, client: ssl.SSLContext) -> dict[str, Any] 
             assert tls.recv(2) == b"ok"
         thread.join(10)
     return result.get("peer")
+
+
+# ------------------------------------------------------------- controlPlane.tls.crlSecret (CRL)
+CRL_ENV = "TIDALMQ_CONTROL_TLS_CRL_FILE"
+
+
+def test_a_crl_secret_is_mounted_in_both_pods_and_named_to_them() -> None:
+    docs = render({"controlPlane": {"tls": {"enabled": True, "crlSecret": "control-crl"}}})
+    for role, obj in pods(docs).items():
+        assert env_of(container(obj, role))[CRL_ENV] == "/etc/tidalmq/control-crl/crl.pem", role
+        volume = next(v for v in pod_spec(obj)["volumes"] if v["name"] == "control-crl")
+        assert volume["secret"]["secretName"] == "control-crl"
+        assert volume["secret"]["items"] == [{"key": "crl.pem", "path": "crl.pem"}]
+        assert "optional" not in volume["secret"]  # a pod waits for it: never no CRL at all
+        mounts = {m["name"]: m for m in container(obj, role)["volumeMounts"]}
+        # the whole Secret (no subPath): the kubelet updates the file, the processes reload it
+        assert mounts["control-crl"]["mountPath"] == "/etc/tidalmq/control-crl"
+        assert "subPath" not in mounts["control-crl"] and mounts["control-crl"]["readOnly"]
+
+
+@pytest.mark.parametrize("values", [{}, ON], ids=["default", "tls-on"])
+def test_no_crl_by_default(values: dict[str, Any]) -> None:
+    for role, obj in pods(render(values)).items():
+        assert CRL_ENV not in env_of(container(obj, role)), role
+        assert "control-crl" not in {v["name"] for v in pod_spec(obj)["volumes"]}, role
+
+
+def test_a_crl_secret_without_control_plane_tls_is_refused() -> None:
+    values = {"controlPlane": {"tls": {"enabled": False, "crlSecret": "control-crl"}}}
+    proc = run_helm(*template_args(values, ()), check=False)
+    assert proc.returncode != 0 and "controlPlane.tls.crlSecret needs" in proc.stderr
+    bad = {"controlPlane": {"tls": {"enabled": True, "crlSecret": "Bad_Name"}}}
+    proc = run_helm(*template_args(bad, ()), check=False)
+    assert proc.returncode != 0 and "crlSecret" in proc.stderr

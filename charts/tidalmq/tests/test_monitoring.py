@@ -118,7 +118,8 @@ def test_prometheus_rule_is_the_plain_rules_file() -> None:
 
 
 def test_the_alerts_cover_what_users_must_hear_about() -> None:
-    """Partitions without a leader, a lost or unwritable store, a broker fenced, a move stuck,
+    """Partitions without a leader, a lost or unwritable store, a broker fenced or not answering
+    its scrapes, a move stuck,
     consumer lag growing, the broker HPA at its maximum: each has an alert on the metric that
     shows it."""
     by_name = {a.name: a for a in ALERTS}
@@ -127,6 +128,7 @@ def test_the_alerts_cover_what_users_must_hear_about() -> None:
         "TidalMQObjectStoreLost": "tidalmq_controller_store_lost",
         "TidalMQObjectStoreUnwritable": "tidalmq_storage_store_unwritable",
         "TidalMQBrokerFenced": "tidalmq_controller_brokers_declared_dead_total",
+        "TidalMQBrokerUnreachable": "up == 0",
         "TidalMQMoveStuck": "tidalmq_controller_moves_in_flight",
         "TidalMQConsumerLagGrowing": "tidalmq_consumer_group_lag_sum_records",
         "TidalMQBrokersAtMaxReplicas": "kube_horizontalpodautoscaler_spec_max_replicas",
@@ -150,7 +152,12 @@ def defined_metrics() -> set[str]:
         for info in pkgutil.walk_packages(root.__path__, f"{package}."):
             if not info.name.endswith(".__main__"):  # that one runs the program
                 importlib.import_module(info.name)
-    suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+    suffixes = {
+        "counter": ("_total",),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_sum", "_count"),
+        "summary": ("_sum", "_count"),  # the broker's have no quantiles
+    }
     return {
         family.name + suffix
         for family in REGISTRY.collect()

@@ -168,7 +168,7 @@ def test_broker_probes_and_prestop_drain(default: list[dict[str, Any]]) -> None:
     # the drain finds the control port (at the pod's IP) and the token in the broker's env
     command = broker["lifecycle"]["preStop"]["exec"]["command"]
     assert command == ["tidalmq", "drain", "--timeout", "50"]
-    args = build_parser().parse_args(command[1:])
+    args = build_parser(every=True).parse_args(command[1:])
     assert (args.command, args.http_url, args.timeout) == ("drain", "", 50.0)
 
 

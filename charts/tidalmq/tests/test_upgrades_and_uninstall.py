@@ -216,7 +216,7 @@ def test_uninstall_hook_stops_the_operator_then_releases_finalizers() -> None:
     hook = container(job, "uninstall")
     assert hook["image"] == container(find(docs, "Deployment", OPERATOR), "operator")["image"]
     # the arguments are the real CLI's (the image's entrypoint is `tidalmq`)
-    args = build_parser().parse_args(hook["args"])
+    args = build_parser(every=True).parse_args(hook["args"])
     assert (args.command, args.operator_command) == ("operator", "uninstall")
     assert args.namespace == NAMESPACE
     assert args.operator_deployment == OPERATOR
@@ -260,7 +260,7 @@ def test_notes_name_what_works_offline() -> None:
     line = next(x for x in notes.splitlines() if "run tidalmq-client" in x)
     assert f"--image={image}" in line
     args = line.split(" -- ", 1)[1].split()
-    parsed = build_parser().parse_args(args)
+    parsed = build_parser(every=True).parse_args(args)
     assert parsed.command == "reassign"
     assert parsed.bootstrap_server == f"{FULL}-bootstrap.{NAMESPACE}.svc.cluster.local:9092"
     # image loading without a registry, and host access through the advertised address
@@ -280,7 +280,7 @@ def test_notes_say_where_the_control_tokens_are_and_how_to_run_admin_commands() 
     # the command is the real CLI's, against the operator's controller port on its pod IP
     command = line.split("sh -c ", 1)[1].strip("'").split()
     assert command[0] == "tidalmq"
-    args = build_parser().parse_args(command[1:])
+    args = build_parser(every=True).parse_args(command[1:])
     # https: the control plane speaks mTLS by default (the CLI takes the operator's certificate
     # from its environment); http when it is off
     assert (args.command, args.controller_url) == ("recover", "https://$POD_IP:9690")

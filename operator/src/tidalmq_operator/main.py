@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import kopf
+from tidalmq_controller import StandbyRegistration
 from tidalmq_controller.hosting import HealthServer, setup_logging, tune_runtime
 from tidalmq_core.control_auth import TokenError
 from tidalmq_core.control_tls import ControlTlsError
@@ -67,6 +68,7 @@ async def run_operator(settings: OperatorSettings) -> None:
 
     http = HealthServer(readiness)
     await http.start(settings.http_host, settings.http_port)
+    standby = standby_registration(settings, runtime.active)
 
     @kopf.on.startup()
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -90,7 +92,29 @@ async def run_operator(settings: OperatorSettings) -> None:
             identity=kopf.Identity(socket.gethostname()) if hasattr(kopf, "Identity") else None,
         )
     finally:
+        if standby is not None:
+            standby.cancel()
         await http.stop()
+
+
+def standby_registration(
+    settings: OperatorSettings, active: asyncio.Event
+) -> asyncio.Task[None] | None:
+    """While this replica does not hold the controller role, it registers its controller id
+    and supported feature levels with the one that does (through the controller Service), so
+    no level is finalized that it could not serve if it took over (KIP-919)."""
+    if not settings.controller_url:
+        return None
+    registration = StandbyRegistration(
+        settings.controller_url,
+        controller_id=settings.controller_id,
+        token=settings.control_auth().token,
+        tls=settings.control_tls(),
+        interval_s=settings.standby_registration_interval_s,
+    )
+    return asyncio.create_task(
+        registration.run(active.is_set), name="standby controller registration"
+    )
 
 
 def main(settings: OperatorSettings | None = None) -> int:

@@ -36,6 +36,7 @@ from tidalmq_core.records import MetadataDelta
 
 from tidalmq_operator.availability import (
     DATA_LOST,
+    SEVERITY,
     STORE_LOST,
     Problem,
     brokers_not_alive,
@@ -57,7 +58,6 @@ from tidalmq_operator.store import ClusterStateLog
 log = logging.getLogger(__name__)
 
 FULL_PUBLISH_S = 30.0
-METADATA_RETRY_S = 30  # a controller whose metadata log is missing looks again this often
 METADATA_LOST = Gauge(
     "tidalmq_operator_metadata_lost",
     "1 while the metadata log the ClusterState points to is missing from its store (the "
@@ -74,9 +74,14 @@ LOST_PARTITIONS = Gauge(
     "from the object store, by Topic or StaticTopic resource, until the loss is accepted",
     ["kind", "resource", "topic"],
 )
+# One series per resource and reason, 1 for the reason of the resource's Degraded condition and
+# 0 for the others (kube-state-metrics' style for conditions, e.g. kube_pod_status_phase): a
+# resource that is not Degraded shows 0 rather than nothing, and the reasons are a fixed set
+# (availability.SEVERITY), so a resource has four series.
 DEGRADED = Gauge(
     "tidalmq_operator_degraded",
-    "1 while a Topic or StaticTopic resource has the condition Degraded, by reason",
+    "1 while a Topic or StaticTopic resource has the condition Degraded with this reason, else "
+    "0 (one series per resource and reason: StoreLost, DataLost, BrokerNotAlive, Leaderless)",
     ["kind", "resource", "reason"],
 )
 ACCEPT_ANNOTATION = "tidalmq.io/accept-data-loss"
@@ -239,20 +244,16 @@ class OperatorRuntime:
                 # a newer build finalized a level this one lacks: it claims nothing (the log
                 # stays as it is) and says so, in one line, until this replica is stopped
                 await self._metadata_lost(str(exc), reason="UnsupportedFeatureLevel")
-                for _ in range(METADATA_RETRY_S * 2):
-                    if stopped:
-                        return
-                    await asyncio.sleep(0.5)
             except Exception as exc:
                 # the store unreachable, its bucket missing, ...: the same, with its reason
                 await self._metadata_lost(
                     f"the metadata log could not be read: {type(exc).__name__}: {exc}",
                     reason="MetadataUnavailable",
                 )
-                for _ in range(METADATA_RETRY_S * 2):
-                    if stopped:
-                        return
-                    await asyncio.sleep(0.5)
+            # each of the three (not MetadataLost alone: it once looked again at once, a
+            # condition write and an Event every few milliseconds for as long as it lasted)
+            if await self._stopped_within(stopped, s.metadata_retry_s):
+                return
         METADATA_LOST.set(0)
         if s.scram_bootstrap or s.scram_bootstrap_file:  # the first users (admin), if absent
             try:
@@ -290,12 +291,23 @@ class OperatorRuntime:
             await controller.stop()
             log.info("controller stopped on this replica")
 
+    @staticmethod
+    async def _stopped_within(stopped: Any, seconds: float) -> bool:
+        """Whether Kopf's `stopped` flag is set within `seconds` (looked at every 0.5 s)."""
+        deadline = time.monotonic() + seconds
+        while not stopped:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(0.5, left))
+        return True
+
     async def _metadata_lost(self, why: str, reason: str = "MetadataLost") -> None:
         log.error(
-            "%s: %s; the controller does not start (looking again in %ds)",
+            "%s: %s; the controller does not start (looking again in %gs)",
             reason,
             why,
-            METADATA_RETRY_S,
+            self.settings.metadata_retry_s,
         )
         METADATA_LOST.set(1 if reason == "MetadataLost" else 0)
         assert self.metadata_log is not None
@@ -819,9 +831,14 @@ def set_gauges(
     if before is not None and before != (topic, reason):
         clear_gauges(kind, resource)
     LOST_PARTITIONS.labels(kind, resource, topic).set(lost)
-    if reason is not None:
-        DEGRADED.labels(kind, resource, reason).set(1)
+    for known in _reasons(reason):
+        DEGRADED.labels(kind, resource, known).set(1 if known == reason else 0)
     _GAUGED[(kind, resource)] = (topic, reason)
+
+
+def _reasons(reason: str | None) -> tuple[str, ...]:
+    """The Degraded reasons a resource has a series of: every known one, and `reason`."""
+    return SEVERITY if reason is None or reason in SEVERITY else (*SEVERITY, reason)
 
 
 def clear_gauges(kind: str, resource: str) -> None:
@@ -831,6 +848,6 @@ def clear_gauges(kind: str, resource: str) -> None:
     topic, reason = before
     with contextlib.suppress(KeyError):
         LOST_PARTITIONS.remove(kind, resource, topic)
-    if reason is not None:
+    for known in _reasons(reason):
         with contextlib.suppress(KeyError):
-            DEGRADED.remove(kind, resource, reason)
+            DEGRADED.remove(kind, resource, known)

@@ -44,6 +44,11 @@ class OperatorSettings:
     # the controller's name in the metadata (the feature levels it supports are registered
     # under it): one for all replicas, which run the same image (the Deployment is Recreate)
     controller_id: str = "operator"
+    # the controller Service (it reaches whichever replica leads): a standby replica registers
+    # its id and supported feature levels there at start and every interval_s (docs/
+    # transactions-v2.md, "Which levels the controllers support"); empty: it does not
+    controller_url: str = ""
+    standby_registration_interval_s: float = 30.0
     # moves in flight per broker (as source or target): a rebalance runs in waves of this many
     max_moves_per_broker: int = 4000
     status_interval_s: float = 0.5
@@ -51,6 +56,8 @@ class OperatorSettings:
     # election normally leaves it leaderless for well under a second, a stuck source until the
     # controller fences it (election timeout)
     leaderless_grace_s: float = 15.0
+    # a controller whose metadata log is missing or unreadable looks again this often
+    metadata_retry_s: float = 30.0
     # the planner (PartitionReassignment spec.generate) on Spark-on-Kubernetes; the chart sets these
     spark_image: str = ""
     spark_service_account: str = ""
@@ -79,6 +86,8 @@ class OperatorSettings:
     control_tls_cert_file: str = ""
     control_tls_key_file: str = ""
     control_tls_ca_file: str = ""
+    # and the cluster CA's CRL (PEM): a revoked broker certificate is refused on both sides
+    control_tls_crl_file: str = ""
     # the Secret holding the CA that signs tls Users' certificates (tls.crt, tls.key); the
     # operator generates it when it does not exist (the chart generates it with listeners.tls)
     clients_ca_secret: str = "tidalmq-clients-ca"
@@ -117,8 +126,11 @@ class OperatorSettings:
             transaction_state_partitions=int(get("TRANSACTION_STATE_PARTITIONS", "50")),
             transaction_version=int(v) if (v := get("TRANSACTION_VERSION", "")) else None,
             controller_id=get("CONTROLLER_ID", "operator"),
+            controller_url=get("CONTROLLER_URL", ""),
+            standby_registration_interval_s=float(get("STANDBY_REGISTRATION_INTERVAL_S", "30")),
             max_moves_per_broker=int(get("MAX_MOVES_PER_BROKER", "4000")),
             leaderless_grace_s=float(get("LEADERLESS_GRACE_S", "15")),
+            metadata_retry_s=float(get("METADATA_RETRY_S", "30")),
             spark_image=get("SPARK_IMAGE", ""),
             spark_service_account=get("SPARK_SERVICE_ACCOUNT", ""),
             prometheus_url=get("PROMETHEUS_URL", ""),
@@ -138,6 +150,7 @@ class OperatorSettings:
             control_tls_cert_file=get("CONTROL_TLS_CERT_FILE", ""),
             control_tls_key_file=get("CONTROL_TLS_KEY_FILE", ""),
             control_tls_ca_file=get("CONTROL_TLS_CA_FILE", ""),
+            control_tls_crl_file=get("CONTROL_TLS_CRL_FILE", ""),
             clients_ca_secret=get("CLIENTS_CA_SECRET", "tidalmq-clients-ca"),
             clients_crl_secret=get("CLIENTS_CRL_SECRET", ""),
         )
@@ -160,7 +173,10 @@ class OperatorSettings:
         """The controller's control-plane mTLS (None: off); raises ControlTlsError for a partial
         setting or files it cannot load."""
         return ControlTls.from_files(
-            self.control_tls_cert_file, self.control_tls_key_file, self.control_tls_ca_file
+            self.control_tls_cert_file,
+            self.control_tls_key_file,
+            self.control_tls_ca_file,
+            self.control_tls_crl_file,
         )
 
     def selector_dict(self) -> dict[str, str]:

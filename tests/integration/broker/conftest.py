@@ -44,8 +44,9 @@ def local_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 def strict_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A broker on the local-directory store with auto.create.topics.enable off (the default
     is on, as in Kafka): for what clients are told of topics that do not exist."""
-    with BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs",
-                       args=["--auto-create-topics", "false"]) as proc:  # fmt: skip
+    with BrokerProcess(
+        f"file://{tmp_path / 'objects'}", tmp_path / "logs", args=["--auto-create-topics", "false"]
+    ) as proc:
         yield proc
 
 

@@ -49,8 +49,15 @@ def test_topic_lifecycle(local_broker: BrokerProcess) -> None:
     # as in Kafka, every-topic Metadata lists the offsets topic, flagged internal
     assert "__consumer_offsets" in admin.list_topics(timeout=10).topics
     with ProtocolClient(local_broker.bootstrap) as client:
-        every = client.call(3, 12, {"topics": None, "allow_auto_topic_creation": False,
-                                    "include_topic_authorized_operations": False})  # fmt: skip
+        every = client.call(
+            3,
+            12,
+            {
+                "topics": None,
+                "allow_auto_topic_creation": False,
+                "include_topic_authorized_operations": False,
+            },
+        )
     internal = {t.name: t.is_internal for t in every.topics}
     assert internal["__consumer_offsets"] is True and internal[topic] is False
 

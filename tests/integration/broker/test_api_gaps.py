@@ -38,19 +38,25 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """auto.create.topics.enable left at its default (on, as Kafka)."""
     base = tmp_path_factory.mktemp("api-gaps")
     with BrokerProcess(
-        f"file://{base / 'objects'}", base / "logs",
+        f"file://{base / 'objects'}",
+        base / "logs",
         env={"TIDALMQ_SSL_KEY_PASSWORD": KEY_PASSWORD},
-        args=["--default-partitions", str(DEFAULT_PARTITIONS),
-              "--transaction-state-partitions", str(TXN_STATE_PARTITIONS)],
-    ) as proc:  # fmt: skip
+        args=[
+            "--default-partitions",
+            str(DEFAULT_PARTITIONS),
+            "--transaction-state-partitions",
+            str(TXN_STATE_PARTITIONS),
+        ],
+    ) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     base = tmp_path_factory.mktemp("api-gaps-strict")
-    with BrokerProcess(f"file://{base / 'objects'}", base / "logs",
-                       args=["--auto-create-topics", "false"]) as proc:  # fmt: skip
+    with BrokerProcess(
+        f"file://{base / 'objects'}", base / "logs", args=["--auto-create-topics", "false"]
+    ) as proc:
         yield proc
 
 
@@ -77,10 +83,15 @@ def test_kafka_python_for_kafka_4_consumes_in_a_group(broker: BrokerProcess) -> 
     assert p.flush(30) == 0
 
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=broker.bootstrap, api_version=(4, 0), group_id=group,
-        auto_offset_reset="earliest", enable_auto_commit=False, session_timeout_ms=10_000,
+        topic,
+        bootstrap_servers=broker.bootstrap,
+        api_version=(4, 0),
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        session_timeout_ms=10_000,
         heartbeat_interval_ms=1000,
-    )  # fmt: skip
+    )
     try:
         seen: set[bytes] = set()
         deadline = time.monotonic() + 60
@@ -99,7 +110,9 @@ def test_find_coordinator_v6_on_the_wire(broker: BrokerProcess) -> None:
     with ProtocolAdmin(broker.bootstrap) as admin:
         found = admin.call(10, 6, {"key_type": 0, "coordinator_keys": ["g-a", "g-b"]})
         assert [(c.key, c.error_code, c.node_id) for c in found.coordinators] == [
-            ("g-a", ErrorCode.none, 0), ("g-b", ErrorCode.none, 0)]  # fmt: skip
+            ("g-a", ErrorCode.none, 0),
+            ("g-b", ErrorCode.none, 0),
+        ]
         # a share-group key (KIP-932): an error, and the connection stays usable
         share = admin.call(10, 6, {"key_type": 2, "coordinator_keys": ["g:id:0"]})
         (c,) = share.coordinators
@@ -127,12 +140,18 @@ def test_describe_configs_of_a_broker_shows_its_listeners_read_only(
     for name, value in expected.items():
         entry = configs[name]
         assert (entry.value, entry.is_read_only, entry.source) == (
-            value, True, ConfigSource.STATIC_BROKER_CONFIG.value), name  # fmt: skip
+            value,
+            True,
+            ConfigSource.STATIC_BROKER_CONFIG.value,
+        ), name
     assert "listener.security.protocol.map" in configs
     assert configs["broker.rack"].value is None and configs["broker.rack"].is_default
     key = configs["ssl.key.password"]  # masked, as Kafka masks its passwords
     assert (key.value, key.is_sensitive, key.source) == (
-        None, True, ConfigSource.STATIC_BROKER_CONFIG.value)  # fmt: skip
+        None,
+        True,
+        ConfigSource.STATIC_BROKER_CONFIG.value,
+    )
 
 
 def test_kafka_configs_describes_a_broker(
@@ -140,8 +159,17 @@ def test_kafka_configs_describes_a_broker(
 ) -> None:
     """Kafka 4.3.1's kafka-configs --describe --entity-type brokers --all: every static
     setting with its value and source, the key password masked."""
-    proc = run_tool("kafka-configs", "--describe", "--entity-type", "brokers", "--entity-name",
-                    "0", "--all", bootstrap=broker.bootstrap, dist=apache_kafka_dist)  # fmt: skip
+    proc = run_tool(
+        "kafka-configs",
+        "--describe",
+        "--entity-type",
+        "brokers",
+        "--entity-name",
+        "0",
+        "--all",
+        bootstrap=broker.bootstrap,
+        dist=apache_kafka_dist,
+    )
     output = f"{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 0, output
     assert KEY_PASSWORD not in output
@@ -188,9 +216,11 @@ def test_metadata_has_the_transaction_state_topic_created_by_its_coordinator(
 ) -> None:
     """As Kafka's auto-creation: __transaction_state with its own partition count, internal
     (not an ordinary topic of num.partitions: the controller refuses internal names)."""
-    request = {"topics": [{"name": "__transaction_state", "topic_id": None}],
-               "allow_auto_topic_creation": True,
-               "include_topic_authorized_operations": False}  # fmt: skip
+    request = {
+        "topics": [{"name": "__transaction_state", "topic_id": None}],
+        "allow_auto_topic_creation": True,
+        "include_topic_authorized_operations": False,
+    }
     codes = []
     with ProtocolAdmin(broker.bootstrap) as admin:
         deadline = time.monotonic() + 15
@@ -207,8 +237,13 @@ def test_metadata_has_the_transaction_state_topic_created_by_its_coordinator(
 
 def test_with_auto_create_off_a_producer_gets_unknown_topic(strict: BrokerProcess) -> None:
     topic = unique("noauto")
-    p = Producer({"bootstrap.servers": strict.bootstrap, "message.timeout.ms": 20_000,
-                  "topic.metadata.propagation.max.ms": 100})  # fmt: skip
+    p = Producer(
+        {
+            "bootstrap.servers": strict.bootstrap,
+            "message.timeout.ms": 20_000,
+            "topic.metadata.propagation.max.ms": 100,
+        }
+    )
     errors: list[KafkaError] = []
     p.produce(topic, b"x", on_delivery=lambda e, m: errors.append(e))
     assert p.flush(15) == 0
@@ -229,7 +264,8 @@ def test_list_config_resources_on_the_wire(broker: BrokerProcess) -> None:
         brokers = admin.call(74, 1, {"resource_types": [4]})
         assert [(r.resource_type, r.resource_name) for r in brokers.config_resources] == [(4, "0")]
         assert admin.call(74, 1, {"resource_types": [1]}).error_code == (
-            ErrorCode.unsupported_version)  # fmt: skip
+            ErrorCode.unsupported_version
+        )
         v0 = admin.call(74, 0, {})  # client-metrics resources: none
         assert (v0.error_code, v0.config_resources) == (ErrorCode.none, ())
 
@@ -241,8 +277,14 @@ def test_kafka_configs_lists_client_metrics(
     Admin#listConfigResources (ListConfigResources v1, type 16): none to list. (With
     --entity-type groups it then describes each group's configs, which TidalMQ does not offer:
     README, Status and limits.)"""
-    proc = run_tool("kafka-configs", "--describe", "--entity-type", "client-metrics",
-                    bootstrap=broker.bootstrap, dist=apache_kafka_dist)  # fmt: skip
+    proc = run_tool(
+        "kafka-configs",
+        "--describe",
+        "--entity-type",
+        "client-metrics",
+        bootstrap=broker.bootstrap,
+        dist=apache_kafka_dist,
+    )
     output = f"{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 0, output
     assert "Exception" not in output and proc.stdout.strip() == "", output
@@ -262,8 +304,15 @@ def test_kafka_get_offsets_tiered_lookups(
     assert p.flush(30) == 0
     # -5 (latest tiered) is offset -1, which the tool leaves out of its output
     for time_arg, expected in (("-4", [f"{topic}:0:0"]), ("-5", []), ("-1", [f"{topic}:0:5"])):
-        proc = run_tool("kafka-get-offsets", "--topic", topic, "--time", time_arg,
-                        bootstrap=broker.bootstrap, dist=apache_kafka_dist)  # fmt: skip
+        proc = run_tool(
+            "kafka-get-offsets",
+            "--topic",
+            topic,
+            "--time",
+            time_arg,
+            bootstrap=broker.bootstrap,
+            dist=apache_kafka_dist,
+        )
         assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
         assert proc.stdout.split() == expected, (time_arg, proc.stdout, proc.stderr)
 
@@ -282,10 +331,15 @@ def test_fetch_by_topic_id_on_the_wire(broker: BrokerProcess) -> None:
     p.produce(name, b"by-id", partition=0)
     assert p.flush(30) == 0
     with ProtocolAdmin(broker.bootstrap) as admin:
-        meta = admin.call(3, 12, {
-            "topics": [{"name": name, "topic_id": None}], "allow_auto_topic_creation": False,
-            "include_topic_authorized_operations": False,
-        })  # fmt: skip
+        meta = admin.call(
+            3,
+            12,
+            {
+                "topics": [{"name": name, "topic_id": None}],
+                "allow_auto_topic_creation": False,
+                "include_topic_authorized_operations": False,
+            },
+        )
         topic_id = meta.topics[0].topic_id
         assert isinstance(topic_id, uuid.UUID) and topic_id.int != 0
         unknown = uuid.uuid4()

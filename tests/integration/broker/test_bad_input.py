@@ -134,34 +134,69 @@ def test_corrupt_and_old_format_batches_get_error_codes(local_broker: BrokerProc
         (good[:40], ErrorCode.corrupt_message),
         (good, ErrorCode.none),
     ]:
-        resp = c.call(0, 9, {
-            "acks": -1, "timeout": 5000,
-            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": records}]}],
-        })  # fmt: skip
+        resp = c.call(
+            0,
+            9,
+            {
+                "acks": -1,
+                "timeout": 5000,
+                "topic_data": [
+                    {"name": topic, "partition_data": [{"index": 0, "records": records}]}
+                ],
+            },
+        )
         part = resp.responses[0].partition_responses[0]  # type: ignore[attr-defined]
         assert part.error_code == code, (code, part)
     # unknown partition and unknown topic
-    resp = c.call(0, 9, {
-        "acks": -1, "timeout": 5000,
-        "topic_data": [{"name": topic, "partition_data": [{"index": 7, "records": good}]},
-                       {"name": "nope-" + topic, "partition_data": [{"index": 0, "records": good}]}],
-    })  # fmt: skip
+    resp = c.call(
+        0,
+        9,
+        {
+            "acks": -1,
+            "timeout": 5000,
+            "topic_data": [
+                {"name": topic, "partition_data": [{"index": 7, "records": good}]},
+                {"name": "nope-" + topic, "partition_data": [{"index": 0, "records": good}]},
+            ],
+        },
+    )
     codes = [t.partition_responses[0].error_code for t in resp.responses]  # type: ignore[attr-defined]
     assert codes == [ErrorCode.unknown_topic_or_partition] * 2
     # invalid acks
-    resp = c.call(0, 9, {
-        "acks": 2, "timeout": 5000,
-        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": good}]}],
-    })  # fmt: skip
+    resp = c.call(
+        0,
+        9,
+        {
+            "acks": 2,
+            "timeout": 5000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": good}]}],
+        },
+    )
     assert resp.responses[0].partition_responses[0].error_code == ErrorCode.invalid_required_acks  # type: ignore[attr-defined]
     # fetch out of range
-    resp = c.call(1, 12, {
-        "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
-        "session_id": 0, "session_epoch": -1, "replica_id": -1,
-        "topics": [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": 99,
-                    "partition_max_bytes": 1 << 20}]}],
-        "forgotten_topics_data": [], "rack_id": "",
-    })  # fmt: skip
+    resp = c.call(
+        1,
+        12,
+        {
+            "max_wait": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "replica_id": -1,
+            "topics": [
+                {
+                    "topic": topic,
+                    "partitions": [
+                        {"partition": 0, "fetch_offset": 99, "partition_max_bytes": 1 << 20}
+                    ],
+                }
+            ],
+            "forgotten_topics_data": [],
+            "rack_id": "",
+        },
+    )
     assert resp.responses[0].partitions[0].error_code == ErrorCode.offset_out_of_range  # type: ignore[attr-defined]
     c.close()
     assert_still_serving(local_broker)

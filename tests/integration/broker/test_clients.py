@@ -74,10 +74,14 @@ def test_commit_restart_resume_from_committed_offset(broker: BrokerProcess) -> N
 
     broker.restart()
 
-    consumer = Consumer({
-        "bootstrap.servers": broker.bootstrap, "group.id": "resume",
-        "auto.offset.reset": "earliest", "enable.auto.commit": False,
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": "resume",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     committed = consumer.committed([TopicPartition(topic, i) for i in range(3)], timeout=30)
     consumer.close()
     expected = {i: -1001 for i in range(3)}  # OFFSET_INVALID: nothing committed
@@ -138,9 +142,14 @@ def test_idempotent_producer_retries_across_broker_crash_without_duplicates(
     acked = AckedLog()
     p = producer(
         broker.bootstrap,
-        **{"enable.idempotence": True, "linger.ms": 20, "message.send.max.retries": 1000000,
-           "retry.backoff.ms": 50, "message.timeout.ms": 120000},
-    )  # fmt: skip
+        **{
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "message.send.max.retries": 1000000,
+            "retry.backoff.ms": 50,
+            "message.timeout.ms": 120000,
+        },
+    )
     stop = threading.Event()
 
     def produce() -> None:
@@ -186,13 +195,24 @@ def test_idempotent_retry_of_a_durable_batch_is_dropped(local_broker: BrokerProc
 
     def produce(seq: int, count: int) -> int:
         records = build_batch(
-            [(None, b"%d" % (seq + i)) for i in range(count)], timestamp_ms=int(time.time() * 1000),
-            producer_id=pid, producer_epoch=epoch, base_sequence=seq,
-        )  # fmt: skip
-        resp = c.call(0, 9, {
-            "acks": -1, "timeout": 10_000, "transactional_id": None,
-            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": records}]}],
-        })  # fmt: skip
+            [(None, b"%d" % (seq + i)) for i in range(count)],
+            timestamp_ms=int(time.time() * 1000),
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=seq,
+        )
+        resp = c.call(
+            0,
+            9,
+            {
+                "acks": -1,
+                "timeout": 10_000,
+                "transactional_id": None,
+                "topic_data": [
+                    {"name": topic, "partition_data": [{"index": 0, "records": records}]}
+                ],
+            },
+        )
         part = resp.responses[0].partition_responses[0]  # type: ignore[attr-defined]
         assert part.error_code == 0, part
         return int(part.base_offset)
@@ -259,17 +279,22 @@ def test_compression_codecs_round_trip_through_three_clients(
     got = [m.value() for m in consume_all(local_broker.bootstrap, topic, 600, timeout_s=30)]
     assert got == values
     kc = KafkaConsumer(
-        topic, bootstrap_servers=local_broker.bootstrap, auto_offset_reset="earliest",
-        consumer_timeout_ms=5000, enable_auto_commit=False,
-    )  # fmt: skip
+        topic,
+        bootstrap_servers=local_broker.bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+        enable_auto_commit=False,
+    )
     assert [m.value for m in read_to_end(kc, len(values))] == values
     kc.close()
 
     async def aio_consume() -> list[bytes]:
         ac = AIOKafkaConsumer(
-            topic, bootstrap_servers=local_broker.bootstrap, auto_offset_reset="earliest",
+            topic,
+            bootstrap_servers=local_broker.bootstrap,
+            auto_offset_reset="earliest",
             enable_auto_commit=False,
-        )  # fmt: skip
+        )
         await ac.start()
         out: list[bytes] = []
         try:
@@ -296,10 +321,16 @@ def test_five_mib_record(broker: BrokerProcess) -> None:
     assert p.flush(60) == 0
     assert not acked.errors
     got = consume_all(
-        broker.bootstrap, topic, 1, timeout_s=60,
-        **{"fetch.max.bytes": 16 * 1024 * 1024, "max.partition.fetch.bytes": 8 * 1024 * 1024,
-           "receive.message.max.bytes": 20 * 1024 * 1024},
-    )  # fmt: skip
+        broker.bootstrap,
+        topic,
+        1,
+        timeout_s=60,
+        **{
+            "fetch.max.bytes": 16 * 1024 * 1024,
+            "max.partition.fetch.bytes": 8 * 1024 * 1024,
+            "receive.message.max.bytes": 20 * 1024 * 1024,
+        },
+    )
     assert len(got) == 1 and got[0].value() == big
 
 
@@ -375,10 +406,14 @@ def test_unknown_topic_gets_a_clear_error(strict_broker: BrokerProcess) -> None:
     # librdkafka waits topic.metadata.propagation.max.ms (30 s by default) for a topic the
     # broker says does not exist before failing its messages with the broker's error; the
     # message timeout is longer here, so the error can only be the broker's
-    p = Producer({
-        "bootstrap.servers": local_broker.bootstrap, "message.timeout.ms": 20_000,
-        "allow.auto.create.topics": False, "topic.metadata.propagation.max.ms": 100,
-    })  # fmt: skip
+    p = Producer(
+        {
+            "bootstrap.servers": local_broker.bootstrap,
+            "message.timeout.ms": 20_000,
+            "allow.auto.create.topics": False,
+            "topic.metadata.propagation.max.ms": 100,
+        }
+    )
     errors: list[KafkaError] = []
     p.produce("no-such-topic-either", b"x", on_delivery=lambda e, m: errors.append(e))
     assert p.flush(15) == 0

@@ -38,8 +38,9 @@ FAST_CLEANER = {
 
 @pytest.fixture
 def compacting_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    with BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs",
-                       env=FAST_CLEANER) as proc:  # fmt: skip
+    with BrokerProcess(
+        f"file://{tmp_path / 'objects'}", tmp_path / "logs", env=FAST_CLEANER
+    ) as proc:
         yield proc
 
 

@@ -51,10 +51,13 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     attacks.raise_fd_limit(2 * IDLE_CONNECTIONS + 1000)  # the broker inherits it
     tmp = tmp_path_factory.mktemp("bounds")
     args = [
-        "--max-connections", str(IDLE_CONNECTIONS + 200),
-        "--max-connections-per-ip-overrides", "127.0.0.3:20",
-        "--queued-max-response-bytes", str(RESPONSE_BUDGET_MIB << 20),
-    ]  # fmt: skip
+        "--max-connections",
+        str(IDLE_CONNECTIONS + 200),
+        "--max-connections-per-ip-overrides",
+        "127.0.0.3:20",
+        "--queued-max-response-bytes",
+        str(RESPONSE_BUDGET_MIB << 20),
+    ]
     with BrokerProcess(f"file://{tmp / 'objects'}", tmp / "logs", args=args) as proc:
         assert proc.proc is not None
         pid = proc.proc.pid
@@ -79,9 +82,11 @@ class Attack:
 
     def report(self, what: str, probe: attacks.ProduceProbe) -> None:
         rss, took = self.returned
-        print(f"\n{what}: RSS {self.baseline:.0f} MiB before, peak {self.rss.peak:.0f}, "
-              f"{rss:.0f} {took:.1f} s after the clients left; producer: {probe.summary()}; "
-              f"{time.monotonic() - self.started:.1f} s, load {attacks.load_average()}")  # fmt: skip
+        print(
+            f"\n{what}: RSS {self.baseline:.0f} MiB before, peak {self.rss.peak:.0f}, "
+            f"{rss:.0f} {took:.1f} s after the clients left; producer: {probe.summary()}; "
+            f"{time.monotonic() - self.started:.1f} s, load {attacks.load_average()}"
+        )
 
 
 def check_alive_and_served(
@@ -181,9 +186,11 @@ async def idle_wave(
         connections = gauge(broker.metrics(), "tidalmq_connections")
         await leave(attack, opened)
     attack.report(f"{label}: {count} idle connections", probe)
-    print(f"{connections:.0f} connections open at the peak ({opened.connect_retries} connects "
-          f"tried again); "
-          f"{(peak - attack.baseline) * 1024 / count:.1f} KiB each")  # fmt: skip
+    print(
+        f"{connections:.0f} connections open at the peak ({opened.connect_retries} connects "
+        f"tried again); "
+        f"{(peak - attack.baseline) * 1024 / count:.1f} KiB each"
+    )
     assert opened.refused == 0 and connections >= count
     # a connect tried again is a client's reconnect, rare: more would be the broker not accepting
     assert opened.connect_retries <= count // 100, opened.connect_retries
@@ -238,14 +245,16 @@ def test_connections_over_the_per_address_cap_are_refused(broker: BrokerProcess)
     async def run() -> attacks.Opened:
         return await attacks.idle_clients(broker.port, 25, ["127.0.0.3"], concurrency=1)
 
-    before = counter(broker.metrics(), "tidalmq_connections_refused_total",
-                     'reason="max_connections_per_ip"')  # fmt: skip
+    before = counter(
+        broker.metrics(), "tidalmq_connections_refused_total", 'reason="max_connections_per_ip"'
+    )
     log_from = broker.log_path.stat().st_size
     opened = asyncio.run(run())
     try:
         assert (len(opened.sockets), opened.refused) == (20, 5)  # the override: 127.0.0.3:20
-        refused = counter(broker.metrics(), "tidalmq_connections_refused_total",
-                          'reason="max_connections_per_ip"')  # fmt: skip
+        refused = counter(
+            broker.metrics(), "tidalmq_connections_refused_total", 'reason="max_connections_per_ip"'
+        )
         assert refused - before == 5
         time.sleep(0.2)
         with broker.log_path.open("rb") as f:

@@ -29,9 +29,13 @@ def kafka_python_session(
 ) -> tuple[dict[int, int], list[Record]]:
     """Join `group`, read the committed offsets, consume `want` records, commit, leave."""
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-        enable_auto_commit=False, session_timeout_ms=10_000, heartbeat_interval_ms=1000,
-    )  # fmt: skip
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        session_timeout_ms=10_000,
+        heartbeat_interval_ms=1000,
+    )
     consumer.subscribe([topic])
     committed = {
         p: consumer.committed(KafkaPythonTopicPartition(topic, p)) or 0 for p in range(PARTITIONS)
@@ -53,9 +57,14 @@ async def aiokafka_session(
 ) -> tuple[dict[int, int], list[Record]]:
     """The same with aiokafka."""
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-        enable_auto_commit=False, session_timeout_ms=10_000, heartbeat_interval_ms=1000,
-    )  # fmt: skip
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        session_timeout_ms=10_000,
+        heartbeat_interval_ms=1000,
+    )
     await consumer.start()
     records: list[Record] = []
     try:

@@ -89,16 +89,20 @@ def test_a_stopped_s3_server(tmp_path: Path) -> None:
             assert status == 503 and "object store" in reason, reason
             error, at_once = produce(broker.port, "t")
             assert error == "kafka_storage_error" and at_once < 0.5, (error, at_once)
-            print(f"\nS3 stopped: KAFKA_STORAGE_ERROR after {took:.1f} s, then in "
-                  f"{at_once * 1000:.0f} ms; /readyz 503 {time.monotonic() - stopped_at:.1f} s "
-                  f"after the stop ({not_ready:.1f} s after that error): {reason}")  # fmt: skip
+            print(
+                f"\nS3 stopped: KAFKA_STORAGE_ERROR after {took:.1f} s, then in "
+                f"{at_once * 1000:.0f} ms; /readyz 503 {time.monotonic() - stopped_at:.1f} s "
+                f"after the stop ({not_ready:.1f} s after that error): {reason}"
+            )
             s3.process.send_signal(signal.SIGCONT)
             stopped, resumed_at = False, time.monotonic()
             back = until(lambda: broker.readyz()[0] == 200, 10, "/readyz 200 again")
             producing = until(lambda: produce(broker.port, "t")[0] == "none", 10, "producing")
-            print(f"S3 back: /readyz 200 after {back:.1f} s, producing after "
-                  f"{time.monotonic() - resumed_at:.1f} s ({producing:.1f} s after ready); "
-                  f"{time.monotonic() - began:.1f} s in all")  # fmt: skip
+            print(
+                f"S3 back: /readyz 200 after {back:.1f} s, producing after "
+                f"{time.monotonic() - resumed_at:.1f} s ({producing:.1f} s after ready); "
+                f"{time.monotonic() - began:.1f} s in all"
+            )
     finally:
         if stopped and s3.process is not None:
             s3.process.send_signal(signal.SIGCONT)
@@ -109,8 +113,12 @@ def test_a_full_disk_under_the_local_store(tmp_path: Path) -> None:
     began = time.monotonic()
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)],
-                             capture_output=True, text=True, check=False)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
     try:
@@ -129,13 +137,17 @@ def test_a_full_disk_under_the_local_store(tmp_path: Path) -> None:
             until(lambda: broker.readyz()[0] == 503, 5, "/readyz 503")
             status, reason = broker.readyz()
             assert "No space left on device" in reason, reason
-            print(f"\ndisk full: KAFKA_STORAGE_ERROR after {took * 1000:.0f} ms; /readyz "
-                  f"{status}: {reason}")  # fmt: skip
+            print(
+                f"\ndisk full: KAFKA_STORAGE_ERROR after {took * 1000:.0f} ms; /readyz "
+                f"{status}: {reason}"
+            )
             os.remove(filler)
             back = until(lambda: broker.readyz()[0] == 200, 10, "/readyz 200 again")
             producing = until(lambda: produce(broker.port, "t")[0] == "none", 10, "producing")
-            print(f"space freed: /readyz 200 after {back:.1f} s, producing {producing:.1f} s "
-                  f"later; {time.monotonic() - began:.1f} s in all")  # fmt: skip
+            print(
+                f"space freed: /readyz 200 after {back:.1f} s, producing {producing:.1f} s "
+                f"later; {time.monotonic() - began:.1f} s in all"
+            )
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
@@ -172,8 +184,10 @@ def test_readiness_after_a_restart_follows_service(tmp_path: Path) -> None:
                 except OSError:
                     pass  # not listening yet
             time.sleep(0.05)
-        print(f"\nrestart after kill -9: /readyz 200 at {ready_at or -1:.2f} s, first produce "
-              f"acknowledged at {produced_at or -1:.2f} s; {time.monotonic() - began:.1f} s in all")  # fmt: skip
+        print(
+            f"\nrestart after kill -9: /readyz 200 at {ready_at or -1:.2f} s, first produce "
+            f"acknowledged at {produced_at or -1:.2f} s; {time.monotonic() - began:.1f} s in all"
+        )
         assert ready_at is not None and produced_at is not None
         assert abs(ready_at - produced_at) <= 2.0
         # The consumer-group shards may still be loading on a slow machine (a transient the

@@ -62,12 +62,16 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsBroker]:
     tls_port = free_port()
     proc = BrokerProcess(f"file://{tmp / 'objects'}", tmp / "logs")
     proc.args = [
-        "--listeners", f"PLAINTEXT://127.0.0.1:{proc.port},SSL://127.0.0.1:{tls_port}",
-        "--ssl-keystore-location", str(tmp / "broker.pem"),
+        "--listeners",
+        f"PLAINTEXT://127.0.0.1:{proc.port},SSL://127.0.0.1:{tls_port}",
+        "--ssl-keystore-location",
+        str(tmp / "broker.pem"),
         # a TLS listener turns authorization on: every client may do anything here
-        "--allow-everyone-if-no-acl-found", "true",
-        "--queued-max-response-bytes", str(RESPONSE_BUDGET_MIB << 20),
-    ]  # fmt: skip
+        "--allow-everyone-if-no-acl-found",
+        "true",
+        "--queued-max-response-bytes",
+        str(RESPONSE_BUDGET_MIB << 20),
+    ]
     with proc:
         assert proc.proc is not None
         pid = proc.proc.pid
@@ -92,9 +96,14 @@ def test_tls_consumers_that_never_read_hold_at_most_the_response_budget(
             attack.baseline = attack.rss.reset()
             mark = probe.mark()
             opened = await attacks.tls_never_reading_fetchers(
-                tls_broker.tls_port, 10, TOPIC, tls_broker.client, max_bytes=50 << 20,
-                pipelined=16, sources=["127.0.0.5"],
-            )  # fmt: skip
+                tls_broker.tls_port,
+                10,
+                TOPIC,
+                tls_broker.client,
+                max_bytes=50 << 20,
+                pipelined=16,
+                sources=["127.0.0.5"],
+            )
             await asyncio.sleep(4.0)
             check_alive_and_served(broker, probe, mark)
             metrics = broker.metrics()

@@ -48,10 +48,18 @@ def produce(bootstrap: str, topic: str, partition: int, count: int) -> None:
 
 
 # ---------------------------------------------------------------- DescribeTopicPartitions
-def describe_topics(admin: AdminClient, names: list[str], limit: int,
-                    cursor: dict[str, Any] | None = None) -> Any:  # fmt: skip
-    return admin.call(75, 0, {"topics": [{"name": n} for n in names],
-                              "response_partition_limit": limit, "cursor": cursor})  # fmt: skip
+def describe_topics(
+    admin: AdminClient, names: list[str], limit: int, cursor: dict[str, Any] | None = None
+) -> Any:
+    return admin.call(
+        75,
+        0,
+        {
+            "topics": [{"name": n} for n in names],
+            "response_partition_limit": limit,
+            "cursor": cursor,
+        },
+    )
 
 
 def test_describe_topic_partitions_pages_with_a_cursor(
@@ -69,8 +77,10 @@ def test_describe_topic_partitions_pages_with_a_cursor(
         pages.append([(t.name, [p.partition_index for p in t.partitions]) for t in resp.topics])
         if resp.next_cursor is None:
             break
-        cursor = {"topic_name": resp.next_cursor.topic_name,
-                  "partition_index": resp.next_cursor.partition_index}  # fmt: skip
+        cursor = {
+            "topic_name": resp.next_cursor.topic_name,
+            "partition_index": resp.next_cursor.partition_index,
+        }
     # sorted by name, at most two partitions a page, the cursor resuming mid-topic
     assert pages == [[(a, [0, 1])], [(a, [2]), (b, [0])], [(b, [1]), (missing, [])]]
 
@@ -150,8 +160,9 @@ def test_log_dirs_name_the_object_store(broker: BrokerProcess, admin: AdminClien
     assert p.partition_size > 10 * 2  # ten stored records
 
     def alter(path: str, partitions: list[int]) -> list[ErrorCode]:
-        resp = admin.call(34, 2, {"dirs": [{"path": path, "topics": [
-            {"name": topic, "partitions": partitions}]}]})  # fmt: skip
+        resp = admin.call(
+            34, 2, {"dirs": [{"path": path, "topics": [{"name": topic, "partitions": partitions}]}]}
+        )
         return [p.error_code for t in resp.results for p in t.partitions]
 
     assert alter(here, [0, 1]) == [ErrorCode.none, ErrorCode.none]  # already there
@@ -161,9 +172,17 @@ def test_log_dirs_name_the_object_store(broker: BrokerProcess, admin: AdminClien
 
 # ---------------------------------------------------------------- configs
 def describe_configs(admin: AdminClient, kind: int, name: str) -> Any:
-    resp = admin.call(32, 4, {"resources": [{"resource_type": kind, "resource_name": name,
-                                             "configuration_keys": None}],
-                              "include_synonyms": True, "include_documentation": False})  # fmt: skip
+    resp = admin.call(
+        32,
+        4,
+        {
+            "resources": [
+                {"resource_type": kind, "resource_name": name, "configuration_keys": None}
+            ],
+            "include_synonyms": True,
+            "include_documentation": False,
+        },
+    )
     (result,) = resp.results
     return result
 
@@ -171,10 +190,22 @@ def describe_configs(admin: AdminClient, kind: int, name: str) -> Any:
 def alter_configs(
     admin: AdminClient, kind: int, name: str, *ops: tuple[str, int, str | None]
 ) -> Any:
-    resp = admin.call(44, 1, {"resources": [{"resource_type": kind, "resource_name": name,
-                                             "configs": [{"name": n, "config_operation": op,
-                                                          "value": v} for n, op, v in ops]}],
-                              "validate_only": False})  # fmt: skip
+    resp = admin.call(
+        44,
+        1,
+        {
+            "resources": [
+                {
+                    "resource_type": kind,
+                    "resource_name": name,
+                    "configs": [
+                        {"name": n, "config_operation": op, "value": v} for n, op, v in ops
+                    ],
+                }
+            ],
+            "validate_only": False,
+        },
+    )
     (result,) = resp.responses
     return result
 
@@ -242,8 +273,12 @@ def test_transaction_coordinator_found_and_producer_ids_fenced(admin: AdminClien
         assert coordinator.error_code == ErrorCode.coordinator_not_available, coordinator
         time.sleep(0.2)
     assert coordinator.error_code == ErrorCode.none and coordinator.port > 0, coordinator
-    body = {"transactional_id": "tx-1", "transaction_timeout": 60000, "producer_id": -1,
-            "producer_epoch": -1}  # fmt: skip
+    body = {
+        "transactional_id": "tx-1",
+        "transaction_timeout": 60000,
+        "producer_id": -1,
+        "producer_epoch": -1,
+    }
     first, second = admin.call(22, 4, body), admin.call(22, 4, body)
     assert first.error_code == second.error_code == ErrorCode.none
     assert first.producer_id == second.producer_id >= 0
@@ -258,12 +293,29 @@ def test_list_groups_types_and_describe_missing_group(
 ) -> None:
     topic, group = unique("groups"), unique("g")
     create_topic(broker.bootstrap, topic, 1)
-    commit = admin.call(8, 8, {"group_id": group, "generation_id_or_member_epoch": -1,
-                               "member_id": "", "group_instance_id": None, "topics": [
-                                   {"name": topic, "partitions": [
-                                       {"partition_index": 0, "committed_offset": 0,
-                                        "committed_leader_epoch": -1,
-                                        "committed_metadata": ""}]}]})  # fmt: skip
+    commit = admin.call(
+        8,
+        8,
+        {
+            "group_id": group,
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "committed_offset": 0,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": "",
+                        }
+                    ],
+                }
+            ],
+        },
+    )
     assert commit.topics[0].partitions[0].error_code == ErrorCode.none
 
     def listed(**filters: list[str]) -> dict[str, Any]:
@@ -277,8 +329,9 @@ def test_list_groups_types_and_describe_missing_group(
     assert group in listed(states_filter=["empty"])
     assert group not in listed(states_filter=["Stable"])
 
-    resp = admin.call(15, 6, {"groups": [group, "no-such-group"],
-                              "include_authorized_operations": False})  # fmt: skip
+    resp = admin.call(
+        15, 6, {"groups": [group, "no-such-group"], "include_authorized_operations": False}
+    )
     found, missing = resp.groups
     assert found.error_code == ErrorCode.none and found.group_state == "Empty"
     assert missing.error_code == ErrorCode.group_id_not_found
@@ -293,22 +346,42 @@ def test_metadata_v13_describe_cluster_v2_and_reassignments_v1(
 ) -> None:
     topic = unique("v13")
     create_topic(broker.bootstrap, topic, 1)
-    meta = admin.call(3, 13, {"topics": [{"topic_id": None, "name": topic}],
-                              "allow_auto_topic_creation": False,
-                              "include_topic_authorized_operations": False})  # fmt: skip
+    meta = admin.call(
+        3,
+        13,
+        {
+            "topics": [{"topic_id": None, "name": topic}],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
     assert meta.error_code == ErrorCode.none
     assert [(t.name, t.error_code) for t in meta.topics] == [(topic, ErrorCode.none)]
 
-    cluster = admin.call(60, 2, {"include_cluster_authorized_operations": False,
-                                 "endpoint_type": 1, "include_fenced_brokers": True})  # fmt: skip
+    cluster = admin.call(
+        60,
+        2,
+        {
+            "include_cluster_authorized_operations": False,
+            "endpoint_type": 1,
+            "include_fenced_brokers": True,
+        },
+    )
     assert cluster.error_code == ErrorCode.none
     assert [(b.broker_id, b.is_fenced) for b in cluster.brokers] == [(0, False)]
 
     def reassign(replicas: list[int], allow_rf_change: bool) -> ErrorCode:
-        resp = admin.call(45, 1, {"timeout": 30000,
-                                  "allow_replication_factor_change": allow_rf_change,
-                                  "topics": [{"name": topic, "partitions": [
-                                      {"partition_index": 0, "replicas": replicas}]}]})  # fmt: skip
+        resp = admin.call(
+            45,
+            1,
+            {
+                "timeout": 30000,
+                "allow_replication_factor_change": allow_rf_change,
+                "topics": [
+                    {"name": topic, "partitions": [{"partition_index": 0, "replicas": replicas}]}
+                ],
+            },
+        )
         return resp.responses[0].partitions[0].error_code
 
     # one replica per partition: two is a bad assignment, or a forbidden RF change under v1
@@ -322,11 +395,15 @@ def test_elect_leaders_is_never_needed(broker: BrokerProcess, admin: AdminClient
     create_topic(broker.bootstrap, topic, 2)
 
     def elect(kind: int, partitions: list[dict[str, Any]] | None) -> dict[tuple[str, int], Any]:
-        resp = admin.call(43, 2, {"election_type": kind, "topic_partitions": partitions,
-                                  "timeout": 30000})  # fmt: skip
+        resp = admin.call(
+            43, 2, {"election_type": kind, "topic_partitions": partitions, "timeout": 30000}
+        )
         assert resp.error_code == ErrorCode.none
-        return {(t.topic, p.partition_id): p for t in resp.replica_election_results
-                for p in t.partition_result}  # fmt: skip
+        return {
+            (t.topic, p.partition_id): p
+            for t in resp.replica_election_results
+            for p in t.partition_result
+        }
 
     one = elect(0, [{"topic": topic, "partitions": [1, 5]}])
     assert one[(topic, 1)].error_code == ErrorCode.election_not_needed

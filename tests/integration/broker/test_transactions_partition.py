@@ -31,20 +31,46 @@ COMMITTED, OPEN, ABORTED = 5000, 5001, 5002  # producer ids
 
 @pytest.fixture
 def unverified_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    with BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs",
-                       args=["--transaction-partition-verification-enable", "false"]) as proc:  # fmt: skip
+    with BrokerProcess(
+        f"file://{tmp_path / 'objects'}",
+        tmp_path / "logs",
+        args=["--transaction-partition-verification-enable", "false"],
+    ) as proc:
         yield proc
 
 
-def produce_answer(c: RawClient, topic: str, pid: int, value: bytes, *, txn: bool = True,
-                   tid: str | None = None, epoch: int = 0, sequence: int = 0, partition: int = 0,
-                   version: int = 9) -> Any:  # fmt: skip
-    records = build_batch([(None, value)], producer_id=pid, producer_epoch=epoch,
-                          base_sequence=sequence, attributes=TRANSACTIONAL_FLAG if txn else 0)  # fmt: skip
-    resp = c.call(0, version, {
-        "transactional_id": (tid or f"tx-{pid}") if txn else None, "acks": -1, "timeout": 5000,
-        "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": records}]}],
-    })  # fmt: skip
+def produce_answer(
+    c: RawClient,
+    topic: str,
+    pid: int,
+    value: bytes,
+    *,
+    txn: bool = True,
+    tid: str | None = None,
+    epoch: int = 0,
+    sequence: int = 0,
+    partition: int = 0,
+    version: int = 9,
+) -> Any:
+    records = build_batch(
+        [(None, value)],
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=sequence,
+        attributes=TRANSACTIONAL_FLAG if txn else 0,
+    )
+    resp = c.call(
+        0,
+        version,
+        {
+            "transactional_id": (tid or f"tx-{pid}") if txn else None,
+            "acks": -1,
+            "timeout": 5000,
+            "topic_data": [
+                {"name": topic, "partition_data": [{"index": partition, "records": records}]}
+            ],
+        },
+    )
     return resp.responses[0].partition_responses[0]  # type: ignore[attr-defined]
 
 
@@ -57,25 +83,55 @@ def produce(c: RawClient, topic: str, pid: int, value: bytes, *, txn: bool = Tru
 def marker(
     c: RawClient, topic: str, pid: int, commit: bool, partitions: tuple[int, ...] = (0,)
 ) -> list[ErrorCode]:
-    resp = c.call(27, 1, {"markers": [{
-        "producer_id": pid, "producer_epoch": 0, "transaction_result": commit,
-        "topics": [{"name": topic, "partition_indexes": list(partitions)}], "coordinator_epoch": 0,
-    }]})  # fmt: skip
+    resp = c.call(
+        27,
+        1,
+        {
+            "markers": [
+                {
+                    "producer_id": pid,
+                    "producer_epoch": 0,
+                    "transaction_result": commit,
+                    "topics": [{"name": topic, "partition_indexes": list(partitions)}],
+                    "coordinator_epoch": 0,
+                }
+            ]
+        },
+    )
     return [p.error_code for p in resp.markers[0].topics[0].partitions]  # type: ignore[attr-defined]
 
 
 def latest(c: RawClient, topic: str, isolation: int) -> int:
-    resp = c.call(2, 7, {"replica_id": -1, "isolation_level": isolation, "topics": [
-        {"name": topic, "partitions": [{"partition_index": 0, "current_leader_epoch": -1,
-                                        "timestamp": -1}]}]})  # fmt: skip
+    resp = c.call(
+        2,
+        7,
+        {
+            "replica_id": -1,
+            "isolation_level": isolation,
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}
+                    ],
+                }
+            ],
+        },
+    )
     return int(resp.topics[0].partitions[0].offset)  # type: ignore[attr-defined]
 
 
 def consume(bootstrap: str, topic: str, isolation: str, expected: int) -> list[bytes]:
     """Everything the consumer gets from offset 0: until `expected` values arrived, then one
     more second in which nothing else may arrive."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{time.time_ns()}",
-                         "isolation.level": isolation, "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{time.time_ns()}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, 0)])
     out: list[bytes] = []
     deadline = time.monotonic() + 20
@@ -105,8 +161,9 @@ def test_read_committed_sees_committed_records_only_before_and_after_a_kill_9(
     assert produce(c, topic, 6000, b"plain", txn=False) == 3
     assert marker(c, topic, COMMITTED, True) == [ErrorCode.none]  # offset 4
     assert marker(c, topic, ABORTED, False, (0, 9)) == [
-        ErrorCode.none, ErrorCode.unknown_topic_or_partition
-    ]  # fmt: skip
+        ErrorCode.none,
+        ErrorCode.unknown_topic_or_partition,
+    ]
     assert (latest(c, topic, 0), latest(c, topic, 1)) == (6, 2)
     everything = [b"committed", b"aborted", b"open", b"plain"]
     assert consume(local_broker.bootstrap, topic, "read_uncommitted", 4) == everything
@@ -120,8 +177,10 @@ def test_read_committed_sees_committed_records_only_before_and_after_a_kill_9(
     assert latest(c, topic, 1) == 7
     # the recovered aborted index still hides the aborted record
     assert consume(local_broker.bootstrap, topic, "read_committed", 3) == [
-        b"committed", b"open", b"plain"
-    ]  # fmt: skip
+        b"committed",
+        b"open",
+        b"plain",
+    ]
     c.close()
 
 
@@ -145,24 +204,49 @@ def test_a_batch_for_a_partition_not_in_the_transaction_is_refused(
     c = RawClient(local_broker.bootstrap)
     until_none(lambda: c.call(10, 3, {"key": tid, "key_type": 1}), "FindCoordinator")
     for _incarnation in range(2):  # the second fences the first's epoch (checked below)
-        init = until_none(lambda: c.call(22, 4, {"transactional_id": tid,
-                                                 "transaction_timeout": 60000,
-                                                 "producer_id": -1, "producer_epoch": -1}),
-                          "InitProducerId")  # fmt: skip
+        init = until_none(
+            lambda: c.call(
+                22,
+                4,
+                {
+                    "transactional_id": tid,
+                    "transaction_timeout": 60000,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                },
+            ),
+            "InitProducerId",
+        )
     pid, epoch = int(init.producer_id), int(init.producer_epoch)
     assert epoch == 1
 
     def send(value: bytes, sequence: int, partition: int = 0, version: int = 9) -> Any:
-        return produce_answer(c, topic, pid, value, tid=tid, epoch=epoch, sequence=sequence,
-                              partition=partition, version=version)  # fmt: skip
+        return produce_answer(
+            c,
+            topic,
+            pid,
+            value,
+            tid=tid,
+            epoch=epoch,
+            sequence=sequence,
+            partition=partition,
+            version=version,
+        )
 
     # no AddPartitionsToTxn yet: refused, INVALID_TXN_STATE before Produce v11, then
     # TRANSACTION_ABORTABLE (as Kafka 4.3.1 answers)
     assert send(b"early", 0).error_code == ErrorCode.invalid_txn_state
     assert send(b"early", 0, version=11).error_code == ErrorCode.transaction_abortable
-    add = c.call(24, 3, {"v3_and_below_transactional_id": tid, "v3_and_below_producer_id": pid,
-                         "v3_and_below_producer_epoch": epoch,
-                         "v3_and_below_topics": [{"name": topic, "partitions": [0]}]})  # fmt: skip
+    add = c.call(
+        24,
+        3,
+        {
+            "v3_and_below_transactional_id": tid,
+            "v3_and_below_producer_id": pid,
+            "v3_and_below_producer_epoch": epoch,
+            "v3_and_below_topics": [{"name": topic, "partitions": [0]}],
+        },
+    )
     assert add.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == 0
     # TxnOffsetCommit is verified too (Kafka 4.x's group coordinator): refused until
     # AddOffsetsToTxn adds the group, by version as Kafka answers, and at a stale epoch
@@ -170,25 +254,49 @@ def test_a_batch_for_a_partition_not_in_the_transaction_is_refused(
     until_none(lambda: c.call(10, 3, {"key": group, "key_type": 0}), "FindCoordinator (group)")
 
     def commit_offset(version: int, producer_epoch: int = epoch) -> int:
-        answer = c.call(28, version, {
-            "transactional_id": tid, "group_id": group, "producer_id": pid,
-            "producer_epoch": producer_epoch, "topics": [{"name": topic, "partitions": [
-                {"partition_index": 0, "committed_offset": 2, "committed_metadata": None}]}]})  # fmt: skip
+        answer = c.call(
+            28,
+            version,
+            {
+                "transactional_id": tid,
+                "group_id": group,
+                "producer_id": pid,
+                "producer_epoch": producer_epoch,
+                "topics": [
+                    {
+                        "name": topic,
+                        "partitions": [
+                            {
+                                "partition_index": 0,
+                                "committed_offset": 2,
+                                "committed_metadata": None,
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
         return int(answer.topics[0].partitions[0].error_code)
 
     assert commit_offset(3) == ErrorCode.invalid_txn_state
     assert commit_offset(4) == ErrorCode.transaction_abortable
     assert commit_offset(4, epoch - 1) == ErrorCode.invalid_producer_epoch
-    add_offsets = c.call(25, 3, {"transactional_id": tid, "producer_id": pid,
-                                 "producer_epoch": epoch, "group_id": group})  # fmt: skip
+    add_offsets = c.call(
+        25,
+        3,
+        {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch, "group_id": group},
+    )
     assert add_offsets.error_code == ErrorCode.none
     assert commit_offset(4) == ErrorCode.none
     first = send(b"in", 0)
     assert (first.error_code, first.base_offset) == (ErrorCode.none, 0)
     assert send(b"in too", 1).error_code == ErrorCode.none  # the transaction is going on there
     assert send(b"elsewhere", 0, partition=1).error_code == ErrorCode.invalid_txn_state
-    end = c.call(26, 3, {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch,
-                         "committed": True})  # fmt: skip
+    end = c.call(
+        26,
+        3,
+        {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch, "committed": True},
+    )
     assert end.error_code == ErrorCode.none
     # a late batch of the ended transaction would open one that no marker closes, holding
     # the last stable offset: refused (once the commit marker landed; before, it is part of
@@ -201,8 +309,11 @@ def test_a_batch_for_a_partition_not_in_the_transaction_is_refused(
     assert latest(c, topic, 1) == latest(c, topic, 0) == 3  # nothing left open
     # the transaction's offset became the group's at its commit marker, and a late commit of
     # offsets in the ended transaction is refused
-    fetch = {"group_id": group, "topics": [{"name": topic, "partition_indexes": [0]}],
-             "require_stable": True}  # fmt: skip
+    fetch = {
+        "group_id": group,
+        "topics": [{"name": topic, "partition_indexes": [0]}],
+        "require_stable": True,
+    }
     committed = until_none(lambda: c.call(9, 7, fetch).topics[0].partitions[0], "OffsetFetch")
     assert committed.committed_offset == 2
     assert commit_offset(4) == ErrorCode.transaction_abortable

@@ -17,7 +17,8 @@ timeouts are a minute (a stopped broker stays a member and holds its move, as it
 real stall), in order:
 
 4. the source broker of a move stopped (SIGSTOP) as the move starts: the move stays Closing,
-   TidalMQMoveStuck fires; the broker continued, the move finishes: it resolves;
+   TidalMQMoveStuck fires, and TidalMQBrokerUnreachable for that broker alone (it answers no
+   scrape); the broker continued, the move finishes: both resolve;
 5. acknowledged records on a partition, moved to a broker stopped as the move starts: the source
    closes the partition, and before the target can open it its objects are deleted from the
    store; the target continued finds less than the metadata knows was acknowledged:
@@ -42,6 +43,16 @@ And on two such brokers (test_static_topic_inconsistent_fires):
    closed, the update cannot finish and the copies disagree: TidalMQStaticTopicInconsistent
    fires for that topic; the broker continued, the update finishes and it resolves.
 
+And on one broker with an SSL listener (test_tls_certificate_expiring_fires):
+
+10. its keystore renewed with a certificate valid 13 days (it served one valid 15 days: the
+    alert's expression named nothing), reloaded within ssl.reload.interval.ms:
+    TidalMQTlsCertificateExpiring fires for that broker and listener; renewed with a 15-day
+    one, it resolves.
+
+The alerts on the operator's metrics (TidalMQPartitionsWithoutLeader, TidalMQMetadataLost) are
+provoked in tests/integration/operator/test_operator_alerts_fire.py.
+
 Each is read from Prometheus' /api/v1/alerts (what Alertmanager gets). The test rewrites only
 the rules' `for:` durations (minutes in the chart) to 2 s, asserting that the expressions and
 everything else stay byte-identical to the shipped file. Broker fencing is provoked in
@@ -50,24 +61,26 @@ test_monitoring_queries.py."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from tidalmq_broker.security import certs
 
 from observability.alerts import ALERTS
 from observability.generate import OUT
+from tests.support.broker_process import BrokerProcess, free_port
 from tests.support.local_cluster import LocalClusterProcess
+from tests.support.monitoring_queries import short_for
 from tests.support.prometheus_server import PrometheusServer, prometheus_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -92,28 +105,15 @@ MOVES_ENV = {
 LEDGER = "ledger"
 OPEN_TIMEOUT_S = 3
 STATIC_TOPIC = "payments"
-FOR_LINE = re.compile(r"^(    for: )(\S+)$", re.M)
-
-
-def without_for(doc: Any) -> list[dict[str, Any]]:
-    return [{k: v for k, v in rule.items() if k != "for"} for rule in doc["groups"][0]["rules"]]
+# certificates valid a day less and a day more than TidalMQTlsCertificateExpiring's 14 days
+EXPIRY_NEAR_DAYS = 13
+EXPIRY_FAR_DAYS = 15
 
 
 def short_for_rules(path: Path) -> Path:
-    """The chart's rules file with every nonzero `for:` shortened to SHORT_FOR, so that an alert
-    fires seconds after its condition holds instead of minutes; nothing else changes (the
-    expressions, labels and annotations stay byte-identical: asserted)."""
-    shipped = RULES.read_text()
-    text, count = FOR_LINE.subn(
-        lambda m: m.group(1) + (m.group(2) if m.group(2) == "0m" else SHORT_FOR), shipped
-    )
-    assert count == len(ALERTS), f"{count} `for:` lines for {len(ALERTS)} alerts"
-    assert without_for(yaml.safe_load(text)) == without_for(yaml.safe_load(shipped))
-    changed = [
-        (a, b) for a, b in zip(shipped.splitlines(), text.splitlines(), strict=True) if a != b
-    ]
-    assert changed and all(FOR_LINE.match(a) and FOR_LINE.match(b) for a, b in changed)
-    path.write_text(text)
+    """The chart's rules file with every nonzero `for:` shortened to SHORT_FOR (the rest
+    asserted byte-identical: tests/support/monitoring_queries.short_for)."""
+    path.write_text(short_for(RULES.read_text(), SHORT_FOR))
     return path
 
 
@@ -145,6 +145,24 @@ def wait_alert(
         f"{alertname} {labels}: not as expected within {timeout_s} s; active: {found}; all "
         f"alerts: {prometheus.alerts()}"
     )
+
+
+def wait_evaluated(prometheus: PrometheusServer, alertname: str, timeout_s: float = 30) -> None:
+    """Until the rule `alertname` has been evaluated after now (on what was scraped by then):
+    an alert not active after that was not provoked, rather than not evaluated yet."""
+    now = time.time()
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        [rule] = [r for r in prometheus.rules() if r["name"] == alertname]
+        last = rule["lastEvaluation"]
+        # RFC 3339 with nanoseconds: to the microsecond for fromisoformat
+        whole, _, fraction = last.removesuffix("Z").partition(".")
+        stamp = datetime.fromisoformat(f"{whole}.{(fraction or '0')[:6]}+00:00").timestamp()
+        if stamp > now:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{alertname}: not evaluated within {timeout_s} s (last {last})")
 
 
 def firing(found: list[dict[str, Any]]) -> bool:
@@ -219,6 +237,14 @@ def start_prometheus(
         "tidalmq-broker": [f"127.0.0.1:{b['http_port']}" for b in cluster.status()["brokers"]],
         "tidalmq-controller": [cluster.controller_url.removeprefix("http://")],
     }
+    start_with_rules(prometheus, targets, tmp_path)
+
+
+def start_with_rules(
+    prometheus: PrometheusServer, targets: dict[str, list[str]], tmp_path: Path
+) -> None:
+    """Prometheus scraping `targets` (by job), with the chart's rules (short `for:`), every
+    rule loaded."""
     prometheus.start(targets, rule_files=[short_for_rules(tmp_path / "alerts.rules.yaml")])
     rules = {r["name"]: r for r in prometheus.rules()}
     assert set(rules) == {a.name for a in ALERTS}
@@ -406,17 +432,25 @@ def test_move_stuck_data_lost_and_moves_failing_fire(
     def other(broker: int) -> int:
         return next(b for b in pids if b != broker)
 
-    # 4. a move whose source is stopped: it cannot close the partition, the move stays Closing
+    # 4. a move whose source is stopped: it cannot close the partition, the move stays Closing;
+    # the stopped broker answers no scrape: TidalMQBrokerUnreachable fires for it alone
     source = cluster.leaders(LEDGER)[0]
+    ports = {row["broker"]: row["http_port"] for row in cluster.status()["brokers"]}
     assert not active(prometheus, "TidalMQMoveStuck")
+    assert not active(prometheus, "TidalMQBrokerUnreachable")
     with stopped(pids[source]):
         cluster.reassign({(LEDGER, 0): other(source)})
         wait_move(cluster, 0, "Closing")
         stuck_fired = wait_alert(prometheus, firing, "TidalMQMoveStuck", 30)
+        unreachable_fired = wait_alert(prometheus, firing, "TidalMQBrokerUnreachable", 30)
+        assert [
+            a["labels"]["instance"] for a in active(prometheus, "TidalMQBrokerUnreachable")
+        ] == [f"127.0.0.1:{ports[source]}"]
     # the source goes on: it closes, the target opens, the move is done
     cluster.wait_settled(30)
     assert cluster.leaders(LEDGER)[0] == other(source)
     stuck_resolved = wait_alert(prometheus, resolved, "TidalMQMoveStuck", 30)
+    unreachable_resolved = wait_alert(prometheus, resolved, "TidalMQBrokerUnreachable", 30)
 
     # 5. acknowledged records; their objects deleted while the partition is open nowhere
     produce_acknowledged(cluster.bootstrap, 1, 200)
@@ -453,7 +487,8 @@ def test_move_stuck_data_lost_and_moves_failing_fire(
     failing_fired = wait_alert(prometheus, firing, "TidalMQMovesFailing", 30, outcome="failed")
     print(
         f"\nfiring after: move stuck {stuck_fired:.1f} s (resolved {stuck_resolved:.1f} s after "
-        f"the move was done), partition data lost {lost_fired:.1f} s after its target opened it "
+        f"the move was done), broker unreachable {unreachable_fired:.1f} s after the move stuck "
+        f"(resolved {unreachable_resolved:.1f} s after the move was done), partition data lost {lost_fired:.1f} s after its target opened it "
         f"(resolved {lost_resolved:.1f} s after the loss was accepted), moves failing "
         f"{failing_fired:.1f} s; for: {SHORT_FOR}, evaluation every {SCRAPE_S:g} s; "
         f"{time.monotonic() - began:.1f} s in all"
@@ -618,4 +653,82 @@ def test_static_topic_inconsistent_fires(
         f"\nstatic topic inconsistent: fired {fired_after:.1f} s after the remap started "
         f"({fired:.1f} s of waiting), resolved {resolved_after:.1f} s after the update "
         f"finished; {time.monotonic() - began:.1f} s in all"
+    )
+
+
+def expiry_of(prometheus: PrometheusServer, listener: str) -> float | None:
+    """The expiry Prometheus last scraped of a listener's certificate (None: none yet)."""
+    found = prometheus.query(
+        f'tidalmq_tls_certificate_expiry_timestamp_seconds{{listener="{listener}"}}'
+    )
+    return float(found[0]["value"][1]) if found else None
+
+
+@pytest.mark.timeout(120)
+def test_tls_certificate_expiring_fires(prometheus: PrometheusServer, tmp_path: Path) -> None:
+    """A broker whose SSL listener serves a certificate valid 15 days (just past the alert's
+    14): the alert's expression names nothing. Its keystore renewed with one valid 13 days (a
+    renewal that did not renew: cert-manager failing, an old Secret restored), reloaded within
+    ssl.reload.interval.ms: TidalMQTlsCertificateExpiring fires for that broker and listener;
+    renewed again with the 15-day one, it resolves."""
+    began = time.monotonic()
+    ca = certs.new_ca("expiring CA")
+    hosts = ["127.0.0.1", "localhost"]
+    keystore = tmp_path / "broker.pem"
+
+    def renew(days: int) -> float:
+        """The keystore replaced (atomically, as a Secret's mount is) with a certificate valid
+        `days` from now; its expiry."""
+        issued = certs.issue(ca, "broker", hosts=hosts, days=days)
+        staged = tmp_path / "broker.pem.new"
+        certs.write_keystore(staged, issued, ca)
+        staged.replace(keystore)
+        return issued.cert.not_valid_after_utc.timestamp()
+
+    fresh = renew(EXPIRY_FAR_DAYS)
+    broker = BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs")
+    ssl_port = free_port()
+    broker.args = [
+        *("--listeners", f"PLAINTEXT://127.0.0.1:{broker.port},SSL://127.0.0.1:{ssl_port}"),
+        *("--ssl-keystore-location", str(keystore)),
+        *("--allow-everyone-if-no-acl-found", "true"),
+    ]
+    broker.env = {"TIDALMQ_SSL_RELOAD_INTERVAL_MS": "200"}
+    labels = {"broker": str(broker.broker_id), "listener": "SSL"}
+    alert = "TidalMQTlsCertificateExpiring"
+    with broker:
+        start_with_rules(
+            prometheus, {"tidalmq-broker": [f"127.0.0.1:{broker.http_port}"]}, tmp_path
+        )
+        # scraped: the 15-day certificate's expiry; the alert's expression names nothing
+        prometheus.wait_for(
+            'tidalmq_tls_certificate_expiry_timestamp_seconds{listener="SSL"}',
+            lambda r: bool(r) and float(r[0]["value"][1]) == pytest.approx(fresh),
+            timeout_s=30,
+        )
+        assert prometheus.query(expr_of(alert)) == []
+        wait_evaluated(prometheus, alert)
+        assert not active(prometheus, alert)
+
+        # renewed with a certificate that ends within the alert's 14 days
+        near = renew(EXPIRY_NEAR_DAYS)
+        renewed_near = time.monotonic()
+        fired = wait_alert(prometheus, firing, alert, 30, **labels)
+        fired_after = time.monotonic() - renewed_near
+        assert expiry_of(prometheus, "SSL") == pytest.approx(near)
+        [found] = active(prometheus, alert)
+        assert found["labels"]["severity"] == "warning", found
+        assert found["annotations"]["summary"] == (
+            f"The certificate of listener SSL on broker {broker.broker_id} expires within 14 days"
+        ), found
+
+        # renewed for real: the broker reloads it and the alert resolves
+        renew(EXPIRY_FAR_DAYS)
+        renewed_far = time.monotonic()
+        wait_alert(prometheus, resolved, alert, 30, **labels)
+        resolved_after = time.monotonic() - renewed_far
+    print(
+        f"\ncertificate expiring: fired {fired_after:.1f} s after the {EXPIRY_NEAR_DAYS}-day "
+        f"certificate was written ({fired:.1f} s of waiting), resolved {resolved_after:.1f} s "
+        f"after the {EXPIRY_FAR_DAYS}-day one; {time.monotonic() - began:.1f} s in all"
     )

@@ -34,8 +34,12 @@ class Api:
     ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [self.kubectl_bin, "--kubeconfig", str(self.server.kubeconfig), *args],
-            capture_output=True, text=True, input=input, timeout=120, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=120,
+            check=False,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)}: {proc.stdout}{proc.stderr}")
         return proc
@@ -81,9 +85,14 @@ def cr(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 def test_crds_are_established_and_structural(api: Api) -> None:
     crds = api.get("", "crd")["items"]
     ours = {c["metadata"]["name"]: c for c in crds}
-    for name in ("topics.tidalmq.io", "partitionreassignments.tidalmq.io",
-                 "statictopics.tidalmq.io", "clusterstates.tidalmq.io", "users.tidalmq.io",
-                 "kopfpeerings.kopf.dev"):  # fmt: skip
+    for name in (
+        "topics.tidalmq.io",
+        "partitionreassignments.tidalmq.io",
+        "statictopics.tidalmq.io",
+        "clusterstates.tidalmq.io",
+        "users.tidalmq.io",
+        "kopfpeerings.kopf.dev",
+    ):
         conditions = {c["type"]: c["status"] for c in ours[name]["status"]["conditions"]}
         assert conditions.get("Established") == "True", (name, conditions)
         assert conditions.get("NonStructuralSchema") is None, (name, conditions)
@@ -91,60 +100,197 @@ def test_crds_are_established_and_structural(api: Api) -> None:
 
 
 GOOD = [
-    cr("Topic", "orders", {"partitions": 24, "configs": {"retention.ms": 604800000, "compression.type": "producer"}}),
-    cr("Topic", "named", {"topicName": "orders.v2", "partitions": 3, "configs": {"retention.bytes": "-1"}}),
-    cr("Topic", "word-counts-changelog", {"partitions": 3, "configs": {
-        "cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": 0.1, "delete.retention.ms": "3600000",
-        "unclean.leader.election.enable": False, "preallocate": True, "compression.zstd.level": -5,
-        "follower.replication.throttled.replicas": "0:1, 1:2"}}),
-    cr("PartitionReassignment", "move", {"version": 1, "partitions": [
-        {"topic": "orders", "partition": 0, "replicas": [1], "log_dirs": ["any"]},
-        {"topic": "orders", "partition": 1, "replicas": [2]}]}),
-    cr("PartitionReassignment", "plan", {"generate": {"maxMoves": 6, "topics": ["orders"]}, "autoApprove": True}),
-    cr("StaticTopic", "ledger", {"totalQueues": 8, "brokers": [0, 1, 2], "remap": [{"queue": 3, "broker": 1}]}),
+    cr(
+        "Topic",
+        "orders",
+        {"partitions": 24, "configs": {"retention.ms": 604800000, "compression.type": "producer"}},
+    ),
+    cr(
+        "Topic",
+        "named",
+        {"topicName": "orders.v2", "partitions": 3, "configs": {"retention.bytes": "-1"}},
+    ),
+    cr(
+        "Topic",
+        "word-counts-changelog",
+        {
+            "partitions": 3,
+            "configs": {
+                "cleanup.policy": "compact,delete",
+                "min.cleanable.dirty.ratio": 0.1,
+                "delete.retention.ms": "3600000",
+                "unclean.leader.election.enable": False,
+                "preallocate": True,
+                "compression.zstd.level": -5,
+                "follower.replication.throttled.replicas": "0:1, 1:2",
+            },
+        },
+    ),
+    cr(
+        "PartitionReassignment",
+        "move",
+        {
+            "version": 1,
+            "partitions": [
+                {"topic": "orders", "partition": 0, "replicas": [1], "log_dirs": ["any"]},
+                {"topic": "orders", "partition": 1, "replicas": [2]},
+            ],
+        },
+    ),
+    cr(
+        "PartitionReassignment",
+        "plan",
+        {"generate": {"maxMoves": 6, "topics": ["orders"]}, "autoApprove": True},
+    ),
+    cr(
+        "StaticTopic",
+        "ledger",
+        {"totalQueues": 8, "brokers": [0, 1, 2], "remap": [{"queue": 3, "broker": 1}]},
+    ),
     cr("ClusterState", "state", {"clusterId": "abc", "document": {"version": 1, "topics": {}}}),
-    cr("User", "alice", {"authentication": {"type": "scram-sha-512"}, "authorization": {"acls": [
-        {"resource": {"type": "topic", "name": "orders"}, "operations": ["Read", "Describe"]},
-        {"resource": {"type": "cluster"}, "operations": ["IdempotentWrite"]}]}}),
+    cr(
+        "User",
+        "alice",
+        {
+            "authentication": {"type": "scram-sha-512"},
+            "authorization": {
+                "acls": [
+                    {
+                        "resource": {"type": "topic", "name": "orders"},
+                        "operations": ["Read", "Describe"],
+                    },
+                    {"resource": {"type": "cluster"}, "operations": ["IdempotentWrite"]},
+                ]
+            },
+        },
+    ),
     cr("User", "bob", {"authentication": {"type": "tls"}}),
-]  # fmt: skip
+]
 
 # (resource, a fragment of the API server's answer)
 BAD = [
-    (cr("Topic", "zero", {"partitions": 0}), "spec.partitions in body should be greater than or equal to 1"),
-    (cr("Topic", "space", {"partitions": 1, "topicName": "a b"}), "spec.topicName in body should match"),
+    (
+        cr("Topic", "zero", {"partitions": 0}),
+        "spec.partitions in body should be greater than or equal to 1",
+    ),
+    (
+        cr("Topic", "space", {"partitions": 1, "topicName": "a b"}),
+        "spec.topicName in body should match",
+    ),
     (cr("Topic", "dot", {"partitions": 1, "topicName": ".."}), "topicName cannot be '.' or '..'"),
-    (cr("Topic", "unknown", {"partitions": 1, "configs": {"foo": "1"}}), 'unknown field "spec.configs.foo"'),
-    (cr("StaticTopic", "compact", {"totalQueues": 1, "configs": {"cleanup.policy": "compact"}}),
-     "spec.configs.cleanup.policy in body should match"),
-    (cr("Topic", "unclean", {"partitions": 1, "configs": {"unclean.leader.election.enable": True}}), 'supported values: "false"'),
-    (cr("Topic", "tiered", {"partitions": 1, "configs": {"remote.storage.enable": "false"}}),
-     'spec.configs.remote.storage.enable: Invalid value: "string": spec.configs.remote.storage.enable in body must be of type boolean'),
-    (cr("Topic", "isr", {"partitions": 1, "configs": {"min.insync.replicas": 2}}),
-     "spec.configs.min.insync.replicas in body should be less than or equal to 1"),
-    (cr("Topic", "ratio", {"partitions": 1, "configs": {"min.cleanable.dirty.ratio": 1.5}}),
-     "spec.configs.min.cleanable.dirty.ratio in body should be less than or equal to 1"),
-    (cr("Topic", "retention", {"partitions": 1, "configs": {"retention.ms": "1 week"}}), "spec.configs.retention.ms in body should match"),
-    (cr("PartitionReassignment", "both", {"partitions": [{"topic": "a", "partition": 0, "replicas": [1]}], "generate": {}}),
-     "set exactly one of spec.partitions"),
-    (cr("PartitionReassignment", "neither", {"approved": True}), "set exactly one of spec.partitions"),
-    (cr("PartitionReassignment", "two", {"partitions": [{"topic": "a", "partition": 0, "replicas": [1, 2]}]}),
-     "must have at most 1 items"),
-    (cr("PartitionReassignment", "auto", {"partitions": [{"topic": "a", "partition": 0, "replicas": [1]}], "autoApprove": True}),
-     "spec.autoApprove applies to planner-generated plans"),
-    (cr("StaticTopic", "queue", {"totalQueues": 4, "remap": [{"queue": 4, "broker": 0}]}),
-     "every spec.remap[].queue must be below spec.totalQueues"),
-    (cr("StaticTopic", "broker", {"totalQueues": 4, "brokers": [0], "remap": [{"queue": 1, "broker": 2}]}),
-     "must be one of spec.brokers"),
+    (
+        cr("Topic", "unknown", {"partitions": 1, "configs": {"foo": "1"}}),
+        'unknown field "spec.configs.foo"',
+    ),
+    (
+        cr("StaticTopic", "compact", {"totalQueues": 1, "configs": {"cleanup.policy": "compact"}}),
+        "spec.configs.cleanup.policy in body should match",
+    ),
+    (
+        cr(
+            "Topic",
+            "unclean",
+            {"partitions": 1, "configs": {"unclean.leader.election.enable": True}},
+        ),
+        'supported values: "false"',
+    ),
+    (
+        cr("Topic", "tiered", {"partitions": 1, "configs": {"remote.storage.enable": "false"}}),
+        'spec.configs.remote.storage.enable: Invalid value: "string": spec.configs.remote.storage.enable in body must be of type boolean',
+    ),
+    (
+        cr("Topic", "isr", {"partitions": 1, "configs": {"min.insync.replicas": 2}}),
+        "spec.configs.min.insync.replicas in body should be less than or equal to 1",
+    ),
+    (
+        cr("Topic", "ratio", {"partitions": 1, "configs": {"min.cleanable.dirty.ratio": 1.5}}),
+        "spec.configs.min.cleanable.dirty.ratio in body should be less than or equal to 1",
+    ),
+    (
+        cr("Topic", "retention", {"partitions": 1, "configs": {"retention.ms": "1 week"}}),
+        "spec.configs.retention.ms in body should match",
+    ),
+    (
+        cr(
+            "PartitionReassignment",
+            "both",
+            {"partitions": [{"topic": "a", "partition": 0, "replicas": [1]}], "generate": {}},
+        ),
+        "set exactly one of spec.partitions",
+    ),
+    (
+        cr("PartitionReassignment", "neither", {"approved": True}),
+        "set exactly one of spec.partitions",
+    ),
+    (
+        cr(
+            "PartitionReassignment",
+            "two",
+            {"partitions": [{"topic": "a", "partition": 0, "replicas": [1, 2]}]},
+        ),
+        "must have at most 1 items",
+    ),
+    (
+        cr(
+            "PartitionReassignment",
+            "auto",
+            {"partitions": [{"topic": "a", "partition": 0, "replicas": [1]}], "autoApprove": True},
+        ),
+        "spec.autoApprove applies to planner-generated plans",
+    ),
+    (
+        cr("StaticTopic", "queue", {"totalQueues": 4, "remap": [{"queue": 4, "broker": 0}]}),
+        "every spec.remap[].queue must be below spec.totalQueues",
+    ),
+    (
+        cr(
+            "StaticTopic",
+            "broker",
+            {"totalQueues": 4, "brokers": [0], "remap": [{"queue": 1, "broker": 2}]},
+        ),
+        "must be one of spec.brokers",
+    ),
     (cr("StaticTopic", "big", {"totalQueues": 2000}), "should be less than or equal to 1024"),
-    (cr("User", "pw", {"authentication": {"type": "tls", "password": {"valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}}}),
-     "a tls user has no password"),
-    (cr("User", "noname", {"authentication": {"type": "tls"}, "authorization": {"acls": [
-        {"resource": {"type": "topic"}, "operations": ["Read"]}]}}),
-     "name is required for topic, group and transactionalId resources"),
-    (cr("User", "op", {"authentication": {"type": "tls"}, "authorization": {"acls": [
-        {"resource": {"type": "topic", "name": "t"}, "operations": ["Fly"]}]}}), "supported values"),
-]  # fmt: skip
+    (
+        cr(
+            "User",
+            "pw",
+            {
+                "authentication": {
+                    "type": "tls",
+                    "password": {"valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                }
+            },
+        ),
+        "a tls user has no password",
+    ),
+    (
+        cr(
+            "User",
+            "noname",
+            {
+                "authentication": {"type": "tls"},
+                "authorization": {
+                    "acls": [{"resource": {"type": "topic"}, "operations": ["Read"]}]
+                },
+            },
+        ),
+        "name is required for topic, group and transactionalId resources",
+    ),
+    (
+        cr(
+            "User",
+            "op",
+            {
+                "authentication": {"type": "tls"},
+                "authorization": {
+                    "acls": [{"resource": {"type": "topic", "name": "t"}, "operations": ["Fly"]}]
+                },
+            },
+        ),
+        "supported values",
+    ),
+]
 
 
 def test_good_resources_are_accepted(api: Api, ns: str) -> None:
@@ -200,11 +346,23 @@ def test_updates_checked_against_the_old_object(api: Api, ns: str) -> None:
     refused = [
         (("topic", "named", {"spec": {"topicName": "other"}}), "spec.topicName is immutable"),
         (("topic", "orders", {"spec": {"topicName": "orders"}}), "spec.topicName is immutable"),
-        (("partitionreassignment", "move", {"spec": {"partitions": [{"topic": "x", "partition": 0, "replicas": [0]}]}}),
-         "spec.partitions is immutable"),
-        (("partitionreassignment", "plan", {"spec": {"generate": {"maxMoves": 7}}}), "spec.generate is immutable"),
-        (("clusterstate", "state", {"spec": {"clusterId": "other"}}), "spec.clusterId is immutable"),
-    ]  # fmt: skip
+        (
+            (
+                "partitionreassignment",
+                "move",
+                {"spec": {"partitions": [{"topic": "x", "partition": 0, "replicas": [0]}]}},
+            ),
+            "spec.partitions is immutable",
+        ),
+        (
+            ("partitionreassignment", "plan", {"spec": {"generate": {"maxMoves": 7}}}),
+            "spec.generate is immutable",
+        ),
+        (
+            ("clusterstate", "state", {"spec": {"clusterId": "other"}}),
+            "spec.clusterId is immutable",
+        ),
+    ]
     for (kind, name, body), fragment in refused:
         proc = patch(kind, name, body)
         assert proc.returncode != 0 and fragment in proc.stderr, (kind, name, proc.stderr)
@@ -228,12 +386,25 @@ def test_updates_checked_against_the_old_object(api: Api, ns: str) -> None:
 
 def test_status_is_a_subresource(api: Api, ns: str) -> None:
     api.apply(ns, cr("Topic", "orders", {"partitions": 2}))
-    status = {"observedGeneration": 1, "topicId": "abc", "partitionCount": 2,
-              "partitions": [{"partition": 0, "broker": 1, "epoch": 3, "moving": False},
-                             {"partition": 1, "broker": None, "epoch": 0, "moving": True}],
-              "conditions": [{"type": "Ready", "status": "False", "reason": "PartitionsMoving",
-                              "message": "1 partitions without a leader", "observedGeneration": None,
-                              "lastTransitionTime": "2026-01-01T00:00:00Z"}]}  # fmt: skip
+    status = {
+        "observedGeneration": 1,
+        "topicId": "abc",
+        "partitionCount": 2,
+        "partitions": [
+            {"partition": 0, "broker": 1, "epoch": 3, "moving": False},
+            {"partition": 1, "broker": None, "epoch": 0, "moving": True},
+        ],
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "PartitionsMoving",
+                "message": "1 partitions without a leader",
+                "observedGeneration": None,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+    }
     # through the main endpoint status is ignored ...
     api.kubectl(
         "-n",
@@ -248,16 +419,39 @@ def test_status_is_a_subresource(api: Api, ns: str) -> None:
     )
     assert "status" not in api.get(ns, "topic", "orders")
     # ... through /status it is stored (nulls pruned, as the operator's publisher sends them)
-    api.kubectl("-n", ns, "patch", "topic", "orders", "--subresource", "status", "--type", "merge",
-                "-p", json.dumps({"status": status}))  # fmt: skip
+    api.kubectl(
+        "-n",
+        ns,
+        "patch",
+        "topic",
+        "orders",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
     stored = api.get(ns, "topic", "orders")["status"]
     assert stored["partitions"][1] == {"partition": 1, "epoch": 0, "moving": True}
     assert "observedGeneration" not in stored["conditions"][0]
     row = api.kubectl("-n", ns, "get", "topic", "orders").stdout.splitlines()[1].split()
     assert row[1:4] == ["2", "False", "PartitionsMoving"]
     bad = {"status": {"conditions": [{"type": "Ready", "status": "Maybe"}]}}
-    proc = api.kubectl("-n", ns, "patch", "topic", "orders", "--subresource", "status", "--type", "merge",
-                       "-p", json.dumps(bad), check=False)  # fmt: skip
+    proc = api.kubectl(
+        "-n",
+        ns,
+        "patch",
+        "topic",
+        "orders",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        json.dumps(bad),
+        check=False,
+    )
     assert proc.returncode != 0 and "Unsupported value" in proc.stderr
 
 
@@ -271,9 +465,16 @@ def test_kopf_peering_status_is_kept_whole(api: Api, ns: str) -> None:
 def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     release = "tmq"
     installed = api.helm(
-        "install", release, str(CHART), "--namespace", ns,
-        "--set", "inClusterObjectStore.enabled=true", "--set", "image.tag=0.1.0-test",
-    ).stdout  # fmt: skip
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--set",
+        "inClusterObjectStore.enabled=true",
+        "--set",
+        "image.tag=0.1.0-test",
+    ).stdout
     notes = installed.split("NOTES:", 1)[1]
     assert f"bootstrap.servers=tmq-tidalmq-bootstrap.{ns}.svc.cluster.local:9092" in notes
     # a fresh install with the defaults is secure: SASL_SSL and control-plane mTLS
@@ -285,21 +486,37 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     assert f"kubectl -n {ns} port-forward pod/tmq-tidalmq-broker-0 9092:9092" in notes
     assert f"kubectl -n {ns} get partitionreassignments -w" in notes
 
-    names = set(api.kubectl("-n", ns, "get", "deployment,statefulset,service,hpa,pdb,role,rolebinding,"
-                            "serviceaccount,secret,kopfpeering,networkpolicy", "-l",
-                            f"app.kubernetes.io/instance={release}",
-                            "-o", "name").stdout.split())  # fmt: skip
+    names = set(
+        api.kubectl(
+            "-n",
+            ns,
+            "get",
+            "deployment,statefulset,service,hpa,pdb,role,rolebinding,"
+            "serviceaccount,secret,kopfpeering,networkpolicy",
+            "-l",
+            f"app.kubernetes.io/instance={release}",
+            "-o",
+            "name",
+        ).stdout.split()
+    )
     for name in (
-        "deployment.apps/tmq-tidalmq-operator", "statefulset.apps/tmq-tidalmq-object-store",
-        "statefulset.apps/tmq-tidalmq-broker", "service/tmq-tidalmq-brokers",
-        "service/tmq-tidalmq-bootstrap", "service/tmq-tidalmq-operator",
+        "deployment.apps/tmq-tidalmq-operator",
+        "statefulset.apps/tmq-tidalmq-object-store",
+        "statefulset.apps/tmq-tidalmq-broker",
+        "service/tmq-tidalmq-brokers",
+        "service/tmq-tidalmq-bootstrap",
+        "service/tmq-tidalmq-operator",
         "horizontalpodautoscaler.autoscaling/tmq-tidalmq-broker",
-        "poddisruptionbudget.policy/tmq-tidalmq-broker", "role.rbac.authorization.k8s.io/tmq-tidalmq-operator",
-        "serviceaccount/tmq-tidalmq-operator", "serviceaccount/tmq-tidalmq-spark",
-        "secret/tmq-tidalmq-object-store", "kopfpeering.kopf.dev/tmq-tidalmq",
-        "secret/tmq-tidalmq-control", "networkpolicy.networking.k8s.io/tmq-tidalmq-broker",
+        "poddisruptionbudget.policy/tmq-tidalmq-broker",
+        "role.rbac.authorization.k8s.io/tmq-tidalmq-operator",
+        "serviceaccount/tmq-tidalmq-operator",
+        "serviceaccount/tmq-tidalmq-spark",
+        "secret/tmq-tidalmq-object-store",
+        "kopfpeering.kopf.dev/tmq-tidalmq",
+        "secret/tmq-tidalmq-control",
+        "networkpolicy.networking.k8s.io/tmq-tidalmq-broker",
         "networkpolicy.networking.k8s.io/tmq-tidalmq-operator",
-    ):  # fmt: skip
+    ):
         assert name in names, (name, sorted(names))
     cluster_role = f"{ns}-tmq-tidalmq-operator"
     api.kubectl("get", "clusterrole", cluster_role)
@@ -310,8 +527,16 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     control = api.get(ns, "secret", "tmq-tidalmq-control")["data"]
     assert set(control) == {"admin-token", "broker-secret"}
     api.kubectl("-n", ns, "scale", "statefulset", "tmq-tidalmq-broker", "--replicas", "5")
-    api.helm("upgrade", release, str(CHART), "--namespace", ns, "--reuse-values",
-             "--set", "broker.logLevel=DEBUG")  # fmt: skip
+    api.helm(
+        "upgrade",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--reuse-values",
+        "--set",
+        "broker.logLevel=DEBUG",
+    )
     assert api.get(ns, "secret", "tmq-tidalmq-object-store")["data"] == secret
     assert api.get(ns, "secret", "tmq-tidalmq-control")["data"] == control
     assert api.get(ns, "statefulset", "tmq-tidalmq-broker")["spec"]["replicas"] == 5
@@ -321,15 +546,32 @@ def test_helm_install_upgrade_uninstall(api: Api, ns: str) -> None:
     assert admin["spec"]["authentication"]["type"] == "scram-sha-512"
 
     # A bad value never reaches the cluster.
-    proc = api.helm("upgrade", release, str(CHART), "--namespace", ns, "--reuse-values",
-                    "--set", "image.tag=latest", check=False)  # fmt: skip
+    proc = api.helm(
+        "upgrade",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--reuse-values",
+        "--set",
+        "image.tag=latest",
+        check=False,
+    )
     assert proc.returncode != 0 and "tag" in proc.stderr
 
     # --no-hooks: this API server has no nodes, so the pre-delete hook's Job would never run
     # (test_uninstall_hook_command runs its command against this API server)
     api.helm("uninstall", release, "--namespace", ns, "--no-hooks")
-    left = api.kubectl("-n", ns, "get", "deployment,statefulset,service,secret,kopfpeering,networkpolicy", "-l",
-                       f"app.kubernetes.io/instance={release}", "-o", "name").stdout  # fmt: skip
+    left = api.kubectl(
+        "-n",
+        ns,
+        "get",
+        "deployment,statefulset,service,secret,kopfpeering,networkpolicy",
+        "-l",
+        f"app.kubernetes.io/instance={release}",
+        "-o",
+        "name",
+    ).stdout
     assert not left.strip(), left
     assert api.kubectl("get", "clusterrole", cluster_role, check=False).returncode != 0
     # Helm never deletes CRDs (nor, with them, every Topic in the cluster).
@@ -353,12 +595,22 @@ def workloads(api: Api, ns: str) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize(
     "values",
-    [["--set", "inClusterObjectStore.enabled=true"],
-     ["--set", "objectStore.accessKey=AK", "--set", "objectStore.secretKey=SK"],
-     ["--set", "inClusterObjectStore.enabled=true", "--set", "listeners.tls.enabled=true",
-      "--set", "listeners.sasl.enabled=true", "--set", "controlPlane.tls.enabled=true"]],
+    [
+        ["--set", "inClusterObjectStore.enabled=true"],
+        ["--set", "objectStore.accessKey=AK", "--set", "objectStore.secretKey=SK"],
+        [
+            "--set",
+            "inClusterObjectStore.enabled=true",
+            "--set",
+            "listeners.tls.enabled=true",
+            "--set",
+            "listeners.sasl.enabled=true",
+            "--set",
+            "controlPlane.tls.enabled=true",
+        ],
+    ],
     ids=["generated-credentials", "keys-in-values", "tls-and-sasl"],
-)  # fmt: skip
+)
 def test_an_upgrade_with_unchanged_values_changes_no_pod_template(
     api: Api, ns: str, values: list[str]
 ) -> None:
@@ -374,9 +626,11 @@ def test_an_upgrade_with_unchanged_values_changes_no_pod_template(
     secret = api.get(ns, "secret", "tmq-tidalmq-object-store")["data"]
     control = api.get(ns, "secret", "tmq-tidalmq-control")["data"]
 
-    tls = {name: api.get(ns, "secret", name)["data"]
-           for name in ("tmq-tidalmq-broker-tls", "tmq-tidalmq-clients-ca")
-           if "listeners.tls.enabled=true" in values}  # fmt: skip
+    tls = {
+        name: api.get(ns, "secret", name)["data"]
+        for name in ("tmq-tidalmq-broker-tls", "tmq-tidalmq-clients-ca")
+        if "listeners.tls.enabled=true" in values
+    }
     if "controlPlane.tls.enabled=true" in values:  # the control plane's CA and certificates
         tls["tmq-tidalmq-control-tls"] = api.get(ns, "secret", "tmq-tidalmq-control-tls")["data"]
 
@@ -409,10 +663,12 @@ def security_modes(api: Api, ns: str) -> dict[str, bool]:
 
 @pytest.mark.parametrize(
     "running",
-    [{"tls": False, "sasl": False, "controlTls": False},
-     {"tls": True, "sasl": True, "controlTls": False}],
+    [
+        {"tls": False, "sasl": False, "controlTls": False},
+        {"tls": True, "sasl": True, "controlTls": False},
+    ],
     ids=["plaintext-release", "sasl-ssl-release-without-control-tls"],
-)  # fmt: skip
+)
 def test_auto_keeps_what_a_release_runs_at_an_upgrade(
     api: Api, ns: str, running: dict[str, bool]
 ) -> None:
@@ -423,11 +679,22 @@ def test_auto_keeps_what_a_release_runs_at_an_upgrade(
     the chart before auto) from the broker's environment, no pod template changes either time.
     Explicit values still win at an upgrade."""
     release = "tmq"
-    common = ["--namespace", ns, "--set", "image.tag=0.1.0-test",
-              "--set", "inClusterObjectStore.enabled=true"]  # fmt: skip
-    explicit = ["--set", f"listeners.tls.enabled={str(running['tls']).lower()}",
-                "--set", f"listeners.sasl.enabled={str(running['sasl']).lower()}",
-                "--set", f"controlPlane.tls.enabled={str(running['controlTls']).lower()}"]  # fmt: skip
+    common = [
+        "--namespace",
+        ns,
+        "--set",
+        "image.tag=0.1.0-test",
+        "--set",
+        "inClusterObjectStore.enabled=true",
+    ]
+    explicit = [
+        "--set",
+        f"listeners.tls.enabled={str(running['tls']).lower()}",
+        "--set",
+        f"listeners.sasl.enabled={str(running['sasl']).lower()}",
+        "--set",
+        f"controlPlane.tls.enabled={str(running['controlTls']).lower()}",
+    ]
     # no admin User at the install: as on a release of the chart before users.admin
     api.helm(
         "install", release, str(CHART), *common, *explicit, "--set", "users.admin.enabled=false"
@@ -461,28 +728,65 @@ def test_uninstall_hook_command(api: Api, ns: str) -> None:
     scales the operator's Deployment to 0, waits while an operator pod is left, then removes
     the operator's finalizer (and only that one) from every TidalMQ resource, deleting none."""
     labels = {"app.kubernetes.io/component": "operator", "app.kubernetes.io/instance": "tmq"}
-    api.apply(ns, {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "tmq-operator"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"containers": [{"name": "operator", "image": "tidalmq:test"}]}}},
-    })  # fmt: skip
+    api.apply(
+        ns,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "tmq-operator"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "operator", "image": "tidalmq:test"}]},
+                },
+            },
+        },
+    )
     # no nodes, no controllers: this pod stands for a running operator replica until deleted
-    api.apply(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tmq-operator-abc", "labels": labels},
-                   "spec": {"containers": [{"name": "operator", "image": "tidalmq:test"}]}})  # fmt: skip
+    api.apply(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "tmq-operator-abc", "labels": labels},
+            "spec": {"containers": [{"name": "operator", "image": "tidalmq:test"}]},
+        },
+    )
     finalized = []
     for obj in GOOD:
-        body = {**obj, "metadata": {**obj["metadata"], "finalizers": [
-            "tidalmq.io/finalizer", *(["example.com/keep"] if obj["kind"] == "Topic" else [])]}}  # fmt: skip
+        body = {
+            **obj,
+            "metadata": {
+                **obj["metadata"],
+                "finalizers": [
+                    "tidalmq.io/finalizer",
+                    *(["example.com/keep"] if obj["kind"] == "Topic" else []),
+                ],
+            },
+        }
         api.apply(ns, body)
         finalized.append(f"{obj['kind'].lower()}/{obj['metadata']['name']}")
     api.kubectl("-n", ns, "delete", "topic", "named", "--wait=false")  # deleting: held by both
 
     hook = subprocess.Popen(
-        [str(REPO / ".venv" / "bin" / "tidalmq"), "operator", "uninstall", "--namespace", ns,
-         "--operator-deployment", "tmq-operator", "--timeout", "60"],
-        env={**os.environ, **api.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            str(REPO / ".venv" / "bin" / "tidalmq"),
+            "operator",
+            "uninstall",
+            "--namespace",
+            ns,
+            "--operator-deployment",
+            "tmq-operator",
+            "--timeout",
+            "60",
+        ],
+        env={**os.environ, **api.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while api.get(ns, "deployment", "tmq-operator")["spec"]["replicas"] != 0:

@@ -38,8 +38,9 @@ RATE_WINDOW = "10s"
 
 def chart_rule() -> str:
     """The adapter configuration exactly as the chart renders it (a rate window of ten scrapes)."""
-    docs = render({"metricsAdapter": {"prometheusUrl": "http://prometheus:9090",
-                                      "rateWindow": RATE_WINDOW}})  # fmt: skip
+    docs = render(
+        {"metricsAdapter": {"prometheusUrl": "http://prometheus:9090", "rateWindow": RATE_WINDOW}}
+    )
     return str(find(docs, "ConfigMap", "rel-tidalmq-metrics-adapter")["data"]["config.yaml"])
 
 
@@ -59,8 +60,13 @@ prometheus = prometheus_fixture(SCRAPE_S)
 
 def kubectl(server: ApiServer, *args: str, input: str | None = None) -> str:
     kubectl_bin = str(binaries()[1].parent / "kubectl")
-    done = subprocess.run([kubectl_bin, "--kubeconfig", str(server.kubeconfig), *args],
-                          capture_output=True, text=True, input=input, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [kubectl_bin, "--kubeconfig", str(server.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        input=input,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -71,11 +77,14 @@ def broker_pods(server: ApiServer, brokers: list[int]) -> None:
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     ]
     for broker in brokers:
-        objects.append({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{STS}-{broker}", "namespace": NAMESPACE},
-            "spec": {"containers": [{"name": "broker", "image": "tidalmq.local/tidalmq:test"}]},
-        })  # fmt: skip
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{STS}-{broker}", "namespace": NAMESPACE},
+                "spec": {"containers": [{"name": "broker", "image": "tidalmq.local/tidalmq:test"}]},
+            }
+        )
     kubectl(server, "apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(o) for o in objects))
 
 
@@ -100,9 +109,11 @@ def wait(what: str, probe: Any, timeout_s: float = 60.0) -> Any:
 
 @pytest.mark.timeout(240)
 def test_adapter_serves_each_broker_pods_bytes_in_from_prometheus(
-    cluster: LocalClusterProcess, prometheus: PrometheusServer, kube_apiserver: ApiServer,
+    cluster: LocalClusterProcess,
+    prometheus: PrometheusServer,
+    kube_apiserver: ApiServer,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     brokers = {
         row["broker"]: f"127.0.0.1:{row['http_port']}" for row in cluster.status()["brokers"]
     }
@@ -114,8 +125,13 @@ def test_adapter_serves_each_broker_pods_bytes_in_from_prometheus(
         labels={t: {"namespace": NAMESPACE, "pod": f"{STS}-{b}"} for b, t in brokers.items()},
     )
 
-    with MetricsAdapter(tmp_path / "adapter", chart_rule(), prometheus.url,
-                        kube_apiserver.kubeconfig, kube_apiserver.token) as adapter:  # fmt: skip
+    with MetricsAdapter(
+        tmp_path / "adapter",
+        chart_rule(),
+        prometheus.url,
+        kube_apiserver.kubeconfig,
+        kube_apiserver.token,
+    ) as adapter:
         # before any record: both pods have a value, 0 (each leads __consumer_offsets
         # partitions, so each has bytes-in series; a broker leading nothing, e.g. one the HPA
         # just added, reads 0 through the rule's partitions_led fallback: the e2e test)

@@ -56,22 +56,27 @@ def test_every_alert_and_dashboard_query_runs_on_a_real_prometheus(
 ) -> None:
     promtool = Path(prometheus_binary()).with_name("promtool")
     promtool = Path(shutil.which("promtool") or promtool)
-    checked = subprocess.run([str(promtool), "check", "rules", str(RULES)],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    checked = subprocess.run(
+        [str(promtool), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in checked.stdout, checked.stdout
 
     status = cluster.status()
-    prometheus.start({
-        "tidalmq-broker": [f"127.0.0.1:{row['http_port']}" for row in status["brokers"]],
-        "tidalmq-controller": [cluster.controller_url.removeprefix("http://")],
-    }, rule_files=[RULES])  # fmt: skip
+    prometheus.start(
+        {
+            "tidalmq-broker": [f"127.0.0.1:{row['http_port']}" for row in status["brokers"]],
+            "tidalmq-controller": [cluster.controller_url.removeprefix("http://")],
+        },
+        rule_files=[RULES],
+    )
     traffic(cluster)
     # a few scrapes after the traffic: every rate has two samples in its window
     prometheus.wait_for(
         f'count(tidalmq_partition_leader_epoch{{topic="{TOPIC}"}})',
-        lambda r: bool(r) and float(r[0]["value"][1]) == 2, timeout_s=30,
-    )  # fmt: skip
+        lambda r: bool(r) and float(r[0]["value"][1]) == 2,
+        timeout_s=30,
+    )
     time.sleep(4 * SCRAPE_S)
     assert all(prometheus.targets_up().values()), prometheus.targets_up()
 

@@ -52,24 +52,45 @@ def test_add_and_remove_broker_follow_their_moves_and_verify_reports_the_removed
     # a plan that moves a partition onto the new broker, then the broker goes
     led = [p for p, leader in enumerate(cluster.leaders(topic)) if leader == broker]
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"version": 1, "partitions": [
-        {"topic": topic, "partition": led[0], "replicas": [broker]}]}))  # fmt: skip
+    plan.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "partitions": [{"topic": topic, "partition": led[0], "replicas": [broker]}],
+            }
+        )
+    )
     removed = tidalmq("local", "remove-broker", str(broker), *data)
     assert removed.returncode == 0, removed.stdout + removed.stderr
     moved = rows[broker]["partitions"]
     assert f"{moved}/{moved} partitions moved off it" in removed.stdout, removed.stdout
     assert f"broker {broker} removed: {moved} partitions moved off it" in removed.stdout
 
-    verify = tidalmq("reassign", "--bootstrap-server", cluster.bootstrap, "--verify",
-                     "--reassignment-json-file", str(plan))  # fmt: skip
+    verify = tidalmq(
+        "reassign",
+        "--bootstrap-server",
+        cluster.bootstrap,
+        "--verify",
+        "--reassignment-json-file",
+        str(plan),
+    )
     assert verify.returncode == 1, verify.stdout + verify.stderr
     assert f"its target broker {broker} is not in the cluster" in verify.stdout, verify.stdout
-    verify_json = tidalmq("reassign", "--bootstrap-server", cluster.bootstrap, "--verify",
-                          "--reassignment-json-file", str(plan), "--output", "json")  # fmt: skip
+    verify_json = tidalmq(
+        "reassign",
+        "--bootstrap-server",
+        cluster.bootstrap,
+        "--verify",
+        "--reassignment-json-file",
+        str(plan),
+        "--output",
+        "json",
+    )
     assert verify_json.returncode == 1, verify_json.stderr
     (row,) = json.loads(verify_json.stdout)["partitions"]
     assert row["status"] == "target_gone" and row["target"] == broker, row
-    listed = tidalmq("reassign", "--bootstrap-server", cluster.bootstrap, "--list",
-                     "--output", "json")  # fmt: skip
+    listed = tidalmq(
+        "reassign", "--bootstrap-server", cluster.bootstrap, "--list", "--output", "json"
+    )
     assert listed.returncode == 0 and json.loads(listed.stdout) == {"reassignments": []}
     print(f"CLI part: {time.monotonic() - started:.1f}s")

@@ -34,10 +34,11 @@ PARTITIONS = 12
 @pytest.fixture
 def cluster(s3_server: Any, tmp_path: Path) -> Iterator[LocalClusterProcess]:
     with LocalClusterProcess(
-        tmp_path / "cluster", brokers=3,
+        tmp_path / "cluster",
+        brokers=3,
         storage_url=s3_server.url(prefix=f"cluster-{uuid.uuid4().hex[:8]}"),
         env=s3_server.env(),
-    ) as c:  # fmt: skip
+    ) as c:
         yield c
 
 
@@ -47,11 +48,17 @@ class ContinuousProducer(ProducerThread):
     def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 1500) -> None:
         self.topic = topic
         self.rate = rate_per_s
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 5, "message.timeout.ms": 120000, "retry.backoff.ms": 20,
-            "topic.metadata.refresh.interval.ms": 1000,
-        })  # fmt: skip
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 120000,
+                "retry.backoff.ms": 20,
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
         self.acked: dict[int, list[tuple[int, int]]] = defaultdict(
             list
         )  # partition -> (offset, seq)
@@ -73,9 +80,11 @@ class ContinuousProducer(ProducerThread):
         while not self._stop.is_set():
             try:
                 self.producer.produce(
-                    self.topic, key=b"k%d" % (self.sent % 97), value=b"%d" % self.sent,
+                    self.topic,
+                    key=b"k%d" % (self.sent % 97),
+                    value=b"%d" % self.sent,
                     on_delivery=self._on_delivery,
-                )  # fmt: skip
+                )
                 self.sent += 1
             except BufferError:
                 self.producer.poll(0.05)
@@ -109,10 +118,14 @@ def verify_exactly_once_in_order(bootstrap: str, topic: str, producer: Continuou
     # The log itself, read with assign() from the first offset to each high watermark: a
     # consumer group could re-read a partition after a rebalance (no offsets are committed),
     # which would look like a duplicate in the log.
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}",
-        "enable.auto.commit": False, "enable.partition.eof": True,
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"verify-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     ends = {
         p: consumer.get_watermark_offsets(TopicPartition(topic, p), 30)[1]
         for p in range(PARTITIONS)
@@ -327,8 +340,11 @@ def test_local_cluster_restart_and_remove_broker(tmp_path: Path) -> None:
         pid = next(b["pid"] for b in cluster.status()["brokers"] if b["broker"] == 2)
         os.kill(pid, sig.SIGSTOP)
         try:
-            status, error = _post_error(cluster, "/v1/local/remove-broker",
-                                        {"broker_id": 2, "drain_timeout_s": 1, "stop_timeout_s": 1})  # fmt: skip
+            status, error = _post_error(
+                cluster,
+                "/v1/local/remove-broker",
+                {"broker_id": 2, "drain_timeout_s": 1, "stop_timeout_s": 1},
+            )
         finally:
             os.kill(pid, sig.SIGCONT)  # it handles the SIGTERM now, and exits
         assert status == 504 and "did not exit within 1s of SIGTERM" in error, error

@@ -64,8 +64,11 @@ def kafka_brokers(bootstrap: str) -> dict[int, tuple[str, int]]:
 
 def forged_metadata(version: int) -> ClusterMetadata:
     """A metadata image that sends broker 0's clients to EVIL (as the measured attack did)."""
-    return ClusterMetadata(cluster_id="forged", version=version,
-                           brokers={0: BrokerInfo(0, EVIL, 9092, incarnation="forged")})  # fmt: skip
+    return ClusterMetadata(
+        cluster_id="forged",
+        version=version,
+        brokers={0: BrokerInfo(0, EVIL, 9092, incarnation="forged")},
+    )
 
 
 def forged_update(version: int) -> bytes:
@@ -74,9 +77,18 @@ def forged_update(version: int) -> bytes:
 
 
 # an abort marker for another producer's transaction, as a coordinator sends it
-FORGED_MARKERS = {"markers": [{"topic": "orders", "partition": 0, "producer_id": 1,
-                               "producer_epoch": 0, "commit": False,
-                               "coordinator_epoch": 99}]}  # fmt: skip
+FORGED_MARKERS = {
+    "markers": [
+        {
+            "topic": "orders",
+            "partition": 0,
+            "producer_id": 1,
+            "producer_epoch": 0,
+            "commit": False,
+            "coordinator_epoch": 99,
+        }
+    ]
+}
 
 
 def controller_calls(cluster: LocalClusterProcess, victim: int) -> list[tuple[str, str, Any]]:
@@ -86,36 +98,109 @@ def controller_calls(cluster: LocalClusterProcess, victim: int) -> list[tuple[st
     tp = {"topic": "orders", "partition": 0}
     return [
         ("POST", "/v1/brokers/register", {**info.to_json(), "protocol": 2}),
-        ("POST", "/v1/brokers/heartbeat", {
-            "broker_id": victim, "incarnation": "forged", "applied_version": 0, "protocol": 2,
-            "full": True, "open": [], "hwm": [], "floors": []}),
+        (
+            "POST",
+            "/v1/brokers/heartbeat",
+            {
+                "broker_id": victim,
+                "incarnation": "forged",
+                "applied_version": 0,
+                "protocol": 2,
+                "full": True,
+                "open": [],
+                "hwm": [],
+                "floors": [],
+            },
+        ),
         ("POST", "/v1/brokers/drain", {"broker_id": victim, "timeout_s": 5}),
         ("POST", "/v1/brokers/remove", {"broker_id": victim}),
-        ("POST", "/v1/partitions/reports", {"broker_id": victim, "reports": [
-            {"kind": "closed", **tp, "epoch": 99, "topic_id": None, "high_watermark": None,
-             "loss": None, "stored": True}]}),
+        (
+            "POST",
+            "/v1/partitions/reports",
+            {
+                "broker_id": victim,
+                "reports": [
+                    {
+                        "kind": "closed",
+                        **tp,
+                        "epoch": 99,
+                        "topic_id": None,
+                        "high_watermark": None,
+                        "loss": None,
+                        "stored": True,
+                    }
+                ],
+            },
+        ),
         ("POST", "/v1/partitions/closed", {"broker_id": victim, **tp, "epoch": 99}),
         ("POST", "/v1/partitions/opened", {"broker_id": victim, **tp, "epoch": 99}),
-        ("POST", "/v1/partitions/lost", {"broker_id": victim, **tp, "epoch": 99, "loss": {
-            "expected_end": 10, "found_end": 0, "detected_ms": 0, "broker": victim,
-            "reason": "forged"}}),
+        (
+            "POST",
+            "/v1/partitions/lost",
+            {
+                "broker_id": victim,
+                **tp,
+                "epoch": 99,
+                "loss": {
+                    "expected_end": 10,
+                    "found_end": 0,
+                    "detected_ms": 0,
+                    "broker": victim,
+                    "reason": "forged",
+                },
+            },
+        ),
         ("POST", "/v1/topics/create", {"topics": [{"name": "forged", "num_partitions": 1}]}),
         ("POST", "/v1/topics/delete", {"names": ["orders"]}),
         ("POST", "/v1/topics/partitions", {"name": "orders", "total": 9}),
-        ("POST", "/v1/topics/configs", {"name": "orders", "changes": {"retention.ms": "1"},
-                                        "incremental": True, "validate_only": False}),
-        ("POST", "/v1/brokers/configs", {"scope": "", "changes": {"log.retention.ms": "1"},
-                                         "incremental": True, "validate_only": False}),
-        ("POST", "/v1/scram-credentials/alter", {"deletions": [], "upsertions": [
-            {"name": "mallory", "mechanism": 2, "iterations": 4096, "salt": "c2FsdA==",
-             "salted_password": "cGFzc3dvcmQ="}]}),
+        (
+            "POST",
+            "/v1/topics/configs",
+            {
+                "name": "orders",
+                "changes": {"retention.ms": "1"},
+                "incremental": True,
+                "validate_only": False,
+            },
+        ),
+        (
+            "POST",
+            "/v1/brokers/configs",
+            {
+                "scope": "",
+                "changes": {"log.retention.ms": "1"},
+                "incremental": True,
+                "validate_only": False,
+            },
+        ),
+        (
+            "POST",
+            "/v1/scram-credentials/alter",
+            {
+                "deletions": [],
+                "upsertions": [
+                    {
+                        "name": "mallory",
+                        "mechanism": 2,
+                        "iterations": 4096,
+                        "salt": "c2FsdA==",
+                        "salted_password": "cGFzc3dvcmQ=",
+                    }
+                ],
+            },
+        ),
         # ACLs: ALL on every topic to User:mallory; every binding deleted
         ("POST", "/v1/acls/create", {"bindings": [[2, "*", 3, "User:mallory", "*", 2, 3]]}),
         ("POST", "/v1/acls/delete", {"filters": [[1, None, 1, None, None, 1, 1]]}),
         # transaction.version finalized at 2 behind the cluster's back
-        ("POST", "/v1/features/update", {"updates": [
-            {"name": "transaction.version", "level": 2, "upgrade_type": 1}],
-            "validate_only": False}),
+        (
+            "POST",
+            "/v1/features/update",
+            {
+                "updates": [{"name": "transaction.version", "level": 2, "upgrade_type": 1}],
+                "validate_only": False,
+            },
+        ),
         ("POST", "/v1/producer-ids", {}),
         ("POST", "/v1/transactions/state-topic", {}),
         ("POST", "/v1/transactions/markers", {"broker_id": 1 - victim, "markers": FORGED_MARKERS}),
@@ -126,7 +211,11 @@ def controller_calls(cluster: LocalClusterProcess, victim: int) -> list[tuple[st
         ("POST", "/v1/static-topics/create", {"name": "forged", "total_queues": 2}),
         ("POST", "/v1/static-topics/update", {"name": "forged", "total_queues": 4}),
         ("POST", "/v1/static-topics/describe", {"name": "forged"}),
-        ("POST", "/v1/static-topics/remap", {"name": "forged", "moves": [{"queue": 0, "broker": 0}]}),
+        (
+            "POST",
+            "/v1/static-topics/remap",
+            {"name": "forged", "moves": [{"queue": 0, "broker": 0}]},
+        ),
         ("POST", "/v1/static-topics/repair", {"name": "forged"}),
         ("POST", "/v1/local/add-broker", {}),
         ("POST", "/v1/local/remove-broker", {"broker_id": victim}),
@@ -139,7 +228,7 @@ def controller_calls(cluster: LocalClusterProcess, victim: int) -> list[tuple[st
         ("GET", "/v1/static-topics", None),
         ("GET", "/v1/static-topics/remaps", None),
         ("GET", "/v1/local/status", None),
-    ]  # fmt: skip
+    ]
 
 
 def state_of(cluster: LocalClusterProcess) -> dict[str, Any]:
@@ -182,8 +271,11 @@ def test_forged_control_calls_change_nothing_in_a_local_cluster(
     started = time.monotonic()
     token = cluster.control_token
     assert (cluster.data_dir / "control-token").stat().st_mode & 0o777 == 0o600
-    status, _ = call(f"{cluster.controller_url}/v1/topics/create", {"topics": [
-        {"name": "orders", "num_partitions": 4}]}, token)  # fmt: skip
+    status, _ = call(
+        f"{cluster.controller_url}/v1/topics/create",
+        {"topics": [{"name": "orders", "num_partitions": 4}]},
+        token,
+    )
     assert status == 200
     cluster.wait_settled()
     before = state_of(cluster)
@@ -205,18 +297,21 @@ def test_forged_control_calls_change_nothing_in_a_local_cluster(
         assert status == 403 and "may not act for broker 1" in doc["error"], (path, doc)
         refused += 1
     for path in ("/v1/local/kill-broker", "/v1/data-loss/accept", "/v1/static-topics/create"):
-        status, _ = call(base + path, {"broker_id": 0, "topic": "orders", "name": "x",
-                                       "total_queues": 1}, zero)  # fmt: skip
+        status, _ = call(
+            base + path, {"broker_id": 0, "topic": "orders", "name": "x", "total_queues": 1}, zero
+        )
         assert status == 403, path
         refused += 1
     # each broker's control endpoints: a forged push, a forged update, a drain
     for broker_id, port in http.items():
         url = f"http://127.0.0.1:{port}"
         other = broker_token(token, 1 - broker_id)
-        for path, body in (("/v1/metadata", forged_metadata(10**9).to_json()),
-                           ("/v1/metadata/updates", forged_update(10**9)),
-                           ("/v1/drain", {"timeout_s": 5}),
-                           ("/v1/transactions/markers", FORGED_MARKERS)):  # fmt: skip
+        for path, body in (
+            ("/v1/metadata", forged_metadata(10**9).to_json()),
+            ("/v1/metadata/updates", forged_update(10**9)),
+            ("/v1/drain", {"timeout_s": 5}),
+            ("/v1/transactions/markers", FORGED_MARKERS),
+        ):
             for bad in (None, WRONG, other, token):  # the cluster token is not a broker's
                 status, doc = call(url + path, body, bad)
                 assert status == 401, (broker_id, path, bad, status, doc)
@@ -230,13 +325,21 @@ def test_forged_control_calls_change_nothing_in_a_local_cluster(
     print(f"\n{refused} forged calls refused")
 
     # the same calls with the right tokens work
-    heartbeat = {"broker_id": 0, "incarnation": before["brokers"]["0"]["incarnation"],
-                 "applied_version": 0, "protocol": 2, "full": False, "open": [], "hwm": [],
-                 "floors": []}  # fmt: skip
+    heartbeat = {
+        "broker_id": 0,
+        "incarnation": before["brokers"]["0"]["incarnation"],
+        "applied_version": 0,
+        "protocol": 2,
+        "full": False,
+        "open": [],
+        "hwm": [],
+        "floors": [],
+    }
     status, doc = call(base + "/v1/brokers/heartbeat", heartbeat, zero)
     assert status == 200 and doc["reply"]["fenced"] is False, doc
-    status, doc = call(base + "/v1/topics/create", {"topics": [
-        {"name": "extra", "num_partitions": 1}]}, token)  # fmt: skip
+    status, doc = call(
+        base + "/v1/topics/create", {"topics": [{"name": "extra", "num_partitions": 1}]}, token
+    )
     assert status == 200 and doc["results"][0]["error"] is None, doc
     status, doc = call(base + "/v1/topics/delete", {"names": ["extra"]}, one)  # as a broker would
     assert status == 200 and doc["results"][0]["error"] is None, doc
@@ -244,8 +347,13 @@ def test_forged_control_calls_change_nothing_in_a_local_cluster(
     assert status == 200 and doc["drained"] is True, doc
     cli = [sys.executable, "-m", "tidalmq_broker.cli"]
     data = ["--data-dir", str(cluster.data_dir)]
-    for args in (["local", "status"], ["recover"], ["static-topic", "list"],
-                 ["local", "remove-broker", "1"], ["local", "kill-broker", "0"]):  # fmt: skip
+    for args in (
+        ["local", "status"],
+        ["recover"],
+        ["static-topic", "list"],
+        ["local", "remove-broker", "1"],
+        ["local", "kill-broker", "0"],
+    ):
         done = subprocess.run([*cli, *args, *data], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (args, done.stdout, done.stderr)
     rows = {r["broker"]: r["process"] for r in cluster.status()["brokers"]}
@@ -256,15 +364,18 @@ def test_forged_control_calls_change_nothing_in_a_local_cluster(
 def test_forged_control_calls_are_refused_by_a_standalone_broker(tmp_path: Path) -> None:
     started = time.monotonic()
     token = secrets.token_urlsafe(32)
-    broker = BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs",
-                           env={"TIDALMQ_CONTROL_TOKEN": token})  # fmt: skip
+    broker = BrokerProcess(
+        f"file://{tmp_path / 'objects'}", tmp_path / "logs", env={"TIDALMQ_CONTROL_TOKEN": token}
+    )
     with broker:
         before = kafka_brokers(broker.bootstrap)
         assert before == {0: ("127.0.0.1", broker.port)}
         url = broker.http_url
-        calls = (("/v1/metadata", forged_metadata(10**9).to_json()),
-                 ("/v1/metadata/updates", forged_update(10**9)),
-                 ("/v1/drain", {"timeout_s": 5}))  # fmt: skip
+        calls = (
+            ("/v1/metadata", forged_metadata(10**9).to_json()),
+            ("/v1/metadata/updates", forged_update(10**9)),
+            ("/v1/drain", {"timeout_s": 5}),
+        )
         for path, body in calls:
             for bad in (None, WRONG, broker_token(token, 1), broker_token(WRONG, 0)):
                 status, doc = call(url + path, body, bad)

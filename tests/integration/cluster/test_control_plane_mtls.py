@@ -39,8 +39,9 @@ def call(
 ) -> tuple[int, Any]:
     """(status, JSON answer); (0, why) when the TLS handshake or connection fails."""
     data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Authorization": f"Bearer {token}"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30, context=ctx) as resp:
             return resp.status, json.loads(resp.read())
@@ -77,12 +78,19 @@ def test_control_calls_without_the_right_certificate_are_refused(
     # a certificate of another CA that names the administrator's role
     other_ca = certs.new_ca("Kafka clients CA")
     certs.write_keystore(tmp_path / "other.pem", certs.issue(other_ca, "controller", client=True))
-    wrong_ca = presenting(ControlTls(str(tmp_path / "other.pem"), str(tmp_path / "other.pem"),
-                                     str(ca_file)), ca_file)  # fmt: skip
-    broker0 = presenting(ControlTls(str(tls_dir / "broker-0.pem"), str(tls_dir / "broker-0.pem"),
-                                    str(ca_file)), ca_file)  # fmt: skip
-    status, _ = call(f"{cluster.controller_url}/v1/topics/create", {"topics": [
-        {"name": "orders", "num_partitions": 4}]}, token, cluster.control_context)  # fmt: skip
+    wrong_ca = presenting(
+        ControlTls(str(tmp_path / "other.pem"), str(tmp_path / "other.pem"), str(ca_file)), ca_file
+    )
+    broker0 = presenting(
+        ControlTls(str(tls_dir / "broker-0.pem"), str(tls_dir / "broker-0.pem"), str(ca_file)),
+        ca_file,
+    )
+    status, _ = call(
+        f"{cluster.controller_url}/v1/topics/create",
+        {"topics": [{"name": "orders", "num_partitions": 4}]},
+        token,
+        cluster.control_context,
+    )
     assert status == 200
     cluster.wait_settled()
     before = state_of(cluster)
@@ -110,11 +118,14 @@ def test_control_calls_without_the_right_certificate_are_refused(
         assert url.startswith("https://"), row
         other = broker_token(token, broker_id)
         other_cert = tls_dir / f"broker-{1 - broker_id}.pem"
-        other_broker = presenting(ControlTls(str(other_cert), str(other_cert), str(ca_file)),
-                                  ca_file)  # fmt: skip
-        for path, body in (("/v1/metadata", forged_metadata(10**9).to_json()),
-                           ("/v1/metadata/updates", forged_update(10**9)),
-                           ("/v1/drain", {"timeout_s": 5})):  # fmt: skip
+        other_broker = presenting(
+            ControlTls(str(other_cert), str(other_cert), str(ca_file)), ca_file
+        )
+        for path, body in (
+            ("/v1/metadata", forged_metadata(10**9).to_json()),
+            ("/v1/metadata/updates", forged_update(10**9)),
+            ("/v1/drain", {"timeout_s": 5}),
+        ):
             assert call(url + path, body, other, presenting(None, ca_file))[0] == 401, path
             assert call(url + path, body, other, wrong_ca)[0] == 0, path
             status, doc = call(url + path, body, other, other_broker)
@@ -127,7 +138,11 @@ def test_control_calls_without_the_right_certificate_are_refused(
     # the CLI presents the data dir's admin certificate
     cli = [sys.executable, "-m", "tidalmq_broker.cli"]
     for args in (["local", "status"], ["recover"], ["local", "kill-broker", "1"]):
-        done = subprocess.run([*cli, *args, "--data-dir", str(cluster.data_dir)],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [*cli, *args, "--data-dir", str(cluster.data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, (args, done.stdout, done.stderr)
     print(f"mTLS part: {time.monotonic() - started:.1f}s")

@@ -69,8 +69,9 @@ def create_topic(bootstrap: str) -> None:
 
 def produce_acknowledged(bootstrap: str, count: int) -> dict[int, list[int]]:
     """`count` records with an idempotent producer; the acknowledged offsets per partition."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                         "acks": "all", "linger.ms": 5})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+    )
     acked: dict[int, list[int]] = {}
     errors: list[str] = []
 
@@ -81,8 +82,9 @@ def produce_acknowledged(bootstrap: str, count: int) -> dict[int, list[int]]:
             acked.setdefault(msg.partition(), []).append(msg.offset())
 
     for i in range(count):
-        producer.produce(TOPIC, key=b"k%d" % i, value=b"v%d" % i, partition=i % PARTITIONS,
-                         on_delivery=done)  # fmt: skip
+        producer.produce(
+            TOPIC, key=b"k%d" % i, value=b"v%d" % i, partition=i % PARTITIONS, on_delivery=done
+        )
         producer.poll(0)
     assert producer.flush(60) == 0
     assert not errors, errors[:3]
@@ -92,11 +94,22 @@ def produce_acknowledged(bootstrap: str, count: int) -> dict[int, list[int]]:
 
 def produce_once(bootstrap: str, partition: int) -> tuple[KafkaError | None, int]:
     """One record, no retries: the broker's own answer (error, offset)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": False,
-                         "retries": 0, "acks": "all", "message.timeout.ms": 15000})  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": False,
+            "retries": 0,
+            "acks": "all",
+            "message.timeout.ms": 15000,
+        }
+    )
     out: list[tuple[KafkaError | None, int]] = []
-    producer.produce(TOPIC, value=b"after", partition=partition,
-                     on_delivery=lambda err, msg: out.append((err, msg.offset())))  # fmt: skip
+    producer.produce(
+        TOPIC,
+        value=b"after",
+        partition=partition,
+        on_delivery=lambda err, msg: out.append((err, msg.offset())),
+    )
     producer.flush(30)
     assert out, "no delivery report"
     return out[0]
@@ -112,27 +125,54 @@ def leader_address(cluster: LocalClusterProcess, partition: int) -> str:
 def fetch_error(cluster: LocalClusterProcess, partition: int, offset: int = 0) -> int:
     """Fetch at the protocol level from the partition's leader: its error code."""
     with AdminClient(leader_address(cluster, partition)) as client:
-        resp = client.call(1, 4, {
-            "replica_id": -1, "max_wait": 100, "min_bytes": 1, "max_bytes": 1 << 20,
-            "isolation_level": 0,
-            "topics": [{"topic": TOPIC, "partitions": [
-                {"partition": partition, "fetch_offset": offset, "partition_max_bytes": 1 << 20}
-            ]}],
-        })  # fmt: skip
+        resp = client.call(
+            1,
+            4,
+            {
+                "replica_id": -1,
+                "max_wait": 100,
+                "min_bytes": 1,
+                "max_bytes": 1 << 20,
+                "isolation_level": 0,
+                "topics": [
+                    {
+                        "topic": TOPIC,
+                        "partitions": [
+                            {
+                                "partition": partition,
+                                "fetch_offset": offset,
+                                "partition_max_bytes": 1 << 20,
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
     return int(resp.responses[0].partitions[0].error_code)
 
 
 def list_offsets_error(cluster: LocalClusterProcess, partition: int) -> int:
     with AdminClient(leader_address(cluster, partition)) as client:
-        resp = client.call(2, 1, {"replica_id": -1, "topics": [
-            {"name": TOPIC, "partitions": [{"partition_index": partition, "timestamp": -1}]}
-        ]})  # fmt: skip
+        resp = client.call(
+            2,
+            1,
+            {
+                "replica_id": -1,
+                "topics": [
+                    {"name": TOPIC, "partitions": [{"partition_index": partition, "timestamp": -1}]}
+                ],
+            },
+        )
     return int(resp.topics[0].partitions[0].error_code)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tidalmq_broker.cli", *args],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tidalmq_broker.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def eventually(check: Callable[[], Any], timeout_s: float = 15.0, what: str = "") -> Any:
@@ -165,19 +205,28 @@ def storage_error(err: KafkaError | None) -> bool:
 
 def assert_store_lost(cluster: LocalClusterProcess, problem: str) -> None:
     """Every broker stops serving: KAFKA_STORAGE_ERROR, /readyz 503 with the reason, metric 1."""
-    eventually(lambda: storage_error(produce_once(cluster.bootstrap, 0)[0]), 20,
-               "produce answers KAFKA_STORAGE_ERROR")  # fmt: skip
+    eventually(
+        lambda: storage_error(produce_once(cluster.bootstrap, 0)[0]),
+        20,
+        "produce answers KAFKA_STORAGE_ERROR",
+    )
     # each broker checks the marker on its own: partition 1's leader may be a moment later
-    eventually(lambda: fetch_error(cluster, 1) == ErrorCode.kafka_storage_error, 10,
-               "fetch answers KAFKA_STORAGE_ERROR")  # fmt: skip
+    eventually(
+        lambda: fetch_error(cluster, 1) == ErrorCode.kafka_storage_error,
+        10,
+        "fetch answers KAFKA_STORAGE_ERROR",
+    )
     for row in cluster.status()["brokers"]:
         port = row["http_port"]
         _status, body = eventually(lambda p=port: (s := readyz(p))[0] == 503 and s, 10, "readyz")
         assert problem in body
         assert any(line.endswith(" 1.0") for line in metric(port, "tidalmq_store_lost{")), port
     # the controller checks the marker on its own interval too
-    eventually(lambda: problem in (cluster.status()["store_problem"] or ""), 30,
-               "local status shows the store problem")  # fmt: skip
+    eventually(
+        lambda: problem in (cluster.status()["store_problem"] or ""),
+        30,
+        "local status shows the store problem",
+    )
 
 
 def test_deleted_partition_data_is_lost_until_accepted_and_continues_after_the_old_end(
@@ -200,8 +249,9 @@ def test_deleted_partition_data_is_lost_until_accepted_and_continues_after_the_o
     cluster = started()
     # no partition serves from 0: writes and reads fail with the storage error
     for p in range(PARTITIONS):
-        err, _ = eventually(lambda p=p: (r := produce_once(cluster.bootstrap, p))[0] and r, 20,
-                            "produce fails")  # fmt: skip
+        err, _ = eventually(
+            lambda p=p: (r := produce_once(cluster.bootstrap, p))[0] and r, 20, "produce fails"
+        )
         assert storage_error(err), err
         assert fetch_error(cluster, p) == ErrorCode.kafka_storage_error
         assert list_offsets_error(cluster, p) == ErrorCode.kafka_storage_error
@@ -214,8 +264,11 @@ def test_deleted_partition_data_is_lost_until_accepted_and_continues_after_the_o
         return {r["partition"]: r for r in status["lost"] if r["topic"] == TOPIC}
 
     # a broker refuses the partition at once; its report reaches the controller a moment later
-    lost = eventually(lambda: (rows := lost_rows()) and sorted(rows) == list(range(PARTITIONS))
-                      and rows, 20, "every partition reported lost")  # fmt: skip
+    lost = eventually(
+        lambda: (rows := lost_rows()) and sorted(rows) == list(range(PARTITIONS)) and rows,
+        20,
+        "every partition reported lost",
+    )
     assert sorted(lost) == list(range(PARTITIONS))
     for p, row in lost.items():
         assert (row["expected_end"], row["found_end"]) == (ends[p], 0)
@@ -237,13 +290,21 @@ def test_deleted_partition_data_is_lost_until_accepted_and_continues_after_the_o
 
     # serving again, after the old end: no offset is reused
     for p in range(PARTITIONS):
-        err, offset = eventually(lambda p=p: (r := produce_once(cluster.bootstrap, p))[0] is None and r,
-                                 30, "produce succeeds after the accept")  # fmt: skip
+        err, offset = eventually(
+            lambda p=p: (r := produce_once(cluster.bootstrap, p))[0] is None and r,
+            30,
+            "produce succeeds after the accept",
+        )
         assert offset == ends[p]
     new = produce_acknowledged(cluster.bootstrap, 30)
     assert all(min(offsets) > ends[p] for p, offsets in new.items())
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "dl-check",
-                         "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": "dl-check",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([KafkaTP(TOPIC, p, ends[p]) for p in range(PARTITIONS)])
     got: Counter[int] = Counter()
     deadline = time.monotonic() + 30

@@ -37,8 +37,12 @@ def produce(bootstrap: str, partition: int, count: int) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
     errors: list[str] = []
     for i in range(count):
-        p.produce(TOPIC, f"r{i}".encode(), partition=partition,
-                  on_delivery=lambda err, _m: errors.append(str(err)) if err else None)  # fmt: skip
+        p.produce(
+            TOPIC,
+            f"r{i}".encode(),
+            partition=partition,
+            on_delivery=lambda err, _m: errors.append(str(err)) if err else None,
+        )
     assert p.flush(30) == 0 and not errors, errors
 
 

@@ -7,15 +7,19 @@ has no place for them and gets the bare error."""
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 import struct
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.protocol.codec import decode_response, encode_request
@@ -178,3 +182,94 @@ def test_produce_and_fetch_to_the_old_leader_name_the_new_one(
         (-1, -1),
         [],
     )
+
+
+def leader_hints_sent(cluster: LocalClusterProcess) -> dict[tuple[int, str], float]:
+    """Each broker's `tidalmq_leader_hints_total` by API, from its /metrics."""
+    sent: dict[tuple[int, str], float] = {}
+    for row in cluster.status()["brokers"]:
+        url = f"http://127.0.0.1:{row['http_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("tidalmq_leader_hints_total{"):
+                    api = re.search(r'api="([^"]+)"', line)
+                    assert api is not None, line
+                    sent[(row["broker"], api.group(1))] = float(line.rsplit(" ", 1)[1])
+    return sent
+
+
+def test_a_producer_moves_to_the_leader_the_old_one_names(
+    cluster: LocalClusterProcess,
+) -> None:
+    """librdkafka (2.5+, Produce v10+) whose metadata predates a move, as a producer's does when
+    it was idle during the move (no periodic refresh here): its next batch goes to the old
+    leader, which answers NOT_LEADER_OR_FOLLOWER naming the new leader (counted in
+    tidalmq_leader_hints_total); the producer takes the leader from that answer (its
+    METADATAUPDATE line "updated with leader", written for KIP-951 hints only: a Metadata
+    answer is logged as "Topic orders [0] Leader ...") and every record is delivered once, in
+    order. Without the hints the producer learns the leader from a Metadata request only."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+    cluster.wait_settled()
+    old = cluster.leaders(TOPIC)[0]
+    addresses = {b.node_id: (b.host, b.port) for b in metadata(_bootstrap(cluster)).brokers}
+    new = next(b for b in addresses if b != old)
+    client_log: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            client_log.append(record.getMessage())
+
+    logger = logging.getLogger("kip-951-producer")
+    logger.addHandler(Lines())
+    logger.setLevel(logging.DEBUG)
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "debug": "metadata",
+            # no periodic refresh: the producer's metadata stays what it was before the move
+            "topic.metadata.refresh.interval.ms": 600_000,
+        },
+        logger=logger,
+    )
+    delivered: list[int] = []  # offsets
+    failed: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            failed.append(str(err))
+        else:
+            delivered.append(msg.offset())
+
+    def produce_some(n: int) -> None:
+        for i in range(n):
+            producer.produce(TOPIC, value=b"%d" % i, partition=0, on_delivery=on_delivery)
+        assert producer.flush(30) == 0
+
+    produce_some(20)
+    cluster.reassign({(TOPIC, 0): new})
+    cluster.wait_settled()
+    assert cluster.leaders(TOPIC) == [new]
+    # the old leader answers from its metadata image, a heartbeat or so behind the controller's
+    deadline = time.monotonic() + 30
+    while metadata(addresses[old]).topics[0].partitions[0].leader_id != new:
+        assert time.monotonic() < deadline, "the old leader's image never named the new one"
+        time.sleep(0.2)
+    before = leader_hints_sent(cluster)
+    moved = f"updated with leader {new} "
+    assert not any(moved in line for line in client_log)
+
+    produce_some(20)
+    assert failed == []
+    assert any(moved in line for line in client_log), "\n".join(client_log[-40:])
+    after = leader_hints_sent(cluster)
+    assert after.get((old, "produce"), 0) > before.get((old, "produce"), 0), (before, after)
+    assert delivered == list(range(40))  # every record once, in order, on both leaders
+
+
+def _bootstrap(cluster: LocalClusterProcess) -> tuple[str, int]:
+    host, port = cluster.bootstrap.split(",")[0].rsplit(":", 1)
+    return host, int(port)

@@ -62,8 +62,13 @@ def produce(bootstrap: str, topic: str, count: int) -> int:
 
 
 def consume_all(bootstrap: str, topic: str, partitions: int, expected: int) -> int:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{time.time()}",
-                         "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{time.time()}",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([KafkaTP(topic, p, 0) for p in range(partitions)])
     seen = 0
     deadline = time.monotonic() + 60
@@ -251,8 +256,9 @@ def test_dead_brokers_are_listed_with_how_long_ago_until_replaced_or_removed(
     assert rows(cluster)[2]["state"] == "alive"
 
     cluster.kill_broker(1)
-    removed = tidalmq("local", "remove-broker", "1", "--data-dir", str(cluster.data_dir),
-                      cwd=elsewhere)  # fmt: skip
+    removed = tidalmq(
+        "local", "remove-broker", "1", "--data-dir", str(cluster.data_dir), cwd=elsewhere
+    )
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert sorted(rows(cluster)) == [0, 2], "a removed broker leaves the table"
     cluster.wait_settled()

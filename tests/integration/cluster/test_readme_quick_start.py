@@ -98,8 +98,15 @@ def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
                 script = workdir / f"block{i}.py"
                 script.write_text(adapt(code))
                 started = time.monotonic()
-                out = subprocess.run([sys.executable, str(script)], cwd=workdir, env=env,
-                                     capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+                out = subprocess.run(
+                    [sys.executable, str(script)],
+                    cwd=workdir,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=180,
+                    check=False,
+                )
                 took = time.monotonic() - started
                 assert out.returncode == 0, f"README block {i} (python):\n{code}\n{out.stderr}"
                 assert "orders" in out.stdout and "b'hello'" in out.stdout, out.stdout
@@ -107,8 +114,15 @@ def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
                 continue
             assert lang == "sh", lang
             for command in commands(code):
-                out = subprocess.run(["bash", "-c", adapt(command)], cwd=workdir, env=env,
-                                     capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+                out = subprocess.run(
+                    ["bash", "-c", adapt(command)],
+                    cwd=workdir,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=240,
+                    check=False,
+                )
                 expected = next((m for c, m in EXPECTED_FAILURES.items() if c in command), None)
                 if expected is None:
                     assert out.returncode == 0, (

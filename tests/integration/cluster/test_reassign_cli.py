@@ -30,18 +30,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClusterPr
     # long enough that a broker stopped with SIGSTOP for a few CLI calls is neither declared
     # dead nor fenced meanwhile (the cancel test holds a move half way that way)
     with LocalClusterProcess(
-        tmp_path_factory.mktemp("reassign-cli") / "cluster", brokers=3,
+        tmp_path_factory.mktemp("reassign-cli") / "cluster",
+        brokers=3,
         env={"TIDALMQ_SESSION_TIMEOUT_S": "60", "TIDALMQ_ELECTION_TIMEOUT_S": "60"},
-    ) as c:  # fmt: skip
+    ) as c:
         yield c
 
 
 def reassign(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tidalmq_broker.cli", "reassign", "--bootstrap-server", bootstrap,
-         *args],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tidalmq_broker.cli",
+            "reassign",
+            "--bootstrap-server",
+            bootstrap,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def new_topic(cluster: LocalClusterProcess, partitions: int) -> str:
@@ -69,20 +80,32 @@ def brokers(cluster: LocalClusterProcess) -> list[int]:
         ("--execute", [{"partition": 7, "replicas": [0]}], "unknown partition"),
         ("--verify", [{"partition": 7, "replicas": [0]}], "unknown partition"),
         ("--cancel", [{"partition": 7, "replicas": [0]}], "unknown partition"),
-        ("--cancel", [{"topic": "no-such-topic", "partition": 0, "replicas": [0]}],
-         "unknown topic 'no-such-topic'"),
-        ("--execute", [{"partition": 0, "replicas": [1]}, {"partition": 0, "replicas": [2]}],
-         "appears more than once"),
-        ("--cancel", [{"partition": 0, "replicas": [1]}, {"partition": 0, "replicas": [2]}],
-         "appears more than once"),
+        (
+            "--cancel",
+            [{"topic": "no-such-topic", "partition": 0, "replicas": [0]}],
+            "unknown topic 'no-such-topic'",
+        ),
+        (
+            "--execute",
+            [{"partition": 0, "replicas": [1]}, {"partition": 0, "replicas": [2]}],
+            "appears more than once",
+        ),
+        (
+            "--cancel",
+            [{"partition": 0, "replicas": [1]}, {"partition": 0, "replicas": [2]}],
+            "appears more than once",
+        ),
         # [U1]: an error, then "Successfully started partition reassignments for" nothing
         ("--execute", [{"partition": 0}, {"partition": 1, "replicas": [0]}], 'no "replicas"'),
     ],
-)  # fmt: skip
+)
 def test_a_bad_plan_exits_2_and_changes_nothing(
-    cluster: LocalClusterProcess, tmp_path: Path, mode: str, entries: list[dict[str, Any]],
+    cluster: LocalClusterProcess,
+    tmp_path: Path,
+    mode: str,
+    entries: list[dict[str, Any]],
     message: str,
-) -> None:  # fmt: skip
+) -> None:
     topic = new_topic(cluster, 2)
     leaders = cluster.leaders(topic)
     plan = plan_file(tmp_path, [{"topic": topic, **e} for e in entries])
@@ -112,9 +135,17 @@ def test_execute_returns_at_once_and_verify_follows(
     # tests/integration/security/test_reassign_sasl_ssl.py for SASL_SSL)
     (tmp_path / "client.properties").write_text("security.protocol=PLAINTEXT\n")
     result = reassign(
-        cluster.bootstrap, "--execute", "--reassignment-json-file", plan, "--timeout", "30000",
-        "--command-config", str(tmp_path / "client.properties"), "--throttle", "1000",
-    )  # fmt: skip
+        cluster.bootstrap,
+        "--execute",
+        "--reassignment-json-file",
+        plan,
+        "--timeout",
+        "30000",
+        "--command-config",
+        str(tmp_path / "client.properties"),
+        "--throttle",
+        "1000",
+    )
     assert result.returncode == 0, result.stderr
     assert "Successfully started partition reassignments" in result.stdout
     assert "Current partition replica assignment" in result.stdout
@@ -171,9 +202,14 @@ def test_generate_proposes_a_balanced_plan(cluster: LocalClusterProcess, tmp_pat
     topics.write_text(json.dumps({"version": 1, "topics": [{"topic": topic}]}))
     ids = brokers(cluster)[:2]
     result = reassign(
-        cluster.bootstrap, "--generate", "--topics-to-move-json-file", str(topics),
-        "--broker-list", ",".join(map(str, ids)), "--disable-rack-aware",
-    )  # fmt: skip
+        cluster.bootstrap,
+        "--generate",
+        "--topics-to-move-json-file",
+        str(topics),
+        "--broker-list",
+        ",".join(map(str, ids)),
+        "--disable-rack-aware",
+    )
     assert result.returncode == 0, result.stderr
     assert "--disable-rack-aware" in result.stderr  # noted
     current, proposed = result.stdout.split("Proposed partition reassignment configuration")
@@ -184,7 +220,11 @@ def test_generate_proposes_a_balanced_plan(cluster: LocalClusterProcess, tmp_pat
     per_broker = [sum(r == [b] for r in replicas.values()) for b in ids]
     assert per_broker == [3, 3], replicas
     unknown = reassign(
-        cluster.bootstrap, "--generate", "--topics-to-move-json-file", str(topics),
-        "--broker-list", "0,77",
-    )  # fmt: skip
+        cluster.bootstrap,
+        "--generate",
+        "--topics-to-move-json-file",
+        str(topics),
+        "--broker-list",
+        "0,77",
+    )
     assert unknown.returncode == 2 and "unknown brokers [77]" in unknown.stderr

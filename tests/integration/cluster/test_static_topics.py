@@ -43,10 +43,11 @@ KEYS = 64
 @pytest.fixture
 def cluster(s3_server: Any, tmp_path: Path) -> Iterator[LocalClusterProcess]:
     with LocalClusterProcess(
-        tmp_path / "cluster", brokers=3,
+        tmp_path / "cluster",
+        brokers=3,
         storage_url=s3_server.url(prefix=f"static-{uuid.uuid4().hex[:8]}"),
         env=s3_server.env(),
-    ) as c:  # fmt: skip
+    ) as c:
         yield c
 
 
@@ -75,11 +76,17 @@ class KeyedProducer(ProducerThread):
     def __init__(self, bootstrap: str, topic: str, rate_per_s: int = 1000) -> None:
         self.topic = topic
         self.rate = rate_per_s
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 5, "message.timeout.ms": 180000, "retry.backoff.ms": 20,
-            "topic.metadata.refresh.interval.ms": 1000,
-        })  # fmt: skip
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 180000,
+                "retry.backoff.ms": 20,
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
         self.acked: dict[int, tuple[int, int, bytes]] = {}  # value -> (partition, offset, key)
         self.errors: list[str] = []
         self.phase = "start"  # what the test was doing, recorded with each error
@@ -99,8 +106,12 @@ class KeyedProducer(ProducerThread):
         next_at = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.producer.produce(self.topic, key=b"key-%d" % (self.sent % KEYS),
-                                      value=b"%d" % self.sent, on_delivery=self._on_delivery)  # fmt: skip
+                self.producer.produce(
+                    self.topic,
+                    key=b"key-%d" % (self.sent % KEYS),
+                    value=b"%d" % self.sent,
+                    on_delivery=self._on_delivery,
+                )
                 self.sent += 1
             except BufferError:
                 self.producer.poll(0.05)
@@ -123,19 +134,27 @@ def producing(cluster: LocalClusterProcess) -> Iterator[Callable[[str], KeyedPro
 
 
 _COORDINATOR_MOVING = {
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.NOT_COORDINATOR,
-    KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
-}  # fmt: skip
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError._TIMED_OUT,
+    KafkaError.REQUEST_TIMED_OUT,
+}
 
 
 class GroupReader:
     """A consumer of group `group` that commits synchronously after every poll batch."""
 
     def __init__(self, bootstrap: str, topic: str, group: str) -> None:
-        self.consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-            "enable.auto.commit": False, "topic.metadata.refresh.interval.ms": 1000,
-        })  # fmt: skip
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
         self.consumer.subscribe([topic])
         self.got: list[tuple[int, int, int, bytes]] = []  # (partition, offset, value, key)
         self.commit_retries = 0
@@ -211,10 +230,13 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
     queues = describe(cluster, name)["queues"]
     brokers = sorted({b["broker"] for b in cluster.status()["brokers"]})
     moves = [
-        {"queue": q["queue"], "broker": brokers[(brokers.index(q["broker"]) + 1) % len(brokers)],
-         "mode": "strict" if q["queue"] % 2 else "available"}
+        {
+            "queue": q["queue"],
+            "broker": brokers[(brokers.index(q["broker"]) + 1) % len(brokers)],
+            "mode": "strict" if q["queue"] % 2 else "available",
+        }
         for q in queues
-    ]  # fmt: skip
+    ]
     records = cluster.call("/v1/static-topics/remap", {"name": name, "moves": moves})
     assert len(records) == QUEUES and all(r["opened_ms"] is not None for r in records)
     assert all(r["jump"] == 0 for r in records if r["mode"] == "strict")
@@ -246,22 +268,38 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
     # a broker joins: it takes a fair share of the logic queues
     producer.phase = "broker joins"
     new = cluster.add_broker()
-    wait_until(lambda: any(q["broker"] == new for q in describe(cluster, name)["queues"])
-               and settled(cluster, name), what="queues on the new broker")  # fmt: skip
+    wait_until(
+        lambda: (
+            any(q["broker"] == new for q in describe(cluster, name)["queues"])
+            and settled(cluster, name)
+        ),
+        what="queues on the new broker",
+    )
     reader.poll_for(2)
     # a broker is drained and removed: its queues move away
     producer.phase = "broker drained"
     cluster.remove_broker(1)
-    wait_until(lambda: all(q["broker"] != 1 for q in describe(cluster, name)["queues"])
-               and settled(cluster, name), what="queues off broker 1")  # fmt: skip
+    wait_until(
+        lambda: (
+            all(q["broker"] != 1 for q in describe(cluster, name)["queues"])
+            and settled(cluster, name)
+        ),
+        what="queues off broker 1",
+    )
     reader.poll_for(2)
     # a broker is killed: its physical queues are sealed from object storage, its logic queues
     # continue elsewhere at exactly the offset where they ended
     victim = next(q["broker"] for q in describe(cluster, name)["queues"])
     producer.phase = f"broker {victim} killed"
     cluster.kill_broker(victim)
-    wait_until(lambda: all(q["broker"] != victim for q in describe(cluster, name)["queues"])
-               and settled(cluster, name), timeout_s=120, what="queues off the dead broker")  # fmt: skip
+    wait_until(
+        lambda: (
+            all(q["broker"] != victim for q in describe(cluster, name)["queues"])
+            and settled(cluster, name)
+        ),
+        timeout_s=120,
+        what="queues off the dead broker",
+    )
     reader.poll_for(2)
     producer.phase = "flush"
     producer.stop()
@@ -303,8 +341,11 @@ def test_keyed_records_keep_their_queue_through_remaps_and_fleet_changes(
 def cli(cluster: LocalClusterProcess, *args: str) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "tidalmq_broker.cli", "static-topic", *args],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -312,8 +353,14 @@ def cli(cluster: LocalClusterProcess, *args: str) -> str:
 def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterProcess) -> None:
     name = f"cli-{uuid.uuid4().hex[:6]}"
     # the admin's certificate (control-plane mTLS) comes from the data dir
-    ctl = ["--controller-url", cluster.controller_url, "--data-dir", str(cluster.data_dir),
-           "--control-token-file", str(cluster.data_dir / "control-token")]  # fmt: skip
+    ctl = [
+        "--controller-url",
+        cluster.controller_url,
+        "--data-dir",
+        str(cluster.data_dir),
+        "--control-token-file",
+        str(cluster.data_dir / "control-token"),
+    ]
     out = cli(cluster, "create", name, "--queues", "4", *ctl)
     assert f"static topic {name}: 4 logic queues" in out
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True})
@@ -321,18 +368,29 @@ def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterPro
 
     def produce(values: range) -> None:
         for v in values:
-            producer.produce(name, key=b"k%d" % (v % 7), value=b"%d" % v, on_delivery=lambda e, m:
-                             acked.__setitem__(int(m.value()), (m.partition(), m.offset(),
-                                                                m.timestamp()[1])))  # fmt: skip
+            producer.produce(
+                name,
+                key=b"k%d" % (v % 7),
+                value=b"%d" % v,
+                on_delivery=lambda e, m: acked.__setitem__(
+                    int(m.value()), (m.partition(), m.offset(), m.timestamp()[1])
+                ),
+            )
             producer.poll(0)
         assert producer.flush(60) == 0
 
     produce(range(0, 200))
     # one record in queue 0 timestamped a minute ahead: after the remap it lies in the sealed
     # item, where the greatest timestamp must still be found
-    producer.produce(name, value=b"400", partition=0, timestamp=int(time.time() * 1000) + 60_000,
-                     on_delivery=lambda e, m: acked.__setitem__(400, (m.partition(), m.offset(),
-                                                                      m.timestamp()[1])))  # fmt: skip
+    producer.produce(
+        name,
+        value=b"400",
+        partition=0,
+        timestamp=int(time.time() * 1000) + 60_000,
+        on_delivery=lambda e, m: acked.__setitem__(
+            400, (m.partition(), m.offset(), m.timestamp()[1])
+        ),
+    )
     assert producer.flush(60) == 0
     time.sleep(0.05)
     boundary = int(time.time() * 1000)
@@ -361,16 +419,21 @@ def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterPro
     direct = Producer({"bootstrap.servers": cluster.bootstrap, "message.timeout.ms": 10000})
     errors: list[str] = []
     active = as_json["queues"][2]["physicalQueue"]  # a physical queue some broker writes
-    direct.produce(f"__sq.{name}", value=b"x", partition=active,
-                   on_delivery=lambda e, m: errors.append(str(e)))  # fmt: skip
+    direct.produce(
+        f"__sq.{name}", value=b"x", partition=active, on_delivery=lambda e, m: errors.append(str(e))
+    )
     direct.flush(20)
     assert errors and "TOPIC_EXCEPTION" in errors[0], errors  # INVALID_TOPIC_EXCEPTION
 
     # another client library reads across the remap boundary in increasing logic offsets
     consumer = KafkaConsumer(
-        name, bootstrap_servers=cluster.bootstrap.split(","), auto_offset_reset="earliest",
-        enable_auto_commit=False, consumer_timeout_ms=8000, group_id=None,
-    )  # fmt: skip
+        name,
+        bootstrap_servers=cluster.bootstrap.split(","),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=8000,
+        group_id=None,
+    )
     seen = [(m.partition, m.offset, int(m.value)) for m in read_to_end(consumer, 401)]
     consumer.close()
     assert sorted(v for _, _, v in seen) == list(range(401))
@@ -405,6 +468,11 @@ def test_cli_admin_apis_and_other_clients_see_one_topic(cluster: LocalClusterPro
 
     # deleting the static topic deletes its physical queues too
     admin.delete_topics([name])[name].result(30)
-    wait_until(lambda: name not in cluster.metadata()["topics"]
-               and f"__sq.{name}" not in cluster.metadata()["topics"], what="deletion")  # fmt: skip
+    wait_until(
+        lambda: (
+            name not in cluster.metadata()["topics"]
+            and f"__sq.{name}" not in cluster.metadata()["topics"]
+        ),
+        what="deletion",
+    )
     assert name not in cluster.metadata().get("static_topics", {})

@@ -55,18 +55,23 @@ def tidalmq_cluster(
 ) -> Iterator[LocalClusterProcess]:
     """`tidalmq local up --brokers 3` on the S3 server (brokers 0, 1, 2)."""
     cluster = LocalClusterProcess(
-        tmp_path_factory.mktemp("compat-cluster"), brokers=3,
+        tmp_path_factory.mktemp("compat-cluster"),
+        brokers=3,
         storage_url=s3_server.url(prefix=s3_server.unique_prefix("compat-cluster")),
         # __transaction_state with 6 partitions (2 per broker), not Kafka's 50: created by the
         # first transactional producer, inside a test's time; timed-out transactions aborted
         # within half a second
-        env={**s3_server.env(), **HOLD_MOVES_ENV, "TIDALMQ_TRANSACTION_STATE_PARTITIONS": "6",
-             "TIDALMQ_TRANSACTION_ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS": "500",
-             # per-partition consumer lag (test_metrics_and_lag.py; off by default), and the
-             # ends of partitions led elsewhere committed every 2 s instead of 10 for its waits
-             "TIDALMQ_CONSUMER_LAG_PARTITION_METRICS": "true",
-             "TIDALMQ_FLOOR_COMMIT_INTERVAL_S": "2"},
-    )  # fmt: skip
+        env={
+            **s3_server.env(),
+            **HOLD_MOVES_ENV,
+            "TIDALMQ_TRANSACTION_STATE_PARTITIONS": "6",
+            "TIDALMQ_TRANSACTION_ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS": "500",
+            # per-partition consumer lag (test_metrics_and_lag.py; off by default), and the
+            # ends of partitions led elsewhere committed every 2 s instead of 10 for its waits
+            "TIDALMQ_CONSUMER_LAG_PARTITION_METRICS": "true",
+            "TIDALMQ_FLOOR_COMMIT_INTERVAL_S": "2",
+        },
+    )
     cluster.start(timeout_s=180)
     try:
         yield cluster
@@ -80,8 +85,16 @@ def tool(name: str, *args: str, bootstrap: str) -> str:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 1, *extra: str) -> None:
-    out = tool("kafka-topics", "--create", "--topic", topic, "--partitions", str(partitions),
-               *extra, bootstrap=bootstrap)  # fmt: skip
+    out = tool(
+        "kafka-topics",
+        "--create",
+        "--topic",
+        topic,
+        "--partitions",
+        str(partitions),
+        *extra,
+        bootstrap=bootstrap,
+    )
     assert f"Created topic {topic}." in out, out
 
 

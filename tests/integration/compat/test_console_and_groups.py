@@ -57,13 +57,23 @@ def _consume_with_positions(
     bootstrap: str, topic: str, count: int
 ) -> list[tuple[int, int, str, str]]:
     proc = run_tool(
-        "kafka-console-consumer", "--topic", topic, "--from-beginning",
-        "--max-messages", str(count), "--timeout-ms", "30000",
-        "--formatter-property", "print.key=true",
-        "--formatter-property", "print.partition=true",
-        "--formatter-property", "print.offset=true",
-        bootstrap=bootstrap, check=True,
-    )  # fmt: skip
+        "kafka-console-consumer",
+        "--topic",
+        topic,
+        "--from-beginning",
+        "--max-messages",
+        str(count),
+        "--timeout-ms",
+        "30000",
+        "--formatter-property",
+        "print.key=true",
+        "--formatter-property",
+        "print.partition=true",
+        "--formatter-property",
+        "print.offset=true",
+        bootstrap=bootstrap,
+        check=True,
+    )
     out = []
     for line in proc.stdout.splitlines():
         m = re.fullmatch(r"Partition:(\d+)\tOffset:(\d+)\t([^\t]*)\t(.*)", line)
@@ -79,10 +89,12 @@ def _groups(bootstrap: str, *args: str) -> str:
 @contextmanager
 def running_console_consumer(bootstrap: str, topic: str, group: str) -> Iterator[None]:
     """A kafka-console-consumer in group `group` in the background (stopped on exit)."""
-    cmd = tool_command("kafka-console-consumer", "--topic", topic, "--group", group,
-                       bootstrap=bootstrap)  # fmt: skip
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    cmd = tool_command(
+        "kafka-console-consumer", "--topic", topic, "--group", group, bootstrap=bootstrap
+    )
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         yield
     finally:
@@ -133,8 +145,9 @@ def test_consumer_groups_describe_list_reset_delete(tidalmq: BrokerProcess) -> N
     assert sorted(rows) == [0, 1]
     end = {p: int(r["LOG-END-OFFSET"]) for p, r in rows.items()}
     assert sum(end.values()) == 20
-    assert all(r["CURRENT-OFFSET"] == r["LOG-END-OFFSET"] and r["LAG"] == "0"
-               for r in rows.values()), rows  # fmt: skip
+    assert all(
+        r["CURRENT-OFFSET"] == r["LOG-END-OFFSET"] and r["LAG"] == "0" for r in rows.values()
+    ), rows
     state = parse_table(_groups(b, "--describe", "--group", group, "--state"), "GROUP")
     assert state[0]["STATE"] == "Empty" and state[0]["#MEMBERS"] == "0", state
     assert re.fullmatch(
@@ -150,8 +163,17 @@ def test_consumer_groups_describe_list_reset_delete(tidalmq: BrokerProcess) -> N
         assert members[0]["CLIENT-ID"].startswith("console-consumer"), members
         busy = run_tool("kafka-consumer-groups", "--delete", "--group", group, bootstrap=b)
         assert "GroupNotEmptyException" in busy.stdout + busy.stderr, busy.stdout + busy.stderr
-        reset = run_tool("kafka-consumer-groups", "--reset-offsets", "--group", group,
-                         "--topic", topic, "--to-earliest", "--execute", bootstrap=b)  # fmt: skip
+        reset = run_tool(
+            "kafka-consumer-groups",
+            "--reset-offsets",
+            "--group",
+            group,
+            "--topic",
+            topic,
+            "--to-earliest",
+            "--execute",
+            bootstrap=b,
+        )
         assert "inactive" in reset.stdout + reset.stderr, reset.stdout + reset.stderr
     _wait_state(b, group, "Empty")
 
@@ -165,8 +187,10 @@ def test_consumer_groups_describe_list_reset_delete(tidalmq: BrokerProcess) -> N
     assert reset("--all-topics", "--to-latest", "--dry-run") == end
     assert int(offsets()[0]["CURRENT-OFFSET"]) == 3  # a dry run changes nothing
     assert reset("--topic", f"{topic}:0", "--shift-by", "-1", "--execute") == {0: 2}
-    assert reset("--topic", topic, "--to-datetime", "2000-01-01T00:00:00.000",
-                 "--dry-run") == {0: 0, 1: 0}  # fmt: skip
+    assert reset("--topic", topic, "--to-datetime", "2000-01-01T00:00:00.000", "--dry-run") == {
+        0: 0,
+        1: 0,
+    }
     # the group resumes from the reset positions
     again = console_consume(b, topic, 20 - 2, group=group, from_beginning=False)
     assert len(again) == 20 - 2

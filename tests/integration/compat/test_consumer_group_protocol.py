@@ -26,10 +26,12 @@ def test_java_consumers_share_rebalance_and_commit(tidalmq: BrokerProcess, tmp_p
     topic, group = name("kip848"), name("cg")
     create_topic(b, topic, PARTITIONS)
     hold = tmp_path / "hold"
-    cmd = java_client_command(b, topic, group, str(PARTITIONS), "200", str(hold),
-                              source=JAVA_GROUP_PROTOCOL_SOURCE)  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)  # fmt: skip
+    cmd = java_client_command(
+        b, topic, group, str(PARTITIONS), "200", str(hold), source=JAVA_GROUP_PROTOCOL_SOURCE
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 120
         while not hold.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -45,11 +47,15 @@ def test_java_consumers_share_rebalance_and_commit(tidalmq: BrokerProcess, tmp_p
         assert {r["CLIENT-ID"] for r in rows} == {"group-protocol-check-a"}, described
         assert all(r["LAG"] == "0" for r in rows), described
         assert sum(int(r["CURRENT-OFFSET"]) for r in rows) == 600, described
-        state = tool("kafka-consumer-groups", "--describe", "--state", "--group", group,
-                     bootstrap=b)  # fmt: skip
+        state = tool(
+            "kafka-consumer-groups", "--describe", "--state", "--group", group, bootstrap=b
+        )
         (row,) = parse_table(state, "GROUP")
         assert (row["STATE"], row["#MEMBERS"], row["ASSIGNMENT-STRATEGY"]) == (
-            "Stable", "1", "uniform"), state  # fmt: skip
+            "Stable",
+            "1",
+            "uniform",
+        ), state
         listed = tool("kafka-groups", "--list", "--group-type", "consumer", bootstrap=b)
         assert group in listed.split(), listed
         hold.unlink()

@@ -14,46 +14,44 @@ partition moves (each test kills one broker of its own; the cluster is shared by
   outcome the producer could not learn is seen whole or not at all, and each producer's
   records keep their order within a partition. Meanwhile a consume-transform-produce copier
   (librdkafka, send_offsets_to_transaction) copies a topic fed throughout: its output is
-  the input, each record once and in order. Both are tests/support/txn_checker.py, which
+  the input, each record once and in order; and so does Kafka's Java transactional producer
+  (bench/kafka/java/TransactionalCopier.java, sendOffsetsToTransaction, one transaction in ten
+  aborted on purpose) from the same input to a sink of its own, whose partition 0 moves too,
+  and whose producer is fenced by another incarnation of its transactional id (it goes on with
+  a new producer).
+  All are tests/support/txn_checker.py, which
   tests/integration/apache_kafka/test_transactions.py runs against Apache Kafka too."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import threading
 import time
-from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench.kafka.harness import streams_count_command
-from tests.integration.compat.conftest import name
 from tests.support.local_cluster import LocalClusterProcess
+from tests.support.streams_exactly_once import counts_survive_a_broker_and_an_app_kill_9
 from tests.support.txn_checker import TransactionsWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
-PER_PHASE = 300  # input records in each of the three phases
-PARTITIONS = 2
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClusterProcess]:
     with LocalClusterProcess(
-        tmp_path_factory.mktemp("exactly-once") / "cluster", brokers=3,
+        tmp_path_factory.mktemp("exactly-once") / "cluster",
+        brokers=3,
         # a few __transaction_state partitions, created inside the test's time; a dead broker
         # is noticed within seconds; the killed application's open transaction is aborted
         # within half a second of its timeout (Streams: 10 s)
-        env={"TIDALMQ_TRANSACTION_STATE_PARTITIONS": "4", "TIDALMQ_SESSION_TIMEOUT_S": "6",
-             "TIDALMQ_TRANSACTION_ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS": "500"},
-    ) as c:  # fmt: skip
+        env={
+            "TIDALMQ_TRANSACTION_STATE_PARTITIONS": "4",
+            "TIDALMQ_SESSION_TIMEOUT_S": "6",
+            "TIDALMQ_TRANSACTION_ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS": "500",
+        },
+    ) as c:
         yield c
 
 
@@ -61,8 +59,11 @@ KILLED: set[int] = set()  # brokers of the module's cluster killed so far
 
 
 def alive(cluster: LocalClusterProcess) -> list[int]:
-    return [r["broker"] for r in cluster.status()["brokers"]
-            if r["state"] != "dead" and r["broker"] not in KILLED]  # fmt: skip
+    return [
+        r["broker"]
+        for r in cluster.status()["brokers"]
+        if r["state"] != "dead" and r["broker"] not in KILLED
+    ]
 
 
 def victim(cluster: LocalClusterProcess, topic: str) -> int:
@@ -75,136 +76,19 @@ def victim(cluster: LocalClusterProcess, topic: str) -> int:
     return chosen
 
 
-class StreamsApp:
-    """The Streams application as a child process; RUNNING on its stdout once it runs."""
-
-    def __init__(self, command: list[str], log: Path) -> None:
-        self.log = log
-        self.running = threading.Event()
-        out = log.open("ab")
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=out, stdin=subprocess.DEVNULL
-        )
-        threading.Thread(target=self._watch, args=(out,), daemon=True).start()
-
-    def _watch(self, out: object) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            out.write(line)  # type: ignore[attr-defined]
-            out.flush()  # type: ignore[attr-defined]
-            if line.strip() == b"RUNNING":
-                self.running.set()
-
-    def wait_running(self, timeout_s: float = 120) -> None:
-        if not self.running.wait(timeout_s):
-            self.kill()
-            raise AssertionError(f"Streams did not start:\n{self.log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def produce_words(
-    bootstrap: str, topic: str, start: int, count: int, pace_s: float = 0.0
-) -> Counter[str]:
-    """`count` words from input record `start` on; `pace_s` between records (0: at once)."""
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    sent: Counter[str] = Counter()
-    for i in range(start, start + count):
-        word = WORDS[i % len(WORDS)]
-        p.produce(topic, word.encode(), key=str(i).encode())
-        sent[word] += 1
-        if pace_s:
-            p.poll(0)
-            time.sleep(pace_s)
-    assert p.flush(60) == 0, "input not acknowledged"
-    return sent
-
-
-def committed_counts(bootstrap: str, topic: str, expected: Counter[str]) -> dict[str, list[int]]:
-    """Every count the output holds per word, read with read_committed from the start, until
-    each word reached its expected count (or the deadline)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": name("reader"),
-                  "isolation.level": "read_committed", "enable.auto.commit": False})  # fmt: skip
-    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    seen: dict[str, list[int]] = defaultdict(list)
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is not None and m.error() is None:
-                seen[m.key().decode()].append(int.from_bytes(m.value(), "big", signed=True))
-            if all(seen[w] and seen[w][-1] >= n for w, n in expected.items()):
-                end = time.monotonic() + 1.0  # then nothing more may arrive
-                while time.monotonic() < end:
-                    m = c.poll(0.2)
-                    if m is not None and m.error() is None:
-                        seen[m.key().decode()].append(int.from_bytes(m.value(), "big"))
-                break
-    finally:
-        c.close()
-    return dict(seen)
-
-
 def test_exactly_once_v2_counts_survive_a_broker_and_an_app_kill_9(
     cluster: LocalClusterProcess, tmp_path: Path
 ) -> None:
-    t0 = time.monotonic()
-
-    def mark(what: str) -> None:
-        print(f"{time.monotonic() - t0:6.1f} s  {what}")
-
-    bootstrap = cluster.bootstrap
-    source, sink, app_id = name("words"), name("counts"), name("wordcount")
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in (source, sink)]).values():
-        f.result(30)
-    command = streams_count_command(bootstrap, source, sink, app_id, tmp_path / "state")
-    log = tmp_path / "streams.log"
-    expected = produce_words(bootstrap, source, 0, PER_PHASE)
-    app = StreamsApp(command, log)
-    try:
-        app.wait_running()
-        mark("running")
-        # the second phase arrives over about 3 s: a broker is killed with kill -9 as it
-        # starts, the application in its middle (records processed in a transaction not yet
-        # committed: counted again after the restart, which must not show)
-        second: list[Counter[str]] = []
-        producing = threading.Thread(target=lambda: second.append(
-            produce_words(bootstrap, source, PER_PHASE, PER_PHASE, pace_s=0.01)))  # fmt: skip
-        producing.start()
-        cluster.kill_broker(victim(cluster, source))
-        mark("broker killed")
-        time.sleep(1.5)
-        app.kill()
-        mark("application killed")
-        producing.join(60)
-        expected += second[0]  # kill -9 of the application with a transaction likely open
-        expected += produce_words(bootstrap, source, 2 * PER_PHASE, PER_PHASE)
-        mark("third phase produced")
-        app = StreamsApp(command, log)
-        app.wait_running()
-        mark("running again")
-        seen = committed_counts(bootstrap, sink, expected)
-        mark("counts read")
-    finally:
-        app.stop()
-    problems = {
-        w: (len(got), got[:5], got[-5:])
-        for w, n in expected.items()
-        if (got := seen.get(w, [])) != list(range(1, n + 1))
-    }
-    assert not problems, f"counts not exactly 1..n per word: {problems}\n{log.read_text()[-2000:]}"
+    """tests/support/streams_exactly_once.py's scenario (the same run against Apache Kafka in
+    tests/integration/apache_kafka/test_exactly_once_streams.py): topics with one replica (the
+    data is in object storage; a live broker takes a dead one's partitions), the killed broker
+    stays dead (the module's next test kills another)."""
+    counts_survive_a_broker_and_an_app_kill_9(
+        cluster.bootstrap,
+        tmp_path,
+        replication_factor=1,
+        kill_broker=lambda topic: cluster.kill_broker(victim(cluster, topic)),
+    )
 
 
 # ------------------------------------------------------------------ transactions checker
@@ -212,22 +96,28 @@ RUN_S = 10.0
 
 
 def test_transactions_checker_under_a_move_and_a_broker_kill_9(
-    cluster: LocalClusterProcess,
+    cluster: LocalClusterProcess, tmp_path: Path
 ) -> None:
-    """The checker and the copier of tests/support/txn_checker.py (the same run against Apache
-    Kafka in tests/integration/apache_kafka/test_transactions.py) through a partition move and
-    a kill -9."""
-    w = TransactionsWorkload(cluster.bootstrap)
+    """The checker, the copier and the Java copier of tests/support/txn_checker.py (the same
+    run against Apache Kafka in tests/integration/apache_kafka/test_transactions.py) through
+    partition moves and a kill -9."""
+    w = TransactionsWorkload(cluster.bootstrap, java_copier_log=tmp_path / "java-copier.log")
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     for f in admin.create_topics([NewTopic(t, w.partitions, 1) for t in w.topics]).values():
         f.result(30)
     w.start()
     time.sleep(RUN_S / 4)
+    w.wait_java_copying()
     live = alive(cluster)
-    leader = cluster.leaders(w.topic)[0]
-    target = next(b for b in live if b != leader)
-    result = cluster.reassign({(w.topic, 0): target})  # a move in the middle of transactions
+    # moves in the middle of transactions: the checked topic's partition 0 and the Java
+    # copier's output partition 0, each to another live broker
+    moves = {
+        tp: next(b for b in live if b != cluster.leaders(tp[0])[0])
+        for tp in [(w.topic, 0), (w.java_sink, 0)]
+    }
+    result = cluster.reassign(moves)
     assert all(r["error"] is None for r in result["results"]), result
+    w.fence_java_copier()  # its producer fenced: the copier goes on with a new one
     time.sleep(RUN_S / 4)
     cluster.kill_broker(victim(cluster, w.topic))  # and a kill -9
     time.sleep(RUN_S / 2)

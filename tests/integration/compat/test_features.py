@@ -101,9 +101,14 @@ def test_kafka_features_switches_transaction_version_at_runtime(
         topic, tid, group = name("features"), name("features-tx"), name("features-group")
         create_topic(b, topic, partitions=2)
         report = run_java_client(
-            b, topic, tid, str(TRANSACTIONS), group,
-            source=HERE / "java" / "TransactionsCheck.java", timeout=90,
-        )  # fmt: skip
+            b,
+            topic,
+            tid,
+            str(TRANSACTIONS),
+            group,
+            source=HERE / "java" / "TransactionsCheck.java",
+            timeout=90,
+        )
         assert report["read"]["0"] == ["0:0", "1:0"], report  # committed, in order; 2 aborted
         described = tool("kafka-transactions", "describe", "--transactional-id", tid, bootstrap=b)
         header, row_cells = (
@@ -115,17 +120,18 @@ def test_kafka_features_switches_transaction_version_at_runtime(
         unknown = features("upgrade", "--feature", "no.such.feature=1", bootstrap=b)
         assert unknown.returncode == 1, unknown
         assert (
-            "Could not upgrade no.such.feature to 1. " + ALL_FAILED
+            "Could not upgrade no.such.feature to 1. "
+            + ALL_FAILED
             + "Invalid update version 1 for feature no.such.feature. "
             "The controller does not support this feature."
-        ) in unknown.stdout, unknown  # fmt: skip
+        ) in unknown.stdout, unknown
         assert "1 out of 1 operation(s) failed." in unknown.stderr, unknown
         too_high = features("upgrade", "--feature", f"{TV}=3", bootstrap=b)
         assert too_high.returncode == 1, too_high
         assert (
             f"Could not upgrade {TV} to 3. " + ALL_FAILED + f"Invalid update version 3 for "
             f"feature {TV}. The controller only supports versions 0-2"
-        ) in too_high.stdout, too_high  # fmt: skip
+        ) in too_high.stdout, too_high
         lowered = features("upgrade", "--feature", f"{TV}=1", bootstrap=b)
         assert lowered.returncode == 1, lowered
         assert "Can't downgrade the version of this feature without setting" in lowered.stdout

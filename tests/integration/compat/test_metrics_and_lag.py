@@ -77,9 +77,10 @@ def operator_families() -> Exported:
 
     assert runtime.DEGRADED is not None  # imported: its families are in this process's registry
     return {
-        k: v for k, v in families(generate_latest(REGISTRY).decode()).items()
+        k: v
+        for k, v in families(generate_latest(REGISTRY).decode()).items()
         if k.startswith("tidalmq_operator_")
-    }  # fmt: skip
+    }
 
 
 def produce(bootstrap: str, topic: str, per_partition: dict[int, int]) -> None:
@@ -229,10 +230,14 @@ def test_consumer_lag_of_a_static_topic_follows_its_logic_queues_through_remaps(
     ]
     brokers = sorted(int(r["broker"]) for r in tidalmq_cluster.status()["brokers"])
     moves = [
-        {"queue": q["queue"], "broker": brokers[(brokers.index(q["broker"]) + 1) % 3],
-         "mode": "strict" if q["queue"] == 0 else "available"}
-        for q in queues if q["queue"] in (0, 2)
-    ]  # fmt: skip
+        {
+            "queue": q["queue"],
+            "broker": brokers[(brokers.index(q["broker"]) + 1) % 3],
+            "mode": "strict" if q["queue"] == 0 else "available",
+        }
+        for q in queues
+        if q["queue"] in (0, 2)
+    ]
     tidalmq_cluster.call("/v1/static-topics/remap", {"name": topic, "moves": moves}, timeout_s=120)
     after = tidalmq_cluster.call("/v1/static-topics/describe", {"name": topic}, timeout_s=120)[
         "queues"
@@ -261,8 +266,14 @@ def test_metrics_table_matches_what_the_processes_export(
     b = tidalmq_cluster.bootstrap
     topic, group = name("scraped"), name("scrape-group")
     produce(b, topic, {0: 3})  # auto-created: every broker API family gets its series
-    consumer = Consumer({"bootstrap.servers": b, "group.id": group,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": b,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         consumer.subscribe([topic])
         got, deadline = 0, time.monotonic() + 30

@@ -93,10 +93,21 @@ def test_the_java_transactional_producer_commits(tidalmq: BrokerProcess) -> None
     topic, tid = name("txn"), name("tx")
     create_topic(b, topic)
     proc = run_tool(
-        "kafka-producer-perf-test", "--topic", topic, "--num-records", "10",
-        "--record-size", "10", "--throughput", "-1", "--transactional-id", tid,
-        "--command-property", "max.block.ms=60000", bootstrap=b,
-    )  # fmt: skip
+        "kafka-producer-perf-test",
+        "--topic",
+        topic,
+        "--num-records",
+        "10",
+        "--record-size",
+        "10",
+        "--throughput",
+        "-1",
+        "--transactional-id",
+        tid,
+        "--command-property",
+        "max.block.ms=60000",
+        bootstrap=b,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert _end_offsets(b, topic)[0] >= 11, out  # 10 records and at least one commit marker

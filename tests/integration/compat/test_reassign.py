@@ -96,8 +96,14 @@ def test_generate_execute_throttled_verify_and_roll_back(
     assert sorted(got) == sorted(r.replace(":", "\t", 1) for r in records)
 
     # executing the rollback plan (which names log directories) moves everything back
-    out = run_tool("kafka-reassign-partitions", "--execute", "--reassignment-json-file",
-                   _write(tmp_path, rollback), bootstrap=b, check=True).stdout  # fmt: skip
+    out = run_tool(
+        "kafka-reassign-partitions",
+        "--execute",
+        "--reassignment-json-file",
+        _write(tmp_path, rollback),
+        bootstrap=b,
+        check=True,
+    ).stdout
     assert "Successfully started partition reassignment" in out, out
     assert len(re.findall(r"Successfully started moving log directory to", out)) == 3, out
     wait_reassigned(b, rollback, timeout=120)
@@ -110,23 +116,45 @@ def test_topics_placed_by_replica_assignment(tidalmq_cluster: LocalClusterProces
     when growing); more than one replica is refused with Kafka's error."""
     b = tidalmq_cluster.bootstrap
     topic = name("placed")
-    tool("kafka-topics", "--create", "--topic", topic, "--replica-assignment", "2,2,0",
-         bootstrap=b)  # fmt: skip
+    tool("kafka-topics", "--create", "--topic", topic, "--replica-assignment", "2,2,0", bootstrap=b)
     header, parts = describe_topic(b, topic)
     assert header["PartitionCount"] == "3"
     assert [(p["Leader"], p["Replicas"]) for p in parts] == [("2", "2"), ("2", "2"), ("0", "0")]
-    tool("kafka-topics", "--alter", "--topic", topic, "--partitions", "5",
-         "--replica-assignment", "2,2,0,1,1", bootstrap=b)  # fmt: skip
+    tool(
+        "kafka-topics",
+        "--alter",
+        "--topic",
+        topic,
+        "--partitions",
+        "5",
+        "--replica-assignment",
+        "2,2,0,1,1",
+        bootstrap=b,
+    )
     assert [p["Leader"] for p in describe_topic(b, topic)[1]] == ["2", "2", "0", "1", "1"]
 
-    two = run_tool("kafka-topics", "--create", "--topic", name("rf2"),
-                   "--replica-assignment", "0:1,1:2", bootstrap=b)  # fmt: skip
+    two = run_tool(
+        "kafka-topics",
+        "--create",
+        "--topic",
+        name("rf2"),
+        "--replica-assignment",
+        "0:1,1:2",
+        bootstrap=b,
+    )
     assert two.returncode != 0
     assert "InvalidReplicaAssignmentException: replicas [0, 1] must name exactly one broker" in (
         two.stdout + two.stderr
     ), two.stdout + two.stderr
-    dead = run_tool("kafka-topics", "--create", "--topic", name("dead"),
-                    "--replica-assignment", "0,7", bootstrap=b)  # fmt: skip
+    dead = run_tool(
+        "kafka-topics",
+        "--create",
+        "--topic",
+        name("dead"),
+        "--replica-assignment",
+        "0,7",
+        bootstrap=b,
+    )
     assert dead.returncode != 0
     assert "broker(s) [7] in the replica assignment are not live brokers" in (
         dead.stdout + dead.stderr
@@ -139,19 +167,39 @@ def test_bad_plans_fail_with_kafka_errors(
     b = tidalmq_cluster.bootstrap
     topic = name("badplan")
     create_topic(b, topic)
-    two = run_tool("kafka-reassign-partitions", "--execute", "--reassignment-json-file",
-                   _write(tmp_path, reassignment_plan({(topic, 0): [1, 2]})), bootstrap=b)  # fmt: skip
+    two = run_tool(
+        "kafka-reassign-partitions",
+        "--execute",
+        "--reassignment-json-file",
+        _write(tmp_path, reassignment_plan({(topic, 0): [1, 2]})),
+        bootstrap=b,
+    )
     assert two.returncode != 0
     assert "must name exactly one broker" in two.stdout + two.stderr, two.stdout + two.stderr
-    unknown = run_tool("kafka-reassign-partitions", "--execute", "--reassignment-json-file",
-                       _write(tmp_path, reassignment_plan({(topic, 0): [7]})), bootstrap=b)  # fmt: skip
+    unknown = run_tool(
+        "kafka-reassign-partitions",
+        "--execute",
+        "--reassignment-json-file",
+        _write(tmp_path, reassignment_plan({(topic, 0): [7]})),
+        bootstrap=b,
+    )
     assert unknown.returncode != 0
     assert "Unknown broker id 7" in unknown.stdout + unknown.stderr  # checked by the tool
-    elsewhere = run_tool("kafka-reassign-partitions", "--execute", "--reassignment-json-file",
-                         _write(tmp_path, {"version": 1, "partitions": [
-                             {"topic": topic, "partition": 0, "replicas": [1],
-                              "log_dirs": ["/no/such/dir"]}]}),
-                         bootstrap=b)  # fmt: skip
+    elsewhere = run_tool(
+        "kafka-reassign-partitions",
+        "--execute",
+        "--reassignment-json-file",
+        _write(
+            tmp_path,
+            {
+                "version": 1,
+                "partitions": [
+                    {"topic": topic, "partition": 0, "replicas": [1], "log_dirs": ["/no/such/dir"]}
+                ],
+            },
+        ),
+        bootstrap=b,
+    )
     assert elsewhere.returncode != 0
     assert "LogDirNotFoundException" in elsewhere.stdout + elsewhere.stderr
 
@@ -177,19 +225,42 @@ def test_cancel_rolls_back_a_move_held_half_way(
         # kafka-reassign-partitions --execute asks the source for its log directories, which a
         # stopped broker cannot answer: start the move with TidalMQ's own CLI (same protocol)
         started = subprocess.run(
-            [sys.executable, "-m", "tidalmq_broker.cli", "reassign", "--execute",
-             "--bootstrap-server", live, plan_file],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tidalmq_broker.cli",
+                "reassign",
+                "--execute",
+                "--bootstrap-server",
+                live,
+                plan_file,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert started.returncode == 0, started.stdout + started.stderr
         listed = tool("kafka-reassign-partitions", "--list", bootstrap=live)
         assert f"{topic}-0: replicas: " in listed, listed
         assert f"adding: {target}." in listed and f"removing: {source}." in listed, listed
-        verify = tool("kafka-reassign-partitions", "--verify", "--preserve-throttles",
-                      "--reassignment-json-file", plan_file, bootstrap=live)  # fmt: skip
+        verify = tool(
+            "kafka-reassign-partitions",
+            "--verify",
+            "--preserve-throttles",
+            "--reassignment-json-file",
+            plan_file,
+            bootstrap=live,
+        )
         assert f"Reassignment of partition {topic}-0 is still in progress." in verify, verify
-        cancelled = tool("kafka-reassign-partitions", "--cancel", "--preserve-throttles",
-                         "--reassignment-json-file", plan_file, bootstrap=live)  # fmt: skip
+        cancelled = tool(
+            "kafka-reassign-partitions",
+            "--cancel",
+            "--preserve-throttles",
+            "--reassignment-json-file",
+            plan_file,
+            bootstrap=live,
+        )
         assert f"Successfully cancelled partition reassignment for: {topic}-0" in cancelled
     finally:
         os.kill(brokers[source]["pid"], signal.SIGCONT)
@@ -199,6 +270,7 @@ def test_cancel_rolls_back_a_move_held_half_way(
     assert part["Leader"] == part["Replicas"] == str(source), part
     assert sorted(console_consume(b, topic, 50)) == sorted(f"r{i}" for i in range(50))
     # nothing in flight any more: a cancel now says so
-    again = tool("kafka-reassign-partitions", "--cancel", "--reassignment-json-file", plan_file,
-                 bootstrap=b)  # fmt: skip
+    again = tool(
+        "kafka-reassign-partitions", "--cancel", "--reassignment-json-file", plan_file, bootstrap=b
+    )
     assert "None of the specified partition reassignments are active." in again

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from tidalmq_broker.apis.registry import REGISTRY
+from tidalmq_broker.apis.kafka_registry import REGISTRY
 
 from bench.kafka.harness import console_produce, run_tool
 from tests.integration.compat.conftest import (
@@ -49,29 +49,45 @@ def test_topics_create_list_describe_alter_delete(tidalmq: BrokerProcess) -> Non
     out = tool("kafka-topics", "--alter", "--topic", topic, "--partitions", "5", bootstrap=b)
     assert "Error" not in out, out
     # paged: DescribeTopicPartitions with one partition per response, following the cursor
-    paged = tool("kafka-topics", "--describe", "--topic", topic,
-                 "--partition-size-limit-per-response", "1", bootstrap=b)  # fmt: skip
+    paged = tool(
+        "kafka-topics",
+        "--describe",
+        "--topic",
+        topic,
+        "--partition-size-limit-per-response",
+        "1",
+        bootstrap=b,
+    )
     header, parts = parse_describe(paged, topic)
     assert header["PartitionCount"] == "5"
     assert [p["Partition"] for p in parts] == ["0", "1", "2", "3", "4"]
 
-    shrink = run_tool("kafka-topics", "--alter", "--topic", topic, "--partitions", "3",
-                      bootstrap=b)  # fmt: skip
+    shrink = run_tool("kafka-topics", "--alter", "--topic", topic, "--partitions", "3", bootstrap=b)
     assert shrink.returncode != 0
     assert "InvalidPartitionsException" in failure(shrink), failure(shrink)
 
     dup = run_tool("kafka-topics", "--create", "--topic", topic, bootstrap=b)
     assert dup.returncode != 0 and "already exists" in failure(dup), failure(dup)
-    rf = run_tool("kafka-topics", "--create", "--topic", name("rf3"), "--replication-factor", "3",
-                  bootstrap=b)  # fmt: skip
+    rf = run_tool(
+        "kafka-topics", "--create", "--topic", name("rf3"), "--replication-factor", "3", bootstrap=b
+    )
     assert rf.returncode != 0
     assert "InvalidReplicationFactorException" in failure(rf), failure(rf)
     # an unknown cleanup policy: kafka-topics refuses it before sending (LogConfig.validate),
     # and the broker refuses it from any other client with INVALID_CONFIG and the same text
-    kafkas = "Invalid value shred for configuration cleanup.policy: String must be one of: " \
-        "compact, delete"  # fmt: skip
-    compact = run_tool("kafka-topics", "--create", "--topic", name("cfg"),
-                       "--config", "cleanup.policy=compact,shred", bootstrap=b)  # fmt: skip
+    kafkas = (
+        "Invalid value shred for configuration cleanup.policy: String must be one of: "
+        "compact, delete"
+    )
+    compact = run_tool(
+        "kafka-topics",
+        "--create",
+        "--topic",
+        name("cfg"),
+        "--config",
+        "cleanup.policy=compact,shred",
+        bootstrap=b,
+    )
     assert compact.returncode != 0 and kafkas in failure(compact), failure(compact)
     admin = AdminClient({"bootstrap.servers": b})
     refused = admin.create_topics(
@@ -101,8 +117,14 @@ def test_configs_describe_and_alter_topic(tidalmq: BrokerProcess) -> None:
     topic = name("configs")
     create_topic(b, topic)
     entity = ("--entity-type", "topics", "--entity-name", topic)
-    out = tool("kafka-configs", "--alter", *entity,
-               "--add-config", "retention.ms=123456,max.message.bytes=65536", bootstrap=b)  # fmt: skip
+    out = tool(
+        "kafka-configs",
+        "--alter",
+        *entity,
+        "--add-config",
+        "retention.ms=123456,max.message.bytes=65536",
+        bootstrap=b,
+    )
     assert f"Completed updating config for topic {topic}." in out
     out = tool("kafka-configs", "--describe", *entity, bootstrap=b)
     assert f"Dynamic configs for topic {topic} are:" in out
@@ -121,8 +143,9 @@ def test_configs_describe_and_alter_topic(tidalmq: BrokerProcess) -> None:
     assert set(_config_lines(tool("kafka-configs", "--describe", *entity, bootstrap=b))) == {
         "max.message.bytes"
     }
-    bad = run_tool("kafka-configs", "--alter", *entity, "--add-config", "retention.ms=abc",
-                   bootstrap=b)  # fmt: skip
+    bad = run_tool(
+        "kafka-configs", "--alter", *entity, "--add-config", "retention.ms=abc", bootstrap=b
+    )
     assert bad.returncode != 0
     assert (
         "InvalidConfigurationException: Invalid value abc for configuration retention.ms: "
@@ -137,11 +160,25 @@ def test_configs_describe_and_alter_broker(tidalmq: BrokerProcess) -> None:
     assert every["num.partitions"] == ("1", "STATIC_BROKER_CONFIG:num.partitions=1")
     assert every["broker.id"][0] == "0"
 
-    out = tool("kafka-configs", "--alter", *broker,
-               "--add-config", "leader.replication.throttled.rate=1000", bootstrap=b)  # fmt: skip
+    out = tool(
+        "kafka-configs",
+        "--alter",
+        *broker,
+        "--add-config",
+        "leader.replication.throttled.rate=1000",
+        bootstrap=b,
+    )
     assert "Completed updating config for broker 0." in out
-    out = tool("kafka-configs", "--alter", "--entity-type", "brokers", "--entity-default",
-               "--add-config", "follower.replication.throttled.rate=2000", bootstrap=b)  # fmt: skip
+    out = tool(
+        "kafka-configs",
+        "--alter",
+        "--entity-type",
+        "brokers",
+        "--entity-default",
+        "--add-config",
+        "follower.replication.throttled.rate=2000",
+        bootstrap=b,
+    )
     assert "Completed updating default config for brokers in the cluster." in out
     try:
         dynamic = _config_lines(tool("kafka-configs", "--describe", *broker, bootstrap=b))
@@ -152,8 +189,14 @@ def test_configs_describe_and_alter_broker(tidalmq: BrokerProcess) -> None:
                 "DEFAULT_CONFIG:leader.replication.throttled.rate=9223372036854775807",
             )
         }
-        defaults = tool("kafka-configs", "--describe", "--entity-type", "brokers",
-                        "--entity-default", bootstrap=b)  # fmt: skip
+        defaults = tool(
+            "kafka-configs",
+            "--describe",
+            "--entity-type",
+            "brokers",
+            "--entity-default",
+            bootstrap=b,
+        )
         assert "Default configs for brokers in the cluster are:" in defaults
         assert _config_lines(defaults) == {
             "follower.replication.throttled.rate": (
@@ -164,18 +207,34 @@ def test_configs_describe_and_alter_broker(tidalmq: BrokerProcess) -> None:
         every = _config_lines(tool("kafka-configs", "--describe", *broker, "--all", bootstrap=b))
         assert every["follower.replication.throttled.rate"][0] == "2000"
     finally:
-        tool("kafka-configs", "--alter", *broker,
-             "--delete-config", "leader.replication.throttled.rate", bootstrap=b)  # fmt: skip
-        tool("kafka-configs", "--alter", "--entity-type", "brokers", "--entity-default",
-             "--delete-config", "follower.replication.throttled.rate", bootstrap=b)  # fmt: skip
+        tool(
+            "kafka-configs",
+            "--alter",
+            *broker,
+            "--delete-config",
+            "leader.replication.throttled.rate",
+            bootstrap=b,
+        )
+        tool(
+            "kafka-configs",
+            "--alter",
+            "--entity-type",
+            "brokers",
+            "--entity-default",
+            "--delete-config",
+            "follower.replication.throttled.rate",
+            bootstrap=b,
+        )
     assert _config_lines(tool("kafka-configs", "--describe", *broker, bootstrap=b)) == {}
 
-    static = run_tool("kafka-configs", "--alter", *broker, "--add-config", "num.partitions=3",
-                      bootstrap=b)  # fmt: skip
+    static = run_tool(
+        "kafka-configs", "--alter", *broker, "--add-config", "num.partitions=3", bootstrap=b
+    )
     assert static.returncode != 0
     assert "Cannot update these configs dynamically: [num.partitions]" in failure(static)
-    unknown = run_tool("kafka-configs", "--alter", *broker, "--add-config", "no.such.config=1",
-                       bootstrap=b)  # fmt: skip
+    unknown = run_tool(
+        "kafka-configs", "--alter", *broker, "--add-config", "no.such.config=1", bootstrap=b
+    )
     assert unknown.returncode != 0
     assert "unknown dynamic broker config 'no.such.config'" in failure(unknown)
 
@@ -264,13 +323,30 @@ def test_leader_election_finds_the_preferred_leader_in_place(tidalmq: BrokerProc
     b = tidalmq.bootstrap
     topic = name("elect")
     create_topic(b, topic, 2)
-    out = tool("kafka-leader-election", "--election-type", "preferred", "--topic", topic,
-               "--partition", "1", bootstrap=b)  # fmt: skip
+    out = tool(
+        "kafka-leader-election",
+        "--election-type",
+        "preferred",
+        "--topic",
+        topic,
+        "--partition",
+        "1",
+        bootstrap=b,
+    )
     assert out.strip() == f"Valid replica already elected for partitions {topic}-1", out
-    every = tool("kafka-leader-election", "--election-type", "unclean",
-                 "--all-topic-partitions", bootstrap=b)  # fmt: skip
+    every = tool(
+        "kafka-leader-election", "--election-type", "unclean", "--all-topic-partitions", bootstrap=b
+    )
     assert f"{topic}-0" in every and f"{topic}-1" in every, every
-    missing = run_tool("kafka-leader-election", "--election-type", "preferred",
-                       "--topic", name("nope"), "--partition", "0", bootstrap=b)  # fmt: skip
+    missing = run_tool(
+        "kafka-leader-election",
+        "--election-type",
+        "preferred",
+        "--topic",
+        name("nope"),
+        "--partition",
+        "0",
+        bootstrap=b,
+    )
     assert missing.returncode != 0
     assert "UnknownTopicOrPartitionException" in failure(missing), failure(missing)

@@ -27,8 +27,14 @@ PARTITIONS = 3  # one per broker, so every transaction writes to partitions on a
 
 
 def producer(bootstrap: str, transactional_id: str, timeout_ms: int = 60_000) -> Producer:
-    return Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
-                     "transaction.timeout.ms": timeout_ms, "linger.ms": 5})  # fmt: skip
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": transactional_id,
+            "transaction.timeout.ms": timeout_ms,
+            "linger.ms": 5,
+        }
+    )
 
 
 def produce_all(p: Producer, topics: list[str], tag: str) -> list[tuple[str, int, bytes]]:
@@ -47,8 +53,14 @@ def read_committed(
 ) -> list[tuple[str, int, bytes]]:
     """Everything a read_committed consumer gets from the start: until `expected` records
     arrived, then one more second in which nothing else may arrive."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": name("reader"),
-                  "isolation.level": "read_committed", "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": name("reader"),
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     c.assign([TopicPartition(t, p, 0) for t in topics for p in range(PARTITIONS)])
     got: list[tuple[str, int, bytes]] = []
     deadline = time.monotonic() + 30
@@ -133,7 +145,8 @@ def test_transactions_commit_abort_fence_and_read_committed(
     assert tid in listed, listed
     (late_row,) = [line.split() for line in listed.splitlines() if late_tid in line]
     assert late_row[-1] == "CompleteAbort", listed
-    described = tool("kafka-transactions", "describe", "--transactional-id", tid,
-                     bootstrap=bootstrap)  # fmt: skip
+    described = tool(
+        "kafka-transactions", "describe", "--transactional-id", tid, bootstrap=bootstrap
+    )
     assert "CompleteAbort" in described or "Empty" in described, described
     p2.flush(5)

@@ -77,9 +77,14 @@ def test_java_transactions_commit_and_abort_at_each_level(
     before = partition_checks(proc)
 
     report = run_java_client(
-        b, topic, tid, str(TRANSACTIONS), group,
-        source=HERE / "java" / "TransactionsCheck.java", timeout=120,
-    )  # fmt: skip
+        b,
+        topic,
+        tid,
+        str(TRANSACTIONS),
+        group,
+        source=HERE / "java" / "TransactionsCheck.java",
+        timeout=120,
+    )
 
     # every committed record once and in order, nothing aborted, transaction 7's offset (the
     # same judgement against Apache Kafka: tests/integration/apache_kafka/test_transactions.py)

@@ -36,8 +36,15 @@ BROKER_ENV = {"TIDALMQ_CONTROL_TOKEN": BROKER_SECRET}
 
 
 class OperatorProcess:
-    def __init__(self, api: ApiServer, namespace: str, storage_url: str, workdir: Path,
-                 name: str = "operator", env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        api: ApiServer,
+        namespace: str,
+        storage_url: str,
+        workdir: Path,
+        name: str = "operator",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.api = api
         self.namespace = namespace
         self.storage_url = storage_url
@@ -62,18 +69,24 @@ class OperatorProcess:
 
     def launch(self) -> None:
         env = {
-            **os.environ, "KUBECONFIG": str(self.api.kubeconfig),
-            "TIDALMQ_OPERATOR_NAMESPACE": self.namespace, "TIDALMQ_STORAGE_URL": self.storage_url,
+            **os.environ,
+            "KUBECONFIG": str(self.api.kubeconfig),
+            "TIDALMQ_OPERATOR_NAMESPACE": self.namespace,
+            "TIDALMQ_STORAGE_URL": self.storage_url,
             "TIDALMQ_CONTROLLER_PORT": str(self.controller_port),
-            "TIDALMQ_OPERATOR_HTTP_PORT": str(self.http_port), "TIDALMQ_OFFSETS_TOPIC_PARTITIONS": "4",
+            "TIDALMQ_OPERATOR_HTTP_PORT": str(self.http_port),
+            "TIDALMQ_OFFSETS_TOPIC_PARTITIONS": "4",
             "TIDALMQ_CONTROL_TOKEN": CONTROL_TOKEN,
-            "TIDALMQ_CONTROL_BROKER_SECRET": BROKER_SECRET, **self.env,
-        }  # fmt: skip
+            "TIDALMQ_CONTROL_BROKER_SECRET": BROKER_SECRET,
+            **self.env,
+        }
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tidalmq_broker.cli", "operator", "run"],
-                stdout=out, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
 
     def start(self) -> None:
         self.launch()
@@ -124,10 +137,15 @@ def deployment(
     op = OperatorProcess(api_with_crds, ns, storage, tmp_path, env=getattr(request, "param", None))
     op.start()
     brokers = [
-        BrokerProcess(storage, tmp_path / "logs", broker_id=i, env=BROKER_ENV,
-                      args=["--controller-url", op.controller_url])
+        BrokerProcess(
+            storage,
+            tmp_path / "logs",
+            broker_id=i,
+            env=BROKER_ENV,
+            args=["--controller-url", op.controller_url],
+        )
         for i in range(3)
-    ]  # fmt: skip
+    ]
     for b in brokers:
         b.start()
     d = {"ns": ns, "operator": op, "brokers": brokers, "api": api_with_crds, "tmp": tmp_path}
@@ -173,8 +191,20 @@ def wait_for(predicate, timeout_s: float = 60, what: str = "condition", detail=N
 
 
 def events_of(d: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    out = d["api"].kubectl("-n", d["ns"], "get", "events", "--field-selector",
-                           f"involvedObject.name={name}", "-o", "json").stdout  # fmt: skip
+    out = (
+        d["api"]
+        .kubectl(
+            "-n",
+            d["ns"],
+            "get",
+            "events",
+            "--field-selector",
+            f"involvedObject.name={name}",
+            "-o",
+            "json",
+        )
+        .stdout
+    )
     return list(json.loads(out)["items"])
 
 
@@ -187,8 +217,13 @@ def step_events(events: list[dict[str, Any]], prefix: str) -> list[dict[str, Any
     order = ["PartitionClosing", "PartitionElecting", "PartitionOpening"]
     # eventTime: to the microsecond (an election stamps Electing and Opening in one call, so
     # equal times are ordered by step)
-    return sorted(ours, key=lambda e: (e["eventTime"], order.index(e["reason"])
-                                       if e["reason"] in order else len(order)))  # fmt: skip
+    return sorted(
+        ours,
+        key=lambda e: (
+            e["eventTime"],
+            order.index(e["reason"]) if e["reason"] in order else len(order),
+        ),
+    )
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -199,8 +234,12 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 
 def topic(name: str, partitions: int, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "tidalmq.io/v1alpha1", "kind": "Topic", "metadata": {"name": name},
-            "spec": {"partitions": partitions, **spec}}  # fmt: skip
+    return {
+        "apiVersion": "tidalmq.io/v1alpha1",
+        "kind": "Topic",
+        "metadata": {"name": name},
+        "spec": {"partitions": partitions, **spec},
+    }
 
 
 def test_topic_lifecycle(deployment: dict[str, Any]) -> None:
@@ -248,8 +287,10 @@ def test_topic_lifecycle(deployment: dict[str, Any]) -> None:
 
     wait_for(stored, timeout_s=60, what="the topic's stored data")
     d["api"].kubectl("-n", d["ns"], "delete", "topic", "orders", "--timeout=60s")
-    wait_for(lambda: not [f for f in objects.rglob("*") if f.is_file()] if objects.exists() else True,
-             what="topic data deleted")  # fmt: skip
+    wait_for(
+        lambda: not [f for f in objects.rglob("*") if f.is_file()] if objects.exists() else True,
+        what="topic data deleted",
+    )
 
 
 def test_invalid_specs_are_rejected(deployment: dict[str, Any]) -> None:
@@ -267,12 +308,25 @@ def test_reassignment_moves_partitions_and_reports_them(deployment: dict[str, An
     apply(d, topic("moving", 6))
     wait_for(lambda: (condition(get(d, "topic", "moving"), "Ready") or {}).get("status") == "True")
     parts = get(d, "topic", "moving")["status"]["partitions"]
-    targets = [{"topic": "moving", "partition": p["partition"], "replicas": [(p["broker"] + 1) % 3]}
-               for p in parts]  # fmt: skip
-    apply(d, {"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-              "metadata": {"name": "spread"}, "spec": {"partitions": targets}})  # fmt: skip
-    done = wait_for(lambda: get(d, "partitionreassignment", "spread").get("status", {}).get("phase") == "Completed",
-                    what="reassignment Completed")  # fmt: skip
+    targets = [
+        {"topic": "moving", "partition": p["partition"], "replicas": [(p["broker"] + 1) % 3]}
+        for p in parts
+    ]
+    apply(
+        d,
+        {
+            "apiVersion": "tidalmq.io/v1alpha1",
+            "kind": "PartitionReassignment",
+            "metadata": {"name": "spread"},
+            "spec": {"partitions": targets},
+        },
+    )
+    done = wait_for(
+        lambda: (
+            get(d, "partitionreassignment", "spread").get("status", {}).get("phase") == "Completed"
+        ),
+        what="reassignment Completed",
+    )
     assert done
     status = get(d, "partitionreassignment", "spread")["status"]
     assert status["progress"] == "6/6"
@@ -287,8 +341,11 @@ def test_reassignment_moves_partitions_and_reports_them(deployment: dict[str, An
     for t in targets:
         steps = step_events(events, f"moving-{t['partition']}:")
         assert [e["reason"] for e in steps] == [
-            "PartitionClosing", "PartitionElecting", "PartitionOpening", "PartitionDone"
-        ], steps  # fmt: skip
+            "PartitionClosing",
+            "PartitionElecting",
+            "PartitionOpening",
+            "PartitionDone",
+        ], steps
     assert [e["message"] for e in events if e["reason"] == "Completed"] == ["6 of 6 moved"]
 
 
@@ -296,9 +353,15 @@ def test_bad_reassignment_fails_with_a_clear_condition(deployment: dict[str, Any
     d = deployment
     apply(d, topic("target", 1))
     wait_for(lambda: (condition(get(d, "topic", "target"), "Ready") or {}).get("status") == "True")
-    apply(d, {"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-              "metadata": {"name": "nowhere"},
-              "spec": {"partitions": [{"topic": "target", "partition": 0, "replicas": [9]}]}})  # fmt: skip
+    apply(
+        d,
+        {
+            "apiVersion": "tidalmq.io/v1alpha1",
+            "kind": "PartitionReassignment",
+            "metadata": {"name": "nowhere"},
+            "spec": {"partitions": [{"topic": "target", "partition": 0, "replicas": [9]}]},
+        },
+    )
 
     def failed() -> dict[str, Any] | None:
         pr = get(d, "partitionreassignment", "nowhere")
@@ -313,10 +376,19 @@ def test_operator_restart_in_the_middle_of_a_reassignment(deployment: dict[str, 
     apply(d, topic("resume", 4))
     wait_for(lambda: (condition(get(d, "topic", "resume"), "Ready") or {}).get("status") == "True")
     parts = get(d, "topic", "resume")["status"]["partitions"]
-    targets = [{"topic": "resume", "partition": p["partition"], "replicas": [(p["broker"] + 2) % 3]}
-               for p in parts]  # fmt: skip
-    apply(d, {"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-              "metadata": {"name": "interrupted"}, "spec": {"partitions": targets}})  # fmt: skip
+    targets = [
+        {"topic": "resume", "partition": p["partition"], "replicas": [(p["broker"] + 2) % 3]}
+        for p in parts
+    ]
+    apply(
+        d,
+        {
+            "apiVersion": "tidalmq.io/v1alpha1",
+            "kind": "PartitionReassignment",
+            "metadata": {"name": "interrupted"},
+            "spec": {"partitions": targets},
+        },
+    )
 
     def phase() -> str | None:
         return get(d, "partitionreassignment", "interrupted").get("status", {}).get("phase")
@@ -331,8 +403,13 @@ def test_operator_restart_in_the_middle_of_a_reassignment(deployment: dict[str, 
     print(f"phase before the restart: {seen}")
     d["operator"].kill()
     d["operator"].start()
-    wait_for(lambda: get(d, "partitionreassignment", "interrupted").get("status", {}).get("phase") == "Completed",
-             what="Completed after restart")  # fmt: skip
+    wait_for(
+        lambda: (
+            get(d, "partitionreassignment", "interrupted").get("status", {}).get("phase")
+            == "Completed"
+        ),
+        what="Completed after restart",
+    )
     brokers = {
         p["partition"]: p["broker"] for p in get(d, "topic", "resume")["status"]["partitions"]
     }
@@ -368,17 +445,27 @@ def test_two_operator_replicas_never_both_act(deployment: dict[str, Any]) -> Non
         epoch_before = get(d, "clusterstate", "tidalmq")["status"]["controllerEpoch"]
         active.kill()
         wait_for(standby.ready, timeout_s=120, what="the standby takes over")
-        wait_for(lambda: get(d, "clusterstate", "tidalmq")["status"]["controllerEpoch"] > epoch_before,
-                 what="a higher controller epoch")  # fmt: skip
+        wait_for(
+            lambda: get(d, "clusterstate", "tidalmq")["status"]["controllerEpoch"] > epoch_before,
+            what="a higher controller epoch",
+        )
     finally:
         second.stop()
 
 
 def reassignment(name: str, moves: dict[int, int], topic_name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "tidalmq.io/v1alpha1", "kind": "PartitionReassignment",
-            "metadata": {"name": name},
-            "spec": {"partitions": [{"topic": topic_name, "partition": p, "replicas": [b]}
-                                    for p, b in sorted(moves.items())], **spec}}  # fmt: skip
+    return {
+        "apiVersion": "tidalmq.io/v1alpha1",
+        "kind": "PartitionReassignment",
+        "metadata": {"name": name},
+        "spec": {
+            "partitions": [
+                {"topic": topic_name, "partition": p, "replicas": [b]}
+                for p, b in sorted(moves.items())
+            ],
+            **spec,
+        },
+    }
 
 
 def placement(d: dict[str, Any], topic_name: str) -> dict[int, tuple[int, int]]:
@@ -393,8 +480,10 @@ def phase_of(d: dict[str, Any], name: str) -> str | None:
 
 def ready_topic(d: dict[str, Any], name: str, partitions: int) -> dict[int, tuple[int, int]]:
     apply(d, topic(name, partitions))
-    wait_for(lambda: (condition(get(d, "topic", name), "Ready") or {}).get("status") == "True",
-             what=f"Topic {name} Ready")  # fmt: skip
+    wait_for(
+        lambda: (condition(get(d, "topic", name), "Ready") or {}).get("status") == "True",
+        what=f"Topic {name} Ready",
+    )
     return placement(d, name)
 
 
@@ -412,8 +501,16 @@ def test_a_reassignment_cancelled_before_it_starts_moves_nothing(
     # (b) created, then cancelled, while the operator is down: it finds both at once
     d["operator"].stop()
     apply(d, reassignment("cancelled-early", away, "still"))
-    d["api"].kubectl("-n", d["ns"], "patch", "partitionreassignment", "cancelled-early",
-                     "--type=merge", "-p", '{"spec": {"cancel": true}}')  # fmt: skip
+    d["api"].kubectl(
+        "-n",
+        d["ns"],
+        "patch",
+        "partitionreassignment",
+        "cancelled-early",
+        "--type=merge",
+        "-p",
+        '{"spec": {"cancel": true}}',
+    )
     d["operator"].start()
     for name in ("born-cancelled", "cancelled-early"):
         wait_for(lambda name=name: phase_of(d, name) == "Cancelled", what=f"{name} Cancelled")
@@ -424,8 +521,10 @@ def test_a_reassignment_cancelled_before_it_starts_moves_nothing(
         assert pr["status"]["progress"] == "0/6"
         assert [r["phase"] for r in pr["status"]["partitions"]] == ["Cancelled"] * 6
         # the Cancelled Event follows the status patch: wait for it
-        wait_for(lambda name=name: "Cancelled" in [e["reason"] for e in events_of(d, name)],
-                 what=f"{name}'s Cancelled event")  # fmt: skip
+        wait_for(
+            lambda name=name: "Cancelled" in [e["reason"] for e in events_of(d, name)],
+            what=f"{name}'s Cancelled event",
+        )
         reasons = [e["reason"] for e in events_of(d, name)]
         assert not [r for r in reasons if r == "Started" or r.startswith("Partition")], reasons
     time.sleep(3)  # a move submitted by mistake would have shown by now
@@ -478,8 +577,16 @@ def test_cancel_half_way_rolls_back_the_moves_in_flight(deployment: dict[str, An
             )
 
         wait_for(half_done, what="the live brokers' moves Done, the stopped one's in Closing")
-        d["api"].kubectl("-n", d["ns"], "patch", "partitionreassignment", "half", "--type=merge",
-                         "-p", '{"spec": {"cancel": true}}')  # fmt: skip
+        d["api"].kubectl(
+            "-n",
+            d["ns"],
+            "patch",
+            "partitionreassignment",
+            "half",
+            "--type=merge",
+            "-p",
+            '{"spec": {"cancel": true}}',
+        )
         wait_for(lambda: phase_of(d, "half") == "Cancelled", what="Cancelled")
     finally:
         os.kill(broker.proc.pid, signal.SIGCONT)
@@ -500,8 +607,10 @@ def test_cancel_half_way_rolls_back_the_moves_in_flight(deployment: dict[str, An
         return all(now[p][0] == (source[p] if p in stuck_parts else target[p]) for p in range(6))
 
     wait_for(agrees, what="the Topic's brokers agree with the reassignment's status")
-    wait_for(lambda: (condition(get(d, "topic", "halfway"), "Ready") or {}).get("status") == "True",
-             what="the rolled-back partitions served again")  # fmt: skip
+    wait_for(
+        lambda: (condition(get(d, "topic", "halfway"), "Ready") or {}).get("status") == "True",
+        what="the rolled-back partitions served again",
+    )
     events = events_of(d, "half")
     reasons = [e["reason"] for e in events]
     assert "Cancelling" in reasons and reasons.count("Cancelled") == 1, reasons

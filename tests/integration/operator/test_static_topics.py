@@ -24,8 +24,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def static_topic(name: str, queues: int, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "tidalmq.io/v1alpha1", "kind": "StaticTopic", "metadata": {"name": name},
-            "spec": {"totalQueues": queues, **spec}}  # fmt: skip
+    return {
+        "apiVersion": "tidalmq.io/v1alpha1",
+        "kind": "StaticTopic",
+        "metadata": {"name": name},
+        "spec": {"totalQueues": queues, **spec},
+    }
 
 
 def status_of(d: dict[str, Any], name: str) -> dict[str, Any]:
@@ -57,8 +61,10 @@ def test_static_topic_lifecycle(deployment: dict[str, Any]) -> None:  # noqa: F8
     # an explicit remap request (spec.remap) switches the queue to the requested broker
     queue0 = status["queues"][0]
     target = (queue0["broker"] + 1) % 3
-    remap = [{"queue": 0, "broker": target, "mode": "strict"},
-             {"queue": 1, "broker": (status["queues"][1]["broker"] + 1) % 3}]  # fmt: skip
+    remap = [
+        {"queue": 0, "broker": target, "mode": "strict"},
+        {"queue": 1, "broker": (status["queues"][1]["broker"] + 1) % 3},
+    ]
     apply(d, static_topic("events", 6, remap=remap))
 
     def unmet(resource: dict[str, Any]) -> list[str]:
@@ -67,9 +73,13 @@ def test_static_topic_lifecycle(deployment: dict[str, Any]) -> None:  # noqa: F8
         c = condition(resource, "Ready")
         if len(qs) != 6:
             return [f"{len(qs)} queues"]
-        checks = {"queue 0 broker": qs[0]["broker"] == target, "queue 0 gen": qs[0]["gen"] == 1,
-                  "queue 0 items": qs[0]["items"] == 2, "queue 1 gen": qs[1]["gen"] == 1,
-                  "Ready": c is not None and c["status"] == "True"}  # fmt: skip
+        checks = {
+            "queue 0 broker": qs[0]["broker"] == target,
+            "queue 0 gen": qs[0]["gen"] == 1,
+            "queue 0 items": qs[0]["items"] == 2,
+            "queue 1 gen": qs[1]["gen"] == 1,
+            "Ready": c is not None and c["status"] == "True",
+        }
         return [what for what, ok in checks.items() if not ok]
 
     def remap_state() -> str:
@@ -88,8 +98,13 @@ def test_static_topic_lifecycle(deployment: dict[str, Any]) -> None:  # noqa: F8
     for i in range(120, 240):
         producer.produce("events", key=b"k%d" % (i % 11), value=b"%d" % i)
     assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.subscribe(["events"])
     values: set[int] = set()
     wait_for(lambda: _poll(consumer, values) >= 240, what="every record read back")
@@ -103,8 +118,12 @@ def test_static_topic_lifecycle(deployment: dict[str, Any]) -> None:  # noqa: F8
 
         def refused(wrong: int = wrong) -> bool:
             c = condition(get(d, "statictopic", "events"), "Error")
-            return (c is not None and c["status"] == "True"
-                    and c["reason"] == "TotalQueuesImmutable" and f"asked for {wrong}" in c["message"])  # fmt: skip
+            return (
+                c is not None
+                and c["status"] == "True"
+                and c["reason"] == "TotalQueuesImmutable"
+                and f"asked for {wrong}" in c["message"]
+            )
 
         wait_for(refused, what=f"TotalQueuesImmutable condition for {wrong}")
         assert len(status_of(d, "events")["queues"]) == 6
@@ -121,8 +140,13 @@ def test_static_topic_lifecycle(deployment: dict[str, Any]) -> None:  # noqa: F8
         s = status_of(d, "events")
         qs = s.get("queues", [])
         error = condition(get(d, "statictopic", "events"), "Error")
-        return (len(qs) == 6 and all(q["broker"] in (0, 1) for q in qs) and ready(d, "events")
-                and error is not None and error["status"] == "False")  # fmt: skip
+        return (
+            len(qs) == 6
+            and all(q["broker"] in (0, 1) for q in qs)
+            and ready(d, "events")
+            and error is not None
+            and error["status"] == "False"
+        )
 
     wait_for(off_broker_2, timeout_s=90, what="queues off broker 2")
     assert status_of(d, "events")["epoch"] >= 2

@@ -105,8 +105,11 @@ def test_a_topic_on_a_broker_that_is_not_alive_is_degraded(deployment: dict[str,
 
     # the broker comes back (a new incarnation takes its partitions again): served, not degraded
     broker(d, victim).start()
-    wait_for(lambda: cond(d, "topic", "orders", "Ready").get("status") == "True", timeout_s=60,
-             what="Ready again")  # fmt: skip
+    wait_for(
+        lambda: cond(d, "topic", "orders", "Ready").get("status") == "True",
+        timeout_s=60,
+        what="Ready again",
+    )
     c = cond(d, "topic", "orders", "Degraded")
     assert c["status"] == "False" and c["lastTransitionTime"] >= first, c
     assert not [p for p in get(d, "topic", "orders")["status"]["partitions"] if p.get("problem")]
@@ -122,8 +125,10 @@ def test_a_static_topic_remapped_onto_a_broker_that_dies_is_not_ready(
     queues = status_of(d, "events")["queues"]
     target = (queues[0]["broker"] + 1) % 3
     apply(d, static_topic("events", 4, remap=[{"queue": 0, "broker": target, "mode": "strict"}]))
-    wait_for(lambda: status_of(d, "events")["queues"][0]["broker"] == target and ready(d, "events"),
-             what="logic queue 0 remapped")  # fmt: skip
+    wait_for(
+        lambda: status_of(d, "events")["queues"][0]["broker"] == target and ready(d, "events"),
+        what="logic queue 0 remapped",
+    )
     on_target = sorted(
         q["queue"] for q in status_of(d, "events")["queues"] if q["broker"] == target
     )
@@ -173,8 +178,10 @@ def test_a_move_elected_before_an_operator_restart_keeps_its_unavailability(
     os.kill(stuck.proc.pid, signal.SIGSTOP)
     try:
         apply(d, reassignment("elected", {0: target}, "across"))
-        wait_for(lambda: rows_of(d, "elected").get(0, {}).get("phase") == "Opening",
-                 what="the move elected, its target not opening it")  # fmt: skip
+        wait_for(
+            lambda: rows_of(d, "elected").get(0, {}).get("phase") == "Opening",
+            what="the move elected, its target not opening it",
+        )
         d["operator"].kill()
         d["operator"].start()
         time.sleep(3)  # the new operator publishes: the target still has not opened it
@@ -212,8 +219,9 @@ def produce_error(bootstrap: str, topic: str, partition: int) -> KafkaError | No
     """The error of one record to one partition (None: acknowledged). Without retries, so the
     broker's own error is what the delivery report says (an idempotent producer retries a
     retriable error until its timeout and reports that)."""
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "retries": 0,
-                  "message.timeout.ms": 10000})  # fmt: skip
+    p = Producer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "retries": 0, "message.timeout.ms": 10000}
+    )
     out: list[KafkaError | None] = []
     p.produce(topic, value=b"probe", partition=partition, on_delivery=lambda e, m: out.append(e))
     p.flush(15)
@@ -221,8 +229,9 @@ def produce_error(bootstrap: str, topic: str, partition: int) -> KafkaError | No
 
 
 def annotate(d: dict[str, Any], kind: str, name: str, value: str) -> None:
-    d["api"].kubectl("-n", d["ns"], "annotate", "--overwrite", kind, name,
-                     f"tidalmq.io/accept-data-loss={value}")  # fmt: skip
+    d["api"].kubectl(
+        "-n", d["ns"], "annotate", "--overwrite", kind, name, f"tidalmq.io/accept-data-loss={value}"
+    )
 
 
 def annotations(d: dict[str, Any], kind: str, name: str) -> dict[str, str]:
@@ -319,19 +328,34 @@ def test_a_topic_whose_data_vanished_is_degraded_until_the_loss_is_accepted(
 
     # partition 1 only, then the rest
     annotate(d, "topic", "ledger", "1")
-    wait_for(lambda: "tidalmq.io/accept-data-loss" not in annotations(d, "topic", "ledger"),
-             what="the annotation removed")  # fmt: skip
-    wait_for(lambda: "data lost in 2 partitions: 0, 2" in cond(d, "topic", "ledger", "Degraded").get("message", ""),
-             what="partition 1 accepted")  # fmt: skip
+    wait_for(
+        lambda: "tidalmq.io/accept-data-loss" not in annotations(d, "topic", "ledger"),
+        what="the annotation removed",
+    )
+    wait_for(
+        lambda: (
+            "data lost in 2 partitions: 0, 2"
+            in cond(d, "topic", "ledger", "Degraded").get("message", "")
+        ),
+        what="partition 1 accepted",
+    )
     annotate(d, "topic", "ledger", "true")
-    wait_for(lambda: cond(d, "topic", "ledger", "Ready").get("status") == "True", timeout_s=60,
-             what="Ready after the loss was accepted")  # fmt: skip
+    wait_for(
+        lambda: cond(d, "topic", "ledger", "Ready").get("status") == "True",
+        timeout_s=60,
+        what="Ready after the loss was accepted",
+    )
     assert cond(d, "topic", "ledger", "Degraded")["status"] == "False"
     assert cond(d, "topic", "ledger", "Error")["status"] == "False"
     assert "tidalmq.io/accept-data-loss" not in annotations(d, "topic", "ledger")
-    accepted = wait_for(lambda: [e for e in events_of(d, "ledger") if e["reason"] == "DataLossAccepted"]
-                        if len([e for e in events_of(d, "ledger") if e["reason"] == "DataLossAccepted"]) == 2 else None,
-                        what="two DataLossAccepted Events")  # fmt: skip
+    accepted = wait_for(
+        lambda: (
+            [e for e in events_of(d, "ledger") if e["reason"] == "DataLossAccepted"]
+            if len([e for e in events_of(d, "ledger") if e["reason"] == "DataLossAccepted"]) == 2
+            else None
+        ),
+        what="two DataLossAccepted Events",
+    )
     text = " ".join(e["message"] for e in accepted)
     for p, end in ends.items():
         assert f"partition {p}: offsets 0 to {end - 1} given up, continues at {end}" in text, text

@@ -63,24 +63,37 @@ CLIENTS_CRL = "test-clients-crl"
 def secured(api_with_crds: ApiServer, tmp_path: Path) -> Iterator[dict[str, Any]]:  # noqa: F811
     """A namespace with the operator and one broker: PLAINTEXT (the test's admin) and
     SASL_PLAINTEXT (the Users' clients), ACLs enforced."""
-    api_with_crds.kubectl("wait", "--for=condition=Established", "crd/users.tidalmq.io",
-                          "--timeout=60s")  # fmt: skip
+    api_with_crds.kubectl(
+        "wait", "--for=condition=Established", "crd/users.tidalmq.io", "--timeout=60s"
+    )
     ns = f"u-{uuid.uuid4().hex[:8]}"
     api_with_crds.kubectl("create", "namespace", ns)
     storage = f"file://{tmp_path / 'objects'}"
     # the clients CA (the chart's FULLNAME-clients-ca) and the broker's own certificate
     clients_ca = users.new_clients_ca()
-    api_with_crds.kubectl("-n", ns, "create", "secret", "generic", CLIENTS_CA,
-                          f"--from-literal=tls.crt={clients_ca.cert_pem.decode()}",
-                          f"--from-literal=tls.key={clients_ca.key_pem.decode()}")  # fmt: skip
+    api_with_crds.kubectl(
+        "-n",
+        ns,
+        "create",
+        "secret",
+        "generic",
+        CLIENTS_CA,
+        f"--from-literal=tls.crt={clients_ca.cert_pem.decode()}",
+        f"--from-literal=tls.key={clients_ca.key_pem.decode()}",
+    )
     (tmp_path / "clients-ca.pem").write_bytes(clients_ca.cert_pem)
     server_ca = certs.new_ca("server CA")
     (tmp_path / "server-ca.pem").write_bytes(server_ca.cert_pem())
-    certs.write_keystore(tmp_path / "broker.pem",
-                         certs.issue(server_ca, "broker", hosts=["127.0.0.1"]), server_ca)  # fmt: skip
-    op = OperatorProcess(api_with_crds, ns, storage, tmp_path,
-                         env={"TIDALMQ_CLIENTS_CA_SECRET": CLIENTS_CA,
-                              "TIDALMQ_CLIENTS_CRL_SECRET": CLIENTS_CRL})  # fmt: skip
+    certs.write_keystore(
+        tmp_path / "broker.pem", certs.issue(server_ca, "broker", hosts=["127.0.0.1"]), server_ca
+    )
+    op = OperatorProcess(
+        api_with_crds,
+        ns,
+        storage,
+        tmp_path,
+        env={"TIDALMQ_CLIENTS_CA_SECRET": CLIENTS_CA, "TIDALMQ_CLIENTS_CRL_SECRET": CLIENTS_CRL},
+    )
     op.start()
     d: dict[str, Any] = {"ns": ns, "operator": op, "api": api_with_crds, "tmp": tmp_path}
     # the broker pod waits for the CRL Secret (a volume that is not optional): made at start
@@ -88,17 +101,30 @@ def secured(api_with_crds: ApiServer, tmp_path: Path) -> Iterator[dict[str, Any]
     broker = BrokerProcess(storage, tmp_path / "logs", env=BROKER_ENV)
     sasl_port, ssl_port = free_port(), free_port()
     broker.args = [
-        "--controller-url", op.controller_url,
-        "--listeners", f"PLAINTEXT://127.0.0.1:{broker.port},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
-                       f"SSL://127.0.0.1:{ssl_port}",
-        "--sasl-enabled-mechanisms", "SCRAM-SHA-512,SCRAM-SHA-256",
-        "--ssl-keystore-location", str(tmp_path / "broker.pem"),
-        "--ssl-truststore-location", str(tmp_path / "clients-ca.pem"),
-        "--ssl-client-auth", "required",
-        "--ssl-principal-mapping-rules", "RULE:^CN=([^,]+)$/$1/,DEFAULT",  # the chart's
-        "--ssl-crl-location", str(tmp_path / "crl.pem"), "--ssl-reload-interval-ms", "200",
-        "--authorizer", "acl", "--super-users", "User:ANONYMOUS",
-    ]  # fmt: skip
+        "--controller-url",
+        op.controller_url,
+        "--listeners",
+        f"PLAINTEXT://127.0.0.1:{broker.port},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
+        f"SSL://127.0.0.1:{ssl_port}",
+        "--sasl-enabled-mechanisms",
+        "SCRAM-SHA-512,SCRAM-SHA-256",
+        "--ssl-keystore-location",
+        str(tmp_path / "broker.pem"),
+        "--ssl-truststore-location",
+        str(tmp_path / "clients-ca.pem"),
+        "--ssl-client-auth",
+        "required",
+        "--ssl-principal-mapping-rules",
+        "RULE:^CN=([^,]+)$/$1/,DEFAULT",  # the chart's
+        "--ssl-crl-location",
+        str(tmp_path / "crl.pem"),
+        "--ssl-reload-interval-ms",
+        "200",
+        "--authorizer",
+        "acl",
+        "--super-users",
+        "User:ANONYMOUS",
+    ]
     broker.start()
     d.update(broker=broker, sasl=f"127.0.0.1:{sasl_port}", ssl=f"127.0.0.1:{ssl_port}")
     try:
@@ -112,8 +138,12 @@ def secured(api_with_crds: ApiServer, tmp_path: Path) -> Iterator[dict[str, Any]
 
 
 def user(name: str, acls: list[dict[str, Any]], kind: str = "scram-sha-512") -> dict[str, Any]:
-    return {"apiVersion": "tidalmq.io/v1alpha1", "kind": "User", "metadata": {"name": name},
-            "spec": {"authentication": {"type": kind}, "authorization": {"acls": acls}}}  # fmt: skip
+    return {
+        "apiVersion": "tidalmq.io/v1alpha1",
+        "kind": "User",
+        "metadata": {"name": name},
+        "spec": {"authentication": {"type": kind}, "authorization": {"acls": acls}},
+    }
 
 
 def sync_crl(d: dict[str, Any]) -> bytes | None:
@@ -163,8 +193,10 @@ def read(topic: str) -> dict[str, Any]:
 
 
 def group_read(group: str) -> dict[str, Any]:
-    return {"resource": {"type": "group", "name": group, "patternType": "prefixed"},
-            "operations": ["Read"]}  # fmt: skip
+    return {
+        "resource": {"type": "group", "name": group, "patternType": "prefixed"},
+        "operations": ["Read"],
+    }
 
 
 def secret(d: dict[str, Any], name: str) -> dict[str, str]:
@@ -181,9 +213,14 @@ def ready(d: dict[str, Any], name: str, generation: int | None = None) -> bool:
 
 
 def sasl_conf(d: dict[str, Any], creds: dict[str, str], **extra: Any) -> dict[str, Any]:
-    return {"bootstrap.servers": d["sasl"], "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanism": creds["sasl.mechanism"], "sasl.username": creds["username"],
-            "sasl.password": creds["password"], **extra}  # fmt: skip
+    return {
+        "bootstrap.servers": d["sasl"],
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": creds["sasl.mechanism"],
+        "sasl.username": creds["username"],
+        "sasl.password": creds["password"],
+        **extra,
+    }
 
 
 def consume(conf: dict[str, Any], topic: str, group: str) -> int | bytes:
@@ -217,8 +254,15 @@ def authentication_fails(conf: dict[str, Any]) -> bool:
 
 
 def acls_of(admin: AdminClient, principal: str) -> set[tuple[str, str]]:
-    f = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, None,
-                         AclOperation.ANY, AclPermissionType.ANY)  # fmt: skip
+    f = AclBindingFilter(
+        ResourceType.ANY,
+        None,
+        ResourcePatternType.ANY,
+        principal,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
     return {(b.name, b.operation.name) for b in admin.describe_acls(f).result(30)}
 
 
@@ -248,15 +292,21 @@ def test_user_credentials_and_acls_on_a_real_broker(secured: dict[str, Any]) -> 
     assert consume(conf, "allowed", "alice-1") == b"hello allowed"
     assert consume(conf, "denied", "alice-2") == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert authentication_fails({**conf, "sasl.password": "wrong"})
-    assert acls_of(admin, "User:alice") == {("allowed", "READ"), ("allowed", "DESCRIBE"),
-                                            ("alice-", "READ")}  # fmt: skip
+    assert acls_of(admin, "User:alice") == {
+        ("allowed", "READ"),
+        ("allowed", "DESCRIBE"),
+        ("alice-", "READ"),
+    }
 
     # a spec change is a diff: `denied` becomes readable, `allowed` is no longer
     apply(d, user("alice", [read("denied"), group_read("alice-")]))
     gen = get(d, "user", "alice")["metadata"]["generation"]
     wait_for(lambda: ready(d, "alice", gen), what="User alice reconciled again")
-    assert acls_of(admin, "User:alice") == {("denied", "READ"), ("denied", "DESCRIBE"),
-                                            ("alice-", "READ")}  # fmt: skip
+    assert acls_of(admin, "User:alice") == {
+        ("denied", "READ"),
+        ("denied", "DESCRIBE"),
+        ("alice-", "READ"),
+    }
     assert secret(d, "alice")["password"] == creds["password"]  # the same password, kept
     assert consume(conf, "denied", "alice-3") == b"hello denied"
     assert consume(conf, "allowed", "alice-4") == KafkaError.TOPIC_AUTHORIZATION_FAILED
@@ -289,15 +339,21 @@ def test_tls_user_certificate_on_a_real_broker(secured: dict[str, Any]) -> None:
     files, dave = write_certificate(d, "carol"), write_certificate(d, "dave")
     # the CA it was given
     assert (files / "ca.crt").read_text() == (d["tmp"] / "clients-ca.pem").read_text()
-    conf = {"bootstrap.servers": d["ssl"], "security.protocol": "SSL",
-            "ssl.ca.location": str(d["tmp"] / "server-ca.pem"),
-            "ssl.certificate.location": str(files / "user.crt"),
-            "ssl.key.location": str(files / "user.key")}  # fmt: skip
+    conf = {
+        "bootstrap.servers": d["ssl"],
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(d["tmp"] / "server-ca.pem"),
+        "ssl.certificate.location": str(files / "user.crt"),
+        "ssl.key.location": str(files / "user.key"),
+    }
     # the certificate is User:carol on the broker (CN=carol, the chart's mapping rule)
     assert consume(conf, "certs", "carol-1") == b"hello certs"
     assert consume(conf, "secrets", "carol-2") == KafkaError.TOPIC_AUTHORIZATION_FAILED
-    assert acls_of(admin, "User:carol") == {("certs", "READ"), ("certs", "DESCRIBE"),
-                                            ("carol-", "READ")}  # fmt: skip
+    assert acls_of(admin, "User:carol") == {
+        ("certs", "READ"),
+        ("certs", "DESCRIBE"),
+        ("carol-", "READ"),
+    }
 
     assert tls_client(d, files) == "accepted"
     # deleting the User removes its ACLs
@@ -337,8 +393,20 @@ def test_invalid_user_is_not_ready(secured: dict[str, Any]) -> None:
 
 
 def _events(d: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    out = d["api"].kubectl("-n", d["ns"], "get", "events", "--field-selector",
-                           f"involvedObject.name={name},involvedObject.kind=User", "-o", "json").stdout  # fmt: skip
+    out = (
+        d["api"]
+        .kubectl(
+            "-n",
+            d["ns"],
+            "get",
+            "events",
+            "--field-selector",
+            f"involvedObject.name={name},involvedObject.kind=User",
+            "-o",
+            "json",
+        )
+        .stdout
+    )
     return list(json.loads(out)["items"])
 
 

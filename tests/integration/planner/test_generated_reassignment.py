@@ -59,16 +59,26 @@ print("driver pod created")
 """
 
 SETTINGS = ControllerSettings(
-    heartbeat_interval_s=0.1, lease_s=2.0, session_timeout_s=4.0, clock_margin_s=0.2,
-    election_timeout_s=30.0, auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.02,
-)  # fmt: skip
+    heartbeat_interval_s=0.1,
+    lease_s=2.0,
+    session_timeout_s=4.0,
+    clock_margin_s=0.2,
+    election_timeout_s=30.0,
+    auto_rebalance=False,
+    offsets_topic_partitions=1,
+    tick_s=0.02,
+)
 
 
 @pytest.fixture(scope="module")
 def api(kube_apiserver: ApiServer) -> ApiServer:
     kube_apiserver.kubectl("apply", "-f", str(REPO / "crds"))
-    kube_apiserver.kubectl("wait", "--for=condition=Established",
-                           "crd/partitionreassignments.tidalmq.io", "--timeout=60s")  # fmt: skip
+    kube_apiserver.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/partitionreassignments.tidalmq.io",
+        "--timeout=60s",
+    )
     return kube_apiserver
 
 
@@ -112,10 +122,14 @@ class Env:
     def runtime(self) -> OperatorRuntime:
         """A fresh operator (as after a restart): nothing in memory, the same controller."""
         settings = OperatorSettings(
-            namespace=self.ns, spark_image="tidalmq-spark:dev",
-            spark_service_account="tidalmq-spark", prometheus_url="http://prometheus:9090",
-            spark_submit=str(self.spark_submit), planner_poll_s=0.2, planner_timeout_s=120,
-        )  # fmt: skip
+            namespace=self.ns,
+            spark_image="tidalmq-spark:dev",
+            spark_service_account="tidalmq-spark",
+            prometheus_url="http://prometheus:9090",
+            spark_submit=str(self.spark_submit),
+            planner_poll_s=0.2,
+            planner_timeout_s=120,
+        )
         rt = OperatorRuntime(settings, Kube(self.ns))
         rt.controller = self.controller
         return rt
@@ -129,8 +143,12 @@ class Env:
 
     # ------------------------------------------------------------------ the resource
     def create(self, name: str, **spec: Any) -> dict[str, Any]:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PartitionReassignment",
-                "metadata": {"name": name}, "spec": {"generate": {"window": "1h"}, **spec}}  # fmt: skip
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "PartitionReassignment",
+            "metadata": {"name": name},
+            "spec": {"generate": {"window": "1h"}, **spec},
+        }
         return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
 
     def get(self, name: str) -> dict[str, Any]:
@@ -144,9 +162,13 @@ class Env:
     async def start(self, body: dict[str, Any]) -> None:
         """The on.create / on.resume handler, as Kopf calls it."""
         await handlers.start_reassignment(
-            spec=body["spec"], name=body["metadata"]["name"], meta=body["metadata"],
-            status=body.get("status"), memo=self.memo, patch=kopf.Patch(),
-        )  # fmt: skip
+            spec=body["spec"],
+            name=body["metadata"]["name"],
+            meta=body["metadata"],
+            status=body.get("status"),
+            memo=self.memo,
+            patch=kopf.Patch(),
+        )
 
     def status(self, name: str) -> dict[str, Any]:
         return self.get(name).get("status") or {}
@@ -179,11 +201,14 @@ class Env:
     def plan_moves(self, count: int) -> list[dict[str, Any]]:
         """What the planner would propose: `count` partitions to the next broker."""
         parts = self.controller.metadata.topics[TOPIC].partitions
-        return [{"topic": TOPIC, "partition": i, "replicas": [(parts[i].leader + 1) % 3]}
-                for i in range(count)]  # fmt: skip
+        return [
+            {"topic": TOPIC, "partition": i, "replicas": [(parts[i].leader + 1) % 3]}
+            for i in range(count)
+        ]
 
-    async def play_driver(self, body: dict[str, Any], moves: list[dict[str, Any]] | None,
-                          *, fail: bool = False) -> None:  # fmt: skip
+    async def play_driver(
+        self, body: dict[str, Any], moves: list[dict[str, Any]] | None, *, fail: bool = False
+    ) -> None:
         """The driver's life: Running, then the result ConfigMap and Succeeded (or Failed)."""
         job = self.job(body)
         await self.driver_started(body)
@@ -191,28 +216,60 @@ class Env:
             job.driver_pod, self.ns, {"status": {"phase": "Running"}}
         )
         await wait_until(
-            lambda: (cond(self.get(body["metadata"]["name"]), "Planned") or {}).get("reason") == "Running",
+            lambda: (
+                (cond(self.get(body["metadata"]["name"]), "Planned") or {}).get("reason")
+                == "Running"
+            ),
             "the Running driver reported",
-        )  # fmt: skip
+        )
         if fail:
-            status = {"phase": "Failed", "containerStatuses": [{
-                "name": "spark-kubernetes-driver", "ready": False, "restartCount": 0, "image": "x",
-                "imageID": "", "state": {"terminated": {"exitCode": 1, "reason": "Error",
-                                                        "message": "Prometheus unreachable"}}}]}  # fmt: skip
+            status = {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "spark-kubernetes-driver",
+                        "ready": False,
+                        "restartCount": 0,
+                        "image": "x",
+                        "imageID": "",
+                        "state": {
+                            "terminated": {
+                                "exitCode": 1,
+                                "reason": "Error",
+                                "message": "Prometheus unreachable",
+                            }
+                        },
+                    }
+                ],
+            }
         else:
-            summary = {"moves": len(moves or []), "imbalanceBefore": 1.6, "imbalanceAfter": 1.05,
-                       "lowerBound": len(moves or []), "withinThreshold": True}  # fmt: skip
-            self.core.create_namespaced_config_map(self.ns, {
-                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": job.configmap},
-                "data": {"plan.json": json.dumps({"version": 1, "partitions": moves}),
-                         "summary.json": json.dumps(summary),
-                         "report.txt": "BROKER  BEFORE  AFTER\n0  160  105\n"}})  # fmt: skip
+            summary = {
+                "moves": len(moves or []),
+                "imbalanceBefore": 1.6,
+                "imbalanceAfter": 1.05,
+                "lowerBound": len(moves or []),
+                "withinThreshold": True,
+            }
+            self.core.create_namespaced_config_map(
+                self.ns,
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": job.configmap},
+                    "data": {
+                        "plan.json": json.dumps({"version": 1, "partitions": moves}),
+                        "summary.json": json.dumps(summary),
+                        "report.txt": "BROKER  BEFORE  AFTER\n0  160  105\n",
+                    },
+                },
+            )
             status = {"phase": "Succeeded"}
         self.core.patch_namespaced_pod_status(job.driver_pod, self.ns, {"status": status})
 
 
-async def wait_until(predicate: Callable[[], Any | Awaitable[Any]], what: str,
-                     timeout_s: float = 60) -> Any:  # fmt: skip
+async def wait_until(
+    predicate: Callable[[], Any | Awaitable[Any]], what: str, timeout_s: float = 60
+) -> Any:
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
@@ -237,8 +294,9 @@ def phase_is(env: Env, name: str, phase: str) -> Callable[[], bool]:
 
 
 @pytest.fixture
-async def env(api: ApiServer, controller: Controller, tmp_path: Path,
-              monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Env]:  # fmt: skip
+async def env(
+    api: ApiServer, controller: Controller, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Env]:
     monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig))
     monkeypatch.setenv("FAKE_SUBMIT_LOG", str(tmp_path / "submits.log"))
     config.load_kube_config(config_file=str(api.kubeconfig))
@@ -305,8 +363,9 @@ async def test_plan_then_approve_moves_the_partitions(env: Env) -> None:
         "2 moves proposed; imbalance (busiest broker / mean) 1.600 -> 1.050" in planned["message"]
     )
     job = env.job(body)
-    await wait_until(lambda: not env.exists(env.core.read_namespaced_pod, job.driver_pod),
-                     "driver pod deleted")  # fmt: skip
+    await wait_until(
+        lambda: not env.exists(env.core.read_namespaced_pod, job.driver_pod), "driver pod deleted"
+    )
     assert not env.exists(env.core.read_namespaced_config_map, job.configmap)
     reasons = env.reasons("rebalance")
     assert {"Planning", "PlannerSubmitting", "PlannerRunning", "Planned"} <= reasons, reasons
@@ -314,8 +373,9 @@ async def test_plan_then_approve_moves_the_partitions(env: Env) -> None:
     assert env.submits() == [job.driver_pod]
 
     approved = env.set_spec("rebalance", approved=True)
-    await handlers.approve_reassignment(new=True, name="rebalance", spec=approved["spec"],
-                                        memo=env.memo)  # fmt: skip
+    await handlers.approve_reassignment(
+        new=True, name="rebalance", spec=approved["spec"], memo=env.memo
+    )
     assert submitted(env.controller) == as_moves(moves) and on_the_way(env.controller, moves)
     status = env.status("rebalance")
     assert status["phase"] == "Running" and status["progress"] == "0/2" and status["startTime"]
@@ -328,8 +388,9 @@ async def test_plan_then_approve_moves_the_partitions(env: Env) -> None:
     ]
     assert cond(env.get("rebalance"), "Planned")["status"] == "True"  # type: ignore[index]
     # an approval seen twice (Kopf retries, a restart) submits nothing twice
-    await handlers.approve_reassignment(new=True, name="rebalance", spec=approved["spec"],
-                                        memo=env.memo)  # fmt: skip
+    await handlers.approve_reassignment(
+        new=True, name="rebalance", spec=approved["spec"], memo=env.memo
+    )
     env.rt = env.runtime()
     await env.start(env.get("rebalance"))  # on.resume after a restart: watch, do not resubmit
     assert "rebalance" in env.rt.reassignments
@@ -355,8 +416,10 @@ async def test_a_restarted_operator_attaches_to_its_planner_and_auto_approves(en
     assert env.submits() == [env.job(body).driver_pod]  # one launch only
     assert submitted(env.controller) == as_moves(moves) and on_the_way(env.controller, moves)
     # the Event follows the status patch: wait for it rather than read the list once
-    await wait_until(lambda: {"PlannerAttached", "Planned", "Started"} <= env.reasons("auto"),
-                     "PlannerAttached, Planned and Started events")  # fmt: skip
+    await wait_until(
+        lambda: {"PlannerAttached", "Planned", "Started"} <= env.reasons("auto"),
+        "PlannerAttached, Planned and Started events",
+    )
 
 
 async def test_cancel_while_planning_stops_the_driver(env: Env) -> None:

@@ -40,9 +40,14 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.timeout(600)
 def test_offline_plan_from_a_history_file(spark: Any, history: Path, tmp_path: Path) -> None:
-    req = PlanRequest(history=str(history), brokers=list(range(SPEC.brokers)), threshold=1.1,
-                      out=str(tmp_path / "plan.json"), report_dir=str(tmp_path / "report"),
-                      name="offline")  # fmt: skip
+    req = PlanRequest(
+        history=str(history),
+        brokers=list(range(SPEC.brokers)),
+        threshold=1.1,
+        out=str(tmp_path / "plan.json"),
+        report_dir=str(tmp_path / "report"),
+        name="offline",
+    )
     result = run(req, spark=spark)
     profiles = result.profiles.set_index(["topic", "partition"])
     assert len(profiles) == SPEC.partitions
@@ -80,7 +85,9 @@ def test_offline_plan_from_a_history_file(spark: Any, history: Path, tmp_path: P
     assert summary["moves"] == report.moves and summary["lowerBound"] == plan.lower_bound
     assert "imbalance" in table
 
-    budget = run(PlanRequest(history=str(history), brokers=list(range(SPEC.brokers)),
-                             max_moves=5), spark=spark)  # fmt: skip
+    budget = run(
+        PlanRequest(history=str(history), brokers=list(range(SPEC.brokers)), max_moves=5),
+        spark=spark,
+    )
     assert budget.report.moves <= 5 and budget.plan.stopped == "budget"
     assert budget.report.imbalance_after["bytes_in"] < report.imbalance_before["bytes_in"]

@@ -24,8 +24,13 @@ from tests.support.kube_apiserver import ApiServer
 
 pytestmark = [pytest.mark.integration]
 
-PLAN = {"version": 1, "partitions": [{"topic": "orders", "partition": 3, "replicas": [2]},
-                                     {"topic": "orders", "partition": 7, "replicas": [0]}]}  # fmt: skip
+PLAN = {
+    "version": 1,
+    "partitions": [
+        {"topic": "orders", "partition": 3, "replicas": [2]},
+        {"topic": "orders", "partition": 7, "replicas": [0]},
+    ],
+}
 
 FAKE_SUBMIT = """
 import os, sys
@@ -71,10 +76,13 @@ def submit(tmp_path: Path, job: PlannerJob) -> list[str]:
 
 def job_for(core: Any) -> PlannerJob:
     return PlannerJob(
-        name=f"tpr-test-{uuid.uuid4().hex[:8]}", namespace=core.test_namespace,
-        image="tidalmq-spark:dev", service_account="tidalmq-spark",
-        prometheus_url="http://prometheus:9090", resource_name="rebalance",
-    )  # fmt: skip
+        name=f"tpr-test-{uuid.uuid4().hex[:8]}",
+        namespace=core.test_namespace,
+        image="tidalmq-spark:dev",
+        service_account="tidalmq-spark",
+        prometheus_url="http://prometheus:9090",
+        resource_name="rebalance",
+    )
 
 
 async def play_driver(
@@ -88,25 +96,52 @@ async def play_driver(
         except ApiException as exc:
             assert exc.status == 404
             await asyncio.sleep(0.1)
-    await asyncio.to_thread(core.patch_namespaced_pod_status, job.driver_pod, ns,
-                            {"status": {"phase": "Running"}})  # fmt: skip
+    await asyncio.to_thread(
+        core.patch_namespaced_pod_status, job.driver_pod, ns, {"status": {"phase": "Running"}}
+    )
     for _ in range(100):  # until the launcher saw it running (when the test watches)
         if seen is None or "Running" in seen:
             break
         await asyncio.sleep(0.1)
     if fail:
-        status = {"phase": "Failed", "containerStatuses": [{
-            "name": "spark-kubernetes-driver", "ready": False, "restartCount": 0, "image": "x",
-            "imageID": "", "state": {"terminated": {"exitCode": 1, "reason": "Error",
-                                                    "message": "Prometheus unreachable"}}}]}  # fmt: skip
+        status = {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "spark-kubernetes-driver",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 1,
+                            "reason": "Error",
+                            "message": "Prometheus unreachable",
+                        }
+                    },
+                }
+            ],
+        }
     else:
-        await asyncio.to_thread(core.create_namespaced_config_map, ns, {
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": job.configmap},
-            "data": {"plan.json": json.dumps(PLAN), "summary.json": json.dumps({"moves": 2}),
-                     "report.txt": "BROKER ..."}})  # fmt: skip
+        await asyncio.to_thread(
+            core.create_namespaced_config_map,
+            ns,
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": job.configmap},
+                "data": {
+                    "plan.json": json.dumps(PLAN),
+                    "summary.json": json.dumps({"moves": 2}),
+                    "report.txt": "BROKER ...",
+                },
+            },
+        )
         status = {"phase": "Succeeded"}
-    await asyncio.to_thread(core.patch_namespaced_pod_status, job.driver_pod, ns,
-                            {"status": status})  # fmt: skip
+    await asyncio.to_thread(
+        core.patch_namespaced_pod_status, job.driver_pod, ns, {"status": status}
+    )
 
 
 def exists(fn: Any, name: str, ns: str) -> bool:
@@ -123,12 +158,18 @@ async def test_run_planner_returns_the_plan_and_cleans_up(core: Any, tmp_path: P
     job = job_for(core)
     phases: list[str] = []
     driver = asyncio.create_task(play_driver(core, job, seen=phases))
-    outcome = await run_planner(job, core, command=submit(tmp_path, job), poll_s=0.2,
-                                progress=lambda phase, _: phases.append(phase))  # fmt: skip
+    outcome = await run_planner(
+        job,
+        core,
+        command=submit(tmp_path, job),
+        poll_s=0.2,
+        progress=lambda phase, _: phases.append(phase),
+    )
     await driver
     assert [(e.tp.topic, e.tp.partition, e.target) for e in outcome.entries] == [
-        ("orders", 3, 2), ("orders", 7, 0)
-    ]  # fmt: skip
+        ("orders", 3, 2),
+        ("orders", 7, 0),
+    ]
     assert outcome.summary == {"moves": 2} and outcome.driver_pod == job.driver_pod
     assert phases[0] == "Submitting" and phases[-2:] == ["Succeeded", "Planned"]
     assert "Running" in phases
@@ -151,9 +192,15 @@ async def test_run_planner_surfaces_a_failed_driver(core: Any, tmp_path: Path) -
 async def test_a_leftover_result_of_an_earlier_run_is_not_taken(core: Any, tmp_path: Path) -> None:
     job = job_for(core)
     ns = job.namespace
-    core.create_namespaced_config_map(ns, {"apiVersion": "v1", "kind": "ConfigMap",
-                                           "metadata": {"name": job.configmap},
-                                           "data": {"plan.json": '{"partitions": []}'}})  # fmt: skip
+    core.create_namespaced_config_map(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": job.configmap},
+            "data": {"plan.json": '{"partitions": []}'},
+        },
+    )
     driver = asyncio.create_task(play_driver(core, job))
     outcome = await run_planner(job, core, command=submit(tmp_path, job), poll_s=0.2)
     await driver
@@ -195,19 +242,40 @@ async def play_submit_pod(core: Any, job: PlannerJob, *, fail: bool = False) -> 
             assert exc.status == 404
             await asyncio.sleep(0.1)
     if fail:
-        status = {"phase": "Failed", "containerStatuses": [{
-            "name": "spark-submit", "ready": False, "restartCount": 0, "image": "x",
-            "imageID": "", "state": {"terminated": {
-                "exitCode": 1, "reason": "Error",
-                "message": "KubernetesClientException: configmaps is forbidden"}}}]}  # fmt: skip
+        status = {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "spark-submit",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 1,
+                            "reason": "Error",
+                            "message": "KubernetesClientException: configmaps is forbidden",
+                        }
+                    },
+                }
+            ],
+        }
     else:
-        await asyncio.to_thread(core.create_namespaced_pod, ns, {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": job.driver_pod},
-            "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": job.image}]},
-        })  # fmt: skip
+        await asyncio.to_thread(
+            core.create_namespaced_pod,
+            ns,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": job.driver_pod},
+                "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": job.image}]},
+            },
+        )
         status = {"phase": "Succeeded"}
-    await asyncio.to_thread(core.patch_namespaced_pod_status, job.submit_pod, ns,
-                            {"status": status})  # fmt: skip
+    await asyncio.to_thread(
+        core.patch_namespaced_pod_status, job.submit_pod, ns, {"status": status}
+    )
     return pod.to_dict()
 
 
@@ -249,15 +317,32 @@ async def test_a_secured_run_gives_its_driver_a_client_secret_and_removes_it(
 ) -> None:
     ns = core.test_namespace
     jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="p" password="pw";'
-    core.create_namespaced_secret(ns, secret("tidalmq-planner", {
-        "username": "p", "password": "pw", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.jaas.config": jaas}))  # fmt: skip
-    core.create_namespaced_secret(ns, secret("tidalmq-broker-tls", {
-        "ca.crt": "BROKER CA", "tls.crt": "CERT", "tls.key": "BROKER KEY"}))  # fmt: skip
+    core.create_namespaced_secret(
+        ns,
+        secret(
+            "tidalmq-planner",
+            {
+                "username": "p",
+                "password": "pw",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.jaas.config": jaas,
+            },
+        ),
+    )
+    core.create_namespaced_secret(
+        ns,
+        secret(
+            "tidalmq-broker-tls",
+            {"ca.crt": "BROKER CA", "tls.crt": "CERT", "tls.key": "BROKER KEY"},
+        ),
+    )
     job = dataclasses.replace(
-        job_for(core), bootstrap_servers="tidalmq-bootstrap:9092", security_protocol="SASL_SSL",
-        client_user_secret="tidalmq-planner", broker_ca_secret="tidalmq-broker-tls",
-    )  # fmt: skip
+        job_for(core),
+        bootstrap_servers="tidalmq-bootstrap:9092",
+        security_protocol="SASL_SSL",
+        client_user_secret="tidalmq-planner",
+        broker_ca_secret="tidalmq-broker-tls",
+    )
     seen: dict[str, str] = {}
 
     async def driver() -> None:
@@ -287,9 +372,11 @@ async def test_a_secured_run_gives_its_driver_a_client_secret_and_removes_it(
 @pytest.mark.timeout(60)
 async def test_a_secured_run_waits_for_its_users_secret(core: Any, tmp_path: Path) -> None:
     job = dataclasses.replace(
-        job_for(core), bootstrap_servers="tidalmq-bootstrap:9092", security_protocol="SASL_PLAINTEXT",
+        job_for(core),
+        bootstrap_servers="tidalmq-bootstrap:9092",
+        security_protocol="SASL_PLAINTEXT",
         client_user_secret="tidalmq-planner",
-    )  # fmt: skip
+    )
     with pytest.raises(PlannerNotReady, match="Secret tidalmq-planner does not exist yet"):
         await run_planner(job, core, command=submit(tmp_path, job), poll_s=0.2)
     assert not exists(core.read_namespaced_pod, job.driver_pod, job.namespace)

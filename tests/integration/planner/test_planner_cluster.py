@@ -42,9 +42,11 @@ RATE_WINDOW = "20s"
 @pytest.fixture
 def cluster(s3_server: Any, tmp_path: Path) -> Iterator[LocalClusterProcess]:
     with LocalClusterProcess(
-        tmp_path / "cluster", brokers=3,
-        storage_url=s3_server.url(prefix=f"planner-{uuid.uuid4().hex[:8]}"), env=s3_server.env(),
-    ) as c:  # fmt: skip
+        tmp_path / "cluster",
+        brokers=3,
+        storage_url=s3_server.url(prefix=f"planner-{uuid.uuid4().hex[:8]}"),
+        env=s3_server.env(),
+    ) as c:
         yield c
 
 
@@ -56,9 +58,16 @@ class SkewedProducer:
 
     def __init__(self, bootstrap: str, weights: dict[int, int]) -> None:
         self.weights = weights
-        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20,
-                                  "enable.idempotence": True, "message.timeout.ms": 120_000,
-                                  "topic.metadata.refresh.interval.ms": 1000})  # fmt: skip
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "linger.ms": 20,
+                "enable.idempotence": True,
+                "message.timeout.ms": 120_000,
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
         self.errors: list[str] = []
         self.sent = 0
         self._stop = threading.Event()
@@ -76,8 +85,9 @@ class SkewedProducer:
                 for _ in range(weight):
                     while True:
                         try:
-                            self.producer.produce(TOPIC, value, partition=partition,
-                                                  on_delivery=self._delivered)  # fmt: skip
+                            self.producer.produce(
+                                TOPIC, value, partition=partition, on_delivery=self._delivered
+                            )
                             break
                         except BufferError:
                             self.producer.poll(0.05)
@@ -166,12 +176,36 @@ def test_plan_from_prometheus_history_balances_bytes_in(
 
         # plan: Spark in local mode over the last LOAD_S seconds at a 5 s step
         plan_file, report_dir = tmp_path / "plan.json", tmp_path / "report"
-        planned = run([sys.executable, "-m", "tidalmq_broker.cli", "plan",
-                       "--prometheus", prometheus.url, "--window", f"{LOAD_S}s", "--step", "5s",
-                       "--rate-window", RATE_WINDOW, "--threshold", str(THRESHOLD),
-                       "--out", str(plan_file), "--report-dir", str(report_dir),
-                       "--save-history", str(tmp_path / "history"),
-                       "--master", "local[2]", "--driver-memory", "1g", "--json"], 600)  # fmt: skip
+        planned = run(
+            [
+                sys.executable,
+                "-m",
+                "tidalmq_broker.cli",
+                "plan",
+                "--prometheus",
+                prometheus.url,
+                "--window",
+                f"{LOAD_S}s",
+                "--step",
+                "5s",
+                "--rate-window",
+                RATE_WINDOW,
+                "--threshold",
+                str(THRESHOLD),
+                "--out",
+                str(plan_file),
+                "--report-dir",
+                str(report_dir),
+                "--save-history",
+                str(tmp_path / "history"),
+                "--master",
+                "local[2]",
+                "--driver-memory",
+                "1g",
+                "--json",
+            ],
+            600,
+        )
         assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-6000:]
         summary = json.loads(planned.stdout)
         entries = parse_plan(plan_file.read_text())
@@ -183,8 +217,13 @@ def test_plan_from_prometheus_history_balances_bytes_in(
         assert summary["lowerBound"] == 2 and summary["moves"] == 2, summary
         assert {e.tp.partition for e in entries} <= set(hot)
         assert sorted(e.target for e in entries) == [1, 2]
-        for name in ("load.png", "report.json", "report.txt", "rollback.json",
-                     "partitionreassignment.yaml"):  # fmt: skip
+        for name in (
+            "load.png",
+            "report.json",
+            "report.txt",
+            "rollback.json",
+            "partitionreassignment.yaml",
+        ):
             assert (report_dir / name).stat().st_size > 0, name
 
         # the history it fetched, saved for offline runs: 6 points per partition (30 s at 5 s)
@@ -198,10 +237,23 @@ def test_plan_from_prometheus_history_balances_bytes_in(
         assert 3 < hot_rate / cold_rate < 5, (hot_rate, cold_rate)  # 4x as produced
 
         # execute it as an operator would
-        executed = run([sys.executable, "-m", "tidalmq_broker.cli", "reassign",
-                        "--bootstrap-server", cluster.bootstrap, "--execute",
-                        "--reassignment-json-file", str(plan_file), "--wait",
-                        "--timeout", "120s"], 240)  # fmt: skip
+        executed = run(
+            [
+                sys.executable,
+                "-m",
+                "tidalmq_broker.cli",
+                "reassign",
+                "--bootstrap-server",
+                cluster.bootstrap,
+                "--execute",
+                "--reassignment-json-file",
+                str(plan_file),
+                "--wait",
+                "--timeout",
+                "120s",
+            ],
+            240,
+        )
         assert executed.returncode == 0, executed.stdout[-3000:] + executed.stderr[-3000:]
         cluster.wait_settled()
         moved_at = time.time()

@@ -51,27 +51,48 @@ class SecureBroker:
         if listener in ("SSL", "SASL_SSL"):
             conf |= {"security.protocol": listener, "ssl.ca.location": str(self.pki.ca)}
         if listener == "SSL":
-            conf |= {"ssl.certificate.location": str(self.pki.client_cert),
-                     "ssl.key.location": str(self.pki.client_key)}  # fmt: skip
+            conf |= {
+                "ssl.certificate.location": str(self.pki.client_cert),
+                "ssl.key.location": str(self.pki.client_key),
+            }
         if listener in ("SASL_SSL", "SASL_PLAINTEXT"):
-            conf |= {"security.protocol": listener, "sasl.mechanism": "SCRAM-SHA-512",
-                     "sasl.username": ADMIN, "sasl.password": ADMIN_PASSWORD}  # fmt: skip
+            conf |= {
+                "security.protocol": listener,
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": ADMIN,
+                "sasl.password": ADMIN_PASSWORD,
+            }
         return conf | extra
 
-    def java_properties(self, path: Path, *, user: str | None = None, password: str = "",
-                        mechanism: str = "SCRAM-SHA-512", mtls: bool = False) -> Path:  # fmt: skip
+    def java_properties(
+        self,
+        path: Path,
+        *,
+        user: str | None = None,
+        password: str = "",
+        mechanism: str = "SCRAM-SHA-512",
+        mtls: bool = False,
+    ) -> Path:
         """A client.properties for Kafka's tools and Java clients."""
         lines = ["ssl.truststore.type=PEM", f"ssl.truststore.location={self.pki.ca}"]
         if mtls:
-            lines += ["security.protocol=SSL", "ssl.keystore.type=PEM",
-                      f"ssl.keystore.location={self.pki.client_keystore}"]  # fmt: skip
+            lines += [
+                "security.protocol=SSL",
+                "ssl.keystore.type=PEM",
+                f"ssl.keystore.location={self.pki.client_keystore}",
+            ]
         else:
-            module = ("org.apache.kafka.common.security.plain.PlainLoginModule"
-                      if mechanism == "PLAIN"
-                      else "org.apache.kafka.common.security.scram.ScramLoginModule")  # fmt: skip
-            lines += ["security.protocol=SASL_SSL", f"sasl.mechanism={mechanism}",
-                      f'sasl.jaas.config={module} required username="{user or ADMIN}" '
-                      f'password="{password or ADMIN_PASSWORD}";']  # fmt: skip
+            module = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule"
+                if mechanism == "PLAIN"
+                else "org.apache.kafka.common.security.scram.ScramLoginModule"
+            )
+            lines += [
+                "security.protocol=SASL_SSL",
+                f"sasl.mechanism={mechanism}",
+                f'sasl.jaas.config={module} required username="{user or ADMIN}" '
+                f'password="{password or ADMIN_PASSWORD}";',
+            ]
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -91,9 +112,15 @@ def make_pki(directory: Path) -> Pki:
     )
     (directory / "untrusted.crt").write_bytes(bad.cert_pem())
     certs.write_private(directory / "untrusted.key", bad.key_pem())
-    return Pki(directory, directory / "ca.pem", directory / "client.crt", directory / "client.key",
-               directory / "client-keystore.pem", directory / "untrusted.crt",
-               directory / "untrusted.key")  # fmt: skip
+    return Pki(
+        directory,
+        directory / "ca.pem",
+        directory / "client.crt",
+        directory / "client.key",
+        directory / "client-keystore.pem",
+        directory / "untrusted.crt",
+        directory / "untrusted.key",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,17 +128,28 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
     root = tmp_path_factory.mktemp("secure-broker")
     pki = make_pki(root / "pki")
     proc = BrokerProcess(f"file://{root / 'objects'}", root / "logs")
-    ports = {"PLAINTEXT": proc.port, "SASL_SSL": free_port(), "SSL": free_port(),
-             "SASL_PLAINTEXT": free_port()}  # fmt: skip
+    ports = {
+        "PLAINTEXT": proc.port,
+        "SASL_SSL": free_port(),
+        "SSL": free_port(),
+        "SASL_PLAINTEXT": free_port(),
+    }
     proc.args = [
-        "--listeners", ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items()),
-        "--ssl-keystore-location", str(root / "pki" / "broker.pem"),
-        "--ssl-truststore-location", str(pki.ca),
-        "--ssl-client-auth", "required",
-        "--ssl-principal-mapping-rules", MAPPING_RULES,
-        "--sasl-enabled-mechanisms", "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
-        "--allow-everyone-if-no-acl-found", "true",
-    ]  # fmt: skip
+        "--listeners",
+        ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items()),
+        "--ssl-keystore-location",
+        str(root / "pki" / "broker.pem"),
+        "--ssl-truststore-location",
+        str(pki.ca),
+        "--ssl-client-auth",
+        "required",
+        "--ssl-principal-mapping-rules",
+        MAPPING_RULES,
+        "--sasl-enabled-mechanisms",
+        "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        "--allow-everyone-if-no-acl-found",
+        "true",
+    ]
     proc.env = {
         "TIDALMQ_SSL_KEY_PASSWORD": "broker-key-pw",
         "TIDALMQ_SCRAM_BOOTSTRAP": f"{ADMIN}:SCRAM-SHA-512:{ADMIN_PASSWORD}",

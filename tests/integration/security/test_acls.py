@@ -63,17 +63,33 @@ OK = "ok"
 TOPIC_DENIED, GROUP_DENIED = "TopicAuthorizationException", "GroupAuthorizationException"
 CLUSTER_DENIED = "ClusterAuthorizationException"
 # What Apache Kafka 4.3.1 answered the Java client, step by step (see the module's docstring)
-KAFKA_NOTHING = {"produce": TOPIC_DENIED, "consume": TOPIC_DENIED,
-                 "describe_configs": TOPIC_DENIED, "create_topic": TOPIC_DENIED}  # fmt: skip
-KAFKA_TOPIC_READ = {"produce": CLUSTER_DENIED, "consume": GROUP_DENIED,
-                    "describe_configs": TOPIC_DENIED, "create_topic": TOPIC_DENIED}  # fmt: skip
+KAFKA_NOTHING = {
+    "produce": TOPIC_DENIED,
+    "consume": TOPIC_DENIED,
+    "describe_configs": TOPIC_DENIED,
+    "create_topic": TOPIC_DENIED,
+}
+KAFKA_TOPIC_READ = {
+    "produce": CLUSTER_DENIED,
+    "consume": GROUP_DENIED,
+    "describe_configs": TOPIC_DENIED,
+    "create_topic": TOPIC_DENIED,
+}
 KAFKA_GRANTED = {"produce": OK, "consume": OK, "describe_configs": OK, "create_topic": OK}
 # (on Kafka the consumer read nothing here, its group being at the end; the test adds a record
 # first, so that reading is checked too: a DENY on WRITE does not touch READ)
-KAFKA_WRITE_DENIED = {"produce": CLUSTER_DENIED, "consume": OK, "describe_configs": OK,
-                      "create_topic": OK}  # fmt: skip
-KAFKA_GROUP_DENIED = {"produce": OK, "consume": GROUP_DENIED, "describe_configs": OK,
-                      "create_topic": OK}  # fmt: skip
+KAFKA_WRITE_DENIED = {
+    "produce": CLUSTER_DENIED,
+    "consume": OK,
+    "describe_configs": OK,
+    "create_topic": OK,
+}
+KAFKA_GROUP_DENIED = {
+    "produce": OK,
+    "consume": GROUP_DENIED,
+    "describe_configs": OK,
+    "create_topic": OK,
+}
 
 
 @dataclass(frozen=True)
@@ -88,9 +104,12 @@ class AclBroker:
     def plaintext(self) -> str:
         return self.secure.bootstrap("PLAINTEXT")
 
-    def conf(self, user: str = ADMIN, password: str = ADMIN_PASSWORD, **extra: Any) -> dict[str, Any]:  # fmt: skip
-        return self.secure.confluent("SASL_SSL", **{"sasl.username": user,
-                                                     "sasl.password": password, **extra})  # fmt: skip
+    def conf(
+        self, user: str = ADMIN, password: str = ADMIN_PASSWORD, **extra: Any
+    ) -> dict[str, Any]:
+        return self.secure.confluent(
+            "SASL_SSL", **{"sasl.username": user, "sasl.password": password, **extra}
+        )
 
     def admin(self, user: str = ADMIN, password: str = ADMIN_PASSWORD) -> AdminClient:
         return AdminClient(self.conf(user, password))
@@ -108,7 +127,7 @@ class AclBroker:
         )
         for future in done.values():
             future.result(30)
-        return name, password  # fmt: skip
+        return name, password
 
 
 @pytest.fixture(scope="module")
@@ -118,10 +137,13 @@ def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclBroker]:
     proc = BrokerProcess(f"file://{root / 'objects'}", root / "logs")
     ports = {"PLAINTEXT": proc.port, "SASL_SSL": free_port()}
     proc.args = [
-        "--listeners", ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items()),
-        "--ssl-keystore-location", str(root / "pki" / "broker.pem"),
-        "--sasl-enabled-mechanisms", "SCRAM-SHA-512",
-    ]  # fmt: skip
+        "--listeners",
+        ",".join(f"{name}://127.0.0.1:{port}" for name, port in ports.items()),
+        "--ssl-keystore-location",
+        str(root / "pki" / "broker.pem"),
+        "--sasl-enabled-mechanisms",
+        "SCRAM-SHA-512",
+    ]
     proc.env = {
         "TIDALMQ_SSL_KEY_PASSWORD": "broker-key-pw",
         "TIDALMQ_SCRAM_BOOTSTRAP": f"{ADMIN}:SCRAM-SHA-512:{ADMIN_PASSWORD}",
@@ -143,8 +165,15 @@ def topic_with_a_record(broker: AclBroker, name: str, *, create: bool = True) ->
 
 
 def acls_tool(broker: AclBroker, props: Path, *args: str, check: bool = True) -> str:
-    proc = run_tool("kafka-acls", "--command-config", str(props), *args, bootstrap=broker.sasl,
-                    check=check, timeout=120)  # fmt: skip
+    proc = run_tool(
+        "kafka-acls",
+        "--command-config",
+        str(props),
+        *args,
+        bootstrap=broker.sasl,
+        check=check,
+        timeout=120,
+    )
     return proc.stdout + proc.stderr
 
 
@@ -162,42 +191,90 @@ def test_kafka_acls_and_the_java_client_as_on_kafka(
     tag = uuid.uuid4().hex[:6]
     user, password = acl_broker.user(f"alice{tag}")
     admin = acl_broker.secure.java_properties(tmp_path / "admin.properties")
-    alice = acl_broker.secure.java_properties(tmp_path / "alice.properties", user=user,
-                                              password=password)  # fmt: skip
+    alice = acl_broker.secure.java_properties(
+        tmp_path / "alice.properties", user=user, password=password
+    )
     prefix = f"{user}-"
     topic = topic_with_a_record(acl_broker, f"{prefix}orders")
     group = f"{user}-group"
 
     def check(step: int) -> dict[str, str]:
-        return java_acl_check(acl_broker.sasl, topic, group, f"{prefix}new-{step}",
-                              command_config=alice)  # fmt: skip
+        return java_acl_check(
+            acl_broker.sasl, topic, group, f"{prefix}new-{step}", command_config=alice
+        )
 
     assert check(1) == KAFKA_NOTHING
-    out = acls_tool(acl_broker, admin, "--add", "--allow-principal", f"User:{user}",
-                    "--operation", "Read", "--topic", topic)  # fmt: skip
+    out = acls_tool(
+        acl_broker,
+        admin,
+        "--add",
+        "--allow-principal",
+        f"User:{user}",
+        "--operation",
+        "Read",
+        "--topic",
+        topic,
+    )
     assert f"Adding ACLs for resource {resource('TOPIC', topic)}" in out
     assert entry(user, "READ") in out
     assert check(2) == KAFKA_TOPIC_READ
     # everything a producer and a consumer in the group need; describe and create by prefix
-    out = acls_tool(acl_broker, admin, "--add", "--allow-principal", f"User:{user}",
-                    "--producer", "--consumer", "--topic", topic, "--group", group)  # fmt: skip
+    out = acls_tool(
+        acl_broker,
+        admin,
+        "--add",
+        "--allow-principal",
+        f"User:{user}",
+        "--producer",
+        "--consumer",
+        "--topic",
+        topic,
+        "--group",
+        group,
+    )
     assert f"Adding ACLs for resource {resource('GROUP', group)}" in out
     assert all(entry(user, op) in out for op in ("WRITE", "DESCRIBE", "CREATE"))
-    out = acls_tool(acl_broker, admin, "--add", "--allow-principal", f"User:{user}",
-                    "--operation", "Create", "--operation", "DescribeConfigs",
-                    "--resource-pattern-type", "prefixed", "--topic", prefix)  # fmt: skip
+    out = acls_tool(
+        acl_broker,
+        admin,
+        "--add",
+        "--allow-principal",
+        f"User:{user}",
+        "--operation",
+        "Create",
+        "--operation",
+        "DescribeConfigs",
+        "--resource-pattern-type",
+        "prefixed",
+        "--topic",
+        prefix,
+    )
     assert f"Adding ACLs for resource {resource('TOPIC', prefix, 'PREFIXED')}" in out
     assert check(3) == KAFKA_GRANTED
     # a DENY wins over every ALLOW (the idempotent producer is refused its producer id: no
     # WRITE on any topic is left); a new record, so that the group has something to read
-    acls_tool(acl_broker, admin, "--add", "--deny-principal", f"User:{user}", "--operation",
-              "Write", "--topic", topic)  # fmt: skip
+    acls_tool(
+        acl_broker,
+        admin,
+        "--add",
+        "--deny-principal",
+        f"User:{user}",
+        "--operation",
+        "Write",
+        "--topic",
+        topic,
+    )
     topic_with_a_record(acl_broker, topic, create=False)
     assert check(4) == KAFKA_WRITE_DENIED
     listed = acls_tool(acl_broker, admin, "--list", "--topic", topic)
     assert f"Current ACLs for resource {resource('TOPIC', topic)}" in listed
-    for op, permission in [("READ", "ALLOW"), ("WRITE", "ALLOW"), ("DESCRIBE", "ALLOW"),
-                           ("CREATE", "ALLOW"), ("WRITE", "DENY")]:  # fmt: skip
+    for op, permission in [
+        ("READ", "ALLOW"),
+        ("WRITE", "ALLOW"),
+        ("DESCRIBE", "ALLOW"),
+        ("CREATE", "ALLOW"),
+        ("WRITE", "DENY"),
+    ]:
         assert entry(user, op, permission) in listed, listed
     # only who may DESCRIBE the cluster lists ACLs
     refused = acls_tool(acl_broker, alice, "--list", check=False)
@@ -207,13 +284,24 @@ def test_kafka_acls_and_the_java_client_as_on_kafka(
     # bindings are left)
     acls_tool(acl_broker, admin, "--remove", "--force", "--topic", topic)
     client = acl_broker.admin()
-    left = client.describe_acls(AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{user}", None, AclOperation.ANY,
-        AclPermissionType.ANY)).result(30)  # fmt: skip
+    left = client.describe_acls(
+        AclBindingFilter(
+            ResourceType.ANY,
+            None,
+            ResourcePatternType.ANY,
+            f"User:{user}",
+            None,
+            AclOperation.ANY,
+            AclPermissionType.ANY,
+        )
+    ).result(30)
     assert {(b.name, b.resource_pattern_type) for b in left} == {
-        (prefix, ResourcePatternType.PREFIXED), (group, ResourcePatternType.LITERAL)}  # fmt: skip
+        (prefix, ResourcePatternType.PREFIXED),
+        (group, ResourcePatternType.LITERAL),
+    }
     assert produce_error(acl_broker.conf(user, password), topic) == (
-        KafkaError.TOPIC_AUTHORIZATION_FAILED)  # fmt: skip
+        KafkaError.TOPIC_AUTHORIZATION_FAILED
+    )
 
 
 def test_wildcards_with_a_deny_on_the_group_as_on_kafka(
@@ -225,20 +313,41 @@ def test_wildcards_with_a_deny_on_the_group_as_on_kafka(
     group = f"wild-group-{tag}"
     admin = acl_broker.admin()
     grants = [
-        AclBinding(ResourceType.TOPIC, "*", ResourcePatternType.LITERAL, "User:*", "*",
-                   AclOperation.ALL, AclPermissionType.ALLOW),
-        AclBinding(ResourceType.GROUP, "*", ResourcePatternType.LITERAL, "User:*", "*",
-                   AclOperation.ALL, AclPermissionType.ALLOW),
-        AclBinding(ResourceType.GROUP, group, ResourcePatternType.LITERAL, f"User:{user}", "*",
-                   AclOperation.READ, AclPermissionType.DENY),
-    ]  # fmt: skip
+        AclBinding(
+            ResourceType.TOPIC,
+            "*",
+            ResourcePatternType.LITERAL,
+            "User:*",
+            "*",
+            AclOperation.ALL,
+            AclPermissionType.ALLOW,
+        ),
+        AclBinding(
+            ResourceType.GROUP,
+            "*",
+            ResourcePatternType.LITERAL,
+            "User:*",
+            "*",
+            AclOperation.ALL,
+            AclPermissionType.ALLOW,
+        ),
+        AclBinding(
+            ResourceType.GROUP,
+            group,
+            ResourcePatternType.LITERAL,
+            f"User:{user}",
+            "*",
+            AclOperation.READ,
+            AclPermissionType.DENY,
+        ),
+    ]
     try:
         for future in admin.create_acls(grants).values():
             future.result(30)
-        props = acl_broker.secure.java_properties(tmp_path / "carol.properties", user=user,
-                                                  password=password)  # fmt: skip
-        got = java_acl_check(acl_broker.sasl, topic, group, f"wild-new-{tag}",
-                             command_config=props)  # fmt: skip
+        props = acl_broker.secure.java_properties(
+            tmp_path / "carol.properties", user=user, password=password
+        )
+        got = java_acl_check(acl_broker.sasl, topic, group, f"wild-new-{tag}", command_config=props)
         assert got == KAFKA_GROUP_DENIED
     finally:
         for future in admin.delete_acls(
@@ -255,7 +364,7 @@ def test_wildcards_with_a_deny_on_the_group_as_on_kafka(
                 for rt in (ResourceType.TOPIC, ResourceType.GROUP)
             ]
         ).values():
-            future.result(30)  # fmt: skip
+            future.result(30)
 
 
 # ------------------------------------------------------------------------------ confluent-kafka
@@ -303,8 +412,10 @@ def admin_error(future: Any) -> int | None:
 
 
 def allow(broker: AclBroker, *bindings: tuple[Any, ...]) -> None:
-    acls = [AclBinding(rt, name, pt, principal, "*", op, perm)
-            for rt, name, pt, principal, op, perm in bindings]  # fmt: skip
+    acls = [
+        AclBinding(rt, name, pt, principal, "*", op, perm)
+        for rt, name, pt, principal, op, perm in bindings
+    ]
     admin = broker.admin()
     for future in admin.create_acls(acls).values():
         future.result(30)
@@ -322,29 +433,36 @@ def test_confluent_kafka_denied_per_api_then_allowed(acl_broker: AclBroker) -> N
     # nothing granted: Kafka's code for each API
     assert produce_error(conf, topic) == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert admin_error(dave.describe_configs([config])[config]) == (
-        KafkaError.TOPIC_AUTHORIZATION_FAILED)  # fmt: skip
+        KafkaError.TOPIC_AUTHORIZATION_FAILED
+    )
     assert admin_error(dave.create_topics([NewTopic(new, 1, 1)])[new]) == (
-        KafkaError.TOPIC_AUTHORIZATION_FAILED)  # fmt: skip
+        KafkaError.TOPIC_AUTHORIZATION_FAILED
+    )
     lit, pre = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
     ok = AclPermissionType.ALLOW
     allow(acl_broker, (ResourceType.TOPIC, topic, lit, principal, AclOperation.READ, ok))
     assert consume_error(conf, topic, group) == KafkaError.GROUP_AUTHORIZATION_FAILED
     # allowed: each works
-    allow(acl_broker,
-          (ResourceType.GROUP, group, lit, principal, AclOperation.READ, ok),
-          (ResourceType.TOPIC, topic, lit, principal, AclOperation.WRITE, ok),
-          (ResourceType.TOPIC, topic, lit, principal, AclOperation.DESCRIBE_CONFIGS, ok),
-          (ResourceType.TOPIC, "dave-new-", pre, principal, AclOperation.CREATE, ok))  # fmt: skip
+    allow(
+        acl_broker,
+        (ResourceType.GROUP, group, lit, principal, AclOperation.READ, ok),
+        (ResourceType.TOPIC, topic, lit, principal, AclOperation.WRITE, ok),
+        (ResourceType.TOPIC, topic, lit, principal, AclOperation.DESCRIBE_CONFIGS, ok),
+        (ResourceType.TOPIC, "dave-new-", pre, principal, AclOperation.CREATE, ok),
+    )
     assert produce_error(conf, topic) is None
     assert consume_error(conf, topic, group) is None
     assert admin_error(dave.describe_configs([config])[config]) is None
     assert admin_error(dave.create_topics([NewTopic(new, 1, 1)])[new]) is None  # the prefix
     other = f"elsewhere-{tag}"
     assert admin_error(dave.create_topics([NewTopic(other, 1, 1)])[other]) == (
-        KafkaError.TOPIC_AUTHORIZATION_FAILED)  # fmt: skip
+        KafkaError.TOPIC_AUTHORIZATION_FAILED
+    )
     # a DENY overrides the ALLOW
-    allow(acl_broker, (ResourceType.GROUP, group, lit, principal, AclOperation.READ,
-                       AclPermissionType.DENY))  # fmt: skip
+    allow(
+        acl_broker,
+        (ResourceType.GROUP, group, lit, principal, AclOperation.READ, AclPermissionType.DENY),
+    )
     assert consume_error(conf, topic, f"{group}") == KafkaError.GROUP_AUTHORIZATION_FAILED
     # the topics a client may not describe are not even listed for it: CREATE does not imply
     # DESCRIBE, so not the one it created either
@@ -358,27 +476,51 @@ def test_the_super_user_bypasses_a_deny_to_everyone(acl_broker: AclBroker) -> No
     tag = uuid.uuid4().hex[:6]
     user, password = acl_broker.user(f"erin{tag}")
     topic = topic_with_a_record(acl_broker, f"closed-{tag}")
-    everyone = (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:*",
-                AclOperation.ALL, AclPermissionType.DENY)  # fmt: skip
-    erin = (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{user}",
-            AclOperation.ALL, AclPermissionType.ALLOW)  # fmt: skip
+    everyone = (
+        ResourceType.TOPIC,
+        topic,
+        ResourcePatternType.LITERAL,
+        "User:*",
+        AclOperation.ALL,
+        AclPermissionType.DENY,
+    )
+    erin = (
+        ResourceType.TOPIC,
+        topic,
+        ResourcePatternType.LITERAL,
+        f"User:{user}",
+        AclOperation.ALL,
+        AclPermissionType.ALLOW,
+    )
     allow(acl_broker, everyone, erin)
     assert produce_error(acl_broker.conf(), topic) is None  # admin: a super user
     assert produce_error(acl_broker.conf(user, password), topic) == (
-        KafkaError.TOPIC_AUTHORIZATION_FAILED)  # fmt: skip
+        KafkaError.TOPIC_AUTHORIZATION_FAILED
+    )
     # User:ANONYMOUS on the PLAINTEXT listener has no ACL: refused, and sees no topic
     anonymous = AdminClient({"bootstrap.servers": acl_broker.plaintext})
     assert set(anonymous.list_topics(timeout=10).topics) == set()
     name = f"anon-{tag}"
     assert admin_error(anonymous.create_topics([NewTopic(name, 1, 1)])[name]) == (
-        KafkaError.TOPIC_AUTHORIZATION_FAILED)  # fmt: skip
+        KafkaError.TOPIC_AUTHORIZATION_FAILED
+    )
     # DescribeAcls shows what was granted, to the super user
     admin = acl_broker.admin()
-    found = admin.describe_acls(AclBindingFilter(
-        ResourceType.TOPIC, topic, ResourcePatternType.MATCH, None, None, AclOperation.ANY,
-        AclPermissionType.ANY)).result(30)  # fmt: skip
+    found = admin.describe_acls(
+        AclBindingFilter(
+            ResourceType.TOPIC,
+            topic,
+            ResourcePatternType.MATCH,
+            None,
+            None,
+            AclOperation.ANY,
+            AclPermissionType.ANY,
+        )
+    ).result(30)
     assert {(b.principal, b.permission_type) for b in found} == {
-        ("User:*", AclPermissionType.DENY), (f"User:{user}", AclPermissionType.ALLOW)}  # fmt: skip
+        ("User:*", AclPermissionType.DENY),
+        (f"User:{user}", AclPermissionType.ALLOW),
+    }
 
 
 def test_no_client_changes_the_offsets_topic(acl_broker: AclBroker) -> None:
@@ -395,7 +537,7 @@ def test_no_client_changes_the_offsets_topic(acl_broker: AclBroker) -> None:
         ],
     )
     changed = admin.incremental_alter_configs([config])[config]
-    assert admin_error(changed) == KafkaError.TOPIC_EXCEPTION  # fmt: skip
+    assert admin_error(changed) == KafkaError.TOPIC_EXCEPTION
     assert admin_error(admin.delete_topics([offsets])[offsets]) == KafkaError.TOPIC_EXCEPTION
     assert produce_error(acl_broker.conf(), offsets) == KafkaError.TOPIC_EXCEPTION
     after = admin.list_topics(offsets, timeout=10).topics[offsets]
@@ -403,14 +545,18 @@ def test_no_client_changes_the_offsets_topic(acl_broker: AclBroker) -> None:
 
 
 def test_acl_apis_survive_mutated_requests_with_authorization_on(tmp_path: Path) -> None:
-    proc = BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs",
-                         args=["--authorizer", "acl", "--super-users", "User:ANONYMOUS"])  # fmt: skip
+    proc = BrokerProcess(
+        f"file://{tmp_path / 'objects'}",
+        tmp_path / "logs",
+        args=["--authorizer", "acl", "--super-users", "User:ANONYMOUS"],
+    )
     with proc:
         assert proc.proc is not None
         pairs = [p for p in served_pairs() if p[0] in (29, 30, 31)]
         assert sorted({v for k, v in pairs}) == [1, 2, 3]
-        fuzzer = Fuzzer(proc.bootstrap, proc.proc.pid, proc.log_path,
-                        metrics_url=f"{proc.http_url}/metrics")  # fmt: skip
+        fuzzer = Fuzzer(
+            proc.bootstrap, proc.proc.pid, proc.log_path, metrics_url=f"{proc.http_url}/metrics"
+        )
         report = fuzzer.run(list(cases(20261126, 450, pairs)))
         print(report.summary())
         assert report.alive and report.failed_requests == {}, report.summary()
@@ -428,19 +574,22 @@ def test_every_api_survives_mutated_requests_half_refused(acl_broker: AclBroker)
     anonymous = "User:ANONYMOUS"
     lit, pre = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
     ok, no = AclPermissionType.ALLOW, AclPermissionType.DENY
-    allow(acl_broker,
-          (ResourceType.TOPIC, first, lit, anonymous, AclOperation.ALL, ok),
-          (ResourceType.TOPIC, "fuzz-", pre, anonymous, AclOperation.CREATE, ok),
-          (ResourceType.TOPIC, "fuzz-", pre, anonymous, AclOperation.READ, ok),
-          (ResourceType.TOPIC, second, lit, anonymous, AclOperation.WRITE, no),
-          (ResourceType.GROUP, GROUP, lit, anonymous, AclOperation.READ, ok),
-          # (confluent-kafka's BROKER is Kafka's CLUSTER)
-          (ResourceType.BROKER, "kafka-cluster", lit, anonymous, AclOperation.DESCRIBE, ok))  # fmt: skip
+    allow(
+        acl_broker,
+        (ResourceType.TOPIC, first, lit, anonymous, AclOperation.ALL, ok),
+        (ResourceType.TOPIC, "fuzz-", pre, anonymous, AclOperation.CREATE, ok),
+        (ResourceType.TOPIC, "fuzz-", pre, anonymous, AclOperation.READ, ok),
+        (ResourceType.TOPIC, second, lit, anonymous, AclOperation.WRITE, no),
+        (ResourceType.GROUP, GROUP, lit, anonymous, AclOperation.READ, ok),
+        # (confluent-kafka's BROKER is Kafka's CLUSTER)
+        (ResourceType.BROKER, "kafka-cluster", lit, anonymous, AclOperation.DESCRIBE, ok),
+    )
     proc = acl_broker.secure.process
     assert proc.proc is not None
     prepare_topics(acl_broker.plaintext)
-    fuzzer = Fuzzer(acl_broker.plaintext, proc.proc.pid, proc.log_path,
-                    metrics_url=f"{proc.http_url}/metrics")  # fmt: skip
+    fuzzer = Fuzzer(
+        acl_broker.plaintext, proc.proc.pid, proc.log_path, metrics_url=f"{proc.http_url}/metrics"
+    )
     report = fuzzer.run(list(cases(20261127, 2000)))
     print(report.summary())
     assert report.alive and report.failed_requests == {}, report.summary()
@@ -457,19 +606,43 @@ def test_transaction_markers_and_transactional_writes_need_their_acls(
     topic = topic_with_a_record(acl_broker, f"txn-{uuid.uuid4().hex[:8]}")
     c = RawClient(acl_broker.plaintext)
     try:
-        resp = c.call(27, 1, {"markers": [{
-            "producer_id": 1, "producer_epoch": 0, "transaction_result": True,
-            "topics": [{"name": topic, "partition_indexes": [0]}], "coordinator_epoch": 0,
-        }]})  # fmt: skip
+        resp = c.call(
+            27,
+            1,
+            {
+                "markers": [
+                    {
+                        "producer_id": 1,
+                        "producer_epoch": 0,
+                        "transaction_result": True,
+                        "topics": [{"name": topic, "partition_indexes": [0]}],
+                        "coordinator_epoch": 0,
+                    }
+                ]
+            },
+        )
         codes = [p.error_code for p in resp.markers[0].topics[0].partitions]  # type: ignore[attr-defined]
         assert codes == [ErrorCode.cluster_authorization_failed]
-        records = build_batch([(None, b"v")], producer_id=1, producer_epoch=0, base_sequence=0,
-                              attributes=TRANSACTIONAL_FLAG)  # fmt: skip
+        records = build_batch(
+            [(None, b"v")],
+            producer_id=1,
+            producer_epoch=0,
+            base_sequence=0,
+            attributes=TRANSACTIONAL_FLAG,
+        )
         for transactional_id in ("tx-1", None):  # a transactional batch needs its id
-            resp = c.call(0, 9, {
-                "transactional_id": transactional_id, "acks": -1, "timeout": 5000,
-                "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": records}]}],
-            })  # fmt: skip
+            resp = c.call(
+                0,
+                9,
+                {
+                    "transactional_id": transactional_id,
+                    "acks": -1,
+                    "timeout": 5000,
+                    "topic_data": [
+                        {"name": topic, "partition_data": [{"index": 0, "records": records}]}
+                    ],
+                },
+            )
             part = resp.responses[0].partition_responses[0]  # type: ignore[attr-defined]
             assert part.error_code == ErrorCode.transactional_id_authorization_failed
     finally:

@@ -64,13 +64,19 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
     proc = BrokerProcess(f"file://{tmp_path / 'objects'}", tmp_path / "logs")
     ssl_port = free_port()
     proc.args = [
-        "--listeners", f"PLAINTEXT://127.0.0.1:{proc.port},SSL://127.0.0.1:{ssl_port}",
-        "--ssl-keystore-location", str(keystore),
-        "--allow-everyone-if-no-acl-found", "true",
-    ]  # fmt: skip
+        "--listeners",
+        f"PLAINTEXT://127.0.0.1:{proc.port},SSL://127.0.0.1:{ssl_port}",
+        "--ssl-keystore-location",
+        str(keystore),
+        "--allow-everyone-if-no-acl-found",
+        "true",
+    ]
     proc.env = {"TIDALMQ_SSL_RELOAD_INTERVAL_MS": "200"}
-    client = {"bootstrap.servers": f"127.0.0.1:{ssl_port}", "security.protocol": "SSL",
-              "ssl.ca.location": str(ca_file)}  # fmt: skip
+    client = {
+        "bootstrap.servers": f"127.0.0.1:{ssl_port}",
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(ca_file),
+    }
     with proc:
         AdminClient(client).list_topics(timeout=20)
         assert served_serial(ssl_port, ca_file) == first.cert.serial_number

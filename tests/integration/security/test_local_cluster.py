@@ -36,21 +36,42 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900
 
 
 def confluent(bootstrap: str, security: Path, user: str, password: str) -> dict[str, str]:
-    return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL",
-            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
-            "ssl.ca.location": str(security / "ca.pem")}  # fmt: skip
+    return {
+        "bootstrap.servers": bootstrap,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": user,
+        "sasl.password": password,
+        "ssl.ca.location": str(security / "ca.pem"),
+    }
 
 
 def tidalmq(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tidalmq_broker.cli", *args],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tidalmq_broker.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def reassign(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tidalmq_broker.cli", "reassign", "--bootstrap-server", bootstrap,
-         *args], capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tidalmq_broker.cli",
+            "reassign",
+            "--bootstrap-server",
+            bootstrap,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDist) -> None:
@@ -65,8 +86,18 @@ def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDis
         props = security / "client.properties"
         first, second = cluster.bootstrap.split(",")
         topic = f"local-{uuid.uuid4().hex[:8]}"
-        created = run_tool("kafka-topics", "--command-config", str(props), "--create", "--topic",
-                           topic, "--partitions", "2", bootstrap=first, check=True)  # fmt: skip
+        created = run_tool(
+            "kafka-topics",
+            "--command-config",
+            str(props),
+            "--create",
+            "--topic",
+            topic,
+            "--partitions",
+            "2",
+            bootstrap=first,
+            check=True,
+        )
         assert f"Created topic {topic}." in created.stdout
         # the project's own Kafka clients take the same client.properties: `tidalmq reassign`
         # (Kafka's --command-config) and the planner's --bootstrap-server
@@ -86,8 +117,17 @@ def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDis
         # ... and `tidalmq static-topic describe --bootstrap-server` (the mapping over Kafka)
         made = tidalmq("static-topic", "create", "ledger", "--queues", "2", "--data-dir", str(data))
         assert made.returncode == 0, made.stderr
-        described = tidalmq("static-topic", "describe", "ledger", "--bootstrap-server", second,
-                            "--command-config", str(props), "--output", "json")  # fmt: skip
+        described = tidalmq(
+            "static-topic",
+            "describe",
+            "ledger",
+            "--bootstrap-server",
+            second,
+            "--command-config",
+            str(props),
+            "--output",
+            "json",
+        )
         assert described.returncode == 0, described.stderr
         assert json.loads(described.stdout)["totalQueues"] == 2
         bare = tidalmq("static-topic", "describe", "ledger", "--bootstrap-server", second)
@@ -102,8 +142,10 @@ def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDis
             future.result(30)
         mount = tmp_path / "planner-client"
         mount.mkdir()
-        planner_user = {"sasl.mechanism": "SCRAM-SHA-512",
-                        "sasl.jaas.config": users.jaas_config("planner", "planner-secret")}  # fmt: skip
+        planner_user = {
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.jaas.config": users.jaas_config("planner", "planner-secret"),
+        }
         ca_pem = (security / "ca.pem").read_text()
         for name, text in client_secret_data(
             "SASL_SSL", planner_user, ca_pem, mount=str(mount)
@@ -114,28 +156,60 @@ def test_local_cluster_with_sasl_ssl(tmp_path: Path, apache_kafka_dist: KafkaDis
         assert not {(topic, 0)} & set(
             sources.from_bootstrap(first, command_config=planner_props).assignment
         )
-        describe = AclBinding(ResourceType.TOPIC, "*", ResourcePatternType.LITERAL, "User:planner",
-                              "*", AclOperation.DESCRIBE, AclPermissionType.ALLOW)  # fmt: skip
+        describe = AclBinding(
+            ResourceType.TOPIC,
+            "*",
+            ResourcePatternType.LITERAL,
+            "User:planner",
+            "*",
+            AclOperation.DESCRIBE,
+            AclPermissionType.ALLOW,
+        )
         for future in admin.create_acls([describe]).values():
             future.result(30)
         view = sources.from_bootstrap(first, command_config=planner_props)
         assert {(topic, 0), (topic, 1)} <= set(view.assignment) and view.brokers == [0, 1]
         # a user made through broker 0 logs in at broker 1 only: the controller pushed it
-        run_tool("kafka-configs", "--command-config", str(props), "--alter", "--add-config",
-                 "SCRAM-SHA-512=[password=bob-secret]", "--entity-type", "users",
-                 "--entity-name", "bob", bootstrap=first, check=True)  # fmt: skip
+        run_tool(
+            "kafka-configs",
+            "--command-config",
+            str(props),
+            "--alter",
+            "--add-config",
+            "SCRAM-SHA-512=[password=bob-secret]",
+            "--entity-type",
+            "users",
+            "--entity-name",
+            "bob",
+            bootstrap=first,
+            check=True,
+        )
         # ACLs are enforced, admin is the super user: bob is refused until he is granted (at
         # broker 0, which answered for his credentials), then may write and read what he is
         # granted
         refused: list[int] = []
-        early = Producer({**confluent(first, security, "bob", "bob-secret"),
-                          "message.timeout.ms": 10000})  # fmt: skip
+        early = Producer(
+            {**confluent(first, security, "bob", "bob-secret"), "message.timeout.ms": 10000}
+        )
         early.produce(topic, b"no", on_delivery=lambda e, _: refused.append(e and e.code()))
         early.flush(15)
         assert refused == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
-        run_tool("kafka-acls", "--command-config", str(props), "--add", "--allow-principal",
-                 "User:bob", "--producer", "--consumer", "--topic", topic, "--group", "g-bob",
-                 bootstrap=first, check=True)  # fmt: skip
+        run_tool(
+            "kafka-acls",
+            "--command-config",
+            str(props),
+            "--add",
+            "--allow-principal",
+            "User:bob",
+            "--producer",
+            "--consumer",
+            "--topic",
+            topic,
+            "--group",
+            "g-bob",
+            bootstrap=first,
+            check=True,
+        )
         bob = confluent(second, security, "bob", "bob-secret")
         producer = Producer({**bob, "acks": "all"})
         for i in range(10):

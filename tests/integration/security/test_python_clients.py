@@ -36,8 +36,10 @@ from tests.support.kafka_python_reads import read_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-SCRAM_FAILED = ("Authentication failed during authentication due to invalid credentials with "
-                "SASL mechanism SCRAM-SHA-512")  # fmt: skip
+SCRAM_FAILED = (
+    "Authentication failed during authentication due to invalid credentials with "
+    "SASL mechanism SCRAM-SHA-512"
+)
 
 
 def confluent_round_trip(conf: dict[str, Any], topic: str, count: int = 20) -> list[bytes]:
@@ -46,8 +48,9 @@ def confluent_round_trip(conf: dict[str, Any], topic: str, count: int = 20) -> l
     for i in range(count):
         p.produce(topic, f"v{i}".encode(), on_delivery=lambda e, m: e and errors.append(e))
     assert p.flush(30) == 0 and not errors, errors
-    c = Consumer({**conf, "group.id": f"g-{topic}-{time.time_ns()}",
-                  "auto.offset.reset": "earliest"})  # fmt: skip
+    c = Consumer(
+        {**conf, "group.id": f"g-{topic}-{time.time_ns()}", "auto.offset.reset": "earliest"}
+    )
     c.subscribe([topic])
     got: list[bytes] = []
     deadline = time.monotonic() + 60
@@ -89,13 +92,21 @@ def test_other_mechanisms(secure_broker: SecureBroker, mechanism: str) -> None:
 
 def test_kafka_python(secure_broker: SecureBroker, caplog: pytest.LogCaptureFixture) -> None:
     ctx = ssl.create_default_context(cafile=str(secure_broker.pki.ca))
-    sasl = dict(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", ssl_context=ctx,
-                sasl_plain_username=ADMIN, sasl_plain_password=ADMIN_PASSWORD,
-                bootstrap_servers=secure_broker.bootstrap("SASL_SSL"))  # fmt: skip
+    sasl = dict(
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        ssl_context=ctx,
+        sasl_plain_username=ADMIN,
+        sasl_plain_password=ADMIN_PASSWORD,
+        bootstrap_servers=secure_broker.bootstrap("SASL_SSL"),
+    )
     mtls_ctx = ssl.create_default_context(cafile=str(secure_broker.pki.ca))
     mtls_ctx.load_cert_chain(str(secure_broker.pki.client_cert), str(secure_broker.pki.client_key))
-    mtls = dict(security_protocol="SSL", ssl_context=mtls_ctx,
-                bootstrap_servers=secure_broker.bootstrap("SSL"))  # fmt: skip
+    mtls = dict(
+        security_protocol="SSL",
+        ssl_context=mtls_ctx,
+        bootstrap_servers=secure_broker.bootstrap("SSL"),
+    )
     for settings in (sasl, mtls):
         topic = new_topic(secure_broker, 1)
         producer = kafka.KafkaProducer(**settings)  # type: ignore[arg-type]
@@ -103,16 +114,22 @@ def test_kafka_python(secure_broker: SecureBroker, caplog: pytest.LogCaptureFixt
             producer.send(topic, f"k{i}".encode())
         producer.flush(30)
         producer.close()
-        consumer = kafka.KafkaConsumer(topic, auto_offset_reset="earliest",
-                                       consumer_timeout_ms=15000, **settings)  # type: ignore[arg-type]  # fmt: skip
+        consumer = kafka.KafkaConsumer(
+            topic, auto_offset_reset="earliest", consumer_timeout_ms=15000, **settings
+        )  # type: ignore[arg-type]
         got = [m.value for m in read_to_end(consumer, 10)]
         consumer.close()
         assert got == [f"k{i}".encode() for i in range(10)], settings["security_protocol"]
     # a wrong password: the client gives up bootstrapping, having logged Kafka's error (its
     # first attempt is refused at once; the default bootstrap timeout, 30 s, only adds retries)
     with pytest.raises(kafka.errors.KafkaError):
-        kafka.KafkaProducer(**{**sasl, "sasl_plain_password": "wrong",  # type: ignore[arg-type]
-                               "bootstrap_timeout_ms": 10_000})  # fmt: skip
+        kafka.KafkaProducer(
+            **{
+                **sasl,
+                "sasl_plain_password": "wrong",  # type: ignore[arg-type]
+                "bootstrap_timeout_ms": 10_000,
+            }
+        )
     assert f"SaslAuthenticationFailedError: {SCRAM_FAILED}" in caplog.text
 
 
@@ -132,10 +149,13 @@ def test_an_old_client_with_the_v0_handshake(secure_broker: SecureBroker) -> Non
     authenticates = _requests(secure_broker, "SaslAuthenticate")
     for mechanism in ("PLAIN", "SCRAM-SHA-512"):
         consumer = kafka.KafkaConsumer(
-            security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism,
-            sasl_plain_username=ADMIN, sasl_plain_password=ADMIN_PASSWORD, api_version=(0, 10, 2),
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism=mechanism,
+            sasl_plain_username=ADMIN,
+            sasl_plain_password=ADMIN_PASSWORD,
+            api_version=(0, 10, 2),
             bootstrap_servers=secure_broker.bootstrap("SASL_PLAINTEXT"),
-        )  # fmt: skip
+        )
         assert topic in consumer.topics()
         consumer.close()
     assert _requests(secure_broker, "SaslHandshake") > handshakes
@@ -144,15 +164,23 @@ def test_an_old_client_with_the_v0_handshake(secure_broker: SecureBroker) -> Non
 
 def test_aiokafka(secure_broker: SecureBroker, caplog: pytest.LogCaptureFixture) -> None:
     async def run() -> None:
-        sasl = dict(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
-                    sasl_plain_username=ADMIN, sasl_plain_password=ADMIN_PASSWORD,
-                    ssl_context=create_ssl_context(cafile=str(secure_broker.pki.ca)),
-                    bootstrap_servers=secure_broker.bootstrap("SASL_SSL"))  # fmt: skip
-        mtls = dict(security_protocol="SSL",
-                    ssl_context=create_ssl_context(cafile=str(secure_broker.pki.ca),
-                                                   certfile=str(secure_broker.pki.client_cert),
-                                                   keyfile=str(secure_broker.pki.client_key)),
-                    bootstrap_servers=secure_broker.bootstrap("SSL"))  # fmt: skip
+        sasl = dict(
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_plain_username=ADMIN,
+            sasl_plain_password=ADMIN_PASSWORD,
+            ssl_context=create_ssl_context(cafile=str(secure_broker.pki.ca)),
+            bootstrap_servers=secure_broker.bootstrap("SASL_SSL"),
+        )
+        mtls = dict(
+            security_protocol="SSL",
+            ssl_context=create_ssl_context(
+                cafile=str(secure_broker.pki.ca),
+                certfile=str(secure_broker.pki.client_cert),
+                keyfile=str(secure_broker.pki.client_key),
+            ),
+            bootstrap_servers=secure_broker.bootstrap("SSL"),
+        )
         for settings in (sasl, mtls):
             topic = new_topic(secure_broker, 1)
             producer = aiokafka.AIOKafkaProducer(**settings)  # type: ignore[arg-type]
@@ -160,8 +188,9 @@ def test_aiokafka(secure_broker: SecureBroker, caplog: pytest.LogCaptureFixture)
             for i in range(10):
                 await producer.send_and_wait(topic, f"a{i}".encode())
             await producer.stop()
-            consumer = aiokafka.AIOKafkaConsumer(topic, group_id=f"ag-{topic}",
-                                                 auto_offset_reset="earliest", **settings)  # type: ignore[arg-type]  # fmt: skip
+            consumer = aiokafka.AIOKafkaConsumer(
+                topic, group_id=f"ag-{topic}", auto_offset_reset="earliest", **settings
+            )  # type: ignore[arg-type]
             await consumer.start()
             try:
                 got = [(await asyncio.wait_for(consumer.getone(), 30)).value for _ in range(10)]
@@ -244,8 +273,10 @@ def test_wrong_password_is_sasl_authentication_failed(secure_broker: SecureBroke
     with _sasl_ssl_socket(secure_broker) as sock:
         _call(sock, 17, 1, {"mechanism": "SCRAM-SHA-512"})
         nobody = _call(sock, 36, 2, {"auth_bytes": b"n,,n=nobody,r=abcdef"})
-        assert (nobody.error_code, nobody.error_message) == (ErrorCode.sasl_authentication_failed,
-                                                             SCRAM_FAILED)  # fmt: skip
+        assert (nobody.error_code, nobody.error_message) == (
+            ErrorCode.sasl_authentication_failed,
+            SCRAM_FAILED,
+        )
     # each failure counted; logged as one line unless over the rate (librdkafka retried fast)
     assert _failures(secure_broker, "SASL_SSL", "sasl") == before + 2
     log = secure_broker.process.log_path.read_text()
@@ -256,8 +287,9 @@ def test_wrong_password_is_sasl_authentication_failed(secure_broker: SecureBroke
 def _failures(broker: SecureBroker, listener: str, kind: str) -> float:
     pattern = re.compile(
         rf'^tidalmq_authentication_failures_total{{(?=[^}}]*listener="{listener}")'
-        rf'(?=[^}}]*kind="{kind}")[^}}]*}} (\S+)$', re.M
-    )  # fmt: skip
+        rf'(?=[^}}]*kind="{kind}")[^}}]*}} (\S+)$',
+        re.M,
+    )
     return sum(float(v) for v in pattern.findall(broker.process.metrics()))
 
 
@@ -267,8 +299,11 @@ def test_request_before_authentication_closes_the_connection(secure_broker: Secu
     # the log lines of failures are rate-limited (5 a second, bursts of 20): let the earlier
     # tests' ones drain, so this test's line is written, not counted as suppressed
     time.sleep(4.5)
-    metadata = {"topics": [{"name": topic, "topic_id": None}], "allow_auto_topic_creation": False,
-                "include_topic_authorized_operations": False}  # fmt: skip
+    metadata = {
+        "topics": [{"name": topic, "topic_id": None}],
+        "allow_auto_topic_creation": False,
+        "include_topic_authorized_operations": False,
+    }
     with _sasl_ssl_socket(secure_broker) as sock:
         versions = _call(sock, 18, 3, {"client_software_name": "t", "client_software_version": "1"})
         assert versions.error_code == ErrorCode.none  # ApiVersions is served before auth
@@ -276,8 +311,11 @@ def test_request_before_authentication_closes_the_connection(secure_broker: Secu
         assert _closed(sock)
     raw = socket.create_connection(("127.0.0.1", secure_broker.ports["SASL_PLAINTEXT"]), timeout=10)
     with raw:
-        raw.sendall(encode_request(0, 9, 1, {"transactional_id": None, "acks": 1,
-                                             "timeout": 1000, "topic_data": []}))  # fmt: skip
+        raw.sendall(
+            encode_request(
+                0, 9, 1, {"transactional_id": None, "acks": 1, "timeout": 1000, "topic_data": []}
+            )
+        )
         assert _closed(raw)
     # the same request on the PLAINTEXT listener is served
     plain = socket.create_connection(("127.0.0.1", secure_broker.ports["PLAINTEXT"]), timeout=10)
@@ -308,12 +346,20 @@ def _refused_over_tls(broker: SecureBroker, conf: dict[str, object], timeout_s: 
 def test_untrusted_client_certificate_is_refused(secure_broker: SecureBroker) -> None:
     pki = secure_broker.pki
     before = _failures(secure_broker, "SSL", "tls")
-    conf = secure_broker.confluent("SSL", **{"ssl.certificate.location": str(pki.untrusted_cert),
-                                             "ssl.key.location": str(pki.untrusted_key)})  # fmt: skip
+    conf = secure_broker.confluent(
+        "SSL",
+        **{
+            "ssl.certificate.location": str(pki.untrusted_cert),
+            "ssl.key.location": str(pki.untrusted_key),
+        },
+    )
     _refused_over_tls(secure_broker, conf)
     # without a certificate at all (ssl.client.auth=required) as well
-    conf_none = {k: v for k, v in secure_broker.confluent("SSL").items()
-                 if k not in ("ssl.certificate.location", "ssl.key.location")}  # fmt: skip
+    conf_none = {
+        k: v
+        for k, v in secure_broker.confluent("SSL").items()
+        if k not in ("ssl.certificate.location", "ssl.key.location")
+    }
     _refused_over_tls(secure_broker, conf_none)
     ctx = ssl.create_default_context(cafile=str(pki.ca))
     ctx.load_cert_chain(str(pki.untrusted_cert), str(pki.untrusted_key))

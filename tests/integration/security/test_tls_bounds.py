@@ -35,8 +35,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROUNDS = 20
 CALL_TIMEOUT_S = 10  # an answer takes milliseconds; a stalled connection waits 30 s and more
-ANY_ACL = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
-                           AclOperation.ANY, AclPermissionType.ANY)  # fmt: skip
+ANY_ACL = AclBindingFilter(
+    ResourceType.ANY,
+    None,
+    ResourcePatternType.ANY,
+    None,
+    None,
+    AclOperation.ANY,
+    AclPermissionType.ANY,
+)
 
 
 def admin_calls(conf: dict[str, Any], topic: str) -> None:
@@ -49,13 +56,20 @@ def admin_calls(conf: dict[str, Any], topic: str) -> None:
 
 
 def produce_and_consume(conf: dict[str, Any], topic: str, tag: str) -> None:
-    producer = Producer({**conf, "acks": "all", "linger.ms": 2,
-                         "message.timeout.ms": CALL_TIMEOUT_S * 1000})  # fmt: skip
+    producer = Producer(
+        {**conf, "acks": "all", "linger.ms": 2, "message.timeout.ms": CALL_TIMEOUT_S * 1000}
+    )
     for i in range(20):
         producer.produce(topic, f"{tag}-{i}".encode() * 50)
     assert producer.flush(CALL_TIMEOUT_S) == 0
-    consumer = Consumer({**conf, "group.id": f"g-{tag}", "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            **conf,
+            "group.id": f"g-{tag}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     got = 0
     deadline = time.monotonic() + CALL_TIMEOUT_S * 2

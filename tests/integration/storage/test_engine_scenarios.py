@@ -483,8 +483,13 @@ async def test_bad_batches_get_the_right_errors(cluster: Cluster) -> None:
     from tidalmq_broker.protocol.records import CONTROL_FLAG, TRANSACTIONAL_FLAG, build_batch
 
     # a control batch (a transaction marker) is the broker's to write, never a client's
-    marker = build_batch([(b"k", b"v")], producer_id=1, producer_epoch=0, base_sequence=0,
-                         attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG)  # fmt: skip
+    marker = build_batch(
+        [(b"k", b"v")],
+        producer_id=1,
+        producer_epoch=0,
+        base_sequence=0,
+        attributes=TRANSACTIONAL_FLAG | CONTROL_FLAG,
+    )
     with pytest.raises(InvalidRecord):
         await log.append(marker)
     with pytest.raises(UnknownProducerId):

@@ -54,9 +54,11 @@ async def write_table(log: Partition) -> tuple[list[Row], set[int]]:
         if i == 25:
             base = await put(
                 [(b"k0", b"aborted"), (b"txn", b"aborted")],
-                producer_id=100, producer_epoch=0, base_sequence=0,
+                producer_id=100,
+                producer_epoch=0,
+                base_sequence=0,
                 attributes=rb.TRANSACTIONAL_FLAG,
-            )  # fmt: skip
+            )
             aborted.update({base, base + 1})
             await log.write_txn_marker(100, 0, commit=False, coordinator_epoch=0)
         if i % 10 == 3:
@@ -276,10 +278,11 @@ async def test_an_idempotent_retry_after_cleaning_is_answered_as_a_duplicate(
     engine1 = await cluster.engine(1)
     log1 = await engine1.open_partition(TP, TOPIC_ID, 1, COMPACT)
     sent = [
-        rb.build_batch([(b"k", b"v%d-%s" % (i, b"x" * 200))], producer_id=7, producer_epoch=0,
-                       base_sequence=i)
+        rb.build_batch(
+            [(b"k", b"v%d-%s" % (i, b"x" * 200))], producer_id=7, producer_epoch=0, base_sequence=i
+        )
         for i in range(12)
-    ]  # fmt: skip
+    ]
     offsets = [(await log1.append(b)).base_offset for b in sent]
     await engine1.compact_partition(log1, force=True)
     assert (await LogCleaner(engine1).clean(log1)).stats.superseded > 0

@@ -43,13 +43,16 @@ def metadata(old_end: int, *, sealed: bool = True) -> ClusterMetadata:
     state = StaticTopicState(NAME, 1, None)
     state.copies = distribute({0: [old, new]}, 1, 1, (0, 1))
     meta = ClusterMetadata("c", version=5, static_topics={NAME: state})
-    meta.topics[NAME] = TopicInfo(NAME, str(uuid.uuid4()), [PartitionState(1, 3, [1])],
-                                  kind="static")  # fmt: skip
+    meta.topics[NAME] = TopicInfo(
+        NAME, str(uuid.uuid4()), [PartitionState(1, 3, [1])], kind="static"
+    )
     meta.topics[PHYS] = TopicInfo(
-        PHYS, TOPIC_ID,
-        [PartitionState(NO_LEADER, 1, [0]), PartitionState(1, 0, [1])], internal=True,
+        PHYS,
+        TOPIC_ID,
+        [PartitionState(NO_LEADER, 1, [0]), PartitionState(1, 0, [1])],
+        internal=True,
         kind="physical",
-    )  # fmt: skip
+    )
     return meta
 
 
@@ -195,5 +198,6 @@ async def test_pipelined_batches_are_appended_in_arrival_order(cluster: Cluster)
         releaser.cancel()
     assert [r.base_offset for r in results] == [10, 12, 14]
     assert not any(r.duplicate for r in results)
-    assert (await log.append(batch(2, producer_id=PID, producer_epoch=0, base_sequence=16))
-            ).base_offset == 16  # fmt: skip
+    assert (
+        await log.append(batch(2, producer_id=PID, producer_epoch=0, base_sequence=16))
+    ).base_offset == 16

@@ -170,10 +170,12 @@ def static_topic_metadata() -> ClusterMetadata:
     )
     floors = {0: 40, 1: 2, 2: 9, 3: 6}
     meta.topics["__sq.ledger"] = TopicInfo(
-        "__sq.ledger", "phys-id",
+        "__sq.ledger",
+        "phys-id",
         [PartitionState(0 if q < 2 else 1, 0, [0], end_offset_floor=floors[q]) for q in range(4)],
-        internal=True, kind="physical",
-    )  # fmt: skip
+        internal=True,
+        kind="physical",
+    )
     return meta
 
 

@@ -5,6 +5,7 @@ each leader is on the client's listener."""
 from __future__ import annotations
 
 from tidalmq_broker.apis.leader_hints import current_leaders
+from tidalmq_broker.metrics import LEADER_HINTS, BrokerMetrics
 from tidalmq_core.metadata import (
     NO_LEADER,
     BrokerInfo,
@@ -49,3 +50,13 @@ def test_each_leader_with_its_endpoint_on_the_clients_listener() -> None:
 def test_the_endpoint_of_the_listener_the_client_is_on() -> None:
     _, endpoints = current_leaders(image(), "INTERNAL", [("orders", 0), ("orders", 3)])
     assert endpoints == [(2, "10.0.0.2", 19093, None), (3, "10.0.0.2", 19093, None)]
+
+
+def test_hints_are_counted_by_api() -> None:
+    metrics = BrokerMetrics(951, {})
+    counted = LEADER_HINTS.labels("951", "produce")
+    before = counted._value.get()
+    metrics.leader_hints("produce", 3)
+    metrics.leader_hints("produce", 0)  # a misdirected partition without a leader: no hint
+    assert counted._value.get() == before + 3
+    assert LEADER_HINTS.labels("951", "fetch")._value.get() == 0

@@ -144,9 +144,17 @@ def _bounded_broker(seen: list[bytes]) -> Any:
 
 
 async def _produce_code(b: Any, data: bytes) -> int:
-    answer = await call(b, 0, 9, {"transactional_id": None, "acks": -1, "timeout": 1000,
-                                  "topic_data": [{"name": "clicks", "partition_data": [
-                                      {"index": 0, "records": data}]}]})  # fmt: skip
+    answer = await call(
+        b,
+        0,
+        9,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": 1000,
+            "topic_data": [{"name": "clicks", "partition_data": [{"index": 0, "records": data}]}],
+        },
+    )
     return int(answer["responses"][0]["partition_responses"][0]["error_code"])
 
 

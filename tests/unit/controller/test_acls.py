@@ -83,9 +83,12 @@ def test_refused_bindings(binding: AclBinding, message: str) -> None:
 
 def test_created_once_each_with_an_id_of_its_own() -> None:
     image = ClusterMetadata("c")
-    ok = [acl(), acl(CLUSTER, "kafka-cluster", op=AclOperation.ALTER),
-          acl(GROUP, "g", PREFIXED, "User:*", perm=DENY, host="10.0.0.1"),
-          acl(ResourceType.TRANSACTIONAL_ID, "tx", op=WRITE)]  # fmt: skip
+    ok = [
+        acl(),
+        acl(CLUSTER, "kafka-cluster", op=AclOperation.ALTER),
+        acl(GROUP, "g", PREFIXED, "User:*", perm=DENY, host="10.0.0.1"),
+        acl(ResourceType.TRANSACTIONAL_ID, "tx", op=WRITE),
+    ]
     results, records = create(image, [*ok, acl(), acl(name="")])
     assert [r.error_code for r in results] == [0, 0, 0, 0, 0, INVALID_REQUEST]
     assert [r["b"] for r in records] == [b.to_json() for b in ok]  # the second acl() is a no-op
@@ -97,18 +100,27 @@ def test_created_once_each_with_an_id_of_its_own() -> None:
 
 def test_deleted_by_filters_each_listing_what_it_matched() -> None:
     image = ClusterMetadata("c")
-    image.acls = {"a": acl(), "b": acl(name="orders-eu", pt=PREFIXED, op=WRITE),
-                  "c": acl(GROUP, "g", principal="User:bob"), "d": acl(name="*")}  # fmt: skip
-    results, records = delete(image, [
-        AclBindingFilter(TOPIC, "orders-eu-1", PatternType.MATCH),  # what applies to it
-        AclBindingFilter(principal="User:bob"),
-        AclBindingFilter(TOPIC, pattern_type=PatternType.UNKNOWN),
-        AclBindingFilter(TOPIC, "orders", PatternType.ANY),
-    ])  # fmt: skip
+    image.acls = {
+        "a": acl(),
+        "b": acl(name="orders-eu", pt=PREFIXED, op=WRITE),
+        "c": acl(GROUP, "g", principal="User:bob"),
+        "d": acl(name="*"),
+    }
+    results, records = delete(
+        image,
+        [
+            AclBindingFilter(TOPIC, "orders-eu-1", PatternType.MATCH),  # what applies to it
+            AclBindingFilter(principal="User:bob"),
+            AclBindingFilter(TOPIC, pattern_type=PatternType.UNKNOWN),
+            AclBindingFilter(TOPIC, "orders", PatternType.ANY),
+        ],
+    )
     assert results[0].deleted == [image.acls["b"], image.acls["d"]]  # the prefix, the wildcard
     assert results[1].deleted == [image.acls["c"]]
     assert (results[2].error_code, results[2].error_message) == (
-        INVALID_REQUEST, "Unknown patternFilter.")  # fmt: skip
+        INVALID_REQUEST,
+        "Unknown patternFilter.",
+    )
     assert results[3].deleted == [image.acls["a"]]
     # one record per binding, even when two filters match it
     assert records == [{"t": "aclgone", "id": i} for i in ("b", "d", "c", "a")]

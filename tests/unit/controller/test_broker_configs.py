@@ -50,8 +50,9 @@ async def test_set_delete_and_replace(controller: Controller, tmp_path: Path) ->
     # AlterConfigs (not incremental) replaces the scope's whole set
     await controller.alter_broker_configs("1", {RATE: "5"}, incremental=False, validate_only=False)
     assert controller.metadata.broker_configs == {"1": {RATE: "5"}}
-    await controller.alter_broker_configs("", {FOLLOWER: "7"}, incremental=True,
-                                          validate_only=False)  # fmt: skip
+    await controller.alter_broker_configs(
+        "", {FOLLOWER: "7"}, incremental=True, validate_only=False
+    )
     assert controller.metadata.broker_configs == {"1": {RATE: "5"}, "": {FOLLOWER: "7"}}
     # deleting the last config of a scope drops the scope
     await controller.alter_broker_configs("1", {RATE: None}, incremental=True, validate_only=False)
@@ -74,12 +75,15 @@ async def test_validate_only_and_errors_change_nothing(controller: Controller) -
         )
         is None
     )
-    bad_value = await controller.alter_broker_configs("2", {RATE: "x"}, incremental=True,
-                                                      validate_only=False)  # fmt: skip
-    unknown = await controller.alter_broker_configs("2", {"log.retention.ms": "1"},
-                                                    incremental=True, validate_only=False)  # fmt: skip
-    bad_scope = await controller.alter_broker_configs("broker-2", {RATE: "1"}, incremental=True,
-                                                      validate_only=False)  # fmt: skip
+    bad_value = await controller.alter_broker_configs(
+        "2", {RATE: "x"}, incremental=True, validate_only=False
+    )
+    unknown = await controller.alter_broker_configs(
+        "2", {"log.retention.ms": "1"}, incremental=True, validate_only=False
+    )
+    bad_scope = await controller.alter_broker_configs(
+        "broker-2", {RATE: "1"}, incremental=True, validate_only=False
+    )
     assert all(isinstance(e, InvalidConfig) for e in (bad_value, unknown, bad_scope))
     assert controller.metadata.broker_configs == {}
     assert controller.metadata.version == version

@@ -32,9 +32,15 @@ from tidalmq_core.metadata import BrokerInfo
 
 TOKEN = "unit-test-cluster-token-" + "t" * 30
 SETTINGS = ControllerSettings(
-    heartbeat_interval_s=0.05, lease_s=2.0, session_timeout_s=5.0, clock_margin_s=0.05,
-    election_timeout_s=5.0, auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01,
-)  # fmt: skip
+    heartbeat_interval_s=0.05,
+    lease_s=2.0,
+    session_timeout_s=5.0,
+    clock_margin_s=0.05,
+    election_timeout_s=5.0,
+    auto_rebalance=False,
+    offsets_topic_partitions=1,
+    tick_s=0.01,
+)
 OPEN = {"/healthz", "/metrics"}
 
 
@@ -65,11 +71,13 @@ class Served:
 
     def routes(self) -> list[tuple[str, str]]:
         """Every (method, path) the server answers, the host's added routes included."""
-        return sorted({
-            (r.method, r.resource.canonical)  # type: ignore[union-attr]
-            for r in self.server.app.router.routes()
-            if r.method != "HEAD"
-        })  # fmt: skip
+        return sorted(
+            {
+                (r.method, r.resource.canonical)  # type: ignore[union-attr]
+                for r in self.server.app.router.routes()
+                if r.method != "HEAD"
+            }
+        )
 
 
 @pytest.fixture
@@ -107,14 +115,27 @@ class BrokerSide:
 
 
 def registration(broker_id: int, control_port: int = 1) -> dict[str, Any]:
-    info = BrokerInfo(broker_id, "127.0.0.1", 9092 + broker_id, incarnation="i1",
-                      control_url=f"http://127.0.0.1:{control_port}")  # fmt: skip
+    info = BrokerInfo(
+        broker_id,
+        "127.0.0.1",
+        9092 + broker_id,
+        incarnation="i1",
+        control_url=f"http://127.0.0.1:{control_port}",
+    )
     return {**info.to_json(), "protocol": PROTOCOL}
 
 
 def heartbeat(broker_id: int) -> dict[str, Any]:
-    return {"broker_id": broker_id, "incarnation": "i1", "applied_version": 0,
-            "protocol": PROTOCOL, "full": True, "open": [], "hwm": [], "floors": []}  # fmt: skip
+    return {
+        "broker_id": broker_id,
+        "incarnation": "i1",
+        "applied_version": 0,
+        "protocol": PROTOCOL,
+        "full": True,
+        "open": [],
+        "hwm": [],
+        "floors": [],
+    }
 
 
 async def test_every_route_refuses_a_missing_or_wrong_token(
@@ -127,8 +148,11 @@ async def test_every_route_refuses_a_missing_or_wrong_token(
         "/v1/local/kill-broker",
     ) in routes
     assert ("POST", "/v1/static-topics/remap") in routes
-    bodies = {"/v1/brokers/register": registration(1), "/v1/brokers/heartbeat": heartbeat(1),
-              "/v1/local/kill-broker": {"broker_id": 0}}  # fmt: skip
+    bodies = {
+        "/v1/brokers/register": registration(1),
+        "/v1/brokers/heartbeat": heartbeat(1),
+        "/v1/local/kill-broker": {"broker_id": 0},
+    }
     for method, path in routes:
         if path in OPEN:
             continue
@@ -162,9 +186,12 @@ async def test_a_token_is_checked_before_the_body_is_read(served: Served) -> Non
             assert resp.status == 401, path
         async with (
             aiohttp.ClientSession() as session,
-            session.post(served.url + "/v1/brokers/heartbeat", data=b"\xff not json",
-                         headers={"Authorization": f"Bearer {TOKEN}"}) as resp,
-        ):  # fmt: skip
+            session.post(
+                served.url + "/v1/brokers/heartbeat",
+                data=b"\xff not json",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            ) as resp,
+        ):
             assert resp.status == 400  # with the token it gets as far as the parser
 
 
@@ -243,8 +270,10 @@ async def test_the_liveness_threads_heartbeats_carry_the_brokers_token(served: S
     one = broker_token(TOKEN, 1)
     broker = BrokerSide(1)
     await broker.server.start("127.0.0.1", 0)
-    clients = {token: HttpControllerClient(served.url, token=token)
-               for token in (one, broker_token(TOKEN, 0), "wrong-" + TOKEN)}  # fmt: skip
+    clients = {
+        token: HttpControllerClient(served.url, token=token)
+        for token in (one, broker_token(TOKEN, 0), "wrong-" + TOKEN)
+    }
     try:
         status, _ = await served.call(
             "POST", "/v1/brokers/register", registration(1, broker.server.port), one
@@ -273,8 +302,12 @@ async def test_refusals_are_rate_limited_one_line_each(
         assert status == 401
     lines = [r.getMessage() for r in caplog.records if r.name == "tidalmq_controller._control_auth"]
     assert 5 <= len(lines) <= 10, lines  # the burst, then about one a second
-    assert all(line.startswith("control call refused (401): POST /v1/brokers/heartbeat from "
-                               "127.0.0.1: wrong token") for line in lines)  # fmt: skip
+    assert all(
+        line.startswith(
+            "control call refused (401): POST /v1/brokers/heartbeat from 127.0.0.1: wrong token"
+        )
+        for line in lines
+    )
 
 
 async def _sleep() -> None:

@@ -33,9 +33,15 @@ from tidalmq_core.metadata import BrokerInfo
 
 TOKEN = "unit-test-cluster-token-" + "t" * 30
 SETTINGS = ControllerSettings(
-    heartbeat_interval_s=0.05, lease_s=2.0, session_timeout_s=5.0, clock_margin_s=0.05,
-    election_timeout_s=5.0, auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01,
-)  # fmt: skip
+    heartbeat_interval_s=0.05,
+    lease_s=2.0,
+    session_timeout_s=5.0,
+    clock_margin_s=0.05,
+    election_timeout_s=5.0,
+    auto_rebalance=False,
+    offsets_topic_partitions=1,
+    tick_s=0.01,
+)
 
 
 class Pki:
@@ -72,9 +78,13 @@ def context(tls: ControlTls | None, pki: Pki) -> ssl.SSLContext:
 async def call(url: str, path: str, body: Any, token: str, ctx: ssl.SSLContext) -> tuple[int, Any]:
     async with (
         aiohttp.ClientSession() as session,
-        session.post(url + path, data=json.dumps(body).encode(), ssl=ctx,
-                     headers={"Authorization": f"Bearer {token}"}) as resp,
-    ):  # fmt: skip
+        session.post(
+            url + path,
+            data=json.dumps(body).encode(),
+            ssl=ctx,
+            headers={"Authorization": f"Bearer {token}"},
+        ) as resp,
+    ):
         return resp.status, json.loads(await resp.text())
 
 
@@ -83,9 +93,12 @@ class BrokerSide:
 
     def __init__(self, pki: Pki) -> None:
         credentials = BrokerCredentials([broker_token(TOKEN, 1)], 1)
-        self.server = HealthServer(lambda: (True, ""), credentials.authenticate,
-                                   tls=pki.tls("broker-1"),
-                                   check_role=lambda role: may_call_broker(role, 1))  # fmt: skip
+        self.server = HealthServer(
+            lambda: (True, ""),
+            credentials.authenticate,
+            tls=pki.tls("broker-1"),
+            check_role=lambda role: may_call_broker(role, 1),
+        )
         self.pushes: list[int] = []
         self.server.app.router.add_post("/v1/metadata/updates", self._update)
 
@@ -163,8 +176,15 @@ async def test_calls_without_the_right_certificate_are_refused(
     url = f"https://127.0.0.1:{server.port}"
     version = controller.metadata.version
     kill = ("/v1/local/kill-broker", {"broker_id": 0})
-    register = ("/v1/brokers/register", {**BrokerInfo(1, "127.0.0.1", 9093, incarnation="x",
-                control_url="https://127.0.0.1:1").to_json(), "protocol": PROTOCOL})  # fmt: skip
+    register = (
+        "/v1/brokers/register",
+        {
+            **BrokerInfo(
+                1, "127.0.0.1", 9093, incarnation="x", control_url="https://127.0.0.1:1"
+            ).to_json(),
+            "protocol": PROTOCOL,
+        },
+    )
     # no certificate: 401 whatever the token
     for path, body in (kill, register):
         status, doc = await call(url, path, body, TOKEN, context(None, pki))
@@ -209,10 +229,13 @@ async def test_a_brokers_endpoint_lets_in_the_controller_and_itself_only(pki: Pk
         for tls, status in ((None, 401), (pki.tls("broker-2"), 403), (pki.tls("controller"), 200)):
             async with (
                 aiohttp.ClientSession() as session,
-                session.post(broker.url + "/v1/metadata/updates", data=push,
-                             ssl=context(tls, pki),
-                             headers={"Authorization": f"Bearer {token}"}) as resp,
-            ):  # fmt: skip
+                session.post(
+                    broker.url + "/v1/metadata/updates",
+                    data=push,
+                    ssl=context(tls, pki),
+                    headers={"Authorization": f"Bearer {token}"},
+                ) as resp,
+            ):
                 assert resp.status == status, (tls, await resp.text())
         assert len(broker.pushes) == 1
     finally:
@@ -240,8 +263,9 @@ async def test_clients_talk_only_to_the_role_they_expect(
         controller_side = pki.tls("controller").client_context(server_is_broker)
         _, server, _ = served
         with pytest.raises(aiohttp.ClientError):
-            await call(f"https://127.0.0.1:{server.port}", "/v1/producer-ids", {}, TOKEN,
-                       controller_side)  # fmt: skip
+            await call(
+                f"https://127.0.0.1:{server.port}", "/v1/producer-ids", {}, TOKEN, controller_side
+            )
     finally:
         await client.close()
         await impostor.server.stop()

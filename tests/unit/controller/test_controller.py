@@ -1,5 +1,6 @@
-"""The controller's decisions with fast clocks: moves, cancel, election timeout and fencing,
-failover, and a deposed controller. Brokers are played by the test through the controller's own
+"""The controller's decisions with short leases: moves, cancel, election timeout and fencing,
+failover, and a deposed controller. A session or election timeout is short only in the tests
+of that timeout (SHORT_SESSIONS, SHORT_ELECTION); the rest run on PATIENT. Brokers are played by the test through the controller's own
 RPC surface (register, heartbeat, report closed/opened); metadata lives in a real local-directory
 object store."""
 
@@ -31,29 +32,50 @@ from tests.support.controllers import running_controller
 from tests.support.fake_broker import FakeBroker
 from tests.support.leaders import walked_leaders
 
+# Every clock short: the base of the settings below, and what test_data_loss.py starts from.
 FAST = ControllerSettings(
-    heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,
-    election_timeout_s=0.4, auto_rebalance=False, offsets_topic_partitions=2, tick_s=0.01,
-)  # fmt: skip
+    heartbeat_interval_s=0.05,
+    lease_s=0.3,
+    session_timeout_s=0.6,
+    clock_margin_s=0.05,
+    election_timeout_s=0.4,
+    auto_rebalance=False,
+    offsets_topic_partitions=2,
+    tick_s=0.01,
+)
+
+# What every test runs on unless a timeout is what it tests. FAST's 0.6 s sessions and 0.4 s
+# election timeout raced the tests' own waits: on a loaded 2-core machine a late heartbeat
+# declared a fake broker dead (its partitions failed over), or a stall of the event loop fenced
+# a source before it could close. A fence now takes 3 s and a death 5 s, after everything these
+# tests wait for; `assert not fenced` still catches a move that went that way. Leases (0.3 s)
+# and the role window stay short: several tests wait for a lease to run out.
+PATIENT = dataclasses.replace(FAST, election_timeout_s=3.0, session_timeout_s=5.0)
+
+# For the tests of the session timeout itself (a silent broker declared dead, a failover, a
+# held failover): only the session is short, a fence still takes 3 s.
+SHORT_SESSIONS = dataclasses.replace(PATIENT, session_timeout_s=FAST.session_timeout_s)
+
+# For the test of the election timeout itself (a source that never closes is fenced): only the
+# election timeout is short, a late heartbeat cannot declare the source dead instead.
+SHORT_ELECTION = dataclasses.replace(PATIENT, election_timeout_s=FAST.election_timeout_s)
 
 
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
-    async with running_controller(tmp_path, FAST) as c:
+    async with running_controller(tmp_path, PATIENT) as c:
         yield c
 
 
-# For the tests whose moves must finish by their sources closing (none fenced): FAST's 0.4 s
-# election timeout (0.6 s sessions) raced their waits, and a loaded machine's stall of the
-# event loop fenced a source (or declared a broker dead) before it could close. A fence now
-# takes 3 s and more, after the moves these tests wait for; `assert not fenced` still catches
-# a move that went that way.
-PATIENT = dataclasses.replace(FAST, election_timeout_s=3.0, session_timeout_s=5.0)
+@pytest.fixture
+async def short_sessions(tmp_path: Path) -> AsyncIterator[Controller]:
+    async with running_controller(tmp_path, SHORT_SESSIONS) as c:
+        yield c
 
 
 @pytest.fixture
-async def patient(tmp_path: Path) -> AsyncIterator[Controller]:
-    async with running_controller(tmp_path, PATIENT) as c:
+async def short_election(tmp_path: Path) -> AsyncIterator[Controller]:
+    async with running_controller(tmp_path, SHORT_ELECTION) as c:
         yield c
 
 
@@ -73,6 +95,12 @@ def fences(c: Controller) -> list[str]:
         lambda reason, message, _: seen.append(message) if reason == "BrokerFenced" else None
     )
     return seen
+
+
+def fenced_now(c: Controller, broker_id: int) -> bool:
+    """The controller no longer renews the lease of the broker's current incarnation."""
+    live = c.membership.get(broker_id)
+    return live is not None and live.fenced_at is not None
 
 
 def part(c: Controller, topic: str, index: int):  # type: ignore[no-untyped-def]
@@ -151,8 +179,9 @@ async def test_create_topics_wait_also_sees_opens_from_full_heartbeats(
     assert controller.open_waits.waiting == []  # nothing left behind
 
 
-async def test_move_records_target_then_elects_after_the_source_closes(patient: Controller) -> None:
-    controller = patient
+async def test_move_records_target_then_elects_after_the_source_closes(
+    controller: Controller,
+) -> None:
     a, b = await cluster_of(controller, 2)
     fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 1)])
@@ -180,9 +209,8 @@ async def test_move_records_target_then_elects_after_the_source_closes(patient: 
     assert not fenced and not a.fenced, "elected through the timeout, not the source's report"
 
 
-async def test_heartbeat_without_the_partition_counts_as_closed(patient: Controller) -> None:
+async def test_heartbeat_without_the_partition_counts_as_closed(controller: Controller) -> None:
     """A lost "closed" report is repaired by the next heartbeat (level-based)."""
-    controller = patient
     a, _ = await cluster_of(controller, 2)
     fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 1)])
@@ -213,8 +241,10 @@ async def test_cancel_rolls_back_with_a_higher_epoch(controller: Controller) -> 
 
 
 async def test_election_timeout_fences_the_source_and_waits_for_its_lease(
-    controller: Controller,
+    short_election: Controller,
 ) -> None:
+    # the election timeout is what is tested: SHORT_ELECTION keeps it at 0.4 s
+    controller = short_election
     a, _ = await cluster_of(controller, 2)
     await controller.create_topics([NewTopic("t", 1)])
     tp = TopicPartition("t", 0)
@@ -226,17 +256,79 @@ async def test_election_timeout_fences_the_source_and_waits_for_its_lease(
     live = controller.membership.get(0)
     assert live is not None and live.fenced_at is not None
     fenced_at = live.fenced_at
-    assert fenced_at - started >= FAST.election_timeout_s * 0.9
+    assert fenced_at - started >= SHORT_ELECTION.election_timeout_s * 0.9
     await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=5)
     elected_at = time.monotonic()
     # elected no sooner than the source's last lease (granted before the fence) expired
-    assert elected_at - fenced_at >= FAST.lease_s - 0.1
+    assert elected_at - fenced_at >= SHORT_ELECTION.lease_s - 0.1
     assert part(controller, "t", 0).leader_epoch == 1
 
 
-async def test_dead_broker_partitions_open_elsewhere_with_higher_epochs(
-    controller: Controller,
+async def fence_a_source_that_never_closes(controller: Controller) -> None:
+    """Broker 0 leads t-0, keeps it open through a move onto broker 1, is fenced for it (leases
+    of 2 s: its own cannot run out before the caller's next step), and falls silent."""
+    a, _ = await cluster_of(controller, 2)
+    await controller.create_topics([NewTopic("t", 1)])
+    tp = TopicPartition("t", 0)
+    assert part(controller, "t", 0).leader == 0
+    a.open[tp] = 0  # the source never closes
+    await controller.alter_reassignments([PlanEntry(tp, 1)])
+    await wait_for(lambda: fenced_now(controller, 0), timeout_s=10)
+    a.silence()
+
+
+async def test_a_fenced_source_registering_again_is_not_fenced_again_before_it_heartbeats(
+    tmp_path: Path,
 ) -> None:
+    """A source fenced for a move it did not close gives up everything and registers again as a
+    new incarnation (as a broker does on a fence), then catches up the metadata before its
+    first heartbeat. Fenced again in that window (its predecessor's close long overdue, and no
+    heartbeat yet to say it applied the close and has nothing open), it registered again, to be
+    fenced again before its next first heartbeat: the livelock that kept a restarted local
+    cluster's brokers fenced every 1-4 s, their moves never elected (docs/control-plane.md, "A
+    controller restart"). The new incarnation has until its first heartbeat (an election timeout
+    at most), which elects the move: no second fence. Leases of 2 s: the fenced incarnation's
+    own lease (which would elect the move without the new one) cannot run out before the new
+    incarnation registered."""
+    settings = dataclasses.replace(SHORT_ELECTION, lease_s=2.0)
+    async with running_controller(tmp_path, settings) as controller:
+        await fence_a_source_that_never_closes(controller)
+        fenced = fences(controller)
+        back = FakeBroker(controller, 0, incarnation="b")
+        await back.register(heartbeat=False)  # catching up: no heartbeat yet
+        for _ in range(3):  # the decisions the controller's loop takes meanwhile
+            await controller._step()
+        live = controller.membership.get(0)
+        assert live is not None and live.incarnation == "b"
+        assert not fenced_now(controller, 0) and not fenced, "fenced before its first heartbeat"
+        assert part(controller, "t", 0).moving
+        back.start_heartbeats()  # applied the close, has nothing open
+        await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=10)
+        assert not fenced and not back.fenced
+
+
+async def test_a_fenced_source_registering_again_does_not_cut_its_old_lease_short(
+    tmp_path: Path,
+) -> None:
+    """A fenced source's moves elect once its lease has run out. Registered again as a new
+    incarnation (it no longer counts as fenced) whose first heartbeat says it applied the close
+    and has nothing open, its moves still wait for the fenced incarnation's lease: the new
+    one's word says nothing of what the old one may still acknowledge."""
+    settings = dataclasses.replace(SHORT_ELECTION, lease_s=2.0)
+    async with running_controller(tmp_path, settings) as controller:
+        await fence_a_source_that_never_closes(controller)
+        lease_end = controller.membership.lease_end(0)
+        back = FakeBroker(controller, 0, incarnation="b")
+        await back.register()  # and heartbeats at once: nothing open, the close applied
+        await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=10)
+        assert time.monotonic() >= lease_end
+
+
+async def test_dead_broker_partitions_open_elsewhere_with_higher_epochs(
+    short_sessions: Controller,
+) -> None:
+    # a broker dies by its session timeout here: SHORT_SESSIONS keeps it at 0.6 s
+    controller = short_sessions
     *_, c = await cluster_of(controller, 3)
     await controller.create_topics([NewTopic("t", 6)])
     before = {
@@ -246,7 +338,10 @@ async def test_dead_broker_partitions_open_elsewhere_with_higher_epochs(
     c.silence()
     silenced = time.monotonic()
     await wait_for(lambda: controller.metadata.brokers[2].state == "dead", timeout_s=5)
-    assert time.monotonic() - silenced >= FAST.session_timeout_s - FAST.heartbeat_interval_s
+    assert (
+        time.monotonic() - silenced
+        >= SHORT_SESSIONS.session_timeout_s - SHORT_SESSIONS.heartbeat_interval_s
+    )
     after = controller.metadata.topics["t"].partitions
     for i, (leader, epoch) in before.items():
         if leader == 2:
@@ -267,15 +362,15 @@ async def test_restarted_broker_waits_for_its_old_lease(controller: Controller) 
     await restarted.register()
     assert part(controller, "t", 0).leader == NO_LEADER, "old incarnation may still hold a lease"
     await wait_for(lambda: part(controller, "t", 0).leader == 0, timeout_s=5)
-    assert time.monotonic() - t0 >= FAST.lease_s - 0.1
+    assert time.monotonic() - t0 >= PATIENT.lease_s - 0.1
     assert part(controller, "t", 0).leader_epoch == epoch + 1
 
 
 async def test_a_deposed_controller_cannot_write(tmp_path: Path) -> None:
     store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
-    old = Controller(store, FAST)
+    old = Controller(store, PATIENT)
     await old.start()
-    new = Controller(store, FAST)
+    new = Controller(store, PATIENT)
     await new.start()
     assert new.metadata.controller_epoch == old.metadata.controller_epoch + 1
     with pytest.raises(ControllerFenced):
@@ -287,11 +382,11 @@ async def test_a_deposed_controller_cannot_write(tmp_path: Path) -> None:
 
 async def test_producer_ids_are_unique_across_controller_restarts(tmp_path: Path) -> None:
     store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
-    first = Controller(store, FAST)
+    first = Controller(store, PATIENT)
     await first.start()
     ids = {await first.allocate_producer_id() for _ in range(5)}
     await first.stop()
-    second = Controller(store, FAST)
+    second = Controller(store, PATIENT)
     await second.start()
     more = {await second.allocate_producer_id() for _ in range(5)}
     await second.stop()
@@ -323,13 +418,15 @@ async def test_removing_a_live_broker_waits_for_its_lease(controller: Controller
     await controller.remove_broker(1)  # not the broker itself: it may still hold a lease
     assert part(controller, "t", 1).leader == NO_LEADER
     await wait_for(lambda: part(controller, "t", 1).leader == 0, timeout_s=5)
-    assert time.monotonic() - t0 >= FAST.lease_s - 0.1
+    assert time.monotonic() - t0 >= PATIENT.lease_s - 0.1
 
 
-async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(patient: Controller) -> None:
+async def test_a_late_closed_report_of_an_earlier_epoch_does_not_elect(
+    controller: Controller,
+) -> None:
     """A "closed" report of an earlier close (delayed in flight) must not elect the target
     while the source has the partition open again at a newer epoch."""
-    controller = patient  # with FAST's 0.4 s the source was fenced once beside four busy loops
+    # with FAST's 0.4 s election timeout the source was fenced once beside four busy loops
     a, _ = await cluster_of(controller, 2)
     await controller.create_topics([NewTopic("t", 1)])
     tp = TopicPartition("t", 0)
@@ -354,11 +451,11 @@ async def test_a_deposed_controller_stops_granting_leases(tmp_path: Path) -> Non
     store; until then it must not keep renewing leases, or a broker it vouches for could
     acknowledge writes after the successor moved its partitions away."""
     store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
-    old = Controller(store, FAST)
+    old = Controller(store, PATIENT)
     await old.start()
     await old.register_broker(BrokerInfo(0, "127.0.0.1", 9000, incarnation="a"), FakeBroker(old, 0))
     assert (await old.heartbeat(0, "a", -1, {})).lease_s > 0
-    new = Controller(store, FAST)
+    new = Controller(store, PATIENT)
     await new.start()
     replaced = time.monotonic()
     try:
@@ -368,15 +465,18 @@ async def test_a_deposed_controller_stops_granting_leases(tmp_path: Path) -> Non
             except ControllerFenced:
                 break
             # never a lease beyond what the old controller granted before it was replaced
-            assert time.monotonic() + reply.lease_s <= replaced + FAST.role_window_s + FAST.lease_s
-            await asyncio.sleep(FAST.heartbeat_interval_s / 5)
+            assert (
+                time.monotonic() + reply.lease_s
+                <= replaced + PATIENT.role_window_s + PATIENT.lease_s
+            )
+            await asyncio.sleep(PATIENT.heartbeat_interval_s / 5)
         else:
             pytest.fail("the deposed controller kept answering heartbeats")
-        assert old.broker_liveness()[0].last_grant - replaced <= FAST.role_window_s
+        assert old.broker_liveness()[0].last_grant - replaced <= PATIENT.role_window_s
     finally:
         await old.stop()
         await new.stop()
-    stopped = Controller(store, FAST)
+    stopped = Controller(store, PATIENT)
     with pytest.raises(ControllerFenced):  # neither before start nor after stop
         await stopped.heartbeat(0, "a", -1, {})
 
@@ -388,7 +488,7 @@ async def test_a_restarted_controller_still_elects_partitions_waiting_for_a_leas
     leader; a controller restarted inside that window must still elect it, once the leases
     its predecessor may have granted have run out."""
     store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
-    first = Controller(store, FAST)
+    first = Controller(store, PATIENT)
     await first.start()
     (a,) = await cluster_of(first, 1)
     await first.create_topics([NewTopic("t", 1)])
@@ -398,13 +498,13 @@ async def test_a_restarted_controller_still_elects_partitions_waiting_for_a_leas
     await restarted.register()
     assert part(first, "t", 0).leader == NO_LEADER
     await first.stop()
-    second = Controller(store, FAST)
+    second = Controller(store, PATIENT)
     await second.start()
     started = time.monotonic()
     restarted.controller = second  # the broker heartbeats to the new controller
     try:
         await wait_for(lambda: part(second, "t", 0).leader == 0, timeout_s=5)
-        assert time.monotonic() - started >= FAST.lease_s, "elected before old leases ran out"
+        assert time.monotonic() - started >= PATIENT.lease_s, "elected before old leases ran out"
         assert part(second, "t", 0).leader_epoch == epoch + 1
     finally:
         restarted.silence()
@@ -412,10 +512,12 @@ async def test_a_restarted_controller_still_elects_partitions_waiting_for_a_leas
 
 
 async def test_partitions_left_without_any_live_broker_go_to_the_next_one(
-    controller: Controller,
+    short_sessions: Controller,
 ) -> None:
     """Every broker died: their partitions have no leader and nowhere to go. The first broker
     that comes back takes them all, its own and the others'."""
+    # a broker dies by its session timeout here: SHORT_SESSIONS keeps it at 0.6 s
+    controller = short_sessions
     a, b = await cluster_of(controller, 2)
     await controller.create_topics([NewTopic("t", 2)])
     a.silence()
@@ -448,7 +550,7 @@ async def test_a_move_waits_for_the_lease_its_partition_was_waiting_for(
     assert part(controller, "t", 0).leader == NO_LEADER
     await controller.alter_reassignments([PlanEntry(tp, 1)])
     await wait_for(lambda: part(controller, "t", 0).leader == 1, timeout_s=5)
-    assert time.monotonic() >= old_grant + FAST.lease_s + FAST.clock_margin_s
+    assert time.monotonic() >= old_grant + PATIENT.lease_s + PATIENT.clock_margin_s
 
 
 async def test_moves_off_a_removed_broker_wait_for_its_lease(controller: Controller) -> None:
@@ -463,7 +565,7 @@ async def test_moves_off_a_removed_broker_wait_for_its_lease(controller: Control
     last_grant = controller.broker_liveness()[1].last_grant
     await controller.remove_broker(1)
     await wait_for(lambda: part(controller, "t", 1).leader == 0, timeout_s=5)
-    assert time.monotonic() >= last_grant + FAST.lease_s + FAST.clock_margin_s
+    assert time.monotonic() >= last_grant + PATIENT.lease_s + PATIENT.clock_margin_s
 
 
 async def test_a_restarted_controller_keeps_counting_the_election_timeout(
@@ -479,7 +581,7 @@ async def test_a_restarted_controller_keeps_counting_the_election_timeout(
     # the move fences 2 s after it; one started over, 2 s after the restart at the earliest.
     # Sessions long enough that a loaded machine never declares the silent-looking source
     # dead instead of fencing it.
-    settings = dataclasses.replace(FAST, election_timeout_s=2.0, session_timeout_s=5.0)
+    settings = dataclasses.replace(PATIENT, election_timeout_s=2.0)
     store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     first = Controller(store, settings)
     await first.start()
@@ -519,9 +621,7 @@ async def test_a_target_that_never_opens_hands_the_partition_back(tmp_path: Path
     # nothing is handed back to it) nor fences the target before its heartbeat shows it does
     # not have the partition open (0.4 s); a hand-back that relied on fencing it would not
     # come within the 5 s this test waits.
-    settings = dataclasses.replace(
-        FAST, open_timeout_s=0.5, session_timeout_s=5.0, election_timeout_s=5.0
-    )
+    settings = dataclasses.replace(PATIENT, open_timeout_s=0.5, election_timeout_s=5.0)
     c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
     await c.start()
     try:
@@ -573,9 +673,7 @@ def settled(c: Controller) -> bool:
 async def test_a_joining_broker_gets_a_fair_share_with_minimal_moves(tmp_path: Path) -> None:
     # nothing here waits for a timeout: sessions long enough that a loaded machine (CI's
     # background builds) never declares a fake broker dead and moves its partitions instead
-    settings = dataclasses.replace(
-        FAST, auto_rebalance=True, session_timeout_s=5.0, election_timeout_s=5.0
-    )
+    settings = dataclasses.replace(PATIENT, auto_rebalance=True, election_timeout_s=5.0)
     c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
     await c.start()
     brokers = await cluster_of(c, 2, reconcile=True)
@@ -602,8 +700,7 @@ async def test_a_joining_broker_gets_a_fair_share_with_minimal_moves(tmp_path: P
         await c.stop()
 
 
-async def test_drain_moves_every_partition_off_a_broker(patient: Controller) -> None:
-    controller = patient
+async def test_drain_moves_every_partition_off_a_broker(controller: Controller) -> None:
     brokers = await cluster_of(controller, 3, reconcile=True)
     fenced = fences(controller)
     await controller.create_topics([NewTopic("t", 6)])
@@ -625,7 +722,7 @@ async def test_a_broker_restarted_after_a_drain_gets_its_share_back(tmp_path: Pa
     """A pod that drained (preStop) and was killed before it removed itself (grace period 0,
     or a rolling restart) comes back as a new incarnation of the same broker id: it joins
     again and takes a fair share, although the metadata still says it is draining."""
-    settings = dataclasses.replace(FAST, auto_rebalance=True)
+    settings = dataclasses.replace(PATIENT, auto_rebalance=True)
     c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects")), settings)
     await c.start()
     brokers = await cluster_of(c, 3, reconcile=True)
@@ -657,16 +754,16 @@ async def test_a_restarted_controller_keeps_its_predecessors_grants_in_view(
     predecessor may have renewed it up to a role window after our start, and a heartbeat to
     us must not make the lease look shorter (a fence would then expire too early)."""
     store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
-    first = Controller(store, FAST)
+    first = Controller(store, PATIENT)
     await first.start()
     (a,) = await cluster_of(first, 1)
     await first.stop()
-    second = Controller(store, FAST)
+    second = Controller(store, PATIENT)
     await second.start()
     started = time.monotonic()
     try:
         await second.heartbeat(0, "a", -1, {})
-        assert second.broker_liveness()[0].last_grant >= started + FAST.role_window_s - 0.05
+        assert second.broker_liveness()[0].last_grant >= started + PATIENT.role_window_s - 0.05
     finally:
         a.silence()
         await second.stop()
@@ -676,18 +773,19 @@ async def test_expected_brokers_get_time_to_come_back_after_a_restart(tmp_path: 
     """`local up` restarts the controller, then starts the brokers of the last run: however
     slow they are, they are not declared dead (and their partitions moved) within the time
     the cluster gives them; after it, a broker that never came back is."""
+    # the session timeout is what is tested: SHORT_SESSIONS keeps it at 0.6 s
     store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
-    first = Controller(store, FAST)
+    first = Controller(store, SHORT_SESSIONS)
     await first.start()
     (a,) = await cluster_of(first, 1)
     a.silence()
     await first.stop()
-    second = Controller(store, FAST)
+    second = Controller(store, SHORT_SESSIONS)
     await second.start()
     started = time.monotonic()
     second.expect_brokers([0], within_s=2.0)
     try:
-        default_deadline = FAST.role_window_s + FAST.session_timeout_s
+        default_deadline = SHORT_SESSIONS.role_window_s + SHORT_SESSIONS.session_timeout_s
         await asyncio.sleep(default_deadline + 0.3)
         assert second.metadata.brokers[0].state == "alive", "declared dead while expected"
         await wait_for(lambda: second.metadata.brokers[0].state == "dead", timeout_s=5)
@@ -743,15 +841,16 @@ async def test_a_held_failover_declares_no_broker_dead_while_every_broker_stops(
     (session timed out) while another still closed, its partitions failed over, and the next
     start reshuffled the cluster. Held, the silence of a stopping broker changes nothing, and
     the next controller finds every broker alive with its partitions where they were."""
+    # the session timeout is what is tested: SHORT_SESSIONS keeps it at 0.6 s
     store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
-    first = Controller(store, FAST)
+    first = Controller(store, SHORT_SESSIONS)
     await first.start()
     a, b = await cluster_of(first, 2)
     await first.create_topics([NewTopic("t", 4)])
     leaders = [p.leader for p in first.metadata.topics["t"].partitions]
     first.hold_failover()
     a.silence()  # exited first; b still closes its partitions
-    await asyncio.sleep(FAST.session_timeout_s * 2.5)
+    await asyncio.sleep(SHORT_SESSIONS.session_timeout_s * 2.5)
     try:
         assert first.metadata.brokers[0].state == "alive", "declared dead while stopping"
         assert [p.leader for p in first.metadata.topics["t"].partitions] == leaders
@@ -759,7 +858,7 @@ async def test_a_held_failover_declares_no_broker_dead_while_every_broker_stops(
     finally:
         b.silence()
         await first.stop()
-    second = Controller(store, FAST)
+    second = Controller(store, SHORT_SESSIONS)
     await second.start()
     try:
         assert {i.state for i in second.metadata.brokers.values()} == {"alive"}
@@ -769,10 +868,12 @@ async def test_a_held_failover_declares_no_broker_dead_while_every_broker_stops(
 
 
 async def test_move_counts_are_the_listed_reassignments_and_the_failover_openings(
-    controller: Controller,
+    short_sessions: Controller,
 ) -> None:
     """`local status`'s "moves in flight" is what ListPartitionReassignments lists; the
     partitions a failover opens elsewhere are counted apart until their broker opens them."""
+    # a broker dies by its session timeout here: SHORT_SESSIONS keeps it at 0.6 s
+    controller = short_sessions
     _, _, c = await cluster_of(controller, 3)  # they open nothing (no reconcile)
     await controller.create_topics([NewTopic("t", 6)])
     assert controller.move_counts() == (0, 0)
@@ -787,3 +888,48 @@ async def test_move_counts_are_the_listed_reassignments_and_the_failover_opening
     assert list(errors.values()) == [None]
     moving, _ = controller.move_counts()
     assert moving == len(controller.list_reassignments()) == 1  # its source never closes
+
+
+async def test_a_restarted_controller_does_not_fence_a_source_it_has_not_heard_from(
+    tmp_path: Path,
+) -> None:
+    """The whole cluster restarted, controller first, in the middle of a move (as in
+    bench/controller_crash.py): the move's election timeout passes while its source's process
+    is not back yet. The source cannot be blamed for a close it could not do (it may not even
+    have had it): it is not fenced. Back, it reports the partition closed and the target is
+    elected; had it stayed silent, the session timeout would have declared it dead."""
+    store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
+    first = Controller(store, PATIENT)
+    second = Controller(store, PATIENT)
+    await first.start()
+    a, b = await cluster_of(first, 2)
+    stopped = False
+    try:
+        await first.create_topics([NewTopic("t", 1, assignment=[0])])
+        tp = TopicPartition("t", 0)
+        a.open[tp] = part(first, "t", 0).leader_epoch  # killed before it could close it
+        await first.alter_reassignments([PlanEntry(tp, 1)])
+        moved_at = time.time()
+        await first.stop()
+        stopped = True
+        fenced = fences(second)
+        await second.start()
+        b.controller = second  # the target is back at once, the source is not
+        await b.catch_up()
+        past_timeout = moved_at + PATIENT.election_timeout_s + 0.5
+        await wait_for(lambda: time.time() > past_timeout, timeout_s=10)
+        assert not fenced, "fenced a source it never heard from"
+        assert part(second, "t", 0).leader == NO_LEADER, "elected while the source may serve"
+        # the source's process is back (its partitions closed: a new process opens nothing
+        # before the metadata says so)
+        a.open.pop(tp)
+        a.controller = second
+        await a.catch_up()
+        await wait_for(lambda: part(second, "t", 0).leader == 1)
+        assert not fenced
+    finally:
+        a.silence()
+        b.silence()
+        if not stopped:
+            await first.stop()
+        await second.stop()

@@ -66,7 +66,10 @@ def test_an_upgrade_needs_every_registered_controller_to_support_the_level() -> 
     assert records == []
     del meta.controllers["b"]
     refused, _ = update(meta, [FeatureUpdate(TV, 1 + 1)])
-    assert refused == f"Invalid update version 2 for feature {TV}. Controller c does not support this feature."  # fmt: skip
+    assert (
+        refused
+        == f"Invalid update version 2 for feature {TV}. Controller c does not support this feature."
+    )
     del meta.controllers["c"]
     assert update(meta, [FeatureUpdate(TV, 2)]) == (None, [feature_record(TV, 2)])
     # levels every controller supports stay allowed, whatever the others do
@@ -171,11 +174,29 @@ def test_a_broker_with_an_embedded_controller_says_it_in_one_line(tmp_path: Path
     asyncio.run(write_level(tmp_path, 3))
     env = {**os.environ, "TIDALMQ_LOG_LEVEL": "WARNING"}
     done = subprocess.run(
-        [sys.executable, "-m", "tidalmq_broker.cli", "broker", "--broker-id", "1",
-         "--storage-url", f"file://{tmp_path / 'objects'}", "--host", "127.0.0.1",
-         "--port", "0", "--http-port", "0", "--control-port", "0"],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tidalmq_broker.cli",
+            "broker",
+            "--broker-id",
+            "1",
+            "--storage-url",
+            f"file://{tmp_path / 'objects'}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--control-port",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1, (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert lines == [

@@ -24,9 +24,9 @@ from tidalmq_controller._controller import (
 from tidalmq_core.metadata import DataLoss
 from tidalmq_core.model import TopicPartition
 
-from tests.unit.controller.test_controller import FAST, cluster_of, part, wait_for
+from tests.unit.controller.test_controller import PATIENT, cluster_of, part, wait_for
 
-DL = dataclasses.replace(FAST, floor_commit_interval_s=0.2, identity_check_interval_s=0.05)
+DL = dataclasses.replace(PATIENT, floor_commit_interval_s=0.2, identity_check_interval_s=0.05)
 TP = TopicPartition("t", 0)
 
 
@@ -184,8 +184,9 @@ async def test_metadata_older_than_the_marker_gets_one_on_load(tmp_path: Path) -
     await store.delete([IDENTITY_KEY])
     meta = await stored(store)
     meta.store_marker = False
-    log_objects = [o.key for o in await store.list("cluster/") if "/log/" in o.key
-                   or "/snapshots/" in o.key]  # fmt: skip
+    log_objects = [
+        o.key for o in await store.list("cluster/") if "/log/" in o.key or "/snapshots/" in o.key
+    ]
     await store.delete(log_objects)
     await store.put("cluster/metadata.json", json.dumps(meta.to_json()).encode())
 
@@ -204,8 +205,9 @@ async def test_a_new_cluster_on_a_store_of_another_cluster_writes_nothing_there(
 ) -> None:
     store = LocalDirObjectStore(tmp_path / "objects")
     await store.put(IDENTITY_KEY, json.dumps({"cluster_id": "other", "created_ms": 1}).encode())
-    c = Controller(ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "metadata")), DL,
-                   object_store=store)  # fmt: skip
+    c = Controller(
+        ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "metadata")), DL, object_store=store
+    )
     await c.start()
     try:
         assert c.store_problem is not None and "belongs to cluster other" in c.store_problem

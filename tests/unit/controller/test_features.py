@@ -19,7 +19,7 @@ import pytest
 import tidalmq_broker.broker
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.apis import KAFKA_APIS  # (importing it registers the handlers)
-from tidalmq_broker.apis.registry import REGISTRY, supported_versions
+from tidalmq_broker.apis.kafka_registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import (
     decode_request,
     decode_response,
@@ -201,9 +201,14 @@ async def test_update_features_answers_as_kafka_at_each_version(controller: Cont
 
 async def test_update_features_needs_alter_on_the_cluster(controller: Controller) -> None:
     describe = AclBinding(
-        ResourceType.CLUSTER, "kafka-cluster", PatternType.LITERAL, "User:bob", "*",
-        AclOperation.DESCRIBE, PermissionType.ALLOW,
-    )  # fmt: skip
+        ResourceType.CLUSTER,
+        "kafka-cluster",
+        PatternType.LITERAL,
+        "User:bob",
+        "*",
+        AclOperation.DESCRIBE,
+        PermissionType.ALLOW,
+    )
     r = await call(broker(controller, describe), 2, {"feature_updates": [tv(2)]})
     assert r.error_code == ErrorCode.cluster_authorization_failed
     assert controller.metadata.feature_level(TV) == 1
@@ -299,8 +304,16 @@ def test_supported_ranges_in_records_and_snapshots_and_their_absence() -> None:
     assert replayed.brokers[1].supported_features == {TV: (0, 2)}
     assert replayed.brokers[2].supported_features is None
     # a record written before the field (as older controllers wrote it) loads: no ranges
-    older = {"t": "broker", "id": 4, "host": "h", "port": 1, "rack": None, "url": "", "inc": "x",
-             "state": "alive"}  # fmt: skip
+    older = {
+        "t": "broker",
+        "id": 4,
+        "host": "h",
+        "port": 1,
+        "rack": None,
+        "url": "",
+        "inc": "x",
+        "state": "alive",
+    }
     apply_record(replayed, older, MetadataDelta())
     assert replayed.brokers[4].supported_features is None
     # both snapshot forms keep them beside the brokers, never in a broker's own document (a
@@ -328,9 +341,12 @@ async def test_a_broker_supporting_less_blocks_the_upgrade_until_it_goes_or_serv
 ) -> None:
     def info(broker_id: int, incarnation: str, high: int) -> BrokerInfo:
         return BrokerInfo(
-            broker_id, "127.0.0.1", 9092 + broker_id, incarnation=incarnation,
+            broker_id,
+            "127.0.0.1",
+            9092 + broker_id,
+            incarnation=incarnation,
             supported_features={TV: (0, high)},
-        )  # fmt: skip
+        )
 
     await controller.register_broker(info(1, "a", 2), None)
     await controller.register_broker(info(2, "a", 1), None)

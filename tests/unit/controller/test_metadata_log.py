@@ -37,12 +37,14 @@ from tidalmq_core.records import (
     topic_record,
 )
 
-FAST = ControllerSettings(
+# no broker here and no timeout under test: sessions and an election timeout that a loaded
+# machine never runs into
+PATIENT = ControllerSettings(
     heartbeat_interval_s=0.05,
     lease_s=0.3,
-    session_timeout_s=0.6,
+    session_timeout_s=5.0,
     clock_margin_s=0.05,
-    election_timeout_s=0.4,
+    election_timeout_s=3.0,
     auto_rebalance=False,
     offsets_topic_partitions=2,
     tick_s=0.01,
@@ -253,7 +255,7 @@ async def test_the_earlier_single_document_is_read_as_a_snapshot(tmp_path: Path)
 async def test_a_controller_on_the_earlier_document_continues_it(tmp_path: Path) -> None:
     store = LocalDirObjectStore(tmp_path / "objects")
     await store.put("cluster/metadata.json", legacy_document(17))
-    c = Controller(ObjectStoreMetadataLog(store), FAST)
+    c = Controller(ObjectStoreMetadataLog(store), PATIENT)
     await c.start()
     try:
         assert c.image.cluster_id == "c" and c.image.controller_epoch == 5
@@ -277,14 +279,14 @@ async def test_a_controller_whose_first_snapshot_failed_keeps_its_cluster() -> N
         raise OSError("store unavailable (injected)")
 
     log.write_snapshot = failing  # type: ignore[method-assign]
-    first = Controller(log, FAST)
+    first = Controller(log, PATIENT)
     with pytest.raises(OSError):
         await first.start()
     cluster_id = first.image.cluster_id
     await first.stop()
     assert sorted(log.batches) == [1] and not log.snapshots
     log.write_snapshot = original  # type: ignore[method-assign]
-    second = Controller(log, FAST)
+    second = Controller(log, PATIENT)
     await second.start()
     try:
         assert second.image.cluster_id == cluster_id

@@ -24,6 +24,7 @@ from tidalmq_controller import (
 from tidalmq_core.metadata import NO_LEADER
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import Phase, PlanEntry
+from tidalmq_core.records import partition_record
 
 from observability.alerts import ALERTS, MOVE_TROUBLE
 from tests.support.controllers import running_controller
@@ -41,6 +42,13 @@ SETTINGS = ControllerSettings(
     offsets_topic_partitions=2,
     tick_s=0.01,
 )
+# What a test runs on unless a broker's death or a fence is its subject: with SETTINGS' 0.6 s
+# sessions and 0.4 s election timeout a late heartbeat on a loaded machine declared a fake
+# broker dead (or a stalled loop fenced a source) and the move ended another way.
+PATIENT = dataclasses.replace(SETTINGS, election_timeout_s=3.0, session_timeout_s=5.0)
+# A target that dies is the subject: only the session timeout is short (a source that keeps
+# its partition open is not fenced meanwhile).
+SHORT_SESSIONS = dataclasses.replace(PATIENT, session_timeout_s=SETTINGS.session_timeout_s)
 
 
 class Outcomes:
@@ -76,21 +84,29 @@ async def controller(tmp_path: Path, settings: ControllerSettings) -> AsyncItera
 
 @pytest.fixture
 async def c(tmp_path: Path) -> AsyncIterator[Controller]:
-    async for each in controller(tmp_path, SETTINGS):
+    async for each in controller(tmp_path, PATIENT):
+        yield each
+
+
+@pytest.fixture
+async def short_sessions(tmp_path: Path) -> AsyncIterator[Controller]:
+    """A controller that declares a silent broker dead after 0.6 s."""
+    async for each in controller(tmp_path, SHORT_SESSIONS):
         yield each
 
 
 @pytest.fixture
 async def quick_open(tmp_path: Path) -> AsyncIterator[Controller]:
     """A controller whose targets have half a second to open a partition."""
-    async for each in controller(tmp_path, dataclasses.replace(SETTINGS, open_timeout_s=0.5)):
+    async for each in controller(tmp_path, dataclasses.replace(PATIENT, open_timeout_s=0.5)):
         yield each
 
 
 @pytest.fixture
 async def slow_fence(tmp_path: Path) -> AsyncIterator[Controller]:
     """A controller that fences a source which does not close only after its session ran out:
-    a silent source is then declared dead (and its move released) before it can be fenced."""
+    a silent source is then declared dead (and its move released) before it can be fenced.
+    Both timeouts short: the session timeout and its order with the fence are the subject."""
     settings = dataclasses.replace(SETTINGS, election_timeout_s=3 * SETTINGS.session_timeout_s)
     async for each in controller(tmp_path, settings):
         yield each
@@ -160,8 +176,9 @@ async def test_a_users_cancel_is_cancelled_and_no_trouble(c: Controller) -> None
 
 
 async def test_a_target_gone_before_its_election_rolls_back_as_target_lost(
-    c: Controller,
+    short_sessions: Controller,
 ) -> None:
+    c = short_sessions  # the target dies by its session timeout
     fakes = await brokers(c, 2)
     await on_broker_0(c, fakes)
     outcomes = Outcomes(c)
@@ -215,8 +232,9 @@ async def test_a_target_and_source_both_gone_hand_the_move_on_in_place(
 
 
 async def test_a_target_that_dies_while_opening_fails_the_move_as_target_lost(
-    c: Controller,
+    short_sessions: Controller,
 ) -> None:
+    c = short_sessions  # the target dies by its session timeout
     fakes = await brokers(c, 2)
     await on_broker_0(c, fakes)
     outcomes = Outcomes(c)
@@ -233,6 +251,44 @@ async def test_a_target_that_dies_while_opening_fails_the_move_as_target_lost(
     fakes[0].open[TP] = 2
     await wait_for(lambda: c.moves.get(TP) is None)
     assert outcomes.since() == {"target_lost": 1, "done": 1}
+
+
+async def test_a_target_restarted_while_opening_still_finishes_the_move(c: Controller) -> None:
+    """A new incarnation of the target takes the partition back at epoch + 1 (its earlier
+    incarnation, the one elected, may not write): the move waits for the open at that epoch.
+    It waited for one at its own epoch forever (bench/controller_crash.py with waves: no
+    queued move started again on that broker)."""
+    fakes = await brokers(c, 2)
+    await on_broker_0(c, fakes)
+    outcomes = Outcomes(c)
+    await elected_on(c, fakes, 1)
+    fakes[1].silence()
+    restarted = FakeBroker(c, 1, incarnation="b")
+    try:
+        await restarted.register()
+        await wait_for(lambda: leader(c) == (1, 2))  # once the old incarnation's lease ran out
+        status = c.moves.get(TP)
+        assert status is not None and (status.phase, status.epoch) == (Phase.OPENING, 2)
+        restarted.open[TP] = 2
+        await wait_for(lambda: c.moves.get(TP) is None)
+        assert outcomes.since() == {"done": 1}
+    finally:
+        restarted.silence()
+
+
+async def test_an_opening_move_whose_partition_another_broker_leads_ended(c: Controller) -> None:
+    """Any record giving the partition of an opening move another leader at a later epoch
+    ends the move, counted `target_lost`: it no longer waits for an open that cannot come."""
+    fakes = await brokers(c, 3)
+    await on_broker_0(c, fakes)
+    outcomes = Outcomes(c)
+    await elected_on(c, fakes, 1)
+    c.propose([partition_record(TP, replicas=[2], leader=2, leader_epoch=2)])
+    assert c.moves.get(TP) is None
+    failed = [m for m in c.moves.recent() if m.tp == TP]
+    assert [(m.phase, m.outcome) for m in failed] == [(Phase.FAILED, "target_lost")]
+    assert failed[0].reason.startswith("broker 2 leads it at epoch 2")
+    assert outcomes.since() == {"target_lost": 1}
 
 
 async def test_a_target_that_does_not_open_in_time_is_retargeted(quick_open: Controller) -> None:

@@ -36,6 +36,7 @@ def serving(**changes: object) -> SourceView:
         applied_version=RECORDED - 1,
         fenced=False,
         lease_end=0.0,
+        heard_s=3600.0,  # this controller has heard from it for long
     )
     return dataclasses.replace(view, **changes)  # type: ignore[arg-type]
 
@@ -144,6 +145,41 @@ def test_the_timeout_counts_from_the_durable_start_of_the_close() -> None:
     clock = Clock()
     clock.wall = STARTED + TIMEOUT + 1  # a new controller, a moment after it started
     assert release(status, serving(), clock) is Release.FENCE
+
+
+def test_a_source_silent_since_the_controller_started_is_not_fenced() -> None:
+    """A restarted controller past a move's timeout, whose source has not heartbeated to it
+    yet (its process is restarting too, or it is not through yet: it may not have the close):
+    nothing to blame it for. Its silence is the session timeout's (dead: elected at once)."""
+    status = closing()
+    clock = Clock()
+    clock.wall = STARTED + 10 * TIMEOUT
+    assert release(status, serving(heard_s=None, known=False), clock) is Release.WAIT
+    # it heartbeats: it gets to say what it has open, for a timeout at most
+    assert release(status, serving(heard_s=0.1, known=False), clock) is Release.WAIT
+    assert release(status, serving(heard_s=TIMEOUT + 0.1, known=False), clock) is Release.FENCE
+    # it said it still has the partition open, the move long overdue: fenced
+    assert release(status, serving(heard_s=0.2), clock) is Release.FENCE
+    # or it had closed it: elected, no fence
+    closed = serving(heard_s=0.2, has_it_open=False, applied_version=RECORDED)
+    assert release(status, closed, clock) is Release.ELECT
+
+
+def test_a_new_incarnation_is_not_fenced_before_its_first_heartbeat() -> None:
+    """A source that registered again (a new incarnation: fenced, or restarted) has nothing open
+    but has not said which metadata it applied: until its first heartbeat it could be opening
+    the partition from metadata older than the close, so the move waits; fencing it there, for
+    a close long overdue, made it register again and be fenced again (the livelock). It gets
+    an election timeout from its registration; its first heartbeat elects."""
+    status = closing()
+    clock = Clock()
+    clock.wall = STARTED + 10 * TIMEOUT  # the close is long overdue
+    registered = serving(heard_s=0.1, has_it_open=False, applied_version=-1)
+    assert release(status, registered, clock) is Release.WAIT
+    stuck = serving(heard_s=TIMEOUT + 0.1, has_it_open=False, applied_version=-1)
+    assert release(status, stuck, clock) is Release.FENCE
+    first_heartbeat = serving(heard_s=0.5, has_it_open=False, applied_version=RECORDED + 5)
+    assert release(status, first_heartbeat, clock) is Release.ELECT
 
 
 def test_a_fenced_source_whose_lease_ran_out_elects_before_the_timeout() -> None:

@@ -47,12 +47,24 @@ def test_validation_as_kafka_controller() -> None:
     image.scram_credentials = {"old": existing, "twice": existing512}
     results, records = alter(
         image,
-        [ScramDeletion("old", SHA256), ScramDeletion("ghost", SHA512), ScramDeletion("", SHA512),
-         ScramDeletion("twice", SHA512), ScramDeletion("twice", SHA512)],
-        [upsert("alice"), upsert("bob", SHA256, 16384), upsert("few", iterations=4095),
-         upsert("many", iterations=16385), upsert("weird", mech=0), upsert("old"),
-         upsert("carol"), upsert("carol", SHA256)],
-    )  # fmt: skip
+        [
+            ScramDeletion("old", SHA256),
+            ScramDeletion("ghost", SHA512),
+            ScramDeletion("", SHA512),
+            ScramDeletion("twice", SHA512),
+            ScramDeletion("twice", SHA512),
+        ],
+        [
+            upsert("alice"),
+            upsert("bob", SHA256, 16384),
+            upsert("few", iterations=4095),
+            upsert("many", iterations=16385),
+            upsert("weird", mech=0),
+            upsert("old"),
+            upsert("carol"),
+            upsert("carol", SHA256),
+        ],
+    )
     assert errors(results) == {
         "alice": (0, None),
         "bob": (0, None),
@@ -80,7 +92,9 @@ def test_validation_as_kafka_controller() -> None:
 def test_bootstrap_entries_and_only_absent_credentials() -> None:
     users = parse_bootstrap("admin:SCRAM-SHA-512:pa:ss,word\n\n# comment\nadmin:scram-sha-256:x")
     assert [(u.user, u.mechanism, u.password) for u in users] == [
-        ("admin", "SCRAM-SHA-512", "pa:ss,word"), ("admin", "SCRAM-SHA-256", "x")]  # fmt: skip
+        ("admin", "SCRAM-SHA-512", "pa:ss,word"),
+        ("admin", "SCRAM-SHA-256", "x"),
+    ]
     assert "pa:ss" not in repr(users)
     for bad in ("admin:SCRAM-SHA-512", "admin::pw", ":SCRAM-SHA-512:pw", "a:SCRAM-SHA-1:pw"):
         with pytest.raises(ValueError, match="scram bootstrap entry 1"):

@@ -7,6 +7,7 @@ metadata and checkpoints live in a real local-directory object store."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,9 +38,24 @@ from tests.support.fake_broker import updated
 from tests.support.leaders import walked_leaders
 
 FAST = ControllerSettings(
-    heartbeat_interval_s=0.05, lease_s=0.3, session_timeout_s=0.6, clock_margin_s=0.05,
-    election_timeout_s=0.4, auto_rebalance=False, offsets_topic_partitions=1, tick_s=0.01,
-)  # fmt: skip
+    heartbeat_interval_s=0.05,
+    lease_s=0.3,
+    session_timeout_s=0.6,
+    clock_margin_s=0.05,
+    election_timeout_s=0.4,
+    auto_rebalance=False,
+    offsets_topic_partitions=1,
+    tick_s=0.01,
+)
+# What the tests run on unless a timeout is what they test: FAST's 0.6 s sessions and 0.4 s
+# election timeout let a late heartbeat on a loaded machine declare a fake broker dead, or a
+# stalled event loop fence a source, in the middle of a remap that should finish by its
+# sources closing. Leases stay short (a fenced queue is sealed after its lease).
+PATIENT = dataclasses.replace(FAST, election_timeout_s=3.0, session_timeout_s=5.0)
+# the session timeout under test (a dead broker's queues): only it is short
+SHORT_SESSIONS = dataclasses.replace(PATIENT, session_timeout_s=FAST.session_timeout_s)
+# the election timeout under test (a hung broker fenced): only it is short
+SHORT_ELECTION = dataclasses.replace(PATIENT, election_timeout_s=FAST.election_timeout_s)
 PHYS = "__sq.orders"
 FAKES: list[FakeBroker] = []  # this test's brokers, silenced before the controller stops
 
@@ -82,8 +98,15 @@ class FakeBroker:
                 self.c.partition_opened(self.broker_id, tp, part.leader_epoch)
             elif part.leader != self.broker_id and tp in self.open:
                 epoch = self.open.pop(tp)
-                await write_checkpoint(self.store, phys.topic_id, pid, epoch, self.ends.get(pid, 0),
-                                       owner=str(self.broker_id), clean=True)  # fmt: skip
+                await write_checkpoint(
+                    self.store,
+                    phys.topic_id,
+                    pid,
+                    epoch,
+                    self.ends.get(pid, 0),
+                    owner=str(self.broker_id),
+                    clean=True,
+                )
                 self.c.partition_closed(self.broker_id, tp, epoch)
 
     async def register(self) -> None:
@@ -94,8 +117,13 @@ class FakeBroker:
 
     async def _heartbeats(self) -> None:
         while True:
-            await self.c.heartbeat(self.broker_id, "a", self.version, dict(self.open),
-                                   {tp: self.ends.get(tp.partition, 0) for tp in self.open})  # fmt: skip
+            await self.c.heartbeat(
+                self.broker_id,
+                "a",
+                self.version,
+                dict(self.open),
+                {tp: self.ends.get(tp.partition, 0) for tp in self.open},
+            )
             await asyncio.sleep(FAST.heartbeat_interval_s)
 
     def die(self) -> None:
@@ -105,9 +133,15 @@ class FakeBroker:
 
 
 async def write_checkpoint(
-    store: LocalDirObjectStore, topic_id: str, pid: int, epoch: int, end: int, *, owner: str,
+    store: LocalDirObjectStore,
+    topic_id: str,
+    pid: int,
+    epoch: int,
+    end: int,
+    *,
+    owner: str,
     clean: bool,
-) -> None:  # fmt: skip
+) -> None:
     tp = TopicPartition(PHYS, pid)
     key = keys.checkpoint_key(tp, topic_id)
     cps = CheckpointStore(store)
@@ -117,15 +151,30 @@ async def write_checkpoint(
         if end
         else []
     )
-    cp = Checkpoint(PHYS, topic_id, pid, epoch, owner, "a", 5, next_offset=end,
-                    clean_shutdown=clean, index=index)  # fmt: skip
+    cp = Checkpoint(
+        PHYS,
+        topic_id,
+        pid,
+        epoch,
+        owner,
+        "a",
+        5,
+        next_offset=end,
+        clean_shutdown=clean,
+        index=index,
+    )
     await cps.commit(key, cp, loaded[1] if loaded else None)
 
 
 @pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[Controller, LocalDirObjectStore]]:
+async def env(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Controller, LocalDirObjectStore]]:
+    """A started controller on PATIENT settings, or on the settings a test gives
+    (`@pytest.mark.parametrize("env", [SETTINGS], indirect=True)`)."""
+    settings: ControllerSettings = getattr(request, "param", PATIENT)
     store = LocalDirObjectStore(tmp_path / "objects")
-    c = Controller(ObjectStoreMetadataLog(store), FAST, object_store=store)
+    c = Controller(ObjectStoreMetadataLog(store), settings, object_store=store)
     c.static.cleanup_interval_s = 3600
     await c.start()
     yield c, store
@@ -224,6 +273,8 @@ async def test_available_remap_is_writable_first_and_jumps_a_bounded_step(env) -
     assert rec.switched_ms < rec.sealed_ms  # type: ignore[operator]  # writable before blocked
 
 
+# the session timeout is what is tested (broker 2 is declared dead by it)
+@pytest.mark.parametrize("env", [SHORT_SESSIONS], indirect=True, ids=["short-sessions"])
 async def test_a_dead_brokers_queues_are_sealed_from_storage_and_remapped(env) -> None:  # type: ignore[no-untyped-def]
     c, store = env
     bs = await brokers(c, store, 3)
@@ -318,6 +369,8 @@ async def test_a_restarted_controller_repairs_on_its_own(env, monkeypatch) -> No
     del bs, manager
 
 
+# the election timeout is what is tested (the hung broker is fenced by it)
+@pytest.mark.parametrize("env", [SHORT_ELECTION], indirect=True, ids=["short-election"])
 async def test_a_hung_broker_is_fenced_and_its_queue_sealed_after_its_lease(env) -> None:  # type: ignore[no-untyped-def]
     c, store = env
     bs = await brokers(c, store, 2)
@@ -326,7 +379,7 @@ async def test_a_hung_broker_is_fenced_and_its_queue_sealed_after_its_lease(env)
     bs[0].stuck = True  # never closes physical queue 0
     started = time.monotonic()
     (rec,) = await c.static.remap("orders", {0: (1, "strict")})
-    assert time.monotonic() - started >= FAST.election_timeout_s
+    assert time.monotonic() - started >= SHORT_ELECTION.election_timeout_s
     assert c.broker_liveness()[0].fenced_at is not None
     assert view(c).items(0)[-1].broker == 1 and rec.opened_ms is not None
 
@@ -350,7 +403,7 @@ class RacingStore(LocalDirObjectStore):
 
 async def test_a_checkpoint_that_changes_while_it_is_sealed_is_sealed_again(tmp_path: Path) -> None:
     store = RacingStore(tmp_path / "objects")
-    c = Controller(ObjectStoreMetadataLog(store), FAST, object_store=store)
+    c = Controller(ObjectStoreMetadataLog(store), PATIENT, object_store=store)
     await c.start()
     try:
         bs = await brokers(c, store, 2)
@@ -378,8 +431,9 @@ async def test_cleanup_drops_expired_and_empty_items_and_their_data(env) -> None
     await c.static.remap("orders", {0: (2, "strict")})  # gen 1 on broker 1 stays empty
     assert [i.gen for i in view(c).items(0)] == [0, 1, 2]
     epoch = view(c).epoch
-    result = await c.alter_topic_configs("orders", {"retention.ms": "500"}, incremental=True,
-                                         validate_only=False)  # fmt: skip
+    result = await c.alter_topic_configs(
+        "orders", {"retention.ms": "500"}, incremental=True, validate_only=False
+    )
     assert result.error is None
     assert c.metadata.topics[PHYS].configs["retention.ms"] == "500"  # physical queues follow
     await asyncio.sleep(0.6)

@@ -81,8 +81,9 @@ def test_resource_pattern_filters_as_kafka(
 
 
 def test_entry_filters_as_kafka() -> None:
-    b = binding(principal="User:alice", host="10.0.0.1", op=AclOperation.WRITE,
-                perm=PermissionType.DENY)  # fmt: skip
+    b = binding(
+        principal="User:alice", host="10.0.0.1", op=AclOperation.WRITE, perm=PermissionType.DENY
+    )
     assert AclBindingFilter().matches(b)  # everything ANY / null: matches all
     assert AclBindingFilter(principal="User:alice", host="10.0.0.1").matches(b)
     assert not AclBindingFilter(principal="User:bob").matches(b)
@@ -102,10 +103,15 @@ def test_unknown_filters_and_codes() -> None:
     assert AclBindingFilter(operation=AclOperation.UNKNOWN).unknown() == "Unknown entryFilter."
     assert AclBindingFilter(permission=PermissionType.UNKNOWN).unknown() == "Unknown entryFilter."
     # Kafka's fromCode: a code it does not know is UNKNOWN, never an error
-    assert resource_type(99) is ResourceType.UNKNOWN and resource_type(5) is ResourceType.TRANSACTIONAL_ID  # fmt: skip
+    assert (
+        resource_type(99) is ResourceType.UNKNOWN
+        and resource_type(5) is ResourceType.TRANSACTIONAL_ID
+    )
     assert pattern_type(-1) is PatternType.UNKNOWN and pattern_type(4) is PREFIXED
     assert operation(15) is AclOperation.UNKNOWN and operation(12) is AclOperation.IDEMPOTENT_WRITE
-    assert permission_type(4) is PermissionType.UNKNOWN and permission_type(2) is PermissionType.DENY  # fmt: skip
+    assert (
+        permission_type(4) is PermissionType.UNKNOWN and permission_type(2) is PermissionType.DENY
+    )
 
 
 def test_principals() -> None:
@@ -141,8 +147,10 @@ def test_bindings_in_snapshots_and_documents_and_their_absence() -> None:
     plain = snapshots.encode_bytes(meta)
     assert b"acls" not in plain  # no ACLs: the snapshot older readers knew
     assert "acls" not in meta.to_json()
-    meta.acls = {"x": binding(name="a,b\n"), "y": binding(ResourceType.CLUSTER, "kafka-cluster",
-                                                        op=AclOperation.ALTER)}  # fmt: skip
+    meta.acls = {
+        "x": binding(name="a,b\n"),
+        "y": binding(ResourceType.CLUSTER, "kafka-cluster", op=AclOperation.ALTER),
+    }
     assert snapshots.decode(snapshots.encode_bytes(meta)).acls == meta.acls
     assert ClusterMetadata.from_json(json.loads(json.dumps(meta.to_json()))).acls == meta.acls
     assert meta.copy().acls == meta.acls

@@ -127,8 +127,13 @@ def test_partitions_of_a_gone_broker_are_placed_and_counted() -> None:
     brokers = [0, 1, 2]
     plan = balance_load(assignment, load, brokers, max_moves=0)
     # orphans move even with no budget for anything else
-    assert {m.partition for m in plan.moves} == {TP("t", 3), TP("t", 7), TP("t", 11), TP("t", 15),
-                                                 TP("new", 0)}  # fmt: skip
+    assert {m.partition for m in plan.moves} == {
+        TP("t", 3),
+        TP("t", 7),
+        TP("t", 11),
+        TP("t", 15),
+        TP("new", 0),
+    }
     assert all(m.source in (3, None) for m in plan.moves)
     full = balance_load(assignment, load, brokers)
     check_plan(assignment, load, brokers, full)
@@ -170,7 +175,9 @@ def test_partition_count_breaks_ties() -> None:
     # two equally good receivers for the one move broker 0 needs: the one with fewer partitions
     assignment = {TP("a", 0): 0, TP("a", 1): 0} | {TP("b", i): 1 for i in range(5)}
     assignment |= {TP("c", i): 2 for i in range(2)}
-    load = {TP("a", 0): (100.0,), TP("a", 1): (100.0,)} | {tp: (0.0,) for tp in assignment if tp.topic != "a"}  # fmt: skip
+    load = {TP("a", 0): (100.0,), TP("a", 1): (100.0,)} | {
+        tp: (0.0,) for tp in assignment if tp.topic != "a"
+    }
     plan = balance_load(assignment, load, [0, 1, 2], threshold=2.0, floor=0.0)
     assert [m.target for m in plan.moves] == [2]
 
@@ -210,8 +217,10 @@ def optimum(assignment, load, brokers, plan) -> int | None:  # type: ignore[no-u
                 totals[b][d] += load[p][d]
         if all(
             plan.floor[d] * mean[d] - 1e-6 <= totals[b][d] <= plan.cap[d] * mean[d] + 1e-6
-            for b in brokers for d in range(dims) if mean[d] > 0
-        ):  # fmt: skip
+            for b in brokers
+            for d in range(dims)
+            if mean[d] > 0
+        ):
             best = moves
     return best
 

@@ -33,20 +33,34 @@ def test_javas_properties_and_the_jaas_config() -> None:
     assert props["ssl.truststore.location"] == "/etc/ca.pem"
     assert props["sasl.mechanism"] == "SCRAM-SHA-512"
     s = from_properties(props)
-    assert s == ClientSecurity(protocol="SASL_SSL", mechanism="SCRAM-SHA-512", username="admin",
-                               password='p"w=d;x', ca_file="/etc/ca.pem")  # fmt: skip
+    assert s == ClientSecurity(
+        protocol="SASL_SSL",
+        mechanism="SCRAM-SHA-512",
+        username="admin",
+        password='p"w=d;x',
+        ca_file="/etc/ca.pem",
+    )
     assert s.tls and s.sasl
     assert s.librdkafka() == {
-        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "admin", "sasl.password": 'p"w=d;x', "ssl.ca.location": "/etc/ca.pem",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "admin",
+        "sasl.password": 'p"w=d;x',
+        "ssl.ca.location": "/etc/ca.pem",
         "ssl.endpoint.identification.algorithm": "https",
-    }  # fmt: skip
+    }
 
 
 def test_mtls_and_librdkafkas_names() -> None:
-    s = from_properties({"security.protocol": "ssl", "ssl.keystore.type": "PEM",
-                         "ssl.keystore.location": "/k.pem", "ssl.truststore.location": "/ca.pem",
-                         "ssl.endpoint.identification.algorithm": ""})  # fmt: skip
+    s = from_properties(
+        {
+            "security.protocol": "ssl",
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": "/k.pem",
+            "ssl.truststore.location": "/ca.pem",
+            "ssl.endpoint.identification.algorithm": "",
+        }
+    )
     assert (s.protocol, s.cert_file, s.key_file, s.ca_file) == (
         "SSL",
         "/k.pem",
@@ -54,8 +68,14 @@ def test_mtls_and_librdkafkas_names() -> None:
         "/ca.pem",
     )
     assert not s.check_hostname and not s.sasl
-    rd = from_properties({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN",
-                          "sasl.username": "u", "sasl.password": "p"})  # fmt: skip
+    rd = from_properties(
+        {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": "PLAIN",
+            "sasl.username": "u",
+            "sasl.password": "p",
+        }
+    )
     assert (rd.mechanism, rd.username, rd.password, rd.tls) == ("PLAIN", "u", "p", False)
     assert from_file(None) == ClientSecurity()
 
@@ -89,8 +109,9 @@ def test_the_scram_client_against_rfc_7677() -> None:
     """RFC 7677's SCRAM-SHA-256 exchange, byte for byte."""
     client = scram.ScramClient(scram.SCRAM_SHA_256, "user", "pencil", nonce="rOprNGfwEbeRWgbNEkqO")
     assert client.first() == b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"
-    server_first = (b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
-                    b"s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096")  # fmt: skip
+    server_first = (
+        b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+    )
     assert client.final(server_first) == (
         b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
         b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
@@ -134,8 +155,12 @@ def test_config_providers_read_credentials_from_mounted_files(
     )
     s = from_file(str(path))
     assert (s.protocol, s.mechanism, s.username, s.password, s.ca_file) == (
-        "SASL_SSL", "SCRAM-SHA-512", "planner", "s3cr=t", "/etc/ca.crt",
-    )  # fmt: skip
+        "SASL_SSL",
+        "SCRAM-SHA-512",
+        "planner",
+        "s3cr=t",
+        "/etc/ca.crt",
+    )
 
 
 def test_allowed_paths_bound_what_a_provider_reads(tmp_path: Path) -> None:
@@ -163,17 +188,33 @@ def test_allowed_paths_bound_what_a_provider_reads(tmp_path: Path) -> None:
     ("props", "message"),
     [
         ({"x": "${dir:/etc:password}"}, "config.providers does not declare"),
-        ({"config.providers": "vault", "config.providers.vault.class": "com.example.Vault"},
-         "config.providers.vault.class=com.example.Vault: one of"),
+        (
+            {"config.providers": "vault", "config.providers.vault.class": "com.example.Vault"},
+            "config.providers.vault.class=com.example.Vault: one of",
+        ),
         ({"config.providers": "d"}, r"config.providers.d.class=\(not set\)"),
-        ({"config.providers": "env", "config.providers.env.class": ENV,
-          "x": "${env:TIDALMQ_SURELY_UNSET_VARIABLE}"}, "TIDALMQ_SURELY_UNSET_VARIABLE is not set"),
-        ({"config.providers": "d", "config.providers.d.class": DIR, "x": "${d:relative:k}"},
-         "not an absolute path"),
-        ({"config.providers": "f", "config.providers.f.class": FILE, "x": "${f:/nonexistent/p:k}"},
-         "cannot read /nonexistent/p"),
+        (
+            {
+                "config.providers": "env",
+                "config.providers.env.class": ENV,
+                "x": "${env:TIDALMQ_SURELY_UNSET_VARIABLE}",
+            },
+            "TIDALMQ_SURELY_UNSET_VARIABLE is not set",
+        ),
+        (
+            {"config.providers": "d", "config.providers.d.class": DIR, "x": "${d:relative:k}"},
+            "not an absolute path",
+        ),
+        (
+            {
+                "config.providers": "f",
+                "config.providers.f.class": FILE,
+                "x": "${f:/nonexistent/p:k}",
+            },
+            "cannot read /nonexistent/p",
+        ),
     ],
-)  # fmt: skip
+)
 def test_provider_errors_are_one_line_naming_the_setting(
     props: dict[str, str], message: str
 ) -> None:

@@ -10,14 +10,23 @@ from tidalmq_core.model import TopicPartition
 
 
 def test_partition_state_and_cluster_fields_round_trip() -> None:
-    loss = DataLoss(expected_end=3000, found_end=120, detected_ms=17, broker=2,
-                    reason="checkpoint ends at 120, expected at least 3000")  # fmt: skip
+    loss = DataLoss(
+        expected_end=3000,
+        found_end=120,
+        detected_ms=17,
+        broker=2,
+        reason="checkpoint ends at 120, expected at least 3000",
+    )
     meta = ClusterMetadata(cluster_id="c", store_marker=True)
-    meta.topics["t"] = TopicInfo("t", "id-1", [
-        PartitionState(0, 3, [0], created=True, end_offset_floor=3000, lost=loss),
-        PartitionState(1, 1, [1], created=True, end_offset_floor=50, accepted_from=50),
-        PartitionState(0, 0, [0]),
-    ])  # fmt: skip
+    meta.topics["t"] = TopicInfo(
+        "t",
+        "id-1",
+        [
+            PartitionState(0, 3, [0], created=True, end_offset_floor=3000, lost=loss),
+            PartitionState(1, 1, [1], created=True, end_offset_floor=50, accepted_from=50),
+            PartitionState(0, 0, [0]),
+        ],
+    )
     doc = json.loads(json.dumps(meta.to_json()))
     back = ClusterMetadata.from_json(doc)
     assert back.to_json() == meta.to_json()

@@ -33,15 +33,22 @@ def test_retention_keeps_a_month_old_group_log() -> None:
     ]
     config = partition_config(_offsets_topic())
     kept = retention_log_start(
-        old, now_ms=now_ms, retention_ms=config.retention_ms,
+        old,
+        now_ms=now_ms,
+        retention_ms=config.retention_ms,
         retention_bytes=config.retention_bytes,
-    )  # fmt: skip
+    )
     assert kept is None
     default = partition_config(TopicInfo("orders", "id", []))
-    assert retention_log_start(
-        old, now_ms=now_ms, retention_ms=default.retention_ms,
-        retention_bytes=default.retention_bytes,
-    ) == 30  # fmt: skip
+    assert (
+        retention_log_start(
+            old,
+            now_ms=now_ms,
+            retention_ms=default.retention_ms,
+            retention_bytes=default.retention_bytes,
+        )
+        == 30
+    )
 
 
 def test_describe_configs_reports_the_fixed_values() -> None:

@@ -31,10 +31,15 @@ def cluster() -> ClusterMetadata:
 
 
 def test_parse_kafka_plan() -> None:
-    text = json.dumps({"version": 1, "partitions": [
-        {"topic": "t", "partition": 0, "replicas": [2], "log_dirs": ["any"]},
-        {"topic": "t", "partition": 1, "replicas": None},
-    ]})  # fmt: skip
+    text = json.dumps(
+        {
+            "version": 1,
+            "partitions": [
+                {"topic": "t", "partition": 0, "replicas": [2], "log_dirs": ["any"]},
+                {"topic": "t", "partition": 1, "replicas": None},
+            ],
+        }
+    )
     assert parse_plan(text) == [
         PlanEntry(TopicPartition("t", 0), 2),
         PlanEntry(TopicPartition("t", 1), None),

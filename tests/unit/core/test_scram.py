@@ -9,9 +9,14 @@ from tidalmq_core import scram
 
 
 def _exchange(
-    hash_name: str, password: str, salt_b64: str, iterations: int, client_first_bare: str,
-    server_first: str, client_final_without_proof: str,
-) -> tuple[str, str]:  # fmt: skip
+    hash_name: str,
+    password: str,
+    salt_b64: str,
+    iterations: int,
+    client_first_bare: str,
+    server_first: str,
+    client_final_without_proof: str,
+) -> tuple[str, str]:
     """(client proof, server signature), base64, computed as RFC 5802 section 3 says."""
     salted = scram.hi(password.encode(), base64.b64decode(salt_b64), iterations, hash_name)
     client_key = scram.client_key(salted, hash_name)
@@ -25,11 +30,14 @@ def _exchange(
 def test_rfc_7677_scram_sha_256_vector() -> None:
     nonce = "rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
     proof, signature = _exchange(
-        "sha256", "pencil", "W22ZaJ0SNY7soEsUEjb6gQ==", 4096,
+        "sha256",
+        "pencil",
+        "W22ZaJ0SNY7soEsUEjb6gQ==",
+        4096,
         "n=user,r=rOprNGfwEbeRWgbNEkqO",
         f"r={nonce},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096",
         f"c=biws,r={nonce}",
-    )  # fmt: skip
+    )
     assert proof == "dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
     assert signature == "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
 
@@ -38,11 +46,14 @@ def test_rfc_5802_scram_sha_1_vector() -> None:
     # the same math with SHA-1 (not a mechanism TidalMQ offers): RFC 5802 section 5
     nonce = "fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j"
     proof, signature = _exchange(
-        "sha1", "pencil", "QSXCR+Q6sek8bf92", 4096,
+        "sha1",
+        "pencil",
+        "QSXCR+Q6sek8bf92",
+        4096,
         "n=user,r=fyko+d2lbbFgONRv9qkxdawL",
         f"r={nonce},s=QSXCR+Q6sek8bf92,i=4096",
         f"c=biws,r={nonce}",
-    )  # fmt: skip
+    )
     assert proof == "v0X8v3Bz2T0CJGbJQyF0X+HI4Ts="
     assert signature == "rmF9pqV8S7suAoZWja4dJRkFsKQ="
 

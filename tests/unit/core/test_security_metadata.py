@@ -23,8 +23,14 @@ LISTENERS = [
 
 
 def test_a_broker_with_one_plaintext_listener_is_recorded_as_before() -> None:
-    info = BrokerInfo(1, "h", 9092, listeners=BrokerInfo.normal_listeners("h", 9092, [
-        Endpoint("PLAINTEXT", "h", 9092, "PLAINTEXT")]))  # fmt: skip
+    info = BrokerInfo(
+        1,
+        "h",
+        9092,
+        listeners=BrokerInfo.normal_listeners(
+            "h", 9092, [Endpoint("PLAINTEXT", "h", 9092, "PLAINTEXT")]
+        ),
+    )
     assert info.listeners == []
     assert "ls" not in broker_record(info)
     assert "listeners" not in info.to_json()
@@ -34,8 +40,16 @@ def test_a_broker_with_one_plaintext_listener_is_recorded_as_before() -> None:
 
 def test_a_record_written_before_listeners_reads_as_one_plaintext_listener() -> None:
     meta = ClusterMetadata("c")
-    old = {"t": "broker", "id": 3, "host": "h3", "port": 9095, "rack": None, "url": "",
-           "inc": "x", "state": "alive"}  # fmt: skip
+    old = {
+        "t": "broker",
+        "id": 3,
+        "host": "h3",
+        "port": 9095,
+        "rack": None,
+        "url": "",
+        "inc": "x",
+        "state": "alive",
+    }
     apply_batch(meta, [old], 1)
     assert meta.brokers[3].endpoint("PLAINTEXT") == Endpoint("PLAINTEXT", "h3", 9095, "PLAINTEXT")
     # and a document of that time (no "listeners") as well
@@ -60,11 +74,16 @@ def test_scram_records_set_and_remove_credentials() -> None:
     c512 = scram.new_credential(scram.SCRAM_SHA_512, "a", salt=b"1")
     c256 = scram.new_credential(scram.SCRAM_SHA_256, "a", salt=b"2")
     delta = MetadataDelta()
-    apply_batch(meta, [
-        json.loads(json.dumps(scram_record("alice", "SCRAM-SHA-512", c512))),
-        scram_record("alice", "SCRAM-SHA-256", c256),
-        scram_record("bob", "SCRAM-SHA-512", c512),
-    ], 1, delta)  # fmt: skip
+    apply_batch(
+        meta,
+        [
+            json.loads(json.dumps(scram_record("alice", "SCRAM-SHA-512", c512))),
+            scram_record("alice", "SCRAM-SHA-256", c256),
+            scram_record("bob", "SCRAM-SHA-512", c512),
+        ],
+        1,
+        delta,
+    )
     assert delta.other
     assert meta.scram_credentials == {
         "alice": {"SCRAM-SHA-512": c512, "SCRAM-SHA-256": c256},
@@ -72,9 +91,15 @@ def test_scram_records_set_and_remove_credentials() -> None:
     }
     # applied again (a replay), nothing changes
     apply_batch(meta, [scram_record("bob", "SCRAM-SHA-512", c512)], 2)
-    apply_batch(meta, [scram_removed_record("alice", "SCRAM-SHA-256"),
-                       scram_removed_record("bob", "SCRAM-SHA-512"),
-                       scram_removed_record("bob", "SCRAM-SHA-512")], 3)  # fmt: skip
+    apply_batch(
+        meta,
+        [
+            scram_removed_record("alice", "SCRAM-SHA-256"),
+            scram_removed_record("bob", "SCRAM-SHA-512"),
+            scram_removed_record("bob", "SCRAM-SHA-512"),
+        ],
+        3,
+    )
     assert meta.scram_credentials == {"alice": {"SCRAM-SHA-512": c512}}  # bob is gone
     # a record keeps the keys, never a password
     rec = scram_record("alice", "SCRAM-SHA-512", c512)

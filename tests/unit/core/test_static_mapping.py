@@ -222,8 +222,9 @@ def test_strict_crash_between_block_and_switch_is_refused_then_repaired() -> Non
     work = pending_work(view)
     assert [(q, i.gen) for q, i in work["reopen"]] == [(2, 0)] and not work["seal"]
     next_id = ids()
-    repaired = complete(st, ends={}, targets={2: 0}, allocate=lambda q, b: next(next_id),
-                        now_ms=NOW, target_epoch=2)  # fmt: skip
+    repaired = complete(
+        st, ends={}, targets={2: 0}, allocate=lambda q, b: next(next_id), now_ms=NOW, target_epoch=2
+    )
     assert repaired.consistent and {c.epoch for c in st.copies.values()} == {2}
     assert [(i.broker, i.logic_offset) for i in repaired.items(2)] == [(2, 0), (0, 300)]
 
@@ -281,8 +282,9 @@ def test_available_crash_between_steps_keeps_every_item_and_repairs(crash_after:
         with pytest.raises(MappingError, match="not sealed yet"):
             complete(st, ends={}, targets={}, allocate=lambda q, b: 99, now_ms=NOW, target_epoch=2)
         ends = {0: (220, NOW)}  # the repair closed (or sealed) physical queue 0 meanwhile
-    repaired = complete(st, ends=ends, targets={}, allocate=lambda q, b: 99, now_ms=NOW,
-                        target_epoch=2)  # fmt: skip
+    repaired = complete(
+        st, ends=ends, targets={}, allocate=lambda q, b: 99, now_ms=NOW, target_epoch=2
+    )
     items = repaired.items(0)
     assert repaired.consistent and [i.logic_offset for i in items] == [0, 250]
     assert {c.epoch for c in st.copies.values()} == {2}

@@ -315,13 +315,17 @@ async def test_a_heartbeat_looks_up_only_the_subscribed_topics() -> None:
     table["payments"] = _topic("payments", 2)  # created after the member subscribed
     payments = str(uuid.UUID(table["payments"].topic_id))
     r = await beat("a", 1)
-    assert r.member_epoch == 2 and r.assignment == {orders: frozenset(range(4)),
-                                                    payments: frozenset({0, 1})}  # fmt: skip
+    assert r.member_epoch == 2 and r.assignment == {
+        orders: frozenset(range(4)),
+        payments: frozenset({0, 1}),
+    }
     grown = dataclasses.replace(table["payments"], partitions=[PartitionState(0, 0, [0])] * 3)
     table["payments"] = grown  # given a partition more
     r = await beat("a", 2)
-    assert r.member_epoch == 3 and r.assignment == {orders: frozenset(range(4)),
-                                                    payments: frozenset({0, 1, 2})}  # fmt: skip
+    assert r.member_epoch == 3 and r.assignment == {
+        orders: frozenset(range(4)),
+        payments: frozenset({0, 1, 2}),
+    }
 
 
 def test_settings_reject_unknown_assignors() -> None:

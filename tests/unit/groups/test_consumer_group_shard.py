@@ -37,19 +37,33 @@ async def _shard(offsets: Offsets) -> GroupShard:
 
 
 def _join(group: str, member: str) -> Heartbeat:
-    return Heartbeat(group_id=group, member_id=member, member_epoch=0, rebalance_timeout_ms=30_000,
-                     subscribed_topic_names=("orders",), owned={})  # fmt: skip
+    return Heartbeat(
+        group_id=group,
+        member_id=member,
+        member_epoch=0,
+        rebalance_timeout_ms=30_000,
+        subscribed_topic_names=("orders",),
+        owned={},
+    )
 
 
 async def test_a_new_coordinator_carries_on_with_the_group(offsets: Offsets) -> None:
     shard = await _shard(offsets)
     joined = await shard.consumer_heartbeat(_join("g", "a"), TOPICS)
     assert joined.error == ErrorCode.none and joined.member_epoch == 1
-    codes = await shard.commit(group_id="g", generation=1, member_id="a",
-                               offsets={("orders", 0): CommittedOffset(42, -1, None)})  # fmt: skip
+    codes = await shard.commit(
+        group_id="g",
+        generation=1,
+        member_id="a",
+        offsets={("orders", 0): CommittedOffset(42, -1, None)},
+    )
     assert codes == {("orders", 0): ErrorCode.none}
-    stale = await shard.commit(group_id="g", generation=0, member_id="a",
-                               offsets={("orders", 0): CommittedOffset(1, -1, None)})  # fmt: skip
+    stale = await shard.commit(
+        group_id="g",
+        generation=0,
+        member_id="a",
+        offsets={("orders", 0): CommittedOffset(1, -1, None)},
+    )
     assert stale == {("orders", 0): ErrorCode.stale_member_epoch}
     shard.close()
 
@@ -69,20 +83,35 @@ async def test_a_new_coordinator_carries_on_with_the_group(offsets: Offsets) -> 
 async def test_classic_and_consumer_groups_do_not_mix(offsets: Offsets) -> None:
     shard = await _shard(offsets)
     # a classic group with a member: a consumer-protocol member is told it is not one of those
-    join = shard.join(group_id="classic", member_id="", group_instance_id="c1", client_id="c",
-                      client_host="/h", session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
-                      protocol_type="consumer", protocols=[("range", b"")],
-                      require_known_member_id=True)  # fmt: skip
+    join = shard.join(
+        group_id="classic",
+        member_id="",
+        group_instance_id="c1",
+        client_id="c",
+        client_host="/h",
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        protocol_type="consumer",
+        protocols=[("range", b"")],
+        require_known_member_id=True,
+    )
     assert (await join).error == ErrorCode.none
     refused = await shard.consumer_heartbeat(_join("classic", "x"), TOPICS)
     assert refused.error == ErrorCode.group_id_not_found
     # a consumer group with members: a classic JoinGroup is inconsistent
     await shard.consumer_heartbeat(_join("modern", "a"), TOPICS)
-    classic_join = await shard.join(group_id="modern", member_id="", group_instance_id=None,
-                                    client_id="c", client_host="/h", session_timeout_ms=10_000,
-                                    rebalance_timeout_ms=10_000, protocol_type="consumer",
-                                    protocols=[("range", b"")],
-                                    require_known_member_id=False)  # fmt: skip
+    classic_join = await shard.join(
+        group_id="modern",
+        member_id="",
+        group_instance_id=None,
+        client_id="c",
+        client_host="/h",
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        protocol_type="consumer",
+        protocols=[("range", b"")],
+        require_known_member_id=False,
+    )
     assert classic_join.error == ErrorCode.inconsistent_group_protocol
     assert await shard.delete_group("modern") == ErrorCode.non_empty_group
     # once empty, the consumer group can be deleted

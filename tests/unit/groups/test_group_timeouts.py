@@ -67,21 +67,32 @@ def _join(
     rebalance_ms: int = LONG,
     require_known_member_id: bool = False,
 ) -> Awaitable[JoinResult]:
-    return shard.join(group_id=group_id, member_id=member_id, group_instance_id=None,
-                      client_id="c", client_host="/h", session_timeout_ms=session_ms,
-                      rebalance_timeout_ms=rebalance_ms, protocol_type="consumer",
-                      protocols=[("range", b"")],
-                      require_known_member_id=require_known_member_id)  # fmt: skip
+    return shard.join(
+        group_id=group_id,
+        member_id=member_id,
+        group_instance_id=None,
+        client_id="c",
+        client_host="/h",
+        session_timeout_ms=session_ms,
+        rebalance_timeout_ms=rebalance_ms,
+        protocol_type="consumer",
+        protocols=[("range", b"")],
+        require_known_member_id=require_known_member_id,
+    )
 
 
 async def _stable(shard: GroupShard, group_id: str, **kw: int) -> str:
     """A group of one member, stable; the member's id."""
     joined = await _join(shard, group_id, **kw)
     assert joined.error == ErrorCode.none
-    code, _, _, _ = await shard.sync(group_id=group_id, generation=joined.generation,
-                                     member_id=joined.member_id, protocol_type="consumer",
-                                     protocol_name="range",
-                                     assignments={joined.member_id: b"a"})  # fmt: skip
+    code, _, _, _ = await shard.sync(
+        group_id=group_id,
+        generation=joined.generation,
+        member_id=joined.member_id,
+        protocol_type="consumer",
+        protocol_name="range",
+        assignments={joined.member_id: b"a"},
+    )
     assert code == ErrorCode.none
     return joined.member_id
 
@@ -256,10 +267,16 @@ async def test_a_consumer_group_member_whose_session_runs_out_leaves_for_good(
     shard = GroupShard(0, await offsets.open(), settings)
     await shard.load()
     joined = await shard.consumer_heartbeat(
-        Heartbeat(group_id="g", member_id="a", member_epoch=0, rebalance_timeout_ms=LONG,
-                  subscribed_topic_names=("orders",), owned={}),
+        Heartbeat(
+            group_id="g",
+            member_id="a",
+            member_epoch=0,
+            rebalance_timeout_ms=LONG,
+            subscribed_topic_names=("orders",),
+            owned={},
+        ),
         topics,
-    )  # fmt: skip
+    )
     assert joined.error == ErrorCode.none
     group = shard.consumer_group("g")
     assert group is not None

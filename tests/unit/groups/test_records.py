@@ -35,7 +35,13 @@ def test_keys_and_values_round_trip() -> None:
     ov = OffsetValue(10, 2, "meta", 123)
     assert decode_value(ok, encode_value(ov)) == ov
     gk = GroupKey("g")
-    gv = GroupValue("consumer", 4, "range", "m1",
-                    (MemberValue("m1", None, "c", "/h", 10000, 30000, b"\x00\x01", b"\xff"),), 9)  # fmt: skip
+    gv = GroupValue(
+        "consumer",
+        4,
+        "range",
+        "m1",
+        (MemberValue("m1", None, "c", "/h", 10000, 30000, b"\x00\x01", b"\xff"),),
+        9,
+    )
     assert decode_value(gk, encode_value(gv)) == gv
     assert encode_value(None) is None and decode_value(gk, None) is None

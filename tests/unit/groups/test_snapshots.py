@@ -144,16 +144,26 @@ async def test_a_rebalancing_group_keeps_its_generation(offsets: Offsets) -> Non
     shard = GroupShard(0, plog, settings)
     await shard.load()
     join = {
-        "group_id": "g", "group_instance_id": None, "client_id": "c", "client_host": "h",
-        "session_timeout_ms": 10_000, "rebalance_timeout_ms": 10_000, "protocol_type": "consumer",
-        "protocols": [("range", b"")], "require_known_member_id": False,
-    }  # fmt: skip
+        "group_id": "g",
+        "group_instance_id": None,
+        "client_id": "c",
+        "client_host": "h",
+        "session_timeout_ms": 10_000,
+        "rebalance_timeout_ms": 10_000,
+        "protocol_type": "consumer",
+        "protocols": [("range", b"")],
+        "require_known_member_id": False,
+    }
     first = await shard.join(member_id="", **join)
     assert first.generation == 1
     code, _, _, _ = await shard.sync(
-        group_id="g", generation=1, member_id=first.member_id, protocol_type="consumer",
-        protocol_name="range", assignments={first.member_id: b"all"},
-    )  # fmt: skip
+        group_id="g",
+        generation=1,
+        member_id=first.member_id,
+        protocol_type="consumer",
+        protocol_name="range",
+        assignments={first.member_id: b"all"},
+    )
     assert code == 0
     # a second member joins: the group waits for the first to rejoin (PreparingRebalance)
     second = asyncio.create_task(shard.join(member_id="", **join))

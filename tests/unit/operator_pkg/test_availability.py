@@ -3,11 +3,13 @@ condition's reason and message, the brokers that are not alive, the status rows.
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
 from tidalmq_core.metadata import NO_LEADER, BrokerInfo, ClusterMetadata, PartitionState
 from tidalmq_operator.availability import (
     BROKER_NOT_ALIVE,
     DATA_LOST,
     LEADERLESS,
+    SEVERITY,
     STORE_LOST,
     Problem,
     brokers_not_alive,
@@ -17,6 +19,7 @@ from tidalmq_operator.availability import (
     row_fields,
     verdict,
 )
+from tidalmq_operator.runtime import clear_gauges, set_gauges
 
 
 def cluster(*states: str) -> ClusterMetadata:
@@ -83,8 +86,35 @@ def test_the_gravest_reason_wins_and_the_message_names_everything() -> None:
 def test_rows_show_lost_partitions_and_their_missing_offsets() -> None:
     lost = Problem(4, DATA_LOST, 0, "checkpoint missing", 300, 300, 0)
     assert row_fields(lost, None) == {
-        "problem": DATA_LOST, "lost": True, "missingOffsets": 300, "expectedEnd": 300,
-        "foundEnd": 0, "lostReason": "checkpoint missing",
-    }  # fmt: skip
+        "problem": DATA_LOST,
+        "lost": True,
+        "missingOffsets": 300,
+        "expectedEnd": 300,
+        "foundEnd": 0,
+        "lostReason": "checkpoint missing",
+    }
     assert row_fields(None, None) == {}
     assert row_fields(None, "marker missing") == {"problem": STORE_LOST}
+
+
+def test_degraded_gauge_has_every_reason_of_a_resource_at_0_or_1() -> None:
+    """tidalmq_operator_degraded: a resource not Degraded shows 0 for each reason (a panel and
+    the alert see it), the reason of its condition 1; a deleted resource leaves no series."""
+
+    def degraded() -> dict[str, float | None]:
+        return {
+            reason: REGISTRY.get_sample_value(
+                "tidalmq_operator_degraded",
+                {"kind": "Topic", "resource": "gauged", "reason": reason},
+            )
+            for reason in SEVERITY
+        }
+
+    set_gauges("Topic", "gauged", "gauged", [], None)
+    assert degraded() == dict.fromkeys(SEVERITY, 0.0)
+    set_gauges("Topic", "gauged", "gauged", [], "BrokerNotAlive")
+    assert degraded() == {**dict.fromkeys(SEVERITY, 0.0), "BrokerNotAlive": 1.0}
+    set_gauges("Topic", "gauged", "gauged", [], None)
+    assert degraded() == dict.fromkeys(SEVERITY, 0.0)
+    clear_gauges("Topic", "gauged")
+    assert degraded() == dict.fromkeys(SEVERITY, None)

@@ -158,8 +158,9 @@ def _handshake(server: ssl.SSLContext, client: ssl.SSLContext) -> bool:
 
 def test_the_broker_refuses_a_revoked_users_certificate(ca: users.KeyPair, tmp_path: Path) -> None:
     server_ca = certs.new_ca("server CA")
-    certs.write_keystore(tmp_path / "broker.pem", certs.issue(server_ca, "broker",
-                         hosts=["broker"]), server_ca)  # fmt: skip
+    certs.write_keystore(
+        tmp_path / "broker.pem", certs.issue(server_ca, "broker", hosts=["broker"]), server_ca
+    )
     (tmp_path / "clients-ca.pem").write_bytes(ca.cert_pem)
     alice, bob = users.issue_client_cert(ca, "alice"), users.issue_client_cert(ca, "bob")
     now = datetime.datetime.now(datetime.UTC)
@@ -177,10 +178,14 @@ def test_the_broker_refuses_a_revoked_users_certificate(ca: users.KeyPair, tmp_p
     def connects(pair: users.KeyPair) -> bool:
         crl = tmp_path / "crl.pem"
         crl.write_bytes(clients_crl.sign_crl(state, ca.cert_pem, ca.key_pem, now))
-        server = server_context(TlsSettings(
-            keystore_location=str(tmp_path / "broker.pem"),
-            truststore_location=str(tmp_path / "clients-ca.pem"),
-            client_auth="required", crl_location=str(crl)))  # fmt: skip
+        server = server_context(
+            TlsSettings(
+                keystore_location=str(tmp_path / "broker.pem"),
+                truststore_location=str(tmp_path / "clients-ca.pem"),
+                client_auth="required",
+                crl_location=str(crl),
+            )
+        )
         (tmp_path / "me.crt").write_bytes(pair.cert_pem)
         (tmp_path / "me.key").write_bytes(pair.key_pem)
         client = ssl.create_default_context(cadata=server_ca.cert_pem().decode())

@@ -17,11 +17,14 @@ SECRET = "operator-unit-brokers-secret-" + "s" * 30
 def test_tokens_and_bind_addresses_from_the_environment(tmp_path: Path) -> None:
     (tmp_path / "admin-token").write_text(TOKEN + "\n")
     (tmp_path / "broker-secret").write_text(SECRET + "\n")
-    s = OperatorSettings.from_env({
-        "TIDALMQ_CONTROL_TOKEN_FILE": str(tmp_path / "admin-token"),
-        "TIDALMQ_CONTROL_BROKER_SECRET_FILE": str(tmp_path / "broker-secret"),
-        "TIDALMQ_CONTROLLER_HOST": "10.0.0.9", "TIDALMQ_OPERATOR_HTTP_HOST": "10.0.0.9",
-    })  # fmt: skip
+    s = OperatorSettings.from_env(
+        {
+            "TIDALMQ_CONTROL_TOKEN_FILE": str(tmp_path / "admin-token"),
+            "TIDALMQ_CONTROL_BROKER_SECRET_FILE": str(tmp_path / "broker-secret"),
+            "TIDALMQ_CONTROLLER_HOST": "10.0.0.9",
+            "TIDALMQ_OPERATOR_HTTP_HOST": "10.0.0.9",
+        }
+    )
     assert (s.controller_host, s.http_host) == ("10.0.0.9", "10.0.0.9")
     auth = s.control_auth()
     assert auth.authenticate(f"Bearer {TOKEN}")[0] == ADMIN
@@ -45,17 +48,45 @@ def test_control_plane_tls_is_all_three_files_or_the_operator_does_not_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert OperatorSettings.from_env({"TIDALMQ_CONTROL_TOKEN": TOKEN}).control_tls() is None
-    partial = OperatorSettings.from_env({
-        "TIDALMQ_CONTROL_TOKEN": TOKEN,
-        "TIDALMQ_CONTROL_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
-    })  # fmt: skip
+    partial = OperatorSettings.from_env(
+        {
+            "TIDALMQ_CONTROL_TOKEN": TOKEN,
+            "TIDALMQ_CONTROL_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
+        }
+    )
     assert main(partial) == 2
     err = capsys.readouterr().err
     assert "cannot start: control-plane TLS needs" in err and "--control-tls-key-file" in err
-    unreadable = OperatorSettings.from_env({
-        "TIDALMQ_CONTROL_TOKEN": TOKEN, "TIDALMQ_CONTROL_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
-        "TIDALMQ_CONTROL_TLS_KEY_FILE": str(tmp_path / "tls.key"),
-        "TIDALMQ_CONTROL_TLS_CA_FILE": str(tmp_path / "ca.crt"),
-    })  # fmt: skip
+    unreadable = OperatorSettings.from_env(
+        {
+            "TIDALMQ_CONTROL_TOKEN": TOKEN,
+            "TIDALMQ_CONTROL_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
+            "TIDALMQ_CONTROL_TLS_KEY_FILE": str(tmp_path / "tls.key"),
+            "TIDALMQ_CONTROL_TLS_CA_FILE": str(tmp_path / "ca.crt"),
+        }
+    )
     assert main(unreadable) == 2
     assert "cannot load the certificate" in capsys.readouterr().err
+
+
+def test_a_missing_control_plane_crl_stops_the_operator_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TIDALMQ_CONTROL_TLS_CRL_FILE given but missing: one line and exit 2, as the broker's
+    listener with a missing ssl.crl.location (it never serves without the CRL it was told to
+    check)."""
+    from tidalmq_broker.security import certs
+
+    ca = certs.new_ca("control CA")
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem())
+    certs.write_keystore(tmp_path / "tls.crt", certs.issue(ca, "operator", client=True))
+    env = {
+        "TIDALMQ_CONTROL_TOKEN": TOKEN,
+        "TIDALMQ_CONTROL_TLS_CERT_FILE": str(tmp_path / "tls.crt"),
+        "TIDALMQ_CONTROL_TLS_KEY_FILE": str(tmp_path / "tls.crt"),
+        "TIDALMQ_CONTROL_TLS_CA_FILE": str(tmp_path / "ca.crt"),
+        "TIDALMQ_CONTROL_TLS_CRL_FILE": str(tmp_path / "crl.pem"),
+    }
+    assert main(OperatorSettings.from_env(env)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot start: control-plane TLS: --control-tls-crl-file" in err

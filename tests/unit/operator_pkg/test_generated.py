@@ -21,16 +21,19 @@ from tidalmq_operator.generated import (
 )
 from tidalmq_operator.models import ReassignmentSpec, parse
 
-PLAN = {"partitions": [{"topic": "orders", "partition": 3, "replicas": [2]}],
-        "report": {"movesCount": 1}}  # fmt: skip
+PLAN = {
+    "partitions": [{"topic": "orders", "partition": 3, "replicas": [2]}],
+    "report": {"movesCount": 1},
+}
 
 
 def spec(**kw: Any) -> ReassignmentSpec:
     return parse(ReassignmentSpec, {"generate": {"window": "1h"}, **kw})
 
 
-def step(status: dict[str, Any] | None, *, running: bool = False, tracked: bool = False,
-         **kw: Any) -> Step:  # fmt: skip
+def step(
+    status: dict[str, Any] | None, *, running: bool = False, tracked: bool = False, **kw: Any
+) -> Step:
     return next_step(spec(**kw), status, planner_running=running, tracked=tracked)
 
 
@@ -83,16 +86,30 @@ def test_cancel_before_any_move() -> None:
 
 def test_plan_status_matches_the_crd_shape() -> None:
     entries = [PlanEntry(TopicPartition("orders", 3), 2), PlanEntry(TopicPartition("logs", 0), 0)]
-    summary = {"moves": 2, "imbalanceBefore": 1.5, "imbalanceAfter": 1, "lowerBound": 2,
-               "withinThreshold": True, "timings": {"load": 1.0}, "written": "x"}  # fmt: skip
+    summary = {
+        "moves": 2,
+        "imbalanceBefore": 1.5,
+        "imbalanceAfter": 1,
+        "lowerBound": 2,
+        "withinThreshold": True,
+        "timings": {"load": 1.0},
+        "written": "x",
+    }
     plan = plan_status(entries, summary, "BROKER  BEFORE  AFTER\n0  10  8\n")
     assert plan == {
-        "partitions": [{"topic": "orders", "partition": 3, "replicas": [2]},
-                       {"topic": "logs", "partition": 0, "replicas": [0]}],
-        "report": {"movesCount": 2, "imbalanceBefore": 1.5, "imbalanceAfter": 1.0,
-                   "lowerBound": 2, "withinThreshold": True,
-                   "chart": "BROKER  BEFORE  AFTER\n0  10  8\n"},
-    }  # fmt: skip
+        "partitions": [
+            {"topic": "orders", "partition": 3, "replicas": [2]},
+            {"topic": "logs", "partition": 0, "replicas": [0]},
+        ],
+        "report": {
+            "movesCount": 2,
+            "imbalanceBefore": 1.5,
+            "imbalanceAfter": 1.0,
+            "lowerBound": 2,
+            "withinThreshold": True,
+            "chart": "BROKER  BEFORE  AFTER\n0  10  8\n",
+        },
+    }
     assert plan_entries(plan) == entries
     assert (
         plan_summary(plan) == "2 moves proposed; imbalance (busiest broker / mean) 1.500 -> 1.000"
@@ -107,8 +124,12 @@ def test_plan_status_matches_the_crd_shape() -> None:
 def test_plan_status_takes_the_planners_own_summary() -> None:
     """The planner's summary.json (tidalmq_planner.report.PlanResult.summary) gives the imbalance per
     balanced dimension: the headline is the worst one, the rest is kept per dimension."""
-    summary = {"moves": 1, "imbalanceBefore": {"bytes_in": 1.9, "bytes_out": 1.0},
-               "imbalanceAfter": {"bytes_in": 1.02, "bytes_out": 1.05}, "withinThreshold": True}  # fmt: skip
+    summary = {
+        "moves": 1,
+        "imbalanceBefore": {"bytes_in": 1.9, "bytes_out": 1.0},
+        "imbalanceAfter": {"bytes_in": 1.02, "bytes_out": 1.05},
+        "withinThreshold": True,
+    }
     report = plan_status([PlanEntry(TopicPartition("t", 0), 1)], summary, "")["report"]
     assert report["imbalanceBefore"] == 1.9 and report["imbalanceAfter"] == 1.05
     assert report["imbalanceByDimension"] == {
@@ -124,26 +145,38 @@ def _meta(parts: list[PartitionState]) -> ClusterMetadata:
 
 
 def test_moves_to_submit_skips_what_is_done_or_under_way() -> None:
-    meta = _meta([
-        PartitionState(leader=1, leader_epoch=1, replicas=[1]),  # 0: already on its target
-        PartitionState(leader=-1, leader_epoch=1, replicas=[2], original_replicas=[0],
-                       target_replicas=[2]),  # 1: moving to its target
-        PartitionState(leader=0, leader_epoch=1, replicas=[0]),  # 2: to move
-        PartitionState(leader=-1, leader_epoch=1, replicas=[1], original_replicas=[0],
-                       target_replicas=[1]),  # 3: moving elsewhere: re-target
-    ])  # fmt: skip
+    meta = _meta(
+        [
+            PartitionState(leader=1, leader_epoch=1, replicas=[1]),  # 0: already on its target
+            PartitionState(
+                leader=-1, leader_epoch=1, replicas=[2], original_replicas=[0], target_replicas=[2]
+            ),  # 1: moving to its target
+            PartitionState(leader=0, leader_epoch=1, replicas=[0]),  # 2: to move
+            PartitionState(
+                leader=-1, leader_epoch=1, replicas=[1], original_replicas=[0], target_replicas=[1]
+            ),  # 3: moving elsewhere: re-target
+        ]
+    )
     entries = [PlanEntry(TopicPartition("t", i), t) for i, t in enumerate([1, 2, 1, 2])]
     entries.append(PlanEntry(TopicPartition("gone", 0), 1))  # left for validation to refuse
     assert moves_to_submit(entries, meta) == [entries[2], entries[3], entries[4]]
 
 
 def test_with_condition_replaces_by_type_and_keeps_transition_times() -> None:
-    old = [{"type": "Planned", "status": "False", "reason": "Running", "lastTransitionTime": "t0"},
-           {"type": "Complete", "status": "False", "reason": "Planning", "lastTransitionTime": "t0"}]  # fmt: skip
-    new = with_condition(old, {"type": "Planned", "status": "False", "reason": "Succeeded",
-                               "lastTransitionTime": "t1"})  # fmt: skip
-    assert new[0] == {"type": "Planned", "status": "False", "reason": "Succeeded",
-                      "lastTransitionTime": "t0"}  # fmt: skip
+    old = [
+        {"type": "Planned", "status": "False", "reason": "Running", "lastTransitionTime": "t0"},
+        {"type": "Complete", "status": "False", "reason": "Planning", "lastTransitionTime": "t0"},
+    ]
+    new = with_condition(
+        old,
+        {"type": "Planned", "status": "False", "reason": "Succeeded", "lastTransitionTime": "t1"},
+    )
+    assert new[0] == {
+        "type": "Planned",
+        "status": "False",
+        "reason": "Succeeded",
+        "lastTransitionTime": "t0",
+    }
     assert new[1] == old[1]
     flipped = with_condition(new, {"type": "Planned", "status": "True", "lastTransitionTime": "t2"})
     assert flipped[0]["lastTransitionTime"] == "t2"

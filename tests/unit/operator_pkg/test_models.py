@@ -41,8 +41,15 @@ def test_reassignment_spec_entries() -> None:
         ReassignmentSpec, {"partitions": [{"topic": "t", "partition": 1, "replicas": [2]}]}
     )
     assert [(e.tp, e.target) for e in spec.entries()] == [(TopicPartition("t", 1), 2)]
-    dup = parse(ReassignmentSpec, {"partitions": [{"topic": "t", "partition": 1, "replicas": [2]},
-                                                  {"topic": "t", "partition": 1, "replicas": [0]}]})  # fmt: skip
+    dup = parse(
+        ReassignmentSpec,
+        {
+            "partitions": [
+                {"topic": "t", "partition": 1, "replicas": [2]},
+                {"topic": "t", "partition": 1, "replicas": [0]},
+            ]
+        },
+    )
     with pytest.raises(SpecError, match="more than once"):
         dup.entries()
     with pytest.raises(SpecError, match="replicas"):

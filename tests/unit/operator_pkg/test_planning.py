@@ -29,10 +29,14 @@ PLAN = json.dumps({"version": 1, "partitions": [{"topic": "t", "partition": 0, "
 
 def job(**kw: Any) -> PlannerJob:
     base: dict[str, Any] = dict(
-        name="tpr-rebalance-1a2b3c4d", namespace="tidalmq", image="reg/tidalmq-spark:0.1.0",
-        service_account="tidalmq-spark", prometheus_url="http://prometheus:9090",
-        bootstrap_servers="tidalmq-kafka.tidalmq.svc:9092", resource_name="rebalance",
-    )  # fmt: skip
+        name="tpr-rebalance-1a2b3c4d",
+        namespace="tidalmq",
+        image="reg/tidalmq-spark:0.1.0",
+        service_account="tidalmq-spark",
+        prometheus_url="http://prometheus:9090",
+        bootstrap_servers="tidalmq-kafka.tidalmq.svc:9092",
+        resource_name="rebalance",
+    )
     base.update(kw)
     return PlannerJob(**base)
 
@@ -48,8 +52,15 @@ def confs(cmd: list[str]) -> dict[str, str]:
 
 def test_submit_command_runs_the_job_in_cluster_mode() -> None:
     cmd = submit_command(job(), in_cluster=False)
-    assert cmd[:7] == ["spark-submit", "--master", "k8s://https://kubernetes.default.svc:443",
-                       "--deploy-mode", "cluster", "--name", "tpr-rebalance-1a2b3c4d"]  # fmt: skip
+    assert cmd[:7] == [
+        "spark-submit",
+        "--master",
+        "k8s://https://kubernetes.default.svc:443",
+        "--deploy-mode",
+        "cluster",
+        "--name",
+        "tpr-rebalance-1a2b3c4d",
+    ]
     c = confs(cmd)
     assert c["spark.kubernetes.namespace"] == "tidalmq"
     assert c["spark.kubernetes.container.image"] == "reg/tidalmq-spark:0.1.0"
@@ -93,8 +104,14 @@ def test_generate_spec_becomes_the_job_arguments() -> None:
     spec = GenerateSpec.model_validate(
         {"window": "3d", "step": "5m", "maxMoves": 40, "threshold": 1.2, "topics": ["a", "b"]}
     )
-    j = PlannerJob.from_settings(generate=spec, name="n", namespace="ns", image="i",
-                                 service_account="sa", prometheus_url="http://p")  # fmt: skip
+    j = PlannerJob.from_settings(
+        generate=spec,
+        name="n",
+        namespace="ns",
+        image="i",
+        service_account="sa",
+        prometheus_url="http://p",
+    )
     cmd = submit_command(j, in_cluster=True)
     args = cmd[cmd.index(j.job_file) + 1 :]
     pairs = dict(zip(args[::2], args[1::2], strict=False))
@@ -123,8 +140,9 @@ def test_run_names_are_dns_labels_and_unique() -> None:
 
 def test_read_result_plain_and_compressed() -> None:
     summary = {"moves": 1}
-    plan, s, report = read_result({"data": {"plan.json": PLAN, "summary.json": json.dumps(summary),
-                                            "report.txt": "table"}})  # fmt: skip
+    plan, s, report = read_result(
+        {"data": {"plan.json": PLAN, "summary.json": json.dumps(summary), "report.txt": "table"}}
+    )
     assert plan == PLAN and s == summary and report == "table"
     packed = base64.b64encode(gzip.compress(PLAN.encode())).decode()
     plan, _, _ = read_result({"data": {}, "binaryData": {"plan.json.gz": packed}})
@@ -190,13 +208,17 @@ def test_tls_client_properties_carry_the_users_certificate(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("protocol", "user", "ca", "message"),
     [
-        ("SASL_SSL", {"username": "p", "user.crt": "C", "user.key": "K"}, "CA",
-         "needs a scram-sha-512 or scram-sha-256 User"),
+        (
+            "SASL_SSL",
+            {"username": "p", "user.crt": "C", "user.key": "K"},
+            "CA",
+            "needs a scram-sha-512 or scram-sha-256 User",
+        ),
         ("SSL", SCRAM_USER, "CA", "needs a tls User"),
         ("SASL_SSL", SCRAM_USER, None, "no ca.crt"),
         ("PLAINTEXT", SCRAM_USER, None, "no client Secret for the PLAINTEXT protocol"),
     ],
-)  # fmt: skip
+)
 def test_client_secret_data_names_what_is_missing(
     protocol: str, user: dict[str, str], ca: str | None, message: str
 ) -> None:

@@ -29,15 +29,23 @@ def move(phase: Phase, **kw: Any) -> MoveStatus:
 
 
 def done_move() -> MoveStatus:
-    return move(Phase.DONE, closed=T0 + 0.2, elected=T0 + 0.2, opened=T0 + 0.35,
-                finished=T0 + 0.35, epoch=7, reason="requested")  # fmt: skip
+    return move(
+        Phase.DONE,
+        closed=T0 + 0.2,
+        elected=T0 + 0.2,
+        opened=T0 + 0.35,
+        finished=T0 + 0.35,
+        epoch=7,
+        reason="requested",
+    )
 
 
 def part(leader: int, *, moving_to: int | None = None) -> PartitionState:
     if moving_to is None:
         return PartitionState(leader, 7, [leader])
-    return PartitionState(-1, 6, [moving_to], original_replicas=[leader],
-                          target_replicas=[moving_to])  # fmt: skip
+    return PartitionState(
+        -1, 6, [moving_to], original_replicas=[leader], target_replicas=[moving_to]
+    )
 
 
 def test_every_step_of_a_move_is_announced_in_order_with_its_own_time() -> None:
@@ -93,9 +101,17 @@ def test_without_a_tracked_move_the_metadata_decides_and_is_announced_once() -> 
 
 def test_a_row_from_the_tracker_has_the_moves_figures() -> None:
     row = reassignment_row(ENTRY, done_move(), None, part(2), cancel_requested=False)
-    assert row == {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Done",
-                   "startTime": now_iso(T0), "endTime": now_iso(T0 + 0.35), "unavailableMs": 350,
-                   "message": "requested"}  # fmt: skip
+    assert row == {
+        "topic": "orders",
+        "partition": 3,
+        "target": 2,
+        "source": 0,
+        "phase": "Done",
+        "startTime": now_iso(T0),
+        "endTime": now_iso(T0 + 0.35),
+        "unavailableMs": 350,
+        "message": "requested",
+    }
 
 
 def test_a_finished_row_keeps_its_figures_after_an_operator_restart() -> None:
@@ -105,15 +121,30 @@ def test_a_finished_row_keeps_its_figures_after_an_operator_restart() -> None:
     assert after == before
     # and a later move of the same partition (a rebalance) does not rewrite it
     later = move(Phase.CLOSING, started=T0 + 60)
-    assert reassignment_row(ENTRY, later, before, part(2, moving_to=1),
-                            cancel_requested=False) == before  # fmt: skip
+    assert (
+        reassignment_row(ENTRY, later, before, part(2, moving_to=1), cancel_requested=False)
+        == before
+    )
 
 
 def test_a_move_in_flight_across_a_restart_keeps_its_start() -> None:
-    before = {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Closing",
-              "startTime": now_iso(T0)}  # fmt: skip
-    resumed = move(Phase.DONE, started=T0 + 30, closed=T0 + 30.1, elected=T0 + 30.1,
-                   opened=T0 + 30.2, finished=T0 + 30.2, reason="resumed after controller restart")  # fmt: skip
+    before = {
+        "topic": "orders",
+        "partition": 3,
+        "target": 2,
+        "source": 0,
+        "phase": "Closing",
+        "startTime": now_iso(T0),
+    }
+    resumed = move(
+        Phase.DONE,
+        started=T0 + 30,
+        closed=T0 + 30.1,
+        elected=T0 + 30.1,
+        opened=T0 + 30.2,
+        finished=T0 + 30.2,
+        reason="resumed after controller restart",
+    )
     row = reassignment_row(ENTRY, resumed, before, part(2), cancel_requested=False)
     assert row["startTime"] == now_iso(T0) and row["endTime"] == now_iso(T0 + 30.2)
     assert RESUMED_NOTE in row["message"]
@@ -122,18 +153,35 @@ def test_a_move_in_flight_across_a_restart_keeps_its_start() -> None:
 def test_a_move_resumed_from_its_durable_start_keeps_the_reported_start() -> None:
     """The durable start is stamped before the metadata commit, the first tracker's after it:
     across a second boundary the resumed move looked as if it had started a second earlier."""
-    before = {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Closing",
-              "startTime": now_iso(T0 + 1)}  # fmt: skip
-    resumed = move(Phase.OPENING, started=T0 + 0.98, closed=T0 + 5, elected=T0 + 5,
-                   reason="resumed after controller restart")  # fmt: skip
+    before = {
+        "topic": "orders",
+        "partition": 3,
+        "target": 2,
+        "source": 0,
+        "phase": "Closing",
+        "startTime": now_iso(T0 + 1),
+    }
+    resumed = move(
+        Phase.OPENING,
+        started=T0 + 0.98,
+        closed=T0 + 5,
+        elected=T0 + 5,
+        reason="resumed after controller restart",
+    )
     row = reassignment_row(ENTRY, resumed, before, part(0, moving_to=2), cancel_requested=False)
     assert row["startTime"] == now_iso(T0 + 1) and row["phase"] == "Opening"
     assert row["message"] == "resumed after controller restart"  # not timed again
 
 
 def test_untracked_rows_follow_the_metadata() -> None:
-    pending = {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Closing",
-               "startTime": now_iso(T0)}  # fmt: skip
+    pending = {
+        "topic": "orders",
+        "partition": 3,
+        "target": 2,
+        "source": 0,
+        "phase": "Closing",
+        "startTime": now_iso(T0),
+    }
     landed = reassignment_row(ENTRY, None, pending, part(2), cancel_requested=False)
     assert (
         landed["phase"] == "Done" and landed["startTime"] == now_iso(T0) and landed["source"] == 0
@@ -158,8 +206,10 @@ def test_summary() -> None:
     assert summary([{"phase": "Done"}])[:2] == ("Completed", True)
     assert summary([{"phase": "Done"}, {"phase": "Failed"}])[0] == "Failed"
     # a failure's reason is in the account (the Complete condition's message, a printer column)
-    failed = [{"phase": "Done"},
-              {"phase": "Failed", "topic": "orders", "partition": 3, "message": "broker 9 left"}]  # fmt: skip
+    failed = [
+        {"phase": "Done"},
+        {"phase": "Failed", "topic": "orders", "partition": 3, "message": "broker 9 left"},
+    ]
     assert summary(failed) == ("Failed", True, "1 of 2 moved, 1 failed (orders-3: broker 9 left)")
 
 
@@ -167,13 +217,27 @@ def test_a_move_elected_before_an_operator_restart_is_done_once_its_target_opene
     """The new controller tracks only moves still recorded as moving; one elected before the
     restart is Opening until its target reports it open, and its unavailability is measured
     by the operator that saw it open (from the row's start), never silently dropped."""
-    opening = {"topic": "orders", "partition": 3, "target": 2, "source": 0, "phase": "Opening",
-               "startTime": now_iso(T0)}  # fmt: skip
+    opening = {
+        "topic": "orders",
+        "partition": 3,
+        "target": 2,
+        "source": 0,
+        "phase": "Opening",
+        "startTime": now_iso(T0),
+    }
     served = part(2)  # elected on the target: leader 2, not moving
     waiting = reassignment_row(ENTRY, None, opening, served, cancel_requested=False, opened=False)
     assert waiting["phase"] == "Opening" and "unavailableMs" not in waiting
-    done = reassignment_row(ENTRY, None, waiting, served, cancel_requested=False, opened=True,
-                            seen_unopened=True, now=T0 + 2.5)  # fmt: skip
+    done = reassignment_row(
+        ENTRY,
+        None,
+        waiting,
+        served,
+        cancel_requested=False,
+        opened=True,
+        seen_unopened=True,
+        now=T0 + 2.5,
+    )
     assert done["phase"] == "Done" and done["unavailableMs"] == 2500
     assert done["endTime"] == now_iso(T0 + 2.5) and "measured" in done["message"]
     # already open when first seen: Done, and the row says the figure was not measured

@@ -18,10 +18,15 @@ def test_partition_lists_and_ranges() -> None:
 
 @pytest.mark.parametrize(
     ("value", "why"),
-    [("", "empty"), ("yes", "'yes' is not a partition number"), ("1,x", "'x'"),
-     ("3-1", "empty range"), ("8", "has no partition 8 (it has 8)"),
-     ("6-9", "has no 2 partitions: 8-9")],
-)  # fmt: skip
+    [
+        ("", "empty"),
+        ("yes", "'yes' is not a partition number"),
+        ("1,x", "'x'"),
+        ("3-1", "empty range"),
+        ("8", "has no partition 8 (it has 8)"),
+        ("6-9", "has no 2 partitions: 8-9"),
+    ],
+)
 def test_invalid_values_say_why(value: str, why: str) -> None:
     with pytest.raises(InvalidValue, match=None) as info:
         parse_partitions(value, 8)

@@ -28,8 +28,9 @@ async def controller() -> AsyncIterator[Controller]:
 
 
 def conditions(status: dict[str, Any]) -> dict[str, tuple[bool, str, str]]:
-    return {c["type"]: (c["status"] == "True", c["reason"], c["message"])
-            for c in status["conditions"]}  # fmt: skip
+    return {
+        c["type"]: (c["status"] == "True", c["reason"], c["message"]) for c in status["conditions"]
+    }
 
 
 async def test_copies_at_two_epochs_mid_remap_are_reported_then_ready(controller) -> None:  # type: ignore[no-untyped-def]
@@ -38,13 +39,18 @@ async def test_copies_at_two_epochs_mid_remap_are_reported_then_ready(controller
     phys_name = physical_topic_name("events")
 
     def create(m: ClusterMetadata) -> None:  # what the manager's create commits
-        m.static_topics["events"] = initial_mapping("events", 3, placement, brokers=None,
-                                                    now_ms=1, copy_brokers=placement)  # fmt: skip
+        m.static_topics["events"] = initial_mapping(
+            "events", 3, placement, brokers=None, now_ms=1, copy_brokers=placement
+        )
         for name, kind in ((phys_name, "physical"), ("events", "static")):
             m.topics[name] = TopicInfo(
-                name, str(uuid.uuid4()), [PartitionState(b, 0, [b]) for b in placement], {},
-                internal=kind == "physical", kind=kind,
-            )  # fmt: skip
+                name,
+                str(uuid.uuid4()),
+                [PartitionState(b, 0, [b]) for b in placement],
+                {},
+                internal=kind == "physical",
+                kind=kind,
+            )
 
     await c.update(create)
     wish = StaticTopicWish("events", "events", 3, generation=2)
@@ -55,8 +61,15 @@ async def test_copies_at_two_epochs_mid_remap_are_reported_then_ready(controller
         phys = m.topics[phys_name]  # moves to epoch 1, the others are still at 0
         phys.partitions[0].leader = NO_LEADER
         phys.partitions.append(PartitionState(1, 0, [1]))
-        switch_new(m.static_topics["events"], 0, 1, len(phys.partitions) - 1, known_end=11,
-                   now_ms=2, target_epoch=1)  # fmt: skip
+        switch_new(
+            m.static_topics["events"],
+            0,
+            1,
+            len(phys.partitions) - 1,
+            known_end=11,
+            now_ms=2,
+            target_epoch=1,
+        )
         c.static.sync_view(m, "events")
 
     await c.update(c1)
@@ -72,8 +85,15 @@ async def test_copies_at_two_epochs_mid_remap_are_reported_then_ready(controller
     assert c.metadata.topics["events"].partitions[0].leader == 1  # writable on the new broker
 
     def c3(m: ClusterMetadata) -> None:  # old queue closed at 11, every copy rewritten at 1
-        complete(m.static_topics["events"], ends={0: (11, 3)}, targets={}, allocate=no_queue,
-                 now_ms=3, target_epoch=1, copy_brokers=placement)  # fmt: skip
+        complete(
+            m.static_topics["events"],
+            ends={0: (11, 3)},
+            targets={},
+            allocate=no_queue,
+            now_ms=3,
+            target_epoch=1,
+            copy_brokers=placement,
+        )
         c.static.sync_view(m, "events")
 
     def no_queue(q: int, broker: int) -> int:

@@ -88,8 +88,11 @@ async def test_an_operator_of_an_older_build_does_not_take_the_role(
     )
     (ready,) = kube.state["status"]["conditions"]
     assert (ready["type"], ready["status"], ready["reason"], ready["message"]) == (
-        "Ready", "False", "UnsupportedFeatureLevel", why,
-    )  # fmt: skip
+        "Ready",
+        "False",
+        "UnsupportedFeatureLevel",
+        why,
+    )
     assert kube.events == [("UnsupportedFeatureLevel", why, True)]
     (line,) = [r for r in caplog.records if r.name == "tidalmq_operator.runtime"]
     assert line.exc_info is None and line.getMessage() == (

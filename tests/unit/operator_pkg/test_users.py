@@ -50,15 +50,20 @@ def spec(kind: str = "scram-sha-512", *acls: dict[str, Any], **auth: Any) -> dic
 
 # ---------------------------------------------------------------------------- spec
 def test_bindings_of_a_spec() -> None:
-    _, bindings = users.parse_user("alice", spec(
-        "scram-sha-512",
-        acl({"type": "topic", "name": "orders"}, "Read", "Describe"),
-        acl({"type": "topic", "name": "logs-", "patternType": "prefixed"}, "Write", type="deny"),
-        acl({"type": "group", "name": "app"}, "Read", host="10.0.0.7"),
-        acl({"type": "cluster"}, "IdempotentWrite", "describe_configs"),
-        acl({"type": "transactionalId", "name": "*"}, "All"),
-        acl({"type": "topic", "name": "orders"}, "Read"),  # a duplicate: one binding
-    ))  # fmt: skip
+    _, bindings = users.parse_user(
+        "alice",
+        spec(
+            "scram-sha-512",
+            acl({"type": "topic", "name": "orders"}, "Read", "Describe"),
+            acl(
+                {"type": "topic", "name": "logs-", "patternType": "prefixed"}, "Write", type="deny"
+            ),
+            acl({"type": "group", "name": "app"}, "Read", host="10.0.0.7"),
+            acl({"type": "cluster"}, "IdempotentWrite", "describe_configs"),
+            acl({"type": "transactionalId", "name": "*"}, "All"),
+            acl({"type": "topic", "name": "orders"}, "Read"),  # a duplicate: one binding
+        ),
+    )
     p = "User:alice"
     assert bindings == [
         AclBinding(TOPIC, "orders", LITERAL, p, "*", READ, ALLOW),
@@ -78,18 +83,28 @@ def test_bindings_of_a_spec() -> None:
         ("alice", {"authentication": {"type": "plain"}}, "spec.authentication.type"),
         ("Alice", spec(), "lower-case"),
         ("a,b", spec(), "lower-case"),
-        ("alice", spec("tls", password={"valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
-         "a tls user has no password"),
+        (
+            "alice",
+            spec("tls", password={"valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
+            "a tls user has no password",
+        ),
         ("alice", spec("tls", acl({"type": "topic"}, "Read")), "name: required for a topic"),
         ("alice", spec("tls", acl({"type": "topic", "name": "t"}, "Fly")), "unknown ACL operation"),
-        ("alice", spec("tls", acl({"type": "group", "name": "g"}, "Write")),
-         "Write does not apply to a group"),
+        (
+            "alice",
+            spec("tls", acl({"type": "group", "name": "g"}, "Write")),
+            "Write does not apply to a group",
+        ),
         ("alice", spec("tls", acl({"type": "cluster", "name": "other"}, "Alter")), "kafka-cluster"),
-        ("alice", spec("tls", acl({"type": "cluster", "patternType": "prefixed"}, "Alter")), "literal"),
+        (
+            "alice",
+            spec("tls", acl({"type": "cluster", "patternType": "prefixed"}, "Alter")),
+            "literal",
+        ),
         ("alice", spec("tls", acl({"type": "topic", "name": "t"}, "Read", type="maybe")), "type"),
         ("alice", spec("tls", acl({"type": "topic", "name": "t"})), "operations"),
     ],
-)  # fmt: skip
+)
 def test_bad_specs(name: str, body: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         users.parse_user(name, body)
@@ -114,10 +129,14 @@ def test_acl_diff_removes_what_is_gone_and_adds_what_is_new() -> None:
 def test_exact_filter_matches_one_binding_only() -> None:
     f = users.exact_filter(b("orders"))
     assert f.matches(b("orders"))
-    for other in (b("orders", WRITE), b("orders", perm=DENY), b("order"),
-                  AclBinding(TOPIC, "orders", PREFIXED, "User:alice", "*", READ, ALLOW),
-                  AclBinding(TOPIC, "orders", LITERAL, "User:bob", "*", READ, ALLOW),
-                  AclBinding(TOPIC, "orders", LITERAL, "User:alice", "10.0.0.1", READ, ALLOW)):  # fmt: skip
+    for other in (
+        b("orders", WRITE),
+        b("orders", perm=DENY),
+        b("order"),
+        AclBinding(TOPIC, "orders", PREFIXED, "User:alice", "*", READ, ALLOW),
+        AclBinding(TOPIC, "orders", LITERAL, "User:bob", "*", READ, ALLOW),
+        AclBinding(TOPIC, "orders", LITERAL, "User:alice", "10.0.0.1", READ, ALLOW),
+    ):
         assert not f.matches(other), other
     every = users.principal_filter("User:alice")
     assert every.matches(b("x")) and not every.matches(
@@ -135,11 +154,22 @@ def test_scram_secret_contents() -> None:
         "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
         'username="alice" password="pa\\"ss\\\\word";',
     }
-    body = users.secret_body("alice", "ns", {"apiVersion": "tidalmq.io/v1alpha1", "kind": "User",
-                                             "name": "alice", "uid": "u-1"}, data)  # fmt: skip
-    assert body["metadata"]["ownerReferences"] == [{
-        "apiVersion": "tidalmq.io/v1alpha1", "kind": "User", "name": "alice", "uid": "u-1",
-        "controller": True, "blockOwnerDeletion": True}]  # fmt: skip
+    body = users.secret_body(
+        "alice",
+        "ns",
+        {"apiVersion": "tidalmq.io/v1alpha1", "kind": "User", "name": "alice", "uid": "u-1"},
+        data,
+    )
+    assert body["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "tidalmq.io/v1alpha1",
+            "kind": "User",
+            "name": "alice",
+            "uid": "u-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     assert users.decoded(body["data"]) == data
 
 
@@ -231,8 +261,15 @@ class FakeKube:
         self.status[name] = status
         self.status_patches += 1
 
-    async def event(self, involved: dict[str, Any], reason: str, message: str, *,
-                    warning: bool = False, **_: Any) -> None:  # fmt: skip
+    async def event(
+        self,
+        involved: dict[str, Any],
+        reason: str,
+        message: str,
+        *,
+        warning: bool = False,
+        **_: Any,
+    ) -> None:
         self.events.append((reason, message, warning))
 
 
@@ -381,8 +418,9 @@ async def test_resync_repairs_drift_and_writes_nothing_when_there_is_none(rt: Fa
     patches, writes = rt.kube.status_patches, rt.kube.writes
 
     async def resync() -> None:
-        await user_handlers.resync_user(spec=body, name="alice", meta=META, memo={"runtime": rt},
-                                        status=rt.kube.status["alice"])  # fmt: skip
+        await user_handlers.resync_user(
+            spec=body, name="alice", meta=META, memo={"runtime": rt}, status=rt.kube.status["alice"]
+        )
 
     await resync()  # nothing drifted: no commit, no Secret write, no status patch
     assert rt.controller.journal.committed_version == version

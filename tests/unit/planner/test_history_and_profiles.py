@@ -30,8 +30,14 @@ def test_durations() -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration("a week")
     assert [format_duration(s) for s in (60, 3600, 86400, 7 * 86400, 90, 20, 0.5)] == [
-        "1m", "1h", "1d", "1w", "90s", "20s", "500ms"
-    ]  # fmt: skip
+        "1m",
+        "1h",
+        "1d",
+        "1w",
+        "90s",
+        "20s",
+        "500ms",
+    ]
 
 
 def test_grid_is_aligned_and_chunked() -> None:
@@ -67,12 +73,17 @@ def test_profile_frame_finds_the_daily_cycle() -> None:
     start = 1_767_225_600
     t = start + step * np.arange(points)
     cycle = 100 + 80 * np.sin(2 * np.pi * ((t % 86400) / 86400 - 0.25))  # peaks at 12:00 UTC
-    batch = pd.DataFrame({
-        "topic": ["a", "b"], "partition": [0, 1], "broker": pd.array([2, None], dtype="Int32"),
-        "start": [start, start], "step": [step, step],
-        "bytes_in": [cycle.astype(np.float32), np.full(points, 5, np.float32)],
-        "bytes_out": [np.zeros(points, np.float32), np.full(points, 10, np.float32)],
-    })  # fmt: skip
+    batch = pd.DataFrame(
+        {
+            "topic": ["a", "b"],
+            "partition": [0, 1],
+            "broker": pd.array([2, None], dtype="Int32"),
+            "start": [start, start],
+            "step": [step, step],
+            "bytes_in": [cycle.astype(np.float32), np.full(points, 5, np.float32)],
+            "bytes_out": [np.zeros(points, np.float32), np.full(points, 10, np.float32)],
+        }
+    )
     out = profile_frame(batch)
     assert list(out["topic"]) == ["a", "b"] and out["broker"].isna().tolist() == [False, True]
     assert int(np.argmax(out["bytes_in_hourly"][0])) == 12
@@ -121,13 +132,19 @@ class FakePrometheus:
 
 
 def test_fetch_chunk_places_samples_on_the_grid() -> None:
-    task = prom.ChunkTask("http://p", "bytes_in", "q", first=10, points=4, start=1000, step=60,
-                          timeout_s=5)  # fmt: skip
-    client = FakePrometheus([
-        {"metric": {"topic": "t", "partition": "3"},
-         "values": [[1000, "1.5"], [1120, "2"], [1180, "NaN"], [5000, "9"]]},
-        {"metric": {"no": "labels"}, "values": [[1000, "1"]]},
-    ], {})  # fmt: skip
+    task = prom.ChunkTask(
+        "http://p", "bytes_in", "q", first=10, points=4, start=1000, step=60, timeout_s=5
+    )
+    client = FakePrometheus(
+        [
+            {
+                "metric": {"topic": "t", "partition": "3"},
+                "values": [[1000, "1.5"], [1120, "2"], [1180, "NaN"], [5000, "9"]],
+            },
+            {"metric": {"no": "labels"}, "values": [[1000, "1"]]},
+        ],
+        {},
+    )
     frame = prom.fetch_chunk(task, client)
     assert client.calls[0][1] == (1000, 1180, "60s")
     assert list(frame["topic"]) == ["t"] and list(frame["first"]) == [10]
@@ -140,24 +157,36 @@ def test_per_topic_history_is_spread_evenly_over_each_topics_partitions() -> Non
     """Brokers with partition_traffic_metrics=false: one query per metric and time chunk of the
     per-topic families, each topic's rate shared evenly by its partitions."""
     grid = Grid.ending(86400 * 3, 86400 * 2, 60)
-    tasks = prom.plan_tasks("http://p", grid, rate_window_s=120, topics=["a"], shards=10,
-                            per_topic=True)  # fmt: skip
+    tasks = prom.plan_tasks(
+        "http://p", grid, rate_window_s=120, topics=["a"], shards=10, per_topic=True
+    )
     assert len(tasks) == 2 * 2  # metrics x day-long chunks: no partition shards
     assert tasks[0].query == 'sum by (topic) (rate(tidalmq_topic_bytes_in_total{topic=~"a"}[2m]))'
     assert "tidalmq_topic_bytes_out_total" in tasks[-1].query
 
-    task = prom.ChunkTask("http://p", "bytes_in", "q", first=0, points=2, start=1000, step=60,
-                          timeout_s=5)  # fmt: skip
-    client = FakePrometheus([
-        {"metric": {"topic": "a"}, "values": [[1000, "300"], [1060, "600"]]},
-        {"metric": {"topic": "gone"}, "values": [[1000, "5"]]},
-    ], {})  # fmt: skip
+    task = prom.ChunkTask(
+        "http://p", "bytes_in", "q", first=0, points=2, start=1000, step=60, timeout_s=5
+    )
+    client = FakePrometheus(
+        [
+            {"metric": {"topic": "a"}, "values": [[1000, "300"], [1060, "600"]]},
+            {"metric": {"topic": "gone"}, "values": [[1000, "5"]]},
+        ],
+        {},
+    )
     chunk = prom.fetch_chunk(task, client)
     assert list(chunk["partition"]) == [prom.TOPIC_ROW, prom.TOPIC_ROW]
     counts = prom.partition_counts({("a", 0): 1, ("a", 2): 0, ("a", 1): 2, ("b", 0): 1})
     assert counts == {"a": 3, "b": 1}
-    passthrough = pd.DataFrame({"topic": ["b"], "partition": [0], "metric": ["bytes_in"],
-                                "first": [0], "values": [np.array([7, 7], np.float32)]})  # fmt: skip
+    passthrough = pd.DataFrame(
+        {
+            "topic": ["b"],
+            "partition": [0],
+            "metric": ["bytes_in"],
+            "first": [0],
+            "values": [np.array([7, 7], np.float32)],
+        }
+    )
     (spread,) = prom.spread_topics(counts)(iter([pd.concat([chunk, passthrough])]))
     a = spread[spread["topic"] == "a"].sort_values("partition")
     assert list(a["partition"]) == [0, 1, 2]  # "gone" (not in the assignment) is dropped
@@ -168,8 +197,9 @@ def test_per_topic_history_is_spread_evenly_over_each_topics_partitions() -> Non
 
 
 def test_traffic_source_follows_what_the_brokers_export() -> None:
-    with_series = FakePrometheus([], {"count(tidalmq_partition_bytes_in_total)": [
-        {"metric": {}, "value": [0, "12"]}]})  # fmt: skip
+    with_series = FakePrometheus(
+        [], {"count(tidalmq_partition_bytes_in_total)": [{"metric": {}, "value": [0, "12"]}]}
+    )
     assert prom.has_partition_traffic(with_series)
     assert not prom.has_partition_traffic(FakePrometheus([], {}))
 
@@ -184,35 +214,48 @@ def test_per_topic_traffic_needs_an_assignment_to_spread_over() -> None:
         job.traffic_per_topic(req, grid, sources.ClusterView({}, [], "none"))
     view = sources.ClusterView({("a", 0): 1}, [1], "file")
     assert job.traffic_per_topic(req, grid, view)
-    assert not job.traffic_per_topic(PlanRequest(prometheus="http://p", traffic="partition"),
-                                     grid, view)  # fmt: skip
+    assert not job.traffic_per_topic(
+        PlanRequest(prometheus="http://p", traffic="partition"), grid, view
+    )
 
 
 def test_current_assignment_follows_the_highest_epoch() -> None:
     def row(t: str, p: int, b: int, v: float) -> dict[str, Any]:
         return {"metric": {"topic": t, "partition": str(p), "broker": str(b)}, "value": [0, str(v)]}
 
-    client = FakePrometheus([], {
-        prom.EPOCH_SERIES: [row("t", 0, 1, 3), row("t", 0, 2, 4), row("t", 1, 0, 1)],
-        prom.BROKERS_SERIES: [{"metric": {"broker": b}, "value": [0, "1"]} for b in "201"],
-    })  # fmt: skip
+    client = FakePrometheus(
+        [],
+        {
+            prom.EPOCH_SERIES: [row("t", 0, 1, 3), row("t", 0, 2, 4), row("t", 1, 0, 1)],
+            prom.BROKERS_SERIES: [{"metric": {"broker": b}, "value": [0, "1"]} for b in "201"],
+        },
+    )
     assert prom.current_assignment(client) == {("t", 0): 2, ("t", 1): 0}
     assert prom.live_brokers(client) == [0, 1, 2]
 
 
 def test_assignment_from_a_kafka_json_file(tmp_path: Path) -> None:
     path = tmp_path / "current.json"
-    path.write_text(json.dumps({"version": 1, "partitions": [
-        {"topic": "a", "partition": 0, "replicas": [1]},
-        {"topic": "a", "partition": 1, "replicas": [3]}]}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "partitions": [
+                    {"topic": "a", "partition": 0, "replicas": [1]},
+                    {"topic": "a", "partition": 1, "replicas": [3]},
+                ],
+            }
+        )
+    )
     view = sources.from_file(path)
     assert view.assignment == {("a", 0): 1, ("a", 1): 3} and view.brokers == [1, 3]
 
 
 def test_reassignment_resource_yaml_round_trips() -> None:
     tp = TopicPartition
-    plan = balance_load({tp("t", 0): 0, tp("t", 1): 0}, {tp("t", 0): (5.0,), tp("t", 1): (5.0,)},
-                        [0, 1])  # fmt: skip
+    plan = balance_load(
+        {tp("t", 0): 0, tp("t", 1): 0}, {tp("t", 0): (5.0,), tp("t", 1): (5.0,)}, [0, 1]
+    )
     moves = {m.partition: m.target for m in plan.moves}
     doc = reassignment_resource("rebalance-1", "tidalmq", moves, {"moves": 1, "why": 'a "b": c'})
     text = to_yaml(doc)
@@ -234,7 +277,12 @@ def test_job_runs_as_a_script_like_spark_submit_runs_it() -> None:
 
     import tidalmq_planner.job as job
 
-    done = subprocess.run([sys.executable, job.__file__, "--help"], capture_output=True,
-                          text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, job.__file__, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--prometheus" in done.stdout and "--configmap" in done.stdout

@@ -105,8 +105,11 @@ async def test_a_scrape_publishes_the_series_still_pending_first() -> None:
     finally:
         await server.stop()
     assert m.publish_led() == 0
-    lines = [line for line in text.splitlines()
-             if line.startswith("tidalmq_partition_leader_epoch{") and 'broker="904"' in line]  # fmt: skip
+    lines = [
+        line
+        for line in text.splitlines()
+        if line.startswith("tidalmq_partition_leader_epoch{") and 'broker="904"' in line
+    ]
     assert len(lines) == 1200
 
 

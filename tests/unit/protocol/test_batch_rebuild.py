@@ -22,9 +22,14 @@ def producer_batch(
     """A batch of an idempotent producer (id 77, epoch 3, base sequence 40) with one header per
     record, as kafka-python's producer encodes it."""
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=compression, is_transactional=transactional, producer_id=77,
-        producer_epoch=3, base_sequence=40, batch_size=1 << 20,
-    )  # fmt: skip
+        magic=2,
+        compression_type=compression,
+        is_transactional=transactional,
+        producer_id=77,
+        producer_epoch=3,
+        base_sequence=40,
+        batch_size=1 << 20,
+    )
     for i, (key, value) in enumerate(records):
         builder.append(i, timestamp=T0 + 10 * i, key=key, value=value, headers=[("h", b"%d" % i)])
     data = bytearray(builder.build())
@@ -48,9 +53,12 @@ def test_rebuild_keeps_offsets_sequences_and_codec(codec: int) -> None:
     header = rb.read_header(data)
     slices = list(rb.iter_record_slices(data, header))
     assert [(s.offset, s.key, s.has_value) for s in slices] == [
-        (1000, b"a", True), (1001, b"b", True), (1002, b"a", False), (1003, None, True),
+        (1000, b"a", True),
+        (1001, b"b", True),
+        (1002, b"a", False),
+        (1003, None, True),
         (1004, b"c", True),
-    ]  # fmt: skip
+    ]
     assert [s.timestamp for s in slices] == [T0 + 10 * i for i in range(5)]
 
     kept = [slices[1], slices[2]]  # drop the first, the keyless one and the last
@@ -131,3 +139,33 @@ def test_truncated_or_lying_records_are_refused() -> None:
     short_count[57:61] = (4).to_bytes(4, "big")  # one record left over as stray bytes
     with pytest.raises(rb.InvalidRecordBatch, match="stray"):
         list(rb.iter_record_slices(short_count, rb.read_header(short_count)))
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
+def test_record_keys_are_those_of_the_whole_records(codec: int) -> None:
+    data = producer_batch(RECORDS * 30, compression=codec, base_offset=500)
+    header = rb.read_header(data)
+    whole = [(s.offset, s.key) for s in rb.iter_record_slices(data, header)]
+    assert list(rb.iter_record_keys(data, header)) == whole
+    assert whole[:4] == [(500, b"a"), (501, b"b"), (502, b"a"), (503, None)]
+
+
+def test_record_keys_refuse_what_the_whole_records_refuse() -> None:
+    data = bytearray(producer_batch(RECORDS))
+    header = rb.read_header(data)
+    lying = bytearray(data)
+    lying[rb.HEADER_SIZE] = 0x7E  # first record's length varint: 63 bytes, more than it has
+    with pytest.raises(rb.InvalidRecordBatch):
+        list(rb.iter_record_keys(lying, header))
+    long_key = bytearray(producer_batch([(b"a", b"1")]))  # a record of less than 64 bytes
+    assert long_key[rb.HEADER_SIZE + 4] == 2  # its length, attributes, two deltas, key length
+    long_key[rb.HEADER_SIZE + 4] = 0x7E  # a key of 63 bytes
+    with pytest.raises(rb.InvalidRecordBatch, match="key past"):
+        list(rb.iter_record_keys(long_key, rb.read_header(long_key)))
+    short_count = bytearray(data)
+    short_count[57:61] = (4).to_bytes(4, "big")
+    with pytest.raises(rb.InvalidRecordBatch, match="stray"):
+        list(rb.iter_record_keys(short_count, rb.read_header(short_count)))
+    truncated = bytes(data[: header.size - 5])
+    with pytest.raises(rb.InvalidRecordBatch):
+        list(rb.iter_record_keys(truncated, rb.read_header(truncated)))

@@ -64,12 +64,25 @@ def test_response_built_from_dicts_for_old_and_new_versions() -> None:
         "cluster_id": "c",
         "controller_id": 1,
         "topics": [
-            {"error_code": 0, "name": "t", "topic_id": topic_id, "is_internal": False,
-             "partitions": [{"error_code": 0, "partition_index": 0, "leader_id": 1,
-                             "leader_epoch": 3, "replica_nodes": [1], "isr_nodes": [1],
-                             "offline_replicas": []}]},
+            {
+                "error_code": 0,
+                "name": "t",
+                "topic_id": topic_id,
+                "is_internal": False,
+                "partitions": [
+                    {
+                        "error_code": 0,
+                        "partition_index": 0,
+                        "leader_id": 1,
+                        "leader_epoch": 3,
+                        "replica_nodes": [1],
+                        "isr_nodes": [1],
+                        "offline_replicas": [],
+                    }
+                ],
+            },
         ],
-    }  # fmt: skip
+    }
     for version in (0, 1, 5, 9, 12):
         frame = encode_response(3, version, 42, body)
         corr, decoded = decode_response(3, version, frame[4:])

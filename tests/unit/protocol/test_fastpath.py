@@ -267,8 +267,9 @@ def test_fetch_response_matches_kio(version: int) -> None:
     assert bytes(first.records) == batch and first.high_watermark == 42
     second = body.responses[0].partitions[1]
     assert [(a.producer_id, a.first_offset) for a in second.aborted_transactions] == [
-        (1 << 40, 2), (9, 5)
-    ]  # fmt: skip
+        (1 << 40, 2),
+        (9, 5),
+    ]
 
 
 @pytest.mark.parametrize("version", [4, 7, 12, 13, 15, 17])

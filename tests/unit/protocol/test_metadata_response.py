@@ -29,8 +29,9 @@ def topic(name: str, leaders: list[int], *, internal: bool = False) -> TopicInfo
         PartitionState(leader=leader, leader_epoch=7 + i, replicas=[leader if leader >= 0 else 2])
         for i, leader in enumerate(leaders)
     ]
-    return TopicInfo(name=name, topic_id=str(uuid.uuid4()), partitions=partitions,
-                     internal=internal)  # fmt: skip
+    return TopicInfo(
+        name=name, topic_id=str(uuid.uuid4()), partitions=partitions, internal=internal
+    )
 
 
 def reference_topic(t: TopicInfo, version: int, unreachable: set[int]) -> dict[str, Any]:
@@ -42,13 +43,24 @@ def reference_topic(t: TopicInfo, version: int, unreachable: set[int]) -> dict[s
         if leader in unreachable:
             code = ErrorCode.listener_not_found if version >= 6 else ErrorCode.leader_not_available
             leader = NO_LEADER
-        partitions.append({
-            "error_code": code, "partition_index": index, "leader_id": leader,
-            "leader_epoch": part.leader_epoch, "replica_nodes": list(part.replicas),
-            "isr_nodes": [leader] if leader != NO_LEADER else [], "offline_replicas": [],
-        })  # fmt: skip
-    return {"error_code": ErrorCode.none, "name": t.name, "topic_id": uuid.UUID(t.topic_id),
-            "is_internal": t.internal, "partitions": partitions}  # fmt: skip
+        partitions.append(
+            {
+                "error_code": code,
+                "partition_index": index,
+                "leader_id": leader,
+                "leader_epoch": part.leader_epoch,
+                "replica_nodes": list(part.replicas),
+                "isr_nodes": [leader] if leader != NO_LEADER else [],
+                "offline_replicas": [],
+            }
+        )
+    return {
+        "error_code": ErrorCode.none,
+        "name": t.name,
+        "topic_id": uuid.UUID(t.topic_id),
+        "is_internal": t.internal,
+        "partitions": partitions,
+    }
 
 
 def join(parts: bytes | list[bytes | memoryview]) -> bytes:
@@ -78,9 +90,14 @@ def test_metadata_response_matches_kio(version: int) -> None:
     ref_topics = [
         reference_topic(orders, version, unreachable),
         reference_topic(offsets, version, unreachable),
-        {"error_code": ErrorCode.unknown_topic_or_partition, "name": "nope",
-         "topic_id": uuid.UUID(int=0), "is_internal": False, "partitions": []},
-    ]  # fmt: skip
+        {
+            "error_code": ErrorCode.unknown_topic_or_partition,
+            "name": "nope",
+            "topic_id": uuid.UUID(int=0),
+            "is_internal": False,
+            "partitions": [],
+        },
+    ]
     if version >= 12:  # a topic asked for by an id nobody knows: no name
         fast_topics.append(
             [
@@ -90,8 +107,15 @@ def test_metadata_response_matches_kio(version: int) -> None:
                 topic_tail(version),
             ]
         )
-        ref_topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None,
-                           "topic_id": unknown_id, "is_internal": False, "partitions": []})  # fmt: skip
+        ref_topics.append(
+            {
+                "error_code": ErrorCode.unknown_topic_id,
+                "name": None,
+                "topic_id": unknown_id,
+                "is_internal": False,
+                "partitions": [],
+            }
+        )
     fast = encode_metadata_response(version, brokers, "c-1", 1, fast_topics)
     frame = join(encode_response_parts(METADATA, version, 42, fast))
     reference = join(

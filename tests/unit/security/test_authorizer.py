@@ -38,9 +38,14 @@ class Client:
 
 
 def acl(
-    rt: ResourceType, name: str, pt: PatternType, principal: str, op: AclOperation,
-    perm: PermissionType, host: str = "*",
-) -> AclBinding:  # fmt: skip
+    rt: ResourceType,
+    name: str,
+    pt: PatternType,
+    principal: str,
+    op: AclOperation,
+    perm: PermissionType,
+    host: str = "*",
+) -> AclBinding:
     return AclBinding(rt, name, pt, principal, host, op, perm)
 
 
@@ -104,51 +109,82 @@ def test_principal_matching() -> None:
 # testTopicAclWithOperationAll, testAuthorizationWithManyAcls, testSimpleAuthorizations
 SCENARIOS = [
     (
-        [acl(TOPIC, "foo", LITERAL, "User:alice", Op.ALL, DENY),
-         acl(TOPIC, "foo", PREFIXED, "User:alice", Op.READ, ALLOW),
-         acl(TOPIC, "foo", LITERAL, "User:*", Op.ALL, DENY),
-         acl(TOPIC, "foo", PREFIXED, "User:*", Op.DESCRIBE, ALLOW)],
-        [("alice", Op.WRITE, TOPIC, "foo", False), ("alice", Op.READ, TOPIC, "foo", False),
-         ("alice", Op.DESCRIBE, TOPIC, "foo", False), ("alice", Op.READ, TOPIC, "foobar", True),
-         ("bob", Op.DESCRIBE, TOPIC, "foo", False), ("bob", Op.READ, TOPIC, "foo", False),
-         ("bob", Op.WRITE, TOPIC, "foo", False), ("bob", Op.DESCRIBE, TOPIC, "foobaz", True),
-         ("bob", Op.READ, TOPIC, "foobaz", False)],
+        [
+            acl(TOPIC, "foo", LITERAL, "User:alice", Op.ALL, DENY),
+            acl(TOPIC, "foo", PREFIXED, "User:alice", Op.READ, ALLOW),
+            acl(TOPIC, "foo", LITERAL, "User:*", Op.ALL, DENY),
+            acl(TOPIC, "foo", PREFIXED, "User:*", Op.DESCRIBE, ALLOW),
+        ],
+        [
+            ("alice", Op.WRITE, TOPIC, "foo", False),
+            ("alice", Op.READ, TOPIC, "foo", False),
+            ("alice", Op.DESCRIBE, TOPIC, "foo", False),
+            ("alice", Op.READ, TOPIC, "foobar", True),
+            ("bob", Op.DESCRIBE, TOPIC, "foo", False),
+            ("bob", Op.READ, TOPIC, "foo", False),
+            ("bob", Op.WRITE, TOPIC, "foo", False),
+            ("bob", Op.DESCRIBE, TOPIC, "foobaz", True),
+            ("bob", Op.READ, TOPIC, "foobaz", False),
+        ],
     ),
     (
-        [acl(TOPIC, "foo", LITERAL, "User:*", Op.ALL, ALLOW),
-         acl(TOPIC, "bar", PREFIXED, "User:alice", Op.ALL, ALLOW),
-         acl(TOPIC, "baz", LITERAL, "User:bob", Op.ALL, ALLOW)],
-        [("alice", Op.WRITE, TOPIC, "foo", True), ("alice", Op.DESCRIBE_CONFIGS, TOPIC, "bar", True),
-         ("alice", Op.DESCRIBE, TOPIC, "baz", False), ("bob", Op.WRITE, TOPIC, "foo", True),
-         ("bob", Op.READ, TOPIC, "bar", False), ("bob", Op.DESCRIBE, TOPIC, "baz", True),
-         ("malory", Op.DESCRIBE, TOPIC, "foo", True), ("malory", Op.WRITE, TOPIC, "bar", False),
-         ("malory", Op.READ, TOPIC, "baz", False)],
+        [
+            acl(TOPIC, "foo", LITERAL, "User:*", Op.ALL, ALLOW),
+            acl(TOPIC, "bar", PREFIXED, "User:alice", Op.ALL, ALLOW),
+            acl(TOPIC, "baz", LITERAL, "User:bob", Op.ALL, ALLOW),
+        ],
+        [
+            ("alice", Op.WRITE, TOPIC, "foo", True),
+            ("alice", Op.DESCRIBE_CONFIGS, TOPIC, "bar", True),
+            ("alice", Op.DESCRIBE, TOPIC, "baz", False),
+            ("bob", Op.WRITE, TOPIC, "foo", True),
+            ("bob", Op.READ, TOPIC, "bar", False),
+            ("bob", Op.DESCRIBE, TOPIC, "baz", True),
+            ("malory", Op.DESCRIBE, TOPIC, "foo", True),
+            ("malory", Op.WRITE, TOPIC, "bar", False),
+            ("malory", Op.READ, TOPIC, "baz", False),
+        ],
     ),
     (
-        [acl(TOPIC, "green2", LITERAL, "User:*", Op.READ, ALLOW),
-         acl(TOPIC, "green", PREFIXED, "User:bob", Op.READ, ALLOW),
-         acl(TOPIC, "betamax4", LITERAL, "User:bob", Op.READ, ALLOW),
-         acl(TOPIC, "betamax", LITERAL, "User:bob", Op.READ, ALLOW),
-         acl(TOPIC, "beta", PREFIXED, "User:*", Op.READ, ALLOW),
-         acl(TOPIC, "alpha", PREFIXED, "User:*", Op.READ, ALLOW),
-         acl(TOPIC, "alp", PREFIXED, "User:bob", Op.READ, DENY),
-         acl(GROUP, "*", LITERAL, "User:bob", Op.WRITE, ALLOW),
-         acl(GROUP, "wheel", LITERAL, "User:*", Op.WRITE, DENY)],
-        [("bob", Op.READ, TOPIC, "green1", True), ("bob", Op.WRITE, GROUP, "wheel", False),
-         ("bob", Op.READ, TOPIC, "alpha", False), ("bob", Op.WRITE, GROUP, "arbitrary", True),
-         ("bob", Op.READ, TOPIC, "ala", False), ("alice", Op.READ, TOPIC, "alpha1", True),
-         ("alice", Op.READ, TOPIC, "betamax", True),  # beta is a prefix of it
-         ("alice", Op.READ, TOPIC, "green1", False), ("alice", Op.READ, TOPIC, "green2", True),
-         ("alice", Op.WRITE, GROUP, "arbitrary", False)],
+        [
+            acl(TOPIC, "green2", LITERAL, "User:*", Op.READ, ALLOW),
+            acl(TOPIC, "green", PREFIXED, "User:bob", Op.READ, ALLOW),
+            acl(TOPIC, "betamax4", LITERAL, "User:bob", Op.READ, ALLOW),
+            acl(TOPIC, "betamax", LITERAL, "User:bob", Op.READ, ALLOW),
+            acl(TOPIC, "beta", PREFIXED, "User:*", Op.READ, ALLOW),
+            acl(TOPIC, "alpha", PREFIXED, "User:*", Op.READ, ALLOW),
+            acl(TOPIC, "alp", PREFIXED, "User:bob", Op.READ, DENY),
+            acl(GROUP, "*", LITERAL, "User:bob", Op.WRITE, ALLOW),
+            acl(GROUP, "wheel", LITERAL, "User:*", Op.WRITE, DENY),
+        ],
+        [
+            ("bob", Op.READ, TOPIC, "green1", True),
+            ("bob", Op.WRITE, GROUP, "wheel", False),
+            ("bob", Op.READ, TOPIC, "alpha", False),
+            ("bob", Op.WRITE, GROUP, "arbitrary", True),
+            ("bob", Op.READ, TOPIC, "ala", False),
+            ("alice", Op.READ, TOPIC, "alpha1", True),
+            ("alice", Op.READ, TOPIC, "betamax", True),  # beta is a prefix of it
+            ("alice", Op.READ, TOPIC, "green1", False),
+            ("alice", Op.READ, TOPIC, "green2", True),
+            ("alice", Op.WRITE, GROUP, "arbitrary", False),
+        ],
     ),
     (
-        [foo(Op.READ, ALLOW), foo(Op.WRITE, ALLOW),
-         acl(GROUP, "bar", LITERAL, "User:*", Op.DESCRIBE_CONFIGS, ALLOW),
-         acl(GROUP, "bar", LITERAL, "User:*", Op.ALTER_CONFIGS, ALLOW)],
-        [("bob", Op.READ, TOPIC, "foo_", True), ("fred", Op.ALTER_CONFIGS, GROUP, "bar", True),
-         ("fred", Op.READ, GROUP, "bar", False), ("bob", Op.READ, TOPIC, "foo", False)],
+        [
+            foo(Op.READ, ALLOW),
+            foo(Op.WRITE, ALLOW),
+            acl(GROUP, "bar", LITERAL, "User:*", Op.DESCRIBE_CONFIGS, ALLOW),
+            acl(GROUP, "bar", LITERAL, "User:*", Op.ALTER_CONFIGS, ALLOW),
+        ],
+        [
+            ("bob", Op.READ, TOPIC, "foo_", True),
+            ("fred", Op.ALTER_CONFIGS, GROUP, "bar", True),
+            ("fred", Op.READ, GROUP, "bar", False),
+            ("bob", Op.READ, TOPIC, "foo", False),
+        ],
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("bindings", "checks"), SCENARIOS)
@@ -202,9 +238,9 @@ def test_super_users_and_allow_everyone_if_no_acl_found() -> None:
     assert open_.allows(Client("User:Bob"), Op.READ, TOPIC, "topic2")  # no ACL at all
     assert open_.allows(Client("User:Bob"), Op.READ, GROUP, "g")
     # any ACL of the resource counts, even one for somebody else
-    assert not authorizer(acl(TOPIC, "t", PREFIXED, "User:x", Op.READ, ALLOW),
-                          allow_everyone_if_no_acl_found=True).allows(
-        Client("User:Bob"), Op.WRITE, TOPIC, "t1")  # fmt: skip
+    assert not authorizer(
+        acl(TOPIC, "t", PREFIXED, "User:x", Op.READ, ALLOW), allow_everyone_if_no_acl_found=True
+    ).allows(Client("User:Bob"), Op.WRITE, TOPIC, "t1")
 
 
 def test_super_users_setting() -> None:
@@ -219,19 +255,32 @@ def test_off_allows_everything_and_reports_every_operation() -> None:
     a.load([acl(TOPIC, "*", LITERAL, "User:*", Op.ALL, DENY)])
     assert a.allows(BOB, Op.WRITE, TOPIC, "t")
     assert a.allows_by_resource_type(BOB, Op.WRITE, TOPIC)
-    assert a.authorized_operations(BOB, GROUP, "g") == sum(1 << op for op in (
-        Op.READ, Op.DESCRIBE, Op.DELETE, Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS))  # fmt: skip
+    assert a.authorized_operations(BOB, GROUP, "g") == sum(
+        1 << op for op in (Op.READ, Op.DESCRIBE, Op.DELETE, Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS)
+    )
 
 
 def test_authorized_operations_bit_field() -> None:
-    a = authorizer(acl(TOPIC, "t", LITERAL, "User:bob", Op.WRITE, ALLOW),
-                   acl(TOPIC, "t", LITERAL, "User:bob", Op.ALTER_CONFIGS, ALLOW))  # fmt: skip
+    a = authorizer(
+        acl(TOPIC, "t", LITERAL, "User:bob", Op.WRITE, ALLOW),
+        acl(TOPIC, "t", LITERAL, "User:bob", Op.ALTER_CONFIGS, ALLOW),
+    )
     bits = a.authorized_operations(BOB, TOPIC, "t")
     assert bits == (1 << Op.WRITE) | (1 << Op.DESCRIBE) | (1 << Op.ALTER_CONFIGS) | (
-        1 << Op.DESCRIBE_CONFIGS)  # fmt: skip
+        1 << Op.DESCRIBE_CONFIGS
+    )
     assert a.authorized_operations(Client("User:superman"), CLUSTER, "kafka-cluster") == sum(
-        1 << op for op in (Op.CREATE, Op.CLUSTER_ACTION, Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS,
-                           Op.IDEMPOTENT_WRITE, Op.ALTER, Op.DESCRIBE))  # fmt: skip
+        1 << op
+        for op in (
+            Op.CREATE,
+            Op.CLUSTER_ACTION,
+            Op.DESCRIBE_CONFIGS,
+            Op.ALTER_CONFIGS,
+            Op.IDEMPOTENT_WRITE,
+            Op.ALTER,
+            Op.DESCRIBE,
+        )
+    )
 
 
 # BaseAuthorizerTest's authorizeByResourceType cases: (bindings, client, op, rt, allowed)
@@ -240,56 +289,165 @@ U1H2 = Client("User:user1", "192.168.1.2")
 U2H1 = Client("User:user2", "192.168.1.1")
 
 
-def u1(name: str, pt: PatternType, op: AclOperation, perm: PermissionType, rt: ResourceType = TOPIC,
-       host: str = "192.168.1.1", principal: str = "User:user1") -> AclBinding:  # fmt: skip
+def u1(
+    name: str,
+    pt: PatternType,
+    op: AclOperation,
+    perm: PermissionType,
+    rt: ResourceType = TOPIC,
+    host: str = "192.168.1.1",
+    principal: str = "User:user1",
+) -> AclBinding:
     return acl(rt, name, pt, principal, op, perm, host=host)
 
 
 BY_TYPE = [
     ([], U1H1, Op.READ, TOPIC, False),
     ([u1("sb1", LITERAL, Op.READ, ALLOW)], U1H1, Op.READ, TOPIC, True),
-    ([u1("sb1", LITERAL, Op.READ, ALLOW), u1("sb1", LITERAL, Op.READ, DENY)], U1H1, Op.READ,
-     TOPIC, False),
+    (
+        [u1("sb1", LITERAL, Op.READ, ALLOW), u1("sb1", LITERAL, Op.READ, DENY)],
+        U1H1,
+        Op.READ,
+        TOPIC,
+        False,
+    ),
     # unrelated denials do not dominate an allow
-    ([u1("sb1", LITERAL, Op.READ, DENY), u1("sb1", LITERAL, Op.READ, DENY, principal="User:user2"),
-      u1("sb1", LITERAL, Op.WRITE, DENY, host="192.168.1.2"),
-      u1("sb1", LITERAL, Op.READ, ALLOW, host="192.168.1.2"),
-      u1("sb2", LITERAL, Op.READ, DENY, host="192.168.1.2"),
-      u1("s", PREFIXED, Op.READ, DENY, GROUP, host="192.168.1.2")], U1H2, Op.READ, TOPIC, True),
+    (
+        [
+            u1("sb1", LITERAL, Op.READ, DENY),
+            u1("sb1", LITERAL, Op.READ, DENY, principal="User:user2"),
+            u1("sb1", LITERAL, Op.WRITE, DENY, host="192.168.1.2"),
+            u1("sb1", LITERAL, Op.READ, ALLOW, host="192.168.1.2"),
+            u1("sb2", LITERAL, Op.READ, DENY, host="192.168.1.2"),
+            u1("s", PREFIXED, Op.READ, DENY, GROUP, host="192.168.1.2"),
+        ],
+        U1H2,
+        Op.READ,
+        TOPIC,
+        True,
+    ),
     ([u1("sb1", LITERAL, Op.READ, DENY)], U1H1, Op.READ, GROUP, False),
     # a denied prefix dominates the allowed names it starts
     ([u1("abcde", PREFIXED, Op.READ, ALLOW, GROUP)], U1H1, Op.READ, GROUP, True),
-    ([u1("abcde", PREFIXED, Op.READ, ALLOW, GROUP), u1("abcd", PREFIXED, Op.READ, DENY, GROUP)],
-     U1H1, Op.READ, GROUP, False),
-    ([u1("abcde", PREFIXED, Op.READ, ALLOW, GROUP), u1("abcd", PREFIXED, Op.READ, DENY, GROUP),
-      u1("abc", PREFIXED, Op.READ, ALLOW, GROUP)], U1H1, Op.READ, GROUP, True),
-    ([u1("abcde", PREFIXED, Op.READ, ALLOW, GROUP), u1("abcd", PREFIXED, Op.READ, DENY, GROUP),
-      u1("abc", PREFIXED, Op.READ, ALLOW, GROUP), u1("a", PREFIXED, Op.READ, DENY, GROUP),
-      u1("ab", PREFIXED, Op.READ, ALLOW, GROUP)], U1H1, Op.READ, GROUP, False),
+    (
+        [u1("abcde", PREFIXED, Op.READ, ALLOW, GROUP), u1("abcd", PREFIXED, Op.READ, DENY, GROUP)],
+        U1H1,
+        Op.READ,
+        GROUP,
+        False,
+    ),
+    (
+        [
+            u1("abcde", PREFIXED, Op.READ, ALLOW, GROUP),
+            u1("abcd", PREFIXED, Op.READ, DENY, GROUP),
+            u1("abc", PREFIXED, Op.READ, ALLOW, GROUP),
+        ],
+        U1H1,
+        Op.READ,
+        GROUP,
+        True,
+    ),
+    (
+        [
+            u1("abcde", PREFIXED, Op.READ, ALLOW, GROUP),
+            u1("abcd", PREFIXED, Op.READ, DENY, GROUP),
+            u1("abc", PREFIXED, Op.READ, ALLOW, GROUP),
+            u1("a", PREFIXED, Op.READ, DENY, GROUP),
+            u1("ab", PREFIXED, Op.READ, ALLOW, GROUP),
+        ],
+        U1H1,
+        Op.READ,
+        GROUP,
+        False,
+    ),
     # a denial of every resource dominates, before or after an allowance of every resource
-    ([u1("hello", PREFIXED, Op.WRITE, ALLOW, GROUP), u1("*", LITERAL, Op.WRITE, DENY, GROUP)],
-     U1H1, Op.WRITE, GROUP, False),
-    ([u1("*", LITERAL, Op.WRITE, ALLOW, GROUP), u1("*", LITERAL, Op.WRITE, DENY, GROUP),
-      u1("aloha", LITERAL, Op.WRITE, ALLOW, GROUP)], U1H1, Op.WRITE, GROUP, False),
+    (
+        [u1("hello", PREFIXED, Op.WRITE, ALLOW, GROUP), u1("*", LITERAL, Op.WRITE, DENY, GROUP)],
+        U1H1,
+        Op.WRITE,
+        GROUP,
+        False,
+    ),
+    (
+        [
+            u1("*", LITERAL, Op.WRITE, ALLOW, GROUP),
+            u1("*", LITERAL, Op.WRITE, DENY, GROUP),
+            u1("aloha", LITERAL, Op.WRITE, ALLOW, GROUP),
+        ],
+        U1H1,
+        Op.WRITE,
+        GROUP,
+        False,
+    ),
     ([u1("*", LITERAL, Op.WRITE, ALLOW, GROUP)], U1H1, Op.WRITE, GROUP, True),
     # ALL
-    ([u1("sb1", LITERAL, Op.WRITE, DENY), u1("sb1", LITERAL, Op.ALL, ALLOW)], U1H1, Op.READ,
-     TOPIC, True),
-    ([u1("sb1", LITERAL, Op.WRITE, DENY), u1("sb1", LITERAL, Op.ALL, ALLOW),
-      u1("sb1", LITERAL, Op.ALL, DENY)], U1H1, Op.READ, TOPIC, False),
+    (
+        [u1("sb1", LITERAL, Op.WRITE, DENY), u1("sb1", LITERAL, Op.ALL, ALLOW)],
+        U1H1,
+        Op.READ,
+        TOPIC,
+        True,
+    ),
+    (
+        [
+            u1("sb1", LITERAL, Op.WRITE, DENY),
+            u1("sb1", LITERAL, Op.ALL, ALLOW),
+            u1("sb1", LITERAL, Op.ALL, DENY),
+        ],
+        U1H1,
+        Op.READ,
+        TOPIC,
+        False,
+    ),
     # hosts and principals
-    ([u1("sb1", LITERAL, Op.READ, ALLOW), u1("sb1", LITERAL, Op.READ, DENY, host="*")], U1H1,
-     Op.READ, TOPIC, False),
-    ([u1("sb1", LITERAL, Op.READ, ALLOW), u1("sb1", LITERAL, Op.READ, DENY, host="*"),
-      u1("sb2", LITERAL, Op.READ, ALLOW, host="*")], U1H2, Op.READ, TOPIC, True),
-    ([u1("sb1", LITERAL, Op.READ, ALLOW), u1("sb1", LITERAL, Op.READ, DENY, principal="User:*"),
-      u1("sb2", LITERAL, Op.READ, ALLOW, principal="User:*")], U2H1, Op.READ, TOPIC, True),
-    ([u1("sb2", LITERAL, Op.READ, ALLOW, principal="User:*"),
-      u1("sb2", LITERAL, Op.READ, DENY, principal="User:*")], U2H1, Op.READ, TOPIC, False),
+    (
+        [u1("sb1", LITERAL, Op.READ, ALLOW), u1("sb1", LITERAL, Op.READ, DENY, host="*")],
+        U1H1,
+        Op.READ,
+        TOPIC,
+        False,
+    ),
+    (
+        [
+            u1("sb1", LITERAL, Op.READ, ALLOW),
+            u1("sb1", LITERAL, Op.READ, DENY, host="*"),
+            u1("sb2", LITERAL, Op.READ, ALLOW, host="*"),
+        ],
+        U1H2,
+        Op.READ,
+        TOPIC,
+        True,
+    ),
+    (
+        [
+            u1("sb1", LITERAL, Op.READ, ALLOW),
+            u1("sb1", LITERAL, Op.READ, DENY, principal="User:*"),
+            u1("sb2", LITERAL, Op.READ, ALLOW, principal="User:*"),
+        ],
+        U2H1,
+        Op.READ,
+        TOPIC,
+        True,
+    ),
+    (
+        [
+            u1("sb2", LITERAL, Op.READ, ALLOW, principal="User:*"),
+            u1("sb2", LITERAL, Op.READ, DENY, principal="User:*"),
+        ],
+        U2H1,
+        Op.READ,
+        TOPIC,
+        False,
+    ),
     # a super user, whatever the ACLs
-    ([acl(rt, "*", LITERAL, "User:*", Op.ALL, DENY) for rt in (TOPIC, CLUSTER, GROUP, TXN)],
-     Client("User:superman", "192.0.4.4"), Op.READ, TXN, True),
-]  # fmt: skip
+    (
+        [acl(rt, "*", LITERAL, "User:*", Op.ALL, DENY) for rt in (TOPIC, CLUSTER, GROUP, TXN)],
+        Client("User:superman", "192.0.4.4"),
+        Op.READ,
+        TXN,
+        True,
+    ),
+]
 
 
 @pytest.mark.parametrize(("bindings", "client", "op", "rt", "allowed"), BY_TYPE)

@@ -49,9 +49,17 @@ def test_a_broker_token_names_its_broker_and_depends_on_the_secret() -> None:
 
 @pytest.mark.parametrize(
     ("value", "token"),
-    [(None, None), ("", None), ("Bearer", None), ("Bearer   ", None), ("Basic abc", None),
-     ("bearer abc", "abc"), ("Bearer  abc ", "abc"), ("Bearer " + "a" * 2000, None)],
-)  # fmt: skip
+    [
+        (None, None),
+        ("", None),
+        ("Bearer", None),
+        ("Bearer   ", None),
+        ("Basic abc", None),
+        ("bearer abc", "abc"),
+        ("Bearer  abc ", "abc"),
+        ("Bearer " + "a" * 2000, None),
+    ],
+)
 def test_bearer_header(value: str | None, token: str | None) -> None:
     assert bearer(value) == token
 
@@ -63,9 +71,14 @@ def test_the_controller_accepts_the_cluster_token_and_each_brokers_own_token() -
     assert auth.broker_token(7) == broker_token(CLUSTER, 7)
     assert auth.authenticate(None) == (None, "no bearer token")
     assert auth.authenticate("Basic " + CLUSTER) == (None, "not a bearer token")
-    for wrong in (CLUSTER + "x", CLUSTER[:-1], BROKERS, broker_token(BROKERS, 7),
-                  broker_token(CLUSTER, 7).replace("broker-7.", "broker-8."),
-                  broker_token(CLUSTER, 7)[:-1] + "0"):  # fmt: skip
+    for wrong in (
+        CLUSTER + "x",
+        CLUSTER[:-1],
+        BROKERS,
+        broker_token(BROKERS, 7),
+        broker_token(CLUSTER, 7).replace("broker-7.", "broker-8."),
+        broker_token(CLUSTER, 7)[:-1] + "0",
+    ):
         assert auth.authenticate(header(wrong)) == (None, "wrong token"), wrong
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,11 @@ from tidalmq_core.control_tls import (
     role_of,
     role_of_name,
     server_is_admin,
+    server_is_broker,
 )
 from tidalmq_core.tls_reload import FollowingContext
+
+from tests.support.revocation import crl_pem
 
 
 @pytest.mark.parametrize(
@@ -74,9 +78,14 @@ def test_a_certificate_allows_the_tokens_of_its_role_only(
 
 @pytest.mark.parametrize(
     ("cn", "allowed"),
-    [("controller", True), ("operator", True), ("broker-2", True), ("broker", True),
-     ("broker-1", False)],
-)  # fmt: skip
+    [
+        ("controller", True),
+        ("operator", True),
+        ("broker-2", True),
+        ("broker", True),
+        ("broker-1", False),
+    ],
+)
 def test_a_brokers_control_endpoint_lets_in_the_controller_and_itself(
     cn: str, allowed: bool
 ) -> None:
@@ -106,11 +115,13 @@ def test_the_setting_is_all_three_files_or_none(tmp_path: Path) -> None:
     ca = certs.new_ca("control CA")
     (tmp_path / "ca.pem").write_bytes(ca.cert_pem())
     certs.write_keystore(tmp_path / "b.pem", certs.issue(ca, "broker-1", client=True))
-    tls = ControlTls.from_env({
-        "TIDALMQ_CONTROL_TLS_CERT_FILE": str(tmp_path / "b.pem"),
-        "TIDALMQ_CONTROL_TLS_KEY_FILE": str(tmp_path / "b.pem"),
-        "TIDALMQ_CONTROL_TLS_CA_FILE": str(tmp_path / "ca.pem"),
-    })  # fmt: skip
+    tls = ControlTls.from_env(
+        {
+            "TIDALMQ_CONTROL_TLS_CERT_FILE": str(tmp_path / "b.pem"),
+            "TIDALMQ_CONTROL_TLS_KEY_FILE": str(tmp_path / "b.pem"),
+            "TIDALMQ_CONTROL_TLS_CA_FILE": str(tmp_path / "ca.pem"),
+        }
+    )
     assert tls is not None and tls.env()["TIDALMQ_CONTROL_TLS_CA_FILE"] == str(tmp_path / "ca.pem")
     with pytest.raises(ControlTlsError, match="cannot load the CA certificate"):
         ControlTls.from_files(str(tmp_path / "b.pem"), str(tmp_path / "b.pem"), str(tmp_path / "b"))
@@ -137,8 +148,10 @@ async def test_renewed_certificates_are_used_by_new_connections_without_a_restar
     ca_file = tmp_path / "ca.pem"
     ca_file.write_bytes(ca.cert_pem())
     server_file, client_file = tmp_path / "controller.pem", tmp_path / "broker-1.pem"
-    serials = {"server": _renew(server_file, ca, "controller"),
-               "client": _renew(client_file, ca, "broker-1")}  # fmt: skip
+    serials = {
+        "server": _renew(server_file, ca, "controller"),
+        "client": _renew(client_file, ca, "broker-1"),
+    }
     server_tls = ControlTls(str(server_file), str(server_file), str(ca_file))
     client_tls = ControlTls(str(client_file), str(client_file), str(ca_file))
     server_ctx = server_tls.server_context()
@@ -175,8 +188,10 @@ async def test_renewed_certificates_are_used_by_new_connections_without_a_restar
     try:
         assert await connect() == serials["server"]
         assert seen_by_server[-1] == serials["client"]
-        renewed = {"server": _renew(server_file, ca, "controller"),
-                   "client": _renew(client_file, ca, "broker-1")}  # fmt: skip
+        renewed = {
+            "server": _renew(server_file, ca, "controller"),
+            "client": _renew(client_file, ca, "broker-1"),
+        }
         assert renewed != serials
         assert server_ctx.check() and client_ctx.check()  # (else at the next connection 10 s on)
         assert not server_ctx.check()  # unchanged since
@@ -194,3 +209,127 @@ async def test_renewed_certificates_are_used_by_new_connections_without_a_restar
     finally:
         server.close()
         await server.wait_closed()
+
+
+# ----------------------------------------------------- revoked certificates (--control-tls-crl-file)
+def test_the_crl_setting_goes_with_the_three_files_and_must_load_at_start(tmp_path: Path) -> None:
+    """The CRL file is a fourth, optional file: from the flag or TIDALMQ_CONTROL_TLS_CRL_FILE,
+    in the broker's and the operator's settings, handed on to child processes; alone, missing
+    or unloadable it stops the process at start with one line."""
+    from tidalmq_broker.settings import from_sources
+    from tidalmq_operator.settings import OperatorSettings
+
+    ca = certs.new_ca("control CA")
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem())
+    broker = certs.issue(ca, "broker-1", client=True)
+    certs.write_keystore(tmp_path / "b.pem", broker)
+    (tmp_path / "crl.pem").write_bytes(crl_pem(ca, []))
+    files = [str(tmp_path / n) for n in ("b.pem", "b.pem", "ca.pem", "crl.pem")]
+    with pytest.raises(ControlTlsError, match="--control-tls-crl-file is given but"):
+        ControlTls.from_files(crl_file=files[3])
+    for bad, why in (("missing.pem", "No such file"), ("half.pem", "PEM lib")):
+        (tmp_path / "half.pem").write_bytes(crl_pem(ca, [])[:100])
+        with pytest.raises(ControlTlsError) as info:
+            ControlTls.from_files(*files[:3], str(tmp_path / bad))
+        message = str(info.value)
+        assert message.startswith("control-plane TLS: --control-tls-crl-file ") and why in message
+        assert "cannot load revocation lists from it" in message and "\n" not in message
+    env = dict(
+        zip(
+            (
+                "TIDALMQ_CONTROL_TLS_CERT_FILE",
+                "TIDALMQ_CONTROL_TLS_KEY_FILE",
+                "TIDALMQ_CONTROL_TLS_CA_FILE",
+                "TIDALMQ_CONTROL_TLS_CRL_FILE",
+            ),
+            files,
+            strict=True,
+        )
+    )
+    tls = ControlTls.from_env(env)
+    assert tls == ControlTls(*files) and tls.env() == env
+    assert ControlTls(*files[:3]).env()["TIDALMQ_CONTROL_TLS_CRL_FILE"] == ""  # never inherited
+    from_broker = from_sources(env={**env, "TIDALMQ_CONTROLLER_URL": "https://x:1"}).control_tls()
+    assert from_broker == tls
+    assert OperatorSettings.from_env(env).control_tls() == tls
+    # the broker's flag
+    import argparse
+
+    flags = argparse.Namespace(control_tls_crl_file=files[3])
+    env.pop("TIDALMQ_CONTROL_TLS_CRL_FILE")
+    assert (
+        from_sources(flags, env={**env, "TIDALMQ_CONTROLLER_URL": "https://x:1"}).control_tls()
+        == tls
+    )
+
+
+async def test_a_revoked_certificate_is_refused_on_either_side_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A CRL of the cluster CA: the server refuses a client certificate it revokes (a broker's
+    calls), the client refuses a server certificate it revokes (the controller's pushes to that
+    broker), each from the next look at the files on; the others go on working. A CRL file cut
+    short keeps the last one that loaded (the revocation stays)."""
+    ca = certs.new_ca("control CA")
+    ca_file, crl_file = tmp_path / "ca.pem", tmp_path / "crl.pem"
+    ca_file.write_bytes(ca.cert_pem())
+    crl_file.write_bytes(crl_pem(ca, []))
+    issued: dict[str, certs.Issued] = {}
+    for cn in ("controller", "broker-1", "broker-2"):
+        issued[cn] = certs.issue(ca, cn, hosts=["127.0.0.1"], client=True)
+        certs.write_keystore(tmp_path / f"{cn}.pem", issued[cn])
+
+    def tls(cn: str) -> ControlTls:
+        path = str(tmp_path / f"{cn}.pem")
+        return ControlTls(path, path, str(ca_file), str(crl_file))
+
+    controller_server = tls("controller").server_context()
+    pushes = tls("controller").client_context(server_is_broker)
+    broker_calls = {cn: tls(cn).client_context(server_is_admin) for cn in ("broker-1", "broker-2")}
+    contexts = [controller_server, pushes, *broker_calls.values()]
+
+    async def serve(ctx: ssl.SSLContext) -> asyncio.Server:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"ok")
+            await writer.drain()
+            writer.close()
+
+        return await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
+
+    async def works(port: int, ctx: ssl.SSLContext) -> bool:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+            ok = await reader.read() == b"ok"
+            writer.close()
+            return ok
+        except (ssl.SSLError, ConnectionError):
+            return False
+
+    servers = {
+        "controller": await serve(controller_server),
+        "broker-1": await serve(tls("broker-1").server_context()),
+        "broker-2": await serve(tls("broker-2").server_context()),
+    }
+    port = {name: s.sockets[0].getsockname()[1] for name, s in servers.items()}
+    try:
+        for cn, ctx in broker_calls.items():
+            assert await works(port["controller"], ctx), cn
+            assert await works(port[cn], pushes), cn
+        staged = crl_file.with_suffix(".new")  # as a Secret volume update puts it in place
+        staged.write_bytes(crl_pem(ca, [issued["broker-1"]]))
+        os.replace(staged, crl_file)
+        assert all(ctx.check() for ctx in contexts)  # (else at a connection 10 s on)
+        assert not await works(port["controller"], broker_calls["broker-1"])  # its calls
+        assert not await works(port["broker-1"], pushes)  # its endpoint, as the server
+        assert await works(port["controller"], broker_calls["broker-2"])
+        assert await works(port["broker-2"], pushes)
+        # a CRL cut short: the last that loaded stays in force
+        crl_file.write_bytes(crl_pem(ca, [])[:120])
+        assert not controller_server.check() and controller_server.failures == 1
+        assert "--control-tls-crl-file" in controller_server.last_error
+        assert not await works(port["controller"], broker_calls["broker-1"])
+        assert await works(port["controller"], broker_calls["broker-2"])
+    finally:
+        for server in servers.values():
+            server.close()
+            await server.wait_closed()

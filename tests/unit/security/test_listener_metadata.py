@@ -30,9 +30,13 @@ def cluster() -> ClusterMetadata:
     parts = [PartitionState(0, 3, [0]), PartitionState(1, 5, [1])]
     meta.topics = {
         "t": TopicInfo("t", "00000000-0000-0000-0000-000000000001", parts),
-        OFFSETS_TOPIC: TopicInfo(OFFSETS_TOPIC, "00000000-0000-0000-0000-000000000002",
-                                 [PartitionState(1, 0, [1])], internal=True),
-    }  # fmt: skip
+        OFFSETS_TOPIC: TopicInfo(
+            OFFSETS_TOPIC,
+            "00000000-0000-0000-0000-000000000002",
+            [PartitionState(1, 0, [1])],
+            internal=True,
+        ),
+    }
     return meta
 
 

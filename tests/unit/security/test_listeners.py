@@ -13,9 +13,15 @@ from tidalmq_broker.security.listeners import (
 
 
 def settings(**kw: object) -> dict[str, object]:
-    base: dict[str, object] = dict(listeners="", advertised_listeners="", protocol_map="",
-                                   host="127.0.0.1", port=9092, advertised_host="",
-                                   advertised_port=0)  # fmt: skip
+    base: dict[str, object] = dict(
+        listeners="",
+        advertised_listeners="",
+        protocol_map="",
+        host="127.0.0.1",
+        port=9092,
+        advertised_host="",
+        advertised_port=0,
+    )
     return {**base, **kw}
 
 
@@ -31,9 +37,11 @@ def test_without_listeners_the_host_and_port_are_one_plaintext_listener() -> Non
 
 
 def test_several_listeners_with_the_default_protocol_map() -> None:
-    got = resolve(**settings(  # type: ignore[arg-type]
-        listeners="PLAINTEXT://127.0.0.1:9092, sasl_ssl://[::1]:9093,SSL://:0",
-    ))  # fmt: skip
+    got = resolve(
+        **settings(  # type: ignore[arg-type]
+            listeners="PLAINTEXT://127.0.0.1:9092, sasl_ssl://[::1]:9093,SSL://:0",
+        )
+    )
     assert got.bind == [
         ListenerSpec("PLAINTEXT", "127.0.0.1", 9092, "PLAINTEXT"),
         ListenerSpec("SASL_SSL", "::1", 9093, "SASL_SSL"),
@@ -49,13 +57,17 @@ def test_several_listeners_with_the_default_protocol_map() -> None:
 
 
 def test_named_listeners_and_advertised_ones() -> None:
-    got = resolve(**settings(  # type: ignore[arg-type]
-        listeners="CLIENT://0.0.0.0:9093,INTERNAL://10.0.0.5:9094",
-        advertised_listeners="CLIENT://kafka.example.com:443",
-        protocol_map="CLIENT:SASL_SSL,INTERNAL:ssl",
-    ))  # fmt: skip
+    got = resolve(
+        **settings(  # type: ignore[arg-type]
+            listeners="CLIENT://0.0.0.0:9093,INTERNAL://10.0.0.5:9094",
+            advertised_listeners="CLIENT://kafka.example.com:443",
+            protocol_map="CLIENT:SASL_SSL,INTERNAL:ssl",
+        )
+    )
     assert [(s.name, s.security_protocol) for s in got.bind] == [
-        ("CLIENT", "SASL_SSL"), ("INTERNAL", "SSL")]  # fmt: skip
+        ("CLIENT", "SASL_SSL"),
+        ("INTERNAL", "SSL"),
+    ]
     # as in Kafka, a listener left out of advertised.listeners is not registered
     assert got.advertised == [ListenerSpec("CLIENT", "kafka.example.com", 443, "SASL_SSL")]
 

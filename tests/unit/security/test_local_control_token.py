@@ -11,6 +11,9 @@ import pytest
 from cryptography import x509
 from tidalmq_broker.local import control_tls
 from tidalmq_broker.local.control import ControlError, ensure_token, find_controller, token_path
+from tidalmq_core.control_tls import ENV_CRL_FILE as ENV_CRL
+
+from tests.support.revocation import crl_pem
 
 
 def test_the_token_is_made_once_readable_by_its_owner_only(tmp_path: Path) -> None:
@@ -57,9 +60,14 @@ def test_the_commands_present_the_data_dirs_admin_certificate(
     """`local up` makes the control plane's CA and certificates in the data dir; the commands
     that find the controller through the data dir present its admin certificate (CN=admin), and
     given --controller-url the TIDALMQ_CONTROL_TLS_* files first."""
-    for name in ("TIDALMQ_CONTROL_TOKEN", "TIDALMQ_CONTROL_TOKEN_FILE",
-                 "TIDALMQ_CONTROL_TLS_CERT_FILE", "TIDALMQ_CONTROL_TLS_KEY_FILE",
-                 "TIDALMQ_CONTROL_TLS_CA_FILE"):  # fmt: skip
+    for name in (
+        "TIDALMQ_CONTROL_TOKEN",
+        "TIDALMQ_CONTROL_TOKEN_FILE",
+        "TIDALMQ_CONTROL_TLS_CERT_FILE",
+        "TIDALMQ_CONTROL_TLS_KEY_FILE",
+        "TIDALMQ_CONTROL_TLS_CA_FILE",
+        "TIDALMQ_CONTROL_TLS_CRL_FILE",
+    ):
         monkeypatch.delenv(name, raising=False)
     data = tmp_path / "local"
     ensure_token(data)
@@ -74,6 +82,12 @@ def test_the_commands_present_the_data_dirs_admin_certificate(
     cert = x509.load_pem_x509_certificate(Path(broker.cert_file).read_bytes())
     assert cert.subject.rfc4514_string() == "CN=broker-3"
     assert control_tls.prepare(data, "").ca_file.read_bytes() == ca, "the CA is kept"
+    # a CRL of the data dir's CA, when there is one, is checked by every process and the CLI
+    assert broker.crl_file == "" and tls.crl_file == ""
+    crl = data / "control-tls" / "crl.pem"
+    crl.write_bytes(crl_pem(local.ca, []))
+    assert local.broker(3).crl_file == str(crl) and local.broker(3).env()[ENV_CRL] == str(crl)
+    assert (admin := find_controller(None, data).tls) is not None and admin.crl_file == str(crl)
     other = control_tls.prepare(tmp_path / "elsewhere", "").admin()
     for name, value in other.env().items():
         monkeypatch.setenv(name, value)

@@ -17,9 +17,10 @@ def test_made_once_kept_after_and_private(tmp_path: Path) -> None:
     for private in ("ca-key.pem", "broker.pem", "admin-password", "client.properties"):
         assert stat.S_IMODE((first.directory / private).stat().st_mode) == 0o600, private
     props = dict(
-        line.split("=", 1) for line in first.client_properties.read_text().splitlines()
+        line.split("=", 1)
+        for line in first.client_properties.read_text().splitlines()
         if line and not line.startswith("#")
-    )  # fmt: skip
+    )
     assert props["security.protocol"] == "SASL_SSL"
     assert props["sasl.mechanism"] == "SCRAM-SHA-512"
     assert f'username="admin" password="{first.password}";' in props["sasl.jaas.config"]

@@ -27,8 +27,10 @@ ALL = SaslConfig(("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"), lambda u, m: USERS
 
 
 def invalid(mech: str) -> str:
-    return ("Authentication failed during authentication due to invalid credentials with SASL "
-            f"mechanism {mech}")  # fmt: skip
+    return (
+        "Authentication failed during authentication due to invalid credentials with SASL "
+        f"mechanism {mech}"
+    )
 
 
 @pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-512"])

@@ -21,38 +21,61 @@ def _der(name: x509.Name) -> bytes:
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(1).not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256())
-    )  # fmt: skip
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
     return cert.public_bytes(serialization.Encoding.DER)
 
 
 A = x509.NameAttribute
 CASES = [
     (
-        x509.Name([A(NameOID.COUNTRY_NAME, "US"), A(NameOID.ORGANIZATION_NAME, "Acme, Inc."),
-                   A(NameOID.ORGANIZATIONAL_UNIT_NAME, "Service+Users"),
-                   A(NameOID.COMMON_NAME, 'alice "the" <admin>; #1 ')]),
+        x509.Name(
+            [
+                A(NameOID.COUNTRY_NAME, "US"),
+                A(NameOID.ORGANIZATION_NAME, "Acme, Inc."),
+                A(NameOID.ORGANIZATIONAL_UNIT_NAME, "Service+Users"),
+                A(NameOID.COMMON_NAME, 'alice "the" <admin>; #1 '),
+            ]
+        ),
         'CN=alice \\"the\\" \\<admin\\>\\; \\#1\\ ,OU=Service\\+Users,O=Acme\\, Inc.,C=US',
     ),
     (
-        x509.Name([A(NameOID.DOMAIN_COMPONENT, "com"), A(NameOID.DOMAIN_COMPONENT, "example"),
-                   A(NameOID.COMMON_NAME, "bob"), A(NameOID.EMAIL_ADDRESS, "bob@example.com"),
-                   A(NameOID.SERIAL_NUMBER, "1234"), A(NameOID.USER_ID, "u1"),
-                   A(NameOID.LOCALITY_NAME, "Zürich"), A(NameOID.STATE_OR_PROVINCE_NAME, "ZH"),
-                   A(NameOID.STREET_ADDRESS, "Main St 1")]),
+        x509.Name(
+            [
+                A(NameOID.DOMAIN_COMPONENT, "com"),
+                A(NameOID.DOMAIN_COMPONENT, "example"),
+                A(NameOID.COMMON_NAME, "bob"),
+                A(NameOID.EMAIL_ADDRESS, "bob@example.com"),
+                A(NameOID.SERIAL_NUMBER, "1234"),
+                A(NameOID.USER_ID, "u1"),
+                A(NameOID.LOCALITY_NAME, "Zürich"),
+                A(NameOID.STATE_OR_PROVINCE_NAME, "ZH"),
+                A(NameOID.STREET_ADDRESS, "Main St 1"),
+            ]
+        ),
         "STREET=Main St 1,ST=ZH,L=Zürich,UID=u1,2.5.4.5=#130431323334,"
         "1.2.840.113549.1.9.1=#160f626f62406578616d706c652e636f6d,CN=bob,DC=example,DC=com",
     ),
     (
-        x509.Name([x509.RelativeDistinguishedName([A(NameOID.COMMON_NAME, "carol"),
-                                                   A(NameOID.ORGANIZATIONAL_UNIT_NAME, "ops")]),
-                   x509.RelativeDistinguishedName([A(NameOID.ORGANIZATION_NAME, "Acme")])]),
+        x509.Name(
+            [
+                x509.RelativeDistinguishedName(
+                    [A(NameOID.COMMON_NAME, "carol"), A(NameOID.ORGANIZATIONAL_UNIT_NAME, "ops")]
+                ),
+                x509.RelativeDistinguishedName([A(NameOID.ORGANIZATION_NAME, "Acme")]),
+            ]
+        ),
         "O=Acme,OU=ops+CN=carol",
     ),
     (x509.Name([A(NameOID.COMMON_NAME, " #spaced\\back=eq")]), "CN=\\ \\#spaced\\\\back\\=eq"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("name", "java"), CASES)
@@ -63,8 +86,9 @@ def test_subject_dn_as_java_writes_it(name: x509.Name, java: str) -> None:
 def test_server_contexts(tmp_path: Path) -> None:
     ca = certs.new_ca()
     (tmp_path / "ca.pem").write_bytes(ca.cert_pem())
-    certs.write_keystore(tmp_path / "ks.pem", certs.issue(ca, "b", hosts=["localhost"]), ca,
-                         password="kpw")  # fmt: skip
+    certs.write_keystore(
+        tmp_path / "ks.pem", certs.issue(ca, "b", hosts=["localhost"]), ca, password="kpw"
+    )
     ks, ts = str(tmp_path / "ks.pem"), str(tmp_path / "ca.pem")
     ctx = server_context(TlsSettings(ks, "kpw", ts, "required"))
     assert ctx.verify_mode == ssl.CERT_REQUIRED

@@ -17,6 +17,8 @@ from tidalmq_broker.security import certs
 from tidalmq_broker.security.tls import TlsSettings, listener_context
 from tidalmq_core.tls_reload import FollowingContext
 
+from tests.support.revocation import crl_pem
+
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
@@ -152,29 +154,6 @@ async def test_a_new_truststore_decides_client_certificates(
         writer.close()
 
 
-def _crl(ca: certs.Issued, revoked: list[certs.Issued], *, next_update_s: float = 86400) -> bytes:
-    """A PEM CRL of `ca` revoking `revoked`."""
-    from datetime import UTC, datetime, timedelta
-
-    from cryptography.hazmat.primitives import hashes, serialization
-
-    now = datetime.now(UTC)
-    builder = (
-        x509.CertificateRevocationListBuilder()
-        .issuer_name(ca.cert.subject)
-        .last_update(now - timedelta(minutes=1))
-        .next_update(now + timedelta(seconds=next_update_s))
-    )
-    for issued in revoked:
-        builder = builder.add_revoked_certificate(
-            x509.RevokedCertificateBuilder()
-            .serial_number(issued.cert.serial_number)
-            .revocation_date(now - timedelta(minutes=1))
-            .build()
-        )
-    return builder.sign(ca.key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
-
-
 async def test_revoked_client_certificates_are_refused_and_the_crl_is_reloaded(
     ca: certs.Issued, tmp_path: Path
 ) -> None:
@@ -187,15 +166,19 @@ async def test_revoked_client_certificates_are_refused_and_the_crl_is_reloaded(
     alice, mallory = (
         certs.issue(clients, n, server=False, client=True) for n in ("alice", "mallory")
     )
-    crl.write_bytes(_crl(clients, [mallory]))
-    settings = TlsSettings(keystore_location=str(keystore), truststore_location=str(truststore),
-                           client_auth="required", crl_location=str(crl))  # fmt: skip
+    crl.write_bytes(crl_pem(clients, [mallory]))
+    settings = TlsSettings(
+        keystore_location=str(keystore),
+        truststore_location=str(truststore),
+        client_auth="required",
+        crl_location=str(crl),
+    )
     async with Server(listener_context("SSL", settings)) as server:
         _, writer, _ = await server.connect(client_context(ca, tmp_path, me=alice))
         writer.close()
         with pytest.raises((ssl.SSLError, ConnectionError)):
             await server.connect(client_context(ca, tmp_path, me=mallory))
-        crl.write_bytes(_crl(clients, [mallory, alice]))
+        crl.write_bytes(crl_pem(clients, [mallory, alice]))
         assert server.reloader.check()
         with pytest.raises((ssl.SSLError, ConnectionError)):
             await server.connect(client_context(ca, tmp_path, me=alice))
@@ -212,8 +195,9 @@ def test_a_crl_needs_client_certificates_and_a_readable_file(tmp_path: Path) -> 
     with pytest.raises(TlsConfigError, match=r"needs ssl\.client\.auth"):
         server_context(TlsSettings(**base, crl_location=str(tmp_path / "ca.pem")))
     with pytest.raises(TlsConfigError, match=r"ssl\.crl\.location"):
-        server_context(TlsSettings(**base, client_auth="required",
-                                   crl_location=str(tmp_path / "missing.pem")))  # fmt: skip
+        server_context(
+            TlsSettings(**base, client_auth="required", crl_location=str(tmp_path / "missing.pem"))
+        )
 
 
 def test_an_alter_configs_of_the_keystore_path_is_a_reload_of_this_brokers_listeners() -> None:

@@ -194,8 +194,9 @@ async def test_connections_sharing_one_scratch_buffer_get_their_own_frames(seed:
     for i in range(5):
         proto = FrameProtocol(max_frame_bytes=10_000_000, max_queued_bytes=1 << 30, scratch=scratch)
         proto.connection_made(FakeTransport())  # type: ignore[arg-type]
-        payloads = [bytes([i]) * rng.choice([1, 7, 300, 20_000, 31_999, 40_000, 100_000])
-                    for _ in range(20)]  # fmt: skip
+        payloads = [
+            bytes([i]) * rng.choice([1, 7, 300, 20_000, 31_999, 40_000, 100_000]) for _ in range(20)
+        ]
         protos.append(proto)
         streams.append(bytearray(b"".join(frame(p) for p in payloads)))
         expected.append(payloads)
@@ -252,8 +253,11 @@ def test_a_lost_connection_gives_back_its_budget() -> None:
     budget = MemoryBudget("request", 1 << 30)
     proto = FrameProtocol(1 << 30, budget=budget)
     proto.connection_made(FakeTransport())  # type: ignore[arg-type]
-    feed(proto, frame(b"q" * 100) + frame(b"r" * 50_000) + struct.pack(">i", 10_000_000) + b"x" * 5000,
-         random.Random(3))  # fmt: skip
+    feed(
+        proto,
+        frame(b"q" * 100) + frame(b"r" * 50_000) + struct.pack(">i", 10_000_000) + b"x" * 5000,
+        random.Random(3),
+    )
     assert budget.used > 50_100  # two queued frames and a partial one's buffer
     proto.connection_lost(None)
     assert budget.used == 0 and budget.complete == 0

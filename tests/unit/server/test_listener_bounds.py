@@ -20,7 +20,7 @@ import pytest
 import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
 import uvloop
 from tidalmq_broker.apis.api_versions import api_versions_body
-from tidalmq_broker.apis.registry import REGISTRY, supported_versions
+from tidalmq_broker.apis.kafka_registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import encode_request
 from tidalmq_broker.protocol.fastpath import EncodedBody, encode_fetch_response
 from tidalmq_broker.security import certs
@@ -74,13 +74,37 @@ class Served:
         return None if spec is None else (lambda r, c: spec.handler(NO_BROKER, r, c))  # type: ignore[arg-type]
 
 
-FETCH = encode_request(1, 12, 7, {
-    "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 50 << 20, "isolation_level": 0,
-    "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
-    "topics": [{"topic": "t", "partitions": [{
-        "partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
-        "log_start_offset": -1, "partition_max_bytes": 50 << 20}]}],
-})  # fmt: skip
+FETCH = encode_request(
+    1,
+    12,
+    7,
+    {
+        "replica_id": -1,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 50 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "forgotten_topics_data": [],
+        "rack_id": "",
+        "topics": [
+            {
+                "topic": "t",
+                "partitions": [
+                    {
+                        "partition": 0,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": 0,
+                        "last_fetched_epoch": -1,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 50 << 20,
+                    }
+                ],
+            }
+        ],
+    },
+)
 
 
 async def started(limits: ListenerLimits, served: Served | None = None) -> KafkaListener:
@@ -238,8 +262,9 @@ async def test_a_client_that_does_not_read_is_muted_and_resumes_when_it_reads(
     cap, and at 12 MiB not taken the connection's requests are no longer read; the fetches it
     pipelined wait, and go on once the client reads."""
     served = Served()
-    limits = ListenerLimits(max_response_bytes_per_connection=16 << 20,
-                            queued_max_response_bytes=64 << 20)  # fmt: skip
+    limits = ListenerLimits(
+        max_response_bytes_per_connection=16 << 20, queued_max_response_bytes=64 << 20
+    )
     listener = await started(limits, served)
     listeners.append(listener)
     sock = await connect(listener.port, rcvbuf=32 * 1024)
@@ -259,9 +284,11 @@ async def test_a_client_that_does_not_read_is_muted_and_resumes_when_it_reads(
 
 
 async def test_a_closed_connection_gives_every_byte_back(listeners: list[KafkaListener]) -> None:
-    limits = ListenerLimits(max_response_bytes_per_connection=16 << 20,
-                            queued_max_response_bytes=128 << 20,
-                            queued_max_request_bytes=64 << 20)  # fmt: skip
+    limits = ListenerLimits(
+        max_response_bytes_per_connection=16 << 20,
+        queued_max_response_bytes=128 << 20,
+        queued_max_request_bytes=64 << 20,
+    )
     listener = await started(limits)
     listeners.append(listener)
     socks = []
@@ -283,9 +310,13 @@ async def test_connections_leave_no_reference_cycles(listeners: list[KafkaListen
     """A closed connection is freed by reference counting: with the cyclic collector off,
     nothing of 30 connections (answered, refused, cut mid-frame, or dropped with answers
     unread) is left for it to find."""
-    listener = await started(ListenerLimits(max_connections_per_ip=25,
-                                            queued_max_request_bytes=64 << 20,
-                                            queued_max_response_bytes=64 << 20))  # fmt: skip
+    listener = await started(
+        ListenerLimits(
+            max_connections_per_ip=25,
+            queued_max_request_bytes=64 << 20,
+            queued_max_response_bytes=64 << 20,
+        )
+    )
     listeners.append(listener)
     gc.collect()
     gc.disable()
@@ -335,8 +366,9 @@ async def test_tls_answers_a_request_read_before_the_previous_answer_was_sent(
     that a client waiting for that answer never causes (the SASL_SSL clients of
     tests/integration/security/test_acls.py timed out that way)."""
     limits = ListenerLimits(max_inflight_per_connection=1)
-    listener = KafkaListener(InTwoParts().dispatch, supported_versions, api_versions_body,
-                             limits=limits)  # fmt: skip
+    listener = KafkaListener(
+        InTwoParts().dispatch, supported_versions, api_versions_body, limits=limits
+    )
     await listener.start_endpoints([ListenerEndpoint("SSL", "127.0.0.1", 0, "SSL", tls.server())])
     listeners.append(listener)
     reader, writer = await tls_connect(listener.ports["SSL"], tls)
@@ -365,8 +397,9 @@ async def test_tls_clients_that_do_not_read_get_no_more_than_the_budget(
     such connection could hold 16 MiB more than its cap, so connections together any amount
     past the budget). Once they close, every byte is given back."""
     served = Served(records=16 << 20)
-    limits = ListenerLimits(max_response_bytes_per_connection=16 << 20,
-                            queued_max_response_bytes=32 << 20)  # fmt: skip
+    limits = ListenerLimits(
+        max_response_bytes_per_connection=16 << 20, queued_max_response_bytes=32 << 20
+    )
     listener = KafkaListener(served.dispatch, supported_versions, api_versions_body, limits=limits)
     await listener.start_endpoints([ListenerEndpoint("SSL", "127.0.0.1", 0, "SSL", tls.server())])
     listeners.append(listener)

@@ -19,8 +19,9 @@ import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
 import uvloop
 from kafka.net.sasl.scram import ScramClient
 from kio.schema.errors import ErrorCode
+from prometheus_client import REGISTRY as METRICS
 from tidalmq_broker.apis.api_versions import api_versions_body
-from tidalmq_broker.apis.registry import REGISTRY, supported_versions
+from tidalmq_broker.apis.kafka_registry import REGISTRY, supported_versions
 from tidalmq_broker.protocol.codec import decode_response, encode_request
 from tidalmq_broker.security import certs
 from tidalmq_broker.security.principal import PrincipalMapper
@@ -35,10 +36,20 @@ from tidalmq_core.metadata import ClusterMetadata
 USERS = {("alice", "SCRAM-SHA-256"): scram.new_credential(scram.SCRAM_SHA_256, "alice-secret")}
 SASL = SaslConfig(("PLAIN", "SCRAM-SHA-256"), lambda u, m: USERS.get((u, m)))
 METADATA = 3
-MD_REQUEST = {"topics": None, "allow_auto_topic_creation": False,
-              "include_topic_authorized_operations": False}  # fmt: skip
-METADATA_BODY = {"throttle_time": 0, "brokers": [], "cluster_id": "c", "controller_id": 0,
-                 "topics": [], "cluster_authorized_operations": -2147483648, "error_code": 0}  # fmt: skip
+MD_REQUEST = {
+    "topics": None,
+    "allow_auto_topic_creation": False,
+    "include_topic_authorized_operations": False,
+}
+METADATA_BODY = {
+    "throttle_time": 0,
+    "brokers": [],
+    "cluster_id": "c",
+    "controller_id": 0,
+    "topics": [],
+    "cluster_authorized_operations": -2147483648,
+    "error_code": 0,
+}
 
 # the handlers ApiVersions reaches read only the metadata (no cluster yet: no features)
 NO_BROKER = SimpleNamespace(metadata=ClusterMetadata("", version=-1))
@@ -89,8 +100,9 @@ class Client:
 
     @classmethod
     async def connect(cls, port: int, ctx: ssl.SSLContext | None = None) -> Client:
-        r, w = await asyncio.open_connection("127.0.0.1", port, ssl=ctx,
-                                             server_hostname="localhost" if ctx else None)  # fmt: skip
+        r, w = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=ctx, server_hostname="localhost" if ctx else None
+        )
         return cls(r, w)
 
     async def call(self, key: int, version: int, body: dict[str, Any]) -> Any:
@@ -121,10 +133,13 @@ class Client:
 
 @pytest.fixture
 async def sasl_listener(served: Served) -> AsyncIterator[KafkaListener]:
-    listener = await start(served, [
-        ListenerEndpoint("SASL_PLAINTEXT", "127.0.0.1", 0, "SASL_PLAINTEXT", sasl=SASL),
-        ListenerEndpoint("PLAINTEXT", "127.0.0.1", 0, "PLAINTEXT"),
-    ])  # fmt: skip
+    listener = await start(
+        served,
+        [
+            ListenerEndpoint("SASL_PLAINTEXT", "127.0.0.1", 0, "SASL_PLAINTEXT", sasl=SASL),
+            ListenerEndpoint("PLAINTEXT", "127.0.0.1", 0, "PLAINTEXT"),
+        ],
+    )
     yield listener
     await listener.close()
 
@@ -202,6 +217,29 @@ async def test_unsupported_mechanism_and_oversized_frames(sasl_listener: KafkaLi
     assert await c.closed()  # SaslAuthenticate before SaslHandshake
 
 
+async def test_each_listener_exports_its_kinds_of_failure_at_0_from_its_start(
+    sasl_listener: KafkaListener,
+) -> None:
+    """The first failure is then an increase a rate sees; PLAINTEXT can have none."""
+
+    def failures(listener: str, kind: str) -> float | None:
+        labels = {"listener": listener, "kind": kind}
+        return METRICS.get_sample_value("tidalmq_authentication_failures_total", labels)
+
+    for kind in ("sasl", "unauthenticated_request"):
+        assert failures("SASL_PLAINTEXT", kind) is not None
+    for kind in ("tls", "principal"):
+        assert failures("SASL_PLAINTEXT", kind) is None
+    for kind in ("tls", "principal", "sasl", "unauthenticated_request"):
+        assert failures("PLAINTEXT", kind) is None
+    before = failures("SASL_PLAINTEXT", "sasl") or 0.0
+    c = await Client.connect(sasl_listener.ports["SASL_PLAINTEXT"])
+    await c.call(17, 1, {"mechanism": "PLAIN"})
+    await c.call(36, 1, {"auth_bytes": b"\0alice\0guess"})
+    assert await c.closed()
+    assert failures("SASL_PLAINTEXT", "sasl") == before + 1
+
+
 async def test_plaintext_is_anonymous(sasl_listener: KafkaListener, served: Served) -> None:
     c = await Client.connect(sasl_listener.ports["PLAINTEXT"])
     hs = await c.call(17, 1, {"mechanism": "PLAIN"})
@@ -217,12 +255,24 @@ async def test_ssl_principal_from_the_client_certificate(tmp_path: Path, served:
     certs.write_keystore(
         tmp_path / "broker.pem", certs.issue(ca, "broker", hosts=["localhost"]), ca
     )
-    tls = TlsSettings(str(tmp_path / "broker.pem"), truststore_location=str(tmp_path / "ca.pem"),
-                      client_auth="requested")  # fmt: skip
-    listener = await start(served, [ListenerEndpoint(
-        "SSL", "127.0.0.1", 0, "SSL", ssl_context=server_context(tls),
-        principal_mapper=PrincipalMapper("RULE:^CN=(.*?),OU=Apps,.*$/$1/L,DEFAULT"),
-    )])  # fmt: skip
+    tls = TlsSettings(
+        str(tmp_path / "broker.pem"),
+        truststore_location=str(tmp_path / "ca.pem"),
+        client_auth="requested",
+    )
+    listener = await start(
+        served,
+        [
+            ListenerEndpoint(
+                "SSL",
+                "127.0.0.1",
+                0,
+                "SSL",
+                ssl_context=server_context(tls),
+                principal_mapper=PrincipalMapper("RULE:^CN=(.*?),OU=Apps,.*$/$1/L,DEFAULT"),
+            )
+        ],
+    )
     port = listener.ports["SSL"]
 
     def client_ctx(issued: certs.Issued | None) -> ssl.SSLContext:

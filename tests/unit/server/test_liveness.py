@@ -42,9 +42,15 @@ class Recorder:
 
 def thread_for(r: Recorder) -> LivenessThread[str]:
     return LivenessThread(
-        asyncio.get_running_loop(), interval_s=0.05, prepare=r.prepare, bare=r.bare,
-        send=r.send, on_lease=r.on_lease, on_reply=r.on_reply, prepare_wait_s=0.05,
-    )  # fmt: skip
+        asyncio.get_running_loop(),
+        interval_s=0.05,
+        prepare=r.prepare,
+        bare=r.bare,
+        send=r.send,
+        on_lease=r.on_lease,
+        on_reply=r.on_reply,
+        prepare_wait_s=0.05,
+    )
 
 
 async def test_heartbeats_carry_the_loops_news_and_answers_come_back_on_the_loop() -> None:
@@ -108,9 +114,15 @@ async def test_nothing_is_sent_while_the_broker_says_not_now() -> None:
         return None
 
     t = LivenessThread(
-        asyncio.get_running_loop(), interval_s=0.02, prepare=not_now, bare=r.bare,
-        send=r.send, on_lease=r.on_lease, on_reply=r.on_reply, prepare_wait_s=0.2,
-    )  # fmt: skip
+        asyncio.get_running_loop(),
+        interval_s=0.02,
+        prepare=not_now,
+        bare=r.bare,
+        send=r.send,
+        on_lease=r.on_lease,
+        on_reply=r.on_reply,
+        prepare_wait_s=0.2,
+    )
     t.enabled = True
     t.start()
     try:

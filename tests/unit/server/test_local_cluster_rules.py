@@ -58,10 +58,21 @@ def test_a_start_runs_the_brokers_the_cluster_has(
 
 
 def _status(dead_since: float | None) -> dict[str, object]:
-    row = {"broker": 2, "state": "dead", "process": "killed", "address": "127.0.0.1:9094",
-           "partitions": 0, "dead_since": dead_since}  # fmt: skip
-    return {"brokers": [row], "moves_in_flight": 0, "moves_done": 3, "leaderless": 0,
-            "failovers_opening": 2}  # fmt: skip
+    row = {
+        "broker": 2,
+        "state": "dead",
+        "process": "killed",
+        "address": "127.0.0.1:9094",
+        "partitions": 0,
+        "dead_since": dead_since,
+    }
+    return {
+        "brokers": [row],
+        "moves_in_flight": 0,
+        "moves_done": 3,
+        "leaderless": 0,
+        "failovers_opening": 2,
+    }
 
 
 def test_a_dead_broker_says_how_long_ago_it_died_and_what_replaces_it() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
 from tidalmq_broker.apis.api_versions import api_versions_body
-from tidalmq_broker.apis.registry import supported_versions
+from tidalmq_broker.apis.kafka_registry import supported_versions
 from tidalmq_broker.protocol.codec import encode_request
 from tidalmq_broker.server.connection import Connection
 from tidalmq_broker.server.cpu import Metered, RequestCpu
@@ -90,8 +90,9 @@ async def test_the_listener_reports_each_requests_cpu_by_api() -> None:
     sock.setblocking(False)
     try:
         await loop.sock_connect(sock, ("127.0.0.1", listener.port))
-        request = encode_request(API_VERSIONS_KEY, 3, 1, {
-            "client_software_name": "t", "client_software_version": "1"})  # fmt: skip
+        request = encode_request(
+            API_VERSIONS_KEY, 3, 1, {"client_software_name": "t", "client_software_version": "1"}
+        )
         await loop.sock_sendall(sock, request + request)  # two pipelined: they overlap
         for _ in range(2):
             head = await asyncio.wait_for(loop.sock_recv(sock, 4), 10)

@@ -55,10 +55,14 @@ class Log:
         ts: int = T0,
     ) -> int:
         builder = DefaultRecordBatchBuilder(
-            magic=2, compression_type=codec, is_transactional=transactional,
-            producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence,
+            magic=2,
+            compression_type=codec,
+            is_transactional=transactional,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+            base_sequence=sequence,
             batch_size=1 << 20,
-        )  # fmt: skip
+        )
         for i, (key, value) in enumerate(records):
             builder.append(i, timestamp=ts + i, key=key, value=value, headers=[])
         return self._append(bytearray(builder.build()), transactional, producer_id)
@@ -159,6 +163,31 @@ def test_many_updates_per_key_keep_the_latest_at_its_offset(codec: int) -> None:
     assert not again.changed and again.batches == out.batches  # a clean log stays as it is
 
 
+def test_wholly_superseded_batches_are_counted_as_those_parsed_whole() -> None:
+    # the first batch is superseded record by record (it goes by its keys alone); the second
+    # also holds a keyless record, so it is parsed whole; the last two are kept
+    log = Log()
+    log.data([(b"a", b"1"), (b"b", b"1"), (b"c", b"1")])
+    log.data([(b"a", b"2"), (None, b"keyless"), (b"b", b"2")])
+    log.data([(b"c", b"3"), (b"b", b"3")])
+    log.data([(b"a", b"4"), (b"d", b"4")])
+    out, _, _ = clean(log.buf(), [])
+    assert read(out.batches) == [(6, b"c", b"3"), (7, b"b", b"3"), (8, b"a", b"4"), (9, b"d", b"4")]
+    s = out.stats
+    assert (s.records_read, s.records_kept, s.superseded, s.keyless) == (10, 4, 5, 1)
+    assert s.batches_dropped == 2 and out.changed
+    # the same superseded batch as the group's last stays as an empty header
+    first = log.batches[0]
+    rnd = CleanRound(OffsetMap(10), T0, DAY, {}, rb.read_header(first).last_offset)
+    mapped = rnd.offset_map
+    map_batches(log.buf(), mapped, TxnTracker([]), 0)
+    alone = clean_group(first, TxnTracker([]), rnd)
+    assert [(h.base_offset, h.last_offset, h.record_count) for h in headers(alone.batches)] == [
+        (0, 2, 0)
+    ]
+    assert (alone.stats.records_read, alone.stats.superseded, alone.changed) == (3, 3, True)
+
+
 def test_records_past_the_map_end_are_kept_and_a_full_map_ends_the_pass() -> None:
     log = Log()
     log.data([(b"a", b"1"), (b"b", b"1")])
@@ -168,9 +197,13 @@ def test_records_past_the_map_end_are_kept_and_a_full_map_ends_the_pass() -> Non
     assert full and offset_map.latest_offset == 1 and len(offset_map) == 2
     # a@0 and b@1 are the latest the map knows; everything after offset 1 stays for the next pass
     assert read(out.batches) == [
-        (0, b"a", b"1"), (1, b"b", b"1"), (2, b"c", b"1"), (3, b"d", b"1"), (4, b"a", b"3"),
+        (0, b"a", b"1"),
+        (1, b"b", b"1"),
+        (2, b"c", b"1"),
+        (3, b"d", b"1"),
+        (4, b"a", b"3"),
         (5, b"c", b"3"),
-    ]  # fmt: skip
+    ]
     assert not out.changed
     # the next pass maps from the first one's end (updates of known keys take no room) and
     # cleans from the log start: b@1 is below the map's range and unknown to it, so it stays
@@ -369,8 +402,11 @@ def test_groups_are_whole_segments_within_segment_bytes_up_to_the_map_end() -> N
         ["s2"],
     ]
     assert [[e.key for e in g] for g in group_segments(entries, 50, 500)] == [
-        ["s0", "s0"], ["s1"], ["s2"], ["s3"],
-    ]  # fmt: skip
+        ["s0", "s0"],
+        ["s1"],
+        ["s2"],
+        ["s3"],
+    ]
 
 
 def test_cleaned_entries_tile_the_group_over_the_gaps() -> None:

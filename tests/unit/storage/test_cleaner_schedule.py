@@ -62,8 +62,9 @@ def test_max_compaction_lag_makes_a_partition_overdue_whatever_its_ratio() -> No
     late = _assess((10, 20), max_compaction_lag_ms=3999)
     assert late.overdue and late.chosen(0.99)
     # overdue partitions go first, then the dirtiest
-    ranked = sorted([_assess((0, 20), first_dirty=0), late, _assess((10, 20))],
-                    key=lambda c: c.priority)  # fmt: skip
+    ranked = sorted(
+        [_assess((0, 20), first_dirty=0), late, _assess((10, 20))], key=lambda c: c.priority
+    )
     assert ranked[0] is late and ranked[1].ratio == 1.0
 
 
@@ -78,10 +79,12 @@ def test_the_earliest_horizon_ahead_of_the_cleaned_batches() -> None:
     plain = rb.build_batch([(b"k", b"v")], timestamp_ms=T0)
     tomb = rb.build_batch([(b"k", None)], timestamp_ms=T0)
     header = rb.read_header(tomb)
-    soon = rb.rebuild_batch(header, list(rb.iter_record_slices(tomb, header)),
-                            delete_horizon_ms=T0 + 10)  # fmt: skip
-    later = rb.rebuild_batch(header, list(rb.iter_record_slices(tomb, header)),
-                             delete_horizon_ms=T0 + 20)  # fmt: skip
+    soon = rb.rebuild_batch(
+        header, list(rb.iter_record_slices(tomb, header)), delete_horizon_ms=T0 + 10
+    )
+    later = rb.rebuild_batch(
+        header, list(rb.iter_record_slices(tomb, header)), delete_horizon_ms=T0 + 20
+    )
     assert earliest_horizon([plain, later, soon], T0) == T0 + 10
     assert earliest_horizon([plain, later, soon], T0 + 10) == T0 + 20  # passed ones do not count
     assert earliest_horizon([plain, tomb], T0) is None
@@ -94,9 +97,10 @@ def test_the_merge_age_bounds_a_compacted_logs_active_part() -> None:
     compact = frozenset({"compact"})
     # no retention for compact alone: segment.ms, or max.compaction.lag.ms if lower
     assert merge_max_age_ms(PartitionConfig(cleanup_policy=compact, retention_ms=1000)) == 7 * DAY
-    assert merge_max_age_ms(
-        PartitionConfig(cleanup_policy=compact, max_compaction_lag_ms=60_000)
-    ) == 60_000  # fmt: skip
+    assert (
+        merge_max_age_ms(PartitionConfig(cleanup_policy=compact, max_compaction_lag_ms=60_000))
+        == 60_000
+    )
     both = frozenset({"compact", "delete"})
     assert merge_max_age_ms(PartitionConfig(cleanup_policy=both, retention_ms=1000)) == 500
 

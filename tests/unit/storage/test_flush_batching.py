@@ -62,6 +62,53 @@ async def test_flush_starts_are_at_least_the_interval_apart(tmp_path: Path) -> N
     assert done[1].started - done[0].started >= 0.2 - 0.001  # the event loop's timer resolution
 
 
+async def test_a_completion_does_not_start_the_next_flush_before_the_interval(
+    tmp_path: Path,
+) -> None:
+    """Appends that arrive while a flush is in flight wait for W after that flush started,
+    even when it completes sooner: a completion starts only what is due. (It used to start
+    them at once, so with PUTs faster than W the flushes followed each other at the store's
+    pace, past the 1000/W a second the window promises.)"""
+    writer, store, done = await make(tmp_path, flush_interval_ms=300, flush_bytes=1 << 20)
+    store.gate = asyncio.Event()
+    p = FakePartition(0)
+    first = append(p, 10, 0)
+    writer.enqueue(first)  # idle: flushes on the next loop turn, and waits at the gate
+    await asyncio.sleep(0)  # the loop turn on which it starts
+    assert len(writer._inflight) == 1
+    second = append(p, 10, 1)
+    writer.enqueue(second)  # within W of the first flush's start: waits for the timer
+    store.gate.set()  # the first PUT completes well before W
+    await asyncio.wait_for(first.future, 5)
+    await asyncio.wait_for(second.future, 5)
+    assert store.wal_puts() == 2
+    assert done[1].started - done[0].started >= 0.3 - 0.001  # the event loop's timer resolution
+
+
+async def test_appends_that_waited_for_a_slot_go_out_when_one_frees_after_the_interval(
+    tmp_path: Path,
+) -> None:
+    """Every slot busy past W: the pending appends go out together as soon as a flush
+    completes (they are due), not a timer later."""
+    writer, store, done = await make(
+        tmp_path, flush_interval_ms=20, flush_bytes=1 << 20, max_inflight_flushes=1
+    )
+    store.gate = asyncio.Event()
+    p = FakePartition(0)
+    first = append(p, 10, 0)
+    writer.enqueue(first)
+    await asyncio.sleep(0)  # the loop turn on which it starts
+    assert len(writer._inflight) == 1
+    waiting = [append(p, 10, i) for i in range(1, 4)]
+    for a in waiting:
+        writer.enqueue(a)
+    await asyncio.sleep(0.1)  # well past W: their timer fired while the one slot was busy
+    assert store.wal_puts() == 0 and len(writer._inflight) == 1
+    store.gate.set()
+    await asyncio.wait_for(asyncio.gather(*(a.future for a in waiting)), 5)
+    assert [len(f.appends) for f in done] == [1, 3]  # started by the completion: no timer was left
+
+
 async def test_flushes_at_once_when_enough_bytes_are_pending(tmp_path: Path) -> None:
     writer, store, _done = await make(tmp_path, flush_interval_ms=10_000, flush_bytes=1000)
     p = FakePartition(0)

@@ -20,9 +20,15 @@ def checkpoint(
     owner: tuple[str, str], position: int, refs: list[str] = (), partition: int = 0
 ) -> Checkpoint:  # type: ignore[assignment]
     return Checkpoint(
-        "t", "id", partition, 1, owner[0], owner[1], position,
+        "t",
+        "id",
+        partition,
+        1,
+        owner[0],
+        owner[1],
+        position,
         index=[IndexEntry(i, i, k, 0, 1, 0) for i, k in enumerate(refs)],
-    )  # fmt: skip
+    )
 
 
 def cp(
@@ -51,8 +57,12 @@ def test_grace_and_keep_protect_objects() -> None:
 
 def test_segment_rules() -> None:
     prefix = "partitions/t/id/0/"
-    objects = [obj(prefix + "checkpoint"), obj(prefix + "segments/1-a"), obj(prefix + "segments/2-b"),
-               obj(prefix + "segments/3-c", age=1)]  # fmt: skip
+    objects = [
+        obj(prefix + "checkpoint"),
+        obj(prefix + "segments/1-a"),
+        obj(prefix + "segments/2-b"),
+        obj(prefix + "segments/3-c", age=1),
+    ]
     checkpoints = [cp(("1", "a"), 0, refs=[prefix + "segments/1-a"])]
     assert segment_garbage(objects, checkpoints, now_s=1000, grace_s=10) == [
         prefix + "segments/2-b"

@@ -55,8 +55,9 @@ class PhysicalQueue:
         found = self.producers.check(PID, h.producer_epoch, h.base_sequence, h.last_sequence)
         if found is None:
             base, last = self.next_offset, self.next_offset + h.last_offset_delta
-            self.producers.apply(PID, h.producer_epoch,
-                                 BatchMeta(h.base_sequence, h.last_sequence, base, last))  # fmt: skip
+            self.producers.apply(
+                PID, h.producer_epoch, BatchMeta(h.base_sequence, h.last_sequence, base, last)
+            )
             self.next_offset = last + 1
             self.log.append((h.base_sequence, base))
         else:

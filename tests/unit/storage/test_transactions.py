@@ -109,8 +109,9 @@ def test_aborted_index_overlap_and_log_start() -> None:
 
 
 def test_checkpoint_keeps_transactions_and_reads_older_ones() -> None:
-    cp = Checkpoint("t", "id", 0, 1, "b", "i", -1, transactions={"7": [3, 2]},
-                    aborted_txns=[[8, 0, 2]])  # fmt: skip
+    cp = Checkpoint(
+        "t", "id", 0, 1, "b", "i", -1, transactions={"7": [3, 2]}, aborted_txns=[[8, 0, 2]]
+    )
     back = Checkpoint.decode(cp.encode())
     assert back.transactions == {"7": [3, 2]} and back.aborted_txns == [[8, 0, 2]]
     older = cp.encode().replace(b',"transactions":{"7":[3,2]},"aborted_txns":[[8,0,2]]', b"")
@@ -167,8 +168,12 @@ async def test_lso_read_committed_and_markers(
     assert p.last_stable_offset == p.high_watermark == 7
     done = await p.read(0, 1 << 20, committed=True)
     assert batch_offsets(done.records) == [
-        (0, 1, False), (2, 2, False), (3, 4, False), (5, 5, True), (6, 6, True)
-    ]  # fmt: skip
+        (0, 1, False),
+        (2, 2, False),
+        (3, 4, False),
+        (5, 5, True),
+        (6, 6, True),
+    ]
     assert done.aborted == [(2, 3)]
     assert (await p.read(5, 1 << 20, committed=True)).aborted == [(2, 3)]
     assert (await p.read(0, 1, committed=True)).aborted == []  # only the first batch read
@@ -199,8 +204,14 @@ async def test_fencing_of_zombie_producers_and_coordinators(
     with pytest.raises(TransactionCoordinatorFenced):
         await p.write_txn_marker(1, 1, commit=True, coordinator_epoch=2)
     with pytest.raises(InvalidRecord):  # control batches come from the broker only
-        await p.append(records.build_batch([(b"\x00\x00\x00\x01", b"")], producer_id=1,
-                                           producer_epoch=1, attributes=records.CONTROL_FLAG))  # fmt: skip
+        await p.append(
+            records.build_batch(
+                [(b"\x00\x00\x00\x01", b"")],
+                producer_id=1,
+                producer_epoch=1,
+                attributes=records.CONTROL_FLAG,
+            )
+        )
     await p.append(txn(1, 1, 0))  # the new incarnation starts at sequence 0
     assert p.last_stable_offset == 3
     await p.delete_records_before(4)  # the open transaction's start is deleted

@@ -24,10 +24,14 @@ TOPIC_ID = "6a1f0c3e-0000-4000-8000-000000000001"
 
 def config(**changes: float) -> StorageConfig:
     values: dict[str, float] = {
-        "flush_interval_ms": 5, "checkpoint_interval_s": 3600, "compaction_interval_s": 3600,
-        "retention_check_interval_s": 3600, "garbage_sweep_interval_s": 3600,
-        "flush_timeout_ms": 300, "store_probe_interval_ms": 200,
-    }  # fmt: skip
+        "flush_interval_ms": 5,
+        "checkpoint_interval_s": 3600,
+        "compaction_interval_s": 3600,
+        "retention_check_interval_s": 3600,
+        "garbage_sweep_interval_s": 3600,
+        "flush_timeout_ms": 300,
+        "store_probe_interval_ms": 200,
+    }
     values.update(changes)
     return StorageConfig(**values)  # type: ignore[arg-type]
 

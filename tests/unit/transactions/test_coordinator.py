@@ -26,10 +26,19 @@ from tidalmq_core.metadata import TXN_STATE_TOPIC
 from tidalmq_core.model import TopicPartition
 
 TP = TopicPartition(TXN_STATE_TOPIC, 0)
-CONFIG = StorageConfig(flush_interval_ms=2, checkpoint_interval_s=3600, compaction_interval_s=3600,
-                       retention_check_interval_s=3600, garbage_sweep_interval_s=3600)  # fmt: skip
-SETTINGS = TxnSettings(max_timeout_ms=60_000, timeout_check_interval_s=3600,
-                       marker_backoff_s=0.001, marker_backoff_max_s=0.002)  # fmt: skip
+CONFIG = StorageConfig(
+    flush_interval_ms=2,
+    checkpoint_interval_s=3600,
+    compaction_interval_s=3600,
+    retention_check_interval_s=3600,
+    garbage_sweep_interval_s=3600,
+)
+SETTINGS = TxnSettings(
+    max_timeout_ms=60_000,
+    timeout_check_interval_s=3600,
+    marker_backoff_s=0.001,
+    marker_backoff_max_s=0.002,
+)
 A, B = TopicPartition("orders", 0), TopicPartition("payments", 1)
 
 
@@ -113,14 +122,18 @@ async def test_commit_writes_markers_until_acknowledged_and_survives_reload(h: H
     h.markers.refuse[B] = 3  # the leader of payments-1 moves: retried until written
     await shard.end_txn("t1", 1001, 1, True)
     assert await settled(shard, "t1") is TxnState.COMPLETE_COMMIT
-    assert sorted((m.tp, m.commit, m.producer_epoch, m.coordinator_epoch)
-                  for m in h.markers.sent) == [(A, True, 1, 1), (B, True, 1, 1)]  # fmt: skip
+    assert sorted(
+        (m.tp, m.commit, m.producer_epoch, m.coordinator_epoch) for m in h.markers.sent
+    ) == [(A, True, 1, 1), (B, True, 1, 1)]
     await shard.end_txn("t1", 1001, 1, True)  # a retried EndTxn: answered, nothing sent
     assert len(h.markers.sent) == 2
     again = await h.open()
     meta = again.txns["t1"]
     assert (meta.state, meta.producer_id, meta.producer_epoch) == (
-        TxnState.COMPLETE_COMMIT, 1001, 1)  # fmt: skip
+        TxnState.COMPLETE_COMMIT,
+        1001,
+        1,
+    )
     with pytest.raises(TxnError) as fenced:
         await again.add_partitions("t1", 1001, 0, {("orders", 0)})
     assert fenced.value.code == ErrorCode.producer_fenced

@@ -44,8 +44,12 @@ def test_older_epochs_and_other_producer_ids_are_refused() -> None:
     meta = started()
     assert code_of(txn.add_partitions, meta, 42, 1, {B}, T0) == ErrorCode.producer_fenced
     assert code_of(txn.prepare_end, meta, 41, 0, True, T0) == ErrorCode.invalid_producer_id_mapping
-    bumped = txn.reinit(txn.complete(txn.prepare_end(meta, 42, 0, True, T0), T0),  # type: ignore[arg-type]
-                        timeout_ms=1000, now_ms=T0, expected=None)  # fmt: skip
+    bumped = txn.reinit(
+        txn.complete(txn.prepare_end(meta, 42, 0, True, T0), T0),  # type: ignore[arg-type]
+        timeout_ms=1000,
+        now_ms=T0,
+        expected=None,
+    )
     assert bumped is not None and (bumped.producer_epoch, bumped.last_producer_epoch) == (1, 0)
     assert code_of(txn.add_partitions, bumped, 42, 0, {A}, T0) == ErrorCode.producer_fenced
 
@@ -73,7 +77,10 @@ def test_timeouts_abort_with_a_bumped_epoch() -> None:
     assert txn.expired([meta], T0 + 60_006) == [meta]
     aborted = txn.fence_and_abort(meta, T0 + 60_006)
     assert (aborted.state, aborted.producer_epoch, aborted.last_producer_epoch) == (
-        TxnState.PREPARE_ABORT, 1, 0)  # fmt: skip
+        TxnState.PREPARE_ABORT,
+        1,
+        0,
+    )
     assert aborted.partitions == {A}  # the markers still go to its partitions
     # the fenced producer may recover with its old (id, epoch) once the abort completed
     done = txn.complete(aborted, T0 + 60_010)
@@ -112,7 +119,9 @@ def test_an_exhausted_epoch_needs_a_new_producer_id() -> None:
 def test_verify_only_answers_whether_the_partition_is_in_the_transaction() -> None:
     meta = started()
     assert txn.verify_partitions(meta, 42, 0, {A, B}) == {
-        A: ErrorCode.none, B: ErrorCode.transaction_abortable}  # fmt: skip
+        A: ErrorCode.none,
+        B: ErrorCode.transaction_abortable,
+    }
     assert txn.verify_partitions(meta, 42, 3, {A}) == {A: ErrorCode.producer_fenced}
     assert txn.verify_partitions(None, 42, 0, {A}) == {A: ErrorCode.invalid_producer_id_mapping}
 

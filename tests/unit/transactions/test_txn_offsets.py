@@ -71,9 +71,14 @@ async def test_markers_settle_pending_offsets_live_and_on_replay(offsets: Offset
     shard = await offsets.reload()
     for pid, partition, offset in ((COMMITTED, 0, 10), (ABORTED, 1, 20), (OPEN, 2, 30)):
         results = await shard.txn_commit(
-            group_id="g", producer_id=pid, producer_epoch=0, generation=-1, member_id="", group_instance_id=None,
+            group_id="g",
+            producer_id=pid,
+            producer_epoch=0,
+            generation=-1,
+            member_id="",
+            group_instance_id=None,
             offsets={("orders", partition): CommittedOffset(offset, -1, None)},
-        )  # fmt: skip
+        )
         assert set(results.values()) == {0}
     assert [offset_of(shard, p) for p in range(3)] == [-1, -1, -1]  # all pending
     assert shard.has_pending("g", "orders", 0)
@@ -101,9 +106,14 @@ async def test_a_deleted_groups_transactional_offset_stays_deleted_after_compact
 
     async def txn_commit(shard: GroupShard, group: str, offset: int) -> None:
         await shard.txn_commit(
-            group_id=group, producer_id=COMMITTED, producer_epoch=0, generation=-1, member_id="",
-            group_instance_id=None, offsets={("orders", 0): CommittedOffset(offset, -1, None)},
-        )  # fmt: skip
+            group_id=group,
+            producer_id=COMMITTED,
+            producer_epoch=0,
+            generation=-1,
+            member_id="",
+            group_instance_id=None,
+            offsets={("orders", 0): CommittedOffset(offset, -1, None)},
+        )
         await offsets.marker(shard, COMMITTED, True)
 
     await txn_commit(shard, "g", 10)
@@ -145,17 +155,23 @@ async def test_transactional_offsets_are_transactional_batches_of_their_producer
 
     async def commit(group: str, epoch: int) -> set[int]:
         results = await shard.txn_commit(
-            group_id=group, producer_id=COMMITTED, producer_epoch=epoch, generation=-1,
-            member_id="", group_instance_id=None,
+            group_id=group,
+            producer_id=COMMITTED,
+            producer_epoch=epoch,
+            generation=-1,
+            member_id="",
+            group_instance_id=None,
             offsets={("orders", 0): CommittedOffset(7, -1, None)},
-        )  # fmt: skip
+        )
         return set(results.values())
 
     # two commits of one producer at once take consecutive sequences
     assert await asyncio.gather(commit("g", 0), commit("h", 0)) == [{0}, {0}]
     data = [(h, k) for h, k, _ in await records_of(plog)]
     assert [(h.producer_id, h.producer_epoch, h.base_sequence) for h, _ in data] == [
-        (COMMITTED, 0, 0), (COMMITTED, 0, 1)]  # fmt: skip
+        (COMMITTED, 0, 0),
+        (COMMITTED, 0, 1),
+    ]
     assert all(h.is_transactional and not h.is_control for h, _ in data)
     assert plog.last_stable_offset == 0  # the open transaction holds it, as for any data
     await offsets.marker(shard, COMMITTED, True)
@@ -165,9 +181,9 @@ async def test_transactional_offsets_are_transactional_batches_of_their_producer
     after = await records_of(plog)
     plain = [(decode_key(k), v) for h, k, v in after if not h.is_control and not h.has_producer_id]
     assert {k for k, v in plain if v is None} == {
-        TxnOffsetKey(COMMITTED, g, "orders", 0) for g in ("g", "h")}  # fmt: skip
-    assert {k for k, v in plain if v is not None} == {
-        OffsetKey(g, "orders", 0) for g in ("g", "h")}  # fmt: skip
+        TxnOffsetKey(COMMITTED, g, "orders", 0) for g in ("g", "h")
+    }
+    assert {k for k, v in plain if v is not None} == {OffsetKey(g, "orders", 0) for g in ("g", "h")}
     # a producer fenced by a newer epoch (its marker was written with the bumped epoch)
     await plog.write_txn_marker(COMMITTED, 1, commit=False, coordinator_epoch=1)
     assert await commit("g", 0) == {ErrorCode.invalid_producer_epoch}  # as Kafka 4.x
@@ -182,9 +198,14 @@ async def test_a_coordinator_stopped_between_a_marker_and_its_records_writes_the
     )
     shard = await offsets.reload()
     await shard.txn_commit(
-        group_id="g", producer_id=COMMITTED, producer_epoch=0, generation=-1, member_id="",
-        group_instance_id=None, offsets={("orders", 0): CommittedOffset(10, -1, None)},
-    )  # fmt: skip
+        group_id="g",
+        producer_id=COMMITTED,
+        producer_epoch=0,
+        generation=-1,
+        member_id="",
+        group_instance_id=None,
+        offsets={("orders", 0): CommittedOffset(10, -1, None)},
+    )
     plog = offsets.plog
     assert isinstance(plog, Partition)
     # the marker is written, and the coordinator goes before its listener runs
@@ -210,9 +231,14 @@ async def test_a_marker_landing_during_a_snapshot_that_trims_it_still_settles_on
     shard = await offsets.reload()
     for pid, partition, offset in ((COMMITTED, 0, 10), (ABORTED, 1, 20), (OPEN, 2, 30)):
         await shard.txn_commit(
-            group_id="g", producer_id=pid, producer_epoch=0, generation=-1, member_id="",
-            group_instance_id=None, offsets={("orders", partition): CommittedOffset(offset, -1, None)},
-        )  # fmt: skip
+            group_id="g",
+            producer_id=pid,
+            producer_epoch=0,
+            generation=-1,
+            member_id="",
+            group_instance_id=None,
+            offsets={("orders", partition): CommittedOffset(offset, -1, None)},
+        )
     plog = offsets.plog
     assert plog is not None
     async with shard._snapshot_lock:  # a snapshot is being written

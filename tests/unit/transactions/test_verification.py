@@ -47,15 +47,25 @@ async def setup(coordinator_broker: int) -> tuple[TxnVerifier, TxnShard, Countin
     async def allocate() -> int:
         return next(pids)
 
-    shard = TxnShard(0, MemoryLog(), TxnSettings(max_timeout_ms=60_000), no_markers,  # type: ignore[arg-type]
-                     allocate)  # fmt: skip
+    shard = TxnShard(
+        0,
+        MemoryLog(),
+        TxnSettings(max_timeout_ms=60_000),
+        no_markers,  # type: ignore[arg-type]
+        allocate,
+    )
     await shard.load()
     coordinator = SimpleNamespace(partition_for=lambda tid: 0, shard=lambda tid: shard)
     control = CountingControl(coordinator)
     meta = ClusterMetadata("c", version=1)
-    meta.topics = {TXN_STATE_TOPIC: TopicInfo(TXN_STATE_TOPIC, str(uuid.UUID(int=5)),
-                                              [PartitionState(coordinator_broker, 0, [0])],
-                                              internal=True)}  # fmt: skip
+    meta.topics = {
+        TXN_STATE_TOPIC: TopicInfo(
+            TXN_STATE_TOPIC,
+            str(uuid.UUID(int=5)),
+            [PartitionState(coordinator_broker, 0, [0])],
+            internal=True,
+        )
+    }
     host = SimpleNamespace(broker_id=0, metadata=meta, controller=control, transactions=coordinator)
     pid, _epoch = await shard.init_producer_id("t", 60_000, None)
     return TxnVerifier(host), shard, control, pid  # type: ignore[arg-type]

@@ -73,13 +73,21 @@ class Cluster:
         async def allocate() -> int:
             return next(pids)
 
-        self.txn = TxnShard(0, MemoryLog(), TxnSettings(max_timeout_ms=60_000), no_markers,  # type: ignore[arg-type]
-                            allocate)  # fmt: skip
+        self.txn = TxnShard(
+            0,
+            MemoryLog(),
+            TxnSettings(max_timeout_ms=60_000),
+            no_markers,  # type: ignore[arg-type]
+            allocate,
+        )
         await self.txn.load()
         coordinator = SimpleNamespace(partition_for=lambda tid: 0, shard=lambda tid: self.txn)
         meta = ClusterMetadata("c", version=1)
-        meta.topics = {TXN_STATE_TOPIC: TopicInfo(TXN_STATE_TOPIC, str(uuid.UUID(int=5)),
-                                                  [PartitionState(0, 0, [0])], internal=True)}  # fmt: skip
+        meta.topics = {
+            TXN_STATE_TOPIC: TopicInfo(
+                TXN_STATE_TOPIC, str(uuid.UUID(int=5)), [PartitionState(0, 0, [0])], internal=True
+            )
+        }
         host = SimpleNamespace(
             broker_id=0, metadata=meta, controller=None, transactions=coordinator
         )
@@ -105,10 +113,15 @@ class Cluster:
             )
 
         results = await self.groups.txn_commit(
-            group_id="g", producer_id=self.pid, producer_epoch=epoch, generation=-1, member_id="",
-            group_instance_id=None, offsets={("orders", 0): CommittedOffset(7, -1, None)},
+            group_id="g",
+            producer_id=self.pid,
+            producer_epoch=epoch,
+            generation=-1,
+            member_id="",
+            group_instance_id=None,
+            offsets={("orders", 0): CommittedOffset(7, -1, None)},
             verify=verify,
-        )  # fmt: skip
+        )
         return set(results.values())
 
     async def marker(self, plog: PartitionLog, commit: bool, epoch: int = 0) -> None:
@@ -128,8 +141,14 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 
 def batch(pid: int, epoch: int, seq: int) -> bytes:
-    return build_batch([(b"k", b"v")], timestamp_ms=1, producer_id=pid, producer_epoch=epoch,
-                       base_sequence=seq, attributes=TRANSACTIONAL_FLAG)  # fmt: skip
+    return build_batch(
+        [(b"k", b"v")],
+        timestamp_ms=1,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        attributes=TRANSACTIONAL_FLAG,
+    )
 
 
 async def test_a_guard_voided_by_a_marker_refuses_the_write_and_the_lso_moves_on(
@@ -175,8 +194,9 @@ async def test_a_produce_verified_before_the_marker_of_its_transaction_is_refuse
     before the batch is appended."""
     pid = cluster.pid
     await cluster.txn.add_partitions("t", pid, 0, {("orders", 0)})
-    broker: Any = SimpleNamespace(txn_verifier=SimpleNamespace(
-        pending=cluster.verifier.pending, gate=cluster.verifier.gate))  # fmt: skip
+    broker: Any = SimpleNamespace(
+        txn_verifier=SimpleNamespace(pending=cluster.verifier.pending, gate=cluster.verifier.gate)
+    )
 
     async def marker_lands() -> None:
         await cluster.marker(cluster.orders, commit=True)
@@ -241,10 +261,18 @@ async def test_txn_offsets_verified_before_the_marker_of_their_transaction_are_r
 
 async def test_the_unreachable_coordinator_and_the_others_as_kafka_answers_them() -> None:
     await asyncio.sleep(0)
-    mapped = {code: txn_offset_commit_error(code, 4) for code in (
-        ErrorCode.none, ErrorCode.producer_fenced, ErrorCode.network_exception,
-        ErrorCode.not_enough_replicas, ErrorCode.not_coordinator,
-        ErrorCode.concurrent_transactions, ErrorCode.invalid_producer_id_mapping)}  # fmt: skip
+    mapped = {
+        code: txn_offset_commit_error(code, 4)
+        for code in (
+            ErrorCode.none,
+            ErrorCode.producer_fenced,
+            ErrorCode.network_exception,
+            ErrorCode.not_enough_replicas,
+            ErrorCode.not_coordinator,
+            ErrorCode.concurrent_transactions,
+            ErrorCode.invalid_producer_id_mapping,
+        )
+    }
     assert mapped == {
         ErrorCode.none: ErrorCode.none,
         ErrorCode.producer_fenced: ErrorCode.invalid_producer_epoch,
@@ -311,10 +339,15 @@ async def test_tv2_txn_offset_commit_adds_the_group_partition(cluster: Cluster) 
     verify = _verify_offsets(tv2_broker(cluster, 2), "t", 5)
     assert verify is not None
     results = await cluster.groups.txn_commit(
-        group_id="g", producer_id=pid, producer_epoch=0, generation=-1, member_id="",
-        group_instance_id=None, offsets={("orders", 0): CommittedOffset(7, -1, None)},
+        group_id="g",
+        producer_id=pid,
+        producer_epoch=0,
+        generation=-1,
+        member_id="",
+        group_instance_id=None,
+        offsets={("orders", 0): CommittedOffset(7, -1, None)},
         verify=verify,
-    )  # fmt: skip
+    )
     assert set(results.values()) == {ErrorCode.none}
     assert cluster.txn.txns["t"].partitions == {(OFFSETS_TOPIC, 0)}
     # at level 1 the same version is only verified (AddOffsetsToTxn must have added it)

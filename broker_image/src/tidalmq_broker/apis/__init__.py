@@ -23,8 +23,9 @@ from tidalmq_broker.apis import (  # noqa: F401
     txn_markers,
 )
 from tidalmq_broker.apis.api_versions import api_versions_body
-from tidalmq_broker.apis.registry import REGISTRY, ApiTable, supported_versions
+from tidalmq_broker.apis.kafka_registry import KAFKA
+from tidalmq_broker.apis.registry import ApiTable
 
 KAFKA_APIS = ApiTable(
-    REGISTRY, supported_versions, lambda: api_versions_body(ErrorCode.unsupported_version)
+    KAFKA.specs, KAFKA.supported_versions, lambda: api_versions_body(ErrorCode.unsupported_version)
 )

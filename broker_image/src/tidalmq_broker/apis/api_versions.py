@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 from tidalmq_core.metadata import SUPPORTED_FEATURES, ClusterMetadata
 
-from tidalmq_broker.apis.registry import REGISTRY, api
+from tidalmq_broker.apis.kafka_registry import REGISTRY, api
 from tidalmq_broker.protocol.codec import Request
 
 if TYPE_CHECKING:

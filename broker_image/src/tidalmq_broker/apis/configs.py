@@ -37,8 +37,8 @@ from tidalmq_core.topics import (
 
 from tidalmq_broker.apis.broker_config_docs import BROKER_CONFIG_DOCS
 from tidalmq_broker.apis.errors import error_code, error_message
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.apis.metadata import brokers_body
-from tidalmq_broker.apis.registry import api
 from tidalmq_broker.groups.coordinator import GroupSettings
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.security.authorizer import STANDARD_AUTHORIZER

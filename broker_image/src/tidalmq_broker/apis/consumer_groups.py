@@ -17,7 +17,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import AclOperation, ResourceType
 from tidalmq_core.metadata import TopicInfo as MetadataTopic
 
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.groups.assignors import Assignment
 from tidalmq_broker.groups.consumer_groups import Heartbeat, TopicInfo
 from tidalmq_broker.groups.coordinator import CoordinatorError

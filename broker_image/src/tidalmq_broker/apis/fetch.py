@@ -28,8 +28,8 @@ from tidalmq_core.metadata import INTERNAL_TOPICS, ClusterMetadata
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.errors import error_code
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.apis.leader_hints import current_leaders
-from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.fastpath import (
     FETCH_LEADER_HINTS_FROM,
@@ -246,6 +246,7 @@ def _with_leader_hints(
         leader = by_name.get((fp.topic, fp.index))
         if leader is not None:
             leaders[(fp.key, fp.index)] = leader
+    broker.metrics.leader_hints("fetch", len(leaders))
     return encode_fetch_response(version, topics, current_leaders=leaders, node_endpoints=endpoints)
 
 

@@ -18,7 +18,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import NO_LEADER, OFFSETS_TOPIC, TXN_STATE_TOPIC
 
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.groups.consumer_group import CONSUMER_PROTOCOL
 from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError, GroupShard
 from tidalmq_broker.groups.group import GroupState

@@ -15,7 +15,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import NO_LEADER
 
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.protocol.codec import Request
 
 if TYPE_CHECKING:

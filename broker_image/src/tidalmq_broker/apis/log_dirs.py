@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.model import TopicPartition
 
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.settings import log_dir_name
 

@@ -26,7 +26,7 @@ from tidalmq_core.metadata import (
 from tidalmq_core.static_mapping import is_physical_topic
 from tidalmq_core.topics import InvalidTopic, validate_topic_name
 
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.metadata_response import (
     NO_OPERATIONS,

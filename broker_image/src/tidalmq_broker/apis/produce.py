@@ -36,8 +36,8 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.topics import LONG_MAX, ProduceRules
 
 from tidalmq_broker.apis.errors import KafkaError, error_code, error_message
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.apis.leader_hints import current_leaders
-from tidalmq_broker.apis.registry import api
 from tidalmq_broker.protocol import records
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.fastpath import (
@@ -136,7 +136,10 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                         (topic.name, part.index, ErrorCode.corrupt_message, "no records", 0)
                     )
                     continue
-                if compacted or bounds is not None or log_append_time:
+                # the batch headers, parsed once here for the checks below and the append's
+                # (None when malformed: the append parses them again and says how)
+                headers = _parsed_headers(part.records)
+                if headers is not None and (compacted or bounds is not None or log_append_time):
                     refused = record_refusal(
                         topic.name,
                         part.index,
@@ -144,6 +147,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                         compacted,
                         bounds,
                         log_append_time=log_append_time,
+                        headers=headers,
                     )
                     if refused is not None:
                         entries.append((topic.name, part.index, refused[0], refused[1], 0))
@@ -154,7 +158,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                 # the records are a view of this request's own frame buffer (when large
                 # enough to have one): the log patches offsets in place instead of copying
                 outcome = _append(broker, plog, part.records, acks, body.transactional_id,
-                                  request.api_version)  # fmt: skip
+                                  request.api_version, headers)  # fmt: skip
                 entries.append((topic.name, part.index, outcome, None, len(part.records)))
     if acks == 0:
         for _, _, outcome, _, _ in entries:
@@ -201,6 +205,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
         broker.metrics.produced_topic(topic_name, size, count)
     if misdirected and request.api_version >= PRODUCE_LEADER_HINTS_FROM:
         leaders, endpoints = current_leaders(broker.metadata, conn.listener, misdirected)
+        broker.metrics.leader_hints("produce", len(leaders))
         return encode_produce_response(
             request.api_version,
             list(by_topic.items()),
@@ -296,6 +301,7 @@ def _append(
     acks: int,
     transactional_id: str | None,
     version: int,
+    headers: list[records.BatchHeader] | None = None,
 ) -> Outcome:
     """Start the append of one partition's records: now (the partition's Acknowledgement, or
     the exception that refused it), or behind KIP-890's verification when they open the
@@ -311,13 +317,13 @@ def _append(
             broker.metadata.feature_level(TRANSACTION_VERSION) >= TV2
         )
         verifier = broker.txn_partitions if add else broker.txn_verifier
-    header = _transactional_header(data) if verifier is not None else None
+    header = _transactional_header(data, headers) if verifier is not None else None
     if header is None or verifier is None or transactional_id is None:
-        return _start(plog, data, acks)
+        return _start(plog, data, acks, headers=headers)
     pid, epoch = header.producer_id, header.producer_epoch
     if not verifier.pending(plog.tp, pid) and plog.in_transaction(pid, epoch):
         # refused if a marker ends the transaction before the append starts (KIP-890's guard)
-        return _start(plog, data, acks, UNVERIFIED)
+        return _start(plog, data, acks, UNVERIFIED, headers)
     guard = plog.start_verification(pid)  # taken before the question: a marker voids it
 
     async def append_verified() -> AppendResult:
@@ -343,14 +349,15 @@ def _start(
     data: memoryview | bytes,
     acks: int,
     verification: VerificationGuard | None = None,
+    headers: list[records.BatchHeader] | None = None,
 ) -> Outcome:
-    # KIP-890's guard only when there is one (verification off: the call as before it)
-    guarded = {} if verification is None else {"verification": verification}
     start = getattr(plog, "start_append", None)  # a Partition's (storage/partition.py)
     if start is None:
+        # KIP-890's guard only when there is one (verification off: the call as before it)
+        guarded = {} if verification is None else {"verification": verification}
         return asyncio.ensure_future(plog.append(data, acks=acks, owned=True, **guarded))
     try:
-        taken = start(data, acks=acks, owned=True, **guarded)
+        taken = start(data, acks=acks, owned=True, verification=verification, headers=headers)
     except Exception as exc:  # refused: a StorageError says why (error_code maps it)
         return exc
     if isinstance(taken, Acknowledgement):
@@ -359,14 +366,28 @@ def _start(
     return asyncio.ensure_future(retry)
 
 
-def _transactional_header(data: memoryview | bytes) -> records.BatchHeader | None:
+def _parsed_headers(data: memoryview | bytes) -> list[records.BatchHeader] | None:
+    """The headers of a partition's batches (records.read_headers: bounds and magic checked,
+    not the CRCs, which the append checks), or None when malformed."""
+    try:
+        return records.read_headers(data)
+    except records.InvalidRecordBatch:  # UnsupportedMagic is one
+        return None
+
+
+def _transactional_header(
+    data: memoryview | bytes, headers: list[records.BatchHeader] | None = None
+) -> records.BatchHeader | None:
     """The first batch's header when it is a transactional data batch (Kafka verifies on the
     first batch of a partition's records, as here); None otherwise or when malformed (the
     append then says how)."""
-    try:
-        h = records.read_header(data)
-    except (records.InvalidRecordBatch, records.UnsupportedMagic):
-        return None
+    if headers is not None:
+        h = headers[0]
+    else:
+        try:
+            h = records.read_header(data)
+        except (records.InvalidRecordBatch, records.UnsupportedMagic):
+            return None
     if h.magic != records.MAGIC_V2 or not h.is_transactional or h.is_control:
         return None
     return h if h.producer_id >= 0 else None
@@ -391,6 +412,7 @@ def record_refusal(
     now_ms: int | None = None,
     *,
     log_append_time: bool = False,
+    headers: list[records.BatchHeader] | None = None,
 ) -> tuple[ErrorCode, str, list[RecordError]] | None:
     """Why Kafka's LogValidator would refuse a partition's records for some of them: batch by
     batch, a record without a key on a `compacted` topic, or else a CreateTime timestamp out of
@@ -406,11 +428,14 @@ def record_refusal(
     max timestamp (as a client reads it). On a CreateTime topic that timestamp is checked against
     the bounds, and the partition clears the bit when it appends the batch (the records then
     have their own timestamps); a LogAppendTime topic (`log_append_time`), or a max timestamp of
-    -1 (none), refuses every record of the batch, as Kafka does (docs/topic-configs.md)."""
+    -1 (none), refuses every record of the batch, as Kafka does (docs/topic-configs.md).
+
+    `headers`: the batches' headers if the caller has parsed them (records.read_headers of
+    `data`), so that they are not walked again."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     keyless = None  # the message for a record without a key, made when one is found
     try:
-        for header in records.iter_headers(data):
+        for header in records.iter_headers(data) if headers is None else headers:
             marked = not header.is_control and bool(header.attributes & records.TIMESTAMP_TYPE_MASK)
             misdated = marked and (log_append_time or header.max_timestamp == _NO_TIMESTAMP)
             timed = False  # whether its records' timestamps are read

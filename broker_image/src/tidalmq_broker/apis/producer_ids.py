@@ -21,7 +21,7 @@ from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker.apis.errors import error_code, error_message
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.apis.transactions import fenced_code
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.transactions.state import TxnError

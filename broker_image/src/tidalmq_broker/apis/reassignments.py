@@ -11,7 +11,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress, PlanEntry
 
 from tidalmq_broker.apis.errors import error_code, error_message
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.protocol.codec import Request
 
 if TYPE_CHECKING:

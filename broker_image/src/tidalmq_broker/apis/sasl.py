@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.security.sasl import SaslFailure, SaslStateError, log_failure
 

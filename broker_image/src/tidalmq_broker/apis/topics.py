@@ -20,7 +20,7 @@ from tidalmq_controller import NewTopic
 from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 
 from tidalmq_broker.apis.errors import error_code, error_message
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.protocol.codec import Request
 
 if TYPE_CHECKING:

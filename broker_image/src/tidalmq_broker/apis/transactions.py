@@ -26,7 +26,7 @@ from tidalmq_core.acls import CLUSTER_NAME, AclOperation, ResourceType
 from tidalmq_core.metadata import OFFSETS_TOPIC, TRANSACTION_VERSION
 from tidalmq_core.model import TopicPartition
 
-from tidalmq_broker.apis.registry import api
+from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.groups.coordinator import CommittedOffset, CoordinatorError, Verify
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.transactions.state import TV2, TxnError, TxnMetadata, TxnState

@@ -763,15 +763,18 @@ async def _serve(args: argparse.Namespace, data: Path, storage_url: str, token: 
         flush=True,
     )
     killed = await cluster.stop(stop_by())
+    # how long the stop took: what is left of STOP_DEADLINE_S is the interpreter's exit
+    assert shutdown.signalled_at is not None
+    took = f"{time.monotonic() - shutdown.signalled_at:.2f}s after {shutdown.signal_name}"
     if killed:
         ids = ", ".join(map(str, killed))
         print(
             f"stopped (broker {ids} killed after {BROKER_KILL_AFTER_S:g}s: its partitions "
-            "recover from the WAL at the next start)",
+            f"recover from the WAL at the next start), {took}",
             flush=True,
         )
     else:
-        print("stopped.", flush=True)
+        print(f"stopped, {took}.", flush=True)
     return 0
 
 

@@ -9,7 +9,11 @@ start (the others, so a new `--host` just works):
 - `broker-N.pem`: broker N's (CN=broker-N), issued when the broker starts: it can act for no
   other broker, and not as the administrator;
 - `admin.pem`: the CLI's (CN=admin): `tidalmq local status | add-broker | ...`, `recover` and
-  `static-topic` present it, found through the data dir like the control token.
+  `static-topic` present it, found through the data dir like the control token;
+- `crl.pem`, yours: when it exists at start (a CRL of `ca.pem`'s CA, PEM), every process of the
+  cluster (the controller, each broker, the CLI) checks the peer's certificate against it and
+  reloads it when it changes: writing a CRL that lists a broker's serial number refuses that
+  broker's certificate from the next connection on, without a restart. None: no revocation.
 
 Each `.pem` holds the private key then the certificate (readable by its owner only): it is both
 the certificate and the key file of a ControlTls.
@@ -34,7 +38,8 @@ def directory(data_dir: Path) -> Path:
 
 
 def _tls(path: Path, ca: Path) -> ControlTls:
-    return ControlTls(str(path), str(path), str(ca))
+    crl = ca.parent / "crl.pem"  # checked when it exists (the module's docstring)
+    return ControlTls(str(path), str(path), str(ca), str(crl) if crl.exists() else "")
 
 
 def data_dir_tls(data_dir: Path) -> ControlTls | None:

@@ -21,6 +21,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from tidalmq_broker.cli_args import add_output, http_url, id_list
+from tidalmq_broker.commands import command_help
 from tidalmq_broker.local.processes import DATA_DIR_HELP
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "recover",
-        help="list lost partitions; --accept-data-loss continues them without the lost data",
+        help=command_help("recover"),
         description=__doc__,
     )
     p.add_argument(

@@ -45,6 +45,7 @@ _HEADER = struct.Struct(">qiibIhiqqqhii")
 _OFFSET_AND_LENGTH = struct.Struct(">qi")
 _BASE_OFFSET = struct.Struct(">q")
 _LEADER_EPOCH = struct.Struct(">i")
+_OFFSET_LENGTH_EPOCH = struct.Struct(">qii")
 
 COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
@@ -189,6 +190,15 @@ def iter_headers(
         position += header.size
 
 
+def read_headers(
+    buf: bytes | bytearray | memoryview, *, verify_crc: bool = False
+) -> list[BatchHeader]:
+    """The headers of every batch of a record set, as iter_headers walks them (the same
+    checks, the same errors), as a list: the produce path parses a request's batches once with
+    this and hands the list on (Produce's record checks, the partition's append)."""
+    return list(iter_headers(buf, verify_crc=verify_crc))
+
+
 def iter_complete_headers(buf: bytes | bytearray | memoryview) -> Iterator[BatchHeader]:
     """Like iter_headers but stops quietly at a trailing partial batch (fetch responses)."""
     position = 0
@@ -222,6 +232,16 @@ def count_records(buf: bytes | bytearray | memoryview) -> int:
 
 def patch_base_offset(buf: bytearray | memoryview, header: BatchHeader, base_offset: int) -> None:
     _BASE_OFFSET.pack_into(buf, header.position, base_offset)
+
+
+def patch_offset_and_epoch(
+    buf: bytearray | memoryview, header: BatchHeader, base_offset: int, epoch: int
+) -> None:
+    """patch_base_offset and patch_leader_epoch in one write (the batch length between them
+    written back as it is)."""
+    _OFFSET_LENGTH_EPOCH.pack_into(
+        buf, header.position, base_offset, header.size - LOG_OVERHEAD, epoch
+    )
 
 
 def patch_leader_epoch(buf: bytearray | memoryview, header: BatchHeader, epoch: int) -> None:
@@ -364,13 +384,7 @@ def iter_record_slices(
     """Every record of a batch, compressed or not, checked against the bytes that arrived: a
     record whose declared length, key or value runs past its end, a count that does not match,
     or trailing bytes raise InvalidRecordBatch."""
-    records = memoryview(batch)[header.position + HEADER_SIZE : header.position + header.size]
-    try:
-        body = (
-            memoryview(decompress(header.compression, records)) if header.compression else records
-        )
-    except CorruptCompressedData as exc:
-        raise InvalidRecordBatch(str(exc)) from exc
+    body = _records_body(batch, header)
     where = f"records of the batch at offset {header.base_offset}"
     pos = 0
     try:
@@ -407,6 +421,51 @@ def iter_record_slices(
         raise InvalidRecordBatch(f"{where} are truncated") from None
     if pos != len(body):
         raise InvalidRecordBatch(f"{where} are followed by {len(body) - pos} stray bytes")
+
+
+def iter_record_keys(
+    batch: bytes | bytearray | memoryview, header: BatchHeader
+) -> Iterator[tuple[int, bytes | None]]:
+    """(offset, key) of every record of a batch, compressed or not: what the log cleaner's
+    key map needs, and nothing more. It reads four varints of each record and skips its value
+    and headers, which makes it about three times as fast as `iter_record_slices` (a cleaning
+    pass maps every dirty record; docs/compaction.md, benchmark). Checks the same record and
+    key bounds, offset deltas, count and stray bytes; the value's bounds are checked when the
+    batch is rewritten."""
+    body = _records_body(batch, header)
+    where = f"records of the batch at offset {header.base_offset}"
+    base, last_delta, size = header.base_offset, header.last_offset_delta, len(body)
+    pos = 0
+    try:
+        for _ in range(header.record_count):
+            length, pos = _read_varint(body, pos)
+            end = pos + length
+            if length < 1 or end > size:
+                raise InvalidRecordBatch(f"{where} declare a record of {length} bytes")
+            _, p = _read_varint(body, pos + 1)  # the timestamp delta, after the attributes
+            offset_delta, p = _read_varint(body, p)
+            if offset_delta < 0 or offset_delta > last_delta:
+                raise InvalidRecordBatch(f"{where} hold offset delta {offset_delta}")
+            key_length, p = _read_varint(body, p)
+            if p + key_length > end:
+                raise InvalidRecordBatch(f"{where} have a key past its record's end")
+            yield base + offset_delta, bytes(body[p : p + key_length]) if key_length >= 0 else None
+            pos = end
+    except IndexError:
+        raise InvalidRecordBatch(f"{where} are truncated") from None
+    if pos != size:
+        raise InvalidRecordBatch(f"{where} are followed by {size - pos} stray bytes")
+
+
+def _records_body(batch: bytes | bytearray | memoryview, header: BatchHeader) -> memoryview:
+    """The records of a batch, decompressed if need be."""
+    records = memoryview(batch)[header.position + HEADER_SIZE : header.position + header.size]
+    try:
+        return (
+            memoryview(decompress(header.compression, records)) if header.compression else records
+        )
+    except CorruptCompressedData as exc:
+        raise InvalidRecordBatch(str(exc)) from exc
 
 
 def keyless_records(data: bytes | bytearray | memoryview) -> list[int]:
@@ -512,6 +571,9 @@ def _assemble(
 
 
 def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+    byte = view[pos]
+    if byte < 0x80:  # most varints of a record are one byte (key length, small deltas)
+        return (byte >> 1) ^ -(byte & 1), pos + 1
     shift = 0
     result = 0
     while True:

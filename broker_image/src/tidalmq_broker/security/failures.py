@@ -11,6 +11,11 @@ by listener and kind:
 - `principal`: no ssl.principal.mapping.rules rule applies to a client certificate;
 - `unauthenticated_request`: a request other than ApiVersions/SaslHandshake/SaslAuthenticate, or
   a frame larger than 512 KiB, before the connection authenticated.
+
+Each listener's series of the kinds that can happen on it are exported at 0 from its start
+(`expected`): a rate or an increase over the first failure then sees it (a series that first
+appears at 1 shows no increase), and a dashboard shows 0 rather than nothing. A PLAINTEXT
+listener has none.
 """
 
 from __future__ import annotations
@@ -29,6 +34,16 @@ AUTHENTICATION_FAILURES = Counter(
     "(sasl, tls, principal, unauthenticated_request)",
     ["listener", "kind"],
 )
+
+
+def expected(listener: str, *, tls: bool, sasl: bool) -> None:
+    """The series of the kinds of failure a listener can have, at 0: `tls` on a TLS listener,
+    `principal` where a client certificate names the principal (TLS without SASL), `sasl` and
+    `unauthenticated_request` on a SASL listener."""
+    kinds = (["tls"] if tls else []) + (["principal"] if tls and not sasl else [])
+    kinds += ["sasl", "unauthenticated_request"] if sasl else []
+    for kind in kinds:
+        AUTHENTICATION_FAILURES.labels(listener, kind)
 
 
 def record(listener: str, kind: str, msg: str, *args: object) -> None:

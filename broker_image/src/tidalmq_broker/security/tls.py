@@ -25,7 +25,8 @@ Revocation (a TidalMQ setting: Kafka leaves it to the JVM's own properties):
 `ssl.crl.location` names a PEM file of certificate revocation lists, one per CA whose client
 certificates are accepted; a client certificate one of them revokes fails the handshake
 (OpenSSL's leaf check). A CRL past its nextUpdate refuses every client of its CA, so the file
-must be refreshed before then: it is reloaded like the keystore.
+must be refreshed before then: it is reloaded like the keystore. The loading is
+tidalmq_core.revocation, which the control plane's `--control-tls-crl-file` uses too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from tidalmq_core.revocation import RevocationListError, check_revocation
 from tidalmq_core.tls_reload import FollowingContext
 
 from tidalmq_broker.security import SecurityConfigError
@@ -124,15 +126,10 @@ def server_context(settings: TlsSettings, *, client_auth: str | None = None) -> 
                 "ssl.crl.location checks client certificates: it needs ssl.client.auth "
                 "requested or required"
             )
-        try:
-            # a PEM file's CRLs join the trust store (X509_load_cert_crl_file)
-            ctx.load_verify_locations(cafile=settings.crl_location)
-        except (OSError, ssl.SSLError) as exc:
-            raise TlsConfigError(
-                f"ssl.crl.location {settings.crl_location!r}: cannot load revocation lists "
-                f"from it ({exc})"
-            ) from exc
-        ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+        try:  # the control plane's CRLs are loaded by the same code (tidalmq_core.revocation)
+            check_revocation(ctx, settings.crl_location, "ssl.crl.location")
+        except RevocationListError as exc:
+            raise TlsConfigError(str(exc)) from exc
     ctx.verify_mode = CLIENT_AUTH[auth]
     return ctx
 

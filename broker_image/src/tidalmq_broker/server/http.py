@@ -129,6 +129,12 @@ def control_auth(
     return middleware
 
 
+# At stop, how long a request still being answered (a metadata push, a scrape, a relayed call)
+# may take before its connection is closed. aiohttp's default (60 s) is past any stop deadline,
+# so one slow handler could hold a stopping broker until it is killed. Every caller retries.
+REQUEST_GRACE_AT_STOP_S = 1.0
+
+
 class HttpServer:
     """An aiohttp application on one address, every path but `open_paths` behind the token."""
 
@@ -152,7 +158,9 @@ class HttpServer:
         self.port = 0
 
     async def start(self, host: str, port: int) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(
+            self.app, access_log=None, shutdown_timeout=REQUEST_GRACE_AT_STOP_S
+        )
         await self._runner.setup()
         self._site = web.TCPSite(
             self._runner, host, port, reuse_address=True, ssl_context=self._ssl

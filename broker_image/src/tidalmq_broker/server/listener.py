@@ -226,6 +226,9 @@ class KafkaListener:
                     backlog=1024,
                 )
                 self._servers.append((endpoint, server))
+                failures.expected(
+                    endpoint.name, tls=tls is not None, sasl=endpoint.sasl is not None
+                )
         except BaseException:
             for _, server in self._servers:
                 server.close()

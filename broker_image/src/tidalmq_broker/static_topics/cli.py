@@ -24,6 +24,7 @@ from tidalmq_broker.cli_args import (
     print_json,
     wants_json,
 )
+from tidalmq_broker.commands import command_help
 
 if TYPE_CHECKING:
     from tidalmq_broker.local.control import Target
@@ -43,7 +44,7 @@ class CliError(Exception):
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "static-topic",
-        help="static topics: fixed logic queues over remappable physical queues",
+        help=command_help("static-topic"),
         description=__doc__,
     )
     cmds = p.add_subparsers(dest="static_command", metavar="ACTION", required=True)

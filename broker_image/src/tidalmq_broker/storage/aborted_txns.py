@@ -12,6 +12,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from tidalmq_broker.storage.empty import EMPTY_LIST
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class AbortedTxn:
@@ -21,9 +23,16 @@ class AbortedTxn:
 
 
 class AbortedTxns:
+    __slots__ = ("_entries", "_lasts")
+
     def __init__(self, entries: list[AbortedTxn] | None = None) -> None:
-        self._entries: list[AbortedTxn] = sorted(entries or [])
-        self._lasts = [e.last_offset for e in self._entries]
+        # most partitions never see an aborted transaction: the shared read-only empty list
+        # until the first one (storage/empty.py)
+        self._entries: list[AbortedTxn] = EMPTY_LIST
+        self._lasts: list[int] = EMPTY_LIST
+        if entries:
+            self._entries = sorted(entries)
+            self._lasts = [e.last_offset for e in self._entries]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -34,7 +43,10 @@ class AbortedTxns:
 
     def add(self, producer_id: int, first_offset: int, last_offset: int) -> None:
         entry = AbortedTxn(last_offset, producer_id, first_offset)
-        if self._entries and last_offset < self._entries[-1].last_offset:
+        if not self._entries:
+            self._entries, self._lasts = [entry], [last_offset]
+            return
+        if last_offset < self._entries[-1].last_offset:
             i = bisect.bisect_right(self._lasts, last_offset)  # recovery never does this
             self._entries.insert(i, entry)
             self._lasts.insert(i, last_offset)
@@ -61,13 +73,16 @@ class AbortedTxns:
         gone = set(entries)
         kept = [e for e in self._entries if e not in gone]
         removed = len(self._entries) - len(kept)
-        self._entries = kept
-        self._lasts = [e.last_offset for e in kept]
+        if removed:
+            self._entries = kept
+            self._lasts = [e.last_offset for e in kept]
         return removed
 
     def drop_before(self, offset: int) -> int:
         """Forget the transactions that ended below `offset` (the new log start)."""
         i = bisect.bisect_left(self._lasts, offset)
+        if i == 0:
+            return 0  # nothing to forget (and the shared empty list takes no del)
         del self._entries[:i]
         del self._lasts[:i]
         return i

@@ -13,6 +13,9 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar
+
+from tidalmq_broker.storage.empty import EMPTY_LIST
 
 
 @dataclass(slots=True)
@@ -23,10 +26,16 @@ class _Chunk:
 
 
 class PartitionCache:
+    __slots__ = ("_bases", "_chunks", "_head", "_owner", "bytes")
+
+    # True for TailCache.empty, the one every partition shares until it caches something
+    shared: ClassVar[bool] = False
+
     def __init__(self, owner: TailCache) -> None:
         self._owner = owner
-        self._chunks: list[_Chunk] = []
-        self._bases: list[int] = []
+        # the shared read-only empty list until the first chunk (storage/empty.py)
+        self._chunks: list[_Chunk] = EMPTY_LIST
+        self._bases: list[int] = EMPTY_LIST
         self._head = 0  # index of the oldest live chunk (evicted ones are trimmed lazily)
         self.bytes = 0
 
@@ -37,6 +46,8 @@ class PartitionCache:
     def add(self, base_offset: int, last_offset: int, data: memoryview) -> None:
         if self._head < len(self._chunks) and base_offset != self._chunks[-1].last_offset + 1:
             self.clear()  # not contiguous (e.g. after a rollback): start again
+        if self._chunks is EMPTY_LIST:
+            self._chunks, self._bases = [], []
         self._chunks.append(_Chunk(base_offset, last_offset, data))
         self._bases.append(base_offset)
         self.bytes += len(data)
@@ -97,7 +108,22 @@ class PartitionCache:
     def clear(self) -> None:
         self._owner._freed(self.bytes)
         self._owner._stale(len(self._chunks) - self._head)
-        self._chunks, self._bases, self._head, self.bytes = [], [], 0, 0
+        self._chunks, self._bases, self._head, self.bytes = EMPTY_LIST, EMPTY_LIST, 0, 0
+
+
+class _EmptyPartitionCache(PartitionCache):
+    """The cache of every partition that has cached nothing yet (TailCache.empty): it finds
+    nothing, has nothing to free and refuses chunks, so that no partition's data can land in
+    what all of them share; a partition takes its own (TailCache.partition) before its first."""
+
+    __slots__ = ()
+    shared: ClassVar[bool] = True
+
+    def add(self, base_offset: int, last_offset: int, data: memoryview) -> None:
+        raise TypeError("the shared empty partition cache takes no chunks: make one of your own")
+
+    def clear(self) -> None:
+        pass  # nothing cached, nothing to free
 
 
 class TailCache:
@@ -106,6 +132,9 @@ class TailCache:
         self.bytes = 0
         self._fifo: deque[tuple[PartitionCache, int]] = deque()
         self._stale_entries = 0
+        # shared by the partitions with nothing cached yet: a creation opens thousands, each
+        # cache of their own one more object for the garbage collector (docs/control-plane.md)
+        self.empty: PartitionCache = _EmptyPartitionCache(self)
 
     def partition(self) -> PartitionCache:
         return PartitionCache(self)

@@ -129,8 +129,9 @@ class ObjectStreamEngine:
         # partitions opened, closed or whose high watermark advanced since the broker last
         # took them (heartbeats report what changed, not every open partition each time)
         self._changed: set[TopicPartition] = set()
-        # partitions this incarnation opened at least once (only a first open can be lazy)
-        self._opened_once: set[tuple[TopicPartition, str]] = set()
+        # partitions this incarnation opened at least once (only a first open can be lazy):
+        # their numbers by (topic, topic id), no object made per partition
+        self._opened_once: dict[tuple[str, str], set[int]] = {}
         # called with a partition whose first checkpoint was just stored (it was new)
         self.on_stored: Callable[[Partition], None] | None = None
         self._open_locks: dict[TopicPartition, asyncio.Lock] = {}
@@ -583,9 +584,12 @@ class ObjectStreamEngine:
         Only a first open here can be new (`_opened_once`)."""
         if epoch != 0 or created or accepted_from is not None:
             return None
-        if (tp, topic_id) in self._opened_once:
+        opened = self._opened_once.get((tp.topic, topic_id))
+        if opened is None:
+            opened = self._opened_once[(tp.topic, topic_id)] = set()
+        elif tp.partition in opened:
             return None
-        self._opened_once.add((tp, topic_id))
+        opened.add(tp.partition)
         fresh = self._new_checkpoint(tp, topic_id, epoch, 0)
         return Partition(self, tp, topic_id, epoch, config, fresh, None)
 

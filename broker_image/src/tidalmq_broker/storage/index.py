@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tidalmq_broker.storage.empty import EMPTY_LIST
 from tidalmq_broker.storage.keys import WAL_ROOT
 
 
@@ -50,10 +51,13 @@ class IndexEntry:
 
 
 class OffsetIndex:
+    __slots__ = ("_bases", "_bytes", "_entries", "_max_ts")
+
     def __init__(self, entries: Iterable[IndexEntry] = ()) -> None:
-        self._entries: list[IndexEntry] = []
-        self._bases: list[int] = []
-        self._max_ts: list[int] = []  # running maximum of max_timestamp
+        # the shared read-only empty list until the first entry (storage/empty.py)
+        self._entries: list[IndexEntry] = EMPTY_LIST
+        self._bases: list[int] = EMPTY_LIST
+        self._max_ts: list[int] = EMPTY_LIST  # running maximum of max_timestamp
         self._bytes = 0
         for entry in entries:
             self.append(entry)
@@ -110,13 +114,18 @@ class OffsetIndex:
     def append(self, entry: IndexEntry) -> None:
         if entry.last_offset < entry.base_offset or entry.size <= 0:
             raise ValueError(f"bad index entry {entry}")
-        if self._entries and entry.base_offset != self._entries[-1].last_offset + 1:
+        if not self._entries:  # the first entry: lists of its own
+            self._entries, self._bases = [entry], [entry.base_offset]
+            self._max_ts = [max(entry.max_timestamp, -1)]
+            self._bytes += entry.size
+            return
+        if entry.base_offset != self._entries[-1].last_offset + 1:
             raise ValueError(
                 f"index entry at {entry.base_offset} does not follow {self._entries[-1].last_offset}"
             )
         self._entries.append(entry)
         self._bases.append(entry.base_offset)
-        self._max_ts.append(max(entry.max_timestamp, self._max_ts[-1] if self._max_ts else -1))
+        self._max_ts.append(max(entry.max_timestamp, self._max_ts[-1]))
         self._bytes += entry.size
 
     def drop_before(self, offset: int) -> list[IndexEntry]:
@@ -154,6 +163,11 @@ class OffsetIndex:
         return True
 
     def _rebuild(self, entries: list[IndexEntry]) -> None:
-        self._entries, self._bases, self._max_ts, self._bytes = [], [], [], 0
+        self._entries, self._bases, self._max_ts, self._bytes = (
+            EMPTY_LIST,
+            EMPTY_LIST,
+            EMPTY_LIST,
+            0,
+        )
         for entry in entries:
             self.append(entry)

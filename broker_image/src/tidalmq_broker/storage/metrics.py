@@ -112,7 +112,6 @@ class BrokerMetrics:
     """The label children the hot paths use, resolved once per engine (labels() is slow)."""
 
     def __init__(self, broker: str) -> None:
-        self.append_bytes = APPEND_BYTES.labels(broker)
         self.duplicate_batches = DUPLICATE_BATCHES.labels(broker)
         self.cache_hit_bytes = CACHE_HIT_BYTES.labels(broker)
         self.cache_miss_bytes = CACHE_MISS_BYTES.labels(broker)

@@ -26,6 +26,7 @@ import copy
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tidalmq_broker.storage.api import (
     InvalidProducerEpoch,
@@ -46,8 +47,11 @@ ABORT_MARKER = 2
 COMMIT_MARKER = 3
 
 
-@dataclass(frozen=True, slots=True)
-class BatchMeta:
+class BatchMeta(NamedTuple):
+    """One of a producer's last batches. A named tuple: two are made per idempotent batch
+    (the append's state, the flush's durable state), and a frozen dataclass is built through
+    one object.__setattr__ per field."""
+
     first_seq: int
     last_seq: int
     base_offset: int
@@ -87,6 +91,8 @@ def _next_sequence(entry: ProducerEntry) -> int:
 
 
 class ProducerStateTable:
+    __slots__ = ("producers",)
+
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
 

@@ -30,3 +30,5 @@ __all__ = ["Partition", "PartitionHost", "State"]
 
 class Partition(Appends, Reads, LogChanges, Closing):
     """Implements api.PartitionLog: one open partition, its parts composed (see above)."""
+
+    __slots__ = ()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 
 from tidalmq_broker.protocol import records
 from tidalmq_broker.storage.api import (
@@ -25,6 +25,7 @@ from tidalmq_broker.storage.api import (
     InvalidTxnState,
     ObjectStoreUnavailable,
     OutOfOrderSequence,
+    PartitionFenced,
     ProducerCatchingUp,
     RecordTooLarge,
     StorageError,
@@ -43,9 +44,29 @@ from tidalmq_broker.storage.producer_state import (
 from tidalmq_broker.storage.wal import ProducerBatch
 from tidalmq_broker.storage.wal_writer import PendingAppend
 
+_SEQUENCE_MOD = 1 << 31  # sequences wrap at 2^31 (BatchHeader.last_sequence)
+
+
+def _check_parsed(buf: bytearray | memoryview, headers: list[records.BatchHeader]) -> None:
+    """That `headers` (records.read_headers of these bytes, by the caller) cover `buf` from its
+    first byte to its last, and each batch's CRC: what read_headers(verify_crc=True) would
+    have checked on top of the caller's parse."""
+    if not headers or headers[0].position != 0:
+        raise records.InvalidRecordBatch("the parsed headers do not start the record set")
+    last = headers[-1]
+    if last.position + last.size != len(buf):
+        raise records.InvalidRecordBatch("the parsed headers do not cover the record set")
+    for h in headers:
+        if not records.crc_matches(buf, h):
+            raise records.InvalidRecordBatch(
+                f"record batch at byte {h.position} fails its CRC-32C check"
+            )
+
 
 class Appends(PartitionState):
     """Validation, producer checks and offset assignment of appends and transaction markers."""
+
+    __slots__ = ()
 
     async def append(
         self,
@@ -64,11 +85,16 @@ class Appends(PartitionState):
         acks: int = -1,
         owned: bool = False,
         verification: VerificationGuard | None = None,
+        headers: list[records.BatchHeader] | None = None,
     ) -> Awaitable[AppendResult]:
         """`append` in two steps: everything that decides the outcome (validation, producer
         sequence checks, offsets, the place in the WAL) happens now, without suspending, so
         appends started in some order are checked and written in that order; the returned
-        awaitable waits for the acknowledgement. Raises the StorageError of a refused append."""
+        awaitable waits for the acknowledgement. Raises the StorageError of a refused append.
+
+        `headers`: the batches' headers as records.read_headers parsed them from these same
+        bytes (the Produce handler parses them once for its own checks and hands them on);
+        their CRCs are checked here, and every other check of the headers made again."""
         self._check_writable()
         if len(records_) == 0:
             raise CorruptRecord("empty record set")
@@ -76,23 +102,29 @@ class Appends(PartitionState):
         if owned and isinstance(records_, memoryview) and not records_.readonly:
             buf = records_  # the caller's own buffer: offsets are patched in place, no copy
         else:
-            buf = bytearray(records_)
+            buf = bytearray(records_)  # the same bytes at the same positions
         try:
-            headers = list(records.iter_headers(buf, verify_crc=True))
+            if headers is None:
+                headers = records.read_headers(buf, verify_crc=True)
+            else:
+                _check_parsed(buf, headers)
         except records.UnsupportedMagic as exc:
             raise UnsupportedMessageFormat(str(exc)) from exc
         except records.InvalidRecordBatch as exc:
             raise CorruptRecord(str(exc)) from exc
+        # the attribute bits read here rather than through BatchHeader's properties: each a
+        # Python call, several per batch on every append
         max_bytes = self._config.max_message_bytes
         for h in headers:
             if h.size > max_bytes:
                 raise RecordTooLarge(
                     f"batch of {h.size} bytes exceeds max.message.bytes {max_bytes}"
                 )
-            if h.is_control:
+            attributes = h.attributes
+            if attributes & records.CONTROL_FLAG:
                 raise InvalidRecord("control batches are written by the broker only")
-            if h.is_transactional and (
-                not h.has_producer_id or h.base_sequence == records.NO_SEQUENCE
+            if attributes & records.TRANSACTIONAL_FLAG and (
+                h.producer_id == records.NO_PRODUCER_ID or h.base_sequence == records.NO_SEQUENCE
             ):
                 raise InvalidRecord("a transactional batch needs a producer id and sequence")
             if h.record_count != h.last_offset_delta + 1:
@@ -100,46 +132,46 @@ class Appends(PartitionState):
                     f"batch declares {h.record_count} records but last offset delta {h.last_offset_delta}"
                 )
 
-        # idempotent producers: check (and tentatively apply) every batch, undo on failure
+        # idempotent producers: check (and tentatively apply) every batch, undo on failure.
+        # A producer's entry is saved for the undo only before a batch that is not the last:
+        # nothing can refuse the append after the last batch's apply (a Java producer's
+        # append is one batch, so usually nothing is copied)
         offset = self._next_offset
+        table = self._producers
         undo: dict[int, ProducerEntry | None] = {}
         producers: list[ProducerBatch] = []
+        transactional_ids: list[int] | None = None
         duplicate: BatchMeta | None = None
+        last_index = len(headers) - 1
         try:
-            for h in headers:
-                if h.has_producer_id and h.base_sequence != records.NO_SEQUENCE:
-                    pid = h.producer_id
-                    found = self._producers.check(
-                        pid,
-                        h.producer_epoch,
-                        h.base_sequence,
-                        h.last_sequence,
-                        h.is_transactional,
-                    )
+            for index, h in enumerate(headers):
+                pid, first_seq = h.producer_id, h.base_sequence
+                if pid != records.NO_PRODUCER_ID and first_seq != records.NO_SEQUENCE:
+                    epoch = h.producer_epoch
+                    transactional = bool(h.attributes & records.TRANSACTIONAL_FLAG)
+                    last_seq = (first_seq + h.last_offset_delta) % _SEQUENCE_MOD
+                    found = table.check(pid, epoch, first_seq, last_seq, transactional)
                     if found is not None:
                         duplicate = found
                         break
-                    if h.is_transactional and verification is not None:
-                        self._check_verified(pid, verification)
-                    if pid not in undo:
-                        entry = self._producers.producers.get(pid)
+                    if transactional:
+                        if verification is not None:
+                            self._check_verified(pid, verification)
+                        if transactional_ids is None:
+                            transactional_ids = []
+                        transactional_ids.append(pid)
+                    if index != last_index and pid not in undo:
+                        entry = table.producers.get(pid)
                         undo[pid] = None if entry is None else entry.clone()
                     last = offset + h.last_offset_delta
-                    self._producers.apply(
+                    table.apply(
                         pid,
-                        h.producer_epoch,
-                        BatchMeta(h.base_sequence, h.last_sequence, offset, last),
-                        transactional=h.is_transactional,
+                        epoch,
+                        BatchMeta(first_seq, last_seq, offset, last),
+                        transactional=transactional,
                     )
-                    row: ProducerBatch = (
-                        pid,
-                        h.producer_epoch,
-                        h.base_sequence,
-                        h.last_sequence,
-                        offset,
-                        last,
-                    )
-                    producers.append((*row, TRANSACTIONAL) if h.is_transactional else row)
+                    row: ProducerBatch = (pid, epoch, first_seq, last_seq, offset, last)
+                    producers.append((*row, TRANSACTIONAL) if transactional else row)
                 offset += h.last_offset_delta + 1
         except OutOfOrderSequence as exc:
             self._undo_producers(undo)
@@ -148,39 +180,47 @@ class Appends(PartitionState):
         except StorageError:
             self._undo_producers(undo)
             raise
-        self._appended_here.update(p[0] for p in producers)
-        if duplicate is None:
-            for h in headers:
-                if h.is_transactional:  # its transaction is going on here: the guard is done
-                    self._verifications.pop(h.producer_id, None)
         if duplicate is not None:
             self._undo_producers(undo)
-            self._appended_here.add(h.producer_id)
+            if producers:
+                self._note_appended([p[0] for p in producers])
+            self._note_appended((h.producer_id,))
             self._engine.m.duplicate_batches.inc()
             return self._duplicate(duplicate)
+        if producers:
+            self._note_appended([p[0] for p in producers])
+        if transactional_ids is not None:
+            for pid in transactional_ids:  # its transaction is going on here: the guard is done
+                self._verifications.pop(pid, None)
 
         # assign offsets by patching the headers in place
         base = self._next_offset
         offset = base
         max_ts = -1
+        epoch = self._epoch
         log_append_time = self._config.message_timestamp_type == "LogAppendTime"
-        now_ms = int(time.time() * 1000)
+        now_ms = int(time.time() * 1000) if log_append_time else -1
         for h in headers:
-            records.patch_base_offset(buf, h, offset)
-            records.patch_leader_epoch(buf, h, self._epoch)
+            records.patch_offset_and_epoch(buf, h, offset, epoch)
             if log_append_time:
                 set_log_append_time(buf, h, now_ms)
                 max_ts = now_ms
             else:
                 # a batch its producer marked LogAppendTime becomes CreateTime here, as on
                 # Kafka (Produce checked its max timestamp against the topic's bounds)
-                set_create_time(buf, h)
+                if h.attributes & records.TIMESTAMP_TYPE_MASK:
+                    set_create_time(buf, h)
                 if h.max_timestamp > max_ts:
                     max_ts = h.max_timestamp
             offset += h.last_offset_delta + 1
         future = self._enqueue(buf, base, offset - 1, max_ts, producers, acks)
-        result = AppendResult(base, offset - 1, now_ms if log_append_time else -1, self._log_start)
+        result = AppendResult(base, offset - 1, now_ms, self._log_start)
         return Acknowledgement(result, future)
+
+    def _note_appended(self, producer_ids: Iterable[int]) -> None:
+        if self._appended_here is None:
+            self._appended_here = set()
+        self._appended_here.update(producer_ids)
 
     def _check_verified(self, producer_id: int, guard: VerificationGuard) -> None:
         """KIP-890's guard (Kafka's UnifiedLog): a transactional batch that would open its
@@ -218,7 +258,8 @@ class Appends(PartitionState):
         writing twice one that the old owner had made durable. A retriable answer makes it
         retry them in order instead. Only until the producer's first batch is appended (or
         answered as a duplicate) here: a gap after that is a gap."""
-        if h.producer_id in self._appended_here:
+        appended = self._appended_here
+        if appended is not None and h.producer_id in appended:
             return
         expected = self._producers.next_sequence_if_ahead(
             h.producer_id, h.producer_epoch, h.base_sequence
@@ -242,8 +283,7 @@ class Appends(PartitionState):
         future = asyncio.get_running_loop().create_future() if acks != 0 else None
         pending = PendingAppend(self, buf, base, last, max_ts, producers, future)
         self._inflight += 1
-        self._engine.writer.enqueue(pending)
-        self._engine.m.append_bytes.inc(len(buf))
+        self._engine.writer.enqueue(pending)  # which counts its bytes when it flushes them
         return future
 
     async def write_txn_marker(
@@ -281,6 +321,12 @@ class Appends(PartitionState):
 
     async def _duplicate(self, original: BatchMeta) -> AppendResult:
         await self._wait_durable(original.last_offset)
+        if not self._engine.lease_ok():
+            # as for the original's own acknowledgement (flushes.py): past our lease another
+            # owner may have opened the partition without the object that holds it
+            raise PartitionFenced(
+                f"lease of this broker lapsed; the retried batch on {self._tp} not acknowledged"
+            )
         return AppendResult(original.base_offset, original.last_offset, -1, self._log_start, True)
 
     async def _wait_durable(self, last_offset: int) -> None:

@@ -20,6 +20,8 @@ from tidalmq_broker.storage.partition.state import PartitionState, State
 class Checkpoints(PartitionState):
     """Snapshot and commit of the partition's checkpoint."""
 
+    __slots__ = ()
+
     @property
     def dirty(self) -> bool:
         return self._version != self._committed_version

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 class Closing(Flushes):
     """Close, fence and abandon."""
 
+    __slots__ = ()
+
     async def close(self) -> None:
         """The close of a move (steps 3-4): stop appending, drain, force the flush, clean checkpoint."""
         if self._state in (State.CLOSED, State.FENCED):

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 class Flushes(Checkpoints):
     """Completion and failure of the partition's WAL flushes, and the rollback after one."""
 
+    __slots__ = ()
+
     def flush_completed(
         self,
         entry: WalEntry | None,
@@ -68,8 +70,11 @@ class Flushes(Checkpoints):
                     self._aborted.add(done.producer_id, done.first_offset, done.last_offset)
             if txn_changed:
                 self._first_unstable = self._durable_producers.first_unstable_offset()
+            cache = self._cache
+            if cache.shared:  # the first chunk it caches: a cache of its own
+                cache = self._cache = self._engine.cache.partition()
             for append, view in views:
-                self._cache.add(append.base_offset, append.last_offset, view)
+                cache.add(append.base_offset, append.last_offset, view)
             self._hwm = entry.last_offset + 1
             self._bump_version()
             self._engine.high_watermark_advanced(self._tp)
@@ -126,7 +131,7 @@ class Flushes(Checkpoints):
         try:
             self._next_offset = self._hwm
             self._producers = self._durable_producers.copy()
-            self._appended_here.clear()  # its producers resend what failed, pipelined
+            self._appended_here = None  # its producers resend what failed, pipelined
             delay = 0.1
             committed = False
             while self._state is State.RECOVERING:

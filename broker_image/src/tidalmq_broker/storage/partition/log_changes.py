@@ -23,6 +23,8 @@ from tidalmq_broker.storage.partition.state import State
 class LogChanges(Checkpoints):
     """Index swaps of compaction and the log cleaner, and moves of the log start."""
 
+    __slots__ = ()
+
     def wal_age_s(self) -> float:
         return 0.0 if self._wal_since is None else time.monotonic() - self._wal_since
 

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 class Reads(PartitionState):
     """Reads by offset and by timestamp, and waits for new data."""
 
+    __slots__ = ()
+
     async def read(self, offset: int, max_bytes: int, *, committed: bool = False) -> ReadResult:
         if self._state in (State.CLOSED, State.FENCED) or self._engine.store_problem is not None:
             self._check_writable()

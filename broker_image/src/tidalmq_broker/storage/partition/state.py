@@ -103,7 +103,52 @@ class State(enum.Enum):
 
 
 class PartitionState:
-    """The fields of one open partition (see the module docstring) and what every part uses."""
+    """The fields of one open partition (see the module docstring) and what every part uses.
+
+    Slotted, as is every part (`__slots__ = ()`): a creation opens thousands of partitions at
+    once and an instance dict was one more object each for the garbage collector to track
+    (docs/control-plane.md). The containers a partition may never use (the producer ids
+    appended since this open, its tail cache, the events, the checkpoint lock) are made when
+    first needed."""
+
+    __slots__ = (
+        "__weakref__",  # the log cleaner's WeakSet of partitions it cannot clean
+        "_aborted",
+        "_appended_here",
+        "_cache",
+        "_checkpoint_lock",
+        "_cleaner_state",
+        "_closing",
+        "_cold_next",
+        "_committed_position",
+        "_committed_version",
+        "_config",
+        "_data_event",
+        "_drained",
+        "_durable_producers",
+        "_engine",
+        "_epoch",
+        "_epoch_stored",
+        "_etag",
+        "_failure",
+        "_first_unstable",
+        "_hwm",
+        "_index",
+        "_inflight",
+        "_key",
+        "_log_start",
+        "_next_offset",
+        "_producers",
+        "_readahead",
+        "_recovery_task",
+        "_state",
+        "_tp",
+        "_verifications",
+        "_version",
+        "_wal_since",
+        "topic_id",
+        "tracker_key",
+    )
 
     def __init__(
         self,
@@ -136,15 +181,16 @@ class PartitionState:
         self._durable_producers = ProducerStateTable.from_json(checkpoint.producers)  # type: ignore[arg-type]
         self._durable_producers.load_txn_json(checkpoint.transactions)
         self._producers = self._durable_producers.copy()
-        # producer ids with a batch appended (or answered as a duplicate) since this open
-        self._appended_here: set[int] = set()
+        # producer ids with a batch appended (or answered as a duplicate) since this open;
+        # None until the first
+        self._appended_here: set[int] | None = None
         # KIP-890: producer id -> the guard of its verification under way (start_verification)
         self._verifications: dict[int, VerificationGuard] = {}
         self._aborted = AbortedTxns.from_json(checkpoint.aborted_txns)
         self._cleaner_state = dict(checkpoint.cleaner)  # the log cleaner's progress
         # first offset of the oldest durable ongoing transaction (None: the LSO is the HWM)
         self._first_unstable = self._durable_producers.first_unstable_offset()
-        self._cache = engine.cache.partition()
+        self._cache = engine.cache.empty  # its own with its first cached chunk (flushes.py)
         self._state = State.OPEN
         self._failure: BaseException | None = None
         self._inflight = 0  # appends enqueued and not yet completed

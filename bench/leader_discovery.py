@@ -1,0 +1,126 @@
+"""What KIP-951 leader hints do to a move's gap for Kafka's Java producer (4.3.1).
+
+A two-broker local cluster, one partition moved back and forth; Kafka's Java producer
+(`bench/kafka/java/LeaderDiscoveryCheck.java`, default settings) in one of two patterns:
+
+- `idle`: the producer is idle during each move, then sends one record: how long its
+  acknowledgement takes (its metadata is from before the move, so it goes to the old leader,
+  whose NOT_LEADER_OR_FOLLOWER names the new one), and how many Metadata requests the brokers
+  got meanwhile;
+- `stream`: the producer sends one record at a time throughout each move: the slowest
+  acknowledgement is the gap the move left in its stream.
+
+    .venv/bin/python -m bench.leader_discovery --pattern stream --moves 8
+
+Prints one line per move and a summary; also the Java producer's errors by code (what it was
+answered while the partition moved). Measured figures and what they mean: docs/performance.md,
+"Leader hints (KIP-951) and a move's gap".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench.kafka.harness import java_client_command
+from tests.support.local_cluster import LocalClusterProcess
+
+TOPIC = "orders"
+CHECK = Path(__file__).parent / "kafka" / "java" / "LeaderDiscoveryCheck.java"
+
+
+def metadata_requests(cluster: LocalClusterProcess) -> float:
+    """Metadata requests the cluster's brokers answered so far (tidalmq_requests_total)."""
+    total = 0.0
+    for row in cluster.status()["brokers"]:
+        url = f"http://127.0.0.1:{row['http_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("tidalmq_requests_total{") and 'api="Metadata"' in line:
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def ask(java: subprocess.Popen[str], command: str) -> dict[str, Any]:
+    assert java.stdin is not None and java.stdout is not None
+    java.stdin.write(command + "\n")
+    java.stdin.flush()
+    answer: dict[str, Any] = json.loads(java.stdout.readline())
+    return answer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pattern", choices=["idle", "stream"], default="stream")
+    parser.add_argument("--moves", type=int, default=8)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="leader-discovery-") as tmp:
+        cluster = LocalClusterProcess(Path(tmp) / "cluster", brokers=2)
+        cluster.start()
+        errors = Path(tmp) / "java.err"
+        try:
+            admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+            admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+            cluster.wait_settled()
+            with errors.open("w") as err:
+                java = subprocess.Popen(
+                    java_client_command(cluster.bootstrap, TOPIC, source=CHECK),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
+                )
+            assert java.stdout is not None and java.stdout.readline().strip() == "ready"
+            ask(java, "flood 1000")  # warm: the JIT, the connections
+            gaps: list[float] = []
+            for i in range(args.moves):
+                source = cluster.leaders(TOPIC)[0]
+                target = 1 - source
+                if args.pattern == "idle":
+                    cluster.reassign({(TOPIC, 0): target})
+                    cluster.wait_settled()
+                    time.sleep(1.0)  # the old leader's image names the new one
+                    before = metadata_requests(cluster)
+                    gaps.append(ask(java, "send")["micros"] / 1000)
+                    time.sleep(0.3)
+                    asked = metadata_requests(cluster) - before
+                    print(
+                        f"move {i}: {source}->{target}: first record acknowledged in "
+                        f"{gaps[-1]:.1f} ms; Metadata requests meanwhile: {asked:.0f}"
+                    )
+                else:
+                    assert java.stdin is not None and java.stdout is not None
+                    java.stdin.write("flood 2500\n")
+                    java.stdin.flush()
+                    time.sleep(0.5)
+                    cluster.reassign({(TOPIC, 0): target})
+                    answer = json.loads(java.stdout.readline())
+                    cluster.wait_settled()
+                    gaps.append(answer["slowest_micros"] / 1000)
+                    print(
+                        f"move {i}: {source}->{target}: slowest acknowledgement "
+                        f"{gaps[-1]:.0f} ms ({answer['records']} records)"
+                    )
+            assert java.stdin is not None
+            java.stdin.close()
+            java.wait(30)
+            print(f"median {statistics.median(gaps):.1f} ms, worst {max(gaps):.1f} ms")
+            answered = Counter(re.findall(r"Error: ([A-Z_]+)", errors.read_text()))
+            print("the producer was answered:", dict(answered) or "no errors")
+        finally:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
