@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, Self
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 # Records of ServingProbe (test_tidalmq_on_kubernetes.py) carry this key: not the RateProducer's,
 # the read-back leaves them out.
@@ -199,11 +199,17 @@ def verify(servers: str, topic: str, producer: RateProducer) -> None:
 
 def verify_all(servers: str, producers: Mapping[str, RateProducer]) -> int:
     """`verify` for several topics (each written by its own stopped producer) with one consumer;
-    returns how many records were read."""
+    returns how many records were read.
+
+    The consumer reads by assignment (every partition from its first offset up to the high
+    watermark it had when reading began), not in a consumer group: a group's rebalance while it
+    reads (its coordinator moving after a fleet change) would restart partitions from the first
+    offset, having committed nothing, and deliver records again that the log holds once. A
+    record delivered twice at the same offset is counted once; the same record at two offsets
+    is a duplicate in the log and fails `check_read_back`."""
     for topic, producer in producers.items():
         assert not producer.errors, (topic, producer.errors[:5])
         assert len(producer.records) == producer.sent, (topic, len(producer.records), producer.sent)
-    expected = sum(p.sent for p in producers.values())
     consumer = Consumer(
         {
             "bootstrap.servers": servers,
@@ -212,28 +218,56 @@ def verify_all(servers: str, producers: Mapping[str, RateProducer]) -> int:
             "enable.auto.commit": False,
         }
     )
-    consumer.subscribe(list(producers))
-    got: dict[str, dict[int, list[tuple[int, int]]]] = {t: defaultdict(list) for t in producers}
-    count, deadline, idle = 0, time.monotonic() + 300, time.monotonic()
+    got: dict[str, dict[int, dict[int, int]]] = {t: defaultdict(dict) for t in producers}
+    count = 0
     try:
-        while time.monotonic() < deadline:
+        ends = high_watermarks(consumer, list(producers))
+        consumer.assign(
+            [TopicPartition(t, p, OFFSET_BEGINNING) for (t, p), end in ends.items() if end > 0]
+        )
+        behind = {tp for tp, end in ends.items() if end > 0}
+        deadline = time.monotonic() + 300
+        while behind and time.monotonic() < deadline:
             msg = consumer.poll(1.0)
             if msg is None:
-                if count >= expected and time.monotonic() - idle > 5:
-                    break
                 continue
             if msg.error():
                 raise KafkaException(msg.error())
-            idle = time.monotonic()
-            if msg.key() == PROBE_KEY:
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            if offset + 1 >= ends[(topic, partition)]:
+                behind.discard((topic, partition))
+            if msg.key() == PROBE_KEY or offset in got[topic][partition]:
                 continue
-            got[msg.topic()][msg.partition()].append((msg.offset(), int(msg.value())))
+            got[topic][partition][offset] = int(msg.value())
             count += 1
+        assert not behind, f"not read to their end within 300 s: {sorted(behind)[:10]}"
     finally:
         consumer.close()
     for topic, producer in producers.items():
-        check_read_back(topic, producer, got[topic])
+        check_read_back(topic, producer, {p: list(rows.items()) for p, rows in got[topic].items()})
     return count
+
+
+def high_watermarks(consumer: Consumer, topics: list[str]) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> high watermark of every partition of `topics`, each asked until a
+    leader answers (for up to 120 s: partitions may still be moving after a fleet change)."""
+    out: dict[tuple[str, int], int] = {}
+    deadline = time.monotonic() + 120
+    for topic in topics:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        for partition in meta.partitions:
+            while True:
+                try:
+                    _, high = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=10
+                    )
+                    out[(topic, partition)] = high
+                    break
+                except KafkaException:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(1)
+    return out
 
 
 def check_read_back(
@@ -241,7 +275,16 @@ def check_read_back(
 ) -> None:
     """`got` (partition -> (offset, value) as read) against what `producer` had acknowledged."""
     values = [v for part in got.values() for _, v in part]
-    assert len(values) == len(set(values)), f"{topic}: a record was read twice"
+    if len(values) != len(set(values)):
+        where: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for partition, rows in got.items():
+            for offset, value in rows:
+                where[value].append((partition, offset))
+        twice = {v: at for v, at in where.items() if len(at) > 1}
+        raise AssertionError(
+            f"{topic}: {len(twice)} records are in the log twice, record -> (partition, offset): "
+            f"{dict(sorted(twice.items())[:10])}"
+        )
     lost = producer.sent - len(values)
     assert len(values) == producer.sent, (
         f"{topic}: read {len(values)}, {producer.sent} were acknowledged ({lost} missing)"
