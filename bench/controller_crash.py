@@ -61,14 +61,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer  # noqa: E402
-from confluent_kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
+from confluent_kafka import KafkaException, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from tidalmq_broker.local.control import data_dir_token  # noqa: E402
 from tidalmq_core.control_auth import authorization  # noqa: E402
 
 from bench import procstat  # noqa: E402
-from e2e.producing import RateProducer, check_read_back  # noqa: E402
+from e2e.producing import RateProducer, check_read_back, read_to_end  # noqa: E402
 from tests.support.local_cluster import LocalClusterProcess, control_context  # noqa: E402
 
 PER_TOPIC = 10_000  # TidalMQ's cap on one topic's partitions
@@ -536,37 +535,8 @@ class ControllerCrash:
 def read_partitions(
     bootstrap: str, topic: str, partitions: Sequence[int], timeout_s: float = 300
 ) -> dict[int, list[tuple[int, int]]]:
-    """Each partition from offset 0 to its end: partition -> [(offset, value)]."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"crash-verify-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    got: dict[int, list[tuple[int, int]]] = {p: [] for p in partitions}
-    try:
-        ends: dict[int, int] = {}
-        for p in partitions:
-            low, high = consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=30)
-            assert low == 0, f"partition {p} starts at {low}"
-            ends[p] = high
-        left = {p for p, end in ends.items() if end > 0}
-        consumer.assign([KafkaTopicPartition(topic, p, OFFSET_BEGINNING) for p in left])
-        deadline = time.monotonic() + timeout_s
-        while left and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=1000, timeout=1.0):
-                if msg.error() is not None:
-                    raise KafkaException(msg.error())
-                p, offset = msg.partition(), msg.offset()
-                got[p].append((offset, int(msg.value())))
-                if offset + 1 >= ends[p]:
-                    left.discard(p)
-        assert not left, f"{len(left)} partitions not read to their end in {timeout_s:.0f} s"
-    finally:
-        consumer.close()
-    return got
+    """Each partition from its first offset to its end: partition -> [(offset, value)]."""
+    return read_to_end(bootstrap, {topic: partitions}, timeout_s)[topic]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,8 +78,7 @@ from typing import Any, Generic, TypeVar
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer  # noqa: E402
-from confluent_kafka import TopicPartition as KafkaTopicPartition  # noqa: E402
+from confluent_kafka import KafkaException, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from bench.controller_scale import DEFAULT_MAX_MOVES, ScaleConfig, run_size  # noqa: E402
@@ -97,7 +96,7 @@ from bench.side_by_side_systems import (  # noqa: E402
     log,
     run_reassign_execute,
 )
-from e2e.producing import PROBE_KEY, RateProducer, check_read_back  # noqa: E402
+from e2e.producing import PROBE_KEY, RateProducer, check_read_back, read_to_end  # noqa: E402
 from tests.support.local_cluster import LocalClusterProcess  # noqa: E402
 
 RESULTS_MD = REPO / "bench" / "RESULTS-metadata.md"
@@ -1138,44 +1137,12 @@ class PartitionsRateProducer(RateProducer):
 
 
 def read_back(bootstrap: str, producer: PartitionsRateProducer, timeout_s: float = 300) -> int:
-    """Reads the producer's partitions from the start up to their end and checks them with
-    e2e/producing.py's check_read_back (raises AssertionError); returns the records read."""
-    topic = producer.topic
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"m1-verify-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    got: dict[int, list[tuple[int, int]]] = {p: [] for p in producer.partitions}
-    read = 0
-    try:
-        ends = {
-            p: consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=30)[1]
-            for p in producer.partitions
-        }
-        left = {p for p, end in ends.items() if end > 0}
-        consumer.assign([KafkaTopicPartition(topic, p, OFFSET_BEGINNING) for p in left])
-        deadline = time.monotonic() + timeout_s
-        while left and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=1000, timeout=1.0):
-                if msg.error() is not None:
-                    raise KafkaException(msg.error())
-                p, offset = msg.partition(), msg.offset()
-                if offset + 1 >= ends[p]:
-                    left.discard(p)
-                if msg.key() == PROBE_KEY:
-                    continue
-                got[p].append((offset, int(msg.value())))
-                read += 1
-        if left:
-            raise AssertionError(f"{len(left)} partitions not read to their end in {timeout_s} s")
-    finally:
-        consumer.close()
-    check_read_back(topic, producer, got)
-    return read
+    """Reads the producer's partitions from the start up to their end (e2e/producing.py's
+    read_to_end) and checks them with its check_read_back (raises AssertionError); returns the
+    records read."""
+    got = read_to_end(bootstrap, {producer.topic: producer.partitions}, timeout_s)[producer.topic]
+    check_read_back(producer.topic, producer, got)
+    return sum(len(rows) for rows in got.values())
 
 
 def finish_producer(bootstrap: str, producer: PartitionsRateProducer) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
@@ -198,18 +198,30 @@ def verify(servers: str, topic: str, producer: RateProducer) -> None:
 
 
 def verify_all(servers: str, producers: Mapping[str, RateProducer]) -> int:
-    """`verify` for several topics (each written by its own stopped producer) with one consumer;
-    returns how many records were read.
-
-    The consumer reads by assignment (every partition from its first offset up to the high
-    watermark it had when reading began), not in a consumer group: a group's rebalance while it
-    reads (its coordinator moving after a fleet change) would restart partitions from the first
-    offset, having committed nothing, and deliver records again that the log holds once. A
-    record delivered twice at the same offset is counted once; the same record at two offsets
-    is a duplicate in the log and fails `check_read_back`."""
+    """`verify` for several topics (each written by its own stopped producer) with one consumer
+    (`read_to_end`); returns how many records were read."""
     for topic, producer in producers.items():
         assert not producer.errors, (topic, producer.errors[:5])
         assert len(producer.records) == producer.sent, (topic, len(producer.records), producer.sent)
+    got = read_to_end(servers, dict.fromkeys(producers))
+    for topic, producer in producers.items():
+        check_read_back(topic, producer, got[topic])
+    return sum(len(rows) for parts in got.values() for rows in parts.values())
+
+
+def read_to_end(
+    servers: str, partitions: Mapping[str, Sequence[int] | None], timeout_s: float = 300
+) -> dict[str, dict[int, list[tuple[int, int]]]]:
+    """Reads the given partitions of each topic (None: all of them) from their first offset up
+    to the high watermark each had when reading began: topic -> partition -> [(offset, value)]
+    in offset order, values read as integers (the RateProducer's records; ServingProbe's are
+    left out).
+
+    By assignment, not in a consumer group: a group's rebalance while it reads (its coordinator
+    moving after a fleet change) would restart partitions from the first offset, having
+    committed nothing, and deliver again records the log holds once. A record delivered twice at
+    the same offset is kept once; the same record at two offsets is a duplicate in the log, for
+    `check_read_back` to find."""
     consumer = Consumer(
         {
             "bootstrap.servers": servers,
@@ -218,44 +230,42 @@ def verify_all(servers: str, producers: Mapping[str, RateProducer]) -> int:
             "enable.auto.commit": False,
         }
     )
-    got: dict[str, dict[int, dict[int, int]]] = {t: defaultdict(dict) for t in producers}
-    count = 0
+    got: dict[tuple[str, int], dict[int, int]] = {}
     try:
-        ends = high_watermarks(consumer, list(producers))
-        consumer.assign(
-            [TopicPartition(t, p, OFFSET_BEGINNING) for (t, p), end in ends.items() if end > 0]
-        )
+        ends = high_watermarks(consumer, partitions)
         behind = {tp for tp, end in ends.items() if end > 0}
-        deadline = time.monotonic() + 300
+        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in behind])
+        deadline = time.monotonic() + timeout_s
         while behind and time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error():
-                raise KafkaException(msg.error())
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            if offset + 1 >= ends[(topic, partition)]:
-                behind.discard((topic, partition))
-            if msg.key() == PROBE_KEY or offset in got[topic][partition]:
-                continue
-            got[topic][partition][offset] = int(msg.value())
-            count += 1
-        assert not behind, f"not read to their end within 300 s: {sorted(behind)[:10]}"
+            for msg in consumer.consume(num_messages=1000, timeout=1.0):
+                if msg.error():
+                    raise KafkaException(msg.error())
+                tp, offset = (msg.topic(), msg.partition()), msg.offset()
+                if offset + 1 >= ends[tp]:
+                    behind.discard(tp)
+                if msg.key() != PROBE_KEY:
+                    got.setdefault(tp, {})[offset] = int(msg.value())
+        assert not behind, f"not read to their end within {timeout_s:.0f} s: {sorted(behind)[:10]}"
     finally:
         consumer.close()
-    for topic, producer in producers.items():
-        check_read_back(topic, producer, {p: list(rows.items()) for p, rows in got[topic].items()})
-    return count
+    out: dict[str, dict[int, list[tuple[int, int]]]] = {t: {} for t in partitions}
+    for (topic, partition), rows in got.items():
+        out[topic][partition] = sorted(rows.items())
+    return out
 
 
-def high_watermarks(consumer: Consumer, topics: list[str]) -> dict[tuple[str, int], int]:
-    """(topic, partition) -> high watermark of every partition of `topics`, each asked until a
-    leader answers (for up to 120 s: partitions may still be moving after a fleet change)."""
+def high_watermarks(
+    consumer: Consumer, partitions: Mapping[str, Sequence[int] | None]
+) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> high watermark of the given partitions (None: every partition of
+    the topic), each asked until a leader answers, for up to 120 s: partitions may still be
+    moving after a fleet change."""
     out: dict[tuple[str, int], int] = {}
     deadline = time.monotonic() + 120
-    for topic in topics:
-        meta = consumer.list_topics(topic, timeout=30).topics[topic]
-        for partition in meta.partitions:
+    for topic, chosen in partitions.items():
+        if chosen is None:
+            chosen = list(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        for partition in chosen:
             while True:
                 try:
                     _, high = consumer.get_watermark_offsets(
