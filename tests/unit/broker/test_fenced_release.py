@@ -23,15 +23,14 @@ from pathlib import Path
 import pytest
 from tidalmq_broker.apis import KAFKA_APIS
 from tidalmq_broker.broker import Broker
-from tidalmq_broker.partitions import NotLeader, PartitionManager
+from tidalmq_broker.partitions import NotLeader
 from tidalmq_broker.protocol import records
 from tidalmq_broker.settings import BrokerSettings
-from tidalmq_broker.storage.api import StorageConfig
-from tidalmq_broker.storage.engine import ObjectStreamEngine
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
-from tidalmq_core.records import apply_batch, floors_record, partition_record, topic_record
+from tidalmq_core.records import floors_record, partition_record, topic_record
+
+from tests.support.partition_managers import apply_records, partition_manager
 
 TOPIC = "orders"
 TOPIC_ID = "id-orders"
@@ -52,15 +51,12 @@ def batch(seq: int, n: int = 2) -> bytes:
 async def test_a_fenced_broker_does_not_take_its_partitions_back_before_it_registers_again(
     tmp_path: Path,
 ) -> None:
-    engine = ObjectStreamEngine(LocalDirObjectStore(tmp_path / "objects"), 0, StorageConfig())
-    await engine.start()
-    manager = PartitionManager(engine, 0)
-    try:
+    async with partition_manager(tmp_path / "objects") as (engine, manager):
         meta = ClusterMetadata(cluster_id="c", version=1)
         manager.apply(meta)
 
         def update(*batch_records: dict[str, object]) -> None:
-            manager.apply_delta(meta, apply_batch(meta, list(batch_records), meta.version + 1))
+            apply_records(manager, meta, *batch_records)
 
         led_here = [PartitionState(leader=0, leader_epoch=1, replicas=[0]) for _ in range(2)]
         update(topic_record(TopicInfo(TOPIC, TOPIC_ID, led_here)))
@@ -94,9 +90,6 @@ async def test_a_fenced_broker_does_not_take_its_partitions_back_before_it_regis
         assert (await log.append(batch(0))).duplicate
         assert (await log.append(batch(2))).base_offset == 2
         assert (await log.append(batch(4))).base_offset == 4
-    finally:
-        await manager.stop()
-        await engine.stop()
 
 
 class Steps:

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tidalmq_broker.partitions import PartitionManager, PartitionStorageError
-from tidalmq_broker.storage.api import StorageConfig
-from tidalmq_broker.storage.engine import ObjectStreamEngine
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
+from tidalmq_broker.partitions import PartitionStorageError
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
-from tidalmq_core.records import apply_batch, topic_record
+from tidalmq_core.records import topic_record
+
+from tests.support.partition_managers import apply_records, partition_manager
 
 TP = TopicPartition("orders", 0)
 
@@ -36,24 +35,19 @@ def orders(epoch: int) -> TopicInfo:
 
 
 async def test_the_same_loss_is_reported_again_at_a_new_epoch(tmp_path: Path) -> None:
-    engine = ObjectStreamEngine(LocalDirObjectStore(tmp_path / "objects"), 0, StorageConfig())
-    await engine.start()
-    manager = PartitionManager(engine, 0)
     reports: list[tuple[str, int, Any]] = []
 
     async def report(kind: str, tp: TopicPartition, epoch: int, **detail: Any) -> None:
         if tp == TP:
             reports.append((kind, epoch, detail.get("loss")))
 
-    manager.add_report(report)
-    try:
+    async with partition_manager(tmp_path / "objects") as (_engine, manager):
+        manager.add_report(report)
         meta = ClusterMetadata(cluster_id="c", version=1)
         manager.apply(meta)
 
         def update(epoch: int) -> None:
-            manager.apply_delta(
-                meta, apply_batch(meta, [topic_record(orders(epoch))], meta.version + 1)
-            )
+            apply_records(manager, meta, topic_record(orders(epoch)))
 
         update(1)  # the pushed version from before the registration
         assert await manager.wait_settled(30)
@@ -74,6 +68,3 @@ async def test_the_same_loss_is_reported_again_at_a_new_epoch(tmp_path: Path) ->
         manager.wake_all()
         assert await manager.wait_settled(30)
         assert len(reports) == 2
-    finally:
-        await manager.stop()
-        await engine.stop()

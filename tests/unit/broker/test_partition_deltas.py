@@ -17,9 +17,6 @@ from pathlib import Path
 from types import FrameType
 
 from tidalmq_broker.partitions import PartitionManager
-from tidalmq_broker.storage.api import StorageConfig
-from tidalmq_broker.storage.engine import ObjectStreamEngine
-from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import PartitionMap, TopicPartition
 from tidalmq_core.records import (
@@ -28,6 +25,8 @@ from tidalmq_core.records import (
     topic_record,
     topic_removed_record,
 )
+
+from tests.support.partition_managers import apply_records, partition_manager
 
 LED_HERE = 10
 
@@ -61,12 +60,7 @@ def count_calls(manager: PartitionManager, meta: ClusterMetadata, delta: Metadat
 async def test_creation_and_deletion_cost_the_partitions_led_here(tmp_path: Path) -> None:
     work: dict[int, tuple[int, int]] = {}
     for n in (1_000, 50_000):
-        engine = ObjectStreamEngine(
-            LocalDirObjectStore(tmp_path / f"objects-{n}"), 0, StorageConfig()
-        )
-        await engine.start()
-        manager = PartitionManager(engine, 0)
-        try:
+        async with partition_manager(tmp_path / f"objects-{n}") as (engine, manager):
             meta = ClusterMetadata(cluster_id="c", version=1)
             manager.apply(meta)
             here = set(range(0, n, n // LED_HERE))
@@ -81,9 +75,6 @@ async def test_creation_and_deletion_cost_the_partitions_led_here(tmp_path: Path
             delta = apply_batch(meta, [topic_removed_record("payments")], 4)
             deleted = count_calls(manager, meta, delta)
             work[n] = (created, deleted)
-        finally:
-            await manager.stop()
-            await engine.stop()
     (small_created, small_deleted), (large_created, large_deleted) = work[1_000], work[50_000]
     # one call per partition of the topic would be 49,000 more
     assert large_created <= small_created + 100, work
@@ -91,15 +82,12 @@ async def test_creation_and_deletion_cost_the_partitions_led_here(tmp_path: Path
 
 
 async def test_replaced_and_deleted_topics_still_close_what_is_open_here(tmp_path: Path) -> None:
-    engine = ObjectStreamEngine(LocalDirObjectStore(tmp_path / "objects"), 0, StorageConfig())
-    await engine.start()
-    manager = PartitionManager(engine, 0)
-    try:
+    async with partition_manager(tmp_path / "objects") as (engine, manager):
         meta = ClusterMetadata(cluster_id="c", version=1)
         manager.apply(meta)
 
         def update(*records: dict[str, object]) -> None:
-            manager.apply_delta(meta, apply_batch(meta, list(records), meta.version + 1))
+            apply_records(manager, meta, *records)
 
         def open_here(name: str) -> list[int]:
             return sorted(tp.partition for tp in engine.partitions() if tp.topic == name)
@@ -119,9 +107,6 @@ async def test_replaced_and_deleted_topics_still_close_what_is_open_here(tmp_pat
         assert await manager.wait_settled(30)
         assert open_here("orders") == []
         assert manager.leading_count() == 0
-    finally:
-        await manager.stop()
-        await engine.stop()
 
 
 def test_partition_map_knows_its_topics() -> None:

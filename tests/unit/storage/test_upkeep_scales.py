@@ -18,7 +18,8 @@ import dataclasses
 import gc
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,6 +41,8 @@ from tidalmq_broker.storage.upkeep import (
 from tidalmq_core.deadlines import DeadlineQueue
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
+
+from tests.support.partition_managers import partition_manager
 
 HOUR = 3600.0
 # the engine's own loops stay asleep: the test runs each pass itself
@@ -81,26 +84,25 @@ def one_topic(name: str, partitions: int, broker: int) -> ClusterMetadata:
     return ClusterMetadata(cluster_id="c", version=1, topics={name: topic})
 
 
+@asynccontextmanager
 async def written_engine(
     tmp_path: Path, partitions: int
-) -> tuple[ObjectStreamEngine, PartitionManager]:
+) -> AsyncIterator[tuple[ObjectStreamEngine, PartitionManager]]:
     """An engine with `partitions` open through a PartitionManager (as a broker opens them),
     WRITTEN of them written, and the upkeep passes run once since."""
-    engine = ObjectStreamEngine(LocalDirObjectStore(tmp_path / f"objects-{partitions}"), 0, CONFIG)
-    await engine.start()
-    manager = PartitionManager(engine, 0)
-    manager.apply(one_topic("orders", partitions, 0))
-    assert await manager.wait_settled(600)
-    assert len(engine.partitions()) == partitions
-    for i in range(WRITTEN):
-        log = engine.get(TopicPartition("orders", i * (partitions // WRITTEN)))
-        assert log is not None
-        await log.append(records.build_batch([(b"k", b"v")]))
-    await engine.checkpoint_all()
-    await engine.compact_all()
-    await engine.apply_retention_all()
-    manager.take_changed()
-    return engine, manager
+    async with partition_manager(tmp_path / f"objects-{partitions}", CONFIG) as (engine, manager):
+        manager.apply(one_topic("orders", partitions, 0))
+        assert await manager.wait_settled(600)
+        assert len(engine.partitions()) == partitions
+        for i in range(WRITTEN):
+            log = engine.get(TopicPartition("orders", i * (partitions // WRITTEN)))
+            assert log is not None
+            await log.append(records.build_batch([(b"k", b"v")]))
+        await engine.checkpoint_all()
+        await engine.compact_all()
+        await engine.apply_retention_all()
+        manager.take_changed()
+        yield engine, manager
 
 
 async def upkeep_work(engine: ObjectStreamEngine, manager: PartitionManager) -> dict[str, int]:
@@ -133,8 +135,7 @@ async def upkeep_work(engine: ObjectStreamEngine, manager: PartitionManager) -> 
 async def test_upkeep_work_does_not_grow_with_open_partitions(tmp_path: Path) -> None:
     work: dict[int, dict[str, int]] = {}
     for n in SIZES:
-        engine, manager = await written_engine(tmp_path, n)
-        try:
+        async with written_engine(tmp_path, n) as (engine, manager):
             await engine.collect_garbage()  # the first sweep reads every checkpoint there is
             assert engine.swept_checkpoints.loaded == WRITTEN  # (only written ones have one)
             work[n] = await upkeep_work(engine, manager)
@@ -143,9 +144,6 @@ async def test_upkeep_work_does_not_grow_with_open_partitions(tmp_path: Path) ->
             await engine.collect_garbage()
             assert engine.swept_checkpoints.loaded == 2 * WRITTEN
             assert not any(engine.get(tp).dirty for tp in engine.partitions())  # type: ignore[union-attr]
-        finally:
-            await manager.stop()
-            await engine.stop()
     small, large = work[SIZES[0]], work[SIZES[1]]
     for path, calls in small.items():
         # at least one call per open partition would be 49,000 more: allow a few hundred
