@@ -112,6 +112,17 @@ def batch(
     )
 
 
+def idempotent_batch(producer_id: int, base_sequence: int, n: int = 2, epoch: int = 0) -> bytes:
+    """`n` records of an idempotent producer from `base_sequence`, at a fixed timestamp."""
+    return batch(
+        n,
+        timestamp_ms=1_700_000_000_000,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=base_sequence,
+    )
+
+
 def batches_of(records: bytes) -> list[tuple[int, int, bytes]]:
     """(base offset, last offset, bytes after the base offset field) of each batch; the tail
     is what the producer sent, untouched by the broker except the leader epoch."""

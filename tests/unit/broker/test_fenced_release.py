@@ -24,13 +24,13 @@ import pytest
 from tidalmq_broker.apis import KAFKA_APIS
 from tidalmq_broker.broker import Broker
 from tidalmq_broker.partitions import NotLeader
-from tidalmq_broker.protocol import records
 from tidalmq_broker.settings import BrokerSettings
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import floors_record, partition_record, topic_record
 
 from tests.support.partition_managers import apply_records, partition_manager
+from tests.support.storage_helpers import idempotent_batch
 
 TOPIC = "orders"
 TOPIC_ID = "id-orders"
@@ -39,13 +39,7 @@ PRODUCER_ID = 1000
 
 
 def batch(seq: int, n: int = 2) -> bytes:
-    return records.build_batch(
-        [(b"k", b"v-%d" % (seq + i)) for i in range(n)],
-        timestamp_ms=1_700_000_000_000,
-        producer_id=PRODUCER_ID,
-        producer_epoch=0,
-        base_sequence=seq,
-    )
+    return idempotent_batch(PRODUCER_ID, seq, n)
 
 
 async def test_a_fenced_broker_does_not_take_its_partitions_back_before_it_registers_again(

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.apis.errors import error_code
-from tidalmq_broker.protocol import records
 from tidalmq_broker.storage.api import (
     OutOfOrderSequence,
     PartitionConfig,
@@ -23,6 +22,7 @@ from tidalmq_broker.storage.engine import ObjectStreamEngine
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_core.model import TopicPartition
 
+from tests.support.storage_helpers import idempotent_batch
 from tests.unit.storage.test_transactions import engine
 
 TP = TopicPartition("t", 0)
@@ -30,13 +30,7 @@ PID = 42
 
 
 def idem(seq: int, n: int = 2) -> bytes:
-    return records.build_batch(
-        [(b"k", b"v-%d" % (seq + i)) for i in range(n)],
-        timestamp_ms=1_700_000_000_000,
-        producer_id=PID,
-        producer_epoch=0,
-        base_sequence=seq,
-    )
+    return idempotent_batch(PID, seq, n)
 
 
 async def test_a_batch_ahead_right_after_a_failover_is_retriable(
