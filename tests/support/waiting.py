@@ -3,6 +3,7 @@ or fail naming what did not happen (never a fixed sleep for correctness)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -18,3 +19,19 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what}: not within {timeout_s:g} s")
         time.sleep(poll_s)
+
+
+async def eventually(
+    condition: Callable[[], object],
+    timeout_s: float = 10.0,
+    poll_s: float = 0.01,
+    what: str = "condition",
+) -> None:
+    """`wait_for` inside an event loop: polls `condition` every `poll_s` seconds, letting the
+    loop run the code under test in between; an AssertionError naming `what` once `timeout_s`
+    have passed without it."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:g} s")
+        await asyncio.sleep(poll_s)

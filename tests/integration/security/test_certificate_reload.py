@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import socket
 import ssl
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from cryptography import x509
 from tidalmq_broker.security import certs
 
 from tests.support.broker_process import BrokerProcess, free_port
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -43,15 +43,6 @@ def metric(proc: BrokerProcess, name: str, **labels: str) -> float:
     wanted = "".join(rf'(?=[^}}]*{k}="{re.escape(v)}")' for k, v in labels.items())
     pattern = re.compile(rf"^{name}{{{wanted}[^}}]*}} (\S+)$", re.M)
     return sum(float(v) for v in pattern.findall(proc.metrics()))
-
-
-def wait_for(what: str, check: object, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
 
 
 def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> None:
@@ -90,7 +81,11 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
         certs.write_keystore(staged, renewed, ca)
         staged.replace(keystore)
         reloads = "tidalmq_tls_certificate_reloads_total"
-        wait_for("a reload", lambda: metric(proc, reloads, listener="SSL", result="ok") == 1)
+        wait_for(
+            "a reload",
+            lambda: metric(proc, reloads, listener="SSL", result="ok") == 1,
+            timeout_s=20,
+        )
         assert served_serial(ssl_port, ca_file) == renewed.cert.serial_number
         assert metric(proc, expiry, listener="SSL") == pytest.approx(
             renewed.cert.not_valid_after_utc.timestamp()
@@ -100,7 +95,9 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
         # a half-written renewal (no key): counted, logged, and the broker keeps serving
         keystore.write_bytes(certs.issue(ca, "broker", hosts=["localhost"]).cert_pem())
         wait_for(
-            "a failed reload", lambda: metric(proc, reloads, listener="SSL", result="failed") >= 1
+            "a failed reload",
+            lambda: metric(proc, reloads, listener="SSL", result="failed") >= 1,
+            timeout_s=20,
         )
         assert served_serial(ssl_port, ca_file) == renewed.cert.serial_number
         assert "TLS files changed but cannot be loaded" in proc.log_path.read_text()

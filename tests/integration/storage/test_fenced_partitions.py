@@ -5,8 +5,8 @@ earlier owner does not leave the partition unserved while the metadata still nam
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 from tidalmq_broker import partitions
@@ -18,6 +18,7 @@ from tidalmq_core.model import TopicPartition
 
 from tests.integration.storage.conftest import TEST_CONFIG, Cluster
 from tests.support.storage_helpers import FaultyStore, batch
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -50,11 +51,7 @@ async def managed_broker(
     return engine, pm, hooked
 
 
-async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
+wait_for = partial(eventually, timeout_s=10.0, poll_s=0.05)  # this module's default wait
 
 
 async def test_late_write_by_an_earlier_owner_is_followed_by_a_reopen(

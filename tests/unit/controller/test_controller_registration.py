@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from tidalmq_core.records import (
 )
 
 from tests.support.controllers import running_controller
+from tests.support.waiting import eventually
 from tests.unit.controller.test_controller_features import controller_on, older_build
 
 SETTINGS = ControllerSettings(
@@ -122,11 +124,7 @@ async def tidalmq(
     return code, out, err
 
 
-async def wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+wait_for = partial(eventually, timeout_s=20.0, poll_s=0.05)  # this module's default wait
 
 
 async def test_a_standby_that_never_led_blocks_a_level_it_lacks_and_then_takes_over(

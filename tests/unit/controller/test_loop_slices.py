@@ -10,9 +10,8 @@ nothing else on the loop ran and the liveness thread fought for the GIL. Counted
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
-from collections.abc import Callable
+from functools import partial
 
 from tidalmq_controller import Controller, ControllerSettings, NewTopic
 from tidalmq_controller._log import MemoryMetadataLog
@@ -20,6 +19,7 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.records import Record
 
 from tests.support.fake_broker import FakeBroker
+from tests.support.waiting import eventually
 
 STEP = 20  # max_moves_per_step: the slices' bound
 SETTINGS = ControllerSettings(
@@ -35,12 +35,7 @@ SETTINGS = ControllerSettings(
 )
 
 
-async def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.01)
+wait_for = partial(eventually, timeout_s=20.0)  # this module's default wait
 
 
 def leaders(c: Controller) -> Counter[int]:

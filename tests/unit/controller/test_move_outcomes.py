@@ -6,10 +6,9 @@ Brokers are played by FakeBroker against a controller with fast clocks."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from tidalmq_core.records import partition_record
 from observability.alerts import ALERTS, MOVE_TROUBLE
 from tests.support.controllers import running_controller
 from tests.support.fake_broker import FakeBroker
+from tests.support.waiting import eventually
 
 TP = TopicPartition("t", 0)
 SETTINGS = ControllerSettings(
@@ -112,12 +112,7 @@ async def slow_fence(tmp_path: Path) -> AsyncIterator[Controller]:
         yield each
 
 
-async def wait_for(predicate: Callable[[], object], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.01)
+wait_for = partial(eventually, timeout_s=5.0)  # this module's default wait
 
 
 async def brokers(c: Controller, n: int) -> list[FakeBroker]:

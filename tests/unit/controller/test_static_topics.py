@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ from tidalmq_operator.static_topics import StaticTopicWish, static_topic_status_
 
 from tests.support.fake_broker import updated
 from tests.support.leaders import walked_leaders
+from tests.support.waiting import eventually
 
 FAST = ControllerSettings(
     heartbeat_interval_s=0.05,
@@ -193,12 +195,7 @@ async def brokers(c: Controller, store: LocalDirObjectStore, n: int) -> list[Fak
     return out
 
 
-async def wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.01)
+wait_for = partial(eventually, timeout_s=10.0)  # this module's default wait
 
 
 def view(c: Controller) -> static_mapping.MappingView:

@@ -5,13 +5,14 @@ open ones (O(its partitions)), not through everything each broker has open, ever
 from __future__ import annotations
 
 import asyncio
-import time
+from functools import partial
 
 from tidalmq_controller import Controller, ControllerSettings, NewTopic
 from tidalmq_controller._log import MemoryMetadataLog
 from tidalmq_core.model import TopicPartition
 
 from tests.support.fake_broker import FakeBroker
+from tests.support.waiting import eventually
 
 FAST = ControllerSettings(
     heartbeat_interval_s=0.05,
@@ -23,12 +24,7 @@ FAST = ControllerSettings(
 )
 
 
-async def wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.01)
+wait_for = partial(eventually, timeout_s=10.0)  # this module's default wait
 
 
 async def test_a_deleted_topics_data_waits_for_its_last_open_partition() -> None:

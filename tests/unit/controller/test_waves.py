@@ -4,10 +4,9 @@ as source or target. Through the real Controller with brokers played by the test
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
@@ -19,6 +18,7 @@ from tidalmq_core.reassignment import Phase, PlanEntry
 from tidalmq_core.records import MetadataDelta
 
 from tests.support.fake_broker import FakeBroker
+from tests.support.waiting import eventually
 
 WAVES = ControllerSettings(
     heartbeat_interval_s=0.05,
@@ -35,12 +35,7 @@ WAVES = ControllerSettings(
 )
 
 
-async def wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.01)
+wait_for = partial(eventually, timeout_s=10.0)  # this module's default wait
 
 
 def leaders(c: Controller) -> dict[TopicPartition, int]:
