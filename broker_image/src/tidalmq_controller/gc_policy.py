@@ -1,0 +1,162 @@
+"""Garbage collection in a process hosting a controller: freeze the metadata after big changes.
+
+A big change (a topic of thousands of partitions created, a cluster's image loaded, a wave of
+first openings) leaves hundreds of thousands of new long-lived objects: the image's partition
+states, the leadership indexes, the membership's open partitions. CPython's cyclic collector
+walks every tracked object of the generations it collects, and these objects climb through the
+young generations into the old one, so the generation-1 and generation-2 collections that follow
+such a change walk all of them: 85-133 ms pauses at 50,000 partitions ([M1], 2 of 36 heartbeats
+over 100 ms while a big topic was created), during which the collector holds the GIL and the
+liveness thread answers no heartbeat.
+
+The policy: once the batches applied since the last freeze changed at least `freeze_after`
+partitions (a partition counts once per record that changed it; a created or grown topic counts
+all its partitions), `gc.freeze()` on the event loop's next turn (after the rest of the slice
+that applied them, so the managers' indexes built from the same records are frozen too). A
+freeze is O(1) (the collector's generation lists are spliced into its permanent generation) and
+frozen objects are never walked again; later collections walk only what was made since.
+
+What a freeze costs:
+- Memory is not kept: a frozen object is still freed by reference counting the moment its last
+  reference goes (a deleted topic's partition states, a closed partition's entries). Only
+  garbage *cycles* among frozen objects are never found, and the controller's metadata holds
+  none (records, partition states and index entries are trees). A cycle that is garbage at the
+  moment of the freeze (a finished task's exception and its traceback's frames) is frozen too;
+  the benchmark counts what the frozen generation held that a full collection would have freed
+  (`bench/controller_gc_pauses.py`, "frozen garbage").
+- Never unfrozen: an unfreeze gives everything back to the oldest generation, so the next full
+  collection walks the whole image again, which is exactly the pause this avoids (85-133 ms at
+  50,000 partitions, 1.8 s at 1,000,000: longer than a heartbeat's budget, whenever it runs). The
+  frozen garbage it could find is measured, small and bounded by the number of freezes, which
+  follow big changes only (docs/control-plane.md, "Garbage collection during big changes").
+
+Not for the broker's request path: a broker freezes once after start-up (serve.py) and must
+collect its connections' objects later (server/heap.py); only processes hosting a controller
+install this (`tidalmq local up`, the operator). `install()` also exports the collector's pauses
+per generation and what is frozen as Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+FREEZE_AFTER_PARTITIONS = 2000
+
+PAUSE_SECONDS = Histogram(
+    "tidalmq_controller_gc_pause_seconds",
+    "Pauses of the cyclic garbage collector (wall time, the GIL held), by generation collected",
+    ["generation"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+FROZEN_OBJECTS = Gauge(
+    "tidalmq_controller_gc_frozen_objects",
+    "Objects in the garbage collector's permanent generation (gc.freeze), never walked again",
+)
+FREEZES = Counter(
+    "tidalmq_controller_gc_freezes_total",
+    "gc.freeze() calls after metadata batches that changed many partitions",
+)
+
+
+class GcPolicy:
+    """Counts the partitions the applied batches changed (`changed`) and freezes once they
+    reach `freeze_after`, on the loop's next turn. `freeze` and `schedule` are the collector's
+    and the running loop's unless a test passes its own."""
+
+    def __init__(
+        self,
+        freeze_after: int = FREEZE_AFTER_PARTITIONS,
+        *,
+        collect_young: Callable[[], object] = lambda: gc.collect(1),
+        freeze: Callable[[], None] = gc.freeze,
+        schedule: Callable[[Callable[[], None]], Any] | None = None,
+    ) -> None:
+        self.freeze_after = freeze_after
+        self.pending = 0  # partitions changed since the last freeze
+        self.freezes = 0
+        self._collect_young = collect_young
+        self._freeze = freeze
+        self._schedule = schedule
+        self._scheduled = False
+
+    def changed(self, partitions: int) -> None:
+        """A batch changing `partitions` partitions was applied (from the event loop)."""
+        self.pending += partitions
+        if self.pending < self.freeze_after or self._scheduled:
+            return
+        self._scheduled = True
+        if self._schedule is not None:
+            self._schedule(self.freeze_now)
+        else:
+            try:
+                asyncio.get_running_loop().call_soon(self.freeze_now)
+            except RuntimeError:  # no loop (a controller loading outside one): now
+                self.freeze_now()
+
+    def freeze_now(self) -> None:
+        """Collect the young generations (what was made since the last freeze: the garbage
+        cycles among it are freed, not frozen), then freeze what survived."""
+        self._scheduled = False
+        self.pending = 0
+        self._collect_young()
+        self._freeze()
+        self.freezes += 1
+        FREEZES.inc()
+
+
+class PauseMeter:
+    """Each collection's wall time into PAUSE_SECONDS (a gc callback; the collector runs no
+    collection inside its callbacks, so observing here cannot recurse)."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._children = [PAUSE_SECONDS.labels(generation=str(g)) for g in range(3)]
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self._children[info["generation"]].observe(time.perf_counter() - self._started)
+
+
+_installed: GcPolicy | None = None
+_meter: PauseMeter | None = None
+
+
+def install(policy: GcPolicy | None = None) -> GcPolicy:
+    """Turn the policy on for this process (a process hosting a controller); every controller
+    of the process reports its batches to it. Returns it (idempotent: the installed one; a test
+    may install its own `policy` after `uninstall`)."""
+    global _installed, _meter
+    if _installed is None:
+        _installed = policy or GcPolicy()
+        _meter = PauseMeter()
+        gc.callbacks.append(_meter)
+        FROZEN_OBJECTS.set_function(gc.get_freeze_count)
+    return _installed
+
+
+def uninstall() -> None:
+    """Turn it off (tests, benchmarks); what is frozen stays frozen."""
+    global _installed, _meter
+    if _meter is not None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(_meter)
+    _installed = _meter = None
+
+
+def installed() -> GcPolicy | None:
+    return _installed
+
+
+def changed(partitions: int) -> None:
+    """What the controller calls after applying a batch; nothing unless installed."""
+    if _installed is not None:
+        _installed.changed(partitions)
