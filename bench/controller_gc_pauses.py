@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,14 @@ class LoopLag:
         self._task.cancel()
 
 
+async def until(done: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError("not settled")
+        await asyncio.sleep(0.05)
+
+
 async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     policy = gc_policy.install() if args.policy == "on" else None
     store = LocalDirObjectStore(workdir / "store")
@@ -120,8 +129,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     sims.start()
     for b in range(args.brokers):
         await sims.add(b)
-    while c.moves.active():
-        await asyncio.sleep(0.05)
+    await until(lambda: not c.moves.active(), 60)  # the offsets topic settles
     await asyncio.sleep(0.5)
     pauses, lag = GcPauses(), LoopLag()
     sims.beat_times.take()
@@ -167,9 +175,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     cpu, wall = time.process_time(), time.perf_counter()
     names = [name for name, _ in layout] + ["big"]
     for i in range(0, len(names), 5):
-        await c.delete_topics(names[i : i + 5])
-    while any(n in c.image.topics for n in names):
-        await asyncio.sleep(0.05)
+        await c.delete_topics(names[i : i + 5])  # committed (gone from the image) on return
     await asyncio.sleep(0.3)
     result["phases"]["delete"] = {
         "partitions": args.partitions,
