@@ -1,39 +1,37 @@
 """Garbage collection in a process hosting a controller: freeze the metadata after big changes.
 
 A big change (a topic of thousands of partitions created, a cluster's image loaded, a wave of
-first openings) leaves hundreds of thousands of new long-lived objects: the image's partition
-states, the leadership indexes, the membership's open partitions. CPython's cyclic collector
-walks every tracked object of the generations it collects, and these objects climb through the
-young generations into the old one, so the generation-1 and generation-2 collections that follow
-such a change walk all of them: 85-133 ms pauses at 50,000 partitions ([M1], 2 of 36 heartbeats
-over 100 ms while a big topic was created), during which the collector holds the GIL and the
-liveness thread answers no heartbeat.
+first openings) leaves hundreds of thousands of new long-lived objects (about 5 per partition:
+the image's partition states, the leadership indexes, the membership's open partitions).
+CPython's cyclic collector walks every tracked object of the generations it collects, and these
+objects climb through the young generations into the old one, so the older-generation
+collections that follow walk all of them again, holding the GIL: the liveness thread answers no
+heartbeat meanwhile (123-149 ms at 200,000 partitions with the hosting processes' thresholds,
+82-157 ms at 50,000 with CPython's; docs/control-plane.md, "Garbage collection during big
+changes").
 
 The policy: once the batches applied since the last freeze changed at least `freeze_after`
-partitions (a partition counts once per record that changed it; a created or grown topic counts
-all its partitions), `gc.freeze()` on the event loop's next turn (after the rest of the slice
-that applied them, so the managers' indexes built from the same records are frozen too). A
-freeze is O(1) (the collector's generation lists are spliced into its permanent generation) and
-frozen objects are never walked again; later collections walk only what was made since.
+partitions (a partition counts once per proposal that changed it; a created, grown or changed
+topic counts all its partitions), on the event loop's next turn (after the rest of the slice
+that applied them, so the managers' indexes built from the same records go too): collect the
+young generations, then `gc.freeze()`. The collection walks only what was made since the last
+freeze (everything older is frozen), so its garbage cycles are freed, not frozen; the freeze is
+O(1) (the generation lists are spliced into the permanent generation), and frozen objects are
+never walked again.
 
 What a freeze costs:
 - Memory is not kept: a frozen object is still freed by reference counting the moment its last
-  reference goes (a deleted topic's partition states, a closed partition's entries). Only
-  garbage *cycles* among frozen objects are never found, and the controller's metadata holds
-  none (records, partition states and index entries are trees). A cycle that is garbage at the
-  moment of the freeze (a finished task's exception and its traceback's frames) is frozen too;
-  the benchmark counts what the frozen generation held that a full collection would have freed
-  (`bench/controller_gc_pauses.py`, "frozen garbage").
-- Never unfrozen: an unfreeze gives everything back to the oldest generation, so the next full
-  collection walks the whole image again, which is exactly the pause this avoids (85-133 ms at
-  50,000 partitions, 1.8 s at 1,000,000: longer than a heartbeat's budget, whenever it runs). The
-  frozen garbage it could find is measured, small and bounded by the number of freezes, which
-  follow big changes only (docs/control-plane.md, "Garbage collection during big changes").
+  reference goes (a deleted topic's partition states and index entries). Only a garbage cycle
+  among frozen objects is never found: after creating 50,000 or 200,000 partitions and deleting
+  them all, a full collection found 6 such objects (`bench/controller_gc_pauses.py`).
+- Never unfrozen: an unfreeze gives everything back to the oldest generation, and the next full
+  collection walks the whole image again, the very pause this avoids (67-331 ms at 50,000
+  partitions on a loaded machine, 1.8 s at 1,000,000), to find those few objects.
 
 Not for the broker's request path: a broker freezes once after start-up (serve.py) and must
-collect its connections' objects later (server/heap.py); only processes hosting a controller
-install this (`tidalmq local up`, the operator). `install()` also exports the collector's pauses
-per generation and what is frozen as Prometheus metrics.
+collect its connections' objects later (server/heap.py); only processes whose main work is the
+controller install this (`tidalmq local up`, the operator). `install()` also exports the
+collector's pauses by generation and what is frozen as Prometheus metrics.
 """
 
 from __future__ import annotations
