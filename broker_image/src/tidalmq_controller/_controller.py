@@ -314,6 +314,9 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         await self.journal.stop()
+        # its objects hold each other (the managers and the controller): only a collection can
+        # free them, and none walks what is frozen (gc_policy.py)
+        gc_policy.controller_stopped()
 
     @property
     def image(self) -> ClusterMetadata:

@@ -73,6 +73,8 @@ class GcPolicy:
         freeze_after: int = FREEZE_AFTER_PARTITIONS,
         *,
         collect_young: Callable[[], object] = lambda: gc.collect(1),
+        collect_all: Callable[[], object] = gc.collect,
+        unfreeze: Callable[[], None] = gc.unfreeze,
         freeze: Callable[[], None] = gc.freeze,
         schedule: Callable[[Callable[[], None]], Any] | None = None,
     ) -> None:
@@ -80,6 +82,10 @@ class GcPolicy:
         self.pending = 0  # partitions changed since the last freeze
         self.freezes = 0
         self._collect_young = collect_young
+        self._collect_all = collect_all
+        self._unfreeze = unfreeze
+        self._full = True  # the next freeze collects everything first (the first, and after
+        # an unfreeze)
         self._freeze = freeze
         self._schedule = schedule
         self._scheduled = False
@@ -100,13 +106,27 @@ class GcPolicy:
 
     def freeze_now(self) -> None:
         """Collect the young generations (what was made since the last freeze: the garbage
-        cycles among it are freed, not frozen), then freeze what survived."""
+        cycles among it are freed, not frozen), or everything the first time and after an
+        unfreeze; then freeze what survived."""
         self._scheduled = False
         self.pending = 0
-        self._collect_young()
+        if self._full:
+            self._collect_all()
+            self._full = False
+        else:
+            self._collect_young()
         self._freeze()
         self.freezes += 1
         FREEZES.inc()
+
+    def unfreeze(self) -> None:
+        """A controller stopped: give everything back to the collector. A controller's objects
+        hold each other (its managers hold it), so once the process drops it (the operator
+        starts a new one when its replica is elected again) only a collection frees it, its
+        whole image with it; frozen, it would stay for good. The next freeze collects
+        everything first: the next controller's start, which loads the log (before it serves)."""
+        self._unfreeze()
+        self._full = True
 
 
 class PauseMeter:
@@ -152,6 +172,12 @@ def uninstall() -> None:
 
 def installed() -> GcPolicy | None:
     return _installed
+
+
+def controller_stopped() -> None:
+    """What the controller calls at the end of its stop; nothing unless installed."""
+    if _installed is not None:
+        _installed.unfreeze()
 
 
 def changed(partitions: int) -> None:

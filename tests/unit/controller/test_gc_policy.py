@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import tracemalloc
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 from tidalmq_controller import Controller, ControllerSettings, NewTopic, gc_policy
@@ -25,14 +27,25 @@ FAST = ControllerSettings(
     offsets_topic_partitions=1,
     tick_s=0.01,
 )
+SLICED = replace(FAST, offsets_topic_partitions=2, auto_rebalance=True, max_moves_per_step=20)
 
 
 @pytest.fixture(autouse=True)
 def no_policy_left() -> Iterator[None]:
     gc_policy.uninstall()
+    gc.collect()  # no garbage of an earlier test in any generation (a freeze would keep it)
     yield
     gc_policy.uninstall()
     gc.unfreeze()  # what a test froze goes back to the collector
+    gc.collect()
+
+
+async def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.01)
 
 
 class Recorder:
@@ -42,6 +55,22 @@ class Recorder:
     def collect(self) -> None:
         self.calls.append("collect")
 
+    def collect_all(self) -> None:
+        self.calls.append("collect all")
+
+    def unfreeze(self) -> None:
+        self.calls.append("unfreeze")
+
+    def policy(self, freeze_after: int, **kwargs: object) -> gc_policy.GcPolicy:
+        return gc_policy.GcPolicy(
+            freeze_after,
+            collect_young=self.collect,
+            collect_all=self.collect_all,
+            freeze=self.freeze,
+            unfreeze=self.unfreeze,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
     def freeze(self) -> None:
         self.calls.append("freeze")
 
@@ -49,9 +78,7 @@ class Recorder:
 def test_a_freeze_after_many_partitions_changed_once_per_turn() -> None:
     r = Recorder()
     scheduled: list[object] = []
-    policy = gc_policy.GcPolicy(
-        1000, collect_young=r.collect, freeze=r.freeze, schedule=scheduled.append
-    )
+    policy = r.policy(1000, schedule=scheduled.append)
     policy.changed(400)
     policy.changed(500)
     assert scheduled == [] and policy.pending == 900  # small batches: nothing
@@ -59,10 +86,17 @@ def test_a_freeze_after_many_partitions_changed_once_per_turn() -> None:
     policy.changed(5000)  # in the same turn: still one freeze
     assert scheduled == [policy.freeze_now]
     policy.freeze_now()
-    assert r.calls == ["collect", "freeze"]  # the young generations first
+    assert r.calls == ["collect all", "freeze"]  # the first freeze: everything collected first
     assert policy.pending == 0 and policy.freezes == 1
     policy.changed(999)
     assert len(scheduled) == 1  # counted afresh from the freeze
+    policy.changed(1)
+    policy.freeze_now()
+    assert r.calls[2:] == ["collect", "freeze"]  # then only what was made since
+    policy.unfreeze()  # a controller stopped
+    policy.changed(1000)
+    policy.freeze_now()
+    assert r.calls[4:] == ["unfreeze", "collect all", "freeze"]
 
 
 async def start(c: Controller) -> FakeBroker:
@@ -74,7 +108,7 @@ async def start(c: Controller) -> FakeBroker:
 
 async def test_the_controller_freezes_after_a_big_topic_and_not_after_a_small_one() -> None:
     r = Recorder()
-    gc_policy.install(gc_policy.GcPolicy(2000, collect_young=r.collect, freeze=r.freeze))
+    gc_policy.install(r.policy(2000))
     c = Controller(MemoryMetadataLog(), FAST)
     broker = await start(c)
     try:
@@ -83,10 +117,35 @@ async def test_the_controller_freezes_after_a_big_topic_and_not_after_a_small_on
         assert r.calls == []
         await c.create_topics([NewTopic("big", 3000)])
         await asyncio.sleep(0.05)
-        assert r.calls == ["collect", "freeze"]
+        assert r.calls == ["collect all", "freeze"]
     finally:
         broker.silence()
         await c.stop()
+    assert r.calls[-1] == "unfreeze"  # the controller stopped
+
+
+async def test_a_stopped_controller_is_freed_though_it_was_frozen() -> None:
+    """The operator starts a new controller in the same process each time its replica is
+    elected again; the old one's objects hold each other, so only a collection frees them."""
+    policy = gc_policy.install(gc_policy.GcPolicy(2000))  # the real gc calls
+    log = MemoryMetadataLog()
+    first = Controller(log, FAST)
+    broker = await start(first)
+    await first.create_topics([NewTopic("t", 3000)])
+    await asyncio.sleep(0.05)
+    assert policy.freezes == 1
+    broker.silence()
+    await first.stop()
+    gone = weakref.ref(first)
+    del first, broker
+    second = Controller(log, FAST)
+    await second.start()  # loads 3,000 partitions: a freeze, everything collected first
+    try:
+        await asyncio.sleep(0.05)
+        assert policy.freezes == 2
+        assert gone() is None
+    finally:
+        await second.stop()
 
 
 async def memory_of_a_deleted_topic(policy: gc_policy.GcPolicy | None) -> tuple[int, int]:
@@ -141,3 +200,29 @@ def test_garbage_cycles_made_before_a_freeze_are_collected_not_frozen() -> None:
     assert gone() is not None
     policy.freeze_now()
     assert gone() is None
+
+
+async def test_moves_leave_no_garbage_cycles_among_frozen_objects() -> None:
+    """The policy never unfreezes: that rests on what was frozen not becoming garbage cycles,
+    which only a full collection of everything would find. A join's moves are the controller's
+    busiest bookkeeping (each move's status, the indexes, the membership's reports)."""
+    policy = gc_policy.install(gc_policy.GcPolicy(50))  # freezes again and again during the join
+    c = Controller(MemoryMetadataLog(), SLICED)
+    brokers = [FakeBroker(c, 0, reconcile=True)]
+    await c.start()
+    try:
+        await brokers[0].register()
+        await c.create_topics([NewTopic("t", 398)])  # 400 partitions with the offsets topic
+        await wait_for(lambda: len(brokers[0].open) == 400)
+        joining = FakeBroker(c, 1, reconcile=True)
+        brokers.append(joining)
+        await joining.register()  # its fair share: 200 moves
+        await wait_for(lambda: not c.moves.active() and len(joining.open) == 200)
+        assert policy.freezes > 3
+        gc.collect()  # what is not frozen
+        gc.unfreeze()
+        assert gc.collect() < 50  # what the freezes kept that a full collection frees
+    finally:
+        for b in brokers:
+            b.silence()
+        await c.stop()
