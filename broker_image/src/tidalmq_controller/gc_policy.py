@@ -149,15 +149,19 @@ _meter: PauseMeter | None = None
 
 
 def install(policy: GcPolicy | None = None) -> GcPolicy:
-    """Turn the policy on for this process (a process hosting a controller); every controller
-    of the process reports its batches to it. Returns it (idempotent: the installed one; a test
-    may install its own `policy` after `uninstall`)."""
+    """Turn the policy on for this process (a process hosting a controller, once its modules
+    are imported and before its controller starts); every controller of the process reports
+    its batches to it. Freezes what the process holds by now (a full collection first, as
+    a broker does after start-up: modules, classes, settings), so the later young collections
+    before each freeze walk only what was made since. Returns it (idempotent: the installed
+    one; a test may install its own `policy` after `uninstall`)."""
     global _installed, _meter
     if _installed is None:
         _installed = policy or GcPolicy()
         _meter = PauseMeter()
         gc.callbacks.append(_meter)
         FROZEN_OBJECTS.set_function(gc.get_freeze_count)
+        _installed.freeze_now()
     return _installed
 
 
