@@ -1,7 +1,8 @@
 """The controller's garbage collection policy (tidalmq_controller/gc_policy.py): a freeze after
 batches that changed many partitions, none after small ones; a young collection before each
 freeze so garbage cycles are freed, not frozen; a deleted topic's memory still released by
-reference counting although its objects were frozen."""
+reference counting although its objects were frozen; the unfreeze rule (when a controller stops:
+its objects hold each other) and what it rests on (a join's moves leave no frozen garbage)."""
 
 from __future__ import annotations
 
@@ -200,17 +201,18 @@ class Cyclic:
 
 def test_garbage_cycles_made_before_a_freeze_are_collected_not_frozen() -> None:
     policy = gc_policy.GcPolicy(1)
+    policy.freeze_now()  # the first freeze (at install) collects everything
     garbage = Cyclic()
     gone = weakref.ref(garbage)
     del garbage  # a cycle: only the collector frees it
     assert gone() is not None
-    policy.freeze_now()
+    policy.freeze_now()  # the young generations
     assert gone() is None
 
 
 async def test_moves_leave_no_garbage_cycles_among_frozen_objects() -> None:
-    """The policy never unfreezes: that rests on what was frozen not becoming garbage cycles,
-    which only a full collection of everything would find. A join's moves are the controller's
+    """The policy unfreezes only when a controller stops: that rests on what was frozen while
+    it runs not becoming garbage cycles, which only a full collection of everything finds. A join's moves are the controller's
     busiest bookkeeping (each move's status, the indexes, the membership's reports)."""
     c = Controller(MemoryMetadataLog(), SLICED)  # before: see memory_of_a_deleted_topic
     policy = gc_policy.install(gc_policy.GcPolicy(50))  # freezes again and again during the join
