@@ -6,27 +6,31 @@ the image's partition states, the leadership indexes, the membership's open part
 CPython's cyclic collector walks every tracked object of the generations it collects, and these
 objects climb through the young generations into the old one, so the older-generation
 collections that follow walk all of them again, holding the GIL: the liveness thread answers no
-heartbeat meanwhile (123-149 ms at 200,000 partitions with the hosting processes' thresholds,
-82-157 ms at 50,000 with CPython's; docs/control-plane.md, "Garbage collection during big
-changes").
+heartbeat meanwhile (over 100 ms at 200,000 partitions with the hosting processes' thresholds,
+and at 50,000 with CPython's, measured by bench/controller_gc_pauses.py).
 
-The policy: once the batches applied since the last freeze changed at least `freeze_after`
-partitions (a partition counts once per proposal that changed it; a created, grown or changed
-topic counts all its partitions), on the event loop's next turn (after the rest of the slice
-that applied them, so the managers' indexes built from the same records go too): collect the
-young generations, then `gc.freeze()`. The collection walks only what was made since the last
-freeze (everything older is frozen), so its garbage cycles are freed, not frozen; the freeze is
-O(1) (the generation lists are spliced into the permanent generation), and frozen objects are
-never walked again.
-
-What a freeze costs:
-- Memory is not kept: a frozen object is still freed by reference counting the moment its last
-  reference goes (a deleted topic's partition states and index entries). Only a garbage cycle
-  among frozen objects is never found: after creating 50,000 or 200,000 partitions and deleting
-  them all, a full collection found 6 such objects (`bench/controller_gc_pauses.py`).
-- Never unfrozen: an unfreeze gives everything back to the oldest generation, and the next full
-  collection walks the whole image again, the very pause this avoids (67-331 ms at 50,000
-  partitions on a loaded machine, 1.8 s at 1,000,000), to find those few objects.
+The policy (docs/control-plane.md, "Garbage collection during big changes"):
+- `install()` (start-up, before the controller starts): a full collection, then `gc.freeze()`,
+  as a broker does after start-up: modules, classes and settings are never walked again.
+- Once the batches applied since the last freeze changed at least `freeze_after` partitions (a
+  partition counts once per proposal that changed it; a created, grown or changed topic counts
+  all its partitions; a controller's start counts the whole log it loaded), on the event loop's
+  next turn (after the rest of the slice that applied them, so the managers' indexes built
+  from the same records go too): collect the young generations, then `gc.freeze()`. The
+  collection walks only what was made since the last freeze, so its garbage cycles are freed,
+  not frozen; the freeze is O(1) (the generation lists are spliced into the permanent
+  generation), and frozen objects are never walked again. A frozen object is still freed by
+  reference counting the moment its last reference goes (a deleted topic's partition states
+  and index entries).
+- When a controller stops: `gc.unfreeze()`, and the next freeze collects everything first. A
+  controller's objects hold each other (its managers hold it), so once the process drops a
+  stopped one (the operator starts a new controller when its replica is elected again) only a
+  collection frees it, its whole image with it; frozen, it would stay for good. The next
+  freeze is the next controller's start, which loads the log before it serves.
+- No other unfreeze: while a controller runs, what is frozen does not become garbage cycles
+  (none found after creating and deleting 200,000 partitions, nor after a join's moves), and
+  a full collection of everything is the very pause this avoids (65-192 ms at 50,000
+  partitions on a loaded machine, 1.8 s at 1,000,000).
 
 Not for the broker's request path: a broker freezes once after start-up (serve.py) and must
 collect its connections' objects later (server/heap.py); only processes whose main work is the
