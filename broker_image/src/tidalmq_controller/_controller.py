@@ -92,6 +92,7 @@ from tidalmq_core.records import (
 from tidalmq_controller import _acls as acls
 from tidalmq_controller import _features as features
 from tidalmq_controller import _scram_credentials as scram_credentials
+from tidalmq_controller import gc_policy
 from tidalmq_controller._broker_lifecycle import BrokerLifecycle
 from tidalmq_controller._data_loss import AcceptedLoss, DataLossManager
 from tidalmq_controller._errors import (
@@ -185,6 +186,7 @@ class Controller:
         self.topics = Topics(self)
         self.journal.add_applied_hook(self.leadership.on_applied)
         self.journal.add_applied_hook(self.topics.on_applied)
+        self.journal.add_applied_hook(self._gc_changed)  # last: after the managers' indexes
         self.journal.add_listener(self._on_commit)
         self.static = StaticTopicManager(self, object_store)
         self.data_loss = DataLossManager(
@@ -230,6 +232,7 @@ class Controller:
         if new:
             log.info("creating new cluster %s", image.cluster_id)
         self.leadership.rebuild()
+        gc_policy.changed(sum(len(t.partitions) for t in image.topics.values()))  # all loaded
         refused = features.start_refused(image)
         if refused is not None:  # before the claim: the controller that leads now stays
             raise UnsupportedFinalizedLevel(refused)
@@ -311,6 +314,9 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         await self.journal.stop()
+        # its objects hold each other (the managers and the controller): only a collection can
+        # free them, and none walks what is frozen (gc_policy.py)
+        gc_policy.controller_stopped()
 
     @property
     def image(self) -> ClusterMetadata:
@@ -957,6 +963,19 @@ class Controller:
         self._wake.set()
 
     # ---------------------------------------------------------------- publishing
+    def _gc_changed(self, delta: MetadataDelta) -> None:
+        """The partitions a proposal changed, for the garbage collection policy (gc_policy.py):
+        each changed partition, and every partition of a created, grown or changed topic."""
+        if gc_policy.installed() is None:
+            return
+        topics = self.image.topics
+        changed = len(delta.partitions)
+        for name in delta.topics:
+            topic = topics.get(name)
+            if topic is not None:
+                changed += len(topic.partitions)
+        gc_policy.changed(changed)
+
     def _on_commit(self, batch: Batch, delta: MetadataDelta) -> None:
         self.membership.confirm_role(self.journal.last_commit_at)
         self.publisher.publish()

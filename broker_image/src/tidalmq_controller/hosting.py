@@ -13,6 +13,8 @@ it.
   `topic_data_deleter`, bound to the store).
 - `tune_runtime`: garbage collector, allocator and thread switch interval settings for a
   server process (the controller's liveness thread answers heartbeats beside a busy loop).
+- `install_gc_policy`: gc.freeze() after metadata batches that changed many partitions
+  (gc_policy.py), for a process whose controller is its main work (not a broker's).
 """
 
 from tidalmq_broker.logs import setup_logging
@@ -21,9 +23,12 @@ from tidalmq_broker.storage.objectstore.factory import open_object_store
 from tidalmq_broker.storage.topic_data import delete_topic_data
 from tidalmq_broker.tuning import tune_runtime
 
+from tidalmq_controller.gc_policy import install as install_gc_policy
+
 __all__ = [
     "HealthServer",
     "delete_topic_data",
+    "install_gc_policy",
     "open_object_store",
     "setup_logging",
     "tune_runtime",

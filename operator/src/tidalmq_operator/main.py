@@ -11,7 +11,12 @@ from typing import Any
 
 import kopf
 from tidalmq_controller import StandbyRegistration
-from tidalmq_controller.hosting import HealthServer, setup_logging, tune_runtime
+from tidalmq_controller.hosting import (
+    HealthServer,
+    install_gc_policy,
+    setup_logging,
+    tune_runtime,
+)
 from tidalmq_core.control_auth import TokenError
 from tidalmq_core.control_tls import ControlTlsError
 from tidalmq_core.metadata import new_cluster_id
@@ -130,5 +135,6 @@ def main(settings: OperatorSettings | None = None) -> int:
     )
     logging.getLogger("kopf.objects").setLevel(logging.INFO)
     tune_runtime()  # the operator hosts the controller: its liveness thread answers heartbeats
+    install_gc_policy()  # freeze the metadata after big changes (tidalmq_controller/gc_policy.py)
     asyncio.run(run_operator(settings))
     return 0

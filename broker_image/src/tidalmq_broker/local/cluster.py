@@ -56,6 +56,7 @@ from tidalmq_controller import (
     ObjectStoreMetadataLog,
     UnsupportedFinalizedLevel,
 )
+from tidalmq_controller.hosting import install_gc_policy
 from tidalmq_core.control_auth import ENV_TOKEN, ENV_TOKEN_FILE, ControlAuth
 from tidalmq_core.metadata import ClusterMetadata
 from tidalmq_core.reassignment import Phase
@@ -678,6 +679,7 @@ def run_local_cluster(args: argparse.Namespace, data: Path, shown_as: str = "") 
             os.environ.get("TIDALMQ_LOG_LEVEL", "WARNING"), "text", prefix="[controller] "
         )
         tune_runtime()  # this process hosts the controller: its liveness thread answers heartbeats
+        install_gc_policy()  # freeze the metadata after big changes (tidalmq_controller/gc_policy.py)
         return asyncio.run(_serve(args, data, storage_url, token))
     except (LocalUpError, ControlError, OSError, UnsupportedFinalizedLevel) as exc:
         print(f"tidalmq local up: {exc}", file=sys.stderr, flush=True)
