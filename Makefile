@@ -48,8 +48,15 @@ crds: setup
 # (tests/support/reruns.py: the session's summary and <cache>/logs/reruns.log), to be fixed.
 RERUNS = --reruns 1 --reruns-delay 2 -raR
 
+# The integration tests in two worker processes (pytest-xdist): they mostly wait on servers,
+# clients and timers, so on the 2-core machine two at a time take ~0.6 of the serial time
+# (docs/testing.md, "CI time budget"). Whole files go to a worker (their module-scoped clusters
+# start once), in collection order (--no-loadscope-reorder: the kube-apiserver modules stay last,
+# tests/conftest.py). `make integration INTEGRATION_WORKERS=` runs them in one process.
+INTEGRATION_WORKERS = -n 2 --dist loadfile --no-loadscope-reorder
+
 integration: setup
-	.venv/bin/pytest tests/integration --durations=20 $(RERUNS)
+	.venv/bin/pytest tests/integration --durations=20 $(INTEGRATION_WORKERS) $(RERUNS)
 
 e2e: setup
 	.venv/bin/pytest e2e --durations=20 $(RERUNS)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from e2e.kube import REPO_DIR, Cluster, run, wait_until
-from e2e.tidalmq_release import uninstall
+from e2e.tidalmq_release import other_tests_pods_gone, uninstall
 
 CHART = REPO_DIR / "charts" / "tidalmq"
 RELEASE = "tmq"
@@ -74,6 +74,9 @@ def installed(cluster: Cluster, namespace: str) -> Iterator[str]:
         timeout=300,
     )
     assert "STATUS: deployed" in out, out
+    # the previous test's release may still be going (uninstall does not wait for its pods), and
+    # the scheduler counts a terminating pod's requests (250m per broker by default)
+    other_tests_pods_gone(cluster, namespace)
     yield namespace
     # the object store is unreachable, so the operator cannot finish a Topic's finalizer (its
     # data lives nowhere): the finalizers of what it handles are dropped by hand

@@ -59,6 +59,8 @@ from e2e.tidalmq_release import (
     bootstrap_service,
     broker_pods,
     object_store,
+    other_tests_pods,
+    other_tests_pods_gone,
     ready,
     release_pods,
     release_values,
@@ -398,6 +400,7 @@ def test_previous_chart_upgraded_loses_nothing(
             timeout=420,
         )
         figures("previous_chart_install_s", round(time.monotonic() - started, 1))
+        other_tests_pods_gone(cluster, ns)
         old_store = cluster.kubectl(
             "-n",
             ns,
@@ -476,16 +479,6 @@ def offline_settings(cluster: Cluster, minio: str) -> list[str]:
         repository, tag = cluster.images["broker"].rsplit(":", 1)
         settings += ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}"]
     return settings
-
-
-def other_tests_pods(cluster: Cluster, ns: str) -> list[str]:
-    """Pods of the other tests' namespaces (e2e-*; releases of earlier tests still going)."""
-    pods = cluster.kubectl_json("get", "pods", "-A")["items"]
-    return [
-        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-        for p in pods
-        if p["metadata"]["namespace"].startswith("e2e-") and p["metadata"]["namespace"] != ns
-    ]
 
 
 def leftovers(cluster: Cluster, ns: str) -> dict[str, list[str]]:
@@ -820,6 +813,7 @@ def test_a_lost_bucket_is_never_served_as_empty(
         timeout=420,
     )
     try:
+        other_tests_pods_gone(cluster, ns)
         servers = bootstrap_service(cluster, ns)
         create_topic(cluster, ns, "ledger", 3)
         ends = produce_acked(servers, "ledger", 300)
@@ -985,6 +979,7 @@ def operated(cluster: Cluster, minio: str, request: pytest.FixtureRequest) -> It
             timeout=420,
         )
         rel.install_s = time.monotonic() - started
+        other_tests_pods_gone(cluster, ns)
         rel.servers = bootstrap_service(cluster, ns)
         yield rel
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 
 import boto3
 
-from e2e.kube import REPO_DIR, Cluster, logs_dir, run, wait_until
+from e2e.kube import REPO_DIR, Cluster, CommandError, logs_dir, run, wait_until
 
 CHART = REPO_DIR / "charts" / "tidalmq"
 RELEASE = "tmq"
@@ -115,6 +115,7 @@ def installed_release(
         timeout=420,
     )
     try:
+        other_tests_pods_gone(cluster, namespace)
         yield {"ns": namespace}
     finally:
         save_diagnosis(cluster, namespace)
@@ -142,11 +143,51 @@ def uninstall(cluster: Cluster, namespace: str, *, through_operator: bool = True
         remove_custom_resources(cluster, namespace, through_operator=through_operator)
     except AssertionError as exc:
         problem = exc
-    cluster.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m")
+    # No `--wait`: the namespace is deleted right after (by the `namespace` fixture or the
+    # module's own), so nothing needs the pods gone, and waiting for them took ~25-40 s per
+    # release (the brokers' preStop drain, up to drainTimeoutSeconds=30, then their stop). The
+    # next test's install overlaps their going; its body waits for them (other_tests_pods_gone).
+    # The pre-delete hook still runs to completion (Helm waits for hooks with or without
+    # --wait, within --timeout). The test of the chart's uninstall itself keeps `--wait`.
+    cluster.helm("uninstall", RELEASE, "--namespace", namespace, "--timeout", "3m")
     if problem is not None:
         if sys.exc_info()[0] is None:
             raise problem
         sys.stderr.write(f"\n{problem}\n")
+
+
+def other_tests_pods(cluster: Cluster, ns: str) -> list[str]:
+    """Pods of the other tests' namespaces (e2e-*; releases of earlier tests still going)."""
+    pods = cluster.kubectl_json("get", "pods", "-A")["items"]
+    return [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in pods
+        if p["metadata"]["namespace"].startswith("e2e-") and p["metadata"]["namespace"] != ns
+    ]
+
+
+# Longer than a release's going (a broker's terminationGracePeriodSeconds is 60 s).
+OTHER_TESTS_PODS_WAIT_S = 150.0
+
+
+def other_tests_pods_gone(cluster: Cluster, ns: str) -> None:
+    """Until the pods of earlier tests' namespaces are gone, so that a test's body has the node
+    to its release, as when `uninstall` waited for them (its install overlapped their going).
+    Pods still there after OTHER_TESTS_PODS_WAIT_S (a namespace that could not be deleted) are
+    named on stderr and the test goes on: they are not its failure."""
+    try:
+        wait_until(
+            "the other tests' pods gone",
+            lambda: not other_tests_pods(cluster, ns),
+            timeout=OTHER_TESTS_PODS_WAIT_S,
+            interval=2.0,
+        )
+    except AssertionError as exc:
+        try:
+            left: object = other_tests_pods(cluster, ns)
+        except CommandError as err:
+            left = err
+        sys.stderr.write(f"\n{exc}; still there: {left} (the test goes on)\n")
 
 
 def remove_custom_resources(

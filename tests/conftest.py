@@ -23,7 +23,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules with a test on the real kube-apiserver run last: on a cold machine its build (the
     longest Go build, started in the background by .ci/prebuild) then overlaps the other
     integration tests instead of holding the session up at the first such test. The order is
-    otherwise kept, and whole modules move together (their module-scoped fixtures stay shared)."""
+    otherwise kept, and whole modules move together (their module-scoped fixtures stay shared).
+    With pytest-xdist (`make integration`: whole files per worker, in this order thanks to
+    --no-loadscope-reorder) both workers reach them last."""
     late = {
         item.module.__name__
         for item in items
