@@ -41,7 +41,9 @@ from tests.support import attacks
 from tests.support.broker_process import BrokerProcess, free_port
 from tests.support.fuzz_broker import address_space_limit, cap_address_space, vm_size_kb
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+# alone: its RSS and latency bounds and its thousands of loopback connects must not share the
+# machine with another test worker (Makefile, `make integration`)
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.timeout(180)]
 
 TLS_IDLE_CONNECTIONS = 2000
 TLS_PER_CONNECTION_KIB = 64  # an idle TLS connection: its SSL object, the TLS layer's buffers
