@@ -50,6 +50,7 @@ from tidalmq_broker.apis.registry import ApiTable
 from tidalmq_broker.consumer_lag import ConsumerLag
 from tidalmq_broker.groups.consumer_groups import ConsumerGroupSettings
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
+from tidalmq_broker.heartbeat_news import NEWS_PER_HEARTBEAT, PendingLooks
 from tidalmq_broker.lifecycle import StopSteps
 from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
@@ -253,9 +254,10 @@ class Broker:
         self._gauges: asyncio.Task[None] | None = None
         # high watermarks the controller has acknowledged (heartbeats send what changed since)
         self._floors_sent: dict[TopicPartition, tuple[str, int]] = {}
-        # partitions the next heartbeat looks at (opened, closed, high watermark advanced, wish
-        # changed: O(changed) per heartbeat), or all of them (after a reset or a snapshot)
-        self._beat_dirty: set[TopicPartition] = set()
+        # partitions the next heartbeats look at (O(changed) per heartbeat, at most
+        # NEWS_PER_HEARTBEAT each: heartbeat_news.py), or all of them (after a reset or a
+        # snapshot)
+        self._beat_dirty = PendingLooks()
         self._beat_everything = True
         self._floors_generation = 0
         # the controller does not know what we have open (a new controller): send it all
@@ -644,26 +646,28 @@ class Broker:
         if changed is None:
             self._beat_everything = True
         else:
-            self._beat_dirty |= changed
+            self._beat_dirty.add(changed)
         full = self._resync
         everything = full or self._beat_everything
         open_now: dict[TopicPartition, int] = {}
         if everything:
             open_now = self.partitions.open_partitions()
             current = self.partitions.open_high_watermarks()
-            looked = set(current) | set(self._floors_sent) | self._beat_dirty
+            looked = set(current) | set(self._floors_sent) | self._beat_dirty.all()
             hwm = self.partitions.high_watermarks(is_physical_topic, looked | set(open_now))
         else:
-            looked = set(self._beat_dirty)
+            looked = self._beat_dirty.next()
             current = self.partitions.open_high_watermarks(looked)
             hwm = self.partitions.high_watermarks(is_physical_topic, looked)
-        floors = {tp: v for tp, v in current.items() if self._floors_sent.get(tp) != v}
+        # a floor at offset 0 says nothing (the controller keeps only floors above its own):
+        # a brand-new partition's is not sent until it has an acknowledged record
+        floors = {tp: v for tp, v in current.items() if self._floors_sent.get(tp, (v[0], 0)) != v}
         changes: dict[TopicPartition, int | None]
         if full:
             changes = dict(open_now)
             pending = self.partitions.open_changes()
         else:
-            changes = pending = self.partitions.open_changes()
+            changes = pending = self.partitions.open_changes(limit=NEWS_PER_HEARTBEAT)
         beat = Heartbeat(
             self.broker_id,
             self.incarnation,
@@ -715,7 +719,7 @@ class Broker:
                 for tp in news.gone:
                     self._floors_sent.pop(tp, None)
                 self._floors_sent.update(news.floors)
-                self._beat_dirty -= news.looked
+                self._beat_dirty.done(news.looked)
                 if news.everything:
                     self._beat_everything = False
         elif reply.resync:

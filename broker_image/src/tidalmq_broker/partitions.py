@@ -11,6 +11,7 @@ holds up the broker's heartbeats or its clients.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -202,9 +203,12 @@ class PartitionManager:
         )
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
-    def open_changes(self) -> dict[TopicPartition, int | None]:
-        """What opened and closed since the controller last acknowledged (heartbeats)."""
-        return dict(self._open_changes)
+    def open_changes(self, limit: int | None = None) -> dict[TopicPartition, int | None]:
+        """What opened and closed since the controller last acknowledged (heartbeats): all
+        of it, or the `limit` oldest."""
+        if limit is None or len(self._open_changes) <= limit:
+            return dict(self._open_changes)
+        return dict(itertools.islice(self._open_changes.items(), limit))
 
     def ack_open_changes(self, sent: dict[TopicPartition, int | None]) -> None:
         """The controller has these: forget those that did not change again since."""
