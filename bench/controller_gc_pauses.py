@@ -174,8 +174,9 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     load_before = procstat.load_triple()
     cpu, wall = time.process_time(), time.perf_counter()
     names = [name for name, _ in layout] + ["big"]
-    for i in range(0, len(names), 5):
-        await c.delete_topics(names[i : i + 5])  # committed (gone from the image) on return
+    per_call = args.delete_per_call or len(names)
+    for i in range(0, len(names), per_call):
+        await c.delete_topics(names[i : i + per_call])  # committed (gone from the image) on return
     await asyncio.sleep(0.3)
     result["phases"]["delete"] = {
         "partitions": args.partitions,
@@ -217,6 +218,8 @@ def run_child(args: argparse.Namespace, policy: str) -> dict[str, Any]:
             str(args.brokers),
             "--beat-interval",
             str(args.beat_interval),
+            "--delete-per-call",
+            str(args.delete_per_call),
         ]
         if args.gc_thresholds:
             cmd += ["--gc-thresholds", args.gc_thresholds]
@@ -279,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-topic", type=int, default=4000)
     ap.add_argument("--big", type=int, default=10_000, help="the last topic's partitions")
     ap.add_argument("--brokers", type=int, default=4)
+    ap.add_argument(
+        "--delete-per-call",
+        type=int,
+        default=5,
+        help="topics per DeleteTopics call at the end (0: every topic in one call)",
+    )
     ap.add_argument("--beat-interval", type=float, default=0.05)
     ap.add_argument(
         "--gc-thresholds",

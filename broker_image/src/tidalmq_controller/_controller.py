@@ -146,6 +146,26 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK = 1000
+# A DeleteTopics' records go in batches of at most this many partitions (delete_topics)
+DELETE_PARTITIONS_PER_BATCH = 5000
+
+
+def deletion_batches(groups: list[tuple[int, list[Record]]], limit: int) -> list[list[Record]]:
+    """Topics' deletion records (partition count, records per topic) in batches of at most
+    `limit` partitions; a topic's records stay together, a topic over the limit alone."""
+    batches: list[list[Record]] = []
+    current: list[Record] = []
+    size = 0
+    for partitions, records in groups:
+        if current and size + partitions > limit:
+            batches.append(current)
+            current, size = [], 0
+        current.extend(records)
+        size += partitions
+    if current:
+        batches.append(current)
+    return batches
+
 
 BROKERS_DECLARED_DEAD = Counter(
     "tidalmq_controller_brokers_declared_dead_total",
@@ -204,6 +224,8 @@ class Controller:
         self.open_waits = OpenWaits(lambda: self.image, self.leadership, self.membership)
         self.brokers = BrokerLifecycle(self)
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, end) of the reserved block
+        # topics of DeleteTopics requests whose batches are still being committed
+        self._topics_being_deleted: set[str] = set()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._role_task: asyncio.Task[None] | None = None
@@ -512,10 +534,19 @@ class Controller:
         return results
 
     async def delete_topics(self, names: Iterable[str]) -> list[TopicResult]:
+        """Delete topics, in batches of at most DELETE_PARTITIONS_PER_BATCH partitions (one
+        topic each at least) committed one after the other: applying a deletion frees its
+        partitions' objects by reference counting in one go, the GIL held, and one batch for
+        50,000 partitions held the event loop and the liveness thread 0.3-1.1 s."""
         self.require_active()
-        results, records, doomed = self.topics.delete(list(names))
-        if records:
-            await self.commit(records)
+        results, groups, doomed = self.topics.delete(list(names), self._topics_being_deleted)
+        if groups:
+            self._topics_being_deleted.update(doomed)
+            try:
+                for batch in deletion_batches(groups, DELETE_PARTITIONS_PER_BATCH):
+                    await self.commit(batch)
+            finally:
+                self._topics_being_deleted.difference_update(doomed)
             for name in doomed:
                 self.static.forget(name)
                 for status in self.leadership.moves.active():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -162,14 +162,19 @@ class Topics:
             )
         return results, records
 
-    def delete(self, names: list[str]) -> tuple[list[TopicResult], list[Record], list[str]]:
+    def delete(
+        self, names: list[str], being_deleted: Set[str] = frozenset()
+    ) -> tuple[list[TopicResult], list[tuple[int, list[Record]]], list[str]]:
+        """The answers, and per topic deleted its partition count (its own and its physical
+        topic's) and records. A topic `being_deleted` by an earlier request whose batches
+        are still going in is as good as gone (its records are not written twice)."""
         meta = self.c.image
         results: list[TopicResult] = []
-        records: list[Record] = []
+        groups: list[tuple[int, list[Record]]] = []
         doomed: list[str] = []
         for name in names:
             topic = meta.topics.get(name)
-            if topic is None:
+            if topic is None or name in being_deleted:
                 results.append(TopicResult(name, UnknownTopic(f"topic {name!r} does not exist")))
             elif topic.internal:
                 results.append(
@@ -181,15 +186,18 @@ class Topics:
                 doomed.append(name)
                 results.append(TopicResult(name, None, topic.topic_id))
                 data = topic
-                records.append(topic_removed_record(name))
+                partitions = len(topic.partitions)
+                records = [topic_removed_record(name)]
                 if topic.kind == "static":  # its data is in its physical topic
                     records.append(static_topic_record(name, None))
                     physical = meta.topics.get(physical_topic_name(name))
                     if physical is not None:
                         records.append(topic_removed_record(physical.name))
                         data = physical
+                        partitions += len(physical.partitions)
                 records.append(deletion_record(data.name, data.topic_id, pending=True))
-        return results, records, doomed
+                groups.append((partitions, records))
+        return results, groups, doomed
 
     def grow(
         self, name: str, total: int, assignment: list[int] | None
