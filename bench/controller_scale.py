@@ -139,6 +139,9 @@ class ScaleConfig:
     remove: bool = False
     # the runtime settings of a process hosting a controller (tidalmq_broker.tuning)
     runtime_tuning: bool = False
+    # and its garbage collection policy (tidalmq_controller/gc_policy.py: gc.freeze() after
+    # big batches), as `tidalmq local up` and the operator install it
+    gc_policy: bool = False
     # heartbeats over HTTP to the controller's liveness thread (ControllerServer), as a real
     # broker sends them, instead of calling Controller.beat from the heartbeat thread
     http_heartbeats: bool = False
@@ -1055,6 +1058,8 @@ def restart_in_child(cfg: ScaleConfig, workdir: Path) -> dict[str, Any]:
     out = workdir / "restart.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--restart-from", str(workdir)]
     cmd += ["--json", str(out)]
+    cmd += ["--runtime-tuning"] if cfg.runtime_tuning else []
+    cmd += ["--gc-policy"] if cfg.gc_policy else []
     try:
         proc = subprocess.run(cmd, timeout=cfg.phase_timeout_s, check=False)
         why = f"exited with {proc.returncode}"
@@ -1208,6 +1213,10 @@ def run_size(cfg: ScaleConfig, workdir: Path, *, timeout_s: float | None = None)
         cmd.append("--profile")
     if cfg.gc_freeze:
         cmd.append("--gc-freeze")
+    if cfg.runtime_tuning:
+        cmd.append("--runtime-tuning")
+    if cfg.gc_policy:
+        cmd.append("--gc-policy")
     limit = timeout_s or cfg.phase_timeout_s * 3 + 300
     returncode: int | None = None
     try:
@@ -1247,6 +1256,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the GC thresholds and thread switch interval of a process hosting a controller",
     )
     ap.add_argument(
+        "--gc-policy",
+        action="store_true",
+        help="the garbage collection policy of a process hosting a controller (gc_policy.py)",
+    )
+    ap.add_argument(
         "--http-heartbeats",
         action="store_true",
         help="heartbeats over HTTP to the controller's liveness thread, as real brokers send",
@@ -1268,6 +1282,7 @@ def main(argv: list[str] | None = None) -> int:
         remove=args.remove,
         restart=not args.no_restart,
         runtime_tuning=args.runtime_tuning,
+        gc_policy=args.gc_policy,
         http_heartbeats=args.http_heartbeats,
         beat_interval_s=args.beat_interval,
     )
@@ -1275,6 +1290,10 @@ def main(argv: list[str] | None = None) -> int:
         from tidalmq_broker.tuning import tune_runtime
 
         tune_runtime()
+    if cfg.gc_policy:
+        from tidalmq_controller.hosting import install_gc_policy
+
+        install_gc_policy()
     if args.restart_from is not None:
         phases = asyncio.run(restart(cfg, args.restart_from))
         if args.json is not None:

@@ -1250,7 +1250,10 @@ def part_controller(n: int, workdir: Path, cfg: Config) -> dict[str, Any]:
     """bench/controller_scale.py at one size, in a process of its own; where the join's fair
     share exceeds the controller's default max_moves_per_broker, once more with that default
     (the moves then run in waves). A run that failed raises (the earlier figures stay)."""
-    scale = ScaleConfig(n, phase_timeout_s=max(cfg.timeout_s, 1200.0))
+    # set up as a process hosting a controller is: its runtime tuning and GC policy
+    scale = ScaleConfig(
+        n, phase_timeout_s=max(cfg.timeout_s, 1200.0), runtime_tuning=True, gc_policy=True
+    )
     result = run_size(scale, workdir / "controller")
     if result.get("error"):
         raise RuntimeError(f"controller at {n}: {result['error']}")
