@@ -1,7 +1,9 @@
 """The listener's bounds on real loopback sockets, in-process ([R1] item 2): connection caps (total,
 per client address, per-address overrides) refuse at accept; idle connections are closed; a
 client that does not read its responses is muted and resumes when it reads; a closed connection
-gives every byte back to the budgets; no connection leaves reference cycles behind."""
+gives every byte back to the budgets; no connection leaves reference cycles behind; a draining
+listener takes no more requests (a waiting connection is closed at once, one with a request in
+flight once its answer is out)."""
 
 from __future__ import annotations
 
