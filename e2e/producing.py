@@ -13,6 +13,8 @@ fixed-rate producer thread of the end-to-end tests (and of bench/restart_timeout
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 import uuid
@@ -22,9 +24,44 @@ from typing import Any, Self
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
+from e2e.kube import logs_dir
+
 # Records of ServingProbe (test_tidalmq_on_kubernetes.py) carry this key: not the RateProducer's,
 # the read-back leaves them out.
 PROBE_KEY = b"probe"
+
+
+# librdkafka's debug contexts for the e2e producers (e.g. "broker,topic,msg,metadata"), off unless
+# set: each producer's log goes to <build cache>/logs/e2e-clients/<client.id>.log (timestamps of
+# this process, as delivered by poll)
+CLIENT_DEBUG_ENV = "TIDALMQ_E2E_CLIENT_DEBUG"
+
+
+def client_debug(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """`config` with librdkafka's debug log to a file when CLIENT_DEBUG_ENV is set."""
+    contexts = os.environ.get(CLIENT_DEBUG_ENV)
+    if not contexts:
+        return dict(config)
+    client_id = f"{name}-{uuid.uuid4().hex[:6]}"
+    path = logs_dir() / "e2e-clients" / f"{client_id}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger(f"e2e.client.{client_id}")
+    logger.propagate = False
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+
+    def error(err: Any) -> None:  # the client's error events (all brokers down, ...)
+        logger.error("ERROR EVENT %s", err)
+
+    return {
+        **config,
+        "client.id": client_id,
+        "debug": contexts,
+        "logger": logger,
+        "error_cb": error,
+    }
 
 
 class PacedProducer:
@@ -35,7 +72,7 @@ class PacedProducer:
     what a step sends and how they stop."""
 
     def __init__(self, config: Mapping[str, Any], interval: float) -> None:
-        self.producer = Producer(dict(config))
+        self.producer = Producer(client_debug(config, type(self).__name__))
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)

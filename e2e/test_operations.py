@@ -1156,17 +1156,6 @@ def test_object_store_pod_deleted_loses_nothing(
     assert data_claim(back) == claim
 
 
-# A KNOWN DEFECT, not a pass: on the runs of 2026-11-28 this scenario failed 4 times out of 4
-# (CI: "a record was read twice" with the group read-back, and its rerun; here, after the read
-# went by assignment: the producer's records sent during the drain were never delivered within
-# message.timeout.ms = 5 min, though every pod was Ready 81 s after the drain began), and it had
-# passed on every run before 2026-11-28. The test still runs and reports its outcome (xfail,
-# not strict: a pass shows as XPASS); it must not stay so: docs/testing.md "Known failing".
-@pytest.mark.xfail(
-    reason="whole-node drain: records sent during it time out after every pod is back "
-    "(2026-11-28, cause not found yet; docs/testing.md)",
-    strict=False,
-)
 def test_node_drained_loses_nothing(
     cluster: Cluster, operated: Release, figures: RecordFigure
 ) -> None:

@@ -1,7 +1,9 @@
 """The listener's bounds on real loopback sockets, in-process ([R1] item 2): connection caps (total,
 per client address, per-address overrides) refuse at accept; idle connections are closed; a
 client that does not read its responses is muted and resumes when it reads; a closed connection
-gives every byte back to the budgets; no connection leaves reference cycles behind."""
+gives every byte back to the budgets; no connection leaves reference cycles behind; a draining
+listener takes no more requests (a waiting connection is closed at once, one with a request in
+flight once its answer is out)."""
 
 from __future__ import annotations
 
@@ -417,3 +419,57 @@ async def test_tls_clients_that_do_not_read_get_no_more_than_the_budget(
         writer.close()
     await eventually(lambda: listener.connection_count == 0)
     await eventually(lambda: budget.used == 0)
+
+
+async def test_a_stopping_listener_closes_a_waiting_connection_without_taking_a_request(
+    listeners: list[KafkaListener],
+) -> None:
+    """drain() closes a connection waiting for its next request at once. It used to take that
+    next request, answer it and close right behind the answer: librdkafka lost the re-bootstrap
+    of a client whose last broker went that way when the answer was Metadata (drain's
+    docstring)."""
+    listener = await started(ListenerLimits())
+    listeners.append(listener)
+    sock = await connect(listener.port)
+    assert await answered(sock)
+    await listener.drain(5)
+    loop = asyncio.get_running_loop()
+    assert await asyncio.wait_for(loop.sock_recv(sock, 1), 2) == b"", "no close at drain"
+    assert not await answered(sock)
+    sock.close()
+
+
+async def test_a_request_in_flight_when_the_listener_stops_is_answered_then_closed(
+    listeners: list[KafkaListener],
+) -> None:
+    gate = asyncio.Event()
+
+    class Gated(Served):
+        def dispatch(self, api_key: int) -> Any:
+            handler = super().dispatch(api_key)
+            if api_key != 1:
+                return handler
+
+            async def fetch(request: Any, conn: Connection) -> Any:
+                await gate.wait()
+                return await handler(request, conn)
+
+            return fetch
+
+    served = Gated(records=10)
+    listener = await started(ListenerLimits(), served)
+    listeners.append(listener)
+    sock = await connect(listener.port)
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendall(sock, FETCH)
+    await asyncio.sleep(0.2)  # the fetch is in its handler, waiting for the gate
+    draining = asyncio.create_task(listener.drain(5))
+    await asyncio.sleep(0.2)
+    assert not draining.done()  # drain waits for the request in flight
+    gate.set()
+    head = await asyncio.wait_for(recv_exactly(sock, 4), 5)
+    await asyncio.wait_for(recv_exactly(sock, struct.unpack(">i", head)[0]), 5)
+    await draining
+    assert served.fetches == 1
+    assert await asyncio.wait_for(loop.sock_recv(sock, 1), 2) == b""
+    sock.close()

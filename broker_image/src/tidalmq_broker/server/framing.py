@@ -79,6 +79,7 @@ _QUEUED = 1
 _MUTED = 2
 _BUDGET = 4
 _BROKEN = 8
+_STOPPED = 16  # the server takes no more requests (stop_requests)
 
 
 class FrameSizeError(Exception):
@@ -323,6 +324,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._resume(_BUDGET)
 
     def _push(self, frame: bytes | memoryview | FrameSizeError) -> None:
+        if self._paused & _STOPPED:
+            # read before the pause took effect: never taken, its budget goes back now
+            if not isinstance(frame, FrameSizeError) and self._budget is not None:
+                self._budget.release(len(frame), complete=True)
+            return
         self._frames.append(frame)
         if not isinstance(frame, FrameSizeError):
             self._queued += len(frame)
@@ -378,6 +384,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def unmute(self) -> None:
         self._resume(_MUTED)
+
+    def stop_requests(self, reason: str) -> None:
+        """The server takes no more requests from this connection (it is stopping): nothing
+        more is read, frames not yet taken are dropped, and next_frame raises at once. The
+        answers to requests already taken still go out; the listener then closes the
+        connection. So a connection waiting for its next request is closed now, instead of
+        taking one more and closing right behind its answer."""
+        self._pause(_STOPPED)
+        self._release_queued()
+        self._close(reason)
 
     def set_max_frame(self, max_frame_bytes: int) -> None:
         """The largest frame accepted from now on (frames already cut are not looked at)."""

@@ -317,9 +317,22 @@ class KafkaListener:
             server.close()
 
     async def drain(self, timeout_s: float) -> None:
-        """Stop accepting connections and requests, and wait for in-flight requests."""
+        """Stop accepting connections and requests, and wait for in-flight requests. No
+        connection takes a request after this: one waiting for its next request is closed at
+        once, one with requests in flight once their answers are out.
+
+        Each receive loop used to wait for its connection's next request, answer it and then
+        close the connection right behind that answer. A client's next request is often a
+        Metadata request (leader queries follow the errors of a stopping broker), and
+        librdkafka (2.16) handles a Metadata answer that arrives together with the loss of its
+        last broker after it has scheduled the re-bootstrap that loss calls for: the answer
+        cancels it, and the client never goes back to bootstrap.servers. When every broker is
+        replaced at once (a node drained, brokers advertising pod IPs), its records then time
+        out (docs/testing.md, "Known failing" of 2026-11-28)."""
         self._accepting = False
         self._close_servers()
+        for proto in list(self._protocols):
+            proto.stop_requests("the broker is stopping")
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=timeout_s)
 
