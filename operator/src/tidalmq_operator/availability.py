@@ -33,19 +33,35 @@ LEADERLESS = "Leaderless"
 SEVERITY = (STORE_LOST, DATA_LOST, BROKER_NOT_ALIVE, LEADERLESS)
 
 
-def compress(ids: Iterable[int]) -> str:
-    """`[0, 1, 2, 3, 4, 5, 9, 11, 12]` -> "0-5, 9, 11-12" (sorted, duplicates dropped)."""
+# A condition's message may not exceed 32 KiB (the CRDs' schema): the partitions of a 10,000-
+# partition topic on a broker that is not alive, every third one, named one by one, made a
+# Degraded message over that, and the operator could publish no status for the topic at all
+MAX_RANGES = 40
+
+
+def compress(ids: Iterable[int], max_ranges: int = MAX_RANGES) -> str:
+    """`[0, 1, 2, 3, 4, 5, 9, 11, 12]` -> "0-5, 9, 11-12" (sorted, duplicates dropped); past
+    `max_ranges` ranges, "..., and N more" (N: the ids not shown)."""
     out: list[str] = []
+    shown = 0
     run: list[int] = []
-    for i in sorted(set(ids)):
+    ordered = sorted(set(ids))
+    for i in ordered:
         if run and i == run[-1] + 1:
             run.append(i)
             continue
         if run:
+            if len(out) == max_ranges:
+                break
             out.append(_span(run))
+            shown += len(run)
         run = [i]
-    if run:
-        out.append(_span(run))
+    else:
+        if run and len(out) < max_ranges:
+            out.append(_span(run))
+            shown += len(run)
+    if shown < len(ordered):
+        return ", ".join(out) + f", ... and {len(ordered) - shown} more"
     return ", ".join(out)
 
 

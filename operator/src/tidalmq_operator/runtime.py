@@ -87,9 +87,16 @@ DEGRADED = Gauge(
 ACCEPT_ANNOTATION = "tidalmq.io/accept-data-loss"
 
 
+# the CRDs allow a condition's message 32 KiB; a longer one fails the whole status update
+MAX_CONDITION_MESSAGE = 4096
+
+
 def condition(
     kind: str, status: bool, reason: str, message: str, generation: int | None
 ) -> dict[str, Any]:
+    if len(message) > MAX_CONDITION_MESSAGE:
+        suffix = " ... (truncated)"
+        message = message[: MAX_CONDITION_MESSAGE - len(suffix)] + suffix
     return {
         "type": kind,
         "status": "True" if status else "False",

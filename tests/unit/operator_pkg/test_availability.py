@@ -19,7 +19,12 @@ from tidalmq_operator.availability import (
     row_fields,
     verdict,
 )
-from tidalmq_operator.runtime import clear_gauges, set_gauges
+from tidalmq_operator.runtime import (
+    MAX_CONDITION_MESSAGE,
+    clear_gauges,
+    condition,
+    set_gauges,
+)
 
 
 def cluster(*states: str) -> ClusterMetadata:
@@ -118,3 +123,25 @@ def test_degraded_gauge_has_every_reason_of_a_resource_at_0_or_1() -> None:
     assert degraded() == dict.fromkeys(SEVERITY, 0.0)
     clear_gauges("Topic", "gauged")
     assert degraded() == dict.fromkeys(SEVERITY, None)
+
+
+def test_a_long_list_of_partitions_is_cut_short_and_says_how_many_more() -> None:
+    """Every third partition of a 10,000-partition topic on a broker that is not alive, named
+    one by one, made a Degraded message over the 32 KiB a condition may hold, and the whole
+    status update was refused (seen in CI, 2026-11-28)."""
+    text = naming(range(0, 30_000, 3))
+    assert text.startswith("10000 partitions: 0, 3, 6")
+    assert text.endswith(", ... and 9960 more")
+    assert len(text) < 400
+    assert compress(range(0, 120, 3)).count(",") == 39  # 40 ranges: all named
+    assert compress(range(0, 123, 3)).endswith("117, ... and 1 more")
+    assert compress(iter([7, 5, 6, 1])) == "1, 5-7"
+
+
+def test_a_condition_message_never_exceeds_what_the_resource_may_hold() -> None:
+    c = condition("Degraded", True, "BrokerNotAlive", "x" * 100_000, 3)
+    assert len(c["message"]) <= MAX_CONDITION_MESSAGE
+    assert c["message"].endswith("(truncated)")
+    assert condition("Ready", True, "Serving", "3 partitions served", 3)["message"] == (
+        "3 partitions served"
+    )
