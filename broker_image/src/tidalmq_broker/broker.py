@@ -50,7 +50,7 @@ from tidalmq_broker.apis.registry import ApiTable
 from tidalmq_broker.consumer_lag import ConsumerLag
 from tidalmq_broker.groups.consumer_groups import ConsumerGroupSettings
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
-from tidalmq_broker.heartbeat_news import NEWS_PER_HEARTBEAT, PendingLooks
+from tidalmq_broker.heartbeat_news import PendingLooks
 from tidalmq_broker.lifecycle import StopSteps
 from tidalmq_broker.liveness import LivenessThread
 from tidalmq_broker.metrics import BrokerMetrics
@@ -667,7 +667,7 @@ class Broker:
             changes = dict(open_now)
             pending = self.partitions.open_changes()
         else:
-            changes = pending = self.partitions.open_changes(limit=NEWS_PER_HEARTBEAT)
+            changes = pending = self.partitions.open_changes(limit=self._beat_dirty.per_heartbeat)
         beat = Heartbeat(
             self.broker_id,
             self.incarnation,
