@@ -23,10 +23,10 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from tidalmq_core import updates
 from tidalmq_core.acls import AclBinding
-from tidalmq_core.collection_pauses import collection_paused
+from tidalmq_core.collection_pauses import metrics_text
 from tidalmq_core.control_auth import ControlAuth, authorization
 from tidalmq_core.control_tls import ControlTls, server_is_broker
 from tidalmq_core.metadata import BrokerInfo, DataLoss, features_from_json, features_json
@@ -666,6 +666,4 @@ class ControllerServer:
         return self._ok({"status": "ok", "version": self.controller.metadata.version})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        with collection_paused():  # the samples are acyclic garbage once written
-            body = generate_latest()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})

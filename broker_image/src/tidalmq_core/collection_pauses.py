@@ -10,12 +10,12 @@ ms of CPU per collection, 60-165 ms for the middle generation they were promoted
 held throughout. A broker's heartbeat thread waits for the GIL meanwhile, so a scrape during a
 big topic's creation pushed heartbeat answers past 100 ms (bench/metadata_scale.py, "scenario").
 
-`collection_paused()` disables the collector for the block and enables it again after (if it
-was enabled before the first of any nested or concurrent blocks: a count shared by the
-threads). What the block allocated and dropped is freed as before; only the walk is skipped.
-Use it only around work that makes no reference cycles, or whose cycles can wait for the next
-collection: it must not hold the collector off for long (a scrape is milliseconds to a few
-hundred at most).
+`metrics_text()` is a scrape built so. `collection_paused()` disables the collector for the
+block and enables it again after (if it was enabled before the first of any nested or
+concurrent blocks: a count shared by the threads). What the block allocated and dropped is
+freed as before; only the walk is skipped. Use it only around work that makes no reference
+cycles, or whose cycles can wait for the next collection: it must not hold the collector off
+for long (a scrape is milliseconds to a few hundred at most).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import gc
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from prometheus_client import generate_latest
 
 _lock = threading.Lock()
 _depth = 0
@@ -46,3 +48,10 @@ def collection_paused() -> Iterator[None]:
             _depth -= 1
             if _depth == 0 and _was_enabled:
                 gc.enable()
+
+
+def metrics_text() -> bytes:
+    """The default registry's Prometheus text, built with the collector off (the samples are
+    acyclic garbage once written): what every /metrics of ours answers (broker, controller)."""
+    with collection_paused():
+        return generate_latest()

@@ -23,8 +23,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
-from tidalmq_core.collection_pauses import collection_paused
+from prometheus_client import CONTENT_TYPE_LATEST, Counter
+from tidalmq_core.collection_pauses import metrics_text
 from tidalmq_core.control_tls import NO_CERTIFICATE, ControlTls, Role, peercert_of, role_of
 
 from tidalmq_broker.server.ratelog import RateLimitedLog
@@ -210,6 +210,4 @@ class HealthServer(HttpServer):
     async def _metrics(self, request: web.Request) -> web.Response:
         if self._before_scrape is not None:
             self._before_scrape()
-        with collection_paused():  # the samples are acyclic garbage once written
-            body = generate_latest()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
