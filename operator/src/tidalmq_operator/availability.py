@@ -41,32 +41,16 @@ MAX_RANGES = 40
 
 def compress(ids: Iterable[int], max_ranges: int = MAX_RANGES) -> str:
     """`[0, 1, 2, 3, 4, 5, 9, 11, 12]` -> "0-5, 9, 11-12" (sorted, duplicates dropped); past
-    `max_ranges` ranges, "..., and N more" (N: the ids not shown)."""
-    out: list[str] = []
-    shown = 0
-    run: list[int] = []
-    ordered = sorted(set(ids))
-    for i in ordered:
-        if run and i == run[-1] + 1:
-            run.append(i)
-            continue
-        if run:
-            if len(out) == max_ranges:
-                break
-            out.append(_span(run))
-            shown += len(run)
-        run = [i]
-    else:
-        if run and len(out) < max_ranges:
-            out.append(_span(run))
-            shown += len(run)
-    if shown < len(ordered):
-        return ", ".join(out) + f", ... and {len(ordered) - shown} more"
-    return ", ".join(out)
-
-
-def _span(run: list[int]) -> str:
-    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+    `max_ranges` ranges, "... and N more" (N: the ids not shown)."""
+    spans: list[tuple[int, int]] = []  # (first, last) of each run of consecutive ids
+    for i in sorted(set(ids)):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], i)
+        else:
+            spans.append((i, i))
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans[:max_ranges])
+    hidden = sum(b - a + 1 for a, b in spans[max_ranges:])
+    return f"{text}, ... and {hidden} more" if hidden else text
 
 
 def naming(ids: Iterable[int], noun: str = "partition") -> str:
