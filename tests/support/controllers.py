@@ -1,5 +1,5 @@
 """A started controller on a local-directory metadata log, for tests that drive one directly
-(with FakeBroker as its brokers)."""
+(with FakeBroker as its brokers), and the fast settings such tests share."""
 
 from __future__ import annotations
 
@@ -9,6 +9,16 @@ from pathlib import Path
 
 from tidalmq_broker.storage.objectstore.localdir import LocalDirObjectStore
 from tidalmq_controller import Controller, ControllerSettings, ObjectStoreMetadataLog
+
+# heartbeats every 50 ms, leases of 0.3 s, a dead broker after 2 s, one offsets partition
+FAST = ControllerSettings(
+    heartbeat_interval_s=0.05,
+    lease_s=0.3,
+    session_timeout_s=2.0,
+    clock_margin_s=0.05,
+    offsets_topic_partitions=1,
+    tick_s=0.01,
+)
 
 
 @contextlib.asynccontextmanager

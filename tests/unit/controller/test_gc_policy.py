@@ -15,19 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
-from tidalmq_controller import Controller, ControllerSettings, NewTopic, gc_policy
+from tidalmq_controller import Controller, NewTopic, gc_policy
 from tidalmq_controller._log import MemoryMetadataLog
 
+from tests.support.controllers import FAST
 from tests.support.fake_broker import FakeBroker
 
-FAST = ControllerSettings(
-    heartbeat_interval_s=0.05,
-    lease_s=0.3,
-    session_timeout_s=2.0,
-    clock_margin_s=0.05,
-    offsets_topic_partitions=1,
-    tick_s=0.01,
-)
 SLICED = replace(FAST, offsets_topic_partitions=2, auto_rebalance=True, max_moves_per_step=20)
 
 

@@ -7,22 +7,13 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
-from tidalmq_controller import Controller, ControllerSettings, NewTopic
+from tidalmq_controller import Controller, NewTopic
 from tidalmq_controller._log import MemoryMetadataLog
 from tidalmq_core.model import TopicPartition
 
+from tests.support.controllers import FAST
 from tests.support.fake_broker import FakeBroker
 from tests.support.waiting import eventually
-
-FAST = ControllerSettings(
-    heartbeat_interval_s=0.05,
-    lease_s=0.3,
-    session_timeout_s=2.0,
-    clock_margin_s=0.05,
-    offsets_topic_partitions=1,
-    tick_s=0.01,
-)
-
 
 wait_for = partial(eventually, timeout_s=10.0)  # this module's default wait
 

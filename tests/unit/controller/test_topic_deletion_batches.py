@@ -11,22 +11,14 @@ from __future__ import annotations
 
 import asyncio
 
-from tidalmq_controller import Controller, ControllerSettings, NewTopic
+from tidalmq_controller import Controller, NewTopic
 from tidalmq_controller._controller import DELETE_PARTITIONS_PER_BATCH, deletion_batches
 from tidalmq_controller._errors import UnknownTopic
 from tidalmq_controller._log import MemoryMetadataLog
 from tidalmq_core.records import Record
 
+from tests.support.controllers import FAST
 from tests.support.fake_broker import FakeBroker
-
-FAST = ControllerSettings(
-    heartbeat_interval_s=0.05,
-    lease_s=0.3,
-    session_timeout_s=2.0,
-    clock_margin_s=0.05,
-    offsets_topic_partitions=1,
-    tick_s=0.01,
-)
 
 
 def topic(name: str, partitions: int) -> tuple[int, list[Record]]:
