@@ -24,6 +24,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,6 +36,9 @@ from tidalmq_broker.apis.kafka_registry import REGISTRY, supported_versions
 from tidalmq_broker.server.listener import KafkaListener
 from tidalmq_broker.server.listener_config import ListenerLimits
 from tidalmq_core.metadata import ClusterMetadata
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import procstat
 
 NO_BROKER = SimpleNamespace(metadata=ClusterMetadata("", version=-1))
 TOPIC_ID = uuid.uuid4()
@@ -145,8 +149,12 @@ async def trial() -> bool:
 
 
 async def main(n: int) -> None:
+    load_before = procstat.load_triple()
     results = [await trial() for _ in range(n)]
-    print(f"recovered {sum(results)} of {n}: {''.join('.' if r else 'X' for r in results)}")
+    print(
+        f"recovered {sum(results)} of {n}: {''.join('.' if r else 'X' for r in results)} "
+        f"(load {load_before} -> {procstat.load_triple()})"
+    )
 
 
 asyncio.run(main(int(sys.argv[1])))
