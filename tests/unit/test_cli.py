@@ -151,6 +151,32 @@ def test_a_whole_reassign_imports_nothing_heavy(tmp_path: Path) -> None:
         assert {45, 46, 3} <= broker.apis_seen
 
 
+# what a broker of a cluster (its controller elsewhere) never needs: the controller itself, its
+# managers, its metadata log and its server (a third of the broker's start before [M1]'s
+# lazy facade: every add-broker and every pod start pays it)
+CONTROLLER_ITSELF = (
+    "tidalmq_controller._controller",
+    "tidalmq_controller._rpc_server",
+    "tidalmq_controller._broker_lifecycle",
+)
+
+
+def test_a_broker_loads_the_controllers_client_but_not_the_controller(tmp_path: Path) -> None:
+    """What `tidalmq broker` imports to serve (local/spare_process.py loads the same), then the names
+    a broker uses from the facade: the client and the records' types."""
+    modules = modules_after(
+        "from tidalmq_broker.local.spare_process import _load\n_load()\n"
+        "from tidalmq_controller import HttpControllerClient, Heartbeat, NewTopic, report_doc\n"
+        "from tidalmq_broker.broker import Broker",
+        tmp_path,
+    )
+    assert "tidalmq_controller._rpc_client" in modules  # the guard can see the package
+    assert heavy_in(modules, CONTROLLER_ITSELF) == []
+    # the facade still gives the controller to a process that hosts one
+    hosting = modules_after("from tidalmq_controller import Controller", tmp_path)
+    assert "tidalmq_controller._controller" in hosting
+
+
 def test_the_guard_sees_a_heavy_import(tmp_path: Path) -> None:
     """The guard above can fail: the generic call() still brings the codec."""
     code = "from tidalmq_broker.admin_client import AdminClient\nAdminClient.call  # noqa\n"

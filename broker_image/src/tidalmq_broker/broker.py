@@ -11,19 +11,15 @@ import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from tidalmq_controller import (
     Batch,
-    Controller,
     ControllerClient,
-    ControllerSettings,
     Heartbeat,
     HeartbeatReply,
     HttpControllerClient,
-    LocalControllerClient,
-    ObjectStoreMetadataLog,
     parse_bootstrap,
     report_doc,
 )
@@ -84,6 +80,9 @@ from tidalmq_broker.transactions.markers import (
     write_all_here,
 )
 from tidalmq_broker.transactions.verification import TxnVerifier, answer_control_call
+
+if TYPE_CHECKING:
+    from tidalmq_controller import Controller
 
 log = logging.getLogger(__name__)
 
@@ -318,6 +317,14 @@ class Broker:
                     s.controller_url, token=self._control.token, tls=self._control_tls
                 )
             else:
+                # loaded here only: a broker of a cluster never loads the controller itself
+                from tidalmq_controller import (
+                    Controller,
+                    ControllerSettings,
+                    LocalControllerClient,
+                    ObjectStoreMetadataLog,
+                )
+
                 self.own_controller = Controller(
                     ObjectStoreMetadataLog(self._store),
                     ControllerSettings(

@@ -19,7 +19,7 @@ import logging
 import ssl
 import threading
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -32,8 +32,8 @@ from tidalmq_core.metadata import BrokerInfo, ClusterMetadata, features_json
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import PlanEntry
 
-from tidalmq_controller import _controller as ctl
 from tidalmq_controller._acls import AclCreateResult, AclDeleteResult
+from tidalmq_controller._errors import ControllerError
 from tidalmq_controller._features import FeatureUpdate
 from tidalmq_controller._membership import Heartbeat, HeartbeatReply
 from tidalmq_controller._rpc_wire import (
@@ -54,6 +54,10 @@ from tidalmq_controller._scram_credentials import (
     ScramDeletion,
     ScramUpsertion,
 )
+from tidalmq_controller._topics import NewTopic, TopicResult
+
+if TYPE_CHECKING:  # a broker talks to a remote controller and never loads the controller itself
+    from tidalmq_controller._controller import Controller
 
 # A broker's view of the controller's liveness path: from sending a heartbeat to its answer.
 HEARTBEAT_SECONDS = Histogram(
@@ -77,9 +81,9 @@ class ControllerClient(Protocol):
     async def fetch_update(self, since: int) -> updates.MetadataUpdate: ...
     async def fetch_metadata(self) -> ClusterMetadata: ...
     async def create_topics(
-        self, topics: list[ctl.NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
-    ) -> list[ctl.TopicResult]: ...
-    async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]: ...
+        self, topics: list[NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
+    ) -> list[TopicResult]: ...
+    async def delete_topics(self, names: list[str]) -> list[TopicResult]: ...
     async def create_partitions(
         self,
         name: str,
@@ -87,10 +91,10 @@ class ControllerClient(Protocol):
         *,
         validate_only: bool = False,
         assignment: list[int] | None = None,
-    ) -> ctl.TopicResult: ...
+    ) -> TopicResult: ...
     async def alter_topic_configs(
         self, name: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
-    ) -> ctl.TopicResult: ...
+    ) -> TopicResult: ...
     async def alter_broker_configs(
         self, scope: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
     ) -> Exception | None: ...
@@ -127,7 +131,7 @@ class ControllerClient(Protocol):
 class LocalControllerClient:
     """The client interface over a Controller in the same process."""
 
-    def __init__(self, controller: ctl.Controller) -> None:
+    def __init__(self, controller: Controller) -> None:
         self.controller = controller
 
     async def register_broker(self, info: BrokerInfo, channel: Any) -> int:
@@ -150,13 +154,13 @@ class LocalControllerClient:
         return self.controller.snapshot()
 
     async def create_topics(
-        self, topics: list[ctl.NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
-    ) -> list[ctl.TopicResult]:
+        self, topics: list[NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
+    ) -> list[TopicResult]:
         return await self.controller.create_topics(
             topics, validate_only=validate_only, wait_s=wait_s
         )
 
-    async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
+    async def delete_topics(self, names: list[str]) -> list[TopicResult]:
         return await self.controller.delete_topics(names)
 
     async def create_partitions(
@@ -166,14 +170,14 @@ class LocalControllerClient:
         *,
         validate_only: bool = False,
         assignment: list[int] | None = None,
-    ) -> ctl.TopicResult:
+    ) -> TopicResult:
         return await self.controller.create_partitions(
             name, total, validate_only=validate_only, assignment=assignment
         )
 
     async def alter_topic_configs(
         self, name: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
-    ) -> ctl.TopicResult:
+    ) -> TopicResult:
         return await self.controller.alter_topic_configs(
             name, changes, incremental=incremental, validate_only=validate_only
         )
@@ -284,7 +288,7 @@ class HttpControllerClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ControllerUnavailable(f"controller at {self._base} unreachable: {exc}") from exc
         if "fault" in doc:
-            raise decode_error(doc["fault"]) or ctl.ControllerError("controller error")
+            raise decode_error(doc["fault"]) or ControllerError("controller error")
         return doc
 
     async def register_broker(self, info: BrokerInfo, channel: Any) -> int:
@@ -349,7 +353,7 @@ class HttpControllerClient:
                     ) from exc
         doc = json.loads(data)
         if "fault" in doc:
-            raise decode_error(doc["fault"]) or ctl.ControllerError("controller error")
+            raise decode_error(doc["fault"]) or ControllerError("controller error")
         HEARTBEAT_SECONDS.observe(time.monotonic() - started)
         return HeartbeatReply(**doc["reply"])
 
@@ -384,8 +388,8 @@ class HttpControllerClient:
         return ClusterMetadata.from_json((await self._call("/v1/metadata"))["metadata"])
 
     async def create_topics(
-        self, topics: list[ctl.NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
-    ) -> list[ctl.TopicResult]:
+        self, topics: list[NewTopic], *, validate_only: bool = False, wait_s: float = 0.0
+    ) -> list[TopicResult]:
         doc = await self._call(
             "/v1/topics/create",
             {
@@ -405,7 +409,7 @@ class HttpControllerClient:
         )
         return [result_from(r) for r in doc["results"]]
 
-    async def delete_topics(self, names: list[str]) -> list[ctl.TopicResult]:
+    async def delete_topics(self, names: list[str]) -> list[TopicResult]:
         doc = await self._call("/v1/topics/delete", {"names": names})
         return [result_from(r) for r in doc["results"]]
 
@@ -416,7 +420,7 @@ class HttpControllerClient:
         *,
         validate_only: bool = False,
         assignment: list[int] | None = None,
-    ) -> ctl.TopicResult:
+    ) -> TopicResult:
         doc = await self._call(
             "/v1/topics/partitions",
             {
@@ -430,7 +434,7 @@ class HttpControllerClient:
 
     async def alter_topic_configs(
         self, name: str, changes: dict[str, str | None], *, incremental: bool, validate_only: bool
-    ) -> ctl.TopicResult:
+    ) -> TopicResult:
         doc = await self._call(
             "/v1/topics/configs",
             {

@@ -49,10 +49,21 @@ from tidalmq_core.model import TopicPartition
 from tidalmq_core.reassignment import InvalidPlan, NoReassignmentInProgress
 from tidalmq_core.topics import InvalidConfig, InvalidPartitions, InvalidTopic, StaticConfig
 
-from tidalmq_controller import _controller as ctl
 from tidalmq_controller._data_loss import AcceptedLoss
-from tidalmq_controller._errors import InternalTopic, UnsupportedFeatureLevel
+from tidalmq_controller._errors import (
+    ControllerError,
+    ControllerFenced,
+    ForeignStore,
+    InternalTopic,
+    InvalidReplicaAssignment,
+    NoBrokers,
+    TopicAlreadyExists,
+    UnknownBroker,
+    UnknownTopic,
+    UnsupportedFeatureLevel,
+)
 from tidalmq_controller._membership import Heartbeat
+from tidalmq_controller._topics import TopicResult
 
 PROTOCOL = 2  # metadata as batches of records, heartbeats of changes, batched reports
 
@@ -60,14 +71,14 @@ PROTOCOL = 2  # metadata as batches of records, heartbeats of changes, batched r
 _ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
     for cls in (
-        ctl.ControllerError,
-        ctl.TopicAlreadyExists,
-        ctl.UnknownTopic,
-        ctl.NoBrokers,
-        ctl.ControllerFenced,
-        ctl.UnknownBroker,
-        ctl.InvalidReplicaAssignment,
-        ctl.ForeignStore,
+        ControllerError,
+        TopicAlreadyExists,
+        UnknownTopic,
+        NoBrokers,
+        ControllerFenced,
+        UnknownBroker,
+        InvalidReplicaAssignment,
+        ForeignStore,
         UnsupportedFeatureLevel,
         InternalTopic,
         InvalidTopic,
@@ -80,11 +91,11 @@ _ERRORS: dict[str, type[Exception]] = {
 }
 
 
-class ControllerUnavailable(ctl.ControllerError):
+class ControllerUnavailable(ControllerError):
     """The controller could not be reached (the broker retries)."""
 
 
-class ControlRefused(ctl.ControllerError):
+class ControlRefused(ControllerError):
     """The controller refused the control token (401) or what it may do (403)."""
 
 
@@ -115,7 +126,7 @@ def encode_error(exc: Exception | None) -> dict[str, str] | None:
 def decode_error(doc: dict[str, str] | None) -> Exception | None:
     if doc is None:
         return None
-    return _ERRORS.get(doc["type"], ctl.ControllerError)(doc["message"])
+    return _ERRORS.get(doc["type"], ControllerError)(doc["message"])
 
 
 def filter_doc(f: AclBindingFilter) -> list[Any]:
@@ -155,7 +166,7 @@ def tp_doc(tp: TopicPartition) -> dict[str, Any]:
     return {"topic": tp.topic, "partition": tp.partition}
 
 
-def result_doc(r: ctl.TopicResult) -> dict[str, Any]:
+def result_doc(r: TopicResult) -> dict[str, Any]:
     return {
         "name": r.name,
         "error": encode_error(r.error),
@@ -165,8 +176,8 @@ def result_doc(r: ctl.TopicResult) -> dict[str, Any]:
     }
 
 
-def result_from(doc: dict[str, Any]) -> ctl.TopicResult:
-    return ctl.TopicResult(
+def result_from(doc: dict[str, Any]) -> TopicResult:
+    return TopicResult(
         doc["name"],
         decode_error(doc["error"]),
         doc["topic_id"],
