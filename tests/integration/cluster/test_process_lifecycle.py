@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -307,6 +308,69 @@ def test_a_broker_an_earlier_local_up_left_behind_is_stopped_by_the_next_one(
         for pid in pids.values():  # our children now: reap them
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
+
+
+def spare_pids(data_dir: Path) -> list[int]:
+    """The processes started as a spare broker of the cluster on `data_dir` (local/spare.py),
+    whether still waiting or a broker now."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if (
+            "tidalmq_broker.local.spare_process" in args
+            and str(data_dir) in args
+            and running(int(entry.name))
+        ):
+            found.append(int(entry.name))
+    return found
+
+
+def test_add_broker_takes_the_spare_process_which_dies_with_local_up(
+    clusters: Callable[..., LocalClusterProcess], data_dir: Path
+) -> None:
+    """[M1]: an added broker's start was mostly its interpreter loading TidalMQ (about 1 s of
+    the 6,000-partition add-broker's 2.1-2.5 s). `local up` keeps a spare process that loaded it
+    already: add-broker hands it the broker's command. The broker it becomes is an ordinary one
+    (serves, is recorded for leftover detection) and still dies with `local up`."""
+    first = clusters()
+    deadline = time.monotonic() + 30
+    while not (spares := spare_pids(data_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(spares) == 1, f"expected one spare broker process, found {spares}"
+    spare = spares[0]
+    assert spare not in first.broker_pids().values()
+
+    added = first.add_broker()
+    assert first.broker_pids()[added] == spare, "add-broker did not use the spare process"
+    create_topic(first.bootstrap, "on-all", 6)
+    assert added in first.leaders("on-all")
+    assert produce(first.bootstrap, "on-all", 60) == 60
+    assert consume_all(first.bootstrap, "on-all", 6, 60) == 60
+    log = (data_dir / "logs" / f"broker-{added}.log").read_text()
+    assert f"TidalMQ broker {added} serving on" in log
+    # recorded under the command line it runs with: a later `local up` finds it if left behind
+    recorded = {
+        rec["pid"]: rec["cmd"]
+        for rec in json.loads((data_dir / "cluster.json").read_text())["brokers"]
+    }
+    cmdline = Path(f"/proc/{spare}/cmdline").read_bytes().decode().split("\0")[:-1]
+    assert recorded[spare] == cmdline
+
+    pids = list(first.broker_pids().values())
+    assert first.proc is not None
+    first.proc.kill()
+    first.proc.wait(10)
+    left = still_running([*pids, *spare_pids(data_dir)], within_s=STOP_BOUND_S)
+    assert not left, f"processes {left} outlived the SIGKILLed local up"
+    assert (
+        f"broker {added} stopping (parent exited)"
+        in (data_dir / "logs" / f"broker-{added}.log").read_text()
+    )
 
 
 @contextlib.contextmanager

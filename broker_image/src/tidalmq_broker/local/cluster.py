@@ -74,6 +74,7 @@ from tidalmq_broker.local.processes import (
     stop_leftover_brokers,
 )
 from tidalmq_broker.local.security import LocalSecurity, prepare
+from tidalmq_broker.local.spare import SpareBroker, shared_env
 from tidalmq_broker.logs import setup_logging
 from tidalmq_broker.storage.objectstore.base import ObjectNotFound, ObjectStore
 from tidalmq_broker.storage.objectstore.factory import open_object_store
@@ -88,6 +89,7 @@ START_TIMEOUT_S = 60.0  # a broker process registers with the controller within 
 STOP_DEADLINE_S = 10.0  # Ctrl-C/SIGTERM to exit, whatever the load
 BROKER_STOP_DEADLINE_S = 6.0  # each broker's own --stop-deadline-s
 BROKER_KILL_AFTER_S = 7.5  # brokers still running this long after the signal are SIGKILLed
+SPARE_AFTER_S = 10.0  # a new spare broker process this long after the last one was used
 METADATA_KEY = "cluster/metadata.json"
 
 
@@ -127,6 +129,7 @@ class LocalCluster:
         broker_env: dict[str, str] | None = None,
         security: LocalSecurity | None = None,
         control_tls: LocalControlTls | None = None,
+        spare_broker: bool = True,
     ) -> None:
         self.security = security  # --security sasl_ssl (local/security.py)
         self.control_tls = control_tls  # control-plane mTLS (local/control_tls.py)
@@ -144,6 +147,11 @@ class LocalCluster:
         self.dead_since: dict[int, float | None] = {}
         self._store = open_object_store(storage_url)
         self._metadata_store = LocalDirObjectStore(data_dir / "metadata")
+        # a broker process loaded ahead of the next add-broker (spare.py)
+        self.spare_broker = spare_broker
+        self._spare: SpareBroker | None = None
+        self._spare_timer: asyncio.TimerHandle | None = None
+        self._stopping = False
 
     @property
     def controller_url(self) -> str:
@@ -203,9 +211,10 @@ class LocalCluster:
         ports = {i: self.first_port + k if self.first_port else 0 for k, i in enumerate(ids)}
         # a broker that fails to start cancels the others' starts (gather would let them
         # spawn processes after the failed start is cleaned up)
+        self._start_spare()  # loads beside the first brokers: ready for the first add-broker
         async with asyncio.TaskGroup() as group:
             for i in ids:
-                group.create_task(self.add_broker(i, port=ports[i]))
+                group.create_task(self.add_broker(i, port=ports[i], use_spare=False))
         self._write_state()
 
     async def stop(self, deadline: float | None = None) -> list[int]:
@@ -222,6 +231,12 @@ class LocalCluster:
             # brokers that exit first are not declared dead while the others still close:
             # a clean stop leaves every broker registered, the next start moves nothing
             self.controller.hold_failover()
+        self._stopping = True
+        if self._spare_timer is not None:
+            self._spare_timer.cancel()
+        if self._spare is not None:
+            self._spare.discard()  # it exits at the end of its input
+            self._spare = None
         kill_at = deadline - (STOP_DEADLINE_S - BROKER_KILL_AFTER_S)
         running = [b for b in self.brokers.values() if b.alive()]
         for b in running:
@@ -260,8 +275,68 @@ class LocalCluster:
             if b.proc.returncode is None:
                 with contextlib.suppress(OSError):
                     os.killpg(b.proc.pid, signal.SIGKILL)  # its own process group
+        if self._spare is not None:
+            self._spare.kill()
 
     # ------------------------------------------------------------------ brokers
+    def _spare_env(self) -> dict[str, str]:
+        """The environment every broker of this cluster starts with (its own token and
+        certificates are given at its start)."""
+        env = shared_env({**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env})
+        env.pop(ENV_TOKEN_FILE, None)
+        env.update(allocator_env(["broker"], env))
+        return env
+
+    def _start_spare(self) -> None:
+        """A spare broker process for the next add-broker (spare.py), unless one is up."""
+        if not self.spare_broker or self._stopping:
+            return
+        if self._spare is not None and self._spare.alive():
+            return
+        try:
+            labels = ["--controller-url", self.controller_url, "--data-dir", str(self.data_dir)]
+            self._spare = SpareBroker(sys.executable, self._spare_env(), labels)
+        except OSError as exc:
+            log.warning("no spare broker process: %s", exc)
+            self._spare = None
+
+    def _start_spare_later(self) -> None:
+        """The next spare, SPARE_AFTER_S from now: its start (loading TidalMQ: most of a
+        core for most of a second) is not spent while the broker just added takes its
+        partitions."""
+        loop = asyncio.get_running_loop()
+        if self._spare_timer is not None:
+            self._spare_timer.cancel()
+        self._spare_timer = loop.call_later(SPARE_AFTER_S, self._start_spare)
+
+    def _spawn_broker(
+        self, cmd: list[str], env: dict[str, str], log_path: Path, *, use_spare: bool
+    ) -> tuple[subprocess.Popen[bytes], list[str]]:
+        """The broker's process and its command line: with `use_spare`, the spare, given the
+        broker's command, when there is one that fits (and a new spare later); else a new
+        interpreter."""
+        spare, self._spare = (self._spare, None) if use_spare else (None, self._spare)
+        if spare is not None:
+            if spare.fits(env, linked="--parent-pid" in cmd) and spare.hand_over(
+                cmd[3:], env, log_path
+            ):
+                log.info("broker started from the spare process (pid %d)", spare.proc.pid)
+                self._start_spare_later()
+                return spare.proc, spare.cmd
+            spare.discard()
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                process_group=0,  # Ctrl-C in the terminal reaches `local up` only
+            )
+        if use_spare:
+            self._start_spare_later()
+        return proc, cmd
+
     def _next_id(self) -> int:
         """The lowest broker the cluster knows whose process is gone (declared dead, or killed:
         the new one replaces it, as a restarted pod), else the lowest id never used."""
@@ -286,7 +361,12 @@ class LocalCluster:
         return port
 
     async def add_broker(
-        self, broker_id: int | None = None, *, port: int | None = None, attempt: int = 1
+        self,
+        broker_id: int | None = None,
+        *,
+        port: int | None = None,
+        attempt: int = 1,
+        use_spare: bool = True,
     ) -> BrokerProc:
         if broker_id is None:
             broker_id = self._next_id()
@@ -344,16 +424,8 @@ class LocalCluster:
         }
         env.pop(ENV_TOKEN_FILE, None)
         env.update(allocator_env(cmd[3:], env))  # the broker's allocator, without a re-exec
-        with log_path.open("ab") as out:
-            # spawning returns at once; waiting for the broker happens below without blocking
-            proc = subprocess.Popen(  # noqa: ASYNC220
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                process_group=0,  # Ctrl-C in the terminal reaches `local up` only
-            )
+        # spawning returns at once; waiting for the broker happens below without blocking
+        proc, cmd = self._spawn_broker(cmd, env, log_path, use_spare=use_spare)
         b = BrokerProc(broker_id, port, http_port, proc, log_path, cmd)
         self.brokers[broker_id] = b
         self._write_state()  # its pid, for a later `local up` should this one die with it
@@ -373,7 +445,10 @@ class LocalCluster:
                     # process got it meanwhile): pick again
                     del self.brokers[broker_id]
                     return await self.add_broker(
-                        broker_id, port=port if self.first_port else 0, attempt=attempt + 1
+                        broker_id,
+                        port=port if self.first_port else 0,
+                        attempt=attempt + 1,
+                        use_spare=use_spare,
                     )
                 raise LocalUpError(
                     f"broker {broker_id} exited while starting ({last}); see {log_path}"
