@@ -89,7 +89,7 @@ START_TIMEOUT_S = 60.0  # a broker process registers with the controller within 
 STOP_DEADLINE_S = 10.0  # Ctrl-C/SIGTERM to exit, whatever the load
 BROKER_STOP_DEADLINE_S = 6.0  # each broker's own --stop-deadline-s
 BROKER_KILL_AFTER_S = 7.5  # brokers still running this long after the signal are SIGKILLed
-SPARE_AFTER_S = 10.0  # a new spare broker process this long after the last one was used
+SPARE_AFTER_S = 30.0  # a new spare broker process this long after the last one was used
 METADATA_KEY = "cluster/metadata.json"
 
 
