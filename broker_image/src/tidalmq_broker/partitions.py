@@ -484,8 +484,39 @@ class PartitionManager:
             self._wishes[tp] = new
         if new != old and self._wishes_changed is not None:
             self._wishes_changed.add(tp)
+        if (
+            new != old
+            and old is not None
+            and new is not None
+            and self._met_but_created(tp, old, new)
+        ):
+            return
         if new != old or (new is None and self._engine.get(tp) is not None):
             self._wake(tp)
+
+    def _met_but_created(self, tp: TopicPartition, old: Wish, new: Wish) -> bool:
+        """Whether the wish differs from a met one only in `created` (the controller marked
+        the partition created once its first checkpoint was stored, which this broker reported
+        itself): nothing to do then. A wave of first writes marks hundreds at once, and looking
+        at each again cost every broker a worker step per partition."""
+        if (
+            old.created == new.created
+            or old.epoch != new.epoch
+            or old.topic_id != new.topic_id
+            or old.end_offset_floor != new.end_offset_floor
+            or old.accepted_from != new.accepted_from
+            or old.config != new.config
+            or tp in self._busy
+            or tp in self._queued
+        ):
+            return False
+        plog = self._engine.get(tp)
+        return (
+            plog is not None
+            and plog.leader_epoch == new.epoch
+            and getattr(plog, "topic_id", None) in (None, new.topic_id)
+            and plog.config == new.config
+        )
 
     def release_all(self) -> None:
         """Give up every partition (this broker was fenced): close them, keep topic data, and

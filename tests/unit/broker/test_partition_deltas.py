@@ -182,3 +182,33 @@ async def test_a_delta_parses_each_topics_configs_once(
         manager.apply_delta(meta, delta)
         assert parsed == 1
         assert await manager.wait_settled(30)
+
+
+async def test_open_partitions_marked_created_are_not_looked_at_again(tmp_path: Path) -> None:
+    """The controller marks a partition created once its first checkpoint is stored (its
+    first write): for a partition open here at its epoch that changes nothing, so no worker
+    looks at it again (a wave of first writes marked hundreds at once, on every broker). One
+    not open yet still is, and one whose epoch changed is reopened."""
+    async with partition_manager(tmp_path / "objects") as (engine, manager):
+        meta = ClusterMetadata(cluster_id="c", version=1)
+        manager.apply(meta)
+        here = set(range(0, 1_000, 2))
+        apply_records(manager, meta, topic_record(TopicInfo("orders", "id", led_by(1_000, here))))
+        assert await manager.wait_settled(30)
+        woken: list[TopicPartition] = []
+        wake = manager._wake
+
+        def counting(tp: TopicPartition) -> None:
+            woken.append(tp)
+            wake(tp)
+
+        manager._wake = counting  # type: ignore[method-assign]
+        records = [partition_record(TopicPartition("orders", i), created=True) for i in here]
+        apply_records(manager, meta, *records)
+        assert woken == []
+        assert manager.is_settled()
+        moved = TopicPartition("orders", 0)
+        apply_records(manager, meta, partition_record(moved, leader_epoch=1, created=False))
+        assert woken == [moved]
+        assert await manager.wait_settled(30)
+        assert engine.get(moved).leader_epoch == 1  # type: ignore[union-attr]
