@@ -10,6 +10,7 @@ what must be given up still is: a replaced or deleted topic's open partitions ar
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import pickle
 import sys
@@ -18,7 +19,7 @@ from types import FrameType
 
 import pytest
 from tidalmq_broker import partitions
-from tidalmq_broker.partitions import PartitionManager
+from tidalmq_broker.partitions import LeaderNotAvailable, PartitionManager
 from tidalmq_broker.storage.api import PartitionConfig
 from tidalmq_core.metadata import ClusterMetadata, PartitionState, TopicInfo
 from tidalmq_core.model import PartitionMap, TopicPartition
@@ -212,3 +213,29 @@ async def test_open_partitions_marked_created_are_not_looked_at_again(tmp_path: 
         assert woken == [moved]
         assert await manager.wait_settled(30)
         assert engine.get(moved).leader_epoch == 1  # type: ignore[union-attr]
+
+
+async def test_a_partition_a_client_asks_for_opens_before_those_nobody_asked_for(
+    tmp_path: Path,
+) -> None:
+    """Thousands of partitions arriving at once (a new broker's moves) open one after the
+    other; a client's request for one still waiting is answered LEADER_NOT_AVAILABLE and that
+    partition goes to the front, so the client's retry finds it open, not still behind the
+    others."""
+    async with partition_manager(tmp_path / "objects") as (engine, manager):
+        meta = ClusterMetadata(cluster_id="c", version=1)
+        manager.apply(meta)
+        n = 3_000
+        apply_records(
+            manager, meta, topic_record(TopicInfo("orders", "id", led_by(n, set(range(n)))))
+        )
+        last = TopicPartition("orders", n - 1)
+        with pytest.raises(LeaderNotAvailable):
+            manager.get_log(last)
+        for _ in range(100_000):  # loop turns, until the workers opened it
+            if engine.get(last) is not None:
+                break
+            await asyncio.sleep(0)
+        assert engine.get(last) is not None
+        assert len(engine.partitions()) < n // 2
+        assert await manager.wait_settled(30)
