@@ -319,7 +319,7 @@ class BrokerSettings:
         },
     )
     max_inflight_requests_per_connection: int = field(
-        default=32, metadata={"help": "requests of one connection handled at once"}
+        default=256, metadata={"help": "requests of one connection handled at once"}
     )
     max_inflight_request_bytes_per_connection: int = field(
         default=16 * 1024 * 1024,

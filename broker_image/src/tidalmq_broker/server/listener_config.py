@@ -39,7 +39,9 @@ class ListenerLimits:
     the values tests and tools get without settings)."""
 
     max_request_bytes: int = 100 * 1024 * 1024  # socket.request.max.bytes
-    max_inflight_per_connection: int = 32
+    # librdkafka pipelines one Produce request per partition: a producer writing to hundreds
+    # of partitions of a broker has hundreds of requests waiting for their WAL flushes at once
+    max_inflight_per_connection: int = 256
     # Requests pipelined on one connection are read only while those in flight add up to less
     # than this (one larger request is still read when nothing else is in flight): a produce
     # request stays in memory until its WAL object is durable, so with 32 in flight of 1 MiB
