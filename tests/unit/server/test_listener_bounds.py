@@ -30,7 +30,7 @@ from tidalmq_broker.security import certs
 from tidalmq_broker.security.tls import TlsSettings, server_context
 from tidalmq_broker.server.connection import Connection
 from tidalmq_broker.server.framing import FrameProtocol
-from tidalmq_broker.server.listener import KafkaListener
+from tidalmq_broker.server.listener import REQUEST_FLOOR_BYTES, KafkaListener
 from tidalmq_broker.server.listener_config import ListenerEndpoint, ListenerLimits
 from tidalmq_broker.settings import BrokerSettings
 from tidalmq_core.metadata import ClusterMetadata
@@ -521,4 +521,53 @@ async def test_hundreds_of_requests_pipelined_on_one_connection_are_handled_at_o
         head = await asyncio.wait_for(recv_exactly(sock, 4), 5)
         await asyncio.wait_for(recv_exactly(sock, struct.unpack(">i", head)[0]), 5)
     assert served.fetches == pipelined
+    sock.close()
+
+
+async def test_tiny_requests_in_flight_count_at_least_the_floor_against_both_byte_bounds(
+    listeners: list[KafkaListener],
+) -> None:
+    """Each request in flight holds ~4.7 KB of objects whatever its frame's size: charged
+    REQUEST_FLOOR_BYTES, an 88-byte Fetch counts as that much against the connection's bytes
+    in flight (so 16 KiB of them lets 4 in, not 186) and against the broker's request budget,
+    and all of it comes back when they are answered."""
+    gate = asyncio.Event()
+    entered = 0
+
+    class Gated(Served):
+        def dispatch(self, api_key: int) -> Any:
+            handler = super().dispatch(api_key)
+            if api_key != 1:
+                return handler
+
+            async def fetch(request: Any, conn: Connection) -> Any:
+                nonlocal entered
+                entered += 1
+                await gate.wait()
+                return await handler(request, conn)
+
+            return fetch
+
+    served = Gated(records=10)
+    limits = ListenerLimits(
+        max_inflight_bytes_per_connection=4 * REQUEST_FLOOR_BYTES,
+        queued_max_request_bytes=1 << 20,
+    )
+    listener = await started(limits, served)
+    listeners.append(listener)
+    assert listener.request_budget is not None
+    sock = await connect(listener.port)
+    pipelined = 40
+    assert len(FETCH) * pipelined < 4 * REQUEST_FLOOR_BYTES  # the frames alone would all fit
+    await asyncio.get_running_loop().sock_sendall(sock, FETCH * pipelined)
+    await asyncio.sleep(0.5)
+    assert entered == 4, f"{entered} tiny requests in flight within 4 floors"
+    assert listener.request_budget.used >= 4 * REQUEST_FLOOR_BYTES
+    gate.set()
+    for _ in range(pipelined):
+        head = await asyncio.wait_for(recv_exactly(sock, 4), 5)
+        await asyncio.wait_for(recv_exactly(sock, struct.unpack(">i", head)[0]), 5)
+    assert served.fetches == pipelined
+    await asyncio.sleep(0.05)
+    assert listener.request_budget.used == 0
     sock.close()

@@ -39,7 +39,8 @@ Bounds ([R1] item 2; docs/limits.md lists each with its default and why):
   `max_inflight_bytes_per_connection` bytes in flight per connection, and the broker-wide request
   budget (`queued_max_request_bytes`, server/budget.py) over frames being read and requests not
   yet answered: a connection that would take it past its limit stops reading until requests
-  finish.
+  finish. A request in flight counts at least `REQUEST_FLOOR_BYTES` (what its objects hold),
+  so hundreds of tiny pipelined requests are bounded by bytes too, not only by their count.
 - responses: the responses of a connection not yet taken by its client (being built, queued, or
   in the transport's buffer) never pass `max_response_bytes_per_connection`: Fetch asks
   `Connection.response_room()` before it reads and reads no more (apis/fetch.py). Once they reach
@@ -136,6 +137,13 @@ SASL_AUTHENTICATE_KEY = 36
 PRE_AUTHENTICATION_APIS = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 SASL_MAX_RECEIVE_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
 _SIZE = struct.Struct(">i")
+# What a request in flight holds at least, whatever the size of its frame: its decoded form,
+# its task, its response's place in the pipeline (about 4.7 KB of Python objects for a
+# pipelined 88-byte Fetch, tracemalloc, 2026-11-28). Charged to the connection's bytes in
+# flight and to the broker's request budget instead of the frame's size when larger, so those
+# byte bounds also bound what many tiny requests hold: 256 in flight on each of 4,096
+# connections would otherwise hold ~4.9 GB that no budget counts (docs/limits.md).
+REQUEST_FLOOR_BYTES = 4096
 
 
 class KafkaListener:
@@ -614,9 +622,13 @@ class KafkaListener:
             task = asyncio.create_task(Metered(self._handle(handler, request, conn, received), cpu))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
-            conn.inflight_bytes += size
+            # a request in flight holds at least REQUEST_FLOOR_BYTES, whatever its frame's size
+            charged = max(size, REQUEST_FLOOR_BYTES)
+            if charged > size and self.request_budget is not None:
+                self.request_budget.charge(charged - size, complete=True)
+            conn.inflight_bytes += charged
             task.add_done_callback(
-                functools.partial(self._answered, conn, size, request.api_key, cpu)
+                functools.partial(self._answered, conn, charged, request.api_key, cpu)
             )
             await responses.put(task)
             del task  # an idle connection keeps no answered request
@@ -629,7 +641,7 @@ class KafkaListener:
         cpu: RequestCpu,
         _task: object = None,
     ) -> None:
-        """A request of `size` bytes answered (called as its task's done callback): its
+        """A request charged `size` bytes answered (called as its task's done callback): its
         bytes leave the bounds, its CPU time (every step of its task) goes to the metrics."""
         self._observer.cpu(api_key, cpu.seconds)
         conn.inflight_bytes -= size
