@@ -123,3 +123,35 @@ async def test_a_put_of_parts_survives_partial_writes_and_iov_max(
     assert calls == [1024, 1499 - 1024]
     assert (tmp_path / "p/whole").read_bytes() == b"".join(parts)
     await store.close()
+
+
+async def test_reads_of_missing_keys_leave_no_reference_cycles(tmp_path: Path) -> None:
+    """A new broker opening partitions never written reads a checkpoint that is not there,
+    once per partition. Raised in the store's thread, each miss left a reference cycle (the
+    exception's traceback held the thread's frames, which held the read, whose future held
+    the exception): ~20 objects a miss, and the young collections that freed them held the
+    GIL for 100-300 ms while the scenario's brokers heartbeated. Now a miss leaves none, and
+    still raises ObjectNotFound (get, get_with_etag, head)."""
+    from tidalmq_broker.storage.objectstore import ObjectNotFound
+
+    store = LocalDirObjectStore(str(tmp_path))
+    await store.put("present/key", b"x")
+    (tmp_path / "a-directory").mkdir()
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        misses = 0
+        for i in range(200):
+            for read in (store.get, store.get_with_etag, store.head):
+                for key in (f"missing/{i}", "a-directory"):
+                    with pytest.raises(ObjectNotFound):
+                        await read(key)
+                    misses += 1
+        assert await store.get("present/key") == b"x"
+        unreachable = gc.collect()
+    finally:
+        gc.enable()
+        await store.close()
+    assert unreachable < misses // 10, f"{unreachable} objects in cycles after {misses} misses"

@@ -192,6 +192,20 @@ class _Put:
 _GET, _GET_WITH_ETAG, _HEAD, _DELETE = range(4)
 
 
+class _Missing:
+    """What a read of a key that does not exist hands back from the store's thread: the
+    `ObjectNotFound` is made on the event loop (`_finish`). Raised in the thread, it carried a
+    traceback of the thread's frames, which hold the batch's outcomes and the read, which holds
+    its future, which holds the exception: a reference cycle per missing key (about 20 objects),
+    thousands when a new broker opens partitions never written (no checkpoint yet) and a young
+    collection of 100-300 ms that held the GIL from the broker's heartbeats."""
+
+    __slots__ = ()
+
+
+_MISSING = _Missing()
+
+
 class _Read:
     """A get, head or delete (deletes go with the reads: they do not wait for a sync)."""
 
@@ -213,7 +227,8 @@ class _Read:
         self.start = start
         self.end = end
         self.keys = keys
-        self.future = future
+        # None once its caller is done with it (`_read`), answered or cancelled
+        self.future: asyncio.Future[Any] | None = future
 
 
 class _Lane:
@@ -354,7 +369,8 @@ class LocalDirObjectStore(ObjectStore):
     def _dispatch(self, loop: asyncio.AbstractEventLoop, q: _Queue) -> None:
         q.scheduled = False
         if q.reads:
-            reads = [op for op in q.reads if not op.future.done()]  # done: caller cancelled
+            # done (or gone): its caller was cancelled
+            reads = [op for op in q.reads if op.future is not None and not op.future.done()]
             q.reads = []
             batch: list[_Read] = []
             size = 0
@@ -408,7 +424,7 @@ class LocalDirObjectStore(ObjectStore):
             if lane is not None:
                 lane.in_flight -= 1
             for op in ops:
-                if not op.future.done():
+                if op.future is not None and not op.future.done():
                     op.future.set_exception(RuntimeError(*exc.args))
 
     def _finish(
@@ -423,9 +439,12 @@ class LocalDirObjectStore(ObjectStore):
             lane.in_flight -= 1
         for op, outcome in zip(ops, outcomes, strict=True):
             future = op.future
-            if future.done():
+            if future is None or future.done():
                 continue  # the caller was cancelled
-            if isinstance(outcome, BaseException):
+            if outcome is _MISSING:
+                assert isinstance(op, _Read)
+                future.set_exception(ObjectNotFound(op.key))
+            elif isinstance(outcome, BaseException):
                 future.set_exception(self._error(outcome))
             else:
                 future.set_result(outcome)
@@ -645,7 +664,13 @@ class LocalDirObjectStore(ObjectStore):
         q = self._queue(loop)
         q.reads.append(op)
         self._schedule(loop, q)
-        return await op.future
+        assert op.future is not None  # not in a local: see below
+        try:
+            return await op.future
+        finally:
+            # a raised exception's traceback holds this frame, and so `op`: were `op` still to
+            # hold the future, which holds the exception, that would be a reference cycle
+            op.future = None
 
     def _read_job(
         self, loop: asyncio.AbstractEventLoop, q: _Queue, lane: None, ops: list[_Read]
@@ -664,18 +689,24 @@ class LocalDirObjectStore(ObjectStore):
 
     def _read_one(self, op: _Read) -> object:
         if op.kind == _HEAD:
-            return self._head_sync(op.key, op.path)
+            try:
+                st = os.stat(op.path)
+            except (FileNotFoundError, NotADirectoryError):
+                return _MISSING
+            if not stat.S_ISREG(st.st_mode):
+                return _MISSING
+            return ObjectInfo(op.key, st.st_size, _etag(st), st.st_mtime)
         if op.kind == _DELETE:
             self._delete_sync(op.keys)
             return None
         try:
             fd = os.open(op.path, _READ_FLAGS)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise ObjectNotFound(op.key) from None
+            return _MISSING
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
-                raise ObjectNotFound(op.key)
+                return _MISSING
             if op.kind == _GET_WITH_ETAG:
                 return _read_at(fd, 0, st.st_size), _etag(st)
             start = op.start or 0
@@ -702,15 +733,6 @@ class LocalDirObjectStore(ObjectStore):
         validate_key(key)
         info: ObjectInfo = await self._read(_Read(_HEAD, key, self._prefix + key, self._future()))
         return info
-
-    def _head_sync(self, key: str, path: str) -> ObjectInfo:
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            raise ObjectNotFound(key) from None
-        if not stat.S_ISREG(st.st_mode):
-            raise ObjectNotFound(key)
-        return ObjectInfo(key, st.st_size, _etag(st), st.st_mtime)
 
     async def list(self, prefix: str, start_after: str | None = None) -> list[ObjectInfo]:
         return await self._run(self._list_sync, prefix, start_after)
@@ -744,7 +766,7 @@ class LocalDirObjectStore(ObjectStore):
         q = self._queues.get(asyncio.get_running_loop())
         if q is not None:
             queued: tuple[_Put | _Read, ...] = (*q.small.waiting, *q.large.waiting, *q.reads)
-            waiting = [op.future for op in queued]
+            waiting = [op.future for op in queued if op.future is not None]
             if waiting:
                 await asyncio.wait(waiting)
         self._pool.shutdown(wait=False)
