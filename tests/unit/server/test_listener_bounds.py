@@ -78,6 +78,31 @@ class Served:
         return None if spec is None else (lambda r, c: spec.handler(NO_BROKER, r, c))  # type: ignore[arg-type]
 
 
+class Gated(Served):
+    """Served, with every Fetch held in its handler until `gate` is set (by the test, or by the
+    `open_at`-th Fetch to enter); `entered` counts those that entered."""
+
+    def __init__(self, records: int = 10, open_at: int | None = None) -> None:
+        super().__init__(records)
+        self.gate = asyncio.Event()
+        self.entered = 0
+        self.open_at = open_at
+
+    def dispatch(self, api_key: int) -> Any:
+        handler = super().dispatch(api_key)
+        if api_key != 1:
+            return handler
+
+        async def fetch(request: Any, conn: Connection) -> Any:
+            self.entered += 1
+            if self.entered == self.open_at:
+                self.gate.set()
+            await self.gate.wait()
+            return await handler(request, conn)
+
+        return fetch
+
+
 FETCH = encode_request(
     1,
     12,
@@ -173,13 +198,18 @@ async def connect(port: int, source: str = "127.0.0.1", rcvbuf: int = 0) -> sock
     return sock
 
 
+async def recv_answer(sock: socket.socket, timeout_s: float = 5) -> bytes:
+    """One answer's frame (after its size) from `sock` (read_answer's, for a raw socket)."""
+    head = await asyncio.wait_for(recv_exactly(sock, 4), timeout_s)
+    return await asyncio.wait_for(recv_exactly(sock, struct.unpack(">i", head)[0]), timeout_s)
+
+
 async def answered(sock: socket.socket, request: bytes = API_VERSIONS) -> bool:
     """Sends `request` and reads its answer: True, or False when the broker closed."""
     loop = asyncio.get_running_loop()
     try:
         await loop.sock_sendall(sock, request)
-        head = await asyncio.wait_for(recv_exactly(sock, 4), 5)
-        await asyncio.wait_for(recv_exactly(sock, struct.unpack(">i", head)[0]), 5)
+        await recv_answer(sock)
         return True
     except (ConnectionError, EOFError):
         return False
@@ -282,8 +312,7 @@ async def test_a_client_that_does_not_read_is_muted_and_resumes_when_it_reads(
     budget = listener.response_budget
     assert budget is not None and 12 << 20 <= budget.used <= (16 << 20) + 40 * 256  # + headers
     for _ in range(40):  # the client reads: every fetch is answered after all
-        head = await asyncio.wait_for(recv_exactly(sock, 4), 10)
-        await asyncio.wait_for(recv_exactly(sock, struct.unpack(">i", head)[0]), 10)
+        await recv_answer(sock, 10)
     assert served.fetches == 40
     await eventually(lambda: listener.muted == 0 and budget.used == 0)
     sock.close()
@@ -446,21 +475,7 @@ async def test_a_stopping_listener_closes_a_waiting_connection_without_taking_a_
 async def test_a_request_in_flight_when_the_listener_stops_is_answered_then_closed(
     listeners: list[KafkaListener],
 ) -> None:
-    gate = asyncio.Event()
-
-    class Gated(Served):
-        def dispatch(self, api_key: int) -> Any:
-            handler = super().dispatch(api_key)
-            if api_key != 1:
-                return handler
-
-            async def fetch(request: Any, conn: Connection) -> Any:
-                await gate.wait()
-                return await handler(request, conn)
-
-            return fetch
-
-    served = Gated(records=10)
+    served = Gated()
     listener = await started(ListenerLimits(), served)
     listeners.append(listener)
     sock = await connect(listener.port)
@@ -470,9 +485,8 @@ async def test_a_request_in_flight_when_the_listener_stops_is_answered_then_clos
     draining = asyncio.create_task(listener.drain(5))
     await asyncio.sleep(0.2)
     assert not draining.done()  # drain waits for the request in flight
-    gate.set()
-    head = await asyncio.wait_for(recv_exactly(sock, 4), 5)
-    await asyncio.wait_for(recv_exactly(sock, struct.unpack(">i", head)[0]), 5)
+    served.gate.set()
+    await recv_answer(sock)
     await draining
     assert served.fetches == 1
     assert await asyncio.wait_for(loop.sock_recv(sock, 1), 2) == b""
@@ -488,38 +502,18 @@ async def test_hundreds_of_requests_pipelined_on_one_connection_are_handled_at_o
     With 32 of a connection in flight, they went through in ~21 rounds of a flush each, 0.4 s
     for partitions just moved to a new broker; the broker's default lets 256 in at once (their
     bytes stay within max_inflight_request_bytes_per_connection)."""
-    gate = asyncio.Event()
-    entered = 0
     pipelined = 200
-
-    class Gated(Served):
-        def dispatch(self, api_key: int) -> Any:
-            handler = super().dispatch(api_key)
-            if api_key != 1:
-                return handler
-
-            async def fetch(request: Any, conn: Connection) -> Any:
-                nonlocal entered
-                entered += 1
-                if entered == pipelined:
-                    gate.set()
-                await gate.wait()
-                return await handler(request, conn)
-
-            return fetch
-
-    served = Gated(records=10)
+    served = Gated(open_at=pipelined)
     listener = await started(listener_limits(BrokerSettings()), served)
     listeners.append(listener)
     sock = await connect(listener.port)
     await asyncio.get_running_loop().sock_sendall(sock, FETCH * pipelined)
     try:
-        await asyncio.wait_for(gate.wait(), 5)
+        await asyncio.wait_for(served.gate.wait(), 5)
     except TimeoutError:
-        pytest.fail(f"only {entered} of {pipelined} pipelined requests were handled at once")
+        pytest.fail(f"only {served.entered} of {pipelined} pipelined requests were handled at once")
     for _ in range(pipelined):
-        head = await asyncio.wait_for(recv_exactly(sock, 4), 5)
-        await asyncio.wait_for(recv_exactly(sock, struct.unpack(">i", head)[0]), 5)
+        await recv_answer(sock)
     assert served.fetches == pipelined
     sock.close()
 
@@ -531,24 +525,7 @@ async def test_tiny_requests_in_flight_count_at_least_the_floor_against_both_byt
     REQUEST_FLOOR_BYTES, an 88-byte Fetch counts as that much against the connection's bytes
     in flight (so 16 KiB of them lets 4 in, not 186) and against the broker's request budget,
     and all of it comes back when they are answered."""
-    gate = asyncio.Event()
-    entered = 0
-
-    class Gated(Served):
-        def dispatch(self, api_key: int) -> Any:
-            handler = super().dispatch(api_key)
-            if api_key != 1:
-                return handler
-
-            async def fetch(request: Any, conn: Connection) -> Any:
-                nonlocal entered
-                entered += 1
-                await gate.wait()
-                return await handler(request, conn)
-
-            return fetch
-
-    served = Gated(records=10)
+    served = Gated()
     limits = ListenerLimits(
         max_inflight_bytes_per_connection=4 * REQUEST_FLOOR_BYTES,
         queued_max_request_bytes=1 << 20,
@@ -561,12 +538,11 @@ async def test_tiny_requests_in_flight_count_at_least_the_floor_against_both_byt
     assert len(FETCH) * pipelined < 4 * REQUEST_FLOOR_BYTES  # the frames alone would all fit
     await asyncio.get_running_loop().sock_sendall(sock, FETCH * pipelined)
     await asyncio.sleep(0.5)
-    assert entered == 4, f"{entered} tiny requests in flight within 4 floors"
+    assert served.entered == 4, f"{served.entered} tiny requests in flight within 4 floors"
     assert listener.request_budget.used >= 4 * REQUEST_FLOOR_BYTES
-    gate.set()
+    served.gate.set()
     for _ in range(pipelined):
-        head = await asyncio.wait_for(recv_exactly(sock, 4), 5)
-        await asyncio.wait_for(recv_exactly(sock, struct.unpack(">i", head)[0]), 5)
+        await recv_answer(sock)
     assert served.fetches == pipelined
     await asyncio.sleep(0.05)
     assert listener.request_budget.used == 0
