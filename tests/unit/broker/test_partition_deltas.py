@@ -153,6 +153,17 @@ def test_a_copied_partition_map_has_its_own_count() -> None:
         assert m.has_topic("a") and not m.has_topic("b"), "the copy's change is its own"
 
 
+async def half_of_orders_open(manager: PartitionManager) -> tuple[ClusterMetadata, set[int]]:
+    """Topic "orders" of 1,000 partitions, the even ones led (and opened) here: the metadata
+    and the partitions led here."""
+    meta = ClusterMetadata(cluster_id="c", version=1)
+    manager.apply(meta)
+    here = set(range(0, 1_000, 2))
+    apply_records(manager, meta, topic_record(TopicInfo("orders", "id", led_by(1_000, here))))
+    assert await manager.wait_settled(30)
+    return meta, here
+
+
 async def test_a_delta_parses_each_topics_configs_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -161,11 +172,7 @@ async def test_a_delta_parses_each_topics_configs_once(
     partition (about 0.15 ms each: most of a new broker's metadata work while its moved
     partitions took their first writes)."""
     async with partition_manager(tmp_path / "objects") as (_engine, manager):
-        meta = ClusterMetadata(cluster_id="c", version=1)
-        manager.apply(meta)
-        here = set(range(0, 1_000, 2))
-        apply_records(manager, meta, topic_record(TopicInfo("orders", "id", led_by(1_000, here))))
-        assert await manager.wait_settled(30)
+        meta, here = await half_of_orders_open(manager)
         parsed = 0
         real = partitions.partition_config
 
@@ -191,11 +198,7 @@ async def test_open_partitions_marked_created_are_not_looked_at_again(tmp_path: 
     looks at it again (a wave of first writes marked hundreds at once, on every broker). One
     not open yet still is, and one whose epoch changed is reopened."""
     async with partition_manager(tmp_path / "objects") as (engine, manager):
-        meta = ClusterMetadata(cluster_id="c", version=1)
-        manager.apply(meta)
-        here = set(range(0, 1_000, 2))
-        apply_records(manager, meta, topic_record(TopicInfo("orders", "id", led_by(1_000, here))))
-        assert await manager.wait_settled(30)
+        meta, here = await half_of_orders_open(manager)
         woken: list[TopicPartition] = []
         wake = manager._wake
 
