@@ -129,7 +129,6 @@ class LocalCluster:
         broker_env: dict[str, str] | None = None,
         security: LocalSecurity | None = None,
         control_tls: LocalControlTls | None = None,
-        spare_broker: bool = True,
     ) -> None:
         self.security = security  # --security sasl_ssl (local/security.py)
         self.control_tls = control_tls  # control-plane mTLS (local/control_tls.py)
@@ -148,7 +147,6 @@ class LocalCluster:
         self._store = open_object_store(storage_url)
         self._metadata_store = LocalDirObjectStore(data_dir / "metadata")
         # a broker process loaded ahead of the next add-broker (spare.py)
-        self.spare_broker = spare_broker
         self._spare: SpareBroker | None = None
         self._spare_timer: asyncio.TimerHandle | None = None
         self._stopping = False
@@ -279,23 +277,25 @@ class LocalCluster:
             self._spare.kill()
 
     # ------------------------------------------------------------------ brokers
-    def _spare_env(self) -> dict[str, str]:
-        """The environment every broker of this cluster starts with (its own token and
-        certificates are given at its start)."""
-        env = shared_env({**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env})
+    def _broker_env(self, argv: list[str], own: dict[str, str]) -> dict[str, str]:
+        """The environment of a broker started as `tidalmq ARGV`, with `own` (its token and
+        certificates) and its allocator (without a re-exec); a spare's (spare.py) is the same
+        without `own`."""
+        env = {**os.environ, "TIDALMQ_LOG_FORMAT": "text", **self.broker_env, **own}
         env.pop(ENV_TOKEN_FILE, None)
-        env.update(allocator_env(["broker"], env))
+        env.update(allocator_env(argv, env))
         return env
 
     def _start_spare(self) -> None:
         """A spare broker process for the next add-broker (spare.py), unless one is up."""
-        if not self.spare_broker or self._stopping:
+        if self._stopping:
             return
         if self._spare is not None and self._spare.alive():
             return
         try:
             labels = ["--controller-url", self.controller_url, "--data-dir", str(self.data_dir)]
-            self._spare = SpareBroker(sys.executable, self._spare_env(), labels)
+            env = shared_env(self._broker_env(["broker"], {}))
+            self._spare = SpareBroker(sys.executable, env, labels)
         except OSError as exc:
             log.warning("no spare broker process: %s", exc)
             self._spare = None
@@ -415,15 +415,7 @@ class LocalCluster:
         if threading.current_thread() is threading.main_thread():
             cmd += ["--parent-pid", str(os.getpid())]
         # each broker holds its own token only: it can act for no other broker
-        env = {
-            **os.environ,
-            "TIDALMQ_LOG_FORMAT": "text",
-            **self.broker_env,
-            ENV_TOKEN: self.auth.broker_token(broker_id),
-            **tls_env,
-        }
-        env.pop(ENV_TOKEN_FILE, None)
-        env.update(allocator_env(cmd[3:], env))  # the broker's allocator, without a re-exec
+        env = self._broker_env(cmd[3:], {ENV_TOKEN: self.auth.broker_token(broker_id), **tls_env})
         # spawning returns at once; waiting for the broker happens below without blocking
         proc, cmd = self._spawn_broker(cmd, env, log_path, use_spare=use_spare)
         b = BrokerProc(broker_id, port, http_port, proc, log_path, cmd)

@@ -64,7 +64,7 @@ class SpareBroker:
 
     def fits(self, env: Mapping[str, str], *, linked: bool) -> bool:
         """Whether the broker of `env` may be this process: alive, started with the same
-        environment apart from the variables given at the hand-over (`handed_over`), and
+        environment apart from the variables given at the hand-over (`HANDED_OVER_PREFIXES`), and
         forked by the main thread when the broker is to die with its parent."""
         if not self.alive() or (linked and not self.forked_by_main):
             return False
