@@ -16,7 +16,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from tidalmq_core.metadata import ClusterMetadata, DataLoss, PartitionState, TopicInfo
@@ -511,16 +511,7 @@ class PartitionManager:
         the partition created once its first checkpoint was stored, which this broker reported
         itself): nothing to do then. A wave of first writes marks hundreds at once, and looking
         at each again cost every broker a worker step per partition."""
-        if (
-            old.created == new.created
-            or old.epoch != new.epoch
-            or old.topic_id != new.topic_id
-            or old.end_offset_floor != new.end_offset_floor
-            or old.accepted_from != new.accepted_from
-            or old.config != new.config
-            or tp in self._busy
-            or tp in self._queued
-        ):
+        if replace(old, created=new.created) != new or tp in self._busy or tp in self._queued:
             return False
         plog = self._engine.get(tp)
         return (
