@@ -16,13 +16,16 @@ import socket
 import struct
 import sys
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tidalmq_core.cli_values import split_address
-from tidalmq_core.client_properties import ClientConfigError, ClientSecurity
 from tidalmq_core.model import TopicPartition
 
 from tidalmq_broker import admin_wire
+
+if TYPE_CHECKING:  # a plaintext client (the CLI's usual) needs no client properties: no
+    # dataclasses, no regular expressions compiled at its start (docs/cli.md)
+    from tidalmq_core.client_properties import ClientSecurity
 
 CLIENT_ID = "tidalmq-cli"
 
@@ -45,6 +48,17 @@ def _is_tls_error(exc: OSError) -> bool:
     return ssl is not None and isinstance(exc, ssl.SSLError)
 
 
+def assignment_of(md: Any) -> dict[TopicPartition, list[int]]:
+    """Each partition's replicas in a Metadata answer; a topic answered with an error raises."""
+    out: dict[TopicPartition, list[int]] = {}
+    for t in md.topics:
+        if t.error_code != 0:
+            raise AdminError(f"topic {t.name}: {t.error_code.name}")
+        for p in t.partitions:
+            out[TopicPartition(t.name, p.partition_index)] = list(p.replica_nodes)
+    return out
+
+
 class AdminClient:
     def __init__(
         self, bootstrap: str, *, timeout_s: float = 30.0, security: ClientSecurity | None = None
@@ -53,11 +67,15 @@ class AdminClient:
         if not self._servers:
             raise AdminError("no bootstrap server given")
         self._timeout = timeout_s
-        self._security = security or ClientSecurity()
-        try:
-            self._ssl = self._security.ssl_context() if self._security.tls else None
-        except ClientConfigError as exc:
-            raise AdminError(str(exc)) from exc
+        self._security = security  # None: PLAINTEXT
+        self._ssl = None
+        if security is not None and security.tls:
+            from tidalmq_core.client_properties import ClientConfigError
+
+            try:
+                self._ssl = security.ssl_context()
+            except ClientConfigError as exc:
+                raise AdminError(str(exc)) from exc
         self._sock: socket.socket | None = None
         self._correlation = 0
 
@@ -87,8 +105,8 @@ class AdminClient:
                 sock = socket.create_connection((_host(name), port), self._timeout)
                 if self._ssl is not None:
                     sock = self._ssl.wrap_socket(sock, server_hostname=name)
-                if self._security.sasl:
-                    self._authenticate(sock)
+                if self._security is not None and self._security.sasl:
+                    self._authenticate(sock, self._security)
                 self._sock = sock
                 return sock
             except AdminError:  # refused by SASL: another broker would refuse it too
@@ -142,10 +160,9 @@ class AdminClient:
         except ValueError as exc:  # a frame that does not decode as the schema says
             raise AdminError(f"malformed response to api {api[0]} v{api[1]}: {exc}") from exc
 
-    def _authenticate(self, sock: socket.socket) -> None:
+    def _authenticate(self, sock: socket.socket, s: ClientSecurity) -> None:
         """SASL on a new connection: SaslHandshake v1 naming the mechanism, then its tokens in
         SaslAuthenticate v2 requests (KIP-152)."""
-        s = self._security
         resp = self._wire(
             sock,
             admin_wire.SASL_HANDSHAKE,
@@ -220,14 +237,7 @@ class AdminClient:
         )
 
     def assignment(self, topics: list[str] | None = None) -> dict[TopicPartition, list[int]]:
-        md = self.metadata(topics)
-        out: dict[TopicPartition, list[int]] = {}
-        for t in md.topics:
-            if t.error_code != 0:
-                raise AdminError(f"topic {t.name}: {t.error_code.name}")
-            for p in t.partitions:
-                out[TopicPartition(t.name, p.partition_index)] = list(p.replica_nodes)
-        return out
+        return assignment_of(self.metadata(topics))
 
     def leaders(self, topics: list[str] | None = None) -> dict[TopicPartition, int]:
         md = self.metadata(topics)

@@ -135,15 +135,17 @@ def _note(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tidalmq_core import client_properties
-
     from tidalmq_broker.admin_client import AdminClient, AdminError
 
     _notes(args)
-    try:
-        security = client_properties.from_file(args.command_config)
-    except client_properties.ClientConfigError as exc:
-        return _fail(f"--command-config: {exc}")
+    security = None  # PLAINTEXT, without importing the properties' parser (docs/cli.md)
+    if args.command_config:
+        from tidalmq_core import client_properties
+
+        try:
+            security = client_properties.from_file(args.command_config)
+        except client_properties.ClientConfigError as exc:
+            return _fail(f"--command-config: {exc}")
     try:
         with AdminClient(args.bootstrap_server, security=security) as admin:
             if args.generate:
@@ -169,7 +171,11 @@ def _with_plan(admin: AdminClient, args: argparse.Namespace) -> int:
         return _fail(f"invalid plan: {exc}", EXIT_BAD_PLAN)
     # every mode refuses a plan naming what does not exist (Kafka's tool does too); --cancel
     # ignores the replicas, and --verify reports a target that is gone (removed) per partition
-    problem = _check_plan(admin, entries, brokers=args.execute)
+    # one Metadata request for the plan's topics: it names the brokers too, and --execute
+    # prints the rollback plan from the same answer (a move's time counts from the command's
+    # start: docs/cli.md)
+    md = admin.metadata(sorted({e.tp.topic for e in entries}))
+    problem = _check_plan(md, entries, brokers=args.execute)
     if problem:
         return _fail(f"invalid plan: {problem}", EXIT_BAD_PLAN)
     if args.execute:
@@ -180,7 +186,7 @@ def _with_plan(admin: AdminClient, args: argparse.Namespace) -> int:
                 "the broker each partition moves to",
                 EXIT_BAD_PLAN,
             )
-        return _execute(admin, entries, args)
+        return _execute(admin, md, entries, args)
     if args.verify:
         return _verify(admin, entries, args)
     return _cancel(admin, entries, args)
@@ -191,13 +197,10 @@ def _fail(message: str, code: int = EXIT_FAILED) -> int:
     return code
 
 
-def _check_plan(
-    admin: AdminClient, entries: list[PlanEntry], *, brokers: bool = True
-) -> str | None:
-    """Kafka's tool refuses a plan naming unknown brokers or partitions before sending it."""
-    known = set(admin.brokers())
-    topics = sorted({e.tp.topic for e in entries})
-    md = admin.metadata(topics)
+def _check_plan(md: Any, entries: list[PlanEntry], *, brokers: bool = True) -> str | None:
+    """Kafka's tool refuses a plan naming unknown brokers or partitions before sending it.
+    `md`: the Metadata answer for the plan's topics."""
+    known = {b.node_id for b in md.brokers}
     counts = {t.name: len(t.partitions) for t in md.topics if t.error_code == 0}
     problems = []
     for e in entries:
@@ -271,11 +274,15 @@ def topics_to_move(text: str) -> list[str]:
     return topics
 
 
-def _execute(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namespace) -> int:
+def _execute(
+    admin: AdminClient, md: Any, entries: list[PlanEntry], args: argparse.Namespace
+) -> int:
     from tidalmq_core.reassignment import format_plan
 
+    from tidalmq_broker.admin_client import assignment_of
+
     as_json = wants_json(args)
-    current = admin.assignment(sorted({e.tp.topic for e in entries}))
+    current = assignment_of(md)
     rollback = {tp: r[0] for tp, r in current.items() if tp in {e.tp for e in entries}}
     if not as_json:
         print("Current partition replica assignment\n")

@@ -25,8 +25,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tidalmq_core.model import TopicPartition
 
@@ -57,8 +56,11 @@ class NoReassignmentInProgress(ValueError):
     """Cancel of a partition that is not moving (NO_REASSIGNMENT_IN_PROGRESS)."""
 
 
-@dataclass(frozen=True, slots=True)
-class PlanEntry:
+class PlanEntry(NamedTuple):
+    """One partition of a plan. A NamedTuple, not a dataclass: `tidalmq reassign` imports this
+    module, and dataclasses imports inspect, ast, dis and tokenize (~8 ms of a command's
+    start, docs/cli.md)."""
+
     tp: TopicPartition
     target: int | None  # None: cancel the move in progress
 
