@@ -369,16 +369,24 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: flo
 
 class MetadataWatch:
     """Polls a topic's metadata every ``interval`` s in a thread, keeping every change with the
-    client-side time it was first seen."""
+    client-side time it was first seen. After hurry(s), for s seconds, the polls follow each
+    other back to back (one request in flight, ~1 ms apart), so a change then is timed to a
+    millisecond or two rather than to ``interval``; otherwise every ``interval`` (a move of
+    seconds is not loaded with hundreds of Metadata requests a second, nor the machine's
+    cores with the polling)."""
 
     def __init__(self, bootstrap: str, topic: str, interval: float = 0.02) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.interval = interval
+        self._fast_until = 0.0
         self.history: list[tuple[float, dict[int, tuple[int, tuple[int, ...]]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._client = admin(bootstrap)
+
+    def hurry(self, seconds: float) -> None:
+        self._fast_until = time.monotonic() + seconds
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -386,7 +394,7 @@ class MetadataWatch:
                 state = partition_states(self.bootstrap, self.topic, self._client)
                 if state and (not self.history or self.history[-1][1] != state):
                     self.history.append((time.time(), state))
-            self._stop.wait(self.interval)
+            self._stop.wait(0 if time.monotonic() < self._fast_until else self.interval)
 
     def start(self) -> MetadataWatch:
         self._thread.start()
@@ -452,6 +460,7 @@ def run_reassign_execute(
     plan: Mapping[str, Any] | None = None,
     tidalmq_cli: bool = False,
     additional: bool = False,
+    on_submitted: Callable[[], None] | None = None,
 ) -> ToolRun:
     """``kafka-reassign-partitions --execute`` (or ``tidalmq reassign --execute``, its TidalMQ
     counterpart, when ``tidalmq_cli``), streaming its output to timestamp the submission.
@@ -488,6 +497,8 @@ def run_reassign_execute(
             lines.append(line)
             if submitted is None and "Successfully started partition reassignment" in line:
                 submitted = time.time()
+                if on_submitted is not None:
+                    on_submitted()
         rc = proc.wait(300)
         return ToolRun(tool, rc, launched, time.time(), submitted, "".join(lines))
 

@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidalmq_broker.cli_args import add_output, bootstrap_servers, id_list, print_json, wants_json
@@ -164,7 +163,7 @@ def _with_plan(admin: AdminClient, args: argparse.Namespace) -> int:
     if not plan_file:
         return _fail("a plan file is required (--reassignment-json-file FILE)")
     try:
-        entries = parse_plan(Path(plan_file).read_text())
+        entries = parse_plan(_read(plan_file))
     except OSError as exc:
         return _fail(f"cannot read {plan_file}: {exc}")
     except InvalidPlan as exc:
@@ -190,6 +189,13 @@ def _with_plan(admin: AdminClient, args: argparse.Namespace) -> int:
     if args.verify:
         return _verify(admin, entries, args)
     return _cancel(admin, entries, args)
+
+
+def _read(path: str) -> str:
+    """A plan's text (open(), not pathlib: pathlib imports urllib.parse, ipaddress and fnmatch
+    at a move's start, docs/cli.md)."""
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def _fail(message: str, code: int = EXIT_FAILED) -> int:
@@ -222,7 +228,7 @@ def _generate(admin: AdminClient, args: argparse.Namespace) -> int:
     if not args.topics_to_move_json_file or not args.broker_list:
         return _fail("--generate needs --topics-to-move-json-file and --broker-list")
     try:
-        topics = topics_to_move(Path(args.topics_to_move_json_file).read_text())
+        topics = topics_to_move(_read(args.topics_to_move_json_file))
     except OSError as exc:
         return _fail(f"cannot read {args.topics_to_move_json_file}: {exc}")
     except ValueError as exc:
