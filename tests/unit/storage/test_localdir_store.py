@@ -125,6 +125,47 @@ async def test_a_put_of_parts_survives_partial_writes_and_iov_max(
     await store.close()
 
 
+async def test_a_large_put_is_written_back_piece_by_piece(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put of write_behind_min_bytes or more leaves at most write_behind_bytes of its
+    temporary file unwritten-back at any time (an fdatasync after each piece), so other
+    fsyncs of the filesystem never wait behind a whole segment's dirty pages; a smaller put
+    is written in one go, then made durable once."""
+    events: list[tuple[str, int]] = []
+    real_writev, real_fdatasync = os.writev, os.fdatasync
+
+    def writev(fd: int, buffers: list[memoryview]) -> int:
+        assert all(len(b) for b in buffers)
+        n = real_writev(fd, buffers[:3])  # short writes too: at most 3 buffers at a time
+        events.append(("write", n))
+        return n
+
+    def fdatasync(fd: int) -> None:
+        events.append(("sync", 0))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "writev", writev)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    store = LocalDirObjectStore(tmp_path, write_behind_bytes=1000, write_behind_min_bytes=5000)
+    parts = [bytes([i % 251]) * (37 + i * 11) for i in range(45)]  # 12,375 bytes, odd sizes
+    await store.put("seg/big", parts, if_none_match=True)
+    assert (tmp_path / "seg/big").read_bytes() == b"".join(parts)
+    unsynced = most = 0
+    for kind, n in events:
+        unsynced = 0 if kind == "sync" else unsynced + n
+        most = max(most, unsynced)
+    assert most <= 1000
+    assert [kind for kind, _ in events].count("sync") == 12  # 12 whole pieces, then the rest
+
+    events.clear()
+    small = [b"x" * 1000] * 4
+    await store.put("wal/small", small, if_none_match=True)
+    assert (tmp_path / "wal/small").read_bytes() == b"".join(small)
+    assert [kind for kind, _ in events].count("sync") == 0
+    await store.close()
+
+
 async def test_reads_of_missing_keys_leave_no_reference_cycles(tmp_path: Path) -> None:
     """A new broker opening partitions never written reads a checkpoint that is not there,
     once per partition. Raised in the store's thread, each miss left a reference cycle (the
