@@ -380,6 +380,7 @@ class MetadataWatch:
         self.topic = topic
         self.interval = interval
         self._fast_until = 0.0
+        self._hurried = threading.Event()  # wakes the poller out of its interval's wait
         self.history: list[tuple[float, dict[int, tuple[int, tuple[int, ...]]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -387,6 +388,7 @@ class MetadataWatch:
 
     def hurry(self, seconds: float) -> None:
         self._fast_until = time.monotonic() + seconds
+        self._hurried.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -394,7 +396,9 @@ class MetadataWatch:
                 state = partition_states(self.bootstrap, self.topic, self._client)
                 if state and (not self.history or self.history[-1][1] != state):
                     self.history.append((time.time(), state))
-            self._stop.wait(0 if time.monotonic() < self._fast_until else self.interval)
+            if time.monotonic() >= self._fast_until:
+                self._hurried.wait(self.interval)
+                self._hurried.clear()
 
     def start(self) -> MetadataWatch:
         self._thread.start()
@@ -402,6 +406,7 @@ class MetadataWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        self._hurried.set()
         self._thread.join(10)
 
     def latest(self) -> dict[int, tuple[int, tuple[int, ...]]]:
