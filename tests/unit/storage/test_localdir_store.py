@@ -125,44 +125,71 @@ async def test_a_put_of_parts_survives_partial_writes_and_iov_max(
     await store.close()
 
 
+@pytest.mark.parametrize("writeback", ["sync_file_range", "fdatasync"])
 async def test_a_large_put_is_written_back_piece_by_piece(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writeback: str
 ) -> None:
-    """A put of write_behind_min_bytes or more leaves at most write_behind_bytes of its
-    temporary file unwritten-back at any time (an fdatasync after each piece), so other
-    fsyncs of the filesystem never wait behind a whole segment's dirty pages; a smaller put
-    is written in one go, then made durable once."""
-    events: list[tuple[str, int]] = []
+    """A put of write_behind_min_bytes or more is written in pieces of write_behind_bytes whose
+    writeback is waited for as the file grows (sync_file_range: each piece's started, the one
+    before it waited for; without it an fdatasync per piece), so at most two pieces of it are
+    ever dirty and other fsyncs of the filesystem never wait behind a whole segment; a smaller
+    put is written in one go, then made durable once."""
+    from tidalmq_broker.storage.objectstore import localdir
+
+    events: list[tuple[str, int, int]] = []
     real_writev, real_fdatasync = os.writev, os.fdatasync
+    real_sfr = localdir._libc_sync_file_range
 
     def writev(fd: int, buffers: list[memoryview]) -> int:
         assert all(len(b) for b in buffers)
         n = real_writev(fd, buffers[:3])  # short writes too: at most 3 buffers at a time
-        events.append(("write", n))
+        events.append(("write", n, 0))
         return n
 
     def fdatasync(fd: int) -> None:
-        events.append(("sync", 0))
+        events.append(("fdatasync", 0, 0))
         real_fdatasync(fd)
+
+    def sync_file_range(fd: int, start: int, size: int, flags: int) -> int:
+        events.append(("wait" if flags & 4 else "start", start, size))
+        return real_sfr(fd, start, size, flags) if real_sfr is not None else 0
 
     monkeypatch.setattr(os, "writev", writev)
     monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(
+        localdir,
+        "_libc_sync_file_range",
+        sync_file_range if writeback == "sync_file_range" else None,
+    )
     store = LocalDirObjectStore(tmp_path, write_behind_bytes=1000, write_behind_min_bytes=5000)
     parts = [bytes([i % 251]) * (37 + i * 11) for i in range(45)]  # 12,375 bytes, odd sizes
     await store.put("seg/big", parts, if_none_match=True)
     assert (tmp_path / "seg/big").read_bytes() == b"".join(parts)
-    unsynced = most = 0
-    for kind, n in events:
-        unsynced = 0 if kind == "sync" else unsynced + n
-        most = max(most, unsynced)
-    assert most <= 1000
-    assert [kind for kind, _ in events].count("sync") == 12  # 12 whole pieces, then the rest
+    written = settled = most = 0  # bytes written, bytes whose writeback was waited for
+    for kind, n, size in events:
+        if kind == "write":
+            written += n
+        elif kind == "fdatasync":
+            settled = written
+        elif kind == "wait":
+            settled = n + size  # the piece [start, start + size) and all before it
+        most = max(most, written - settled)
+    assert most <= 2000  # never more than two pieces' bytes dirty or in flight
+    kinds = [kind for kind, _, _ in events]
+    if writeback == "sync_file_range":  # 12 whole pieces started, each but the first's
+        # predecessor waited for
+        assert (kinds.count("start"), kinds.count("wait"), kinds.count("fdatasync")) == (12, 11, 0)
+        assert [(s, z) for k, s, z in events if k == "start"] == [
+            (i * 1000, 1000) for i in range(12)
+        ]
+    else:
+        assert kinds.count("fdatasync") == 12
 
     events.clear()
     small = [b"x" * 1000] * 4
     await store.put("wal/small", small, if_none_match=True)
     assert (tmp_path / "wal/small").read_bytes() == b"".join(small)
-    assert [kind for kind, _ in events].count("sync") == 0
+    assert [k for k, _, _ in events if k != "write"] == []
     await store.close()
 
 
