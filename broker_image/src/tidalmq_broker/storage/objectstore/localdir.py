@@ -36,11 +36,12 @@ Write-behind: a put of `write_behind_min_bytes` or more (8 MiB: compaction's seg
 WAL objects of the produce path, which flush_bytes keeps near 4 MiB) writes its temporary file
 in pieces of `write_behind_bytes` (1 MiB): the writeback of each starts as it is written
 (sync_file_range, no journal commit; an fdatasync where there is none) and is waited for before
-the next piece's, as RocksDB's bytes_per_sync does. Written whole and then fsynced, a 64 MiB segment left up to 64
-MiB of dirty pages that every other fsync and syncfs of the filesystem (the WAL's, a move's
-clean checkpoint, the controller's metadata log) waited behind: checkpoints of 30-50 ms
-instead of 7 while a broker compacted the gigabyte it had just taken
-(docs/architecture/partition-move.md, "A move right after a large write").
+the next piece's, as RocksDB's bytes_per_sync does. Written whole and then fsynced, a 64 MiB
+segment left up to 64 MiB of dirty pages that every other fsync and syncfs of the filesystem
+(the WAL's, a move's clean checkpoint, the controller's metadata log) waited behind:
+checkpoints of 30-50 ms instead of 7-20 while a broker compacted the gigabyte it had just
+taken (docs/architecture/partition-move.md, "A move right after a large write").
+
 The parent directories known to exist are remembered instead of created before every put; a
 delete may remove an empty one (here or in another process), so a put whose rename finds no
 parent creates it again and retries.
