@@ -139,28 +139,30 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
 _libc_sync_file_range: Callable[[int, int, int, int], int] | None = _load_sync_file_range()
 
 
-def _write_back(fd: int, start: int, size: int, previous: tuple[int, int] | None) -> None:
-    """Start the writeback of [start, start + size) and wait for that of the piece before it,
-    so at most two pieces of the file are ever dirty or in flight. (Durability is still the
-    caller's fsync or syncfs at the end; a writeback error shows there too.)"""
+def _write_back(fd: int, start: int, size: int) -> None:
+    """Start the writeback of the piece [start, start + size) and wait for that of the piece
+    of the same size before it, so at most two pieces of the file are ever dirty or in flight.
+    (Durability is still the caller's fsync or syncfs at the end; a writeback error shows there
+    too.)"""
     sfr = _libc_sync_file_range
     if sfr is None:
         os.fdatasync(fd)
         return
-    if sfr(fd, start, size, _SFR_WRITE) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sync_file_range: {os.strerror(err)}")
-    if previous is not None:
+    _libc_ok(sfr(fd, start, size, _SFR_WRITE), "sync_file_range")
+    if start:
         wait = _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER
-        if sfr(fd, previous[0], previous[1], wait) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"sync_file_range: {os.strerror(err)}")
+        _libc_ok(sfr(fd, start - size, size, wait), "sync_file_range")
+
+
+def _libc_ok(rc: int, call: str) -> None:
+    """A libc call's -1 as the OSError of its errno (EIO if it left none)."""
+    if rc != 0:
+        err = ctypes.get_errno() or errno.EIO
+        raise OSError(err, f"{call}: {os.strerror(err)}")
 
 
 def _syncfs(fn: Callable[[int], int], fd: int) -> None:
-    if fn(fd) != 0:
-        err = ctypes.get_errno() or errno.EIO
-        raise OSError(err, f"syncfs: {os.strerror(err)}")
+    _libc_ok(fn(fd), "syncfs")
 
 
 def _fsync_dir(path: str) -> None:
@@ -185,8 +187,7 @@ def _write_all(fd: int, parts: list[memoryview], write_behind: int = 0) -> None:
         return
     piece: list[memoryview] = []
     room = write_behind
-    offset = 0
-    previous: tuple[int, int] | None = None
+    offset = 0  # where the piece being gathered starts in the file
     for part in parts:
         while part:
             take = part[:room]
@@ -195,8 +196,7 @@ def _write_all(fd: int, parts: list[memoryview], write_behind: int = 0) -> None:
             room -= len(take)
             if room == 0:
                 _writev_all(fd, piece)
-                _write_back(fd, offset, write_behind, previous)
-                previous = (offset, write_behind)
+                _write_back(fd, offset, write_behind)
                 offset += write_behind
                 piece, room = [], write_behind
     if piece:
