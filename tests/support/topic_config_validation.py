@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 import uuid
 import warnings
-from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -24,6 +23,8 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
+
+from tests.support.waiting import wait_for
 
 KAFKA_ACCEPTS: list[dict[str, str]] = [
     {"segment.bytes": "1048576"},
@@ -380,16 +381,16 @@ def check_alter_configs(bootstrap: str) -> None:
         entries = describe_topic_configs(admin, topic)
         return {name: entry.value for name, entry in entries.items()}
 
-    def described_once(check: Callable[[dict[str, str | None]], bool]) -> dict[str, str | None]:
-        """The configs once `check` holds: a broker applies an accepted change from the
-        metadata log a moment after the answer (Kafka's DescribeConfigs showed the old value
-        right after a successful IncrementalAlterConfigs, once in a CI run); at most 10 s."""
-        deadline = time.monotonic() + 10
-        while True:
-            now = described()
-            if check(now) or time.monotonic() > deadline:
-                return now
-            time.sleep(0.05)
+    def shows(name: str, value: str) -> None:
+        """Until DescribeConfigs shows the accepted change: a broker applies it from the
+        metadata log a moment after the answer (Kafka described the old value right after a
+        successful IncrementalAlterConfigs, once in a CI run)."""
+        wait_for(
+            f"DescribeConfigs shows {name}={value}",
+            lambda: described()[name] == value,
+            timeout_s=10,
+            poll_s=0.05,
+        )
 
     set_ = AlterConfigOpType.SET
     assert described()["internal.segment.bytes"] == "4096"
@@ -411,15 +412,17 @@ def check_alter_configs(bootstrap: str) -> None:
         "configured with remote log storage."
     )
     assert incremental("preallocate", "True", set_) is None
-    assert described_once(lambda d: d["preallocate"] == "true")["preallocate"] == "true"
+    shows("preallocate", "true")
+    assert described()["preallocate"] == "true"
     assert incremental("internal.segment.bytes", "8192", set_) is None
-    now = described_once(lambda d: d["internal.segment.bytes"] == "8192")
-    assert now["internal.segment.bytes"] == "8192"
+    shows("internal.segment.bytes", "8192")
+    assert described()["internal.segment.bytes"] == "8192"
     assert replace({"segment.ms": "0"}) == "INVALID_CONFIG: " + _invalid(
         "0", "segment.ms", "Value must be at least 1"
     )
     assert replace({"segment.bytes": "2097152"}) is None
-    after = described_once(lambda d: d["segment.bytes"] == "2097152")
+    shows("segment.bytes", "2097152")
+    after = described()
     assert after["segment.bytes"] == "2097152"
     assert "internal.segment.bytes" not in after  # AlterConfigs replaces them all
 
