@@ -194,6 +194,24 @@ def test_execute_checks_the_plan_and_prints_the_rollback_from_one_metadata_answe
     assert "Successfully started partition reassignment for orders-0" in out
 
 
+def test_verify_reads_replicas_leaders_and_brokers_from_one_metadata_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`reassign --verify`: the plan's check, the moves in flight, then one Metadata request
+    for replicas, leaders and brokers (one snapshot, not three requests that a move could
+    straddle)."""
+    with FakeBroker() as broker:
+        plan = {"version": 1, "partitions": [{"topic": "orders", "partition": 0, "replicas": [1]}]}
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump(plan, f)
+            f.flush()
+            args = ["--bootstrap-server", broker.address, "--reassignment-json-file", f.name]
+            code = cli.main(["reassign", "--verify", *args])
+    assert code == 0
+    assert broker.requests == [3, 46, 3]  # Metadata, ListPartitionReassignments, Metadata
+    assert "Reassignment of partition orders-0 is completed" in capsys.readouterr().out
+
+
 def test_a_broker_loads_the_controllers_client_but_not_the_controller(tmp_path: Path) -> None:
     """What `tidalmq broker` imports to serve (local/spare_process.py loads the same), then the names
     a broker uses from the facade: the client and the records' types."""

@@ -59,6 +59,15 @@ def assignment_of(md: Any) -> dict[TopicPartition, list[int]]:
     return out
 
 
+def leaders_of(md: Any) -> dict[TopicPartition, int]:
+    """Each partition's leader in a Metadata answer."""
+    return {
+        TopicPartition(t.name, p.partition_index): p.leader_id
+        for t in md.topics
+        for p in t.partitions
+    }
+
+
 class AdminClient:
     def __init__(
         self, bootstrap: str, *, timeout_s: float = 30.0, security: ClientSecurity | None = None
@@ -240,12 +249,7 @@ class AdminClient:
         return assignment_of(self.metadata(topics))
 
     def leaders(self, topics: list[str] | None = None) -> dict[TopicPartition, int]:
-        md = self.metadata(topics)
-        return {
-            TopicPartition(t.name, p.partition_index): p.leader_id
-            for t in md.topics
-            for p in t.partitions
-        }
+        return leaders_of(self.metadata(topics))
 
     def brokers(self) -> list[int]:
         return sorted(b.node_id for b in self.metadata([]).brokers)

@@ -370,13 +370,16 @@ def verify_status(
 def _verify(admin: AdminClient, entries: list[PlanEntry], args: argparse.Namespace) -> int:
     """Kafka's per-partition status lines, then how far the plan is: done, in flight (with
     what each move is adding and removing), and not started or elsewhere."""
+    from tidalmq_broker.admin_client import assignment_of, leaders_of
     from tidalmq_broker.progress import bar
 
     topics = sorted({e.tp.topic for e in entries})
     moving = admin.list_reassignments()
-    replicas = admin.assignment(topics)
-    leaders = admin.leaders(topics)
-    brokers = set(admin.brokers())
+    # replicas, leaders and brokers from one Metadata answer, after the list: one snapshot
+    md = admin.metadata(topics)
+    replicas = assignment_of(md)
+    leaders = leaders_of(md)
+    brokers = {b.node_id for b in md.brokers}
     wanted = [e for e in entries if e.target is not None]
     rows: list[dict[str, Any]] = []
     for e in wanted:
