@@ -174,6 +174,16 @@ CONTROLLER_ITSELF = (
 )
 
 
+def reassign_orders_0(broker: FakeBroker, mode: str, *, target: int) -> int:
+    """`tidalmq reassign MODE` in this process, with a plan moving orders-0 to `target`."""
+    plan = {"version": 1, "partitions": [{"topic": "orders", "partition": 0, "replicas": [target]}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(plan, f)
+        f.flush()
+        args = ["--bootstrap-server", broker.address, "--reassignment-json-file", f.name]
+        return cli.main(["reassign", mode, *args])
+
+
 def test_execute_checks_the_plan_and_prints_the_rollback_from_one_metadata_answer(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -181,12 +191,7 @@ def test_execute_checks_the_plan_and_prints_the_rollback_from_one_metadata_answe
     partitions and their replicas) and then the reassignment: each extra round trip is on the
     path from the command's start to the move's (docs/cli.md)."""
     with FakeBroker() as broker:
-        plan = {"version": 1, "partitions": [{"topic": "orders", "partition": 0, "replicas": [0]}]}
-        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-            json.dump(plan, f)
-            f.flush()
-            args = ["--bootstrap-server", broker.address, "--reassignment-json-file", f.name]
-            code = cli.main(["reassign", "--execute", *args])
+        code = reassign_orders_0(broker, "--execute", target=0)
     assert code == 0
     assert broker.requests == [3, 45]  # Metadata, AlterPartitionReassignments
     out = capsys.readouterr().out
@@ -201,12 +206,7 @@ def test_verify_reads_replicas_leaders_and_brokers_from_one_metadata_answer(
     for replicas, leaders and brokers (one snapshot, not three requests that a move could
     straddle)."""
     with FakeBroker() as broker:
-        plan = {"version": 1, "partitions": [{"topic": "orders", "partition": 0, "replicas": [1]}]}
-        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-            json.dump(plan, f)
-            f.flush()
-            args = ["--bootstrap-server", broker.address, "--reassignment-json-file", f.name]
-            code = cli.main(["reassign", "--verify", *args])
+        code = reassign_orders_0(broker, "--verify", target=1)
     assert code == 0
     assert broker.requests == [3, 46, 3]  # Metadata, ListPartitionReassignments, Metadata
     assert "Reassignment of partition orders-0 is completed" in capsys.readouterr().out
