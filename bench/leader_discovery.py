@@ -52,6 +52,21 @@ def metadata_requests(cluster: LocalClusterProcess) -> float:
     return total
 
 
+def handover_holds(cluster: LocalClusterProcess) -> dict[str, float]:
+    """Partitions of produce requests held through a handover, by outcome, on all brokers
+    (tidalmq_produce_handover_holds_total)."""
+    held: Counter[str] = Counter()
+    for row in cluster.status()["brokers"]:
+        url = f"http://127.0.0.1:{row['http_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("tidalmq_produce_handover_holds_total{"):
+                    outcome = re.search(r'outcome="([^"]+)"', line)
+                    if outcome is not None:
+                        held[outcome.group(1)] += float(line.rsplit(" ", 1)[1])
+    return {k: v for k, v in held.items() if v}
+
+
 def ask(java: subprocess.Popen[str], command: str) -> dict[str, Any]:
     assert java.stdin is not None and java.stdout is not None
     java.stdin.write(command + "\n")
@@ -64,9 +79,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pattern", choices=["idle", "stream"], default="stream")
     parser.add_argument("--moves", type=int, default=8)
+    parser.add_argument(
+        "--handover-wait-ms",
+        type=float,
+        default=None,
+        help="the brokers' produce_handover_wait_ms (0: a partition in a handover is answered "
+        "with its error at once, as before handover.py; default: the broker's default)",
+    )
     args = parser.parse_args()
+    env = {}
+    if args.handover_wait_ms is not None:
+        env["TIDALMQ_PRODUCE_HANDOVER_WAIT_MS"] = str(args.handover_wait_ms)
     with tempfile.TemporaryDirectory(prefix="leader-discovery-") as tmp:
-        cluster = LocalClusterProcess(Path(tmp) / "cluster", brokers=2)
+        cluster = LocalClusterProcess(Path(tmp) / "cluster", brokers=2, env=env)
         cluster.start()
         errors = Path(tmp) / "java.err"
         try:
@@ -118,6 +143,7 @@ def main() -> None:
             print(f"median {statistics.median(gaps):.1f} ms, worst {max(gaps):.1f} ms")
             answered = Counter(re.findall(r"Error: ([A-Z_]+)", errors.read_text()))
             print("the producer was answered:", dict(answered) or "no errors")
+            print("the brokers held through handovers:", handover_holds(cluster) or "nothing")
         finally:
             cluster.stop()
 

@@ -17,6 +17,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_broker.apis.api_versions import api_versions_body
 from tidalmq_broker.apis.kafka_registry import REGISTRY, supported_versions
 from tidalmq_broker.apis.metadata import AutoCreation, auto_creation
+from tidalmq_broker.handover import Handovers
 from tidalmq_broker.protocol.codec import (
     decode_request,
     decode_response,
@@ -159,6 +160,7 @@ def broker(*bindings: AclBinding, settings: BrokerSettings | None = None) -> Any
         advertised=[Endpoint("PLAINTEXT", "b0", 9092)],
         metadata_encodings=TopicEncodings(),
         groups=SimpleNamespace(partition_for=lambda key: 0),
+        handovers=Handovers(settings.broker_id),
     )
 
 

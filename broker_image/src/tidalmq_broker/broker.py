@@ -46,6 +46,7 @@ from tidalmq_broker.apis.registry import ApiTable
 from tidalmq_broker.consumer_lag import ConsumerLag
 from tidalmq_broker.groups.consumer_groups import ConsumerGroupSettings
 from tidalmq_broker.groups.coordinator import GroupCoordinator, GroupSettings
+from tidalmq_broker.handover import Handovers
 from tidalmq_broker.heartbeat_news import PendingLooks
 from tidalmq_broker.lifecycle import StopSteps
 from tidalmq_broker.liveness import LivenessThread
@@ -245,6 +246,8 @@ class Broker:
         )
         self.engine: ObjectStreamEngine | None = None
         self.partitions: PartitionManager = None  # type: ignore[assignment]  # set by start()
+        # produce appends held through partitions' handovers (moves, openings): handover.py
+        self.handovers = Handovers(self.broker_id)
         self.static_topics: StaticTopicService | None = None  # set by start()
         self._registered = False
         self._stopping = False
@@ -282,6 +285,7 @@ class Broker:
         )
         await self.engine.start()
         self.partitions = PartitionManager(self.engine, self.broker_id)
+        self.partitions.add_serving_listener(self.handovers.changed)
         consumer_lag.watch(self.consumer_lag)  # exported from now until stop()
         static = StaticTopicService(
             self.broker_id, lambda: self.metadata, self.partitions, self.engine.store
@@ -411,6 +415,7 @@ class Broker:
             except Exception as exc:
                 log.warning("drain through the controller failed (%s); closing locally", exc)
         self._stopping = True
+        self.handovers.release_all()  # answered now, not after their wait
         with steps.step("waiting for in-flight requests"):
             await self.listener.drain(self._stop_budget(deadline))
         if self._liveness is not None:
@@ -486,6 +491,7 @@ class Broker:
             self.engine.expect_identity(snapshot.cluster_id, snapshot.store_marker)
         if self.partitions is not None and not self._stopping:
             self.partitions.apply(snapshot)
+            self.handovers.everything_changed()
         self._metadata_changed.set()
 
     async def wait_metadata(self, version: int, timeout_s: float) -> bool:
@@ -540,6 +546,7 @@ class Broker:
                 self.engine.expect_identity(self.metadata.cluster_id, self.metadata.store_marker)
             if self.partitions is not None and not self._stopping:
                 self.partitions.apply_delta(self.metadata, delta)
+                self.handovers.metadata_changed(delta)
         return self.metadata.version
 
     async def drain(self, timeout_s: float) -> bool:

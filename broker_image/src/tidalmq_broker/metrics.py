@@ -136,6 +136,20 @@ LEADER_HINTS = Counter(
     "request, by API",
     ["broker", "api"],
 )
+HANDOVER_HOLDS = Counter(
+    "tidalmq_produce_handover_holds_total",
+    "Partitions of produce requests held through a handover (leaderless in this broker's "
+    "image, or opening here) instead of answered with an error, by how the hold ended: served "
+    "here, redirected (NOT_LEADER_OR_FOLLOWER naming the new leader), timed_out (answered with "
+    "the error it was held on), failed (another error)",
+    ["broker", "outcome"],
+)
+HANDOVER_HOLD_SECONDS = Histogram(
+    "tidalmq_produce_handover_hold_seconds",
+    "How long a partition of a produce request was held through a handover",
+    ["broker"],
+    buckets=_LATENCY_BUCKETS,
+)
 PRODUCE_ERRORS = Counter(
     "tidalmq_produce_errors_total", "Produce partition errors", ["topic", "error"]
 )

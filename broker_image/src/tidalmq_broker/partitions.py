@@ -59,6 +59,11 @@ class LeaderNotAvailable(Exception):
     """LEADER_NOT_AVAILABLE: this broker will lead the partition once it has opened it."""
 
 
+class PartitionOpening(LeaderNotAvailable):
+    """LEADER_NOT_AVAILABLE while this broker opens a partition it was elected to lead (a
+    produce request's append is held until it opens: handover.py)."""
+
+
 class UnknownPartition(Exception):
     """UNKNOWN_TOPIC_OR_PARTITION"""
 
@@ -177,6 +182,7 @@ class PartitionManager:
         self._slice_ends = 0.0  # see _may_work
         self._turn_pending = False
         self._hooks: list[PartitionHook] = []
+        self._serving_listeners: list[Callable[[TopicPartition], None]] = []
         self._reports: list[PartitionReport] = []
         self._stopping = False
         self.open_seconds: list[float] = []  # recent open durations (for metrics/benchmarks)
@@ -221,6 +227,12 @@ class PartitionManager:
 
     def add_hook(self, hook: PartitionHook) -> None:
         self._hooks.append(hook)
+
+    def add_serving_listener(self, listener: Callable[[TopicPartition], None]) -> None:
+        """Called synchronously when a partition's state here changes for a client: opened
+        (it serves from now; before the open hooks), or found lost. Appends held through the
+        handover (handover.py) are started in that same step, ahead of any later request."""
+        self._serving_listeners.append(listener)
 
     def add_report(self, report: PartitionReport) -> None:
         self._reports.append(report)
@@ -324,7 +336,7 @@ class PartitionManager:
             )
         if plog is None or plog.leader_epoch != wish.epoch:
             self._hurry(tp)
-            raise LeaderNotAvailable(f"{tp} is opening on this broker")
+            raise PartitionOpening(f"{tp} is opening on this broker")
         return plog
 
     def _hurry(self, tp: TopicPartition) -> None:
@@ -718,6 +730,8 @@ class PartitionManager:
                 return
             if self._lost.pop(tp, None) is not None:
                 log.warning("%s: serving again at offset %d", tp, plog.high_watermark)
+            for listener in self._serving_listeners:
+                listener(tp)
             self.open_seconds.append(time.perf_counter() - started)
             del self.open_seconds[:-1000]
             log.debug(
@@ -769,6 +783,8 @@ class PartitionManager:
             assert previous is not None
             loss = previous.loss  # detected when first found
         self._lost[tp] = LostPartition(wish.attempt, loss, time.monotonic() + LOST_RETRY_S)
+        for listener in self._serving_listeners:
+            listener(tp)  # held appends are answered KAFKA_STORAGE_ERROR now
         if same:
             assert previous is not None
             if previous.attempt != wish.attempt:  # a new epoch: the controller needs it

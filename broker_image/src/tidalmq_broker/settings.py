@@ -213,6 +213,13 @@ class BrokerSettings:
     drain_on_stop: bool = field(
         default=True, metadata={"help": "on SIGTERM move partitions to other brokers first"}
     )
+    produce_handover_wait_ms: float = field(
+        default=1000.0,
+        metadata={
+            "help": "how long a produce request's partition is held while it is handed over "
+            "(leaderless, or opening here) before it is answered with the error (0: at once)"
+        },
+    )
     # the storage engine's settings: every field of StorageConfig, by the same name
     flush_interval_ms: float = field(default=5.0, metadata={"help": "WAL flush window"})
     flush_bytes: int = field(default=_STORAGE.flush_bytes, metadata={"help": "flush at this size"})

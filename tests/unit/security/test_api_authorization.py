@@ -13,6 +13,7 @@ from typing import Any
 import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
 from kio.schema.errors import ErrorCode
 from tidalmq_broker.apis.kafka_registry import REGISTRY, supported_versions
+from tidalmq_broker.handover import Handovers
 from tidalmq_broker.protocol.codec import (
     decode_request,
     decode_response,
@@ -69,10 +70,11 @@ def broker(*bindings: AclBinding) -> Any:
         metadata=meta,
         authorizer=authorizer,
         controller=Controller(),
-        settings=SimpleNamespace(auto_create_topics=False),
+        settings=SimpleNamespace(auto_create_topics=False, produce_handover_wait_ms=1000.0),
         controller_id_for_clients=lambda: 0,
         partitions=SimpleNamespace(get_log=lambda tp: None),
         metadata_encodings=TopicEncodings(),
+        handovers=Handovers(0),
     )
 
 

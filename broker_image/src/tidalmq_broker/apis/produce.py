@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from tidalmq_core.acls import AclOperation, ResourceType
-from tidalmq_core.metadata import INTERNAL_TOPICS, TRANSACTION_VERSION
+from tidalmq_core.metadata import INTERNAL_TOPICS, NO_LEADER, TRANSACTION_VERSION
 from tidalmq_core.model import TopicPartition
 from tidalmq_core.topics import LONG_MAX, ProduceRules
 
 from tidalmq_broker.apis.errors import KafkaError, error_code, error_message
 from tidalmq_broker.apis.kafka_registry import api
 from tidalmq_broker.apis.leader_hints import current_leaders
+from tidalmq_broker.partitions import LeaderNotAvailable, NotLeader, PartitionOpening
 from tidalmq_broker.protocol import records
 from tidalmq_broker.protocol.codec import Request
 from tidalmq_broker.protocol.fastpath import (
@@ -104,6 +105,13 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                 )
     else:
         authorizer = broker.authorizer
+        handovers = broker.handovers
+        # a partition in a handover is held at most this long (handover.py), and never past
+        # half of the time the request may take
+        hold_s = min(
+            broker.settings.produce_handover_wait_ms / 1000,
+            _answer_within(body.timeout.total_seconds()) / 2,
+        )
         for topic in body.topic_data:
             if not authorizer.allows(conn, AclOperation.WRITE, ResourceType.TOPIC, topic.name):
                 for part in topic.partition_data:
@@ -126,11 +134,20 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             info = broker.metadata.topics.get(topic.name)
             compacted, bounds, log_append_time = _NO_RULES if info is None else info.produce_rules()
             for part in topic.partition_data:
+                tp = TopicPartition(topic.name, part.index)
+                # None: held through its handover (and so behind the appends of it held
+                # already, in arrival order)
+                plog: PartitionLog | None = None
+                held_on: Exception | None = None  # why it is held (None: behind others)
                 try:
-                    plog = broker.partitions.get_log(TopicPartition(topic.name, part.index))
+                    if not handovers.holding(tp):
+                        plog = broker.partitions.get_log(tp)
                 except Exception as exc:
-                    entries.append((topic.name, part.index, error_code(exc), error_message(exc), 0))
-                    continue
+                    if hold_s <= 0 or not _handing_over(broker, tp, exc):
+                        code = error_code(exc)
+                        entries.append((topic.name, part.index, code, error_message(exc), 0))
+                        continue
+                    held_on = exc
                 if part.records is None or not part.records:
                     entries.append(
                         (topic.name, part.index, ErrorCode.corrupt_message, "no records", 0)
@@ -157,8 +174,13 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                         continue
                 # the records are a view of this request's own frame buffer (when large
                 # enough to have one): the log patches offsets in place instead of copying
-                outcome = _append(broker, plog, part.records, acks, body.transactional_id,
-                                  request.api_version, headers)  # fmt: skip
+                outcome: Outcome
+                if plog is None:
+                    outcome = _hold(broker, tp, hold_s, held_on, part.records, acks,
+                                    body.transactional_id, request.api_version, headers)  # fmt: skip
+                else:
+                    outcome = _append(broker, plog, part.records, acks, body.transactional_id,
+                                      request.api_version, headers)  # fmt: skip
                 entries.append((topic.name, part.index, outcome, None, len(part.records)))
     if acks == 0:
         for _, _, outcome, _, _ in entries:
@@ -177,6 +199,9 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
         answered: ProducePartition
         if isinstance(outcome, ErrorCode):
             answered = (index, outcome.value, -1, -1, -1, message)
+            if outcome in _LEADERSHIP_ERRORS and topic_name in broker.metadata.topics:
+                # counted per topic for topics that exist only (a client names any topic)
+                broker.metrics.produce_errors(topic_name, outcome.name)
         else:
             result = _result(outcome)
             if isinstance(result, BaseException):
@@ -221,6 +246,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
 
 
 _NOT_LEADER = ErrorCode.not_leader_or_follower.value
+_LEADERSHIP_ERRORS = (ErrorCode.not_leader_or_follower, ErrorCode.leader_not_available)
 PRODUCE_IMPLICIT_ADD_FROM = 12  # KIP-890 part 2
 
 
@@ -342,6 +368,95 @@ def _append(
     return asyncio.ensure_future(
         verifier.gate(plog.tp, transactional_id, pid, epoch, enqueue, add=add)
     )
+
+
+def _handing_over(broker: Broker, tp: TopicPartition, exc: Exception) -> bool:
+    """Whether `exc`, why `tp` cannot be appended to here now, is a handover that ends by
+    itself in a moment: the partition opening here, or leaderless in this broker's image (its
+    move between the close on its source and the election of its target)."""
+    if isinstance(exc, PartitionOpening):
+        return True
+    if not isinstance(exc, NotLeader):
+        return False
+    topic = broker.metadata.topics.get(tp.topic)
+    if topic is None or topic.kind == "static" or not 0 <= tp.partition < len(topic.partitions):
+        return False
+    return topic.partitions[tp.partition].leader == NO_LEADER
+
+
+def _hold(
+    broker: Broker,
+    tp: TopicPartition,
+    wait_s: float,
+    held_on: Exception | None,
+    data: memoryview | bytes,
+    acks: int,
+    transactional_id: str | None,
+    version: int,
+    headers: list[records.BatchHeader] | None,
+) -> asyncio.Future[AppendResult]:
+    """Hold the append of `data` to `tp` through its handover (handover.py): started when the
+    partition serves here, answered NOT_LEADER_OR_FOLLOWER when the image names another leader
+    (the response then names it), or past `wait_s` with the error it was held on (`held_on`;
+    None when it was held behind other appends of `tp`)."""
+    handovers = broker.handovers
+    answer: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+    # answered past its wait: the error it was last held on
+    last = [held_on or LeaderNotAvailable(f"{tp} is being handed over")]
+    held_at = time.monotonic()
+
+    def retry() -> bool:
+        if answer.done():
+            return True
+        try:
+            plog = broker.partitions.get_log(tp)
+        except Exception as exc:
+            if _handing_over(broker, tp, exc):
+                last[0] = exc
+                return False
+            answer.set_exception(exc)
+            outcome = "redirected" if isinstance(exc, NotLeader) else "failed"
+            handovers.settled(outcome, held_at)
+            return True
+        handovers.settled("served", held_at)
+        _settle(answer, _append(broker, plog, data, acks, transactional_id, version, headers))
+        return True
+
+    def expire() -> None:
+        if not answer.done():
+            answer.set_exception(last[0])
+
+    handovers.hold(tp, retry, expire, wait_s)
+    return answer
+
+
+def _settle(answer: asyncio.Future[AppendResult], outcome: Outcome) -> None:
+    """Complete `answer` as the append `outcome` completes."""
+    if isinstance(outcome, ErrorCode):
+        answer.set_exception(KafkaError(outcome, None))
+    elif isinstance(outcome, BaseException):
+        answer.set_exception(outcome)
+    elif isinstance(outcome, Acknowledgement):
+        durable, result = outcome.durable, outcome.result
+        if durable is None:
+            answer.set_result(result)
+        else:
+            durable.add_done_callback(lambda d: _copy(d, answer, result))
+    else:
+        outcome.add_done_callback(lambda d: _copy(d, answer, None))
+
+
+def _copy(
+    done: asyncio.Future[Any], answer: asyncio.Future[AppendResult], result: AppendResult | None
+) -> None:
+    if answer.done():
+        return
+    if done.cancelled():
+        answer.set_exception(ObjectStoreUnavailable("the append was cancelled"))
+    elif done.exception() is not None:
+        answer.set_exception(done.exception())  # type: ignore[arg-type]
+    else:
+        answer.set_result(done.result() if result is None else result)
 
 
 def _start(
