@@ -11,6 +11,8 @@ A two-broker local cluster, one partition moved back and forth; Kafka's Java pro
   acknowledgement is the gap the move left in its stream.
 
     .venv/bin/python -m bench.leader_discovery --pattern stream --moves 8
+    .venv/bin/python -m bench.leader_discovery --client confluent --moves 8
+    .venv/bin/python -m bench.leader_discovery --moves 8 --handover-wait-ms 0   # no holds
 
 Prints one line per move and a summary; also the Java producer's errors by code (what it was
 answered while the partition moved). Measured figures and what they mean: docs/performance.md,
@@ -25,12 +27,14 @@ import re
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.kafka.harness import java_client_command
@@ -75,10 +79,72 @@ def ask(java: subprocess.Popen[str], command: str) -> dict[str, Any]:
     return answer
 
 
+def librdkafka_stream(cluster: LocalClusterProcess, moves: int) -> None:
+    """`--pattern stream` with librdkafka: a record every ~2 ms through each move; the slowest
+    produce-to-acknowledgement of the records sent during the move is its gap."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+    cluster.wait_settled()
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+        }
+    )
+    waits: list[tuple[float, float]] = []  # (sent, acknowledged), monotonic
+    errors: Counter[str] = Counter()
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+
+            def acked(err: Any, _msg: Any, sent: float = sent) -> None:
+                if err is not None:
+                    errors[err.name()] += 1
+                else:
+                    waits.append((sent, time.monotonic()))
+
+            producer.produce(TOPIC, value=b"x" * 100, partition=0, on_delivery=acked)
+            producer.poll(0.002)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    gaps: list[float] = []
+    try:
+        time.sleep(1.0)
+        for i in range(moves):
+            source = cluster.leaders(TOPIC)[0]
+            target = 1 - source
+            started = time.monotonic()
+            cluster.reassign({(TOPIC, 0): target})
+            cluster.wait_settled()
+            time.sleep(0.5)
+            during = [acked - sent for sent, acked in list(waits) if sent >= started - 0.2]
+            gaps.append(max(during) * 1000)
+            print(f"move {i}: {source}->{target}: slowest acknowledgement {gaps[-1]:.0f} ms")
+    finally:
+        stop.set()
+        writer.join(10)
+        producer.flush(30)
+    print(f"median {statistics.median(gaps):.1f} ms, worst {max(gaps):.1f} ms")
+    print("delivery errors:", dict(errors) or "none")
+    print("the brokers held through handovers:", handover_holds(cluster) or "nothing")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pattern", choices=["idle", "stream"], default="stream")
     parser.add_argument("--moves", type=int, default=8)
+    parser.add_argument(
+        "--client",
+        choices=["java", "confluent"],
+        default="java",
+        help="java: Kafka's Java producer; confluent: librdkafka (confluent-kafka, "
+        "idempotent, acks=all, linger.ms 5, a record every 2 ms; --pattern stream only)",
+    )
     parser.add_argument(
         "--handover-wait-ms",
         type=float,
@@ -93,6 +159,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="leader-discovery-") as tmp:
         cluster = LocalClusterProcess(Path(tmp) / "cluster", brokers=2, env=env)
         cluster.start()
+        if args.client == "confluent":
+            try:
+                librdkafka_stream(cluster, args.moves)
+            finally:
+                cluster.stop()
+            return
         errors = Path(tmp) / "java.err"
         try:
             admin = AdminClient({"bootstrap.servers": cluster.bootstrap})

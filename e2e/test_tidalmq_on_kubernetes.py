@@ -48,7 +48,7 @@ from e2e.tidalmq_release import (
 )
 
 PARTITIONS = 24
-SCALE_IN_P99_TARGET_S = 1.0  # the issue's target
+SCALE_IN_P99_TARGET_S = 0.5  # [L1]'s target (reported met / NOT met, not asserted)
 SCALE_IN_P99_BOUND_S = 5.0  # asserted: catches regressions on a loaded 2-core CI machine
 READY_TO_SERVING_TARGET_S = 5.0  # the issue's target for 24 partitions, asserted
 
@@ -337,7 +337,7 @@ def test_fleet_changes_under_a_producer(
         figures(
             "scale_in_unavailability_p99_s",
             scale_in_p99,
-            f"per partition, {len(waits)} partitions; target <= {SCALE_IN_P99_TARGET_S:.0f} s: "
+            f"per partition, {len(waits)} partitions; target <= {SCALE_IN_P99_TARGET_S:.1f} s: "
             f"{verdict}; asserted <= {SCALE_IN_P99_BOUND_S:.0f} s",
         )
         figures("scale_in_unavailability_p50_s", statistics.median(waits.values()))
