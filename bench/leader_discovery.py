@@ -198,6 +198,7 @@ def main() -> None:
                     )
                 else:
                     assert java.stdin is not None and java.stdout is not None
+                    held = handover_holds(cluster)
                     java.stdin.write("flood 2500\n")
                     java.stdin.flush()
                     time.sleep(0.5)
@@ -205,9 +206,11 @@ def main() -> None:
                     answer = json.loads(java.stdout.readline())
                     cluster.wait_settled()
                     gaps.append(answer["slowest_micros"] / 1000)
+                    after = handover_holds(cluster)
                     print(
                         f"move {i}: {source}->{target}: slowest acknowledgement "
-                        f"{gaps[-1]:.0f} ms ({answer['records']} records)"
+                        f"{gaps[-1]:.0f} ms ({answer['records']} records); held: "
+                        f"{ {k: v - held.get(k, 0) for k, v in after.items() if v > held.get(k, 0)} }"
                     )
             assert java.stdin is not None
             java.stdin.close()
