@@ -29,7 +29,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -46,28 +45,13 @@ CHECK = Path(__file__).parent / "kafka" / "java" / "LeaderDiscoveryCheck.java"
 
 def metadata_requests(cluster: LocalClusterProcess) -> float:
     """Metadata requests the cluster's brokers answered so far (tidalmq_requests_total)."""
-    total = 0.0
-    for row in cluster.status()["brokers"]:
-        url = f"http://127.0.0.1:{row['http_port']}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith("tidalmq_requests_total{") and 'api="Metadata"' in line:
-                    total += float(line.rsplit(" ", 1)[1])
-    return total
+    return cluster.metric_totals("tidalmq_requests_total", "api")["Metadata"]
 
 
 def handover_holds(cluster: LocalClusterProcess) -> dict[str, float]:
     """Partitions of produce requests held through a handover, by outcome, on all brokers
     (tidalmq_produce_handover_holds_total)."""
-    held: Counter[str] = Counter()
-    for row in cluster.status()["brokers"]:
-        url = f"http://127.0.0.1:{row['http_port']}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith("tidalmq_produce_handover_holds_total{"):
-                    outcome = re.search(r'outcome="([^"]+)"', line)
-                    if outcome is not None:
-                        held[outcome.group(1)] += float(line.rsplit(" ", 1)[1])
+    held = cluster.metric_totals("tidalmq_produce_handover_holds_total", "outcome")
     return {k: v for k, v in held.items() if v}
 
 

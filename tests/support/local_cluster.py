@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,27 @@ class LocalClusterProcess(StartedInWith):
                 ]
             },
         )
+
+    def metric_samples(self, family: str) -> list[tuple[int, dict[str, str], float]]:
+        """Every sample of the metric `family` on every broker's /metrics: (broker, labels,
+        value)."""
+        samples: list[tuple[int, dict[str, str], float]] = []
+        for row in self.status()["brokers"]:
+            url = f"http://127.0.0.1:{row['http_port']}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                for line in resp.read().decode().splitlines():
+                    if line.startswith(family + "{"):
+                        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.rsplit(" ", 1)[0]))
+                        samples.append((row["broker"], labels, float(line.rsplit(" ", 1)[1])))
+        return samples
+
+    def metric_totals(self, family: str, label: str) -> Counter[str]:
+        """`family` summed over the brokers, by the value of its label `label`."""
+        totals: Counter[str] = Counter()
+        for _, labels, value in self.metric_samples(family):
+            if label in labels:
+                totals[labels[label]] += value
+        return totals
 
     def broker_pids(self) -> dict[int, int]:
         """Broker id -> pid of each broker process `local up` runs."""

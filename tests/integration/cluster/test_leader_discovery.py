@@ -7,12 +7,9 @@ has no place for them and gets the bare error."""
 
 from __future__ import annotations
 
-import logging
-import re
 import socket
 import struct
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +22,7 @@ from kio.schema.errors import ErrorCode
 from tidalmq_broker.protocol.codec import decode_response, encode_request
 from tidalmq_broker.protocol.records import build_batch
 
+from tests.support.client_log import captured_client_log
 from tests.support.fetch_requests import fetch_body
 from tests.support.local_cluster import LocalClusterProcess
 
@@ -186,16 +184,10 @@ def test_produce_and_fetch_to_the_old_leader_name_the_new_one(
 
 def leader_hints_sent(cluster: LocalClusterProcess) -> dict[tuple[int, str], float]:
     """Each broker's `tidalmq_leader_hints_total` by API, from its /metrics."""
-    sent: dict[tuple[int, str], float] = {}
-    for row in cluster.status()["brokers"]:
-        url = f"http://127.0.0.1:{row['http_port']}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith("tidalmq_leader_hints_total{"):
-                    api = re.search(r'api="([^"]+)"', line)
-                    assert api is not None, line
-                    sent[(row["broker"], api.group(1))] = float(line.rsplit(" ", 1)[1])
-    return sent
+    return {
+        (broker, labels["api"]): value
+        for broker, labels, value in cluster.metric_samples("tidalmq_leader_hints_total")
+    }
 
 
 def test_a_producer_moves_to_the_leader_the_old_one_names(
@@ -214,15 +206,7 @@ def test_a_producer_moves_to_the_leader_the_old_one_names(
     old = cluster.leaders(TOPIC)[0]
     addresses = {b.node_id: (b.host, b.port) for b in metadata(_bootstrap(cluster)).brokers}
     new = next(b for b in addresses if b != old)
-    client_log: list[str] = []
-
-    class Lines(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            client_log.append(record.getMessage())
-
-    logger = logging.getLogger("kip-951-producer")
-    logger.addHandler(Lines())
-    logger.setLevel(logging.DEBUG)
+    logger, client_log = captured_client_log("kip-951-producer")
     producer = Producer(
         {
             "bootstrap.servers": cluster.bootstrap,

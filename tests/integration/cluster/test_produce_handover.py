@@ -9,12 +9,8 @@ producer asks Metadata and backs off, and may meet the target still opening."""
 
 from __future__ import annotations
 
-import logging
-import re
 import threading
 import time
-import urllib.request
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +19,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.support.client_log import captured_client_log
 from tests.support.local_cluster import LocalClusterProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180, func_only=True)]
@@ -41,35 +38,13 @@ def cluster(tmp_path: Path) -> Iterator[LocalClusterProcess]:
         c.stop()
 
 
-def scrape(cluster: LocalClusterProcess, family: str, label: str) -> Counter[str]:
-    """`family`'s samples summed over the brokers, by the value of `label`."""
-    out: Counter[str] = Counter()
-    for row in cluster.status()["brokers"]:
-        url = f"http://127.0.0.1:{row['http_port']}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            for line in resp.read().decode().splitlines():
-                if line.startswith(family + "{"):
-                    value = re.search(label + r'="([^"]+)"', line)
-                    if value is not None:
-                        out[value.group(1)] += float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def test_a_producer_writing_through_moves_is_held_and_redirected_not_refused(
     cluster: LocalClusterProcess,
 ) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
     cluster.wait_settled()
-    client_log: list[str] = []
-
-    class Lines(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            client_log.append(record.getMessage())
-
-    logger = logging.getLogger("handover-producer")
-    logger.addHandler(Lines())
-    logger.setLevel(logging.DEBUG)
+    logger, client_log = captured_client_log("handover-producer")
     producer = Producer(
         {
             "bootstrap.servers": cluster.bootstrap,
@@ -100,7 +75,7 @@ def test_a_producer_writing_through_moves_is_held_and_redirected_not_refused(
             sent += 1
             producer.poll(0.002)
 
-    before = scrape(cluster, "tidalmq_produce_handover_holds_total", "outcome")
+    before = cluster.metric_totals("tidalmq_produce_handover_holds_total", "outcome")
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     try:
@@ -117,8 +92,8 @@ def test_a_producer_writing_through_moves_is_held_and_redirected_not_refused(
         writer.join(10)
     assert producer.flush(30) == 0
     assert failed == []
-    held = scrape(cluster, "tidalmq_produce_handover_holds_total", "outcome") - before
-    refused = scrape(cluster, "tidalmq_produce_errors_total", "error")
+    held = cluster.metric_totals("tidalmq_produce_handover_holds_total", "outcome") - before
+    refused = cluster.metric_totals("tidalmq_produce_errors_total", "error")
 
     # every record acknowledged once, at consecutive offsets, in the order it was sent
     assert [value for _, value in sorted(delivered)] == [b"%d" % i for i in range(sent)]
