@@ -579,11 +579,13 @@ async def test_a_restarted_controller_keeps_counting_the_election_timeout(
     # The new controller elects and fences nothing before its restart guard (role window +
     # lease + clock margin = 0.65 s after it is active): with a 1 s timeout and a restart
     # 0.7 s into the move, the fence came at 1.35 s plus the stop and start, close to where a
-    # timeout started over would put it. With 2 s and a restart 1 s in, a timeout counted from
-    # the move fences 2 s after it; one started over, 2 s after the restart at the earliest.
-    # Sessions long enough that a loaded machine never declares the silent-looking source
-    # dead instead of fencing it.
-    settings = dataclasses.replace(PATIENT, election_timeout_s=2.0)
+    # timeout started over would put it. With 4 s and a restart 1 s in, a timeout counted from
+    # the move fences 4 s after it, 3 s after the restart at the latest; one started over, 4 s
+    # after the restart at the earliest. The 1 s between them is for the new controller's start
+    # (reading the metadata log) on a loaded machine: with 2 s there was none, and a CI run
+    # whose image builds loaded the disk took 1.4 s to start and failed. Sessions long enough
+    # that a loaded machine never declares the silent-looking source dead instead of fencing it.
+    settings = dataclasses.replace(PATIENT, election_timeout_s=4.0)
     store = ObjectStoreMetadataLog(LocalDirObjectStore(tmp_path / "objects"))
     first = Controller(store, settings)
     await first.start()
@@ -603,9 +605,9 @@ async def test_a_restarted_controller_keeps_counting_the_election_timeout(
     await second.start()
     a.controller = b.controller = second
     try:
-        await wait_for(lambda: bool(fenced), timeout_s=5)
-        # measured from the restart, not the move: how long the stop and start took on a
-        # loaded machine does not matter, a timeout counted again from it would still be later
+        await wait_for(lambda: bool(fenced), timeout_s=8)
+        # measured from the restart, not the move: how long the stop took on a loaded machine
+        # does not matter, a timeout counted again from the restart would still be later
         assert fenced[0] < restarted + settings.election_timeout_s, "the timeout started over"
         await wait_for(lambda: part(second, "t", 0).leader == 1, timeout_s=5)
     finally:
