@@ -187,3 +187,23 @@ async def test_only_a_leaderless_partition_is_waited_for(leader: int) -> None:
     assert _handing_over(b, TP, PartitionOpening("x"))
     assert not _handing_over(b, TopicPartition("orders", 7), NotLeader("x"))  # no such partition
     assert not _handing_over(b, TopicPartition("gone", 0), NotLeader("x"))
+
+
+async def test_an_expired_hold_nobody_reads_is_not_reported_as_never_retrieved() -> None:
+    """The request of a held partition may be cancelled (its connection closed) and never read
+    its answer: its expiry's error must not end up in the loop's 'never retrieved' log."""
+    import gc
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        b = broker(9010, leader=9010)
+        answer = _hold(b, TP, 0.01, PartitionOpening("opening"), b"batch", -1, None, 9, None)
+        await asyncio.sleep(0.05)
+        assert answer.done()
+        del answer
+        gc.collect()
+        assert reported == []
+    finally:
+        loop.set_exception_handler(None)

@@ -426,6 +426,9 @@ def _hold(
         if not answer.done():
             answer.set_exception(last[0])
 
+    # a request cancelled meanwhile (its connection closed) never reads the answer: marked
+    # read here, or an expired hold's error would be logged as never retrieved
+    answer.add_done_callback(_log_failure)
     handovers.hold(tp, retry, expire, wait_s)
     return answer
 
