@@ -434,32 +434,27 @@ def _hold(
 
 
 def _settle(answer: asyncio.Future[AppendResult], outcome: Outcome) -> None:
-    """Complete `answer` as the append `outcome` completes."""
+    """Complete `answer` with what the append `outcome` comes to (as `_result` reads it), once
+    its WAL flush (or its task) is done."""
     if isinstance(outcome, ErrorCode):
         answer.set_exception(KafkaError(outcome, None))
-    elif isinstance(outcome, BaseException):
-        answer.set_exception(outcome)
-    elif isinstance(outcome, Acknowledgement):
-        durable, result = outcome.durable, outcome.result
-        if durable is None:
-            answer.set_result(result)
-        else:
-            durable.add_done_callback(lambda d: _copy(d, answer, result))
+        return
+    pending = outcome.durable if isinstance(outcome, Acknowledgement) else outcome
+    if isinstance(pending, asyncio.Future) and not pending.done():
+        pending.add_done_callback(lambda _: _settled(answer, outcome))
     else:
-        outcome.add_done_callback(lambda d: _copy(d, answer, None))
+        _settled(answer, outcome)
 
 
-def _copy(
-    done: asyncio.Future[Any], answer: asyncio.Future[AppendResult], result: AppendResult | None
-) -> None:
+def _settled(answer: asyncio.Future[AppendResult], outcome: Outcome) -> None:
     if answer.done():
         return
-    if done.cancelled():
-        answer.set_exception(ObjectStoreUnavailable("the append was cancelled"))
-    elif done.exception() is not None:
-        answer.set_exception(done.exception())  # type: ignore[arg-type]
+    result = _result(outcome)
+    if isinstance(result, BaseException):
+        answer.set_exception(result)
     else:
-        answer.set_result(done.result() if result is None else result)
+        assert result is not None  # done: _result is None only for what is still running
+        answer.set_result(result)
 
 
 def _start(
