@@ -44,7 +44,8 @@ from tidalmq_broker import metrics
 
 Retry = Callable[[], bool]
 """Tries a held append again: True when it is settled (started, or answered an error), False
-when its partition is still in its handover (it is then held again, in its place)."""
+when its partition is still in its handover (it is then held again, in its place). It never
+holds anything itself."""
 
 
 @dataclass(slots=True, eq=False)
@@ -86,7 +87,8 @@ class Handovers:
         queue.append(entry)
 
     def settled(self, entry_outcome: str, held_at: float) -> None:
-        """A held append ended with `entry_outcome` ("served", "redirected", "failed")."""
+        """A held append ended with `entry_outcome` ("served", "redirected", "failed",
+        "timed_out")."""
         self._outcomes[entry_outcome].inc()
         self._seconds.observe(time.monotonic() - held_at)
 
@@ -106,9 +108,6 @@ class Handovers:
             # still handing over: this one and every later one wait on, in order (a later one
             # must not start before it)
             queue.appendleft(entry)
-            again = self._held.get(tp)
-            if again is not None:  # held meanwhile by a retry (cannot be, but keep order)
-                queue.extend(again)
             self._held[tp] = queue
             return
 
@@ -137,8 +136,7 @@ class Handovers:
             for entry in queue:
                 if entry.timer is not None:
                     entry.timer.cancel()
-                self._outcomes["timed_out"].inc()
-                entry.expire()
+                self._answer_expired(entry)
 
     def _expire(self, entry: HeldAppend) -> None:
         queue = self._held.get(entry.tp)
@@ -147,6 +145,8 @@ class Handovers:
         queue.remove(entry)
         if not queue:
             del self._held[entry.tp]
-        self._outcomes["timed_out"].inc()
-        self._seconds.observe(time.monotonic() - entry.held_at)
+        self._answer_expired(entry)
+
+    def _answer_expired(self, entry: HeldAppend) -> None:
+        self.settled("timed_out", entry.held_at)
         entry.expire()
