@@ -32,7 +32,9 @@ def test_every_storage_setting_is_a_broker_flag_and_environment_variable() -> No
         from_sources(None, {"TIDALMQ_FLUSH_BYTES": "lots"})
 
 
-def test_factory_urls(tmp_path: Path) -> None:
+def test_factory_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     local = open_object_store(f"file://{tmp_path}/objects")
     assert isinstance(local, LocalDirObjectStore) and local.root == tmp_path / "objects"
     s3 = open_object_store(
@@ -44,7 +46,15 @@ def test_factory_urls(tmp_path: Path) -> None:
         "some/prefix",
         "http://127.0.0.1:9",
     )
-    for bad in ("ftp://x", "file://host/x", "s3:///nobucket", "s3://b/p?colour=red"):
+    assert s3._http is not None and s3._http.address.url("k") == "http://127.0.0.1:9/bucket/k"
+    assert open_object_store("s3://bucket/p?region=r&direct=false")._http is None  # type: ignore[attr-defined]
+    for bad in (
+        "ftp://x",
+        "file://host/x",
+        "s3:///nobucket",
+        "s3://b/p?colour=red",
+        "s3://b?direct=2",
+    ):
         with pytest.raises(ValueError):
             open_object_store(bad)
 

@@ -1,4 +1,5 @@
-"""An object store on any S3-compatible endpoint, through boto3.
+"""An object store on any S3-compatible endpoint, through boto3 (PUTs and GETs signed by botocore
+and sent directly: s3_http.py).
 
 boto3 is synchronous, so every call runs in a thread pool of this store. botocore's "standard"
 retry mode retries transient failures (5xx, throttling, connection errors) with exponential
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -31,6 +33,9 @@ from tidalmq_broker.storage.objectstore.base import (
     content_parts,
     validate_key,
 )
+from tidalmq_broker.storage.objectstore.s3_http import NotHandledHere, S3Http, for_client
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
@@ -76,6 +81,7 @@ class S3ObjectStore(ObjectStore):
         aws_access_key_id: str | None = None,
         aws_secret_access_key: str | None = None,
         client: Any = None,
+        direct: bool = True,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -88,9 +94,24 @@ class S3ObjectStore(ObjectStore):
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        self._client = client or boto3.session.Session(
+        session = boto3.session.Session(
             aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key
-        ).client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+        )
+        self._client = client or session.client(
+            "s3", endpoint_url=endpoint_url, region_name=region, config=config
+        )
+        # PUT and GET, the data path, skip botocore's client (s3_http.py); None: all through it
+        self._http: S3Http | None = None
+        if client is None and direct:
+            self._http = for_client(
+                self._client,
+                session.get_credentials(),
+                bucket,
+                endpoint_url,
+                connect_timeout_s=connect_timeout_s,
+                read_timeout_s=read_timeout_s,
+                max_attempts=max_attempts,
+            )
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="s3")
 
     def __repr__(self) -> str:
@@ -129,20 +150,27 @@ class S3ObjectStore(ObjectStore):
         if_match: str | None = None,
     ) -> str:
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
+        conditions: dict[str, str] = {}
         if if_none_match:
-            params["IfNoneMatch"] = "*"
+            params["IfNoneMatch"] = conditions["If-None-Match"] = "*"
         if if_match is not None:
-            params["IfMatch"] = if_match
+            params["IfMatch"] = conditions["If-Match"] = if_match
 
-        def call() -> Any:
+        def call() -> str:
+            body = _body(data)
+            direct = self._http
+            if direct is not None:
+                try:
+                    return direct.put(params["Key"], body, conditions)
+                except NotHandledHere as exc:
+                    self._not_handled_directly(exc)
             # botocore takes a bytearray as it takes bytes (see _body); the stubs list bytes only
-            return self._client.put_object(Body=_body(data), **params)  # type: ignore[arg-type]
+            return str(self._client.put_object(Body=body, **params)["ETag"])  # type: ignore[arg-type]
 
         try:
-            response = await self._call(f"PUT {key}", call)
+            return await self._call(f"PUT {key}", call)
         except ObjectNotFound as exc:  # If-Match on a key that no longer exists
             raise PreconditionFailed(f"PUT {key}: object is gone") from exc
-        return str(response["ETag"])
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
@@ -153,10 +181,28 @@ class S3ObjectStore(ObjectStore):
             params["Range"] = f"bytes={first}-{'' if end is None else end - 1}"
 
         def call() -> bytes:
+            direct = self._http
+            if direct is not None:
+                try:
+                    return direct.get(params["Key"], params.get("Range"))
+                except NotHandledHere as exc:
+                    self._not_handled_directly(exc)
             response = self._client.get_object(**params)
             return response["Body"].read()
 
         return await self._call(f"GET {key}", call)
+
+    def _not_handled_directly(self, exc: NotHandledHere) -> None:
+        """An answer the direct path does not follow (a redirect to the bucket's region): this
+        request and every later one go through botocore's client, which follows it."""
+        if self._http is not None:
+            log.warning(
+                "%r: S3 answered %s; PUTs and GETs go through botocore's client from now on",
+                self,
+                exc,
+            )
+            self._http.close()
+            self._http = None
 
     async def get_with_etag(self, key: str) -> tuple[bytes, str]:
         def call() -> tuple[bytes, str]:
@@ -236,3 +282,5 @@ class S3ObjectStore(ObjectStore):
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False)
+        if self._http is not None:
+            self._http.close()
