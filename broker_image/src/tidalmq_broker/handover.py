@@ -18,6 +18,13 @@ changes:
 - opening here (elected, its checkpoint being read): tried again when the open completes,
   and appended then.
 
+Only a request with nothing else appended here is held. One answer carries every partition of
+a request, so holding one in its handover would hold back the acknowledgements of the others
+until the slowest handover ended: on a draining broker those of its partitions that have not
+moved yet, on a target those it has opened already. That widened the end-to-end scale-in's
+per-partition worst wait (docs/performance.md). Such a request's partitions in a handover are
+answered at once with the error they would have been held on (apis/produce.py).
+
 Held appends of a partition are tried again in arrival order, synchronously, and a request
 arriving while some are held queues behind them, so pipelined requests keep their order (an
 idempotent producer's sequence numbers, a plain producer's records). Past its wait a held

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kio.schema.errors import ErrorCode
 from tidalmq_broker.apis.produce import _hold, _result
 from tidalmq_broker.handover import Handovers
 from tidalmq_broker.metrics import HANDOVER_HOLDS
@@ -207,3 +208,96 @@ async def test_an_expired_hold_nobody_reads_is_not_reported_as_never_retrieved()
         assert reported == []
     finally:
         loop.set_exception_handler(None)
+
+
+# ------------------------------------------------------------------ the produce handler
+class TwoPartitions:
+    """get_log for TP (in a handover while `handing_over`) and OTHER (serving here)."""
+
+    def __init__(self) -> None:
+        self.handing_over: BaseException | None = PartitionOpening(f"{TP} is opening here")
+        self.appended: dict[TopicPartition, list[bytes]] = {TP: [], OTHER: []}
+        self.flush: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.flush.set_result(None)
+
+    def get_log(self, tp: TopicPartition) -> Any:
+        if tp == TP and self.handing_over is not None:
+            raise self.handing_over
+        return SimpleNamespace(tp=tp, start_append=lambda data, **_: self._append(tp, data))
+
+    def _append(self, tp: TopicPartition, data: bytes) -> Acknowledgement:
+        self.appended[tp].append(bytes(data))
+        return Acknowledgement(OFFSETS, self.flush)
+
+
+def produce_broker(broker_id: int) -> Any:
+    from tidalmq_broker.metrics import BrokerMetrics
+    from tidalmq_broker.security.authorizer import Authorizer
+    from tidalmq_broker.settings import BrokerSettings
+    from tidalmq_core.metadata import BrokerInfo
+
+    topic = TopicInfo("orders", "t-1", [PartitionState(broker_id, 4, [broker_id])] * 2)
+    meta = ClusterMetadata("c", topics={"orders": topic})
+    meta.brokers = {broker_id: BrokerInfo(broker_id, "b", 9092)}
+    return SimpleNamespace(
+        metadata=meta,
+        partitions=TwoPartitions(),
+        handovers=Handovers(broker_id),
+        authorizer=Authorizer(enabled=False),
+        settings=BrokerSettings(broker_id=broker_id, controller_url="http://ctl:9690"),
+        metrics=BrokerMetrics(broker_id, {0: "Produce"}),
+    )
+
+
+async def produce(b: Any, *partitions: int) -> dict[int, int]:
+    """A Produce v9 request with a batch for each of `partitions` of "orders": the error code
+    answered per partition."""
+    import tidalmq_broker.apis  # noqa: F401  (registers the handlers)
+    from tidalmq_broker.apis.kafka_registry import REGISTRY, supported_versions
+    from tidalmq_broker.protocol.codec import (
+        decode_request,
+        decode_response,
+        encode_request,
+        encode_response,
+    )
+
+    from tests.support.storage_helpers import batch
+
+    body = {
+        "transactional_id": None,
+        "acks": -1,
+        "timeout": 30_000,
+        "topic_data": [
+            {
+                "name": "orders",
+                "partition_data": [{"index": p, "records": batch(2)} for p in partitions],
+            }
+        ],
+    }
+    request = decode_request(encode_request(0, 9, 1, body)[4:], supported_versions())
+    conn = SimpleNamespace(principal="User:ANONYMOUS", host="h", listener="PLAINTEXT")
+    answer = await REGISTRY[0].handler(b, request, conn)
+    response = decode_response(0, 9, encode_response(0, 9, 1, answer)[4:])[1]
+    return {p.index: p.error_code for t in response.responses for p in t.partition_responses}
+
+
+async def test_a_request_with_nothing_else_appended_here_is_held_through_the_handover() -> None:
+    b = produce_broker(9011)
+    answering = asyncio.ensure_future(produce(b, 0))
+    await asyncio.sleep(0.05)
+    assert not answering.done() and b.handovers.held() == 1
+    b.partitions.handing_over = None  # opened
+    b.handovers.changed(TP)
+    assert await answering == {0: 0}
+    assert len(b.partitions.appended[TP]) == 1
+
+
+async def test_a_request_with_other_partitions_appended_is_not_held_back_by_a_handover() -> None:
+    """One answer carries every partition of a request: holding the one in its handover would
+    hold back the acknowledgement of the one appended (a draining broker's partitions that
+    have not moved yet, a target's already open) until the handover ends."""
+    b = produce_broker(9012)
+    answered = await asyncio.wait_for(produce(b, 0, 1), 0.5)
+    assert answered == {0: ErrorCode.leader_not_available, 1: 0}
+    assert b.handovers.held() == 0
+    assert b.partitions.appended == {TP: [], OTHER: [b.partitions.appended[OTHER][0]]}

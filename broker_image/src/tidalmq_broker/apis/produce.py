@@ -112,6 +112,11 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             broker.settings.produce_handover_wait_ms / 1000,
             _answer_within(body.timeout.total_seconds()) / 2,
         )
+        # the partitions in a handover, held after the loop only if nothing was appended
+        # here: (index in entries, partition, why, records, headers)
+        handing_over: list[tuple[int, TopicPartition, Exception | None, memoryview | bytes,
+                                 list[records.BatchHeader] | None]] = []  # fmt: skip
+        started = False  # an append of this request was started here
         for topic in body.topic_data:
             if not authorizer.allows(conn, AclOperation.WRITE, ResourceType.TOPIC, topic.name):
                 for part in topic.partition_data:
@@ -174,14 +179,27 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                         continue
                 # the records are a view of this request's own frame buffer (when large
                 # enough to have one): the log patches offsets in place instead of copying
-                outcome: Outcome
                 if plog is None:
-                    outcome = _hold(broker, tp, hold_s, held_on, part.records, acks,
-                                    body.transactional_id, request.api_version, headers)  # fmt: skip
-                else:
-                    outcome = _append(broker, plog, part.records, acks, body.transactional_id,
-                                      request.api_version, headers)  # fmt: skip
+                    handing_over.append((len(entries), tp, held_on, part.records, headers))
+                    entries.append((topic.name, part.index, ErrorCode.leader_not_available,
+                                    None, 0))  # fmt: skip
+                    continue
+                outcome = _append(broker, plog, part.records, acks, body.transactional_id,
+                                  request.api_version, headers)  # fmt: skip
+                started = True
                 entries.append((topic.name, part.index, outcome, None, len(part.records)))
+        for at, tp, held_on, data, headers in handing_over:
+            if started:
+                # One answer carries every partition of the request: holding these would
+                # hold back the acknowledgements of those appended here (a draining broker's
+                # partitions that have not moved yet, a target's that have opened) until the
+                # slowest handover. They are answered now, as if not held (handover.py).
+                why = held_on or LeaderNotAvailable(f"{tp} is being handed over")
+                entries[at] = (tp.topic, tp.partition, error_code(why), error_message(why), 0)
+            else:
+                held = _hold(broker, tp, hold_s, held_on, data, acks, body.transactional_id,
+                             request.api_version, headers)  # fmt: skip
+                entries[at] = (tp.topic, tp.partition, held, None, len(data))
     if acks == 0:
         for _, _, outcome, _, _ in entries:
             if isinstance(outcome, asyncio.Future):
