@@ -112,10 +112,8 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
             broker.settings.produce_handover_wait_ms / 1000,
             _answer_within(body.timeout.total_seconds()) / 2,
         )
-        # the partitions in a handover, held after the loop only if nothing was appended
-        # here: (index in entries, partition, why, records, headers)
-        handing_over: list[tuple[int, TopicPartition, Exception | None, memoryview | bytes,
-                                 list[records.BatchHeader] | None]] = []  # fmt: skip
+        # the partitions in a handover, held after the loop only if nothing was appended here
+        handing_over: list[_HandingOver] = []
         started = False  # an append of this request was started here
         for topic in body.topic_data:
             if not authorizer.allows(conn, AclOperation.WRITE, ResourceType.TOPIC, topic.name):
@@ -181,8 +179,7 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                 # enough to have one): the log patches offsets in place instead of copying
                 if plog is None:
                     handing_over.append((len(entries), tp, held_on, part.records, headers))
-                    entries.append((topic.name, part.index, ErrorCode.leader_not_available,
-                                    None, 0))  # fmt: skip
+                    entries.append((topic.name, part.index, _DECIDED_BELOW, None, 0))
                     continue
                 outcome = _append(broker, plog, part.records, acks, body.transactional_id,
                                   request.api_version, headers)  # fmt: skip
@@ -197,8 +194,8 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
                 why = held_on or LeaderNotAvailable(f"{tp} is being handed over")
                 entries[at] = (tp.topic, tp.partition, error_code(why), error_message(why), 0)
             else:
-                held = _hold(broker, tp, hold_s, held_on, data, acks, body.transactional_id,
-                             request.api_version, headers)  # fmt: skip
+                txn, version = body.transactional_id, request.api_version
+                held = _hold(broker, tp, hold_s, held_on, data, acks, txn, version, headers)
                 entries[at] = (tp.topic, tp.partition, held, None, len(data))
     if acks == 0:
         for _, _, outcome, _, _ in entries:
@@ -264,6 +261,12 @@ async def handle_produce(broker: Broker, request: Request, conn: Connection) -> 
 
 
 _NOT_LEADER = ErrorCode.not_leader_or_follower.value
+# a partition in a handover, in `entries` until the request's partitions were all looked at:
+# (its place in entries, the partition, why it is handed over, its records, their headers)
+_HandingOver = tuple[
+    int, TopicPartition, Exception | None, memoryview | bytes, list[records.BatchHeader] | None
+]
+_DECIDED_BELOW = ErrorCode.leader_not_available  # replaced by its hold or its error
 _LEADERSHIP_ERRORS = (ErrorCode.not_leader_or_follower, ErrorCode.leader_not_available)
 PRODUCE_IMPLICIT_ADD_FROM = 12  # KIP-890 part 2
 
