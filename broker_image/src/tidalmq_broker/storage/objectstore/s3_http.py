@@ -141,7 +141,9 @@ class S3Http:
         url = self.address.url(full_key)
         path = url[len(self.address.scheme) + 3 + len(self.address.netloc) :]
         what = f"{method} {full_key}"
-        for attempt in range(self._max_attempts):
+        attempt = 0
+        stale_replaced = False
+        while True:
             request = AWSRequest(method, url, data=body, headers=dict(headers))
             S3SigV4Auth(self._credentials.get_frozen_credentials(), "s3", self._region).add_auth(
                 request
@@ -154,24 +156,28 @@ class S3Http:
                 data = response.read()
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(conn)
-                if reused and attempt == 0:
-                    continue  # the server closed an idle keep-alive connection: at once, anew
-                if attempt == self._max_attempts - 1:
+                if reused and not stale_replaced:
+                    # the server closed an idle keep-alive connection: once, at once, on a new
+                    # one, not counted as an attempt
+                    stale_replaced = True
+                    continue
+                attempt += 1
+                if attempt >= self._max_attempts:
                     raise ObjectStoreUnavailable(f"{what} on {self._where()}: {exc}") from exc
-                time.sleep(self._backoff(attempt))
+                time.sleep(self._backoff(attempt - 1))
                 continue
             if response.will_close:
                 self._drop(conn)
             answer = Answer(response.status, response.headers, data)
-            if answer.status in _RETRY_STATUS and attempt < self._max_attempts - 1:
-                time.sleep(self._backoff(attempt))
+            attempt += 1
+            if answer.status in _RETRY_STATUS and attempt < self._max_attempts:
+                time.sleep(self._backoff(attempt - 1))
                 continue
             if 300 <= answer.status < 400 or (
-                answer.status == 400 and _code(answer) in (b"AuthorizationHeaderMalformed",)
+                answer.status == 400 and _code(answer) == b"AuthorizationHeaderMalformed"
             ):
                 raise NotHandledHere(f"{what}: {answer.status} {_code(answer).decode()}")
             return answer
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _error(self, method: str, full_key: str, answer: Answer) -> Exception:
         code = _code(answer).decode(errors="replace")
