@@ -102,6 +102,7 @@ class S3ObjectStore(ObjectStore):
         )
         # PUT and GET, the data path, skip botocore's client (s3_http.py); None: all through it
         self._http: S3Http | None = None
+        self._retired_http: S3Http | None = None
         if client is None and direct:
             self._http = for_client(
                 self._client,
@@ -201,8 +202,8 @@ class S3ObjectStore(ObjectStore):
                 self,
                 exc,
             )
-            self._http.close()
-            self._http = None
+            # closed with the store, not now: other threads may be using its connections
+            self._retired_http, self._http = self._http, None
 
     async def get_with_etag(self, key: str) -> tuple[bytes, str]:
         def call() -> tuple[bytes, str]:
@@ -282,5 +283,6 @@ class S3ObjectStore(ObjectStore):
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False)
-        if self._http is not None:
-            self._http.close()
+        for direct in (self._http, self._retired_http):
+            if direct is not None:
+                direct.close()
