@@ -6,10 +6,12 @@ Two measurements, each alternating the two paths so that both see the same machi
   body, then range GETs), latency p50 / p99 and the process's CPU per request;
 - `--producer`: one TidalMQ broker on MinIO (`s3://...&direct=false` for botocore's client)
   under Kafka's Java producer flat out (`kafka-producer-perf-test`, 1 KiB records, acks=all,
-  6 partitions), its MiB/s and request latency, and the broker's WAL flush time.
+  6 partitions; `--rate` for a fixed rate instead), its MiB/s and latency, and the broker's WAL
+  flushes and PUTs: the share under 10 ms, 25 ms and 100 ms.
 
     .venv/bin/python bench/s3_requests.py --store --body-kb 100 --requests 300 --pairs 2
     .venv/bin/python bench/s3_requests.py --producer --records 300000 --pairs 3
+    .venv/bin/python bench/s3_requests.py --producer --rate 2000 --records 60000 --pairs 2
 
 The machine's load is printed with every row: run it on a quiet machine.
 """
@@ -79,16 +81,23 @@ def store_rounds(args: argparse.Namespace) -> None:
         server.stop()
 
 
-def _flush_share_under(metrics_text: str, le: str) -> str:
-    total = under = 0.0
-    for line in metrics_text.splitlines():
-        if line.startswith("tidalmq_storage_wal_flush_seconds_bucket"):
-            value = float(line.rsplit(" ", 1)[1])
-            if 'le="+Inf"' in line:
-                total += value
-            elif f'le="{le}"' in line:
-                under += value
-    return f"{under / total:.0%}" if total else "n/a"
+def _shares_under(before: str, after: str, series: str, label: str = "") -> str:
+    """The share of a histogram's observations between two scrapes under 10, 25 and 100 ms."""
+
+    def buckets(text: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(series) and label in line and 'le="' in line:
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                out[le] = out.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+    b0, b1 = buckets(before), buckets(after)
+    total = b1.get("+Inf", 0.0) - b0.get("+Inf", 0.0)
+    if not total:
+        return "n/a"
+    shares = [(b1.get(le, 0.0) - b0.get(le, 0.0)) / total for le in ("0.01", "0.025", "0.1")]
+    return f"{int(total)}: " + " / ".join(f"{share:.1%}" for share in shares)
 
 
 def producer_rounds(args: argparse.Namespace) -> None:
@@ -111,12 +120,20 @@ def producer_rounds(args: argparse.Namespace) -> None:
                 topic = f"flat-{uuid.uuid4().hex[:6]}"
                 create_topic(system.bootstrap, topic, 6)
                 load = loadavg()
-                result, _ = producer_perf_test(system.bootstrap, topic, num_records=args.records)
-                flushes = _flush_share_under(system.broker.metrics(), "0.01")  # type: ignore[attr-defined]
+                broker: Any = system.broker  # type: ignore[attr-defined]
+                before = broker.metrics()
+                result, _ = producer_perf_test(
+                    system.bootstrap, topic, num_records=args.records, throughput=args.rate
+                )
+                after = broker.metrics()
+            flushes = _shares_under(before, after, "tidalmq_storage_wal_flush_seconds_bucket")
+            puts = _shares_under(
+                before, after, "tidalmq_storage_object_request_seconds_bucket", 'op="put"'
+            )
             print(
                 f"{path:7s} {result.mb_per_sec:6.2f} MiB/s, latency p50 {result.p50_ms:.0f} "
-                f"p99 {result.p99_ms:.0f} ms, WAL flushes under 10 ms {flushes}   "
-                f"load {load} -> {loadavg()}",
+                f"p99 {result.p99_ms:.0f} ms; under 10 / 25 / 100 ms: WAL flushes {flushes}, "
+                f"PUTs {puts}   load {load} -> {loadavg()}",
                 flush=True,
             )
     s3_server.S3Server.url = plain_url  # type: ignore[method-assign]
@@ -131,6 +148,7 @@ def main() -> None:
     ap.add_argument("--body-kb", type=int, default=100)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--records", type=int, default=300_000)
+    ap.add_argument("--rate", type=int, default=-1, help="records/s (-1: flat out)")
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--workdir", default="/tmp/tidalmq-s3-requests")
     args = ap.parse_args()
