@@ -106,8 +106,10 @@ async def quick_open(tmp_path: Path) -> AsyncIterator[Controller]:
 async def slow_fence(tmp_path: Path) -> AsyncIterator[Controller]:
     """A controller that fences a source which does not close only after its session ran out:
     a silent source is then declared dead (and its move released) before it can be fenced.
-    Both timeouts short: the session timeout and its order with the fence are the subject."""
-    settings = dataclasses.replace(SETTINGS, election_timeout_s=3 * SETTINGS.session_timeout_s)
+    The session timeout and its order with the fence are the subject; the session is 1.5 s,
+    not SETTINGS' 0.6: with 0.6 a loaded machine (a CI run's image builds beside the unit
+    tests) declared the target dead by a late heartbeat before the test silenced it."""
+    settings = dataclasses.replace(SETTINGS, session_timeout_s=1.5, election_timeout_s=4.5)
     async for each in controller(tmp_path, settings):
         yield each
 
@@ -198,9 +200,10 @@ async def test_a_target_gone_before_its_election_rolls_back_as_target_lost(
 async def test_a_target_and_source_both_gone_hand_the_move_on_in_place(
     slow_fence: Controller,
 ) -> None:
-    # Without the longer election timeout the silent source is fenced (0.4 s) before it is
-    # declared dead (0.6 s), once the new controller's restart guard has passed: the target
-    # is then elected while still alive, and its death fails the move over instead.
+    # Without the longer election timeout the silent source is fenced (SETTINGS: 0.4 s)
+    # before it is declared dead (its session), once the new controller's restart guard has
+    # passed: the target is then elected while still alive, and its death fails the move over
+    # instead.
     c = slow_fence
     fakes = await brokers(c, 3)
     await on_broker_0(c, fakes)
@@ -213,6 +216,7 @@ async def test_a_target_and_source_both_gone_hand_the_move_on_in_place(
     # move is first rolled back to broker 0 (or elected on broker 1) and broker 0's failover
     # opens the partition on broker 2 as a move of its own ("session timed out").
     with c.membership.lock:
+        assert all(c.membership.get(b) is not None for b in (0, 1)), "declared dead too early"
         silent_since = min(c.membership.get(b).last_heartbeat for b in (0, 1))  # type: ignore[union-attr]
         for b in (0, 1):
             c.membership.get(b).last_heartbeat = silent_since  # type: ignore[union-attr]
