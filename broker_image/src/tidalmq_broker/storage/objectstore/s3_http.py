@@ -72,8 +72,11 @@ class ObjectAddress:
             return cls("https", f"{bucket}.s3.{region}.amazonaws.com", "/")
         return cls("https", f"s3.{region}.amazonaws.com", f"/{bucket}/")
 
+    def path(self, key: str) -> str:
+        return f"{self.path_prefix}{quote(key, safe='/~')}"
+
     def url(self, key: str) -> str:
-        return f"{self.scheme}://{self.netloc}{self.path_prefix}{quote(key, safe='/~')}"
+        return f"{self.scheme}://{self.netloc}{self.path(key)}"
 
 
 def _netloc(scheme: str, netloc: str) -> str:
@@ -138,8 +141,8 @@ class S3Http:
     def _send(
         self, method: str, full_key: str, body: bytes | bytearray | None, headers: dict[str, str]
     ) -> Answer:
-        url = self.address.url(full_key)
-        path = url[len(self.address.scheme) + 3 + len(self.address.netloc) :]
+        path = self.address.path(full_key)
+        url = f"{self.address.scheme}://{self.address.netloc}{path}"
         what = f"{method} {full_key}"
         attempt = 0
         stale_replaced = False
@@ -202,19 +205,18 @@ class S3Http:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is not None and conn.sock is not None:
             return conn, True
-        host, _, port = self.address.netloc.rpartition(":")
-        if not host or not port.isdigit() or "]" in port:
-            host, port = self.address.netloc, ""
+        where = urlsplit(f"//{self.address.netloc}")  # host (IPv6 without brackets), port
+        assert where.hostname is not None  # ObjectAddress.of refuses an endpoint without one
         if self.address.scheme == "https":
             conn = http.client.HTTPSConnection(
-                host.strip("[]"),
-                int(port) if port else None,
+                where.hostname,
+                where.port,
                 timeout=self._connect_timeout_s,
                 context=self._tls_context(),
             )
         else:
             conn = http.client.HTTPConnection(
-                host.strip("[]"), int(port) if port else None, timeout=self._connect_timeout_s
+                where.hostname, where.port, timeout=self._connect_timeout_s
             )
         try:
             conn.connect()
