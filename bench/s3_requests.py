@@ -29,15 +29,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.side_by_side_systems import create_topic, loadavg, single_broker
+from bench.side_by_side_systems import create_topic, loadavg, percentile, single_broker
 from tests.support.s3_server import S3Server, start_s3_server
 
 PATHS = ("client", "direct")
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
+def _ms(values: list[float], q: float) -> float:
+    return percentile(values, q) * 1000
 
 
 async def _store_round(server: S3Server, direct: bool, body: list[bytes], n: int) -> str:
@@ -60,8 +59,8 @@ async def _store_round(server: S3Server, direct: bool, body: list[bytes], n: int
             get_lat.append(time.perf_counter() - t)
         get_cpu = (time.process_time() - cpu) / n * 1000
         return (
-            f"PUT p50 {_pct(lat, 0.5):5.2f} p99 {_pct(lat, 0.99):6.2f} ms, CPU {put_cpu:.2f} ms | "
-            f"GET p50 {_pct(get_lat, 0.5):5.2f} p99 {_pct(get_lat, 0.99):6.2f} ms, "
+            f"PUT p50 {_ms(lat, 50):5.2f} p99 {_ms(lat, 99):6.2f} ms, CPU {put_cpu:.2f} ms | "
+            f"GET p50 {_ms(get_lat, 50):5.2f} p99 {_ms(get_lat, 99):6.2f} ms, "
             f"CPU {get_cpu:.2f} ms"
         )
     finally:
