@@ -192,6 +192,27 @@ def leader_hints_sent(cluster: LocalClusterProcess) -> dict[tuple[int, str], flo
     }
 
 
+def logged_producer(
+    cluster: LocalClusterProcess, name: str, *, linger_ms: int
+) -> tuple[Producer, list[str]]:
+    """An idempotent librdkafka producer (acks=all) whose metadata debug lines are captured
+    (where its "updated with leader" line shows a KIP-951 hint taken), with no periodic
+    metadata refresh: its metadata stays what it was before a move."""
+    logger, client_log = captured_client_log(name)
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": linger_ms,
+            "debug": "metadata",
+            "topic.metadata.refresh.interval.ms": 600_000,
+        },
+        logger=logger,
+    )
+    return producer, client_log
+
+
 def test_a_producer_moves_to_the_leader_the_old_one_names(
     cluster: LocalClusterProcess,
 ) -> None:
@@ -208,19 +229,7 @@ def test_a_producer_moves_to_the_leader_the_old_one_names(
     old = cluster.leaders(TOPIC)[0]
     addresses = {b.node_id: (b.host, b.port) for b in metadata(_bootstrap(cluster)).brokers}
     new = next(b for b in addresses if b != old)
-    logger, client_log = captured_client_log("kip-951-producer")
-    producer = Producer(
-        {
-            "bootstrap.servers": cluster.bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            "debug": "metadata",
-            # no periodic refresh: the producer's metadata stays what it was before the move
-            "topic.metadata.refresh.interval.ms": 600_000,
-        },
-        logger=logger,
-    )
+    producer, client_log = logged_producer(cluster, "kip-951-producer", linger_ms=5)
     delivered: list[int] = []  # offsets
     failed: list[str] = []
 
@@ -274,18 +283,7 @@ def test_a_producer_writing_through_moves_is_held_and_redirected_not_refused(
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
     cluster.wait_settled()
-    logger, client_log = captured_client_log("handover-producer")
-    producer = Producer(
-        {
-            "bootstrap.servers": cluster.bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 1,
-            "debug": "metadata",
-            "topic.metadata.refresh.interval.ms": 600_000,
-        },
-        logger=logger,
-    )
+    producer, client_log = logged_producer(cluster, "handover-producer", linger_ms=1)
     delivered: list[tuple[int, bytes]] = []  # (offset, value) in acknowledgement order
     failed: list[str] = []
 
